@@ -1,0 +1,15 @@
+//! Sans-IO protocol logic for `fanout`.
+//!
+//! Nothing in this crate opens a socket or reads a clock: it is fed bytes (and, where time
+//! matters, timestamps) and returns views and decisions. Every parser here has property
+//! tests beside it and a fuzz target in `fuzz/`.
+//!
+//! - [`rtp`]: a validated, borrowed view of an RTP packet (RFC 3550 §5.1) and the payload
+//!   range a relay strips down to when it delivers RTP-carried MPEG-TS over HTTP.
+//! - [`mpegts`]: MPEG-TS packet headers and PCRs (ISO/IEC 13818-1 §2.4.3), and the schedule
+//!   that paces a recorded transport stream at its own rate.
+//! - [`classify`]: what a received datagram carries, decided once when it enters the ring.
+
+pub mod classify;
+pub mod mpegts;
+pub mod rtp;

@@ -1,0 +1,236 @@
+//! MPEG-TS packets and PCR timing (ISO/IEC 13818-1 §2.4.3), and the schedule that plays a
+//! recorded transport stream at its own rate, 7 packets (1316 bytes) per datagram as IPTV does.
+
+use thiserror::Error;
+
+pub const PACKET_LEN: usize = 188;
+pub const SYNC_BYTE: u8 = 0x47;
+/// Seven TS packets: the payload of one IPTV datagram.
+pub const PACKETS_PER_DATAGRAM: usize = 7;
+pub const DATAGRAM_LEN: usize = PACKET_LEN * PACKETS_PER_DATAGRAM;
+/// PCR ticks per second.
+pub const PCR_HZ: u64 = 27_000_000;
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum TsError {
+    #[error("TS packet at byte {offset}: sync byte is {found:#04x}, expected 0x47")]
+    BadSync { offset: usize, found: u8 },
+    #[error("TS stream is {len} bytes, not a whole number of 188-byte packets")]
+    Ragged { len: usize },
+    #[error("TS stream has {found} PCRs on its PCR PID; pacing needs at least two increasing ones")]
+    TooFewPcrs { found: usize },
+    #[error("TS packet at byte {offset}: adaptation field length {len} runs past the packet")]
+    BadAdaptation { offset: usize, len: usize },
+}
+
+/// The parts of a TS packet header a relay needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TsHeader {
+    pub pid: u16,
+    pub payload_unit_start: bool,
+    pub continuity_counter: u8,
+    /// Program clock reference in 27 MHz ticks, when the adaptation field carries one.
+    pub pcr: Option<u64>,
+}
+
+/// Parses one 188-byte packet's header; `offset` is only used to locate errors.
+pub fn parse_header(pkt: &[u8], offset: usize) -> Result<TsHeader, TsError> {
+    if pkt.len() < PACKET_LEN {
+        return Err(TsError::Ragged { len: pkt.len() });
+    }
+    if pkt[0] != SYNC_BYTE {
+        return Err(TsError::BadSync { offset, found: pkt[0] });
+    }
+    let pid = u16::from_be_bytes([pkt[1] & 0x1f, pkt[2]]);
+    let adaptation = pkt[3] & 0x20 != 0;
+    let mut pcr = None;
+    if adaptation {
+        let len = usize::from(pkt[4]);
+        if len > PACKET_LEN - 5 {
+            return Err(TsError::BadAdaptation { offset, len });
+        }
+        // PCR flag; the PCR takes 6 bytes after the flags byte.
+        if len >= 7 && pkt[5] & 0x10 != 0 {
+            let b = &pkt[6..12];
+            let base = (u64::from(b[0]) << 25)
+                | (u64::from(b[1]) << 17)
+                | (u64::from(b[2]) << 9)
+                | (u64::from(b[3]) << 1)
+                | (u64::from(b[4]) >> 7);
+            let ext = (u64::from(b[4] & 1) << 8) | u64::from(b[5]);
+            pcr = Some(base * 300 + ext);
+        }
+    }
+    Ok(TsHeader { pid, payload_unit_start: pkt[1] & 0x40 != 0, continuity_counter: pkt[3] & 0x0f, pcr })
+}
+
+/// When each datagram of a recorded transport stream is due, derived from its PCRs.
+#[derive(Debug, Clone)]
+pub struct TsSchedule {
+    /// `(byte offset, length, due time in 27 MHz ticks from the start of one loop)`.
+    chunks: Vec<(usize, usize, u64)>,
+    /// Length of one loop of the clip in 27 MHz ticks.
+    loop_ticks: u64,
+}
+
+impl TsSchedule {
+    /// Builds the schedule for `ts`: the PCRs of the first PID that carries them are
+    /// interpolated by packet index, so datagrams between PCRs are spread evenly.
+    pub fn new(ts: &[u8]) -> Result<Self, TsError> {
+        if ts.is_empty() || ts.len() % PACKET_LEN != 0 {
+            return Err(TsError::Ragged { len: ts.len() });
+        }
+        let packets = ts.len() / PACKET_LEN;
+        let mut pcr_pid = None;
+        let mut points: Vec<(usize, u64)> = Vec::new();
+        for i in 0..packets {
+            let h = parse_header(&ts[i * PACKET_LEN..(i + 1) * PACKET_LEN], i * PACKET_LEN)?;
+            if let Some(pcr) = h.pcr {
+                if *pcr_pid.get_or_insert(h.pid) == h.pid {
+                    // Keep only increasing PCRs (a wrap or a splice would break the pace).
+                    if points.last().is_none_or(|&(_, last)| pcr > last) {
+                        points.push((i, pcr));
+                    }
+                }
+            }
+        }
+        if points.len() < 2 {
+            return Err(TsError::TooFewPcrs { found: points.len() });
+        }
+        let (first_i, first_pcr) = points[0];
+        let (last_i, last_pcr) = points[points.len() - 1];
+        let ticks_per_packet = (last_pcr - first_pcr) as f64 / (last_i - first_i) as f64;
+        let time_of = |i: usize| -> u64 {
+            // Interpolate between the surrounding PCRs; extrapolate at the ends.
+            let k = points.partition_point(|&(pi, _)| pi <= i);
+            let t = if k == 0 || k == points.len() {
+                let (pi, pcr) = if k == 0 { points[0] } else { points[k - 1] };
+                pcr as f64 + (i as f64 - pi as f64) * ticks_per_packet
+            } else {
+                let (i0, p0) = points[k - 1];
+                let (i1, p1) = points[k];
+                p0 as f64 + (p1 - p0) as f64 * (i - i0) as f64 / (i1 - i0) as f64
+            };
+            (t - (first_pcr as f64 - first_i as f64 * ticks_per_packet)).max(0.0) as u64
+        };
+        let chunks = (0..packets)
+            .step_by(PACKETS_PER_DATAGRAM)
+            .map(|i| {
+                let len = PACKETS_PER_DATAGRAM.min(packets - i) * PACKET_LEN;
+                (i * PACKET_LEN, len, time_of(i))
+            })
+            .collect();
+        let loop_ticks = (packets as f64 * ticks_per_packet).round().max(1.0) as u64;
+        Ok(Self { chunks, loop_ticks })
+    }
+
+    pub fn len(&self) -> usize {
+        self.chunks.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.chunks.is_empty()
+    }
+    /// `(offset, len)` of datagram `n` of the endless loop, and when it is due in ticks
+    /// from the start of the first loop.
+    pub fn datagram(&self, n: u64) -> (usize, usize, u64) {
+        let per_loop = self.chunks.len() as u64;
+        let (off, len, due) = self.chunks[(n % per_loop) as usize];
+        (off, len, due + (n / per_loop) * self.loop_ticks)
+    }
+    pub fn loop_ticks(&self) -> u64 {
+        self.loop_ticks
+    }
+    /// Average bit rate of the clip.
+    pub fn bitrate(&self) -> f64 {
+        let bytes: usize = self.chunks.iter().map(|c| c.1).sum();
+        bytes as f64 * 8.0 * PCR_HZ as f64 / self.loop_ticks as f64
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A TS packet on `pid`, with a PCR when given.
+    pub fn packet(pid: u16, pcr: Option<u64>) -> [u8; PACKET_LEN] {
+        let mut p = [0xffu8; PACKET_LEN];
+        p[0] = SYNC_BYTE;
+        p[1] = (pid >> 8) as u8 & 0x1f;
+        p[2] = pid as u8;
+        p[3] = 0x10;
+        if let Some(pcr) = pcr {
+            p[3] = 0x30;
+            p[4] = 7;
+            p[5] = 0x10;
+            let (base, ext) = (pcr / 300, pcr % 300);
+            p[6] = (base >> 25) as u8;
+            p[7] = (base >> 17) as u8;
+            p[8] = (base >> 9) as u8;
+            p[9] = (base >> 1) as u8;
+            p[10] = ((base as u8 & 1) << 7) | 0x7e | ((ext >> 8) as u8 & 1);
+            p[11] = ext as u8;
+        }
+        p
+    }
+
+    #[test]
+    fn reads_pcr() {
+        let h = parse_header(&packet(256, Some(123_456_789)), 0).unwrap();
+        assert_eq!(h.pid, 256);
+        assert_eq!(h.pcr, Some(123_456_789));
+    }
+
+    #[test]
+    fn schedule_follows_pcr() {
+        // 70 packets, a PCR every 14 packets, 1 ms (27_000 ticks) apart.
+        let mut ts = Vec::new();
+        for i in 0..70u64 {
+            let pcr = (i % 14 == 0).then(|| 1_000_000 + i / 14 * 27_000);
+            ts.extend_from_slice(&packet(100, pcr));
+        }
+        let s = TsSchedule::new(&ts).unwrap();
+        assert_eq!(s.len(), 10);
+        assert_eq!(s.datagram(0), (0, DATAGRAM_LEN, 0));
+        assert_eq!(s.datagram(2).2, 27_000);
+        // Packet 70 would be 5 PCR intervals in: one loop lasts 5 ms.
+        assert_eq!(s.loop_ticks(), 135_000);
+        assert_eq!(s.datagram(12).2, 135_000 + 27_000);
+        let expected_bps = 70.0 * 188.0 * 8.0 / 0.005;
+        assert!((s.bitrate() - expected_bps).abs() < 1.0);
+    }
+
+    #[test]
+    fn rejects_streams_it_cannot_pace() {
+        assert!(matches!(TsSchedule::new(&[0x47; 100]), Err(TsError::Ragged { len: 100 })));
+        let mut ts = packet(100, None).to_vec();
+        ts.extend_from_slice(&packet(100, Some(5)));
+        assert_eq!(TsSchedule::new(&ts).unwrap_err(), TsError::TooFewPcrs { found: 1 });
+        ts[188] = 0;
+        assert_eq!(TsSchedule::new(&ts).unwrap_err(), TsError::BadSync { offset: 188, found: 0 });
+    }
+
+    proptest! {
+        #[test]
+        fn header_never_panics(buf in proptest::collection::vec(any::<u8>(), 188)) {
+            let _ = parse_header(&buf, 0);
+        }
+
+        #[test]
+        fn schedule_is_monotonic(pcrs in proptest::collection::vec(0u64..1_000_000, 2..20)) {
+            let mut ts = Vec::new();
+            for (k, p) in pcrs.iter().enumerate() {
+                ts.extend_from_slice(&packet(7, Some(k as u64 * 1_000_000 + p)));
+                ts.extend_from_slice(&packet(8, None));
+            }
+            let s = TsSchedule::new(&ts).unwrap();
+            let mut last = 0;
+            for n in 0..(2 * s.len() as u64) {
+                let due = s.datagram(n).2;
+                prop_assert!(due >= last);
+                last = due;
+            }
+        }
+    }
+}
