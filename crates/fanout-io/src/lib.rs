@@ -1,0 +1,37 @@
+//! The data paths and the engine of `fanout`: sockets, worker threads, batching.
+//!
+//! ```text
+//!  reactor thread (epoll)          worker threads (one per core)
+//!  ─ source readable ──schedule──▶ class queues ──▶ source task: recvmmsg into pool
+//!                                  (strict prio)      buffers, publish to SessionRing,
+//!  ─ sink writable ────schedule──▶                    schedule the session's groups
+//!                                               ──▶ sink-group task: snapshot pending
+//!                                                   ring entries (refcounts, no copy),
+//!                                                   send them to each sink of the group
+//! ```
+//!
+//! A session's data path decides who runs these tasks and how a group sends:
+//! - [`DataPath::Daemon`]: the paper's baseline: one receive thread and one send thread per
+//!   session, a user-space copy and one `sendto`/`send` per packet per sink;
+//! - [`DataPath::Copy`]: the worker pool, but still a copy and a send call per packet per sink;
+//! - [`DataPath::Shared`]: the worker pool with payload sharing: every sink sends straight from
+//!   the ring's buffer, UDP sinks on their own connected socket with `sendmmsg` for a backlog,
+//!   stream sinks with one vectored `sendmsg` for everything pending.
+//!
+//! Invariants: a packet is written into memory once (by the kernel, on receive); a task runs
+//! on one worker at a time; lock order is group → ring; the reactor never does I/O.
+
+pub mod engine;
+pub mod packet;
+pub mod reactor;
+pub mod session;
+mod sink;
+mod source;
+pub mod sys;
+
+pub use engine::Engine;
+pub use session::{
+    DataPath, FailurePolicy, PayloadMode, Session, SessionConfig, SessionStatus, SinkStatus, SinkTarget,
+    SourceState, SourceStatus,
+};
+pub use source::{bind_udp_source, DemoClip};

@@ -1,0 +1,75 @@
+//! Packet buffers: one received datagram (or TCP chunk), stored once in the session ring and
+//! shared by refcount with every sink that sends it (OMSS payload sharing: the page with a
+//! user count). Buffers come back to the source's pool when the ring replaces them and no
+//! sink holds them any more, so steady-state relaying allocates nothing.
+
+use std::sync::Arc;
+
+#[derive(Debug)]
+pub struct Packet {
+    buf: Box<[u8]>,
+    len: usize,
+    /// Where the media payload starts (after an RTP header), for HTTP subscribers.
+    payload_off: usize,
+}
+
+impl Packet {
+    pub fn with_capacity(cap: usize) -> Self {
+        Self { buf: vec![0; cap].into_boxed_slice(), len: 0, payload_off: 0 }
+    }
+    /// The whole datagram as received.
+    pub fn data(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+    /// The media payload (the datagram without its RTP header, if it had one).
+    pub fn payload(&self) -> &[u8] {
+        &self.buf[self.payload_off..self.len]
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn buf_mut(&mut self) -> &mut [u8] {
+        &mut self.buf
+    }
+    pub fn set_len(&mut self, len: usize, payload_off: usize) {
+        self.len = len.min(self.buf.len());
+        self.payload_off = payload_off.min(self.len);
+    }
+}
+
+/// Buffers owned by one source, each uniquely held (so it can be written).
+#[derive(Debug)]
+pub struct PacketPool {
+    free: Vec<Arc<Packet>>,
+    buf_size: usize,
+    /// Buffers allocated because every pooled one was still held by a slow sink.
+    pub allocated: u64,
+}
+
+impl PacketPool {
+    pub fn new(buf_size: usize, prealloc: usize) -> Self {
+        Self {
+            free: (0..prealloc).map(|_| Arc::new(Packet::with_capacity(buf_size))).collect(),
+            buf_size,
+            allocated: prealloc as u64,
+        }
+    }
+
+    /// A uniquely held buffer.
+    pub fn take(&mut self) -> Arc<Packet> {
+        self.free.pop().unwrap_or_else(|| {
+            self.allocated += 1;
+            Arc::new(Packet::with_capacity(self.buf_size))
+        })
+    }
+
+    /// Returns a buffer; it is kept only if nobody else holds it any more.
+    pub fn give(&mut self, mut p: Arc<Packet>) {
+        if Arc::get_mut(&mut p).is_some() && self.free.len() < 4096 {
+            self.free.push(p);
+        }
+    }
+}

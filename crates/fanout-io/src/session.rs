@@ -1,0 +1,558 @@
+//! A relay session (OMSS): one source, any number of sinks, a ring, a class and a data path.
+
+use crate::engine::{Engine, Runner, Signal, Task, WorkerCtx};
+use crate::packet::{Packet, PacketPool};
+use crate::reactor::{Reactor, Registration};
+use crate::sink::{GroupJob, GroupState, Sink};
+use fanout_core::{Priority, SessionRing};
+use parking_lot::{Mutex, RwLock};
+use serde::Serialize;
+use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How a session moves packets from its source to its sinks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum DataPath {
+    /// One receive and one send thread per session, copy + send per packet per sink.
+    Daemon,
+    /// Worker pool, copy + send per packet per sink (OMSS-M).
+    Copy,
+    /// Worker pool with payload sharing and batched sends (OMSS).
+    #[default]
+    Shared,
+}
+
+/// What the source carries, for HTTP subscribers (who get the bare payload).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum PayloadMode {
+    /// Strip a valid RTP header, deliver anything else whole.
+    #[default]
+    Auto,
+    /// Every datagram must be RTP; others are counted as malformed and dropped.
+    Rtp,
+    /// Deliver every datagram whole.
+    Raw,
+}
+
+/// What happens to a sink that failed (ICMP unreachable, reset, client gone).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum FailurePolicy {
+    /// Keep it listed as failed, with the reason, until it is deleted.
+    #[default]
+    Keep,
+    /// Remove it at once.
+    Remove,
+}
+
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    pub name: String,
+    pub priority: Priority,
+    pub datapath: DataPath,
+    pub ring_capacity: usize,
+    pub max_datagram: usize,
+    pub sinks_per_group: usize,
+    pub payload: PayloadMode,
+    pub failed_sinks: FailurePolicy,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceState {
+    /// Nothing received yet, or no publisher connected.
+    Waiting,
+    Active,
+    /// Nothing received for a while.
+    Silent,
+    /// The publisher closed its connection.
+    Closed,
+    Failed,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct SourceStats {
+    pub packets: AtomicU64,
+    pub bytes: AtomicU64,
+    pub oversized: AtomicU64,
+    pub malformed: AtomicU64,
+    /// Milliseconds since the session started at the last packet, +1 (0 = never).
+    pub last_ms: AtomicU64,
+    pub state: AtomicU8,
+    pub publishers: AtomicU64,
+    /// A stream publisher is attached now.
+    pub connected: AtomicBool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SourceStatus {
+    pub kind: String,
+    pub state: SourceState,
+    pub packets: u64,
+    pub bytes: u64,
+    /// Datagrams larger than `max_datagram`, dropped.
+    pub oversized: u64,
+    /// Datagrams that were empty or (with `payload = "rtp"`) not RTP, dropped.
+    pub malformed: u64,
+    pub last_packet_ms_ago: Option<u64>,
+    pub publishers: u64,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SessionStatus {
+    pub name: String,
+    pub priority: u8,
+    pub datapath: DataPath,
+    pub source: SourceStatus,
+    pub ring_capacity: usize,
+    pub ring_used: usize,
+    pub ring_head: u64,
+    pub sinks: usize,
+    pub sinks_failed: usize,
+    pub groups: usize,
+    pub packets_sent: u64,
+    pub bytes_sent: u64,
+    pub packets_skipped: u64,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum SinkTarget {
+    Udp(SocketAddr),
+    Tcp(SocketAddr),
+    Http(SocketAddr),
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SinkStatus {
+    pub id: u64,
+    #[serde(flatten)]
+    pub target: SinkTarget,
+    pub packets_sent: u64,
+    pub bytes_sent: u64,
+    /// Packets skipped by slowest-sink-drop.
+    pub packets_skipped: u64,
+    /// Packets published that this sink has not been handed yet.
+    pub lag: u64,
+    /// `active` or `failed`.
+    pub state: &'static str,
+    pub reason: Option<String>,
+    pub age_ms: u64,
+}
+
+pub(crate) struct Group {
+    pub task: Arc<Task>,
+    pub state: Arc<Mutex<GroupState>>,
+}
+
+pub(crate) struct Inner {
+    pub cfg: SessionConfig,
+    pub ring: Mutex<SessionRing<Arc<Packet>>>,
+    pub groups: RwLock<Vec<Group>>,
+    pub src: SourceStats,
+    pub source_kind: Mutex<String>,
+    pub source_error: Mutex<Option<String>>,
+    pub closed: AtomicBool,
+    pub started: Instant,
+    next_sink: AtomicU64,
+    runner: RunnerKind,
+    pub reactor: Arc<Reactor>,
+    source_reg: Mutex<Option<Registration>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    on_source_closed: Mutex<Option<Box<dyn Fn() + Send + Sync>>>,
+}
+
+#[derive(Clone)]
+enum RunnerKind {
+    Engine(Runner),
+    Daemon(Arc<Signal>),
+}
+
+impl Clone for Runner {
+    fn clone(&self) -> Self {
+        match self {
+            Runner::Engine(w) => Runner::Engine(w.clone()),
+            Runner::Thread(s) => Runner::Thread(s.clone()),
+        }
+    }
+}
+
+impl RunnerKind {
+    fn runner(&self) -> Runner {
+        match self {
+            RunnerKind::Engine(r) => r.clone(),
+            RunnerKind::Daemon(s) => Runner::Thread(s.clone()),
+        }
+    }
+}
+
+/// A handle to a running session. Dropping it does not stop the session: call [`Session::close`].
+#[derive(Clone)]
+pub struct Session {
+    inner: Arc<Inner>,
+}
+
+impl Inner {
+    pub fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// Publishes received packets into the ring and wakes every sink group. Replaced buffers
+    /// go back to `pool`.
+    pub fn publish(&self, packets: &mut Vec<Arc<Packet>>, pool: &mut PacketPool) {
+        if packets.is_empty() {
+            return;
+        }
+        let n = packets.len() as u64;
+        let bytes: u64 = packets.iter().map(|p| p.len() as u64).sum();
+        {
+            let mut ring = self.ring.lock();
+            for p in packets.drain(..) {
+                if let Some(old) = ring.publish(p) {
+                    pool.give(old);
+                }
+            }
+        }
+        self.src.packets.fetch_add(n, Ordering::Relaxed);
+        self.src.bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.src.last_ms.store(self.now_ms() + 1, Ordering::Relaxed);
+        self.src.state.store(SourceState::Active as u8, Ordering::Relaxed);
+        for g in self.groups.read().iter() {
+            g.task.schedule();
+        }
+    }
+
+    /// Validates a received buffer and sets its payload offset; `false` = drop it.
+    pub fn accept(&self, p: &mut Packet, len: usize) -> bool {
+        if len == 0 {
+            self.src.malformed.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        let data = &p.buf_mut()[..len];
+        let off = match self.cfg.payload {
+            PayloadMode::Raw => 0,
+            PayloadMode::Auto => fanout_proto::classify::payload_offset(data),
+            PayloadMode::Rtp => match fanout_proto::rtp::RtpView::parse(data) {
+                Ok(v) => v.payload_range().start,
+                Err(_) => {
+                    self.src.malformed.fetch_add(1, Ordering::Relaxed);
+                    return false;
+                }
+            },
+        };
+        p.set_len(len, off);
+        true
+    }
+
+    pub fn source_closed(&self, state: SourceState, error: Option<String>) {
+        self.src.state.store(state as u8, Ordering::Relaxed);
+        self.src.connected.store(false, Ordering::Release);
+        if error.is_some() {
+            *self.source_error.lock() = error;
+        }
+        if let Some(reg) = self.source_reg.lock().take() {
+            self.reactor.deregister(reg);
+        }
+        if let Some(cb) = self.on_source_closed.lock().as_ref() {
+            cb();
+        }
+    }
+}
+
+impl Session {
+    pub fn new(cfg: SessionConfig, engine: &Engine) -> Self {
+        let runner = match cfg.datapath {
+            DataPath::Daemon => RunnerKind::Daemon(Arc::new(Signal::default())),
+            _ => RunnerKind::Engine(engine.runner()),
+        };
+        let inner = Arc::new(Inner {
+            ring: Mutex::new(SessionRing::with_capacity(cfg.ring_capacity.max(1))),
+            cfg,
+            groups: RwLock::new(Vec::new()),
+            src: SourceStats::default(),
+            source_kind: Mutex::new("none".into()),
+            source_error: Mutex::new(None),
+            closed: AtomicBool::new(false),
+            started: Instant::now(),
+            next_sink: AtomicU64::new(1),
+            runner,
+            reactor: engine.reactor().clone(),
+            source_reg: Mutex::new(None),
+            threads: Mutex::new(Vec::new()),
+            on_source_closed: Mutex::new(None),
+        });
+        if let RunnerKind::Daemon(sig) = &inner.runner {
+            let (weak, sig) = (Arc::downgrade(&inner), sig.clone());
+            let t = std::thread::Builder::new()
+                .name(format!("daemon-send-{}", inner.cfg.name))
+                .spawn(move || daemon_sender(weak, sig))
+                .expect("spawning a thread");
+            inner.threads.lock().push(t);
+        }
+        Self { inner }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.inner.cfg.name
+    }
+
+    pub fn config(&self) -> &SessionConfig {
+        &self.inner.cfg
+    }
+
+    /// Called (from a data-plane thread) when a stream publisher goes away.
+    pub fn on_source_closed(&self, f: impl Fn() + Send + Sync + 'static) {
+        *self.inner.on_source_closed.lock() = Some(Box::new(f));
+    }
+
+    /// Starts receiving from a bound UDP socket.
+    pub fn attach_udp(&self, sock: UdpSocket) -> std::io::Result<()> {
+        *self.inner.source_kind.lock() = format!("udp {}", sock.local_addr()?);
+        self.attach(crate::source::SourceIo::Udp(sock))
+    }
+
+    /// Starts receiving from a connected stream publisher. Fails if one is already active.
+    pub fn attach_stream(&self, stream: TcpStream) -> std::io::Result<()> {
+        self.inner.src.publishers.fetch_add(1, Ordering::Relaxed);
+        self.inner.src.connected.store(true, Ordering::Release);
+        self.inner.src.state.store(SourceState::Waiting as u8, Ordering::Relaxed);
+        self.attach(crate::source::SourceIo::Tcp(stream))
+    }
+
+    pub fn set_source_kind(&self, kind: String) {
+        *self.inner.source_kind.lock() = kind;
+    }
+
+    /// Whether a stream publisher is connected now.
+    pub fn source_connected(&self) -> bool {
+        self.inner.src.connected.load(Ordering::Acquire)
+    }
+
+    fn attach(&self, io: crate::source::SourceIo) -> std::io::Result<()> {
+        let inner = &self.inner;
+        match &inner.runner {
+            RunnerKind::Daemon(_) => {
+                let weak = Arc::downgrade(inner);
+                let t = std::thread::Builder::new()
+                    .name(format!("daemon-recv-{}", inner.cfg.name))
+                    .spawn(move || crate::source::daemon_receiver(weak, io))?;
+                inner.threads.lock().push(t);
+            }
+            RunnerKind::Engine(r) => {
+                let fd = io.fd();
+                io.set_nonblocking()?;
+                let job = crate::source::SourceJob::new(Arc::downgrade(inner), io);
+                let task = Task::new(inner.cfg.priority, r.clone(), Box::new(job));
+                let reg = inner.reactor.register_source(fd, task.clone())?;
+                *inner.source_reg.lock() = Some(reg);
+                // Data may already be waiting (edge-triggered readiness would not report it).
+                task.schedule();
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts the built-in looped, paced MPEG-TS source.
+    pub fn attach_demo(&self, clip: crate::source::DemoClip) -> std::io::Result<()> {
+        *self.inner.source_kind.lock() = format!("demo ({:.0} kbit/s, looped)", clip.bitrate() / 1000.0);
+        let weak = Arc::downgrade(&self.inner);
+        let t = std::thread::Builder::new()
+            .name(format!("demo-{}", self.inner.cfg.name))
+            .spawn(move || crate::source::demo_source(weak, clip))?;
+        self.inner.threads.lock().push(t);
+        Ok(())
+    }
+
+    /// Adds a UDP sink; returns its id.
+    pub fn add_udp_sink(&self, to: SocketAddr) -> std::io::Result<u64> {
+        let sink_io = match self.inner.cfg.datapath {
+            DataPath::Shared => crate::sink::SinkIo::connected_udp(to)?,
+            _ => crate::sink::SinkIo::Unconnected(crate::sys::RawAddr::new(to)),
+        };
+        self.add_sink(SinkTarget::Udp(to), sink_io, false)
+    }
+
+    /// Adds a connected TCP sink (`http` = an HTTP subscriber, who gets the bare payload).
+    pub fn add_stream_sink(&self, stream: TcpStream, http: bool) -> std::io::Result<u64> {
+        let peer = stream.peer_addr()?;
+        stream.set_nonblocking(true)?;
+        let _ = stream.set_nodelay(true);
+        let target = if http { SinkTarget::Http(peer) } else { SinkTarget::Tcp(peer) };
+        self.add_sink(target, crate::sink::SinkIo::Stream(stream), http)
+    }
+
+    fn add_sink(&self, target: SinkTarget, io: crate::sink::SinkIo, strip: bool) -> std::io::Result<u64> {
+        let inner = &self.inner;
+        let id = inner.next_sink.fetch_add(1, Ordering::Relaxed);
+        let mut groups = inner.groups.write();
+        let per = inner.cfg.sinks_per_group.max(1);
+        // The least-loaded group with room, else a new one: groups spread over the workers.
+        let pick = groups
+            .iter()
+            .enumerate()
+            .map(|(i, g)| (i, g.state.lock().sinks.len()))
+            .filter(|&(_, n)| n < per)
+            .min_by_key(|&(_, n)| n)
+            .map(|(i, _)| i);
+        let gi = match pick {
+            Some(i) => i,
+            None => {
+                let state = Arc::new(Mutex::new(GroupState::new(inner.cfg.datapath)?));
+                let job = GroupJob { session: Arc::downgrade(inner), state: state.clone() };
+                let task = Task::new(inner.cfg.priority, inner.runner.runner(), Box::new(job));
+                groups.push(Group { task, state });
+                groups.len() - 1
+            }
+        };
+        let g = &groups[gi];
+        let mut st = g.state.lock();
+        let cursor = fanout_core::Cursor::at_head(&inner.ring.lock());
+        let mut sink = Sink::new(id, target, io, cursor, strip);
+        if let Some(fd) = sink.stream_fd() {
+            sink.reg = Some(inner.reactor.register_sink(fd, g.task.clone(), sink.flags.clone())?);
+        }
+        st.sinks.push(sink);
+        Ok(id)
+    }
+
+    /// Removes one sink. Returns whether it existed.
+    pub fn remove_sink(&self, id: u64) -> bool {
+        for g in self.inner.groups.read().iter() {
+            let mut st = g.state.lock();
+            if let Some(i) = st.sinks.iter().position(|s| s.id == id) {
+                let s = st.sinks.swap_remove(i);
+                s.close(&self.inner.reactor);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Removes every sink (the Oslo proxy's Flush). Returns how many.
+    pub fn remove_all_sinks(&self) -> usize {
+        let mut n = 0;
+        for g in self.inner.groups.read().iter() {
+            for s in g.state.lock().sinks.drain(..) {
+                s.close(&self.inner.reactor);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    pub fn sink_status(&self, id: u64) -> Option<SinkStatus> {
+        let head = self.inner.ring.lock().head();
+        self.inner
+            .groups
+            .read()
+            .iter()
+            .find_map(|g| g.state.lock().sinks.iter().find(|s| s.id == id).map(|s| s.status(head)))
+    }
+
+    pub fn sinks(&self) -> Vec<SinkStatus> {
+        let head = self.inner.ring.lock().head();
+        let mut v: Vec<SinkStatus> = Vec::new();
+        for g in self.inner.groups.read().iter() {
+            v.extend(g.state.lock().sinks.iter().map(|s| s.status(head)));
+        }
+        v.sort_by_key(|s| s.id);
+        v
+    }
+
+    pub fn source_state(&self) -> SourceState {
+        let s = &self.inner.src;
+        let state = match s.state.load(Ordering::Relaxed) {
+            x if x == SourceState::Active as u8 => SourceState::Active,
+            x if x == SourceState::Closed as u8 => SourceState::Closed,
+            x if x == SourceState::Failed as u8 => SourceState::Failed,
+            _ => SourceState::Waiting,
+        };
+        let last = s.last_ms.load(Ordering::Relaxed);
+        if state == SourceState::Active && self.inner.now_ms() + 1 - last > 5000 {
+            return SourceState::Silent;
+        }
+        state
+    }
+
+    pub fn status(&self) -> SessionStatus {
+        let inner = &self.inner;
+        let (used, head, cap) = {
+            let r = inner.ring.lock();
+            (r.len(), r.head(), r.capacity())
+        };
+        let sinks = self.sinks();
+        let last = inner.src.last_ms.load(Ordering::Relaxed);
+        SessionStatus {
+            name: inner.cfg.name.clone(),
+            priority: inner.cfg.priority.get(),
+            datapath: inner.cfg.datapath,
+            source: SourceStatus {
+                kind: inner.source_kind.lock().clone(),
+                state: self.source_state(),
+                packets: inner.src.packets.load(Ordering::Relaxed),
+                bytes: inner.src.bytes.load(Ordering::Relaxed),
+                oversized: inner.src.oversized.load(Ordering::Relaxed),
+                malformed: inner.src.malformed.load(Ordering::Relaxed),
+                last_packet_ms_ago: (last > 0).then(|| (inner.now_ms() + 1).saturating_sub(last)),
+                publishers: inner.src.publishers.load(Ordering::Relaxed),
+                error: inner.source_error.lock().clone(),
+            },
+            ring_capacity: cap,
+            ring_used: used,
+            ring_head: head,
+            sinks: sinks.len(),
+            sinks_failed: sinks.iter().filter(|s| s.state == "failed").count(),
+            groups: inner.groups.read().len(),
+            packets_sent: sinks.iter().map(|s| s.packets_sent).sum(),
+            bytes_sent: sinks.iter().map(|s| s.bytes_sent).sum(),
+            packets_skipped: sinks.iter().map(|s| s.packets_skipped).sum(),
+        }
+    }
+
+    /// Stops the source and every sink, and joins the session's own threads.
+    pub fn close(&self) {
+        let inner = &self.inner;
+        if inner.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if let Some(reg) = inner.source_reg.lock().take() {
+            inner.reactor.deregister(reg);
+        }
+        self.remove_all_sinks();
+        if let RunnerKind::Daemon(sig) = &inner.runner {
+            sig.raise();
+        }
+        let threads: Vec<_> = inner.threads.lock().drain(..).collect();
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The `daemon` baseline's send thread: runs every group of its session when woken.
+fn daemon_sender(session: Weak<Inner>, sig: Arc<Signal>) {
+    let mut ctx = WorkerCtx::default();
+    let mut tasks: Vec<Arc<Task>> = Vec::new();
+    loop {
+        let woken = sig.wait(Duration::from_millis(100));
+        let Some(s) = session.upgrade() else { return };
+        if s.closed.load(Ordering::Acquire) {
+            return;
+        }
+        if !woken {
+            continue;
+        }
+        tasks.clear();
+        tasks.extend(s.groups.read().iter().map(|g| g.task.clone()));
+        drop(s);
+        for t in &tasks {
+            while t.run_now(&mut ctx) {}
+        }
+    }
+}

@@ -1,0 +1,418 @@
+//! Sinks and sink groups: the send side of every data path.
+
+use crate::engine::{Job, WorkerCtx};
+use crate::packet::Packet;
+use crate::reactor::{IoFlags, Reactor, Registration};
+use crate::session::{DataPath, FailurePolicy, Inner, SinkStatus, SinkTarget};
+use crate::sys::{self, RawAddr};
+use fanout_core::Cursor;
+use parking_lot::Mutex;
+use std::io::{self, ErrorKind};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+pub(crate) enum SinkIo {
+    /// Its own connected UDP socket (`shared`): no route lookup per packet, and ICMP errors
+    /// come back on this socket alone.
+    Connected(UdpSocket),
+    /// An address the group's socket sends to (`daemon`, `copy`).
+    Unconnected(RawAddr),
+    /// A TCP or HTTP subscriber.
+    Stream(TcpStream),
+    Closed,
+}
+
+impl SinkIo {
+    pub fn connected_udp(to: SocketAddr) -> io::Result<Self> {
+        let bind: SocketAddr = if to.is_ipv4() { ([0, 0, 0, 0], 0).into() } else { ([0u16; 8], 0).into() };
+        let s = UdpSocket::bind(bind)?;
+        s.connect(to)?;
+        s.set_nonblocking(true)?;
+        Ok(SinkIo::Connected(s))
+    }
+}
+
+pub(crate) struct Sink {
+    pub id: u64,
+    target: SinkTarget,
+    io: SinkIo,
+    cursor: Cursor,
+    bytes: u64,
+    failed: Option<String>,
+    /// The socket was full; wait for the reactor to report it writable.
+    blocked: bool,
+    /// A packet a stream sink has started to write, and how much of it is written: a byte
+    /// stream never gets half a packet followed by another.
+    partial: Option<(Arc<Packet>, usize)>,
+    pub flags: Arc<IoFlags>,
+    pub reg: Option<Registration>,
+    strip_rtp: bool,
+    added: Instant,
+}
+
+impl Sink {
+    pub fn new(id: u64, target: SinkTarget, io: SinkIo, cursor: Cursor, strip_rtp: bool) -> Self {
+        Self {
+            id,
+            target,
+            io,
+            cursor,
+            bytes: 0,
+            failed: None,
+            blocked: false,
+            partial: None,
+            flags: Arc::new(IoFlags::default()),
+            reg: None,
+            strip_rtp,
+            added: Instant::now(),
+        }
+    }
+
+    pub fn stream_fd(&self) -> Option<RawFd> {
+        match &self.io {
+            SinkIo::Stream(s) => Some(s.as_raw_fd()),
+            _ => None,
+        }
+    }
+
+    pub fn status(&self, head: u64) -> SinkStatus {
+        SinkStatus {
+            id: self.id,
+            target: self.target.clone(),
+            packets_sent: self.cursor.received,
+            bytes_sent: self.bytes,
+            packets_skipped: self.cursor.skipped,
+            lag: if self.failed.is_some() { 0 } else { self.cursor.lag(head) },
+            state: if self.failed.is_some() { "failed" } else { "active" },
+            reason: self.failed.clone(),
+            age_ms: self.added.elapsed().as_millis() as u64,
+        }
+    }
+
+    /// Deregisters and closes the socket.
+    pub fn close(mut self, reactor: &Reactor) {
+        self.shut(reactor);
+    }
+
+    fn shut(&mut self, reactor: &Reactor) {
+        if let Some(reg) = self.reg.take() {
+            reactor.deregister(reg);
+        }
+        self.io = SinkIo::Closed;
+        self.partial = None;
+    }
+
+    fn fail(&mut self, why: String, reactor: &Reactor) {
+        if self.failed.is_none() {
+            tracing::info!(sink = self.id, target = ?self.target, "sink failed: {why}");
+            self.failed = Some(why);
+            self.shut(reactor);
+        }
+    }
+
+    fn bytes_of<'p>(&self, p: &'p Packet) -> &'p [u8] {
+        if self.strip_rtp {
+            p.payload()
+        } else {
+            p.data()
+        }
+    }
+}
+
+fn describe(e: &io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::ECONNREFUSED) => "ICMP port unreachable (connection refused)".into(),
+        Some(libc::EPIPE) | Some(libc::ECONNRESET) => "connection reset by peer".into(),
+        Some(libc::EHOSTUNREACH) | Some(libc::ENETUNREACH) => format!("ICMP unreachable: {e}"),
+        _ => e.to_string(),
+    }
+}
+
+pub(crate) struct GroupState {
+    pub sinks: Vec<Sink>,
+    /// Pending ring entries, cloned (refcount only) under the ring lock; empty between runs.
+    snapshot: Vec<Arc<Packet>>,
+    /// The socket the baselines' unconnected UDP sinks send from, with ICMP errors queued.
+    udp: Option<UdpSocket>,
+}
+
+impl GroupState {
+    pub fn new(dp: DataPath) -> io::Result<Self> {
+        let udp = match dp {
+            DataPath::Shared => None,
+            _ => {
+                let s = UdpSocket::bind(("0.0.0.0", 0))?;
+                s.set_nonblocking(true)?;
+                sys::enable_recv_err(s.as_raw_fd(), false)?;
+                Some(s)
+            }
+        };
+        Ok(Self { sinks: Vec::new(), snapshot: Vec::new(), udp })
+    }
+}
+
+pub(crate) struct GroupJob {
+    pub session: Weak<Inner>,
+    pub state: Arc<Mutex<GroupState>>,
+}
+
+impl Job for GroupJob {
+    fn run(&self, ctx: &mut WorkerCtx) -> bool {
+        let Some(s) = self.session.upgrade() else { return false };
+        if s.closed.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut guard = self.state.lock();
+        let g = &mut *guard;
+        let reactor = &s.reactor;
+
+        // Readiness the reactor saw on stream sinks.
+        for sink in g.sinks.iter_mut().filter(|k| matches!(k.io, SinkIo::Stream(_))) {
+            if sink.flags.writable.swap(false, Ordering::AcqRel) {
+                sink.blocked = false;
+            }
+            if sink.flags.readable.swap(false, Ordering::AcqRel) {
+                if let Some(why) = check_peer(&sink.io) {
+                    sink.fail(why, reactor);
+                }
+            }
+        }
+        // ICMP errors for the baselines' shared socket, matched to sinks by destination.
+        if let Some(udp) = &g.udp {
+            while let Some((addr, err)) = sys::recv_error(udp.as_raw_fd()) {
+                for sink in g.sinks.iter_mut().filter(|k| k.target == SinkTarget::Udp(addr)) {
+                    sink.fail(describe(&err), reactor);
+                }
+            }
+        }
+
+        // Snapshot what the sinks that can send now still need.
+        let (head, start) = {
+            let ring = s.ring.lock();
+            let (head, oldest) = (ring.head(), ring.oldest());
+            let min = g.sinks.iter().filter(|k| k.failed.is_none() && !k.blocked).map(|k| k.cursor.next()).min();
+            let start = min.unwrap_or(head).max(oldest);
+            g.snapshot.clear();
+            // Invariant: oldest <= start <= seq < head, so the ring holds every seq here.
+            g.snapshot.extend((start..head).map(|seq| ring.get(seq).expect("held by the ring").clone()));
+            for k in g.sinks.iter_mut() {
+                k.cursor.catch_up(oldest);
+            }
+            (head, start)
+        };
+
+        let dp = s.cfg.datapath;
+        let group_fd = g.udp.as_ref().map(|u| u.as_raw_fd());
+        for sink in g.sinks.iter_mut() {
+            if sink.failed.is_some() || sink.blocked {
+                continue;
+            }
+            if sink.cursor.next() >= head && sink.partial.is_none() {
+                continue;
+            }
+            let from = (sink.cursor.next() - start) as usize;
+            let pending = &g.snapshot[from..];
+            let r = match (&sink.io, dp) {
+                (SinkIo::Connected(sock), _) => send_udp_batched(sock.as_raw_fd(), pending, ctx),
+                (SinkIo::Unconnected(addr), _) => {
+                    // Invariant: the baselines' groups always own a socket.
+                    send_udp_copy(group_fd.expect("group socket"), addr, pending, ctx)
+                }
+                (SinkIo::Stream(_), DataPath::Shared) => send_stream_vectored(sink, pending, ctx),
+                (SinkIo::Stream(_), _) => send_stream_copy(sink, pending, ctx),
+                (SinkIo::Closed, _) => Ok(0),
+            };
+            match r {
+                Ok(n) if !matches!(sink.io, SinkIo::Stream(_)) => {
+                    sink.bytes += pending[..n].iter().map(|p| p.len() as u64).sum::<u64>();
+                    sink.cursor.advance(n as u64);
+                }
+                Ok(_) => {}
+                Err(e) => sink.fail(describe(&e), reactor),
+            }
+        }
+        g.snapshot.clear();
+        // An HTTP subscriber that went away cannot come back on the same connection: drop it.
+        let keep_failed = s.cfg.failed_sinks == FailurePolicy::Keep;
+        g.sinks.retain(|k| k.failed.is_none() || (keep_failed && !matches!(k.target, SinkTarget::Http(_))));
+        false
+    }
+}
+
+/// A stream sink became readable: the peer sent bytes (drained, ignored) or closed.
+fn check_peer(io: &SinkIo) -> Option<String> {
+    let SinkIo::Stream(s) = io else { return None };
+    let mut buf = [0u8; 1024];
+    for _ in 0..16 {
+        match io::Read::read(&mut &*s, &mut buf) {
+            Ok(0) => return Some("peer closed the connection".into()),
+            Ok(_) => continue,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return None,
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) => return Some(describe(&e)),
+        }
+    }
+    None
+}
+
+/// `shared` UDP: one datagram with `send`, a backlog with `sendmmsg`, straight from the ring.
+/// Returns how many were sent; stops quietly when the socket is full (the rest stays pending).
+fn send_udp_batched(fd: RawFd, pending: &[Arc<Packet>], ctx: &mut WorkerCtx) -> io::Result<usize> {
+    if let [one] = pending {
+        return match sys::send(fd, one.data()) {
+            Ok(_) => Ok(1),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(0),
+            Err(e) => Err(e),
+        };
+    }
+    let mut sent = 0;
+    for chunk in pending.chunks(1024) {
+        ctx.iov.clear();
+        ctx.iov.extend(chunk.iter().map(|p| sys::iovec(p.data())));
+        match sys::send_datagrams(fd, &mut ctx.iov, &mut ctx.hdrs) {
+            Ok(n) => {
+                sent += n;
+                if n < chunk.len() {
+                    break;
+                }
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(e) if sent == 0 => return Err(e),
+            Err(_) => break,
+        }
+    }
+    Ok(sent)
+}
+
+/// The baselines' UDP: copy each payload into user space, then one `sendto` per packet.
+fn send_udp_copy(fd: RawFd, to: &RawAddr, pending: &[Arc<Packet>], ctx: &mut WorkerCtx) -> io::Result<usize> {
+    for (i, p) in pending.iter().enumerate() {
+        let n = p.len();
+        ctx.copy[..n].copy_from_slice(p.data());
+        let mut r = sys::send_to(fd, &ctx.copy[..n], to);
+        if matches!(&r, Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED)) {
+            // A pending ICMP error of the shared socket (any sink's) surfaced here; the
+            // error queue says whose. This packet was not sent: send it again.
+            r = sys::send_to(fd, &ctx.copy[..n], to);
+        }
+        match r {
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(i),
+            Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => return Ok(i),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(pending.len())
+}
+
+/// Records `written` bytes of a stream write that covered the partial packet (if any) and
+/// then `pending` in order; returns whether everything offered was written.
+fn account_stream(sink: &mut Sink, pending: &[Arc<Packet>], mut written: usize, offered: usize) -> bool {
+    sink.bytes += written as u64;
+    let complete = written == offered;
+    if let Some((p, off)) = sink.partial.take() {
+        let rest = sink.bytes_of(&p).len() - off;
+        if written < rest {
+            sink.partial = Some((p, off + written));
+            return complete;
+        }
+        written -= rest;
+    }
+    let mut started = 0u64;
+    for p in pending {
+        let len = sink.bytes_of(p).len();
+        if written >= len {
+            written -= len;
+            started += 1;
+        } else {
+            if written > 0 {
+                sink.partial = Some((p.clone(), written));
+                started += 1;
+            }
+            break;
+        }
+    }
+    sink.cursor.advance(started);
+    complete
+}
+
+fn stream_fd(sink: &Sink) -> RawFd {
+    match &sink.io {
+        SinkIo::Stream(s) => s.as_raw_fd(),
+        _ => -1,
+    }
+}
+
+/// `shared` stream: everything pending (and the rest of a partial packet) in one `sendmsg`.
+fn send_stream_vectored(sink: &mut Sink, pending: &[Arc<Packet>], ctx: &mut WorkerCtx) -> io::Result<usize> {
+    let fd = stream_fd(sink);
+    let max = libc::UIO_MAXIOV as usize;
+    ctx.iov.clear();
+    if let Some((p, off)) = &sink.partial {
+        ctx.iov.push(sys::iovec(&sink.bytes_of(p)[*off..]));
+    }
+    let room = max - ctx.iov.len();
+    let pending = &pending[..pending.len().min(room)];
+    ctx.iov.extend(pending.iter().map(|p| sys::iovec(sink.bytes_of(p))));
+    let offered: usize = ctx.iov.iter().map(|v| v.iov_len).sum();
+    if offered == 0 {
+        sink.cursor.advance(pending.len() as u64);
+        return Ok(0);
+    }
+    match sys::send_vectored(fd, &ctx.iov) {
+        Ok(w) => {
+            if !account_stream(sink, pending, w, offered) {
+                sink.blocked = true;
+            }
+            Ok(0)
+        }
+        Err(e) if e.kind() == ErrorKind::WouldBlock => {
+            sink.blocked = true;
+            Ok(0)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The baselines' stream: copy each packet into user space, one `send` per packet.
+fn send_stream_copy(sink: &mut Sink, pending: &[Arc<Packet>], ctx: &mut WorkerCtx) -> io::Result<usize> {
+    let fd = stream_fd(sink);
+    if let Some((p, off)) = sink.partial.clone() {
+        let rest = &sink.bytes_of(&p)[off..];
+        ctx.copy[..rest.len()].copy_from_slice(rest);
+        match sys::send(fd, &ctx.copy[..rest.len()]) {
+            Ok(w) => {
+                if !account_stream(sink, &[], w, rest.len()) {
+                    sink.blocked = true;
+                    return Ok(0);
+                }
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                sink.blocked = true;
+                return Ok(0);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    for (i, p) in pending.iter().enumerate() {
+        let b = sink.bytes_of(p);
+        ctx.copy[..b.len()].copy_from_slice(b);
+        match sys::send(fd, &ctx.copy[..b.len()]) {
+            Ok(w) => {
+                if !account_stream(sink, &pending[i..i + 1], w, b.len()) {
+                    sink.blocked = true;
+                    break;
+                }
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                sink.blocked = true;
+                break;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(0)
+}

@@ -1,0 +1,317 @@
+//! Sources: where a session's packets come from.
+
+use crate::engine::{Job, WorkerCtx};
+use crate::packet::{Packet, PacketPool};
+use crate::session::{Inner, SourceState};
+use crate::sys;
+use fanout_proto::mpegts::{TsSchedule, PCR_HZ};
+use parking_lot::Mutex;
+use socket2::{Domain, Protocol, Socket, Type};
+use std::io::{self, ErrorKind, Read};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+/// Datagrams taken per `recvmmsg`.
+const BATCH: usize = 32;
+/// Receive calls per task run before other ready tasks get a turn (a work limiter).
+const CALLS_PER_RUN: usize = 8;
+
+/// Binds a UDP source socket: unicast, or a multicast group joined on `iface` (IPv4) or the
+/// default interface.
+pub fn bind_udp_source(addr: SocketAddr, iface: Option<Ipv4Addr>) -> io::Result<UdpSocket> {
+    let sock = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    sock.set_reuse_address(true)?;
+    // Room for bursts while the workers are busy; the force variant needs CAP_NET_ADMIN.
+    let size: libc::c_int = 8 << 20;
+    // SAFETY: plain setsockopt with an int.
+    let forced = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUFFORCE,
+            (&raw const size).cast(),
+            std::mem::size_of::<libc::c_int>() as _,
+        )
+    };
+    if forced != 0 {
+        let _ = sock.set_recv_buffer_size(size as usize);
+    }
+    if addr.ip().is_multicast() {
+        sock.bind(&addr.into())?;
+        match addr.ip() {
+            IpAddr::V4(g) => sock.join_multicast_v4(&g, &iface.unwrap_or(Ipv4Addr::UNSPECIFIED))?,
+            IpAddr::V6(g) => sock.join_multicast_v6(&g, 0)?,
+        }
+    } else {
+        sock.bind(&addr.into())?;
+    }
+    Ok(sock.into())
+}
+
+pub(crate) enum SourceIo {
+    Udp(UdpSocket),
+    Tcp(TcpStream),
+}
+
+impl SourceIo {
+    pub fn fd(&self) -> RawFd {
+        match self {
+            SourceIo::Udp(s) => s.as_raw_fd(),
+            SourceIo::Tcp(s) => s.as_raw_fd(),
+        }
+    }
+    pub fn set_nonblocking(&self) -> io::Result<()> {
+        match self {
+            SourceIo::Udp(s) => s.set_nonblocking(true),
+            SourceIo::Tcp(s) => s.set_nonblocking(true),
+        }
+    }
+}
+
+struct Scratch {
+    pool: PacketPool,
+    taken: Vec<Arc<Packet>>,
+    ready: Vec<Arc<Packet>>,
+    iov: Vec<libc::iovec>,
+    hdrs: Vec<libc::mmsghdr>,
+    got: Vec<sys::Received>,
+}
+
+// SAFETY: the raw pointers in the iovec/mmsghdr scratch are rebuilt before every call and
+// only used by the worker that holds the mutex.
+unsafe impl Send for Scratch {}
+
+/// Engine source task: drains the socket in batches into pool buffers and publishes them.
+pub(crate) struct SourceJob {
+    session: Weak<Inner>,
+    io: SourceIo,
+    scratch: Mutex<Scratch>,
+}
+
+impl SourceJob {
+    pub fn new(session: Weak<Inner>, io: SourceIo) -> Self {
+        let (buf, ring) = session.upgrade().map_or((2048, 1024), |s| (s.cfg.max_datagram, s.cfg.ring_capacity));
+        Self {
+            session,
+            io,
+            scratch: Mutex::new(Scratch {
+                pool: PacketPool::new(buf, ring + 2 * BATCH),
+                taken: Vec::with_capacity(BATCH),
+                ready: Vec::with_capacity(BATCH),
+                iov: Vec::with_capacity(BATCH),
+                hdrs: Vec::with_capacity(BATCH),
+                got: Vec::with_capacity(BATCH),
+            }),
+        }
+    }
+}
+
+impl Job for SourceJob {
+    fn run(&self, _ctx: &mut WorkerCtx) -> bool {
+        let Some(s) = self.session.upgrade() else { return false };
+        if s.closed.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut guard = self.scratch.lock();
+        let sc = &mut *guard;
+        for _ in 0..CALLS_PER_RUN {
+            match &self.io {
+                SourceIo::Udp(sock) => {
+                    while sc.taken.len() < BATCH {
+                        let p = sc.pool.take();
+                        sc.taken.push(p);
+                    }
+                    let r = {
+                        // Invariant: the pool hands out uniquely held buffers.
+                        let mut bufs: [&mut [u8]; BATCH] = std::array::from_fn(|_| <&mut [u8]>::default());
+                        for (b, p) in bufs.iter_mut().zip(sc.taken.iter_mut()) {
+                            *b = Arc::get_mut(p).expect("pool buffers are unique").buf_mut();
+                        }
+                        sys::recv_datagrams(sock.as_raw_fd(), &mut bufs, &mut sc.iov, &mut sc.hdrs, &mut sc.got)
+                    };
+                    let n = match r {
+                        Ok(n) => n,
+                        Err(e) => {
+                            tracing::warn!(session = %s.cfg.name, "receive failed: {e}");
+                            return false;
+                        }
+                    };
+                    // Keep the datagrams we got (in order); the untouched buffers stay taken.
+                    let mut rest = sc.taken.split_off(n);
+                    for (mut p, got) in sc.taken.drain(..).zip(sc.got.iter()) {
+                        let pm = Arc::get_mut(&mut p).expect("pool buffers are unique");
+                        if got.truncated {
+                            s.src.oversized.fetch_add(1, Ordering::Relaxed);
+                            sc.pool.give(p);
+                        } else if s.accept(pm, got.len) {
+                            sc.ready.push(p);
+                        } else {
+                            sc.pool.give(p);
+                        }
+                    }
+                    sc.taken.append(&mut rest);
+                    s.publish(&mut sc.ready, &mut sc.pool);
+                    if n < BATCH {
+                        return false;
+                    }
+                }
+                SourceIo::Tcp(stream) => {
+                    let mut p = sc.pool.take();
+                    let pm = Arc::get_mut(&mut p).expect("pool buffers are unique");
+                    match (&*stream).read(pm.buf_mut()) {
+                        Ok(0) => {
+                            s.source_closed(SourceState::Closed, None);
+                            return false;
+                        }
+                        Ok(n) => {
+                            pm.set_len(n, 0);
+                            sc.ready.push(p);
+                            s.publish(&mut sc.ready, &mut sc.pool);
+                        }
+                        Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                            sc.pool.give(p);
+                            return false;
+                        }
+                        Err(e) if e.kind() == ErrorKind::Interrupted => sc.pool.give(p),
+                        Err(e) => {
+                            s.source_closed(SourceState::Closed, Some(format!("publisher connection: {e}")));
+                            return false;
+                        }
+                    }
+                }
+            }
+        }
+        // The work limit was reached with data still waiting: run again after the others.
+        true
+    }
+}
+
+/// The `daemon` baseline's receive thread: one blocking receive per packet.
+pub(crate) fn daemon_receiver(session: Weak<Inner>, io: SourceIo) {
+    let (buf, ring) = match session.upgrade() {
+        Some(s) => (s.cfg.max_datagram, s.cfg.ring_capacity),
+        None => return,
+    };
+    let mut pool = PacketPool::new(buf, ring + 4);
+    let mut ready = Vec::with_capacity(1);
+    let timeout = Some(Duration::from_millis(100));
+    let _ = match &io {
+        SourceIo::Udp(s) => s.set_read_timeout(timeout),
+        SourceIo::Tcp(s) => s.set_read_timeout(timeout),
+    };
+    loop {
+        let Some(s) = session.upgrade() else { return };
+        if s.closed.load(Ordering::Acquire) {
+            return;
+        }
+        let mut p = pool.take();
+        let pm = Arc::get_mut(&mut p).expect("pool buffers are unique");
+        let r = match &io {
+            SourceIo::Udp(sock) => {
+                // MSG_TRUNC makes recv return the real length, so oversize is visible.
+                let b = pm.buf_mut();
+                // SAFETY: b is a valid writable buffer for the call.
+                let n = unsafe { libc::recv(sock.as_raw_fd(), b.as_mut_ptr().cast(), b.len(), libc::MSG_TRUNC) };
+                if n < 0 {
+                    Err(io::Error::last_os_error())
+                } else if n as usize > b.len() {
+                    s.src.oversized.fetch_add(1, Ordering::Relaxed);
+                    Err(io::Error::from(ErrorKind::Interrupted))
+                } else {
+                    Ok(n as usize)
+                }
+            }
+            SourceIo::Tcp(stream) => match (&*stream).read(pm.buf_mut()) {
+                Ok(0) => {
+                    s.source_closed(SourceState::Closed, None);
+                    return;
+                }
+                r => r,
+            },
+        };
+        match r {
+            Ok(n) => {
+                let keep = match &io {
+                    SourceIo::Udp(_) => s.accept(pm, n),
+                    SourceIo::Tcp(_) => {
+                        pm.set_len(n, 0);
+                        true
+                    }
+                };
+                if keep {
+                    ready.push(p);
+                    s.publish(&mut ready, &mut pool);
+                } else {
+                    pool.give(p);
+                }
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {
+                pool.give(p)
+            }
+            Err(e) => {
+                s.source_closed(SourceState::Failed, Some(format!("receive failed: {e}")));
+                return;
+            }
+        }
+    }
+}
+
+/// A recorded MPEG-TS clip and the schedule that plays it at its own rate.
+#[derive(Clone)]
+pub struct DemoClip {
+    ts: Arc<[u8]>,
+    schedule: Arc<TsSchedule>,
+}
+
+impl DemoClip {
+    pub fn new(ts: impl Into<Arc<[u8]>>) -> Result<Self, fanout_proto::mpegts::TsError> {
+        let ts = ts.into();
+        let schedule = Arc::new(TsSchedule::new(&ts)?);
+        Ok(Self { ts, schedule })
+    }
+    pub fn bitrate(&self) -> f64 {
+        self.schedule.bitrate()
+    }
+}
+
+/// The demo source thread: publishes each 1316-byte datagram of the looped clip when due.
+pub(crate) fn demo_source(session: Weak<Inner>, clip: DemoClip) {
+    let buf = session.upgrade().map_or(2048, |s| s.cfg.max_datagram.max(1316));
+    let mut pool = PacketPool::new(buf, 64);
+    let mut ready = Vec::with_capacity(8);
+    let start = Instant::now();
+    let mut n: u64 = 0;
+    loop {
+        let Some(s) = session.upgrade() else { return };
+        if s.closed.load(Ordering::Acquire) {
+            return;
+        }
+        // Publish everything due, then sleep until the next datagram (at most 100 ms, so a
+        // closed session is noticed).
+        let now = start.elapsed();
+        loop {
+            let (off, len, due) = clip.schedule.datagram(n);
+            let due = Duration::from_nanos(due * 1000 / (PCR_HZ / 1_000_000));
+            if due > now {
+                break;
+            }
+            let mut p = pool.take();
+            let pm = Arc::get_mut(&mut p).expect("pool buffers are unique");
+            pm.buf_mut()[..len].copy_from_slice(&clip.ts[off..off + len]);
+            pm.set_len(len, 0);
+            ready.push(p);
+            n += 1;
+            if ready.len() == ready.capacity() {
+                s.publish(&mut ready, &mut pool);
+            }
+        }
+        s.publish(&mut ready, &mut pool);
+        let (_, _, next) = clip.schedule.datagram(n);
+        let next = Duration::from_nanos(next * 1000 / (PCR_HZ / 1_000_000));
+        drop(s);
+        std::thread::sleep(next.saturating_sub(start.elapsed()).min(Duration::from_millis(100)));
+    }
+}

@@ -1,0 +1,207 @@
+//! Thin wrappers over the batched and error-queue system calls std does not expose.
+//! Every wrapper retries `EINTR` and returns `io::Error` otherwise.
+
+use std::io;
+use std::mem::{size_of, zeroed};
+use std::net::{SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::RawFd;
+
+fn retry<F: FnMut() -> isize>(mut f: F) -> io::Result<usize> {
+    loop {
+        let r = f();
+        if r >= 0 {
+            return Ok(r as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// A socket address in the C layout, built once per sink and reused for every send.
+#[derive(Clone, Copy)]
+pub struct RawAddr {
+    storage: libc::sockaddr_storage,
+    len: libc::socklen_t,
+}
+
+impl RawAddr {
+    pub fn new(addr: SocketAddr) -> Self {
+        let sa = socket2::SockAddr::from(addr);
+        // SAFETY: SockAddr holds a valid sockaddr_storage of `len` bytes.
+        let mut storage: libc::sockaddr_storage = unsafe { zeroed() };
+        unsafe {
+            std::ptr::copy_nonoverlapping(sa.as_ptr().cast::<u8>(), (&raw mut storage).cast::<u8>(), sa.len() as usize)
+        };
+        Self { storage, len: sa.len() }
+    }
+    fn ptr(&self) -> *const libc::sockaddr {
+        (&raw const self.storage).cast()
+    }
+}
+
+/// `sendto` of one buffer.
+pub fn send_to(fd: RawFd, buf: &[u8], to: &RawAddr) -> io::Result<usize> {
+    // SAFETY: buf and the address outlive the call.
+    retry(|| unsafe {
+        libc::sendto(fd, buf.as_ptr().cast(), buf.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL, to.ptr(), to.len)
+    })
+}
+
+/// `send` of one buffer on a connected socket.
+pub fn send(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
+    // SAFETY: buf outlives the call.
+    retry(|| unsafe { libc::send(fd, buf.as_ptr().cast(), buf.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) })
+}
+
+/// Vectored `sendmsg` on a connected stream socket: returns bytes written.
+pub fn send_vectored(fd: RawFd, iov: &[libc::iovec]) -> io::Result<usize> {
+    // SAFETY: the iovecs point into buffers the caller keeps alive for the call.
+    let mut msg: libc::msghdr = unsafe { zeroed() };
+    msg.msg_iov = iov.as_ptr().cast_mut();
+    msg.msg_iovlen = iov.len().min(libc::UIO_MAXIOV as usize) as _;
+    retry(|| unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) })
+}
+
+/// `sendmmsg` of one datagram per iovec on a connected datagram socket: returns how many
+/// datagrams were sent. `hdrs` is caller-owned scratch space, reused between calls.
+pub fn send_datagrams(fd: RawFd, iov: &mut [libc::iovec], hdrs: &mut Vec<libc::mmsghdr>) -> io::Result<usize> {
+    hdrs.clear();
+    for v in iov.iter_mut() {
+        // SAFETY: an all-zero mmsghdr is a valid empty header.
+        let mut h: libc::mmsghdr = unsafe { zeroed() };
+        h.msg_hdr.msg_iov = v;
+        h.msg_hdr.msg_iovlen = 1;
+        hdrs.push(h);
+    }
+    let n = hdrs.len().min(1024) as libc::c_uint;
+    // SAFETY: the headers point at iovecs and buffers alive for the call.
+    retry(|| unsafe { libc::sendmmsg(fd, hdrs.as_mut_ptr(), n, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) as isize })
+}
+
+/// Outcome of receiving one datagram of a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Received {
+    pub len: usize,
+    /// The datagram was larger than the buffer and was cut (`MSG_TRUNC`).
+    pub truncated: bool,
+}
+
+/// `recvmmsg` into `bufs` without blocking: returns the datagrams received (0 on `EAGAIN`).
+pub fn recv_datagrams(
+    fd: RawFd,
+    bufs: &mut [&mut [u8]],
+    iov: &mut Vec<libc::iovec>,
+    hdrs: &mut Vec<libc::mmsghdr>,
+    out: &mut Vec<Received>,
+) -> io::Result<usize> {
+    iov.clear();
+    hdrs.clear();
+    out.clear();
+    for b in bufs.iter_mut() {
+        iov.push(libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() });
+    }
+    for v in iov.iter_mut() {
+        // SAFETY: an all-zero mmsghdr is a valid empty header.
+        let mut h: libc::mmsghdr = unsafe { zeroed() };
+        h.msg_hdr.msg_iov = v;
+        h.msg_hdr.msg_iovlen = 1;
+        hdrs.push(h);
+    }
+    // SAFETY: headers and buffers are alive and exclusively ours for the call.
+    let r = retry(|| unsafe {
+        libc::recvmmsg(fd, hdrs.as_mut_ptr(), hdrs.len() as _, libc::MSG_DONTWAIT, std::ptr::null_mut()) as isize
+    });
+    match r {
+        Ok(n) => {
+            out.extend(hdrs[..n].iter().map(|h| Received {
+                len: (h.msg_len as usize).min(iov[0].iov_len),
+                truncated: h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
+            }));
+            Ok(n)
+        }
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(0),
+        Err(e) => Err(e),
+    }
+}
+
+/// Asks the kernel to queue ICMP errors with the destination they concern, so a socket
+/// shared by many sinks can tell which sink failed.
+pub fn enable_recv_err(fd: RawFd, v6: bool) -> io::Result<()> {
+    let on: libc::c_int = 1;
+    let (level, name) = if v6 { (libc::IPPROTO_IPV6, libc::IPV6_RECVERR) } else { (libc::IPPROTO_IP, libc::IP_RECVERR) };
+    // SAFETY: plain setsockopt with an int.
+    let r = unsafe { libc::setsockopt(fd, level, name, (&raw const on).cast(), size_of::<libc::c_int>() as _) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Takes one queued ICMP error: the destination it concerns and the error.
+pub fn recv_error(fd: RawFd) -> Option<(SocketAddr, io::Error)> {
+    let mut name: libc::sockaddr_storage = unsafe { zeroed() };
+    let mut control = [0u64; 64];
+    let mut data = [0u8; 64];
+    let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
+    // SAFETY: all pointers are to locals alive for the call.
+    let mut msg: libc::msghdr = unsafe { zeroed() };
+    msg.msg_name = (&raw mut name).cast();
+    msg.msg_namelen = size_of::<libc::sockaddr_storage>() as _;
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = size_of::<[u64; 64]>() as _;
+    let r = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_ERRQUEUE | libc::MSG_DONTWAIT) };
+    if r < 0 {
+        return None;
+    }
+    let mut errno = libc::ECONNREFUSED;
+    // SAFETY: walking the control buffer the kernel filled, with its own macros.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            let (l, t) = ((*c).cmsg_level, (*c).cmsg_type);
+            if (l == libc::IPPROTO_IP && t == libc::IP_RECVERR) || (l == libc::IPPROTO_IPV6 && t == libc::IPV6_RECVERR) {
+                let e = libc::CMSG_DATA(c).cast::<libc::sock_extended_err>().read_unaligned();
+                errno = e.ee_errno as i32;
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    let addr = match name.ss_family as i32 {
+        libc::AF_INET => {
+            // SAFETY: family says this is a sockaddr_in.
+            let a = unsafe { *(&raw const name).cast::<libc::sockaddr_in>() };
+            SocketAddr::V4(SocketAddrV4::new(u32::from_be(a.sin_addr.s_addr).into(), u16::from_be(a.sin_port)))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: family says this is a sockaddr_in6.
+            let a = unsafe { *(&raw const name).cast::<libc::sockaddr_in6>() };
+            SocketAddr::V6(SocketAddrV6::new(a.sin6_addr.s6_addr.into(), u16::from_be(a.sin6_port), 0, a.sin6_scope_id))
+        }
+        _ => return Some((SocketAddr::from(([0, 0, 0, 0], 0)), io::Error::from_raw_os_error(errno))),
+    };
+    Some((addr, io::Error::from_raw_os_error(errno)))
+}
+
+/// Raises the open-file limit to the hard limit; returns the new soft limit.
+pub fn raise_nofile_limit() -> u64 {
+    // SAFETY: plain getrlimit/setrlimit on a local struct.
+    unsafe {
+        let mut l: libc::rlimit = zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) == 0 {
+            l.rlim_cur = l.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &l);
+            libc::getrlimit(libc::RLIMIT_NOFILE, &mut l);
+            return l.rlim_cur;
+        }
+    }
+    0
+}
+
+/// An iovec over a byte slice the caller keeps alive while the iovec is used.
+pub fn iovec(buf: &[u8]) -> libc::iovec {
+    libc::iovec { iov_base: buf.as_ptr().cast_mut().cast(), iov_len: buf.len() }
+}

@@ -1,0 +1,227 @@
+//! The control API (HTTP/JSON): the four OMSS calls and what a person needs around them.
+//! `docs/openapi.yaml` describes it.
+
+use crate::relay::{Relay, RelayError};
+use crate::spec::{SessionSpec, SinkSpec};
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::json;
+use std::fmt::Write;
+use std::sync::Arc;
+
+/// An API error: a status and a JSON body `{"error": "...", "status": N}`.
+pub struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, Json(json!({ "error": self.1, "status": self.0.as_u16() }))).into_response()
+    }
+}
+
+impl From<RelayError> for ApiError {
+    fn from(e: RelayError) -> Self {
+        let code = match &e {
+            RelayError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            RelayError::NotFound(_) => StatusCode::NOT_FOUND,
+            RelayError::Conflict(_) => StatusCode::CONFLICT,
+            RelayError::Peer(_) => StatusCode::BAD_GATEWAY,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError(code, e.to_string())
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(r: JsonRejection) -> Self {
+        ApiError(r.status(), r.body_text())
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+pub fn router(relay: Arc<Relay>) -> Router {
+    let max_body = relay.cfg.max_body;
+    Router::new()
+        .route("/v1/sessions", post(create_session).get(list_sessions))
+        .route("/v1/sessions/{name}", get(get_session).delete(delete_session))
+        .route("/v1/sessions/{name}/sinks", post(add_sink).get(list_sinks).delete(flush_sinks))
+        .route("/v1/sessions/{name}/sinks/{id}", get(get_sink).delete(remove_sink))
+        .route("/v1/engine", get(engine_status))
+        .route("/metrics", get(metrics))
+        .fallback(|| async { ApiError(StatusCode::NOT_FOUND, "no such API path; see docs/openapi.yaml".into()) })
+        .layer(middleware::from_fn_with_state(relay.clone(), auth))
+        .layer(DefaultBodyLimit::max(max_body))
+        .with_state(relay)
+}
+
+/// Whether a request carries the configured token (header `Authorization: Bearer T`, or
+/// `?token=T` for players that cannot set headers).
+pub fn authorized(token: Option<&str>, auth_header: Option<&str>, query: Option<&str>) -> bool {
+    let Some(t) = token else { return true };
+    auth_header.and_then(|h| h.strip_prefix("Bearer ")).is_some_and(|h| h.trim() == t)
+        || query.is_some_and(|q| q.split('&').any(|kv| kv.strip_prefix("token=") == Some(t)))
+}
+
+async fn auth(State(relay): State<Arc<Relay>>, req: Request, next: Next) -> Response {
+    let h = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    if authorized(relay.cfg.token.as_deref(), h, req.uri().query()) {
+        next.run(req).await
+    } else {
+        let mut r = ApiError(StatusCode::UNAUTHORIZED, "missing or wrong bearer token".into()).into_response();
+        r.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+        r
+    }
+}
+
+async fn create_session(
+    State(relay): State<Arc<Relay>>,
+    body: Result<Json<SessionSpec>, JsonRejection>,
+) -> ApiResult<impl IntoResponse> {
+    let Json(spec) = body?;
+    let s = relay.create(spec).await?;
+    Ok((StatusCode::CREATED, Json(session_json(&relay, &s))))
+}
+
+fn session_json(relay: &Relay, s: &fanout_io::Session) -> serde_json::Value {
+    let mut v = serde_json::to_value(s.status()).unwrap_or_default();
+    if let Some(spec) = relay.spec(s.name()) {
+        v["spec"] = json!({ "source": spec.source });
+    }
+    v["stream_url"] = json!(format!("http://{}/v1/sessions/{}/stream", relay.cfg.api, s.name()));
+    v
+}
+
+async fn list_sessions(State(relay): State<Arc<Relay>>) -> Json<serde_json::Value> {
+    Json(json!({ "sessions": relay.sessions().iter().map(|s| session_json(&relay, s)).collect::<Vec<_>>() }))
+}
+
+async fn get_session(State(relay): State<Arc<Relay>>, Path(name): Path<String>) -> ApiResult<Json<serde_json::Value>> {
+    let s = relay.session(&name)?;
+    Ok(Json(session_json(&relay, &s)))
+}
+
+async fn delete_session(State(relay): State<Arc<Relay>>, Path(name): Path<String>) -> ApiResult<StatusCode> {
+    relay.delete(&name).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn add_sink(
+    State(relay): State<Arc<Relay>>,
+    Path(name): Path<String>,
+    body: Result<Json<SinkSpec>, JsonRejection>,
+) -> ApiResult<impl IntoResponse> {
+    let Json(spec) = body?;
+    let id = relay.add_sink(&name, &spec).await?;
+    let s = relay.session(&name)?;
+    Ok((StatusCode::CREATED, Json(json!({ "id": id, "sink": s.sink_status(id) }))))
+}
+
+async fn list_sinks(State(relay): State<Arc<Relay>>, Path(name): Path<String>) -> ApiResult<Json<serde_json::Value>> {
+    Ok(Json(json!({ "sinks": relay.session(&name)?.sinks() })))
+}
+
+async fn flush_sinks(State(relay): State<Arc<Relay>>, Path(name): Path<String>) -> ApiResult<Json<serde_json::Value>> {
+    Ok(Json(json!({ "removed": relay.session(&name)?.remove_all_sinks() })))
+}
+
+fn parse_id(id: &str) -> ApiResult<u64> {
+    id.parse().map_err(|_| ApiError(StatusCode::BAD_REQUEST, format!("sink id {id:?} is not a number")))
+}
+
+async fn get_sink(
+    State(relay): State<Arc<Relay>>,
+    Path((name, id)): Path<(String, String)>,
+) -> ApiResult<Json<fanout_io::SinkStatus>> {
+    let id = parse_id(&id)?;
+    relay
+        .session(&name)?
+        .sink_status(id)
+        .map(Json)
+        .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("session {name:?} has no sink {id}")))
+}
+
+async fn remove_sink(State(relay): State<Arc<Relay>>, Path((name, id)): Path<(String, String)>) -> ApiResult<StatusCode> {
+    let id = parse_id(&id)?;
+    if relay.session(&name)?.remove_sink(id) {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError(StatusCode::NOT_FOUND, format!("session {name:?} has no sink {id}")))
+    }
+}
+
+async fn engine_status(State(relay): State<Arc<Relay>>) -> Json<serde_json::Value> {
+    Json(json!({
+        "workers": relay.engine.workers(),
+        "queued_tasks": relay.engine.queued(),
+        "task_runs": relay.engine.runs(),
+    }))
+}
+
+/// Prometheus text exposition of the same counters the status calls show.
+async fn metrics(State(relay): State<Arc<Relay>>) -> impl IntoResponse {
+    let mut m = String::new();
+    let mut family = |name: &str, kind: &str, help: &str| {
+        let _ = writeln!(m, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    };
+    family("fanout_engine_task_runs_total", "counter", "Tasks run by the engine's workers.");
+    family("fanout_sessions", "gauge", "Sessions configured.");
+    drop(family);
+    let _ = writeln!(m, "fanout_engine_task_runs_total {}", relay.engine.runs());
+    let sessions = relay.sessions();
+    let _ = writeln!(m, "fanout_sessions {}", sessions.len());
+    let statuses: Vec<_> = sessions.iter().map(|s| (s.status(), s.sinks())).collect();
+    let per_session: [(&str, &str, &str, fn(&fanout_io::SessionStatus) -> u64); 7] = [
+        ("fanout_source_packets_total", "counter", "Packets received from the source.", |s| s.source.packets),
+        ("fanout_source_bytes_total", "counter", "Bytes received from the source.", |s| s.source.bytes),
+        ("fanout_source_oversized_total", "counter", "Datagrams dropped as larger than max_datagram.", |s| {
+            s.source.oversized
+        }),
+        ("fanout_source_malformed_total", "counter", "Datagrams dropped as empty or not RTP.", |s| s.source.malformed),
+        ("fanout_ring_used", "gauge", "Packets held in the session ring.", |s| s.ring_used as u64),
+        ("fanout_session_sinks", "gauge", "Sinks of the session.", |s| s.sinks as u64),
+        ("fanout_session_sinks_failed", "gauge", "Sinks of the session marked failed.", |s| s.sinks_failed as u64),
+    ];
+    for (name, kind, help, f) in per_session {
+        let _ = writeln!(m, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (s, _) in &statuses {
+            let _ = writeln!(m, "{name}{{session=\"{}\"}} {}", s.name, f(s));
+        }
+    }
+    let per_sink: [(&str, &str, &str, fn(&fanout_io::SinkStatus) -> u64); 4] = [
+        ("fanout_sink_packets_total", "counter", "Packets sent to the sink.", |k| k.packets_sent),
+        ("fanout_sink_bytes_total", "counter", "Bytes sent to the sink.", |k| k.bytes_sent),
+        ("fanout_sink_skipped_total", "counter", "Packets the sink skipped by slowest-sink-drop.", |k| {
+            k.packets_skipped
+        }),
+        ("fanout_sink_lag", "gauge", "Packets published but not yet handed to the sink.", |k| k.lag),
+    ];
+    for (name, kind, help, f) in per_sink {
+        let _ = writeln!(m, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (s, sinks) in &statuses {
+            for k in sinks {
+                let _ = writeln!(m, "{name}{{session=\"{}\",sink=\"{}\"}} {}", s.name, k.id, f(k));
+            }
+        }
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::authorized;
+
+    #[test]
+    fn token_checks() {
+        assert!(authorized(None, None, None));
+        assert!(authorized(Some("t"), Some("Bearer t"), None));
+        assert!(authorized(Some("t"), None, Some("a=1&token=t")));
+        assert!(!authorized(Some("t"), Some("Bearer x"), None));
+        assert!(!authorized(Some("t"), None, Some("token=tt")));
+        assert!(!authorized(Some("t"), None, None));
+    }
+}

@@ -1,0 +1,235 @@
+//! `fanout ctl`: every control-API call from the shell, as readable tables or `--json`.
+
+use crate::spec::{SessionSpec, SinkSpec, SourceSpec};
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand};
+use serde_json::Value;
+use std::net::SocketAddr;
+
+#[derive(Args)]
+pub struct CtlArgs {
+    /// Base URL of the relay's API.
+    #[arg(long, default_value = "http://127.0.0.1:7070", env = "FANOUT_API")]
+    api: String,
+    /// Bearer token, if the relay requires one.
+    #[arg(long, env = "FANOUT_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Print the API's JSON instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    cmd: CtlCmd,
+}
+
+#[derive(Subcommand)]
+enum CtlCmd {
+    /// List sessions.
+    Sessions,
+    /// Show one session's status and its sinks.
+    Session { name: String },
+    /// Create a session (OMSS SET_SOURCE). Give exactly one source.
+    Create {
+        name: String,
+        #[arg(long)]
+        udp: Option<SocketAddr>,
+        /// Local interface address for a multicast --udp group.
+        #[arg(long)]
+        interface: Option<std::net::Ipv4Addr>,
+        #[arg(long)]
+        tcp_listen: Option<SocketAddr>,
+        #[arg(long)]
+        tcp_connect: Option<SocketAddr>,
+        /// The built-in test pattern.
+        #[arg(long)]
+        demo: bool,
+        /// Priority class 0-7 (higher is served first).
+        #[arg(long, default_value_t = 0)]
+        priority: i64,
+        /// daemon, copy or shared.
+        #[arg(long, default_value = "shared")]
+        datapath: String,
+        /// Ring capacity in packets.
+        #[arg(long)]
+        ring: Option<usize>,
+    },
+    /// Delete a session and all its sinks.
+    Delete { name: String },
+    /// Add a sink (OMSS ADD_SINK). Give --udp or --tcp.
+    AddSink {
+        session: String,
+        #[arg(long)]
+        udp: Option<SocketAddr>,
+        #[arg(long)]
+        tcp: Option<SocketAddr>,
+    },
+    /// Show one sink (OMSS GET_STATUS).
+    Sink { session: String, id: u64 },
+    /// Remove one sink (OMSS REMOVE_SINK).
+    RemoveSink { session: String, id: u64 },
+    /// Remove every sink of a session.
+    Flush { session: String },
+    /// Print the Prometheus metrics.
+    Metrics,
+}
+
+pub fn run(a: CtlArgs) -> anyhow::Result<()> {
+    let c = Client { base: a.api.trim_end_matches('/').to_string(), token: a.token };
+    let out = match a.cmd {
+        CtlCmd::Sessions => c.call("GET", "/v1/sessions", None)?,
+        CtlCmd::Session { name } => {
+            let mut s = c.call("GET", &format!("/v1/sessions/{name}"), None)?;
+            s["sinks_list"] = c.call("GET", &format!("/v1/sessions/{name}/sinks"), None)?["sinks"].take();
+            s
+        }
+        CtlCmd::Create { name, udp, interface, tcp_listen, tcp_connect, demo, priority, datapath, ring } => {
+            let spec = SessionSpec {
+                name,
+                source: SourceSpec { udp, interface, tcp_listen, tcp_connect, demo: demo.then_some(true) },
+                priority,
+                datapath: serde_json::from_value(Value::String(datapath.clone()))
+                    .with_context(|| format!("--datapath {datapath:?}: expected daemon, copy or shared"))?,
+                ring,
+                max_datagram: None,
+                payload: Default::default(),
+                failed_sinks: Default::default(),
+                sinks: Vec::new(),
+            };
+            c.call("POST", "/v1/sessions", Some(serde_json::to_value(spec)?))?
+        }
+        CtlCmd::Delete { name } => c.call("DELETE", &format!("/v1/sessions/{name}"), None)?,
+        CtlCmd::AddSink { session, udp, tcp } => {
+            let spec = SinkSpec { udp, tcp };
+            c.call("POST", &format!("/v1/sessions/{session}/sinks"), Some(serde_json::to_value(spec)?))?
+        }
+        CtlCmd::Sink { session, id } => c.call("GET", &format!("/v1/sessions/{session}/sinks/{id}"), None)?,
+        CtlCmd::RemoveSink { session, id } => c.call("DELETE", &format!("/v1/sessions/{session}/sinks/{id}"), None)?,
+        CtlCmd::Flush { session } => c.call("DELETE", &format!("/v1/sessions/{session}/sinks"), None)?,
+        CtlCmd::Metrics => {
+            print!("{}", c.text("/metrics")?);
+            return Ok(());
+        }
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        print_human(&out);
+    }
+    Ok(())
+}
+
+struct Client {
+    base: String,
+    token: Option<String>,
+}
+
+impl Client {
+    fn request(&self, method: &str, path: &str) -> ureq::Request {
+        let r = ureq::request(method, &format!("{}{path}", self.base)).timeout(std::time::Duration::from_secs(10));
+        match &self.token {
+            Some(t) => r.set("Authorization", &format!("Bearer {t}")),
+            None => r,
+        }
+    }
+
+    fn call(&self, method: &str, path: &str, body: Option<Value>) -> anyhow::Result<Value> {
+        let req = self.request(method, path);
+        let r = match body {
+            Some(b) => req.send_json(b),
+            None => req.call(),
+        };
+        match r {
+            Ok(resp) if resp.status() == 204 => Ok(Value::String("ok".into())),
+            Ok(resp) => Ok(resp.into_json()?),
+            Err(ureq::Error::Status(code, resp)) => {
+                let body: Value = resp.into_json().unwrap_or(Value::Null);
+                bail!("{code}: {}", body["error"].as_str().unwrap_or("(no error message)"))
+            }
+            Err(e) => bail!("cannot reach the relay at {}: {e} (is `fanout serve` running?)", self.base),
+        }
+    }
+
+    fn text(&self, path: &str) -> anyhow::Result<String> {
+        self.request("GET", path)
+            .call()
+            .map_err(|e| anyhow::anyhow!("cannot reach the relay at {}: {e}", self.base))?
+            .into_string()
+            .map_err(Into::into)
+    }
+}
+
+fn print_human(v: &Value) {
+    if let Some(list) = v["sessions"].as_array() {
+        let rows: Vec<Vec<String>> = list.iter().map(session_row).collect();
+        table(&["NAME", "PRIO", "PATH", "SOURCE", "STATE", "PKTS IN", "SINKS", "FAILED", "RING"], &rows);
+    } else if v["ring_capacity"].is_number() {
+        table(&["NAME", "PRIO", "PATH", "SOURCE", "STATE", "PKTS IN", "SINKS", "FAILED", "RING"], &[session_row(v)]);
+        if let Some(sinks) = v["sinks_list"].as_array() {
+            println!();
+            let rows: Vec<Vec<String>> = sinks.iter().map(sink_row).collect();
+            table(&["ID", "TARGET", "STATE", "SENT", "BYTES", "SKIPPED", "LAG", "REASON"], &rows);
+        }
+    } else if v["packets_sent"].is_number() {
+        table(&["ID", "TARGET", "STATE", "SENT", "BYTES", "SKIPPED", "LAG", "REASON"], &[sink_row(v)]);
+    } else if let Some(id) = v["id"].as_u64() {
+        println!("sink {id} added");
+    } else if let Some(n) = v["removed"].as_u64() {
+        println!("{n} sinks removed");
+    } else if let Some(s) = v.as_str() {
+        println!("{s}");
+    } else {
+        println!("{v:#}");
+    }
+}
+
+fn s(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".into(),
+        v => v.to_string(),
+    }
+}
+
+fn session_row(v: &Value) -> Vec<String> {
+    vec![
+        s(&v["name"]),
+        s(&v["priority"]),
+        s(&v["datapath"]),
+        s(&v["source"]["kind"]),
+        s(&v["source"]["state"]),
+        s(&v["source"]["packets"]),
+        s(&v["sinks"]),
+        s(&v["sinks_failed"]),
+        format!("{}/{}", s(&v["ring_used"]), s(&v["ring_capacity"])),
+    ]
+}
+
+fn sink_row(v: &Value) -> Vec<String> {
+    let target = ["udp", "tcp", "http"].iter().find_map(|k| v[k].as_str().map(|a| format!("{k} {a}")));
+    vec![
+        s(&v["id"]),
+        target.unwrap_or_default(),
+        s(&v["state"]),
+        s(&v["packets_sent"]),
+        s(&v["bytes_sent"]),
+        s(&v["packets_skipped"]),
+        s(&v["lag"]),
+        s(&v["reason"]),
+    ]
+}
+
+fn table(head: &[&str], rows: &[Vec<String>]) {
+    let mut w: Vec<usize> = head.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            w[i] = w[i].max(c.len());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let l: Vec<String> = cells.iter().enumerate().map(|(i, c)| format!("{c:<0$}", w[i])).collect();
+        println!("{}", l.join("  ").trim_end());
+    };
+    line(head.to_vec());
+    for r in rows {
+        line(r.iter().map(String::as_str).collect());
+    }
+}

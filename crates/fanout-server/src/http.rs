@@ -1,0 +1,182 @@
+//! The HTTP listener: API requests go to axum; `GET /v1/sessions/{name}/stream` is answered
+//! here and its socket is handed to the engine as a sink, so stream bytes never pass
+//! through the async runtime.
+
+use crate::api::authorized;
+use crate::relay::Relay;
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Largest request head we look at before deciding.
+const MAX_HEAD: usize = 8192;
+/// Connections served at once (API and streams being set up).
+const MAX_CONNECTIONS: usize = 4096;
+
+/// A stream request, if this request head is one.
+#[derive(Debug, PartialEq, Eq)]
+pub struct StreamRequest<'a> {
+    pub session: &'a str,
+    pub query: Option<&'a str>,
+    pub authorization: Option<&'a str>,
+    /// Length of the request head, including the blank line.
+    pub head_len: usize,
+}
+
+/// Looks at a (possibly partial) request head. `None`: not complete yet. `Some(None)`: not a
+/// stream request (hand it to the API).
+pub fn parse_stream_request(buf: &[u8]) -> Option<Option<StreamRequest<'_>>> {
+    let end = buf.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+    let head = std::str::from_utf8(&buf[..end]).ok()?;
+    let mut lines = head.split("\r\n");
+    let mut parts = lines.next()?.split(' ');
+    let (method, target) = (parts.next()?, parts.next()?);
+    if method != "GET" {
+        return Some(None);
+    }
+    let (path, query) = match target.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (target, None),
+    };
+    let Some(session) = path.strip_prefix("/v1/sessions/").and_then(|r| r.strip_suffix("/stream")) else {
+        return Some(None);
+    };
+    if session.is_empty() || session.contains('/') {
+        return Some(None);
+    }
+    let authorization = lines
+        .filter_map(|l| l.split_once(':'))
+        .find(|(k, _)| k.trim().eq_ignore_ascii_case("authorization"))
+        .map(|(_, v)| v.trim());
+    Some(Some(StreamRequest { session, query, authorization, head_len: end }))
+}
+
+pub async fn serve(listener: TcpListener, relay: Arc<Relay>, router: axum::Router) {
+    let limit = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!("accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = limit.clone().try_acquire_owned() else {
+            tracing::warn!("connection refused: {MAX_CONNECTIONS} connections already being served");
+            continue;
+        };
+        let (relay, router) = (relay.clone(), router.clone());
+        tokio::spawn(async move {
+            let _permit = permit;
+            match stream_request(&stream).await {
+                Some(Ok((name, auth, query, head_len))) => {
+                    start_stream(stream, &relay, &name, auth.as_deref(), query.as_deref(), head_len).await
+                }
+                Some(Err(())) => {}
+                None => {
+                    let svc = TowerToHyperService::new(router);
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .keep_alive(true)
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                }
+            }
+        });
+    }
+}
+
+type Parsed = (String, Option<String>, Option<String>, usize);
+
+/// Peeks at the request head (without consuming it, so hyper can read it if it is not ours).
+async fn stream_request(stream: &TcpStream) -> Option<Result<Parsed, ()>> {
+    let mut buf = vec![0u8; MAX_HEAD];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let n = match tokio::time::timeout_at(deadline, stream.peek(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return Some(Err(())),
+            Ok(Ok(n)) => n,
+        };
+        match parse_stream_request(&buf[..n]) {
+            Some(Some(r)) => {
+                let p = (
+                    r.session.to_string(),
+                    r.authorization.map(str::to_string),
+                    r.query.map(str::to_string),
+                    r.head_len,
+                );
+                return Some(Ok(p));
+            }
+            Some(None) => return None,
+            // Incomplete: a full buffer means an oversized head, which hyper will reject.
+            None if n == buf.len() => return None,
+            None => tokio::time::sleep(Duration::from_millis(5)).await,
+        }
+    }
+}
+
+async fn start_stream(
+    mut stream: TcpStream,
+    relay: &Relay,
+    name: &str,
+    auth: Option<&str>,
+    query: Option<&str>,
+    head_len: usize,
+) {
+    let mut head = vec![0u8; head_len];
+    if stream.read_exact(&mut head).await.is_err() {
+        return;
+    }
+    let reject = |code: &str, msg: String| {
+        let body = serde_json::json!({ "error": msg, "status": code[..3].parse::<u16>().unwrap_or(500) }).to_string();
+        format!(
+            "HTTP/1.1 {code}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let session = if !authorized(relay.cfg.token.as_deref(), auth, query) {
+        Err(reject("401 Unauthorized", "missing or wrong bearer token".into()))
+    } else {
+        relay.session(name).map_err(|e| reject("404 Not Found", e.to_string()))
+    };
+    let session = match session {
+        Ok(s) => s,
+        Err(resp) => {
+            let _ = stream.write_all(resp.as_bytes()).await;
+            let _ = stream.shutdown().await;
+            return;
+        }
+    };
+    // No length: the body is the live stream until either side closes.
+    let ok = "HTTP/1.1 200 OK\r\nContent-Type: video/mp2t\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n";
+    if stream.write_all(ok.as_bytes()).await.is_err() {
+        return;
+    }
+    let peer = stream.peer_addr().ok();
+    match stream.into_std().and_then(|s| session.add_stream_sink(s, true)) {
+        Ok(id) => tracing::info!(session = name, sink = id, ?peer, "HTTP subscriber joined"),
+        Err(e) => tracing::warn!(session = name, ?peer, "cannot add HTTP subscriber: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recognises_stream_requests() {
+        let r = b"GET /v1/sessions/tv1/stream?token=x HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer t\r\n\r\n";
+        let p = parse_stream_request(r).unwrap().unwrap();
+        assert_eq!(p.session, "tv1");
+        assert_eq!(p.query, Some("token=x"));
+        assert_eq!(p.authorization, Some("Bearer t"));
+        assert_eq!(p.head_len, r.len());
+        assert_eq!(parse_stream_request(b"GET /v1/sessions/tv1/stream HTTP/1.1\r\n"), None);
+        assert_eq!(parse_stream_request(b"GET /v1/sessions HTTP/1.1\r\n\r\n"), Some(None));
+        assert_eq!(parse_stream_request(b"POST /v1/sessions/a/stream HTTP/1.1\r\n\r\n"), Some(None));
+        assert_eq!(parse_stream_request(b"GET /v1/sessions/a/b/stream HTTP/1.1\r\n\r\n"), Some(None));
+    }
+}

@@ -1,0 +1,152 @@
+//! `fanout`: a live media relay. One binary, several subcommands.
+
+mod api;
+mod config;
+mod ctl;
+mod http;
+mod relay;
+mod spec;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "fanout", version, about = "Live media relay: receive a stream once, deliver it to many subscribers.")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the relay: control API, HTTP streams, and the built-in `demo` session.
+    ///
+    /// With no config it listens on 127.0.0.1:7070 and plays a test pattern at
+    /// http://127.0.0.1:7070/v1/sessions/demo/stream (try ffplay on it).
+    Serve(ServeArgs),
+    /// Talk to a running relay's control API.
+    Ctl(ctl::CtlArgs),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// TOML config file (see docs/config.md); every field is optional.
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// Address for the control API and HTTP streams (overrides the config).
+    #[arg(long)]
+    api: Option<std::net::SocketAddr>,
+    /// Require this bearer token on every API call and stream (overrides the config).
+    #[arg(long, env = "FANOUT_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Worker threads; 0 = one per core (overrides the config).
+    #[arg(long)]
+    workers: Option<usize>,
+    /// Ring capacity in packets per session (overrides the config).
+    #[arg(long)]
+    ring: Option<usize>,
+    /// Do not create the built-in `demo` session.
+    #[arg(long)]
+    no_demo: bool,
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::Serve(a) => serve(a),
+        Cmd::Ctl(a) => ctl::run(a),
+    };
+    match r {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fanout: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn serve(a: ServeArgs) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FANOUT_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let mut cfg = match &a.config {
+        Some(p) => config::Config::load(p)?,
+        None => config::Config::default(),
+    };
+    if let Some(x) = a.api {
+        cfg.api = x;
+    }
+    if a.token.is_some() {
+        cfg.token = a.token;
+    }
+    if let Some(w) = a.workers {
+        cfg.workers = w;
+    }
+    if let Some(r) = a.ring {
+        anyhow::ensure!((2..=spec::MAX_RING).contains(&r), "--ring {r} is out of range 2..={}", spec::MAX_RING);
+        cfg.ring = r;
+    }
+    if a.no_demo {
+        cfg.demo = false;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    rt.block_on(run(cfg))
+}
+
+async fn run(mut cfg: config::Config) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(cfg.api)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {} for the API: {e}", cfg.api))?;
+    cfg.api = listener.local_addr()?;
+    let statics = std::mem::take(&mut cfg.sessions);
+    let demo = cfg.demo;
+    let relay = relay::Relay::new(cfg)?;
+    let api = relay.cfg.api;
+    if demo {
+        let spec = spec::SessionSpec {
+            name: "demo".into(),
+            source: spec::SourceSpec { demo: Some(true), ..Default::default() },
+            priority: 0,
+            datapath: Default::default(),
+            ring: None,
+            max_datagram: None,
+            payload: Default::default(),
+            failed_sinks: Default::default(),
+            sinks: Vec::new(),
+        };
+        relay.create(spec).await.map_err(|e| anyhow::anyhow!("demo session: {e}"))?;
+    }
+    for s in statics {
+        let name = s.name.clone();
+        relay.create(s).await.map_err(|e| anyhow::anyhow!("session {name:?} from the config: {e}"))?;
+    }
+    let router = api::router(relay.clone());
+    tracing::info!(
+        "fanout {} listening on http://{api} ({} workers)",
+        env!("CARGO_PKG_VERSION"),
+        relay.engine.workers()
+    );
+    // Printed plainly on stdout so scripts (and people) can pick it up.
+    println!("fanout: API http://{api}/v1/sessions");
+    if demo {
+        println!("fanout: demo stream http://{api}/v1/sessions/demo/stream  (try: ffplay http://{api}/v1/sessions/demo/stream)");
+    }
+    let server = tokio::spawn(http::serve(listener, relay.clone(), router));
+    shutdown_signal().await;
+    tracing::info!("shutting down");
+    server.abort();
+    relay.shutdown().await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

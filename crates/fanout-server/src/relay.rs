@@ -1,0 +1,230 @@
+//! The relay's sessions as the control plane sees them: creating a session wires its source
+//! (binding, accepting or connecting on tokio, then handing the socket to the engine) and
+//! deleting one stops everything it started.
+
+use crate::config::Config;
+use crate::spec::{SessionSpec, SinkSpec};
+use fanout_core::Priority;
+use fanout_io::{bind_udp_source, DemoClip, Engine, Session, SessionConfig};
+use parking_lot::RwLock;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::AbortHandle;
+
+/// The bundled demo clip: an H.264 test pattern with a tone, MPEG-TS at ~300 kbit/s.
+pub static DEMO_TS: &[u8] = include_bytes!("../../../assets/demo.ts");
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RelayError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    /// A peer we had to reach (a TCP sink, an upstream) could not be reached.
+    #[error("{0}")]
+    Peer(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+struct Entry {
+    session: Session,
+    spec: SessionSpec,
+    tasks: Vec<AbortHandle>,
+}
+
+pub struct Relay {
+    pub engine: Engine,
+    pub cfg: Config,
+    sessions: RwLock<BTreeMap<String, Entry>>,
+}
+
+impl Relay {
+    pub fn new(cfg: Config) -> anyhow::Result<Arc<Self>> {
+        let engine = Engine::start(cfg.workers)?;
+        Ok(Arc::new(Self { engine, cfg, sessions: RwLock::new(BTreeMap::new()) }))
+    }
+
+    pub fn session(&self, name: &str) -> Result<Session, RelayError> {
+        self.sessions
+            .read()
+            .get(name)
+            .map(|e| e.session.clone())
+            .ok_or_else(|| RelayError::NotFound(format!("no session named {name:?}")))
+    }
+
+    pub fn sessions(&self) -> Vec<Session> {
+        self.sessions.read().values().map(|e| e.session.clone()).collect()
+    }
+
+    pub fn spec(&self, name: &str) -> Option<SessionSpec> {
+        self.sessions.read().get(name).map(|e| e.spec.clone())
+    }
+
+    /// Creates a session and starts its source; sinks in the spec are added too.
+    pub async fn create(self: &Arc<Self>, spec: SessionSpec) -> Result<Session, RelayError> {
+        spec.validate().map_err(RelayError::BadRequest)?;
+        if self.sessions.read().contains_key(&spec.name) {
+            return Err(RelayError::Conflict(format!("a session named {:?} already exists", spec.name)));
+        }
+        let cfg = SessionConfig {
+            name: spec.name.clone(),
+            // Invariant: validate() checked the range.
+            priority: Priority::new(spec.priority).expect("validated"),
+            datapath: spec.datapath,
+            ring_capacity: spec.ring.unwrap_or(self.cfg.ring),
+            max_datagram: spec.max_datagram.unwrap_or(self.cfg.max_datagram),
+            sinks_per_group: self.cfg.sinks_per_group,
+            payload: spec.payload,
+            failed_sinks: spec.failed_sinks,
+        };
+        let session = Session::new(cfg, &self.engine);
+        let mut tasks = Vec::new();
+        let src = &spec.source;
+        let started = if let Some(addr) = src.udp {
+            bind_udp_source(addr, src.interface)
+                .and_then(|s| session.attach_udp(s))
+                .map_err(|e| RelayError::Conflict(format!("cannot receive on udp {addr}: {e}")))
+        } else if let Some(addr) = src.tcp_listen {
+            match tokio::net::TcpListener::bind(addr).await {
+                Ok(l) => {
+                    session.set_source_kind(format!("tcp listen {addr}"));
+                    tasks.push(tokio::spawn(accept_publishers(l, session.clone())).abort_handle());
+                    Ok(())
+                }
+                Err(e) => Err(RelayError::Conflict(format!("cannot listen on tcp {addr}: {e}"))),
+            }
+        } else if let Some(addr) = src.tcp_connect {
+            session.set_source_kind(format!("tcp connect {addr}"));
+            tasks.push(tokio::spawn(connect_publisher(addr, session.clone())).abort_handle());
+            Ok(())
+        } else {
+            DemoClip::new(DEMO_TS)
+                .map_err(|e| RelayError::Internal(format!("demo clip: {e}")))
+                .and_then(|c| session.attach_demo(c).map_err(|e| RelayError::Internal(e.to_string())))
+        };
+        if let Err(e) = started {
+            close(session).await;
+            return Err(e);
+        }
+        for s in &spec.sinks {
+            if let Err(e) = add_sink(&session, s).await {
+                for t in &tasks {
+                    t.abort();
+                }
+                close(session).await;
+                return Err(e);
+            }
+        }
+        let name = spec.name.clone();
+        let inserted = {
+            let mut map = self.sessions.write();
+            let free = !map.contains_key(&name);
+            if free {
+                map.insert(name.clone(), Entry { session: session.clone(), spec, tasks: tasks.clone() });
+            }
+            free
+        };
+        if !inserted {
+            // Lost a race with a concurrent create of the same name.
+            for t in &tasks {
+                t.abort();
+            }
+            close(session).await;
+            return Err(RelayError::Conflict(format!("a session named {name:?} already exists")));
+        }
+        Ok(session)
+    }
+
+    pub async fn delete(&self, name: &str) -> Result<(), RelayError> {
+        let e = self
+            .sessions
+            .write()
+            .remove(name)
+            .ok_or_else(|| RelayError::NotFound(format!("no session named {name:?}")))?;
+        for t in e.tasks {
+            t.abort();
+        }
+        close(e.session).await;
+        Ok(())
+    }
+
+    pub async fn add_sink(&self, name: &str, spec: &SinkSpec) -> Result<u64, RelayError> {
+        spec.validate().map_err(RelayError::BadRequest)?;
+        let session = self.session(name)?;
+        add_sink(&session, spec).await
+    }
+
+    pub async fn shutdown(&self) {
+        let names: Vec<String> = self.sessions.read().keys().cloned().collect();
+        for n in names {
+            let _ = self.delete(&n).await;
+        }
+    }
+}
+
+/// Closing joins the session's threads: keep that off the async runtime.
+async fn close(session: Session) {
+    let _ = tokio::task::spawn_blocking(move || session.close()).await;
+}
+
+async fn add_sink(session: &Session, spec: &SinkSpec) -> Result<u64, RelayError> {
+    if let Some(addr) = spec.udp {
+        return session
+            .add_udp_sink(addr)
+            .map_err(|e| RelayError::Internal(format!("cannot open a socket for udp sink {addr}: {e}")));
+    }
+    // Invariant: validate() checked that one of the two is set.
+    let addr = spec.tcp.expect("validated");
+    let stream = tokio::time::timeout(Duration::from_secs(3), tokio::net::TcpStream::connect(addr))
+        .await
+        .map_err(|_| RelayError::Peer(format!("tcp sink {addr}: connect timed out after 3 s")))?
+        .map_err(|e| RelayError::Peer(format!("tcp sink {addr}: cannot connect: {e}")))?;
+    let std = stream.into_std().map_err(|e| RelayError::Internal(e.to_string()))?;
+    session.add_stream_sink(std, false).map_err(|e| RelayError::Internal(e.to_string()))
+}
+
+/// One TCP publisher at a time; a second one is refused while the first is connected.
+async fn accept_publishers(listener: tokio::net::TcpListener, session: Session) {
+    loop {
+        let Ok((stream, peer)) = listener.accept().await else { continue };
+        if session.source_connected() {
+            tracing::warn!(session = session.name(), %peer, "refused a second publisher");
+            continue;
+        }
+        tracing::info!(session = session.name(), %peer, "publisher connected");
+        let r = stream.into_std().and_then(|s| session.attach_stream(s));
+        if let Err(e) = r {
+            tracing::warn!(session = session.name(), %peer, "cannot use publisher: {e}");
+        }
+    }
+}
+
+/// Connects to the publisher, and again with backoff (1 s doubling to 10 s) when it goes.
+async fn connect_publisher(addr: std::net::SocketAddr, session: Session) {
+    let closed = Arc::new(tokio::sync::Notify::new());
+    let n = closed.clone();
+    session.on_source_closed(move || n.notify_one());
+    let mut backoff = Duration::from_secs(1);
+    loop {
+        match tokio::time::timeout(Duration::from_secs(3), tokio::net::TcpStream::connect(addr)).await {
+            Ok(Ok(s)) => match s.into_std().and_then(|s| session.attach_stream(s)) {
+                Ok(()) => {
+                    tracing::info!(session = session.name(), %addr, "connected to publisher");
+                    backoff = Duration::from_secs(1);
+                    closed.notified().await;
+                    tracing::info!(session = session.name(), %addr, "publisher closed; reconnecting");
+                }
+                Err(e) => tracing::warn!(session = session.name(), %addr, "cannot use publisher: {e}"),
+            },
+            Ok(Err(e)) => tracing::debug!(session = session.name(), %addr, "connect failed: {e}"),
+            Err(_) => tracing::debug!(session = session.name(), %addr, "connect timed out"),
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(10));
+    }
+}

@@ -1,0 +1,166 @@
+//! What a user asks for, as the API and the config file spell it. Every type rejects unknown
+//! fields and bad values with a message that names the field.
+
+use fanout_io::{DataPath, FailurePolicy, PayloadMode};
+use serde::{Deserialize, Serialize};
+use std::net::{Ipv4Addr, SocketAddr};
+
+/// Where a session's packets come from. Exactly one of `udp`, `tcp_listen`, `tcp_connect`,
+/// `demo` must be given.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SourceSpec {
+    /// Receive UDP datagrams on this address (a multicast group address joins the group).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub udp: Option<SocketAddr>,
+    /// For a multicast `udp` source: the local IPv4 address of the interface to join on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interface: Option<Ipv4Addr>,
+    /// Listen on this address for one TCP publisher at a time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tcp_listen: Option<SocketAddr>,
+    /// Connect out to this TCP address and read the stream it sends (reconnects on loss).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tcp_connect: Option<SocketAddr>,
+    /// The built-in looped MPEG-TS test pattern, paced at its own bit rate.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub demo: Option<bool>,
+}
+
+impl SourceSpec {
+    pub fn validate(&self) -> Result<(), String> {
+        let n = [self.udp.is_some(), self.tcp_listen.is_some(), self.tcp_connect.is_some(), self.demo == Some(true)]
+            .iter()
+            .filter(|b| **b)
+            .count();
+        if n != 1 {
+            return Err(format!(
+                "source needs exactly one of \"udp\", \"tcp_listen\", \"tcp_connect\", \"demo\": true (got {n})"
+            ));
+        }
+        if self.interface.is_some() && !self.udp.is_some_and(|a| a.ip().is_multicast()) {
+            return Err("source \"interface\" only applies to a multicast \"udp\" address".into());
+        }
+        Ok(())
+    }
+}
+
+/// Where a sink sends. Exactly one of `udp`, `tcp`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SinkSpec {
+    /// Send each datagram to this UDP address.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub udp: Option<SocketAddr>,
+    /// Connect to this TCP address and push the byte stream.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tcp: Option<SocketAddr>,
+}
+
+impl SinkSpec {
+    pub fn validate(&self) -> Result<(), String> {
+        match (self.udp, self.tcp) {
+            (Some(a), None) | (None, Some(a)) if a.port() == 0 => Err(format!("sink address {a} has port 0")),
+            (Some(a), None) if a.ip().is_unspecified() => Err(format!("sink address {a} is unspecified")),
+            (Some(_), None) | (None, Some(_)) => Ok(()),
+            _ => Err("sink needs exactly one of \"udp\" or \"tcp\"".into()),
+        }
+    }
+}
+
+/// A relay session: the OMSS SET_SOURCE call, and a `[[session]]` table in the config.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionSpec {
+    /// Unique name: 1–64 of `A-Z a-z 0-9 _ - .`; the stream URL is `/v1/sessions/{name}/stream`.
+    pub name: String,
+    pub source: SourceSpec,
+    /// Priority class, 0 (lowest) to 7 (highest): higher classes are always served first.
+    #[serde(default)]
+    pub priority: i64,
+    /// `daemon`, `copy` or `shared` (default).
+    #[serde(default)]
+    pub datapath: DataPath,
+    /// Ring capacity in packets (default: the server's `ring`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ring: Option<usize>,
+    /// Largest datagram accepted, in bytes (default: the server's `max_datagram`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_datagram: Option<usize>,
+    /// `auto` (strip valid RTP headers for HTTP subscribers), `rtp` (drop non-RTP) or `raw`.
+    #[serde(default)]
+    pub payload: PayloadMode,
+    /// `keep` failed sinks listed with their reason (default) or `remove` them.
+    #[serde(default)]
+    pub failed_sinks: FailurePolicy,
+    /// Sinks to add at once (config files; the API takes them too).
+    #[serde(default, rename = "sink", alias = "sinks", skip_serializing_if = "Vec::is_empty")]
+    pub sinks: Vec<SinkSpec>,
+}
+
+pub const MAX_RING: usize = 1 << 20;
+pub const MAX_DATAGRAM: usize = 65_535;
+
+impl SessionSpec {
+    pub fn validate(&self) -> Result<(), String> {
+        let ok_name = !self.name.is_empty()
+            && self.name.len() <= 64
+            && self.name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
+        if !ok_name {
+            return Err(format!("session name {:?} must be 1-64 characters of A-Z a-z 0-9 _ - .", self.name));
+        }
+        fanout_core::Priority::new(self.priority).map_err(|e| e.to_string())?;
+        self.source.validate()?;
+        if let Some(r) = self.ring {
+            if !(2..=MAX_RING).contains(&r) {
+                return Err(format!("ring {r} is out of range 2..={MAX_RING}"));
+            }
+        }
+        if let Some(m) = self.max_datagram {
+            if !(188..=MAX_DATAGRAM).contains(&m) {
+                return Err(format!("max_datagram {m} is out of range 188..={MAX_DATAGRAM}"));
+            }
+        }
+        for s in &self.sinks {
+            s.validate()?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(j: &str) -> Result<SessionSpec, String> {
+        let s: SessionSpec = serde_json::from_str(j).map_err(|e| e.to_string())?;
+        s.validate()?;
+        Ok(s)
+    }
+
+    #[test]
+    fn accepts_the_documented_example() {
+        let s = parse(r#"{"name":"tv1","source":{"udp":"127.0.0.1:5004"},"priority":3,"datapath":"shared"}"#).unwrap();
+        assert_eq!(s.priority, 3);
+        assert_eq!(s.datapath, DataPath::Shared);
+    }
+
+    #[test]
+    fn rejects_with_reasons() {
+        let cases = [
+            (r#"{"name":"a","source":{"udp":"127.0.0.1:5004"},"colour":1}"#, "unknown field `colour`"),
+            (r#"{"name":"a","source":{"udp":"nowhere"}}"#, "invalid socket address"),
+            (r#"{"name":"a b","source":{"demo":true}}"#, "must be 1-64"),
+            (r#"{"name":"a","source":{"demo":true},"priority":9}"#, "out of range"),
+            (r#"{"name":"a","source":{}}"#, "exactly one"),
+            (r#"{"name":"a","source":{"demo":true},"datapath":"warp"}"#, "unknown variant `warp`"),
+            (r#"{"name":"a","source":{"demo":true},"ring":1}"#, "ring 1"),
+            (r#"{"name":"a","source":{"demo":true},"sinks":[{"udp":"127.0.0.1:0"}]}"#, "port 0"),
+            (r#"{"name":"a","source":{"udp":"127.0.0.1:5","interface":"127.0.0.1"}}"#, "multicast"),
+        ];
+        for (j, want) in cases {
+            let e = parse(j).unwrap_err();
+            assert!(e.contains(want), "{j}: {e}");
+        }
+    }
+}
