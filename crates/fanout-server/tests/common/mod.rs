@@ -1,0 +1,168 @@
+//! Starts the real `fanout` binary on a free port and talks to it through its API.
+#![allow(dead_code)]
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Relay {
+    child: Child,
+    pub api: SocketAddr,
+    pub token: Option<String>,
+    stderr: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Relay {
+    pub fn start(extra: &[&str]) -> Relay {
+        Self::try_start(extra).unwrap_or_else(|e| panic!("relay did not start: {e}"))
+    }
+
+    pub fn try_start(extra: &[&str]) -> Result<Relay, String> {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_fanout"))
+            .args(["serve", "--api", "127.0.0.1:0"])
+            .args(extra)
+            .env("FANOUT_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawning fanout");
+        let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let mut err = child.stderr.take().unwrap();
+        let sink = stderr.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = err.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).map_err(|e| e.to_string())?;
+        let Some(addr) = line.trim().strip_prefix("fanout: API http://").and_then(|l| l.strip_suffix("/v1/sessions"))
+        else {
+            let _ = child.wait();
+            return Err(format!("unexpected first line {line:?}; stderr: {}", stderr.lock().unwrap()));
+        };
+        let api = addr.parse().unwrap();
+        std::thread::spawn(move || for _ in out.lines() {});
+        let token = extra.iter().position(|a| *a == "--token").map(|i| extra[i + 1].to_string());
+        Ok(Relay { child, api, token, stderr })
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.api)
+    }
+
+    /// Calls the API; returns the status and the JSON body (Null if none).
+    pub fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let mut req = ureq::request(method, &self.url(path)).timeout(Duration::from_secs(20));
+        if let Some(t) = &self.token {
+            req = req.set("Authorization", &format!("Bearer {t}"));
+        }
+        let r = match body {
+            Some(b) => req.send_json(b),
+            None => req.call(),
+        };
+        match r {
+            Ok(resp) => {
+                let code = resp.status();
+                (code, resp.into_json().unwrap_or(Value::Null))
+            }
+            Err(ureq::Error::Status(code, resp)) => (code, resp.into_json().unwrap_or(Value::Null)),
+            Err(e) => panic!("{method} {path}: {e}"),
+        }
+    }
+
+    pub fn ok(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        let (code, v) = self.call(method, path, body);
+        assert!((200..300).contains(&code), "{method} {path}: {code} {v}");
+        v
+    }
+
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    pub fn running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    /// Opens an HTTP stream subscription and checks the response head.
+    pub fn http_subscribe(&self, session: &str) -> TcpStream {
+        let mut s = TcpStream::connect(self.api).unwrap();
+        write!(s, "GET /v1/sessions/{session}/stream HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut head = Vec::new();
+        let mut b = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            s.read_exact(&mut b).unwrap();
+            head.push(b[0]);
+        }
+        let head = String::from_utf8(head).unwrap();
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        s
+    }
+
+    /// Waits until the session's sinks count reaches `n`.
+    pub fn wait_sinks(&self, session: &str, n: u64) {
+        wait_for(Duration::from_secs(10), || self.ok("GET", &format!("/v1/sessions/{session}"), None)["sinks"] == n);
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn wait_for(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+pub fn free_udp_port() -> SocketAddr {
+    UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+/// A test datagram: `seq` as 8 bytes, then a fill pattern.
+pub fn datagram(seq: u64, len: usize) -> Vec<u8> {
+    let mut d = vec![(seq % 251) as u8; len];
+    d[..8].copy_from_slice(&seq.to_be_bytes());
+    d
+}
+
+/// Sends `n` datagrams to `to` at `rate` per second, bounded.
+pub fn send_paced(to: SocketAddr, n: u64, len: usize, rate: f64) {
+    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let start = Instant::now();
+    for seq in 0..n {
+        let due = start + Duration::from_secs_f64(seq as f64 / rate);
+        if let Some(d) = due.checked_duration_since(Instant::now()) {
+            std::thread::sleep(d);
+        }
+        s.send_to(&datagram(seq, len), to).unwrap();
+    }
+}
+
+/// Whether ffmpeg is here; on CI its absence is a failure, elsewhere a loud skip.
+pub fn have_ffmpeg() -> bool {
+    let ok = Command::new("ffprobe").arg("-version").stdout(Stdio::null()).status().is_ok_and(|s| s.success());
+    if !ok {
+        if std::env::var_os("CI").is_some() {
+            panic!("ffprobe is missing: scripts/test installs it (apt-get install ffmpeg)");
+        }
+        eprintln!("\n*** SKIPPED: ffprobe/ffmpeg not installed; run scripts/test to install them ***\n");
+    }
+    ok
+}

@@ -1,0 +1,153 @@
+//! Slow, failing and misbehaving peers: counted, reported, and isolated from everyone else.
+
+mod common;
+use common::*;
+use serde_json::json;
+use std::net::{TcpListener, UdpSocket};
+use std::time::{Duration, Instant};
+
+/// A TCP sink that never reads lags, skips ahead and is counted; the UDP sinks of the same
+/// session lose nothing and keep receiving promptly.
+#[test]
+fn stalled_tcp_sink_skips_while_others_lose_nothing() {
+    let relay = Relay::start(&["--no-demo"]);
+    let src = free_udp_port();
+    relay.ok("POST", "/v1/sessions", Some(json!({"name":"s","source":{"udp":src},"ring":256})));
+    let stalled = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    stalled.set_recv_buffer_size(4096).unwrap();
+    stalled.bind(&"127.0.0.1:0".parse::<std::net::SocketAddr>().unwrap().into()).unwrap();
+    stalled.listen(1).unwrap();
+    let stalled: TcpListener = stalled.into();
+    let v = relay.ok("POST", "/v1/sessions/s/sinks", Some(json!({"tcp": stalled.local_addr().unwrap()})));
+    let stalled_id = v["id"].as_u64().unwrap();
+    let (_never_read, _) = stalled.accept().unwrap();
+    let fast: Vec<UdpSocket> = (0..20).map(|_| UdpSocket::bind("127.0.0.1:0").unwrap()).collect();
+    for f in &fast {
+        f.set_nonblocking(true).unwrap();
+        relay.ok("POST", "/v1/sessions/s/sinks", Some(json!({"udp": f.local_addr().unwrap()})));
+    }
+    const N: u64 = 4000;
+    let sender = std::thread::spawn(move || send_paced(src, N, 1316, 2000.0));
+    let mut got = vec![0u64; fast.len()];
+    let mut worst_delay = Duration::ZERO;
+    let start = Instant::now();
+    let mut buf = [0u8; 2048];
+    while got.iter().any(|&g| g < N) && start.elapsed() < Duration::from_secs(30) {
+        for (f, g) in fast.iter().zip(got.iter_mut()) {
+            while let Ok(n) = f.recv(&mut buf) {
+                assert_eq!(n, 1316);
+                let seq = u64::from_be_bytes(buf[..8].try_into().unwrap());
+                assert_eq!(seq, *g, "fast sink lost or reordered a packet");
+                // When this packet was due at the sender (2000/s): how late it arrived.
+                let due = Duration::from_secs_f64(seq as f64 / 2000.0);
+                worst_delay = worst_delay.max(start.elapsed().saturating_sub(due));
+                *g += 1;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    sender.join().unwrap();
+    assert!(got.iter().all(|&g| g == N), "fast sinks got {got:?} of {N}");
+    // Generous on a shared 2-core machine, but far below what queuing behind a stalled
+    // sink would cost (the whole run).
+    assert!(worst_delay < Duration::from_millis(1500), "fast sinks were delayed up to {worst_delay:?}");
+    let k = relay.ok("GET", &format!("/v1/sessions/s/sinks/{stalled_id}"), None);
+    let (sent, skipped, lag) =
+        (k["packets_sent"].as_u64().unwrap(), k["packets_skipped"].as_u64().unwrap(), k["lag"].as_u64().unwrap());
+    assert!(skipped > 0, "stalled sink never skipped: {k}");
+    assert!(lag <= 256, "lag {lag} exceeds the ring");
+    assert_eq!(k["state"], "active");
+    // Every packet is accounted for, once the sink is brought up to date.
+    assert!(sent + skipped + lag >= N - 256 && sent + skipped + lag <= N, "{k}");
+}
+
+/// UDP sinks on closed ports fail with ICMP port unreachable, per data path; the other sink
+/// keeps receiving everything.
+#[test]
+fn unreachable_udp_sink_is_marked_failed() {
+    let relay = Relay::start(&["--no-demo"]);
+    for datapath in ["shared", "copy", "daemon"] {
+        let src = free_udp_port();
+        relay.ok("POST", "/v1/sessions", Some(json!({"name":datapath,"source":{"udp":src},"datapath":datapath})));
+        let closed = free_udp_port(); // bound and released: nobody listens there now
+        let good = UdpSocket::bind("127.0.0.1:0").unwrap();
+        good.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let bad = relay.ok("POST", &format!("/v1/sessions/{datapath}/sinks"), Some(json!({"udp": closed})))["id"]
+            .as_u64()
+            .unwrap();
+        relay.ok("POST", &format!("/v1/sessions/{datapath}/sinks"), Some(json!({"udp": good.local_addr().unwrap()})));
+        send_paced(src, 20, 100, 200.0);
+        let mut buf = [0u8; 200];
+        for seq in 0..20u64 {
+            let n = good.recv(&mut buf).unwrap();
+            assert_eq!(u64::from_be_bytes(buf[..8].try_into().unwrap()), seq, "{datapath}");
+            assert_eq!(n, 100);
+        }
+        let k = relay.ok("GET", &format!("/v1/sessions/{datapath}/sinks/{bad}"), None);
+        assert_eq!(k["state"], "failed", "{datapath}: {k}");
+        assert!(k["reason"].as_str().unwrap().contains("ICMP port unreachable"), "{k}");
+    }
+}
+
+/// A TCP sink whose peer resets is marked failed; an HTTP subscriber that leaves is removed.
+#[test]
+fn tcp_reset_and_http_client_gone() {
+    let relay = Relay::start(&["--no-demo"]);
+    let src = free_udp_port();
+    relay.ok("POST", "/v1/sessions", Some(json!({"name":"s","source":{"udp":src}})));
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let id = relay.ok("POST", "/v1/sessions/s/sinks", Some(json!({"tcp": l.local_addr().unwrap()})))["id"].as_u64().unwrap();
+    let (peer, _) = l.accept().unwrap();
+    socket2::SockRef::from(&peer).set_linger(Some(Duration::ZERO)).unwrap();
+    drop(peer); // RST
+    let http = relay.http_subscribe("s");
+    relay.wait_sinks("s", 2);
+    drop(http);
+    send_paced(src, 50, 100, 500.0);
+    assert!(wait_for(Duration::from_secs(5), || {
+        relay.ok("GET", &format!("/v1/sessions/s/sinks/{id}"), None)["state"] == "failed"
+    }));
+    let k = relay.ok("GET", &format!("/v1/sessions/s/sinks/{id}"), None);
+    let why = k["reason"].as_str().unwrap();
+    assert!(why.contains("reset") || why.contains("closed"), "{k}");
+    assert!(wait_for(Duration::from_secs(5), || relay.ok("GET", "/v1/sessions/s", None)["sinks"] == 1));
+}
+
+/// Oversized, empty and (in rtp mode) non-RTP datagrams are counted and dropped; a closed
+/// publisher is reported; the server keeps running and relays what is valid.
+#[test]
+fn bad_datagrams_and_closed_sources_are_counted() {
+    let mut relay = Relay::start(&["--no-demo"]);
+    let src = free_udp_port();
+    relay.ok("POST", "/v1/sessions", Some(json!({"name":"r","source":{"udp":src},"payload":"rtp","max_datagram":512})));
+    let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+    rx.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    relay.ok("POST", "/v1/sessions/r/sinks", Some(json!({"udp": rx.local_addr().unwrap()})));
+    let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+    tx.send_to(&[0x80; 1000], src).unwrap(); // oversized
+    tx.send_to(&[], src).unwrap(); // empty
+    tx.send_to(b"not rtp at all", src).unwrap(); // version 1
+    let mut rtp = vec![0x80, 33, 0, 7, 0, 0, 0, 0, 0, 0, 0, 1];
+    rtp.extend_from_slice(b"payload");
+    tx.send_to(&rtp, src).unwrap();
+    let mut buf = [0u8; 64];
+    let n = rx.recv(&mut buf).unwrap();
+    assert_eq!(&buf[..n], &rtp[..], "only the valid RTP packet is relayed");
+    let st = relay.ok("GET", "/v1/sessions/r", None);
+    assert_eq!(st["source"]["oversized"], 1, "{st}");
+    assert_eq!(st["source"]["malformed"], 2, "{st}");
+    assert_eq!(st["source"]["packets"], 1, "{st}");
+
+    let listen = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    relay.ok("POST", "/v1/sessions", Some(json!({"name":"t","source":{"tcp_listen":listen}})));
+    let mut p = std::net::TcpStream::connect(listen).unwrap();
+    std::io::Write::write_all(&mut p, b"abc").unwrap();
+    drop(p);
+    assert!(wait_for(Duration::from_secs(5), || relay.ok("GET", "/v1/sessions/t", None)["source"]["state"] == "closed"));
+    // A new publisher is accepted after the first one left.
+    let mut p = std::net::TcpStream::connect(listen).unwrap();
+    std::io::Write::write_all(&mut p, b"def").unwrap();
+    assert!(wait_for(Duration::from_secs(5), || relay.ok("GET", "/v1/sessions/t", None)["source"]["bytes"] == 6));
+    assert!(relay.running());
+    drop(p);
+}
