@@ -23,7 +23,9 @@ const CALLS_PER_RUN: usize = 8;
 /// default interface.
 pub fn bind_udp_source(addr: SocketAddr, iface: Option<Ipv4Addr>) -> io::Result<UdpSocket> {
     let sock = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
-    sock.set_reuse_address(true)?;
+    // Only a multicast group may be shared with other receivers: a unicast port bound twice
+    // would split the stream between two sessions.
+    sock.set_reuse_address(addr.ip().is_multicast())?;
     // Room for bursts while the workers are busy; the force variant needs CAP_NET_ADMIN.
     let size: libc::c_int = 8 << 20;
     // SAFETY: plain setsockopt with an int.

@@ -1,0 +1,144 @@
+//! The control API's answers to bad input, the token, the config file, and `fanout ctl`.
+
+mod common;
+use common::*;
+use serde_json::json;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::Command;
+
+#[test]
+fn bad_requests_get_clear_4xx_and_change_nothing() {
+    let relay = Relay::start(&["--no-demo"]);
+    let src = free_udp_port();
+    relay.ok("POST", "/v1/sessions", Some(json!({"name":"tv1","source":{"udp":src}})));
+    let cases = [
+        ("POST", "/v1/sessions", json!({"name":"x","source":{"udp":"127.0.0.1:1"},"bogus":1}), 422, "unknown field"),
+        ("POST", "/v1/sessions", json!({"name":"x","source":{"udp":"nope"}}), 422, "invalid socket address"),
+        ("POST", "/v1/sessions", json!({"name":"tv1","source":{"udp":free_udp_port()}}), 409, "already exists"),
+        ("POST", "/v1/sessions", json!({"name":"x","source":{"udp":src}}), 409, "cannot receive on udp"),
+        ("POST", "/v1/sessions", json!({"name":"x","source":{"demo":true},"priority":8}), 400, "priority 8"),
+        ("POST", "/v1/sessions/nope/sinks", json!({"udp":"127.0.0.1:9"}), 404, "no session named"),
+        ("POST", "/v1/sessions/tv1/sinks", json!({"udp":"127.0.0.1:9","tcp":"127.0.0.1:9"}), 400, "exactly one"),
+        ("POST", "/v1/sessions/tv1/sinks", json!({"tcp":"127.0.0.1:1"}), 502, "cannot connect"),
+        ("GET", "/v1/sessions/tv1/sinks/99", json!(null), 404, "has no sink 99"),
+        ("GET", "/v1/sessions/tv1/sinks/abc", json!(null), 400, "not a number"),
+        ("DELETE", "/v1/sessions/nope", json!(null), 404, "no session named"),
+        ("GET", "/v1/nothing", json!(null), 404, "no such API path"),
+    ];
+    for (method, path, body, code, msg) in cases {
+        let (got, v) = relay.call(method, path, (!body.is_null()).then_some(body.clone()));
+        assert_eq!(got, code, "{method} {path} {body}: {v}");
+        assert!(v["error"].as_str().is_some_and(|e| e.contains(msg)), "{method} {path}: {v}");
+    }
+    // Invalid JSON and an oversized body.
+    let raw = |body: &str| {
+        let mut s = TcpStream::connect(relay.api).unwrap();
+        write!(s, "POST /v1/sessions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    };
+    assert!(raw("{\"name\":").starts_with("HTTP/1.1 400"));
+    let big = format!("{{\"name\":\"{}\"}}", "a".repeat(100_000));
+    assert!(raw(&big).starts_with("HTTP/1.1 413"));
+    let v = relay.ok("GET", "/v1/sessions", None);
+    assert_eq!(v["sessions"].as_array().unwrap().len(), 1, "{v}");
+    assert_eq!(v["sessions"][0]["sinks"], 0, "{v}");
+}
+
+#[test]
+fn sink_lifecycle_and_flush() {
+    let relay = Relay::start(&["--no-demo"]);
+    relay.ok("POST", "/v1/sessions", Some(json!({"name":"a","source":{"udp":free_udp_port()},"priority":5})));
+    let ids: Vec<u64> = (0..3)
+        .map(|_| relay.ok("POST", "/v1/sessions/a/sinks", Some(json!({"udp": free_udp_port()})))["id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(relay.ok("GET", &format!("/v1/sessions/a/sinks/{}", ids[0]), None)["state"], "active");
+    assert_eq!(relay.call("DELETE", &format!("/v1/sessions/a/sinks/{}", ids[0]), None).0, 204);
+    assert_eq!(relay.call("DELETE", &format!("/v1/sessions/a/sinks/{}", ids[0]), None).0, 404);
+    assert_eq!(relay.ok("DELETE", "/v1/sessions/a/sinks", None)["removed"], 2);
+    assert_eq!(relay.ok("GET", "/v1/sessions/a", None)["priority"], 5);
+    let metrics = ureq::get(&relay.url("/metrics")).call().unwrap().into_string().unwrap();
+    assert!(metrics.contains("fanout_session_sinks{session=\"a\"} 0"), "{metrics}");
+    assert_eq!(relay.call("DELETE", "/v1/sessions/a", None).0, 204);
+    assert_eq!(relay.call("GET", "/v1/sessions/a", None).0, 404);
+}
+
+#[test]
+fn token_is_required_when_configured() {
+    let relay = Relay::start(&["--no-demo", "--token", "s3cret"]);
+    let anon = ureq::post(&relay.url("/v1/sessions")).send_json(json!({"name":"x","source":{"demo":true}}));
+    match anon {
+        Err(ureq::Error::Status(401, r)) => assert!(r.into_string().unwrap().contains("bearer token")),
+        other => panic!("expected 401, got {other:?}"),
+    }
+    let wrong = ureq::get(&relay.url("/v1/sessions")).set("Authorization", "Bearer nope").call();
+    assert!(matches!(wrong, Err(ureq::Error::Status(401, _))));
+    let mut s = TcpStream::connect(relay.api).unwrap();
+    write!(s, "GET /v1/sessions/x/stream HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 401"), "{out}");
+    assert_eq!(relay.ok("GET", "/v1/sessions", None)["sessions"].as_array().unwrap().len(), 0);
+}
+
+#[test]
+fn config_file_declares_sessions_and_bad_ones_are_rejected_with_the_line() {
+    let dir = std::env::temp_dir().join(format!("fanout-cfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = dir.join("good.toml");
+    let sink = free_udp_port();
+    std::fs::write(
+        &good,
+        format!("demo = false\nring = 128\n[[session]]\nname = \"tv1\"\nsource = {{ udp = \"{}\" }}\npriority = 3\n[[session.sink]]\nudp = \"{sink}\"\n", free_udp_port()),
+    )
+    .unwrap();
+    let relay = Relay::start(&["--config", good.to_str().unwrap()]);
+    let v = relay.ok("GET", "/v1/sessions/tv1", None);
+    assert_eq!((v["priority"].as_u64(), v["ring_capacity"].as_u64(), v["sinks"].as_u64()), (Some(3), Some(128), Some(1)));
+    drop(relay);
+
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "workers = 1\n[[session]]\nname = \"x\"\nsource = { udp = \"localhost\" }\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_fanout")).args(["serve", "--config", bad.to_str().unwrap()]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("bad.toml") && err.contains("line 4"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn ctl_wraps_the_api() {
+    let relay = Relay::start(&["--no-demo"]);
+    let ctl = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_fanout"))
+            .arg("ctl")
+            .args(["--api", &relay.url("")])
+            .args(args)
+            .output()
+            .unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
+    };
+    let src = free_udp_port().to_string();
+    let (ok, out) = ctl(&["create", "tv1", "--udp", &src, "--priority", "2"]);
+    assert!(ok, "{out}");
+    let (ok, out) = ctl(&["add-sink", "tv1", "--udp", "127.0.0.1:6000"]);
+    assert!(ok && out.contains("sink 1 added"), "{out}");
+    let (ok, out) = ctl(&["sessions"]);
+    assert!(ok && out.contains("NAME") && out.contains("tv1"), "{out}");
+    let (ok, out) = ctl(&["--json", "sink", "tv1", "1"]);
+    assert!(ok && serde_json::from_str::<serde_json::Value>(&out).unwrap()["udp"] == "127.0.0.1:6000", "{out}");
+    let (ok, out) = ctl(&["session", "nope"]);
+    assert!(!ok && out.contains("404") && out.contains("no session named"), "{out}");
+    let out = Command::new(env!("CARGO_BIN_EXE_fanout")).args(["ctl", "--api", "http://127.0.0.1:1", "sessions"]).output().unwrap();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("is `fanout serve` running?"));
+}
+
+#[test]
+fn api_port_in_use_is_a_clear_error() {
+    let relay = Relay::start(&["--no-demo"]);
+    let out = Command::new(env!("CARGO_BIN_EXE_fanout")).args(["serve", "--api", &relay.api.to_string()]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot listen on"), "{out:?}");
+}
