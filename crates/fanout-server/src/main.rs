@@ -1,6 +1,7 @@
 //! `fanout`: a live media relay. One binary, several subcommands.
 
 mod api;
+mod bench;
 mod config;
 mod ctl;
 mod http;
@@ -26,6 +27,15 @@ enum Cmd {
     Serve(ServeArgs),
     /// Talk to a running relay's control API.
     Ctl(ctl::CtlArgs),
+    /// Measure the relay: relay CPU per delivered packet for each data path, side by side.
+    #[command(subcommand)]
+    Bench(BenchCmd),
+}
+
+#[derive(Subcommand)]
+enum BenchCmd {
+    /// One UDP session to N UDP sinks per data path, alternating rounds; writes a CSV.
+    Datapaths(bench::BenchArgs),
 }
 
 #[derive(clap::Args)]
@@ -55,6 +65,7 @@ fn main() -> std::process::ExitCode {
     let r = match cli.cmd {
         Cmd::Serve(a) => serve(a),
         Cmd::Ctl(a) => ctl::run(a),
+        Cmd::Bench(BenchCmd::Datapaths(a)) => bench::run(a),
     };
     match r {
         Ok(()) => std::process::ExitCode::SUCCESS,

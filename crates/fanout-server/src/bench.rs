@@ -1,0 +1,177 @@
+//! `fanout bench datapaths`: relay CPU per delivered packet for each data path, side by side
+//! in one run. The relay runs as its own process (its CPU is read from /proc/<pid>/stat);
+//! this process sends the stream and drains the sinks.
+
+use anyhow::{bail, Context};
+use clap::Args;
+use serde_json::json;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, UdpSocket};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Data paths to compare, in the order each round runs them.
+    #[arg(long, value_delimiter = ',', default_value = "daemon,copy,shared")]
+    datapath: Vec<String>,
+    /// UDP sinks of the session.
+    #[arg(long, default_value_t = 1000)]
+    sinks: usize,
+    /// Stream bit rate in kbit/s (the OMSS papers use 256).
+    #[arg(long, default_value_t = 256.0)]
+    rate_kbps: f64,
+    /// Datagram payload in bytes (the OMSS papers use 1400).
+    #[arg(long, default_value_t = 1400)]
+    payload: usize,
+    /// Seconds each data path is measured per round.
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// Rounds: the data paths alternate, so drift on a noisy machine hits all alike.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Folder for the CSV.
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+struct RelayProc(Child);
+impl Drop for RelayProc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name (which may hold spaces): utime is the 12th, stime the 13th.
+    let rest = stat.rsplit_once(')').context("odd /proc stat")?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Ok(f[11].parse::<u64>()? + f[12].parse::<u64>()?)
+}
+
+fn api(relay: &SocketAddr, method: &str, path: &str, body: Option<serde_json::Value>) -> anyhow::Result<serde_json::Value> {
+    let req = ureq::request(method, &format!("http://{relay}{path}")).timeout(Duration::from_secs(10));
+    let r = match body {
+        Some(b) => req.send_json(b),
+        None => req.call(),
+    };
+    match r {
+        Ok(r) if r.status() == 204 => Ok(serde_json::Value::Null),
+        Ok(r) => Ok(r.into_json()?),
+        Err(ureq::Error::Status(c, r)) => bail!("relay API {method} {path}: {c} {}", r.into_string().unwrap_or_default()),
+        Err(e) => bail!("relay API {method} {path}: {e}"),
+    }
+}
+
+pub fn run(a: BenchArgs) -> anyhow::Result<()> {
+    let nofile = fanout_io::sys::raise_nofile_limit();
+    if (nofile as usize) < a.sinks + 64 {
+        bail!("{} sinks need {} open files; the limit here is {nofile} (raise it with ulimit -n)", a.sinks, a.sinks + 64);
+    }
+    let exe = std::env::current_exe()?;
+    let mut child = Command::new(exe)
+        .args(["serve", "--no-demo", "--api", "127.0.0.1:0"])
+        .env("FANOUT_LOG", "warn")
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("starting the relay")?;
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().context("relay stdout")?).read_line(&mut line)?;
+    let addr: SocketAddr = line
+        .trim()
+        .strip_prefix("fanout: API http://")
+        .and_then(|l| l.strip_suffix("/v1/sessions"))
+        .context("the relay did not start")?
+        .parse()?;
+    let relay = RelayProc(child);
+    let pid = relay.0.id();
+    let hz = 100.0; // USER_HZ: /proc reports CPU in 1/100 s on Linux
+
+    let receivers: Arc<Vec<UdpSocket>> = Arc::new(
+        (0..a.sinks)
+            .map(|_| {
+                let s = UdpSocket::bind("127.0.0.1:0")?;
+                s.set_nonblocking(true)?;
+                Ok(s)
+            })
+            .collect::<std::io::Result<_>>()?,
+    );
+    let received = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let drain = {
+        let (r, n, stop) = (receivers.clone(), received.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 65536];
+            while !stop.load(Ordering::Relaxed) {
+                let mut got = 0;
+                for s in r.iter() {
+                    while s.recv(&mut buf).is_ok() {
+                        got += 1;
+                    }
+                }
+                n.fetch_add(got, Ordering::Relaxed);
+                if got == 0 {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        })
+    };
+    let pps = a.rate_kbps * 1000.0 / 8.0 / a.payload as f64;
+    std::fs::create_dir_all(&a.out)?;
+    let csv_path = a.out.join("datapaths.csv");
+    let mut csv = std::fs::File::create(&csv_path)?;
+    writeln!(csv, "round,datapath,sinks,packets_sent,deliveries,loss_pct,relay_cpu_s,cpu_us_per_delivery")?;
+    let mut results: Vec<(String, f64, f64)> = Vec::new();
+    let tx = UdpSocket::bind("127.0.0.1:0")?;
+    for round in 1..=a.rounds {
+        for (i, dp) in a.datapath.iter().enumerate() {
+            let name = format!("bench{round}{i}");
+            let src = UdpSocket::bind("127.0.0.1:0")?.local_addr()?;
+            api(&addr, "POST", "/v1/sessions", Some(json!({"name": name, "source": {"udp": src}, "datapath": dp})))?;
+            for r in receivers.iter() {
+                api(&addr, "POST", &format!("/v1/sessions/{name}/sinks"), Some(json!({"udp": r.local_addr()?})))?;
+            }
+            std::thread::sleep(Duration::from_millis(300));
+            let before_rx = received.load(Ordering::Relaxed);
+            let before_cpu = cpu_ticks(pid)?;
+            let start = Instant::now();
+            let n = (pps * a.seconds).round() as u64;
+            let payload = vec![0x47u8; a.payload];
+            for k in 0..n {
+                let due = start + Duration::from_secs_f64(k as f64 / pps);
+                if let Some(d) = due.checked_duration_since(Instant::now()) {
+                    std::thread::sleep(d);
+                }
+                tx.send_to(&payload, src)?;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+            let cpu = (cpu_ticks(pid)? - before_cpu) as f64 / hz;
+            let deliveries = received.load(Ordering::Relaxed) - before_rx;
+            let expected = n * a.sinks as u64;
+            let loss = 100.0 * (expected.saturating_sub(deliveries)) as f64 / expected as f64;
+            let per = cpu * 1e6 / deliveries.max(1) as f64;
+            writeln!(csv, "{round},{dp},{},{n},{deliveries},{loss:.3},{cpu:.3},{per:.3}", a.sinks)?;
+            eprintln!("round {round}/{}: {dp:>7}: {deliveries} deliveries, loss {loss:.2}%, relay CPU {cpu:.2} s, {per:.3} µs per delivered packet", a.rounds);
+            results.push((dp.clone(), cpu, deliveries as f64));
+            api(&addr, "DELETE", &format!("/v1/sessions/{name}"), None)?;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let _ = drain.join();
+    println!("\n{:>8}  {:>22}  {:>14}", "datapath", "relay µs per delivery", "vs first");
+    let mut first = None;
+    for dp in &a.datapath {
+        let (cpu, del) = results.iter().filter(|r| &r.0 == dp).fold((0.0, 0.0), |acc, r| (acc.0 + r.1, acc.1 + r.2));
+        let per = cpu * 1e6 / del.max(1.0);
+        let base = *first.get_or_insert(per);
+        println!("{dp:>8}  {per:>22.3}  {:>13.2}x", per / base);
+    }
+    println!("\nCSV: {}", csv_path.display());
+    drop(relay);
+    Ok(())
+}
