@@ -32,6 +32,6 @@ pub mod sys;
 pub use engine::Engine;
 pub use session::{
     DataPath, FailurePolicy, PayloadMode, Session, SessionConfig, SessionStatus, SinkStatus, SinkTarget,
-    SourceState, SourceStatus,
+    SourceState, SourceStatus, UdpSinkMode,
 };
 pub use source::{bind_udp_source, DemoClip};

@@ -50,6 +50,18 @@ pub enum FailurePolicy {
     Remove,
 }
 
+/// How the `shared` path sends to UDP sinks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum UdpSinkMode {
+    /// One `sendmmsg` per group run covering every sink of the group (and every pending
+    /// packet), from the group's socket, straight from the ring.
+    #[default]
+    Batched,
+    /// A connected socket per sink, one `send` per packet (a backlog goes in one `sendmmsg`).
+    Connected,
+}
+
 #[derive(Debug, Clone)]
 pub struct SessionConfig {
     pub name: String,
@@ -60,6 +72,7 @@ pub struct SessionConfig {
     pub sinks_per_group: usize,
     pub payload: PayloadMode,
     pub failed_sinks: FailurePolicy,
+    pub udp_sinks: UdpSinkMode,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -371,8 +384,8 @@ impl Session {
 
     /// Adds a UDP sink; returns its id.
     pub fn add_udp_sink(&self, to: SocketAddr) -> std::io::Result<u64> {
-        let sink_io = match self.inner.cfg.datapath {
-            DataPath::Shared => crate::sink::SinkIo::connected_udp(to)?,
+        let sink_io = match (self.inner.cfg.datapath, self.inner.cfg.udp_sinks) {
+            (DataPath::Shared, UdpSinkMode::Connected) => crate::sink::SinkIo::connected_udp(to)?,
             _ => crate::sink::SinkIo::Unconnected(crate::sys::RawAddr::new(to)),
         };
         self.add_sink(SinkTarget::Udp(to), sink_io, false)
@@ -403,7 +416,7 @@ impl Session {
         let gi = match pick {
             Some(i) => i,
             None => {
-                let state = Arc::new(Mutex::new(GroupState::new(inner.cfg.datapath)?));
+                let state = Arc::new(Mutex::new(GroupState::new()?));
                 let job = GroupJob { session: Arc::downgrade(inner), state: state.clone() };
                 let task = Task::new(inner.cfg.priority, inner.runner.runner(), Box::new(job));
                 groups.push(Group { task, state });

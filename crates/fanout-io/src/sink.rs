@@ -135,22 +135,18 @@ pub(crate) struct GroupState {
     pub sinks: Vec<Sink>,
     /// Pending ring entries, cloned (refcount only) under the ring lock; empty between runs.
     snapshot: Vec<Arc<Packet>>,
-    /// The socket the baselines' unconnected UDP sinks send from, with ICMP errors queued.
-    udp: Option<UdpSocket>,
+    /// The socket the group's unconnected UDP sinks send from, with ICMP errors queued.
+    udp: UdpSocket,
+    /// `(sink index, datagrams offered)` of the batched send being built.
+    plan: Vec<(usize, usize)>,
 }
 
 impl GroupState {
-    pub fn new(dp: DataPath) -> io::Result<Self> {
-        let udp = match dp {
-            DataPath::Shared => None,
-            _ => {
-                let s = UdpSocket::bind(("0.0.0.0", 0))?;
-                s.set_nonblocking(true)?;
-                sys::enable_recv_err(s.as_raw_fd(), false)?;
-                Some(s)
-            }
-        };
-        Ok(Self { sinks: Vec::new(), snapshot: Vec::new(), udp })
+    pub fn new() -> io::Result<Self> {
+        let udp = UdpSocket::bind(("0.0.0.0", 0))?;
+        udp.set_nonblocking(true)?;
+        sys::enable_recv_err(udp.as_raw_fd(), false)?;
+        Ok(Self { sinks: Vec::new(), snapshot: Vec::new(), udp, plan: Vec::new() })
     }
 }
 
@@ -180,12 +176,10 @@ impl Job for GroupJob {
                 }
             }
         }
-        // ICMP errors for the baselines' shared socket, matched to sinks by destination.
-        if let Some(udp) = &g.udp {
-            while let Some((addr, err)) = sys::recv_error(udp.as_raw_fd()) {
-                for sink in g.sinks.iter_mut().filter(|k| k.target == SinkTarget::Udp(addr)) {
-                    sink.fail(describe(&err), reactor);
-                }
+        // ICMP errors for the group's socket, matched to sinks by destination.
+        while let Some((addr, err)) = sys::recv_error(g.udp.as_raw_fd()) {
+            for sink in g.sinks.iter_mut().filter(|k| k.target == SinkTarget::Udp(addr)) {
+                sink.fail(describe(&err), reactor);
             }
         }
 
@@ -205,10 +199,16 @@ impl Job for GroupJob {
         };
 
         let dp = s.cfg.datapath;
-        let group_fd = g.udp.as_ref().map(|u| u.as_raw_fd());
+        let group_fd = g.udp.as_raw_fd();
+        if dp == DataPath::Shared {
+            send_udp_group(g, head, start, ctx);
+        }
         for sink in g.sinks.iter_mut() {
             if sink.failed.is_some() || sink.blocked {
                 continue;
+            }
+            if dp == DataPath::Shared && matches!(sink.io, SinkIo::Unconnected(_)) {
+                continue; // sent by send_udp_group
             }
             if sink.cursor.next() >= head && sink.partial.is_none() {
                 continue;
@@ -217,10 +217,7 @@ impl Job for GroupJob {
             let pending = &g.snapshot[from..];
             let r = match (&sink.io, dp) {
                 (SinkIo::Connected(sock), _) => send_udp_batched(sock.as_raw_fd(), pending, ctx),
-                (SinkIo::Unconnected(addr), _) => {
-                    // Invariant: the baselines' groups always own a socket.
-                    send_udp_copy(group_fd.expect("group socket"), addr, pending, ctx)
-                }
+                (SinkIo::Unconnected(addr), _) => send_udp_copy(group_fd, addr, pending, ctx),
                 (SinkIo::Stream(_), DataPath::Shared) => send_stream_vectored(sink, pending, ctx),
                 (SinkIo::Stream(_), _) => send_stream_copy(sink, pending, ctx),
                 (SinkIo::Closed, _) => Ok(0),
@@ -285,6 +282,63 @@ fn send_udp_batched(fd: RawFd, pending: &[Arc<Packet>], ctx: &mut WorkerCtx) -> 
         }
     }
     Ok(sent)
+}
+
+/// `shared` UDP, batched: every pending packet of every unconnected UDP sink of the group in
+/// as few `sendmmsg` calls as possible (1024 datagrams each), straight from the ring.
+fn send_udp_group(g: &mut GroupState, head: u64, start: u64, ctx: &mut WorkerCtx) {
+    let GroupState { sinks, snapshot, udp, plan } = g;
+    let fd = udp.as_raw_fd();
+    plan.clear();
+    ctx.iov.clear();
+    for (i, sink) in sinks.iter().enumerate() {
+        if sink.failed.is_some() || !matches!(sink.io, SinkIo::Unconnected(_)) || sink.cursor.next() >= head {
+            continue;
+        }
+        let pending = &snapshot[(sink.cursor.next() - start) as usize..];
+        ctx.iov.extend(pending.iter().map(|p| sys::iovec(p.data())));
+        plan.push((i, pending.len()));
+    }
+    if ctx.iov.is_empty() {
+        return;
+    }
+    // Headers point into ctx.iov, which is not touched again until they are sent.
+    ctx.hdrs.clear();
+    let mut k = 0;
+    for &(i, n) in plan.iter() {
+        let SinkIo::Unconnected(addr) = &sinks[i].io else { continue };
+        for _ in 0..n {
+            ctx.hdrs.push(sys::mmsghdr(&mut ctx.iov[k], Some(addr)));
+            k += 1;
+        }
+    }
+    let total = ctx.hdrs.len();
+    let mut sent = 0;
+    let mut retries = 0;
+    while sent < total {
+        match sys::sendmmsg(fd, &mut ctx.hdrs[sent..]) {
+            Ok(0) => break,
+            Ok(n) => sent += n,
+            // A queued ICMP error (its sink is found through the error queue) stopped the
+            // batch; the datagram it stopped at was not sent: go on from there (bounded).
+            Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) && retries < 16 => retries += 1,
+            Err(e) => {
+                if e.kind() != ErrorKind::WouldBlock {
+                    tracing::debug!("batched UDP send stopped: {e}");
+                }
+                break;
+            }
+        }
+    }
+    // The datagrams sent are a prefix of the plan.
+    for &(i, n) in plan.iter() {
+        let done = n.min(sent);
+        sent -= done;
+        let sink = &mut sinks[i];
+        let from = (sink.cursor.next() - start) as usize;
+        sink.bytes += snapshot[from..from + done].iter().map(|p| p.len() as u64).sum::<u64>();
+        sink.cursor.advance(done as u64);
+    }
 }
 
 /// The baselines' UDP: copy each payload into user space, then one `sendto` per packet.

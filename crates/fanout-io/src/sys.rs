@@ -64,20 +64,34 @@ pub fn send_vectored(fd: RawFd, iov: &[libc::iovec]) -> io::Result<usize> {
     retry(|| unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) })
 }
 
+/// A `sendmmsg` header for one datagram: `iov` to `to`, or to the connected peer.
+/// The iovec and the address must stay put until the header is sent.
+pub fn mmsghdr(iov: *mut libc::iovec, to: Option<&RawAddr>) -> libc::mmsghdr {
+    // SAFETY: an all-zero mmsghdr is a valid empty header.
+    let mut h: libc::mmsghdr = unsafe { zeroed() };
+    h.msg_hdr.msg_iov = iov;
+    h.msg_hdr.msg_iovlen = 1;
+    if let Some(a) = to {
+        h.msg_hdr.msg_name = a.ptr().cast_mut().cast();
+        h.msg_hdr.msg_namelen = a.len;
+    }
+    h
+}
+
+/// `sendmmsg` of prepared headers (at most 1024): returns how many datagrams were sent,
+/// always a prefix of `hdrs`.
+pub fn sendmmsg(fd: RawFd, hdrs: &mut [libc::mmsghdr]) -> io::Result<usize> {
+    let n = hdrs.len().min(1024) as libc::c_uint;
+    // SAFETY: the headers point at iovecs, buffers and addresses alive for the call.
+    retry(|| unsafe { libc::sendmmsg(fd, hdrs.as_mut_ptr(), n, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) as isize })
+}
+
 /// `sendmmsg` of one datagram per iovec on a connected datagram socket: returns how many
 /// datagrams were sent. `hdrs` is caller-owned scratch space, reused between calls.
 pub fn send_datagrams(fd: RawFd, iov: &mut [libc::iovec], hdrs: &mut Vec<libc::mmsghdr>) -> io::Result<usize> {
     hdrs.clear();
-    for v in iov.iter_mut() {
-        // SAFETY: an all-zero mmsghdr is a valid empty header.
-        let mut h: libc::mmsghdr = unsafe { zeroed() };
-        h.msg_hdr.msg_iov = v;
-        h.msg_hdr.msg_iovlen = 1;
-        hdrs.push(h);
-    }
-    let n = hdrs.len().min(1024) as libc::c_uint;
-    // SAFETY: the headers point at iovecs and buffers alive for the call.
-    retry(|| unsafe { libc::sendmmsg(fd, hdrs.as_mut_ptr(), n, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) as isize })
+    hdrs.extend(iov.iter_mut().map(|v| mmsghdr(v, None)));
+    sendmmsg(fd, hdrs)
 }
 
 /// Outcome of receiving one datagram of a batch.

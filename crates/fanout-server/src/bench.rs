@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 
 #[derive(Args)]
 pub struct BenchArgs {
-    /// Data paths to compare, in the order each round runs them.
-    #[arg(long, value_delimiter = ',', default_value = "daemon,copy,shared")]
+    /// Data paths to compare, in the order each round runs them; `shared:connected` is the
+    /// shared path with a connected socket per UDP sink.
+    #[arg(long, value_delimiter = ',', default_value = "daemon,copy,shared,shared:connected")]
     datapath: Vec<String>,
     /// UDP sinks of the session.
     #[arg(long, default_value_t = 1000)]
@@ -132,10 +133,11 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         for (i, dp) in a.datapath.iter().enumerate() {
             let name = format!("bench{round}{i}");
             let src = UdpSocket::bind("127.0.0.1:0")?.local_addr()?;
-            api(&addr, "POST", "/v1/sessions", Some(json!({"name": name, "source": {"udp": src}, "datapath": dp})))?;
-            for r in receivers.iter() {
-                api(&addr, "POST", &format!("/v1/sessions/{name}/sinks"), Some(json!({"udp": r.local_addr()?})))?;
-            }
+            let (path, udp_mode) = dp.split_once(':').unwrap_or((dp, "batched"));
+            let sinks: Vec<_> =
+                receivers.iter().map(|r| r.local_addr().map(|a| json!({ "udp": a }))).collect::<Result<_, _>>()?;
+            let spec = json!({"name": name, "source": {"udp": src}, "datapath": path, "udp_sinks": udp_mode, "sinks": sinks});
+            api(&addr, "POST", "/v1/sessions", Some(spec))?;
             std::thread::sleep(Duration::from_millis(300));
             let before_rx = received.load(Ordering::Relaxed);
             let before_cpu = cpu_ticks(pid)?;

@@ -41,7 +41,7 @@ impl Default for Config {
             max_datagram: 2048,
             sinks_per_group: 64,
             demo: true,
-            max_body: 64 * 1024,
+            max_body: 1024 * 1024,
             sessions: Vec::new(),
         }
     }

@@ -82,17 +82,13 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
             s
         }
         CtlCmd::Create { name, udp, interface, tcp_listen, tcp_connect, demo, priority, datapath, ring } => {
+            let source = SourceSpec { udp, interface, tcp_listen, tcp_connect, demo: demo.then_some(true) };
             let spec = SessionSpec {
-                name,
-                source: SourceSpec { udp, interface, tcp_listen, tcp_connect, demo: demo.then_some(true) },
                 priority,
                 datapath: serde_json::from_value(Value::String(datapath.clone()))
                     .with_context(|| format!("--datapath {datapath:?}: expected daemon, copy or shared"))?,
                 ring,
-                max_datagram: None,
-                payload: Default::default(),
-                failed_sinks: Default::default(),
-                sinks: Vec::new(),
+                ..SessionSpec::new(name, source)
             };
             c.call("POST", "/v1/sessions", Some(serde_json::to_value(spec)?))?
         }

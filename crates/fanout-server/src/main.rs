@@ -117,17 +117,7 @@ async fn run(mut cfg: config::Config) -> anyhow::Result<()> {
     let relay = relay::Relay::new(cfg)?;
     let api = relay.cfg.api;
     if demo {
-        let spec = spec::SessionSpec {
-            name: "demo".into(),
-            source: spec::SourceSpec { demo: Some(true), ..Default::default() },
-            priority: 0,
-            datapath: Default::default(),
-            ring: None,
-            max_datagram: None,
-            payload: Default::default(),
-            failed_sinks: Default::default(),
-            sinks: Vec::new(),
-        };
+        let spec = spec::SessionSpec::new("demo", spec::SourceSpec { demo: Some(true), ..Default::default() });
         relay.create(spec).await.map_err(|e| anyhow::anyhow!("demo session: {e}"))?;
     }
     for s in statics {

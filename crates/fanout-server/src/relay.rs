@@ -81,6 +81,7 @@ impl Relay {
             sinks_per_group: self.cfg.sinks_per_group,
             payload: spec.payload,
             failed_sinks: spec.failed_sinks,
+            udp_sinks: spec.udp_sinks,
         };
         let session = Session::new(cfg, &self.engine);
         let mut tasks = Vec::new();

@@ -1,7 +1,7 @@
 //! What a user asks for, as the API and the config file spell it. Every type rejects unknown
 //! fields and bad values with a message that names the field.
 
-use fanout_io::{DataPath, FailurePolicy, PayloadMode};
+use fanout_io::{DataPath, FailurePolicy, PayloadMode, UdpSinkMode};
 use serde::{Deserialize, Serialize};
 use std::net::{Ipv4Addr, SocketAddr};
 
@@ -93,6 +93,10 @@ pub struct SessionSpec {
     /// `keep` failed sinks listed with their reason (default) or `remove` them.
     #[serde(default)]
     pub failed_sinks: FailurePolicy,
+    /// How `shared` sends to UDP sinks: `batched` (one `sendmmsg` for the whole group,
+    /// default) or `connected` (a connected socket per sink).
+    #[serde(default)]
+    pub udp_sinks: UdpSinkMode,
     /// Sinks to add at once (config files; the API takes them too).
     #[serde(default, rename = "sink", alias = "sinks", skip_serializing_if = "Vec::is_empty")]
     pub sinks: Vec<SinkSpec>,
@@ -102,6 +106,22 @@ pub const MAX_RING: usize = 1 << 20;
 pub const MAX_DATAGRAM: usize = 65_535;
 
 impl SessionSpec {
+    /// A spec with every optional field at its default.
+    pub fn new(name: impl Into<String>, source: SourceSpec) -> Self {
+        Self {
+            name: name.into(),
+            source,
+            priority: 0,
+            datapath: DataPath::default(),
+            ring: None,
+            max_datagram: None,
+            payload: PayloadMode::default(),
+            failed_sinks: FailurePolicy::default(),
+            udp_sinks: UdpSinkMode::default(),
+            sinks: Vec::new(),
+        }
+    }
+
     pub fn validate(&self) -> Result<(), String> {
         let ok_name = !self.name.is_empty()
             && self.name.len() <= 64

@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 const PACKETS: u64 = 100;
 const LEN: usize = 500;
 
-fn thousand_udp_and_ten_http(datapath: &str) {
+fn thousand_udp_and_ten_http(datapath: &str, udp_sinks: &str) {
     let relay = Relay::start(&["--no-demo"]);
     let src = free_udp_port();
-    relay.ok("POST", "/v1/sessions", Some(json!({"name":"tv1","source":{"udp":src},"priority":3,"datapath":datapath})));
+    let spec = json!({"name":"tv1","source":{"udp":src},"priority":3,"datapath":datapath,"udp_sinks":udp_sinks});
+    relay.ok("POST", "/v1/sessions", Some(spec));
     let receivers: Vec<UdpSocket> = (0..1000)
         .map(|_| {
             let s = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -82,17 +83,22 @@ fn thousand_udp_and_ten_http(datapath: &str) {
 
 #[test]
 fn shared_delivers_everything_to_1000_udp_and_10_http_sinks() {
-    thousand_udp_and_ten_http("shared");
+    thousand_udp_and_ten_http("shared", "batched");
+}
+
+#[test]
+fn shared_with_connected_udp_sinks_delivers_everything_to_1000_udp_and_10_http_sinks() {
+    thousand_udp_and_ten_http("shared", "connected");
 }
 
 #[test]
 fn copy_delivers_everything_to_1000_udp_and_10_http_sinks() {
-    thousand_udp_and_ten_http("copy");
+    thousand_udp_and_ten_http("copy", "batched");
 }
 
 #[test]
 fn daemon_delivers_everything_to_1000_udp_and_10_http_sinks() {
-    thousand_udp_and_ten_http("daemon");
+    thousand_udp_and_ten_http("daemon", "batched");
 }
 
 /// A TCP publisher (listen and connect-out) relayed to a TCP sink arrives byte for byte.

@@ -66,25 +66,27 @@ fn stalled_tcp_sink_skips_while_others_lose_nothing() {
 #[test]
 fn unreachable_udp_sink_is_marked_failed() {
     let relay = Relay::start(&["--no-demo"]);
-    for datapath in ["shared", "copy", "daemon"] {
+    for (name, datapath, udp_sinks) in
+        [("shared", "shared", "batched"), ("connected", "shared", "connected"), ("copy", "copy", "batched"), ("daemon", "daemon", "batched")]
+    {
         let src = free_udp_port();
-        relay.ok("POST", "/v1/sessions", Some(json!({"name":datapath,"source":{"udp":src},"datapath":datapath})));
+        let spec = json!({"name":name,"source":{"udp":src},"datapath":datapath,"udp_sinks":udp_sinks});
+        relay.ok("POST", "/v1/sessions", Some(spec));
         let closed = free_udp_port(); // bound and released: nobody listens there now
         let good = UdpSocket::bind("127.0.0.1:0").unwrap();
         good.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let bad = relay.ok("POST", &format!("/v1/sessions/{datapath}/sinks"), Some(json!({"udp": closed})))["id"]
-            .as_u64()
-            .unwrap();
-        relay.ok("POST", &format!("/v1/sessions/{datapath}/sinks"), Some(json!({"udp": good.local_addr().unwrap()})));
+        let bad =
+            relay.ok("POST", &format!("/v1/sessions/{name}/sinks"), Some(json!({"udp": closed})))["id"].as_u64().unwrap();
+        relay.ok("POST", &format!("/v1/sessions/{name}/sinks"), Some(json!({"udp": good.local_addr().unwrap()})));
         send_paced(src, 20, 100, 200.0);
         let mut buf = [0u8; 200];
         for seq in 0..20u64 {
             let n = good.recv(&mut buf).unwrap();
-            assert_eq!(u64::from_be_bytes(buf[..8].try_into().unwrap()), seq, "{datapath}");
+            assert_eq!(u64::from_be_bytes(buf[..8].try_into().unwrap()), seq, "{name}");
             assert_eq!(n, 100);
         }
-        let k = relay.ok("GET", &format!("/v1/sessions/{datapath}/sinks/{bad}"), None);
-        assert_eq!(k["state"], "failed", "{datapath}: {k}");
+        let k = relay.ok("GET", &format!("/v1/sessions/{name}/sinks/{bad}"), None);
+        assert_eq!(k["state"], "failed", "{name}: {k}");
         assert!(k["reason"].as_str().unwrap().contains("ICMP port unreachable"), "{k}");
     }
 }
