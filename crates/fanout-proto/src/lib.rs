@@ -13,3 +13,4 @@
 pub mod classify;
 pub mod mpegts;
 pub mod rtp;
+pub mod rtpstats;

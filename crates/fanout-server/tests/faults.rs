@@ -153,3 +153,19 @@ fn bad_datagrams_and_closed_sources_are_counted() {
     assert!(relay.running());
     drop(p);
 }
+
+/// A source that stops sending is reported as silent (after 5 s), and the session lives on.
+#[test]
+fn silent_source_is_reported() {
+    let relay = Relay::start(&["--no-demo"]);
+    let src = free_udp_port();
+    relay.ok("POST", "/v1/sessions", Some(json!({"name":"q","source":{"udp":src}})));
+    assert_eq!(relay.ok("GET", "/v1/sessions/q", None)["source"]["state"], "waiting");
+    send_paced(src, 3, 100, 100.0);
+    assert!(wait_for(Duration::from_secs(2), || relay.ok("GET", "/v1/sessions/q", None)["source"]["state"] == "active"));
+    assert!(wait_for(Duration::from_secs(10), || relay.ok("GET", "/v1/sessions/q", None)["source"]["state"] == "silent"));
+    let st = relay.ok("GET", "/v1/sessions/q", None);
+    assert!(st["source"]["last_packet_ms_ago"].as_u64().unwrap() >= 5000, "{st}");
+    send_paced(src, 1, 100, 100.0);
+    assert!(wait_for(Duration::from_secs(2), || relay.ok("GET", "/v1/sessions/q", None)["source"]["state"] == "active"));
+}
