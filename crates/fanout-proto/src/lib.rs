@@ -12,5 +12,6 @@
 
 pub mod classify;
 pub mod mpegts;
+pub mod probe;
 pub mod rtp;
 pub mod rtpstats;

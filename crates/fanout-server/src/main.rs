@@ -7,6 +7,7 @@ mod ctl;
 mod http;
 mod relay;
 mod spec;
+mod tools;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -27,6 +28,10 @@ enum Cmd {
     Serve(ServeArgs),
     /// Talk to a running relay's control API.
     Ctl(ctl::CtlArgs),
+    /// Media server emulator: K paced RTP streams (or a TS file) to a relay.
+    Gen(tools::gen::GenArgs),
+    /// Media client emulator: many subscribers in one process, with loss, latency, jitter.
+    Sub(tools::sub::SubArgs),
     /// Measure the relay: relay CPU per delivered packet for each data path, side by side.
     #[command(subcommand)]
     Bench(BenchCmd),
@@ -65,6 +70,8 @@ fn main() -> std::process::ExitCode {
     let r = match cli.cmd {
         Cmd::Serve(a) => serve(a),
         Cmd::Ctl(a) => ctl::run(a),
+        Cmd::Gen(a) => tools::gen::run(a),
+        Cmd::Sub(a) => tools::sub::run(a),
         Cmd::Bench(BenchCmd::Datapaths(a)) => bench::run(a),
     };
     match r {

@@ -1,0 +1,205 @@
+//! `fanout gen`: the media server emulator. K RTP streams at a given rate and payload size,
+//! over UDP or TCP (RFC 4571 framing), each packet carrying a probe (stream, sequence,
+//! send time); or a real MPEG-TS file replayed at its own rate. Bounded by duration or count.
+
+use super::{mono_ns, rtp_ts};
+use anyhow::{bail, Context};
+use clap::Args;
+use fanout_proto::mpegts::{TsSchedule, PCR_HZ};
+use fanout_proto::probe::Probe;
+use fanout_proto::rtp;
+use serde::Serialize;
+use std::io::Write;
+use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Args, Debug, Clone)]
+pub struct GenArgs {
+    /// Destination of each stream (repeat, or give one with --sources K to use K
+    /// consecutive ports from it).
+    #[arg(long, required = true)]
+    pub to: Vec<SocketAddr>,
+    /// Number of streams when one --to is given: ports to, to+1, …
+    #[arg(long, default_value_t = 1)]
+    pub sources: usize,
+    /// Bit rate of each stream in kbit/s (of the datagram payload, as the OMSS papers count).
+    #[arg(long, default_value_t = 256.0, conflicts_with = "pps")]
+    pub rate_kbps: f64,
+    /// Packet rate of each stream, instead of --rate-kbps.
+    #[arg(long)]
+    pub pps: Option<f64>,
+    /// Datagram payload size in bytes, RTP header included (at least 36: header + probe).
+    #[arg(long, default_value_t = 1400)]
+    pub payload: usize,
+    /// Stop after this many seconds.
+    #[arg(long, default_value_t = 10.0)]
+    pub duration: f64,
+    /// Stop after this many packets per stream (whichever comes first).
+    #[arg(long)]
+    pub count: Option<u64>,
+    /// Connect over TCP and send RFC 4571 framed RTP instead of UDP datagrams.
+    #[arg(long)]
+    pub tcp: bool,
+    /// Replay this MPEG-TS file at its own rate (PCR-paced, looped), 7 TS packets per
+    /// datagram, RTP-wrapped (RFC 2250, PT 33) unless --raw.
+    #[arg(long)]
+    pub file: Option<PathBuf>,
+    /// With --file: send bare TS datagrams, no RTP header.
+    #[arg(long, requires = "file")]
+    pub raw: bool,
+    /// Write the report as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct GenReport {
+    pub streams: usize,
+    pub packets: u64,
+    pub bytes: u64,
+    pub seconds: f64,
+    /// Packet rate asked for, per stream.
+    pub target_pps: f64,
+    /// Packet rate achieved, per stream.
+    pub achieved_pps: f64,
+    pub achieved_kbps_per_stream: f64,
+    /// How late the latest packet left, relative to its schedule.
+    pub max_late_us: u64,
+    pub send_errors: u64,
+}
+
+enum Out {
+    Udp(UdpSocket, SocketAddr),
+    Tcp(TcpStream),
+}
+
+pub fn run(a: GenArgs) -> anyhow::Result<()> {
+    let r = generate(&a)?;
+    eprintln!(
+        "gen: {} streams, {} packets in {:.2} s: {:.1} pkt/s per stream (target {:.1}), {:.1} kbit/s per stream, latest send {} µs late, {} send errors",
+        r.streams, r.packets, r.seconds, r.achieved_pps, r.target_pps, r.achieved_kbps_per_stream, r.max_late_us, r.send_errors
+    );
+    if let Some(p) = &a.json {
+        std::fs::write(p, serde_json::to_vec_pretty(&r)?).with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(())
+}
+
+pub fn generate(a: &GenArgs) -> anyhow::Result<GenReport> {
+    let dests: Vec<SocketAddr> = if a.to.len() == 1 && a.sources > 1 {
+        let base = a.to[0];
+        (0..a.sources)
+            .map(|i| {
+                let port = base.port().checked_add(i as u16).context("--sources runs past port 65535")?;
+                Ok(SocketAddr::new(base.ip(), port))
+            })
+            .collect::<anyhow::Result<_>>()?
+    } else {
+        a.to.clone()
+    };
+    let file = match &a.file {
+        Some(p) => {
+            let ts = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
+            let sched = TsSchedule::new(&ts).with_context(|| format!("{} cannot be paced", p.display()))?;
+            Some((ts, sched))
+        }
+        None => None,
+    };
+    if file.is_none() && a.payload < rtp::FIXED_HEADER_LEN + fanout_proto::probe::LEN {
+        bail!("--payload {} is too small: the RTP header and probe need 36 bytes", a.payload);
+    }
+    if a.payload > 65_000 {
+        bail!("--payload {} is larger than a UDP datagram can be", a.payload);
+    }
+    let pps = match (&file, a.pps) {
+        (Some((_, s)), _) => s.len() as f64 * PCR_HZ as f64 / s.loop_ticks() as f64,
+        (None, Some(p)) => p,
+        (None, None) => a.rate_kbps * 1000.0 / 8.0 / a.payload as f64,
+    };
+    if !(pps > 0.0 && pps.is_finite()) {
+        bail!("the packet rate must be positive");
+    }
+    let mut outs: Vec<Out> = dests
+        .iter()
+        .map(|&d| -> anyhow::Result<Out> {
+            if a.tcp {
+                let s = TcpStream::connect_timeout(&d, Duration::from_secs(3))
+                    .with_context(|| format!("cannot connect to {d} (is the relay's tcp_listen source there?)"))?;
+                s.set_nodelay(true)?;
+                Ok(Out::Tcp(s))
+            } else {
+                let bind: SocketAddr = if d.is_ipv4() { ([0, 0, 0, 0], 0).into() } else { ([0u16; 8], 0).into() };
+                Ok(Out::Udp(UdpSocket::bind(bind)?, d))
+            }
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let k = outs.len();
+    let limit = a.count.unwrap_or(u64::MAX).min((a.duration * pps).ceil() as u64);
+    let mut buf = vec![0x5au8; 2 + a.payload.max(1400) + rtp::FIXED_HEADER_LEN];
+    let ssrc_base = (mono_ns() as u32) & 0xffff_0000;
+    let start = mono_ns();
+    let (mut packets, mut bytes, mut errors, mut max_late, mut last_sent) = (0u64, 0u64, 0u64, 0u64, start);
+    // Streams are staggered evenly inside each packet interval so K sources do not burst.
+    for n in 0..limit {
+        for (i, out) in outs.iter_mut().enumerate() {
+            let due = start + ((n as f64 + i as f64 / k as f64) / pps * 1e9) as u64;
+            let now = mono_ns();
+            if due > now {
+                std::thread::sleep(Duration::from_nanos(due - now));
+            }
+            let sent_ns = mono_ns();
+            last_sent = sent_ns;
+            max_late = max_late.max(sent_ns.saturating_sub(due));
+            let body = &mut buf[2..];
+            let len = match &file {
+                Some((ts, sched)) => {
+                    let (off, len, _) = sched.datagram(n);
+                    if a.raw {
+                        body[..len].copy_from_slice(&ts[off..off + len]);
+                        len
+                    } else {
+                        let h = rtp::write_header(body, false, 33, n as u16, rtp_ts(sent_ns), ssrc_base + i as u32);
+                        body[h..h + len].copy_from_slice(&ts[off..off + len]);
+                        h + len
+                    }
+                }
+                None => {
+                    let h = rtp::write_header(body, false, 96, n as u16, rtp_ts(sent_ns), ssrc_base + i as u32);
+                    Probe { stream: i as u32, seq: n, sent_ns }.write_to(&mut body[h..]);
+                    a.payload
+                }
+            };
+            let r = match out {
+                Out::Udp(s, d) => s.send_to(&buf[2..2 + len], *d).map(|_| ()),
+                Out::Tcp(s) => {
+                    buf[..2].copy_from_slice(&(len as u16).to_be_bytes());
+                    s.write_all(&buf[..2 + len])
+                }
+            };
+            match r {
+                Ok(()) => {
+                    packets += 1;
+                    bytes += len as u64;
+                }
+                Err(e) if a.tcp => bail!("stream {i}: the relay closed the connection: {e}"),
+                Err(_) => errors += 1,
+            }
+        }
+    }
+    // N packets at rate r span (N - 1) / r: measure the rate over the span between the first
+    // and the last send, and the bit rate over the span plus one interval.
+    let per_stream = packets as f64 / k as f64;
+    let span = (last_sent - start) as f64 / 1e9;
+    Ok(GenReport {
+        streams: k,
+        packets,
+        bytes,
+        seconds: span,
+        target_pps: pps,
+        achieved_pps: if span > 0.0 { (per_stream - 1.0) / span } else { 0.0 },
+        achieved_kbps_per_stream: bytes as f64 * 8.0 / 1000.0 / k as f64 / (span + 1.0 / pps),
+        max_late_us: max_late / 1000,
+        send_errors: errors,
+    })
+}
