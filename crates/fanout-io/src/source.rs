@@ -199,10 +199,12 @@ pub(crate) fn daemon_receiver(session: Weak<Inner>, io: SourceIo) {
     };
     let mut pool = PacketPool::new(buf, ring + 4);
     let mut ready = Vec::with_capacity(1);
+    // Blocking reads with a timeout (so a closed session is noticed): a socket handed over
+    // from the async runtime arrives non-blocking, which would turn this loop into a spin.
     let timeout = Some(Duration::from_millis(100));
     let _ = match &io {
-        SourceIo::Udp(s) => s.set_read_timeout(timeout),
-        SourceIo::Tcp(s) => s.set_read_timeout(timeout),
+        SourceIo::Udp(s) => s.set_nonblocking(false).and_then(|()| s.set_read_timeout(timeout)),
+        SourceIo::Tcp(s) => s.set_nonblocking(false).and_then(|()| s.set_read_timeout(timeout)),
     };
     loop {
         let Some(s) = session.upgrade() else { return };

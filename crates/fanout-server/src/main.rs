@@ -34,13 +34,7 @@ enum Cmd {
     Sub(tools::sub::SubArgs),
     /// Measure the relay: relay CPU per delivered packet for each data path, side by side.
     #[command(subcommand)]
-    Bench(BenchCmd),
-}
-
-#[derive(Subcommand)]
-enum BenchCmd {
-    /// One UDP session to N UDP sinks per data path, alternating rounds; writes a CSV.
-    Datapaths(bench::BenchArgs),
+    Bench(bench::BenchCmd),
 }
 
 #[derive(clap::Args)]
@@ -72,7 +66,7 @@ fn main() -> std::process::ExitCode {
         Cmd::Ctl(a) => ctl::run(a),
         Cmd::Gen(a) => tools::gen::run(a),
         Cmd::Sub(a) => tools::sub::run(a),
-        Cmd::Bench(BenchCmd::Datapaths(a)) => bench::run(a),
+        Cmd::Bench(c) => bench::run(c),
     };
     match r {
         Ok(()) => std::process::ExitCode::SUCCESS,

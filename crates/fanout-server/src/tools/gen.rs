@@ -1,5 +1,5 @@
 //! `fanout gen`: the media server emulator. K RTP streams at a given rate and payload size,
-//! over UDP or TCP (RFC 4571 framing), each packet carrying a probe (stream, sequence,
+//! over UDP or TCP (fixed-size packets back to back), each packet carrying a probe (stream, sequence,
 //! send time); or a real MPEG-TS file replayed at its own rate. Bounded by duration or count.
 
 use super::{mono_ns, rtp_ts};
@@ -38,7 +38,8 @@ pub struct GenArgs {
     /// Stop after this many packets per stream (whichever comes first).
     #[arg(long)]
     pub count: Option<u64>,
-    /// Connect over TCP and send RFC 4571 framed RTP instead of UDP datagrams.
+    /// Connect over TCP and send the same RTP packets back to back (every packet is
+    /// --payload bytes, so a receiver cuts the byte stream at fixed sizes).
     #[arg(long)]
     pub tcp: bool,
     /// Replay this MPEG-TS file at its own rate (PCR-paced, looped), 7 TS packets per
@@ -136,7 +137,7 @@ pub fn generate(a: &GenArgs) -> anyhow::Result<GenReport> {
         .collect::<anyhow::Result<_>>()?;
     let k = outs.len();
     let limit = a.count.unwrap_or(u64::MAX).min((a.duration * pps).ceil() as u64);
-    let mut buf = vec![0x5au8; 2 + a.payload.max(1400) + rtp::FIXED_HEADER_LEN];
+    let mut buf = vec![0x5au8; a.payload.max(1400) + rtp::FIXED_HEADER_LEN];
     let ssrc_base = (mono_ns() as u32) & 0xffff_0000;
     let start = mono_ns();
     let (mut packets, mut bytes, mut errors, mut max_late, mut last_sent) = (0u64, 0u64, 0u64, 0u64, start);
@@ -151,7 +152,7 @@ pub fn generate(a: &GenArgs) -> anyhow::Result<GenReport> {
             let sent_ns = mono_ns();
             last_sent = sent_ns;
             max_late = max_late.max(sent_ns.saturating_sub(due));
-            let body = &mut buf[2..];
+            let body = &mut buf[..];
             let len = match &file {
                 Some((ts, sched)) => {
                     let (off, len, _) = sched.datagram(n);
@@ -171,11 +172,8 @@ pub fn generate(a: &GenArgs) -> anyhow::Result<GenReport> {
                 }
             };
             let r = match out {
-                Out::Udp(s, d) => s.send_to(&buf[2..2 + len], *d).map(|_| ()),
-                Out::Tcp(s) => {
-                    buf[..2].copy_from_slice(&(len as u16).to_be_bytes());
-                    s.write_all(&buf[..2 + len])
-                }
+                Out::Udp(s, d) => s.send_to(&buf[..len], *d).map(|_| ()),
+                Out::Tcp(s) => s.write_all(&buf[..len]),
             };
             match r {
                 Ok(()) => {

@@ -2,13 +2,13 @@
 //! in one run. The relay runs as its own process (its CPU is read from /proc/<pid>/stat);
 //! this process sends the stream and drains the sinks.
 
-use anyhow::{bail, Context};
+use super::{api, process_cpu_s, RelayProc};
+use anyhow::bail;
 use clap::Args;
 use serde_json::json;
-use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, UdpSocket};
+use std::io::Write;
+use std::net::UdpSocket;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -39,59 +39,13 @@ pub struct BenchArgs {
     out: PathBuf,
 }
 
-struct RelayProc(Child);
-impl Drop for RelayProc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // Fields after the command name (which may hold spaces): utime is the 12th, stime the 13th.
-    let rest = stat.rsplit_once(')').context("odd /proc stat")?.1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    Ok(f[11].parse::<u64>()? + f[12].parse::<u64>()?)
-}
-
-fn api(relay: &SocketAddr, method: &str, path: &str, body: Option<serde_json::Value>) -> anyhow::Result<serde_json::Value> {
-    let req = ureq::request(method, &format!("http://{relay}{path}")).timeout(Duration::from_secs(10));
-    let r = match body {
-        Some(b) => req.send_json(b),
-        None => req.call(),
-    };
-    match r {
-        Ok(r) if r.status() == 204 => Ok(serde_json::Value::Null),
-        Ok(r) => Ok(r.into_json()?),
-        Err(ureq::Error::Status(c, r)) => bail!("relay API {method} {path}: {c} {}", r.into_string().unwrap_or_default()),
-        Err(e) => bail!("relay API {method} {path}: {e}"),
-    }
-}
-
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let nofile = fanout_io::sys::raise_nofile_limit();
     if (nofile as usize) < a.sinks + 64 {
         bail!("{} sinks need {} open files; the limit here is {nofile} (raise it with ulimit -n)", a.sinks, a.sinks + 64);
     }
-    let exe = std::env::current_exe()?;
-    let mut child = Command::new(exe)
-        .args(["serve", "--no-demo", "--api", "127.0.0.1:0"])
-        .env("FANOUT_LOG", "warn")
-        .stdout(Stdio::piped())
-        .spawn()
-        .context("starting the relay")?;
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().context("relay stdout")?).read_line(&mut line)?;
-    let addr: SocketAddr = line
-        .trim()
-        .strip_prefix("fanout: API http://")
-        .and_then(|l| l.strip_suffix("/v1/sessions"))
-        .context("the relay did not start")?
-        .parse()?;
-    let relay = RelayProc(child);
-    let pid = relay.0.id();
-    let hz = 100.0; // USER_HZ: /proc reports CPU in 1/100 s on Linux
+    let relay = RelayProc::start(&[])?;
+    let (addr, pid) = (relay.api, relay.pid());
 
     let receivers: Arc<Vec<UdpSocket>> = Arc::new(
         (0..a.sinks)
@@ -140,7 +94,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             api(&addr, "POST", "/v1/sessions", Some(spec))?;
             std::thread::sleep(Duration::from_millis(300));
             let before_rx = received.load(Ordering::Relaxed);
-            let before_cpu = cpu_ticks(pid)?;
+            let before_cpu = process_cpu_s(pid)?;
             let start = Instant::now();
             let n = (pps * a.seconds).round() as u64;
             let payload = vec![0x47u8; a.payload];
@@ -152,7 +106,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                 tx.send_to(&payload, src)?;
             }
             std::thread::sleep(Duration::from_millis(500));
-            let cpu = (cpu_ticks(pid)? - before_cpu) as f64 / hz;
+            let cpu = process_cpu_s(pid)? - before_cpu;
             let deliveries = received.load(Ordering::Relaxed) - before_rx;
             let expected = n * a.sinks as u64;
             let loss = 100.0 * (expected.saturating_sub(deliveries)) as f64 / expected as f64;

@@ -1,0 +1,266 @@
+//! `fanout bench`: scenario runners. The relay, `gen` and `sub` run as separate processes;
+//! the relay's CPU is read from its own /proc entry, the machine's from /proc/stat. Each
+//! scenario writes a CSV and a PNG, with a progress bar while it runs.
+
+pub mod datapaths;
+mod plot;
+pub mod scenarios;
+
+use anyhow::{bail, Context};
+use clap::Subcommand;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(Subcommand)]
+pub enum BenchCmd {
+    /// One UDP session to N UDP sinks per data path, alternating rounds; writes a CSV.
+    Datapaths(datapaths::BenchArgs),
+    /// Bulk fan-out: subscribers stepped up per data path and transport (OMSS Fig. "bulk").
+    Bulk(scenarios::BulkArgs),
+    /// Payload size: a 1-to-N session at a fixed bit rate, payloads 64 → 1400 bytes.
+    Payload(scenarios::PayloadArgs),
+    /// Overload: three sessions in classes 1, 2, 3 while background CPU load is stepped up.
+    Overload(scenarios::OverloadArgs),
+    /// (internal) Burn CPU: busy `duty` of every 10 ms for `seconds`; the overload load.
+    #[command(hide = true)]
+    Burn {
+        #[arg(long)]
+        duty: f64,
+        #[arg(long)]
+        seconds: f64,
+    },
+}
+
+pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
+    match cmd {
+        BenchCmd::Datapaths(a) => datapaths::run(a),
+        BenchCmd::Bulk(a) => scenarios::bulk(a),
+        BenchCmd::Payload(a) => scenarios::payload(a),
+        BenchCmd::Overload(a) => scenarios::overload(a),
+        BenchCmd::Burn { duty, seconds } => {
+            burn(duty, seconds);
+            Ok(())
+        }
+    }
+}
+
+fn burn(duty: f64, seconds: f64) {
+    let end = Instant::now() + Duration::from_secs_f64(seconds.min(600.0));
+    let period = Duration::from_millis(10);
+    let busy = period.mul_f64(duty.clamp(0.0, 1.0));
+    while Instant::now() < end {
+        let t = Instant::now();
+        while t.elapsed() < busy {
+            std::hint::spin_loop();
+        }
+        std::thread::sleep(period.saturating_sub(t.elapsed()));
+    }
+}
+
+/// A child process killed (and reaped) when dropped: every run cleans up what it started.
+pub struct Proc(pub Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The relay under test, started from this same binary.
+pub struct RelayProc {
+    pub proc: Proc,
+    pub api: SocketAddr,
+}
+
+impl RelayProc {
+    pub fn start(extra: &[&str]) -> anyhow::Result<Self> {
+        let mut child = Command::new(std::env::current_exe()?)
+            .args(["serve", "--no-demo", "--api", "127.0.0.1:0"])
+            .args(extra)
+            .env("FANOUT_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("starting the relay")?;
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().context("relay stdout")?).read_line(&mut line)?;
+        let api = line
+            .trim()
+            .strip_prefix("fanout: API http://")
+            .and_then(|l| l.strip_suffix("/v1/sessions"))
+            .context("the relay did not start (see its message above)")?
+            .parse()?;
+        Ok(Self { proc: Proc(child), api })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.proc.0.id()
+    }
+
+    pub fn call(&self, method: &str, path: &str, body: Option<serde_json::Value>) -> anyhow::Result<serde_json::Value> {
+        api(&self.api, method, path, body)
+    }
+}
+
+pub fn api(relay: &SocketAddr, method: &str, path: &str, body: Option<serde_json::Value>) -> anyhow::Result<serde_json::Value> {
+    let req = ureq::request(method, &format!("http://{relay}{path}")).timeout(Duration::from_secs(30));
+    let r = match body {
+        Some(b) => req.send_json(b),
+        None => req.call(),
+    };
+    match r {
+        Ok(r) if r.status() == 204 => Ok(serde_json::Value::Null),
+        Ok(r) => Ok(r.into_json()?),
+        Err(ureq::Error::Status(c, r)) => bail!("relay API {method} {path}: {c} {}", r.into_string().unwrap_or_default()),
+        Err(e) => bail!("relay API {method} {path}: {e}"),
+    }
+}
+
+/// CPU seconds (user + system, all threads) a process has used.
+pub fn process_cpu_s(pid: u32) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).context("the relay is gone")?;
+    // Fields after the command name (which may hold spaces): utime is the 12th, stime the 13th.
+    let rest = stat.rsplit_once(')').context("odd /proc stat")?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Ok((f[11].parse::<u64>()? + f[12].parse::<u64>()?) as f64 / hz)
+}
+
+/// (busy, total) jiffies of the whole machine.
+pub fn machine_cpu() -> anyhow::Result<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    let line = stat.lines().next().context("empty /proc/stat")?;
+    let v: Vec<u64> = line.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
+    let total: u64 = v.iter().take(8).sum();
+    let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
+    Ok((total - idle, total))
+}
+
+/// A CPU meter over an interval: relay CPU seconds and machine busy share.
+pub struct Meter {
+    pid: u32,
+    relay0: f64,
+    machine0: (u64, u64),
+    t0: Instant,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Metered {
+    pub relay_cpu_s: f64,
+    /// Relay CPU as a percentage of one core.
+    pub relay_cpu_pct: f64,
+    /// Whole machine busy, percent of all cores.
+    pub machine_pct: f64,
+}
+
+impl Meter {
+    pub fn start(pid: u32) -> anyhow::Result<Self> {
+        Ok(Self { pid, relay0: process_cpu_s(pid)?, machine0: machine_cpu()?, t0: Instant::now() })
+    }
+    pub fn stop(&self) -> anyhow::Result<Metered> {
+        let relay = process_cpu_s(self.pid)? - self.relay0;
+        let (b, t) = machine_cpu()?;
+        let seconds = self.t0.elapsed().as_secs_f64();
+        let (db, dt) = (b - self.machine0.0, (t - self.machine0.1).max(1));
+        Ok(Metered {
+            relay_cpu_s: relay,
+            relay_cpu_pct: 100.0 * relay / seconds,
+            machine_pct: 100.0 * db as f64 / dt as f64,
+        })
+    }
+}
+
+/// Runs `fanout <args>` to completion within `limit`, failing with its stderr.
+pub fn run_tool(args: &[String], limit: Duration) -> anyhow::Result<()> {
+    let child = Command::new(std::env::current_exe()?).args(args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn()?;
+    let mut p = Proc(child);
+    let t = Instant::now();
+    loop {
+        if let Some(st) = p.0.try_wait()? {
+            if st.success() {
+                return Ok(());
+            }
+            let mut err = String::new();
+            if let Some(mut e) = p.0.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut err);
+            }
+            bail!("fanout {} failed: {}", args.first().map_or("", |s| s.as_str()), err.trim());
+        }
+        if t.elapsed() > limit {
+            bail!("fanout {} did not finish within {limit:?}", args.first().map_or("", |s| s.as_str()));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Starts `fanout sub …` and waits until its subscribers are registered.
+pub fn start_sub(args: &[String], limit: Duration) -> anyhow::Result<Proc> {
+    let mut child = Command::new(std::env::current_exe()?)
+        .arg("sub")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let out = child.stdout.take().context("sub stdout")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(out).lines();
+        let ready = lines.next().and_then(Result::ok).is_some_and(|l| l.trim() == "sub: ready");
+        let _ = tx.send(ready);
+        for _ in lines {}
+    });
+    let mut p = Proc(child);
+    match rx.recv_timeout(limit) {
+        Ok(true) => Ok(p),
+        _ => {
+            let _ = p.0.kill();
+            let mut err = String::new();
+            if let Some(mut e) = p.0.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut err);
+            }
+            bail!("fanout sub did not get ready within {limit:?}: {}", err.trim())
+        }
+    }
+}
+
+/// Waits for a started process to end within `limit`.
+pub fn wait(p: &mut Proc, limit: Duration) -> anyhow::Result<()> {
+    let t = Instant::now();
+    while p.0.try_wait()?.is_none() {
+        if t.elapsed() > limit {
+            bail!("a tool did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+pub fn progress(steps: u64, what: &str) -> ProgressBar {
+    let pb = ProgressBar::new(steps);
+    pb.set_style(
+        ProgressStyle::with_template("{prefix} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    pb.set_prefix(what.to_string());
+    pb
+}
+
+pub fn ensure_dir(p: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(p).with_context(|| format!("creating {}", p.display()))
+}
+
+/// A free UDP port on loopback (bound and released).
+pub fn free_udp() -> anyhow::Result<SocketAddr> {
+    Ok(std::net::UdpSocket::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+pub fn free_tcp() -> anyhow::Result<SocketAddr> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}

@@ -1,0 +1,468 @@
+//! The OMSS evaluation on today's Linux: bulk fan-out, payload size, and overload with
+//! priority classes. Each step creates its sessions on a fresh relay API, starts `sub`
+//! (which registers the subscribers), meters the relay while `gen` sends, then reads the
+//! subscribers' report.
+
+use super::plot::{self, Panel};
+use super::{ensure_dir, free_tcp, free_udp, progress, run_tool, start_sub, wait, Meter, Metered, Proc, RelayProc};
+use anyhow::Context;
+use clap::Args;
+use serde_json::{json, Value};
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    Udp,
+    Tcp,
+}
+
+impl std::str::FromStr for Transport {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "udp" => Ok(Transport::Udp),
+            "tcp" => Ok(Transport::Tcp),
+            _ => Err(format!("transport {s:?}: expected udp or tcp")),
+        }
+    }
+}
+
+impl std::fmt::Display for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(if *self == Transport::Udp { "udp" } else { "tcp" })
+    }
+}
+
+struct SessionPlan {
+    name: String,
+    datapath: String,
+    priority: u8,
+}
+
+struct StepPlan {
+    sessions: Vec<SessionPlan>,
+    transport: Transport,
+    subscribers: usize,
+    rate_kbps: f64,
+    payload: usize,
+    seconds: f64,
+    /// Busy share of each background burner (0 = none).
+    background: f64,
+    burners: usize,
+}
+
+struct StepResult {
+    meter: Metered,
+    /// Per session, in plan order: the `sub` group report.
+    groups: Vec<Value>,
+    deliveries: u64,
+}
+
+impl StepResult {
+    fn us_per_delivery(&self) -> f64 {
+        self.meter.relay_cpu_s * 1e6 / self.deliveries.max(1) as f64
+    }
+    fn loss_pct(&self) -> f64 {
+        let (lost, exp) = self.groups.iter().fold((0.0, 0.0), |a, g| {
+            (a.0 + g["lost"].as_f64().unwrap_or(0.0), a.1 + g["expected"].as_f64().unwrap_or(0.0))
+        });
+        if exp > 0.0 {
+            100.0 * lost / exp
+        } else {
+            100.0
+        }
+    }
+    fn worst(&self, key: &str) -> f64 {
+        self.groups.iter().filter_map(|g| g[key].as_f64()).fold(0.0, f64::max)
+    }
+}
+
+fn run_step(relay: &RelayProc, plan: &StepPlan, tmp: &Path) -> anyhow::Result<StepResult> {
+    let mut sources: Vec<SocketAddr> = Vec::new();
+    for s in &plan.sessions {
+        let (src, spec) = match plan.transport {
+            Transport::Udp => {
+                let a = free_udp()?;
+                (a, json!({ "udp": a }))
+            }
+            Transport::Tcp => {
+                let a = free_tcp()?;
+                (a, json!({ "tcp_listen": a }))
+            }
+        };
+        relay.call(
+            "POST",
+            "/v1/sessions",
+            Some(json!({"name": s.name, "source": spec, "datapath": s.datapath, "priority": s.priority})),
+        )?;
+        sources.push(src);
+    }
+    let result = (|| -> anyhow::Result<StepResult> {
+        let json_path = tmp.join("sub.json");
+        let _ = std::fs::remove_file(&json_path);
+        let mut sub_args: Vec<String> = vec!["--api".into(), format!("http://{}", relay.api)];
+        for s in &plan.sessions {
+            sub_args.extend(["--session".into(), s.name.clone()]);
+        }
+        let kind = if plan.transport == Transport::Udp { "--udp" } else { "--tcp" };
+        sub_args.extend([
+            kind.into(),
+            plan.subscribers.to_string(),
+            "--record".into(),
+            plan.payload.to_string(),
+            "--duration".into(),
+            (plan.seconds + 60.0).to_string(),
+            "--idle-exit".into(),
+            "1.5".into(),
+            "--json".into(),
+            json_path.display().to_string(),
+        ]);
+        let n = plan.subscribers * plan.sessions.len();
+        let mut sub = start_sub(&sub_args, Duration::from_secs(30 + n as u64 / 50))?;
+        let _burners: Vec<Proc> = if plan.background > 0.0 {
+            (0..plan.burners)
+                .map(|_| {
+                    Command::new(std::env::current_exe()?)
+                        .args(["bench", "burn", "--duty", &plan.background.to_string(), "--seconds"])
+                        .arg((plan.seconds + 5.0).to_string())
+                        .stdout(Stdio::null())
+                        .spawn()
+                        .map(Proc)
+                        .map_err(anyhow::Error::from)
+                })
+                .collect::<anyhow::Result<_>>()?
+        } else {
+            Vec::new()
+        };
+        let mut gen_args: Vec<String> = vec!["gen".into()];
+        for s in &sources {
+            gen_args.extend(["--to".into(), s.to_string()]);
+        }
+        gen_args.extend([
+            "--rate-kbps".into(),
+            plan.rate_kbps.to_string(),
+            "--payload".into(),
+            plan.payload.to_string(),
+            "--duration".into(),
+            plan.seconds.to_string(),
+        ]);
+        if plan.transport == Transport::Tcp {
+            gen_args.push("--tcp".into());
+        }
+        let meter = Meter::start(relay.pid())?;
+        run_tool(&gen_args, Duration::from_secs_f64(plan.seconds + 30.0))?;
+        std::thread::sleep(Duration::from_millis(300));
+        let m = meter.stop()?;
+        wait(&mut sub, Duration::from_secs(30 + n as u64 / 100))?;
+        let report: Value = serde_json::from_slice(&std::fs::read(&json_path).context("reading sub's report")?)?;
+        let groups: Vec<Value> = report["groups"].as_array().cloned().unwrap_or_default();
+        let deliveries = groups.iter().filter_map(|g| g["received"].as_u64()).sum();
+        Ok(StepResult { meter: m, groups, deliveries })
+    })();
+    for s in &plan.sessions {
+        let _ = relay.call("DELETE", &format!("/v1/sessions/{}", s.name), None);
+    }
+    result
+}
+
+fn csv_file(out: &Path, name: &str, header: &str) -> anyhow::Result<(std::fs::File, PathBuf)> {
+    ensure_dir(out)?;
+    let p = out.join(name);
+    let mut f = std::fs::File::create(&p).with_context(|| format!("creating {}", p.display()))?;
+    writeln!(f, "{header}")?;
+    Ok((f, p))
+}
+
+#[derive(Args)]
+pub struct BulkArgs {
+    /// Data paths to sweep.
+    #[arg(long, value_delimiter = ',', default_value = "daemon,copy,shared")]
+    datapath: Vec<String>,
+    /// Transports to sweep (source and sinks alike).
+    #[arg(long, value_delimiter = ',', default_value = "udp,tcp")]
+    transport: Vec<Transport>,
+    /// Subscriber counts to step through.
+    #[arg(long, value_delimiter = ',', default_value = "100,250,500,1000,2000,4000")]
+    steps: Vec<usize>,
+    #[arg(long, default_value_t = 256.0)]
+    rate_kbps: f64,
+    #[arg(long, default_value_t = 1400)]
+    payload: usize,
+    /// Seconds of sending per step.
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// A data path's sweep stops at the first step with more loss than this (percent).
+    #[arg(long, default_value_t = 1.0)]
+    max_loss: f64,
+    /// A short run (2 steps, 3 s) that checks the tools work; CI runs it.
+    #[arg(long)]
+    quick: bool,
+    #[arg(long, default_value = "bench-out/bulk")]
+    out: PathBuf,
+}
+
+pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
+    if a.quick {
+        a.steps = vec![20, 60];
+        a.seconds = 3.0;
+    }
+    let relay = RelayProc::start(&[])?;
+    let (mut csv, csv_path) = csv_file(
+        &a.out,
+        "bulk.csv",
+        "datapath,transport,subscribers,relay_cpu_pct,machine_cpu_pct,cpu_us_per_delivery,deliveries_per_s,loss_pct,latency_p50_us,latency_p99_us,jitter_ms",
+    )?;
+    let combos: Vec<(String, Transport)> =
+        a.transport.iter().flat_map(|t| a.datapath.iter().map(move |d| (d.clone(), *t))).collect();
+    let pb = progress((combos.len() * a.steps.len()) as u64, "bench bulk");
+    let mut cpu_series = Vec::new();
+    let mut per_series = Vec::new();
+    let mut capacity = Vec::new();
+    for (k, (dp, t)) in combos.iter().enumerate() {
+        let (mut cpu, mut per) = (Vec::new(), Vec::new());
+        let mut cap = 0;
+        for (i, &n) in a.steps.iter().enumerate() {
+            pb.set_message(format!("{dp}/{t} {n} subscribers"));
+            let plan = StepPlan {
+                sessions: vec![SessionPlan { name: format!("bulk{k}x{i}"), datapath: dp.clone(), priority: 0 }],
+                transport: *t,
+                subscribers: n,
+                rate_kbps: a.rate_kbps,
+                payload: a.payload,
+                seconds: a.seconds,
+                background: 0.0,
+                burners: 0,
+            };
+            let r = run_step(&relay, &plan, &a.out)?;
+            pb.inc(1);
+            let loss = r.loss_pct();
+            writeln!(
+                csv,
+                "{dp},{t},{n},{:.2},{:.2},{:.3},{:.0},{:.3},{},{},{:.3}",
+                r.meter.relay_cpu_pct,
+                r.meter.machine_pct,
+                r.us_per_delivery(),
+                r.deliveries as f64 / a.seconds,
+                loss,
+                r.worst("latency_p50_us"),
+                r.worst("latency_p99_us"),
+                r.worst("jitter_ms_mean"),
+            )?;
+            cpu.push((n as f64, r.meter.relay_cpu_pct));
+            per.push((n as f64, r.us_per_delivery()));
+            if loss > a.max_loss {
+                pb.println(format!("{dp}/{t}: {loss:.2}% loss at {n} subscribers: sweep stops"));
+                for _ in i + 1..a.steps.len() {
+                    pb.inc(1);
+                }
+                break;
+            }
+            cap = n;
+        }
+        capacity.push(format!("{dp}/{t}: {cap} subscribers with ≤ {}% loss", a.max_loss));
+        cpu_series.push((format!("{dp}/{t}"), cpu));
+        per_series.push((format!("{dp}/{t}"), per));
+    }
+    pb.finish_and_clear();
+    let png = a.out.join("bulk.png");
+    plot::panels(
+        &png,
+        &format!("Bulk fan-out: 1 source, N subscribers, {} kbit/s, {} B", a.rate_kbps, a.payload),
+        "subscribers",
+        false,
+        &[
+            Panel { y_label: "relay CPU (% of one core)", series: cpu_series },
+            Panel { y_label: "relay CPU per delivered packet (µs)", series: per_series },
+        ],
+    )?;
+    for c in &capacity {
+        println!("{c}");
+    }
+    println!("CSV: {}\nPNG: {}", csv_path.display(), png.display());
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct PayloadArgs {
+    #[arg(long, value_delimiter = ',', default_value = "daemon,copy,shared")]
+    datapath: Vec<String>,
+    /// Payload sizes in bytes (RTP header included).
+    #[arg(long, value_delimiter = ',', default_value = "64,128,256,512,1024,1400")]
+    sizes: Vec<usize>,
+    #[arg(long, default_value_t = 800)]
+    subscribers: usize,
+    #[arg(long, default_value_t = 256.0)]
+    rate_kbps: f64,
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    #[arg(long)]
+    quick: bool,
+    #[arg(long, default_value = "bench-out/payload")]
+    out: PathBuf,
+}
+
+pub fn payload(mut a: PayloadArgs) -> anyhow::Result<()> {
+    if a.quick {
+        a.sizes = vec![64, 1400];
+        a.subscribers = 50;
+        a.seconds = 3.0;
+    }
+    let relay = RelayProc::start(&[])?;
+    let (mut csv, csv_path) = csv_file(
+        &a.out,
+        "payload.csv",
+        "datapath,payload,subscribers,relay_cpu_pct,machine_cpu_pct,cpu_us_per_delivery,deliveries_per_s,loss_pct,latency_p99_us",
+    )?;
+    let pb = progress((a.datapath.len() * a.sizes.len()) as u64, "bench payload");
+    let (mut cpu_series, mut per_series) = (Vec::new(), Vec::new());
+    for (k, dp) in a.datapath.iter().enumerate() {
+        let (mut cpu, mut per) = (Vec::new(), Vec::new());
+        for (i, &size) in a.sizes.iter().enumerate() {
+            pb.set_message(format!("{dp} {size} B"));
+            let plan = StepPlan {
+                sessions: vec![SessionPlan { name: format!("pay{k}x{i}"), datapath: dp.clone(), priority: 0 }],
+                transport: Transport::Udp,
+                subscribers: a.subscribers,
+                rate_kbps: a.rate_kbps,
+                payload: size,
+                seconds: a.seconds,
+                background: 0.0,
+                burners: 0,
+            };
+            let r = run_step(&relay, &plan, &a.out)?;
+            pb.inc(1);
+            writeln!(
+                csv,
+                "{dp},{size},{},{:.2},{:.2},{:.3},{:.0},{:.3},{}",
+                a.subscribers,
+                r.meter.relay_cpu_pct,
+                r.meter.machine_pct,
+                r.us_per_delivery(),
+                r.deliveries as f64 / a.seconds,
+                r.loss_pct(),
+                r.worst("latency_p99_us")
+            )?;
+            cpu.push((size as f64, r.meter.relay_cpu_pct));
+            per.push((size as f64, r.us_per_delivery()));
+        }
+        cpu_series.push((dp.clone(), cpu));
+        per_series.push((dp.clone(), per));
+    }
+    pb.finish_and_clear();
+    let png = a.out.join("payload.png");
+    plot::panels(
+        &png,
+        &format!("Payload size: 1 source, {} subscribers, {} kbit/s", a.subscribers, a.rate_kbps),
+        "payload (bytes, log scale)",
+        true,
+        &[
+            Panel { y_label: "relay CPU (% of one core)", series: cpu_series },
+            Panel { y_label: "relay CPU per delivered packet (µs)", series: per_series },
+        ],
+    )?;
+    println!("CSV: {}\nPNG: {}", csv_path.display(), png.display());
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct OverloadArgs {
+    #[arg(long, default_value = "shared")]
+    datapath: String,
+    /// Subscribers of each of the three sessions.
+    #[arg(long, default_value_t = 150)]
+    subscribers: usize,
+    /// Bit rate of each session: high enough that the background load starves the relay.
+    #[arg(long, default_value_t = 2048.0)]
+    rate_kbps: f64,
+    #[arg(long, default_value_t = 1400)]
+    payload: usize,
+    /// Background load levels in percent (busy share of every burner).
+    #[arg(long, value_delimiter = ',', default_value = "0,25,50,75,100")]
+    levels: Vec<f64>,
+    /// Busy processes per core at each level.
+    #[arg(long, default_value_t = 4)]
+    burners_per_core: usize,
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    #[arg(long)]
+    quick: bool,
+    #[arg(long, default_value = "bench-out/overload")]
+    out: PathBuf,
+}
+
+pub fn overload(mut a: OverloadArgs) -> anyhow::Result<()> {
+    if a.quick {
+        a.levels = vec![0.0, 100.0];
+        a.subscribers = 30;
+        a.seconds = 3.0;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let relay = RelayProc::start(&[])?;
+    let (mut csv, csv_path) = csv_file(
+        &a.out,
+        "overload.csv",
+        "background_pct,class,subscribers,loss_pct,latency_p50_us,latency_p99_us,jitter_ms,relay_cpu_pct,machine_cpu_pct",
+    )?;
+    let pb = progress(a.levels.len() as u64, "bench overload");
+    let classes = [1u8, 2, 3];
+    let mut loss: Vec<Vec<(f64, f64)>> = vec![Vec::new(); 3];
+    let mut lat: Vec<Vec<(f64, f64)>> = vec![Vec::new(); 3];
+    for (i, &level) in a.levels.iter().enumerate() {
+        pb.set_message(format!("background {level}%"));
+        let plan = StepPlan {
+            sessions: classes
+                .iter()
+                .map(|&c| SessionPlan { name: format!("ov{i}c{c}"), datapath: a.datapath.clone(), priority: c })
+                .collect(),
+            transport: Transport::Udp,
+            subscribers: a.subscribers,
+            rate_kbps: a.rate_kbps,
+            payload: a.payload,
+            seconds: a.seconds,
+            background: level / 100.0,
+            burners: a.burners_per_core * cores,
+        };
+        let r = run_step(&relay, &plan, &a.out)?;
+        pb.inc(1);
+        for (k, g) in r.groups.iter().enumerate() {
+            let l = g["loss_pct"].as_f64().unwrap_or(100.0);
+            let p99 = g["latency_p99_us"].as_f64().unwrap_or(0.0);
+            writeln!(
+                csv,
+                "{level},{},{},{l:.3},{},{p99},{:.3},{:.2},{:.2}",
+                classes[k],
+                a.subscribers,
+                g["latency_p50_us"],
+                g["jitter_ms_mean"].as_f64().unwrap_or(0.0),
+                r.meter.relay_cpu_pct,
+                r.meter.machine_pct
+            )?;
+            loss[k].push((level, l));
+            lat[k].push((level, p99 / 1000.0));
+        }
+    }
+    pb.finish_and_clear();
+    let png = a.out.join("overload.png");
+    let named = |v: Vec<Vec<(f64, f64)>>| -> Vec<(String, Vec<(f64, f64)>)> {
+        v.into_iter().enumerate().map(|(k, s)| (format!("class {}", classes[k]), s)).collect()
+    };
+    plot::panels(
+        &png,
+        &format!(
+            "Overload: 3 × 1-to-{} sessions at {} kbit/s, {} busy processes per core",
+            a.subscribers, a.rate_kbps, a.burners_per_core
+        ),
+        "background load (%)",
+        false,
+        &[
+            Panel { y_label: "loss (%)", series: named(loss) },
+            Panel { y_label: "latency p99 (ms)", series: named(lat) },
+        ],
+    )?;
+    println!("CSV: {}\nPNG: {}", csv_path.display(), png.display());
+    Ok(())
+}
