@@ -41,6 +41,8 @@ struct SessionPlan {
     name: String,
     datapath: String,
     priority: u8,
+    /// Ring capacity (None: the relay's default).
+    ring: Option<usize>,
 }
 
 struct StepPlan {
@@ -97,7 +99,7 @@ fn run_step(relay: &RelayProc, plan: &StepPlan, tmp: &Path) -> anyhow::Result<St
         relay.call(
             "POST",
             "/v1/sessions",
-            Some(json!({"name": s.name, "source": spec, "datapath": s.datapath, "priority": s.priority})),
+            Some(json!({"name": s.name, "source": spec, "datapath": s.datapath, "priority": s.priority, "ring": s.ring})),
         )?;
         sources.push(src);
     }
@@ -228,7 +230,7 @@ pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
         for (i, &n) in a.steps.iter().enumerate() {
             pb.set_message(format!("{dp}/{t} {n} subscribers"));
             let plan = StepPlan {
-                sessions: vec![SessionPlan { name: format!("bulk{k}x{i}"), datapath: dp.clone(), priority: 0 }],
+                sessions: vec![SessionPlan { name: format!("bulk{k}x{i}"), datapath: dp.clone(), priority: 0, ring: None }],
                 transport: *t,
                 subscribers: n,
                 rate_kbps: a.rate_kbps,
@@ -324,7 +326,7 @@ pub fn payload(mut a: PayloadArgs) -> anyhow::Result<()> {
         for (i, &size) in a.sizes.iter().enumerate() {
             pb.set_message(format!("{dp} {size} B"));
             let plan = StepPlan {
-                sessions: vec![SessionPlan { name: format!("pay{k}x{i}"), datapath: dp.clone(), priority: 0 }],
+                sessions: vec![SessionPlan { name: format!("pay{k}x{i}"), datapath: dp.clone(), priority: 0, ring: None }],
                 transport: Transport::Udp,
                 subscribers: a.subscribers,
                 rate_kbps: a.rate_kbps,
@@ -375,8 +377,9 @@ pub struct OverloadArgs {
     /// Subscribers of each of the three sessions.
     #[arg(long, default_value_t = 150)]
     subscribers: usize,
-    /// Bit rate of each session: high enough that the background load starves the relay.
-    #[arg(long, default_value_t = 2048.0)]
+    /// Bit rate of each session: high enough that the background load starves the relay of
+    /// the CPU all three sessions need, low enough that the top class alone still fits.
+    #[arg(long, default_value_t = 3072.0)]
     rate_kbps: f64,
     #[arg(long, default_value_t = 1400)]
     payload: usize,
@@ -384,8 +387,12 @@ pub struct OverloadArgs {
     #[arg(long, value_delimiter = ',', default_value = "0,25,50,75,100")]
     levels: Vec<f64>,
     /// Busy processes per core at each level.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 8)]
     burners_per_core: usize,
+    /// Ring capacity of each session, in packets: what a live stream may buffer before its
+    /// slowest sinks skip (128 packets = 0.5 s at 3 Mbit/s).
+    #[arg(long, default_value_t = 128)]
+    ring: usize,
     #[arg(long, default_value_t = 10.0)]
     seconds: f64,
     #[arg(long)]
@@ -416,7 +423,12 @@ pub fn overload(mut a: OverloadArgs) -> anyhow::Result<()> {
         let plan = StepPlan {
             sessions: classes
                 .iter()
-                .map(|&c| SessionPlan { name: format!("ov{i}c{c}"), datapath: a.datapath.clone(), priority: c })
+                .map(|&c| SessionPlan {
+                    name: format!("ov{i}c{c}"),
+                    datapath: a.datapath.clone(),
+                    priority: c,
+                    ring: Some(a.ring),
+                })
                 .collect(),
             transport: Transport::Udp,
             subscribers: a.subscribers,
