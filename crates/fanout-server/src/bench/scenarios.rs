@@ -468,7 +468,7 @@ pub fn overload(mut a: OverloadArgs) -> anyhow::Result<()> {
             "Overload: 3 × 1-to-{} sessions at {} kbit/s, {} busy processes per core",
             a.subscribers, a.rate_kbps, a.burners_per_core
         ),
-        "background load (%)",
+        &format!("busy share of each of {} background processes (%)", a.burners_per_core * cores),
         false,
         &[
             Panel { y_label: "loss (%)", series: named(loss) },

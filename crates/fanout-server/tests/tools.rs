@@ -1,0 +1,138 @@
+//! The traffic tools: gen and sub measure a real relay; the bench scenarios run (quick mode)
+//! and write output that parses; bad input gives a clear message and a non-zero exit.
+
+mod common;
+use common::*;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Output, Stdio};
+
+fn fanout(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_fanout")).args(args).output().unwrap()
+}
+
+fn tmpdir(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("fanout-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn gen_and_sub_measure_a_relay_over_udp_tcp_and_http() {
+    let relay = Relay::start(&["--no-demo"]);
+    let src = free_udp_port();
+    relay.ok("POST", "/v1/sessions", Some(json!({"name":"m","source":{"udp":src}})));
+    let dir = tmpdir("gensub");
+    let (sub_json, gen_json) = (dir.join("sub.json"), dir.join("gen.json"));
+    let api = relay.url("");
+    let mut sub = Command::new(env!("CARGO_BIN_EXE_fanout"))
+        .args(["sub", "--api", &api, "--session", "m", "--udp", "5", "--tcp", "2", "--http", "2", "--record", "200"])
+        .args(["--duration", "30", "--idle-exit", "1", "--json", sub_json.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(sub.stdout.as_mut().unwrap()).read_line(&mut first).unwrap();
+    assert_eq!(first.trim(), "sub: ready");
+    relay.wait_sinks("m", 9);
+    let out = fanout(&["gen", "--to", &src.to_string(), "--pps", "100", "--payload", "200", "--count", "100"]);
+    assert!(out.status.success(), "{out:?}");
+    let out2 = fanout(&["gen", "--to", &src.to_string(), "--pps", "100", "--payload", "200", "--count", "0", "--json", gen_json.to_str().unwrap()]);
+    assert!(out2.status.success());
+    assert!(sub.wait().unwrap().success());
+    let r: Value = serde_json::from_slice(&std::fs::read(&sub_json).unwrap()).unwrap();
+    let subs = r["subscribers"].as_array().unwrap();
+    assert_eq!(subs.len(), 9);
+    for s in subs {
+        assert_eq!((s["received"].as_u64(), s["lost"].as_u64(), s["garbled"].as_u64()), (Some(100), Some(0), Some(0)), "{s}");
+        assert!(s["latency_mean_us"].as_f64().unwrap() > 0.0);
+    }
+    assert_eq!(r["groups"][0]["loss_pct"], 0.0);
+    // gen reports the rate it achieved; the schedule holds at this rate.
+    let text = String::from_utf8_lossy(&out.stderr);
+    let pps: f64 = text.split("s: ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
+    assert!((pps - 100.0).abs() < 10.0, "{text}");
+    // The subscribers removed themselves.
+    assert!(wait_for(std::time::Duration::from_secs(5), || relay.ok("GET", "/v1/sessions/m", None)["sinks"] == 0));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn check_csv(path: &std::path::Path, min_rows: usize) {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut lines = text.lines();
+    let cols = lines.next().unwrap().split(',').count();
+    let rows: Vec<&str> = lines.collect();
+    assert!(rows.len() >= min_rows, "{}: {text}", path.display());
+    for r in rows {
+        let f: Vec<&str> = r.split(',').collect();
+        assert_eq!(f.len(), cols, "{r}");
+        // Every column after the labels is a number.
+        assert!(f.iter().filter(|x| x.parse::<f64>().is_ok()).count() >= cols - 2, "{r}");
+    }
+    let png = std::fs::read(path.with_extension("png")).unwrap();
+    assert_eq!(&png[..4], b"\x89PNG");
+}
+
+#[test]
+fn bench_quick_modes_run_and_write_csv_and_png() {
+    let dir = tmpdir("bench");
+    let d = |s: &str| dir.join(s).to_str().unwrap().to_string();
+    let out = fanout(&["bench", "bulk", "--quick", "--datapath", "shared", "--transport", "udp,tcp", "--out", &d("bulk")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    check_csv(&dir.join("bulk/bulk.csv"), 4);
+    let out = fanout(&["bench", "payload", "--quick", "--datapath", "copy,shared", "--out", &d("payload")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    check_csv(&dir.join("payload/payload.csv"), 4);
+    let out = fanout(&["bench", "overload", "--quick", "--out", &d("overload")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    check_csv(&dir.join("overload/overload.csv"), 6);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn tools_fail_clearly_on_bad_input() {
+    let cases: [(&[&str], &str); 6] = [
+        (&["sub", "--api", "http://127.0.0.1:1", "--session", "x", "--udp", "1"], "cannot reach the relay"),
+        (&["sub", "--duration", "1"], "no subscribers"),
+        (&["sub", "--tcp", "1"], "need --api"),
+        (&["gen", "--to", "127.0.0.1:1", "--tcp", "--count", "1"], "cannot connect"),
+        (&["gen", "--to", "127.0.0.1:9", "--payload", "20"], "too small"),
+        (&["gen", "--to", "127.0.0.1:9", "--file", "/nonexistent.ts"], "reading /nonexistent.ts"),
+    ];
+    for (args, msg) in cases {
+        let out = fanout(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(msg), "{args:?}: {err}");
+    }
+    let taken = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = fanout(&["sub", "--bind", &addr, "--udp", "1", "--duration", "0.1"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("cannot bind"));
+    // More subscribers than open files allowed (hard limit lowered in a shell).
+    let out = Command::new("sh")
+        .args(["-c", &format!("ulimit -n 64 && exec {} sub --udp 100 --duration 0.1", env!("CARGO_BIN_EXE_fanout"))])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("open files") && err.contains("ulimit"), "{err}");
+}
+
+#[test]
+fn gen_replays_a_ts_file_at_its_own_rate() {
+    let relay = Relay::start(&["--no-demo"]);
+    let src = free_udp_port();
+    relay.ok("POST", "/v1/sessions", Some(json!({"name":"f","source":{"udp":src}})));
+    let http = relay.http_subscribe("f");
+    http.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+    let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/demo.ts");
+    let out = fanout(&["gen", "--to", &src.to_string(), "--file", demo, "--duration", "1"]);
+    assert!(out.status.success(), "{out:?}");
+    // 300 kbit/s mux rate, 1316-byte datagrams: ~28 per second.
+    let st = relay.ok("GET", "/v1/sessions/f", None);
+    let n = st["source"]["packets"].as_u64().unwrap();
+    assert!((20..=40).contains(&n), "{st}");
+    // The HTTP subscriber got bare TS (RTP stripped): every 188 bytes a sync byte.
+    let mut buf = vec![0u8; 188 * 7];
+    std::io::Read::read_exact(&mut &http, &mut buf).unwrap();
+    assert!(buf.chunks(188).all(|p| p[0] == 0x47));
+}
