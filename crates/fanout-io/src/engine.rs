@@ -27,6 +27,7 @@ pub trait Job: Send + Sync {
 }
 
 /// Who runs a task when it becomes ready.
+#[derive(Clone)]
 pub enum Runner {
     /// The engine's worker pool.
     Engine(Weak<Shared>),

@@ -48,6 +48,10 @@ pub enum FailurePolicy {
     Keep,
     /// Remove it at once.
     Remove,
+    /// Keep trying: a UDP sink keeps being sent to (errors are counted), a TCP sink is
+    /// reconnected with backoff (what it missed meanwhile is counted as skipped). HTTP
+    /// subscribers that left are removed whatever the policy.
+    Retry,
 }
 
 /// How the `shared` path sends to UDP sinks.
@@ -153,9 +157,12 @@ pub struct SinkStatus {
     pub packets_skipped: u64,
     /// Packets published that this sink has not been handed yet.
     pub lag: u64,
-    /// `active` or `failed`.
+    /// `active`, `failed`, or `retrying` (a TCP sink being reconnected).
     pub state: &'static str,
+    /// Why it failed; with `failed_sinks = "retry"`, the last error.
     pub reason: Option<String>,
+    /// Send errors seen (ICMP unreachable, resets).
+    pub errors: u64,
     pub age_ms: u64,
 }
 
@@ -174,35 +181,14 @@ pub(crate) struct Inner {
     pub closed: AtomicBool,
     pub started: Instant,
     next_sink: AtomicU64,
-    runner: RunnerKind,
+    /// Who runs the session's tasks: the engine, or the `daemon` path's own send thread.
+    runner: Runner,
     pub reactor: Arc<Reactor>,
     source_reg: Mutex<Option<Registration>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     on_source_closed: Mutex<Option<Box<dyn Fn() + Send + Sync>>>,
-}
-
-#[derive(Clone)]
-enum RunnerKind {
-    Engine(Runner),
-    Daemon(Arc<Signal>),
-}
-
-impl Clone for Runner {
-    fn clone(&self) -> Self {
-        match self {
-            Runner::Engine(w) => Runner::Engine(w.clone()),
-            Runner::Thread(s) => Runner::Thread(s.clone()),
-        }
-    }
-}
-
-impl RunnerKind {
-    fn runner(&self) -> Runner {
-        match self {
-            RunnerKind::Engine(r) => r.clone(),
-            RunnerKind::Daemon(s) => Runner::Thread(s.clone()),
-        }
-    }
+    /// Called with a TCP sink's id and address when it fails under `failed_sinks = "retry"`.
+    pub on_sink_failed: Mutex<Option<Box<dyn Fn(u64, SocketAddr) + Send + Sync>>>,
 }
 
 /// A handle to a running session. Dropping it does not stop the session: call [`Session::close`].
@@ -281,8 +267,8 @@ impl Inner {
 impl Session {
     pub fn new(cfg: SessionConfig, engine: &Engine) -> Self {
         let runner = match cfg.datapath {
-            DataPath::Daemon => RunnerKind::Daemon(Arc::new(Signal::default())),
-            _ => RunnerKind::Engine(engine.runner()),
+            DataPath::Daemon => Runner::Thread(Arc::new(Signal::default())),
+            _ => engine.runner(),
         };
         let inner = Arc::new(Inner {
             ring: Mutex::new(SessionRing::with_capacity(cfg.ring_capacity.max(1))),
@@ -299,8 +285,9 @@ impl Session {
             source_reg: Mutex::new(None),
             threads: Mutex::new(Vec::new()),
             on_source_closed: Mutex::new(None),
+            on_sink_failed: Mutex::new(None),
         });
-        if let RunnerKind::Daemon(sig) = &inner.runner {
+        if let Runner::Thread(sig) = &inner.runner {
             let (weak, sig) = (Arc::downgrade(&inner), sig.clone());
             let t = std::thread::Builder::new()
                 .name(format!("daemon-send-{}", inner.cfg.name))
@@ -322,6 +309,30 @@ impl Session {
     /// Called (from a data-plane thread) when a stream publisher goes away.
     pub fn on_source_closed(&self, f: impl Fn() + Send + Sync + 'static) {
         *self.inner.on_source_closed.lock() = Some(Box::new(f));
+    }
+
+    /// Called (from a data-plane thread) when a TCP sink fails under `failed_sinks = "retry"`;
+    /// reconnect and hand the new connection to [`Session::reattach_stream`].
+    pub fn on_sink_failed(&self, f: impl Fn(u64, SocketAddr) + Send + Sync + 'static) {
+        *self.inner.on_sink_failed.lock() = Some(Box::new(f));
+    }
+
+    /// Gives a retrying TCP sink its new connection. Returns `false` if the sink is gone (or
+    /// not retrying), so the caller can stop.
+    pub fn reattach_stream(&self, id: u64, stream: TcpStream) -> std::io::Result<bool> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        stream.set_nonblocking(true)?;
+        let _ = stream.set_nodelay(true);
+        for g in self.inner.groups.read().iter() {
+            let mut st = g.state.lock();
+            if let Some(sink) = st.sinks.iter_mut().find(|s| s.id == id) {
+                let head = self.inner.ring.lock().head();
+                return sink.reattach(stream, head, &self.inner.reactor, &g.task);
+            }
+        }
+        Ok(false)
     }
 
     /// Starts receiving from a bound UDP socket.
@@ -350,18 +361,18 @@ impl Session {
     fn attach(&self, io: crate::source::SourceIo) -> std::io::Result<()> {
         let inner = &self.inner;
         match &inner.runner {
-            RunnerKind::Daemon(_) => {
+            Runner::Thread(_) => {
                 let weak = Arc::downgrade(inner);
                 let t = std::thread::Builder::new()
                     .name(format!("daemon-recv-{}", inner.cfg.name))
                     .spawn(move || crate::source::daemon_receiver(weak, io))?;
                 inner.threads.lock().push(t);
             }
-            RunnerKind::Engine(r) => {
+            Runner::Engine(_) => {
                 let fd = io.fd();
                 io.set_nonblocking()?;
                 let job = crate::source::SourceJob::new(Arc::downgrade(inner), io);
-                let task = Task::new(inner.cfg.priority, r.clone(), Box::new(job));
+                let task = Task::new(inner.cfg.priority, inner.runner.clone(), Box::new(job));
                 let reg = inner.reactor.register_source(fd, task.clone())?;
                 *inner.source_reg.lock() = Some(reg);
                 // Data may already be waiting (edge-triggered readiness would not report it).
@@ -418,7 +429,7 @@ impl Session {
             None => {
                 let state = Arc::new(Mutex::new(GroupState::new()?));
                 let job = GroupJob { session: Arc::downgrade(inner), state: state.clone() };
-                let task = Task::new(inner.cfg.priority, inner.runner.runner(), Box::new(job));
+                let task = Task::new(inner.cfg.priority, inner.runner.clone(), Box::new(job));
                 groups.push(Group { task, state });
                 groups.len() - 1
             }
@@ -538,7 +549,7 @@ impl Session {
             inner.reactor.deregister(reg);
         }
         self.remove_all_sinks();
-        if let RunnerKind::Daemon(sig) = &inner.runner {
+        if let Runner::Thread(sig) = &inner.runner {
             sig.raise();
         }
         let threads: Vec<_> = inner.threads.lock().drain(..).collect();

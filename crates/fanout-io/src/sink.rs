@@ -42,6 +42,12 @@ pub(crate) struct Sink {
     cursor: Cursor,
     bytes: u64,
     failed: Option<String>,
+    /// Failed, and being reconnected by the control plane (`failed_sinks = "retry"`).
+    retrying: bool,
+    /// The control plane was asked to reconnect it (once per failure).
+    retry_asked: bool,
+    errors: u64,
+    last_error: Option<String>,
     /// The socket was full; wait for the reactor to report it writable.
     blocked: bool,
     /// A packet a stream sink has started to write, and how much of it is written: a byte
@@ -62,6 +68,10 @@ impl Sink {
             cursor,
             bytes: 0,
             failed: None,
+            retrying: false,
+            retry_asked: false,
+            errors: 0,
+            last_error: None,
             blocked: false,
             partial: None,
             flags: Arc::new(IoFlags::default()),
@@ -86,8 +96,13 @@ impl Sink {
             bytes_sent: self.bytes,
             packets_skipped: self.cursor.skipped,
             lag: if self.failed.is_some() { 0 } else { self.cursor.lag(head) },
-            state: if self.failed.is_some() { "failed" } else { "active" },
-            reason: self.failed.clone(),
+            state: match (&self.failed, self.retrying) {
+                (None, _) => "active",
+                (Some(_), true) => "retrying",
+                (Some(_), false) => "failed",
+            },
+            reason: self.failed.clone().or_else(|| self.last_error.clone()),
+            errors: self.errors,
             age_ms: self.added.elapsed().as_millis() as u64,
         }
     }
@@ -105,12 +120,37 @@ impl Sink {
         self.partial = None;
     }
 
-    fn fail(&mut self, why: String, reactor: &Reactor) {
-        if self.failed.is_none() {
-            tracing::info!(sink = self.id, target = ?self.target, "sink failed: {why}");
-            self.failed = Some(why);
-            self.shut(reactor);
+    fn fail(&mut self, why: String, reactor: &Reactor, policy: FailurePolicy) {
+        if self.failed.is_some() {
+            return;
         }
+        self.errors += 1;
+        let retry = policy == FailurePolicy::Retry;
+        if retry && matches!(self.target, SinkTarget::Udp(_)) {
+            // The receiver may come back: keep sending, remember why it did not get it.
+            self.last_error = Some(why);
+            return;
+        }
+        tracing::info!(sink = self.id, target = ?self.target, "sink failed: {why}");
+        self.failed = Some(why);
+        self.retrying = retry && matches!(self.target, SinkTarget::Tcp(_));
+        self.shut(reactor);
+    }
+
+    /// A retrying TCP sink's new connection: what it missed while away counts as skipped.
+    pub fn reattach(&mut self, stream: TcpStream, head: u64, reactor: &Reactor, task: &Arc<crate::engine::Task>) -> io::Result<bool> {
+        if !self.retrying {
+            return Ok(false);
+        }
+        self.reg = Some(reactor.register_sink(stream.as_raw_fd(), task.clone(), self.flags.clone())?);
+        self.io = SinkIo::Stream(stream);
+        self.cursor.catch_up(head);
+        self.last_error = self.failed.take();
+        self.retrying = false;
+        self.retry_asked = false;
+        self.blocked = false;
+        tracing::info!(sink = self.id, target = ?self.target, "sink reconnected");
+        Ok(true)
     }
 
     fn bytes_of<'p>(&self, p: &'p Packet) -> &'p [u8] {
@@ -164,6 +204,7 @@ impl Job for GroupJob {
         let mut guard = self.state.lock();
         let g = &mut *guard;
         let reactor = &s.reactor;
+        let policy = s.cfg.failed_sinks;
 
         // Readiness the reactor saw on stream sinks.
         for sink in g.sinks.iter_mut().filter(|k| matches!(k.io, SinkIo::Stream(_))) {
@@ -172,14 +213,14 @@ impl Job for GroupJob {
             }
             if sink.flags.readable.swap(false, Ordering::AcqRel) {
                 if let Some(why) = check_peer(&sink.io) {
-                    sink.fail(why, reactor);
+                    sink.fail(why, reactor, policy);
                 }
             }
         }
         // ICMP errors for the group's socket, matched to sinks by destination.
         while let Some((addr, err)) = sys::recv_error(g.udp.as_raw_fd()) {
             for sink in g.sinks.iter_mut().filter(|k| k.target == SinkTarget::Udp(addr)) {
-                sink.fail(describe(&err), reactor);
+                sink.fail(describe(&err), reactor, policy);
             }
         }
 
@@ -228,13 +269,24 @@ impl Job for GroupJob {
                     sink.cursor.advance(n as u64);
                 }
                 Ok(_) => {}
-                Err(e) => sink.fail(describe(&e), reactor),
+                Err(e) => sink.fail(describe(&e), reactor, policy),
             }
         }
         g.snapshot.clear();
         // An HTTP subscriber that went away cannot come back on the same connection: drop it.
-        let keep_failed = s.cfg.failed_sinks == FailurePolicy::Keep;
+        let keep_failed = policy != FailurePolicy::Remove;
         g.sinks.retain(|k| k.failed.is_none() || (keep_failed && !matches!(k.target, SinkTarget::Http(_))));
+        // Ask the control plane to reconnect the TCP sinks that just failed.
+        if g.sinks.iter().any(|k| k.retrying && !k.retry_asked) {
+            if let Some(cb) = s.on_sink_failed.lock().as_ref() {
+                for k in g.sinks.iter_mut().filter(|k| k.retrying && !k.retry_asked) {
+                    k.retry_asked = true;
+                    if let SinkTarget::Tcp(addr) = k.target {
+                        cb(k.id, addr);
+                    }
+                }
+            }
+        }
         false
     }
 }

@@ -85,6 +85,13 @@ impl Relay {
         };
         let session = Session::new(cfg, &self.engine);
         let mut tasks = Vec::new();
+        if spec.failed_sinks == fanout_io::FailurePolicy::Retry {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            session.on_sink_failed(move |id, addr| {
+                let _ = tx.send((id, addr));
+            });
+            tasks.push(tokio::spawn(reconnect_sinks(rx, session.clone())).abort_handle());
+        }
         let src = &spec.source;
         let started = if let Some(addr) = src.udp {
             bind_udp_source(addr, src.interface)
@@ -227,5 +234,32 @@ async fn connect_publisher(addr: std::net::SocketAddr, session: Session) {
         }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(10));
+    }
+}
+
+/// Reconnects TCP sinks that failed under `failed_sinks = "retry"`, with backoff (1 s doubling
+/// to 10 s), until they are back or removed.
+async fn reconnect_sinks(mut failed: tokio::sync::mpsc::UnboundedReceiver<(u64, std::net::SocketAddr)>, session: Session) {
+    let mut retries = tokio::task::JoinSet::new();
+    while let Some((id, addr)) = failed.recv().await {
+        let session = session.clone();
+        retries.spawn(async move {
+            let mut backoff = Duration::from_secs(1);
+            loop {
+                tokio::time::sleep(backoff).await;
+                if session.sink_status(id).is_none() {
+                    return;
+                }
+                if let Ok(Ok(s)) = tokio::time::timeout(Duration::from_secs(3), tokio::net::TcpStream::connect(addr)).await {
+                    match s.into_std().and_then(|s| session.reattach_stream(id, s)) {
+                        Ok(_) => return,
+                        Err(e) => tracing::warn!(session = session.name(), sink = id, "cannot reattach: {e}"),
+                    }
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(10));
+            }
+        });
+        // Reap finished retries so the set does not grow.
+        while retries.try_join_next().is_some() {}
     }
 }

@@ -90,7 +90,8 @@ pub struct SessionSpec {
     /// `auto` (strip valid RTP headers for HTTP subscribers), `rtp` (drop non-RTP) or `raw`.
     #[serde(default)]
     pub payload: PayloadMode,
-    /// `keep` failed sinks listed with their reason (default) or `remove` them.
+    /// `keep` failed sinks listed with their reason (default), `remove` them, or `retry`
+    /// (UDP: keep sending and count errors; TCP: reconnect with backoff).
     #[serde(default)]
     pub failed_sinks: FailurePolicy,
     /// How `shared` sends to UDP sinks: `batched` (one `sendmmsg` for the whole group,

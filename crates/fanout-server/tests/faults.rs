@@ -169,3 +169,40 @@ fn silent_source_is_reported() {
     send_paced(src, 1, 100, 100.0);
     assert!(wait_for(Duration::from_secs(2), || relay.ok("GET", "/v1/sessions/q", None)["source"]["state"] == "active"));
 }
+
+/// With `failed_sinks = "retry"`: a UDP sink on a closed port keeps being sent to and counts
+/// its errors; a TCP sink whose peer reset is reconnected, and what it missed is counted.
+#[test]
+fn retry_policy_keeps_udp_sinks_and_reconnects_tcp_sinks() {
+    let relay = Relay::start(&["--no-demo"]);
+    let src = free_udp_port();
+    relay.ok("POST", "/v1/sessions", Some(json!({"name":"r","source":{"udp":src},"failed_sinks":"retry"})));
+    let closed = free_udp_port();
+    let udp = relay.ok("POST", "/v1/sessions/r/sinks", Some(json!({"udp": closed})))["id"].as_u64().unwrap();
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let tcp = relay.ok("POST", "/v1/sessions/r/sinks", Some(json!({"tcp": l.local_addr().unwrap()})))["id"].as_u64().unwrap();
+    let (first, _) = l.accept().unwrap();
+    socket2::SockRef::from(&first).set_linger(Some(Duration::ZERO)).unwrap();
+    drop(first); // RST
+    send_paced(src, 20, 100, 200.0);
+    let k = relay.ok("GET", &format!("/v1/sessions/r/sinks/{udp}"), None);
+    assert_eq!(k["state"], "active", "{k}");
+    assert!(k["errors"].as_u64().unwrap() > 0 && k["reason"].as_str().unwrap().contains("ICMP"), "{k}");
+    // The relay dials the TCP sink again (backoff starts at 1 s).
+    l.set_nonblocking(false).unwrap();
+    let (mut second, _) = l.accept().unwrap();
+    assert!(wait_for(Duration::from_secs(5), || relay.ok("GET", &format!("/v1/sessions/r/sinks/{tcp}"), None)["state"] == "active"));
+    send_paced(src, 5, 100, 200.0);
+    second.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = [0u8; 100];
+    std::io::Read::read_exact(&mut second, &mut buf).unwrap();
+    // The second burst numbers its datagrams from 0 again: the sink resumes at the live edge.
+    assert_eq!(buf, datagram(0, 100)[..]);
+    let k = relay.ok("GET", &format!("/v1/sessions/r/sinks/{tcp}"), None);
+    let (sent, skipped) = (k["packets_sent"].as_u64().unwrap(), k["packets_skipped"].as_u64().unwrap());
+    assert!(k["errors"].as_u64().unwrap() >= 1, "{k}");
+    assert!(wait_for(Duration::from_secs(2), || {
+        let k = relay.ok("GET", &format!("/v1/sessions/r/sinks/{tcp}"), None);
+        k["packets_sent"].as_u64().unwrap() + k["packets_skipped"].as_u64().unwrap() == 25
+    }), "sent {sent} + skipped {skipped} should cover all 25 packets");
+}

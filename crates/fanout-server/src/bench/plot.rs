@@ -45,28 +45,32 @@ pub fn panels(path: &Path, title: &str, x_label: &str, log_x: bool, panels: &[Pa
         chart.margin(12).x_label_area_size(40).y_label_area_size(60);
         if log_x {
             let mut c = chart.build_cartesian_2d((x0.max(1e-9)..x1).log_scale(), 0.0..y1)?;
-            c.configure_mesh().x_desc(x_label).y_desc(p.y_label).draw()?;
-            for (i, (name, s)) in p.series.iter().enumerate() {
-                let col = COLORS[i % COLORS.len()];
-                c.draw_series(LineSeries::new(s.iter().copied(), col.stroke_width(2)))?
-                    .label(name.as_str())
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], col.stroke_width(2)));
-                c.draw_series(s.iter().map(|&pt| Circle::new(pt, 3, col.filled())))?;
-            }
-            c.configure_series_labels().border_style(BLACK).background_style(WHITE.mix(0.8)).draw()?;
+            draw_lines(&mut c, x_label, p)?;
         } else {
             let mut c = chart.build_cartesian_2d(x0..x1, 0.0..y1)?;
-            c.configure_mesh().x_desc(x_label).y_desc(p.y_label).draw()?;
-            for (i, (name, s)) in p.series.iter().enumerate() {
-                let col = COLORS[i % COLORS.len()];
-                c.draw_series(LineSeries::new(s.iter().copied(), col.stroke_width(2)))?
-                    .label(name.as_str())
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], col.stroke_width(2)));
-                c.draw_series(s.iter().map(|&pt| Circle::new(pt, 3, col.filled())))?;
-            }
-            c.configure_series_labels().border_style(BLACK).background_style(WHITE.mix(0.8)).draw()?;
+            draw_lines(&mut c, x_label, p)?;
         }
     }
     root.present()?;
+    Ok(())
+}
+
+fn draw_lines<'a, X>(
+    c: &mut ChartContext<'a, BitMapBackend<'a>, Cartesian2d<X, plotters::coord::types::RangedCoordf64>>,
+    x_label: &str,
+    p: &Panel,
+) -> anyhow::Result<()>
+where
+    X: Ranged<ValueType = f64> + plotters::coord::ranged1d::ValueFormatter<f64>,
+{
+    c.configure_mesh().x_desc(x_label).y_desc(p.y_label).draw()?;
+    for (i, (name, s)) in p.series.iter().enumerate() {
+        let col = COLORS[i % COLORS.len()];
+        c.draw_series(LineSeries::new(s.iter().copied(), col.stroke_width(2)))?
+            .label(name.as_str())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], col.stroke_width(2)));
+        c.draw_series(s.iter().map(|&pt| Circle::new(pt, 3, col.filled())))?;
+    }
+    c.configure_series_labels().border_style(BLACK).background_style(WHITE.mix(0.8)).draw()?;
     Ok(())
 }
