@@ -8,9 +8,11 @@
 //!   range a relay strips down to when it delivers RTP-carried MPEG-TS over HTTP.
 //! - [`mpegts`]: MPEG-TS packet headers and PCRs (ISO/IEC 13818-1 §2.4.3), and the schedule
 //!   that paces a recorded transport stream at its own rate.
+//! - [`annexb`]: H.264/HEVC byte streams: NAL units, access units, RTP packetization.
 //! - [`http`]: recognising an HTTP stream request from its head.
 //! - [`classify`]: what a received datagram carries, decided once when it enters the ring.
 
+pub mod annexb;
 pub mod classify;
 pub mod http;
 pub mod mpegts;

@@ -2,9 +2,10 @@
 //! over UDP or TCP (fixed-size packets back to back), each packet carrying a probe (stream, sequence,
 //! send time); or a real MPEG-TS file replayed at its own rate. Bounded by duration or count.
 
-use super::{mono_ns, rtp_ts};
+use super::{mono_ns, rtp_ts, RTP_HZ};
 use anyhow::{bail, Context};
 use clap::Args;
+use fanout_proto::annexb::{self, Codec};
 use fanout_proto::mpegts::{TsSchedule, PCR_HZ};
 use fanout_proto::probe::Probe;
 use fanout_proto::rtp;
@@ -42,10 +43,14 @@ pub struct GenArgs {
     /// --payload bytes, so a receiver cuts the byte stream at fixed sizes).
     #[arg(long)]
     pub tcp: bool,
-    /// Replay this MPEG-TS file at its own rate (PCR-paced, looped), 7 TS packets per
-    /// datagram, RTP-wrapped (RFC 2250, PT 33) unless --raw.
+    /// Replay a file, looped: MPEG-TS at its own rate (PCR-paced, 7 TS packets per datagram,
+    /// RTP-wrapped per RFC 2250 unless --raw), or an H.264 (.264/.h264) or HEVC (.265/.hevc)
+    /// Annex B stream packetized into RTP (RFC 6184 / RFC 7798, PT 96) at --fps.
     #[arg(long)]
     pub file: Option<PathBuf>,
+    /// Frame rate of an H.264/HEVC --file.
+    #[arg(long, default_value_t = 25.0)]
+    pub fps: f64,
     /// With --file: send bare TS datagrams, no RTP header.
     #[arg(long, requires = "file")]
     pub raw: bool,
@@ -99,28 +104,7 @@ pub fn generate(a: &GenArgs) -> anyhow::Result<GenReport> {
     } else {
         a.to.clone()
     };
-    let file = match &a.file {
-        Some(p) => {
-            let ts = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
-            let sched = TsSchedule::new(&ts).with_context(|| format!("{} cannot be paced", p.display()))?;
-            Some((ts, sched))
-        }
-        None => None,
-    };
-    if file.is_none() && a.payload < rtp::FIXED_HEADER_LEN + fanout_proto::probe::LEN {
-        bail!("--payload {} is too small: the RTP header and probe need 36 bytes", a.payload);
-    }
-    if a.payload > 65_000 {
-        bail!("--payload {} is larger than a UDP datagram can be", a.payload);
-    }
-    let pps = match (&file, a.pps) {
-        (Some((_, s)), _) => s.len() as f64 * PCR_HZ as f64 / s.loop_ticks() as f64,
-        (None, Some(p)) => p,
-        (None, None) => a.rate_kbps * 1000.0 / 8.0 / a.payload as f64,
-    };
-    if !(pps > 0.0 && pps.is_finite()) {
-        bail!("the packet rate must be positive");
-    }
+    let media = Media::new(a)?;
     let mut outs: Vec<Out> = dests
         .iter()
         .map(|&d| -> anyhow::Result<Out> {
@@ -136,15 +120,17 @@ pub fn generate(a: &GenArgs) -> anyhow::Result<GenReport> {
         })
         .collect::<anyhow::Result<_>>()?;
     let k = outs.len();
-    let limit = a.count.unwrap_or(u64::MAX).min((a.duration * pps).ceil() as u64);
-    let mut buf = vec![0x5au8; a.payload.max(1400) + rtp::FIXED_HEADER_LEN];
+    let pps = media.rate_pps();
+    let limit_ns = (a.duration * 1e9) as u64;
+    let mut buf = vec![0x5au8; 65_536];
     let ssrc_base = (mono_ns() as u32) & 0xffff_0000;
     let start = mono_ns();
     let (mut packets, mut bytes, mut errors, mut max_late, mut last_sent) = (0u64, 0u64, 0u64, 0u64, start);
-    // Streams are staggered evenly inside each packet interval so K sources do not burst.
-    for n in 0..limit {
+    let mut n = 0u64;
+    while n < a.count.unwrap_or(u64::MAX) && media.due_ns(n) < limit_ns {
+        // Streams are staggered evenly inside a packet interval so K sources do not burst.
         for (i, out) in outs.iter_mut().enumerate() {
-            let due = start + ((n as f64 + i as f64 / k as f64) / pps * 1e9) as u64;
+            let due = start + media.due_ns(n) + (i as f64 / k as f64 / pps * 1e9) as u64;
             let now = mono_ns();
             if due > now {
                 std::thread::sleep(Duration::from_nanos(due - now));
@@ -152,25 +138,7 @@ pub fn generate(a: &GenArgs) -> anyhow::Result<GenReport> {
             let sent_ns = mono_ns();
             last_sent = sent_ns;
             max_late = max_late.max(sent_ns.saturating_sub(due));
-            let body = &mut buf[..];
-            let len = match &file {
-                Some((ts, sched)) => {
-                    let (off, len, _) = sched.datagram(n);
-                    if a.raw {
-                        body[..len].copy_from_slice(&ts[off..off + len]);
-                        len
-                    } else {
-                        let h = rtp::write_header(body, false, 33, n as u16, rtp_ts(sent_ns), ssrc_base + i as u32);
-                        body[h..h + len].copy_from_slice(&ts[off..off + len]);
-                        h + len
-                    }
-                }
-                None => {
-                    let h = rtp::write_header(body, false, 96, n as u16, rtp_ts(sent_ns), ssrc_base + i as u32);
-                    Probe { stream: i as u32, seq: n, sent_ns }.write_to(&mut body[h..]);
-                    a.payload
-                }
-            };
+            let len = media.write(n, i as u32, sent_ns, ssrc_base + i as u32, &mut buf);
             let r = match out {
                 Out::Udp(s, d) => s.send_to(&buf[..len], *d).map(|_| ()),
                 Out::Tcp(s) => s.write_all(&buf[..len]),
@@ -184,6 +152,7 @@ pub fn generate(a: &GenArgs) -> anyhow::Result<GenReport> {
                 Err(_) => errors += 1,
             }
         }
+        n += 1;
     }
     // N packets at rate r span (N - 1) / r: measure the rate over the span between the first
     // and the last send, and the bit rate over the span plus one interval.
@@ -200,4 +169,112 @@ pub fn generate(a: &GenArgs) -> anyhow::Result<GenReport> {
         max_late_us: max_late / 1000,
         send_errors: errors,
     })
+}
+
+/// What `gen` sends: synthetic probe packets, a TS file, or an H.264/HEVC file.
+enum Media {
+    Probe { pps: f64, payload: usize },
+    Ts { ts: Vec<u8>, sched: TsSchedule, raw: bool },
+    Video { fps: f64, payloads: Vec<(Vec<u8>, u64, bool)>, aus: u64 },
+}
+
+impl Media {
+    fn new(a: &GenArgs) -> anyhow::Result<Self> {
+        if a.payload > 65_000 {
+            bail!("--payload {} is larger than a UDP datagram can be", a.payload);
+        }
+        let Some(p) = &a.file else {
+            if a.payload < rtp::FIXED_HEADER_LEN + fanout_proto::probe::LEN {
+                bail!("--payload {} is too small: the RTP header and probe need 36 bytes", a.payload);
+            }
+            let pps = a.pps.unwrap_or(a.rate_kbps * 1000.0 / 8.0 / a.payload as f64);
+            if !(pps > 0.0 && pps.is_finite()) {
+                bail!("the packet rate must be positive");
+            }
+            return Ok(Media::Probe { pps, payload: a.payload });
+        };
+        let data = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
+        let ext = p.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
+        let codec = match ext.as_str() {
+            "264" | "h264" | "avc" => Some(Codec::H264),
+            "265" | "h265" | "hevc" => Some(Codec::H265),
+            _ => None,
+        };
+        let Some(codec) = codec else {
+            let sched = TsSchedule::new(&data).with_context(|| format!("{} cannot be paced as MPEG-TS", p.display()))?;
+            return Ok(Media::Ts { ts: data, sched, raw: a.raw });
+        };
+        if !(a.fps > 0.0 && a.fps.is_finite()) {
+            bail!("--fps must be positive");
+        }
+        let max = a.payload.max(100) - rtp::FIXED_HEADER_LEN;
+        let aus = annexb::access_units(codec, &data);
+        if aus.is_empty() {
+            bail!("{}: no NAL units found (is it an Annex B byte stream?)", p.display());
+        }
+        let mut payloads = Vec::new();
+        let mut scratch = Vec::new();
+        for (k, au) in aus.iter().enumerate() {
+            for (j, nal) in au.iter().enumerate() {
+                let last_nal = j + 1 == au.len();
+                annexb::packetize(codec, nal, max, &mut scratch, |pl, last| {
+                    payloads.push((pl.to_vec(), k as u64, last_nal && last));
+                });
+            }
+        }
+        Ok(Media::Video { fps: a.fps, payloads, aus: aus.len() as u64 })
+    }
+
+    /// Mean packets per second of one stream.
+    fn rate_pps(&self) -> f64 {
+        match self {
+            Media::Probe { pps, .. } => *pps,
+            Media::Ts { sched, .. } => sched.len() as f64 * PCR_HZ as f64 / sched.loop_ticks() as f64,
+            Media::Video { fps, payloads, aus, .. } => payloads.len() as f64 * fps / *aus as f64,
+        }
+    }
+
+    /// When packet `n` is due, in ns from the start (files loop).
+    fn due_ns(&self, n: u64) -> u64 {
+        match self {
+            Media::Probe { pps, .. } => (n as f64 / pps * 1e9) as u64,
+            Media::Ts { sched, .. } => sched.datagram(n).2 * 1000 / (PCR_HZ / 1_000_000),
+            Media::Video { fps, payloads, aus, .. } => {
+                let per = payloads.len() as u64;
+                let au = (n / per) * aus + payloads[(n % per) as usize].1;
+                (au as f64 / fps * 1e9) as u64
+            }
+        }
+    }
+
+    /// Writes packet `n` of stream `stream` into `buf`; returns its length.
+    fn write(&self, n: u64, stream: u32, sent_ns: u64, ssrc: u32, buf: &mut [u8]) -> usize {
+        let seq = n as u16;
+        match self {
+            Media::Probe { payload, .. } => {
+                let h = rtp::write_header(buf, false, 96, seq, rtp_ts(sent_ns), ssrc);
+                Probe { stream, seq: n, sent_ns }.write_to(&mut buf[h..]);
+                *payload
+            }
+            Media::Ts { ts, sched, raw } => {
+                let (off, len, due) = sched.datagram(n);
+                if *raw {
+                    buf[..len].copy_from_slice(&ts[off..off + len]);
+                    return len;
+                }
+                // 27 MHz PCR ticks / 300 = the 90 kHz RTP clock of MPEG-TS (RFC 2250).
+                let h = rtp::write_header(buf, false, 33, seq, (due / 300) as u32, ssrc);
+                buf[h..h + len].copy_from_slice(&ts[off..off + len]);
+                h + len
+            }
+            Media::Video { payloads, fps, aus, .. } => {
+                let per = payloads.len() as u64;
+                let (pl, au, marker) = &payloads[(n % per) as usize];
+                let ts = (((n / per) * aus + au) as f64 * RTP_HZ as f64 / fps) as u32;
+                let h = rtp::write_header(buf, *marker, 96, seq, ts, ssrc);
+                buf[h..h + pl.len()].copy_from_slice(pl);
+                h + pl.len()
+            }
+        }
+    }
 }

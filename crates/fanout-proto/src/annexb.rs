@@ -1,0 +1,238 @@
+//! H.264 (ITU-T H.264 Annex B) and HEVC byte streams: NAL units split at start codes, grouped
+//! into access units (one picture, all its layers), and packetized into RTP payloads: single
+//! NAL unit packets, or fragmentation units when a NAL unit exceeds the payload size
+//! (FU-A, RFC 6184 §5.8; HEVC FU, RFC 7798 §4.4.3).
+
+/// Which codec a byte stream carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Codec {
+    H264,
+    H265,
+}
+
+/// NAL units of an Annex B byte stream (start codes and trailing zero bytes removed).
+pub fn nal_units(stream: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut pos = find_start(stream, 0);
+    std::iter::from_fn(move || {
+        let (_, body) = pos?;
+        let next = find_start(stream, body);
+        let end = next.map_or(stream.len(), |(sc, _)| sc);
+        pos = next;
+        let mut nal = &stream[body..end];
+        while let [rest @ .., 0] = nal {
+            nal = rest;
+        }
+        Some(nal)
+    })
+}
+
+/// The next start code at or after `from`: (where it begins, where the NAL unit begins).
+fn find_start(s: &[u8], from: usize) -> Option<(usize, usize)> {
+    let mut i = from;
+    while i + 3 <= s.len() {
+        if s[i] == 0 && s[i + 1] == 0 && s[i + 2] == 1 {
+            let begin = if i > from && s[i - 1] == 0 { i - 1 } else { i };
+            return Some((begin, i + 3));
+        }
+        i += 1;
+    }
+    None
+}
+
+/// Whether `nal` is a coded slice (video coding layer).
+pub fn is_vcl(codec: Codec, nal: &[u8]) -> bool {
+    match (codec, nal.first()) {
+        (Codec::H264, Some(&b)) => matches!(b & 0x1f, 1..=5 | 20),
+        (Codec::H265, Some(&b)) => (b >> 1) & 0x3f < 32,
+        _ => false,
+    }
+}
+
+/// Whether `nal`, following a coded slice of the current access unit, begins the next one
+/// (H.264 §7.4.1.2.3, H.265 §7.4.2.4.4).
+fn starts_access_unit(codec: Codec, nal: &[u8]) -> bool {
+    match codec {
+        Codec::H264 => match nal.first().map(|b| b & 0x1f) {
+            // AUD, SPS, PPS, SEI, prefix NAL, subset SPS, and reserved 16..18.
+            Some(6..=9 | 14..=18) => true,
+            // A base-layer slice with first_mb_in_slice = 0 (ue(v) "1" = 0).
+            Some(1 | 5) => nal.get(1).is_some_and(|b| b & 0x80 != 0),
+            _ => false,
+        },
+        Codec::H265 => {
+            let Some(&b) = nal.first() else { return false };
+            match (b >> 1) & 0x3f {
+                // VPS, SPS, PPS, AUD, prefix SEI, reserved 41..44, unspecified 48..55.
+                32..=35 | 39 | 41..=44 | 48..=55 => true,
+                // first_slice_segment_in_pic_flag.
+                0..=31 => nal.get(2).is_some_and(|b| b & 0x80 != 0),
+                _ => false,
+            }
+        }
+    }
+}
+
+/// Groups NAL units into access units: each item is the NAL units of one picture.
+pub fn access_units(codec: Codec, stream: &[u8]) -> Vec<Vec<&[u8]>> {
+    let mut aus: Vec<Vec<&[u8]>> = Vec::new();
+    let mut cur: Vec<&[u8]> = Vec::new();
+    let mut seen_vcl = false;
+    for nal in nal_units(stream).filter(|n| !n.is_empty()) {
+        if seen_vcl && starts_access_unit(codec, nal) {
+            aus.push(std::mem::take(&mut cur));
+            seen_vcl = false;
+        }
+        seen_vcl |= is_vcl(codec, nal);
+        cur.push(nal);
+    }
+    if !cur.is_empty() {
+        aus.push(cur);
+    }
+    aus
+}
+
+/// Splits one NAL unit into RTP payloads of at most `max` bytes, calling `out` for each with
+/// whether it is the NAL unit's last. `max` must leave room for the FU headers (≥ 4).
+pub fn packetize(codec: Codec, nal: &[u8], max: usize, scratch: &mut Vec<u8>, mut out: impl FnMut(&[u8], bool)) {
+    if nal.len() <= max {
+        out(nal, true);
+        return;
+    }
+    let (hdr_len, prefix): (usize, [u8; 3]) = match codec {
+        // FU indicator (F, NRI of the NAL, type 28), FU header (S, E, NAL type).
+        Codec::H264 => (1, [(nal[0] & 0xe0) | 28, nal[0] & 0x1f, 0]),
+        // PayloadHdr (F, type 49, LayerId, TID of the NAL), FU header (S, E, NAL type).
+        Codec::H265 => (2, [(nal[0] & 0x81) | (49 << 1), nal[1], (nal[0] >> 1) & 0x3f]),
+    };
+    let fu_len = hdr_len + 1;
+    let body = &nal[hdr_len..];
+    let chunk = max - fu_len;
+    let n = body.len().div_ceil(chunk);
+    for (i, part) in body.chunks(chunk).enumerate() {
+        scratch.clear();
+        scratch.extend_from_slice(&prefix[..hdr_len]);
+        let typ = prefix[hdr_len];
+        let se = if i == 0 { 0x80 } else { 0 } | if i + 1 == n { 0x40 } else { 0 };
+        scratch.push(se | typ);
+        scratch.extend_from_slice(part);
+        out(scratch, i + 1 == n);
+    }
+}
+
+/// Reassembles NAL units from RTP payloads (single NAL unit and FU packets), the inverse of
+/// [`packetize`]; used to check a stream end to end.
+#[derive(Debug, Default)]
+pub struct Depacketizer {
+    fu: Vec<u8>,
+}
+
+impl Depacketizer {
+    /// Feeds one payload; returns a complete NAL unit when one is.
+    pub fn push(&mut self, codec: Codec, payload: &[u8]) -> Option<Vec<u8>> {
+        let (is_fu, hdr_len) = match codec {
+            Codec::H264 => (payload.first().is_some_and(|b| b & 0x1f == 28), 1),
+            Codec::H265 => (payload.first().is_some_and(|b| (b >> 1) & 0x3f == 49), 2),
+        };
+        if !is_fu {
+            return Some(payload.to_vec());
+        }
+        let fu = *payload.get(hdr_len)?;
+        let data = payload.get(hdr_len + 1..)?;
+        if fu & 0x80 != 0 {
+            self.fu.clear();
+            match codec {
+                Codec::H264 => self.fu.push((payload[0] & 0xe0) | (fu & 0x1f)),
+                Codec::H265 => self.fu.extend_from_slice(&[(payload[0] & 0x81) | ((fu & 0x3f) << 1), payload[1]]),
+            }
+        } else if self.fu.is_empty() {
+            return None; // a fragment without its start: lost, drop it
+        }
+        self.fu.extend_from_slice(data);
+        (fu & 0x40 != 0).then(|| std::mem::take(&mut self.fu))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const SVC: &[u8] = include_bytes!("../../../../shared/testdata/video/h264-svc/mediasoup_naluInfo.264");
+    const S2T3: &[u8] = include_bytes!("../../../../shared/testdata/video/h264-svc/openh264_2S3T_320x192.264");
+    const HEVC: &[u8] = include_bytes!("../../../../shared/testdata/video/hevc/x265_temporal_320x192.265");
+
+    #[test]
+    fn splits_at_3_and_4_byte_start_codes() {
+        let s = [0, 0, 0, 1, 0x67, 1, 2, 0, 0, 1, 0x68, 3, 0, 0, 0, 1, 0x65, 4, 0];
+        let v: Vec<&[u8]> = nal_units(&s).collect();
+        assert_eq!(v, [&[0x67, 1, 2][..], &[0x68, 3], &[0x65, 4]]);
+    }
+
+    #[test]
+    fn access_units_of_real_streams() {
+        // Ground truth from PROVENANCE.md: 100 access units, 32 frames, 32 frames.
+        assert_eq!(access_units(Codec::H264, SVC).len(), 100);
+        assert_eq!(access_units(Codec::H264, S2T3).len(), 32);
+        assert_eq!(access_units(Codec::H265, HEVC).len(), 32);
+        // mediasoup's CSV lists every NAL unit: the split must agree with its count.
+        let csv = include_str!("../../../../shared/testdata/video/h264-svc/mediasoup_naluInfo.csv");
+        let rows = csv.lines().skip(1).filter(|l| !l.trim().is_empty()).count();
+        assert_eq!(nal_units(SVC).count(), rows);
+    }
+
+    fn round_trip(codec: Codec, stream: &[u8], max: usize) {
+        let mut d = Depacketizer::default();
+        let mut scratch = Vec::new();
+        for nal in nal_units(stream) {
+            let mut got = Vec::new();
+            packetize(codec, nal, max, &mut scratch, |p, last| {
+                assert!(p.len() <= max);
+                if let Some(n) = d.push(codec, p) {
+                    assert!(last);
+                    got.push(n);
+                }
+            });
+            assert_eq!(got, [nal.to_vec()]);
+        }
+    }
+
+    #[test]
+    fn packetize_round_trips_real_streams() {
+        for max in [100, 500, 1400] {
+            round_trip(Codec::H264, SVC, max);
+            round_trip(Codec::H264, S2T3, max);
+            round_trip(Codec::H265, HEVC, max);
+        }
+    }
+
+    #[test]
+    fn hevc_fragments_keep_layer_and_tid() {
+        let nal: Vec<u8> = [0x02u8, 0x03].into_iter().chain(std::iter::repeat_n(7, 3000)).collect(); // type 1, TID 2
+        let mut scratch = Vec::new();
+        packetize(Codec::H265, &nal, 1000, &mut scratch, |p, _| {
+            assert_eq!((p[0] >> 1) & 0x3f, 49);
+            assert_eq!(p[1], 0x03);
+            assert_eq!(p[2] & 0x3f, 1);
+        });
+    }
+
+    proptest! {
+        #[test]
+        fn depacketizer_never_panics(payloads in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 0..20)) {
+            let mut d = Depacketizer::default();
+            for p in &payloads {
+                let _ = d.push(Codec::H264, p);
+                let _ = d.push(Codec::H265, p);
+            }
+        }
+
+        #[test]
+        fn splitting_never_panics(s in proptest::collection::vec(0u8..3, 0..200)) {
+            for nal in nal_units(&s) {
+                prop_assert!(nal.len() <= s.len());
+            }
+            let _ = access_units(Codec::H264, &s);
+            let _ = access_units(Codec::H265, &s);
+        }
+    }
+}
