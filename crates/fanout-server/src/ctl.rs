@@ -1,7 +1,8 @@
 //! `fanout ctl`: every control-API call from the shell, as readable tables or `--json`.
 
 use crate::spec::{SessionSpec, SinkSpec, SourceSpec};
-use anyhow::{bail, Context};
+use crate::client::ApiClient;
+use anyhow::Context;
 use clap::{Args, Subcommand};
 use serde_json::Value;
 use std::net::SocketAddr;
@@ -73,7 +74,7 @@ enum CtlCmd {
 }
 
 pub fn run(a: CtlArgs) -> anyhow::Result<()> {
-    let c = Client { base: a.api.trim_end_matches('/').to_string(), token: a.token };
+    let c = ApiClient::new(&a.api, a.token);
     let out = match a.cmd {
         CtlCmd::Sessions => c.call("GET", "/v1/sessions", None)?,
         CtlCmd::Session { name } => {
@@ -92,13 +93,13 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
             };
             c.call("POST", "/v1/sessions", Some(serde_json::to_value(spec)?))?
         }
-        CtlCmd::Delete { name } => c.call("DELETE", &format!("/v1/sessions/{name}"), None)?,
+        CtlCmd::Delete { name } => ok(c.call("DELETE", &format!("/v1/sessions/{name}"), None)?),
         CtlCmd::AddSink { session, udp, tcp } => {
             let spec = SinkSpec { udp, tcp };
             c.call("POST", &format!("/v1/sessions/{session}/sinks"), Some(serde_json::to_value(spec)?))?
         }
         CtlCmd::Sink { session, id } => c.call("GET", &format!("/v1/sessions/{session}/sinks/{id}"), None)?,
-        CtlCmd::RemoveSink { session, id } => c.call("DELETE", &format!("/v1/sessions/{session}/sinks/{id}"), None)?,
+        CtlCmd::RemoveSink { session, id } => ok(c.call("DELETE", &format!("/v1/sessions/{session}/sinks/{id}"), None)?),
         CtlCmd::Flush { session } => c.call("DELETE", &format!("/v1/sessions/{session}/sinks"), None)?,
         CtlCmd::Metrics => {
             print!("{}", c.text("/metrics")?);
@@ -113,43 +114,12 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-struct Client {
-    base: String,
-    token: Option<String>,
-}
-
-impl Client {
-    fn request(&self, method: &str, path: &str) -> ureq::Request {
-        let r = ureq::request(method, &format!("{}{path}", self.base)).timeout(std::time::Duration::from_secs(10));
-        match &self.token {
-            Some(t) => r.set("Authorization", &format!("Bearer {t}")),
-            None => r,
-        }
-    }
-
-    fn call(&self, method: &str, path: &str, body: Option<Value>) -> anyhow::Result<Value> {
-        let req = self.request(method, path);
-        let r = match body {
-            Some(b) => req.send_json(b),
-            None => req.call(),
-        };
-        match r {
-            Ok(resp) if resp.status() == 204 => Ok(Value::String("ok".into())),
-            Ok(resp) => Ok(resp.into_json()?),
-            Err(ureq::Error::Status(code, resp)) => {
-                let body: Value = resp.into_json().unwrap_or(Value::Null);
-                bail!("{code}: {}", body["error"].as_str().unwrap_or("(no error message)"))
-            }
-            Err(e) => bail!("cannot reach the relay at {}: {e} (is `fanout serve` running?)", self.base),
-        }
-    }
-
-    fn text(&self, path: &str) -> anyhow::Result<String> {
-        self.request("GET", path)
-            .call()
-            .map_err(|e| anyhow::anyhow!("cannot reach the relay at {}: {e}", self.base))?
-            .into_string()
-            .map_err(Into::into)
+/// A call that answers nothing (204) prints "ok".
+fn ok(v: Value) -> Value {
+    if v.is_null() {
+        Value::String("ok".into())
+    } else {
+        v
     }
 }
 

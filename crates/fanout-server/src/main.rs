@@ -2,6 +2,7 @@
 
 mod api;
 mod bench;
+mod client;
 mod config;
 mod ctl;
 mod http;

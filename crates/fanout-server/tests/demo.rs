@@ -19,12 +19,7 @@ fn ffmpeg_decodes_frames_from_the_demo_stream_over_http() {
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{log}");
     assert!(log.contains("Video: h264"), "{log}");
-    let frames: u64 = log
-        .rsplit("frame=")
-        .next()
-        .and_then(|s| s.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0);
+    let frames = decoded_frames(&log);
     // 25 fps: 3 s of video, less what precedes the first keyframe.
     assert!(frames >= 40, "decoded only {frames} frames: {log}");
     let st = relay.ok("GET", "/v1/sessions/demo", None);

@@ -51,12 +51,7 @@ fn decode_through_relay(file: &str, encoding: &str, datapath: &str) -> u64 {
     let out = ffmpeg.wait_with_output().unwrap();
     let log = String::from_utf8_lossy(&out.stderr);
     std::fs::remove_dir_all(&dir).unwrap();
-    let frames: u64 = log
-        .rsplit("frame=")
-        .next()
-        .and_then(|s| s.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0);
+    let frames = decoded_frames(&log);
     assert!(frames > 0, "{log}");
     frames
 }

@@ -2,7 +2,7 @@
 //! in one run. The relay runs as its own process (its CPU is read from /proc/<pid>/stat);
 //! this process sends the stream and drains the sinks.
 
-use super::{api, process_cpu_s, RelayProc};
+use super::{process_cpu_s, RelayProc};
 use anyhow::bail;
 use clap::Args;
 use serde_json::json;
@@ -45,7 +45,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         bail!("{} sinks need {} open files; the limit here is {nofile} (raise it with ulimit -n)", a.sinks, a.sinks + 64);
     }
     let relay = RelayProc::start(&[])?;
-    let (addr, pid) = (relay.api, relay.pid());
+    let (api, pid) = (relay.client(), relay.pid());
 
     let receivers: Arc<Vec<UdpSocket>> = Arc::new(
         (0..a.sinks)
@@ -91,7 +91,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             let sinks: Vec<_> =
                 receivers.iter().map(|r| r.local_addr().map(|a| json!({ "udp": a }))).collect::<Result<_, _>>()?;
             let spec = json!({"name": name, "source": {"udp": src}, "datapath": path, "udp_sinks": udp_mode, "sinks": sinks});
-            api(&addr, "POST", "/v1/sessions", Some(spec))?;
+            api.call("POST", "/v1/sessions", Some(spec))?;
             std::thread::sleep(Duration::from_millis(300));
             let before_rx = received.load(Ordering::Relaxed);
             let before_cpu = process_cpu_s(pid)?;
@@ -114,7 +114,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             writeln!(csv, "{round},{dp},{},{n},{deliveries},{loss:.3},{cpu:.3},{per:.3}", a.sinks)?;
             eprintln!("round {round}/{}: {dp:>7}: {deliveries} deliveries, loss {loss:.2}%, relay CPU {cpu:.2} s, {per:.3} µs per delivered packet", a.rounds);
             results.push((dp.clone(), cpu, deliveries as f64));
-            api(&addr, "DELETE", &format!("/v1/sessions/{name}"), None)?;
+            api.call("DELETE", &format!("/v1/sessions/{name}"), None)?;
         }
     }
     stop.store(true, Ordering::Relaxed);

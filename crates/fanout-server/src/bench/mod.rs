@@ -6,6 +6,7 @@ pub mod datapaths;
 mod plot;
 pub mod scenarios;
 
+use crate::client::ApiClient;
 use anyhow::{bail, Context};
 use clap::Subcommand;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -102,22 +103,8 @@ impl RelayProc {
         self.proc.0.id()
     }
 
-    pub fn call(&self, method: &str, path: &str, body: Option<serde_json::Value>) -> anyhow::Result<serde_json::Value> {
-        api(&self.api, method, path, body)
-    }
-}
-
-pub fn api(relay: &SocketAddr, method: &str, path: &str, body: Option<serde_json::Value>) -> anyhow::Result<serde_json::Value> {
-    let req = ureq::request(method, &format!("http://{relay}{path}")).timeout(Duration::from_secs(30));
-    let r = match body {
-        Some(b) => req.send_json(b),
-        None => req.call(),
-    };
-    match r {
-        Ok(r) if r.status() == 204 => Ok(serde_json::Value::Null),
-        Ok(r) => Ok(r.into_json()?),
-        Err(ureq::Error::Status(c, r)) => bail!("relay API {method} {path}: {c} {}", r.into_string().unwrap_or_default()),
-        Err(e) => bail!("relay API {method} {path}: {e}"),
+    pub fn client(&self) -> ApiClient {
+        ApiClient::new(&format!("http://{}", self.api), None)
     }
 }
 

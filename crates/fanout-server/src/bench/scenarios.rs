@@ -84,6 +84,7 @@ impl StepResult {
 }
 
 fn run_step(relay: &RelayProc, plan: &StepPlan, tmp: &Path) -> anyhow::Result<StepResult> {
+    let api = relay.client();
     let mut sources: Vec<SocketAddr> = Vec::new();
     for s in &plan.sessions {
         let (src, spec) = match plan.transport {
@@ -96,7 +97,7 @@ fn run_step(relay: &RelayProc, plan: &StepPlan, tmp: &Path) -> anyhow::Result<St
                 (a, json!({ "tcp_listen": a }))
             }
         };
-        relay.call(
+        api.call(
             "POST",
             "/v1/sessions",
             Some(json!({"name": s.name, "source": spec, "datapath": s.datapath, "priority": s.priority, "ring": s.ring})),
@@ -166,7 +167,7 @@ fn run_step(relay: &RelayProc, plan: &StepPlan, tmp: &Path) -> anyhow::Result<St
         Ok(StepResult { meter: m, groups, deliveries })
     })();
     for s in &plan.sessions {
-        let _ = relay.call("DELETE", &format!("/v1/sessions/{}", s.name), None);
+        let _ = api.call("DELETE", &format!("/v1/sessions/{}", s.name), None);
     }
     result
 }

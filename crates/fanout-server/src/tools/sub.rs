@@ -4,6 +4,7 @@
 //! (the probe's send time, same-host clock), RFC 3550 jitter and interarrival variance.
 
 use super::{mono_ns, rtp_ts, RTP_HZ};
+use crate::client::ApiClient;
 use anyhow::{bail, Context};
 use clap::Args;
 use fanout_proto::probe::{self, Probe};
@@ -128,33 +129,6 @@ pub struct SubReport {
     pub subscribers: Vec<SubscriberReport>,
 }
 
-struct Api {
-    base: String,
-    token: Option<String>,
-}
-
-impl Api {
-    fn call(&self, method: &str, path: &str, body: Option<serde_json::Value>) -> anyhow::Result<serde_json::Value> {
-        let mut r = ureq::request(method, &format!("{}{path}", self.base)).timeout(Duration::from_secs(10));
-        if let Some(t) = &self.token {
-            r = r.set("Authorization", &format!("Bearer {t}"));
-        }
-        let resp = match body {
-            Some(b) => r.send_json(b),
-            None => r.call(),
-        };
-        match resp {
-            Ok(x) if x.status() == 204 => Ok(serde_json::Value::Null),
-            Ok(x) => Ok(x.into_json()?),
-            Err(ureq::Error::Status(c, x)) => {
-                let v: serde_json::Value = x.into_json().unwrap_or_default();
-                bail!("{method} {path}: {c} {}", v["error"].as_str().unwrap_or(""))
-            }
-            Err(e) => bail!("cannot reach the relay at {}: {e}", self.base),
-        }
-    }
-}
-
 pub fn run(a: SubArgs) -> anyhow::Result<()> {
     let report = subscribe(&a, || println!("sub: ready"))?;
     print_summary(&report);
@@ -170,7 +144,7 @@ pub fn subscribe(a: &SubArgs, ready: impl FnOnce()) -> anyhow::Result<SubReport>
     if total == 0 {
         bail!("no subscribers: give --udp, --tcp and/or --http");
     }
-    let api = a.api.as_ref().map(|b| Api { base: b.trim_end_matches('/').to_string(), token: a.token.clone() });
+    let api = a.api.as_ref().map(|b| ApiClient::new(b, a.token.clone()));
     if (a.tcp > 0 || a.http > 0 || !a.session.is_empty()) && api.is_none() {
         bail!("--tcp, --http and --session need --api (the relay to register with)");
     }

@@ -166,3 +166,8 @@ pub fn have_ffmpeg() -> bool {
     }
     ok
 }
+
+/// The last `frame=` count ffmpeg printed (0 if none).
+pub fn decoded_frames(ffmpeg_log: &str) -> u64 {
+    ffmpeg_log.rsplit("frame=").next().and_then(|s| s.split_whitespace().next()).and_then(|n| n.parse().ok()).unwrap_or(0)
+}

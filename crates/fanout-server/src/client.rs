@@ -1,0 +1,51 @@
+//! A small blocking client of the control API, shared by `ctl`, `sub` and `bench`.
+
+use anyhow::bail;
+use serde_json::Value;
+use std::time::Duration;
+
+pub struct ApiClient {
+    /// `http://IP:PORT`, no trailing slash.
+    pub base: String,
+    pub token: Option<String>,
+}
+
+impl ApiClient {
+    pub fn new(base: &str, token: Option<String>) -> Self {
+        Self { base: base.trim_end_matches('/').to_string(), token }
+    }
+
+    fn request(&self, method: &str, path: &str) -> ureq::Request {
+        let r = ureq::request(method, &format!("{}{path}", self.base)).timeout(Duration::from_secs(30));
+        match &self.token {
+            Some(t) => r.set("Authorization", &format!("Bearer {t}")),
+            None => r,
+        }
+    }
+
+    /// Calls the API; a 204 answers `null`. Errors carry the status and the API's message.
+    pub fn call(&self, method: &str, path: &str, body: Option<Value>) -> anyhow::Result<Value> {
+        let req = self.request(method, path);
+        let r = match body {
+            Some(b) => req.send_json(b),
+            None => req.call(),
+        };
+        match r {
+            Ok(resp) if resp.status() == 204 => Ok(Value::Null),
+            Ok(resp) => Ok(resp.into_json()?),
+            Err(ureq::Error::Status(code, resp)) => {
+                let body: Value = resp.into_json().unwrap_or(Value::Null);
+                bail!("{code}: {}", body["error"].as_str().unwrap_or("(no error message)"))
+            }
+            Err(e) => bail!("cannot reach the relay at {}: {e} (is `fanout serve` running?)", self.base),
+        }
+    }
+
+    pub fn text(&self, path: &str) -> anyhow::Result<String> {
+        self.request("GET", path)
+            .call()
+            .map_err(|e| anyhow::anyhow!("cannot reach the relay at {}: {e}", self.base))?
+            .into_string()
+            .map_err(Into::into)
+    }
+}
