@@ -80,6 +80,12 @@ impl Cursor {
         Self { next: ring.head(), received: 0, skipped: 0 }
     }
 
+    /// A cursor that starts at `seq` (clamped to what the ring holds): a sink that joins at
+    /// an earlier entry point, such as the last keyframe.
+    pub fn starting_at<T>(ring: &SessionRing<T>, seq: u64) -> Self {
+        Self { next: seq.clamp(ring.oldest(), ring.head()), received: 0, skipped: 0 }
+    }
+
     pub fn next(&self) -> u64 {
         self.next
     }
@@ -128,6 +134,17 @@ mod tests {
         assert_eq!((slow.received, slow.skipped), (4, 6));
         assert_eq!(ring.get(10), None);
         assert_eq!(ring.get(5), None);
+    }
+
+    #[test]
+    fn starting_at_is_clamped_to_the_ring() {
+        let mut ring = SessionRing::with_capacity(4);
+        for i in 0..10 {
+            ring.publish(i);
+        }
+        assert_eq!(Cursor::starting_at(&ring, 7).next(), 7);
+        assert_eq!(Cursor::starting_at(&ring, 2).next(), 6);
+        assert_eq!(Cursor::starting_at(&ring, 99).next(), 10);
     }
 
     /// One step of the model: publish some packets, then let each sink read up to its speed.

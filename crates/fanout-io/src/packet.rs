@@ -11,11 +11,13 @@ pub struct Packet {
     len: usize,
     /// Where the media payload starts (after an RTP header), for HTTP subscribers.
     payload_off: usize,
+    /// Starts an MPEG-TS video keyframe: a good first packet for a new sink.
+    keyframe: bool,
 }
 
 impl Packet {
     pub fn with_capacity(cap: usize) -> Self {
-        Self { buf: vec![0; cap].into_boxed_slice(), len: 0, payload_off: 0 }
+        Self { buf: vec![0; cap].into_boxed_slice(), len: 0, payload_off: 0, keyframe: false }
     }
     /// The whole datagram as received.
     pub fn data(&self) -> &[u8] {
@@ -34,9 +36,25 @@ impl Packet {
     pub fn buf_mut(&mut self) -> &mut [u8] {
         &mut self.buf
     }
+    /// Sets the datagram's length and payload offset, and notes whether its payload starts
+    /// an MPEG-TS video keyframe.
     pub fn set_len(&mut self, len: usize, payload_off: usize) {
         self.len = len.min(self.buf.len());
         self.payload_off = payload_off.min(self.len);
+        let payload = &self.buf[self.payload_off..self.len];
+        self.keyframe = payload.first() == Some(&fanout_proto::mpegts::SYNC_BYTE)
+            && fanout_proto::mpegts::starts_video_keyframe(payload);
+    }
+
+    pub fn is_keyframe(&self) -> bool {
+        self.keyframe
+    }
+
+    /// Sets the length of a stream chunk (TCP): no packet boundaries, so no keyframe marks.
+    pub fn set_chunk_len(&mut self, len: usize) {
+        self.len = len.min(self.buf.len());
+        self.payload_off = 0;
+        self.keyframe = false;
     }
 }
 

@@ -179,6 +179,9 @@ pub(crate) struct Inner {
     pub source_kind: Mutex<String>,
     pub source_error: Mutex<Option<String>>,
     pub closed: AtomicBool,
+    /// Sequence number + 1 of the last packet that starts a video keyframe (0: none yet);
+    /// written under the ring lock.
+    last_key: AtomicU64,
     pub started: Instant,
     next_sink: AtomicU64,
     /// Who runs the session's tasks: the engine, or the `daemon` path's own send thread.
@@ -213,6 +216,9 @@ impl Inner {
         {
             let mut ring = self.ring.lock();
             for p in packets.drain(..) {
+                if p.is_keyframe() {
+                    self.last_key.store(ring.head() + 1, Ordering::Relaxed);
+                }
                 if let Some(old) = ring.publish(p) {
                     pool.give(old);
                 }
@@ -278,6 +284,7 @@ impl Session {
             source_kind: Mutex::new("none".into()),
             source_error: Mutex::new(None),
             closed: AtomicBool::new(false),
+            last_key: AtomicU64::new(0),
             started: Instant::now(),
             next_sink: AtomicU64::new(1),
             runner,
@@ -436,7 +443,15 @@ impl Session {
         };
         let g = &groups[gi];
         let mut st = g.state.lock();
-        let cursor = fanout_core::Cursor::at_head(&inner.ring.lock());
+        // A new sink starts at the last video keyframe still held, so a player shows a
+        // picture at once; without one (or for non-TS media) it starts live.
+        let cursor = {
+            let ring = inner.ring.lock();
+            match inner.last_key.load(Ordering::Relaxed) {
+                k if k > ring.oldest() => fanout_core::Cursor::starting_at(&ring, k - 1),
+                _ => fanout_core::Cursor::at_head(&ring),
+            }
+        };
         let mut sink = Sink::new(id, target, io, cursor, strip);
         if let Some(fd) = sink.stream_fd() {
             sink.reg = Some(inner.reactor.register_sink(fd, g.task.clone(), sink.flags.clone())?);

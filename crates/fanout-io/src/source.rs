@@ -169,7 +169,7 @@ impl Job for SourceJob {
                             return false;
                         }
                         Ok(n) => {
-                            pm.set_len(n, 0);
+                            pm.set_chunk_len(n);
                             sc.ready.push(p);
                             s.publish(&mut sc.ready, &mut sc.pool);
                         }
@@ -241,7 +241,7 @@ pub(crate) fn daemon_receiver(session: Weak<Inner>, io: SourceIo) {
                 let keep = match &io {
                     SourceIo::Udp(_) => s.accept(pm, n),
                     SourceIo::Tcp(_) => {
-                        pm.set_len(n, 0);
+                        pm.set_chunk_len(n);
                         true
                     }
                 };

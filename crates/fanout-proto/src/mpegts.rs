@@ -65,6 +65,24 @@ pub fn parse_header(pkt: &[u8], offset: usize) -> Result<TsHeader, TsError> {
     Ok(TsHeader { pid, payload_unit_start: pkt[1] & 0x40 != 0, continuity_counter: pkt[3] & 0x0f, pcr })
 }
 
+/// Whether a run of TS packets holds the start of a video keyframe: a packet with the
+/// random access indicator set that starts a video PES packet (stream id 0xE0–0xEF). A new
+/// subscriber that starts there decodes a picture at once. Audio frames (which muxers also
+/// mark as random access points) do not count.
+pub fn starts_video_keyframe(packets: &[u8]) -> bool {
+    packets.chunks_exact(PACKET_LEN).any(|p| {
+        if p[0] != SYNC_BYTE || p[1] & 0x40 == 0 || p[3] & 0x20 == 0 {
+            return false;
+        }
+        let af_len = usize::from(p[4]);
+        if af_len == 0 || p[5] & 0x40 == 0 || p[3] & 0x10 == 0 {
+            return false;
+        }
+        let pes = 5 + af_len;
+        p.get(pes..pes + 4).is_some_and(|h| h[..3] == [0, 0, 1] && (0xe0..=0xef).contains(&h[3]))
+    })
+}
+
 /// When each datagram of a recorded transport stream is due, derived from its PCRs.
 #[derive(Debug, Clone)]
 pub struct TsSchedule {
@@ -176,6 +194,15 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn finds_video_keyframes_in_the_demo_clip() {
+        let ts = include_bytes!("../../../assets/demo.ts");
+        let keys = ts.chunks(DATAGRAM_LEN).filter(|d| starts_video_keyframe(d)).count();
+        // 8 s at 25 fps with a keyframe every 25 frames (and the encoder may add scene cuts).
+        assert!((8..=10).contains(&keys), "{keys}");
+        assert!(!starts_video_keyframe(&packet(256, Some(1))));
+    }
+
+    #[test]
     fn reads_pcr() {
         let h = parse_header(&packet(256, Some(123_456_789)), 0).unwrap();
         assert_eq!(h.pid, 256);
@@ -215,6 +242,7 @@ pub(crate) mod tests {
         #[test]
         fn header_never_panics(buf in proptest::collection::vec(any::<u8>(), 188)) {
             let _ = parse_header(&buf, 0);
+            let _ = starts_video_keyframe(&buf);
         }
 
         #[test]
