@@ -31,13 +31,16 @@ enum CtlCmd {
     /// Create a session (OMSS SET_SOURCE). Give exactly one source.
     Create {
         name: String,
+        /// Receive UDP on this address (a multicast group address joins the group).
         #[arg(long)]
         udp: Option<SocketAddr>,
         /// Local interface address for a multicast --udp group.
         #[arg(long)]
         interface: Option<std::net::Ipv4Addr>,
+        /// Listen here for one TCP publisher at a time.
         #[arg(long)]
         tcp_listen: Option<SocketAddr>,
+        /// Connect out to a TCP publisher (reconnects with backoff).
         #[arg(long)]
         tcp_connect: Option<SocketAddr>,
         /// The built-in test pattern.
@@ -58,8 +61,10 @@ enum CtlCmd {
     /// Add a sink (OMSS ADD_SINK). Give --udp or --tcp.
     AddSink {
         session: String,
+        /// Send each datagram to this UDP address.
         #[arg(long)]
         udp: Option<SocketAddr>,
+        /// Connect to this TCP address and push the byte stream.
         #[arg(long)]
         tcp: Option<SocketAddr>,
     },

@@ -29,11 +29,12 @@ enum Cmd {
     Serve(ServeArgs),
     /// Talk to a running relay's control API.
     Ctl(ctl::CtlArgs),
-    /// Media server emulator: K paced RTP streams (or a TS file) to a relay.
+    /// Media server emulator: K paced RTP streams, or a TS/H.264/HEVC file, to a relay.
     Gen(tools::gen::GenArgs),
     /// Media client emulator: many subscribers in one process, with loss, latency, jitter.
     Sub(tools::sub::SubArgs),
-    /// Measure the relay: relay CPU per delivered packet for each data path, side by side.
+    /// Measure the relay: the OMSS evaluation (bulk, payload, overload) and data-path
+    /// comparisons, each writing CSV + PNG.
     #[command(subcommand)]
     Bench(bench::BenchCmd),
 }

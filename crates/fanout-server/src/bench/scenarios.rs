@@ -191,8 +191,10 @@ pub struct BulkArgs {
     /// Subscriber counts to step through.
     #[arg(long, value_delimiter = ',', default_value = "100,250,500,1000,2000,4000")]
     steps: Vec<usize>,
+    /// Bit rate of the stream, kbit/s.
     #[arg(long, default_value_t = 256.0)]
     rate_kbps: f64,
+    /// Datagram payload in bytes, RTP header included.
     #[arg(long, default_value_t = 1400)]
     payload: usize,
     /// Seconds of sending per step.
@@ -204,6 +206,7 @@ pub struct BulkArgs {
     /// A short run (2 steps, 3 s) that checks the tools work; CI runs it.
     #[arg(long)]
     quick: bool,
+    /// Folder for the CSV and PNG.
     #[arg(long, default_value = "bench-out/bulk")]
     out: PathBuf,
 }
@@ -291,19 +294,25 @@ pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
 
 #[derive(Args)]
 pub struct PayloadArgs {
+    /// Data paths to compare.
     #[arg(long, value_delimiter = ',', default_value = "daemon,copy,shared")]
     datapath: Vec<String>,
     /// Payload sizes in bytes (RTP header included).
     #[arg(long, value_delimiter = ',', default_value = "64,128,256,512,1024,1400")]
     sizes: Vec<usize>,
+    /// UDP subscribers of the session.
     #[arg(long, default_value_t = 800)]
     subscribers: usize,
+    /// Bit rate of the stream, kbit/s.
     #[arg(long, default_value_t = 256.0)]
     rate_kbps: f64,
+    /// Seconds of sending per step.
     #[arg(long, default_value_t = 10.0)]
     seconds: f64,
+    /// A short run that checks the tools work (under two minutes); CI runs it.
     #[arg(long)]
     quick: bool,
+    /// Folder for the CSV and PNG.
     #[arg(long, default_value = "bench-out/payload")]
     out: PathBuf,
 }
@@ -373,6 +382,7 @@ pub fn payload(mut a: PayloadArgs) -> anyhow::Result<()> {
 
 #[derive(Args)]
 pub struct OverloadArgs {
+    /// Data path of the three sessions.
     #[arg(long, default_value = "shared")]
     datapath: String,
     /// Subscribers of each of the three sessions.
@@ -382,6 +392,7 @@ pub struct OverloadArgs {
     /// the CPU all three sessions need, low enough that the top class alone still fits.
     #[arg(long, default_value_t = 3072.0)]
     rate_kbps: f64,
+    /// Datagram payload in bytes, RTP header included.
     #[arg(long, default_value_t = 1400)]
     payload: usize,
     /// Background load levels in percent (busy share of every burner).
@@ -394,10 +405,13 @@ pub struct OverloadArgs {
     /// slowest sinks skip (128 packets = 0.5 s at 3 Mbit/s).
     #[arg(long, default_value_t = 128)]
     ring: usize,
+    /// Seconds of sending per step.
     #[arg(long, default_value_t = 10.0)]
     seconds: f64,
+    /// A short run that checks the tools work (under two minutes); CI runs it.
     #[arg(long)]
     quick: bool,
+    /// Folder for the CSV and PNG.
     #[arg(long, default_value = "bench-out/overload")]
     out: PathBuf,
 }
