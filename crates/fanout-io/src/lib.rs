@@ -16,7 +16,9 @@
 //! - [`DataPath::Copy`]: the worker pool, but still a copy and a send call per packet per sink;
 //! - [`DataPath::Shared`]: the worker pool with payload sharing: every sink sends straight from
 //!   the ring's buffer, UDP sinks on their own connected socket with `sendmmsg` for a backlog,
-//!   stream sinks with one vectored `sendmsg` for everything pending.
+//!   stream sinks with one vectored `sendmsg` for everything pending;
+//! - [`DataPath::Uring`]: the worker pool with io_uring: one `IORING_OP_SEND` per packet per
+//!   UDP sink on its connected socket, all submitted with one call (none with SQPOLL).
 //!
 //! Invariants: a packet is written into memory once (by the kernel, on receive); a task runs
 //! on one worker at a time; lock order is group → ring; the reactor never does I/O.
@@ -28,6 +30,7 @@ pub mod session;
 mod sink;
 mod source;
 pub mod sys;
+mod uring;
 
 pub use engine::Engine;
 pub use session::{

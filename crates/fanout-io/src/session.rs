@@ -24,6 +24,8 @@ pub enum DataPath {
     /// Worker pool with payload sharing and batched sends (OMSS).
     #[default]
     Shared,
+    /// Worker pool with payload sharing, UDP sends through io_uring.
+    Uring,
 }
 
 /// What the source carries, for HTTP subscribers (who get the bare payload).
@@ -77,6 +79,8 @@ pub struct SessionConfig {
     pub payload: PayloadMode,
     pub failed_sinks: FailurePolicy,
     pub udp_sinks: UdpSinkMode,
+    /// `uring` path: let a kernel thread poll the submission queue (SQPOLL).
+    pub uring_sqpoll: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -403,7 +407,7 @@ impl Session {
     /// Adds a UDP sink; returns its id.
     pub fn add_udp_sink(&self, to: SocketAddr) -> std::io::Result<u64> {
         let sink_io = match (self.inner.cfg.datapath, self.inner.cfg.udp_sinks) {
-            (DataPath::Shared, UdpSinkMode::Connected) => crate::sink::SinkIo::connected_udp(to)?,
+            (DataPath::Shared, UdpSinkMode::Connected) | (DataPath::Uring, _) => crate::sink::SinkIo::connected_udp(to)?,
             _ => crate::sink::SinkIo::Unconnected(crate::sys::RawAddr::new(to)),
         };
         self.add_sink(SinkTarget::Udp(to), sink_io, false)
@@ -434,7 +438,7 @@ impl Session {
         let gi = match pick {
             Some(i) => i,
             None => {
-                let state = Arc::new(Mutex::new(GroupState::new()?));
+                let state = Arc::new(Mutex::new(GroupState::new(&inner.cfg)?));
                 let job = GroupJob { session: Arc::downgrade(inner), state: state.clone() };
                 let task = Task::new(inner.cfg.priority, inner.runner.clone(), Box::new(job));
                 groups.push(Group { task, state });

@@ -3,7 +3,8 @@
 use crate::engine::{Job, WorkerCtx};
 use crate::packet::Packet;
 use crate::reactor::{IoFlags, Reactor, Registration};
-use crate::session::{DataPath, FailurePolicy, Inner, SinkStatus, SinkTarget};
+use crate::session::{DataPath, FailurePolicy, Inner, SessionConfig, SinkStatus, SinkTarget};
+use crate::uring::UringSender;
 use crate::sys::{self, RawAddr};
 use fanout_core::Cursor;
 use parking_lot::Mutex;
@@ -179,14 +180,22 @@ pub(crate) struct GroupState {
     udp: UdpSocket,
     /// `(sink index, datagrams offered)` of the batched send being built.
     plan: Vec<(usize, usize)>,
+    /// The `uring` path's submission and completion rings.
+    uring: Option<UringSender>,
+    /// Failed io_uring sends reaped this run: `(sink id, errno)`.
+    uring_failed: Vec<(u64, i32)>,
 }
 
 impl GroupState {
-    pub fn new() -> io::Result<Self> {
+    pub fn new(cfg: &SessionConfig) -> io::Result<Self> {
         let udp = UdpSocket::bind(("0.0.0.0", 0))?;
         udp.set_nonblocking(true)?;
         sys::enable_recv_err(udp.as_raw_fd(), false)?;
-        Ok(Self { sinks: Vec::new(), snapshot: Vec::new(), udp, plan: Vec::new() })
+        let uring = match cfg.datapath {
+            DataPath::Uring => Some(UringSender::new(1024, cfg.uring_sqpoll)?),
+            _ => None,
+        };
+        Ok(Self { sinks: Vec::new(), snapshot: Vec::new(), udp, plan: Vec::new(), uring, uring_failed: Vec::new() })
     }
 }
 
@@ -214,6 +223,15 @@ impl Job for GroupJob {
             if sink.flags.readable.swap(false, Ordering::AcqRel) {
                 if let Some(why) = check_peer(&sink.io) {
                     sink.fail(why, reactor, policy);
+                }
+            }
+        }
+        // Completed io_uring sends: packets released, failures attributed to their sink.
+        if let Some(u) = g.uring.as_mut() {
+            u.reap(&mut g.uring_failed);
+            for (id, errno) in g.uring_failed.drain(..) {
+                if let Some(sink) = g.sinks.iter_mut().find(|k| k.id == id) {
+                    sink.fail(describe(&io::Error::from_raw_os_error(errno)), reactor, policy);
                 }
             }
         }
@@ -257,9 +275,13 @@ impl Job for GroupJob {
             let from = (sink.cursor.next() - start) as usize;
             let pending = &g.snapshot[from..];
             let r = match (&sink.io, dp) {
+                (SinkIo::Connected(sock), DataPath::Uring) => {
+                    // Invariant: uring groups always own a UringSender.
+                    send_udp_uring(g.uring.as_mut().expect("uring sender"), sock.as_raw_fd(), pending, sink.id)
+                }
                 (SinkIo::Connected(sock), _) => send_udp_batched(sock.as_raw_fd(), pending, ctx),
                 (SinkIo::Unconnected(addr), _) => send_udp_copy(group_fd, addr, pending, ctx),
-                (SinkIo::Stream(_), DataPath::Shared) => send_stream_vectored(sink, pending, ctx),
+                (SinkIo::Stream(_), DataPath::Shared | DataPath::Uring) => send_stream_vectored(sink, pending, ctx),
                 (SinkIo::Stream(_), _) => send_stream_copy(sink, pending, ctx),
                 (SinkIo::Closed, _) => Ok(0),
             };
@@ -270,6 +292,11 @@ impl Job for GroupJob {
                 }
                 Ok(_) => {}
                 Err(e) => sink.fail(describe(&e), reactor, policy),
+            }
+        }
+        if let Some(u) = g.uring.as_mut() {
+            if let Err(e) = u.submit() {
+                tracing::warn!(session = %s.cfg.name, "io_uring submit failed: {e}");
             }
         }
         g.snapshot.clear();
@@ -336,10 +363,21 @@ fn send_udp_batched(fd: RawFd, pending: &[Arc<Packet>], ctx: &mut WorkerCtx) -> 
     Ok(sent)
 }
 
+/// `uring` UDP: queue one send per pending packet; they go to the kernel with the group's
+/// single submit. Returns how many were queued.
+fn send_udp_uring(u: &mut UringSender, fd: RawFd, pending: &[Arc<Packet>], sink: u64) -> io::Result<usize> {
+    for (i, p) in pending.iter().enumerate() {
+        if !u.queue(fd, p.data(), p, sink)? {
+            return Ok(i);
+        }
+    }
+    Ok(pending.len())
+}
+
 /// `shared` UDP, batched: every pending packet of every unconnected UDP sink of the group in
 /// as few `sendmmsg` calls as possible (1024 datagrams each), straight from the ring.
 fn send_udp_group(g: &mut GroupState, head: u64, start: u64, ctx: &mut WorkerCtx) {
-    let GroupState { sinks, snapshot, udp, plan } = g;
+    let GroupState { sinks, snapshot, udp, plan, .. } = g;
     let fd = udp.as_raw_fd();
     plan.clear();
     ctx.iov.clear();

@@ -49,7 +49,7 @@ enum CtlCmd {
         /// Priority class 0-7 (higher is served first).
         #[arg(long, default_value_t = 0)]
         priority: i64,
-        /// daemon, copy or shared.
+        /// daemon, copy, shared or uring.
         #[arg(long, default_value = "shared")]
         datapath: String,
         /// Ring capacity in packets.
@@ -92,7 +92,7 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
             let spec = SessionSpec {
                 priority,
                 datapath: serde_json::from_value(Value::String(datapath.clone()))
-                    .with_context(|| format!("--datapath {datapath:?}: expected daemon, copy or shared"))?,
+                    .with_context(|| format!("--datapath {datapath:?}: expected daemon, copy, shared or uring"))?,
                 ring,
                 ..SessionSpec::new(name, source)
             };

@@ -82,6 +82,7 @@ impl Relay {
             payload: spec.payload,
             failed_sinks: spec.failed_sinks,
             udp_sinks: spec.udp_sinks,
+            uring_sqpoll: spec.uring_sqpoll,
         };
         let session = Session::new(cfg, &self.engine);
         let mut tasks = Vec::new();

@@ -78,7 +78,7 @@ pub struct SessionSpec {
     /// Priority class, 0 (lowest) to 7 (highest): higher classes are always served first.
     #[serde(default)]
     pub priority: i64,
-    /// `daemon`, `copy` or `shared` (default).
+    /// `daemon`, `copy`, `shared` (default) or `uring`.
     #[serde(default)]
     pub datapath: DataPath,
     /// Ring capacity in packets (default: the server's `ring`).
@@ -94,6 +94,10 @@ pub struct SessionSpec {
     /// (UDP: keep sending and count errors; TCP: reconnect with backoff).
     #[serde(default)]
     pub failed_sinks: FailurePolicy,
+    /// `uring` data path: let a kernel thread poll the submission queue (SQPOLL), so sends
+    /// need no system call while it is awake. Each sink group gets its own ring and thread.
+    #[serde(default)]
+    pub uring_sqpoll: bool,
     /// How `shared` sends to UDP sinks: `batched` (one `sendmmsg` for the whole group,
     /// default) or `connected` (a connected socket per sink).
     #[serde(default)]
@@ -119,6 +123,7 @@ impl SessionSpec {
             payload: PayloadMode::default(),
             failed_sinks: FailurePolicy::default(),
             udp_sinks: UdpSinkMode::default(),
+            uring_sqpoll: false,
             sinks: Vec::new(),
         }
     }

@@ -92,6 +92,11 @@ fn shared_with_connected_udp_sinks_delivers_everything_to_1000_udp_and_10_http_s
 }
 
 #[test]
+fn uring_delivers_everything_to_1000_udp_and_10_http_sinks() {
+    thousand_udp_and_ten_http("uring", "batched");
+}
+
+#[test]
 fn copy_delivers_everything_to_1000_udp_and_10_http_sinks() {
     thousand_udp_and_ten_http("copy", "batched");
 }
@@ -138,4 +143,23 @@ fn tcp_source_to_tcp_sink_is_byte_exact() {
     let mut got = [0u8; 23];
     rx.read_exact(&mut got).unwrap();
     assert_eq!(&got, b"hello through the relay");
+}
+
+/// io_uring with a kernel thread polling the submission queue (SQPOLL) delivers everything.
+#[test]
+fn uring_with_sqpoll_delivers_everything() {
+    let relay = Relay::start(&["--no-demo"]);
+    let src = free_udp_port();
+    let rx: Vec<UdpSocket> = (0..50).map(|_| UdpSocket::bind("127.0.0.1:0").unwrap()).collect();
+    let sinks: Vec<_> = rx.iter().map(|r| json!({"udp": r.local_addr().unwrap()})).collect();
+    relay.ok("POST", "/v1/sessions", Some(json!({"name":"sq","source":{"udp":src},"datapath":"uring","uring_sqpoll":true,"sinks":sinks})));
+    send_paced(src, 100, 200, 200.0);
+    let mut buf = [0u8; 300];
+    for r in &rx {
+        r.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        for seq in 0..100u64 {
+            let n = r.recv(&mut buf).unwrap();
+            assert_eq!((n, u64::from_be_bytes(buf[..8].try_into().unwrap())), (200, seq));
+        }
+    }
 }

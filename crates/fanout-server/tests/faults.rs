@@ -67,7 +67,7 @@ fn stalled_tcp_sink_skips_while_others_lose_nothing() {
 fn unreachable_udp_sink_is_marked_failed() {
     let relay = Relay::start(&["--no-demo"]);
     for (name, datapath, udp_sinks) in
-        [("shared", "shared", "batched"), ("connected", "shared", "connected"), ("copy", "copy", "batched"), ("daemon", "daemon", "batched")]
+        [("shared", "shared", "batched"), ("connected", "shared", "connected"), ("copy", "copy", "batched"), ("daemon", "daemon", "batched"), ("uring", "uring", "batched")]
     {
         let src = free_udp_port();
         let spec = json!({"name":name,"source":{"udp":src},"datapath":datapath,"udp_sinks":udp_sinks});

@@ -16,8 +16,9 @@ use std::time::{Duration, Instant};
 #[derive(Args)]
 pub struct BenchArgs {
     /// Data paths to compare, in the order each round runs them; `shared:connected` is the
-    /// shared path with a connected socket per UDP sink.
-    #[arg(long, value_delimiter = ',', default_value = "daemon,copy,shared,shared:connected")]
+    /// shared path with a connected socket per UDP sink, `uring:sqpoll` the uring path with
+    /// a kernel submission-polling thread.
+    #[arg(long, value_delimiter = ',', default_value = "daemon,copy,shared,shared:connected,uring,uring:sqpoll")]
     datapath: Vec<String>,
     /// UDP sinks of the session.
     #[arg(long, default_value_t = 1000)]
@@ -87,10 +88,16 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         for (i, dp) in a.datapath.iter().enumerate() {
             let name = format!("bench{round}{i}");
             let src = UdpSocket::bind("127.0.0.1:0")?.local_addr()?;
-            let (path, udp_mode) = dp.split_once(':').unwrap_or((dp, "batched"));
+            let (path, option) = dp.split_once(':').unwrap_or((dp, ""));
             let sinks: Vec<_> =
                 receivers.iter().map(|r| r.local_addr().map(|a| json!({ "udp": a }))).collect::<Result<_, _>>()?;
-            let spec = json!({"name": name, "source": {"udp": src}, "datapath": path, "udp_sinks": udp_mode, "sinks": sinks});
+            let mut spec = json!({"name": name, "source": {"udp": src}, "datapath": path, "sinks": sinks});
+            match option {
+                "" => {}
+                "connected" => spec["udp_sinks"] = json!("connected"),
+                "sqpoll" => spec["uring_sqpoll"] = json!(true),
+                o => bail!("data path option {o:?}: expected connected (shared) or sqpoll (uring)"),
+            }
             api.call("POST", "/v1/sessions", Some(spec))?;
             std::thread::sleep(Duration::from_millis(300));
             let before_rx = received.load(Ordering::Relaxed);
