@@ -7,8 +7,22 @@
 use crate::packet::Packet;
 use io_uring::{opcode, types, IoUring};
 use std::io;
-use std::os::fd::RawFd;
-use std::sync::Arc;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::{Arc, OnceLock};
+
+/// SQPOLL idle time: the kernel thread sleeps after this long without work.
+const SQPOLL_IDLE_MS: u32 = 10;
+
+/// One SQPOLL kernel thread for the whole process: every group's ring attaches to this one's
+/// work queue (IORING_SETUP_ATTACH_WQ) instead of starting a polling thread of its own.
+fn sqpoll_anchor() -> io::Result<RawFd> {
+    static ANCHOR: OnceLock<Result<IoUring, String>> = OnceLock::new();
+    let r = ANCHOR.get_or_init(|| IoUring::builder().setup_sqpoll(SQPOLL_IDLE_MS).build(8).map_err(|e| e.to_string()));
+    match r {
+        Ok(ring) => Ok(ring.as_raw_fd()),
+        Err(e) => Err(io::Error::other(format!("io_uring SQPOLL: {e}"))),
+    }
+}
 
 pub(crate) struct UringSender {
     ring: IoUring,
@@ -24,8 +38,7 @@ impl UringSender {
     pub fn new(entries: u32, sqpoll: bool) -> io::Result<Self> {
         let mut b = IoUring::builder();
         if sqpoll {
-            // The kernel thread sleeps after 50 ms without work; a submit wakes it.
-            b.setup_sqpoll(50);
+            b.setup_sqpoll(SQPOLL_IDLE_MS).setup_attach_wq(sqpoll_anchor()?);
         }
         let ring = b.build(entries)?;
         let max_inflight = ring.params().cq_entries() as usize;
