@@ -162,20 +162,26 @@ async fn engine_status(State(relay): State<Arc<Relay>>) -> Json<serde_json::Valu
     }))
 }
 
+/// Writes one metric family: its HELP and TYPE lines, then its samples as (labels, value).
+fn family(m: &mut String, name: &str, kind: &str, help: &str, samples: impl IntoIterator<Item = (String, u64)>) {
+    let _ = writeln!(m, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    for (labels, v) in samples {
+        let _ = writeln!(m, "{name}{labels} {v}");
+    }
+}
+
 /// Prometheus text exposition of the same counters the status calls show.
 async fn metrics(State(relay): State<Arc<Relay>>) -> impl IntoResponse {
     let mut m = String::new();
-    let mut family = |name: &str, kind: &str, help: &str| {
-        let _ = writeln!(m, "# HELP {name} {help}\n# TYPE {name} {kind}");
-    };
-    family("fanout_engine_task_runs_total", "counter", "Tasks run by the engine's workers.");
-    family("fanout_sessions", "gauge", "Sessions configured.");
-    drop(family);
-    let _ = writeln!(m, "fanout_engine_task_runs_total {}", relay.engine.runs());
     let sessions = relay.sessions();
-    let _ = writeln!(m, "fanout_sessions {}", sessions.len());
+    family(&mut m, "fanout_engine_task_runs_total", "counter", "Tasks run by the engine's workers.", [(
+        String::new(),
+        relay.engine.runs(),
+    )]);
+    family(&mut m, "fanout_sessions", "gauge", "Sessions configured.", [(String::new(), sessions.len() as u64)]);
     let statuses: Vec<_> = sessions.iter().map(|s| (s.status(), s.sinks())).collect();
-    let per_session: [(&str, &str, &str, fn(&fanout_io::SessionStatus) -> u64); 7] = [
+    type SessionFn = fn(&fanout_io::SessionStatus) -> u64;
+    let per_session: [(&str, &str, &str, SessionFn); 7] = [
         ("fanout_source_packets_total", "counter", "Packets received from the source.", |s| s.source.packets),
         ("fanout_source_bytes_total", "counter", "Bytes received from the source.", |s| s.source.bytes),
         ("fanout_source_oversized_total", "counter", "Datagrams dropped as larger than max_datagram.", |s| {
@@ -187,26 +193,24 @@ async fn metrics(State(relay): State<Arc<Relay>>) -> impl IntoResponse {
         ("fanout_session_sinks_failed", "gauge", "Sinks of the session marked failed.", |s| s.sinks_failed as u64),
     ];
     for (name, kind, help, f) in per_session {
-        let _ = writeln!(m, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for (s, _) in &statuses {
-            let _ = writeln!(m, "{name}{{session=\"{}\"}} {}", s.name, f(s));
-        }
+        let samples = statuses.iter().map(|(s, _)| (format!("{{session=\"{}\"}}", s.name), f(s)));
+        family(&mut m, name, kind, help, samples);
     }
-    let per_sink: [(&str, &str, &str, fn(&fanout_io::SinkStatus) -> u64); 4] = [
+    type SinkFn = fn(&fanout_io::SinkStatus) -> u64;
+    let per_sink: [(&str, &str, &str, SinkFn); 5] = [
         ("fanout_sink_packets_total", "counter", "Packets sent to the sink.", |k| k.packets_sent),
         ("fanout_sink_bytes_total", "counter", "Bytes sent to the sink.", |k| k.bytes_sent),
         ("fanout_sink_skipped_total", "counter", "Packets the sink skipped by slowest-sink-drop.", |k| {
             k.packets_skipped
         }),
+        ("fanout_sink_errors_total", "counter", "Send errors seen by the sink.", |k| k.errors),
         ("fanout_sink_lag", "gauge", "Packets published but not yet handed to the sink.", |k| k.lag),
     ];
     for (name, kind, help, f) in per_sink {
-        let _ = writeln!(m, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for (s, sinks) in &statuses {
-            for k in sinks {
-                let _ = writeln!(m, "{name}{{session=\"{}\",sink=\"{}\"}} {}", s.name, k.id, f(k));
-            }
-        }
+        let samples = statuses.iter().flat_map(|(s, sinks)| {
+            sinks.iter().map(move |k| (format!("{{session=\"{}\",sink=\"{}\"}}", s.name, k.id), f(k)))
+        });
+        family(&mut m, name, kind, help, samples);
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], m)
 }
