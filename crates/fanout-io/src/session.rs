@@ -170,6 +170,8 @@ pub struct SinkStatus {
     pub age_ms: u64,
 }
 
+pub(crate) type SinkFailedFn = Box<dyn Fn(u64, SocketAddr) + Send + Sync>;
+
 pub(crate) struct Group {
     pub task: Arc<Task>,
     pub state: Arc<Mutex<GroupState>>,
@@ -195,7 +197,7 @@ pub(crate) struct Inner {
     threads: Mutex<Vec<JoinHandle<()>>>,
     on_source_closed: Mutex<Option<Box<dyn Fn() + Send + Sync>>>,
     /// Called with a TCP sink's id and address when it fails under `failed_sinks = "retry"`.
-    pub on_sink_failed: Mutex<Option<Box<dyn Fn(u64, SocketAddr) + Send + Sync>>>,
+    pub on_sink_failed: Mutex<Option<SinkFailedFn>>,
 }
 
 /// A handle to a running session. Dropping it does not stop the session: call [`Session::close`].

@@ -96,7 +96,7 @@ impl TsSchedule {
     /// Builds the schedule for `ts`: the PCRs of the first PID that carries them are
     /// interpolated by packet index, so datagrams between PCRs are spread evenly.
     pub fn new(ts: &[u8]) -> Result<Self, TsError> {
-        if ts.is_empty() || ts.len() % PACKET_LEN != 0 {
+        if ts.is_empty() || !ts.len().is_multiple_of(PACKET_LEN) {
             return Err(TsError::Ragged { len: ts.len() });
         }
         let packets = ts.len() / PACKET_LEN;

@@ -16,7 +16,7 @@ fn decode_through_relay(file: &str, encoding: &str, datapath: &str) -> u64 {
     // ffmpeg listens on an even port (and the next one for RTCP) named in an SDP file.
     let port = loop {
         let p = free_udp_port().port();
-        if p % 2 == 0 && std::net::UdpSocket::bind(("127.0.0.1", p + 1)).is_ok() {
+        if p.is_multiple_of(2) && std::net::UdpSocket::bind(("127.0.0.1", p + 1)).is_ok() {
             break p;
         }
     };

@@ -42,7 +42,11 @@ impl Relay {
         });
         let mut out = BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
-        out.read_line(&mut line).map_err(|e| e.to_string())?;
+        if let Err(e) = out.read_line(&mut line) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(e.to_string());
+        }
         let Some(addr) = line.trim().strip_prefix("fanout: API http://").and_then(|l| l.strip_suffix("/v1/sessions"))
         else {
             let _ = child.wait();
