@@ -4,7 +4,7 @@ use crate::engine::{Job, WorkerCtx};
 use crate::packet::{Packet, PacketPool};
 use crate::session::{Inner, SourceState};
 use crate::sys;
-use fanout_proto::mpegts::{TsSchedule, PCR_HZ};
+use fanout_proto::mpegts::{Restamper, TsSchedule, PCR_HZ};
 use parking_lot::Mutex;
 use socket2::{Domain, Protocol, Socket, Type};
 use std::io::{self, ErrorKind, Read};
@@ -285,6 +285,9 @@ pub(crate) fn demo_source(session: Weak<Inner>, clip: DemoClip) {
     let buf = session.upgrade().map_or(2048, |s| s.cfg.max_datagram.max(1316));
     let mut pool = PacketPool::new(buf, 64);
     let mut ready = Vec::with_capacity(8);
+    // Each lap's PCR/PTS/DTS continue from the last one's, and continuity counters run on.
+    let mut restamper = Restamper::default();
+    let per_lap = clip.schedule.len() as u64;
     let start = Instant::now();
     let mut n: u64 = 0;
     loop {
@@ -301,9 +304,13 @@ pub(crate) fn demo_source(session: Weak<Inner>, clip: DemoClip) {
             if due > now {
                 break;
             }
+            if n % per_lap == 0 {
+                restamper.set_offset((n / per_lap) * clip.schedule.loop_ticks() / 300);
+            }
             let mut p = pool.take();
             let pm = Arc::get_mut(&mut p).expect("pool buffers are unique");
             pm.buf_mut()[..len].copy_from_slice(&clip.ts[off..off + len]);
+            restamper.restamp(&mut pm.buf_mut()[..len]);
             pm.set_len(len, 0);
             ready.push(p);
             n += 1;

@@ -83,6 +83,105 @@ pub fn starts_video_keyframe(packets: &[u8]) -> bool {
     })
 }
 
+/// 33-bit wrap of PTS, DTS and the PCR base (90 kHz units).
+const TS_WRAP: u64 = 1 << 33;
+
+fn read_pes_ts(b: &[u8]) -> u64 {
+    ((u64::from(b[0]) >> 1) & 7) << 30
+        | u64::from(b[1]) << 22
+        | (u64::from(b[2]) >> 1) << 15
+        | u64::from(b[3]) << 7
+        | u64::from(b[4]) >> 1
+}
+
+fn write_pes_ts(b: &mut [u8], v: u64) {
+    b[0] = (b[0] & 0xf0) | (((v >> 30) & 7) as u8) << 1 | 1;
+    b[1] = (v >> 22) as u8;
+    b[2] = (((v >> 15) & 0x7f) as u8) << 1 | 1;
+    b[3] = (v >> 7) as u8;
+    b[4] = ((v & 0x7f) as u8) << 1 | 1;
+}
+
+/// Makes a looped recording one continuous stream: shifts PCR, PTS and DTS by a loop
+/// offset and renumbers continuity counters per PID, so a player sees neither a timestamp
+/// jump nor a continuity error where the clip starts again.
+#[derive(Debug, Clone)]
+pub struct Restamper {
+    offset_90k: u64,
+    /// Next continuity counter per PID (0x10 = not seen yet).
+    cc: Box<[u8; 8192]>,
+}
+
+impl Default for Restamper {
+    fn default() -> Self {
+        Self { offset_90k: 0, cc: Box::new([0x10; 8192]) }
+    }
+}
+
+impl Restamper {
+    /// Timestamps from now on are shifted by `offset_90k` (90 kHz units).
+    pub fn set_offset(&mut self, offset_90k: u64) {
+        self.offset_90k = offset_90k % TS_WRAP;
+    }
+
+    /// Rewrites every 188-byte packet of `packets` in place; anything malformed is left as is.
+    pub fn restamp(&mut self, packets: &mut [u8]) {
+        for p in packets.chunks_exact_mut(PACKET_LEN) {
+            if p[0] != SYNC_BYTE {
+                continue;
+            }
+            let pid = usize::from(u16::from_be_bytes([p[1] & 0x1f, p[2]]));
+            let (adaptation, payload) = (p[3] & 0x20 != 0, p[3] & 0x10 != 0);
+            // A packet with payload takes the next counter; one without repeats the last
+            // (ISO/IEC 13818-1 §2.4.3.3), which is what decoders check.
+            if payload {
+                let cc = if self.cc[pid] > 0x0f { p[3] & 0x0f } else { self.cc[pid] };
+                p[3] = (p[3] & 0xf0) | cc;
+                self.cc[pid] = (cc + 1) & 0x0f;
+            } else if self.cc[pid] <= 0x0f {
+                p[3] = (p[3] & 0xf0) | (self.cc[pid].wrapping_sub(1) & 0x0f);
+            }
+            let mut start = 4;
+            if adaptation {
+                let len = usize::from(p[4]);
+                if len > PACKET_LEN - 5 {
+                    continue;
+                }
+                if len >= 7 && p[5] & 0x10 != 0 {
+                    let b = &mut p[6..12];
+                    let base = (u64::from(b[0]) << 25)
+                        | (u64::from(b[1]) << 17)
+                        | (u64::from(b[2]) << 9)
+                        | (u64::from(b[3]) << 1)
+                        | (u64::from(b[4]) >> 7);
+                    let base = (base + self.offset_90k) % TS_WRAP;
+                    b[0] = (base >> 25) as u8;
+                    b[1] = (base >> 17) as u8;
+                    b[2] = (base >> 9) as u8;
+                    b[3] = (base >> 1) as u8;
+                    b[4] = (b[4] & 0x7f) | ((base as u8 & 1) << 7);
+                }
+                start = 5 + len;
+            }
+            // A PES header with PTS (and DTS) at the start of the payload.
+            let unit_start = p[1] & 0x40 != 0;
+            let pes = &mut p[start..];
+            if !unit_start || !payload || pes.len() < 14 || pes[..3] != [0, 0, 1] {
+                continue;
+            }
+            let flags = pes[7] >> 6;
+            if flags & 2 != 0 {
+                let v = (read_pes_ts(&pes[9..14]) + self.offset_90k) % TS_WRAP;
+                write_pes_ts(&mut pes[9..14], v);
+            }
+            if flags == 3 && pes.len() >= 19 {
+                let v = (read_pes_ts(&pes[14..19]) + self.offset_90k) % TS_WRAP;
+                write_pes_ts(&mut pes[14..19], v);
+            }
+        }
+    }
+}
+
 /// When each datagram of a recorded transport stream is due, derived from its PCRs.
 #[derive(Debug, Clone)]
 pub struct TsSchedule {
@@ -203,6 +302,58 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn restamped_loops_of_the_demo_clip_are_continuous() {
+        let clip = include_bytes!("../../../assets/demo.ts");
+        let sched = TsSchedule::new(clip).unwrap();
+        let mut r = Restamper::default();
+        let (mut last_pcr, mut cc) = (None::<u64>, std::collections::HashMap::new());
+        for lap in 0..3u64 {
+            r.set_offset(lap * sched.loop_ticks() / 300);
+            let mut copy = clip.to_vec();
+            r.restamp(&mut copy);
+            for (i, p) in copy.chunks(PACKET_LEN).enumerate() {
+                let h = parse_header(p, i * PACKET_LEN).unwrap();
+                if let Some(pcr) = h.pcr {
+                    assert!(last_pcr.is_none_or(|l| pcr > l), "PCR went back at lap {lap}, packet {i}");
+                    last_pcr = Some(pcr);
+                }
+                // As decoders check: +1 with payload, unchanged without.
+                let step = u8::from(p[3] & 0x10 != 0);
+                if let Some(prev) = cc.insert(h.pid, h.continuity_counter) {
+                    assert_eq!(h.continuity_counter, (prev + step) & 0x0f, "CC jump, PID {} packet {i}", h.pid);
+                }
+            }
+        }
+        // Laps 2 and 3 carry the same PTS as lap 1 plus whole loop lengths.
+        let mut a = clip.to_vec();
+        let mut b = clip.to_vec();
+        Restamper::default().restamp(&mut a);
+        let mut r2 = Restamper::default();
+        r2.set_offset(sched.loop_ticks() / 300);
+        r2.restamp(&mut b);
+        // The PTS of the first PES header in the clip (after any adaptation field).
+        let pts_at = |p: &[u8]| -> Option<usize> {
+            let start = if p[3] & 0x20 != 0 { 5 + usize::from(p[4]) } else { 4 };
+            (p[1] & 0x40 != 0 && p.get(start..start + 3) == Some(&[0, 0, 1][..]) && p[start + 7] & 0x80 != 0)
+                .then_some(start + 9)
+        };
+        let (k, off) = a.chunks(PACKET_LEN).enumerate().find_map(|(k, p)| pts_at(p).map(|o| (k, o))).expect("a PES with PTS");
+        let pa = read_pes_ts(&a[k * PACKET_LEN + off..]);
+        let pb = read_pes_ts(&b[k * PACKET_LEN + off..]);
+        assert_eq!(pb - pa, sched.loop_ticks() / 300);
+    }
+
+    #[test]
+    fn pes_timestamps_round_trip() {
+        for v in [0u64, 1, 90_000, (1 << 33) - 1, 0x1_2345_6789] {
+            let mut b = [0x21u8, 0, 0, 0, 0];
+            write_pes_ts(&mut b, v);
+            assert_eq!(read_pes_ts(&b), v);
+            assert_eq!(b[0] & 0xf0, 0x20);
+        }
+    }
+
+    #[test]
     fn reads_pcr() {
         let h = parse_header(&packet(256, Some(123_456_789)), 0).unwrap();
         assert_eq!(h.pid, 256);
@@ -243,6 +394,10 @@ pub(crate) mod tests {
         fn header_never_panics(buf in proptest::collection::vec(any::<u8>(), 188)) {
             let _ = parse_header(&buf, 0);
             let _ = starts_video_keyframe(&buf);
+            let mut b = buf.clone();
+            let mut r = Restamper::default();
+            r.set_offset(12345);
+            r.restamp(&mut b);
         }
 
         #[test]

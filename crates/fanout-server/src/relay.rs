@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::AbortHandle;
 
-/// The bundled demo clip: an H.264 test pattern with a tone, MPEG-TS at ~300 kbit/s.
+/// The bundled demo clip: an H.264 test pattern with a tone, MPEG-TS at ~340 kbit/s.
 pub static DEMO_TS: &[u8] = include_bytes!("../../../assets/demo.ts");
 
 #[derive(Debug, thiserror::Error)]
