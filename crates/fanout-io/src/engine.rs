@@ -10,7 +10,7 @@ use crate::reactor::Reactor;
 use crate::sys;
 use fanout_core::{ClassQueues, Priority};
 use parking_lot::{Condvar, Mutex};
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 
@@ -211,8 +211,7 @@ fn worker(shared: &Shared) {
         task.state.store(RUNNING, Ordering::Release);
         let more = task.job.run(&mut ctx);
         shared.runs.fetch_add(1, Ordering::Relaxed);
-        let requeue = more
-            || task.state.compare_exchange(RUNNING, IDLE, Ordering::AcqRel, Ordering::Acquire).is_err();
+        let requeue = more || task.state.compare_exchange(RUNNING, IDLE, Ordering::AcqRel, Ordering::Acquire).is_err();
         if requeue {
             task.state.store(QUEUED, Ordering::Release);
             shared.push(task);

@@ -409,7 +409,9 @@ impl Session {
     /// Adds a UDP sink; returns its id.
     pub fn add_udp_sink(&self, to: SocketAddr) -> std::io::Result<u64> {
         let sink_io = match (self.inner.cfg.datapath, self.inner.cfg.udp_sinks) {
-            (DataPath::Shared, UdpSinkMode::Connected) | (DataPath::Uring, _) => crate::sink::SinkIo::connected_udp(to)?,
+            (DataPath::Shared, UdpSinkMode::Connected) | (DataPath::Uring, _) => {
+                crate::sink::SinkIo::connected_udp(to)?
+            }
             _ => crate::sink::SinkIo::Unconnected(crate::sys::RawAddr::new(to)),
         };
         self.add_sink(SinkTarget::Udp(to), sink_io, false)

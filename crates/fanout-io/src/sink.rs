@@ -4,8 +4,8 @@ use crate::engine::{Job, WorkerCtx};
 use crate::packet::Packet;
 use crate::reactor::{IoFlags, Reactor, Registration};
 use crate::session::{DataPath, FailurePolicy, Inner, SessionConfig, SinkStatus, SinkTarget};
-use crate::uring::UringSender;
 use crate::sys::{self, RawAddr};
+use crate::uring::UringSender;
 use fanout_core::Cursor;
 use parking_lot::Mutex;
 use std::io::{self, ErrorKind};
@@ -139,7 +139,13 @@ impl Sink {
     }
 
     /// A retrying TCP sink's new connection: what it missed while away counts as skipped.
-    pub fn reattach(&mut self, stream: TcpStream, head: u64, reactor: &Reactor, task: &Arc<crate::engine::Task>) -> io::Result<bool> {
+    pub fn reattach(
+        &mut self,
+        stream: TcpStream,
+        head: u64,
+        reactor: &Reactor,
+        task: &Arc<crate::engine::Task>,
+    ) -> io::Result<bool> {
         if !self.retrying {
             return Ok(false);
         }

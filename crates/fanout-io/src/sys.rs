@@ -144,7 +144,8 @@ pub fn recv_datagrams(
 /// shared by many sinks can tell which sink failed.
 pub fn enable_recv_err(fd: RawFd, v6: bool) -> io::Result<()> {
     let on: libc::c_int = 1;
-    let (level, name) = if v6 { (libc::IPPROTO_IPV6, libc::IPV6_RECVERR) } else { (libc::IPPROTO_IP, libc::IP_RECVERR) };
+    let (level, name) =
+        if v6 { (libc::IPPROTO_IPV6, libc::IPV6_RECVERR) } else { (libc::IPPROTO_IP, libc::IP_RECVERR) };
     // SAFETY: plain setsockopt with an int.
     let r = unsafe { libc::setsockopt(fd, level, name, (&raw const on).cast(), size_of::<libc::c_int>() as _) };
     if r < 0 {
@@ -177,7 +178,8 @@ pub fn recv_error(fd: RawFd) -> Option<(SocketAddr, io::Error)> {
         let mut c = libc::CMSG_FIRSTHDR(&msg);
         while !c.is_null() {
             let (l, t) = ((*c).cmsg_level, (*c).cmsg_type);
-            if (l == libc::IPPROTO_IP && t == libc::IP_RECVERR) || (l == libc::IPPROTO_IPV6 && t == libc::IPV6_RECVERR) {
+            if (l == libc::IPPROTO_IP && t == libc::IP_RECVERR) || (l == libc::IPPROTO_IPV6 && t == libc::IPV6_RECVERR)
+            {
                 let e = libc::CMSG_DATA(c).cast::<libc::sock_extended_err>().read_unaligned();
                 errno = e.ee_errno as i32;
             }

@@ -337,7 +337,8 @@ pub(crate) mod tests {
             (p[1] & 0x40 != 0 && p.get(start..start + 3) == Some(&[0, 0, 1][..]) && p[start + 7] & 0x80 != 0)
                 .then_some(start + 9)
         };
-        let (k, off) = a.chunks(PACKET_LEN).enumerate().find_map(|(k, p)| pts_at(p).map(|o| (k, o))).expect("a PES with PTS");
+        let (k, off) =
+            a.chunks(PACKET_LEN).enumerate().find_map(|(k, p)| pts_at(p).map(|o| (k, o))).expect("a PES with PTS");
         let pa = read_pes_ts(&a[k * PACKET_LEN + off..]);
         let pb = read_pes_ts(&b[k * PACKET_LEN + off..]);
         assert_eq!(pb - pa, sched.loop_ticks() / 300);

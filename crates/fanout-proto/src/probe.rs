@@ -32,7 +32,11 @@ impl Probe {
             return None;
         }
         let u64_at = |i: usize| u64::from_be_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-        Some(Self { stream: u32::from_be_bytes(b[4..8].try_into().expect("4 bytes")), seq: u64_at(8), sent_ns: u64_at(16) })
+        Some(Self {
+            stream: u32::from_be_bytes(b[4..8].try_into().expect("4 bytes")),
+            seq: u64_at(8),
+            sent_ns: u64_at(16),
+        })
     }
 }
 

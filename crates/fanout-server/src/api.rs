@@ -145,7 +145,10 @@ async fn get_sink(
         .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("session {name:?} has no sink {id}")))
 }
 
-async fn remove_sink(State(relay): State<Arc<Relay>>, Path((name, id)): Path<(String, String)>) -> ApiResult<StatusCode> {
+async fn remove_sink(
+    State(relay): State<Arc<Relay>>,
+    Path((name, id)): Path<(String, String)>,
+) -> ApiResult<StatusCode> {
     let id = parse_id(&id)?;
     if relay.session(&name)?.remove_sink(id) {
         Ok(StatusCode::NO_CONTENT)
@@ -174,10 +177,13 @@ fn family(m: &mut String, name: &str, kind: &str, help: &str, samples: impl Into
 async fn metrics(State(relay): State<Arc<Relay>>) -> impl IntoResponse {
     let mut m = String::new();
     let sessions = relay.sessions();
-    family(&mut m, "fanout_engine_task_runs_total", "counter", "Tasks run by the engine's workers.", [(
-        String::new(),
-        relay.engine.runs(),
-    )]);
+    family(
+        &mut m,
+        "fanout_engine_task_runs_total",
+        "counter",
+        "Tasks run by the engine's workers.",
+        [(String::new(), relay.engine.runs())],
+    );
     family(&mut m, "fanout_sessions", "gauge", "Sessions configured.", [(String::new(), sessions.len() as u64)]);
     let statuses: Vec<_> = sessions.iter().map(|s| (s.status(), s.sinks())).collect();
     type SessionFn = fn(&fanout_io::SessionStatus) -> u64;

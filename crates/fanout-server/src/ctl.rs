@@ -1,7 +1,7 @@
 //! `fanout ctl`: every control-API call from the shell, as readable tables or `--json`.
 
-use crate::spec::{SessionSpec, SinkSpec, SourceSpec};
 use crate::client::ApiClient;
+use crate::spec::{SessionSpec, SinkSpec, SourceSpec};
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use serde_json::Value;
@@ -104,7 +104,9 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
             c.call("POST", &format!("/v1/sessions/{session}/sinks"), Some(serde_json::to_value(spec)?))?
         }
         CtlCmd::Sink { session, id } => c.call("GET", &format!("/v1/sessions/{session}/sinks/{id}"), None)?,
-        CtlCmd::RemoveSink { session, id } => ok(c.call("DELETE", &format!("/v1/sessions/{session}/sinks/{id}"), None)?),
+        CtlCmd::RemoveSink { session, id } => {
+            ok(c.call("DELETE", &format!("/v1/sessions/{session}/sinks/{id}"), None)?)
+        }
         CtlCmd::Flush { session } => c.call("DELETE", &format!("/v1/sessions/{session}/sinks"), None)?,
         CtlCmd::Metrics => {
             print!("{}", c.text("/metrics")?);

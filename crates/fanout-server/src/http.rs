@@ -3,8 +3,8 @@
 //! through the async runtime.
 
 use crate::api::authorized;
-use fanout_proto::http::parse_stream_request;
 use crate::relay::Relay;
+use fanout_proto::http::parse_stream_request;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use std::sync::Arc;

@@ -240,7 +240,10 @@ async fn connect_publisher(addr: std::net::SocketAddr, session: Session) {
 
 /// Reconnects TCP sinks that failed under `failed_sinks = "retry"`, with backoff (1 s doubling
 /// to 10 s), until they are back or removed.
-async fn reconnect_sinks(mut failed: tokio::sync::mpsc::UnboundedReceiver<(u64, std::net::SocketAddr)>, session: Session) {
+async fn reconnect_sinks(
+    mut failed: tokio::sync::mpsc::UnboundedReceiver<(u64, std::net::SocketAddr)>,
+    session: Session,
+) {
     let mut retries = tokio::task::JoinSet::new();
     while let Some((id, addr)) = failed.recv().await {
         let session = session.clone();
@@ -251,7 +254,9 @@ async fn reconnect_sinks(mut failed: tokio::sync::mpsc::UnboundedReceiver<(u64, 
                 if session.sink_status(id).is_none() {
                     return;
                 }
-                if let Ok(Ok(s)) = tokio::time::timeout(Duration::from_secs(3), tokio::net::TcpStream::connect(addr)).await {
+                if let Ok(Ok(s)) =
+                    tokio::time::timeout(Duration::from_secs(3), tokio::net::TcpStream::connect(addr)).await
+                {
                     match s.into_std().and_then(|s| session.reattach_stream(id, s)) {
                         Ok(_) => return,
                         Err(e) => tracing::warn!(session = session.name(), sink = id, "cannot reattach: {e}"),

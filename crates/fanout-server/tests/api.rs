@@ -52,7 +52,9 @@ fn sink_lifecycle_and_flush() {
     let relay = Relay::start(&["--no-demo"]);
     relay.ok("POST", "/v1/sessions", Some(json!({"name":"a","source":{"udp":free_udp_port()},"priority":5})));
     let ids: Vec<u64> = (0..3)
-        .map(|_| relay.ok("POST", "/v1/sessions/a/sinks", Some(json!({"udp": free_udp_port()})))["id"].as_u64().unwrap())
+        .map(|_| {
+            relay.ok("POST", "/v1/sessions/a/sinks", Some(json!({"udp": free_udp_port()})))["id"].as_u64().unwrap()
+        })
         .collect();
     assert_eq!(relay.ok("GET", &format!("/v1/sessions/a/sinks/{}", ids[0]), None)["state"], "active");
     assert_eq!(relay.call("DELETE", &format!("/v1/sessions/a/sinks/{}", ids[0]), None).0, 204);
@@ -96,12 +98,16 @@ fn config_file_declares_sessions_and_bad_ones_are_rejected_with_the_line() {
     .unwrap();
     let relay = Relay::start(&["--config", good.to_str().unwrap()]);
     let v = relay.ok("GET", "/v1/sessions/tv1", None);
-    assert_eq!((v["priority"].as_u64(), v["ring_capacity"].as_u64(), v["sinks"].as_u64()), (Some(3), Some(128), Some(1)));
+    assert_eq!(
+        (v["priority"].as_u64(), v["ring_capacity"].as_u64(), v["sinks"].as_u64()),
+        (Some(3), Some(128), Some(1))
+    );
     drop(relay);
 
     let bad = dir.join("bad.toml");
     std::fs::write(&bad, "workers = 1\n[[session]]\nname = \"x\"\nsource = { udp = \"localhost\" }\n").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_fanout")).args(["serve", "--config", bad.to_str().unwrap()]).output().unwrap();
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_fanout")).args(["serve", "--config", bad.to_str().unwrap()]).output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("bad.toml") && err.contains("line 4"), "{err}");
@@ -118,7 +124,10 @@ fn ctl_wraps_the_api() {
             .args(args)
             .output()
             .unwrap();
-        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+        )
     };
     let src = free_udp_port().to_string();
     let (ok, out) = ctl(&["create", "tv1", "--udp", &src, "--priority", "2"]);
@@ -131,14 +140,18 @@ fn ctl_wraps_the_api() {
     assert!(ok && serde_json::from_str::<serde_json::Value>(&out).unwrap()["udp"] == "127.0.0.1:6000", "{out}");
     let (ok, out) = ctl(&["session", "nope"]);
     assert!(!ok && out.contains("404") && out.contains("no session named"), "{out}");
-    let out = Command::new(env!("CARGO_BIN_EXE_fanout")).args(["ctl", "--api", "http://127.0.0.1:1", "sessions"]).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_fanout"))
+        .args(["ctl", "--api", "http://127.0.0.1:1", "sessions"])
+        .output()
+        .unwrap();
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("is `fanout serve` running?"));
 }
 
 #[test]
 fn api_port_in_use_is_a_clear_error() {
     let relay = Relay::start(&["--no-demo"]);
-    let out = Command::new(env!("CARGO_BIN_EXE_fanout")).args(["serve", "--api", &relay.api.to_string()]).output().unwrap();
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_fanout")).args(["serve", "--api", &relay.api.to_string()]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot listen on"), "{out:?}");
 }

@@ -152,7 +152,11 @@ fn uring_with_sqpoll_delivers_everything() {
     let src = free_udp_port();
     let rx: Vec<UdpSocket> = (0..50).map(|_| UdpSocket::bind("127.0.0.1:0").unwrap()).collect();
     let sinks: Vec<_> = rx.iter().map(|r| json!({"udp": r.local_addr().unwrap()})).collect();
-    relay.ok("POST", "/v1/sessions", Some(json!({"name":"sq","source":{"udp":src},"datapath":"uring","uring_sqpoll":true,"sinks":sinks})));
+    relay.ok(
+        "POST",
+        "/v1/sessions",
+        Some(json!({"name":"sq","source":{"udp":src},"datapath":"uring","uring_sqpoll":true,"sinks":sinks})),
+    );
     send_paced(src, 100, 200, 200.0);
     let mut buf = [0u8; 300];
     for r in &rx {

@@ -66,17 +66,22 @@ fn stalled_tcp_sink_skips_while_others_lose_nothing() {
 #[test]
 fn unreachable_udp_sink_is_marked_failed() {
     let relay = Relay::start(&["--no-demo"]);
-    for (name, datapath, udp_sinks) in
-        [("shared", "shared", "batched"), ("connected", "shared", "connected"), ("copy", "copy", "batched"), ("daemon", "daemon", "batched"), ("uring", "uring", "batched")]
-    {
+    for (name, datapath, udp_sinks) in [
+        ("shared", "shared", "batched"),
+        ("connected", "shared", "connected"),
+        ("copy", "copy", "batched"),
+        ("daemon", "daemon", "batched"),
+        ("uring", "uring", "batched"),
+    ] {
         let src = free_udp_port();
         let spec = json!({"name":name,"source":{"udp":src},"datapath":datapath,"udp_sinks":udp_sinks});
         relay.ok("POST", "/v1/sessions", Some(spec));
         let closed = free_udp_port(); // bound and released: nobody listens there now
         let good = UdpSocket::bind("127.0.0.1:0").unwrap();
         good.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let bad =
-            relay.ok("POST", &format!("/v1/sessions/{name}/sinks"), Some(json!({"udp": closed})))["id"].as_u64().unwrap();
+        let bad = relay.ok("POST", &format!("/v1/sessions/{name}/sinks"), Some(json!({"udp": closed})))["id"]
+            .as_u64()
+            .unwrap();
         relay.ok("POST", &format!("/v1/sessions/{name}/sinks"), Some(json!({"udp": good.local_addr().unwrap()})));
         send_paced(src, 20, 100, 200.0);
         let mut buf = [0u8; 200];
@@ -98,7 +103,8 @@ fn tcp_reset_and_http_client_gone() {
     let src = free_udp_port();
     relay.ok("POST", "/v1/sessions", Some(json!({"name":"s","source":{"udp":src}})));
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let id = relay.ok("POST", "/v1/sessions/s/sinks", Some(json!({"tcp": l.local_addr().unwrap()})))["id"].as_u64().unwrap();
+    let id =
+        relay.ok("POST", "/v1/sessions/s/sinks", Some(json!({"tcp": l.local_addr().unwrap()})))["id"].as_u64().unwrap();
     let (peer, _) = l.accept().unwrap();
     socket2::SockRef::from(&peer).set_linger(Some(Duration::ZERO)).unwrap();
     drop(peer); // RST
@@ -163,7 +169,9 @@ fn silent_source_is_reported() {
     assert_eq!(relay.ok("GET", "/v1/sessions/q", None)["source"]["state"], "waiting");
     send_paced(src, 3, 100, 100.0);
     assert!(wait_for(Duration::from_secs(2), || relay.ok("GET", "/v1/sessions/q", None)["source"]["state"] == "active"));
-    assert!(wait_for(Duration::from_secs(10), || relay.ok("GET", "/v1/sessions/q", None)["source"]["state"] == "silent"));
+    assert!(
+        wait_for(Duration::from_secs(10), || relay.ok("GET", "/v1/sessions/q", None)["source"]["state"] == "silent")
+    );
     let st = relay.ok("GET", "/v1/sessions/q", None);
     assert!(st["source"]["last_packet_ms_ago"].as_u64().unwrap() >= 5000, "{st}");
     send_paced(src, 1, 100, 100.0);
@@ -180,7 +188,8 @@ fn retry_policy_keeps_udp_sinks_and_reconnects_tcp_sinks() {
     let closed = free_udp_port();
     let udp = relay.ok("POST", "/v1/sessions/r/sinks", Some(json!({"udp": closed})))["id"].as_u64().unwrap();
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let tcp = relay.ok("POST", "/v1/sessions/r/sinks", Some(json!({"tcp": l.local_addr().unwrap()})))["id"].as_u64().unwrap();
+    let tcp =
+        relay.ok("POST", "/v1/sessions/r/sinks", Some(json!({"tcp": l.local_addr().unwrap()})))["id"].as_u64().unwrap();
     let (first, _) = l.accept().unwrap();
     socket2::SockRef::from(&first).set_linger(Some(Duration::ZERO)).unwrap();
     drop(first); // RST
@@ -191,7 +200,9 @@ fn retry_policy_keeps_udp_sinks_and_reconnects_tcp_sinks() {
     // The relay dials the TCP sink again (backoff starts at 1 s).
     l.set_nonblocking(false).unwrap();
     let (mut second, _) = l.accept().unwrap();
-    assert!(wait_for(Duration::from_secs(5), || relay.ok("GET", &format!("/v1/sessions/r/sinks/{tcp}"), None)["state"] == "active"));
+    assert!(wait_for(Duration::from_secs(5), || relay.ok("GET", &format!("/v1/sessions/r/sinks/{tcp}"), None)
+        ["state"]
+        == "active"));
     send_paced(src, 5, 100, 200.0);
     second.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut buf = [0u8; 100];
@@ -201,8 +212,11 @@ fn retry_policy_keeps_udp_sinks_and_reconnects_tcp_sinks() {
     let k = relay.ok("GET", &format!("/v1/sessions/r/sinks/{tcp}"), None);
     let (sent, skipped) = (k["packets_sent"].as_u64().unwrap(), k["packets_skipped"].as_u64().unwrap());
     assert!(k["errors"].as_u64().unwrap() >= 1, "{k}");
-    assert!(wait_for(Duration::from_secs(2), || {
-        let k = relay.ok("GET", &format!("/v1/sessions/r/sinks/{tcp}"), None);
-        k["packets_sent"].as_u64().unwrap() + k["packets_skipped"].as_u64().unwrap() == 25
-    }), "sent {sent} + skipped {skipped} should cover all 25 packets");
+    assert!(
+        wait_for(Duration::from_secs(2), || {
+            let k = relay.ok("GET", &format!("/v1/sessions/r/sinks/{tcp}"), None);
+            k["packets_sent"].as_u64().unwrap() + k["packets_skipped"].as_u64().unwrap() == 25
+        }),
+        "sent {sent} + skipped {skipped} should cover all 25 packets"
+    );
 }

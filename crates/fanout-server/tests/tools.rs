@@ -37,14 +37,30 @@ fn gen_and_sub_measure_a_relay_over_udp_tcp_and_http() {
     relay.wait_sinks("m", 9);
     let out = fanout(&["gen", "--to", &src.to_string(), "--pps", "100", "--payload", "200", "--count", "100"]);
     assert!(out.status.success(), "{out:?}");
-    let out2 = fanout(&["gen", "--to", &src.to_string(), "--pps", "100", "--payload", "200", "--count", "0", "--json", gen_json.to_str().unwrap()]);
+    let out2 = fanout(&[
+        "gen",
+        "--to",
+        &src.to_string(),
+        "--pps",
+        "100",
+        "--payload",
+        "200",
+        "--count",
+        "0",
+        "--json",
+        gen_json.to_str().unwrap(),
+    ]);
     assert!(out2.status.success());
     assert!(sub.wait().unwrap().success());
     let r: Value = serde_json::from_slice(&std::fs::read(&sub_json).unwrap()).unwrap();
     let subs = r["subscribers"].as_array().unwrap();
     assert_eq!(subs.len(), 9);
     for s in subs {
-        assert_eq!((s["received"].as_u64(), s["lost"].as_u64(), s["garbled"].as_u64()), (Some(100), Some(0), Some(0)), "{s}");
+        assert_eq!(
+            (s["received"].as_u64(), s["lost"].as_u64(), s["garbled"].as_u64()),
+            (Some(100), Some(0), Some(0)),
+            "{s}"
+        );
         assert!(s["latency_mean_us"].as_f64().unwrap() > 0.0);
     }
     assert_eq!(r["groups"][0]["loss_pct"], 0.0);
@@ -77,7 +93,8 @@ fn check_csv(path: &std::path::Path, min_rows: usize) {
 fn bench_quick_modes_run_and_write_csv_and_png() {
     let dir = tmpdir("bench");
     let d = |s: &str| dir.join(s).to_str().unwrap().to_string();
-    let out = fanout(&["bench", "bulk", "--quick", "--datapath", "shared", "--transport", "udp,tcp", "--out", &d("bulk")]);
+    let out =
+        fanout(&["bench", "bulk", "--quick", "--datapath", "shared", "--transport", "udp,tcp", "--out", &d("bulk")]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     check_csv(&dir.join("bulk/bulk.csv"), 4);
     let out = fanout(&["bench", "payload", "--quick", "--datapath", "copy,shared", "--out", &d("payload")]);

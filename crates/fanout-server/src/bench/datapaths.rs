@@ -43,7 +43,11 @@ pub struct BenchArgs {
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let nofile = fanout_io::sys::raise_nofile_limit();
     if (nofile as usize) < a.sinks + 64 {
-        bail!("{} sinks need {} open files; the limit here is {nofile} (raise it with ulimit -n)", a.sinks, a.sinks + 64);
+        bail!(
+            "{} sinks need {} open files; the limit here is {nofile} (raise it with ulimit -n)",
+            a.sinks,
+            a.sinks + 64
+        );
     }
     let relay = RelayProc::start(&[])?;
     let (api, pid) = (relay.client(), relay.pid());

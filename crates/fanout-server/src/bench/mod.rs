@@ -165,7 +165,8 @@ impl Meter {
 
 /// Runs `fanout <args>` to completion within `limit`, failing with its stderr.
 pub fn run_tool(args: &[String], limit: Duration) -> anyhow::Result<()> {
-    let child = Command::new(std::env::current_exe()?).args(args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn()?;
+    let child =
+        Command::new(std::env::current_exe()?).args(args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn()?;
     let mut p = Proc(child);
     let t = Instant::now();
     loop {

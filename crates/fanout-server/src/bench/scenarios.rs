@@ -100,7 +100,9 @@ fn run_step(relay: &RelayProc, plan: &StepPlan, tmp: &Path) -> anyhow::Result<St
         api.call(
             "POST",
             "/v1/sessions",
-            Some(json!({"name": s.name, "source": spec, "datapath": s.datapath, "priority": s.priority, "ring": s.ring})),
+            Some(
+                json!({"name": s.name, "source": spec, "datapath": s.datapath, "priority": s.priority, "ring": s.ring}),
+            ),
         )?;
         sources.push(src);
     }
@@ -234,7 +236,12 @@ pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
         for (i, &n) in a.steps.iter().enumerate() {
             pb.set_message(format!("{dp}/{t} {n} subscribers"));
             let plan = StepPlan {
-                sessions: vec![SessionPlan { name: format!("bulk{k}x{i}"), datapath: dp.clone(), priority: 0, ring: None }],
+                sessions: vec![SessionPlan {
+                    name: format!("bulk{k}x{i}"),
+                    datapath: dp.clone(),
+                    priority: 0,
+                    ring: None,
+                }],
                 transport: *t,
                 subscribers: n,
                 rate_kbps: a.rate_kbps,
@@ -336,7 +343,12 @@ pub fn payload(mut a: PayloadArgs) -> anyhow::Result<()> {
         for (i, &size) in a.sizes.iter().enumerate() {
             pb.set_message(format!("{dp} {size} B"));
             let plan = StepPlan {
-                sessions: vec![SessionPlan { name: format!("pay{k}x{i}"), datapath: dp.clone(), priority: 0, ring: None }],
+                sessions: vec![SessionPlan {
+                    name: format!("pay{k}x{i}"),
+                    datapath: dp.clone(),
+                    priority: 0,
+                    ring: None,
+                }],
                 transport: Transport::Udp,
                 subscribers: a.subscribers,
                 rate_kbps: a.rate_kbps,

@@ -201,7 +201,8 @@ impl Media {
             _ => None,
         };
         let Some(codec) = codec else {
-            let sched = TsSchedule::new(&data).with_context(|| format!("{} cannot be paced as MPEG-TS", p.display()))?;
+            let sched =
+                TsSchedule::new(&data).with_context(|| format!("{} cannot be paced as MPEG-TS", p.display()))?;
             return Ok(Media::Ts { ts: data, sched, raw: a.raw });
         };
         if !(a.fps > 0.0 && a.fps.is_finite()) {

@@ -390,7 +390,8 @@ fn report(groups: &[String], subs: &[Subscriber], hist: &[Histogram<u64>], secon
         .iter()
         .enumerate()
         .map(|(g, name)| {
-            let mine: Vec<&SubscriberReport> = per.iter().zip(subs).filter(|(_, s)| s.group == g).map(|(r, _)| r).collect();
+            let mine: Vec<&SubscriberReport> =
+                per.iter().zip(subs).filter(|(_, s)| s.group == g).map(|(r, _)| r).collect();
             let n = mine.len().max(1) as f64;
             // A subscriber that got nothing expected as much as the best one did.
             let best = mine.iter().map(|r| r.expected).max().unwrap_or(0);

@@ -173,5 +173,10 @@ pub fn have_ffmpeg() -> bool {
 
 /// The last `frame=` count ffmpeg printed (0 if none).
 pub fn decoded_frames(ffmpeg_log: &str) -> u64 {
-    ffmpeg_log.rsplit("frame=").next().and_then(|s| s.split_whitespace().next()).and_then(|n| n.parse().ok()).unwrap_or(0)
+    ffmpeg_log
+        .rsplit("frame=")
+        .next()
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
 }
