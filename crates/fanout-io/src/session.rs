@@ -113,6 +113,9 @@ pub(crate) struct SourceStats {
 #[derive(Debug, Clone, Serialize)]
 pub struct SourceStatus {
     pub kind: String,
+    /// The local address the source receives on (UDP) or listens on (TCP), once bound: ask
+    /// for port 0 and read the port here.
+    pub addr: Option<SocketAddr>,
     pub state: SourceState,
     pub packets: u64,
     pub bytes: u64,
@@ -183,6 +186,7 @@ pub(crate) struct Inner {
     pub groups: RwLock<Vec<Group>>,
     pub src: SourceStats,
     pub source_kind: Mutex<String>,
+    source_addr: Mutex<Option<SocketAddr>>,
     pub source_error: Mutex<Option<String>>,
     pub closed: AtomicBool,
     /// Sequence number + 1 of the last packet that starts a video keyframe (0: none yet);
@@ -288,6 +292,7 @@ impl Session {
             groups: RwLock::new(Vec::new()),
             src: SourceStats::default(),
             source_kind: Mutex::new("none".into()),
+            source_addr: Mutex::new(None),
             source_error: Mutex::new(None),
             closed: AtomicBool::new(false),
             last_key: AtomicU64::new(0),
@@ -350,7 +355,9 @@ impl Session {
 
     /// Starts receiving from a bound UDP socket.
     pub fn attach_udp(&self, sock: UdpSocket) -> std::io::Result<()> {
-        *self.inner.source_kind.lock() = format!("udp {}", sock.local_addr()?);
+        let addr = sock.local_addr()?;
+        *self.inner.source_kind.lock() = format!("udp {addr}");
+        *self.inner.source_addr.lock() = Some(addr);
         self.attach(crate::source::SourceIo::Udp(sock))
     }
 
@@ -364,6 +371,11 @@ impl Session {
 
     pub fn set_source_kind(&self, kind: String) {
         *self.inner.source_kind.lock() = kind;
+    }
+
+    /// Records the address a TCP source listens on.
+    pub fn set_source_addr(&self, addr: SocketAddr) {
+        *self.inner.source_addr.lock() = Some(addr);
     }
 
     /// Whether a stream publisher is connected now.
@@ -541,6 +553,7 @@ impl Session {
             datapath: inner.cfg.datapath,
             source: SourceStatus {
                 kind: inner.source_kind.lock().clone(),
+                addr: *inner.source_addr.lock(),
                 state: self.source_state(),
                 packets: inner.src.packets.load(Ordering::Relaxed),
                 bytes: inner.src.bytes.load(Ordering::Relaxed),

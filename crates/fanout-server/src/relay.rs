@@ -101,7 +101,9 @@ impl Relay {
         } else if let Some(addr) = src.tcp_listen {
             match tokio::net::TcpListener::bind(addr).await {
                 Ok(l) => {
-                    session.set_source_kind(format!("tcp listen {addr}"));
+                    let bound = l.local_addr().unwrap_or(addr);
+                    session.set_source_kind(format!("tcp listen {bound}"));
+                    session.set_source_addr(bound);
                     tasks.push(tokio::spawn(accept_publishers(l, session.clone())).abort_handle());
                     Ok(())
                 }

@@ -10,12 +10,11 @@ use std::process::Command;
 #[test]
 fn bad_requests_get_clear_4xx_and_change_nothing() {
     let relay = Relay::start(&["--no-demo"]);
-    let src = free_udp_port();
-    relay.ok("POST", "/v1/sessions", Some(json!({"name":"tv1","source":{"udp":src}})));
+    let src = create_on_free_port(&relay, json!({"name":"tv1","source":{"udp":"127.0.0.1:0"}}));
     let cases = [
         ("POST", "/v1/sessions", json!({"name":"x","source":{"udp":"127.0.0.1:1"},"bogus":1}), 422, "unknown field"),
         ("POST", "/v1/sessions", json!({"name":"x","source":{"udp":"nope"}}), 422, "invalid socket address"),
-        ("POST", "/v1/sessions", json!({"name":"tv1","source":{"udp":free_udp_port()}}), 409, "already exists"),
+        ("POST", "/v1/sessions", json!({"name":"tv1","source":{"udp":"127.0.0.1:0"}}), 409, "already exists"),
         ("POST", "/v1/sessions", json!({"name":"x","source":{"udp":src}}), 409, "cannot receive on udp"),
         ("POST", "/v1/sessions", json!({"name":"x","source":{"demo":true},"priority":8}), 400, "priority 8"),
         ("POST", "/v1/sessions/nope/sinks", json!({"udp":"127.0.0.1:9"}), 404, "no session named"),
@@ -50,7 +49,7 @@ fn bad_requests_get_clear_4xx_and_change_nothing() {
 #[test]
 fn sink_lifecycle_and_flush() {
     let relay = Relay::start(&["--no-demo"]);
-    relay.ok("POST", "/v1/sessions", Some(json!({"name":"a","source":{"udp":free_udp_port()},"priority":5})));
+    relay.ok("POST", "/v1/sessions", Some(json!({"name":"a","source":{"udp":"127.0.0.1:0"},"priority":5})));
     let ids: Vec<u64> = (0..3)
         .map(|_| {
             relay.ok("POST", "/v1/sessions/a/sinks", Some(json!({"udp": free_udp_port()})))["id"].as_u64().unwrap()
@@ -93,7 +92,7 @@ fn config_file_declares_sessions_and_bad_ones_are_rejected_with_the_line() {
     let sink = free_udp_port();
     std::fs::write(
         &good,
-        format!("demo = false\nring = 128\n[[session]]\nname = \"tv1\"\nsource = {{ udp = \"{}\" }}\npriority = 3\n[[session.sink]]\nudp = \"{sink}\"\n", free_udp_port()),
+        format!("demo = false\nring = 128\n[[session]]\nname = \"tv1\"\nsource = {{ udp = \"127.0.0.1:0\" }}\npriority = 3\n[[session.sink]]\nudp = \"{sink}\"\n"),
     )
     .unwrap();
     let relay = Relay::start(&["--config", good.to_str().unwrap()]);
@@ -129,8 +128,8 @@ fn ctl_wraps_the_api() {
             String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
         )
     };
-    let src = free_udp_port().to_string();
-    let (ok, out) = ctl(&["create", "tv1", "--udp", &src, "--priority", "2"]);
+    let src = "127.0.0.1:0";
+    let (ok, out) = ctl(&["create", "tv1", "--udp", src, "--priority", "2"]);
     assert!(ok, "{out}");
     let (ok, out) = ctl(&["add-sink", "tv1", "--udp", "127.0.0.1:6000"]);
     assert!(ok && out.contains("sink 1 added"), "{out}");

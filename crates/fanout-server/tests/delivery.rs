@@ -12,9 +12,9 @@ const LEN: usize = 500;
 
 fn thousand_udp_and_ten_http(datapath: &str, udp_sinks: &str) {
     let relay = Relay::start(&["--no-demo"]);
-    let src = free_udp_port();
-    let spec = json!({"name":"tv1","source":{"udp":src},"priority":3,"datapath":datapath,"udp_sinks":udp_sinks});
-    relay.ok("POST", "/v1/sessions", Some(spec));
+    let spec =
+        json!({"name":"tv1","source":{"udp":"127.0.0.1:0"},"priority":3,"datapath":datapath,"udp_sinks":udp_sinks});
+    let src = create_on_free_port(&relay, spec);
     let receivers: Vec<UdpSocket> = (0..1000)
         .map(|_| {
             let s = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -111,9 +111,9 @@ fn daemon_delivers_everything_to_1000_udp_and_10_http_sinks() {
 fn tcp_source_to_tcp_sink_is_byte_exact() {
     let relay = Relay::start(&["--no-demo"]);
     for (i, datapath) in ["shared", "copy", "daemon"].iter().enumerate() {
-        let listen = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
         let name = format!("t{i}");
-        relay.ok("POST", "/v1/sessions", Some(json!({"name":name,"source":{"tcp_listen":listen},"datapath":datapath})));
+        let listen =
+            create_on_free_port(&relay, json!({"name":name,"source":{"tcp_listen":"127.0.0.1:0"},"datapath":datapath}));
         let sink = TcpListener::bind("127.0.0.1:0").unwrap();
         relay.ok("POST", &format!("/v1/sessions/{name}/sinks"), Some(json!({"tcp": sink.local_addr().unwrap()})));
         let (mut rx, _) = sink.accept().unwrap();
@@ -149,13 +149,11 @@ fn tcp_source_to_tcp_sink_is_byte_exact() {
 #[test]
 fn uring_with_sqpoll_delivers_everything() {
     let relay = Relay::start(&["--no-demo"]);
-    let src = free_udp_port();
     let rx: Vec<UdpSocket> = (0..50).map(|_| UdpSocket::bind("127.0.0.1:0").unwrap()).collect();
     let sinks: Vec<_> = rx.iter().map(|r| json!({"udp": r.local_addr().unwrap()})).collect();
-    relay.ok(
-        "POST",
-        "/v1/sessions",
-        Some(json!({"name":"sq","source":{"udp":src},"datapath":"uring","uring_sqpoll":true,"sinks":sinks})),
+    let src = create_on_free_port(
+        &relay,
+        json!({"name":"sq","source":{"udp":"127.0.0.1:0"},"datapath":"uring","uring_sqpoll":true,"sinks":sinks}),
     );
     send_paced(src, 100, 200, 200.0);
     let mut buf = [0u8; 300];

@@ -11,8 +11,7 @@ use std::time::{Duration, Instant};
 #[test]
 fn stalled_tcp_sink_skips_while_others_lose_nothing() {
     let relay = Relay::start(&["--no-demo"]);
-    let src = free_udp_port();
-    relay.ok("POST", "/v1/sessions", Some(json!({"name":"s","source":{"udp":src},"ring":256})));
+    let src = create_on_free_port(&relay, json!({"name":"s","source":{"udp":"127.0.0.1:0"},"ring":256}));
     let stalled = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
     stalled.set_recv_buffer_size(4096).unwrap();
     stalled.bind(&"127.0.0.1:0".parse::<std::net::SocketAddr>().unwrap().into()).unwrap();
@@ -73,9 +72,8 @@ fn unreachable_udp_sink_is_marked_failed() {
         ("daemon", "daemon", "batched"),
         ("uring", "uring", "batched"),
     ] {
-        let src = free_udp_port();
-        let spec = json!({"name":name,"source":{"udp":src},"datapath":datapath,"udp_sinks":udp_sinks});
-        relay.ok("POST", "/v1/sessions", Some(spec));
+        let spec = json!({"name":name,"source":{"udp":"127.0.0.1:0"},"datapath":datapath,"udp_sinks":udp_sinks});
+        let src = create_on_free_port(&relay, spec);
         let closed = free_udp_port(); // bound and released: nobody listens there now
         let good = UdpSocket::bind("127.0.0.1:0").unwrap();
         good.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -100,8 +98,7 @@ fn unreachable_udp_sink_is_marked_failed() {
 #[test]
 fn tcp_reset_and_http_client_gone() {
     let relay = Relay::start(&["--no-demo"]);
-    let src = free_udp_port();
-    relay.ok("POST", "/v1/sessions", Some(json!({"name":"s","source":{"udp":src}})));
+    let src = create_on_free_port(&relay, json!({"name":"s","source":{"udp":"127.0.0.1:0"}}));
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let id =
         relay.ok("POST", "/v1/sessions/s/sinks", Some(json!({"tcp": l.local_addr().unwrap()})))["id"].as_u64().unwrap();
@@ -126,8 +123,10 @@ fn tcp_reset_and_http_client_gone() {
 #[test]
 fn bad_datagrams_and_closed_sources_are_counted() {
     let mut relay = Relay::start(&["--no-demo"]);
-    let src = free_udp_port();
-    relay.ok("POST", "/v1/sessions", Some(json!({"name":"r","source":{"udp":src},"payload":"rtp","max_datagram":512})));
+    let src = create_on_free_port(
+        &relay,
+        json!({"name":"r","source":{"udp":"127.0.0.1:0"},"payload":"rtp","max_datagram":512}),
+    );
     let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
     rx.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     relay.ok("POST", "/v1/sessions/r/sinks", Some(json!({"udp": rx.local_addr().unwrap()})));
@@ -146,8 +145,7 @@ fn bad_datagrams_and_closed_sources_are_counted() {
     assert_eq!(st["source"]["malformed"], 2, "{st}");
     assert_eq!(st["source"]["packets"], 1, "{st}");
 
-    let listen = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    relay.ok("POST", "/v1/sessions", Some(json!({"name":"t","source":{"tcp_listen":listen}})));
+    let listen = create_on_free_port(&relay, json!({"name":"t","source":{"tcp_listen":"127.0.0.1:0"}}));
     let mut p = std::net::TcpStream::connect(listen).unwrap();
     std::io::Write::write_all(&mut p, b"abc").unwrap();
     drop(p);
@@ -164,8 +162,7 @@ fn bad_datagrams_and_closed_sources_are_counted() {
 #[test]
 fn silent_source_is_reported() {
     let relay = Relay::start(&["--no-demo"]);
-    let src = free_udp_port();
-    relay.ok("POST", "/v1/sessions", Some(json!({"name":"q","source":{"udp":src}})));
+    let src = create_on_free_port(&relay, json!({"name":"q","source":{"udp":"127.0.0.1:0"}}));
     assert_eq!(relay.ok("GET", "/v1/sessions/q", None)["source"]["state"], "waiting");
     send_paced(src, 3, 100, 100.0);
     assert!(wait_for(Duration::from_secs(2), || relay.ok("GET", "/v1/sessions/q", None)["source"]["state"] == "active"));
@@ -183,8 +180,7 @@ fn silent_source_is_reported() {
 #[test]
 fn retry_policy_keeps_udp_sinks_and_reconnects_tcp_sinks() {
     let relay = Relay::start(&["--no-demo"]);
-    let src = free_udp_port();
-    relay.ok("POST", "/v1/sessions", Some(json!({"name":"r","source":{"udp":src},"failed_sinks":"retry"})));
+    let src = create_on_free_port(&relay, json!({"name":"r","source":{"udp":"127.0.0.1:0"},"failed_sinks":"retry"}));
     let closed = free_udp_port();
     let udp = relay.ok("POST", "/v1/sessions/r/sinks", Some(json!({"udp": closed})))["id"].as_u64().unwrap();
     let l = TcpListener::bind("127.0.0.1:0").unwrap();

@@ -11,8 +11,7 @@ const SHARED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/testd
 
 fn decode_through_relay(file: &str, encoding: &str, datapath: &str) -> u64 {
     let relay = Relay::start(&["--no-demo"]);
-    let src = free_udp_port();
-    relay.ok("POST", "/v1/sessions", Some(json!({"name":"v","source":{"udp":src},"datapath":datapath})));
+    let src = create_on_free_port(&relay, json!({"name":"v","source":{"udp":"127.0.0.1:0"},"datapath":datapath}));
     // ffmpeg listens on an even port (and the next one for RTCP) named in an SDP file.
     let port = loop {
         let p = free_udp_port().port();

@@ -20,8 +20,7 @@ fn tmpdir(tag: &str) -> std::path::PathBuf {
 #[test]
 fn gen_and_sub_measure_a_relay_over_udp_tcp_and_http() {
     let relay = Relay::start(&["--no-demo"]);
-    let src = free_udp_port();
-    relay.ok("POST", "/v1/sessions", Some(json!({"name":"m","source":{"udp":src}})));
+    let src = create_on_free_port(&relay, json!({"name":"m","source":{"udp":"127.0.0.1:0"}}));
     let dir = tmpdir("gensub");
     let (sub_json, gen_json) = (dir.join("sub.json"), dir.join("gen.json"));
     let api = relay.url("");
@@ -104,8 +103,7 @@ fn tools_fail_clearly_on_bad_input() {
 #[test]
 fn gen_replays_a_ts_file_at_its_own_rate() {
     let relay = Relay::start(&["--no-demo"]);
-    let src = free_udp_port();
-    relay.ok("POST", "/v1/sessions", Some(json!({"name":"f","source":{"udp":src}})));
+    let src = create_on_free_port(&relay, json!({"name":"f","source":{"udp":"127.0.0.1:0"}}));
     let http = relay.http_subscribe("f");
     http.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
     let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/demo.ts");

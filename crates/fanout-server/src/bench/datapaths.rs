@@ -3,7 +3,7 @@
 //! this process sends the stream and drains the sinks.
 
 use super::{process_cpu_s, RelayProc};
-use anyhow::bail;
+use anyhow::{bail, Context};
 use clap::Args;
 use serde_json::json;
 use std::io::Write;
@@ -91,18 +91,21 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     for round in 1..=a.rounds {
         for (i, dp) in a.datapath.iter().enumerate() {
             let name = format!("bench{round}{i}");
-            let src = UdpSocket::bind("127.0.0.1:0")?.local_addr()?;
             let (path, option) = dp.split_once(':').unwrap_or((dp, ""));
             let sinks: Vec<_> =
                 receivers.iter().map(|r| r.local_addr().map(|a| json!({ "udp": a }))).collect::<Result<_, _>>()?;
-            let mut spec = json!({"name": name, "source": {"udp": src}, "datapath": path, "sinks": sinks});
+            let mut spec = json!({"name": name, "source": {"udp": "127.0.0.1:0"}, "datapath": path, "sinks": sinks});
             match option {
                 "" => {}
                 "connected" => spec["udp_sinks"] = json!("connected"),
                 "sqpoll" => spec["uring_sqpoll"] = json!(true),
                 o => bail!("data path option {o:?}: expected connected (shared) or sqpoll (uring)"),
             }
-            api.call("POST", "/v1/sessions", Some(spec))?;
+            let v = api.call("POST", "/v1/sessions", Some(spec))?;
+            let src: std::net::SocketAddr = v["source"]["addr"]
+                .as_str()
+                .and_then(|a| a.parse().ok())
+                .context("the relay did not say its address")?;
             std::thread::sleep(Duration::from_millis(300));
             let before_rx = received.load(Ordering::Relaxed);
             let before_cpu = process_cpu_s(pid)?;

@@ -243,12 +243,3 @@ pub fn progress(steps: u64, what: &str) -> ProgressBar {
 pub fn ensure_dir(p: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(p).with_context(|| format!("creating {}", p.display()))
 }
-
-/// A free UDP port on loopback (bound and released).
-pub fn free_udp() -> anyhow::Result<SocketAddr> {
-    Ok(std::net::UdpSocket::bind("127.0.0.1:0")?.local_addr()?)
-}
-
-pub fn free_tcp() -> anyhow::Result<SocketAddr> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
-}

@@ -4,7 +4,7 @@
 //! subscribers' report.
 
 use super::plot::{self, Panel};
-use super::{ensure_dir, free_tcp, free_udp, progress, run_tool, start_sub, wait, Meter, Metered, Proc, RelayProc};
+use super::{ensure_dir, progress, run_tool, start_sub, wait, Meter, Metered, Proc, RelayProc};
 use anyhow::Context;
 use clap::Args;
 use serde_json::{json, Value};
@@ -87,23 +87,20 @@ fn run_step(relay: &RelayProc, plan: &StepPlan, tmp: &Path) -> anyhow::Result<St
     let api = relay.client();
     let mut sources: Vec<SocketAddr> = Vec::new();
     for s in &plan.sessions {
-        let (src, spec) = match plan.transport {
-            Transport::Udp => {
-                let a = free_udp()?;
-                (a, json!({ "udp": a }))
-            }
-            Transport::Tcp => {
-                let a = free_tcp()?;
-                (a, json!({ "tcp_listen": a }))
-            }
+        // The relay binds a free port itself and says which (no race for a port chosen here).
+        let spec = match plan.transport {
+            Transport::Udp => json!({ "udp": "127.0.0.1:0" }),
+            Transport::Tcp => json!({ "tcp_listen": "127.0.0.1:0" }),
         };
-        api.call(
+        let v = api.call(
             "POST",
             "/v1/sessions",
             Some(
                 json!({"name": s.name, "source": spec, "datapath": s.datapath, "priority": s.priority, "ring": s.ring}),
             ),
         )?;
+        let src =
+            v["source"]["addr"].as_str().and_then(|a| a.parse().ok()).context("the relay did not say its address")?;
         sources.push(src);
     }
     let result = (|| -> anyhow::Result<StepResult> {

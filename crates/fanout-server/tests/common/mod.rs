@@ -1,7 +1,7 @@
 //! Starts the real `fanout` binary on a free port and talks to it through its API.
 #![allow(dead_code)]
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::process::{Child, Command, Stdio};
@@ -179,4 +179,17 @@ pub fn decoded_frames(ffmpeg_log: &str) -> u64 {
         .and_then(|s| s.split_whitespace().next())
         .and_then(|n| n.parse().ok())
         .unwrap_or(0)
+}
+
+/// The address a session's source is bound to, from a session's JSON (create with port 0).
+pub fn source_addr(session: &Value) -> SocketAddr {
+    session["source"]["addr"].as_str().expect("source address").parse().unwrap()
+}
+
+/// Creates a session whose source binds a free port itself (no race with other tests for a
+/// port chosen in advance); returns the bound address.
+pub fn create_on_free_port(relay: &Relay, mut spec: Value) -> SocketAddr {
+    let kind = if spec["source"]["tcp_listen"].is_null() { "udp" } else { "tcp_listen" };
+    spec["source"][kind] = json!("127.0.0.1:0");
+    source_addr(&relay.ok("POST", "/v1/sessions", Some(spec)))
 }
