@@ -74,7 +74,7 @@ fn unreachable_udp_sink_is_marked_failed() {
     ] {
         let spec = json!({"name":name,"source":{"udp":"127.0.0.1:0"},"datapath":datapath,"udp_sinks":udp_sinks});
         let src = create_on_free_port(&relay, spec);
-        let closed = free_udp_port(); // bound and released: nobody listens there now
+        let closed = unephemeral_udp_port(false); // nobody listens there
         let good = UdpSocket::bind("127.0.0.1:0").unwrap();
         good.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let bad = relay.ok("POST", &format!("/v1/sessions/{name}/sinks"), Some(json!({"udp": closed})))["id"]
@@ -181,7 +181,7 @@ fn silent_source_is_reported() {
 fn retry_policy_keeps_udp_sinks_and_reconnects_tcp_sinks() {
     let relay = Relay::start(&["--no-demo"]);
     let src = create_on_free_port(&relay, json!({"name":"r","source":{"udp":"127.0.0.1:0"},"failed_sinks":"retry"}));
-    let closed = free_udp_port();
+    let closed = unephemeral_udp_port(false);
     let udp = relay.ok("POST", "/v1/sessions/r/sinks", Some(json!({"udp": closed})))["id"].as_u64().unwrap();
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let tcp =

@@ -13,12 +13,7 @@ fn decode_through_relay(file: &str, encoding: &str, datapath: &str) -> u64 {
     let relay = Relay::start(&["--no-demo"]);
     let src = create_on_free_port(&relay, json!({"name":"v","source":{"udp":"127.0.0.1:0"},"datapath":datapath}));
     // ffmpeg listens on an even port (and the next one for RTCP) named in an SDP file.
-    let port = loop {
-        let p = free_udp_port().port();
-        if p.is_multiple_of(2) && std::net::UdpSocket::bind(("127.0.0.1", p + 1)).is_ok() {
-            break p;
-        }
-    };
+    let port = unephemeral_udp_port(true).port();
     let dir = std::env::temp_dir().join(format!("fanout-interop-{}-{encoding}-{datapath}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let sdp = dir.join("in.sdp");

@@ -139,6 +139,19 @@ pub fn free_udp_port() -> SocketAddr {
     UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
 }
 
+/// A UDP port below the kernel's ephemeral range (32768+) that is free now: sockets bound
+/// to port 0 (every other socket of the suite) can never be given it, so it stays free.
+pub fn unephemeral_udp_port(even: bool) -> SocketAddr {
+    let seed =
+        std::process::id() as u16 ^ (std::time::SystemTime::now().elapsed().map_or(0, |d| d.subsec_nanos()) as u16);
+    (0..2000u16)
+        .map(|i| 20_000 + (seed.wrapping_add(i * 7) % 10_000))
+        .filter(|p| !even || p % 2 == 0)
+        .find(|&p| UdpSocket::bind(("127.0.0.1", p)).is_ok() && UdpSocket::bind(("127.0.0.1", p + 1)).is_ok())
+        .map(|p| SocketAddr::from(([127, 0, 0, 1], p)))
+        .expect("a free port below the ephemeral range")
+}
+
 /// A test datagram: `seq` as 8 bytes, then a fill pattern.
 pub fn datagram(seq: u64, len: usize) -> Vec<u8> {
     let mut d = vec![(seq % 251) as u8; len];
