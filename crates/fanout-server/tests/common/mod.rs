@@ -142,8 +142,8 @@ pub fn free_udp_port() -> SocketAddr {
 /// A UDP port below the kernel's ephemeral range (32768+) that is free now: sockets bound
 /// to port 0 (every other socket of the suite) can never be given it, so it stays free.
 pub fn unephemeral_udp_port(even: bool) -> SocketAddr {
-    let seed =
-        std::process::id() as u16 ^ (std::time::SystemTime::now().elapsed().map_or(0, |d| d.subsec_nanos()) as u16);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let seed = std::process::id() as u16 ^ now.subsec_nanos() as u16;
     (0..2000u16)
         .map(|i| 20_000 + (seed.wrapping_add(i * 7) % 10_000))
         .filter(|p| !even || p % 2 == 0)
