@@ -87,6 +87,12 @@ fn tools_fail_clearly_on_bad_input() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && err.contains(msg), "{args:?}: {err}");
     }
+    // An API error from a running relay reaches the user with the relay's reason.
+    let relay = Relay::start(&["--no-demo"]);
+    let api = relay.url("");
+    let out = fanout(&["sub", "--api", &api, "--session", "nope", "--udp", "1", "--duration", "0.1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("404") && err.contains("no session named"), "{err}");
     let taken = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap().to_string();
     let out = fanout(&["sub", "--bind", &addr, "--udp", "1", "--duration", "0.1"]);
