@@ -23,15 +23,8 @@ pub struct BenchArgs {
     /// UDP sinks of the session.
     #[arg(long, default_value_t = 1000)]
     sinks: usize,
-    /// Stream bit rate in kbit/s (the OMSS papers use 256).
-    #[arg(long, default_value_t = 256.0)]
-    rate_kbps: f64,
-    /// Datagram payload in bytes (the OMSS papers use 1400).
-    #[arg(long, default_value_t = 1400)]
-    payload: usize,
-    /// Seconds each data path is measured per round.
-    #[arg(long, default_value_t = 10.0)]
-    seconds: f64,
+    #[command(flatten)]
+    load: super::Load,
     /// Rounds: the data paths alternate, so drift on a noisy machine hits all alike.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
@@ -81,7 +74,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             }
         })
     };
-    let pps = a.rate_kbps * 1000.0 / 8.0 / a.payload as f64;
+    let pps = a.load.rate_kbps * 1000.0 / 8.0 / a.load.payload as f64;
     std::fs::create_dir_all(&a.out)?;
     let csv_path = a.out.join("datapaths.csv");
     let mut csv = std::fs::File::create(&csv_path)?;
@@ -110,8 +103,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             let before_rx = received.load(Ordering::Relaxed);
             let before_cpu = process_cpu_s(pid)?;
             let start = Instant::now();
-            let n = (pps * a.seconds).round() as u64;
-            let payload = vec![0x47u8; a.payload];
+            let n = (pps * a.load.seconds).round() as u64;
+            let payload = vec![0x47u8; a.load.payload];
             for k in 0..n {
                 let due = start + Duration::from_secs_f64(k as f64 / pps);
                 if let Some(d) = due.checked_duration_since(Instant::now()) {
@@ -139,7 +132,9 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         let (cpu, del) = results.iter().filter(|r| &r.0 == dp).fold((0.0, 0.0), |acc, r| (acc.0 + r.1, acc.1 + r.2));
         let per = cpu * 1e6 / del.max(1.0);
         let base = *first.get_or_insert(per);
-        println!("{dp:>8}  {per:>22.3}  {:>13.2}x", per / base);
+        // Too little CPU to measure (short or tiny runs) gives no ratio rather than NaN.
+        let ratio = if base > 0.0 { format!("{:.2}x", per / base) } else { "-".into() };
+        println!("{dp:>8}  {per:>22.3}  {ratio:>14}");
     }
     println!("\nCSV: {}", csv_path.display());
     drop(relay);

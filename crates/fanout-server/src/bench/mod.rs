@@ -62,6 +62,20 @@ fn burn(duty: f64, seconds: f64) {
     }
 }
 
+/// The stream every subscriber gets, as the OMSS papers' tests set it.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Load {
+    /// Stream bit rate in kbit/s (the OMSS papers use 256).
+    #[arg(long, default_value_t = 256.0)]
+    pub rate_kbps: f64,
+    /// Datagram payload in bytes, RTP header included (the OMSS papers use 1400).
+    #[arg(long, default_value_t = 1400)]
+    pub payload: usize,
+    /// Seconds of sending per step (per data path and round for `datapaths`).
+    #[arg(long, default_value_t = 10.0)]
+    pub seconds: f64,
+}
+
 /// A child process killed (and reaped) when dropped: every run cleans up what it started.
 pub struct Proc(pub Child);
 

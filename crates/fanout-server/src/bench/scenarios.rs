@@ -190,15 +190,8 @@ pub struct BulkArgs {
     /// Subscriber counts to step through.
     #[arg(long, value_delimiter = ',', default_value = "100,250,500,1000,2000,4000")]
     steps: Vec<usize>,
-    /// Bit rate of the stream, kbit/s.
-    #[arg(long, default_value_t = 256.0)]
-    rate_kbps: f64,
-    /// Datagram payload in bytes, RTP header included.
-    #[arg(long, default_value_t = 1400)]
-    payload: usize,
-    /// Seconds of sending per step.
-    #[arg(long, default_value_t = 10.0)]
-    seconds: f64,
+    #[command(flatten)]
+    load: super::Load,
     /// A data path's sweep stops at the first step with more loss than this (percent).
     #[arg(long, default_value_t = 1.0)]
     max_loss: f64,
@@ -213,7 +206,7 @@ pub struct BulkArgs {
 pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
     if a.quick {
         a.steps = vec![20, 60];
-        a.seconds = 3.0;
+        a.load.seconds = 3.0;
     }
     let relay = RelayProc::start(&[])?;
     let (mut csv, csv_path) = csv_file(
@@ -241,9 +234,9 @@ pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
                 }],
                 transport: *t,
                 subscribers: n,
-                rate_kbps: a.rate_kbps,
-                payload: a.payload,
-                seconds: a.seconds,
+                rate_kbps: a.load.rate_kbps,
+                payload: a.load.payload,
+                seconds: a.load.seconds,
                 background: 0.0,
                 burners: 0,
             };
@@ -256,7 +249,7 @@ pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
                 r.meter.relay_cpu_pct,
                 r.meter.machine_pct,
                 r.us_per_delivery(),
-                r.deliveries as f64 / a.seconds,
+                r.deliveries as f64 / a.load.seconds,
                 loss,
                 r.worst("latency_p50_us"),
                 r.worst("latency_p99_us"),
@@ -281,7 +274,7 @@ pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
     let png = a.out.join("bulk.png");
     plot::panels(
         &png,
-        &format!("Bulk fan-out: 1 source, N subscribers, {} kbit/s, {} B", a.rate_kbps, a.payload),
+        &format!("Bulk fan-out: 1 source, N subscribers, {} kbit/s, {} B", a.load.rate_kbps, a.load.payload),
         "subscribers",
         false,
         &[
