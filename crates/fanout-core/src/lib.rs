@@ -3,10 +3,13 @@
 //! - [`ring`]: the session buffer of OMSS: a ring holding each received packet once, a
 //!   cursor per sink, and slowest-sink-drop when a sink falls a whole ring behind.
 //! - [`classq`]: strict-priority class queues of ready tasks.
+//! - [`slots`]: how the in-kernel data path lays each session's sinks over one shared
+//!   array, so a program loops over `0..n` and a removal is one move.
 //! - [`Priority`]: a session's class, 0–7, higher served first.
 
 pub mod classq;
 pub mod ring;
+pub mod slots;
 
 pub use classq::ClassQueues;
 pub use ring::{Cursor, SessionRing};

@@ -138,6 +138,8 @@ pub struct Engine {
     shared: Arc<Shared>,
     reactor: Arc<Reactor>,
     workers: Vec<JoinHandle<()>>,
+    /// The eBPF program of the `kernel` data path, loaded by the first session that asks.
+    kernel: Mutex<Option<Result<Arc<crate::kernel::KernelFanout>, String>>>,
 }
 
 impl Engine {
@@ -158,7 +160,7 @@ impl Engine {
                 std::thread::Builder::new().name(format!("fanout-worker-{i}")).spawn(move || worker(&shared))
             })
             .collect::<std::io::Result<_>>()?;
-        Ok(Self { shared, reactor, workers })
+        Ok(Self { shared, reactor, workers, kernel: Mutex::new(None) })
     }
 
     pub fn runner(&self) -> Runner {
@@ -167,6 +169,16 @@ impl Engine {
 
     pub fn reactor(&self) -> &Arc<Reactor> {
         &self.reactor
+    }
+
+    /// The `kernel` data path, loaded on first use (the answer, good or bad, is kept).
+    pub fn kernel(&self) -> Result<Arc<crate::kernel::KernelFanout>, String> {
+        self.kernel
+            .lock()
+            .get_or_insert_with(|| {
+                crate::kernel::KernelFanout::load(crate::kernel::DEFAULT_MAX_SINKS).map_err(|e| e.to_string())
+            })
+            .clone()
     }
 
     pub fn workers(&self) -> usize {

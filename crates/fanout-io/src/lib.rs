@@ -24,6 +24,7 @@
 //! on one worker at a time; lock order is group → ring; the reactor never does I/O.
 
 pub mod engine;
+pub mod kernel;
 pub mod packet;
 pub mod reactor;
 pub mod session;

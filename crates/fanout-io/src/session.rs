@@ -1,6 +1,7 @@
 //! A relay session (OMSS): one source, any number of sinks, a ring, a class and a data path.
 
 use crate::engine::{Engine, Runner, Signal, Task, WorkerCtx};
+use crate::kernel::{KernelFanout, KernelSession, KernelSessionStats};
 use crate::packet::{Packet, PacketPool};
 use crate::reactor::{Reactor, Registration};
 use crate::sink::{GroupJob, GroupState, Sink};
@@ -26,6 +27,9 @@ pub enum DataPath {
     Shared,
     /// Worker pool with payload sharing, UDP sends through io_uring.
     Uring,
+    /// A TC eBPF program clones each datagram to every IPv4 UDP sink in the kernel; other
+    /// sinks (TCP, HTTP, IPv6, multicast, unreachable from the kernel) are served as `shared`.
+    Kernel,
 }
 
 /// What the source carries, for HTTP subscribers (who get the bare payload).
@@ -143,6 +147,9 @@ pub struct SessionStatus {
     pub packets_sent: u64,
     pub bytes_sent: u64,
     pub packets_skipped: u64,
+    /// The `kernel` path's own counters.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<KernelSessionStats>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -171,6 +178,8 @@ pub struct SinkStatus {
     /// Send errors seen (ICMP unreachable, resets).
     pub errors: u64,
     pub age_ms: u64,
+    /// Who sends to it: `kernel` (the eBPF program) or `user` (the engine's workers).
+    pub path: &'static str,
 }
 
 pub(crate) type SinkFailedFn = Box<dyn Fn(u64, SocketAddr) + Send + Sync>;
@@ -202,6 +211,10 @@ pub(crate) struct Inner {
     on_source_closed: Mutex<Option<Box<dyn Fn() + Send + Sync>>>,
     /// Called with a TCP sink's id and address when it fails under `failed_sinks = "retry"`.
     pub on_sink_failed: Mutex<Option<SinkFailedFn>>,
+    /// The `kernel` path: the engine's program, and this session's part of it once the
+    /// source is bound.
+    kernel_fanout: Option<Arc<KernelFanout>>,
+    kernel: Mutex<Option<KernelSession>>,
 }
 
 /// A handle to a running session. Dropping it does not stop the session: call [`Session::close`].
@@ -217,10 +230,11 @@ impl Inner {
 
     /// Publishes received packets into the ring and wakes every sink group. Replaced buffers
     /// go back to `pool`.
-    pub fn publish(&self, packets: &mut Vec<Arc<Packet>>, pool: &mut PacketPool) {
+    pub fn publish(self: &Arc<Self>, packets: &mut Vec<Arc<Packet>>, pool: &mut PacketPool) {
         if packets.is_empty() {
             return;
         }
+        self.take_kernel_fallbacks();
         let n = packets.len() as u64;
         let bytes: u64 = packets.iter().map(|p| p.len() as u64).sum();
         {
@@ -241,6 +255,73 @@ impl Inner {
         for g in self.groups.read().iter() {
             g.task.schedule();
         }
+    }
+
+    /// Moves the sinks the kernel program gave up on to user space. Runs before the batch
+    /// that revealed them is published, so they start with it: nothing is lost (a packet of
+    /// the batch the kernel already sent them may arrive twice).
+    fn take_kernel_fallbacks(self: &Arc<Self>) {
+        let found = match self.kernel.lock().as_mut() {
+            Some(k) => k.take_fallbacks(),
+            None => return,
+        };
+        for f in found {
+            tracing::warn!(session = %self.cfg.name, sink = %f.addr, "{}", f.reason);
+            let io = crate::sink::SinkIo::Unconnected(crate::sys::RawAddr::new(f.addr));
+            let r = self.add_sink_with(f.id, SinkTarget::Udp(f.addr), io, false, Start::Head, |sink| {
+                sink.carry(f.stats.packets, f.stats.bytes, f.stats.errors, f.stats.added, f.reason.clone());
+            });
+            if let Err(e) = r {
+                tracing::error!(session = %self.cfg.name, sink = %f.addr, "cannot serve a kernel fallback: {e}");
+            }
+        }
+    }
+
+    fn add_sink_with(
+        self: &Arc<Self>,
+        id: u64,
+        target: SinkTarget,
+        io: crate::sink::SinkIo,
+        strip: bool,
+        start: Start,
+        init: impl FnOnce(&mut Sink),
+    ) -> std::io::Result<u64> {
+        let mut groups = self.groups.write();
+        let per = self.cfg.sinks_per_group.max(1);
+        // The least-loaded group with room, else a new one: groups spread over the workers.
+        let pick = groups
+            .iter()
+            .enumerate()
+            .map(|(i, g)| (i, g.state.lock().sinks.len()))
+            .filter(|&(_, n)| n < per)
+            .min_by_key(|&(_, n)| n)
+            .map(|(i, _)| i);
+        let gi = match pick {
+            Some(i) => i,
+            None => {
+                let state = Arc::new(Mutex::new(GroupState::new(&self.cfg)?));
+                let job = GroupJob { session: Arc::downgrade(self), state: state.clone() };
+                let task = Task::new(self.cfg.priority, self.runner.clone(), Box::new(job));
+                groups.push(Group { task, state });
+                groups.len() - 1
+            }
+        };
+        let g = &groups[gi];
+        let mut st = g.state.lock();
+        let cursor = {
+            let ring = self.ring.lock();
+            match (start, self.last_key.load(Ordering::Relaxed)) {
+                (Start::Keyframe, k) if k > ring.oldest() => fanout_core::Cursor::starting_at(&ring, k - 1),
+                _ => fanout_core::Cursor::at_head(&ring),
+            }
+        };
+        let mut sink = Sink::new(id, target, io, cursor, strip);
+        init(&mut sink);
+        if let Some(fd) = sink.stream_fd() {
+            sink.reg = Some(self.reactor.register_sink(fd, g.task.clone(), sink.flags.clone())?);
+        }
+        st.sinks.push(sink);
+        Ok(id)
     }
 
     /// Validates a received buffer and sets its payload offset; `false` = drop it.
@@ -282,6 +363,7 @@ impl Inner {
 
 impl Session {
     pub fn new(cfg: SessionConfig, engine: &Engine) -> Self {
+        let cfg_datapath = cfg.datapath;
         let runner = match cfg.datapath {
             DataPath::Daemon => Runner::Thread(Arc::new(Signal::default())),
             _ => engine.runner(),
@@ -304,6 +386,11 @@ impl Session {
             threads: Mutex::new(Vec::new()),
             on_source_closed: Mutex::new(None),
             on_sink_failed: Mutex::new(None),
+            kernel_fanout: match cfg_datapath {
+                DataPath::Kernel => engine.kernel().ok(),
+                _ => None,
+            },
+            kernel: Mutex::new(None),
         });
         if let Runner::Thread(sig) = &inner.runner {
             let (weak, sig) = (Arc::downgrade(&inner), sig.clone());
@@ -356,6 +443,14 @@ impl Session {
     /// Starts receiving from a bound UDP socket.
     pub fn attach_udp(&self, sock: UdpSocket) -> std::io::Result<()> {
         let addr = sock.local_addr()?;
+        if self.inner.cfg.datapath == DataPath::Kernel {
+            let fanout =
+                self.inner.kernel_fanout.as_ref().ok_or_else(|| {
+                    std::io::Error::other("the kernel data path is unavailable (see the log for why)")
+                })?;
+            let k = fanout.open(addr).map_err(|e| std::io::Error::other(e.to_string()))?;
+            *self.inner.kernel.lock() = Some(k);
+        }
         *self.inner.source_kind.lock() = format!("udp {addr}");
         *self.inner.source_addr.lock() = Some(addr);
         self.attach(crate::source::SourceIo::Udp(sock))
@@ -420,6 +515,11 @@ impl Session {
 
     /// Adds a UDP sink; returns its id.
     pub fn add_udp_sink(&self, to: SocketAddr) -> std::io::Result<u64> {
+        if let Some(k) = self.inner.kernel.lock().as_mut().filter(|_| KernelSession::serves(to)) {
+            let id = self.inner.next_sink.fetch_add(1, Ordering::Relaxed);
+            k.add(id, to).map_err(|e| std::io::Error::other(e.to_string()))?;
+            return Ok(id);
+        }
         let sink_io = match (self.inner.cfg.datapath, self.inner.cfg.udp_sinks) {
             (DataPath::Shared, UdpSinkMode::Connected) | (DataPath::Uring, _) => {
                 crate::sink::SinkIo::connected_udp(to)?
@@ -439,49 +539,19 @@ impl Session {
     }
 
     fn add_sink(&self, target: SinkTarget, io: crate::sink::SinkIo, strip: bool) -> std::io::Result<u64> {
-        let inner = &self.inner;
-        let id = inner.next_sink.fetch_add(1, Ordering::Relaxed);
-        let mut groups = inner.groups.write();
-        let per = inner.cfg.sinks_per_group.max(1);
-        // The least-loaded group with room, else a new one: groups spread over the workers.
-        let pick = groups
-            .iter()
-            .enumerate()
-            .map(|(i, g)| (i, g.state.lock().sinks.len()))
-            .filter(|&(_, n)| n < per)
-            .min_by_key(|&(_, n)| n)
-            .map(|(i, _)| i);
-        let gi = match pick {
-            Some(i) => i,
-            None => {
-                let state = Arc::new(Mutex::new(GroupState::new(&inner.cfg)?));
-                let job = GroupJob { session: Arc::downgrade(inner), state: state.clone() };
-                let task = Task::new(inner.cfg.priority, inner.runner.clone(), Box::new(job));
-                groups.push(Group { task, state });
-                groups.len() - 1
-            }
-        };
-        let g = &groups[gi];
-        let mut st = g.state.lock();
+        let id = self.inner.next_sink.fetch_add(1, Ordering::Relaxed);
         // A new sink starts at the last video keyframe still held, so a player shows a
         // picture at once; without one (or for non-TS media) it starts live.
-        let cursor = {
-            let ring = inner.ring.lock();
-            match inner.last_key.load(Ordering::Relaxed) {
-                k if k > ring.oldest() => fanout_core::Cursor::starting_at(&ring, k - 1),
-                _ => fanout_core::Cursor::at_head(&ring),
-            }
-        };
-        let mut sink = Sink::new(id, target, io, cursor, strip);
-        if let Some(fd) = sink.stream_fd() {
-            sink.reg = Some(inner.reactor.register_sink(fd, g.task.clone(), sink.flags.clone())?);
-        }
-        st.sinks.push(sink);
-        Ok(id)
+        self.inner.add_sink_with(id, target, io, strip, Start::Keyframe, |_| {})
     }
 
     /// Removes one sink. Returns whether it existed.
     pub fn remove_sink(&self, id: u64) -> bool {
+        if let Some(k) = self.inner.kernel.lock().as_mut() {
+            if k.remove(id) {
+                return true;
+            }
+        }
         for g in self.inner.groups.read().iter() {
             let mut st = g.state.lock();
             if let Some(i) = st.sinks.iter().position(|s| s.id == id) {
@@ -495,7 +565,7 @@ impl Session {
 
     /// Removes every sink (the Oslo proxy's Flush). Returns how many.
     pub fn remove_all_sinks(&self) -> usize {
-        let mut n = 0;
+        let mut n = self.inner.kernel.lock().as_mut().map_or(0, |k| k.clear());
         for g in self.inner.groups.read().iter() {
             for s in g.state.lock().sinks.drain(..) {
                 s.close(&self.inner.reactor);
@@ -506,6 +576,9 @@ impl Session {
     }
 
     pub fn sink_status(&self, id: u64) -> Option<SinkStatus> {
+        if let Some(k) = self.inner.kernel.lock().as_ref().filter(|k| k.contains(id)) {
+            return k.sinks().into_iter().find(|s| s.id == id).map(kernel_sink_status);
+        }
         let head = self.inner.ring.lock().head();
         self.inner
             .groups
@@ -516,7 +589,10 @@ impl Session {
 
     pub fn sinks(&self) -> Vec<SinkStatus> {
         let head = self.inner.ring.lock().head();
-        let mut v: Vec<SinkStatus> = Vec::new();
+        let mut v: Vec<SinkStatus> = match self.inner.kernel.lock().as_ref() {
+            Some(k) => k.sinks().into_iter().map(kernel_sink_status).collect(),
+            None => Vec::new(),
+        };
         for g in self.inner.groups.read().iter() {
             v.extend(g.state.lock().sinks.iter().map(|s| s.status(head)));
         }
@@ -572,6 +648,7 @@ impl Session {
             packets_sent: sinks.iter().map(|s| s.packets_sent).sum(),
             bytes_sent: sinks.iter().map(|s| s.bytes_sent).sum(),
             packets_skipped: sinks.iter().map(|s| s.packets_skipped).sum(),
+            kernel: inner.kernel.lock().as_ref().map(|k| k.stats()),
         }
     }
 
@@ -585,6 +662,8 @@ impl Session {
             inner.reactor.deregister(reg);
         }
         self.remove_all_sinks();
+        // Detaches the session from the program (and the program from idle interfaces).
+        drop(inner.kernel.lock().take());
         if let Runner::Thread(sig) = &inner.runner {
             sig.raise();
         }
@@ -592,6 +671,31 @@ impl Session {
         for t in threads {
             let _ = t.join();
         }
+    }
+}
+
+/// Where a new sink's cursor starts.
+#[derive(Debug, Clone, Copy)]
+enum Start {
+    /// At the newest packet.
+    Head,
+    /// At the last video keyframe the ring holds, else the newest packet.
+    Keyframe,
+}
+
+fn kernel_sink_status(k: crate::kernel::KernelSinkStats) -> SinkStatus {
+    SinkStatus {
+        id: k.id,
+        target: SinkTarget::Udp(k.addr),
+        packets_sent: k.packets,
+        bytes_sent: k.bytes,
+        packets_skipped: 0,
+        lag: 0,
+        state: "active",
+        reason: None,
+        errors: k.errors,
+        age_ms: k.added.elapsed().as_millis() as u64,
+        path: "kernel",
     }
 }
 

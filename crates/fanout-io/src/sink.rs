@@ -82,6 +82,15 @@ impl Sink {
         }
     }
 
+    /// Takes over what the kernel path counted for this sink before it moved to user space.
+    pub fn carry(&mut self, packets: u64, bytes: u64, errors: u64, added: Instant, why: String) {
+        self.cursor.received += packets;
+        self.bytes += bytes;
+        self.errors += errors;
+        self.added = added;
+        self.last_error = Some(why);
+    }
+
     pub fn stream_fd(&self) -> Option<RawFd> {
         match &self.io {
             SinkIo::Stream(s) => Some(s.as_raw_fd()),
@@ -105,6 +114,7 @@ impl Sink {
             reason: self.failed.clone().or_else(|| self.last_error.clone()),
             errors: self.errors,
             age_ms: self.added.elapsed().as_millis() as u64,
+            path: "user",
         }
     }
 
@@ -263,7 +273,11 @@ impl Job for GroupJob {
             (head, start)
         };
 
-        let dp = s.cfg.datapath;
+        // A `kernel` session's user-space sinks are served as `shared`.
+        let dp = match s.cfg.datapath {
+            DataPath::Kernel => DataPath::Shared,
+            dp => dp,
+        };
         let group_fd = g.udp.as_raw_fd();
         if dp == DataPath::Shared {
             send_udp_group(g, head, start, ctx);

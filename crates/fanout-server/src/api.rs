@@ -30,6 +30,7 @@ impl From<RelayError> for ApiError {
             RelayError::NotFound(_) => StatusCode::NOT_FOUND,
             RelayError::Conflict(_) => StatusCode::CONFLICT,
             RelayError::Peer(_) => StatusCode::BAD_GATEWAY,
+            RelayError::Unavailable(_) => StatusCode::NOT_IMPLEMENTED,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError(code, e.to_string())

@@ -22,6 +22,9 @@ pub struct Config {
     pub max_datagram: usize,
     /// Sinks per sink-group task: a session's groups are spread over the workers.
     pub sinks_per_group: usize,
+    /// Data path of sessions that do not name one. With `kernel`, sessions it cannot serve
+    /// (not an IPv4 UDP source, or eBPF unavailable here) fall back to `shared`, logged.
+    pub datapath: fanout_io::DataPath,
     /// Create the `demo` session (the built-in test pattern) at start.
     pub demo: bool,
     /// Largest API request body in bytes.
@@ -40,6 +43,7 @@ impl Default for Config {
             ring: 1024,
             max_datagram: 2048,
             sinks_per_group: 64,
+            datapath: fanout_io::DataPath::Shared,
             demo: true,
             max_body: 1024 * 1024,
             sessions: Vec::new(),

@@ -91,8 +91,9 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
             let source = SourceSpec { udp, interface, tcp_listen, tcp_connect, demo: demo.then_some(true) };
             let spec = SessionSpec {
                 priority,
-                datapath: serde_json::from_value(Value::String(datapath.clone()))
-                    .with_context(|| format!("--datapath {datapath:?}: expected daemon, copy, shared or uring"))?,
+                datapath: serde_json::from_value(Value::String(datapath.clone())).with_context(|| {
+                    format!("--datapath {datapath:?}: expected daemon, copy, shared, uring or kernel")
+                })?,
                 ring,
                 ..SessionSpec::new(name, source)
             };

@@ -5,7 +5,7 @@
 use crate::config::Config;
 use crate::spec::{SessionSpec, SinkSpec};
 use fanout_core::Priority;
-use fanout_io::{bind_udp_source, DemoClip, Engine, Session, SessionConfig};
+use fanout_io::{bind_udp_source, DataPath, DemoClip, Engine, Session, SessionConfig};
 use parking_lot::RwLock;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -24,6 +24,9 @@ pub enum RelayError {
     NotFound(String),
     #[error("{0}")]
     Conflict(String),
+    /// What the request needs is not available on this machine (e.g. eBPF without root).
+    #[error("{0}")]
+    Unavailable(String),
     /// A peer we had to reach (a TCP sink, an upstream) could not be reached.
     #[error("{0}")]
     Peer(String),
@@ -65,17 +68,41 @@ impl Relay {
         self.sessions.read().get(name).map(|e| e.spec.clone())
     }
 
+    /// The session's data path: the one it names, which must work here, or the server's
+    /// default, which falls back to `shared` where it cannot serve the session.
+    fn datapath_for(&self, spec: &SessionSpec) -> Result<DataPath, RelayError> {
+        let udp4 = spec.source.udp.is_some_and(|a| a.is_ipv4());
+        match spec.datapath {
+            Some(DataPath::Kernel) => match self.engine.kernel() {
+                Ok(_) => Ok(DataPath::Kernel),
+                Err(why) => Err(RelayError::Unavailable(why)),
+            },
+            Some(dp) => Ok(dp),
+            None if self.cfg.datapath != DataPath::Kernel => Ok(self.cfg.datapath),
+            None => {
+                let why = match self.engine.kernel() {
+                    Ok(_) if udp4 => return Ok(DataPath::Kernel),
+                    Ok(_) => "its source is not IPv4 UDP".to_string(),
+                    Err(why) => why,
+                };
+                tracing::warn!(session = %spec.name, "datapath \"shared\" instead of \"kernel\": {why}");
+                Ok(DataPath::Shared)
+            }
+        }
+    }
+
     /// Creates a session and starts its source; sinks in the spec are added too.
     pub async fn create(self: &Arc<Self>, spec: SessionSpec) -> Result<Session, RelayError> {
         spec.validate().map_err(RelayError::BadRequest)?;
         if self.sessions.read().contains_key(&spec.name) {
             return Err(RelayError::Conflict(format!("a session named {:?} already exists", spec.name)));
         }
+        let datapath = self.datapath_for(&spec)?;
         let cfg = SessionConfig {
             name: spec.name.clone(),
             // Invariant: validate() checked the range.
             priority: Priority::new(spec.priority).expect("validated"),
-            datapath: spec.datapath,
+            datapath,
             ring_capacity: spec.ring.unwrap_or(self.cfg.ring),
             max_datagram: spec.max_datagram.unwrap_or(self.cfg.max_datagram),
             sinks_per_group: self.cfg.sinks_per_group,

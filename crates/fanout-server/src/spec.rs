@@ -78,9 +78,9 @@ pub struct SessionSpec {
     /// Priority class, 0 (lowest) to 7 (highest): higher classes are always served first.
     #[serde(default)]
     pub priority: i64,
-    /// `daemon`, `copy`, `shared` (default) or `uring`.
-    #[serde(default)]
-    pub datapath: DataPath,
+    /// `daemon`, `copy`, `shared`, `uring` or `kernel` (default: the server's `datapath`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub datapath: Option<DataPath>,
     /// Ring capacity in packets (default: the server's `ring`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ring: Option<usize>,
@@ -117,7 +117,7 @@ impl SessionSpec {
             name: name.into(),
             source,
             priority: 0,
-            datapath: DataPath::default(),
+            datapath: None,
             ring: None,
             max_datagram: None,
             payload: PayloadMode::default(),
@@ -137,6 +137,9 @@ impl SessionSpec {
         }
         fanout_core::Priority::new(self.priority).map_err(|e| e.to_string())?;
         self.source.validate()?;
+        if self.datapath == Some(DataPath::Kernel) && !self.source.udp.is_some_and(|a| a.is_ipv4()) {
+            return Err("datapath \"kernel\" needs an IPv4 udp source".into());
+        }
         if let Some(r) = self.ring {
             if !(2..=MAX_RING).contains(&r) {
                 return Err(format!("ring {r} is out of range 2..={MAX_RING}"));
@@ -168,7 +171,7 @@ mod tests {
     fn accepts_the_documented_example() {
         let s = parse(r#"{"name":"tv1","source":{"udp":"127.0.0.1:5004"},"priority":3,"datapath":"shared"}"#).unwrap();
         assert_eq!(s.priority, 3);
-        assert_eq!(s.datapath, DataPath::Shared);
+        assert_eq!(s.datapath, Some(DataPath::Shared));
     }
 
     #[test]

@@ -1,0 +1,545 @@
+//! The `kernel` data path: a TC program (bpf/fanout_fwd.bpf.c) clones each source datagram
+//! to every UDP sink inside the kernel; user space only keeps the maps and reads counters.
+//!
+//! One program serves every session: `SESSIONS` maps a source address to a session index,
+//! `NSINKS[index]` is how many sinks it has, and its sinks sit densely in `SINKS`, over
+//! chunks named by `CHUNKS` (the layout is [`fanout_core::slots`]). The program is attached
+//! to an interface's ingress while some session receives there, as a tcx link (kernel 6.6+):
+//! links die with the process, so nothing outlives `fanout`, even a crash. On older kernels
+//! it is a clsact filter, removed on exit and, if a crash left one, replaced at start.
+
+use aya::maps::{Array, HashMap as BpfHashMap, MapData};
+use aya::programs::tc::{self, SchedClassifierLinkId, TcAttachType};
+use aya::programs::{ProgramError, SchedClassifier};
+use aya::{Ebpf, EbpfLoader, Pod};
+use fanout_core::slots::{ChunkPool, SessionSlots, SlotWrite, CHUNK_SINKS};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
+use std::sync::Arc;
+use std::time::Instant;
+
+static PROGRAM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fanout_fwd.o"));
+const PROGRAM_NAME: &str = "fanout_fwd";
+
+/// Must match the program's constants.
+const MAX_SESSIONS: u32 = 256;
+const MAX_CHUNKS: usize = 64;
+const SINK_LOCAL: u16 = 1;
+const SINK_REMOTE: u16 = 2;
+const SINK_FALLBACK: u16 = 4;
+const LOOPBACK_IFINDEX: u32 = 1;
+
+/// Sink slots of the shared array (64 bytes each: 4 MiB of kernel memory).
+pub const DEFAULT_MAX_SINKS: usize = 1 << 16;
+
+/// Sinks per session the kernel path can hold.
+pub const MAX_SESSION_SINKS: usize = MAX_CHUNKS * CHUNK_SINKS;
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct BpfKey {
+    addr: u32,
+    port: u16,
+    pad: u16,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct BpfSink {
+    daddr: u32,
+    dport: u16,
+    state: u16,
+    ifindex: u32,
+    redirect_flags: u32,
+    l2: [u8; 12],
+    reason: i32,
+    resolved_ns: u64,
+    packets: u64,
+    bytes: u64,
+    errors: u64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct BpfStats {
+    packets: u64,
+    bytes: u64,
+    unhandled: u64,
+    fallbacks: u64,
+}
+
+// SAFETY: plain `repr(C)` integers and arrays; the padding is explicit.
+unsafe impl Pod for BpfKey {}
+unsafe impl Pod for BpfSink {}
+unsafe impl Pod for BpfStats {}
+
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    /// The program cannot run here at all (not built, no privilege, verifier).
+    #[error("the kernel data path is unavailable: {0}")]
+    Unavailable(String),
+    #[error("kernel data path: {0}")]
+    Setup(String),
+    #[error("kernel data path: {0}")]
+    Full(#[from] fanout_core::slots::SlotError),
+}
+
+fn setup(what: &str, e: impl std::fmt::Display) -> KernelError {
+    KernelError::Setup(format!("{what}: {e}"))
+}
+
+struct Maps {
+    sessions: BpfHashMap<MapData, BpfKey, u32>,
+    nsinks: Array<MapData, u32>,
+    chunks: Array<MapData, u32>,
+    sinks: Array<MapData, BpfSink>,
+    stats: Array<MapData, BpfStats>,
+}
+
+struct State {
+    ebpf: Ebpf,
+    maps: Maps,
+    pool: ChunkPool,
+    free_sessions: Vec<u32>,
+    /// Interface -> (link, sessions using it).
+    attached: HashMap<String, (SchedClassifierLinkId, usize)>,
+}
+
+/// The loaded program and its maps, shared by every `kernel` session of the engine.
+pub struct KernelFanout {
+    state: Mutex<State>,
+}
+
+impl KernelFanout {
+    /// Loads the program (not yet attached anywhere). `max_sinks` sizes the sink array
+    /// (64 bytes each), shared by all sessions.
+    pub fn load(max_sinks: usize) -> Result<Arc<Self>, KernelError> {
+        if PROGRAM.is_empty() {
+            return Err(KernelError::Unavailable(
+                "fanout was built without clang, so without the eBPF program (install clang and rebuild)".into(),
+            ));
+        }
+        let chunks = max_sinks.div_ceil(CHUNK_SINKS).max(1) as u32;
+        let mut ebpf = EbpfLoader::new()
+            .map_max_entries("SINKS", chunks * CHUNK_SINKS as u32)
+            .load(PROGRAM)
+            .map_err(|e| KernelError::Unavailable(explain_load(&format!("{e:?}"))))?;
+        let prog: &mut SchedClassifier = ebpf
+            .program_mut(PROGRAM_NAME)
+            .and_then(|p| p.try_into().ok())
+            .ok_or_else(|| KernelError::Unavailable("the object has no tc program".into()))?;
+        prog.load().map_err(|e| KernelError::Unavailable(explain_program(e)))?;
+        let mut take = |name: &str| ebpf.take_map(name).ok_or_else(|| setup("map missing", name));
+        let maps = Maps {
+            sessions: take("SESSIONS")?.try_into().map_err(|e| setup("SESSIONS", e))?,
+            nsinks: take("NSINKS")?.try_into().map_err(|e| setup("NSINKS", e))?,
+            chunks: take("CHUNKS")?.try_into().map_err(|e| setup("CHUNKS", e))?,
+            sinks: take("SINKS")?.try_into().map_err(|e| setup("SINKS", e))?,
+            stats: take("STATS")?.try_into().map_err(|e| setup("STATS", e))?,
+        };
+        Ok(Arc::new(Self {
+            state: Mutex::new(State {
+                ebpf,
+                maps,
+                pool: ChunkPool::new(chunks),
+                free_sessions: (0..MAX_SESSIONS).rev().collect(),
+                attached: HashMap::new(),
+            }),
+        }))
+    }
+
+    /// Starts fanning out datagrams addressed to `addr` (the session's bound source).
+    pub fn open(self: &Arc<Self>, addr: SocketAddr) -> Result<KernelSession, KernelError> {
+        let SocketAddr::V4(addr) = addr else {
+            return Err(setup("IPv6 sources are not supported", addr));
+        };
+        let ifaces = ingress_interfaces(*addr.ip())?;
+        // A multicast group is the datagrams' destination; a wildcard bind (0) matches any.
+        let key = BpfKey { addr: u32::from(*addr.ip()).to_be(), port: addr.port().to_be(), pad: 0 };
+        let mut st = self.state.lock();
+        let index = st.free_sessions.pop().ok_or_else(|| setup("too many sessions", MAX_SESSIONS))?;
+        let opened = (|| {
+            st.maps.nsinks.set(index, 0, 0).map_err(|e| setup("NSINKS", e))?;
+            st.maps.stats.set(index, BpfStats::default(), 0).map_err(|e| setup("STATS", e))?;
+            st.maps.sessions.insert(key, index, 0).map_err(|e| setup("SESSIONS", e))?;
+            for (n, name) in ifaces.iter().enumerate() {
+                if let Err(e) = st.attach(name) {
+                    for done in &ifaces[..n] {
+                        st.release(done);
+                    }
+                    let _ = st.maps.sessions.remove(&key);
+                    return Err(e);
+                }
+            }
+            Ok(())
+        })();
+        if let Err(e) = opened {
+            st.free_sessions.push(index);
+            return Err(e);
+        }
+        tracing::info!(%addr, ?ifaces, index, "kernel fan-out attached");
+        Ok(KernelSession {
+            fanout: self.clone(),
+            index,
+            key,
+            ifaces,
+            slots: SessionSlots::new(),
+            targets: HashMap::new(),
+            seen_fallbacks: 0,
+        })
+    }
+}
+
+impl State {
+    fn attach(&mut self, iface: &str) -> Result<(), KernelError> {
+        if let Some((_, n)) = self.attached.get_mut(iface) {
+            *n += 1;
+            return Ok(());
+        }
+        let tcx = kernel_at_least(6, 6);
+        if !tcx {
+            // Netlink filters outlive their process: add the qdisc, drop a crashed run's filter.
+            let _ = tc::qdisc_add_clsact(iface);
+            if tc::qdisc_detach_program(iface, TcAttachType::Ingress, PROGRAM_NAME).is_ok() {
+                tracing::warn!(iface, "replaced a stale fanout program left by an earlier run");
+            }
+        }
+        let prog: &mut SchedClassifier =
+            self.ebpf.program_mut(PROGRAM_NAME).and_then(|p| p.try_into().ok()).expect("loaded at start");
+        let link = prog
+            .attach(iface, TcAttachType::Ingress)
+            .map_err(|e| setup(&format!("attaching to {iface} ingress"), explain_program(e)))?;
+        self.attached.insert(iface.to_string(), (link, 1));
+        Ok(())
+    }
+
+    fn release(&mut self, iface: &str) {
+        let Some((_, n)) = self.attached.get_mut(iface) else { return };
+        *n -= 1;
+        if *n > 0 {
+            return;
+        }
+        let (link, _) = self.attached.remove(iface).expect("present");
+        let prog: &mut SchedClassifier =
+            self.ebpf.program_mut(PROGRAM_NAME).and_then(|p| p.try_into().ok()).expect("loaded at start");
+        if let Err(e) = prog.detach(link) {
+            tracing::warn!(iface, "detaching the kernel fan-out: {e}");
+        }
+    }
+
+    #[cfg(test)]
+    fn pool_chunks(&self) -> u32 {
+        self.maps.sinks.len() / CHUNK_SINKS as u32
+    }
+
+    fn apply(&mut self, index: u32, writes: &[SlotWrite], new: Option<&BpfSink>) -> Result<(), KernelError> {
+        for w in writes {
+            match *w {
+                SlotWrite::Chunk { n, chunk } => self
+                    .maps
+                    .chunks
+                    .set(index * MAX_CHUNKS as u32 + n as u32, chunk, 0)
+                    .map_err(|e| setup("CHUNKS", e))?,
+                SlotWrite::NewSink { slot } => {
+                    self.maps.sinks.set(slot, new.expect("a new sink's entry"), 0).map_err(|e| setup("SINKS", e))?
+                }
+                SlotWrite::Move { from, to } => {
+                    let v = self.maps.sinks.get(&from, 0).map_err(|e| setup("SINKS", e))?;
+                    self.maps.sinks.set(to, v, 0).map_err(|e| setup("SINKS", e))?
+                }
+                SlotWrite::Len(n) => self.maps.nsinks.set(index, n as u32, 0).map_err(|e| setup("NSINKS", e))?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A sink's counters as the kernel keeps them.
+#[derive(Debug, Clone)]
+pub struct KernelSinkStats {
+    pub id: u64,
+    pub addr: SocketAddr,
+    pub packets: u64,
+    pub bytes: u64,
+    pub errors: u64,
+    pub added: Instant,
+}
+
+/// A sink the kernel could not reach, handed back to user space.
+#[derive(Debug, Clone)]
+pub struct Fallback {
+    pub id: u64,
+    pub addr: SocketAddr,
+    pub reason: String,
+    pub stats: KernelSinkStats,
+}
+
+/// What the program counted for a session.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct KernelSessionStats {
+    pub interfaces: Vec<String>,
+    /// Source datagrams the program fanned out.
+    pub packets: u64,
+    pub bytes: u64,
+    /// Source datagrams it could not (IP options, fragments, GSO): no kernel sink got them.
+    pub unhandled: u64,
+    /// Sinks served by the kernel now.
+    pub sinks: usize,
+}
+
+/// One session's part of the kernel path. Dropping it detaches the session.
+pub struct KernelSession {
+    fanout: Arc<KernelFanout>,
+    index: u32,
+    key: BpfKey,
+    ifaces: Vec<String>,
+    slots: SessionSlots<u64>,
+    targets: HashMap<u64, (SocketAddrV4, Instant)>,
+    seen_fallbacks: u64,
+}
+
+impl KernelSession {
+    /// Whether the kernel can serve a sink at `to` (IPv4 unicast); others stay in user space.
+    pub fn serves(to: SocketAddr) -> bool {
+        matches!(to, SocketAddr::V4(a) if !a.ip().is_multicast() && !a.ip().is_broadcast() && !a.ip().is_unspecified())
+    }
+
+    pub fn add(&mut self, id: u64, to: SocketAddr) -> Result<(), KernelError> {
+        let SocketAddr::V4(to) = to else { return Err(setup("not an IPv4 sink", to)) };
+        let local = to.ip().is_loopback() || UdpSocket::bind((*to.ip(), 0)).is_ok();
+        let entry = BpfSink {
+            daddr: u32::from(*to.ip()).to_be(),
+            dport: to.port().to_be(),
+            state: if local { SINK_LOCAL } else { SINK_REMOTE },
+            ifindex: LOOPBACK_IFINDEX,
+            // Through lo's transmit, so a clone keeps the original's route (a loopback
+            // destination without one is a martian, unless route_localnet is set).
+            redirect_flags: 0,
+            ..Default::default()
+        };
+        let mut st = self.fanout.state.lock();
+        let st = &mut *st;
+        let writes = self.slots.push(id, &mut st.pool, MAX_CHUNKS, Instant::now())?;
+        if let Err(e) = st.apply(self.index, &writes, Some(&entry)) {
+            self.slots.remove(&id, &mut st.pool, Instant::now());
+            return Err(e);
+        }
+        self.targets.insert(id, (to, Instant::now()));
+        Ok(())
+    }
+
+    pub fn contains(&self, id: u64) -> bool {
+        self.targets.contains_key(&id)
+    }
+
+    pub fn remove(&mut self, id: u64) -> bool {
+        let mut st = self.fanout.state.lock();
+        let st = &mut *st;
+        let Some(writes) = self.slots.remove(&id, &mut st.pool, Instant::now()) else { return false };
+        if let Err(e) = st.apply(self.index, &writes, None) {
+            tracing::error!(session = self.index, "removing a kernel sink: {e}");
+        }
+        self.targets.remove(&id);
+        true
+    }
+
+    pub fn clear(&mut self) -> usize {
+        let n = self.targets.len();
+        let mut st = self.fanout.state.lock();
+        let _ = st.maps.nsinks.set(self.index, 0, 0);
+        self.slots.clear(&mut st.pool, Instant::now());
+        self.targets.clear();
+        n
+    }
+
+    pub fn sinks(&self) -> Vec<KernelSinkStats> {
+        let st = self.fanout.state.lock();
+        self.slots
+            .iter()
+            .map(|(&id, slot)| {
+                let v = st.maps.sinks.get(&slot, 0).unwrap_or_default();
+                let (to, added) = self.targets[&id];
+                KernelSinkStats { id, addr: to.into(), packets: v.packets, bytes: v.bytes, errors: v.errors, added }
+            })
+            .collect()
+    }
+
+    pub fn stats(&self) -> KernelSessionStats {
+        let st = self.fanout.state.lock();
+        let s = st.maps.stats.get(&self.index, 0).unwrap_or_default();
+        KernelSessionStats {
+            interfaces: self.ifaces.clone(),
+            packets: s.packets,
+            bytes: s.bytes,
+            unhandled: s.unhandled,
+            sinks: self.slots.len(),
+        }
+    }
+
+    /// Sinks the program gave up on since the last call (no route, no neighbour, ...): they
+    /// leave the kernel's list and are returned for user space to serve. One map read when
+    /// nothing changed.
+    pub fn take_fallbacks(&mut self) -> Vec<Fallback> {
+        let found: Vec<(u64, BpfSink)> = {
+            let st = self.fanout.state.lock();
+            let n = st.maps.stats.get(&self.index, 0).map(|s| s.fallbacks).unwrap_or(0);
+            if n == self.seen_fallbacks {
+                return Vec::new();
+            }
+            self.seen_fallbacks = n;
+            self.slots
+                .iter()
+                .filter_map(|(&id, slot)| st.maps.sinks.get(&slot, 0).ok().map(|v| (id, v)))
+                .filter(|(_, v)| v.state == SINK_FALLBACK)
+                .collect()
+        };
+        found
+            .into_iter()
+            .filter_map(|(id, v)| {
+                let (to, added) = *self.targets.get(&id)?;
+                self.remove(id);
+                let stats = KernelSinkStats {
+                    id,
+                    addr: to.into(),
+                    packets: v.packets,
+                    bytes: v.bytes,
+                    errors: v.errors,
+                    added,
+                };
+                Some(Fallback { id, addr: to.into(), reason: fib_reason(v.reason), stats })
+            })
+            .collect()
+    }
+}
+
+impl Drop for KernelSession {
+    fn drop(&mut self) {
+        let mut st = self.fanout.state.lock();
+        let _ = st.maps.sessions.remove(&self.key);
+        let _ = st.maps.nsinks.set(self.index, 0, 0);
+        self.slots.clear(&mut st.pool, Instant::now());
+        for iface in &self.ifaces {
+            st.release(iface);
+        }
+        st.free_sessions.push(self.index);
+    }
+}
+
+/// Why `bpf_fib_lookup` could not give a next hop, in words.
+fn fib_reason(rc: i32) -> String {
+    let why = match rc {
+        1 => "the route is a blackhole",
+        2 => "the destination is unreachable",
+        3 => "the route is prohibited",
+        4 => "it is not forwarded (not a unicast route)",
+        5 => "forwarding is disabled on the source's interface (net.ipv4.conf.<if>.forwarding)",
+        6 => "the interface does not support the lookup",
+        7 => "no neighbour entry yet",
+        8 => "the packet is larger than the route's MTU",
+        100 => "a loopback sink of a source that arrives on another interface: set net.ipv4.conf.lo.route_localnet=1",
+        _ => "the lookup failed",
+    };
+    format!("served from user space: the kernel path cannot reach it ({why}, fib code {rc})")
+}
+
+/// The interfaces where datagrams to `ip` arrive.
+fn ingress_interfaces(ip: Ipv4Addr) -> Result<Vec<String>, KernelError> {
+    if ip.is_loopback() {
+        return Ok(vec!["lo".into()]);
+    }
+    let all = ipv4_interfaces().map_err(|e| setup("listing interfaces", e))?;
+    let mut names: Vec<String> =
+        all.into_iter().filter(|(_, a)| ip.is_unspecified() || ip.is_multicast() || *a == ip).map(|(n, _)| n).collect();
+    names.sort();
+    names.dedup();
+    if names.is_empty() {
+        return Err(setup("no interface has the source address", ip));
+    }
+    Ok(names)
+}
+
+fn ipv4_interfaces() -> std::io::Result<Vec<(String, Ipv4Addr)>> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `head` with a list we free below.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut out = Vec::new();
+    let mut p = head;
+    while !p.is_null() {
+        // SAFETY: p walks the list getifaddrs returned; entries stay valid until freeifaddrs.
+        let ifa = unsafe { &*p };
+        if !ifa.ifa_addr.is_null() && i32::from(unsafe { (*ifa.ifa_addr).sa_family }) == libc::AF_INET {
+            // SAFETY: AF_INET entries hold a sockaddr_in; ifa_name is a C string.
+            let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+            let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }.to_string_lossy().into_owned();
+            out.push((name, Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr))));
+        }
+        p = ifa.ifa_next;
+    }
+    // SAFETY: head came from getifaddrs.
+    unsafe { libc::freeifaddrs(head) };
+    Ok(out)
+}
+
+fn kernel_at_least(major: u32, minor: u32) -> bool {
+    let Ok(rel) = std::fs::read_to_string("/proc/sys/kernel/osrelease") else { return false };
+    let mut it = rel.trim().split(|c: char| !c.is_ascii_digit()).filter_map(|x| x.parse::<u32>().ok());
+    let (a, b) = (it.next().unwrap_or(0), it.next().unwrap_or(0));
+    (a, b) >= (major, minor)
+}
+
+fn explain_load(e: &str) -> String {
+    if e.contains("Operation not permitted") || e.contains("EPERM") {
+        format!("loading eBPF needs CAP_BPF and CAP_NET_ADMIN (run fanout as root): {e}")
+    } else {
+        e.to_string()
+    }
+}
+
+fn explain_program(e: ProgramError) -> String {
+    match e {
+        ProgramError::LoadError { io_error, verifier_log } => {
+            let log = verifier_log.to_string();
+            let tail: Vec<&str> = log.lines().rev().take(8).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            explain_load(&format!("the kernel's verifier rejected the program ({io_error}): {}", tail.join(" | ")))
+        }
+        e => explain_load(&e.to_string()),
+    }
+}
+
+/// Whether a local program named like ours is attached to `iface`'s ingress (tcx), for tests
+/// and the start-up check.
+pub fn attached_to(iface: &str) -> Result<usize, String> {
+    let (_, progs) = SchedClassifier::query_tcx(iface, TcAttachType::Ingress).map_err(|e| e.to_string())?;
+    Ok(progs.iter().filter(|p| p.name_as_str() == Some(PROGRAM_NAME)).count())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Loading (not attaching) touches no interface: it checks that the verifier accepts the
+    /// program on this kernel.
+    #[test]
+    fn the_verifier_accepts_the_program() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("\n*** SKIPPED the_verifier_accepts_the_program: loading eBPF needs root ***\n");
+            return;
+        }
+        if PROGRAM.is_empty() {
+            panic!("built without clang: the eBPF program was not compiled");
+        }
+        let k = KernelFanout::load(1000).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(k.state.lock().pool_chunks(), 4);
+    }
+
+    #[test]
+    fn fib_codes_read_as_words() {
+        assert!(fib_reason(7).contains("no neighbour"));
+        assert!(fib_reason(99).contains("fib code 99"));
+    }
+}
