@@ -136,7 +136,7 @@ impl<K: PartialEq + Clone> SessionSlots<K> {
         }
         self.keys.swap_remove(i);
         writes.push(SlotWrite::Len(last));
-        if last % CHUNK_SINKS == 0 {
+        if last.is_multiple_of(CHUNK_SINKS) {
             if let Some(c) = self.chunks.pop() {
                 pool.give(c, now);
             }

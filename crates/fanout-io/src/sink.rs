@@ -280,7 +280,12 @@ impl Job for GroupJob {
         };
         let group_fd = g.udp.as_raw_fd();
         if dp == DataPath::Shared {
-            send_udp_group(g, head, start, ctx);
+            for (i, e) in send_udp_group(g, head, start, ctx) {
+                let sink = &mut g.sinks[i];
+                sink.fail(describe(&e), reactor, policy);
+                // Under `retry` it stays: what it could not be sent counts as skipped.
+                sink.cursor.catch_up(head);
+            }
         }
         for sink in g.sinks.iter_mut() {
             if sink.failed.is_some() || sink.blocked {
@@ -396,9 +401,13 @@ fn send_udp_uring(u: &mut UringSender, fd: RawFd, pending: &[Arc<Packet>], sink:
 
 /// `shared` UDP, batched: every pending packet of every unconnected UDP sink of the group in
 /// as few `sendmmsg` calls as possible (1024 datagrams each), straight from the ring.
-fn send_udp_group(g: &mut GroupState, head: u64, start: u64, ctx: &mut WorkerCtx) {
+/// Sends every pending datagram of the group's unconnected sinks in one `sendmmsg` run.
+/// Returns the sinks whose destination the kernel refused at once (no route, ...), with the
+/// error: the rest of their datagrams are skipped so the sinks after them still get theirs.
+fn send_udp_group(g: &mut GroupState, head: u64, start: u64, ctx: &mut WorkerCtx) -> Vec<(usize, io::Error)> {
     let GroupState { sinks, snapshot, udp, plan, .. } = g;
     let fd = udp.as_raw_fd();
+    let mut refused = Vec::new();
     plan.clear();
     ctx.iov.clear();
     for (i, sink) in sinks.iter().enumerate() {
@@ -410,7 +419,7 @@ fn send_udp_group(g: &mut GroupState, head: u64, start: u64, ctx: &mut WorkerCtx
         plan.push((i, pending.len()));
     }
     if ctx.iov.is_empty() {
-        return;
+        return refused;
     }
     // Headers point into ctx.iov, which is not touched again until they are sent.
     ctx.hdrs.clear();
@@ -423,32 +432,44 @@ fn send_udp_group(g: &mut GroupState, head: u64, start: u64, ctx: &mut WorkerCtx
         }
     }
     let total = ctx.hdrs.len();
-    let mut sent = 0;
+    // Datagrams [0, pos) are done: sent, or skipped for a refused sink (plan entry, first
+    // datagram not sent).
+    let mut pos = 0;
+    let mut skipped: Vec<(usize, usize)> = Vec::new();
     let mut retries = 0;
-    while sent < total {
-        match sys::sendmmsg(fd, &mut ctx.hdrs[sent..]) {
+    while pos < total {
+        match sys::sendmmsg(fd, &mut ctx.hdrs[pos..]) {
             Ok(0) => break,
-            Ok(n) => sent += n,
+            Ok(n) => pos += n,
             // A queued ICMP error (its sink is found through the error queue) stopped the
             // batch; the datagram it stopped at was not sent: go on from there (bounded).
             Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) && retries < 16 => retries += 1,
+            Err(e) if e.kind() == ErrorKind::WouldBlock || e.raw_os_error() == Some(libc::ENOBUFS) => break,
             Err(e) => {
-                if e.kind() != ErrorKind::WouldBlock {
-                    tracing::debug!("batched UDP send stopped: {e}");
-                }
-                break;
+                // The datagram at `pos` cannot go to its sink at all: skip that sink's rest.
+                let mut end = 0;
+                let entry = plan.iter().position(|&(_, n)| {
+                    end += n;
+                    pos < end
+                });
+                let Some(entry) = entry else { break };
+                skipped.push((entry, pos));
+                refused.push((plan[entry].0, e));
+                pos = end;
             }
         }
     }
-    // The datagrams sent are a prefix of the plan.
-    for &(i, n) in plan.iter() {
-        let done = n.min(sent);
-        sent -= done;
+    let mut first = 0;
+    for (entry, &(i, n)) in plan.iter().enumerate() {
+        let stop = skipped.iter().find(|&&(e, _)| e == entry).map_or(pos, |&(_, at)| at);
+        let done = stop.clamp(first, first + n) - first;
+        first += n;
         let sink = &mut sinks[i];
         let from = (sink.cursor.next() - start) as usize;
         sink.bytes += snapshot[from..from + done].iter().map(|p| p.len() as u64).sum::<u64>();
         sink.cursor.advance(done as u64);
     }
+    refused
 }
 
 /// The baselines' UDP: copy each payload into user space, then one `sendto` per packet.

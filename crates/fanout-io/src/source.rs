@@ -304,7 +304,7 @@ pub(crate) fn demo_source(session: Weak<Inner>, clip: DemoClip) {
             if due > now {
                 break;
             }
-            if n % per_lap == 0 {
+            if n.is_multiple_of(per_lap) {
                 restamper.set_offset((n / per_lap) * clip.schedule.loop_ticks() / 300);
             }
             let mut p = pool.take();

@@ -212,9 +212,13 @@ async fn close(session: Session) {
 
 async fn add_sink(session: &Session, spec: &SinkSpec) -> Result<u64, RelayError> {
     if let Some(addr) = spec.udp {
-        return session
-            .add_udp_sink(addr)
-            .map_err(|e| RelayError::Internal(format!("cannot open a socket for udp sink {addr}: {e}")));
+        return session.add_udp_sink(addr).map_err(|e| match e.raw_os_error() {
+            // A connected socket per sink (uring, udp_sinks = "connected") checks the route.
+            Some(libc::ENETUNREACH | libc::EHOSTUNREACH) => {
+                RelayError::BadRequest(format!("udp sink {addr} cannot be reached from here: {e}"))
+            }
+            _ => RelayError::Internal(format!("cannot add udp sink {addr}: {e}")),
+        });
     }
     // Invariant: validate() checked that one of the two is set.
     let addr = spec.tcp.expect("validated");

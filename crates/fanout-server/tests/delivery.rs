@@ -79,6 +79,11 @@ fn thousand_udp_and_ten_http(datapath: &str, udp_sinks: &str) {
     assert_eq!(st["source"]["packets"], PACKETS);
     assert_eq!(st["packets_skipped"], 0);
     assert_eq!(st["packets_sent"], PACKETS * 1010);
+    assert_eq!(st["datapath"], datapath);
+    if datapath == "kernel" {
+        assert_eq!(st["kernel"]["sinks"], 1000, "every UDP sink in the kernel: {st}");
+        assert_eq!(st["kernel"]["packets"], PACKETS);
+    }
 }
 
 #[test]
@@ -94,6 +99,15 @@ fn shared_with_connected_udp_sinks_delivers_everything_to_1000_udp_and_10_http_s
 #[test]
 fn uring_delivers_everything_to_1000_udp_and_10_http_sinks() {
     thousand_udp_and_ten_http("uring", "batched");
+}
+
+/// The in-kernel path, in a network namespace of its own (root only).
+#[test]
+fn kernel_delivers_everything_to_1000_udp_and_10_http_sinks() {
+    let _backlog = BacklogGuard::raise(20_000);
+    in_private_netns("kernel_delivers_everything_to_1000_udp_and_10_http_sinks", || {
+        thousand_udp_and_ten_http("kernel", "batched")
+    });
 }
 
 #[test]

@@ -216,3 +216,43 @@ fn retry_policy_keeps_udp_sinks_and_reconnects_tcp_sinks() {
         "sent {sent} + skipped {skipped} should cover all 25 packets"
     );
 }
+
+/// A sink with no route at all (the send fails at once, no ICMP involved) fails alone: the
+/// sinks batched after it in the same `sendmmsg` still get everything, on every user-space
+/// path. In a network namespace with only `lo`, so nothing leaves the machine.
+#[test]
+fn a_sink_without_a_route_does_not_stall_its_group() {
+    in_private_netns("a_sink_without_a_route_does_not_stall_its_group", || {
+        let relay = Relay::start(&["--no-demo"]);
+        // (uring and connected sockets check the route when the sink is added: a 400.)
+        let (code, body) = relay.call(
+            "POST",
+            "/v1/sessions",
+            Some(json!({"name":"u","source":{"udp":"127.0.0.1:0"},"datapath":"uring","sinks":[{"udp":"10.255.0.1:5000"}]})),
+        );
+        assert_eq!(code, 400, "{body}");
+        assert!(body["error"].as_str().unwrap().contains("cannot be reached"), "{body}");
+        for (n, dp) in ["shared", "copy", "daemon", "kernel"].iter().enumerate() {
+            let rx: Vec<UdpSocket> = (0..4).map(|_| UdpSocket::bind("127.0.0.1:0").unwrap()).collect();
+            let mut sinks: Vec<_> = rx.iter().map(|r| json!({"udp": r.local_addr().unwrap()})).collect();
+            sinks.insert(0, json!({"udp": "10.255.0.1:5000"}));
+            let name = format!("s{n}");
+            let src = create_on_free_port(
+                &relay,
+                json!({"name":name,"source":{"udp":"127.0.0.1:0"},"datapath":dp,"sinks":sinks}),
+            );
+            send_paced(src, 30, 100, 300.0);
+            let mut buf = [0u8; 200];
+            for r in &rx {
+                r.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                for seq in 0..30u64 {
+                    let n = r.recv(&mut buf).unwrap_or_else(|e| panic!("{dp}: packet {seq}: {e}"));
+                    assert_eq!(u64::from_be_bytes(buf[..8].try_into().unwrap()), seq, "{dp}");
+                    assert_eq!(n, 100);
+                }
+            }
+            let far = relay.ok("GET", &format!("/v1/sessions/{name}/sinks/1"), None);
+            assert_eq!(far["state"], "failed", "{dp}: {far}");
+        }
+    });
+}

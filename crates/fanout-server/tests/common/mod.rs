@@ -20,7 +20,21 @@ impl Relay {
     }
 
     pub fn try_start(extra: &[&str]) -> Result<Relay, String> {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_fanout"))
+        Self::try_start_wrapped(&[], extra)
+    }
+
+    /// Starts the relay under a wrapper command (e.g. `setpriv` to drop privileges).
+    pub fn try_start_wrapped(wrapper: &[&str], extra: &[&str]) -> Result<Relay, String> {
+        let bin = env!("CARGO_BIN_EXE_fanout");
+        let mut cmd = match wrapper.split_first() {
+            Some((w, rest)) => {
+                let mut c = Command::new(w);
+                c.args(rest).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
+        let mut child = cmd
             .args(["serve", "--api", "127.0.0.1:0"])
             .args(extra)
             .env("FANOUT_LOG", "warn")
@@ -114,6 +128,92 @@ impl Relay {
     /// Waits until the session's sinks count reaches `n`.
     pub fn wait_sinks(&self, session: &str, n: u64) {
         wait_for(Duration::from_secs(10), || self.ok("GET", &format!("/v1/sessions/{session}"), None)["sinks"] == n);
+    }
+}
+
+impl Relay {
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Sends a signal and waits (bounded) for the relay to exit.
+    pub fn signal_and_wait(&mut self, sig: i32) -> Option<std::process::ExitStatus> {
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe { libc::kill(self.pid(), sig) };
+        let end = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < end {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+/// Runs `f` on a thread inside a new network namespace with its own `lo` up, so eBPF
+/// programs and qdiscs never touch the machine's interfaces. Without root it prints a loud
+/// SKIPPED line and returns `false` (on CI as root, failing to make one is an error).
+pub fn in_private_netns(test: &str, f: impl FnOnce() + Send + 'static) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let made = std::thread::spawn(move || {
+        // SAFETY: unshare affects only this thread's namespaces.
+        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+            return Err(format!("unshare(CLONE_NEWNET): {}", std::io::Error::last_os_error()));
+        }
+        let st = Command::new("ip").args(["link", "set", "lo", "up"]).status().map_err(|e| format!("ip: {e}"))?;
+        if !st.success() {
+            return Err("ip link set lo up failed".into());
+        }
+        f();
+        Ok(())
+    })
+    .join()
+    .unwrap_or_else(|p| std::panic::resume_unwind(p));
+    match made {
+        Ok(()) => true,
+        Err(why) if root && std::env::var_os("CI").is_some() => {
+            panic!("root but cannot make a network namespace: {why}")
+        }
+        Err(why) => {
+            eprintln!("\n*** SKIPPED {test}: needs root for a network namespace and eBPF ({why}) ***\n");
+            false
+        }
+    }
+}
+
+/// Raises `net.core.netdev_max_backlog` (a machine-wide knob: clones of one datagram queue
+/// on one CPU's backlog) while alive, and restores it after the last user.
+pub struct BacklogGuard;
+
+static BACKLOG: std::sync::Mutex<(usize, Option<String>)> = std::sync::Mutex::new((0, None));
+const BACKLOG_PATH: &str = "/proc/sys/net/core/netdev_max_backlog";
+
+impl BacklogGuard {
+    /// Call from the machine's own namespace (the knob is not visible in others).
+    pub fn raise(to: u64) -> BacklogGuard {
+        let mut b = BACKLOG.lock().unwrap();
+        if b.0 == 0 {
+            let old = std::fs::read_to_string(BACKLOG_PATH).unwrap_or_default();
+            if old.trim().parse::<u64>().is_ok_and(|v| v < to) && std::fs::write(BACKLOG_PATH, to.to_string()).is_ok() {
+                b.1 = Some(old);
+            }
+        }
+        b.0 += 1;
+        BacklogGuard
+    }
+}
+
+impl Drop for BacklogGuard {
+    fn drop(&mut self) {
+        let mut b = BACKLOG.lock().unwrap();
+        b.0 -= 1;
+        if b.0 == 0 {
+            if let Some(old) = b.1.take() {
+                let _ = std::fs::write(BACKLOG_PATH, old.trim());
+            }
+        }
     }
 }
 

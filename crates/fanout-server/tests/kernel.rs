@@ -1,0 +1,166 @@
+//! The in-kernel (eBPF) data path: faults, removal under load, and a clean unload. Each test
+//! makes its own network namespace (root only; skipped loudly otherwise), so no program is
+//! ever attached to the machine's own interfaces.
+
+mod common;
+use common::*;
+use serde_json::{json, Value};
+use std::net::UdpSocket;
+use std::time::{Duration, Instant};
+
+fn seq_of(buf: &[u8]) -> u64 {
+    u64::from_be_bytes(buf[..8].try_into().unwrap())
+}
+
+/// Removing half the sinks while packets flow, with one sink that never reads: the others
+/// get every packet in order, the removed ones a gap-free prefix, and then nothing.
+#[test]
+fn removal_under_load_and_a_stalled_sink_leave_the_others_whole() {
+    let _backlog = BacklogGuard::raise(20_000);
+    in_private_netns("removal_under_load_and_a_stalled_sink_leave_the_others_whole", || {
+        const PACKETS: u64 = 400;
+        let relay = Relay::start(&["--no-demo"]);
+        let rx: Vec<UdpSocket> = (0..200)
+            .map(|_| {
+                let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+                s.set_nonblocking(true).unwrap();
+                s
+            })
+            .collect();
+        let stalled = UdpSocket::bind("127.0.0.1:0").unwrap();
+        socket2::SockRef::from(&stalled).set_recv_buffer_size(1).unwrap();
+        let mut sinks: Vec<Value> = rx.iter().map(|r| json!({"udp": r.local_addr().unwrap()})).collect();
+        sinks.push(json!({"udp": stalled.local_addr().unwrap()}));
+        let src = create_on_free_port(
+            &relay,
+            json!({"name":"k","source":{"udp":"127.0.0.1:0"},"datapath":"kernel","sinks":sinks}),
+        );
+        let listed = relay.ok("GET", "/v1/sessions/k/sinks", None)["sinks"].as_array().unwrap().clone();
+        let ids: Vec<u64> = listed.iter().map(|s| s["id"].as_u64().unwrap()).collect();
+        assert!(listed.iter().all(|s| s["path"] == "kernel"), "{listed:?}");
+
+        let sender = std::thread::spawn(move || send_paced(src, PACKETS, 300, 400.0));
+        let mut got: Vec<Vec<u64>> = vec![Vec::new(); rx.len()];
+        let mut buf = [0u8; 512];
+        let mut removed = false;
+        let end = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < end && got[..100].iter().any(|g| (g.len() as u64) < PACKETS) {
+            for (r, g) in rx.iter().zip(got.iter_mut()) {
+                while let Ok(n) = r.recv(&mut buf) {
+                    g.push(seq_of(&buf[..n]));
+                }
+            }
+            if !removed && got[0].len() >= 150 {
+                for id in &ids[100..200] {
+                    relay.ok("DELETE", &format!("/v1/sessions/k/sinks/{id}"), None);
+                }
+                removed = true;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        sender.join().unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        for (r, g) in rx.iter().zip(got.iter_mut()) {
+            while let Ok(n) = r.recv(&mut buf) {
+                g.push(seq_of(&buf[..n]));
+            }
+        }
+        assert!(removed, "the first sink never got 150 packets: {}", got[0].len());
+        let all: Vec<u64> = (0..PACKETS).collect();
+        for (i, g) in got[..100].iter().enumerate() {
+            assert_eq!(g, &all, "kept sink {i} got {} of {PACKETS}", g.len());
+        }
+        for (i, g) in got[100..].iter().enumerate() {
+            let prefix: Vec<u64> = (0..g.len() as u64).collect();
+            assert_eq!(g, &prefix, "removed sink {} got a gap or a reorder", 100 + i);
+            assert!((g.len() as u64) < PACKETS, "removed sink {} kept receiving", 100 + i);
+        }
+        let st = relay.ok("GET", "/v1/sessions/k", None);
+        assert_eq!(st["kernel"]["sinks"], 101);
+        assert_eq!(st["kernel"]["packets"], PACKETS);
+        assert_eq!(st["kernel"]["unhandled"], 0);
+    });
+}
+
+/// A sink the kernel has no route to is handed to user space (which then reports the send
+/// error); the sinks the kernel reaches do not notice.
+#[test]
+fn an_unreachable_sink_falls_back_to_user_space() {
+    in_private_netns("an_unreachable_sink_falls_back_to_user_space", || {
+        let relay = Relay::start(&["--no-demo"]);
+        let rx: Vec<UdpSocket> = (0..3).map(|_| UdpSocket::bind("127.0.0.1:0").unwrap()).collect();
+        let mut sinks: Vec<Value> = rx.iter().map(|r| json!({"udp": r.local_addr().unwrap()})).collect();
+        sinks.insert(1, json!({"udp": "10.255.0.1:5000"}));
+        let src = create_on_free_port(
+            &relay,
+            json!({"name":"k","source":{"udp":"127.0.0.1:0"},"datapath":"kernel","sinks":sinks}),
+        );
+        send_paced(src, 50, 100, 500.0);
+        let mut buf = [0u8; 200];
+        for r in &rx {
+            r.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            for seq in 0..50 {
+                let n = r.recv(&mut buf).unwrap();
+                assert_eq!(seq_of(&buf[..n]), seq);
+            }
+        }
+        let far = wait_for(Duration::from_secs(5), || {
+            let s = relay.ok("GET", "/v1/sessions/k/sinks/2", None);
+            s["path"] == "user" && s["state"] == "failed"
+        });
+        let s = relay.ok("GET", "/v1/sessions/k/sinks/2", None);
+        assert!(far, "the unreachable sink should be in user space and failed: {s}");
+        assert!(relay.stderr().contains("served from user space"), "no log line: {}", relay.stderr());
+        let st = relay.ok("GET", "/v1/sessions/k", None);
+        assert_eq!(st["kernel"]["sinks"], 3, "{st}");
+    });
+}
+
+/// The program is attached while a kernel session lives and gone after the session is
+/// deleted, after SIGTERM, and after SIGKILL (tcx links die with their process).
+#[test]
+fn the_program_leaves_with_its_session_and_its_process() {
+    in_private_netns("the_program_leaves_with_its_session_and_its_process", || {
+        let attached = || fanout_io::kernel::attached_to("lo").expect("querying lo's tcx programs");
+        let spec = json!({"name":"k","source":{"udp":"127.0.0.1:0"},"datapath":"kernel"});
+        let relay = Relay::start(&["--no-demo"]);
+        relay.ok("POST", "/v1/sessions", Some(spec.clone()));
+        assert_eq!(attached(), 1);
+        relay.ok("DELETE", "/v1/sessions/k", None);
+        assert_eq!(attached(), 0, "deleting the session should detach the program");
+        for sig in [libc::SIGTERM, libc::SIGKILL] {
+            let mut relay = Relay::start(&["--no-demo"]);
+            relay.ok("POST", "/v1/sessions", Some(spec.clone()));
+            assert_eq!(attached(), 1);
+            assert!(relay.signal_and_wait(sig).is_some(), "relay did not exit on signal {sig}");
+            assert!(wait_for(Duration::from_secs(5), || attached() == 0), "program left behind after signal {sig}");
+        }
+    });
+}
+
+/// Without the privilege to load eBPF, asking for `kernel` is refused with the reason, and a
+/// server whose default is `kernel` serves sessions with `shared` instead, saying why.
+#[test]
+fn without_privilege_kernel_is_refused_and_the_default_falls_back() {
+    let cfg = std::env::temp_dir().join(format!("fanout-kernel-default-{}.toml", std::process::id()));
+    std::fs::write(&cfg, "datapath = \"kernel\"\ndemo = false\n").unwrap();
+    // SAFETY: geteuid has no preconditions.
+    let wrapper: &[&str] = if unsafe { libc::geteuid() } == 0 {
+        &["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"]
+    } else {
+        &[]
+    };
+    let relay = Relay::try_start_wrapped(wrapper, &["--config", cfg.to_str().unwrap()]).expect("relay starts");
+    let (code, body) = relay.call(
+        "POST",
+        "/v1/sessions",
+        Some(json!({"name":"k","source":{"udp":"127.0.0.1:0"},"datapath":"kernel"})),
+    );
+    assert_eq!(code, 501, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("CAP_BPF"), "{body}");
+    let s = relay.ok("POST", "/v1/sessions", Some(json!({"name":"d","source":{"udp":"127.0.0.1:0"}})));
+    assert_eq!(s["datapath"], "shared");
+    assert!(wait_for(Duration::from_secs(2), || relay.stderr().contains("instead of \\\"kernel\\\"")
+        || relay.stderr().contains("instead of \"kernel\"")));
+    let _ = std::fs::remove_file(cfg);
+}
