@@ -6,10 +6,12 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use parking_lot::Mutex;
 use slab::Slab;
+use std::collections::BinaryHeap;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 const WAKER: Token = Token(usize::MAX);
 
@@ -28,9 +30,33 @@ enum Handler {
     Sink(Arc<Task>, Arc<IoFlags>),
 }
 
+/// A task to schedule at a time (min-heap order: earliest first).
+struct Timer {
+    at: Instant,
+    task: Arc<Task>,
+}
+
+impl PartialEq for Timer {
+    fn eq(&self, o: &Self) -> bool {
+        self.at == o.at
+    }
+}
+impl Eq for Timer {}
+impl PartialOrd for Timer {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Timer {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        o.at.cmp(&self.at)
+    }
+}
+
 pub struct Reactor {
     registry: Registry,
     handlers: Mutex<Slab<Handler>>,
+    timers: Mutex<BinaryHeap<Timer>>,
     waker: Waker,
     stop: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -51,6 +77,7 @@ impl Reactor {
         let r = Arc::new(Self {
             registry,
             handlers: Mutex::new(Slab::new()),
+            timers: Mutex::new(BinaryHeap::new()),
             waker,
             stop: AtomicBool::new(false),
             thread: Mutex::new(None),
@@ -81,6 +108,17 @@ impl Reactor {
         Ok(Registration { token, fd })
     }
 
+    /// Schedules `task` at `at` (at once if that has passed).
+    pub fn schedule_at(&self, task: Arc<Task>, at: Instant) {
+        let mut timers = self.timers.lock();
+        let earliest = timers.peek().is_none_or(|t| at < t.at);
+        timers.push(Timer { at, task });
+        drop(timers);
+        if earliest {
+            let _ = self.waker.wake();
+        }
+    }
+
     pub fn deregister(&self, reg: Registration) {
         let _ = self.registry.deregister(&mut SourceFd(&reg.fd));
         self.handlers.lock().try_remove(reg.token.0);
@@ -98,7 +136,8 @@ impl Reactor {
         let mut events = Events::with_capacity(1024);
         let mut ready: Vec<Handler> = Vec::with_capacity(1024);
         while !self.stop.load(Ordering::Acquire) {
-            if let Err(e) = poll.poll(&mut events, None) {
+            let timeout = self.timers.lock().peek().map(|t| t.at.saturating_duration_since(Instant::now()));
+            if let Err(e) = poll.poll(&mut events, timeout) {
                 if e.kind() != std::io::ErrorKind::Interrupted {
                     tracing::error!("reactor poll failed: {e}");
                 }
@@ -117,6 +156,14 @@ impl Reactor {
                         }
                     }
                     ready.push(h.clone());
+                }
+            }
+            {
+                let now = Instant::now();
+                let mut timers = self.timers.lock();
+                while timers.peek().is_some_and(|t| t.at <= now) {
+                    let t = timers.pop().expect("peeked");
+                    ready.push(Handler::Ready(t.task));
                 }
             }
             // Schedule outside the lock: pushing takes the queue lock.

@@ -85,6 +85,9 @@ pub struct SessionConfig {
     pub udp_sinks: UdpSinkMode,
     /// `uring` path: let a kernel thread poll the submission queue (SQPOLL).
     pub uring_sqpoll: bool,
+    /// `shared`, `uring`, `kernel`: TCP/HTTP sinks are written at most once per this
+    /// interval, everything pending in one vectored write (zero: at every packet).
+    pub stream_flush: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -302,6 +305,7 @@ impl Inner {
                 let state = Arc::new(Mutex::new(GroupState::new(&self.cfg)?));
                 let job = GroupJob { session: Arc::downgrade(self), state: state.clone() };
                 let task = Task::new(self.cfg.priority, self.runner.clone(), Box::new(job));
+                state.lock().task = Arc::downgrade(&task);
                 groups.push(Group { task, state });
                 groups.len() - 1
             }

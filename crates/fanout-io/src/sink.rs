@@ -200,6 +200,10 @@ pub(crate) struct GroupState {
     uring: Option<UringSender>,
     /// Failed io_uring sends reaped this run: `(sink id, errno)`.
     uring_failed: Vec<(u64, i32)>,
+    /// The group's own task, for a timed wake-up.
+    pub task: std::sync::Weak<crate::engine::Task>,
+    /// When the stream sinks' held packets are written (see `SessionConfig::stream_flush`).
+    flush_due: Option<Instant>,
 }
 
 impl GroupState {
@@ -211,7 +215,16 @@ impl GroupState {
             DataPath::Uring => Some(UringSender::new(1024, cfg.uring_sqpoll)?),
             _ => None,
         };
-        Ok(Self { sinks: Vec::new(), snapshot: Vec::new(), udp, plan: Vec::new(), uring, uring_failed: Vec::new() })
+        Ok(Self {
+            sinks: Vec::new(),
+            snapshot: Vec::new(),
+            udp,
+            plan: Vec::new(),
+            uring,
+            uring_failed: Vec::new(),
+            task: std::sync::Weak::new(),
+            flush_due: None,
+        })
     }
 }
 
@@ -279,6 +292,7 @@ impl Job for GroupJob {
             dp => dp,
         };
         let group_fd = g.udp.as_raw_fd();
+        let write_streams = stream_flush_now(g, &s.cfg, dp, head, reactor);
         if dp == DataPath::Shared {
             for (i, e) in send_udp_group(g, head, start, ctx) {
                 let sink = &mut g.sinks[i];
@@ -296,6 +310,9 @@ impl Job for GroupJob {
             }
             if sink.cursor.next() >= head && sink.partial.is_none() {
                 continue;
+            }
+            if matches!(sink.io, SinkIo::Stream(_)) && !write_streams && sink.partial.is_none() {
+                continue; // held for the next flush
             }
             let from = (sink.cursor.next() - start) as usize;
             let pending = &g.snapshot[from..];
@@ -401,6 +418,45 @@ fn send_udp_uring(u: &mut UringSender, fd: RawFd, pending: &[Arc<Packet>], sink:
 
 /// `shared` UDP, batched: every pending packet of every unconnected UDP sink of the group in
 /// as few `sendmmsg` calls as possible (1024 datagrams each), straight from the ring.
+/// Stream sinks of the sharing paths are written once per `stream_flush`, so each write
+/// carries every packet that came meanwhile: fewer, larger writes (and TCP segments) for a
+/// bounded delay. Whether to write them in this run; arms the group's timer if not.
+fn stream_flush_now(g: &mut GroupState, cfg: &SessionConfig, dp: DataPath, head: u64, reactor: &Reactor) -> bool {
+    /// Held packets that force a write before the interval is up.
+    const HOLD_MAX: u64 = 32;
+    if cfg.stream_flush.is_zero() || !matches!(dp, DataPath::Shared | DataPath::Uring) {
+        return true;
+    }
+    let waiting = g
+        .sinks
+        .iter()
+        .filter(|k| matches!(k.io, SinkIo::Stream(_)) && k.failed.is_none() && !k.blocked)
+        .map(|k| head.saturating_sub(k.cursor.next()))
+        .max()
+        .unwrap_or(0);
+    let now = Instant::now();
+    match g.flush_due {
+        _ if waiting == 0 => true,
+        Some(due) if now >= due => {
+            g.flush_due = None;
+            true
+        }
+        _ if waiting >= HOLD_MAX => {
+            g.flush_due = None;
+            true
+        }
+        Some(_) => false,
+        None => {
+            let due = now + cfg.stream_flush;
+            g.flush_due = Some(due);
+            if let Some(task) = g.task.upgrade() {
+                reactor.schedule_at(task, due);
+            }
+            false
+        }
+    }
+}
+
 /// Sends every pending datagram of the group's unconnected sinks in one `sendmmsg` run.
 /// Returns the sinks whose destination the kernel refused at once (no route, ...), with the
 /// error: the rest of their datagrams are skipped so the sinks after them still get theirs.

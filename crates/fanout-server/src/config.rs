@@ -22,6 +22,9 @@ pub struct Config {
     pub max_datagram: usize,
     /// Sinks per sink-group task: a session's groups are spread over the workers.
     pub sinks_per_group: usize,
+    /// TCP/HTTP sinks are written at most once per this many milliseconds (sessions may
+    /// override it); fewer, fuller writes for a bounded delay. 0 = at every packet.
+    pub stream_flush_ms: u64,
     /// Data path of sessions that do not name one. With `kernel`, sessions it cannot serve
     /// (not an IPv4 UDP source, or eBPF unavailable here) fall back to `shared`, logged.
     pub datapath: fanout_io::DataPath,
@@ -34,6 +37,10 @@ pub struct Config {
     pub sessions: Vec<SessionSpec>,
 }
 
+/// See `docs/BENCHMARKS.md` (stream flush): the interval that halves the writes of
+/// 256 kbit/s streams.
+pub const DEFAULT_STREAM_FLUSH_MS: u64 = 100;
+
 impl Default for Config {
     fn default() -> Self {
         Self {
@@ -44,6 +51,7 @@ impl Default for Config {
             max_datagram: 2048,
             sinks_per_group: 64,
             datapath: fanout_io::DataPath::Shared,
+            stream_flush_ms: DEFAULT_STREAM_FLUSH_MS,
             demo: true,
             max_body: 1024 * 1024,
             sessions: Vec::new(),

@@ -98,6 +98,10 @@ pub struct SessionSpec {
     /// need no system call while it is awake. Each sink group gets its own ring and thread.
     #[serde(default)]
     pub uring_sqpoll: bool,
+    /// TCP/HTTP sinks (`shared`, `uring`, `kernel`) are written at most once per this many
+    /// milliseconds, all that is pending in one write (default: the server's; 0 = at once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_flush_ms: Option<u64>,
     /// How `shared` sends to UDP sinks: `batched` (one `sendmmsg` for the whole group,
     /// default) or `connected` (a connected socket per sink).
     #[serde(default)]
@@ -108,6 +112,7 @@ pub struct SessionSpec {
 }
 
 pub const MAX_RING: usize = 1 << 20;
+pub const MAX_STREAM_FLUSH_MS: u64 = 1000;
 pub const MAX_DATAGRAM: usize = 65_535;
 
 impl SessionSpec {
@@ -124,6 +129,7 @@ impl SessionSpec {
             failed_sinks: FailurePolicy::default(),
             udp_sinks: UdpSinkMode::default(),
             uring_sqpoll: false,
+            stream_flush_ms: None,
             sinks: Vec::new(),
         }
     }
@@ -139,6 +145,9 @@ impl SessionSpec {
         self.source.validate()?;
         if self.datapath == Some(DataPath::Kernel) && !self.source.udp.is_some_and(|a| a.is_ipv4()) {
             return Err("datapath \"kernel\" needs an IPv4 udp source".into());
+        }
+        if let Some(ms) = self.stream_flush_ms.filter(|&ms| ms > MAX_STREAM_FLUSH_MS) {
+            return Err(format!("stream_flush_ms {ms} is out of range 0..={MAX_STREAM_FLUSH_MS}"));
         }
         if let Some(r) = self.ring {
             if !(2..=MAX_RING).contains(&r) {

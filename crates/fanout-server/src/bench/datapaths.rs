@@ -1,8 +1,12 @@
 //! `fanout bench datapaths`: relay CPU per delivered packet for each data path, side by side
 //! in one run. The relay runs as its own process (its CPU is read from /proc/<pid>/stat);
-//! this process sends the stream and drains the sinks.
+//! this process sends the stream (on a thread of its own) and drains the sinks.
+//!
+//! Two costs per delivered packet: the relay process's CPU, and the path's CPU: the relay's
+//! plus the sending thread's plus the kernel's softirq threads'. The second is the fair one
+//! for `kernel`, whose fan-out runs in softirq context on the sender's time, not the relay's.
 
-use super::{process_cpu_s, RelayProc};
+use super::{process_cpu_s, softirqd_cpu_s, thread_cpu_s, PrivateNetns, RelayProc};
 use anyhow::{bail, Context};
 use clap::Args;
 use serde_json::json;
@@ -42,6 +46,11 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             a.sinks + 64
         );
     }
+    // Before any thread or process starts, so they all live in the namespace.
+    let _netns = match a.datapath.iter().any(|d| d.starts_with("kernel")) {
+        true => Some(PrivateNetns::enter((a.sinks as u64 * 2).max(10_000))?),
+        false => None,
+    };
     let relay = RelayProc::start(&[])?;
     let (api, pid) = (relay.client(), relay.pid());
 
@@ -78,22 +87,19 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&a.out)?;
     let csv_path = a.out.join("datapaths.csv");
     let mut csv = std::fs::File::create(&csv_path)?;
-    writeln!(csv, "round,datapath,sinks,packets_sent,deliveries,loss_pct,relay_cpu_s,cpu_us_per_delivery")?;
-    let mut results: Vec<(String, f64, f64)> = Vec::new();
-    let tx = UdpSocket::bind("127.0.0.1:0")?;
+    writeln!(
+        csv,
+        "round,datapath,sinks,packets_sent,deliveries,loss_pct,relay_cpu_s,cpu_us_per_delivery,sender_cpu_s,softirqd_cpu_s,path_cpu_s,path_us_per_delivery"
+    )?;
+    // (datapath, relay CPU, path CPU, deliveries)
+    let mut results: Vec<(String, f64, f64, f64)> = Vec::new();
     for round in 1..=a.rounds {
         for (i, dp) in a.datapath.iter().enumerate() {
             let name = format!("bench{round}{i}");
-            let (path, option) = dp.split_once(':').unwrap_or((dp, ""));
             let sinks: Vec<_> =
                 receivers.iter().map(|r| r.local_addr().map(|a| json!({ "udp": a }))).collect::<Result<_, _>>()?;
-            let mut spec = json!({"name": name, "source": {"udp": "127.0.0.1:0"}, "datapath": path, "sinks": sinks});
-            match option {
-                "" => {}
-                "connected" => spec["udp_sinks"] = json!("connected"),
-                "sqpoll" => spec["uring_sqpoll"] = json!(true),
-                o => bail!("data path option {o:?}: expected connected (shared) or sqpoll (uring)"),
-            }
+            let mut spec = json!({"name": name, "source": {"udp": "127.0.0.1:0"}, "sinks": sinks});
+            spec.as_object_mut().expect("an object").extend(super::datapath_fields(dp)?);
             let v = api.call("POST", "/v1/sessions", Some(spec))?;
             let src: std::net::SocketAddr = v["source"]["addr"]
                 .as_str()
@@ -102,39 +108,63 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             std::thread::sleep(Duration::from_millis(300));
             let before_rx = received.load(Ordering::Relaxed);
             let before_cpu = process_cpu_s(pid)?;
-            let start = Instant::now();
+            let before_softirqd = softirqd_cpu_s();
             let n = (pps * a.load.seconds).round() as u64;
-            let payload = vec![0x47u8; a.load.payload];
-            for k in 0..n {
-                let due = start + Duration::from_secs_f64(k as f64 / pps);
-                if let Some(d) = due.checked_duration_since(Instant::now()) {
-                    std::thread::sleep(d);
+            let payload_len = a.load.payload;
+            let sender = std::thread::spawn(move || -> std::io::Result<f64> {
+                let tx = UdpSocket::bind("127.0.0.1:0")?;
+                let payload = vec![0x47u8; payload_len];
+                let cpu0 = thread_cpu_s();
+                let start = Instant::now();
+                for k in 0..n {
+                    let due = start + Duration::from_secs_f64(k as f64 / pps);
+                    if let Some(d) = due.checked_duration_since(Instant::now()) {
+                        std::thread::sleep(d);
+                    }
+                    tx.send_to(&payload, src)?;
                 }
-                tx.send_to(&payload, src)?;
-            }
+                Ok(thread_cpu_s() - cpu0)
+            });
+            let sender_cpu = sender.join().map_err(|_| anyhow::anyhow!("the sender thread panicked"))??;
             std::thread::sleep(Duration::from_millis(500));
             let cpu = process_cpu_s(pid)? - before_cpu;
+            let softirqd = softirqd_cpu_s() - before_softirqd;
+            let path_cpu = cpu + sender_cpu + softirqd;
             let deliveries = received.load(Ordering::Relaxed) - before_rx;
             let expected = n * a.sinks as u64;
             let loss = 100.0 * (expected.saturating_sub(deliveries)) as f64 / expected as f64;
             let per = cpu * 1e6 / deliveries.max(1) as f64;
-            writeln!(csv, "{round},{dp},{},{n},{deliveries},{loss:.3},{cpu:.3},{per:.3}", a.sinks)?;
-            eprintln!("round {round}/{}: {dp:>7}: {deliveries} deliveries, loss {loss:.2}%, relay CPU {cpu:.2} s, {per:.3} µs per delivered packet", a.rounds);
-            results.push((dp.clone(), cpu, deliveries as f64));
+            let path_per = path_cpu * 1e6 / deliveries.max(1) as f64;
+            writeln!(
+                csv,
+                "{round},{dp},{},{n},{deliveries},{loss:.3},{cpu:.3},{per:.3},{sender_cpu:.3},{softirqd:.3},{path_cpu:.3},{path_per:.3}",
+                a.sinks
+            )?;
+            eprintln!(
+                "round {round}/{}: {dp:>7}: {deliveries} deliveries, loss {loss:.2}%, relay CPU {cpu:.2} s ({per:.3} µs/delivery), path CPU {path_cpu:.2} s ({path_per:.3} µs/delivery)",
+                a.rounds
+            );
+            results.push((dp.clone(), cpu, path_cpu, deliveries as f64));
             api.call("DELETE", &format!("/v1/sessions/{name}"), None)?;
         }
     }
     stop.store(true, Ordering::Relaxed);
     let _ = drain.join();
-    println!("\n{:>8}  {:>22}  {:>14}", "datapath", "relay µs per delivery", "vs first");
+    println!(
+        "\n{:>16}  {:>22}  {:>9}  {:>21}  {:>9}",
+        "datapath", "relay µs per delivery", "vs first", "path µs per delivery", "vs first"
+    );
     let mut first = None;
+    // Too little CPU to measure (short or tiny runs) gives no ratio rather than NaN.
+    let ratio = |x: f64, base: f64| if base > 0.0 { format!("{:.2}x", x / base) } else { "-".into() };
     for dp in &a.datapath {
-        let (cpu, del) = results.iter().filter(|r| &r.0 == dp).fold((0.0, 0.0), |acc, r| (acc.0 + r.1, acc.1 + r.2));
-        let per = cpu * 1e6 / del.max(1.0);
-        let base = *first.get_or_insert(per);
-        // Too little CPU to measure (short or tiny runs) gives no ratio rather than NaN.
-        let ratio = if base > 0.0 { format!("{:.2}x", per / base) } else { "-".into() };
-        println!("{dp:>8}  {per:>22.3}  {ratio:>14}");
+        let (cpu, path, del) = results
+            .iter()
+            .filter(|r| &r.0 == dp)
+            .fold((0.0, 0.0, 0.0), |acc, r| (acc.0 + r.1, acc.1 + r.2, acc.2 + r.3));
+        let (per, path_per) = (cpu * 1e6 / del.max(1.0), path * 1e6 / del.max(1.0));
+        let (b, bp) = *first.get_or_insert((per, path_per));
+        println!("{dp:>16}  {per:>22.3}  {:>9}  {path_per:>21.3}  {:>9}", ratio(per, b), ratio(path_per, bp));
     }
     println!("\nCSV: {}", csv_path.display());
     drop(relay);

@@ -147,6 +147,7 @@ pub fn machine_cpu() -> anyhow::Result<(u64, u64)> {
 pub struct Meter {
     pid: u32,
     relay0: f64,
+    softirqd0: f64,
     machine0: (u64, u64),
     t0: Instant,
 }
@@ -156,25 +157,48 @@ pub struct Metered {
     pub relay_cpu_s: f64,
     /// Relay CPU as a percentage of one core.
     pub relay_cpu_pct: f64,
+    /// The path's CPU: the relay's, the source sender's (softirq work on its time, such as
+    /// the `kernel` path's fan-out) and the softirq threads'.
+    pub path_cpu_s: f64,
+    pub path_cpu_pct: f64,
     /// Whole machine busy, percent of all cores.
     pub machine_pct: f64,
 }
 
 impl Meter {
     pub fn start(pid: u32) -> anyhow::Result<Self> {
-        Ok(Self { pid, relay0: process_cpu_s(pid)?, machine0: machine_cpu()?, t0: Instant::now() })
+        Ok(Self {
+            pid,
+            relay0: process_cpu_s(pid)?,
+            softirqd0: softirqd_cpu_s(),
+            machine0: machine_cpu()?,
+            t0: Instant::now(),
+        })
     }
-    pub fn stop(&self) -> anyhow::Result<Metered> {
+    /// `sender_cpu_s`: what the source's sender used meanwhile.
+    pub fn stop(&self, sender_cpu_s: f64) -> anyhow::Result<Metered> {
         let relay = process_cpu_s(self.pid)? - self.relay0;
+        let path = relay + sender_cpu_s + (softirqd_cpu_s() - self.softirqd0);
         let (b, t) = machine_cpu()?;
         let seconds = self.t0.elapsed().as_secs_f64();
         let (db, dt) = (b - self.machine0.0, (t - self.machine0.1).max(1));
         Ok(Metered {
             relay_cpu_s: relay,
             relay_cpu_pct: 100.0 * relay / seconds,
+            path_cpu_s: path,
+            path_cpu_pct: 100.0 * path / seconds,
             machine_pct: 100.0 * db as f64 / dt as f64,
         })
     }
+}
+
+/// CPU seconds of this process's children that have exited and been reaped.
+pub fn children_cpu_s() -> f64 {
+    // SAFETY: ru is a valid rusage to fill.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
 /// Runs `fanout <args>` to completion within `limit`, failing with its stderr.
@@ -256,4 +280,91 @@ pub fn progress(steps: u64, what: &str) -> ProgressBar {
 
 pub fn ensure_dir(p: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(p).with_context(|| format!("creating {}", p.display()))
+}
+
+/// A session spec's data path fields from a bench name: `PATH[:OPTION]...`, options
+/// `connected` (UDP sinks on a connected socket each), `sqpoll` (uring's polling thread),
+/// `flush=MS` (the stream sinks' write interval).
+pub fn datapath_fields(name: &str) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
+    let mut parts = name.split(':');
+    let mut m = serde_json::Map::new();
+    m.insert("datapath".into(), parts.next().unwrap_or_default().into());
+    for o in parts {
+        match o.split_once('=') {
+            None if o == "connected" => m.insert("udp_sinks".into(), "connected".into()),
+            None if o == "sqpoll" => m.insert("uring_sqpoll".into(), true.into()),
+            Some(("flush", ms)) => m.insert("stream_flush_ms".into(), ms.parse::<u64>().context("flush=MS")?.into()),
+            _ => bail!("data path option {o:?}: expected connected, sqpoll or flush=MS"),
+        };
+    }
+    Ok(m)
+}
+
+/// CPU seconds the kernel's softirq threads (`ksoftirqd/N`) have used: packet work the
+/// kernel defers there is nobody's process time.
+pub fn softirqd_cpu_s() -> f64 {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return 0.0 };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.starts_with("ksoftirqd/")))
+        .filter_map(|pid| process_cpu_s(pid).ok())
+        .sum()
+}
+
+/// CPU seconds the calling thread has used (precise, including softirq work the kernel did
+/// on its time, e.g. the in-kernel fan-out of a datagram it sent over loopback).
+pub fn thread_cpu_s() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: ts is a valid timespec to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// Moves this process (the calling thread, and every thread and process it starts after)
+/// into a private network namespace with its own `lo`, where the `kernel` data path may
+/// attach its program; raises `net.core.netdev_max_backlog` (machine-wide: the clones of a
+/// datagram queue on one CPU) meanwhile, and restores it when dropped.
+pub struct PrivateNetns {
+    backlog: Option<(std::fs::File, String)>,
+}
+
+impl PrivateNetns {
+    pub fn enter(backlog: u64) -> anyhow::Result<Self> {
+        use std::io::{Read, Seek, Write};
+        // Opened here, in the machine's namespace, so it can be restored from inside ours.
+        let mut saved = None;
+        if let Ok(mut f) =
+            std::fs::OpenOptions::new().read(true).write(true).open("/proc/sys/net/core/netdev_max_backlog")
+        {
+            let mut old = String::new();
+            f.read_to_string(&mut old)?;
+            if old.trim().parse::<u64>().is_ok_and(|v| v < backlog) {
+                f.rewind()?;
+                f.write_all(backlog.to_string().as_bytes())?;
+                saved = Some((f, old.trim().to_string()));
+            }
+        }
+        // SAFETY: unshare affects only the calling thread's namespaces.
+        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+            bail!(
+                "the kernel data path is benchmarked in a private network namespace, which needs root: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        let st = Command::new("ip").args(["link", "set", "lo", "up"]).status().context("running ip")?;
+        if !st.success() {
+            bail!("ip link set lo up failed in the private namespace");
+        }
+        eprintln!("kernel data path: running in a private network namespace (netdev_max_backlog {backlog})");
+        Ok(Self { backlog: saved })
+    }
+}
+
+impl Drop for PrivateNetns {
+    fn drop(&mut self) {
+        use std::io::{Seek, Write};
+        if let Some((f, old)) = self.backlog.as_mut() {
+            let _ = f.rewind();
+            let _ = f.write_all(old.as_bytes());
+        }
+    }
 }

@@ -4,7 +4,9 @@
 //! subscribers' report.
 
 use super::plot::{self, Panel};
-use super::{ensure_dir, progress, run_tool, start_sub, wait, Meter, Metered, Proc, RelayProc};
+use super::{
+    children_cpu_s, ensure_dir, progress, run_tool, start_sub, wait, Meter, Metered, PrivateNetns, Proc, RelayProc,
+};
 use anyhow::Context;
 use clap::Args;
 use serde_json::{json, Value};
@@ -18,6 +20,8 @@ use std::time::Duration;
 enum Transport {
     Udp,
     Tcp,
+    /// A UDP source, HTTP subscribers.
+    Http,
 }
 
 impl std::str::FromStr for Transport {
@@ -26,14 +30,19 @@ impl std::str::FromStr for Transport {
         match s {
             "udp" => Ok(Transport::Udp),
             "tcp" => Ok(Transport::Tcp),
-            _ => Err(format!("transport {s:?}: expected udp or tcp")),
+            "http" => Ok(Transport::Http),
+            _ => Err(format!("transport {s:?}: expected udp, tcp or http")),
         }
     }
 }
 
 impl std::fmt::Display for Transport {
     fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str(if *self == Transport::Udp { "udp" } else { "tcp" })
+        f.write_str(match self {
+            Transport::Udp => "udp",
+            Transport::Tcp => "tcp",
+            Transport::Http => "http",
+        })
     }
 }
 
@@ -68,6 +77,9 @@ impl StepResult {
     fn us_per_delivery(&self) -> f64 {
         self.meter.relay_cpu_s * 1e6 / self.deliveries.max(1) as f64
     }
+    fn path_us_per_delivery(&self) -> f64 {
+        self.meter.path_cpu_s * 1e6 / self.deliveries.max(1) as f64
+    }
     fn loss_pct(&self) -> f64 {
         let (lost, exp) = self.groups.iter().fold((0.0, 0.0), |a, g| {
             (a.0 + g["lost"].as_f64().unwrap_or(0.0), a.1 + g["expected"].as_f64().unwrap_or(0.0))
@@ -89,16 +101,12 @@ fn run_step(relay: &RelayProc, plan: &StepPlan, tmp: &Path) -> anyhow::Result<St
     for s in &plan.sessions {
         // The relay binds a free port itself and says which (no race for a port chosen here).
         let spec = match plan.transport {
-            Transport::Udp => json!({ "udp": "127.0.0.1:0" }),
+            Transport::Udp | Transport::Http => json!({ "udp": "127.0.0.1:0" }),
             Transport::Tcp => json!({ "tcp_listen": "127.0.0.1:0" }),
         };
-        let v = api.call(
-            "POST",
-            "/v1/sessions",
-            Some(
-                json!({"name": s.name, "source": spec, "datapath": s.datapath, "priority": s.priority, "ring": s.ring}),
-            ),
-        )?;
+        let mut body = json!({"name": s.name, "source": spec, "priority": s.priority, "ring": s.ring});
+        body.as_object_mut().expect("an object").extend(super::datapath_fields(&s.datapath)?);
+        let v = api.call("POST", "/v1/sessions", Some(body))?;
         let src =
             v["source"]["addr"].as_str().and_then(|a| a.parse().ok()).context("the relay did not say its address")?;
         sources.push(src);
@@ -110,7 +118,11 @@ fn run_step(relay: &RelayProc, plan: &StepPlan, tmp: &Path) -> anyhow::Result<St
         for s in &plan.sessions {
             sub_args.extend(["--session".into(), s.name.clone()]);
         }
-        let kind = if plan.transport == Transport::Udp { "--udp" } else { "--tcp" };
+        let kind = match plan.transport {
+            Transport::Udp => "--udp",
+            Transport::Tcp => "--tcp",
+            Transport::Http => "--http",
+        };
         sub_args.extend([
             kind.into(),
             plan.subscribers.to_string(),
@@ -156,9 +168,12 @@ fn run_step(relay: &RelayProc, plan: &StepPlan, tmp: &Path) -> anyhow::Result<St
             gen_args.push("--tcp".into());
         }
         let meter = Meter::start(relay.pid())?;
+        // gen is the only child reaped meanwhile: the growth of the children's CPU is its.
+        let children0 = children_cpu_s();
         run_tool(&gen_args, Duration::from_secs_f64(plan.seconds + 30.0))?;
+        let gen_cpu = children_cpu_s() - children0;
         std::thread::sleep(Duration::from_millis(300));
-        let m = meter.stop()?;
+        let m = meter.stop(gen_cpu)?;
         wait(&mut sub, Duration::from_secs(30 + n as u64 / 100))?;
         let report: Value = serde_json::from_slice(&std::fs::read(&json_path).context("reading sub's report")?)?;
         let groups: Vec<Value> = report["groups"].as_array().cloned().unwrap_or_default();
@@ -184,7 +199,8 @@ pub struct BulkArgs {
     /// Data paths to sweep.
     #[arg(long, value_delimiter = ',', default_value = "daemon,copy,shared")]
     datapath: Vec<String>,
-    /// Transports to sweep (source and sinks alike).
+    /// Transports to sweep: `udp` and `tcp` (source and sinks alike), `http` (a UDP source,
+    /// HTTP subscribers).
     #[arg(long, value_delimiter = ',', default_value = "udp,tcp")]
     transport: Vec<Transport>,
     /// Subscriber counts to step through.
@@ -208,20 +224,31 @@ pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
         a.steps = vec![20, 60];
         a.load.seconds = 3.0;
     }
+    // Before the relay starts, so it and every tool live in the namespace.
+    let _netns = match a.datapath.iter().any(|d| d.starts_with("kernel")) {
+        true => Some(PrivateNetns::enter((a.steps.iter().max().copied().unwrap_or(0) as u64 * 2).max(10_000))?),
+        false => None,
+    };
     let relay = RelayProc::start(&[])?;
     let (mut csv, csv_path) = csv_file(
         &a.out,
         "bulk.csv",
-        "datapath,transport,subscribers,relay_cpu_pct,machine_cpu_pct,cpu_us_per_delivery,deliveries_per_s,loss_pct,latency_p50_us,latency_p99_us,jitter_ms",
+        "datapath,transport,subscribers,relay_cpu_pct,machine_cpu_pct,cpu_us_per_delivery,deliveries_per_s,loss_pct,latency_p50_us,latency_p99_us,jitter_ms,path_cpu_pct,path_us_per_delivery",
     )?;
-    let combos: Vec<(String, Transport)> =
-        a.transport.iter().flat_map(|t| a.datapath.iter().map(move |d| (d.clone(), *t))).collect();
+    // The kernel path clones datagrams: it has no TCP form (its TCP sinks are `shared`'s).
+    let combos: Vec<(String, Transport)> = a
+        .transport
+        .iter()
+        .flat_map(|t| a.datapath.iter().map(move |d| (d.clone(), *t)))
+        .filter(|(d, t)| !(d.starts_with("kernel") && *t == Transport::Tcp))
+        .collect();
     let pb = progress((combos.len() * a.steps.len()) as u64, "bench bulk");
     let mut cpu_series = Vec::new();
     let mut per_series = Vec::new();
+    let mut path_series = Vec::new();
     let mut capacity = Vec::new();
     for (k, (dp, t)) in combos.iter().enumerate() {
-        let (mut cpu, mut per) = (Vec::new(), Vec::new());
+        let (mut cpu, mut per, mut path_per) = (Vec::new(), Vec::new(), Vec::new());
         let mut cap = 0;
         for (i, &n) in a.steps.iter().enumerate() {
             pb.set_message(format!("{dp}/{t} {n} subscribers"));
@@ -245,7 +272,7 @@ pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
             let loss = r.loss_pct();
             writeln!(
                 csv,
-                "{dp},{t},{n},{:.2},{:.2},{:.3},{:.0},{:.3},{},{},{:.3}",
+                "{dp},{t},{n},{:.2},{:.2},{:.3},{:.0},{:.3},{},{},{:.3},{:.2},{:.3}",
                 r.meter.relay_cpu_pct,
                 r.meter.machine_pct,
                 r.us_per_delivery(),
@@ -254,9 +281,12 @@ pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
                 r.worst("latency_p50_us"),
                 r.worst("latency_p99_us"),
                 r.worst("jitter_ms_mean"),
+                r.meter.path_cpu_pct,
+                r.path_us_per_delivery(),
             )?;
             cpu.push((n as f64, r.meter.relay_cpu_pct));
             per.push((n as f64, r.us_per_delivery()));
+            path_per.push((n as f64, r.path_us_per_delivery()));
             if loss > a.max_loss {
                 pb.println(format!("{dp}/{t}: {loss:.2}% loss at {n} subscribers: sweep stops"));
                 for _ in i + 1..a.steps.len() {
@@ -269,6 +299,7 @@ pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
         capacity.push(format!("{dp}/{t}: {cap} subscribers with ≤ {}% loss", a.max_loss));
         cpu_series.push((format!("{dp}/{t}"), cpu));
         per_series.push((format!("{dp}/{t}"), per));
+        path_series.push((format!("{dp}/{t}"), path_per));
     }
     pb.finish_and_clear();
     let png = a.out.join("bulk.png");
@@ -280,6 +311,7 @@ pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
         &[
             Panel { y_label: "relay CPU (% of one core)", series: cpu_series },
             Panel { y_label: "relay CPU per delivered packet (µs)", series: per_series },
+            Panel { y_label: "path CPU per delivered packet (µs, incl. softirq)", series: path_series },
         ],
     )?;
     for c in &capacity {
