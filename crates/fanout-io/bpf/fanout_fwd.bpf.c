@@ -29,6 +29,10 @@
 
 #define REASON_LOOPBACK_FROM_AFAR 100
 
+/* Set on the original while it is cloned, so clones that loop back through lo's ingress
+ * skip the session lookup; the original gets its own mark back. */
+#define CLONE_MARK 0xfa40u
+
 #define L2_OFF 0
 #define IP_OFF ETH_HLEN
 #define IP_CSUM_OFF (IP_OFF + offsetof(struct iphdr, check))
@@ -239,6 +243,8 @@ int fanout_fwd(struct __sk_buff *skb)
 {
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
+	if (skb->mark == CLONE_MARK)
+		return TC_ACT_OK;
 	struct ethhdr *eth = data;
 	struct iphdr *ip = data + IP_OFF;
 	struct udphdr *udp = data + UDP_OFF;
@@ -295,7 +301,10 @@ int fanout_fwd(struct __sk_buff *skb)
 		return TC_ACT_SHOT;
 	}
 
+	__u32 orig_mark = skb->mark;
+	skb->mark = CLONE_MARK;
 	bpf_loop(*nsinks, fan_one, &c, 0);
+	skb->mark = orig_mark;
 	__sync_fetch_and_add(&stats->packets, 1);
 	__sync_fetch_and_add(&stats->bytes, c.len);
 

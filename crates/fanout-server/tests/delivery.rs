@@ -179,3 +179,40 @@ fn uring_with_sqpoll_delivers_everything() {
         }
     }
 }
+
+/// Stream sinks of the sharing paths are written once per flush interval, everything pending
+/// in one write: 20 packets sent over 200 ms reach an HTTP subscriber in one burst about
+/// 300 ms after the first with `stream_flush_ms = 300`, and one by one at once with 0.
+#[test]
+fn stream_sinks_are_written_once_per_flush_interval() {
+    let relay = Relay::start(&["--no-demo"]);
+    for (name, flush) in [("f300", 300u64), ("f0", 0)] {
+        let src =
+            create_on_free_port(&relay, json!({"name":name,"source":{"udp":"127.0.0.1:0"},"stream_flush_ms":flush}));
+        let mut h = relay.http_subscribe(name);
+        relay.wait_sinks(name, 1);
+        h.set_read_timeout(Some(Duration::from_millis(700))).unwrap();
+        let t0 = Instant::now();
+        let sender = std::thread::spawn(move || send_paced(src, 20, 200, 100.0));
+        let (mut total, mut arrivals) = (0, Vec::new());
+        let mut buf = [0u8; 16384];
+        while let Ok(n) = h.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            total += n;
+            arrivals.push(t0.elapsed());
+        }
+        sender.join().unwrap();
+        assert_eq!(total, 20 * 200, "{name}: every byte");
+        // A burst: reads less than 5 ms apart (the packets are sent 10 ms apart).
+        let bursts = 1 + arrivals.windows(2).filter(|w| w[1] - w[0] > Duration::from_millis(5)).count();
+        if flush == 300 {
+            assert!(arrivals[0] >= Duration::from_millis(250), "{name}: held until the flush: {arrivals:?}");
+            assert!(bursts <= 2, "{name}: {bursts} bursts: {arrivals:?}");
+        } else {
+            assert!(arrivals[0] < Duration::from_millis(150), "{name}: written at once: {arrivals:?}");
+            assert!(bursts >= 10, "{name}: {bursts} bursts: {arrivals:?}");
+        }
+    }
+}

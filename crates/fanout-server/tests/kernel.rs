@@ -13,7 +13,8 @@ fn seq_of(buf: &[u8]) -> u64 {
 }
 
 /// Removing half the sinks while packets flow, with one sink that never reads: the others
-/// get every packet in order, the removed ones a gap-free prefix, and then nothing.
+/// get every packet in order, the removed ones a gap-free prefix (at most one packet twice,
+/// see below), and then nothing.
 #[test]
 fn removal_under_load_and_a_stalled_sink_leave_the_others_whole() {
     let _backlog = BacklogGuard::raise(20_000);
@@ -71,8 +72,14 @@ fn removal_under_load_and_a_stalled_sink_leave_the_others_whole() {
             assert_eq!(g, &all, "kept sink {i} got {} of {PACKETS}", g.len());
         }
         for (i, g) in got[100..].iter().enumerate() {
+            // A removal moves the session's last sink into the hole; a program run that read
+            // the count before may send that sink one packet twice (never skip one).
+            let mut g = g.clone();
+            let n = g.len();
+            g.dedup();
+            assert!(n - g.len() <= 1, "removed sink {} got {} duplicates", 100 + i, n - g.len());
             let prefix: Vec<u64> = (0..g.len() as u64).collect();
-            assert_eq!(g, &prefix, "removed sink {} got a gap or a reorder", 100 + i);
+            assert_eq!(g, prefix, "removed sink {} got a gap or a reorder", 100 + i);
             assert!((g.len() as u64) < PACKETS, "removed sink {} kept receiving", 100 + i);
         }
         let st = relay.ok("GET", "/v1/sessions/k", None);

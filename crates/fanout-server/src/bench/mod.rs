@@ -5,6 +5,7 @@
 pub mod datapaths;
 mod plot;
 pub mod scenarios;
+pub mod splice;
 
 use crate::client::ApiClient;
 use anyhow::{bail, Context};
@@ -26,6 +27,8 @@ pub enum BenchCmd {
     Payload(scenarios::PayloadArgs),
     /// Overload: three sessions in classes 1, 2, 3 while background CPU load is stepped up.
     Overload(scenarios::OverloadArgs),
+    /// TCP fan-out in user space (read + write per sink) against splice/tee (kernel pages).
+    Splice(splice::SpliceArgs),
     /// (internal) Burn CPU: busy `duty` of every 10 ms for `seconds`; the overload load.
     #[command(hide = true)]
     Burn {
@@ -42,6 +45,7 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Bulk(a) => scenarios::bulk(a),
         BenchCmd::Payload(a) => scenarios::payload(a),
         BenchCmd::Overload(a) => scenarios::overload(a),
+        BenchCmd::Splice(a) => splice::run(a),
         BenchCmd::Burn { duty, seconds } => {
             burn(duty, seconds);
             Ok(())
@@ -321,26 +325,20 @@ pub fn thread_cpu_s() -> f64 {
 
 /// Moves this process (the calling thread, and every thread and process it starts after)
 /// into a private network namespace with its own `lo`, where the `kernel` data path may
-/// attach its program; raises `net.core.netdev_max_backlog` (machine-wide: the clones of a
-/// datagram queue on one CPU) meanwhile, and restores it when dropped.
+/// attach its program. Meanwhile raises two machine-wide knobs (restored when dropped):
+/// `net.core.netdev_max_backlog` (the clones of a datagram queue on one CPU; too small a
+/// backlog drops them) and `net.core.netdev_budget` (packets one softirq run handles before
+/// handing the rest to ksoftirqd).
 pub struct PrivateNetns {
-    backlog: Option<(std::fs::File, String)>,
+    saved: Vec<(std::fs::File, String)>,
 }
 
 impl PrivateNetns {
     pub fn enter(backlog: u64) -> anyhow::Result<Self> {
-        use std::io::{Read, Seek, Write};
-        // Opened here, in the machine's namespace, so it can be restored from inside ours.
-        let mut saved = None;
-        if let Ok(mut f) =
-            std::fs::OpenOptions::new().read(true).write(true).open("/proc/sys/net/core/netdev_max_backlog")
-        {
-            let mut old = String::new();
-            f.read_to_string(&mut old)?;
-            if old.trim().parse::<u64>().is_ok_and(|v| v < backlog) {
-                f.rewind()?;
-                f.write_all(backlog.to_string().as_bytes())?;
-                saved = Some((f, old.trim().to_string()));
+        let mut saved = Vec::new();
+        for (knob, want) in [("netdev_max_backlog", backlog), ("netdev_budget", backlog.min(3000))] {
+            if let Some(s) = raise_sysctl(&format!("/proc/sys/net/core/{knob}"), want)? {
+                saved.push(s);
             }
         }
         // SAFETY: unshare affects only the calling thread's namespaces.
@@ -354,15 +352,33 @@ impl PrivateNetns {
         if !st.success() {
             bail!("ip link set lo up failed in the private namespace");
         }
-        eprintln!("kernel data path: running in a private network namespace (netdev_max_backlog {backlog})");
-        Ok(Self { backlog: saved })
+        eprintln!(
+            "kernel data path: running in a private network namespace (netdev_max_backlog {backlog}, netdev_budget {})",
+            backlog.min(3000)
+        );
+        Ok(Self { saved })
     }
+}
+
+/// Raises a numeric sysctl to `to` if lower; returns it opened (here, in the machine's
+/// namespace, so it can be restored from inside ours) with its old value.
+fn raise_sysctl(path: &str, to: u64) -> anyhow::Result<Option<(std::fs::File, String)>> {
+    use std::io::{Read, Seek, Write};
+    let Ok(mut f) = std::fs::OpenOptions::new().read(true).write(true).open(path) else { return Ok(None) };
+    let mut old = String::new();
+    f.read_to_string(&mut old)?;
+    if !old.trim().parse::<u64>().is_ok_and(|v| v < to) {
+        return Ok(None);
+    }
+    f.rewind()?;
+    f.write_all(to.to_string().as_bytes()).with_context(|| format!("raising {path}"))?;
+    Ok(Some((f, old.trim().to_string())))
 }
 
 impl Drop for PrivateNetns {
     fn drop(&mut self) {
         use std::io::{Seek, Write};
-        if let Some((f, old)) = self.backlog.as_mut() {
+        for (f, old) in &mut self.saved {
             let _ = f.rewind();
             let _ = f.write_all(old.as_bytes());
         }
