@@ -35,7 +35,7 @@ mod uring;
 
 pub use engine::Engine;
 pub use session::{
-    DataPath, FailurePolicy, PayloadMode, Session, SessionConfig, SessionStatus, SinkStatus, SinkTarget, SourceState,
-    SourceStatus, UdpSinkMode,
+    DataPath, FailurePolicy, PayloadMode, Session, SessionConfig, SessionStatus, SinkStatus, SinkTarget, SourceRecv,
+    SourceState, SourceStatus, UdpSinkMode,
 };
 pub use source::{bind_udp_source, DemoClip};

@@ -72,6 +72,18 @@ pub enum UdpSinkMode {
     Connected,
 }
 
+/// How a UDP source is received (engine paths; `daemon` always blocks in `recv`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceRecv {
+    /// `recvmmsg`, up to 32 datagrams per call, when the reactor reports the socket readable
+    /// (the default everywhere: it measured cheaper, docs/BENCHMARKS.md).
+    #[default]
+    Recvmmsg,
+    /// A multishot io_uring `recv` with provided buffers: no system call per batch.
+    Uring,
+}
+
 #[derive(Debug, Clone)]
 pub struct SessionConfig {
     pub name: String,
@@ -88,6 +100,8 @@ pub struct SessionConfig {
     /// `shared`, `uring`, `kernel`: TCP/HTTP sinks are written at most once per this
     /// interval, everything pending in one vectored write (zero: at every packet).
     pub stream_flush: Duration,
+    /// UDP source receive.
+    pub source_recv: SourceRecv,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -493,9 +507,12 @@ impl Session {
                 inner.threads.lock().push(t);
             }
             Runner::Engine(_) => {
-                let fd = io.fd();
                 io.set_nonblocking()?;
                 let job = crate::source::SourceJob::new(Arc::downgrade(inner), io);
+                let fd = job.watch_fd();
+                if job.uses_uring() {
+                    inner.source_kind.lock().push_str(" (io_uring multishot receive)");
+                }
                 let task = Task::new(inner.cfg.priority, inner.runner.clone(), Box::new(job));
                 let reg = inner.reactor.register_source(fd, task.clone())?;
                 *inner.source_reg.lock() = Some(reg);

@@ -80,6 +80,8 @@ struct Scratch {
     iov: Vec<libc::iovec>,
     hdrs: Vec<libc::mmsghdr>,
     got: Vec<sys::Received>,
+    /// The `uring` path's multishot receive (UDP sources).
+    uring: Option<crate::uring::UringReceiver>,
 }
 
 // SAFETY: the raw pointers in the iovec/mmsghdr scratch are rebuilt before every call and
@@ -96,6 +98,19 @@ pub(crate) struct SourceJob {
 impl SourceJob {
     pub fn new(session: Weak<Inner>, io: SourceIo) -> Self {
         let (buf, ring) = session.upgrade().map_or((2048, 1024), |s| (s.cfg.max_datagram, s.cfg.ring_capacity));
+        let want_uring = session.upgrade().is_some_and(|s| s.cfg.source_recv == crate::SourceRecv::Uring);
+        let uring = match &io {
+            SourceIo::Udp(sock) if want_uring => {
+                match crate::uring::UringReceiver::new(sock.as_raw_fd(), 256, buf + 1) {
+                    Ok(r) => Some(r),
+                    Err(e) => {
+                        tracing::warn!("io_uring receive unavailable, using recvmmsg: {e}");
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
         Self {
             session,
             io,
@@ -106,8 +121,20 @@ impl SourceJob {
                 iov: Vec::with_capacity(BATCH),
                 hdrs: Vec::with_capacity(BATCH),
                 got: Vec::with_capacity(BATCH),
+                uring,
             }),
         }
+    }
+}
+
+impl SourceJob {
+    /// The descriptor whose readiness means "run me": the socket, or the io_uring.
+    pub fn watch_fd(&self) -> RawFd {
+        self.scratch.lock().uring.as_ref().map_or(self.io.fd(), |u| u.fd())
+    }
+
+    pub fn uses_uring(&self) -> bool {
+        self.scratch.lock().uring.is_some()
     }
 }
 
@@ -121,6 +148,33 @@ impl Job for SourceJob {
         let sc = &mut *guard;
         for _ in 0..CALLS_PER_RUN {
             match &self.io {
+                SourceIo::Udp(_) if sc.uring.is_some() => {
+                    let Scratch { pool, ready, uring, .. } = sc;
+                    let u = uring.as_mut().expect("checked");
+                    let r = u.recv(BATCH, |data, truncated| {
+                        if truncated {
+                            s.src.oversized.fetch_add(1, Ordering::Relaxed);
+                            return;
+                        }
+                        let mut p = pool.take();
+                        let pm = Arc::get_mut(&mut p).expect("pool buffers are unique");
+                        pm.buf_mut()[..data.len()].copy_from_slice(data);
+                        if s.accept(pm, data.len()) {
+                            ready.push(p);
+                        } else {
+                            pool.give(p);
+                        }
+                    });
+                    s.publish(ready, pool);
+                    match r {
+                        Ok(n) if n < BATCH => return false,
+                        Ok(_) => {}
+                        Err(e) => {
+                            tracing::warn!(session = %s.cfg.name, "io_uring receive failed: {e}");
+                            return false;
+                        }
+                    }
+                }
                 SourceIo::Udp(sock) => {
                     while sc.taken.len() < BATCH {
                         let p = sc.pool.take();

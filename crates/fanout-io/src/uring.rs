@@ -104,3 +104,150 @@ impl UringSender {
         Ok(())
     }
 }
+
+/// The `uring` path's source receive: one multishot `recv` stays armed on the socket and
+/// the kernel picks a buffer from a ring of provided buffers for each datagram, so a run
+/// of the source task reaps completions without a system call (the reactor watches the
+/// ring's fd); the datagram is copied into a pool buffer and its provided buffer recycled.
+pub(crate) struct UringReceiver {
+    ring: IoUring,
+    sock: RawFd,
+    /// The provided-buffer ring (shared with the kernel; mmap'd, page aligned).
+    br: *mut types::BufRingEntry,
+    br_len: usize,
+    bufs: Box<[u8]>,
+    buf_size: usize,
+    entries: u16,
+    tail: u16,
+    armed: bool,
+    /// Completions taken from the queue this call: (result, flags).
+    cqes: Vec<(i32, u32)>,
+}
+
+// SAFETY: the raw pointer is to memory this value owns; it moves between worker threads
+// with the value, never shared.
+unsafe impl Send for UringReceiver {}
+
+const BUF_GROUP: u16 = 0;
+
+impl UringReceiver {
+    /// `entries`: a power of two; `buf_size`: the largest datagram accepted, plus one (a
+    /// datagram that fills the buffer was truncated).
+    pub fn new(sock: RawFd, entries: u16, buf_size: usize) -> io::Result<Self> {
+        assert!(entries.is_power_of_two());
+        let ring = IoUring::builder().setup_cqsize(u32::from(entries) * 2).setup_coop_taskrun().build(8)?;
+        let br_len = usize::from(entries) * std::mem::size_of::<types::BufRingEntry>();
+        // SAFETY: a fresh anonymous mapping; checked below.
+        let br = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                br_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_ANONYMOUS | libc::MAP_PRIVATE,
+                -1,
+                0,
+            )
+        };
+        if br == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let mut me = Self {
+            ring,
+            sock,
+            br: br.cast(),
+            br_len,
+            bufs: vec![0u8; usize::from(entries) * buf_size].into_boxed_slice(),
+            buf_size,
+            entries,
+            tail: 0,
+            armed: false,
+            cqes: Vec::with_capacity(usize::from(entries)),
+        };
+        // SAFETY: br is page aligned and holds `entries` entries; it outlives the ring's use
+        // of it (unregistered with the ring when dropped).
+        unsafe { me.ring.submitter().register_buf_ring_with_flags(br as u64, entries, BUF_GROUP, 0)? };
+        for bid in 0..entries {
+            me.give(bid);
+        }
+        me.publish_tail();
+        me.arm()?;
+        Ok(me)
+    }
+
+    /// The fd to watch for completions.
+    pub fn fd(&self) -> RawFd {
+        self.ring.as_raw_fd()
+    }
+
+    fn give(&mut self, bid: u16) {
+        let addr = self.bufs.as_ptr() as u64 + u64::from(bid) * self.buf_size as u64;
+        // SAFETY: the index is masked into the ring; user space owns entries past the tail.
+        let e = unsafe { &mut *self.br.add(usize::from(self.tail & (self.entries - 1))) };
+        e.set_addr(addr);
+        e.set_len(self.buf_size as u32);
+        e.set_bid(bid);
+        self.tail = self.tail.wrapping_add(1);
+    }
+
+    fn publish_tail(&self) {
+        // SAFETY: the tail field lives in the first entry; the kernel reads it concurrently.
+        unsafe {
+            let t = types::BufRingEntry::tail(self.br) as *const std::sync::atomic::AtomicU16;
+            (*t).store(self.tail, std::sync::atomic::Ordering::Release);
+        }
+    }
+
+    fn arm(&mut self) -> io::Result<()> {
+        let sqe = opcode::RecvMulti::new(types::Fd(self.sock), BUF_GROUP).build().user_data(1);
+        // SAFETY: the SQE refers to no user memory (the buffers are the registered ring's).
+        unsafe { self.ring.submission().push(&sqe) }.map_err(|_| io::Error::other("io_uring submission queue full"))?;
+        self.ring.submit()?;
+        self.armed = true;
+        Ok(())
+    }
+
+    /// Hands each received datagram (at most `max`) to `f` as `(bytes, truncated)`; returns
+    /// how many. Re-arms the receive if the kernel ended it (e.g. out of buffers).
+    pub fn recv(&mut self, max: usize, mut f: impl FnMut(&[u8], bool)) -> io::Result<usize> {
+        self.cqes.clear();
+        self.cqes.extend(self.ring.completion().take(max).map(|c| (c.result(), c.flags())));
+        let mut n = 0;
+        let mut fault = None;
+        for i in 0..self.cqes.len() {
+            let (res, flags) = self.cqes[i];
+            if !io_uring::cqueue::more(flags) {
+                self.armed = false;
+            }
+            let bid = io_uring::cqueue::buffer_select(flags);
+            if res >= 0 {
+                if let Some(bid) = bid {
+                    let len = res as usize;
+                    let off = usize::from(bid) * self.buf_size;
+                    f(&self.bufs[off..off + len], len >= self.buf_size);
+                    n += 1;
+                }
+            } else if -res != libc::ENOBUFS {
+                fault = Some(io::Error::from_raw_os_error(-res));
+            }
+            if let Some(bid) = bid {
+                self.give(bid);
+            }
+        }
+        self.publish_tail();
+        if let Some(e) = fault {
+            return Err(e);
+        }
+        if !self.armed {
+            self.arm()?;
+        }
+        Ok(n)
+    }
+}
+
+impl Drop for UringReceiver {
+    fn drop(&mut self) {
+        let _ = self.ring.submitter().unregister_buf_ring(BUF_GROUP);
+        // SAFETY: the mapping made in new(), no longer registered with the kernel.
+        unsafe { libc::munmap(self.br.cast(), self.br_len) };
+    }
+}

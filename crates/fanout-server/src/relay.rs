@@ -110,6 +110,7 @@ impl Relay {
             failed_sinks: spec.failed_sinks,
             udp_sinks: spec.udp_sinks,
             uring_sqpoll: spec.uring_sqpoll,
+            source_recv: spec.source_recv,
             stream_flush: Duration::from_millis(spec.stream_flush_ms.unwrap_or(self.cfg.stream_flush_ms)),
         };
         let session = Session::new(cfg, &self.engine);

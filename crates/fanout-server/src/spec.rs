@@ -1,7 +1,7 @@
 //! What a user asks for, as the API and the config file spell it. Every type rejects unknown
 //! fields and bad values with a message that names the field.
 
-use fanout_io::{DataPath, FailurePolicy, PayloadMode, UdpSinkMode};
+use fanout_io::{DataPath, FailurePolicy, PayloadMode, SourceRecv, UdpSinkMode};
 use serde::{Deserialize, Serialize};
 use std::net::{Ipv4Addr, SocketAddr};
 
@@ -102,6 +102,9 @@ pub struct SessionSpec {
     /// milliseconds, all that is pending in one write (default: the server's; 0 = at once).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream_flush_ms: Option<u64>,
+    /// UDP source receive: `recvmmsg` (default) or `uring` (multishot, provided buffers).
+    #[serde(default)]
+    pub source_recv: SourceRecv,
     /// How `shared` sends to UDP sinks: `batched` (one `sendmmsg` for the whole group,
     /// default) or `connected` (a connected socket per sink).
     #[serde(default)]
@@ -130,6 +133,7 @@ impl SessionSpec {
             udp_sinks: UdpSinkMode::default(),
             uring_sqpoll: false,
             stream_flush_ms: None,
+            source_recv: SourceRecv::default(),
             sinks: Vec::new(),
         }
     }

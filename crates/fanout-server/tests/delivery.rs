@@ -159,16 +159,19 @@ fn tcp_source_to_tcp_sink_is_byte_exact() {
     assert_eq!(&got, b"hello through the relay");
 }
 
-/// io_uring with a kernel thread polling the submission queue (SQPOLL) delivers everything.
+/// io_uring with a kernel thread polling the submission queue (SQPOLL), receiving with a
+/// multishot io_uring recv, delivers everything.
 #[test]
-fn uring_with_sqpoll_delivers_everything() {
+fn uring_with_sqpoll_and_uring_receive_delivers_everything() {
     let relay = Relay::start(&["--no-demo"]);
     let rx: Vec<UdpSocket> = (0..50).map(|_| UdpSocket::bind("127.0.0.1:0").unwrap()).collect();
     let sinks: Vec<_> = rx.iter().map(|r| json!({"udp": r.local_addr().unwrap()})).collect();
     let src = create_on_free_port(
         &relay,
-        json!({"name":"sq","source":{"udp":"127.0.0.1:0"},"datapath":"uring","uring_sqpoll":true,"sinks":sinks}),
+        json!({"name":"sq","source":{"udp":"127.0.0.1:0"},"datapath":"uring","uring_sqpoll":true,"source_recv":"uring","sinks":sinks}),
     );
+    let kind = relay.ok("GET", "/v1/sessions/sq", None)["source"]["kind"].as_str().unwrap().to_string();
+    assert!(kind.contains("io_uring multishot receive"), "{kind}");
     send_paced(src, 100, 200, 200.0);
     let mut buf = [0u8; 300];
     for r in &rx {

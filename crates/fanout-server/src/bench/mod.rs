@@ -288,7 +288,7 @@ pub fn ensure_dir(p: &Path) -> anyhow::Result<()> {
 
 /// A session spec's data path fields from a bench name: `PATH[:OPTION]...`, options
 /// `connected` (UDP sinks on a connected socket each), `sqpoll` (uring's polling thread),
-/// `flush=MS` (the stream sinks' write interval).
+/// `flush=MS` (the stream sinks' write interval), `recv=uring|recvmmsg` (UDP source receive).
 pub fn datapath_fields(name: &str) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
     let mut parts = name.split(':');
     let mut m = serde_json::Map::new();
@@ -297,8 +297,9 @@ pub fn datapath_fields(name: &str) -> anyhow::Result<serde_json::Map<String, ser
         match o.split_once('=') {
             None if o == "connected" => m.insert("udp_sinks".into(), "connected".into()),
             None if o == "sqpoll" => m.insert("uring_sqpoll".into(), true.into()),
+            Some(("recv", r)) => m.insert("source_recv".into(), r.into()),
             Some(("flush", ms)) => m.insert("stream_flush_ms".into(), ms.parse::<u64>().context("flush=MS")?.into()),
-            _ => bail!("data path option {o:?}: expected connected, sqpoll or flush=MS"),
+            _ => bail!("data path option {o:?}: expected connected, sqpoll, flush=MS or recv=uring|recvmmsg"),
         };
     }
     Ok(m)
