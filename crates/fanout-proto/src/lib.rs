@@ -10,6 +10,8 @@
 //!   that paces a recorded transport stream at its own rate.
 //! - [`annexb`]: H.264/HEVC byte streams: NAL units, access units, RTP packetization.
 //! - [`http`]: recognising an HTTP stream request from its head.
+//! - [`rtsp`]: RTSP 1.0 messages: the incremental connection parser (requests, responses,
+//!   interleaved frames), the writer, `Transport` and `Session` headers.
 //! - [`classify`]: what a received datagram carries, decided once when it enters the ring.
 
 pub mod annexb;
@@ -19,3 +21,4 @@ pub mod mpegts;
 pub mod probe;
 pub mod rtp;
 pub mod rtpstats;
+pub mod rtsp;

@@ -1,6 +1,7 @@
-//! The in-kernel (eBPF) data path: faults, removal under load, and a clean unload. Each test
-//! makes its own network namespace (root only; skipped loudly otherwise), so no program is
-//! ever attached to the machine's own interfaces.
+//! The in-kernel (eBPF) data path: faults, removal under load (also on the user-space paths,
+//! for comparison), and a clean unload. Each kernel test makes its own network namespace
+//! (root only; skipped loudly otherwise), so no program is ever attached to the machine's
+//! own interfaces.
 
 mod common;
 use common::*;
@@ -16,77 +17,92 @@ fn seq_of(buf: &[u8]) -> u64 {
 /// get every packet in order, the removed ones a gap-free prefix (at most one packet twice,
 /// see below), and then nothing.
 #[test]
-fn removal_under_load_and_a_stalled_sink_leave_the_others_whole() {
+fn kernel_removal_under_load_and_a_stalled_sink_leave_the_others_whole() {
     let _backlog = BacklogGuard::raise(20_000);
-    in_private_netns("removal_under_load_and_a_stalled_sink_leave_the_others_whole", || {
-        const PACKETS: u64 = 400;
-        let relay = Relay::start(&["--no-demo"]);
-        let rx: Vec<UdpSocket> = (0..200)
-            .map(|_| {
-                let s = UdpSocket::bind("127.0.0.1:0").unwrap();
-                s.set_nonblocking(true).unwrap();
-                s
-            })
-            .collect();
-        let stalled = UdpSocket::bind("127.0.0.1:0").unwrap();
-        socket2::SockRef::from(&stalled).set_recv_buffer_size(1).unwrap();
-        let mut sinks: Vec<Value> = rx.iter().map(|r| json!({"udp": r.local_addr().unwrap()})).collect();
-        sinks.push(json!({"udp": stalled.local_addr().unwrap()}));
-        let src = create_on_free_port(
-            &relay,
-            json!({"name":"k","source":{"udp":"127.0.0.1:0"},"datapath":"kernel","sinks":sinks}),
-        );
-        let listed = relay.ok("GET", "/v1/sessions/k/sinks", None)["sinks"].as_array().unwrap().clone();
-        let ids: Vec<u64> = listed.iter().map(|s| s["id"].as_u64().unwrap()).collect();
-        assert!(listed.iter().all(|s| s["path"] == "kernel"), "{listed:?}");
+    in_private_netns("kernel_removal_under_load_and_a_stalled_sink_leave_the_others_whole", || {
+        removal_under_load("kernel")
+    });
+}
 
-        let sender = std::thread::spawn(move || send_paced(src, PACKETS, 300, 400.0));
-        let mut got: Vec<Vec<u64>> = vec![Vec::new(); rx.len()];
-        let mut buf = [0u8; 512];
-        let mut removed = false;
-        let end = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < end && got[..100].iter().any(|g| (g.len() as u64) < PACKETS) {
-            for (r, g) in rx.iter().zip(got.iter_mut()) {
-                while let Ok(n) = r.recv(&mut buf) {
-                    g.push(seq_of(&buf[..n]));
-                }
-            }
-            if !removed && got[0].len() >= 150 {
-                for id in &ids[100..200] {
-                    relay.ok("DELETE", &format!("/v1/sessions/k/sinks/{id}"), None);
-                }
-                removed = true;
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        sender.join().unwrap();
-        std::thread::sleep(Duration::from_millis(200));
+/// The same on every user-space path (the machine's own loopback: no program involved).
+#[test]
+fn removal_under_load_and_a_stalled_sink_leave_the_others_whole_on_every_user_space_path() {
+    for dp in ["daemon", "copy", "shared", "uring"] {
+        removal_under_load(dp);
+    }
+}
+
+fn removal_under_load(datapath: &str) {
+    const PACKETS: u64 = 400;
+    let relay = Relay::start(&["--no-demo"]);
+    let rx: Vec<UdpSocket> = (0..200)
+        .map(|_| {
+            let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+            s.set_nonblocking(true).unwrap();
+            s
+        })
+        .collect();
+    let stalled = UdpSocket::bind("127.0.0.1:0").unwrap();
+    socket2::SockRef::from(&stalled).set_recv_buffer_size(1).unwrap();
+    let mut sinks: Vec<Value> = rx.iter().map(|r| json!({"udp": r.local_addr().unwrap()})).collect();
+    sinks.push(json!({"udp": stalled.local_addr().unwrap()}));
+    let src = create_on_free_port(
+        &relay,
+        json!({"name":"k","source":{"udp":"127.0.0.1:0"},"datapath":"kernel","sinks":sinks}),
+    );
+    let listed = relay.ok("GET", "/v1/sessions/k/sinks", None)["sinks"].as_array().unwrap().clone();
+    let ids: Vec<u64> = listed.iter().map(|s| s["id"].as_u64().unwrap()).collect();
+    assert!(listed.iter().all(|s| s["path"] == "kernel"), "{listed:?}");
+
+    let sender = std::thread::spawn(move || send_paced(src, PACKETS, 300, 400.0));
+    let mut got: Vec<Vec<u64>> = vec![Vec::new(); rx.len()];
+    let mut buf = [0u8; 512];
+    let mut removed = false;
+    let end = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < end && got[..100].iter().any(|g| (g.len() as u64) < PACKETS) {
         for (r, g) in rx.iter().zip(got.iter_mut()) {
             while let Ok(n) = r.recv(&mut buf) {
                 g.push(seq_of(&buf[..n]));
             }
         }
-        assert!(removed, "the first sink never got 150 packets: {}", got[0].len());
-        let all: Vec<u64> = (0..PACKETS).collect();
-        for (i, g) in got[..100].iter().enumerate() {
-            assert_eq!(g, &all, "kept sink {i} got {} of {PACKETS}", g.len());
+        if !removed && got[0].len() >= 150 {
+            for id in &ids[100..200] {
+                relay.ok("DELETE", &format!("/v1/sessions/k/sinks/{id}"), None);
+            }
+            removed = true;
         }
-        for (i, g) in got[100..].iter().enumerate() {
-            // A removal moves the session's last sink into the hole; a program run that read
-            // the count before may send that sink one packet twice (never skip one).
-            let mut g = g.clone();
-            let n = g.len();
-            g.dedup();
-            assert!(n - g.len() <= 1, "removed sink {} got {} duplicates", 100 + i, n - g.len());
-            let prefix: Vec<u64> = (0..g.len() as u64).collect();
-            assert_eq!(g, prefix, "removed sink {} got a gap or a reorder", 100 + i);
-            assert!((g.len() as u64) < PACKETS, "removed sink {} kept receiving", 100 + i);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    sender.join().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    for (r, g) in rx.iter().zip(got.iter_mut()) {
+        while let Ok(n) = r.recv(&mut buf) {
+            g.push(seq_of(&buf[..n]));
         }
-        let st = relay.ok("GET", "/v1/sessions/k", None);
+    }
+    assert!(removed, "{datapath}: the first sink never got 150 packets: {}", got[0].len());
+    let all: Vec<u64> = (0..PACKETS).collect();
+    for (i, g) in got[..100].iter().enumerate() {
+        assert_eq!(g, &all, "{datapath}: kept sink {i} got {} of {PACKETS}", g.len());
+    }
+    for (i, g) in got[100..].iter().enumerate() {
+        // A removal moves the session's last sink into the hole; a program run that read
+        // the count before may send that sink one packet twice (never skip one).
+        let mut g = g.clone();
+        let n = g.len();
+        g.dedup();
+        assert!(n - g.len() <= 1, "{datapath}: removed sink {} got {} duplicates", 100 + i, n - g.len());
+        let prefix: Vec<u64> = (0..g.len() as u64).collect();
+        assert_eq!(g, prefix, "{datapath}: removed sink {} got a gap or a reorder", 100 + i);
+        assert!((g.len() as u64) < PACKETS, "{datapath}: removed sink {} kept receiving", 100 + i);
+    }
+    let st = relay.ok("GET", "/v1/sessions/k", None);
+    assert_eq!(st["sinks"], 101);
+    if datapath == "kernel" {
         assert_eq!(st["kernel"]["sinks"], 101);
         assert_eq!(st["kernel"]["packets"], PACKETS);
         assert_eq!(st["kernel"]["unhandled"], 0);
-    });
+    }
 }
 
 /// A sink the kernel has no route to is handed to user space (which then reports the send
