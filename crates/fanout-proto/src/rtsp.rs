@@ -353,12 +353,6 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn one(bytes: &[u8]) -> Message {
-        let (m, used) = parse(bytes, &Limits::default()).unwrap().unwrap();
-        assert_eq!(used, bytes.len());
-        m
-    }
-
     #[test]
     fn parses_what_ffmpeg_sends() {
         // Captured from ffprobe 5.1 (fixtures/rtsp/README.md): OPTIONS then DESCRIBE.
