@@ -536,10 +536,24 @@ impl Session {
 
     /// Adds a UDP sink; returns its id.
     pub fn add_udp_sink(&self, to: SocketAddr) -> std::io::Result<u64> {
-        if let Some(k) = self.inner.kernel.lock().as_mut().filter(|_| KernelSession::serves(to)) {
-            let id = self.inner.next_sink.fetch_add(1, Ordering::Relaxed);
-            k.add(id, to).map_err(|e| std::io::Error::other(e.to_string()))?;
-            return Ok(id);
+        let refused = match self.inner.kernel.lock().as_mut().filter(|_| KernelSession::serves(to)) {
+            Some(k) => {
+                let id = self.inner.next_sink.fetch_add(1, Ordering::Relaxed);
+                match k.add(id, to) {
+                    Ok(()) => return Ok(id),
+                    Err(e) => Some((id, e)),
+                }
+            }
+            None => None,
+        };
+        if let Some((id, e)) = refused {
+            // Full maps (or a failed map write): this sink is served from user space.
+            let why = format!("served from user space: {e}");
+            tracing::warn!(session = %self.inner.cfg.name, sink = %to, "{why}");
+            let io = crate::sink::SinkIo::Unconnected(crate::sys::RawAddr::new(to));
+            return self.inner.add_sink_with(id, SinkTarget::Udp(to), io, false, Start::Keyframe, |s| {
+                s.carry(0, 0, 0, Instant::now(), why)
+            });
         }
         let sink_io = match (self.inner.cfg.datapath, self.inner.cfg.udp_sinks) {
             (DataPath::Shared, UdpSinkMode::Connected) | (DataPath::Uring, _) => {

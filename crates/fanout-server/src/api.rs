@@ -215,8 +215,24 @@ async fn metrics(State(relay): State<Arc<Relay>>) -> impl IntoResponse {
     ];
     for (name, kind, help, f) in per_sink {
         let samples = statuses.iter().flat_map(|(s, sinks)| {
-            sinks.iter().map(move |k| (format!("{{session=\"{}\",sink=\"{}\"}}", s.name, k.id), f(k)))
+            sinks
+                .iter()
+                .map(move |k| (format!("{{session=\"{}\",sink=\"{}\",path=\"{}\"}}", s.name, k.id, k.path), f(k)))
         });
+        family(&mut m, name, kind, help, samples);
+    }
+    type KernelFn = fn(&fanout_io::kernel::KernelSessionStats) -> u64;
+    let per_kernel: [(&str, &str, &str, KernelFn); 3] = [
+        ("fanout_kernel_packets_total", "counter", "Source datagrams the eBPF program fanned out.", |k| k.packets),
+        ("fanout_kernel_unhandled_total", "counter", "Source datagrams the eBPF program could not fan out.", |k| {
+            k.unhandled
+        }),
+        ("fanout_kernel_sinks", "gauge", "Sinks served by the eBPF program.", |k| k.sinks as u64),
+    ];
+    for (name, kind, help, f) in per_kernel {
+        let samples = statuses
+            .iter()
+            .filter_map(|(s, _)| s.kernel.as_ref().map(|k| (format!("{{session=\"{}\"}}", s.name), f(k))));
         family(&mut m, name, kind, help, samples);
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], m)

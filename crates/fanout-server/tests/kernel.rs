@@ -136,6 +136,12 @@ fn an_unreachable_sink_falls_back_to_user_space() {
         assert!(relay.stderr().contains("served from user space"), "no log line: {}", relay.stderr());
         let st = relay.ok("GET", "/v1/sessions/k", None);
         assert_eq!(st["kernel"]["sinks"], 3, "{st}");
+        let metrics = ureq::get(&relay.url("/metrics")).call().unwrap().into_string().unwrap();
+        assert!(metrics.contains("fanout_kernel_packets_total{session=\"k\"} 50"), "{metrics}");
+        assert!(
+            metrics.contains("fanout_sink_packets_total{session=\"k\",sink=\"1\",path=\"kernel\"} 50"),
+            "{metrics}"
+        );
     });
 }
 
@@ -186,4 +192,28 @@ fn without_privilege_kernel_is_refused_and_the_default_falls_back() {
     assert!(wait_for(Duration::from_secs(2), || relay.stderr().contains("instead of \\\"kernel\\\"")
         || relay.stderr().contains("instead of \"kernel\"")));
     let _ = std::fs::remove_file(cfg);
+}
+
+/// A session with more sinks than the kernel path holds for one session (16,384) keeps
+/// them all: the ones past the limit are served from user space, saying why.
+#[test]
+fn sinks_past_the_kernel_limit_are_served_from_user_space() {
+    in_private_netns("sinks_past_the_kernel_limit_are_served_from_user_space", || {
+        let relay = Relay::start(&["--no-demo"]);
+        let n = fanout_io::kernel::MAX_SESSION_SINKS + 2;
+        // Nobody listens on these ports: only the bookkeeping is under test.
+        let sinks: Vec<Value> =
+            (0..n).map(|i| json!({"udp": format!("127.0.0.{}:{}", 2 + i / 50_000, 10_000 + i % 50_000)})).collect();
+        relay.ok(
+            "POST",
+            "/v1/sessions",
+            Some(json!({"name":"k","source":{"udp":"127.0.0.1:0"},"datapath":"kernel","sinks":sinks})),
+        );
+        let st = relay.ok("GET", "/v1/sessions/k", None);
+        assert_eq!(st["sinks"], n as u64);
+        assert_eq!(st["kernel"]["sinks"], fanout_io::kernel::MAX_SESSION_SINKS as u64);
+        let last = relay.ok("GET", &format!("/v1/sessions/k/sinks/{n}"), None);
+        assert_eq!(last["path"], "user", "{last}");
+        assert!(last["reason"].as_str().unwrap().contains("limit"), "{last}");
+    });
 }
