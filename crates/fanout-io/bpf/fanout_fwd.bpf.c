@@ -57,6 +57,8 @@ struct sink {
 	__u32 redirect_flags;
 	__u8 l2[12];   /* destination then source MAC */
 	__s32 reason;  /* bpf_fib_lookup's answer when state = FALLBACK */
+	__u32 saddr;   /* the clones' source for a remote sink (0: the relay's address) */
+	__u32 pad;
 	__u64 resolved_ns;
 	__u64 packets;
 	__u64 bytes;
@@ -117,7 +119,8 @@ struct fan_ctx {
 	__u16 relay_port;
 	__u16 tot_len;    /* host order, for the FIB's MTU check */
 	__u32 from_lo;
-	__u32 cur_daddr;  /* what the packet's headers hold now */
+	__u32 cur_saddr;  /* what the packet's headers hold now */
+	__u32 cur_daddr;
 	__u16 cur_dport;
 	__u16 pad;
 	__u8 cur_l2[12];
@@ -133,6 +136,19 @@ static __always_inline int set_daddr(struct fan_ctx *c, __u32 daddr)
 	    bpf_skb_store_bytes(skb, IP_DST_OFF, &daddr, 4, 0))
 		return -1;
 	c->cur_daddr = daddr;
+	return 0;
+}
+
+static __always_inline int set_saddr(struct fan_ctx *c, __u32 saddr)
+{
+	struct __sk_buff *skb = c->skb;
+	if (saddr == c->cur_saddr)
+		return 0;
+	if (bpf_l3_csum_replace(skb, IP_CSUM_OFF, c->cur_saddr, saddr, 4) ||
+	    bpf_l4_csum_replace(skb, UDP_CSUM_OFF, c->cur_saddr, saddr, BPF_F_PSEUDO_HDR | BPF_F_MARK_MANGLED_0 | 4) ||
+	    bpf_skb_store_bytes(skb, IP_SRC_OFF, &saddr, 4, 0))
+		return -1;
+	c->cur_saddr = saddr;
 	return 0;
 }
 
@@ -169,6 +185,14 @@ static __always_inline void fall_back(struct fan_ctx *c, struct sink *s, int rea
 	__sync_fetch_and_add(&c->stats->fallbacks, 1);
 }
 
+static __always_inline int is_loopback(__u32 addr)
+{
+	return (addr & bpf_htonl(0xff000000)) == bpf_htonl(0x7f000000);
+}
+
+/* BPF_FIB_LOOKUP_SRC (Linux 6.7): fill in the route's preferred source address. */
+#define FIB_LOOKUP_SRC (1U << 4)
+
 /* A remote sink's egress interface and MACs, from the kernel's FIB and neighbour table. */
 static __always_inline int resolve(struct fan_ctx *c, struct sink *s)
 {
@@ -179,15 +203,22 @@ static __always_inline int resolve(struct fan_ctx *c, struct sink *s)
 	p.dport = s->dport;
 	p.tot_len = c->tot_len;
 	p.ifindex = c->skb->ingress_ifindex;
-	p.ipv4_src = c->relay_addr;
 	p.ipv4_dst = s->daddr;
-	long rc = bpf_fib_lookup(c->skb, &p, sizeof(p), 0);
+	/* A loopback relay address cannot leave the machine: take the route's preferred source
+	 * (as a socket bound to the wildcard would). */
+	__u32 flags = 0;
+	if (is_loopback(c->relay_addr))
+		flags = FIB_LOOKUP_SRC;
+	else
+		p.ipv4_src = c->relay_addr;
+	long rc = bpf_fib_lookup(c->skb, &p, sizeof(p), flags);
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS) {
 		fall_back(c, s, (int)rc);
 		return -1;
 	}
 	s->ifindex = p.ifindex;
 	s->redirect_flags = 0;
+	s->saddr = flags ? p.ipv4_src : 0;
 	__builtin_memcpy(s->l2, p.dmac, 6);
 	__builtin_memcpy(s->l2 + 6, p.smac, 6);
 	s->resolved_ns = c->now;
@@ -210,7 +241,7 @@ static long fan_one(__u32 i, void *data)
 	case SINK_LOCAL:
 		/* A clone keeps the original's route only if that came through lo; without it a
 		 * 127/8 destination is a martian (unless route_localnet). */
-		if (c->from_lo || (s->daddr & bpf_htonl(0xff000000)) != bpf_htonl(0x7f000000))
+		if (c->from_lo || !is_loopback(s->daddr))
 			break;
 		fall_back(c, s, REASON_LOOPBACK_FROM_AFAR);
 		return 0;
@@ -225,7 +256,8 @@ static long fan_one(__u32 i, void *data)
 	default:
 		return 0;
 	}
-	if (set_l2(c, s->l2) || set_daddr(c, s->daddr) || set_dport(c, s->dport)) {
+	__u32 saddr = s->saddr ? s->saddr : c->relay_addr;
+	if (set_l2(c, s->l2) || set_saddr(c, saddr) || set_daddr(c, s->daddr) || set_dport(c, s->dport)) {
 		__sync_fetch_and_add(&s->errors, 1);
 		return 0;
 	}
@@ -280,6 +312,7 @@ int fanout_fwd(struct __sk_buff *skb)
 		.relay_port = udp->dest,
 		.tot_len = bpf_ntohs(ip->tot_len),
 		.from_lo = skb->ingress_ifindex == 1,
+		.cur_saddr = ip->daddr, /* after the rewrite below */
 		.cur_daddr = ip->daddr,
 		.cur_dport = udp->dest,
 	};
@@ -309,10 +342,7 @@ int fanout_fwd(struct __sk_buff *skb)
 	__sync_fetch_and_add(&stats->bytes, c.len);
 
 	/* Restore the original for the relay's socket. */
-	if (set_l2(&c, orig_l2) || set_daddr(&c, relay) || set_dport(&c, relay_port) ||
-	    bpf_l3_csum_replace(skb, IP_CSUM_OFF, relay, orig_saddr, 4) ||
-	    bpf_l4_csum_replace(skb, UDP_CSUM_OFF, relay, orig_saddr, BPF_F_PSEUDO_HDR | BPF_F_MARK_MANGLED_0 | 4) ||
-	    bpf_skb_store_bytes(skb, IP_SRC_OFF, &orig_saddr, 4, 0) ||
+	if (set_l2(&c, orig_l2) || set_daddr(&c, relay) || set_dport(&c, relay_port) || set_saddr(&c, orig_saddr) ||
 	    bpf_l4_csum_replace(skb, UDP_CSUM_OFF, relay_port, orig_sport, BPF_F_MARK_MANGLED_0 | 2) ||
 	    bpf_skb_store_bytes(skb, UDP_SPORT_OFF, &orig_sport, 2, 0))
 		return TC_ACT_SHOT;

@@ -54,6 +54,8 @@ struct BpfSink {
     redirect_flags: u32,
     l2: [u8; 12],
     reason: i32,
+    saddr: u32,
+    pad: u32,
     resolved_ns: u64,
     packets: u64,
     bytes: u64,

@@ -217,3 +217,68 @@ fn sinks_past_the_kernel_limit_are_served_from_user_space() {
         assert!(last["reason"].as_str().unwrap().contains("limit"), "{last}");
     });
 }
+
+fn run(cmd: &[&str]) -> String {
+    let out = std::process::Command::new(cmd[0]).args(&cmd[1..]).output().unwrap();
+    assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A sink behind a real interface: the program resolves it through the FIB (egress
+/// interface, both MACs) and clones onto a veth pair into a second namespace. A sink whose
+/// neighbour is unknown is handed to user space with that reason.
+#[test]
+fn a_sink_behind_a_veth_pair_is_reached_through_the_fib() {
+    in_private_netns("a_sink_behind_a_veth_pair_is_reached_through_the_fib", || {
+        // The far namespace lives as long as this child.
+        let mut far = std::process::Command::new("unshare").args(["-n", "sleep", "60"]).spawn().unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        let pid = far.id().to_string();
+        let nsexec = |args: &[&str]| {
+            let mut v = vec!["nsenter", "-t", &pid, "-n"];
+            v.extend_from_slice(args);
+            run(&v)
+        };
+        run(&["ip", "link", "add", "fo-near", "type", "veth", "peer", "name", "fo-far"]);
+        run(&["ip", "link", "set", "fo-far", "netns", &pid]);
+        run(&["ip", "addr", "add", "10.77.0.1/24", "dev", "fo-near"]);
+        run(&["ip", "link", "set", "fo-near", "up"]);
+        nsexec(&["ip", "addr", "add", "10.77.0.2/24", "dev", "fo-far"]);
+        nsexec(&["ip", "link", "set", "fo-far", "up"]);
+        // The FIB answers for packets that arrive on lo only if this namespace forwards.
+        std::fs::write("/proc/sys/net/ipv4/conf/all/forwarding", "1").unwrap();
+        let link = nsexec(&["ip", "-o", "link", "show", "fo-far"]);
+        let mac = link.split_whitespace().skip_while(|w| *w != "link/ether").nth(1).expect("a MAC").to_string();
+        run(&["ip", "neigh", "replace", "10.77.0.2", "lladdr", &mac, "dev", "fo-near", "nud", "permanent"]);
+
+        // The receiver, in the far namespace: counts datagrams from the relay for 4 s.
+        let rx = std::process::Command::new("nsenter")
+            .args(["-t", &pid, "-n", "python3", "-c"])
+            .arg(
+                "import socket\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\ns.bind(('10.77.0.2',6000))\n\
+                 s.settimeout(4)\nn=0\ntry:\n  while True:\n    d,a=s.recvfrom(2048); n+=1\nexcept socket.timeout: pass\n\
+                 print(n, a[0] if n else '')",
+            )
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let relay = Relay::start(&["--no-demo"]);
+        let src = create_on_free_port(
+            &relay,
+            json!({"name":"k","source":{"udp":"127.0.0.1:0"},"datapath":"kernel",
+                   "sinks":[{"udp":"10.77.0.2:6000"},{"udp":"10.77.0.9:6000"}]}),
+        );
+        std::thread::sleep(Duration::from_millis(300));
+        send_paced(src, 50, 300, 200.0);
+        let out = rx.wait_with_output().unwrap();
+        let _ = far.kill();
+        let _ = far.wait();
+        let got = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert_eq!(got, "50 10.77.0.1", "the far receiver's count and the clones' source");
+        let near = relay.ok("GET", "/v1/sessions/k/sinks/1", None);
+        assert_eq!((near["path"].as_str(), near["packets_sent"].as_u64()), (Some("kernel"), Some(50)), "{near}");
+        let unknown = relay.ok("GET", "/v1/sessions/k/sinks/2", None);
+        assert_eq!(unknown["path"], "user", "{unknown}");
+        assert!(unknown["reason"].as_str().unwrap_or("").contains("neighbour"), "{unknown}");
+    });
+}
