@@ -1,13 +1,35 @@
 //! The RTSP connection parser on arbitrary bytes: never a panic, never a message longer
 //! than its input, and a parsed request or response writes back to bytes that parse to it.
+//! Parsed requests go on into the server state machine, bodies into the SDP parser.
 #![no_main]
 use fanout_proto::rtsp::{parse, parse_session, parse_transport, Limits, Message};
+use fanout_proto::rtsp_server::{Config, Resource, Server};
+use fanout_proto::sdp::Sdp;
 use libfuzzer_sys::fuzz_target;
+
+fn lookup(name: &str) -> Option<Resource> {
+    (name == "demo").then(|| Resource {
+        sdp: Sdp::parse("v=0\r\ns=x\r\nm=video 0 RTP/AVP 96\r\na=rtpmap:96 H264/90000\r\n").unwrap().for_clients("demo", 1),
+        next_rtp: vec![Some((1, 2))],
+    })
+}
 
 fuzz_target!(|data: &[u8]| {
     let limits = Limits { max_head: 2048, max_headers: 32, max_body: 4096 };
+    let mut server = Server::new(Config { max_sessions: 4, ..Config::default() }, 1);
+    let mut now = 0;
     let mut rest = data;
     while let Ok(Some((msg, used))) = parse(rest, &limits) {
+        if let Message::Request(r) = &msg {
+            now += 1000;
+            let _ = server.handle(r, 1, now, &lookup);
+            let _ = server.expire(now);
+            if let Ok(text) = std::str::from_utf8(&r.body) {
+                if let Ok(sdp) = Sdp::parse(text) {
+                    let _ = sdp.for_clients("x", 1).write();
+                }
+            }
+        }
         assert!(used > 0 && used <= rest.len());
         let mut out = Vec::new();
         match &msg {

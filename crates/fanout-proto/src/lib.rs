@@ -12,6 +12,9 @@
 //! - [`http`]: recognising an HTTP stream request from its head.
 //! - [`rtsp`]: RTSP 1.0 messages: the incremental connection parser (requests, responses,
 //!   interleaved frames), the writer, `Transport` and `Session` headers.
+//! - [`rtsp_server`]: the proxy's RTSP server as a state machine (requests in, responses
+//!   and data-path actions out), with session timeouts.
+//! - [`sdp`]: session descriptions: an upstream's parsed, the proxy's own written.
 //! - [`classify`]: what a received datagram carries, decided once when it enters the ring.
 
 pub mod annexb;
@@ -22,3 +25,5 @@ pub mod probe;
 pub mod rtp;
 pub mod rtpstats;
 pub mod rtsp;
+pub mod rtsp_server;
+pub mod sdp;

@@ -1,0 +1,538 @@
+//! The RTSP server side of the proxy as a state machine, sans-IO: requests and the time go
+//! in, a response and the actions for the data path come out. The I/O layer resolves a
+//! resource name to what it serves ([`Resource`]), carries out the [`Action`]s (add or
+//! remove a client's sinks, start or pause them) and writes the response.
+//!
+//! States per RTSP session (RFC 2326 Appendix A): `Ready` after the first SETUP, `Playing`
+//! after PLAY, back to `Ready` on PAUSE, gone on TEARDOWN, on timeout, or when the connection
+//! carrying its interleaved channels closes.
+
+use crate::rtsp::{parse_session, parse_transport, Lower, Request, Response};
+use crate::sdp::{track_of, Sdp};
+use std::collections::HashMap;
+
+/// What a resource (a relay session) offers its clients right now.
+#[derive(Debug, Clone)]
+pub struct Resource {
+    /// The description for clients ([`Sdp::for_clients`]).
+    pub sdp: Sdp,
+    /// Per track, the RTP sequence number and timestamp the next packet a new client gets
+    /// will carry (for `RTP-Info`); `None` until the track has had a packet.
+    pub next_rtp: Vec<Option<(u16, u32)>>,
+}
+
+/// What the data path must do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Prepare sending `track` of `resource` to the client, held until `Play`.
+    Setup {
+        session: String,
+        resource: String,
+        track: usize,
+        lower: Lower,
+        conn: u64,
+    },
+    Play {
+        session: String,
+    },
+    Pause {
+        session: String,
+    },
+    /// Remove every sink of the session.
+    Teardown {
+        session: String,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    Ready,
+    Playing,
+}
+
+#[derive(Debug, Clone)]
+struct RtspSession {
+    resource: String,
+    tracks: Vec<(usize, Lower)>,
+    state: State,
+    last_ms: u64,
+    conn: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Seconds without a request (or RTCP) before a session is torn down; sent in `Session`.
+    pub timeout_s: u64,
+    /// The ports the proxy sends RTP and RTCP from (for `server_port`).
+    pub server_ports: (u16, u16),
+    /// Sessions the server holds at most.
+    pub max_sessions: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self { timeout_s: 60, server_ports: (0, 0), max_sessions: 10_000 }
+    }
+}
+
+pub const METHODS: &str = "OPTIONS, DESCRIBE, SETUP, PLAY, PAUSE, TEARDOWN, GET_PARAMETER, SET_PARAMETER";
+
+/// The proxy's RTSP sessions, across connections.
+#[derive(Debug, Default)]
+pub struct Server {
+    cfg: Config,
+    sessions: HashMap<String, RtspSession>,
+    /// Seed of session ids (the I/O layer mixes in randomness; ids must not be guessable
+    /// across restarts, and are unique within one).
+    next_id: u64,
+}
+
+/// The resource name and the rest of a request URL: `rtsp://host[:port]/name[/rest]`, or an
+/// absolute path `/name[/rest]`.
+pub fn split_url(uri: &str) -> Option<(&str, &str)> {
+    let path = match uri.strip_prefix("rtsp://").or_else(|| uri.strip_prefix("rtsps://")) {
+        Some(rest) => rest.find('/').map_or("", |i| &rest[i..]),
+        None if uri.starts_with('/') => uri,
+        None => return None,
+    };
+    let path = path.trim_start_matches('/');
+    let path = path.split(['?', '#']).next().unwrap_or("");
+    let (name, rest) = path.split_once('/').unwrap_or((path, ""));
+    (!name.is_empty()).then_some((name, rest))
+}
+
+fn error(status: u16, cseq: Option<u32>) -> Response {
+    Response::new(status, cseq)
+}
+
+impl Server {
+    pub fn new(cfg: Config, id_seed: u64) -> Self {
+        Self { cfg, sessions: HashMap::new(), next_id: id_seed }
+    }
+
+    pub fn sessions(&self) -> usize {
+        self.sessions.len()
+    }
+
+    pub fn state(&self, session: &str) -> Option<State> {
+        self.sessions.get(session).map(|s| s.state)
+    }
+
+    fn new_id(&mut self) -> String {
+        // splitmix64: a well-spread sequence from the seed, as 16 hex digits.
+        loop {
+            self.next_id = self.next_id.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.next_id;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            let id = format!("{:016X}", z ^ (z >> 31));
+            if !self.sessions.contains_key(&id) {
+                return id;
+            }
+        }
+    }
+
+    /// Handles one request from connection `conn` at `now_ms`; `lookup` names what a
+    /// resource serves.
+    pub fn handle(
+        &mut self,
+        req: &Request,
+        conn: u64,
+        now_ms: u64,
+        lookup: &dyn Fn(&str) -> Option<Resource>,
+    ) -> (Response, Vec<Action>) {
+        let Some(cseq) = req.headers.cseq() else { return (error(400, None), Vec::new()) };
+        let session_hdr = req.headers.get("Session").map(|v| parse_session(v).0);
+        // Any request naming a live session keeps it alive.
+        if let Some(s) = session_hdr.as_ref().and_then(|id| self.sessions.get_mut(id)) {
+            s.last_ms = now_ms;
+        }
+        let mut actions = Vec::new();
+        let mut resp = match req.method.as_str() {
+            "OPTIONS" => {
+                let mut r = Response::new(200, Some(cseq));
+                r.headers.set("Public", METHODS);
+                r
+            }
+            "GET_PARAMETER" | "SET_PARAMETER" => match &session_hdr {
+                Some(id) if !self.sessions.contains_key(id) => error(454, Some(cseq)),
+                _ => Response::new(200, Some(cseq)),
+            },
+            "DESCRIBE" => self.describe(req, cseq, lookup),
+            "SETUP" => self.setup(req, cseq, conn, now_ms, session_hdr.as_deref(), lookup, &mut actions),
+            "PLAY" | "PAUSE" | "TEARDOWN" => self.control(req, cseq, session_hdr.as_deref(), lookup, &mut actions),
+            "ANNOUNCE" | "RECORD" | "REDIRECT" => {
+                let mut r = error(405, Some(cseq));
+                r.headers.set("Allow", METHODS);
+                r
+            }
+            _ => error(501, Some(cseq)),
+        };
+        if let Some(id) = session_hdr.filter(|id| self.sessions.contains_key(id)) {
+            if resp.headers.get("Session").is_none() {
+                resp.headers.set("Session", format!("{id};timeout={}", self.cfg.timeout_s));
+            }
+        }
+        (resp, actions)
+    }
+
+    fn describe(&self, req: &Request, cseq: u32, lookup: &dyn Fn(&str) -> Option<Resource>) -> Response {
+        let Some((name, _)) = split_url(&req.uri) else { return error(400, Some(cseq)) };
+        let Some(res) = lookup(name) else { return error(404, Some(cseq)) };
+        if let Some(accept) = req.headers.get("Accept") {
+            if !accept.split(',').any(|a| {
+                let a = a.split(';').next().unwrap_or("").trim();
+                a == "application/sdp" || a == "*/*" || a == "application/*"
+            }) {
+                return error(406, Some(cseq));
+            }
+        }
+        let mut r = Response::new(200, Some(cseq));
+        let base = base_url(&req.uri, name);
+        r.headers.set("Content-Base", base);
+        r.headers.set("Content-Type", "application/sdp");
+        r.body = res.sdp.write().into_bytes();
+        r
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn setup(
+        &mut self,
+        req: &Request,
+        cseq: u32,
+        conn: u64,
+        now_ms: u64,
+        session: Option<&str>,
+        lookup: &dyn Fn(&str) -> Option<Resource>,
+        actions: &mut Vec<Action>,
+    ) -> Response {
+        let Some((name, rest)) = split_url(&req.uri) else { return error(400, Some(cseq)) };
+        let Some(res) = lookup(name) else { return error(404, Some(cseq)) };
+        let Some(track) = track_of(if rest.is_empty() { name } else { rest }, res.sdp.media.len()) else {
+            return error(404, Some(cseq));
+        };
+        let specs = parse_transport(req.headers.get("Transport").unwrap_or(""));
+        let Some(spec) = specs.iter().find(|s| s.lower.is_some()) else { return error(461, Some(cseq)) };
+        let lower = spec.lower.expect("found usable");
+        let id = match session {
+            Some(id) => match self.sessions.get(id) {
+                None => return error(454, Some(cseq)),
+                Some(s) if s.resource != name => return error(459, Some(cseq)),
+                Some(s) if s.state == State::Playing => return error(455, Some(cseq)),
+                Some(_) => id.to_string(),
+            },
+            None => {
+                if self.sessions.len() >= self.cfg.max_sessions {
+                    return error(503, Some(cseq));
+                }
+                let id = self.new_id();
+                self.sessions.insert(
+                    id.clone(),
+                    RtspSession {
+                        resource: name.to_string(),
+                        tracks: Vec::new(),
+                        state: State::Ready,
+                        last_ms: now_ms,
+                        conn,
+                    },
+                );
+                id
+            }
+        };
+        let s = self.sessions.get_mut(&id).expect("present");
+        s.tracks.retain(|(t, _)| *t != track);
+        s.tracks.push((track, lower));
+        s.last_ms = now_ms;
+        actions.push(Action::Setup { session: id.clone(), resource: name.to_string(), track, lower, conn });
+        let mut r = Response::new(200, Some(cseq));
+        let transport = match lower {
+            Lower::Udp { client_rtp, client_rtcp } => {
+                let (a, b) = self.cfg.server_ports;
+                format!("RTP/AVP;unicast;client_port={client_rtp}-{client_rtcp};server_port={a}-{b}")
+            }
+            Lower::Interleaved { rtp, rtcp } => format!("RTP/AVP/TCP;unicast;interleaved={rtp}-{rtcp}"),
+        };
+        r.headers.set("Transport", transport);
+        r.headers.set("Session", format!("{id};timeout={}", self.cfg.timeout_s));
+        r
+    }
+
+    fn control(
+        &mut self,
+        req: &Request,
+        cseq: u32,
+        session: Option<&str>,
+        lookup: &dyn Fn(&str) -> Option<Resource>,
+        actions: &mut Vec<Action>,
+    ) -> Response {
+        let Some(id) = session else { return error(454, Some(cseq)) };
+        let Some(s) = self.sessions.get_mut(id) else { return error(454, Some(cseq)) };
+        match req.method.as_str() {
+            "PLAY" => {
+                let Some(res) = lookup(&s.resource) else { return error(404, Some(cseq)) };
+                let mut r = Response::new(200, Some(cseq));
+                let base = base_url(&req.uri, &s.resource);
+                let mut tracks = s.tracks.clone();
+                tracks.sort_by_key(|(t, _)| *t);
+                let info: Vec<String> = tracks
+                    .iter()
+                    .map(|(t, _)| {
+                        let mut e = format!("url={base}trackID={t}");
+                        if let Some(Some((seq, ts))) = res.next_rtp.get(*t) {
+                            e.push_str(&format!(";seq={seq};rtptime={ts}"));
+                        }
+                        e
+                    })
+                    .collect();
+                r.headers.set("RTP-Info", info.join(","));
+                r.headers.set("Range", "npt=0.000-");
+                if s.state != State::Playing {
+                    s.state = State::Playing;
+                    actions.push(Action::Play { session: id.to_string() });
+                }
+                r
+            }
+            "PAUSE" => {
+                if s.state == State::Playing {
+                    s.state = State::Ready;
+                    actions.push(Action::Pause { session: id.to_string() });
+                }
+                Response::new(200, Some(cseq))
+            }
+            _ => {
+                self.sessions.remove(id);
+                actions.push(Action::Teardown { session: id.to_string() });
+                Response::new(200, Some(cseq))
+            }
+        }
+    }
+
+    /// Sessions silent for longer than the timeout, torn down.
+    pub fn expire(&mut self, now_ms: u64) -> Vec<Action> {
+        let limit = self.cfg.timeout_s * 1000;
+        let dead: Vec<String> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| now_ms.saturating_sub(s.last_ms) > limit)
+            .map(|(k, _)| k.clone())
+            .collect();
+        dead.into_iter()
+            .map(|id| {
+                self.sessions.remove(&id);
+                Action::Teardown { session: id }
+            })
+            .collect()
+    }
+
+    /// An RTCP packet (a receiver report) from a client of `session`: it is alive.
+    pub fn touch(&mut self, session: &str, now_ms: u64) {
+        if let Some(s) = self.sessions.get_mut(session) {
+            s.last_ms = now_ms;
+        }
+    }
+
+    /// A connection closed: its sessions with interleaved tracks cannot be served anymore.
+    pub fn connection_closed(&mut self, conn: u64) -> Vec<Action> {
+        let dead: Vec<String> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.conn == conn && s.tracks.iter().any(|(_, l)| matches!(l, Lower::Interleaved { .. })))
+            .map(|(k, _)| k.clone())
+            .collect();
+        dead.into_iter()
+            .map(|id| {
+                self.sessions.remove(&id);
+                Action::Teardown { session: id }
+            })
+            .collect()
+    }
+}
+
+/// `rtsp://host:port/name/` for a request URL of the resource `name`.
+fn base_url(uri: &str, name: &str) -> String {
+    match uri.find(&format!("/{name}")) {
+        Some(i) if uri.starts_with("rtsp") => format!("{}/{name}/", &uri[..i]),
+        _ => format!("/{name}/"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rtsp::Headers;
+
+    fn req(method: &str, uri: &str, cseq: u32, headers: &[(&str, &str)]) -> Request {
+        let mut h = Headers::default();
+        h.set("CSeq", cseq.to_string());
+        for (n, v) in headers {
+            h.set(n, *v);
+        }
+        Request { method: method.into(), uri: uri.into(), headers: h, body: Vec::new() }
+    }
+
+    fn demo(name: &str) -> Option<Resource> {
+        (name == "demo").then(|| Resource {
+            sdp: Sdp::parse("v=0\r\ns=x\r\nm=video 0 RTP/AVP 96\r\na=rtpmap:96 H264/90000\r\nm=audio 0 RTP/AVP 97\r\na=rtpmap:97 L16/8000\r\n")
+                .unwrap()
+                .for_clients("demo", 1),
+            next_rtp: vec![Some((1000, 90_000)), None],
+        })
+    }
+
+    const URL: &str = "rtsp://127.0.0.1:8554/demo";
+
+    fn go(s: &mut Server, r: &Request, now: u64) -> (Response, Vec<Action>) {
+        s.handle(r, 1, now, &demo)
+    }
+
+    #[test]
+    fn a_whole_client_exchange() {
+        let mut s = Server::new(Config { server_ports: (6970, 6971), ..Config::default() }, 7);
+        let (r, _) = go(&mut s, &req("OPTIONS", URL, 1, &[]), 0);
+        assert_eq!((r.status, r.headers.get("Public")), (200, Some(METHODS)));
+        let (r, _) = go(&mut s, &req("DESCRIBE", URL, 2, &[("Accept", "application/sdp")]), 0);
+        assert_eq!(r.status, 200);
+        assert_eq!(r.headers.get("Content-Base"), Some("rtsp://127.0.0.1:8554/demo/"));
+        assert!(String::from_utf8(r.body).unwrap().contains("a=control:trackID=1"));
+
+        let t = [("Transport", "RTP/AVP;unicast;client_port=5000-5001")];
+        let (r, a) = go(&mut s, &req("SETUP", &format!("{URL}/trackID=0"), 3, &t), 10);
+        assert_eq!(r.status, 200);
+        assert_eq!(r.headers.get("Transport"), Some("RTP/AVP;unicast;client_port=5000-5001;server_port=6970-6971"));
+        let sid = parse_session(r.headers.get("Session").unwrap()).0;
+        assert_eq!(r.headers.get("Session").unwrap(), format!("{sid};timeout=60"));
+        assert_eq!(
+            a,
+            vec![Action::Setup {
+                session: sid.clone(),
+                resource: "demo".into(),
+                track: 0,
+                lower: Lower::Udp { client_rtp: 5000, client_rtcp: 5001 },
+                conn: 1
+            }]
+        );
+        // Second track over TCP, relative URL (Content-Base + control).
+        let t = [("Transport", "RTP/AVP/TCP;unicast;interleaved=2-3"), ("Session", sid.as_str())];
+        let (r, _) = go(&mut s, &req("SETUP", "rtsp://127.0.0.1:8554/demo/trackID=1", 4, &t), 20);
+        assert_eq!(r.headers.get("Transport"), Some("RTP/AVP/TCP;unicast;interleaved=2-3"));
+
+        let (r, a) = go(&mut s, &req("PLAY", &format!("{URL}/"), 5, &[("Session", sid.as_str())]), 30);
+        assert_eq!(r.status, 200);
+        assert_eq!(
+            r.headers.get("RTP-Info"),
+            Some("url=rtsp://127.0.0.1:8554/demo/trackID=0;seq=1000;rtptime=90000,url=rtsp://127.0.0.1:8554/demo/trackID=1")
+        );
+        assert_eq!(a, vec![Action::Play { session: sid.clone() }]);
+        assert_eq!(s.state(&sid), Some(State::Playing));
+
+        // Keep-alive, pause, teardown.
+        assert_eq!(go(&mut s, &req("GET_PARAMETER", URL, 6, &[("Session", sid.as_str())]), 40).0.status, 200);
+        let (_, a) = go(&mut s, &req("PAUSE", URL, 7, &[("Session", sid.as_str())]), 50);
+        assert_eq!(a, vec![Action::Pause { session: sid.clone() }]);
+        let (r, a) = go(&mut s, &req("TEARDOWN", URL, 8, &[("Session", sid.as_str())]), 60);
+        assert_eq!((r.status, a), (200, vec![Action::Teardown { session: sid.clone() }]));
+        assert_eq!(s.sessions(), 0);
+        assert_eq!(go(&mut s, &req("PLAY", URL, 9, &[("Session", sid.as_str())]), 70).0.status, 454);
+    }
+
+    #[test]
+    fn errors_carry_the_codes_real_servers_use() {
+        let mut s = Server::new(Config::default(), 1);
+        let status = |s: &mut Server, r: Request| go(s, &r, 0).0.status;
+        let mut no_cseq = req("OPTIONS", URL, 1, &[]);
+        no_cseq.headers.0.clear();
+        assert_eq!(status(&mut s, no_cseq), 400);
+        assert_eq!(status(&mut s, req("FROBNICATE", URL, 1, &[])), 501);
+        assert_eq!(status(&mut s, req("RECORD", URL, 1, &[])), 405);
+        assert_eq!(status(&mut s, req("DESCRIBE", "rtsp://h/nothing", 1, &[])), 404);
+        assert_eq!(status(&mut s, req("DESCRIBE", URL, 1, &[("Accept", "text/html")])), 406);
+        assert_eq!(
+            status(&mut s, req("SETUP", &format!("{URL}/trackID=0"), 1, &[("Transport", "RTP/AVP;multicast")])),
+            461
+        );
+        assert_eq!(status(&mut s, req("SETUP", &format!("{URL}/trackID=0"), 1, &[])), 461);
+        assert_eq!(status(&mut s, req("SETUP", &format!("{URL}/trackID=9"), 1, &[("Transport", "RTP/AVP/TCP")])), 404);
+        let t = [("Transport", "RTP/AVP/TCP"), ("Session", "NOPE")];
+        assert_eq!(status(&mut s, req("SETUP", &format!("{URL}/trackID=0"), 1, &t)), 454);
+        assert_eq!(status(&mut s, req("PLAY", URL, 1, &[])), 454);
+        assert_eq!(status(&mut s, req("TEARDOWN", URL, 1, &[("Session", "NOPE")])), 454);
+
+        // SETUP while playing: 455.
+        let (r, _) = go(&mut s, &req("SETUP", &format!("{URL}/trackID=0"), 2, &[("Transport", "RTP/AVP/TCP")]), 0);
+        let sid = parse_session(r.headers.get("Session").unwrap()).0;
+        go(&mut s, &req("PLAY", URL, 3, &[("Session", sid.as_str())]), 0);
+        let t = [("Transport", "RTP/AVP/TCP;interleaved=2-3"), ("Session", sid.as_str())];
+        assert_eq!(status(&mut s, req("SETUP", &format!("{URL}/trackID=1"), 4, &t)), 455);
+    }
+
+    #[test]
+    fn silent_sessions_expire_and_closed_connections_end_their_interleaved_sessions() {
+        let mut s = Server::new(Config { timeout_s: 10, ..Config::default() }, 3);
+        let udp = [("Transport", "RTP/AVP;unicast;client_port=5000-5001")];
+        let tcp = [("Transport", "RTP/AVP/TCP;unicast;interleaved=0-1")];
+        let track = format!("{URL}/trackID=0");
+        let a = parse_session(go(&mut s, &req("SETUP", &track, 1, &udp), 0).0.headers.get("Session").unwrap()).0;
+        let b = parse_session(go(&mut s, &req("SETUP", &track, 1, &tcp), 0).0.headers.get("Session").unwrap()).0;
+        assert_ne!(a, b);
+        s.touch(&a, 9_000);
+        assert_eq!(s.expire(10_001), vec![Action::Teardown { session: b.clone() }]);
+        assert_eq!(s.expire(19_001), vec![Action::Teardown { session: a }]);
+        let c = parse_session(go(&mut s, &req("SETUP", &track, 1, &tcp), 20_000).0.headers.get("Session").unwrap()).0;
+        assert_eq!(s.connection_closed(2), vec![]);
+        assert_eq!(s.connection_closed(1), vec![Action::Teardown { session: c }]);
+    }
+
+    #[test]
+    fn urls_in_the_forms_clients_send() {
+        assert_eq!(split_url("rtsp://h:8554/demo"), Some(("demo", "")));
+        assert_eq!(split_url("rtsp://h/demo/trackID=1"), Some(("demo", "trackID=1")));
+        assert_eq!(split_url("rtsp://user:pw@h:8554/demo/?x=1"), Some(("demo", "")));
+        assert_eq!(split_url("/demo/trackID=0"), Some(("demo", "trackID=0")));
+        assert_eq!(split_url("rtsp://h:8554/"), None);
+        assert_eq!(split_url("*"), None);
+    }
+
+    proptest::proptest! {
+        /// Any sequence of requests (methods, URLs, transports and session ids mixed from
+        /// what clients send and what they should not): no panic, every response echoes the
+        /// CSeq, the session table stays within its bound, and every session the server
+        /// holds was announced by a Setup action and not yet torn down.
+        #[test]
+        fn any_request_sequence_keeps_the_books(ops in proptest::collection::vec((0usize..9, 0usize..5, 0usize..5, 0usize..4, 0u64..100_000), 1..60)) {
+            let methods = ["OPTIONS", "DESCRIBE", "SETUP", "PLAY", "PAUSE", "TEARDOWN", "GET_PARAMETER", "ANNOUNCE", "X"];
+            let urls = [URL.to_string(), format!("{URL}/trackID=0"), format!("{URL}/trackID=1"), "rtsp://h/none".into(), "*".into()];
+            let transports = ["RTP/AVP;unicast;client_port=5000-5001", "RTP/AVP/TCP;interleaved=0-1", "RTP/AVP;multicast", "", "junk"];
+            let mut s = Server::new(Config { max_sessions: 3, timeout_s: 5, ..Config::default() }, 11);
+            let mut ids: Vec<String> = vec!["BOGUS".into()];
+            let mut live = std::collections::HashSet::new();
+            let mut now = 0;
+            for (i, (m, u, t, sid, dt)) in ops.into_iter().enumerate() {
+                now += dt;
+                let mut h = vec![("Transport", transports[t])];
+                let id = ids[sid % ids.len()].clone();
+                if sid > 0 {
+                    h.push(("Session", id.as_str()));
+                }
+                let r = req(methods[m], &urls[u], i as u32, &h);
+                let (resp, actions) = s.handle(&r, 1, now, &demo);
+                proptest::prop_assert_eq!(resp.headers.cseq(), Some(i as u32));
+                for a in actions.into_iter().chain(s.expire(now)) {
+                    match a {
+                        Action::Setup { session, .. } => {
+                            if !ids.contains(&session) {
+                                ids.push(session.clone());
+                            }
+                            live.insert(session);
+                        }
+                        Action::Teardown { session } => {
+                            proptest::prop_assert!(live.remove(&session), "teardown of an unknown session");
+                        }
+                        _ => {}
+                    }
+                }
+                proptest::prop_assert!(s.sessions() <= 3);
+                proptest::prop_assert_eq!(s.sessions(), live.len());
+            }
+        }
+    }
+}
