@@ -635,6 +635,20 @@ impl Session {
         v
     }
 
+    /// The RTP header `(payload type, sequence number, timestamp)` of the packet a sink
+    /// added now starts with: the last keyframe's if the ring holds one, else the newest
+    /// packet's with the sequence number one on (the next to come). `None` before the first
+    /// packet, or if the source is not RTP.
+    pub fn rtp_start(&self) -> Option<(u8, u16, u32)> {
+        let ring = self.inner.ring.lock();
+        let head = ring.head();
+        let key = self.inner.last_key.load(Ordering::Relaxed);
+        let (seq, next) = if key > ring.oldest() { (key - 1, false) } else { (head.checked_sub(1)?, true) };
+        let p = ring.get(seq)?;
+        let v = fanout_proto::rtp::RtpView::parse(p.data()).ok()?;
+        Some((v.payload_type(), v.sequence_number().wrapping_add(u16::from(next)), v.timestamp()))
+    }
+
     pub fn source_state(&self) -> SourceState {
         let s = &self.inner.src;
         let state = match s.state.load(Ordering::Relaxed) {

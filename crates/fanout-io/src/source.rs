@@ -335,8 +335,12 @@ impl DemoClip {
 }
 
 /// The demo source thread: publishes each 1316-byte datagram of the looped clip when due.
+/// RTP payload type of MPEG-TS (RFC 3551 static type 33) and the demo's fixed SSRC.
+pub const DEMO_PAYLOAD_TYPE: u8 = 33;
+pub const DEMO_SSRC: u32 = 0x4641_4e4f; // "FANO"
+
 pub(crate) fn demo_source(session: Weak<Inner>, clip: DemoClip) {
-    let buf = session.upgrade().map_or(2048, |s| s.cfg.max_datagram.max(1316));
+    let buf = session.upgrade().map_or(2048, |s| s.cfg.max_datagram.max(1316 + 12));
     let mut pool = PacketPool::new(buf, 64);
     let mut ready = Vec::with_capacity(8);
     // Each lap's PCR/PTS/DTS continue from the last one's, and continuity counters run on.
@@ -353,8 +357,8 @@ pub(crate) fn demo_source(session: Weak<Inner>, clip: DemoClip) {
         // closed session is noticed).
         let now = start.elapsed();
         loop {
-            let (off, len, due) = clip.schedule.datagram(n);
-            let due = Duration::from_nanos(due * 1000 / (PCR_HZ / 1_000_000));
+            let (off, len, due_pcr) = clip.schedule.datagram(n);
+            let due = Duration::from_nanos(due_pcr * 1000 / (PCR_HZ / 1_000_000));
             if due > now {
                 break;
             }
@@ -363,9 +367,12 @@ pub(crate) fn demo_source(session: Weak<Inner>, clip: DemoClip) {
             }
             let mut p = pool.take();
             let pm = Arc::get_mut(&mut p).expect("pool buffers are unique");
-            pm.buf_mut()[..len].copy_from_slice(&clip.ts[off..off + len]);
-            restamper.restamp(&mut pm.buf_mut()[..len]);
-            pm.set_len(len, 0);
+            // RTP/MP2T (RFC 2250): UDP and RTSP clients get RTP, HTTP ones the bare TS.
+            let ts90 = (due_pcr / 300) as u32;
+            let h = fanout_proto::rtp::write_header(pm.buf_mut(), false, DEMO_PAYLOAD_TYPE, n as u16, ts90, DEMO_SSRC);
+            pm.buf_mut()[h..h + len].copy_from_slice(&clip.ts[off..off + len]);
+            restamper.restamp(&mut pm.buf_mut()[h..h + len]);
+            pm.set_len(h + len, h);
             ready.push(p);
             n += 1;
             if ready.len() == ready.capacity() {

@@ -67,11 +67,13 @@ pub struct Config {
     pub server_ports: (u16, u16),
     /// Sessions the server holds at most.
     pub max_sessions: usize,
+    /// Whether RTP over the RTSP connection (`RTP/AVP/TCP`) is offered.
+    pub interleaved: bool,
 }
 
 impl Default for Config {
     fn default() -> Self {
-        Self { timeout_s: 60, server_ports: (0, 0), max_sessions: 10_000 }
+        Self { timeout_s: 60, server_ports: (0, 0), max_sessions: 10_000, interleaved: true }
     }
 }
 
@@ -212,7 +214,12 @@ impl Server {
             return error(404, Some(cseq));
         };
         let specs = parse_transport(req.headers.get("Transport").unwrap_or(""));
-        let Some(spec) = specs.iter().find(|s| s.lower.is_some()) else { return error(461, Some(cseq)) };
+        let usable = |l: &Option<Lower>| match l {
+            Some(Lower::Udp { .. }) => true,
+            Some(Lower::Interleaved { .. }) => self.cfg.interleaved,
+            None => false,
+        };
+        let Some(spec) = specs.iter().find(|s| usable(&s.lower)) else { return error(461, Some(cseq)) };
         let lower = spec.lower.expect("found usable");
         let id = match session {
             Some(id) => match self.sessions.get(id) {

@@ -163,6 +163,7 @@ async fn engine_status(State(relay): State<Arc<Relay>>) -> Json<serde_json::Valu
         "workers": relay.engine.workers(),
         "queued_tasks": relay.engine.queued(),
         "task_runs": relay.engine.runs(),
+        "rtsp": *relay.rtsp_addr.lock(),
     }))
 }
 

@@ -11,6 +11,8 @@ use std::path::Path;
 pub struct Config {
     /// Address of the control API and HTTP streams.
     pub api: SocketAddr,
+    /// Address for RTSP clients (`rtsp://HOST:PORT/{session}`); none = no RTSP.
+    pub rtsp: Option<SocketAddr>,
     /// Bearer token required on every API call and stream (none = open; the default API
     /// address is loopback-only).
     pub token: Option<String>,
@@ -45,6 +47,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             api: ([127, 0, 0, 1], 7070).into(),
+            rtsp: Some(([127, 0, 0, 1], 8554).into()),
             token: None,
             workers: 0,
             ring: 1024,

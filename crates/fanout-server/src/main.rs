@@ -7,6 +7,7 @@ mod config;
 mod ctl;
 mod http;
 mod relay;
+mod rtsp;
 mod spec;
 mod tools;
 
@@ -56,9 +57,20 @@ struct ServeArgs {
     /// Ring capacity in packets per session (overrides the config).
     #[arg(long)]
     ring: Option<usize>,
+    /// Address for RTSP clients (overrides the config; port 0 picks a free one).
+    #[arg(long)]
+    rtsp: Option<std::net::SocketAddr>,
     /// Do not create the built-in `demo` session.
     #[arg(long)]
     no_demo: bool,
+}
+
+/// A line on stdout for scripts and people; a reader that went away is not an error.
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($t)*);
+    }};
 }
 
 fn main() -> std::process::ExitCode {
@@ -101,6 +113,9 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
         anyhow::ensure!((2..=spec::MAX_RING).contains(&r), "--ring {r} is out of range 2..={}", spec::MAX_RING);
         cfg.ring = r;
     }
+    if let Some(x) = a.rtsp {
+        cfg.rtsp = Some(x);
+    }
     if a.no_demo {
         cfg.demo = false;
     }
@@ -132,14 +147,37 @@ async fn run(mut cfg: config::Config) -> anyhow::Result<()> {
         relay.engine.workers()
     );
     // Printed plainly on stdout so scripts (and people) can pick it up.
-    println!("fanout: API http://{api}/v1/sessions");
+    say!("fanout: API http://{api}/v1/sessions");
     if demo {
-        println!("fanout: demo stream http://{api}/v1/sessions/demo/stream  (try: ffplay http://{api}/v1/sessions/demo/stream)");
+        say!("fanout: demo stream http://{api}/v1/sessions/demo/stream  (try: ffplay http://{api}/v1/sessions/demo/stream)");
     }
+    let rtsp_task = match relay.cfg.rtsp {
+        Some(addr) => match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => {
+                let bound = l.local_addr()?;
+                let state = rtsp::Rtsp::new(bound.ip())?;
+                say!("fanout: RTSP rtsp://{bound}/{{session}}");
+                if demo {
+                    say!("fanout: demo over RTSP rtsp://{bound}/demo  (try: ffplay rtsp://{bound}/demo)");
+                }
+                *relay.rtsp_addr.lock() = Some(bound);
+                Some(tokio::spawn(rtsp::serve(l, relay.clone(), state)))
+            }
+            // Not fatal: the API and HTTP streams still work (e.g. a second relay on one host).
+            Err(e) => {
+                tracing::warn!("cannot listen on {addr} for RTSP, serving without it: {e}");
+                None
+            }
+        },
+        None => None,
+    };
     let server = tokio::spawn(http::serve(listener, relay.clone(), router));
     shutdown_signal().await;
     tracing::info!("shutting down");
     server.abort();
+    if let Some(t) = rtsp_task {
+        t.abort();
+    }
     relay.shutdown().await;
     Ok(())
 }

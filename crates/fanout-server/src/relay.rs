@@ -44,12 +44,14 @@ pub struct Relay {
     pub engine: Engine,
     pub cfg: Config,
     sessions: RwLock<BTreeMap<String, Entry>>,
+    /// Where RTSP clients connect, once listening.
+    pub rtsp_addr: parking_lot::Mutex<Option<std::net::SocketAddr>>,
 }
 
 impl Relay {
     pub fn new(cfg: Config) -> anyhow::Result<Arc<Self>> {
         let engine = Engine::start(cfg.workers)?;
-        Ok(Arc::new(Self { engine, cfg, sessions: RwLock::new(BTreeMap::new()) }))
+        Ok(Arc::new(Self { engine, cfg, sessions: RwLock::new(BTreeMap::new()), rtsp_addr: Default::default() }))
     }
 
     pub fn session(&self, name: &str) -> Result<Session, RelayError> {

@@ -107,7 +107,10 @@ impl RelayProc {
             .spawn()
             .context("starting the relay")?;
         let mut line = String::new();
-        BufReader::new(child.stdout.take().context("relay stdout")?).read_line(&mut line)?;
+        let mut out = BufReader::new(child.stdout.take().context("relay stdout")?);
+        out.read_line(&mut line)?;
+        // Keep reading what else it prints, so it never writes into a closed pipe.
+        std::thread::spawn(move || for _ in out.lines() {});
         let api = line
             .trim()
             .strip_prefix("fanout: API http://")

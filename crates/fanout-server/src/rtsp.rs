@@ -1,0 +1,224 @@
+//! RTSP for clients: every RTP relay session is `rtsp://HOST:PORT/{session}`. The protocol
+//! is `fanout_proto::rtsp_server`'s state machine; this module only moves bytes and turns
+//! its actions into the session's UDP sinks (a client's RTP port), so RTSP clients share the
+//! relay's data paths with every other sink.
+//!
+//! Not yet (issue 5): RTP over the RTSP connection (interleaved), RTCP sender reports,
+//! authentication, `rtsp://` upstreams.
+
+use crate::relay::Relay;
+use fanout_proto::rtsp::{self, Limits, Lower, Message, Response};
+use fanout_proto::rtsp_server::{Action, Config, Resource, Server};
+use fanout_proto::sdp::Sdp;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// One RTSP client session as the data path sees it.
+struct Client {
+    resource: String,
+    peer: IpAddr,
+    /// Set-up tracks: the client's RTP port.
+    rtp_ports: Vec<u16>,
+    /// The relay sinks while playing.
+    sinks: Vec<u64>,
+}
+
+pub struct Rtsp {
+    server: Mutex<Server>,
+    clients: Mutex<HashMap<String, Client>>,
+    started: Instant,
+    /// Where clients' RTCP and NAT-opening packets land (`server_port`); read and dropped.
+    _rtcp: (std::net::UdpSocket, std::net::UdpSocket),
+}
+
+/// The description of a relay session for RTSP clients, from its RTP payload type.
+fn describe(relay: &Relay, name: &str) -> Option<Resource> {
+    let session = relay.session(name).ok()?;
+    let (pt, seq, ts) = session.rtp_start()?;
+    let media = match pt {
+        33 => "m=video 0 RTP/AVP 33\r\na=rtpmap:33 MP2T/90000\r\n".to_string(),
+        // A dynamic type: what `fanout gen --file x.264` sends (H.264, RFC 6184).
+        96..=127 => {
+            format!("m=video 0 RTP/AVP {pt}\r\na=rtpmap:{pt} H264/90000\r\na=fmtp:{pt} packetization-mode=1\r\n")
+        }
+        _ => return None,
+    };
+    let sdp = Sdp::parse(&format!("v=0\r\ns={name}\r\n{media}")).ok()?;
+    Some(Resource { sdp: sdp.for_clients(name, 1), next_rtp: vec![Some((seq, ts))] })
+}
+
+/// A consecutive even/odd UDP port pair on `ip` (RTP/RTCP convention).
+fn port_pair(ip: IpAddr) -> std::io::Result<(std::net::UdpSocket, std::net::UdpSocket)> {
+    for _ in 0..64 {
+        let a = std::net::UdpSocket::bind((ip, 0))?;
+        let port = a.local_addr()?.port();
+        if port % 2 == 1 || port == u16::MAX {
+            continue;
+        }
+        if let Ok(b) = std::net::UdpSocket::bind((ip, port + 1)) {
+            return Ok((a, b));
+        }
+    }
+    Err(std::io::Error::other("no free even/odd UDP port pair"))
+}
+
+impl Rtsp {
+    pub fn new(ip: IpAddr) -> std::io::Result<Arc<Self>> {
+        let rtcp = port_pair(ip)?;
+        let ports = (rtcp.0.local_addr()?.port(), rtcp.1.local_addr()?.port());
+        let seed =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
+        let cfg = Config { server_ports: ports, interleaved: false, ..Config::default() };
+        Ok(Arc::new(Self {
+            server: Mutex::new(Server::new(cfg, seed ^ u64::from(std::process::id()))),
+            clients: Mutex::new(HashMap::new()),
+            started: Instant::now(),
+            _rtcp: rtcp,
+        }))
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// Carries out the state machine's actions on the relay's sessions.
+    fn apply(&self, relay: &Relay, peer: IpAddr, actions: Vec<Action>) {
+        let mut clients = self.clients.lock();
+        for a in actions {
+            match a {
+                Action::Setup { session, resource, lower, .. } => {
+                    let Lower::Udp { client_rtp, .. } = lower else { continue };
+                    let c = clients.entry(session).or_insert_with(|| Client {
+                        resource,
+                        peer,
+                        rtp_ports: Vec::new(),
+                        sinks: Vec::new(),
+                    });
+                    c.rtp_ports = vec![client_rtp];
+                }
+                Action::Play { session } => {
+                    let Some(c) = clients.get_mut(&session) else { continue };
+                    let Ok(s) = relay.session(&c.resource) else { continue };
+                    for &port in &c.rtp_ports {
+                        match s.add_udp_sink(SocketAddr::new(c.peer, port)) {
+                            Ok(id) => c.sinks.push(id),
+                            Err(e) => tracing::warn!(rtsp_session = %session, "cannot add the client's sink: {e}"),
+                        }
+                    }
+                }
+                // Teardown also drops the client below, once the state machine forgot it.
+                Action::Pause { session } | Action::Teardown { session } => {
+                    let Some(c) = clients.get_mut(&session) else { continue };
+                    if let Ok(s) = relay.session(&c.resource) {
+                        for id in c.sinks.drain(..) {
+                            s.remove_sink(id);
+                        }
+                    }
+                }
+            }
+        }
+        // Sessions the state machine no longer knows are gone for good.
+        let server = self.server.lock();
+        clients.retain(|id, _| server.state(id).is_some());
+    }
+}
+
+/// Accepts RTSP connections until the task is aborted.
+pub async fn serve(listener: TcpListener, relay: Arc<Relay>, rtsp: Arc<Rtsp>) {
+    /// Stops the expiry task when `serve` is aborted.
+    struct AbortOnDrop(tokio::task::JoinHandle<()>);
+    impl Drop for AbortOnDrop {
+        fn drop(&mut self) {
+            self.0.abort();
+        }
+    }
+    let _expiry = AbortOnDrop({
+        let (relay, rtsp) = (relay.clone(), rtsp.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                let now = rtsp.now_ms();
+                let actions = rtsp.server.lock().expire(now);
+                if !actions.is_empty() {
+                    rtsp.apply(&relay, IpAddr::from([0, 0, 0, 0]), actions);
+                }
+            }
+        })
+    });
+    let mut next_conn = 0u64;
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!("rtsp accept: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        next_conn += 1;
+        let (relay, rtsp, conn) = (relay.clone(), rtsp.clone(), next_conn);
+        tokio::spawn(async move {
+            if let Err(e) = connection(stream, peer, conn, &relay, &rtsp).await {
+                tracing::debug!(%peer, "rtsp connection: {e}");
+            }
+            let actions = rtsp.server.lock().connection_closed(conn);
+            rtsp.apply(&relay, peer.ip(), actions);
+        });
+    }
+}
+
+/// Seconds a connection may stay silent before it is closed (sessions have their own timeout).
+const IDLE: Duration = Duration::from_secs(120);
+
+async fn connection(
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    conn: u64,
+    relay: &Arc<Relay>,
+    rtsp: &Arc<Rtsp>,
+) -> std::io::Result<()> {
+    let limits = Limits::default();
+    let mut buf: Vec<u8> = Vec::with_capacity(4096);
+    let mut chunk = [0u8; 4096];
+    loop {
+        // Every complete message in the buffer, in order (clients pipeline).
+        loop {
+            match rtsp::parse(&buf, &limits) {
+                Ok(Some((msg, used))) => {
+                    buf.drain(..used);
+                    let Message::Request(req) = msg else { continue }; // interleaved RTCP, responses
+                    let (resp, actions) = {
+                        let lookup = |name: &str| describe(relay, name);
+                        rtsp.server.lock().handle(&req, conn, rtsp.now_ms(), &lookup)
+                    };
+                    rtsp.apply(relay, peer.ip(), actions);
+                    let mut out = Vec::new();
+                    let mut resp = resp;
+                    resp.headers.set("Server", concat!("fanout/", env!("CARGO_PKG_VERSION")));
+                    resp.write(&mut out);
+                    stream.write_all(&out).await?;
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    let mut out = Vec::new();
+                    Response::new(e.status(), None).write(&mut out);
+                    stream.write_all(&out).await?;
+                    return Ok(());
+                }
+            }
+        }
+        let n = match tokio::time::timeout(IDLE, stream.read(&mut chunk)).await {
+            Ok(r) => r?,
+            Err(_) => return Ok(()),
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
