@@ -82,3 +82,79 @@ fn protocol_errors_get_the_codes_real_servers_give() {
     let (i, j) = (two.find("CSeq: 8").unwrap_or(usize::MAX), two.rfind("CSeq: 9").unwrap_or(0));
     assert!(i < j, "{two}");
 }
+
+/// One RTSP client over UDP, by hand: DESCRIBE, SETUP, PLAY; returns the connection, the
+/// RTP socket and the `RTP-Info` sequence number.
+fn play(addr: SocketAddr) -> (TcpStream, std::net::UdpSocket, u16, String) {
+    let url = format!("rtsp://{addr}/demo");
+    let rtp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let port = rtp.local_addr().unwrap().port();
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut ask = |req: String| -> String {
+        c.write_all(req.as_bytes()).unwrap();
+        let mut buf = vec![0u8; 8192];
+        let mut got = Vec::new();
+        // One response: the head, then Content-Length bytes.
+        loop {
+            let n = c.read(&mut buf).unwrap();
+            assert!(n > 0, "connection closed");
+            got.extend_from_slice(&buf[..n]);
+            if let Ok(Some((fanout_proto::rtsp::Message::Response(r), _))) =
+                fanout_proto::rtsp::parse(&got, &fanout_proto::rtsp::Limits::default())
+            {
+                assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&got));
+                return String::from_utf8_lossy(&got).into_owned();
+            }
+        }
+    };
+    let d = ask(format!("DESCRIBE {url} RTSP/1.0\r\nCSeq: 1\r\nAccept: application/sdp\r\n\r\n"));
+    assert!(d.contains("a=rtpmap:33 MP2T/90000"), "{d}");
+    let s = ask(format!(
+        "SETUP {url}/trackID=0 RTSP/1.0\r\nCSeq: 2\r\nTransport: RTP/AVP;unicast;client_port={port}-{}\r\n\r\n",
+        port + 1
+    ));
+    let session = s.lines().find_map(|l| l.strip_prefix("Session: ")).unwrap().split(';').next().unwrap().to_string();
+    let p = ask(format!("PLAY {url} RTSP/1.0\r\nCSeq: 3\r\nSession: {session}\r\n\r\n"));
+    let info = p.lines().find_map(|l| l.strip_prefix("RTP-Info: ")).expect("RTP-Info").to_string();
+    let seq: u16 = info.split(';').find_map(|f| f.strip_prefix("seq=")).unwrap().parse().unwrap();
+    (c, rtp, seq, session)
+}
+
+/// Twenty RTSP clients of the demo at once: each gets the sequence number its RTP-Info
+/// announced first, then every packet without a gap, and TEARDOWN removes each one's sink.
+#[test]
+fn twenty_clients_get_what_rtp_info_announced_and_every_packet() {
+    let relay = start();
+    let addr = rtsp_addr(&relay);
+    let clients: Vec<_> = (0..20).map(|_| play(addr)).collect();
+    assert_eq!(relay.ok("GET", "/v1/sessions/demo", None)["sinks"], 20);
+    // Read every client as packets come (one at a time would overflow the others' buffers).
+    let mut seqs: Vec<Vec<u16>> = vec![Vec::new(); clients.len()];
+    for (_, rtp, _, _) in &clients {
+        rtp.set_nonblocking(true).unwrap();
+    }
+    let end = std::time::Instant::now() + Duration::from_secs(15);
+    let mut buf = [0u8; 2048];
+    while seqs.iter().any(|s| s.len() < 100) && std::time::Instant::now() < end {
+        for ((_, rtp, _, _), got) in clients.iter().zip(seqs.iter_mut()) {
+            while let Ok(n) = rtp.recv(&mut buf) {
+                let v = fanout_proto::rtp::RtpView::parse(&buf[..n]).expect("RTP");
+                assert_eq!(v.payload_type(), 33);
+                got.push(v.sequence_number());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for (i, ((mut c, _, first, session), got)) in clients.into_iter().zip(seqs).enumerate() {
+        assert!(got.len() >= 100, "client {i} got {} packets", got.len());
+        let want: Vec<u16> = (0..got.len() as u16).map(|k| first.wrapping_add(k)).collect();
+        assert_eq!(got, want, "client {i}: the RTP-Info sequence number first, then no gap");
+        let url = format!("rtsp://{addr}/demo");
+        c.write_all(format!("TEARDOWN {url} RTSP/1.0\r\nCSeq: 4\r\nSession: {session}\r\n\r\n").as_bytes()).unwrap();
+        let mut b = [0u8; 512];
+        let n = c.read(&mut b).unwrap();
+        assert!(b[..n].starts_with(b"RTSP/1.0 200"), "{}", String::from_utf8_lossy(&b[..n]));
+    }
+    assert!(wait_for(Duration::from_secs(5), || relay.ok("GET", "/v1/sessions/demo", None)["sinks"] == 0));
+}
