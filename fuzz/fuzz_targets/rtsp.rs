@@ -1,6 +1,7 @@
 //! The RTSP connection parser on arbitrary bytes: never a panic, never a message longer
 //! than its input, and a parsed request or response writes back to bytes that parse to it.
-//! Parsed requests go on into the server state machine, bodies into the SDP parser.
+//! Parsed requests go on into the server state machine, bodies into the SDP parser; the
+//! whole input is also tried as RTCP.
 #![no_main]
 use fanout_proto::rtsp::{parse, parse_session, parse_transport, Limits, Message};
 use fanout_proto::rtsp_server::{Config, Resource, Server};
@@ -42,6 +43,12 @@ fuzz_target!(|data: &[u8]| {
             assert!(again.is_some(), "our own output is complete");
         }
         rest = &rest[used..];
+    }
+    // The same bytes as RTCP (clients' receiver reports).
+    if let Ok(reports) = fanout_proto::rtcp::parse_reports(data) {
+        for b in reports.iter().flat_map(|r| &r.blocks) {
+            let _ = fanout_proto::rtcp::round_trip(b, 0x1234_5678);
+        }
     }
     let text = String::from_utf8_lossy(data);
     let _ = parse_transport(&text);

@@ -10,6 +10,7 @@
 //!   that paces a recorded transport stream at its own rate.
 //! - [`annexb`]: H.264/HEVC byte streams: NAL units, access units, RTP packetization.
 //! - [`http`]: recognising an HTTP stream request from its head.
+//! - [`rtcp`]: RTCP sender/receiver reports: loss, jitter, round-trip time.
 //! - [`rtsp`]: RTSP 1.0 messages: the incremental connection parser (requests, responses,
 //!   interleaved frames), the writer, `Transport` and `Session` headers.
 //! - [`rtsp_server`]: the proxy's RTSP server as a state machine (requests in, responses
@@ -22,6 +23,7 @@ pub mod classify;
 pub mod http;
 pub mod mpegts;
 pub mod probe;
+pub mod rtcp;
 pub mod rtp;
 pub mod rtpstats;
 pub mod rtsp;

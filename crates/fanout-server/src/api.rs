@@ -53,6 +53,7 @@ pub fn router(relay: Arc<Relay>) -> Router {
         .route("/v1/sessions/{name}/sinks", post(add_sink).get(list_sinks).delete(flush_sinks))
         .route("/v1/sessions/{name}/sinks/{id}", get(get_sink).delete(remove_sink))
         .route("/v1/engine", get(engine_status))
+        .route("/v1/rtsp", get(rtsp_clients))
         .route("/metrics", get(metrics))
         .fallback(|| async { ApiError(StatusCode::NOT_FOUND, "no such API path; see docs/openapi.yaml".into()) })
         .layer(middleware::from_fn_with_state(relay.clone(), auth))
@@ -156,6 +157,11 @@ async fn remove_sink(
     } else {
         Err(ApiError(StatusCode::NOT_FOUND, format!("session {name:?} has no sink {id}")))
     }
+}
+
+async fn rtsp_clients(State(relay): State<Arc<Relay>>) -> Json<serde_json::Value> {
+    let clients = relay.rtsp.lock().as_ref().map(|r| r.clients()).unwrap_or_default();
+    Json(json!({ "listening": *relay.rtsp_addr.lock(), "clients": clients }))
 }
 
 async fn engine_status(State(relay): State<Arc<Relay>>) -> Json<serde_json::Value> {

@@ -161,6 +161,7 @@ async fn run(mut cfg: config::Config) -> anyhow::Result<()> {
                     say!("fanout: demo over RTSP rtsp://{bound}/demo  (try: ffplay rtsp://{bound}/demo)");
                 }
                 *relay.rtsp_addr.lock() = Some(bound);
+                *relay.rtsp.lock() = Some(state.clone());
                 Some(tokio::spawn(rtsp::serve(l, relay.clone(), state)))
             }
             // Not fatal: the API and HTTP streams still work (e.g. a second relay on one host).

@@ -46,12 +46,20 @@ pub struct Relay {
     sessions: RwLock<BTreeMap<String, Entry>>,
     /// Where RTSP clients connect, once listening.
     pub rtsp_addr: parking_lot::Mutex<Option<std::net::SocketAddr>>,
+    /// The RTSP side, once listening.
+    pub rtsp: parking_lot::Mutex<Option<Arc<crate::rtsp::Rtsp>>>,
 }
 
 impl Relay {
     pub fn new(cfg: Config) -> anyhow::Result<Arc<Self>> {
         let engine = Engine::start(cfg.workers)?;
-        Ok(Arc::new(Self { engine, cfg, sessions: RwLock::new(BTreeMap::new()), rtsp_addr: Default::default() }))
+        Ok(Arc::new(Self {
+            engine,
+            cfg,
+            sessions: RwLock::new(BTreeMap::new()),
+            rtsp_addr: Default::default(),
+            rtsp: Default::default(),
+        }))
     }
 
     pub fn session(&self, name: &str) -> Result<Session, RelayError> {

@@ -3,6 +3,9 @@
 //! its actions into the session's UDP sinks (a client's RTP port), so RTSP clients share the
 //! relay's data paths with every other sink.
 //!
+//! Clients' RTCP receiver reports arrive on the `server_port` pair; each keeps its client's
+//! session alive and is shown in `GET /v1/rtsp`.
+//!
 //! Not yet (issue 5): RTP over the RTSP connection (interleaved), RTCP sender reports,
 //! authentication, `rtsp://` upstreams.
 
@@ -24,16 +27,39 @@ struct Client {
     peer: IpAddr,
     /// Set-up tracks: the client's RTP port.
     rtp_ports: Vec<u16>,
+    /// Where its RTCP comes from.
+    rtcp_port: u16,
     /// The relay sinks while playing.
     sinks: Vec<u64>,
+    reports: u64,
+    last_report: Option<(fanout_proto::rtcp::ReportBlock, Instant)>,
+}
+
+/// A client as `GET /v1/rtsp` shows it.
+#[derive(serde::Serialize)]
+pub struct ClientStatus {
+    pub session: String,
+    pub resource: String,
+    pub peer: IpAddr,
+    pub rtp_port: Option<u16>,
+    pub playing: bool,
+    pub rtcp_reports: u64,
+    /// From its last receiver report.
+    pub fraction_lost: Option<f64>,
+    pub cumulative_lost: Option<i32>,
+    pub highest_seq: Option<u32>,
+    pub jitter: Option<u32>,
+    pub last_report_ms_ago: Option<u64>,
 }
 
 pub struct Rtsp {
     server: Mutex<Server>,
     clients: Mutex<HashMap<String, Client>>,
     started: Instant,
-    /// Where clients' RTCP and NAT-opening packets land (`server_port`); read and dropped.
-    _rtcp: (std::net::UdpSocket, std::net::UdpSocket),
+    /// `server_port`: RTP (reserved, clients' NAT-opening packets land and stay there) and
+    /// RTCP (read by `serve`).
+    _rtp_port: std::net::UdpSocket,
+    rtcp: Mutex<Option<std::net::UdpSocket>>,
 }
 
 /// The description of a relay session for RTSP clients, from its RTP payload type.
@@ -78,8 +104,47 @@ impl Rtsp {
             server: Mutex::new(Server::new(cfg, seed ^ u64::from(std::process::id()))),
             clients: Mutex::new(HashMap::new()),
             started: Instant::now(),
-            _rtcp: rtcp,
+            _rtp_port: rtcp.0,
+            rtcp: Mutex::new(Some(rtcp.1)),
         }))
+    }
+
+    pub fn clients(&self) -> Vec<ClientStatus> {
+        let server = self.server.lock();
+        let mut v: Vec<ClientStatus> = self
+            .clients
+            .lock()
+            .iter()
+            .map(|(id, c)| ClientStatus {
+                session: id.clone(),
+                resource: c.resource.clone(),
+                peer: c.peer,
+                rtp_port: c.rtp_ports.first().copied(),
+                playing: server.state(id) == Some(fanout_proto::rtsp_server::State::Playing),
+                rtcp_reports: c.reports,
+                fraction_lost: c.last_report.map(|(b, _)| f64::from(b.fraction_lost) / 256.0),
+                cumulative_lost: c.last_report.map(|(b, _)| b.cumulative_lost),
+                highest_seq: c.last_report.map(|(b, _)| b.highest_seq),
+                jitter: c.last_report.map(|(b, _)| b.jitter),
+                last_report_ms_ago: c.last_report.map(|(_, t)| t.elapsed().as_millis() as u64),
+            })
+            .collect();
+        v.sort_by(|a, b| a.session.cmp(&b.session));
+        v
+    }
+
+    /// A datagram on the RTCP port: a report from a client keeps its session alive.
+    fn rtcp_from(&self, from: SocketAddr, data: &[u8]) {
+        let Ok(reports) = fanout_proto::rtcp::parse_reports(data) else { return };
+        let mut clients = self.clients.lock();
+        let Some((id, c)) = clients.iter_mut().find(|(_, c)| c.peer == from.ip() && c.rtcp_port == from.port()) else {
+            return;
+        };
+        c.reports += 1;
+        if let Some(b) = reports.iter().flat_map(|r| r.blocks.iter()).next() {
+            c.last_report = Some((*b, Instant::now()));
+        }
+        self.server.lock().touch(id, self.now_ms());
     }
 
     fn now_ms(&self) -> u64 {
@@ -92,14 +157,18 @@ impl Rtsp {
         for a in actions {
             match a {
                 Action::Setup { session, resource, lower, .. } => {
-                    let Lower::Udp { client_rtp, .. } = lower else { continue };
+                    let Lower::Udp { client_rtp, client_rtcp } = lower else { continue };
                     let c = clients.entry(session).or_insert_with(|| Client {
                         resource,
                         peer,
                         rtp_ports: Vec::new(),
+                        rtcp_port: client_rtcp,
                         sinks: Vec::new(),
+                        reports: 0,
+                        last_report: None,
                     });
                     c.rtp_ports = vec![client_rtp];
+                    c.rtcp_port = client_rtcp;
                 }
                 Action::Play { session } => {
                     let Some(c) = clients.get_mut(&session) else { continue };
@@ -147,6 +216,20 @@ pub async fn serve(listener: TcpListener, relay: Arc<Relay>, rtsp: Arc<Rtsp>) {
                 if !actions.is_empty() {
                     rtsp.apply(&relay, IpAddr::from([0, 0, 0, 0]), actions);
                 }
+            }
+        })
+    });
+    let _rtcp = AbortOnDrop({
+        let rtsp = rtsp.clone();
+        let sock = rtsp.rtcp.lock().take().and_then(|s| {
+            s.set_nonblocking(true).ok()?;
+            tokio::net::UdpSocket::from_std(s).ok()
+        });
+        tokio::spawn(async move {
+            let Some(sock) = sock else { return };
+            let mut buf = [0u8; 2048];
+            while let Ok((n, from)) = sock.recv_from(&mut buf).await {
+                rtsp.rtcp_from(from, &buf[..n]);
             }
         })
     });

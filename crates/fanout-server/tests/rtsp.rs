@@ -84,11 +84,13 @@ fn protocol_errors_get_the_codes_real_servers_give() {
 }
 
 /// One RTSP client over UDP, by hand: DESCRIBE, SETUP, PLAY; returns the connection, the
-/// RTP socket and the `RTP-Info` sequence number.
-fn play(addr: SocketAddr) -> (TcpStream, std::net::UdpSocket, u16, String) {
+/// RTP socket, the `RTP-Info` sequence number and the session id. `rtcp`: the client's
+/// RTCP port to announce (default: RTP + 1).
+fn play_with(addr: SocketAddr, rtcp: Option<u16>) -> (TcpStream, std::net::UdpSocket, u16, String, String) {
     let url = format!("rtsp://{addr}/demo");
     let rtp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     let port = rtp.local_addr().unwrap().port();
+    let rtcp = rtcp.unwrap_or(port + 1);
     let mut c = TcpStream::connect(addr).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut ask = |req: String| -> String {
@@ -111,14 +113,49 @@ fn play(addr: SocketAddr) -> (TcpStream, std::net::UdpSocket, u16, String) {
     let d = ask(format!("DESCRIBE {url} RTSP/1.0\r\nCSeq: 1\r\nAccept: application/sdp\r\n\r\n"));
     assert!(d.contains("a=rtpmap:33 MP2T/90000"), "{d}");
     let s = ask(format!(
-        "SETUP {url}/trackID=0 RTSP/1.0\r\nCSeq: 2\r\nTransport: RTP/AVP;unicast;client_port={port}-{}\r\n\r\n",
-        port + 1
+        "SETUP {url}/trackID=0 RTSP/1.0\r\nCSeq: 2\r\nTransport: RTP/AVP;unicast;client_port={port}-{rtcp}\r\n\r\n"
     ));
+    let transport = s.lines().find_map(|l| l.strip_prefix("Transport: ")).unwrap().to_string();
     let session = s.lines().find_map(|l| l.strip_prefix("Session: ")).unwrap().split(';').next().unwrap().to_string();
     let p = ask(format!("PLAY {url} RTSP/1.0\r\nCSeq: 3\r\nSession: {session}\r\n\r\n"));
     let info = p.lines().find_map(|l| l.strip_prefix("RTP-Info: ")).expect("RTP-Info").to_string();
     let seq: u16 = info.split(';').find_map(|f| f.strip_prefix("seq=")).unwrap().parse().unwrap();
+    (c, rtp, seq, session, transport)
+}
+
+fn play(addr: SocketAddr) -> (TcpStream, std::net::UdpSocket, u16, String) {
+    let (c, rtp, seq, session, _) = play_with(addr, None);
     (c, rtp, seq, session)
+}
+
+/// A client's RTCP receiver report, sent to the server port its SETUP answer named, shows
+/// up in `GET /v1/rtsp` with the loss it reports.
+#[test]
+fn receiver_reports_are_read_per_client() {
+    let relay = start();
+    let addr = rtsp_addr(&relay);
+    let rtcp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let (_c, _rtp, _, session, transport) = play_with(addr, Some(rtcp.local_addr().unwrap().port()));
+    let server_rtcp: u16 = transport.split("server_port=").nth(1).unwrap().split('-').nth(1).unwrap().parse().unwrap();
+    let block = fanout_proto::rtcp::ReportBlock {
+        ssrc: 0x4641_4e4f,
+        fraction_lost: 64,
+        cumulative_lost: 3,
+        highest_seq: 1234,
+        jitter: 90,
+        lsr: 0,
+        dlsr: 0,
+    };
+    let mut rr = Vec::new();
+    fanout_proto::rtcp::write_receiver_report(&mut rr, 99, &block);
+    rtcp.send_to(&rr, ("127.0.0.1", server_rtcp)).unwrap();
+    let seen =
+        wait_for(Duration::from_secs(5), || relay.ok("GET", "/v1/rtsp", None)["clients"][0]["rtcp_reports"] == 1);
+    let c = &relay.ok("GET", "/v1/rtsp", None)["clients"][0];
+    assert!(seen, "{c}");
+    assert_eq!(c["session"], session.as_str());
+    assert_eq!((c["fraction_lost"].as_f64(), c["cumulative_lost"].as_i64()), (Some(0.25), Some(3)), "{c}");
+    assert_eq!(c["playing"], true);
 }
 
 /// Twenty RTSP clients of the demo at once: each gets the sequence number its RTP-Info

@@ -1,0 +1,190 @@
+//! RTCP receiver and sender reports (RFC 3550 §6.4), sans-IO: what a client's reports say
+//! about the stream it gets (fraction and cumulative loss, highest sequence number, jitter,
+//! and the round-trip time from LSR/DLSR). Compound packets are walked whole; other packet
+//! types are skipped by their length.
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RtcpError {
+    #[error("shorter than an RTCP header")]
+    Short,
+    #[error("not RTP version 2")]
+    Version,
+    #[error("a length runs past the datagram")]
+    Length,
+    #[error("a report block count runs past its packet")]
+    Count,
+}
+
+/// One reception report block: what the reporter saw of source `ssrc`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReportBlock {
+    pub ssrc: u32,
+    /// Fraction of packets lost since the previous report, in 1/256.
+    pub fraction_lost: u8,
+    /// Packets lost since the start (signed: duplicates can make it negative).
+    pub cumulative_lost: i32,
+    /// Extended highest sequence number received.
+    pub highest_seq: u32,
+    /// Interarrival jitter, in timestamp units.
+    pub jitter: u32,
+    /// Middle 32 bits of the NTP time of the last SR received from `ssrc` (0: none).
+    pub lsr: u32,
+    /// Delay since that SR, in 1/65536 s.
+    pub dlsr: u32,
+}
+
+/// A receiver report (PT 201) or the report part of a sender report (PT 200).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    pub reporter: u32,
+    pub sender: bool,
+    pub blocks: Vec<ReportBlock>,
+}
+
+fn be32(b: &[u8]) -> u32 {
+    u32::from_be_bytes([b[0], b[1], b[2], b[3]])
+}
+
+/// The reports in a (compound) RTCP datagram.
+pub fn parse_reports(mut buf: &[u8]) -> Result<Vec<Report>, RtcpError> {
+    let mut out = Vec::new();
+    if buf.len() < 4 {
+        return Err(RtcpError::Short);
+    }
+    while !buf.is_empty() {
+        if buf.len() < 4 {
+            return Err(RtcpError::Short);
+        }
+        if buf[0] >> 6 != 2 {
+            return Err(RtcpError::Version);
+        }
+        let count = usize::from(buf[0] & 0x1f);
+        let pt = buf[1];
+        let len = (usize::from(u16::from_be_bytes([buf[2], buf[3]])) + 1) * 4;
+        if len > buf.len() {
+            return Err(RtcpError::Length);
+        }
+        let pkt = &buf[..len];
+        let fixed = match pt {
+            200 => Some(28), // header, SSRC, 20 bytes of sender info
+            201 => Some(8),
+            _ => None,
+        };
+        if let Some(fixed) = fixed {
+            if fixed + count * 24 > pkt.len() {
+                return Err(RtcpError::Count);
+            }
+            let blocks = (0..count)
+                .map(|i| {
+                    let b = &pkt[fixed + i * 24..fixed + (i + 1) * 24];
+                    // 24-bit two's complement.
+                    let cum = (be32(&b[4..8]) & 0x00ff_ffff) as i32;
+                    ReportBlock {
+                        ssrc: be32(&b[0..4]),
+                        fraction_lost: b[4],
+                        cumulative_lost: (cum << 8) >> 8,
+                        highest_seq: be32(&b[8..12]),
+                        jitter: be32(&b[12..16]),
+                        lsr: be32(&b[16..20]),
+                        dlsr: be32(&b[20..24]),
+                    }
+                })
+                .collect();
+            out.push(Report { reporter: be32(&pkt[4..8]), sender: pt == 200, blocks });
+        }
+        buf = &buf[len..];
+    }
+    Ok(out)
+}
+
+/// Round-trip time from a block's LSR and DLSR at `now` (the middle 32 bits of our NTP
+/// clock): RFC 3550 §6.4.1. `None` if the reporter has not seen a sender report yet.
+pub fn round_trip(block: &ReportBlock, now_mid32: u32) -> Option<std::time::Duration> {
+    if block.lsr == 0 {
+        return None;
+    }
+    let units = now_mid32.wrapping_sub(block.lsr).wrapping_sub(block.dlsr);
+    // A negative result (clock skew) wraps to a huge value: not a round trip.
+    (units < 0x8000_0000).then(|| std::time::Duration::from_nanos(u64::from(units) * 1_000_000_000 / 65_536))
+}
+
+/// Writes a receiver report with one block (for tests and the upstream side).
+pub fn write_receiver_report(out: &mut Vec<u8>, reporter: u32, b: &ReportBlock) {
+    out.extend_from_slice(&[0x81, 201, 0, 7]);
+    out.extend_from_slice(&reporter.to_be_bytes());
+    out.extend_from_slice(&b.ssrc.to_be_bytes());
+    let cum = (b.cumulative_lost as u32) & 0x00ff_ffff;
+    out.extend_from_slice(&((u32::from(b.fraction_lost) << 24) | cum).to_be_bytes());
+    for v in [b.highest_seq, b.jitter, b.lsr, b.dlsr] {
+        out.extend_from_slice(&v.to_be_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn block() -> impl Strategy<Value = ReportBlock> {
+        (any::<u32>(), any::<u8>(), -(1i32 << 23)..(1i32 << 23), any::<u32>(), any::<u32>(), any::<u32>(), any::<u32>())
+            .prop_map(|(ssrc, fraction_lost, cumulative_lost, highest_seq, jitter, lsr, dlsr)| ReportBlock {
+                ssrc,
+                fraction_lost,
+                cumulative_lost,
+                highest_seq,
+                jitter,
+                lsr,
+                dlsr,
+            })
+    }
+
+    #[test]
+    fn a_compound_packet_with_sdes_after_the_report() {
+        let b = ReportBlock {
+            ssrc: 0x4641_4e4f,
+            fraction_lost: 64,
+            cumulative_lost: -3,
+            highest_seq: 70_000,
+            jitter: 90,
+            lsr: 0x1234_5678,
+            dlsr: 65_536,
+        };
+        let mut buf = Vec::new();
+        write_receiver_report(&mut buf, 7, &b);
+        // SDES with a CNAME, as ffmpeg appends: skipped by its length.
+        buf.extend_from_slice(&[0x81, 202, 0, 3, 0, 0, 0, 7, 1, 2, b'h', b'i', 0, 0, 0, 0]);
+        let r = parse_reports(&buf).unwrap();
+        assert_eq!(r, vec![Report { reporter: 7, sender: false, blocks: vec![b] }]);
+        // LSR + DLSR (1 s) + 250 ms later: a 250 ms round trip.
+        let rtt = round_trip(&b, 0x1234_5678 + 65_536 + 16_384).unwrap();
+        assert_eq!(rtt.as_millis(), 250);
+        assert_eq!(round_trip(&ReportBlock { lsr: 0, ..b }, 5), None);
+    }
+
+    #[test]
+    fn lies_about_lengths_and_counts_are_errors() {
+        assert_eq!(parse_reports(&[0x81, 201]), Err(RtcpError::Short));
+        assert_eq!(parse_reports(&[0x41, 201, 0, 1, 0, 0, 0, 0]), Err(RtcpError::Version));
+        assert_eq!(parse_reports(&[0x81, 201, 0, 9, 0, 0, 0, 0]), Err(RtcpError::Length));
+        // Claims 2 blocks, holds none.
+        assert_eq!(parse_reports(&[0x82, 201, 0, 1, 0, 0, 0, 0]), Err(RtcpError::Count));
+    }
+
+    proptest! {
+        #[test]
+        fn written_reports_parse_back(reporter in any::<u32>(), b in block()) {
+            let mut buf = Vec::new();
+            write_receiver_report(&mut buf, reporter, &b);
+            prop_assert_eq!(parse_reports(&buf).unwrap(), vec![Report { reporter, sender: false, blocks: vec![b] }]);
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..300), now in any::<u32>()) {
+            if let Ok(reports) = parse_reports(&bytes) {
+                for b in reports.iter().flat_map(|r| &r.blocks) {
+                    let _ = round_trip(b, now);
+                }
+            }
+        }
+    }
+}
