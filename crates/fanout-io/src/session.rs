@@ -649,6 +649,19 @@ impl Session {
         Some((v.payload_type(), v.sequence_number().wrapping_add(u16::from(next)), v.timestamp()))
     }
 
+    /// The newest packet's RTP `(ssrc, timestamp)` and how long ago it arrived (ms), for
+    /// sender reports. `None` before the first packet, or if the source is not RTP.
+    pub fn rtp_latest(&self) -> Option<(u32, u32, u64)> {
+        let (ssrc, ts) = {
+            let ring = self.inner.ring.lock();
+            let p = ring.get(ring.head().checked_sub(1)?)?;
+            let v = fanout_proto::rtp::RtpView::parse(p.data()).ok()?;
+            (v.ssrc(), v.timestamp())
+        };
+        let last = self.inner.src.last_ms.load(Ordering::Relaxed);
+        Some((ssrc, ts, (self.inner.now_ms() + 1).saturating_sub(last)))
+    }
+
     pub fn source_state(&self) -> SourceState {
         let s = &self.inner.src;
         let state = match s.state.load(Ordering::Relaxed) {

@@ -108,6 +108,31 @@ pub fn round_trip(block: &ReportBlock, now_mid32: u32) -> Option<std::time::Dura
     (units < 0x8000_0000).then(|| std::time::Duration::from_nanos(u64::from(units) * 1_000_000_000 / 65_536))
 }
 
+/// Writes a sender report without report blocks: the stream's `ssrc`, the wall clock as a
+/// 64-bit NTP timestamp, the RTP timestamp of that instant, and the packets and payload
+/// octets sent to this receiver so far.
+pub fn write_sender_report(out: &mut Vec<u8>, ssrc: u32, ntp: u64, rtp_ts: u32, packets: u32, octets: u32) {
+    out.extend_from_slice(&[0x80, 200, 0, 6]);
+    out.extend_from_slice(&ssrc.to_be_bytes());
+    out.extend_from_slice(&ntp.to_be_bytes());
+    for v in [rtp_ts, packets, octets] {
+        out.extend_from_slice(&v.to_be_bytes());
+    }
+}
+
+/// A Unix time as a 64-bit NTP timestamp (seconds since 1900 in the high half).
+pub fn ntp_from_unix(since_epoch: std::time::Duration) -> u64 {
+    const NTP_UNIX_OFFSET: u64 = 2_208_988_800;
+    let secs = since_epoch.as_secs() + NTP_UNIX_OFFSET;
+    let frac = (u64::from(since_epoch.subsec_nanos()) << 32) / 1_000_000_000;
+    (secs << 32) | frac
+}
+
+/// The middle 32 bits of an NTP timestamp: what LSR carries.
+pub fn ntp_mid32(ntp: u64) -> u32 {
+    (ntp >> 16) as u32
+}
+
 /// Writes a receiver report with one block (for tests and the upstream side).
 pub fn write_receiver_report(out: &mut Vec<u8>, reporter: u32, b: &ReportBlock) {
     out.extend_from_slice(&[0x81, 201, 0, 7]);
@@ -168,6 +193,28 @@ mod tests {
         assert_eq!(parse_reports(&[0x81, 201, 0, 9, 0, 0, 0, 0]), Err(RtcpError::Length));
         // Claims 2 blocks, holds none.
         assert_eq!(parse_reports(&[0x82, 201, 0, 1, 0, 0, 0, 0]), Err(RtcpError::Count));
+    }
+
+    #[test]
+    fn a_sender_report_parses_as_one_without_blocks_and_its_time_round_trips() {
+        let ntp = ntp_from_unix(std::time::Duration::new(1_700_000_000, 500_000_000));
+        assert_eq!(ntp >> 32, 1_700_000_000 + 2_208_988_800);
+        assert_eq!(ntp as u32, 1 << 31, "half a second");
+        let mut buf = Vec::new();
+        write_sender_report(&mut buf, 5, ntp, 90_000, 10, 13_160);
+        assert_eq!(buf.len(), 28);
+        assert_eq!(parse_reports(&buf).unwrap(), vec![Report { reporter: 5, sender: true, blocks: vec![] }]);
+        // A receiver that got it 1 s after and answers at once: one second later, ~0 RTT.
+        let b = ReportBlock {
+            ssrc: 5,
+            fraction_lost: 0,
+            cumulative_lost: 0,
+            highest_seq: 0,
+            jitter: 0,
+            lsr: ntp_mid32(ntp),
+            dlsr: 65_536,
+        };
+        assert_eq!(round_trip(&b, ntp_mid32(ntp) + 65_536 + 655).unwrap().as_millis(), 9);
     }
 
     proptest! {

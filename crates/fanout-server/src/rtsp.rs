@@ -3,11 +3,13 @@
 //! its actions into the session's UDP sinks (a client's RTP port), so RTSP clients share the
 //! relay's data paths with every other sink.
 //!
-//! Clients' RTCP receiver reports arrive on the `server_port` pair; each keeps its client's
-//! session alive and is shown in `GET /v1/rtsp`.
+//! RTCP on the `server_port` pair: every 5 s each playing client gets a sender report (the
+//! stream's SSRC, wall clock and RTP time, what its sink was sent); clients' receiver
+//! reports keep their sessions alive and are shown in `GET /v1/rtsp`, with the round trip
+//! their LSR/DLSR give.
 //!
-//! Not yet (issue 5): RTP over the RTSP connection (interleaved), RTCP sender reports,
-//! authentication, `rtsp://` upstreams.
+//! Not yet (issue 5): RTP over the RTSP connection (interleaved), authentication, `rtsp://`
+//! upstreams.
 
 use crate::relay::Relay;
 use fanout_proto::rtsp::{self, Limits, Lower, Message, Response};
@@ -33,6 +35,7 @@ struct Client {
     sinks: Vec<u64>,
     reports: u64,
     last_report: Option<(fanout_proto::rtcp::ReportBlock, Instant)>,
+    rtt: Option<Duration>,
 }
 
 /// A client as `GET /v1/rtsp` shows it.
@@ -50,6 +53,8 @@ pub struct ClientStatus {
     pub highest_seq: Option<u32>,
     pub jitter: Option<u32>,
     pub last_report_ms_ago: Option<u64>,
+    /// From the report's LSR/DLSR against our sender reports.
+    pub rtt_ms: Option<f64>,
 }
 
 pub struct Rtsp {
@@ -76,6 +81,12 @@ fn describe(relay: &Relay, name: &str) -> Option<Resource> {
     };
     let sdp = Sdp::parse(&format!("v=0\r\ns={name}\r\n{media}")).ok()?;
     Some(Resource { sdp: sdp.for_clients(name, 1), next_rtp: vec![Some((seq, ts))] })
+}
+
+fn ntp_now() -> u64 {
+    fanout_proto::rtcp::ntp_from_unix(
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default(),
+    )
 }
 
 /// A consecutive even/odd UDP port pair on `ip` (RTP/RTCP convention).
@@ -127,10 +138,38 @@ impl Rtsp {
                 highest_seq: c.last_report.map(|(b, _)| b.highest_seq),
                 jitter: c.last_report.map(|(b, _)| b.jitter),
                 last_report_ms_ago: c.last_report.map(|(_, t)| t.elapsed().as_millis() as u64),
+                rtt_ms: c.rtt.map(|d| d.as_secs_f64() * 1000.0),
             })
             .collect();
         v.sort_by(|a, b| a.session.cmp(&b.session));
         v
+    }
+
+    /// A sender report for each playing client: where to send it, and the datagram.
+    fn sender_reports(&self, relay: &Relay) -> Vec<(SocketAddr, Vec<u8>)> {
+        let ntp = ntp_now();
+        self.clients
+            .lock()
+            .values()
+            .filter(|c| !c.sinks.is_empty())
+            .filter_map(|c| {
+                let s = relay.session(&c.resource).ok()?;
+                let (ssrc, ts, ms_ago) = s.rtp_latest()?;
+                // The RTP time now: the newest packet's plus the time since (90 kHz video).
+                let rtp_now = ts.wrapping_add((ms_ago * 90) as u32);
+                let sink = s.sink_status(*c.sinks.first()?)?;
+                let mut sr = Vec::with_capacity(28);
+                fanout_proto::rtcp::write_sender_report(
+                    &mut sr,
+                    ssrc,
+                    ntp,
+                    rtp_now,
+                    sink.packets_sent as u32,
+                    sink.bytes_sent as u32,
+                );
+                Some((SocketAddr::new(c.peer, c.rtcp_port), sr))
+            })
+            .collect()
     }
 
     /// A datagram on the RTCP port: a report from a client keeps its session alive.
@@ -143,6 +182,9 @@ impl Rtsp {
         c.reports += 1;
         if let Some(b) = reports.iter().flat_map(|r| r.blocks.iter()).next() {
             c.last_report = Some((*b, Instant::now()));
+            if let Some(rtt) = fanout_proto::rtcp::round_trip(b, fanout_proto::rtcp::ntp_mid32(ntp_now())) {
+                c.rtt = Some(rtt);
+            }
         }
         self.server.lock().touch(id, self.now_ms());
     }
@@ -166,6 +208,7 @@ impl Rtsp {
                         sinks: Vec::new(),
                         reports: 0,
                         last_report: None,
+                        rtt: None,
                     });
                     c.rtp_ports = vec![client_rtp];
                     c.rtcp_port = client_rtcp;
@@ -219,17 +262,29 @@ pub async fn serve(listener: TcpListener, relay: Arc<Relay>, rtsp: Arc<Rtsp>) {
             }
         })
     });
+    let sock = rtsp.rtcp.lock().take().and_then(|s| {
+        s.set_nonblocking(true).ok()?;
+        tokio::net::UdpSocket::from_std(s).ok().map(Arc::new)
+    });
     let _rtcp = AbortOnDrop({
-        let rtsp = rtsp.clone();
-        let sock = rtsp.rtcp.lock().take().and_then(|s| {
-            s.set_nonblocking(true).ok()?;
-            tokio::net::UdpSocket::from_std(s).ok()
-        });
+        let (rtsp, sock) = (rtsp.clone(), sock.clone());
         tokio::spawn(async move {
             let Some(sock) = sock else { return };
             let mut buf = [0u8; 2048];
             while let Ok((n, from)) = sock.recv_from(&mut buf).await {
                 rtsp.rtcp_from(from, &buf[..n]);
+            }
+        })
+    });
+    let _reports = AbortOnDrop({
+        let (relay, rtsp) = (relay.clone(), rtsp.clone());
+        tokio::spawn(async move {
+            let Some(sock) = sock else { return };
+            loop {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                for (to, sr) in rtsp.sender_reports(&relay) {
+                    let _ = sock.send_to(&sr, to).await;
+                }
             }
         })
     });

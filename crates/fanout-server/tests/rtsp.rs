@@ -129,7 +129,8 @@ fn play(addr: SocketAddr) -> (TcpStream, std::net::UdpSocket, u16, String) {
 }
 
 /// A client's RTCP receiver report, sent to the server port its SETUP answer named, shows
-/// up in `GET /v1/rtsp` with the loss it reports.
+/// up in `GET /v1/rtsp` with the loss it reports; the proxy's sender reports reach the
+/// client, and a report answering one gives the round trip.
 #[test]
 fn receiver_reports_are_read_per_client() {
     let relay = start();
@@ -156,6 +157,21 @@ fn receiver_reports_are_read_per_client() {
     assert_eq!(c["session"], session.as_str());
     assert_eq!((c["fraction_lost"].as_f64(), c["cumulative_lost"].as_i64()), (Some(0.25), Some(3)), "{c}");
     assert_eq!(c["playing"], true);
+
+    // Within 5 s a sender report comes: the demo's SSRC, and an NTP time to answer with.
+    rtcp.set_read_timeout(Some(Duration::from_secs(8))).unwrap();
+    let mut buf = [0u8; 512];
+    let n = rtcp.recv(&mut buf).expect("a sender report");
+    let sr = fanout_proto::rtcp::parse_reports(&buf[..n]).unwrap();
+    assert!(sr[0].sender && sr[0].reporter == 0x4641_4e4f, "{sr:?}");
+    let ntp = u64::from_be_bytes(buf[8..16].try_into().unwrap());
+    let answer = fanout_proto::rtcp::ReportBlock { lsr: fanout_proto::rtcp::ntp_mid32(ntp), dlsr: 0, ..block };
+    let mut rr = Vec::new();
+    fanout_proto::rtcp::write_receiver_report(&mut rr, 99, &answer);
+    rtcp.send_to(&rr, ("127.0.0.1", server_rtcp)).unwrap();
+    assert!(wait_for(Duration::from_secs(5), || relay.ok("GET", "/v1/rtsp", None)["clients"][0]["rtcp_reports"] == 2));
+    let rtt = relay.ok("GET", "/v1/rtsp", None)["clients"][0]["rtt_ms"].as_f64().expect("a round trip");
+    assert!((0.0..1000.0).contains(&rtt), "round trip {rtt} ms over loopback");
 }
 
 /// Twenty RTSP clients of the demo at once: each gets the sequence number its RTP-Info
