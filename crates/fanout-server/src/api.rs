@@ -242,6 +242,24 @@ async fn metrics(State(relay): State<Arc<Relay>>) -> impl IntoResponse {
             .filter_map(|(s, _)| s.kernel.as_ref().map(|k| (format!("{{session=\"{}\"}}", s.name), f(k))));
         family(&mut m, name, kind, help, samples);
     }
+    let rtsp = relay.rtsp.lock().as_ref().map(|r| r.clients()).unwrap_or_default();
+    family(&mut m, "fanout_rtsp_clients", "gauge", "RTSP client sessions.", [(String::new(), rtsp.len() as u64)]);
+    type ClientFn = fn(&crate::rtsp::ClientStatus) -> Option<u64>;
+    let per_client: [(&str, &str, &str, ClientFn); 3] = [
+        ("fanout_rtsp_rtcp_reports_total", "counter", "RTCP reports from the client.", |c| Some(c.rtcp_reports)),
+        ("fanout_rtsp_cumulative_lost", "gauge", "Packets the client reports lost since it started.", |c| {
+            c.cumulative_lost.map(|v| v.max(0) as u64)
+        }),
+        ("fanout_rtsp_jitter", "gauge", "Interarrival jitter the client reports (RTP units).", |c| {
+            c.jitter.map(u64::from)
+        }),
+    ];
+    for (name, kind, help, f) in per_client {
+        let samples = rtsp.iter().filter_map(|c| {
+            f(c).map(|v| (format!("{{resource=\"{}\",rtsp_session=\"{}\"}}", c.resource, c.session), v))
+        });
+        family(&mut m, name, kind, help, samples);
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], m)
 }
 

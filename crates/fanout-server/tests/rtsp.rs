@@ -157,6 +157,9 @@ fn receiver_reports_are_read_per_client() {
     assert_eq!(c["session"], session.as_str());
     assert_eq!((c["fraction_lost"].as_f64(), c["cumulative_lost"].as_i64()), (Some(0.25), Some(3)), "{c}");
     assert_eq!(c["playing"], true);
+    let metrics = ureq::get(&relay.url("/metrics")).call().unwrap().into_string().unwrap();
+    let line = format!("fanout_rtsp_cumulative_lost{{resource=\"demo\",rtsp_session=\"{session}\"}} 3");
+    assert!(metrics.contains(&line), "{metrics}");
 
     // Within 5 s a sender report comes: the demo's SSRC, and an NTP time to answer with.
     rtcp.set_read_timeout(Some(Duration::from_secs(8))).unwrap();
