@@ -176,6 +176,8 @@ fn run_step(relay: &RelayProc, plan: &StepPlan, tmp: &Path) -> anyhow::Result<St
         let m = meter.stop(gen_cpu)?;
         wait(&mut sub, Duration::from_secs(30 + n as u64 / 100))?;
         let report: Value = serde_json::from_slice(&std::fs::read(&json_path).context("reading sub's report")?)?;
+        // A scratch file: the CSV and the plot are the results.
+        let _ = std::fs::remove_file(&json_path);
         let groups: Vec<Value> = report["groups"].as_array().cloned().unwrap_or_default();
         let deliveries = groups.iter().filter_map(|g| g["received"].as_u64()).sum();
         Ok(StepResult { meter: m, groups, deliveries })
