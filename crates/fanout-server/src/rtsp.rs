@@ -121,10 +121,10 @@ impl Rtsp {
     }
 
     pub fn clients(&self) -> Vec<ClientStatus> {
+        // Lock order everywhere: clients, then server.
+        let clients = self.clients.lock();
         let server = self.server.lock();
-        let mut v: Vec<ClientStatus> = self
-            .clients
-            .lock()
+        let mut v: Vec<ClientStatus> = clients
             .iter()
             .map(|(id, c)| ClientStatus {
                 session: id.clone(),
