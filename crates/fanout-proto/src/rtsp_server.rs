@@ -9,6 +9,7 @@
 
 use crate::rtsp::{parse_session, parse_transport, Lower, Request, Response};
 use crate::sdp::{track_of, Sdp};
+use md5::Digest as _;
 use std::collections::HashMap;
 
 /// What a resource (a relay session) offers its clients right now.
@@ -69,11 +70,22 @@ pub struct Config {
     pub max_sessions: usize,
     /// Whether RTP over the RTSP connection (`RTP/AVP/TCP`) is offered.
     pub interleaved: bool,
+    /// Clients must authenticate (Basic or Digest, RFC 2617) as one of these
+    /// `(user, password)`; empty = open.
+    pub users: Vec<(String, String)>,
+    pub realm: String,
 }
 
 impl Default for Config {
     fn default() -> Self {
-        Self { timeout_s: 60, server_ports: (0, 0), max_sessions: 10_000, interleaved: true }
+        Self {
+            timeout_s: 60,
+            server_ports: (0, 0),
+            max_sessions: 10_000,
+            interleaved: true,
+            users: Vec::new(),
+            realm: "fanout".into(),
+        }
     }
 }
 
@@ -87,6 +99,10 @@ pub struct Server {
     /// Seed of session ids (the I/O layer mixes in randomness; ids must not be guessable
     /// across restarts, and are unique within one).
     next_id: u64,
+    /// Secret of the Digest nonces.
+    seed: u64,
+    /// The time of the request being handled, for nonce checks.
+    now_for_nonce: u64,
 }
 
 /// The resource name and the rest of a request URL: `rtsp://host[:port]/name[/rest]`, or an
@@ -109,7 +125,13 @@ fn error(status: u16, cseq: Option<u32>) -> Response {
 
 impl Server {
     pub fn new(cfg: Config, id_seed: u64) -> Self {
-        Self { cfg, sessions: HashMap::new(), next_id: id_seed }
+        Self {
+            cfg,
+            sessions: HashMap::new(),
+            next_id: id_seed,
+            seed: id_seed.rotate_left(17) ^ 0x5eed,
+            now_for_nonce: 0,
+        }
     }
 
     pub fn sessions(&self) -> usize {
@@ -144,6 +166,16 @@ impl Server {
         lookup: &dyn Fn(&str) -> Option<Resource>,
     ) -> (Response, Vec<Action>) {
         let Some(cseq) = req.headers.cseq() else { return (error(400, None), Vec::new()) };
+        self.now_for_nonce = now_ms;
+        if req.method != "OPTIONS" && !self.authorized(req) {
+            let mut r = error(401, Some(cseq));
+            let nonce = self.nonce(now_ms);
+            r.headers
+                .0
+                .push(("WWW-Authenticate".into(), format!("Digest realm=\"{}\", nonce=\"{nonce}\"", self.cfg.realm)));
+            r.headers.0.push(("WWW-Authenticate".into(), format!("Basic realm=\"{}\"", self.cfg.realm)));
+            return (r, Vec::new());
+        }
         let session_hdr = req.headers.get("Session").map(|v| parse_session(v).0);
         // Any request naming a live session keeps it alive.
         if let Some(s) = session_hdr.as_ref().and_then(|id| self.sessions.get_mut(id)) {
@@ -314,6 +346,50 @@ impl Server {
         }
     }
 
+    /// A Digest nonce: fresh per minute, bound to this server's secret seed.
+    fn nonce(&self, now_ms: u64) -> String {
+        let h = md5::Md5::digest(format!("{}:{}", self.seed, now_ms / 60_000).as_bytes());
+        hex(&h)
+    }
+
+    fn nonce_ok(&self, nonce: &str, now_ms: u64) -> bool {
+        // This minute's or the last one's, so a request at a minute's edge still passes.
+        nonce == self.nonce(now_ms) || nonce == self.nonce(now_ms.saturating_sub(60_000))
+    }
+
+    fn authorized(&self, req: &Request) -> bool {
+        if self.cfg.users.is_empty() {
+            return true;
+        }
+        let Some(auth) = req.headers.get("Authorization") else { return false };
+        let (scheme, rest) = auth.split_once(' ').unwrap_or((auth, ""));
+        if scheme.eq_ignore_ascii_case("Basic") {
+            use base64::Engine as _;
+            let Ok(raw) = base64::engine::general_purpose::STANDARD.decode(rest.trim()) else { return false };
+            let Ok(text) = String::from_utf8(raw) else { return false };
+            let Some((u, p)) = text.split_once(':') else { return false };
+            return self.cfg.users.iter().any(|(user, pass)| user == u && pass == p);
+        }
+        if !scheme.eq_ignore_ascii_case("Digest") {
+            return false;
+        }
+        let params = digest_params(rest);
+        let get = |k: &str| params.iter().find(|(n, _)| n.eq_ignore_ascii_case(k)).map(|(_, v)| v.as_str());
+        let (Some(user), Some(realm), Some(nonce), Some(uri), Some(response)) =
+            (get("username"), get("realm"), get("nonce"), get("uri"), get("response"))
+        else {
+            return false;
+        };
+        if realm != self.cfg.realm || !self.nonce_ok(nonce, self.now_for_nonce) {
+            return false;
+        }
+        let Some((_, pass)) = self.cfg.users.iter().find(|(u, _)| u == user) else { return false };
+        let ha1 = hex(&md5::Md5::digest(format!("{user}:{realm}:{pass}").as_bytes()));
+        let ha2 = hex(&md5::Md5::digest(format!("{}:{uri}", req.method).as_bytes()));
+        let want = hex(&md5::Md5::digest(format!("{ha1}:{nonce}:{ha2}").as_bytes()));
+        want.eq_ignore_ascii_case(response)
+    }
+
     /// Sessions silent for longer than the timeout, torn down.
     pub fn expire(&mut self, now_ms: u64) -> Vec<Action> {
         let limit = self.cfg.timeout_s * 1000;
@@ -353,6 +429,30 @@ impl Server {
             })
             .collect()
     }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `name="value", name=value, ...` of a Digest `Authorization` header.
+fn digest_params(s: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut rest = s.trim();
+    while !rest.is_empty() {
+        let Some((name, after)) = rest.split_once('=') else { break };
+        let after = after.trim_start();
+        let (value, tail) = match after.strip_prefix('"') {
+            Some(q) => match q.find('"') {
+                Some(end) => (&q[..end], &q[end + 1..]),
+                None => (q, ""),
+            },
+            None => after.split_once(',').unwrap_or((after, "")),
+        };
+        out.push((name.trim().trim_start_matches(',').trim().to_string(), value.to_string()));
+        rest = tail.trim_start().trim_start_matches(',').trim_start();
+    }
+    out
 }
 
 /// `rtsp://host:port/name/` for a request URL of the resource `name`.
@@ -487,6 +587,39 @@ mod tests {
         let c = parse_session(go(&mut s, &req("SETUP", &track, 1, &tcp), 20_000).0.headers.get("Session").unwrap()).0;
         assert_eq!(s.connection_closed(2), vec![]);
         assert_eq!(s.connection_closed(1), vec![Action::Teardown { session: c }]);
+    }
+
+    #[test]
+    fn basic_and_digest_authentication() {
+        let users = vec![("alice".to_string(), "s3cret".to_string())];
+        let mut s = Server::new(Config { users, ..Config::default() }, 5);
+        let d = |h: &[(&str, &str)]| req("DESCRIBE", URL, 1, h);
+        // OPTIONS is open; everything else asks, offering both schemes.
+        assert_eq!(go(&mut s, &req("OPTIONS", URL, 1, &[]), 0).0.status, 200);
+        let (r, _) = go(&mut s, &d(&[]), 0);
+        assert_eq!(r.status, 401);
+        let challenges: Vec<&str> =
+            r.headers.0.iter().filter(|(n, _)| n == "WWW-Authenticate").map(|(_, v)| v.as_str()).collect();
+        assert!(
+            challenges[0].starts_with("Digest realm=\"fanout\", nonce=\"") && challenges[1] == "Basic realm=\"fanout\""
+        );
+        let nonce = challenges[0].split("nonce=\"").nth(1).unwrap().trim_end_matches('"').to_string();
+
+        // Basic: base64("alice:s3cret").
+        assert_eq!(go(&mut s, &d(&[("Authorization", "Basic YWxpY2U6czNjcmV0")]), 1).0.status, 200);
+        assert_eq!(go(&mut s, &d(&[("Authorization", "Basic YWxpY2U6d3Jvbmc=")]), 1).0.status, 401);
+
+        // Digest as a client computes it (RFC 2617 without qop).
+        let h = |x: String| hex(&md5::Md5::digest(x.as_bytes()));
+        let digest = |pass: &str, nonce: &str| {
+            let response = h(format!("{}:{nonce}:{}", h(format!("alice:fanout:{pass}")), h(format!("DESCRIBE:{URL}"))));
+            format!("Digest username=\"alice\", realm=\"fanout\", nonce=\"{nonce}\", uri=\"{URL}\", response=\"{response}\"")
+        };
+        assert_eq!(go(&mut s, &d(&[("Authorization", &digest("s3cret", &nonce))]), 1000).0.status, 200);
+        assert_eq!(go(&mut s, &d(&[("Authorization", &digest("wrong", &nonce))]), 1000).0.status, 401);
+        // A nonce two minutes old is stale.
+        assert_eq!(go(&mut s, &d(&[("Authorization", &digest("s3cret", &nonce))]), 180_000).0.status, 401);
+        assert_eq!(go(&mut s, &d(&[("Authorization", "Bearer x")]), 1).0.status, 401);
     }
 
     #[test]

@@ -13,6 +13,9 @@ pub struct Config {
     pub api: SocketAddr,
     /// Address for RTSP clients (`rtsp://HOST:PORT/{session}`); none = no RTSP.
     pub rtsp: Option<SocketAddr>,
+    /// RTSP clients must authenticate (Basic or Digest) as one of these; none = open.
+    #[serde(rename = "rtsp_user")]
+    pub rtsp_users: Vec<RtspUser>,
     /// Bearer token required on every API call and stream (none = open; the default API
     /// address is loopback-only).
     pub token: Option<String>,
@@ -48,6 +51,7 @@ impl Default for Config {
         Self {
             api: ([127, 0, 0, 1], 7070).into(),
             rtsp: Some(([127, 0, 0, 1], 8554).into()),
+            rtsp_users: Vec::new(),
             token: None,
             workers: 0,
             ring: 1024,
@@ -60,6 +64,13 @@ impl Default for Config {
             sessions: Vec::new(),
         }
     }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RtspUser {
+    pub name: String,
+    pub password: String,
 }
 
 impl Config {

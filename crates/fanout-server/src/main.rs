@@ -155,7 +155,8 @@ async fn run(mut cfg: config::Config) -> anyhow::Result<()> {
         Some(addr) => match tokio::net::TcpListener::bind(addr).await {
             Ok(l) => {
                 let bound = l.local_addr()?;
-                let state = rtsp::Rtsp::new(bound.ip())?;
+                let users = relay.cfg.rtsp_users.iter().map(|u| (u.name.clone(), u.password.clone())).collect();
+                let state = rtsp::Rtsp::new(bound.ip(), users)?;
                 say!("fanout: RTSP rtsp://{bound}/{{session}}");
                 if demo {
                     say!("fanout: demo over RTSP rtsp://{bound}/demo  (try: ffplay rtsp://{bound}/demo)");

@@ -105,12 +105,12 @@ fn port_pair(ip: IpAddr) -> std::io::Result<(std::net::UdpSocket, std::net::UdpS
 }
 
 impl Rtsp {
-    pub fn new(ip: IpAddr) -> std::io::Result<Arc<Self>> {
+    pub fn new(ip: IpAddr, users: Vec<(String, String)>) -> std::io::Result<Arc<Self>> {
         let rtcp = port_pair(ip)?;
         let ports = (rtcp.0.local_addr()?.port(), rtcp.1.local_addr()?.port());
         let seed =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
-        let cfg = Config { server_ports: ports, interleaved: false, ..Config::default() };
+        let cfg = Config { server_ports: ports, interleaved: false, users, ..Config::default() };
         Ok(Arc::new(Self {
             server: Mutex::new(Server::new(cfg, seed ^ u64::from(std::process::id()))),
             clients: Mutex::new(HashMap::new()),

@@ -41,6 +41,32 @@ fn ffmpeg_plays_the_demo_over_rtsp_and_its_sink_goes_with_it() {
     );
 }
 
+/// With users configured, ffmpeg gets in with the credentials in its URL (it answers the
+/// Digest challenge) and not without them.
+#[test]
+fn clients_authenticate_when_users_are_configured() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let cfg = std::env::temp_dir().join(format!("fanout-rtsp-auth-{}.toml", std::process::id()));
+    std::fs::write(&cfg, "[[rtsp_user]]\nname = \"alice\"\npassword = \"s3cret\"\n").unwrap();
+    let relay = Relay::start(&["--rtsp", "127.0.0.1:0", "--config", cfg.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&cfg);
+    let a = rtsp_addr(&relay);
+    let probe = |url: &str| {
+        Command::new("timeout")
+            .args(["20", "ffprobe", "-v", "error", "-rtsp_transport", "udp", "-show_entries", "stream=codec_name"])
+            .args(["-of", "csv", url])
+            .output()
+            .unwrap()
+    };
+    let ok = probe(&format!("rtsp://alice:s3cret@{a}/demo"));
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("h264"), "{}", String::from_utf8_lossy(&ok.stderr));
+    let denied = probe(&format!("rtsp://alice:wrong@{a}/demo"));
+    assert!(!denied.status.success());
+    assert!(String::from_utf8_lossy(&denied.stderr).contains("401"), "{}", String::from_utf8_lossy(&denied.stderr));
+}
+
 fn exchange(addr: SocketAddr, request: &str) -> String {
     let mut s = TcpStream::connect(addr).unwrap();
     s.write_all(request.as_bytes()).unwrap();
