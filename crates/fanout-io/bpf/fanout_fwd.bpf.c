@@ -126,30 +126,28 @@ struct fan_ctx {
 	__u8 cur_l2[12];
 };
 
-static __always_inline int set_daddr(struct fan_ctx *c, __u32 daddr)
+/* Rewrites the IPv4 address at `off` from *cur to addr, with both checksums. */
+static __always_inline int set_addr(struct fan_ctx *c, __u32 off, __u32 *cur, __u32 addr)
 {
 	struct __sk_buff *skb = c->skb;
-	if (daddr == c->cur_daddr)
+	if (addr == *cur)
 		return 0;
-	if (bpf_l3_csum_replace(skb, IP_CSUM_OFF, c->cur_daddr, daddr, 4) ||
-	    bpf_l4_csum_replace(skb, UDP_CSUM_OFF, c->cur_daddr, daddr, BPF_F_PSEUDO_HDR | BPF_F_MARK_MANGLED_0 | 4) ||
-	    bpf_skb_store_bytes(skb, IP_DST_OFF, &daddr, 4, 0))
+	if (bpf_l3_csum_replace(skb, IP_CSUM_OFF, *cur, addr, 4) ||
+	    bpf_l4_csum_replace(skb, UDP_CSUM_OFF, *cur, addr, BPF_F_PSEUDO_HDR | BPF_F_MARK_MANGLED_0 | 4) ||
+	    bpf_skb_store_bytes(skb, off, &addr, 4, 0))
 		return -1;
-	c->cur_daddr = daddr;
+	*cur = addr;
 	return 0;
+}
+
+static __always_inline int set_daddr(struct fan_ctx *c, __u32 daddr)
+{
+	return set_addr(c, IP_DST_OFF, &c->cur_daddr, daddr);
 }
 
 static __always_inline int set_saddr(struct fan_ctx *c, __u32 saddr)
 {
-	struct __sk_buff *skb = c->skb;
-	if (saddr == c->cur_saddr)
-		return 0;
-	if (bpf_l3_csum_replace(skb, IP_CSUM_OFF, c->cur_saddr, saddr, 4) ||
-	    bpf_l4_csum_replace(skb, UDP_CSUM_OFF, c->cur_saddr, saddr, BPF_F_PSEUDO_HDR | BPF_F_MARK_MANGLED_0 | 4) ||
-	    bpf_skb_store_bytes(skb, IP_SRC_OFF, &saddr, 4, 0))
-		return -1;
-	c->cur_saddr = saddr;
-	return 0;
+	return set_addr(c, IP_SRC_OFF, &c->cur_saddr, saddr);
 }
 
 static __always_inline int set_dport(struct fan_ctx *c, __u16 dport)

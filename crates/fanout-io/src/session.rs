@@ -278,6 +278,9 @@ impl Inner {
     /// that revealed them is published, so they start with it: nothing is lost (a packet of
     /// the batch the kernel already sent them may arrive twice).
     fn take_kernel_fallbacks(self: &Arc<Self>) {
+        if self.kernel_fanout.is_none() {
+            return; // not a kernel session: no lock on the publish path
+        }
         let found = match self.kernel.lock().as_mut() {
             Some(k) => k.take_fallbacks(),
             None => return,

@@ -101,8 +101,6 @@ pub struct Server {
     next_id: u64,
     /// Secret of the Digest nonces.
     seed: u64,
-    /// The time of the request being handled, for nonce checks.
-    now_for_nonce: u64,
 }
 
 /// The resource name and the rest of a request URL: `rtsp://host[:port]/name[/rest]`, or an
@@ -125,13 +123,7 @@ fn error(status: u16, cseq: Option<u32>) -> Response {
 
 impl Server {
     pub fn new(cfg: Config, id_seed: u64) -> Self {
-        Self {
-            cfg,
-            sessions: HashMap::new(),
-            next_id: id_seed,
-            seed: id_seed.rotate_left(17) ^ 0x5eed,
-            now_for_nonce: 0,
-        }
+        Self { cfg, sessions: HashMap::new(), next_id: id_seed, seed: id_seed.rotate_left(17) ^ 0x5eed }
     }
 
     pub fn sessions(&self) -> usize {
@@ -166,8 +158,7 @@ impl Server {
         lookup: &dyn Fn(&str) -> Option<Resource>,
     ) -> (Response, Vec<Action>) {
         let Some(cseq) = req.headers.cseq() else { return (error(400, None), Vec::new()) };
-        self.now_for_nonce = now_ms;
-        if req.method != "OPTIONS" && !self.authorized(req) {
+        if req.method != "OPTIONS" && !self.authorized(req, now_ms) {
             let mut r = error(401, Some(cseq));
             let nonce = self.nonce(now_ms);
             r.headers
@@ -357,7 +348,7 @@ impl Server {
         nonce == self.nonce(now_ms) || nonce == self.nonce(now_ms.saturating_sub(60_000))
     }
 
-    fn authorized(&self, req: &Request) -> bool {
+    fn authorized(&self, req: &Request, now_ms: u64) -> bool {
         if self.cfg.users.is_empty() {
             return true;
         }
@@ -380,7 +371,7 @@ impl Server {
         else {
             return false;
         };
-        if realm != self.cfg.realm || !self.nonce_ok(nonce, self.now_for_nonce) {
+        if realm != self.cfg.realm || !self.nonce_ok(nonce, now_ms) {
             return false;
         }
         let Some((_, pass)) = self.cfg.users.iter().find(|(u, _)| u == user) else { return false };
@@ -393,18 +384,20 @@ impl Server {
     /// Sessions silent for longer than the timeout, torn down.
     pub fn expire(&mut self, now_ms: u64) -> Vec<Action> {
         let limit = self.cfg.timeout_s * 1000;
-        let dead: Vec<String> = self
-            .sessions
-            .iter()
-            .filter(|(_, s)| now_ms.saturating_sub(s.last_ms) > limit)
-            .map(|(k, _)| k.clone())
-            .collect();
-        dead.into_iter()
-            .map(|id| {
-                self.sessions.remove(&id);
-                Action::Teardown { session: id }
-            })
-            .collect()
+        self.end_where(|s| now_ms.saturating_sub(s.last_ms) > limit)
+    }
+
+    /// Removes the sessions `dead` picks; their teardowns.
+    fn end_where(&mut self, dead: impl Fn(&RtspSession) -> bool) -> Vec<Action> {
+        let mut gone = Vec::new();
+        self.sessions.retain(|id, s| {
+            let d = dead(s);
+            if d {
+                gone.push(Action::Teardown { session: id.clone() });
+            }
+            !d
+        });
+        gone
     }
 
     /// An RTCP packet (a receiver report) from a client of `session`: it is alive.
@@ -416,18 +409,7 @@ impl Server {
 
     /// A connection closed: its sessions with interleaved tracks cannot be served anymore.
     pub fn connection_closed(&mut self, conn: u64) -> Vec<Action> {
-        let dead: Vec<String> = self
-            .sessions
-            .iter()
-            .filter(|(_, s)| s.conn == conn && s.tracks.iter().any(|(_, l)| matches!(l, Lower::Interleaved { .. })))
-            .map(|(k, _)| k.clone())
-            .collect();
-        dead.into_iter()
-            .map(|id| {
-                self.sessions.remove(&id);
-                Action::Teardown { session: id }
-            })
-            .collect()
+        self.end_where(|s| s.conn == conn && s.tracks.iter().any(|(_, l)| matches!(l, Lower::Interleaved { .. })))
     }
 }
 

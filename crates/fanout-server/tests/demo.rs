@@ -2,7 +2,6 @@
 
 mod common;
 use common::*;
-use std::process::Command;
 
 #[test]
 fn ffmpeg_decodes_frames_from_the_demo_stream_over_http() {
@@ -12,12 +11,8 @@ fn ffmpeg_decodes_frames_from_the_demo_stream_over_http() {
     let relay = Relay::start(&[]);
     let url = relay.url("/v1/sessions/demo/stream");
     // Decode 3 seconds of the live stream: the demo is paced, so this takes ~3 s.
-    let out = Command::new("timeout")
-        .args(["30", "ffmpeg", "-hide_banner", "-nostdin", "-i", &url, "-t", "3", "-map", "0:v", "-f", "null", "-"])
-        .output()
-        .unwrap();
-    let log = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{log}");
+    let (ok, log) = ffmpeg_decode(&url, &[], 3);
+    assert!(ok, "{log}");
     assert!(log.contains("Video: h264"), "{log}");
     let frames = decoded_frames(&log);
     // 25 fps: 3 s of video. Subscribers start at the last keyframe, so nothing is lost to

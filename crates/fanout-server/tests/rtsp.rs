@@ -24,13 +24,8 @@ fn ffmpeg_plays_the_demo_over_rtsp_and_its_sink_goes_with_it() {
     }
     let relay = start();
     let url = format!("rtsp://{}/demo", rtsp_addr(&relay));
-    let out = Command::new("timeout")
-        .args(["30", "ffmpeg", "-hide_banner", "-nostdin", "-rtsp_transport", "udp", "-i", &url])
-        .args(["-t", "3", "-map", "0:v", "-f", "null", "-"])
-        .output()
-        .unwrap();
-    let log = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{log}");
+    let (ok, log) = ffmpeg_decode(&url, &["-rtsp_transport", "udp"], 3);
+    assert!(ok, "{log}");
     assert!(log.contains("Video: h264"), "{log}");
     let frames = decoded_frames(&log);
     assert!(frames >= 70, "decoded only {frames} frames: {log}");

@@ -285,6 +285,18 @@ pub fn have_ffmpeg() -> bool {
 }
 
 /// The last `frame=` count ffmpeg printed (0 if none).
+/// Decodes `seconds` of `url`'s video with ffmpeg (`input_args` go before `-i`), bounded
+/// at 30 s; returns whether it succeeded and its log.
+pub fn ffmpeg_decode(url: &str, input_args: &[&str], seconds: u32) -> (bool, String) {
+    let out = std::process::Command::new("timeout")
+        .args(["30", "ffmpeg", "-hide_banner", "-nostdin"])
+        .args(input_args)
+        .args(["-i", url, "-t", &seconds.to_string(), "-map", "0:v", "-f", "null", "-"])
+        .output()
+        .unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
 pub fn decoded_frames(ffmpeg_log: &str) -> u64 {
     ffmpeg_log
         .rsplit("frame=")
