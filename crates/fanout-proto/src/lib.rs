@@ -15,6 +15,10 @@
 //!   interleaved frames), the writer, `Transport` and `Session` headers.
 //! - [`rtsp_server`]: the proxy's RTSP server as a state machine (requests in, responses
 //!   and data-path actions out), with session timeouts.
+//! - [`rtsp_client`]: the proxy's RTSP client to an upstream as a state machine
+//!   (OPTIONS/DESCRIBE/SETUP/PLAY, credentials, keep-alive, TEARDOWN).
+//! - [`restamp`]: one continuous RTP stream (SSRC, sequence, timestamps) across upstream
+//!   reconnects.
 //! - [`sdp`]: session descriptions: an upstream's parsed, the proxy's own written.
 //! - [`classify`]: what a received datagram carries, decided once when it enters the ring.
 
@@ -27,5 +31,7 @@ pub mod rtcp;
 pub mod rtp;
 pub mod rtpstats;
 pub mod rtsp;
+pub mod restamp;
+pub mod rtsp_client;
 pub mod rtsp_server;
 pub mod sdp;

@@ -127,6 +127,11 @@ impl RecvStats {
         self.base.map_or(0, |b| self.max - b + 1)
     }
 
+    /// The highest extended sequence number seen (RFC 3550's cycles << 16 | max_seq).
+    pub fn highest(&self) -> u64 {
+        self.max
+    }
+
     /// Packets expected but not received (never negative).
     pub fn lost(&self) -> u64 {
         self.expected().saturating_sub(self.received)

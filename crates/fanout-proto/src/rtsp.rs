@@ -248,6 +248,56 @@ pub fn write_interleaved(out: &mut Vec<u8>, channel: u8, data: &[u8]) {
     out.extend_from_slice(data);
 }
 
+/// The `Authorization` value answering a `WWW-Authenticate` challenge (Basic, or Digest
+/// per RFC 2617 without `qop`, as RTSP servers use it); `None` for another scheme.
+pub fn authorization(challenge: &str, user: &str, pass: &str, method: &str, uri: &str) -> Option<String> {
+    use base64::Engine as _;
+    let (scheme, rest) = challenge.trim().split_once(' ').unwrap_or((challenge.trim(), ""));
+    if scheme.eq_ignore_ascii_case("Basic") {
+        return Some(format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}"))));
+    }
+    if !scheme.eq_ignore_ascii_case("Digest") {
+        return None;
+    }
+    let params = digest_params(rest);
+    let get = |k: &str| params.iter().find(|(n, _)| n.eq_ignore_ascii_case(k)).map(|(_, v)| v.as_str());
+    let (realm, nonce) = (get("realm").unwrap_or(""), get("nonce")?);
+    let response = digest_response(user, realm, pass, nonce, method, uri);
+    Some(format!("Digest username=\"{user}\", realm=\"{realm}\", nonce=\"{nonce}\", uri=\"{uri}\", response=\"{response}\""))
+}
+
+/// RFC 2617 §3.2.2.1 `response` without `qop`: MD5(HA1:nonce:HA2).
+pub fn digest_response(user: &str, realm: &str, pass: &str, nonce: &str, method: &str, uri: &str) -> String {
+    use md5::Digest as _;
+    let h = |s: String| hex(&md5::Md5::digest(s.as_bytes()));
+    let (ha1, ha2) = (h(format!("{user}:{realm}:{pass}")), h(format!("{method}:{uri}")));
+    h(format!("{ha1}:{nonce}:{ha2}"))
+}
+
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `name="value", name=value, ...` of a Digest header.
+pub(crate) fn digest_params(s: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut rest = s.trim();
+    while !rest.is_empty() {
+        let Some((name, after)) = rest.split_once('=') else { break };
+        let after = after.trim_start();
+        let (value, tail) = match after.strip_prefix('"') {
+            Some(q) => match q.find('"') {
+                Some(end) => (&q[..end], &q[end + 1..]),
+                None => (q, ""),
+            },
+            None => after.split_once(',').unwrap_or((after, "")),
+        };
+        out.push((name.trim().trim_start_matches(',').trim().to_string(), value.to_string()));
+        rest = tail.trim_start().trim_start_matches(',').trim_start();
+    }
+    out
+}
+
 /// RFC 2326 §7.1.1 reason phrases for the codes the proxy sends.
 pub fn reason(status: u16) -> &'static str {
     match status {

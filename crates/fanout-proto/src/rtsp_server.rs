@@ -7,7 +7,7 @@
 //! after PLAY, back to `Ready` on PAUSE, gone on TEARDOWN, on timeout, or when the connection
 //! carrying its interleaved channels closes.
 
-use crate::rtsp::{parse_session, parse_transport, Lower, Request, Response};
+use crate::rtsp::{digest_params, digest_response, hex, parse_session, parse_transport, Lower, Request, Response};
 use crate::sdp::{track_of, Sdp};
 use md5::Digest as _;
 use std::collections::HashMap;
@@ -375,10 +375,7 @@ impl Server {
             return false;
         }
         let Some((_, pass)) = self.cfg.users.iter().find(|(u, _)| u == user) else { return false };
-        let ha1 = hex(&md5::Md5::digest(format!("{user}:{realm}:{pass}").as_bytes()));
-        let ha2 = hex(&md5::Md5::digest(format!("{}:{uri}", req.method).as_bytes()));
-        let want = hex(&md5::Md5::digest(format!("{ha1}:{nonce}:{ha2}").as_bytes()));
-        want.eq_ignore_ascii_case(response)
+        digest_response(user, realm, pass, nonce, &req.method, uri).eq_ignore_ascii_case(response)
     }
 
     /// Sessions silent for longer than the timeout, torn down.
@@ -411,30 +408,6 @@ impl Server {
     pub fn connection_closed(&mut self, conn: u64) -> Vec<Action> {
         self.end_where(|s| s.conn == conn && s.tracks.iter().any(|(_, l)| matches!(l, Lower::Interleaved { .. })))
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// `name="value", name=value, ...` of a Digest `Authorization` header.
-fn digest_params(s: &str) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    let mut rest = s.trim();
-    while !rest.is_empty() {
-        let Some((name, after)) = rest.split_once('=') else { break };
-        let after = after.trim_start();
-        let (value, tail) = match after.strip_prefix('"') {
-            Some(q) => match q.find('"') {
-                Some(end) => (&q[..end], &q[end + 1..]),
-                None => (q, ""),
-            },
-            None => after.split_once(',').unwrap_or((after, "")),
-        };
-        out.push((name.trim().trim_start_matches(',').trim().to_string(), value.to_string()));
-        rest = tail.trim_start().trim_start_matches(',').trim_start();
-    }
-    out
 }
 
 /// `rtsp://host:port/name/` for a request URL of the resource `name`.

@@ -91,8 +91,20 @@ async fn create_session(
 
 fn session_json(relay: &Relay, s: &fanout_io::Session) -> serde_json::Value {
     let mut v = serde_json::to_value(s.status()).unwrap_or_default();
-    if let Some(spec) = relay.spec(s.name()) {
+    if let Some(mut spec) = relay.spec(s.name()) {
+        // Upstream credentials stay in the config: the API shows the URL without them.
+        if let Some(url) = spec.source.rtsp.as_mut() {
+            if let Ok(u) = fanout_proto::rtsp_client::Url::parse(url) {
+                *url = u.request_url();
+            }
+        }
         v["spec"] = json!({ "source": spec.source });
+    }
+    if let Some(up) = relay.upstream(s.name()) {
+        v["upstream"] = json!(up.status());
+    }
+    if let Some(rtsp) = *relay.rtsp_addr.lock() {
+        v["rtsp_url"] = json!(format!("rtsp://{rtsp}/{}", s.name()));
     }
     v["stream_url"] = json!(format!("http://{}/v1/sessions/{}/stream", relay.cfg.api, s.name()));
     v

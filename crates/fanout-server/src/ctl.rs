@@ -46,6 +46,12 @@ enum CtlCmd {
         /// The built-in test pattern.
         #[arg(long)]
         demo: bool,
+        /// Pull from an RTSP server (rtsp://[user:pass@]host[:port]/path).
+        #[arg(long)]
+        rtsp: Option<String>,
+        /// With --rtsp: udp, tcp or auto.
+        #[arg(long)]
+        rtsp_transport: Option<String>,
         /// Priority class 0-7 (higher is served first).
         #[arg(long, default_value_t = 0)]
         priority: i64,
@@ -87,8 +93,20 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
             s["sinks_list"] = c.call("GET", &format!("/v1/sessions/{name}/sinks"), None)?["sinks"].take();
             s
         }
-        CtlCmd::Create { name, udp, interface, tcp_listen, tcp_connect, demo, priority, datapath, ring } => {
-            let source = SourceSpec { udp, interface, tcp_listen, tcp_connect, demo: demo.then_some(true) };
+        CtlCmd::Create { name, udp, interface, tcp_listen, tcp_connect, demo, rtsp, rtsp_transport, priority, datapath, ring } => {
+            let rtsp_transport = rtsp_transport
+                .map(|t| serde_json::from_value(Value::String(t.clone())).with_context(|| format!("--rtsp-transport {t:?}: expected udp, tcp or auto")))
+                .transpose()?;
+            let source = SourceSpec {
+                udp,
+                interface,
+                tcp_listen,
+                tcp_connect,
+                demo: demo.then_some(true),
+                rtsp,
+                rtsp_transport,
+                ..Default::default()
+            };
             let spec = SessionSpec {
                 priority,
                 datapath: serde_json::from_value(Value::String(datapath.clone())).with_context(|| {

@@ -10,6 +10,7 @@ mod relay;
 mod rtsp;
 mod spec;
 mod tools;
+mod upstream;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;

@@ -4,6 +4,7 @@
 
 use crate::config::Config;
 use crate::spec::{SessionSpec, SinkSpec};
+use crate::upstream::Upstream;
 use fanout_core::Priority;
 use fanout_io::{bind_udp_source, DataPath, DemoClip, Engine, Session, SessionConfig};
 use parking_lot::RwLock;
@@ -48,6 +49,8 @@ pub struct Relay {
     pub rtsp_addr: parking_lot::Mutex<Option<std::net::SocketAddr>>,
     /// The RTSP side, once listening.
     pub rtsp: parking_lot::Mutex<Option<Arc<crate::rtsp::Rtsp>>>,
+    /// Sessions with an `rtsp://` source.
+    upstreams: RwLock<BTreeMap<String, Arc<Upstream>>>,
 }
 
 impl Relay {
@@ -59,6 +62,7 @@ impl Relay {
             sessions: RwLock::new(BTreeMap::new()),
             rtsp_addr: Default::default(),
             rtsp: Default::default(),
+            upstreams: Default::default(),
         }))
     }
 
@@ -72,6 +76,23 @@ impl Relay {
 
     pub fn sessions(&self) -> Vec<Session> {
         self.sessions.read().values().map(|e| e.session.clone()).collect()
+    }
+
+    /// The upstream of a session with an `rtsp://` source.
+    pub fn upstream(&self, name: &str) -> Option<Arc<Upstream>> {
+        self.upstreams.read().get(name).cloned()
+    }
+
+    /// The relay sessions a name stands for, one per track: an RTSP upstream's media
+    /// sections, or the session alone (90 kHz).
+    pub fn tracks(&self, name: &str) -> Vec<crate::upstream::TrackRef> {
+        match self.upstream(name) {
+            Some(up) => up.tracks(),
+            None => self
+                .session(name)
+                .map(|session| vec![crate::upstream::TrackRef { session, clock: 90_000, clock_map: None }])
+                .unwrap_or_default(),
+        }
     }
 
     pub fn spec(&self, name: &str) -> Option<SessionSpec> {
@@ -133,7 +154,32 @@ impl Relay {
             tasks.push(tokio::spawn(reconnect_sinks(rx, session.clone())).abort_handle());
         }
         let src = &spec.source;
-        let started = if let Some(addr) = src.udp {
+        let mut upstream = None;
+        let started = if let Some(url) = &src.rtsp {
+            // Invariant: validate() parsed the URL.
+            let url = fanout_proto::rtsp_client::Url::parse(url).expect("validated");
+            let loopback = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+            let bound = bind_udp_source(loopback, None).and_then(|s| {
+                let at = s.local_addr()?;
+                session.attach_udp(s)?;
+                Ok(at)
+            });
+            match bound {
+                Ok(into) => {
+                    session.set_source_kind(format!("rtsp {}", url.request_url()));
+                    let linger = Duration::from_secs_f64(src.linger_s.unwrap_or(10.0));
+                    let mode = src.rtsp_transport.unwrap_or_default();
+                    Upstream::new(&spec.name, url, mode, src.on_demand.unwrap_or(true), linger, session.clone(), into)
+                        .map(|up| {
+                            let run = crate::upstream::run(up.clone(), session.config().clone(), Arc::downgrade(self));
+                            tasks.push(tokio::spawn(run).abort_handle());
+                            upstream = Some(up);
+                        })
+                        .map_err(|e| RelayError::Internal(format!("rtsp source: {e}")))
+                }
+                Err(e) => Err(RelayError::Internal(format!("rtsp source: cannot bind its loopback socket: {e}"))),
+            }
+        } else if let Some(addr) = src.udp {
             bind_udp_source(addr, src.interface)
                 .and_then(|s| session.attach_udp(s))
                 .map_err(|e| RelayError::Conflict(format!("cannot receive on udp {addr}: {e}")))
@@ -176,6 +222,9 @@ impl Relay {
             let free = !map.contains_key(&name);
             if free {
                 map.insert(name.clone(), Entry { session: session.clone(), spec, tasks: tasks.clone() });
+                if let Some(up) = upstream {
+                    self.upstreams.write().insert(name.clone(), up);
+                }
             }
             free
         };
@@ -196,8 +245,12 @@ impl Relay {
             .write()
             .remove(name)
             .ok_or_else(|| RelayError::NotFound(format!("no session named {name:?}")))?;
+        let up = self.upstreams.write().remove(name);
         for t in e.tasks {
             t.abort();
+        }
+        if let Some(up) = up {
+            let _ = tokio::task::spawn_blocking(move || up.close_tracks()).await;
         }
         close(e.session).await;
         Ok(())

@@ -8,8 +8,10 @@
 //! reports keep their sessions alive and are shown in `GET /v1/rtsp`, with the round trip
 //! their LSR/DLSR give.
 //!
-//! Not yet (issue 5): RTP over the RTSP connection (interleaved), authentication, `rtsp://`
-//! upstreams.
+//! Sessions with an `rtsp://` source (`crate::upstream`) have a track per upstream media
+//! section, each a relay session; a client's track is a sink of that track's session.
+//!
+//! Not yet (issue 5): RTP over the RTSP connection (interleaved).
 
 use crate::relay::Relay;
 use fanout_proto::rtsp::{self, Limits, Lower, Message, Response};
@@ -27,12 +29,10 @@ use tokio::net::{TcpListener, TcpStream};
 struct Client {
     resource: String,
     peer: IpAddr,
-    /// Set-up tracks: the client's RTP port.
-    rtp_ports: Vec<u16>,
-    /// Where its RTCP comes from.
-    rtcp_port: u16,
-    /// The relay sinks while playing.
-    sinks: Vec<u64>,
+    /// Set-up tracks: the track, the client's RTP and RTCP ports.
+    tracks: Vec<(usize, u16, u16)>,
+    /// The relay sinks while playing: the track and the sink id in its session.
+    sinks: Vec<(usize, u64)>,
     reports: u64,
     last_report: Option<(fanout_proto::rtcp::ReportBlock, Instant)>,
     rtt: Option<Duration>,
@@ -67,8 +67,13 @@ pub struct Rtsp {
     rtcp: Mutex<Option<std::net::UdpSocket>>,
 }
 
-/// The description of a relay session for RTSP clients, from its RTP payload type.
+/// The description of a relay session for RTSP clients: an upstream's media, else one
+/// track from the session's RTP payload type.
 fn describe(relay: &Relay, name: &str) -> Option<Resource> {
+    if let Some(up) = relay.upstream(name) {
+        let sdp = up.sdp()?;
+        return Some(Resource { sdp: sdp.for_clients(name, 1), next_rtp: up.next_rtp() });
+    }
     let session = relay.session(name).ok()?;
     let (pt, seq, ts) = session.rtp_start()?;
     let media = match pt {
@@ -90,7 +95,7 @@ fn ntp_now() -> u64 {
 }
 
 /// A consecutive even/odd UDP port pair on `ip` (RTP/RTCP convention).
-fn port_pair(ip: IpAddr) -> std::io::Result<(std::net::UdpSocket, std::net::UdpSocket)> {
+pub(crate) fn port_pair(ip: IpAddr) -> std::io::Result<(std::net::UdpSocket, std::net::UdpSocket)> {
     for _ in 0..64 {
         let a = std::net::UdpSocket::bind((ip, 0))?;
         let port = a.local_addr()?.port();
@@ -130,7 +135,7 @@ impl Rtsp {
                 session: id.clone(),
                 resource: c.resource.clone(),
                 peer: c.peer,
-                rtp_port: c.rtp_ports.first().copied(),
+                rtp_port: c.tracks.first().map(|t| t.1),
                 playing: server.state(id) == Some(fanout_proto::rtsp_server::State::Playing),
                 rtcp_reports: c.reports,
                 fraction_lost: c.last_report.map(|(b, _)| f64::from(b.fraction_lost) / 256.0),
@@ -151,23 +156,33 @@ impl Rtsp {
         self.clients
             .lock()
             .values()
-            .filter(|c| !c.sinks.is_empty())
-            .filter_map(|c| {
-                let s = relay.session(&c.resource).ok()?;
-                let (ssrc, ts, ms_ago) = s.rtp_latest()?;
-                // The RTP time now: the newest packet's plus the time since (90 kHz video).
-                let rtp_now = ts.wrapping_add((ms_ago * 90) as u32);
-                let sink = s.sink_status(*c.sinks.first()?)?;
-                let mut sr = Vec::with_capacity(28);
-                fanout_proto::rtcp::write_sender_report(
-                    &mut sr,
-                    ssrc,
-                    ntp,
-                    rtp_now,
-                    sink.packets_sent as u32,
-                    sink.bytes_sent as u32,
-                );
-                Some((SocketAddr::new(c.peer, c.rtcp_port), sr))
+            .flat_map(|c| {
+                let tracks = relay.tracks(&c.resource);
+                c.sinks.iter().filter_map(move |&(t, id)| {
+                    let tr = tracks.get(t)?;
+                    let (ssrc, ts, ms_ago) = tr.session.rtp_latest()?;
+                    // The RTP time now: from the upstream's own mapping when it sent one,
+                    // else the newest packet's time plus the time since.
+                    let rtp_now = match tr.clock_map {
+                        Some((sr_ntp, sr_rtp)) => {
+                            let since = ntp.wrapping_sub(sr_ntp) as i64 as f64 / 4_294_967_296.0;
+                            sr_rtp.wrapping_add((since * f64::from(tr.clock)) as i64 as u32)
+                        }
+                        None => ts.wrapping_add((ms_ago * u64::from(tr.clock) / 1000) as u32),
+                    };
+                    let sink = tr.session.sink_status(id)?;
+                    let mut sr = Vec::with_capacity(28);
+                    fanout_proto::rtcp::write_sender_report(
+                        &mut sr,
+                        ssrc,
+                        ntp,
+                        rtp_now,
+                        sink.packets_sent as u32,
+                        sink.bytes_sent as u32,
+                    );
+                    let rtcp_port = c.tracks.iter().find(|x| x.0 == t)?.2;
+                    Some((SocketAddr::new(c.peer, rtcp_port), sr))
+                })
             })
             .collect()
     }
@@ -176,7 +191,9 @@ impl Rtsp {
     fn rtcp_from(&self, from: SocketAddr, data: &[u8]) {
         let Ok(reports) = fanout_proto::rtcp::parse_reports(data) else { return };
         let mut clients = self.clients.lock();
-        let Some((id, c)) = clients.iter_mut().find(|(_, c)| c.peer == from.ip() && c.rtcp_port == from.port()) else {
+        let Some((id, c)) =
+            clients.iter_mut().find(|(_, c)| c.peer == from.ip() && c.tracks.iter().any(|t| t.2 == from.port()))
+        else {
             return;
         };
         c.reports += 1;
@@ -198,27 +215,27 @@ impl Rtsp {
         let mut clients = self.clients.lock();
         for a in actions {
             match a {
-                Action::Setup { session, resource, lower, .. } => {
+                Action::Setup { session, resource, lower, track, .. } => {
                     let Lower::Udp { client_rtp, client_rtcp } = lower else { continue };
                     let c = clients.entry(session).or_insert_with(|| Client {
                         resource,
                         peer,
-                        rtp_ports: Vec::new(),
-                        rtcp_port: client_rtcp,
+                        tracks: Vec::new(),
                         sinks: Vec::new(),
                         reports: 0,
                         last_report: None,
                         rtt: None,
                     });
-                    c.rtp_ports = vec![client_rtp];
-                    c.rtcp_port = client_rtcp;
+                    c.tracks.retain(|t| t.0 != track);
+                    c.tracks.push((track, client_rtp, client_rtcp));
                 }
                 Action::Play { session } => {
                     let Some(c) = clients.get_mut(&session) else { continue };
-                    let Ok(s) = relay.session(&c.resource) else { continue };
-                    for &port in &c.rtp_ports {
-                        match s.add_udp_sink(SocketAddr::new(c.peer, port)) {
-                            Ok(id) => c.sinks.push(id),
+                    let tracks = relay.tracks(&c.resource);
+                    for &(t, port, _) in &c.tracks {
+                        let Some(tr) = tracks.get(t) else { continue };
+                        match tr.session.add_udp_sink(SocketAddr::new(c.peer, port)) {
+                            Ok(id) => c.sinks.push((t, id)),
                             Err(e) => tracing::warn!(rtsp_session = %session, "cannot add the client's sink: {e}"),
                         }
                     }
@@ -226,9 +243,10 @@ impl Rtsp {
                 // Teardown also drops the client below, once the state machine forgot it.
                 Action::Pause { session } | Action::Teardown { session } => {
                     let Some(c) = clients.get_mut(&session) else { continue };
-                    if let Ok(s) = relay.session(&c.resource) {
-                        for id in c.sinks.drain(..) {
-                            s.remove_sink(id);
+                    let tracks = relay.tracks(&c.resource);
+                    for (t, id) in c.sinks.drain(..) {
+                        if let Some(tr) = tracks.get(t) {
+                            tr.session.remove_sink(id);
                         }
                     }
                 }
@@ -310,6 +328,9 @@ pub async fn serve(listener: TcpListener, relay: Arc<Relay>, rtsp: Arc<Rtsp>) {
     }
 }
 
+/// How long a DESCRIBE waits for an RTSP upstream to connect and play before it is 404.
+const UPSTREAM_WAIT: Duration = Duration::from_secs(10);
+
 /// Seconds a connection may stay silent before it is closed (sessions have their own timeout).
 const IDLE: Duration = Duration::from_secs(120);
 
@@ -330,6 +351,13 @@ async fn connection(
                 Ok(Some((msg, used))) => {
                     buf.drain(..used);
                     let Message::Request(req) = msg else { continue }; // interleaved RTCP, responses
+                    // An RTSP upstream connects (on demand) before its description is given.
+                    if matches!(req.method.as_str(), "DESCRIBE" | "SETUP" | "PLAY") {
+                        let up = fanout_proto::rtsp_server::split_url(&req.uri).and_then(|(n, _)| relay.upstream(n));
+                        if let Some(up) = up {
+                            up.demand(UPSTREAM_WAIT).await;
+                        }
+                    }
                     let (resp, actions) = {
                         let lookup = |name: &str| describe(relay, name);
                         rtsp.server.lock().handle(&req, conn, rtsp.now_ms(), &lookup)

@@ -25,18 +25,61 @@ pub struct SourceSpec {
     /// The built-in looped MPEG-TS test pattern, paced at its own bit rate.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub demo: Option<bool>,
+    /// Pull from an RTSP server: `rtsp://[user:pass@]host[:port]/path`. Every media section
+    /// becomes a track; RTSP clients of this session share one upstream session.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rtsp: Option<String>,
+    /// With `rtsp`: `udp`, `tcp` (interleaved), or `auto` (UDP, then TCP when UDP brings
+    /// nothing in 3 s). Default `auto`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rtsp_transport: Option<RtspTransport>,
+    /// With `rtsp`: connect only while someone watches (default `true`); `false` keeps the
+    /// upstream session up all the time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub on_demand: Option<bool>,
+    /// With `rtsp` on demand: seconds the upstream session stays after the last client left
+    /// (default 10).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub linger_s: Option<f64>,
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum RtspTransport {
+    #[default]
+    Auto,
+    Udp,
+    Tcp,
 }
 
 impl SourceSpec {
     pub fn validate(&self) -> Result<(), String> {
-        let n = [self.udp.is_some(), self.tcp_listen.is_some(), self.tcp_connect.is_some(), self.demo == Some(true)]
-            .iter()
-            .filter(|b| **b)
-            .count();
+        let n = [
+            self.udp.is_some(),
+            self.tcp_listen.is_some(),
+            self.tcp_connect.is_some(),
+            self.demo == Some(true),
+            self.rtsp.is_some(),
+        ]
+        .iter()
+        .filter(|b| **b)
+        .count();
         if n != 1 {
             return Err(format!(
-                "source needs exactly one of \"udp\", \"tcp_listen\", \"tcp_connect\", \"demo\": true (got {n})"
+                "source needs exactly one of \"udp\", \"tcp_listen\", \"tcp_connect\", \"rtsp\", \"demo\": true (got {n})"
             ));
+        }
+        match &self.rtsp {
+            Some(url) => {
+                fanout_proto::rtsp_client::Url::parse(url).map_err(|e| format!("source \"rtsp\": {e}"))?;
+                if self.linger_s.is_some_and(|l| !(0.0..=86_400.0).contains(&l)) {
+                    return Err("source \"linger_s\" must be 0 to 86400".into());
+                }
+            }
+            None if self.rtsp_transport.is_some() || self.on_demand.is_some() || self.linger_s.is_some() => {
+                return Err("source \"rtsp_transport\", \"on_demand\" and \"linger_s\" only apply to an \"rtsp\" source".into());
+            }
+            None => {}
         }
         if self.interface.is_some() && !self.udp.is_some_and(|a| a.ip().is_multicast()) {
             return Err("source \"interface\" only applies to a multicast \"udp\" address".into());

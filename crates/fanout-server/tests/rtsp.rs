@@ -8,11 +8,6 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
 use std::time::Duration;
 
-fn rtsp_addr(relay: &Relay) -> SocketAddr {
-    let e = relay.ok("GET", "/v1/engine", None);
-    e["rtsp"].as_str().expect("the relay listens for RTSP").parse().unwrap()
-}
-
 fn start() -> Relay {
     Relay::start(&["--rtsp", "127.0.0.1:0"])
 }
@@ -104,49 +99,10 @@ fn protocol_errors_get_the_codes_real_servers_give() {
     assert!(i < j, "{two}");
 }
 
-/// One RTSP client over UDP, by hand: DESCRIBE, SETUP, PLAY; returns the connection, the
-/// RTP socket, the `RTP-Info` sequence number and the session id. `rtcp`: the client's
-/// RTCP port to announce (default: RTP + 1).
-fn play_with(addr: SocketAddr, rtcp: Option<u16>) -> (TcpStream, std::net::UdpSocket, u16, String, String) {
-    let url = format!("rtsp://{addr}/demo");
-    let rtp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    let port = rtp.local_addr().unwrap().port();
-    let rtcp = rtcp.unwrap_or(port + 1);
-    let mut c = TcpStream::connect(addr).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let mut ask = |req: String| -> String {
-        c.write_all(req.as_bytes()).unwrap();
-        let mut buf = vec![0u8; 8192];
-        let mut got = Vec::new();
-        // One response: the head, then Content-Length bytes.
-        loop {
-            let n = c.read(&mut buf).unwrap();
-            assert!(n > 0, "connection closed");
-            got.extend_from_slice(&buf[..n]);
-            if let Ok(Some((fanout_proto::rtsp::Message::Response(r), _))) =
-                fanout_proto::rtsp::parse(&got, &fanout_proto::rtsp::Limits::default())
-            {
-                assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&got));
-                return String::from_utf8_lossy(&got).into_owned();
-            }
-        }
-    };
-    let d = ask(format!("DESCRIBE {url} RTSP/1.0\r\nCSeq: 1\r\nAccept: application/sdp\r\n\r\n"));
-    assert!(d.contains("a=rtpmap:33 MP2T/90000"), "{d}");
-    let s = ask(format!(
-        "SETUP {url}/trackID=0 RTSP/1.0\r\nCSeq: 2\r\nTransport: RTP/AVP;unicast;client_port={port}-{rtcp}\r\n\r\n"
-    ));
-    let transport = s.lines().find_map(|l| l.strip_prefix("Transport: ")).unwrap().to_string();
-    let session = s.lines().find_map(|l| l.strip_prefix("Session: ")).unwrap().split(';').next().unwrap().to_string();
-    let p = ask(format!("PLAY {url} RTSP/1.0\r\nCSeq: 3\r\nSession: {session}\r\n\r\n"));
-    let info = p.lines().find_map(|l| l.strip_prefix("RTP-Info: ")).expect("RTP-Info").to_string();
-    let seq: u16 = info.split(';').find_map(|f| f.strip_prefix("seq=")).unwrap().parse().unwrap();
-    (c, rtp, seq, session, transport)
-}
-
 fn play(addr: SocketAddr) -> (TcpStream, std::net::UdpSocket, u16, String) {
-    let (c, rtp, seq, session, _) = play_with(addr, None);
-    (c, rtp, seq, session)
+    let p = rtsp_play(addr, "demo", None);
+    assert!(p.sdp.contains("a=rtpmap:33 MP2T/90000"), "{}", p.sdp);
+    (p.conn, p.rtp, p.seq, p.session)
 }
 
 /// A client's RTCP receiver report, sent to the server port its SETUP answer named, shows
@@ -157,7 +113,7 @@ fn receiver_reports_are_read_per_client() {
     let relay = start();
     let addr = rtsp_addr(&relay);
     let rtcp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    let (_c, _rtp, _, session, transport) = play_with(addr, Some(rtcp.local_addr().unwrap().port()));
+    let RtspPlay { conn: _c, session, transport, .. } = rtsp_play(addr, "demo", Some(rtcp.local_addr().unwrap().port()));
     let server_rtcp: u16 = transport.split("server_port=").nth(1).unwrap().split('-').nth(1).unwrap().parse().unwrap();
     let block = fanout_proto::rtcp::ReportBlock {
         ssrc: 0x4641_4e4f,

@@ -318,3 +318,61 @@ pub fn create_on_free_port(relay: &Relay, mut spec: Value) -> SocketAddr {
     spec["source"][kind] = json!("127.0.0.1:0");
     source_addr(&relay.ok("POST", "/v1/sessions", Some(spec)))
 }
+
+pub fn rtsp_addr(relay: &Relay) -> SocketAddr {
+    let e = relay.ok("GET", "/v1/engine", None);
+    e["rtsp"].as_str().expect("the relay listens for RTSP").parse().unwrap()
+}
+
+/// An RTSP client playing track 0 of a resource over UDP, set up by hand.
+pub struct RtspPlay {
+    pub conn: std::net::TcpStream,
+    pub rtp: std::net::UdpSocket,
+    /// The sequence number `RTP-Info` announced.
+    pub seq: u16,
+    pub session: String,
+    /// The SETUP answer's Transport.
+    pub transport: String,
+    /// The DESCRIBE answer's body.
+    pub sdp: String,
+}
+
+/// DESCRIBE, SETUP (track 0, UDP), PLAY. `rtcp`: the client's RTCP port to announce
+/// (default: RTP + 1).
+pub fn rtsp_play(addr: SocketAddr, resource: &str, rtcp: Option<u16>) -> RtspPlay {
+    use std::io::{Read, Write};
+    let url = format!("rtsp://{addr}/{resource}");
+    let rtp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let port = rtp.local_addr().unwrap().port();
+    let rtcp = rtcp.unwrap_or(port + 1);
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    let mut ask = |req: String| -> fanout_proto::rtsp::Response {
+        c.write_all(req.as_bytes()).unwrap();
+        let mut buf = vec![0u8; 8192];
+        let mut got = Vec::new();
+        // One response: the head, then Content-Length bytes.
+        loop {
+            let n = c.read(&mut buf).unwrap();
+            assert!(n > 0, "connection closed");
+            got.extend_from_slice(&buf[..n]);
+            if let Ok(Some((fanout_proto::rtsp::Message::Response(r), _))) =
+                fanout_proto::rtsp::parse(&got, &fanout_proto::rtsp::Limits::default())
+            {
+                assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&got));
+                return r;
+            }
+        }
+    };
+    let d = ask(format!("DESCRIBE {url} RTSP/1.0\r\nCSeq: 1\r\nAccept: application/sdp\r\n\r\n"));
+    let sdp = String::from_utf8_lossy(&d.body).into_owned();
+    let s = ask(format!(
+        "SETUP {url}/trackID=0 RTSP/1.0\r\nCSeq: 2\r\nTransport: RTP/AVP;unicast;client_port={port}-{rtcp}\r\n\r\n"
+    ));
+    let transport = s.headers.get("Transport").unwrap().to_string();
+    let session = s.headers.get("Session").unwrap().split(';').next().unwrap().to_string();
+    let p = ask(format!("PLAY {url} RTSP/1.0\r\nCSeq: 3\r\nSession: {session}\r\n\r\n"));
+    let info = p.headers.get("RTP-Info").expect("RTP-Info").to_string();
+    let seq = info.split(';').find_map(|f| f.strip_prefix("seq=")).unwrap().parse().unwrap();
+    RtspPlay { conn: c, rtp, seq, session, transport, sdp }
+}

@@ -1,0 +1,665 @@
+//! A session whose source is an RTSP server: one upstream RTSP session, however many clients.
+//!
+//! The protocol is `fanout_proto::rtsp_client`'s state machine; this module moves its bytes,
+//! owns the UDP ports, and feeds what arrives into the relay. Each media section of the
+//! upstream is a relay session (the first is the session itself, the others are created when
+//! the description arrives) whose source is a loopback UDP socket. Every upstream RTP packet
+//! is checked, rewritten into one continuous stream ([`Restamp`]: the SSRC, sequence numbers
+//! and timestamps clients were promised survive reconnects and SSRC changes) and sent once
+//! into that socket; from there the engine fans it out on the session's data path. That is
+//! one extra datagram per upstream packet, not per client, and it lets UDP and interleaved
+//! upstreams, garbage filtering and the kernel data path share one way in.
+//!
+//! Lifecycle: connect on demand (a DESCRIBE or a sink) or at once (`on_demand = false`);
+//! UDP, TCP interleaved, or UDP falling back to TCP when nothing arrives; keep-alives at half
+//! the session timeout; receiver reports every 5 s; reconnect with backoff (1 s doubling to
+//! 30 s) when the upstream drops or goes silent; TEARDOWN `linger_s` after the last client.
+
+use crate::spec::RtspTransport;
+use fanout_io::{bind_udp_source, Session};
+use fanout_proto::restamp::Restamp;
+use fanout_proto::rtpstats::RecvStats;
+use fanout_proto::rtsp::{self, Limits, Lower, Message};
+use fanout_proto::rtsp_client::{Client, Step, Url};
+use fanout_proto::sdp::Sdp;
+use parking_lot::Mutex;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A UDP upstream that brings nothing for this long after PLAY is retried over TCP (`auto`).
+const UDP_GRACE: Duration = Duration::from_secs(3);
+/// A playing upstream silent for this long is reconnected.
+const SILENCE: Duration = Duration::from_secs(10);
+const REPORT_EVERY: Duration = Duration::from_secs(5);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// A DESCRIBE keeps the upstream wanted this long, for the client's SETUP and PLAY.
+const SETUP_GRACE: Duration = Duration::from_secs(5);
+
+/// What the upstream side of a session settles on.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct UpstreamStatus {
+    pub url: String,
+    /// idle, connecting, playing, retrying
+    pub state: &'static str,
+    /// The lower transport in use (or last used): udp or tcp.
+    pub transport: Option<&'static str>,
+    pub connects: u64,
+    pub last_error: Option<String>,
+    pub tracks: Vec<TrackStatus>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TrackStatus {
+    pub session: String,
+    pub media: String,
+    pub clock_rate: u32,
+    pub packets: u64,
+    /// Datagrams that were not RTP, or RTP of another payload type: dropped.
+    pub dropped: u64,
+    /// How often the upstream's stream restarted (reconnects, SSRC changes).
+    pub breaks: u64,
+    pub lost: u64,
+}
+
+struct Track {
+    session: Session,
+    /// The engine's source socket for this track.
+    into: SocketAddr,
+    media: String,
+    clock: u32,
+    pt: Option<u8>,
+    restamp: Restamp,
+    stats: RecvStats,
+    packets: u64,
+    dropped: u64,
+    /// Expected/received at the last receiver report (for its fraction lost).
+    last_rr: (u64, u64),
+    /// The upstream's last sender report: its SSRC, NTP middle 32 bits, when.
+    last_sr: Option<(u32, u32, Instant)>,
+    /// Its wall clock against RTP time, on the clients' timeline: (NTP, RTP).
+    clock_map: Option<(u64, u32)>,
+}
+
+/// A track as the RTSP server side sees it.
+#[derive(Clone)]
+pub struct TrackRef {
+    pub session: Session,
+    pub clock: u32,
+    /// The upstream's NTP/RTP mapping (from its sender reports), so the proxy's own sender
+    /// reports keep audio and video in sync as the upstream had them.
+    pub clock_map: Option<(u64, u32)>,
+}
+
+struct State {
+    sdp: Option<Sdp>,
+    tracks: Vec<Track>,
+    state: &'static str,
+    transport: Option<&'static str>,
+    connects: u64,
+    last_error: Option<String>,
+    /// Until when someone wants the stream without being a sink yet (a DESCRIBE).
+    wanted_until: Option<Instant>,
+}
+
+pub struct Upstream {
+    name: String,
+    url: Url,
+    mode: RtspTransport,
+    on_demand: bool,
+    linger: Duration,
+    state: Mutex<State>,
+    /// Bumped when a description is available (and at every PLAY).
+    ready: tokio::sync::watch::Sender<u64>,
+    wake: tokio::sync::Notify,
+    /// Sends into the tracks' engine sockets.
+    feeder: UdpSocket,
+    /// UDP upstreams: per track, the RTCP socket and the server's RTCP address.
+    rtcp_out: Mutex<Vec<Option<RtcpOut>>>,
+    started: Instant,
+}
+
+impl Upstream {
+    /// `first` is the relay session that carries the first media section; its source is
+    /// already bound on loopback at `into`.
+    pub fn new(
+        name: &str,
+        url: Url,
+        mode: RtspTransport,
+        on_demand: bool,
+        linger: Duration,
+        first: Session,
+        into: SocketAddr,
+    ) -> std::io::Result<Arc<Self>> {
+        let feeder = UdpSocket::bind((IpAddr::from([127, 0, 0, 1]), 0))?;
+        feeder.set_nonblocking(true)?;
+        let track = Track::new(first, into, "video".into(), 90_000, None);
+        Ok(Arc::new(Self {
+            name: name.to_string(),
+            url,
+            mode,
+            on_demand,
+            linger,
+            state: Mutex::new(State {
+                sdp: None,
+                tracks: vec![track],
+                state: "idle",
+                transport: None,
+                connects: 0,
+                last_error: None,
+                wanted_until: None,
+            }),
+            ready: tokio::sync::watch::channel(0).0,
+            wake: tokio::sync::Notify::new(),
+            feeder,
+            rtcp_out: Mutex::new(Vec::new()),
+            started: Instant::now(),
+        }))
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    pub fn status(&self) -> UpstreamStatus {
+        let st = self.state.lock();
+        UpstreamStatus {
+            url: self.url.request_url(),
+            state: st.state,
+            transport: st.transport,
+            connects: st.connects,
+            last_error: st.last_error.clone(),
+            tracks: st
+                .tracks
+                .iter()
+                .map(|t| TrackStatus {
+                    session: t.session.name().to_string(),
+                    media: t.media.clone(),
+                    clock_rate: t.clock,
+                    packets: t.packets,
+                    dropped: t.dropped,
+                    breaks: t.restamp.breaks,
+                    lost: t.stats.lost(),
+                })
+                .collect(),
+        }
+    }
+
+    /// The tracks in media order.
+    pub fn tracks(&self) -> Vec<TrackRef> {
+        let st = self.state.lock();
+        st.tracks
+            .iter()
+            .map(|t| TrackRef { session: t.session.clone(), clock: t.clock, clock_map: t.clock_map })
+            .collect()
+    }
+
+    /// Per track, the RTP sequence number and timestamp a client joining now gets first:
+    /// the session's next packet, or the planned start before any packet arrived.
+    pub fn next_rtp(&self) -> Vec<Option<(u16, u32)>> {
+        let st = self.state.lock();
+        st.tracks
+            .iter()
+            .map(|t| t.session.rtp_start().map(|(_, seq, ts)| (seq, ts)).or(t.restamp.planned_start()))
+            .collect()
+    }
+
+    /// The upstream's description, once known.
+    pub fn sdp(&self) -> Option<Sdp> {
+        self.state.lock().sdp.clone()
+    }
+
+    /// A client asks for the stream: connect if idle, and wait (at most `wait`) for the
+    /// description. `None` if it did not come.
+    pub async fn demand(&self, wait: Duration) -> Option<Sdp> {
+        self.state.lock().wanted_until = Some(Instant::now() + SETUP_GRACE);
+        self.wake.notify_one();
+        let mut rx = self.ready.subscribe();
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            if let Some(sdp) = self.sdp() {
+                if self.state.lock().state == "playing" {
+                    return Some(sdp);
+                }
+            }
+            if tokio::time::timeout_at(deadline, rx.changed()).await.is_err() {
+                return self.sdp();
+            }
+        }
+    }
+
+    /// Whether anyone wants the stream now: a sink on any track, or a recent DESCRIBE.
+    fn wanted(&self) -> bool {
+        let st = self.state.lock();
+        !self.on_demand
+            || st.wanted_until.is_some_and(|t| t > Instant::now())
+            || st.tracks.iter().any(|t| !t.session.sinks().is_empty())
+    }
+
+    fn set_state(&self, state: &'static str) {
+        self.state.lock().state = state;
+    }
+
+    /// The tracks of a (new) description: clock rates, payload types, and a relay session
+    /// for every media section past the first.
+    fn adopt(&self, sdp: &Sdp, template: &fanout_io::SessionConfig, engine: &fanout_io::Engine) -> std::io::Result<()> {
+        let mut st = self.state.lock();
+        for (i, m) in sdp.media.iter().enumerate() {
+            let pt = m.formats.first().and_then(|f| f.parse::<u8>().ok());
+            let clock = m.formats.first().and_then(|f| m.rtpmap(f)).map_or(90_000, |(_, c)| c);
+            if i >= st.tracks.len() {
+                let mut cfg = template.clone();
+                cfg.name = format!("{}/{}", self.name, i);
+                let session = Session::new(cfg, engine);
+                let sock = bind_udp_source(SocketAddr::from(([127, 0, 0, 1], 0)), None)?;
+                let into = sock.local_addr()?;
+                session.attach_udp(sock)?;
+                st.tracks.push(Track::new(session, into, m.kind.clone(), clock, pt));
+            } else {
+                let t = &mut st.tracks[i];
+                if t.clock != clock && t.packets == 0 {
+                    t.restamp = Restamp::new(clock, random_start());
+                }
+                (t.media, t.clock, t.pt) = (m.kind.clone(), clock, pt);
+            }
+        }
+        st.sdp = Some(sdp.clone());
+        Ok(())
+    }
+
+    /// One datagram of track `i` from the upstream: into the relay, or counted and dropped.
+    fn feed_rtp(&self, i: usize, data: &mut [u8]) {
+        let now = self.now_ms();
+        let mut st = self.state.lock();
+        let Some(t) = st.tracks.get_mut(i) else { return };
+        let pt_ok = fanout_proto::rtp::RtpView::parse(data).is_ok_and(|v| t.pt.is_none_or(|pt| v.payload_type() == pt));
+        if !pt_ok || t.restamp.apply(data, now).is_err() {
+            t.dropped += 1;
+            return;
+        }
+        let v = fanout_proto::rtp::RtpView::parse(data).expect("checked above");
+        let arrival = (now.wrapping_mul(u64::from(t.clock)) / 1000) as u32;
+        t.stats.record(v.sequence_number(), v.timestamp(), arrival, now * 1_000_000);
+        t.packets += 1;
+        if self.feeder.send_to(data, t.into).is_err() {
+            t.dropped += 1;
+        }
+    }
+
+    /// An RTCP datagram of track `i` from the upstream: its sender reports feed our RRs.
+    fn feed_rtcp(&self, i: usize, data: &[u8]) {
+        let Ok(reports) = fanout_proto::rtcp::parse_reports(data) else { return };
+        let mut st = self.state.lock();
+        let Some(t) = st.tracks.get_mut(i) else { return };
+        // A sender report's NTP and RTP times sit at bytes 8..20 of the first packet.
+        if reports.first().is_some_and(|r| r.sender) && data.len() >= 20 {
+            let ntp = u64::from_be_bytes(data[8..16].try_into().expect("8 bytes"));
+            let rtp = u32::from_be_bytes(data[16..20].try_into().expect("4 bytes"));
+            t.last_sr = Some((reports[0].reporter, fanout_proto::rtcp::ntp_mid32(ntp), Instant::now()));
+            if t.restamp.ssrc().is_some() {
+                t.clock_map = Some((ntp, t.restamp.map_ts(rtp)));
+            }
+        }
+    }
+
+    /// A receiver report per track that has had packets, for the upstream.
+    fn receiver_reports(&self, reporter: u32) -> Vec<(usize, Vec<u8>)> {
+        let mut st = self.state.lock();
+        st.tracks
+            .iter_mut()
+            .enumerate()
+            .filter(|(_, t)| t.packets > 0)
+            .map(|(i, t)| {
+                let (expected, received) = (t.stats.expected(), t.stats.received);
+                let (de, dr) = (expected - t.last_rr.0, received.saturating_sub(t.last_rr.1));
+                t.last_rr = (expected, received);
+                let fraction = if de == 0 || dr >= de { 0 } else { ((de - dr) * 256 / de).min(255) as u8 };
+                let (src, lsr, dlsr) = match t.last_sr {
+                    Some((ssrc, mid, at)) => (ssrc, mid, (at.elapsed().as_secs_f64() * 65536.0) as u32),
+                    None => (0, 0, 0),
+                };
+                let block = fanout_proto::rtcp::ReportBlock {
+                    ssrc: src,
+                    fraction_lost: fraction,
+                    cumulative_lost: t.stats.lost().min(0x7f_ffff) as i32,
+                    highest_seq: t.stats.highest().saturating_sub(1 << 16) as u32,
+                    jitter: t.stats.jitter() as u32,
+                    lsr,
+                    dlsr,
+                };
+                let mut out = Vec::with_capacity(32);
+                fanout_proto::rtcp::write_receiver_report(&mut out, reporter, &block);
+                (i, out)
+            })
+            .collect()
+    }
+
+    /// Every track's stream restarts with the next packet (a new upstream session).
+    fn discontinuity(&self) {
+        for t in self.state.lock().tracks.iter_mut() {
+            t.restamp.discontinuity();
+            t.stats = RecvStats::default();
+            t.last_rr = (0, 0);
+            t.last_sr = None;
+            t.clock_map = None;
+        }
+    }
+
+    fn packets(&self) -> u64 {
+        self.state.lock().tracks.iter().map(|t| t.packets).sum()
+    }
+
+    /// Closes the sessions of the tracks past the first (the first belongs to the relay).
+    pub fn close_tracks(&self) {
+        let extra: Vec<Session> = self.state.lock().tracks.drain(1..).map(|t| t.session).collect();
+        for s in extra {
+            s.close();
+        }
+    }
+}
+
+impl Track {
+    fn new(session: Session, into: SocketAddr, media: String, clock: u32, pt: Option<u8>) -> Self {
+        Self {
+            session,
+            into,
+            media,
+            clock,
+            pt,
+            restamp: Restamp::new(clock, random_start()),
+            stats: RecvStats::default(),
+            packets: 0,
+            dropped: 0,
+            last_rr: (0, 0),
+            last_sr: None,
+            clock_map: None,
+        }
+    }
+}
+
+/// How one upstream session ended.
+enum Ended {
+    /// Torn down: nobody wants the stream.
+    Idle,
+    /// UDP brought nothing or was refused: try TCP next.
+    UseTcp(&'static str),
+}
+
+/// Runs the upstream for the relay session's lifetime (the task is aborted with it).
+pub async fn run(up: Arc<Upstream>, template: fanout_io::SessionConfig, relay: std::sync::Weak<crate::relay::Relay>) {
+    struct CloseTracks(Arc<Upstream>);
+    impl Drop for CloseTracks {
+        fn drop(&mut self) {
+            self.0.close_tracks();
+        }
+    }
+    let _guard = CloseTracks(up.clone());
+    let mut backoff = Duration::from_secs(1);
+    let mut tcp = up.mode == RtspTransport::Tcp;
+    loop {
+        while !up.wanted() {
+            up.set_state("idle");
+            let _ = tokio::time::timeout(Duration::from_millis(500), up.wake.notified()).await;
+        }
+        up.set_state("connecting");
+        up.state.lock().connects += 1;
+        let Some(r) = relay.upgrade() else { return };
+        match connect_once(&up, tcp, &template, &r.engine).await {
+            Ok(Ended::Idle) => {
+                tracing::info!(session = %up.name, "upstream torn down: no clients for {:?}", up.linger);
+                backoff = Duration::from_secs(1);
+            }
+            Ok(Ended::UseTcp(why)) => {
+                tracing::warn!(session = %up.name, "{why}: switching to TCP interleaved");
+                up.state.lock().last_error = Some(format!("{why}: switched to TCP interleaved"));
+                tcp = true;
+            }
+            Err(e) => {
+                tracing::warn!(session = %up.name, url = %up.url.request_url(), "upstream: {e}; retrying in {backoff:?}");
+                {
+                    let mut st = up.state.lock();
+                    st.last_error = Some(e);
+                    st.state = "retrying";
+                }
+                up.ready.send_modify(|g| *g += 1); // waiting DESCRIBEs learn it failed
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                if up.mode == RtspTransport::Auto {
+                    tcp = false;
+                }
+            }
+        }
+        up.discontinuity();
+    }
+}
+
+/// The UDP port pairs of the tracks (RTP even, RTCP odd) on the local address of the control
+/// connection.
+fn udp_pairs(ip: IpAddr, n: usize) -> std::io::Result<Vec<(tokio::net::UdpSocket, tokio::net::UdpSocket)>> {
+    (0..n)
+        .map(|_| {
+            let (a, b) = crate::rtsp::port_pair(ip)?;
+            a.set_nonblocking(true)?;
+            b.set_nonblocking(true)?;
+            Ok((tokio::net::UdpSocket::from_std(a)?, tokio::net::UdpSocket::from_std(b)?))
+        })
+        .collect()
+}
+
+async fn connect_once(
+    up: &Arc<Upstream>,
+    tcp: bool,
+    template: &fanout_io::SessionConfig,
+    engine: &fanout_io::Engine,
+) -> Result<Ended, String> {
+    let addr = (up.url.host.as_str(), up.url.port);
+    let mut stream = tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(addr))
+        .await
+        .map_err(|_| "connect timed out after 5 s".to_string())?
+        .map_err(|e| format!("cannot connect: {e}"))?;
+    let _ = stream.set_nodelay(true);
+    let local = stream.local_addr().map_err(|e| e.to_string())?.ip();
+    let peer = stream.peer_addr().map_err(|e| e.to_string())?.ip();
+    let mut client = Client::new(up.url.clone(), concat!("fanout/", env!("CARGO_PKG_VERSION")));
+    stream.write_all(&client.start(up.now_ms())).await.map_err(|e| e.to_string())?;
+    let limits = Limits { max_body: 1 << 20, ..Limits::default() };
+    let mut buf: Vec<u8> = Vec::with_capacity(8192);
+    let mut chunk = vec![0u8; 65536];
+    let mut udp: Vec<(tokio::net::UdpSocket, tokio::net::UdpSocket)> = Vec::new();
+    let mut readers = tokio::task::JoinSet::new();
+    let reporter = reporter_ssrc(up);
+    let connected_at = Instant::now();
+    let mut playing_since: Option<Instant> = None;
+    let mut next_report = tokio::time::Instant::now() + REPORT_EVERY;
+    let mut last_count = (0u64, Instant::now());
+    let mut idle_since: Option<Instant> = None;
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        // Every complete message in the buffer.
+        loop {
+            let parsed = rtsp::parse(&buf, &limits).map_err(|e| format!("upstream sent garbage: {e}"))?;
+            let Some((msg, used)) = parsed else { break };
+            buf.drain(..used);
+            match msg {
+                Message::Interleaved { channel, mut data } => {
+                    // Channels are 2i (RTP) and 2i+1 (RTCP) unless the server moved them.
+                    let hit = client.tracks.iter().enumerate().find_map(|(i, t)| match t.lower {
+                        Lower::Interleaved { rtp, .. } if rtp == channel => Some((i, true)),
+                        Lower::Interleaved { rtcp, .. } if rtcp == channel => Some((i, false)),
+                        _ => None,
+                    });
+                    match hit {
+                        Some((i, true)) => up.feed_rtp(i, &mut data),
+                        Some((i, false)) => up.feed_rtcp(i, &data),
+                        None => {} // a channel we did not set up: ignored
+                    }
+                }
+                Message::Request(_) => {} // servers may send OPTIONS/ANNOUNCE: not needed
+                Message::Response(resp) => {
+                    let step = match client.on_response(&resp, up.now_ms()) {
+                        Ok(step) => step,
+                        // 461 Unsupported Transport: the server does not do UDP.
+                        Err(e) if e.status == Some(461) && !tcp && up.mode == RtspTransport::Auto => {
+                            return Ok(Ended::UseTcp("the upstream refused UDP (461)"));
+                        }
+                        Err(e) => return Err(e.to_string()),
+                    };
+                    match step {
+                        Step::Send(b) => stream.write_all(&b).await.map_err(|e| e.to_string())?,
+                        Step::Described(sdp) => {
+                            up.adopt(&sdp, template, engine).map_err(|e| format!("cannot open the tracks: {e}"))?;
+                            let lowers: Vec<Lower> = if tcp {
+                                (0..sdp.media.len())
+                                    .map(|i| Lower::Interleaved { rtp: (2 * i) as u8, rtcp: (2 * i + 1) as u8 })
+                                    .collect()
+                            } else {
+                                udp = udp_pairs(local, sdp.media.len()).map_err(|e| e.to_string())?;
+                                udp.iter()
+                                    .map(|(a, b)| Lower::Udp {
+                                        client_rtp: a.local_addr().map_or(0, |x| x.port()),
+                                        client_rtcp: b.local_addr().map_or(0, |x| x.port()),
+                                    })
+                                    .collect()
+                            };
+                            let b = client.setup(lowers, up.now_ms()).map_err(|e| e.to_string())?;
+                            stream.write_all(&b).await.map_err(|e| e.to_string())?;
+                        }
+                        Step::Playing => {
+                            let transport = if tcp { "tcp" } else { "udp" };
+                            tracing::info!(session = %up.name, url = %up.url.request_url(), transport, tracks = client.tracks.len(), "upstream playing");
+                            {
+                                let mut st = up.state.lock();
+                                st.state = "playing";
+                                st.transport = Some(transport);
+                            }
+                            playing_since = Some(Instant::now());
+                            last_count = (up.packets(), Instant::now());
+                            // UDP: read every track's ports; punch the upstream's ports open.
+                            for (i, (rtp, rtcp)) in udp.drain(..).enumerate() {
+                                let server = client.tracks[i].server_ports;
+                                // Open a NAT's way for the upstream's RTCP (an empty receiver report).
+                                if let Some((_, sc)) = server {
+                                    let _ = rtcp.send_to(&[0x80, 201, 0, 1, 0, 0, 0, 0], (peer, sc)).await;
+                                }
+                                let rtcp = Arc::new(rtcp);
+                                let (u1, u2, r2) = (up.clone(), up.clone(), rtcp.clone());
+                                readers.spawn(async move {
+                                    let mut b = vec![0u8; 65536];
+                                    while let Ok((n, from)) = rtp.recv_from(&mut b).await {
+                                        if from.ip() == peer {
+                                            u1.feed_rtp(i, &mut b[..n]);
+                                        }
+                                    }
+                                });
+                                readers.spawn(async move {
+                                    let mut b = vec![0u8; 2048];
+                                    while let Ok((n, from)) = r2.recv_from(&mut b).await {
+                                        if from.ip() == peer {
+                                            u2.feed_rtcp(i, &b[..n]);
+                                        }
+                                    }
+                                });
+                                udp_rtcp_out(up, i, rtcp, server.map(|(_, c)| SocketAddr::new(peer, c)));
+                            }
+                            up.ready.send_modify(|g| *g += 1);
+                        }
+                        Step::Idle => {}
+                    }
+                }
+            }
+        }
+        tokio::select! {
+            r = stream.read(&mut chunk) => {
+                let n = r.map_err(|e| format!("upstream connection: {e}"))?;
+                if n == 0 {
+                    return Err("the upstream closed the connection".into());
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            _ = tick.tick() => {
+                let now = Instant::now();
+                if let Some(k) = client.keepalive(up.now_ms()) {
+                    stream.write_all(&k).await.map_err(|e| e.to_string())?;
+                }
+                if let Some(since) = playing_since {
+                    let count = up.packets();
+                    if count != last_count.0 {
+                        last_count = (count, now);
+                    }
+                    if !tcp && up.mode == RtspTransport::Auto && count == 0 && now - since > UDP_GRACE {
+                        teardown(&mut client, &mut stream, up).await;
+                        return Ok(Ended::UseTcp("nothing arrived over UDP in 3 s"));
+                    }
+                    if now - last_count.1 > SILENCE {
+                        return Err(format!("no RTP from the upstream for {SILENCE:?}"));
+                    }
+                    if tokio::time::Instant::now() >= next_report {
+                        next_report += REPORT_EVERY;
+                        for (i, rr) in up.receiver_reports(reporter) {
+                            if tcp {
+                                if let Lower::Interleaved { rtcp, .. } = client.tracks[i].lower {
+                                    let mut out = Vec::with_capacity(rr.len() + 4);
+                                    rtsp::write_interleaved(&mut out, rtcp, &rr);
+                                    stream.write_all(&out).await.map_err(|e| e.to_string())?;
+                                }
+                            } else {
+                                up.send_udp_rr(i, &rr);
+                            }
+                        }
+                    }
+                } else if connected_at.elapsed() > Duration::from_secs(10) {
+                    return Err("the upstream did not answer within 10 s".into());
+                }
+                if up.wanted() {
+                    idle_since = None;
+                } else if idle_since.get_or_insert(now).elapsed() >= up.linger {
+                    teardown(&mut client, &mut stream, up).await;
+                    return Ok(Ended::Idle);
+                }
+            }
+        }
+    }
+}
+
+/// Where each track's receiver reports go over UDP: the RTCP socket and the server's port.
+type RtcpOut = (Arc<tokio::net::UdpSocket>, Option<SocketAddr>);
+
+fn udp_rtcp_out(up: &Upstream, i: usize, sock: Arc<tokio::net::UdpSocket>, to: Option<SocketAddr>) {
+    let mut outs = up.rtcp_out.lock();
+    if outs.len() <= i {
+        outs.resize_with(i + 1, || None);
+    }
+    outs[i] = Some((sock, to));
+}
+
+impl Upstream {
+    fn send_udp_rr(&self, i: usize, rr: &[u8]) {
+        if let Some(Some((sock, Some(to)))) = self.rtcp_out.lock().get(i) {
+            let _ = sock.try_send_to(rr, *to);
+        }
+    }
+}
+
+async fn teardown(client: &mut Client, stream: &mut tokio::net::TcpStream, up: &Upstream) {
+    if let Some(b) = client.teardown(up.now_ms()) {
+        // Best effort: the answer is not awaited beyond a short grace.
+        let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&b)).await;
+        let mut scratch = [0u8; 1024];
+        let _ = tokio::time::timeout(Duration::from_millis(300), stream.read(&mut scratch)).await;
+    }
+    up.rtcp_out.lock().clear();
+}
+
+/// A random-enough RTP start (RFC 3550 §5.1): clock nanoseconds mixed with the process id.
+fn random_start() -> (u16, u32) {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let x = (t ^ u64::from(std::process::id()) << 32).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    ((x >> 48) as u16, (x >> 8) as u32)
+}
+
+/// A reporter SSRC for our receiver reports: differs per process and connection.
+fn reporter_ssrc(up: &Upstream) -> u32 {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    t ^ std::process::id().rotate_left(16) ^ up.state.lock().connects as u32
+}

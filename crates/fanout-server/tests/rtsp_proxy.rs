@@ -1,0 +1,232 @@
+//! Sessions with an `rtsp://` source: the relay is an RTSP client of an upstream and serves
+//! its clients from one upstream session. A scripted upstream (a thread here) plays the
+//! faults a real one has: it restarts, changes SSRC, sends garbage, refuses UDP or sends
+//! nothing over it.
+
+mod common;
+use common::*;
+use serde_json::json;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const SDP: &str = "v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=fake\r\nt=0 0\r\nm=video 0 RTP/AVP 33\r\na=rtpmap:33 MP2T/90000\r\na=control:trackID=0\r\n";
+
+/// What the scripted upstream does.
+#[derive(Clone, Copy)]
+enum Script {
+    /// TCP interleaved. First connection: 50 packets (SSRC 0xA), garbage, 50 packets (SSRC
+    /// 0xB), then it hangs up. Every later connection: 50 packets (SSRC 0xC), then it waits.
+    RestartAndGarbage,
+    /// Answers a UDP SETUP with 461; streams over TCP.
+    RefuseUdp,
+    /// Accepts UDP and sends nothing over it; streams over TCP.
+    SilentUdp,
+}
+
+struct Fake {
+    addr: SocketAddr,
+    connections: Arc<AtomicUsize>,
+    teardowns: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for Fake {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn rtp(ssrc: u32, seq: u16) -> Vec<u8> {
+    let mut p = vec![0x80, 33];
+    p.extend_from_slice(&seq.to_be_bytes());
+    p.extend_from_slice(&(u32::from(seq) * 3000).to_be_bytes());
+    p.extend_from_slice(&ssrc.to_be_bytes());
+    p.extend_from_slice(&[0x47; 188]);
+    p
+}
+
+fn fake_upstream(script: Script) -> Fake {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let (connections, teardowns, stop) = (Arc::default(), Arc::default(), Arc::new(AtomicBool::new(false)));
+    let f = Fake { addr, connections: Arc::clone(&connections), teardowns: Arc::clone(&teardowns), stop: stop.clone() };
+    l.set_nonblocking(true).unwrap();
+    std::thread::spawn(move || {
+        let end = Instant::now() + Duration::from_secs(60);
+        while !stop.load(Ordering::Relaxed) && Instant::now() < end {
+            let Ok((s, _)) = l.accept() else {
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            };
+            let n = connections.fetch_add(1, Ordering::Relaxed);
+            let (teardowns, stop) = (teardowns.clone(), stop.clone());
+            std::thread::spawn(move || serve_fake(s, n, script, &teardowns, &stop));
+        }
+    });
+    f
+}
+
+/// One upstream connection: answers requests in order; streams once PLAY is answered.
+fn serve_fake(mut s: TcpStream, n: usize, script: Script, teardowns: &AtomicUsize, stop: &AtomicBool) {
+    s.set_nonblocking(false).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    let (mut buf, mut chunk) = (Vec::new(), [0u8; 4096]);
+    let end = Instant::now() + Duration::from_secs(60);
+    let mut playing = false;
+    let mut sent_phase = false;
+    let mut tcp = false;
+    while !stop.load(Ordering::Relaxed) && Instant::now() < end {
+        match s.read(&mut chunk) {
+            Ok(0) => return,
+            Ok(k) => buf.extend_from_slice(&chunk[..k]),
+            Err(_) => {}
+        }
+        while let Ok(Some((msg, used))) = fanout_proto::rtsp::parse(&buf, &fanout_proto::rtsp::Limits::default()) {
+            buf.drain(..used);
+            let fanout_proto::rtsp::Message::Request(req) = msg else { continue };
+            let mut r = fanout_proto::rtsp::Response::new(200, req.headers.cseq());
+            match req.method.as_str() {
+                "OPTIONS" => r.headers.set("Public", "OPTIONS, DESCRIBE, SETUP, PLAY, TEARDOWN"),
+                "DESCRIBE" => {
+                    r.headers.set("Content-Base", format!("{}/", req.uri));
+                    r.headers.set("Content-Type", "application/sdp");
+                    r.body = SDP.as_bytes().to_vec();
+                }
+                "SETUP" => {
+                    let t = req.headers.get("Transport").unwrap_or("").to_string();
+                    tcp = t.contains("TCP");
+                    if t.contains("client_port") && matches!(script, Script::RefuseUdp) {
+                        r = fanout_proto::rtsp::Response::new(461, req.headers.cseq());
+                    } else {
+                        r.headers.set("Transport", format!("{t};server_port=9-10"));
+                        r.headers.set("Session", "f00d;timeout=60");
+                    }
+                }
+                "PLAY" => playing = true,
+                "TEARDOWN" => {
+                    teardowns.fetch_add(1, Ordering::Relaxed);
+                    playing = false;
+                }
+                _ => r = fanout_proto::rtsp::Response::new(405, req.headers.cseq()),
+            }
+            let mut out = Vec::new();
+            r.write(&mut out);
+            s.write_all(&out).unwrap();
+        }
+        if playing && !sent_phase {
+            sent_phase = true;
+            // Give the proxy's clients time to join after the upstream plays.
+            std::thread::sleep(Duration::from_millis(700));
+            let frame = |s: &mut TcpStream, data: &[u8]| {
+                let mut out = Vec::new();
+                fanout_proto::rtsp::write_interleaved(&mut out, 0, data);
+                s.write_all(&out).unwrap();
+                std::thread::sleep(Duration::from_millis(5));
+            };
+            match (script, n) {
+                (Script::RestartAndGarbage, 0) => {
+                    (0..50).for_each(|i| frame(&mut s, &rtp(0xA, 1000 + i)));
+                    frame(&mut s, b"garbage");
+                    let mut wrong_pt = rtp(0xA, 1050);
+                    wrong_pt[1] = 99;
+                    frame(&mut s, &wrong_pt);
+                    (0..50).for_each(|i| frame(&mut s, &rtp(0xB, 7 + i)));
+                    return; // hang up: the proxy reconnects
+                }
+                (Script::RestartAndGarbage, _) => (0..50).for_each(|i| frame(&mut s, &rtp(0xC, 40_000 + i))),
+                // Over UDP it sends nothing at all.
+                (Script::RefuseUdp | Script::SilentUdp, _) if tcp => (0..50).for_each(|i| frame(&mut s, &rtp(0xD, i))),
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Reads RTP from a client's socket until `n` packets came or `limit` passed.
+fn receive(sock: &UdpSocket, n: usize, limit: Duration) -> Vec<(u32, u16)> {
+    sock.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    let (mut got, mut buf) = (Vec::new(), [0u8; 2048]);
+    let end = Instant::now() + limit;
+    while got.len() < n && Instant::now() < end {
+        if let Ok(k) = sock.recv(&mut buf) {
+            let v = fanout_proto::rtp::RtpView::parse(&buf[..k]).expect("clients get RTP only");
+            got.push((v.ssrc(), v.sequence_number()));
+        }
+    }
+    got
+}
+
+fn start_with(upstream: SocketAddr, transport: &str) -> Relay {
+    let relay = Relay::start(&["--rtsp", "127.0.0.1:0", "--no-demo"]);
+    let spec = json!({ "name": "cam", "source": {
+        "rtsp": format!("rtsp://{upstream}/cam"), "rtsp_transport": transport, "linger_s": 1 } });
+    relay.ok("POST", "/v1/sessions", Some(spec));
+    relay
+}
+
+/// The upstream restarts, changes SSRC and slips in garbage: the client sees one SSRC and
+/// sequence numbers without a gap from the one RTP-Info announced; the garbage is counted
+/// and dropped; after the client leaves, the upstream is torn down a linger later.
+#[test]
+fn clients_see_one_stream_across_upstream_restarts_and_ssrc_changes() {
+    let fake = fake_upstream(Script::RestartAndGarbage);
+    let relay = start_with(fake.addr, "tcp");
+    assert_eq!(fake.connections.load(Ordering::Relaxed), 0, "on demand: no upstream before a client");
+    let mut p = rtsp_play(rtsp_addr(&relay), "cam", None);
+    assert!(p.sdp.contains("a=rtpmap:33 MP2T/90000") && p.sdp.contains("a=control:trackID=0"), "{}", p.sdp);
+    let got = receive(&p.rtp, 150, Duration::from_secs(20));
+    let status = relay.ok("GET", "/v1/sessions/cam", None);
+    assert_eq!(got.len(), 150, "50 + 50 + 50 packets; got {}: {status}", got.len());
+    let ssrc = got[0].0;
+    assert!(got.iter().all(|(s, _)| *s == ssrc), "one SSRC for the client");
+    let want: Vec<u16> = (0..150).map(|k| p.seq.wrapping_add(k)).collect();
+    assert_eq!(got.iter().map(|x| x.1).collect::<Vec<_>>(), want, "RTP-Info's sequence number first, no gap");
+    let up = &status["upstream"];
+    assert_eq!(up["tracks"][0]["dropped"], 2, "garbage and a wrong payload type are dropped: {up}");
+    assert_eq!(up["tracks"][0]["breaks"], 2, "an SSRC change and a reconnect: {up}");
+    assert!(up["connects"].as_u64() >= Some(2), "{up}");
+
+    // The client leaves: one linger (1 s) later the upstream session is torn down.
+    let url = format!("rtsp://{}/cam", rtsp_addr(&relay));
+    p.conn.write_all(format!("TEARDOWN {url} RTSP/1.0\r\nCSeq: 9\r\nSession: {}\r\n\r\n", p.session).as_bytes()).unwrap();
+    assert!(
+        wait_for(Duration::from_secs(8), || fake.teardowns.load(Ordering::Relaxed) == 1),
+        "the upstream should get TEARDOWN after the linger"
+    );
+    assert!(wait_for(Duration::from_secs(3), || relay.ok("GET", "/v1/sessions/cam", None)["upstream"]["state"] == "idle"));
+}
+
+/// `auto` transport: an upstream that refuses UDP (461), and one that accepts it but sends
+/// nothing over it, are both played over TCP interleaved.
+#[test]
+fn auto_transport_falls_back_to_tcp() {
+    for script in [Script::RefuseUdp, Script::SilentUdp] {
+        let fake = fake_upstream(script);
+        let relay = start_with(fake.addr, "auto");
+        let p = rtsp_play(rtsp_addr(&relay), "cam", None);
+        let got = receive(&p.rtp, 10, Duration::from_secs(15));
+        let up = relay.ok("GET", "/v1/sessions/cam", None)["upstream"].clone();
+        assert!(got.len() >= 10, "{up}");
+        assert_eq!(up["transport"], "tcp", "{up}");
+        assert!(up["last_error"].as_str().is_some_and(|e| e.contains("switched to TCP")), "{up}");
+    }
+}
+
+/// Bad sources are refused with the field named.
+#[test]
+fn bad_rtsp_sources_are_refused() {
+    let relay = Relay::start(&["--rtsp", "127.0.0.1:0", "--no-demo"]);
+    for (source, words) in [
+        (json!({ "rtsp": "http://x/" }), "rtsp"),
+        (json!({ "rtsp": "rtsp://h:notaport/" }), "port"),
+        (json!({ "rtsp": "rtsp://h/", "rtsp_transport": "quic" }), "rtsp_transport"),
+        (json!({ "udp": "127.0.0.1:0", "linger_s": 3 }), "only apply"),
+    ] {
+        let (code, body) = relay.call("POST", "/v1/sessions", Some(json!({ "name": "x", "source": source })));
+        assert!(code == 400 || code == 422, "{source}: {code} {body}");
+        assert!(body.to_string().contains(words), "{source}: {body}");
+    }
+}
