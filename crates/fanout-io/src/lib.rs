@@ -23,6 +23,7 @@
 //! Invariants: a packet is written into memory once (by the kernel, on receive); a task runs
 //! on one worker at a time; lock order is group → ring; the reactor never does I/O.
 
+pub mod channel;
 pub mod engine;
 pub mod kernel;
 pub mod packet;

@@ -576,6 +576,15 @@ impl Session {
         self.add_sink(target, crate::sink::SinkIo::Stream(stream), http)
     }
 
+    /// Adds a sink whose packets go into `queue` (shown as a TCP sink of `peer`).
+    pub fn add_channel_sink(
+        &self,
+        peer: SocketAddr,
+        queue: Arc<crate::channel::ChannelQueue>,
+    ) -> std::io::Result<u64> {
+        self.add_sink(SinkTarget::Tcp(peer), crate::sink::SinkIo::Channel(queue), false)
+    }
+
     fn add_sink(&self, target: SinkTarget, io: crate::sink::SinkIo, strip: bool) -> std::io::Result<u64> {
         let id = self.inner.next_sink.fetch_add(1, Ordering::Relaxed);
         // A new sink starts at the last video keyframe still held, so a player shows a

@@ -23,6 +23,8 @@ pub(crate) enum SinkIo {
     Unconnected(RawAddr),
     /// A TCP or HTTP subscriber.
     Stream(TcpStream),
+    /// A queue a protocol task drains (RTSP interleaved clients).
+    Channel(Arc<crate::channel::ChannelQueue>),
     Closed,
 }
 
@@ -325,6 +327,10 @@ impl Job for GroupJob {
                 (SinkIo::Unconnected(addr), _) => send_udp_copy(group_fd, addr, pending, ctx),
                 (SinkIo::Stream(_), DataPath::Shared | DataPath::Uring) => send_stream_vectored(sink, pending, ctx),
                 (SinkIo::Stream(_), _) => send_stream_copy(sink, pending, ctx),
+                (SinkIo::Channel(q), _) => {
+                    q.push(pending);
+                    Ok(pending.len())
+                }
                 (SinkIo::Closed, _) => Ok(0),
             };
             match r {

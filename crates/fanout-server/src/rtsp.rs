@@ -29,8 +29,10 @@ use tokio::net::{TcpListener, TcpStream};
 struct Client {
     resource: String,
     peer: IpAddr,
-    /// Set-up tracks: the track, the client's RTP and RTCP ports.
-    tracks: Vec<(usize, u16, u16)>,
+    /// The RTSP connection it set up on (interleaved tracks are served there).
+    conn: u64,
+    /// Set-up tracks: the track and its lower transport.
+    tracks: Vec<(usize, Lower)>,
     /// The relay sinks while playing: the track and the sink id in its session.
     sinks: Vec<(usize, u64)>,
     reports: u64,
@@ -45,6 +47,8 @@ pub struct ClientStatus {
     pub resource: String,
     pub peer: IpAddr,
     pub rtp_port: Option<u16>,
+    /// RTP on its RTSP connection.
+    pub interleaved: bool,
     pub playing: bool,
     pub rtcp_reports: u64,
     /// From its last receiver report.
@@ -65,6 +69,33 @@ pub struct Rtsp {
     /// RTCP (read by `serve`).
     _rtp_port: std::net::UdpSocket,
     rtcp: Mutex<Option<std::net::UdpSocket>>,
+    conns: Mutex<HashMap<u64, Arc<Conn>>>,
+}
+
+/// A client's UDP ports (RTP, RTCP) on a track, `None` for an interleaved one.
+fn udp_ports(l: &Lower) -> Option<(u16, u16)> {
+    match *l {
+        Lower::Udp { client_rtp, client_rtcp } => Some((client_rtp, client_rtcp)),
+        Lower::Interleaved { .. } => None,
+    }
+}
+
+fn interleaved_rtp(l: &Lower) -> Option<u8> {
+    match *l {
+        Lower::Interleaved { rtp, .. } => Some(rtp),
+        Lower::Udp { .. } => None,
+    }
+}
+
+/// Packets an interleaved client may have waiting before it loses some.
+const INTERLEAVED_QUEUE: usize = 2048;
+
+/// An RTSP connection as the data path sees it: the queues of its interleaved tracks (by
+/// RTP channel) and the wake-up for the task that writes them.
+#[derive(Default)]
+struct Conn {
+    notify: tokio::sync::Notify,
+    queues: Mutex<Vec<(u8, Arc<fanout_io::channel::ChannelQueue>)>>,
 }
 
 /// The description of a relay session for RTSP clients: an upstream's media, else one
@@ -115,13 +146,14 @@ impl Rtsp {
         let ports = (rtcp.0.local_addr()?.port(), rtcp.1.local_addr()?.port());
         let seed =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
-        let cfg = Config { server_ports: ports, interleaved: false, users, ..Config::default() };
+        let cfg = Config { server_ports: ports, interleaved: true, users, ..Config::default() };
         Ok(Arc::new(Self {
             server: Mutex::new(Server::new(cfg, seed ^ u64::from(std::process::id()))),
             clients: Mutex::new(HashMap::new()),
             started: Instant::now(),
             _rtp_port: rtcp.0,
             rtcp: Mutex::new(Some(rtcp.1)),
+            conns: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -135,7 +167,8 @@ impl Rtsp {
                 session: id.clone(),
                 resource: c.resource.clone(),
                 peer: c.peer,
-                rtp_port: c.tracks.first().map(|t| t.1),
+                rtp_port: c.tracks.iter().find_map(|t| udp_ports(&t.1)).map(|p| p.0),
+                interleaved: c.tracks.iter().any(|t| udp_ports(&t.1).is_none()),
                 playing: server.state(id) == Some(fanout_proto::rtsp_server::State::Playing),
                 rtcp_reports: c.reports,
                 fraction_lost: c.last_report.map(|(b, _)| f64::from(b.fraction_lost) / 256.0),
@@ -180,22 +213,27 @@ impl Rtsp {
                         sink.packets_sent as u32,
                         sink.bytes_sent as u32,
                     );
-                    let rtcp_port = c.tracks.iter().find(|x| x.0 == t)?.2;
+                    // Interleaved clients get none yet (their RTCP would go on the connection).
+                    let (_, rtcp_port) = udp_ports(&c.tracks.iter().find(|x| x.0 == t)?.1)?;
                     Some((SocketAddr::new(c.peer, rtcp_port), sr))
                 })
             })
             .collect()
     }
 
-    /// A datagram on the RTCP port: a report from a client keeps its session alive.
-    fn rtcp_from(&self, from: SocketAddr, data: &[u8]) {
+    /// RTCP on an interleaved client's RTCP channel.
+    fn rtcp_on_conn(&self, conn: u64, channel: u8, data: &[u8]) {
         let Ok(reports) = fanout_proto::rtcp::parse_reports(data) else { return };
         let mut clients = self.clients.lock();
-        let Some((id, c)) =
-            clients.iter_mut().find(|(_, c)| c.peer == from.ip() && c.tracks.iter().any(|t| t.2 == from.port()))
-        else {
+        let Some((id, c)) = clients.iter_mut().find(|(_, c)| {
+            c.conn == conn && c.tracks.iter().any(|t| matches!(t.1, Lower::Interleaved { rtcp, .. } if rtcp == channel))
+        }) else {
             return;
         };
+        self.record_reports(id, c, &reports);
+    }
+
+    fn record_reports(&self, id: &str, c: &mut Client, reports: &[fanout_proto::rtcp::Report]) {
         c.reports += 1;
         if let Some(b) = reports.iter().flat_map(|r| r.blocks.iter()).next() {
             c.last_report = Some((*b, Instant::now()));
@@ -204,6 +242,20 @@ impl Rtsp {
             }
         }
         self.server.lock().touch(id, self.now_ms());
+    }
+
+    /// A datagram on the RTCP port: a report from a client keeps its session alive.
+    fn rtcp_from(&self, from: SocketAddr, data: &[u8]) {
+        let Ok(reports) = fanout_proto::rtcp::parse_reports(data) else { return };
+        let mut clients = self.clients.lock();
+        let Some((id, c)) =
+            clients.iter_mut().find(|(_, c)| {
+                c.peer == from.ip() && c.tracks.iter().any(|t| udp_ports(&t.1).is_some_and(|p| p.1 == from.port()))
+            })
+        else {
+            return;
+        };
+        self.record_reports(id, c, &reports);
     }
 
     fn now_ms(&self) -> u64 {
@@ -215,11 +267,11 @@ impl Rtsp {
         let mut clients = self.clients.lock();
         for a in actions {
             match a {
-                Action::Setup { session, resource, lower, track, .. } => {
-                    let Lower::Udp { client_rtp, client_rtcp } = lower else { continue };
+                Action::Setup { session, resource, lower, track, conn } => {
                     let c = clients.entry(session).or_insert_with(|| Client {
                         resource,
                         peer,
+                        conn,
                         tracks: Vec::new(),
                         sinks: Vec::new(),
                         reports: 0,
@@ -227,14 +279,30 @@ impl Rtsp {
                         rtt: None,
                     });
                     c.tracks.retain(|t| t.0 != track);
-                    c.tracks.push((track, client_rtp, client_rtcp));
+                    c.tracks.push((track, lower));
                 }
                 Action::Play { session } => {
                     let Some(c) = clients.get_mut(&session) else { continue };
                     let tracks = relay.tracks(&c.resource);
-                    for &(t, port, _) in &c.tracks {
+                    for &(t, lower) in &c.tracks {
                         let Some(tr) = tracks.get(t) else { continue };
-                        match tr.session.add_udp_sink(SocketAddr::new(c.peer, port)) {
+                        let added = match lower {
+                            Lower::Udp { client_rtp, .. } => tr.session.add_udp_sink(SocketAddr::new(c.peer, client_rtp)),
+                            Lower::Interleaved { rtp, .. } => match self.conns.lock().get(&c.conn) {
+                                Some(conn) => {
+                                    let wake = conn.clone();
+                                    let q = fanout_io::channel::ChannelQueue::new(INTERLEAVED_QUEUE, move || {
+                                        wake.notify.notify_one()
+                                    });
+                                    let mut qs = conn.queues.lock();
+                                    qs.retain(|(ch, _)| *ch != rtp);
+                                    qs.push((rtp, q.clone()));
+                                    tr.session.add_channel_sink(SocketAddr::new(c.peer, 0), q)
+                                }
+                                None => Err(std::io::Error::other("its connection is gone")),
+                            },
+                        };
+                        match added {
                             Ok(id) => c.sinks.push((t, id)),
                             Err(e) => tracing::warn!(rtsp_session = %session, "cannot add the client's sink: {e}"),
                         }
@@ -248,6 +316,10 @@ impl Rtsp {
                         if let Some(tr) = tracks.get(t) {
                             tr.session.remove_sink(id);
                         }
+                    }
+                    if let Some(conn) = self.conns.lock().get(&c.conn) {
+                        let channels: Vec<u8> = c.tracks.iter().filter_map(|t| interleaved_rtp(&t.1)).collect();
+                        conn.queues.lock().retain(|(ch, _)| !channels.contains(ch));
                     }
                 }
             }
@@ -341,16 +413,35 @@ async fn connection(
     relay: &Arc<Relay>,
     rtsp: &Arc<Rtsp>,
 ) -> std::io::Result<()> {
+    /// Forgets the connection's queues when it ends.
+    struct Registered<'a>(&'a Rtsp, u64);
+    impl Drop for Registered<'_> {
+        fn drop(&mut self) {
+            self.0.conns.lock().remove(&self.1);
+        }
+    }
+    let me = Arc::new(Conn::default());
+    rtsp.conns.lock().insert(conn, me.clone());
+    let _registered = Registered(rtsp, conn);
     let limits = Limits::default();
     let mut buf: Vec<u8> = Vec::with_capacity(4096);
     let mut chunk = [0u8; 4096];
+    let (mut packets, mut frames) = (Vec::new(), Vec::new());
     loop {
         // Every complete message in the buffer, in order (clients pipeline).
         loop {
             match rtsp::parse(&buf, &limits) {
                 Ok(Some((msg, used))) => {
                     buf.drain(..used);
-                    let Message::Request(req) = msg else { continue }; // interleaved RTCP, responses
+                    let req = match msg {
+                        Message::Request(req) => req,
+                        // RTCP on a channel it set up; anything else is ignored.
+                        Message::Interleaved { channel, data } => {
+                            rtsp.rtcp_on_conn(conn, channel, &data);
+                            continue;
+                        }
+                        Message::Response(_) => continue,
+                    };
                     // An RTSP upstream connects (on demand) before its description is given.
                     if matches!(req.method.as_str(), "DESCRIBE" | "SETUP" | "PLAY") {
                         let up = fanout_proto::rtsp_server::split_url(&req.uri).and_then(|(n, _)| relay.upstream(n));
@@ -378,13 +469,32 @@ async fn connection(
                 }
             }
         }
-        let n = match tokio::time::timeout(IDLE, stream.read(&mut chunk)).await {
-            Ok(r) => r?,
-            Err(_) => return Ok(()),
-        };
-        if n == 0 {
-            return Ok(());
+        // A connection that carries interleaved RTP is never idle.
+        let idle = if me.queues.lock().is_empty() { IDLE } else { Duration::MAX / 4 };
+        tokio::select! {
+            r = tokio::time::timeout(idle, stream.read(&mut chunk)) => {
+                let n = match r {
+                    Ok(r) => r?,
+                    Err(_) => return Ok(()),
+                };
+                if n == 0 {
+                    return Ok(());
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            _ = me.notify.notified() => {
+                // The interleaved tracks' packets, `$`-framed, in one write: this task is the
+                // connection's only writer, so responses never split a frame.
+                let queues = me.queues.lock().clone();
+                frames.clear();
+                for (channel, q) in &queues {
+                    q.drain(&mut packets);
+                    for p in packets.drain(..) {
+                        rtsp::write_interleaved(&mut frames, *channel, p.data());
+                    }
+                }
+                stream.write_all(&frames).await?;
+            }
         }
-        buf.extend_from_slice(&chunk[..n]);
     }
 }
