@@ -9,4 +9,11 @@ fuzz_target!(|data: &[u8]| {
         let _ = (v.sequence_number(), v.timestamp(), v.ssrc(), v.marker(), v.payload_type());
     }
     assert!(fanout_proto::classify::payload_offset(data) <= data.len());
+    // Restamping rewrites a valid packet in place, refuses anything else untouched.
+    let mut r = fanout_proto::restamp::Restamp::new(90_000, (1, 2));
+    let mut copy = data.to_vec();
+    match r.apply(&mut copy, 5) {
+        Ok(()) => assert_eq!(copy[12..], data[12..]),
+        Err(_) => assert_eq!(copy, data),
+    }
 });

@@ -20,7 +20,22 @@ fuzz_target!(|data: &[u8]| {
     let mut server = Server::new(Config { max_sessions: 4, ..Config::default() }, 1);
     let mut now = 0;
     let mut rest = data;
+    // Responses also go to an upstream client, walked through its phases.
+    let url = fanout_proto::rtsp_client::Url::parse("rtsp://u:p@h:554/cam").unwrap();
+    let mut client = fanout_proto::rtsp_client::Client::new(url, "fuzz");
+    client.start(0);
     while let Ok(Some((msg, used))) = parse(rest, &limits) {
+        if let Message::Response(r) = &msg {
+            let mut r = r.clone();
+            r.headers.0.retain(|(n, _)| !n.eq_ignore_ascii_case("CSeq")); // answers whatever is pending
+            if let Ok(fanout_proto::rtsp_client::Step::Described(sdp)) = client.on_response(&r, now) {
+                let lowers = (0..sdp.media.len())
+                    .map(|i| fanout_proto::rtsp::Lower::Interleaved { rtp: 2 * i as u8, rtcp: 2 * i as u8 + 1 })
+                    .collect();
+                let _ = client.setup(lowers, now);
+            }
+            let _ = client.keepalive(now + 100_000);
+        }
         if let Message::Request(r) = &msg {
             now += 1000;
             let _ = server.handle(r, 1, now, &lookup);

@@ -102,7 +102,7 @@ impl Relay {
     /// The session's data path: the one it names, which must work here, or the server's
     /// default, which falls back to `shared` where it cannot serve the session.
     fn datapath_for(&self, spec: &SessionSpec) -> Result<DataPath, RelayError> {
-        let udp4 = spec.source.udp.is_some_and(|a| a.is_ipv4());
+        let udp4 = spec.source.kernel_capable();
         match spec.datapath {
             Some(DataPath::Kernel) => match self.engine.kernel() {
                 Ok(_) => Ok(DataPath::Kernel),

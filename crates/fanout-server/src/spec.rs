@@ -53,6 +53,12 @@ pub enum RtspTransport {
 }
 
 impl SourceSpec {
+    /// Whether the `kernel` path can serve it: an IPv4 UDP source, or an RTSP upstream
+    /// (whose packets enter through a loopback UDP socket).
+    pub fn kernel_capable(&self) -> bool {
+        self.udp.is_some_and(|a| a.is_ipv4()) || self.rtsp.is_some()
+    }
+
     pub fn validate(&self) -> Result<(), String> {
         let n = [
             self.udp.is_some(),
@@ -190,8 +196,8 @@ impl SessionSpec {
         }
         fanout_core::Priority::new(self.priority).map_err(|e| e.to_string())?;
         self.source.validate()?;
-        if self.datapath == Some(DataPath::Kernel) && !self.source.udp.is_some_and(|a| a.is_ipv4()) {
-            return Err("datapath \"kernel\" needs an IPv4 udp source".into());
+        if self.datapath == Some(DataPath::Kernel) && !self.source.kernel_capable() {
+            return Err("datapath \"kernel\" needs an IPv4 udp or an rtsp source".into());
         }
         if let Some(ms) = self.stream_flush_ms.filter(|&ms| ms > MAX_STREAM_FLUSH_MS) {
             return Err(format!("stream_flush_ms {ms} is out of range 0..={MAX_STREAM_FLUSH_MS}"));

@@ -4,6 +4,7 @@
 
 pub mod datapaths;
 mod plot;
+pub mod rtsp;
 pub mod scenarios;
 pub mod splice;
 
@@ -29,6 +30,11 @@ pub enum BenchCmd {
     Overload(scenarios::OverloadArgs),
     /// TCP fan-out in user space (read + write per sink) against splice/tee (kernel pages).
     Splice(splice::SpliceArgs),
+    /// N RTSP clients of one upstream through fanout, MediaMTX and the live555 proxy.
+    Rtsp(rtsp::RtspArgs),
+    /// (internal) The RTSP load client: N sessions over UDP in one process.
+    #[command(hide = true)]
+    RtspLoad(rtsp::LoadArgs),
     /// (internal) Burn CPU: busy `duty` of every 10 ms for `seconds`; the overload load.
     #[command(hide = true)]
     Burn {
@@ -46,6 +52,8 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Payload(a) => scenarios::payload(a),
         BenchCmd::Overload(a) => scenarios::overload(a),
         BenchCmd::Splice(a) => splice::run(a),
+        BenchCmd::Rtsp(a) => rtsp::run(a),
+        BenchCmd::RtspLoad(a) => rtsp::load(a),
         BenchCmd::Burn { duty, seconds } => {
             burn(duty, seconds);
             Ok(())

@@ -1,0 +1,416 @@
+//! `fanout bench rtsp`: N RTSP clients of one upstream stream, through `fanout` (per data
+//! path), straight from MediaMTX, and through the live555 proxy, side by side in one run.
+//! The figure is the server's CPU per RTP packet the clients received.
+//!
+//! The upstream is MediaMTX fed by ffmpeg with the looped demo clip (video + audio). The
+//! clients are one process (`bench rtsp-load`) that sets up N sessions over UDP with the
+//! same sans-IO client the relay uses upstream and counts what arrives. Each server is its
+//! own process; its CPU (plus ksoftirqd's) is read from /proc over the steady window.
+
+use super::{process_cpu_s, softirqd_cpu_s, Proc, RelayProc};
+use anyhow::{bail, Context};
+use clap::Args;
+use fanout_proto::rtsp::{self, Limits, Lower, Message};
+use fanout_proto::rtsp_client::{Client, Step, Url};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(Args)]
+pub struct RtspArgs {
+    /// Servers to compare: `fanout:PATH` (a data path), `mediamtx`, `live555`.
+    #[arg(long, value_delimiter = ',', default_value = "fanout:shared,mediamtx,live555")]
+    targets: Vec<String>,
+    /// Client counts to step through.
+    #[arg(long, value_delimiter = ',', default_value = "100,500")]
+    clients: Vec<usize>,
+    /// Seconds measured per target and step.
+    #[arg(long, default_value_t = 15.0)]
+    seconds: f64,
+    /// Rounds: the targets alternate, so drift on a noisy machine hits all alike.
+    #[arg(long, default_value_t = 2)]
+    rounds: usize,
+    /// The peers scripts/install-peers builds.
+    #[arg(long, default_value = ".peers")]
+    peers: PathBuf,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+/// (internal) The load client: N RTSP sessions over UDP in one process.
+#[derive(Args)]
+pub struct LoadArgs {
+    #[arg(long)]
+    url: String,
+    #[arg(long)]
+    clients: usize,
+    #[arg(long)]
+    seconds: f64,
+}
+
+/// One client: its control connection and, per track, the RTP and RTCP sockets.
+struct LoadClient {
+    conn: TcpStream,
+    client: Client,
+    rtp: Vec<mio::net::UdpSocket>,
+    _rtcp: Vec<std::net::UdpSocket>,
+}
+
+/// Sends `bytes` and feeds responses to the client until it has something else to say.
+fn exchange(c: &mut TcpStream, client: &mut Client, bytes: &[u8]) -> anyhow::Result<Step> {
+    c.write_all(bytes)?;
+    let (mut buf, mut chunk) = (Vec::new(), [0u8; 8192]);
+    loop {
+        while let Some((msg, used)) = rtsp::parse(&buf, &Limits::default())? {
+            buf.drain(..used);
+            if let Message::Response(r) = msg {
+                return Ok(client.on_response(&r, 0)?);
+            }
+        }
+        let n = c.read(&mut chunk)?;
+        if n == 0 {
+            bail!("the server closed the connection");
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+fn open_client(url: &Url) -> anyhow::Result<LoadClient> {
+    let mut conn = TcpStream::connect((url.host.as_str(), url.port))?;
+    conn.set_read_timeout(Some(Duration::from_secs(15)))?;
+    let mut client = Client::new(url.clone(), "fanout-rtsp-load");
+    let first = client.start(0);
+    let (mut rtp, mut rtcp) = (Vec::new(), Vec::new());
+    let mut step = exchange(&mut conn, &mut client, &first)?;
+    loop {
+        step = match step {
+            Step::Send(b) => exchange(&mut conn, &mut client, &b)?,
+            Step::Described(sdp) => {
+                let mut lowers = Vec::new();
+                for _ in &sdp.media {
+                    let (a, b) = crate::rtsp::port_pair(std::net::IpAddr::from([127, 0, 0, 1]))?;
+                    lowers.push(Lower::Udp { client_rtp: a.local_addr()?.port(), client_rtcp: b.local_addr()?.port() });
+                    a.set_nonblocking(true)?;
+                    rtp.push(mio::net::UdpSocket::from_std(a));
+                    rtcp.push(b);
+                }
+                let b = client.setup(lowers, 0)?;
+                exchange(&mut conn, &mut client, &b)?
+            }
+            Step::Playing => return Ok(LoadClient { conn, client, rtp, _rtcp: rtcp }),
+            Step::Idle => bail!("the server went quiet during setup"),
+        }
+    }
+}
+
+pub fn load(a: LoadArgs) -> anyhow::Result<()> {
+    let url = Url::parse(&a.url).map_err(anyhow::Error::msg)?;
+    let mut clients = Vec::with_capacity(a.clients);
+    for i in 0..a.clients {
+        // A server may refuse one setup now and then (MediaMTX answered one SETUP in a few
+        // hundred with 400): retry it, a bounded number of times, and say so.
+        let mut tries = 0;
+        let c = loop {
+            match open_client(&url) {
+                Ok(c) => break c,
+                Err(e) if tries < 3 => {
+                    tries += 1;
+                    eprintln!("rtsp-load: client {i}: {e:#}; retrying");
+                }
+                Err(e) => return Err(e.context(format!("client {i}"))),
+            }
+        };
+        clients.push(c);
+    }
+    let mut poll = mio::Poll::new()?;
+    let mut owner = Vec::new();
+    for (i, c) in clients.iter_mut().enumerate() {
+        for s in c.rtp.iter_mut() {
+            poll.registry().register(s, mio::Token(owner.len()), mio::Interest::READABLE)?;
+            owner.push(i);
+        }
+    }
+    println!("rtsp-load: ready");
+    std::io::stdout().flush()?;
+    let mut got = vec![0u64; clients.len()];
+    let mut bytes = 0u64;
+    let mut events = mio::Events::with_capacity(1024);
+    let mut buf = [0u8; 2048];
+    let end = Instant::now() + Duration::from_secs_f64(a.seconds.min(600.0));
+    let socks: Vec<&mio::net::UdpSocket> = clients.iter().flat_map(|c| c.rtp.iter()).collect();
+    while Instant::now() < end {
+        poll.poll(&mut events, Some(end.saturating_duration_since(Instant::now())))?;
+        for e in &events {
+            let t = e.token().0;
+            while let Ok(n) = socks[t].recv(&mut buf) {
+                got[owner[t]] += 1;
+                bytes += n as u64;
+            }
+        }
+    }
+    let total: u64 = got.iter().sum();
+    let (min, max) = (got.iter().min().copied().unwrap_or(0), got.iter().max().copied().unwrap_or(0));
+    println!("rtsp-load: packets {total} min {min} max {max} bytes {bytes}");
+    std::io::stdout().flush()?;
+    for c in &mut clients {
+        if let Some(b) = c.client.teardown(0) {
+            let _ = c.conn.write_all(&b);
+        }
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    Ok(())
+}
+
+/// The upstream: MediaMTX with the looped demo clip published into `live`.
+struct Upstream {
+    rtsp: SocketAddr,
+    server: Proc,
+    _publisher: Proc,
+    dir: PathBuf,
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn mediamtx(bin: &Path) -> anyhow::Result<Upstream> {
+    let dir = std::env::temp_dir().join(format!("fanout-bench-rtsp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let (rtsp, api) = (free_port()?, free_port()?);
+    let (a, _b) = crate::rtsp::port_pair(std::net::IpAddr::from([127, 0, 0, 1]))?;
+    let pair = a.local_addr()?.port();
+    drop((a, _b));
+    let cfg = format!(
+        "logLevel: error\napi: no\napiAddress: 127.0.0.1:{api}\nrtspAddress: 127.0.0.1:{rtsp}\n\
+         rtspTransports: [udp, tcp]\nrtpAddress: 127.0.0.1:{pair}\nrtcpAddress: 127.0.0.1:{}\n\
+         rtmp: no\nhls: no\nwebrtc: no\nsrt: no\nmetrics: no\npprof: no\nplayback: no\npaths:\n  all_others:\n",
+        pair + 1
+    );
+    std::fs::write(dir.join("mediamtx.yml"), cfg)?;
+    let server = Proc(Command::new(bin).arg(dir.join("mediamtx.yml")).stdout(Stdio::null()).spawn()?);
+    let clip = dir.join("clip.mp4");
+    std::fs::write(dir.join("demo.ts"), crate::relay::DEMO_TS)?;
+    let st = Command::new("ffmpeg")
+        .args(["-nostdin", "-loglevel", "error", "-y", "-i"])
+        .arg(dir.join("demo.ts"))
+        .args(["-c", "copy", "-bsf:a", "aac_adtstoasc"])
+        .arg(&clip)
+        .status()
+        .context("running ffmpeg (apt-get install ffmpeg)")?;
+    if !st.success() {
+        bail!("ffmpeg could not remux the demo clip");
+    }
+    let rtsp = SocketAddr::from(([127, 0, 0, 1], rtsp));
+    let t = Instant::now();
+    while TcpStream::connect(rtsp).is_err() {
+        if t.elapsed() > Duration::from_secs(10) {
+            bail!("MediaMTX did not start");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let publisher = Proc(
+        Command::new("ffmpeg")
+            .args(["-nostdin", "-loglevel", "error", "-re", "-stream_loop", "-1", "-i"])
+            .arg(&clip)
+            .args(["-t", "3600", "-c", "copy", "-f", "rtsp", "-rtsp_transport", "tcp"])
+            .arg(format!("rtsp://{rtsp}/live"))
+            .stdout(Stdio::null())
+            .spawn()?,
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    Ok(Upstream { rtsp, server, _publisher: publisher, dir })
+}
+
+/// A server under test: the process to meter and the URL its clients open.
+struct Target {
+    url: String,
+    pid: u32,
+    _procs: Vec<Proc>,
+    _relay: Option<RelayProc>,
+}
+
+fn start_target(name: &str, up: &Upstream, peers: &Path) -> anyhow::Result<Target> {
+    let upstream = format!("rtsp://{}/live", up.rtsp);
+    if name == "mediamtx" {
+        return Ok(Target { url: upstream, pid: up.server.0.id(), _procs: Vec::new(), _relay: None });
+    }
+    if name == "live555" {
+        let python = peers.join("live555/bin/python");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/live555-proxy.py");
+        let port = free_port()?;
+        let p = Proc(
+            Command::new(&python)
+                .arg(&script)
+                .args([&port.to_string(), &upstream, "3600"])
+                .stdout(Stdio::null())
+                .spawn()
+                .with_context(|| format!("starting {} (scripts/install-peers)", python.display()))?,
+        );
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let t = Instant::now();
+        while TcpStream::connect(addr).is_err() {
+            if t.elapsed() > Duration::from_secs(10) {
+                bail!("the live555 proxy did not start");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let pid = p.0.id();
+        return Ok(Target { url: format!("rtsp://{addr}/cam"), pid, _procs: vec![p], _relay: None });
+    }
+    let Some(path) = name.strip_prefix("fanout:") else {
+        bail!("target {name:?}: expected fanout:PATH, mediamtx or live555");
+    };
+    let relay = RelayProc::start(&["--rtsp", "127.0.0.1:0"])?;
+    let api = relay.client();
+    let mut spec = serde_json::json!({ "name": "cam", "source": {
+        "rtsp": upstream, "rtsp_transport": "udp", "on_demand": false } });
+    for (k, v) in super::datapath_fields(path)? {
+        spec[k] = v;
+    }
+    api.call("POST", "/v1/sessions", Some(spec))?;
+    let t = Instant::now();
+    while api.call("GET", "/v1/sessions/cam", None)?["upstream"]["state"] != "playing" {
+        if t.elapsed() > Duration::from_secs(15) {
+            bail!("fanout's upstream did not start playing");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let rtsp = api.call("GET", "/v1/engine", None)?["rtsp"].as_str().context("fanout listens for RTSP")?.to_string();
+    Ok(Target { url: format!("rtsp://{rtsp}/cam"), pid: relay.pid(), _procs: Vec::new(), _relay: Some(relay) })
+}
+
+struct Sample {
+    cpu_s: f64,
+    seconds: f64,
+    packets: u64,
+    bytes: u64,
+    min: u64,
+    max: u64,
+}
+
+fn measure(t: &Target, clients: usize, seconds: f64) -> anyhow::Result<Sample> {
+    let mut child = Command::new(std::env::current_exe()?)
+        .args(["bench", "rtsp-load", "--url", &t.url, "--clients", &clients.to_string()])
+        .args(["--seconds", &seconds.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let mut lines = BufReader::new(child.stdout.take().context("load stdout")?).lines();
+    let mut p = Proc(child);
+    let ready = lines.next().and_then(Result::ok);
+    if ready.as_deref() != Some("rtsp-load: ready") {
+        let _ = p.0.kill();
+        let mut err = String::new();
+        if let Some(mut e) = p.0.stderr.take() {
+            let _ = e.read_to_string(&mut err);
+        }
+        bail!("the load client did not get its {clients} clients playing: {}", err.trim());
+    }
+    let (cpu0, irq0, t0) = (process_cpu_s(t.pid)?, softirqd_cpu_s(), Instant::now());
+    let result = lines.next().and_then(Result::ok).context("the load client ended without a result")?;
+    let (cpu1, irq1, secs) = (process_cpu_s(t.pid)?, softirqd_cpu_s(), t0.elapsed().as_secs_f64());
+    super::wait(&mut p, Duration::from_secs(30))?;
+    let f: Vec<u64> = result.split_whitespace().filter_map(|w| w.parse().ok()).collect();
+    let [packets, min, max, bytes] = f[..] else { bail!("odd load result {result:?}") };
+    Ok(Sample { cpu_s: (cpu1 - cpu0) + (irq1 - irq0), seconds: secs, packets, bytes, min, max })
+}
+
+pub fn run(a: RtspArgs) -> anyhow::Result<()> {
+    super::ensure_dir(&a.out)?;
+    let bin = a.peers.join("mediamtx");
+    if !bin.exists() {
+        bail!("{} is missing: run scripts/install-peers", bin.display());
+    }
+    let _ns = match a.targets.iter().any(|t| t.starts_with("fanout:kernel")) {
+        true => Some(super::PrivateNetns::enter(10_000)?),
+        false => None,
+    };
+    let up = mediamtx(&bin)?;
+    let csv_path = a.out.join("rtsp.csv");
+    let mut csv = std::fs::File::create(&csv_path)?;
+    writeln!(
+        csv,
+        "target,clients,round,cpu_s,seconds,packets,bytes,cpu_us_per_packet,cpu_ms_per_mb,min_client_packets,max_client_packets"
+    )?;
+    let steps = (a.rounds * a.clients.len() * a.targets.len()) as u64;
+    let pb = super::progress(steps, "bench rtsp");
+    // (target, clients, µs per packet, ms per MB)
+    let mut results: Vec<(String, usize, f64, f64)> = Vec::new();
+    for round in 0..a.rounds {
+        for &n in &a.clients {
+            for name in &a.targets {
+                pb.set_message(format!("{name}, {n} clients, round {}", round + 1));
+                let t = start_target(name, &up, &a.peers)?;
+                std::thread::sleep(Duration::from_secs(1));
+                let s = measure(&t, n, a.seconds).with_context(|| format!("{name} with {n} clients"))?;
+                let us = 1e6 * s.cpu_s / s.packets.max(1) as f64;
+                let ms_mb = 1e3 * s.cpu_s / (s.bytes.max(1) as f64 / 1e6);
+                writeln!(
+                    csv,
+                    "{name},{n},{round},{:.3},{:.2},{},{},{us:.3},{ms_mb:.3},{},{}",
+                    s.cpu_s, s.seconds, s.packets, s.bytes, s.min, s.max
+                )?;
+                pb.println(format!(
+                    "{name:>14} {n:>5} clients: {us:7.2} µs/packet {ms_mb:6.2} ms/MB ({:.0}% of a core, {} packets of {} B on average, per client {}..{})",
+                    100.0 * s.cpu_s / s.seconds,
+                    s.packets,
+                    s.bytes / s.packets.max(1),
+                    s.min,
+                    s.max
+                ));
+                results.push((name.clone(), n, us, ms_mb));
+                pb.inc(1);
+            }
+        }
+    }
+    pb.finish_and_clear();
+    // Means over rounds, and each target against MediaMTX.
+    let mean = |name: &str, n: usize, per_mb: bool| {
+        let v: Vec<f64> = results
+            .iter()
+            .filter(|r| r.0 == name && r.1 == n)
+            .map(|r| if per_mb { r.3 } else { r.2 })
+            .collect();
+        v.iter().sum::<f64>() / v.len().max(1) as f64
+    };
+    println!("\nmean server CPU (process + ksoftirqd) per delivered packet and per delivered MB:");
+    for &n in &a.clients {
+        let (base, base_mb) = (mean("mediamtx", n, false), mean("mediamtx", n, true));
+        for name in &a.targets {
+            let (m, mb) = (mean(name, n, false), mean(name, n, true));
+            let ratio = if base > 0.0 {
+                format!("{:.2}× / {:.2}× MediaMTX", m / base, mb / base_mb)
+            } else {
+                String::new()
+            };
+            println!("  {n:>5} clients {name:>14}: {m:7.2} µs/packet {mb:7.2} ms/MB  {ratio}");
+        }
+    }
+    let png = a.out.join("rtsp.png");
+    let series = |per_mb: bool| {
+        a.targets
+            .iter()
+            .map(|name| (name.clone(), a.clients.iter().map(|&n| (n as f64, mean(name, n, per_mb))).collect()))
+            .collect()
+    };
+    super::plot::panels(
+        &png,
+        "RTSP clients of one upstream: server CPU per delivered packet and byte",
+        "RTSP clients (UDP)",
+        false,
+        &[
+            super::plot::Panel { y_label: "CPU µs per packet", series: series(false) },
+            super::plot::Panel { y_label: "CPU ms per MB", series: series(true) },
+        ],
+    )?;
+    println!("\nCSV: {}\nPNG: {}", csv_path.display(), png.display());
+    Ok(())
+}

@@ -1,0 +1,245 @@
+//! The RTSP proxy between real third-party programs: MediaMTX (pinned, built by
+//! scripts/install-peers) as the upstream, fed by ffmpeg; ffmpeg as the clients.
+
+mod common;
+use common::*;
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// A program scripts/install-peers put in `.peers/`; on CI its absence is a failure,
+/// elsewhere a loud skip.
+fn peer(name: &str) -> Option<PathBuf> {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.peers").join(name);
+    if p.exists() {
+        return Some(p);
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!("{} is missing: scripts/test installs it (scripts/install-peers)", p.display());
+    }
+    eprintln!("\n*** SKIPPED: {name} not installed; run scripts/install-peers ***\n");
+    None
+}
+
+/// Kills the child when dropped.
+struct Proc(Child);
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_tcp_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// MediaMTX on free loopback ports, with a looped clip published into path `live`.
+struct Mediamtx {
+    rtsp: SocketAddr,
+    api: SocketAddr,
+    _server: Proc,
+    _publisher: Proc,
+    dir: PathBuf,
+}
+
+impl Drop for Mediamtx {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Mediamtx {
+    fn start(bin: &std::path::Path) -> Mediamtx {
+        let dir = std::env::temp_dir().join(format!("fanout-mtx-{}-{}", std::process::id(), free_tcp_port()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (rtsp, api) = (free_tcp_port(), free_tcp_port());
+        let pair = unephemeral_udp_port(true).port();
+        let cfg = format!(
+            "logLevel: warn\napi: yes\napiAddress: 127.0.0.1:{api}\nrtspAddress: 127.0.0.1:{rtsp}\n\
+             rtspTransports: [udp, tcp]\nrtpAddress: 127.0.0.1:{pair}\nrtcpAddress: 127.0.0.1:{}\n\
+             rtmp: no\nhls: no\nwebrtc: no\nsrt: no\nmetrics: no\npprof: no\nplayback: no\npaths:\n  all_others:\n",
+            pair + 1
+        );
+        std::fs::write(dir.join("mediamtx.yml"), cfg).unwrap();
+        let server = Proc(
+            Command::new(bin)
+                .arg(dir.join("mediamtx.yml"))
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .unwrap(),
+        );
+        // The demo clip as MP4 (ffmpeg cannot publish ADTS AAC over RTSP), looped live.
+        let clip = dir.join("clip.mp4");
+        let demo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../assets/demo.ts");
+        let ok = Command::new("ffmpeg")
+            .args(["-nostdin", "-loglevel", "error", "-y", "-i"])
+            .arg(&demo)
+            .args(["-c", "copy", "-bsf:a", "aac_adtstoasc"])
+            .arg(&clip)
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        let rtsp = SocketAddr::from(([127, 0, 0, 1], rtsp));
+        let api = SocketAddr::from(([127, 0, 0, 1], api));
+        assert!(wait_for(Duration::from_secs(10), || std::net::TcpStream::connect(rtsp).is_ok()), "MediaMTX did not start");
+        let publisher = Proc(
+            Command::new("ffmpeg")
+                .args(["-nostdin", "-loglevel", "error", "-re", "-stream_loop", "-1", "-i"])
+                .arg(&clip)
+                // Bounded: it stops by itself after two minutes.
+                .args(["-t", "120", "-c", "copy", "-f", "rtsp", "-rtsp_transport", "tcp"])
+                .arg(format!("rtsp://{rtsp}/live"))
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let m = Mediamtx { rtsp, api, _server: server, _publisher: publisher, dir };
+        assert!(
+            wait_for(Duration::from_secs(10), || m.api("/v3/paths/get/live")["ready"] == true),
+            "the publisher did not reach MediaMTX"
+        );
+        m
+    }
+
+    fn api(&self, path: &str) -> Value {
+        match ureq::get(&format!("http://{}{path}", self.api)).call() {
+            Ok(r) => r.into_json().unwrap_or(Value::Null),
+            Err(_) => Value::Null,
+        }
+    }
+
+    /// MediaMTX's RTSP sessions that read (not the publisher).
+    fn readers(&self) -> Vec<Value> {
+        let list = self.api("/v3/rtspsessions/list");
+        list["items"].as_array().into_iter().flatten().filter(|s| s["state"] == "read").cloned().collect()
+    }
+}
+
+/// The frames ffmpeg decoded, as `framemd5` lines: (pts, md5).
+fn frames(stdout: &[u8]) -> Vec<(i64, String)> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(',').map(str::trim).collect();
+            Some((f.get(2)?.parse().ok()?, f.get(5)?.to_string()))
+        })
+        .collect()
+}
+
+fn decode(url: &str, seconds: u32) -> Child {
+    Command::new("timeout")
+        .args(["40", "ffmpeg", "-nostdin", "-loglevel", "error", "-rtsp_transport", "udp", "-i", url])
+        .args(["-t", &seconds.to_string(), "-map", "0:v", "-f", "framemd5", "-"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// A reference client of the upstream and `n` clients of the relay, decoding at once.
+struct Clients {
+    reference: Child,
+    clients: Vec<Child>,
+}
+
+fn start_clients(upstream: &str, relayed: &str, n: usize) -> Clients {
+    // The reference reads the upstream for longer, so it spans every client's window.
+    Clients { reference: decode(upstream, 11), clients: (0..n).map(|_| decode(relayed, 8)).collect() }
+}
+
+impl Clients {
+    /// Every client decoded its 8 s without a gap, the pictures a run of the reference's.
+    fn check(self) {
+        let want: Vec<String> =
+            frames(&self.reference.wait_with_output().unwrap().stdout).into_iter().map(|f| f.1).collect();
+        assert!(want.len() >= 250, "the reference decoded {} frames", want.len());
+        for (i, c) in self.clients.into_iter().enumerate() {
+            let out = c.wait_with_output().unwrap();
+            assert!(out.status.success(), "client {i}: {}", String::from_utf8_lossy(&out.stderr));
+            let got = frames(&out.stdout);
+            // 8 s at 25 fps, less what came before the first keyframe.
+            assert!(got.len() >= 170, "client {i}: only {} frames", got.len());
+            // No frame missing: the timestamps step evenly from first to last...
+            let step = got[1].0 - got[0].0;
+            let gaps: Vec<_> = got.windows(2).filter(|w| w[1].0 - w[0].0 != step).map(|w| (w[0].0, w[1].0)).collect();
+            assert!(gaps.is_empty(), "client {i}: timestamp gaps {gaps:?}");
+            // ...and the pictures are the upstream's, in order: a run of the reference's frames.
+            let md5: Vec<String> = got.into_iter().map(|f| f.1).collect();
+            assert!(want.windows(md5.len()).any(|w| w == md5.as_slice()), "client {i}: frames differ from the reference's");
+        }
+    }
+}
+
+/// The live555 proxy (liblivemedia from PyPI) in front of MediaMTX as the relay's upstream:
+/// its description, RTP and RTCP work for the relay, and five ffmpeg clients decode every
+/// frame through both proxies.
+#[test]
+fn live555_proxy_as_the_upstream() {
+    let (Some(bin), Some(venv)) = (peer("mediamtx"), peer("live555")) else { return };
+    if !have_ffmpeg() {
+        return;
+    }
+    let mtx = Mediamtx::start(&bin);
+    let port = free_tcp_port();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/live555-proxy.py");
+    let _live555 = Proc(
+        Command::new(venv.join("bin/python"))
+            .arg(script)
+            .args([&port.to_string(), &format!("rtsp://{}/live", mtx.rtsp), "60"])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    assert!(wait_for(Duration::from_secs(10), || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()));
+    let relay = Relay::start(&["--rtsp", "127.0.0.1:0", "--no-demo"]);
+    let spec = json!({ "name": "cam", "source": { "rtsp": format!("rtsp://127.0.0.1:{port}/cam"), "linger_s": 2 } });
+    relay.ok("POST", "/v1/sessions", Some(spec));
+    let url = format!("rtsp://{}/cam", rtsp_addr(&relay));
+    start_clients(&format!("rtsp://{}/live", mtx.rtsp), &url, 5).check();
+    let up = relay.ok("GET", "/v1/sessions/cam", None)["upstream"].clone();
+    assert_eq!((up["connects"].as_u64(), up["tracks"].as_array().map(Vec::len)), (Some(1), Some(2)), "{up}");
+}
+
+/// Twenty ffmpeg clients of one MediaMTX stream through `fanout`: each decodes every frame
+/// of its 8 s without a gap, as many as a client of MediaMTX itself; MediaMTX sees one
+/// reader (fanout), whose receiver reports it accepts; when the last client leaves, the
+/// upstream session goes a linger later.
+#[test]
+fn twenty_ffmpeg_clients_share_one_mediamtx_session() {
+    let Some(bin) = peer("mediamtx") else { return };
+    if !have_ffmpeg() {
+        return;
+    }
+    let mtx = Mediamtx::start(&bin);
+    let relay = Relay::start(&["--rtsp", "127.0.0.1:0", "--no-demo"]);
+    let spec = json!({ "name": "cam", "source": {
+        "rtsp": format!("rtsp://{}/live", mtx.rtsp), "rtsp_transport": "udp", "linger_s": 2 } });
+    relay.ok("POST", "/v1/sessions", Some(spec));
+    let url = format!("rtsp://{}/cam", rtsp_addr(&relay));
+
+    let clients = start_clients(&format!("rtsp://{}/live", mtx.rtsp), &url, 20);
+    // While they play: one reader at MediaMTX (the relay), over UDP, with our RTCP accepted.
+    std::thread::sleep(Duration::from_secs(7));
+    let readers = mtx.readers();
+    let ours: Vec<&Value> = readers.iter().filter(|r| r["path"] == "live").collect();
+    assert_eq!(ours.len(), 2, "the relay and the reference client, nothing else: {readers:?}");
+    let relay_reader = ours.iter().find(|r| r["transport"] == "UDP" && r["rtcpPacketsReceived"].as_u64() > Some(0));
+    assert!(relay_reader.is_some(), "the relay's session reads over UDP and sends receiver reports: {readers:?}");
+    assert!(ours.iter().all(|r| r["rtcpPacketsInError"] == 0), "{readers:?}");
+    clients.check();
+    let status = relay.ok("GET", "/v1/sessions/cam", None);
+    assert_eq!(status["upstream"]["connects"], 1, "{status}");
+
+    // Everyone left (ffmpeg sends TEARDOWN): the upstream session goes after the linger.
+    assert!(
+        wait_for(Duration::from_secs(15), || mtx.readers().is_empty()),
+        "MediaMTX still has readers: {:?}",
+        mtx.readers()
+    );
+    assert_eq!(relay.ok("GET", "/v1/sessions/cam", None)["upstream"]["state"], "idle");
+}
