@@ -50,6 +50,11 @@ impl Packet {
         self.keyframe
     }
 
+    /// Marks it as a good first packet for a new sink (RTP video, judged by the session).
+    pub fn mark_keyframe(&mut self) {
+        self.keyframe = true;
+    }
+
     /// Sets the length of a stream chunk (TCP): no packet boundaries, so no keyframe marks.
     pub fn set_chunk_len(&mut self, len: usize) {
         self.len = len.min(self.buf.len());

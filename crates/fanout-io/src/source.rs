@@ -334,6 +334,86 @@ impl DemoClip {
     }
 }
 
+/// The clip's H.264, for RTP per RFC 6184: access units in decoding order with their
+/// timestamps, and the parameter sets for the SDP.
+#[derive(Clone)]
+pub struct DemoVideo {
+    /// (DTS, PTS, Annex B access unit), 90 kHz.
+    aus: Arc<Vec<(u64, u64, Vec<u8>)>>,
+    /// One lap of the clip, 90 kHz (its PCR span), so laps continue each other's time.
+    lap_90k: u64,
+    pub sps: Vec<u8>,
+    pub pps: Vec<u8>,
+}
+
+impl DemoClip {
+    /// The H.264 of the clip, if it has any.
+    pub fn h264(&self) -> Option<DemoVideo> {
+        let mut d = fanout_proto::tsdemux::Demux::default();
+        let mut pes: Vec<_> = self.ts.chunks(fanout_proto::mpegts::PACKET_LEN).filter_map(|p| d.push(p)).collect();
+        pes.extend(d.flush());
+        let aus: Vec<(u64, u64, Vec<u8>)> = pes
+            .into_iter()
+            .filter(|p| p.stream_type == fanout_proto::tsdemux::STREAM_TYPE_H264)
+            .filter_map(|p| Some((p.dts.or(p.pts)?, p.pts?, p.data)))
+            .collect();
+        let nal = |t: u8| {
+            aus.iter().flat_map(|a| fanout_proto::annexb::nal_units(&a.2)).find(|n| n.first().is_some_and(|b| b & 0x1f == t))
+        };
+        let (sps, pps) = (nal(7)?.to_vec(), nal(8)?.to_vec());
+        Some(DemoVideo { lap_90k: self.schedule.loop_ticks() / 300, aus: Arc::new(aus), sps, pps })
+    }
+}
+
+/// The demo's H.264 track: each access unit of the looped clip packetized (single NAL unit
+/// or FU-A, at most 1400 bytes), published when its decoding time comes.
+pub const DEMO_H264_PAYLOAD_TYPE: u8 = 96;
+
+pub(crate) fn demo_h264_source(session: Weak<Inner>, video: DemoVideo) {
+    let mut pool = PacketPool::new(1500, 256);
+    let mut ready = Vec::with_capacity(64);
+    let mut scratch = Vec::with_capacity(1500);
+    let Some(&(first_dts, _, _)) = video.aus.first() else { return };
+    let start = Instant::now();
+    let mut seq: u16 = 0;
+    for n in 0u64.. {
+        let lap = n / video.aus.len() as u64;
+        let (dts, pts, ref au) = video.aus[(n % video.aus.len() as u64) as usize];
+        let offset = lap * video.lap_90k;
+        let due = Duration::from_micros((dts + offset).saturating_sub(first_dts) * 100 / 9);
+        // Sleep in steps of at most 100 ms, so a closed session is noticed.
+        loop {
+            let Some(s) = session.upgrade() else { return };
+            if s.closed.load(Ordering::Acquire) {
+                return;
+            }
+            let wait = due.saturating_sub(start.elapsed());
+            if wait.is_zero() {
+                break;
+            }
+            drop(s);
+            std::thread::sleep(wait.min(Duration::from_millis(100)));
+        }
+        let Some(s) = session.upgrade() else { return };
+        let ts = (pts + offset) as u32;
+        let nals: Vec<&[u8]> = fanout_proto::annexb::nal_units(au).filter(|n| !n.is_empty()).collect();
+        for (i, nal) in nals.iter().enumerate() {
+            let last_nal = i + 1 == nals.len();
+            fanout_proto::annexb::packetize(fanout_proto::annexb::Codec::H264, nal, 1400, &mut scratch, |payload, last| {
+                let mut p = pool.take();
+                let pm = Arc::get_mut(&mut p).expect("pool buffers are unique");
+                let h = fanout_proto::rtp::write_header(pm.buf_mut(), last && last_nal, DEMO_H264_PAYLOAD_TYPE, seq, ts, DEMO_SSRC);
+                pm.buf_mut()[h..h + payload.len()].copy_from_slice(payload);
+                pm.set_len(h + payload.len(), h);
+                s.mark_video_start(pm);
+                seq = seq.wrapping_add(1);
+                ready.push(p);
+            });
+        }
+        s.publish(&mut ready, &mut pool);
+    }
+}
+
 /// The demo source thread: publishes each 1316-byte datagram of the looped clip when due.
 /// RTP payload type of MPEG-TS (RFC 3551 static type 33) and the demo's fixed SSRC.
 pub const DEMO_PAYLOAD_TYPE: u8 = 33;

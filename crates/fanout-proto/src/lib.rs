@@ -20,6 +20,7 @@
 //! - [`restamp`]: one continuous RTP stream (SSRC, sequence, timestamps) across upstream
 //!   reconnects.
 //! - [`sdp`]: session descriptions: an upstream's parsed, the proxy's own written.
+//! - [`tsdemux`]: elementary streams (with PTS/DTS) out of an MPEG-TS.
 //! - [`classify`]: what a received datagram carries, decided once when it enters the ring.
 
 pub mod annexb;
@@ -35,3 +36,4 @@ pub mod restamp;
 pub mod rtsp_client;
 pub mod rtsp_server;
 pub mod sdp;
+pub mod tsdemux;

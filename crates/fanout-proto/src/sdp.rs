@@ -168,6 +168,19 @@ impl Sdp {
     }
 }
 
+/// The `a=fmtp` parameters of an H.264 stream (RFC 6184 §8.1) from its SPS and PPS:
+/// non-interleaved mode, the profile and level from the SPS, the parameter sets in base64.
+pub fn h264_fmtp(sps: &[u8], pps: &[u8]) -> String {
+    use base64::Engine as _;
+    let b64 = |x: &[u8]| base64::engine::general_purpose::STANDARD.encode(x);
+    let mut f = String::from("packetization-mode=1");
+    if let Some(p) = sps.get(1..4) {
+        let _ = write!(f, ";profile-level-id={:02X}{:02X}{:02X}", p[0], p[1], p[2]);
+    }
+    let _ = write!(f, ";sprop-parameter-sets={},{}", b64(sps), b64(pps));
+    f
+}
+
 /// Which media section a client's SETUP URL names: `.../trackID=N` (absolute or relative,
 /// with or without the session path), or the only section when the URL names none.
 pub fn track_of(url: &str, tracks: usize) -> Option<usize> {
