@@ -232,6 +232,9 @@ pub(crate) struct Inner {
     /// source is bound.
     kernel_fanout: Option<Arc<KernelFanout>>,
     kernel: Mutex<Option<KernelSession>>,
+    /// RTP video codec for keyframe marks: 0 none, 1 H.264, 2 HEVC.
+    rtp_video: std::sync::atomic::AtomicU8,
+    saw_parameter_sets: AtomicBool,
 }
 
 /// A handle to a running session. Dropping it does not stop the session: call [`Session::close`].
@@ -288,7 +291,7 @@ impl Inner {
         for f in found {
             tracing::warn!(session = %self.cfg.name, sink = %f.addr, "{}", f.reason);
             let io = crate::sink::SinkIo::Unconnected(crate::sys::RawAddr::new(f.addr));
-            let r = self.add_sink_with(f.id, SinkTarget::Udp(f.addr), io, false, Start::Head, |sink| {
+            let r = self.add_sink_with(f.id, SinkTarget::Udp(f.addr), io, Placement::udp(Start::Head, false), |sink| {
                 sink.carry(f.stats.packets, f.stats.bytes, f.stats.errors, f.stats.added, f.reason.clone());
             });
             if let Err(e) = r {
@@ -302,16 +305,18 @@ impl Inner {
         id: u64,
         target: SinkTarget,
         io: crate::sink::SinkIo,
-        strip: bool,
-        start: Start,
+        how: Placement,
         init: impl FnOnce(&mut Sink),
     ) -> std::io::Result<u64> {
+        let Placement { strip, start, rtsp_port } = how;
         let mut groups = self.groups.write();
         let per = self.cfg.sinks_per_group.max(1);
-        // The least-loaded group with room, else a new one: groups spread over the workers.
+        // The least-loaded group with room (of the same sending port), else a new one:
+        // groups spread over the workers.
         let pick = groups
             .iter()
             .enumerate()
+            .filter(|(_, g)| g.state.lock().rtsp_port == rtsp_port)
             .map(|(i, g)| (i, g.state.lock().sinks.len()))
             .filter(|&(_, n)| n < per)
             .min_by_key(|&(_, n)| n)
@@ -319,7 +324,7 @@ impl Inner {
         let gi = match pick {
             Some(i) => i,
             None => {
-                let state = Arc::new(Mutex::new(GroupState::new(&self.cfg)?));
+                let state = Arc::new(Mutex::new(GroupState::new(&self.cfg, rtsp_port)?));
                 let job = GroupJob { session: Arc::downgrade(self), state: state.clone() };
                 let task = Task::new(self.cfg.priority, self.runner.clone(), Box::new(job));
                 state.lock().task = Arc::downgrade(&task);
@@ -364,7 +369,31 @@ impl Inner {
             },
         };
         p.set_len(len, off);
+        self.mark_video_start(p);
         true
+    }
+
+    /// RTP video of a known codec: a packet with parameter sets starts a keyframe; an IDR's
+    /// first packet does only in streams that never carry parameter sets in band (their
+    /// players take them from the SDP).
+    pub(crate) fn mark_video_start(&self, p: &mut Packet) {
+        use fanout_proto::classify::{video_start, VideoStart};
+        let codec = match self.rtp_video.load(Ordering::Relaxed) {
+            1 => fanout_proto::annexb::Codec::H264,
+            2 => fanout_proto::annexb::Codec::H265,
+            _ => return,
+        };
+        if p.payload().first() == Some(&fanout_proto::mpegts::SYNC_BYTE) {
+            return;
+        }
+        match video_start(codec, p.payload()) {
+            VideoStart::ParameterSets => {
+                self.saw_parameter_sets.store(true, Ordering::Relaxed);
+                p.mark_keyframe();
+            }
+            VideoStart::Idr if !self.saw_parameter_sets.load(Ordering::Relaxed) => p.mark_keyframe(),
+            _ => {}
+        }
     }
 
     pub fn source_closed(&self, state: SourceState, error: Option<String>) {
@@ -412,6 +441,8 @@ impl Session {
                 _ => None,
             },
             kernel: Mutex::new(None),
+            rtp_video: std::sync::atomic::AtomicU8::new(0),
+            saw_parameter_sets: AtomicBool::new(false),
         });
         if let Runner::Thread(sig) = &inner.runner {
             let (weak, sig) = (Arc::downgrade(&inner), sig.clone());
@@ -430,6 +461,19 @@ impl Session {
 
     pub fn config(&self) -> &SessionConfig {
         &self.inner.cfg
+    }
+
+    /// Tells the session its RTP carries this video codec, so new sinks can start at a
+    /// keyframe (`None`: not video, or unknown).
+    pub fn set_rtp_video(&self, codec: Option<fanout_proto::annexb::Codec>) {
+        let v = match codec {
+            None => 0,
+            Some(fanout_proto::annexb::Codec::H264) => 1,
+            Some(fanout_proto::annexb::Codec::H265) => 2,
+        };
+        if self.inner.rtp_video.swap(v, Ordering::Relaxed) != v {
+            self.inner.saw_parameter_sets.store(false, Ordering::Relaxed);
+        }
     }
 
     /// Called (from a data-plane thread) when a stream publisher goes away.
@@ -537,6 +581,18 @@ impl Session {
         Ok(())
     }
 
+    /// Starts the demo clip's H.264 as RTP (RFC 6184), paced by its decoding times.
+    pub fn attach_demo_h264(&self, video: crate::source::DemoVideo) -> std::io::Result<()> {
+        *self.inner.source_kind.lock() = "demo H.264 (RTP, RFC 6184, looped)".to_string();
+        self.set_rtp_video(Some(fanout_proto::annexb::Codec::H264));
+        let weak = Arc::downgrade(&self.inner);
+        let t = std::thread::Builder::new()
+            .name(format!("demo-{}", self.inner.cfg.name))
+            .spawn(move || crate::source::demo_h264_source(weak, video))?;
+        self.inner.threads.lock().push(t);
+        Ok(())
+    }
+
     /// Adds a UDP sink; returns its id.
     pub fn add_udp_sink(&self, to: SocketAddr) -> std::io::Result<u64> {
         let refused = match self.inner.kernel.lock().as_mut().filter(|_| KernelSession::serves(to)) {
@@ -554,17 +610,29 @@ impl Session {
             let why = format!("served from user space: {e}");
             tracing::warn!(session = %self.inner.cfg.name, sink = %to, "{why}");
             let io = crate::sink::SinkIo::Unconnected(crate::sys::RawAddr::new(to));
-            return self.inner.add_sink_with(id, SinkTarget::Udp(to), io, false, Start::Keyframe, |s| {
+            return self.inner.add_sink_with(id, SinkTarget::Udp(to), io, Placement::udp(Start::Keyframe, false), |s| {
                 s.carry(0, 0, 0, Instant::now(), why)
             });
         }
+        self.add_user_udp_sink(to, false)
+    }
+
+    /// Adds a UDP sink for an RTSP client: sent from the RTSP server's RTP port
+    /// ([`crate::set_udp_source_port`]), which strict clients require. Always in user space:
+    /// the kernel path's clones keep the source's port.
+    pub fn add_rtsp_udp_sink(&self, to: SocketAddr) -> std::io::Result<u64> {
+        self.add_user_udp_sink(to, true)
+    }
+
+    fn add_user_udp_sink(&self, to: SocketAddr, rtsp_port: bool) -> std::io::Result<u64> {
         let sink_io = match (self.inner.cfg.datapath, self.inner.cfg.udp_sinks) {
             (DataPath::Shared, UdpSinkMode::Connected) | (DataPath::Uring, _) => {
-                crate::sink::SinkIo::connected_udp(to)?
+                crate::sink::SinkIo::connected_udp(to, rtsp_port)?
             }
             _ => crate::sink::SinkIo::Unconnected(crate::sys::RawAddr::new(to)),
         };
-        self.add_sink(SinkTarget::Udp(to), sink_io, false)
+        let id = self.inner.next_sink.fetch_add(1, Ordering::Relaxed);
+        self.inner.add_sink_with(id, SinkTarget::Udp(to), sink_io, Placement::udp(Start::Keyframe, rtsp_port), |_| {})
     }
 
     /// Adds a connected TCP sink (`http` = an HTTP subscriber, who gets the bare payload).
@@ -589,7 +657,8 @@ impl Session {
         let id = self.inner.next_sink.fetch_add(1, Ordering::Relaxed);
         // A new sink starts at the last video keyframe still held, so a player shows a
         // picture at once; without one (or for non-TS media) it starts live.
-        self.inner.add_sink_with(id, target, io, strip, Start::Keyframe, |_| {})
+        let how = Placement { strip, start: Start::Keyframe, rtsp_port: false };
+        self.inner.add_sink_with(id, target, io, how, |_| {})
     }
 
     /// Removes one sink. Returns whether it existed.
@@ -755,6 +824,21 @@ enum Start {
     Head,
     /// At the last video keyframe the ring holds, else the newest packet.
     Keyframe,
+}
+
+/// How a new sink is placed: whether it gets payloads without their RTP header (HTTP),
+/// where its cursor starts, and whether it goes to a group sending from the RTSP port.
+#[derive(Debug, Clone, Copy)]
+struct Placement {
+    strip: bool,
+    start: Start,
+    rtsp_port: bool,
+}
+
+impl Placement {
+    fn udp(start: Start, rtsp_port: bool) -> Self {
+        Self { strip: false, start, rtsp_port }
+    }
 }
 
 fn kernel_sink_status(k: crate::kernel::KernelSinkStats) -> SinkStatus {

@@ -103,6 +103,19 @@ fn session_json(relay: &Relay, s: &fanout_io::Session) -> serde_json::Value {
     if let Some(up) = relay.upstream(s.name()) {
         v["upstream"] = json!(up.status());
     }
+    // Where its RTSP clients are sinks, when that is not (only) the session itself: the
+    // tracks of an RTSP upstream, the demo's H.264.
+    let tracks = relay.tracks(s.name());
+    if tracks.iter().any(|t| t.session.name() != s.name()) {
+        v["rtsp_tracks"] = json!(tracks
+            .iter()
+            .map(|t| {
+                let st = t.session.status();
+                json!({ "session": t.session.name(), "sinks": st.sinks, "packets_sent": st.packets_sent,
+                        "source_packets": st.source.packets, "clock_rate": t.clock })
+            })
+            .collect::<Vec<_>>());
+    }
     if let Some(rtsp) = *relay.rtsp_addr.lock() {
         v["rtsp_url"] = json!(format!("rtsp://{rtsp}/{}", s.name()));
     }

@@ -16,6 +16,10 @@ pub struct Config {
     /// RTSP clients must authenticate (Basic or Digest) as one of these; none = open.
     #[serde(rename = "rtsp_user")]
     pub rtsp_users: Vec<RtspUser>,
+    /// RTSP connections open at once; more are answered 503 and closed.
+    pub rtsp_max_connections: usize,
+    /// Seconds an RTSP connection may stay silent (unless it carries interleaved RTP).
+    pub rtsp_idle_s: f64,
     /// Bearer token required on every API call and stream (none = open; the default API
     /// address is loopback-only).
     pub token: Option<String>,
@@ -52,6 +56,8 @@ impl Default for Config {
             api: ([127, 0, 0, 1], 7070).into(),
             rtsp: Some(([127, 0, 0, 1], 8554).into()),
             rtsp_users: Vec::new(),
+            rtsp_max_connections: 1024,
+            rtsp_idle_s: 60.0,
             token: None,
             workers: 0,
             ring: 1024,

@@ -133,6 +133,28 @@ async fn run(mut cfg: config::Config) -> anyhow::Result<()> {
     let demo = cfg.demo;
     let relay = relay::Relay::new(cfg)?;
     let api = relay.cfg.api;
+    // RTSP first: its RTP port is where every UDP sink's packets come from (clients such as
+    // retina accept RTP only from the server_port SETUP named), so it must be known before
+    // any session sends.
+    let rtsp = match relay.cfg.rtsp {
+        Some(addr) => match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => {
+                let bound = l.local_addr()?;
+                let users = relay.cfg.rtsp_users.iter().map(|u| (u.name.clone(), u.password.clone())).collect();
+                let state = rtsp::Rtsp::new(bound.ip(), users)?;
+                fanout_io::set_udp_source_port(state.rtp_port());
+                *relay.rtsp_addr.lock() = Some(bound);
+                *relay.rtsp.lock() = Some(state.clone());
+                Some((l, bound, state))
+            }
+            // Not fatal: the API and HTTP streams still work (e.g. a second relay on one host).
+            Err(e) => {
+                tracing::warn!("cannot listen on {addr} for RTSP, serving without it: {e}");
+                None
+            }
+        },
+        None => None,
+    };
     if demo {
         let spec = spec::SessionSpec::new("demo", spec::SourceSpec { demo: Some(true), ..Default::default() });
         relay.create(spec).await.map_err(|e| anyhow::anyhow!("demo session: {e}"))?;
@@ -152,28 +174,13 @@ async fn run(mut cfg: config::Config) -> anyhow::Result<()> {
     if demo {
         say!("fanout: demo stream http://{api}/v1/sessions/demo/stream  (try: ffplay http://{api}/v1/sessions/demo/stream)");
     }
-    let rtsp_task = match relay.cfg.rtsp {
-        Some(addr) => match tokio::net::TcpListener::bind(addr).await {
-            Ok(l) => {
-                let bound = l.local_addr()?;
-                let users = relay.cfg.rtsp_users.iter().map(|u| (u.name.clone(), u.password.clone())).collect();
-                let state = rtsp::Rtsp::new(bound.ip(), users)?;
-                say!("fanout: RTSP rtsp://{bound}/{{session}}");
-                if demo {
-                    say!("fanout: demo over RTSP rtsp://{bound}/demo  (try: ffplay rtsp://{bound}/demo)");
-                }
-                *relay.rtsp_addr.lock() = Some(bound);
-                *relay.rtsp.lock() = Some(state.clone());
-                Some(tokio::spawn(rtsp::serve(l, relay.clone(), state)))
-            }
-            // Not fatal: the API and HTTP streams still work (e.g. a second relay on one host).
-            Err(e) => {
-                tracing::warn!("cannot listen on {addr} for RTSP, serving without it: {e}");
-                None
-            }
-        },
-        None => None,
-    };
+    let rtsp_task = rtsp.map(|(l, bound, state)| {
+        say!("fanout: RTSP rtsp://{bound}/{{session}}");
+        if demo {
+            say!("fanout: demo over RTSP rtsp://{bound}/demo  (try: ffplay rtsp://{bound}/demo)");
+        }
+        tokio::spawn(rtsp::serve(l, relay.clone(), state))
+    });
     let server = tokio::spawn(http::serve(listener, relay.clone(), router));
     shutdown_signal().await;
     tracing::info!("shutting down");

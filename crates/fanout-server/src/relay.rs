@@ -51,6 +51,16 @@ pub struct Relay {
     pub rtsp: parking_lot::Mutex<Option<Arc<crate::rtsp::Rtsp>>>,
     /// Sessions with an `rtsp://` source.
     upstreams: RwLock<BTreeMap<String, Arc<Upstream>>>,
+    /// Sessions whose RTSP clients get other tracks than the session itself (the demo:
+    /// its H.264 as RFC 6184 while HTTP gets the TS).
+    views: RwLock<BTreeMap<String, RtspView>>,
+}
+
+/// What RTSP clients of a session get instead of the session's own RTP.
+#[derive(Clone)]
+pub struct RtspView {
+    pub sdp: fanout_proto::sdp::Sdp,
+    pub tracks: Vec<crate::upstream::TrackRef>,
 }
 
 impl Relay {
@@ -63,6 +73,7 @@ impl Relay {
             rtsp_addr: Default::default(),
             rtsp: Default::default(),
             upstreams: Default::default(),
+            views: Default::default(),
         }))
     }
 
@@ -78,6 +89,10 @@ impl Relay {
         self.sessions.read().values().map(|e| e.session.clone()).collect()
     }
 
+    pub fn rtsp_view(&self, name: &str) -> Option<RtspView> {
+        self.views.read().get(name).cloned()
+    }
+
     /// The upstream of a session with an `rtsp://` source.
     pub fn upstream(&self, name: &str) -> Option<Arc<Upstream>> {
         self.upstreams.read().get(name).cloned()
@@ -86,6 +101,9 @@ impl Relay {
     /// The relay sessions a name stands for, one per track: an RTSP upstream's media
     /// sections, or the session alone (90 kHz).
     pub fn tracks(&self, name: &str) -> Vec<crate::upstream::TrackRef> {
+        if let Some(v) = self.rtsp_view(name) {
+            return v.tracks;
+        }
         match self.upstream(name) {
             Some(up) => up.tracks(),
             None => self
@@ -155,6 +173,7 @@ impl Relay {
         }
         let src = &spec.source;
         let mut upstream = None;
+        let mut view = None;
         let started = if let Some(url) = &src.rtsp {
             // Invariant: validate() parsed the URL.
             let url = fanout_proto::rtsp_client::Url::parse(url).expect("validated");
@@ -167,9 +186,14 @@ impl Relay {
             match bound {
                 Ok(into) => {
                     session.set_source_kind(format!("rtsp {}", url.request_url()));
-                    let linger = Duration::from_secs_f64(src.linger_s.unwrap_or(10.0));
-                    let mode = src.rtsp_transport.unwrap_or_default();
-                    Upstream::new(&spec.name, url, mode, src.on_demand.unwrap_or(true), linger, session.clone(), into)
+                    let o = crate::upstream::UpstreamOptions {
+                        url,
+                        mode: src.rtsp_transport.unwrap_or_default(),
+                        on_demand: src.on_demand.unwrap_or(true),
+                        linger: Duration::from_secs_f64(src.linger_s.unwrap_or(10.0)),
+                        silence: Duration::from_secs_f64(src.timeout_s.unwrap_or(10.0)),
+                    };
+                    Upstream::new(&spec.name, o, session.clone(), into)
                         .map(|up| {
                             let run = crate::upstream::run(up.clone(), session.config().clone(), Arc::downgrade(self));
                             tasks.push(tokio::spawn(run).abort_handle());
@@ -199,11 +223,13 @@ impl Relay {
             tasks.push(tokio::spawn(connect_publisher(addr, session.clone())).abort_handle());
             Ok(())
         } else {
-            DemoClip::new(DEMO_TS)
-                .map_err(|e| RelayError::Internal(format!("demo clip: {e}")))
-                .and_then(|c| session.attach_demo(c).map_err(|e| RelayError::Internal(e.to_string())))
+            DemoClip::new(DEMO_TS).map_err(|e| RelayError::Internal(format!("demo clip: {e}"))).and_then(|c| {
+                view = demo_view(&spec.name, session.config(), &c, &self.engine)?;
+                session.attach_demo(c).map_err(|e| RelayError::Internal(e.to_string()))
+            })
         };
         if let Err(e) = started {
+            close_view(view).await;
             close(session).await;
             return Err(e);
         }
@@ -224,6 +250,9 @@ impl Relay {
                 map.insert(name.clone(), Entry { session: session.clone(), spec, tasks: tasks.clone() });
                 if let Some(up) = upstream {
                     self.upstreams.write().insert(name.clone(), up);
+                }
+                if let Some(v) = view.take() {
+                    self.views.write().insert(name.clone(), v);
                 }
             }
             free
@@ -246,6 +275,8 @@ impl Relay {
             .remove(name)
             .ok_or_else(|| RelayError::NotFound(format!("no session named {name:?}")))?;
         let up = self.upstreams.write().remove(name);
+        let view = self.views.write().remove(name);
+        close_view(view).await;
         for t in e.tasks {
             t.abort();
         }
@@ -267,6 +298,35 @@ impl Relay {
         for n in names {
             let _ = self.delete(&n).await;
         }
+    }
+}
+
+/// The demo's face for RTSP clients: its H.264 as RFC 6184 on a track session of its own
+/// (`NAME/video`), described with the clip's parameter sets.
+fn demo_view(
+    name: &str,
+    template: &SessionConfig,
+    clip: &DemoClip,
+    engine: &Engine,
+) -> Result<Option<RtspView>, RelayError> {
+    let Some(video) = clip.h264() else { return Ok(None) };
+    let pt = fanout_io::source_pt::DEMO_H264;
+    let text = format!(
+        "v=0\r\ns={name}\r\nt=0 0\r\nm=video 0 RTP/AVP {pt}\r\na=rtpmap:{pt} H264/90000\r\na=fmtp:{pt} {}\r\n",
+        fanout_proto::sdp::h264_fmtp(&video.sps, &video.pps)
+    );
+    let sdp = fanout_proto::sdp::Sdp::parse(&text).map_err(|e| RelayError::Internal(format!("demo SDP: {e}")))?;
+    let mut cfg = template.clone();
+    cfg.name = format!("{name}/video");
+    let session = Session::new(cfg, engine);
+    session.attach_demo_h264(video).map_err(|e| RelayError::Internal(e.to_string()))?;
+    let track = crate::upstream::TrackRef { session, clock: 90_000, clock_map: None };
+    Ok(Some(RtspView { sdp, tracks: vec![track] }))
+}
+
+async fn close_view(view: Option<RtspView>) {
+    for t in view.into_iter().flat_map(|v| v.tracks) {
+        close(t.session).await;
     }
 }
 

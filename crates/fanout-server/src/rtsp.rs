@@ -96,11 +96,24 @@ const INTERLEAVED_QUEUE: usize = 2048;
 struct Conn {
     notify: tokio::sync::Notify,
     queues: Mutex<Vec<(u8, Arc<fanout_io::channel::ChannelQueue>)>>,
+    /// RTCP for its interleaved tracks: (channel, packet).
+    control: Mutex<Vec<(u8, Vec<u8>)>>,
+}
+
+/// Where a sender report goes: a UDP client's RTCP port, or an interleaved client's RTCP
+/// channel on its connection.
+enum ReportTo {
+    Udp(SocketAddr),
+    Conn(u64, u8),
 }
 
 /// The description of a relay session for RTSP clients: an upstream's media, else one
 /// track from the session's RTP payload type.
 fn describe(relay: &Relay, name: &str) -> Option<Resource> {
+    if let Some(v) = relay.rtsp_view(name) {
+        let next_rtp = v.tracks.iter().map(|t| t.session.rtp_start().map(|(_, seq, ts)| (seq, ts))).collect();
+        return Some(Resource { sdp: v.sdp.for_clients(name, 1), next_rtp });
+    }
     if let Some(up) = relay.upstream(name) {
         let sdp = up.sdp()?;
         return Some(Resource { sdp: sdp.for_clients(name, 1), next_rtp: up.next_rtp() });
@@ -127,13 +140,27 @@ fn ntp_now() -> u64 {
 
 /// A consecutive even/odd UDP port pair on `ip` (RTP/RTCP convention).
 pub(crate) fn port_pair(ip: IpAddr) -> std::io::Result<(std::net::UdpSocket, std::net::UdpSocket)> {
+    port_pair_with(ip, false)
+}
+
+/// A port pair; `shared_rtp`: the RTP one with SO_REUSEPORT, so the data path's sending
+/// sockets can bind its port too.
+fn port_pair_with(ip: IpAddr, shared_rtp: bool) -> std::io::Result<(std::net::UdpSocket, std::net::UdpSocket)> {
+    let bind = |port: u16, reuse: bool| -> std::io::Result<std::net::UdpSocket> {
+        let s = socket2::Socket::new(socket2::Domain::for_address((ip, port).into()), socket2::Type::DGRAM, None)?;
+        if reuse {
+            s.set_reuse_port(true)?;
+        }
+        s.bind(&std::net::SocketAddr::new(ip, port).into())?;
+        Ok(s.into())
+    };
     for _ in 0..64 {
-        let a = std::net::UdpSocket::bind((ip, 0))?;
+        let a = bind(0, shared_rtp)?;
         let port = a.local_addr()?.port();
         if port % 2 == 1 || port == u16::MAX {
             continue;
         }
-        if let Ok(b) = std::net::UdpSocket::bind((ip, port + 1)) {
+        if let Ok(b) = bind(port + 1, false) {
             return Ok((a, b));
         }
     }
@@ -141,8 +168,13 @@ pub(crate) fn port_pair(ip: IpAddr) -> std::io::Result<(std::net::UdpSocket, std
 }
 
 impl Rtsp {
+    /// The `server_port` RTP port: the data path sends from it.
+    pub fn rtp_port(&self) -> u16 {
+        self._rtp_port.local_addr().map_or(0, |a| a.port())
+    }
+
     pub fn new(ip: IpAddr, users: Vec<(String, String)>) -> std::io::Result<Arc<Self>> {
-        let rtcp = port_pair(ip)?;
+        let rtcp = port_pair_with(ip, true)?;
         let ports = (rtcp.0.local_addr()?.port(), rtcp.1.local_addr()?.port());
         let seed =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
@@ -184,7 +216,7 @@ impl Rtsp {
     }
 
     /// A sender report for each playing client: where to send it, and the datagram.
-    fn sender_reports(&self, relay: &Relay) -> Vec<(SocketAddr, Vec<u8>)> {
+    fn sender_reports(&self, relay: &Relay) -> Vec<(ReportTo, Vec<u8>)> {
         let ntp = ntp_now();
         self.clients
             .lock()
@@ -213,9 +245,11 @@ impl Rtsp {
                         sink.packets_sent as u32,
                         sink.bytes_sent as u32,
                     );
-                    // Interleaved clients get none yet (their RTCP would go on the connection).
-                    let (_, rtcp_port) = udp_ports(&c.tracks.iter().find(|x| x.0 == t)?.1)?;
-                    Some((SocketAddr::new(c.peer, rtcp_port), sr))
+                    let to = match c.tracks.iter().find(|x| x.0 == t)?.1 {
+                        Lower::Udp { client_rtcp, .. } => ReportTo::Udp(SocketAddr::new(c.peer, client_rtcp)),
+                        Lower::Interleaved { rtcp, .. } => ReportTo::Conn(c.conn, rtcp),
+                    };
+                    Some((to, sr))
                 })
             })
             .collect()
@@ -287,7 +321,7 @@ impl Rtsp {
                     for &(t, lower) in &c.tracks {
                         let Some(tr) = tracks.get(t) else { continue };
                         let added = match lower {
-                            Lower::Udp { client_rtp, .. } => tr.session.add_udp_sink(SocketAddr::new(c.peer, client_rtp)),
+                            Lower::Udp { client_rtp, .. } => tr.session.add_rtsp_udp_sink(SocketAddr::new(c.peer, client_rtp)),
                             Lower::Interleaved { rtp, .. } => match self.conns.lock().get(&c.conn) {
                                 Some(conn) => {
                                     let wake = conn.clone();
@@ -373,14 +407,27 @@ pub async fn serve(listener: TcpListener, relay: Arc<Relay>, rtsp: Arc<Rtsp>) {
             loop {
                 tokio::time::sleep(Duration::from_secs(5)).await;
                 for (to, sr) in rtsp.sender_reports(&relay) {
-                    let _ = sock.send_to(&sr, to).await;
+                    match to {
+                        ReportTo::Udp(addr) => {
+                            let _ = sock.send_to(&sr, addr).await;
+                        }
+                        // On the client's connection, written by its task between frames.
+                        ReportTo::Conn(conn, channel) => {
+                            if let Some(c) = rtsp.conns.lock().get(&conn) {
+                                c.control.lock().push((channel, sr));
+                                c.notify.notify_one();
+                            }
+                        }
+                    }
                 }
             }
         })
     });
     let mut next_conn = 0u64;
+    let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (max, idle) = (relay.cfg.rtsp_max_connections, Duration::from_secs_f64(relay.cfg.rtsp_idle_s.max(0.1)));
     loop {
-        let (stream, peer) = match listener.accept().await {
+        let (mut stream, peer) = match listener.accept().await {
             Ok(x) => x,
             Err(e) => {
                 tracing::warn!("rtsp accept: {e}");
@@ -388,12 +435,25 @@ pub async fn serve(listener: TcpListener, relay: Arc<Relay>, rtsp: Arc<Rtsp>) {
                 continue;
             }
         };
+        use std::sync::atomic::Ordering::Relaxed;
+        if open.load(Relaxed) >= max {
+            // Over the limit: a real server's answer, then close (without blocking accept).
+            tracing::warn!(%peer, "RTSP connection refused: {max} open (rtsp_max_connections)");
+            tokio::spawn(async move {
+                let mut out = Vec::new();
+                Response::new(503, None).write(&mut out);
+                let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&out)).await;
+            });
+            continue;
+        }
+        open.fetch_add(1, Relaxed);
         next_conn += 1;
-        let (relay, rtsp, conn) = (relay.clone(), rtsp.clone(), next_conn);
+        let (relay, rtsp, conn, open) = (relay.clone(), rtsp.clone(), next_conn, open.clone());
         tokio::spawn(async move {
-            if let Err(e) = connection(stream, peer, conn, &relay, &rtsp).await {
+            if let Err(e) = connection(stream, peer, conn, idle, &relay, &rtsp).await {
                 tracing::debug!(%peer, "rtsp connection: {e}");
             }
+            open.fetch_sub(1, Relaxed);
             let actions = rtsp.server.lock().connection_closed(conn);
             rtsp.apply(&relay, peer.ip(), actions);
         });
@@ -403,13 +463,11 @@ pub async fn serve(listener: TcpListener, relay: Arc<Relay>, rtsp: Arc<Rtsp>) {
 /// How long a DESCRIBE waits for an RTSP upstream to connect and play before it is 404.
 const UPSTREAM_WAIT: Duration = Duration::from_secs(10);
 
-/// Seconds a connection may stay silent before it is closed (sessions have their own timeout).
-const IDLE: Duration = Duration::from_secs(120);
-
 async fn connection(
     mut stream: TcpStream,
     peer: SocketAddr,
     conn: u64,
+    idle: Duration,
     relay: &Arc<Relay>,
     rtsp: &Arc<Rtsp>,
 ) -> std::io::Result<()> {
@@ -470,7 +528,7 @@ async fn connection(
             }
         }
         // A connection that carries interleaved RTP is never idle.
-        let idle = if me.queues.lock().is_empty() { IDLE } else { Duration::MAX / 4 };
+        let idle = if me.queues.lock().is_empty() { idle } else { Duration::MAX / 4 };
         tokio::select! {
             r = tokio::time::timeout(idle, stream.read(&mut chunk)) => {
                 let n = match r {
@@ -492,6 +550,9 @@ async fn connection(
                     for p in packets.drain(..) {
                         rtsp::write_interleaved(&mut frames, *channel, p.data());
                     }
+                }
+                for (channel, rtcp) in me.control.lock().drain(..) {
+                    rtsp::write_interleaved(&mut frames, channel, &rtcp);
                 }
                 stream.write_all(&frames).await?;
             }

@@ -41,6 +41,9 @@ pub struct SourceSpec {
     /// (default 10).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub linger_s: Option<f64>,
+    /// With `rtsp`: seconds without RTP after which the upstream is reconnected (default 10).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout_s: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
@@ -81,9 +84,16 @@ impl SourceSpec {
                 if self.linger_s.is_some_and(|l| !(0.0..=86_400.0).contains(&l)) {
                     return Err("source \"linger_s\" must be 0 to 86400".into());
                 }
+                if self.timeout_s.is_some_and(|t| !(0.1..=3600.0).contains(&t)) {
+                    return Err("source \"timeout_s\" must be 0.1 to 3600".into());
+                }
             }
-            None if self.rtsp_transport.is_some() || self.on_demand.is_some() || self.linger_s.is_some() => {
-                return Err("source \"rtsp_transport\", \"on_demand\" and \"linger_s\" only apply to an \"rtsp\" source".into());
+            None if self.rtsp_transport.is_some()
+                || self.on_demand.is_some()
+                || self.linger_s.is_some()
+                || self.timeout_s.is_some() =>
+            {
+                return Err("source \"rtsp_transport\", \"on_demand\", \"linger_s\" and \"timeout_s\" only apply to an \"rtsp\" source".into());
             }
             None => {}
         }

@@ -13,7 +13,7 @@
 //! Lifecycle: connect on demand (a DESCRIBE or a sink) or at once (`on_demand = false`);
 //! UDP, TCP interleaved, or UDP falling back to TCP when nothing arrives; keep-alives at half
 //! the session timeout; receiver reports every 5 s; reconnect with backoff (1 s doubling to
-//! 30 s) when the upstream drops or goes silent; TEARDOWN `linger_s` after the last client.
+//! 30 s) when the upstream drops or goes silent (`timeout_s`, 10 s); TEARDOWN `linger_s` after the last client.
 
 use crate::spec::RtspTransport;
 use fanout_io::{bind_udp_source, Session};
@@ -30,12 +30,21 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A UDP upstream that brings nothing for this long after PLAY is retried over TCP (`auto`).
 const UDP_GRACE: Duration = Duration::from_secs(3);
-/// A playing upstream silent for this long is reconnected.
-const SILENCE: Duration = Duration::from_secs(10);
 const REPORT_EVERY: Duration = Duration::from_secs(5);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// A DESCRIBE keeps the upstream wanted this long, for the client's SETUP and PLAY.
 const SETUP_GRACE: Duration = Duration::from_secs(5);
+
+/// How an upstream is reached and kept (the session's `rtsp` source fields).
+pub struct UpstreamOptions {
+    pub url: Url,
+    pub mode: RtspTransport,
+    pub on_demand: bool,
+    /// Torn down this long after the last client left (on demand).
+    pub linger: Duration,
+    /// Reconnected after this long without RTP.
+    pub silence: Duration,
+}
 
 /// What the upstream side of a session settles on.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -109,6 +118,8 @@ pub struct Upstream {
     mode: RtspTransport,
     on_demand: bool,
     linger: Duration,
+    /// A playing upstream silent for this long is reconnected.
+    silence: Duration,
     state: Mutex<State>,
     /// Bumped when a description is available (and at every PLAY).
     ready: tokio::sync::watch::Sender<u64>,
@@ -123,15 +134,8 @@ pub struct Upstream {
 impl Upstream {
     /// `first` is the relay session that carries the first media section; its source is
     /// already bound on loopback at `into`.
-    pub fn new(
-        name: &str,
-        url: Url,
-        mode: RtspTransport,
-        on_demand: bool,
-        linger: Duration,
-        first: Session,
-        into: SocketAddr,
-    ) -> std::io::Result<Arc<Self>> {
+    pub fn new(name: &str, o: UpstreamOptions, first: Session, into: SocketAddr) -> std::io::Result<Arc<Self>> {
+        let UpstreamOptions { url, mode, on_demand, linger, silence } = o;
         let feeder = UdpSocket::bind((IpAddr::from([127, 0, 0, 1]), 0))?;
         feeder.set_nonblocking(true)?;
         let track = Track::new(first, into, "video".into(), 90_000, None);
@@ -141,6 +145,7 @@ impl Upstream {
             mode,
             on_demand,
             linger,
+            silence,
             state: Mutex::new(State {
                 sdp: None,
                 tracks: vec![track],
@@ -247,7 +252,13 @@ impl Upstream {
         let mut st = self.state.lock();
         for (i, m) in sdp.media.iter().enumerate() {
             let pt = m.formats.first().and_then(|f| f.parse::<u8>().ok());
-            let clock = m.formats.first().and_then(|f| m.rtpmap(f)).map_or(90_000, |(_, c)| c);
+            let rtpmap = m.formats.first().and_then(|f| m.rtpmap(f));
+            let clock = rtpmap.map_or(90_000, |(_, c)| c);
+            let video = match rtpmap.map(|(enc, _)| enc.to_ascii_uppercase()) {
+                Some(e) if e == "H264" => Some(fanout_proto::annexb::Codec::H264),
+                Some(e) if e == "H265" => Some(fanout_proto::annexb::Codec::H265),
+                _ => None,
+            };
             if i >= st.tracks.len() {
                 let mut cfg = template.clone();
                 cfg.name = format!("{}/{}", self.name, i);
@@ -255,6 +266,7 @@ impl Upstream {
                 let sock = bind_udp_source(SocketAddr::from(([127, 0, 0, 1], 0)), None)?;
                 let into = sock.local_addr()?;
                 session.attach_udp(sock)?;
+                session.set_rtp_video(video);
                 st.tracks.push(Track::new(session, into, m.kind.clone(), clock, pt));
             } else {
                 let t = &mut st.tracks[i];
@@ -262,6 +274,7 @@ impl Upstream {
                     t.restamp = Restamp::new(clock, random_start());
                 }
                 (t.media, t.clock, t.pt) = (m.kind.clone(), clock, pt);
+                t.session.set_rtp_video(video);
             }
         }
         st.sdp = Some(sdp.clone());
@@ -587,12 +600,14 @@ async fn connect_once(
                     if count != last_count.0 {
                         last_count = (count, now);
                     }
-                    if !tcp && up.mode == RtspTransport::Auto && count == 0 && now - since > UDP_GRACE {
+                    let udp_probe = !tcp && up.mode == RtspTransport::Auto && count == 0;
+                    if udp_probe && now - since > UDP_GRACE {
                         teardown(&mut client, &mut stream, up).await;
                         return Ok(Ended::UseTcp("nothing arrived over UDP in 3 s"));
                     }
-                    if now - last_count.1 > SILENCE {
-                        return Err(format!("no RTP from the upstream for {SILENCE:?}"));
+                    // (While UDP is on probation, its grace decides, not the silence timeout.)
+                    if !udp_probe && now - last_count.1 > up.silence {
+                        return Err(format!("no RTP from the upstream for {:?}", up.silence));
                     }
                     if tokio::time::Instant::now() >= next_report {
                         next_report += REPORT_EVERY;

@@ -26,7 +26,7 @@ fn ffmpeg_plays_the_demo_over_rtsp_and_its_sink_goes_with_it() {
     assert!(frames >= 70, "decoded only {frames} frames: {log}");
     // ffmpeg sent TEARDOWN on exit: its UDP sink is gone.
     assert!(
-        wait_for(Duration::from_secs(5), || relay.ok("GET", "/v1/sessions/demo", None)["sinks"] == 0),
+        wait_for(Duration::from_secs(5), || relay.ok("GET", "/v1/sessions/demo", None)["rtsp_tracks"][0]["sinks"] == 0),
         "the client's sink should be removed after TEARDOWN"
     );
 }
@@ -45,7 +45,7 @@ fn ffmpeg_plays_the_demo_interleaved_over_tcp() {
     let frames = decoded_frames(&log);
     assert!(frames >= 70, "decoded only {frames} frames: {log}");
     assert!(
-        wait_for(Duration::from_secs(5), || relay.ok("GET", "/v1/sessions/demo", None)["sinks"] == 0),
+        wait_for(Duration::from_secs(5), || relay.ok("GET", "/v1/sessions/demo", None)["rtsp_tracks"][0]["sinks"] == 0),
         "the client's sink should be removed after TEARDOWN"
     );
 }
@@ -85,18 +85,26 @@ fn interleaved_frames_carry_the_stream_without_a_gap() {
     let mut junk = Vec::new();
     fanout_proto::rtsp::write_interleaved(&mut junk, 9, b"junk");
     c.write_all(&junk).unwrap();
-    let mut got = Vec::new();
-    while got.len() < 100 {
+    let (mut got, mut sender_report) = (Vec::new(), false);
+    let t = std::time::Instant::now();
+    // 100 packets, and a sender report on the RTCP channel (one every 5 s).
+    while got.len() < 100 || (!sender_report && t.elapsed() < Duration::from_secs(8)) {
         match next(&mut c, &mut pending) {
-            fanout_proto::rtsp::Message::Interleaved { channel, data } => {
-                assert_eq!(channel, 4);
+            fanout_proto::rtsp::Message::Interleaved { channel: 4, data } if got.len() < 100 => {
                 got.push(fanout_proto::rtp::RtpView::parse(&data).expect("RTP").sequence_number());
+            }
+            fanout_proto::rtsp::Message::Interleaved { channel: 4, .. } => {}
+            fanout_proto::rtsp::Message::Interleaved { channel: 5, data } => {
+                let r = fanout_proto::rtcp::parse_reports(&data).expect("RTCP on the RTCP channel");
+                sender_report |= r[0].sender && r[0].reporter == 0x4641_4e4f;
             }
             m => panic!("unexpected {m:?}"),
         }
     }
+    assert!(sender_report, "a sender report on channel 5 within 8 s");
     let want: Vec<u16> = (0..100).map(|k| first.wrapping_add(k)).collect();
     assert_eq!(got, want);
+    assert_eq!(relay.ok("GET", "/v1/sessions/demo", None)["rtsp_tracks"][0]["sinks"], 1);
     let c0 = &relay.ok("GET", "/v1/rtsp", None)["clients"][0];
     assert_eq!((c0["interleaved"].as_bool(), c0["playing"].as_bool()), (Some(true), Some(true)), "{c0}");
     // A keep-alive is answered between frames.
@@ -105,7 +113,31 @@ fn interleaved_frames_carry_the_stream_without_a_gap() {
     assert!(answered);
     drop(c);
     // The connection closed: its interleaved session and sink go.
-    assert!(wait_for(Duration::from_secs(5), || relay.ok("GET", "/v1/sessions/demo", None)["sinks"] == 0));
+    assert!(wait_for(Duration::from_secs(5), || relay.ok("GET", "/v1/sessions/demo", None)["rtsp_tracks"][0]["sinks"] == 0));
+}
+
+/// Connections that send nothing: past `rtsp_max_connections` a new one gets 503 and is
+/// closed; after `rtsp_idle_s` the silent ones are closed, which frees their places.
+#[test]
+fn silent_connections_are_limited_and_timed_out() {
+    let cfg = std::env::temp_dir().join(format!("fanout-rtsp-limits-{}.toml", std::process::id()));
+    std::fs::write(&cfg, "rtsp_max_connections = 3\nrtsp_idle_s = 1.5\n").unwrap();
+    let relay = Relay::start(&["--rtsp", "127.0.0.1:0", "--config", cfg.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&cfg);
+    let a = rtsp_addr(&relay);
+    let silent: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(a).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let over = exchange(a, "OPTIONS * RTSP/1.0\r\nCSeq: 1\r\n\r\n");
+    assert!(over.starts_with("RTSP/1.0 503 "), "the fourth connection: {over:?}");
+    // The silent ones are closed after the idle time (a read sees the end)...
+    for mut s in silent {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut b = [0u8; 64];
+        assert_eq!(s.read(&mut b).unwrap_or(usize::MAX), 0, "a silent connection should be closed");
+    }
+    // ...and a new client is served again.
+    let ok = exchange(a, "OPTIONS * RTSP/1.0\r\nCSeq: 2\r\n\r\n");
+    assert!(ok.starts_with("RTSP/1.0 200 "), "{ok}");
 }
 
 /// With users configured, ffmpeg gets in with the credentials in its URL (it answers the
@@ -178,7 +210,8 @@ fn protocol_errors_get_the_codes_real_servers_give() {
 
 fn play(addr: SocketAddr) -> (TcpStream, std::net::UdpSocket, u16, String) {
     let p = rtsp_play(addr, "demo", None);
-    assert!(p.sdp.contains("a=rtpmap:33 MP2T/90000"), "{}", p.sdp);
+    // The demo's H.264 per RFC 6184, with its parameter sets for the decoder.
+    assert!(p.sdp.contains("a=rtpmap:96 H264/90000") && p.sdp.contains("sprop-parameter-sets="), "{}", p.sdp);
     (p.conn, p.rtp, p.seq, p.session)
 }
 
@@ -238,7 +271,7 @@ fn twenty_clients_get_what_rtp_info_announced_and_every_packet() {
     let relay = start();
     let addr = rtsp_addr(&relay);
     let clients: Vec<_> = (0..20).map(|_| play(addr)).collect();
-    assert_eq!(relay.ok("GET", "/v1/sessions/demo", None)["sinks"], 20);
+    assert_eq!(relay.ok("GET", "/v1/sessions/demo", None)["rtsp_tracks"][0]["sinks"], 20);
     // Read every client as packets come (one at a time would overflow the others' buffers).
     let mut seqs: Vec<Vec<u16>> = vec![Vec::new(); clients.len()];
     for (_, rtp, _, _) in &clients {
@@ -250,7 +283,7 @@ fn twenty_clients_get_what_rtp_info_announced_and_every_packet() {
         for ((_, rtp, _, _), got) in clients.iter().zip(seqs.iter_mut()) {
             while let Ok(n) = rtp.recv(&mut buf) {
                 let v = fanout_proto::rtp::RtpView::parse(&buf[..n]).expect("RTP");
-                assert_eq!(v.payload_type(), 33);
+                assert_eq!(v.payload_type(), 96);
                 got.push(v.sequence_number());
             }
         }
@@ -266,5 +299,5 @@ fn twenty_clients_get_what_rtp_info_announced_and_every_packet() {
         let n = c.read(&mut b).unwrap();
         assert!(b[..n].starts_with(b"RTSP/1.0 200"), "{}", String::from_utf8_lossy(&b[..n]));
     }
-    assert!(wait_for(Duration::from_secs(5), || relay.ok("GET", "/v1/sessions/demo", None)["sinks"] == 0));
+    assert!(wait_for(Duration::from_secs(5), || relay.ok("GET", "/v1/sessions/demo", None)["rtsp_tracks"][0]["sinks"] == 0));
 }

@@ -24,6 +24,8 @@ enum Script {
     RefuseUdp,
     /// Accepts UDP and sends nothing over it; streams over TCP.
     SilentUdp,
+    /// TCP: 20 packets, then silence with the connection kept open, at every connection.
+    Stall,
 }
 
 struct Fake {
@@ -137,6 +139,7 @@ fn serve_fake(mut s: TcpStream, n: usize, script: Script, teardowns: &AtomicUsiz
                     return; // hang up: the proxy reconnects
                 }
                 (Script::RestartAndGarbage, _) => (0..50).for_each(|i| frame(&mut s, &rtp(0xC, 40_000 + i))),
+                (Script::Stall, n) => (0..20).for_each(|i| frame(&mut s, &rtp(0xE0 + n as u32, 500 * n as u16 + i))),
                 // Over UDP it sends nothing at all.
                 (Script::RefuseUdp | Script::SilentUdp, _) if tcp => (0..50).for_each(|i| frame(&mut s, &rtp(0xD, i))),
                 _ => {}
@@ -160,9 +163,17 @@ fn receive(sock: &UdpSocket, n: usize, limit: Duration) -> Vec<(u32, u16)> {
 }
 
 fn start_with(upstream: SocketAddr, transport: &str) -> Relay {
+    start_with_source(upstream, json!({ "rtsp_transport": transport }))
+}
+
+/// `extra`: source fields besides the URL (linger 1 s unless given).
+fn start_with_source(upstream: SocketAddr, extra: serde_json::Value) -> Relay {
     let relay = Relay::start(&["--rtsp", "127.0.0.1:0", "--no-demo"]);
-    let spec = json!({ "name": "cam", "source": {
-        "rtsp": format!("rtsp://{upstream}/cam"), "rtsp_transport": transport, "linger_s": 1 } });
+    let mut source = json!({ "rtsp": format!("rtsp://{upstream}/cam"), "linger_s": 1 });
+    for (k, v) in extra.as_object().unwrap() {
+        source[k] = v.clone();
+    }
+    let spec = json!({ "name": "cam", "source": source });
     relay.ok("POST", "/v1/sessions", Some(spec));
     relay
 }
@@ -197,6 +208,22 @@ fn clients_see_one_stream_across_upstream_restarts_and_ssrc_changes() {
         "the upstream should get TEARDOWN after the linger"
     );
     assert!(wait_for(Duration::from_secs(3), || relay.ok("GET", "/v1/sessions/cam", None)["upstream"]["state"] == "idle"));
+}
+
+/// An upstream that stops sending but keeps its connection open is reconnected after
+/// `timeout_s`; the client's stream goes on without a gap.
+#[test]
+fn a_silent_upstream_is_reconnected() {
+    let fake = fake_upstream(Script::Stall);
+    let relay = start_with_source(fake.addr, json!({ "rtsp_transport": "tcp", "timeout_s": 1.5 }));
+    let p = rtsp_play(rtsp_addr(&relay), "cam", None);
+    let got = receive(&p.rtp, 40, Duration::from_secs(15));
+    let up = relay.ok("GET", "/v1/sessions/cam", None)["upstream"].clone();
+    assert_eq!(got.len(), 40, "{up}");
+    let want: Vec<u16> = (0..40).map(|k| p.seq.wrapping_add(k)).collect();
+    assert_eq!(got.iter().map(|x| x.1).collect::<Vec<_>>(), want);
+    assert!(up["connects"].as_u64() >= Some(2), "{up}");
+    assert!(up["last_error"].as_str().is_some_and(|e| e.contains("no RTP")), "{up}");
 }
 
 /// `auto` transport: an upstream that refuses UDP (461), and one that accepts it but sends
