@@ -1,4 +1,5 @@
-//! TS header parsing and schedule building never panic; schedules are monotonic.
+//! TS header parsing, schedule building and demuxing never panic; schedules are monotonic;
+//! a demuxed PES payload is never larger than the bytes fed in.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 
@@ -6,6 +7,10 @@ fuzz_target!(|data: &[u8]| {
     for (i, p) in data.chunks(188).enumerate() {
         let _ = fanout_proto::mpegts::parse_header(p, i * 188);
     }
+    let mut d = fanout_proto::tsdemux::Demux::default();
+    let mut out: usize = data.chunks(188).filter_map(|p| d.push(p)).map(|p| p.data.len()).sum();
+    out += d.flush().iter().map(|p| p.data.len()).sum::<usize>();
+    assert!(out <= data.len());
     if let Ok(s) = fanout_proto::mpegts::TsSchedule::new(data) {
         let mut last = 0;
         for n in 0..(2 * s.len() as u64).min(10_000) {

@@ -446,6 +446,81 @@ mod tests {
 
     const SDP: &str = "v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=cam\r\nt=0 0\r\nm=video 0 RTP/AVP 96\r\na=rtpmap:96 H264/90000\r\na=control:trackID=0\r\nm=audio 0 RTP/AVP 97\r\na=rtpmap:97 MPEG4-GENERIC/48000/2\r\na=control:trackID=1\r\n";
 
+    /// Replays a captured exchange: our requests must be the ones we sent then, and the
+    /// server's real answers must bring the client to Playing with what they said.
+    fn replay(client_txt: &[u8], server_txt: &[u8], url: &str) -> Client {
+        let all = |b: &[u8]| {
+            let (mut v, mut rest) = (Vec::new(), b);
+            while let Ok(Some((m, used))) = parse(rest, &Limits::default()) {
+                v.push(m);
+                rest = &rest[used..];
+            }
+            v
+        };
+        let sent: Vec<Request> =
+            all(client_txt).into_iter().filter_map(|m| if let Message::Request(r) = m { Some(r) } else { None }).collect();
+        let answers: Vec<Response> =
+            all(server_txt).into_iter().filter_map(|m| if let Message::Response(r) = m { Some(r) } else { None }).collect();
+        let same = |ours: &Request, theirs: &Request| {
+            assert_eq!((&ours.method, &ours.uri), (&theirs.method, &theirs.uri));
+            assert_eq!(ours.headers.get("Transport"), theirs.headers.get("Transport"));
+            assert_eq!(ours.headers.get("Session"), theirs.headers.get("Session"));
+        };
+        let mut c = Client::new(Url::parse(url).unwrap(), "fanout/0.1.0");
+        same(&req_of(&c.start(0)), &sent[0]);
+        for (i, a) in answers.iter().enumerate().take(sent.len() - 1) {
+            match c.on_response(a, 0).unwrap() {
+                Step::Send(b) => same(&req_of(&b), &sent[i + 1]),
+                Step::Described(sdp) => {
+                    // The client ports we offered then, from the captured SETUPs.
+                    let lowers = sent
+                        .iter()
+                        .filter(|r| r.method == "SETUP")
+                        .map(|r| crate::rtsp::parse_transport(r.headers.get("Transport").unwrap())[0].lower.unwrap())
+                        .collect::<Vec<_>>();
+                    assert_eq!(lowers.len(), sdp.media.len());
+                    same(&req_of(&c.setup(lowers, 0).unwrap()), &sent[i + 1]);
+                }
+                Step::Playing => {
+                    assert_eq!(c.phase(), Phase::Playing);
+                    same(&req_of(&c.teardown(0).unwrap()), &sent[i + 1]);
+                }
+                Step::Idle => panic!("answer {i} left the client idle"),
+            }
+        }
+        c
+    }
+
+    #[test]
+    fn replays_a_captured_mediamtx_exchange() {
+        let c = replay(
+            include_bytes!("../fixtures/rtsp/mediamtx-client.txt"),
+            include_bytes!("../fixtures/rtsp/mediamtx-server.txt"),
+            "rtsp://127.0.0.1:28700/live",
+        );
+        assert_eq!(c.tracks.len(), 2);
+        assert_eq!(c.tracks[1].control, "rtsp://127.0.0.1:28700/live/trackID=1");
+        assert_eq!(c.tracks[0].server_ports, Some((28000, 28001)));
+        // MediaMTX's RTP-Info names the tracks without seq/rtptime.
+        assert_eq!(c.tracks[0].rtp_info, Some((None, None)));
+        assert_eq!(c.timeout_s, 60);
+    }
+
+    #[test]
+    fn replays_a_captured_live555_exchange() {
+        let c = replay(
+            include_bytes!("../fixtures/rtsp/live555-client.txt"),
+            include_bytes!("../fixtures/rtsp/live555-server.txt"),
+            "rtsp://127.0.0.1:28701/cam",
+        );
+        // live555 names its tracks track1/track2 under a Content-Base on its own port.
+        assert_eq!(c.tracks[0].control, "rtsp://127.0.0.1:28600/cam/track1");
+        assert_eq!(c.tracks[1].server_ports, Some((6972, 6973)));
+        assert_eq!(c.tracks[0].rtp_info, Some((Some(37558), Some(373_488_834))));
+        assert_eq!(c.tracks[1].rtp_info, Some((Some(46271), Some(3_193_968_801))));
+        assert_eq!(c.timeout_s, 65);
+    }
+
     #[test]
     fn urls() {
         let u = Url::parse("rtsp://me:p%40ss@cam.local:8554/live/main").unwrap();

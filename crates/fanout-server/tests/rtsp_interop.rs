@@ -131,9 +131,9 @@ fn frames(stdout: &[u8]) -> Vec<(i64, String)> {
         .collect()
 }
 
-fn decode(url: &str, seconds: u32) -> Child {
+fn decode(url: &str, seconds: u32, transport: &str) -> Child {
     Command::new("timeout")
-        .args(["40", "ffmpeg", "-nostdin", "-loglevel", "error", "-rtsp_transport", "udp", "-i", url])
+        .args(["40", "ffmpeg", "-nostdin", "-loglevel", "error", "-rtsp_transport", transport, "-i", url])
         .args(["-t", &seconds.to_string(), "-map", "0:v", "-f", "framemd5", "-"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -149,7 +149,9 @@ struct Clients {
 
 fn start_clients(upstream: &str, relayed: &str, n: usize) -> Clients {
     // The reference reads the upstream for longer, so it spans every client's window.
-    Clients { reference: decode(upstream, 11), clients: (0..n).map(|_| decode(relayed, 8)).collect() }
+    // Half of the clients take RTP over UDP, half interleaved on their RTSP connection.
+    let transport = |i: usize| if i % 2 == 0 { "udp" } else { "tcp" };
+    Clients { reference: decode(upstream, 11, "udp"), clients: (0..n).map(|i| decode(relayed, 8, transport(i))).collect() }
 }
 
 impl Clients {
@@ -205,8 +207,9 @@ fn live555_proxy_as_the_upstream() {
     assert_eq!((up["connects"].as_u64(), up["tracks"].as_array().map(Vec::len)), (Some(1), Some(2)), "{up}");
 }
 
-/// Twenty ffmpeg clients of one MediaMTX stream through `fanout`: each decodes every frame
-/// of its 8 s without a gap, as many as a client of MediaMTX itself; MediaMTX sees one
+/// Twenty ffmpeg clients (ten over UDP, ten over TCP) of one MediaMTX stream through
+/// `fanout`: each decodes every frame of its 8 s without a gap, the same pictures as a
+/// client of MediaMTX itself; MediaMTX sees one
 /// reader (fanout), whose receiver reports it accepts; when the last client leaves, the
 /// upstream session goes a linger later.
 #[test]

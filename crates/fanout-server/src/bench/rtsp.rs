@@ -358,14 +358,20 @@ pub fn run(a: RtspArgs) -> anyhow::Result<()> {
                     "{name},{n},{round},{:.3},{:.2},{},{},{us:.3},{ms_mb:.3},{},{}",
                     s.cpu_s, s.seconds, s.packets, s.bytes, s.min, s.max
                 )?;
-                pb.println(format!(
+                let line = format!(
                     "{name:>14} {n:>5} clients: {us:7.2} µs/packet {ms_mb:6.2} ms/MB ({:.0}% of a core, {} packets of {} B on average, per client {}..{})",
                     100.0 * s.cpu_s / s.seconds,
                     s.packets,
                     s.bytes / s.packets.max(1),
                     s.min,
                     s.max
-                ));
+                );
+                // A hidden bar (no terminal, e.g. a log) prints nothing: say it plainly then.
+                if pb.is_hidden() {
+                    println!("{line}");
+                } else {
+                    pb.println(line);
+                }
                 results.push((name.clone(), n, us, ms_mb));
                 pb.inc(1);
             }
