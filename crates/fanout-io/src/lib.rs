@@ -40,12 +40,6 @@ pub use session::{
     SourceState, SourceStatus, UdpSinkMode,
 };
 pub use sink::set_udp_source_port;
-pub use source::{bind_udp_source, DemoClip, DemoVideo};
+pub use source::{bind_udp_source, DemoClip, DemoTrack};
 
-/// RTP payload types of the built-in demo's streams.
-pub mod source_pt {
-    /// MPEG-TS (RFC 2250, static type 33).
-    pub const DEMO_TS: u8 = crate::source::DEMO_PAYLOAD_TYPE;
-    /// H.264 (RFC 6184, dynamic).
-    pub const DEMO_H264: u8 = crate::source::DEMO_H264_PAYLOAD_TYPE;
-}
+

@@ -581,14 +581,16 @@ impl Session {
         Ok(())
     }
 
-    /// Starts the demo clip's H.264 as RTP (RFC 6184), paced by its decoding times.
-    pub fn attach_demo_h264(&self, video: crate::source::DemoVideo) -> std::io::Result<()> {
-        *self.inner.source_kind.lock() = "demo H.264 (RTP, RFC 6184, looped)".to_string();
-        self.set_rtp_video(Some(fanout_proto::annexb::Codec::H264));
+    /// Starts one RTP track of the demo clip (for RTSP clients), paced from `start`.
+    pub fn attach_demo_track(&self, track: crate::source::DemoTrack, start: Instant) -> std::io::Result<()> {
+        *self.inner.source_kind.lock() = format!("demo RTP track ({} Hz, looped)", track.clock);
+        if track.video {
+            self.set_rtp_video(Some(fanout_proto::annexb::Codec::H264));
+        }
         let weak = Arc::downgrade(&self.inner);
         let t = std::thread::Builder::new()
             .name(format!("demo-{}", self.inner.cfg.name))
-            .spawn(move || crate::source::demo_h264_source(weak, video))?;
+            .spawn(move || crate::source::demo_track_source(weak, track, start))?;
         self.inner.threads.lock().push(t);
         Ok(())
     }

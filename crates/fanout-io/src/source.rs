@@ -334,54 +334,114 @@ impl DemoClip {
     }
 }
 
-/// The clip's H.264, for RTP per RFC 6184: access units in decoding order with their
-/// timestamps, and the parameter sets for the SDP.
+/// One RTP track of the demo clip for RTSP clients, prepared once: every packet's payload
+/// with its due time, RTP timestamp and marker. Video is the clip's H.264 per RFC 6184
+/// (single NAL units and FU-A, at most 1400 bytes), audio its AAC per RFC 3640 (AAC-hbr).
 #[derive(Clone)]
-pub struct DemoVideo {
-    /// (DTS, PTS, Annex B access unit), 90 kHz.
-    aus: Arc<Vec<(u64, u64, Vec<u8>)>>,
+pub struct DemoTrack {
+    /// The SDP media section, without a control attribute.
+    pub media: String,
+    pub clock: u32,
+    pub video: bool,
+    pt: u8,
+    packets: Arc<Vec<DemoPacket>>,
     /// One lap of the clip, 90 kHz (its PCR span), so laps continue each other's time.
     lap_90k: u64,
-    pub sps: Vec<u8>,
-    pub pps: Vec<u8>,
 }
 
+/// (due, 90 kHz after the clip's start; RTP timestamp, in the track's clock; payload; marker)
+type DemoPacket = (u64, u64, Vec<u8>, bool);
+
+/// RTP payload types of the demo's RTSP tracks.
+pub const DEMO_H264_PAYLOAD_TYPE: u8 = 96;
+pub const DEMO_AAC_PAYLOAD_TYPE: u8 = 97;
+
 impl DemoClip {
-    /// The H.264 of the clip, if it has any.
-    pub fn h264(&self) -> Option<DemoVideo> {
-        let mut d = fanout_proto::tsdemux::Demux::default();
+    /// The clip's H.264 and AAC as RTP tracks (what the clip has of them), and the media
+    /// time (90 kHz) their due times count from.
+    pub fn rtp_tracks(&self) -> (Vec<DemoTrack>, u64) {
+        use fanout_proto::{aac, annexb, tsdemux};
+        let mut d = tsdemux::Demux::default();
         let mut pes: Vec<_> = self.ts.chunks(fanout_proto::mpegts::PACKET_LEN).filter_map(|p| d.push(p)).collect();
         pes.extend(d.flush());
-        let aus: Vec<(u64, u64, Vec<u8>)> = pes
-            .into_iter()
-            .filter(|p| p.stream_type == fanout_proto::tsdemux::STREAM_TYPE_H264)
-            .filter_map(|p| Some((p.dts.or(p.pts)?, p.pts?, p.data)))
-            .collect();
+        let lap_90k = self.schedule.loop_ticks() / 300;
+        let video: Vec<_> = pes.iter().filter(|p| p.stream_type == tsdemux::STREAM_TYPE_H264 && p.pts.is_some()).collect();
+        let audio: Vec<_> = pes.iter().filter(|p| p.stream_type == 0x0f && p.pts.is_some()).collect();
+        // Audio and video share one origin, so they stay in sync.
+        let origin = video
+            .iter()
+            .map(|p| p.dts.or(p.pts).unwrap_or(0))
+            .chain(audio.iter().map(|p| p.pts.unwrap_or(0)))
+            .min()
+            .unwrap_or(0);
+        let mut tracks = Vec::new();
         let nal = |t: u8| {
-            aus.iter().flat_map(|a| fanout_proto::annexb::nal_units(&a.2)).find(|n| n.first().is_some_and(|b| b & 0x1f == t))
+            video.iter().flat_map(|p| annexb::nal_units(&p.data)).find(|n| n.first().is_some_and(|b| b & 0x1f == t))
         };
-        let (sps, pps) = (nal(7)?.to_vec(), nal(8)?.to_vec());
-        Some(DemoVideo { lap_90k: self.schedule.loop_ticks() / 300, aus: Arc::new(aus), sps, pps })
+        if let (Some(sps), Some(pps)) = (nal(7), nal(8)) {
+            let mut packets = Vec::new();
+            let mut scratch = Vec::new();
+            for p in &video {
+                let (due, pts) = (p.dts.or(p.pts).unwrap_or(0) - origin, p.pts.unwrap_or(0));
+                let nals: Vec<&[u8]> = annexb::nal_units(&p.data).filter(|n| !n.is_empty()).collect();
+                for (i, n) in nals.iter().enumerate() {
+                    annexb::packetize(annexb::Codec::H264, n, 1400, &mut scratch, |payload, last| {
+                        packets.push((due, pts, payload.to_vec(), last && i + 1 == nals.len()));
+                    });
+                }
+            }
+            let pt = DEMO_H264_PAYLOAD_TYPE;
+            let media = format!(
+                "m=video 0 RTP/AVP {pt}\r\na=rtpmap:{pt} H264/90000\r\na=fmtp:{pt} {}\r\n",
+                fanout_proto::sdp::h264_fmtp(sps, pps)
+            );
+            tracks.push(DemoTrack { media, clock: 90_000, video: true, pt, packets: Arc::new(packets), lap_90k });
+        }
+        let first = audio.iter().find_map(|p| aac::adts_frames(&p.data).first().copied());
+        if let Some(rate) = first.and_then(|f| f.sample_rate()) {
+            let first = first.expect("checked");
+            let mut packets = Vec::new();
+            for p in &audio {
+                let pts = p.pts.unwrap_or(0);
+                for (k, f) in aac::adts_frames(&p.data).into_iter().enumerate() {
+                    // AAC frames hold 1024 samples each.
+                    let offset = k as u64 * 1024;
+                    let due = pts - origin + offset * 90_000 / u64::from(rate);
+                    let ts = pts * u64::from(rate) / 90_000 + offset;
+                    if let Some(payload) = aac::rtp_payload(f.au) {
+                        packets.push((due, ts, payload, true));
+                    }
+                }
+            }
+            let (pt, ch) = (DEMO_AAC_PAYLOAD_TYPE, first.channels);
+            let media = format!(
+                "m=audio 0 RTP/AVP {pt}\r\na=rtpmap:{pt} MPEG4-GENERIC/{rate}/{ch}\r\na=fmtp:{pt} {}\r\n",
+                aac::fmtp(first.audio_specific_config())
+            );
+            tracks.push(DemoTrack { media, clock: rate, video: false, pt, packets: Arc::new(packets), lap_90k });
+        }
+        (tracks, origin)
     }
 }
 
-/// The demo's H.264 track: each access unit of the looped clip packetized (single NAL unit
-/// or FU-A, at most 1400 bytes), published when its decoding time comes.
-pub const DEMO_H264_PAYLOAD_TYPE: u8 = 96;
-
-pub(crate) fn demo_h264_source(session: Weak<Inner>, video: DemoVideo) {
+/// A demo RTSP track's thread: publishes each packet when it is due (`start` is shared by
+/// the clip's tracks, so they stay in sync), lap after lap.
+pub(crate) fn demo_track_source(session: Weak<Inner>, track: DemoTrack, start: Instant) {
     let mut pool = PacketPool::new(1500, 256);
     let mut ready = Vec::with_capacity(64);
-    let mut scratch = Vec::with_capacity(1500);
-    let Some(&(first_dts, _, _)) = video.aus.first() else { return };
-    let start = Instant::now();
+    let n_packets = track.packets.len() as u64;
+    if n_packets == 0 {
+        return;
+    }
+    // The video keeps the demo's SSRC ("FANO"); the audio is the next one.
+    let ssrc = if track.video { DEMO_SSRC } else { DEMO_SSRC + 1 };
     let mut seq: u16 = 0;
     for n in 0u64.. {
-        let lap = n / video.aus.len() as u64;
-        let (dts, pts, ref au) = video.aus[(n % video.aus.len() as u64) as usize];
-        let offset = lap * video.lap_90k;
-        let due = Duration::from_micros((dts + offset).saturating_sub(first_dts) * 100 / 9);
-        // Sleep in steps of at most 100 ms, so a closed session is noticed.
+        let lap = n / n_packets;
+        let (due, ts, ref payload, marker) = track.packets[(n % n_packets) as usize];
+        let due = Duration::from_micros((due + lap * track.lap_90k) * 100 / 9);
+        // Publish what is ready once the next packet is not due yet; sleep in steps of at
+        // most 100 ms, so a closed session is noticed.
         loop {
             let Some(s) = session.upgrade() else { return };
             if s.closed.load(Ordering::Acquire) {
@@ -391,26 +451,23 @@ pub(crate) fn demo_h264_source(session: Weak<Inner>, video: DemoVideo) {
             if wait.is_zero() {
                 break;
             }
+            s.publish(&mut ready, &mut pool);
             drop(s);
             std::thread::sleep(wait.min(Duration::from_millis(100)));
         }
         let Some(s) = session.upgrade() else { return };
-        let ts = (pts + offset) as u32;
-        let nals: Vec<&[u8]> = fanout_proto::annexb::nal_units(au).filter(|n| !n.is_empty()).collect();
-        for (i, nal) in nals.iter().enumerate() {
-            let last_nal = i + 1 == nals.len();
-            fanout_proto::annexb::packetize(fanout_proto::annexb::Codec::H264, nal, 1400, &mut scratch, |payload, last| {
-                let mut p = pool.take();
-                let pm = Arc::get_mut(&mut p).expect("pool buffers are unique");
-                let h = fanout_proto::rtp::write_header(pm.buf_mut(), last && last_nal, DEMO_H264_PAYLOAD_TYPE, seq, ts, DEMO_SSRC);
-                pm.buf_mut()[h..h + payload.len()].copy_from_slice(payload);
-                pm.set_len(h + payload.len(), h);
-                s.mark_video_start(pm);
-                seq = seq.wrapping_add(1);
-                ready.push(p);
-            });
+        let ts = (ts + lap * track.lap_90k * u64::from(track.clock) / 90_000) as u32;
+        let mut p = pool.take();
+        let pm = Arc::get_mut(&mut p).expect("pool buffers are unique");
+        let h = fanout_proto::rtp::write_header(pm.buf_mut(), marker, track.pt, seq, ts, ssrc);
+        pm.buf_mut()[h..h + payload.len()].copy_from_slice(payload);
+        pm.set_len(h + payload.len(), h);
+        s.mark_video_start(pm);
+        seq = seq.wrapping_add(1);
+        ready.push(p);
+        if ready.len() == ready.capacity() {
+            s.publish(&mut ready, &mut pool);
         }
-        s.publish(&mut ready, &mut pool);
     }
 }
 

@@ -8,6 +8,7 @@
 //!   range a relay strips down to when it delivers RTP-carried MPEG-TS over HTTP.
 //! - [`mpegts`]: MPEG-TS packet headers and PCRs (ISO/IEC 13818-1 §2.4.3), and the schedule
 //!   that paces a recorded transport stream at its own rate.
+//! - [`aac`]: ADTS frames and the MPEG4-GENERIC (RFC 3640) RTP payload.
 //! - [`annexb`]: H.264/HEVC byte streams: NAL units, access units, RTP packetization.
 //! - [`http`]: recognising an HTTP stream request from its head.
 //! - [`rtcp`]: RTCP sender/receiver reports: loss, jitter, round-trip time.
@@ -23,6 +24,7 @@
 //! - [`tsdemux`]: elementary streams (with PTS/DTS) out of an MPEG-TS.
 //! - [`classify`]: what a received datagram carries, decided once when it enters the ring.
 
+pub mod aac;
 pub mod annexb;
 pub mod classify;
 pub mod http;

@@ -301,27 +301,38 @@ impl Relay {
     }
 }
 
-/// The demo's face for RTSP clients: its H.264 as RFC 6184 on a track session of its own
-/// (`NAME/video`), described with the clip's parameter sets.
+/// The demo's face for RTSP clients: its H.264 (RFC 6184) and AAC (RFC 3640) on track
+/// sessions of their own (`NAME/video`, `NAME/audio`), described with the clip's codec
+/// parameters, paced from one start so they stay in sync.
 fn demo_view(
     name: &str,
     template: &SessionConfig,
     clip: &DemoClip,
     engine: &Engine,
 ) -> Result<Option<RtspView>, RelayError> {
-    let Some(video) = clip.h264() else { return Ok(None) };
-    let pt = fanout_io::source_pt::DEMO_H264;
-    let text = format!(
-        "v=0\r\ns={name}\r\nt=0 0\r\nm=video 0 RTP/AVP {pt}\r\na=rtpmap:{pt} H264/90000\r\na=fmtp:{pt} {}\r\n",
-        fanout_proto::sdp::h264_fmtp(&video.sps, &video.pps)
-    );
+    let (tracks, origin_90k) = clip.rtp_tracks();
+    if tracks.is_empty() {
+        return Ok(None);
+    }
+    let mut text = format!("v=0\r\ns={name}\r\nt=0 0\r\n");
+    tracks.iter().for_each(|t| text.push_str(&t.media));
     let sdp = fanout_proto::sdp::Sdp::parse(&text).map_err(|e| RelayError::Internal(format!("demo SDP: {e}")))?;
-    let mut cfg = template.clone();
-    cfg.name = format!("{name}/video");
-    let session = Session::new(cfg, engine);
-    session.attach_demo_h264(video).map_err(|e| RelayError::Internal(e.to_string()))?;
-    let track = crate::upstream::TrackRef { session, clock: 90_000, clock_map: None };
-    Ok(Some(RtspView { sdp, tracks: vec![track] }))
+    let start = std::time::Instant::now();
+    let ntp_start = fanout_proto::rtcp::ntp_from_unix(
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default(),
+    );
+    let mut refs = Vec::new();
+    for t in tracks {
+        let mut cfg = template.clone();
+        cfg.name = format!("{name}/{}", if t.video { "video" } else { "audio" });
+        let session = Session::new(cfg, engine);
+        let clock = t.clock;
+        session.attach_demo_track(t, start).map_err(|e| RelayError::Internal(e.to_string()))?;
+        // Wall clock against RTP time is known exactly: the clip's origin at `start`.
+        let rtp_at_start = (origin_90k * u64::from(clock) / 90_000) as u32;
+        refs.push(crate::upstream::TrackRef { session, clock, clock_map: Some((ntp_start, rtp_at_start)) });
+    }
+    Ok(Some(RtspView { sdp, tracks: refs }))
 }
 
 async fn close_view(view: Option<RtspView>) {

@@ -460,6 +460,9 @@ pub async fn serve(listener: TcpListener, relay: Arc<Relay>, rtsp: Arc<Rtsp>) {
     }
 }
 
+/// How long a PLAY waits for a track that has not had a packet yet.
+const FIRST_PACKET_WAIT: Duration = Duration::from_secs(2);
+
 /// How long a DESCRIBE waits for an RTSP upstream to connect and play before it is 404.
 const UPSTREAM_WAIT: Duration = Duration::from_secs(10);
 
@@ -505,6 +508,18 @@ async fn connection(
                         let up = fanout_proto::rtsp_server::split_url(&req.uri).and_then(|(n, _)| relay.upstream(n));
                         if let Some(up) = up {
                             up.demand(UPSTREAM_WAIT).await;
+                        }
+                        // A fresh track (the demo's, just started) gets a moment for its first
+                        // packet, so RTP-Info can name it.
+                        if req.method == "PLAY" {
+                            if let Some((name, _)) = fanout_proto::rtsp_server::split_url(&req.uri) {
+                                let t0 = Instant::now();
+                                while relay.tracks(name).iter().any(|t| t.session.rtp_start().is_none())
+                                    && t0.elapsed() < FIRST_PACKET_WAIT
+                                {
+                                    tokio::time::sleep(Duration::from_millis(20)).await;
+                                }
+                            }
                         }
                     }
                     let (resp, actions) = {

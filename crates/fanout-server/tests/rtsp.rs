@@ -31,6 +31,32 @@ fn ffmpeg_plays_the_demo_over_rtsp_and_its_sink_goes_with_it() {
     );
 }
 
+/// The demo over RTSP has two tracks, H.264 and AAC: ffprobe names both, and ffmpeg
+/// decodes 3 s of the audio without an error (48 kHz in 1024-sample frames: ~140 frames).
+#[test]
+fn the_demo_has_video_and_audio() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let relay = start();
+    let url = format!("rtsp://{}/demo", rtsp_addr(&relay));
+    let probe = Command::new("timeout")
+        .args(["20", "ffprobe", "-v", "error", "-rtsp_transport", "udp", "-show_entries", "stream=codec_name,sample_rate"])
+        .args(["-of", "csv", &url])
+        .output()
+        .unwrap();
+    let streams = String::from_utf8_lossy(&probe.stdout);
+    assert!(streams.contains("h264") && streams.contains("aac,48000"), "{streams}");
+    let out = Command::new("timeout")
+        .args(["30", "ffmpeg", "-nostdin", "-loglevel", "error", "-rtsp_transport", "udp", "-i", &url])
+        .args(["-t", "3", "-map", "0:a", "-f", "framemd5", "-"])
+        .output()
+        .unwrap();
+    assert!(out.status.success() && out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+    let frames = String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.starts_with('#')).count();
+    assert!((120..=160).contains(&frames), "{frames} audio frames in 3 s");
+}
+
 /// RTP interleaved on the RTSP connection (`-rtsp_transport tcp`): ffmpeg decodes the demo,
 /// and the client's sink goes when it leaves.
 #[test]

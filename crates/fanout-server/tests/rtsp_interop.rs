@@ -150,7 +150,7 @@ struct Clients {
 fn start_clients(upstream: &str, relayed: &str, n: usize) -> Clients {
     // The reference reads the upstream for longer, so it spans every client's window.
     // Half of the clients take RTP over UDP, half interleaved on their RTSP connection.
-    let transport = |i: usize| if i % 2 == 0 { "udp" } else { "tcp" };
+    let transport = |i: usize| if i.is_multiple_of(2) { "udp" } else { "tcp" };
     Clients { reference: decode(upstream, 11, "udp"), clients: (0..n).map(|i| decode(relayed, 8, transport(i))).collect() }
 }
 
