@@ -58,7 +58,8 @@ struct sink {
 	__u8 l2[12];   /* destination then source MAC */
 	__s32 reason;  /* bpf_fib_lookup's answer when state = FALLBACK */
 	__u32 saddr;   /* the clones' source for a remote sink (0: the relay's address) */
-	__u32 pad;
+	__u16 sport;   /* network order; the clones' source port (0: the relay's port) */
+	__u16 pad;
 	__u64 resolved_ns;
 	__u64 packets;
 	__u64 bytes;
@@ -122,7 +123,7 @@ struct fan_ctx {
 	__u32 cur_saddr;  /* what the packet's headers hold now */
 	__u32 cur_daddr;
 	__u16 cur_dport;
-	__u16 pad;
+	__u16 cur_sport;
 	__u8 cur_l2[12];
 };
 
@@ -150,16 +151,27 @@ static __always_inline int set_saddr(struct fan_ctx *c, __u32 saddr)
 	return set_addr(c, IP_SRC_OFF, &c->cur_saddr, saddr);
 }
 
-static __always_inline int set_dport(struct fan_ctx *c, __u16 dport)
+/* Rewrites the UDP port at `off` from *cur to port, with the checksum. */
+static __always_inline int set_port(struct fan_ctx *c, __u32 off, __u16 *cur, __u16 port)
 {
 	struct __sk_buff *skb = c->skb;
-	if (dport == c->cur_dport)
+	if (port == *cur)
 		return 0;
-	if (bpf_l4_csum_replace(skb, UDP_CSUM_OFF, c->cur_dport, dport, BPF_F_MARK_MANGLED_0 | 2) ||
-	    bpf_skb_store_bytes(skb, UDP_DPORT_OFF, &dport, 2, 0))
+	if (bpf_l4_csum_replace(skb, UDP_CSUM_OFF, *cur, port, BPF_F_MARK_MANGLED_0 | 2) ||
+	    bpf_skb_store_bytes(skb, off, &port, 2, 0))
 		return -1;
-	c->cur_dport = dport;
+	*cur = port;
 	return 0;
+}
+
+static __always_inline int set_dport(struct fan_ctx *c, __u16 dport)
+{
+	return set_port(c, UDP_DPORT_OFF, &c->cur_dport, dport);
+}
+
+static __always_inline int set_sport(struct fan_ctx *c, __u16 sport)
+{
+	return set_port(c, UDP_SPORT_OFF, &c->cur_sport, sport);
 }
 
 static __always_inline int set_l2(struct fan_ctx *c, const __u8 *l2)
@@ -255,7 +267,9 @@ static long fan_one(__u32 i, void *data)
 		return 0;
 	}
 	__u32 saddr = s->saddr ? s->saddr : c->relay_addr;
-	if (set_l2(c, s->l2) || set_saddr(c, saddr) || set_daddr(c, s->daddr) || set_dport(c, s->dport)) {
+	__u16 sport = s->sport ? s->sport : c->relay_port;
+	if (set_l2(c, s->l2) || set_saddr(c, saddr) || set_daddr(c, s->daddr) || set_dport(c, s->dport) ||
+	    set_sport(c, sport)) {
 		__sync_fetch_and_add(&s->errors, 1);
 		return 0;
 	}
@@ -313,6 +327,7 @@ int fanout_fwd(struct __sk_buff *skb)
 		.cur_saddr = ip->daddr, /* after the rewrite below */
 		.cur_daddr = ip->daddr,
 		.cur_dport = udp->dest,
+		.cur_sport = udp->dest, /* after the rewrite below */
 	};
 	__u32 orig_saddr = ip->saddr;
 	__u16 orig_sport = udp->source;
@@ -341,8 +356,7 @@ int fanout_fwd(struct __sk_buff *skb)
 
 	/* Restore the original for the relay's socket. */
 	if (set_l2(&c, orig_l2) || set_daddr(&c, relay) || set_dport(&c, relay_port) || set_saddr(&c, orig_saddr) ||
-	    bpf_l4_csum_replace(skb, UDP_CSUM_OFF, relay_port, orig_sport, BPF_F_MARK_MANGLED_0 | 2) ||
-	    bpf_skb_store_bytes(skb, UDP_SPORT_OFF, &orig_sport, 2, 0))
+	    set_sport(&c, orig_sport))
 		return TC_ACT_SHOT;
 	return TC_ACT_OK;
 }

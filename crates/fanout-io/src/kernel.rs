@@ -55,7 +55,9 @@ struct BpfSink {
     l2: [u8; 12],
     reason: i32,
     saddr: u32,
-    pad: u32,
+    /// Network order; the clones' source port (0: the relay's).
+    sport: u16,
+    pad: u16,
     resolved_ns: u64,
     packets: u64,
     bytes: u64,
@@ -275,6 +277,8 @@ pub struct Fallback {
     pub addr: SocketAddr,
     pub reason: String,
     pub stats: KernelSinkStats,
+    /// Its clones had a source port of their own (an RTSP client's `server_port`).
+    pub own_sport: bool,
 }
 
 /// What the program counted for a session.
@@ -307,7 +311,8 @@ impl KernelSession {
         matches!(to, SocketAddr::V4(a) if !a.ip().is_multicast() && !a.ip().is_broadcast() && !a.ip().is_unspecified())
     }
 
-    pub fn add(&mut self, id: u64, to: SocketAddr) -> Result<(), KernelError> {
+    /// Adds a sink; `sport`: the UDP source port its clones carry (`None`: the relay's).
+    pub fn add(&mut self, id: u64, to: SocketAddr, sport: Option<u16>) -> Result<(), KernelError> {
         let SocketAddr::V4(to) = to else { return Err(setup("not an IPv4 sink", to)) };
         let local = to.ip().is_loopback() || UdpSocket::bind((*to.ip(), 0)).is_ok();
         let entry = BpfSink {
@@ -318,6 +323,7 @@ impl KernelSession {
             // Through lo's transmit, so a clone keeps the original's route (a loopback
             // destination without one is a martian, unless route_localnet is set).
             redirect_flags: 0,
+            sport: sport.map_or(0, u16::to_be),
             ..Default::default()
         };
         let mut st = self.fanout.state.lock();
@@ -409,7 +415,7 @@ impl KernelSession {
                     errors: v.errors,
                     added,
                 };
-                Some(Fallback { id, addr: to.into(), reason: fib_reason(v.reason), stats })
+                Some(Fallback { id, addr: to.into(), reason: fib_reason(v.reason), stats, own_sport: v.sport != 0 })
             })
             .collect()
     }

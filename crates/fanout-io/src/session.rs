@@ -291,7 +291,8 @@ impl Inner {
         for f in found {
             tracing::warn!(session = %self.cfg.name, sink = %f.addr, "{}", f.reason);
             let io = crate::sink::SinkIo::Unconnected(crate::sys::RawAddr::new(f.addr));
-            let r = self.add_sink_with(f.id, SinkTarget::Udp(f.addr), io, Placement::udp(Start::Head, false), |sink| {
+            let how = Placement::udp(Start::Head, f.own_sport);
+            let r = self.add_sink_with(f.id, SinkTarget::Udp(f.addr), io, how, |sink| {
                 sink.carry(f.stats.packets, f.stats.bytes, f.stats.errors, f.stats.added, f.reason.clone());
             });
             if let Err(e) = r {
@@ -597,10 +598,22 @@ impl Session {
 
     /// Adds a UDP sink; returns its id.
     pub fn add_udp_sink(&self, to: SocketAddr) -> std::io::Result<u64> {
+        self.add_udp_sink_from(to, false)
+    }
+
+    /// Adds a UDP sink for an RTSP client: sent from the RTSP server's RTP port
+    /// ([`crate::set_udp_source_port`]), which strict clients require (on the kernel path,
+    /// the program rewrites its clones' source port to it).
+    pub fn add_rtsp_udp_sink(&self, to: SocketAddr) -> std::io::Result<u64> {
+        self.add_udp_sink_from(to, true)
+    }
+
+    fn add_udp_sink_from(&self, to: SocketAddr, rtsp_port: bool) -> std::io::Result<u64> {
+        let sport = rtsp_port.then(crate::sink::udp_source_port).filter(|p| *p != 0);
         let refused = match self.inner.kernel.lock().as_mut().filter(|_| KernelSession::serves(to)) {
             Some(k) => {
                 let id = self.inner.next_sink.fetch_add(1, Ordering::Relaxed);
-                match k.add(id, to) {
+                match k.add(id, to, sport) {
                     Ok(()) => return Ok(id),
                     Err(e) => Some((id, e)),
                 }
@@ -612,18 +625,10 @@ impl Session {
             let why = format!("served from user space: {e}");
             tracing::warn!(session = %self.inner.cfg.name, sink = %to, "{why}");
             let io = crate::sink::SinkIo::Unconnected(crate::sys::RawAddr::new(to));
-            return self.inner.add_sink_with(id, SinkTarget::Udp(to), io, Placement::udp(Start::Keyframe, false), |s| {
-                s.carry(0, 0, 0, Instant::now(), why)
-            });
+            let how = Placement::udp(Start::Keyframe, rtsp_port);
+            return self.inner.add_sink_with(id, SinkTarget::Udp(to), io, how, |s| s.carry(0, 0, 0, Instant::now(), why));
         }
-        self.add_user_udp_sink(to, false)
-    }
-
-    /// Adds a UDP sink for an RTSP client: sent from the RTSP server's RTP port
-    /// ([`crate::set_udp_source_port`]), which strict clients require. Always in user space:
-    /// the kernel path's clones keep the source's port.
-    pub fn add_rtsp_udp_sink(&self, to: SocketAddr) -> std::io::Result<u64> {
-        self.add_user_udp_sink(to, true)
+        self.add_user_udp_sink(to, rtsp_port)
     }
 
     fn add_user_udp_sink(&self, to: SocketAddr, rtsp_port: bool) -> std::io::Result<u64> {

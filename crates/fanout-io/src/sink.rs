@@ -33,9 +33,14 @@ pub(crate) enum SinkIo {
 /// SETUP answer named (retina connects its socket to it).
 static UDP_SOURCE_PORT: AtomicU16 = AtomicU16::new(0);
 
-/// Sets the source port of UDP sinks created from now on (see [`UDP_SOURCE_PORT`]).
+/// Sets the source port of RTSP clients' UDP sinks created from now on (see
+/// [`UDP_SOURCE_PORT`]).
 pub fn set_udp_source_port(port: u16) {
     UDP_SOURCE_PORT.store(port, Ordering::Relaxed);
+}
+
+pub(crate) fn udp_source_port() -> u16 {
+    UDP_SOURCE_PORT.load(Ordering::Relaxed)
 }
 
 /// A UDP socket to send from; `rtsp_port`: on the shared source port when one is set and

@@ -509,12 +509,14 @@ async fn connection(
                         if let Some(up) = up {
                             up.demand(UPSTREAM_WAIT).await;
                         }
-                        // A fresh track (the demo's, just started) gets a moment for its first
-                        // packet, so RTP-Info can name it.
+                        // A fresh view track (the demo's, just started) gets a moment for its
+                        // first packet, so RTP-Info can name it. (An upstream's tracks plan
+                        // their first numbers, and a wait would lose the client packets.)
                         if req.method == "PLAY" {
-                            if let Some((name, _)) = fanout_proto::rtsp_server::split_url(&req.uri) {
+                            let view = fanout_proto::rtsp_server::split_url(&req.uri).and_then(|(n, _)| relay.rtsp_view(n));
+                            if let Some(view) = view {
                                 let t0 = Instant::now();
-                                while relay.tracks(name).iter().any(|t| t.session.rtp_start().is_none())
+                                while view.tracks.iter().any(|t| t.session.rtp_start().is_none())
                                     && t0.elapsed() < FIRST_PACKET_WAIT
                                 {
                                     tokio::time::sleep(Duration::from_millis(20)).await;

@@ -252,16 +252,22 @@ fn a_sink_behind_a_veth_pair_is_reached_through_the_fib() {
         run(&["ip", "neigh", "replace", "10.77.0.2", "lladdr", &mac, "dev", "fo-near", "nud", "permanent"]);
 
         // The receiver, in the far namespace: counts datagrams from the relay for 4 s.
-        let rx = std::process::Command::new("nsenter")
+        let mut rx = std::process::Command::new("nsenter")
             .args(["-t", &pid, "-n", "python3", "-c"])
             .arg(
                 "import socket\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\ns.bind(('10.77.0.2',6000))\n\
+                 print('ready', flush=True)\n\
                  s.settimeout(4)\nn=0\ntry:\n  while True:\n    d,a=s.recvfrom(2048); n+=1\nexcept socket.timeout: pass\n\
                  print(n, a[0] if n else '')",
             )
             .stdout(std::process::Stdio::piped())
             .spawn()
             .unwrap();
+        // Bound before anything is sent (a loaded machine starts python slowly).
+        let mut rx_out = std::io::BufReader::new(rx.stdout.take().unwrap());
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut rx_out, &mut line).unwrap();
+        assert_eq!(line.trim(), "ready");
         let relay = Relay::start(&["--no-demo"]);
         let src = create_on_free_port(
             &relay,
@@ -270,15 +276,55 @@ fn a_sink_behind_a_veth_pair_is_reached_through_the_fib() {
         );
         std::thread::sleep(Duration::from_millis(300));
         send_paced(src, 50, 300, 200.0);
-        let out = rx.wait_with_output().unwrap();
+        let mut got = String::new();
+        std::io::Read::read_to_string(&mut rx_out, &mut got).unwrap();
+        let _ = rx.wait();
         let _ = far.kill();
         let _ = far.wait();
-        let got = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let got = got.trim().to_string();
         assert_eq!(got, "50 10.77.0.1", "the far receiver's count and the clones' source");
         let near = relay.ok("GET", "/v1/sessions/k/sinks/1", None);
         assert_eq!((near["path"].as_str(), near["packets_sent"].as_u64()), (Some("kernel"), Some(50)), "{near}");
         let unknown = relay.ok("GET", "/v1/sessions/k/sinks/2", None);
         assert_eq!(unknown["path"], "user", "{unknown}");
         assert!(unknown["reason"].as_str().unwrap_or("").contains("neighbour"), "{unknown}");
+    });
+}
+
+/// RTSP clients of a kernel-path session: their sinks stay in the kernel, and the program
+/// rewrites the clones' source port to the RTSP `server_port`, the only source a strict
+/// client (here: a connected socket, as retina uses) accepts.
+#[test]
+fn rtsp_clients_on_the_kernel_path_get_rtp_from_server_port() {
+    in_private_netns("rtsp_clients_on_the_kernel_path_get_rtp_from_server_port", || {
+        let relay = Relay::start(&["--no-demo", "--rtsp", "127.0.0.1:0"]);
+        let src = create_on_free_port(&relay, json!({"name":"k","source":{"udp":"127.0.0.1:0"},"datapath":"kernel"}));
+        // RTP (payload type 96) at 200 packets/s for 5 s, from another thread.
+        let sender = std::thread::spawn(move || {
+            let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+            for seq in 0..1000u16 {
+                let mut p = vec![0x80, 96];
+                p.extend_from_slice(&seq.to_be_bytes());
+                p.extend_from_slice(&(u32::from(seq) * 450).to_be_bytes());
+                p.extend_from_slice(&7u32.to_be_bytes());
+                p.extend_from_slice(&[0x41; 200]);
+                s.send_to(&p, src).unwrap();
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        let p = rtsp_play(rtsp_addr(&relay), "k", None);
+        let server_rtp: u16 = p.transport.split("server_port=").nth(1).unwrap().split('-').next().unwrap().parse().unwrap();
+        p.rtp.connect(("127.0.0.1", server_rtp)).unwrap();
+        p.rtp.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let mut buf = [0u8; 2048];
+        let mut got = 0;
+        while got < 100 {
+            p.rtp.recv(&mut buf).expect("RTP from server_port");
+            got += 1;
+        }
+        let sinks = relay.ok("GET", "/v1/sessions/k/sinks", None)["sinks"].clone();
+        assert_eq!(sinks[0]["path"], "kernel", "{sinks}");
+        sender.join().unwrap();
     });
 }

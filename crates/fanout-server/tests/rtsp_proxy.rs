@@ -26,6 +26,17 @@ enum Script {
     SilentUdp,
     /// TCP: 20 packets, then silence with the connection kept open, at every connection.
     Stall,
+    /// Every request needs Digest credentials (user "cam", password "p@ss w"); TCP,
+    /// 20 packets.
+    RequireDigest,
+}
+
+/// Whether a request carries the right Digest answer for the scripted upstream's realm.
+fn digest_ok(req: &fanout_proto::rtsp::Request) -> bool {
+    let Some(auth) = req.headers.get("Authorization") else { return false };
+    let field = |k: &str| auth.split(&format!("{k}=\"")).nth(1).and_then(|r| r.split('"').next());
+    let want = fanout_proto::rtsp::digest_response("cam", "fake", "p@ss w", "n0nce", &req.method, field("uri").unwrap_or(""));
+    auth.starts_with("Digest ") && field("username") == Some("cam") && field("response") == Some(want.as_str())
 }
 
 struct Fake {
@@ -90,6 +101,14 @@ fn serve_fake(mut s: TcpStream, n: usize, script: Script, teardowns: &AtomicUsiz
             buf.drain(..used);
             let fanout_proto::rtsp::Message::Request(req) = msg else { continue };
             let mut r = fanout_proto::rtsp::Response::new(200, req.headers.cseq());
+            if matches!(script, Script::RequireDigest) && !digest_ok(&req) {
+                r = fanout_proto::rtsp::Response::new(401, req.headers.cseq());
+                r.headers.set("WWW-Authenticate", "Digest realm=\"fake\", nonce=\"n0nce\"");
+                let mut out = Vec::new();
+                r.write(&mut out);
+                s.write_all(&out).unwrap();
+                continue;
+            }
             match req.method.as_str() {
                 "OPTIONS" => r.headers.set("Public", "OPTIONS, DESCRIBE, SETUP, PLAY, TEARDOWN"),
                 "DESCRIBE" => {
@@ -139,6 +158,7 @@ fn serve_fake(mut s: TcpStream, n: usize, script: Script, teardowns: &AtomicUsiz
                     return; // hang up: the proxy reconnects
                 }
                 (Script::RestartAndGarbage, _) => (0..50).for_each(|i| frame(&mut s, &rtp(0xC, 40_000 + i))),
+                (Script::RequireDigest, _) => (0..20).for_each(|i| frame(&mut s, &rtp(0xF, i))),
                 (Script::Stall, n) => (0..20).for_each(|i| frame(&mut s, &rtp(0xE0 + n as u32, 500 * n as u16 + i))),
                 // Over UDP it sends nothing at all.
                 (Script::RefuseUdp | Script::SilentUdp, _) if tcp => (0..50).for_each(|i| frame(&mut s, &rtp(0xD, i))),
@@ -224,6 +244,22 @@ fn a_silent_upstream_is_reconnected() {
     assert_eq!(got.iter().map(|x| x.1).collect::<Vec<_>>(), want);
     assert!(up["connects"].as_u64() >= Some(2), "{up}");
     assert!(up["last_error"].as_str().is_some_and(|e| e.contains("no RTP")), "{up}");
+}
+
+/// An upstream that wants Digest credentials gets them from the URL (percent-encoded
+/// there), and the status API shows the URL without them.
+#[test]
+fn upstream_credentials_from_the_url() {
+    let fake = fake_upstream(Script::RequireDigest);
+    let relay = Relay::start(&["--rtsp", "127.0.0.1:0", "--no-demo"]);
+    let url = format!("rtsp://cam:p%40ss%20w@{}/cam", fake.addr);
+    relay.ok("POST", "/v1/sessions", Some(json!({ "name": "cam", "source": { "rtsp": url, "rtsp_transport": "tcp" } })));
+    let p = rtsp_play(rtsp_addr(&relay), "cam", None);
+    assert_eq!(receive(&p.rtp, 20, Duration::from_secs(10)).len(), 20);
+    let status = relay.ok("GET", "/v1/sessions/cam", None);
+    let shown = status.to_string();
+    assert!(!shown.contains("p%40ss") && !shown.contains("p@ss"), "credentials leak into the API: {shown}");
+    assert_eq!(status["spec"]["source"]["rtsp"], format!("rtsp://{}/cam", fake.addr));
 }
 
 /// `auto` transport: an upstream that refuses UDP (461), and one that accepts it but sends
