@@ -23,7 +23,12 @@ pub struct ChannelQueue {
 impl ChannelQueue {
     /// `wake` is called (from an engine worker) when packets were added.
     pub fn new(cap: usize, wake: impl Fn() + Send + Sync + 'static) -> Arc<Self> {
-        Arc::new(Self { q: Mutex::new(VecDeque::new()), cap: cap.max(1), dropped: AtomicU64::new(0), wake: Box::new(wake) })
+        Arc::new(Self {
+            q: Mutex::new(VecDeque::new()),
+            cap: cap.max(1),
+            dropped: AtomicU64::new(0),
+            wake: Box::new(wake),
+        })
     }
 
     /// Queues what fits; the rest is dropped and counted.

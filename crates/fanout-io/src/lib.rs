@@ -41,5 +41,3 @@ pub use session::{
 };
 pub use sink::set_udp_source_port;
 pub use source::{bind_udp_source, DemoClip, DemoTrack};
-
-

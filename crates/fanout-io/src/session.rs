@@ -626,7 +626,9 @@ impl Session {
             tracing::warn!(session = %self.inner.cfg.name, sink = %to, "{why}");
             let io = crate::sink::SinkIo::Unconnected(crate::sys::RawAddr::new(to));
             let how = Placement::udp(Start::Keyframe, rtsp_port);
-            return self.inner.add_sink_with(id, SinkTarget::Udp(to), io, how, |s| s.carry(0, 0, 0, Instant::now(), why));
+            return self
+                .inner
+                .add_sink_with(id, SinkTarget::Udp(to), io, how, |s| s.carry(0, 0, 0, Instant::now(), why));
         }
         self.add_user_udp_sink(to, rtsp_port)
     }
@@ -652,11 +654,7 @@ impl Session {
     }
 
     /// Adds a sink whose packets go into `queue` (shown as a TCP sink of `peer`).
-    pub fn add_channel_sink(
-        &self,
-        peer: SocketAddr,
-        queue: Arc<crate::channel::ChannelQueue>,
-    ) -> std::io::Result<u64> {
+    pub fn add_channel_sink(&self, peer: SocketAddr, queue: Arc<crate::channel::ChannelQueue>) -> std::io::Result<u64> {
         self.add_sink(SinkTarget::Tcp(peer), crate::sink::SinkIo::Channel(queue), false)
     }
 

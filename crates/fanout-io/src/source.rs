@@ -365,7 +365,8 @@ impl DemoClip {
         let mut pes: Vec<_> = self.ts.chunks(fanout_proto::mpegts::PACKET_LEN).filter_map(|p| d.push(p)).collect();
         pes.extend(d.flush());
         let lap_90k = self.schedule.loop_ticks() / 300;
-        let video: Vec<_> = pes.iter().filter(|p| p.stream_type == tsdemux::STREAM_TYPE_H264 && p.pts.is_some()).collect();
+        let video: Vec<_> =
+            pes.iter().filter(|p| p.stream_type == tsdemux::STREAM_TYPE_H264 && p.pts.is_some()).collect();
         let audio: Vec<_> = pes.iter().filter(|p| p.stream_type == 0x0f && p.pts.is_some()).collect();
         // Audio and video share one origin, so they stay in sync.
         let origin = video

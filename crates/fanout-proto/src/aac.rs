@@ -22,9 +22,8 @@ impl AdtsFrame<'_> {
 
     /// The AudioSpecificConfig (two bytes) the SDP's `config=` carries.
     pub fn audio_specific_config(&self) -> [u8; 2] {
-        let v: u16 = u16::from(self.object_type) << 11
-            | u16::from(self.sample_rate_index) << 7
-            | u16::from(self.channels) << 3;
+        let v: u16 =
+            u16::from(self.object_type) << 11 | u16::from(self.sample_rate_index) << 7 | u16::from(self.channels) << 3;
         v.to_be_bytes()
     }
 }
@@ -77,7 +76,15 @@ mod tests {
     /// An ADTS header (no CRC) for a frame of `payload` bytes: AAC LC, 48 kHz, mono.
     fn adts(payload: &[u8]) -> Vec<u8> {
         let len = payload.len() + 7;
-        let mut h = vec![0xff, 0xf1, (1 << 6) | (3 << 2), (1 << 6) | (len >> 11) as u8, (len >> 3) as u8, ((len & 7) << 5) as u8 | 0x1f, 0xfc];
+        let mut h = vec![
+            0xff,
+            0xf1,
+            (1 << 6) | (3 << 2),
+            (1 << 6) | (len >> 11) as u8,
+            (len >> 3) as u8,
+            ((len & 7) << 5) as u8 | 0x1f,
+            0xfc,
+        ];
         h.extend_from_slice(payload);
         h
     }
@@ -88,7 +95,10 @@ mod tests {
         b.extend(adts(&[4; 300]));
         let f = adts_frames(&b);
         assert_eq!(f.len(), 2);
-        assert_eq!((f[0].au, f[0].object_type, f[0].sample_rate(), f[0].channels), (&[1u8, 2, 3][..], 2, Some(48000), 1));
+        assert_eq!(
+            (f[0].au, f[0].object_type, f[0].sample_rate(), f[0].channels),
+            (&[1u8, 2, 3][..], 2, Some(48000), 1)
+        );
         // AAC LC, 48 kHz, mono: the "1188" MediaMTX and live555 put in their SDP.
         assert_eq!(f[0].audio_specific_config(), [0x11, 0x88]);
         assert!(fmtp(f[0].audio_specific_config()).ends_with("config=1188"));

@@ -86,7 +86,8 @@ pub fn starts_video_keyframe(packets: &[u8]) -> bool {
 /// 33-bit wrap of PTS, DTS and the PCR base (90 kHz units).
 const TS_WRAP: u64 = 1 << 33;
 
-fn read_pes_ts(b: &[u8]) -> u64 {
+/// A PES header's 33-bit PTS or DTS from its 5 bytes.
+pub(crate) fn read_pes_ts(b: &[u8]) -> u64 {
     ((u64::from(b[0]) >> 1) & 7) << 30
         | u64::from(b[1]) << 22
         | (u64::from(b[2]) >> 1) << 15

@@ -263,7 +263,9 @@ pub fn authorization(challenge: &str, user: &str, pass: &str, method: &str, uri:
     let get = |k: &str| params.iter().find(|(n, _)| n.eq_ignore_ascii_case(k)).map(|(_, v)| v.as_str());
     let (realm, nonce) = (get("realm").unwrap_or(""), get("nonce")?);
     let response = digest_response(user, realm, pass, nonce, method, uri);
-    Some(format!("Digest username=\"{user}\", realm=\"{realm}\", nonce=\"{nonce}\", uri=\"{uri}\", response=\"{response}\""))
+    Some(format!(
+        "Digest username=\"{user}\", realm=\"{realm}\", nonce=\"{nonce}\", uri=\"{uri}\", response=\"{response}\""
+    ))
 }
 
 /// RFC 2617 §3.2.2.1 `response` without `qop`: MD5(HA1:nonce:HA2).

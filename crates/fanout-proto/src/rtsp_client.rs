@@ -22,9 +22,7 @@ pub struct Url {
 
 impl Url {
     pub fn parse(s: &str) -> Result<Self, String> {
-        let rest = s
-            .strip_prefix("rtsp://")
-            .ok_or_else(|| format!("{s:?} is not an rtsp:// URL"))?;
+        let rest = s.strip_prefix("rtsp://").ok_or_else(|| format!("{s:?} is not an rtsp:// URL"))?;
         let (authority, path) = match rest.find('/') {
             Some(i) => (&rest[..i], &rest[i..]),
             None => (rest, "/"),
@@ -231,7 +229,12 @@ impl Client {
         if lowers.len() != sdp.media.len() {
             return Err(self.fail(None, format!("{} transports for {} media", lowers.len(), sdp.media.len())));
         }
-        let controls: Vec<String> = sdp.media.iter().map(|m| m.attr("control").map(str::to_string)).map(|c| self.control_url(c.as_deref())).collect();
+        let controls: Vec<String> = sdp
+            .media
+            .iter()
+            .map(|m| m.attr("control").map(str::to_string))
+            .map(|c| self.control_url(c.as_deref()))
+            .collect();
         self.tracks = controls
             .into_iter()
             .zip(lowers)
@@ -272,7 +275,11 @@ impl Client {
             }
         }
         if resp.status == 401 {
-            let why = if self.url.user.is_some() { "the credentials were refused" } else { "the upstream needs credentials (user:pass@ in the URL)" };
+            let why = if self.url.user.is_some() {
+                "the credentials were refused"
+            } else {
+                "the upstream needs credentials (user:pass@ in the URL)"
+            };
             return Err(self.fail(Some(401), why));
         }
         self.authorized_retry = false;
@@ -286,9 +293,10 @@ impl Client {
         self.pending = None;
         match self.phase {
             Phase::Options => {
-                self.get_parameter = resp.headers.get("Public").is_some_and(|p| {
-                    p.split(',').any(|m| m.trim().eq_ignore_ascii_case("GET_PARAMETER"))
-                });
+                self.get_parameter = resp
+                    .headers
+                    .get("Public")
+                    .is_some_and(|p| p.split(',').any(|m| m.trim().eq_ignore_ascii_case("GET_PARAMETER")));
                 let mut h = Headers::default();
                 h.set("Accept", "application/sdp");
                 self.phase = Phase::Describe;
@@ -322,7 +330,10 @@ impl Client {
                     self.timeout_s = t;
                 }
                 let server_ports = resp.headers.get("Transport").and_then(server_transport);
-                let chosen = resp.headers.get("Transport").and_then(|t| crate::rtsp::parse_transport(t).into_iter().next()?.lower);
+                let chosen = resp
+                    .headers
+                    .get("Transport")
+                    .and_then(|t| crate::rtsp::parse_transport(t).into_iter().next()?.lower);
                 let track = &mut self.tracks[i];
                 track.server_ports = server_ports;
                 match (track.lower, chosen) {
@@ -358,7 +369,11 @@ impl Client {
                         }
                         let n = self.tracks.len();
                         let hit = url
-                            .and_then(|u| self.tracks.iter().position(|t| t.control == u || t.control.ends_with(u) || u.ends_with(&t.control)))
+                            .and_then(|u| {
+                                self.tracks
+                                    .iter()
+                                    .position(|t| t.control == u || t.control.ends_with(u) || u.ends_with(&t.control))
+                            })
                             .or((n == 1).then_some(0));
                         if let Some(i) = hit {
                             self.tracks[i].rtp_info = Some((seq, ts));
@@ -457,10 +472,14 @@ mod tests {
             }
             v
         };
-        let sent: Vec<Request> =
-            all(client_txt).into_iter().filter_map(|m| if let Message::Request(r) = m { Some(r) } else { None }).collect();
-        let answers: Vec<Response> =
-            all(server_txt).into_iter().filter_map(|m| if let Message::Response(r) = m { Some(r) } else { None }).collect();
+        let sent: Vec<Request> = all(client_txt)
+            .into_iter()
+            .filter_map(|m| if let Message::Request(r) = m { Some(r) } else { None })
+            .collect();
+        let answers: Vec<Response> = all(server_txt)
+            .into_iter()
+            .filter_map(|m| if let Message::Response(r) = m { Some(r) } else { None })
+            .collect();
         let same = |ours: &Request, theirs: &Request| {
             assert_eq!((&ours.method, &ours.uri), (&theirs.method, &theirs.uri));
             assert_eq!(ours.headers.get("Transport"), theirs.headers.get("Transport"));
@@ -547,17 +566,29 @@ mod tests {
         let base = [("Content-Base", "rtsp://127.0.0.1:8554/cam/")];
         let Step::Described(sdp) = c.on_response(&resp(200, 2, &base, SDP), 2).unwrap() else { panic!() };
         assert_eq!(sdp.media.len(), 2);
-        let lowers = vec![Lower::Udp { client_rtp: 5000, client_rtcp: 5001 }, Lower::Udp { client_rtp: 5002, client_rtcp: 5003 }];
+        let lowers = vec![
+            Lower::Udp { client_rtp: 5000, client_rtcp: 5001 },
+            Lower::Udp { client_rtp: 5002, client_rtcp: 5003 },
+        ];
         let r = req_of(&c.setup(lowers, 3).unwrap());
         assert_eq!(r.uri, "rtsp://127.0.0.1:8554/cam/trackID=0");
         assert_eq!(r.headers.get("Transport"), Some("RTP/AVP;unicast;client_port=5000-5001"));
-        let t = [("Transport", "RTP/AVP;unicast;client_port=5000-5001;server_port=8000-8001"), ("Session", "abc;timeout=30")];
+        let t = [
+            ("Transport", "RTP/AVP;unicast;client_port=5000-5001;server_port=8000-8001"),
+            ("Session", "abc;timeout=30"),
+        ];
         let r = send(c.on_response(&resp(200, 3, &t, ""), 4).unwrap());
         assert_eq!((r.uri.as_str(), r.headers.get("Session")), ("rtsp://127.0.0.1:8554/cam/trackID=1", Some("abc")));
-        let t = [("Transport", "RTP/AVP;unicast;client_port=5002-5003;server_port=8002-8003"), ("Session", "abc;timeout=30")];
+        let t = [
+            ("Transport", "RTP/AVP;unicast;client_port=5002-5003;server_port=8002-8003"),
+            ("Session", "abc;timeout=30"),
+        ];
         let r = send(c.on_response(&resp(200, 4, &t, ""), 5).unwrap());
         assert_eq!((r.method.as_str(), r.uri.as_str()), ("PLAY", "rtsp://127.0.0.1:8554/cam/"));
-        let info = [("RTP-Info", "url=rtsp://127.0.0.1:8554/cam/trackID=0;seq=7;rtptime=900,url=rtsp://127.0.0.1:8554/cam/trackID=1;seq=9")];
+        let info = [(
+            "RTP-Info",
+            "url=rtsp://127.0.0.1:8554/cam/trackID=0;seq=7;rtptime=900,url=rtsp://127.0.0.1:8554/cam/trackID=1;seq=9",
+        )];
         assert_eq!(c.on_response(&resp(200, 5, &info, ""), 6).unwrap(), Step::Playing);
         assert_eq!(c.tracks[0].server_ports, Some((8000, 8001)));
         assert_eq!(c.tracks[0].rtp_info, Some((Some(7), Some(900))));
@@ -581,7 +612,10 @@ mod tests {
         let r = send(c.on_response(&resp(401, 1, &ch, ""), 1).unwrap());
         assert_eq!(r.method, "OPTIONS");
         let auth = r.headers.get("Authorization").unwrap();
-        assert!(auth.starts_with("Digest ") && auth.contains("nonce=\"n1\"") && auth.contains("username=\"u\""), "{auth}");
+        assert!(
+            auth.starts_with("Digest ") && auth.contains("nonce=\"n1\"") && auth.contains("username=\"u\""),
+            "{auth}"
+        );
         // Later requests carry credentials without another round trip.
         let r = send(c.on_response(&resp(200, 2, &[], ""), 2).unwrap());
         assert!(r.headers.get("Authorization").is_some());

@@ -3,7 +3,7 @@
 //! PID with their PTS/DTS. Enough to take the H.264 out of a transport stream and send it
 //! as RTP (RFC 6184) instead of RTP/MP2T; sans-IO, bounded, and fuzzed.
 
-use crate::mpegts::{PACKET_LEN, SYNC_BYTE};
+use crate::mpegts::{read_pes_ts, PACKET_LEN, SYNC_BYTE};
 use std::collections::HashMap;
 
 /// ISO/IEC 13818-1 stream types this crate knows by name.
@@ -149,22 +149,14 @@ impl Demux {
     }
 }
 
-fn pes_ts(b: &[u8]) -> u64 {
-    ((u64::from(b[0]) >> 1) & 7) << 30
-        | u64::from(b[1]) << 22
-        | (u64::from(b[2]) >> 1) << 15
-        | u64::from(b[3]) << 7
-        | u64::from(b[4]) >> 1
-}
-
 fn parse_pes(pid: u16, stream_type: u8, b: &[u8]) -> Option<Pes> {
     if b.get(..3)? != [0, 0, 1] {
         return None;
     }
     let flags = *b.get(7)?;
     let hdr = 9 + usize::from(*b.get(8)?);
-    let pts = (flags & 0x80 != 0).then(|| b.get(9..14).map(pes_ts)).flatten();
-    let dts = (flags & 0x40 != 0).then(|| b.get(14..19).map(pes_ts)).flatten();
+    let pts = (flags & 0x80 != 0).then(|| b.get(9..14).map(read_pes_ts)).flatten();
+    let dts = (flags & 0x40 != 0).then(|| b.get(14..19).map(read_pes_ts)).flatten();
     // A video PES may say length 0 (unbounded): take everything gathered.
     let declared = usize::from(u16::from_be_bytes([b[4], b[5]]));
     let end = if declared == 0 { b.len() } else { (6 + declared).min(b.len()) };

@@ -93,9 +93,24 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
             s["sinks_list"] = c.call("GET", &format!("/v1/sessions/{name}/sinks"), None)?["sinks"].take();
             s
         }
-        CtlCmd::Create { name, udp, interface, tcp_listen, tcp_connect, demo, rtsp, rtsp_transport, priority, datapath, ring } => {
+        CtlCmd::Create {
+            name,
+            udp,
+            interface,
+            tcp_listen,
+            tcp_connect,
+            demo,
+            rtsp,
+            rtsp_transport,
+            priority,
+            datapath,
+            ring,
+        } => {
             let rtsp_transport = rtsp_transport
-                .map(|t| serde_json::from_value(Value::String(t.clone())).with_context(|| format!("--rtsp-transport {t:?}: expected udp, tcp or auto")))
+                .map(|t| {
+                    serde_json::from_value(Value::String(t.clone()))
+                        .with_context(|| format!("--rtsp-transport {t:?}: expected udp, tcp or auto"))
+                })
                 .transpose()?;
             let source = SourceSpec {
                 udp,

@@ -282,11 +282,9 @@ impl Rtsp {
     fn rtcp_from(&self, from: SocketAddr, data: &[u8]) {
         let Ok(reports) = fanout_proto::rtcp::parse_reports(data) else { return };
         let mut clients = self.clients.lock();
-        let Some((id, c)) =
-            clients.iter_mut().find(|(_, c)| {
-                c.peer == from.ip() && c.tracks.iter().any(|t| udp_ports(&t.1).is_some_and(|p| p.1 == from.port()))
-            })
-        else {
+        let Some((id, c)) = clients.iter_mut().find(|(_, c)| {
+            c.peer == from.ip() && c.tracks.iter().any(|t| udp_ports(&t.1).is_some_and(|p| p.1 == from.port()))
+        }) else {
             return;
         };
         self.record_reports(id, c, &reports);
@@ -321,7 +319,9 @@ impl Rtsp {
                     for &(t, lower) in &c.tracks {
                         let Some(tr) = tracks.get(t) else { continue };
                         let added = match lower {
-                            Lower::Udp { client_rtp, .. } => tr.session.add_rtsp_udp_sink(SocketAddr::new(c.peer, client_rtp)),
+                            Lower::Udp { client_rtp, .. } => {
+                                tr.session.add_rtsp_udp_sink(SocketAddr::new(c.peer, client_rtp))
+                            }
                             Lower::Interleaved { rtp, .. } => match self.conns.lock().get(&c.conn) {
                                 Some(conn) => {
                                     let wake = conn.clone();
@@ -513,7 +513,8 @@ async fn connection(
                         // first packet, so RTP-Info can name it. (An upstream's tracks plan
                         // their first numbers, and a wait would lose the client packets.)
                         if req.method == "PLAY" {
-                            let view = fanout_proto::rtsp_server::split_url(&req.uri).and_then(|(n, _)| relay.rtsp_view(n));
+                            let view =
+                                fanout_proto::rtsp_server::split_url(&req.uri).and_then(|(n, _)| relay.rtsp_view(n));
                             if let Some(view) = view {
                                 let t0 = Instant::now();
                                 while view.tracks.iter().any(|t| t.session.rtp_start().is_none())

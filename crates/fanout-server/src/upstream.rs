@@ -13,7 +13,8 @@
 //! Lifecycle: connect on demand (a DESCRIBE or a sink) or at once (`on_demand = false`);
 //! UDP, TCP interleaved, or UDP falling back to TCP when nothing arrives; keep-alives at half
 //! the session timeout; receiver reports every 5 s; reconnect with backoff (1 s doubling to
-//! 30 s) when the upstream drops or goes silent (`timeout_s`, 10 s); TEARDOWN `linger_s` after the last client.
+//! 30 s) when the upstream drops or goes silent (`timeout_s`, 10 s); TEARDOWN `linger_s`
+//! after the last client.
 
 use crate::spec::RtspTransport;
 use fanout_io::{bind_udp_source, Session};
@@ -34,6 +35,9 @@ const REPORT_EVERY: Duration = Duration::from_secs(5);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// A DESCRIBE keeps the upstream wanted this long, for the client's SETUP and PLAY.
 const SETUP_GRACE: Duration = Duration::from_secs(5);
+
+/// Where a track's receiver reports go over UDP: its RTCP socket and the server's port.
+type RtcpOut = (Arc<tokio::net::UdpSocket>, Option<SocketAddr>);
 
 /// How an upstream is reached and kept (the session's `rtsp` source fields).
 pub struct UpstreamOptions {
@@ -348,6 +352,20 @@ impl Upstream {
             .collect()
     }
 
+    fn set_rtcp_out(&self, i: usize, sock: Arc<tokio::net::UdpSocket>, to: Option<SocketAddr>) {
+        let mut outs = self.rtcp_out.lock();
+        if outs.len() <= i {
+            outs.resize_with(i + 1, || None);
+        }
+        outs[i] = Some((sock, to));
+    }
+
+    fn send_udp_rr(&self, i: usize, rr: &[u8]) {
+        if let Some(Some((sock, Some(to)))) = self.rtcp_out.lock().get(i) {
+            let _ = sock.try_send_to(rr, *to);
+        }
+    }
+
     /// Every track's stream restarts with the next packet (a new upstream session).
     fn discontinuity(&self) {
         for t in self.state.lock().tracks.iter_mut() {
@@ -573,7 +591,7 @@ async fn connect_once(
                                         }
                                     }
                                 });
-                                udp_rtcp_out(up, i, rtcp, server.map(|(_, c)| SocketAddr::new(peer, c)));
+                                up.set_rtcp_out(i, rtcp, server.map(|(_, c)| SocketAddr::new(peer, c)));
                             }
                             up.ready.send_modify(|g| *g += 1);
                         }
@@ -633,25 +651,6 @@ async fn connect_once(
                     return Ok(Ended::Idle);
                 }
             }
-        }
-    }
-}
-
-/// Where each track's receiver reports go over UDP: the RTCP socket and the server's port.
-type RtcpOut = (Arc<tokio::net::UdpSocket>, Option<SocketAddr>);
-
-fn udp_rtcp_out(up: &Upstream, i: usize, sock: Arc<tokio::net::UdpSocket>, to: Option<SocketAddr>) {
-    let mut outs = up.rtcp_out.lock();
-    if outs.len() <= i {
-        outs.resize_with(i + 1, || None);
-    }
-    outs[i] = Some((sock, to));
-}
-
-impl Upstream {
-    fn send_udp_rr(&self, i: usize, rr: &[u8]) {
-        if let Some(Some((sock, Some(to)))) = self.rtcp_out.lock().get(i) {
-            let _ = sock.try_send_to(rr, *to);
         }
     }
 }

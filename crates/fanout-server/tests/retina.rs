@@ -50,7 +50,8 @@ fn retina_plays_the_demo_over_tcp_and_udp() {
     for transport in [Transport::Tcp(Default::default()), Transport::Udp(Default::default())] {
         let name = transport.to_string();
         let got = rt.block_on(async { tokio::time::timeout(Duration::from_secs(20), play(&url, transport)).await });
-        let (frames, first_key) = got.unwrap_or_else(|_| panic!("{name}: timed out")).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let (frames, first_key) =
+            got.unwrap_or_else(|_| panic!("{name}: timed out")).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(frames, 50, "{name}");
         assert!(first_key, "{name}: the first frame should be a keyframe");
     }

@@ -17,14 +17,19 @@ fn ffmpeg_plays_the_demo_over_rtsp_and_its_sink_goes_with_it() {
     if !have_ffmpeg() {
         return;
     }
+    plays_the_demo("udp");
+}
+
+/// ffmpeg decodes 3 s of the demo's video over RTSP with this transport; its TEARDOWN at
+/// exit removes its sink.
+fn plays_the_demo(transport: &str) {
     let relay = start();
     let url = format!("rtsp://{}/demo", rtsp_addr(&relay));
-    let (ok, log) = ffmpeg_decode(&url, &["-rtsp_transport", "udp"], 3);
+    let (ok, log) = ffmpeg_decode(&url, &["-rtsp_transport", transport], 3);
     assert!(ok, "{log}");
     assert!(log.contains("Video: h264"), "{log}");
     let frames = decoded_frames(&log);
     assert!(frames >= 70, "decoded only {frames} frames: {log}");
-    // ffmpeg sent TEARDOWN on exit: its UDP sink is gone.
     assert!(
         wait_for(Duration::from_secs(5), || relay.ok("GET", "/v1/sessions/demo", None)["rtsp_tracks"][0]["sinks"] == 0),
         "the client's sink should be removed after TEARDOWN"
@@ -41,7 +46,16 @@ fn the_demo_has_video_and_audio() {
     let relay = start();
     let url = format!("rtsp://{}/demo", rtsp_addr(&relay));
     let probe = Command::new("timeout")
-        .args(["20", "ffprobe", "-v", "error", "-rtsp_transport", "udp", "-show_entries", "stream=codec_name,sample_rate"])
+        .args([
+            "20",
+            "ffprobe",
+            "-v",
+            "error",
+            "-rtsp_transport",
+            "udp",
+            "-show_entries",
+            "stream=codec_name,sample_rate",
+        ])
         .args(["-of", "csv", &url])
         .output()
         .unwrap();
@@ -64,16 +78,7 @@ fn ffmpeg_plays_the_demo_interleaved_over_tcp() {
     if !have_ffmpeg() {
         return;
     }
-    let relay = start();
-    let url = format!("rtsp://{}/demo", rtsp_addr(&relay));
-    let (ok, log) = ffmpeg_decode(&url, &["-rtsp_transport", "tcp"], 3);
-    assert!(ok, "{log}");
-    let frames = decoded_frames(&log);
-    assert!(frames >= 70, "decoded only {frames} frames: {log}");
-    assert!(
-        wait_for(Duration::from_secs(5), || relay.ok("GET", "/v1/sessions/demo", None)["rtsp_tracks"][0]["sinks"] == 0),
-        "the client's sink should be removed after TEARDOWN"
-    );
+    plays_the_demo("tcp");
 }
 
 /// Interleaved by hand: `$`-frames on the channel SETUP named carry every packet from the
@@ -97,7 +102,8 @@ fn interleaved_frames_carry_the_stream_without_a_gap() {
         assert!(n > 0, "connection closed");
         pending.extend_from_slice(&b[..n]);
     };
-    let setup = format!("SETUP {url}/trackID=0 RTSP/1.0\r\nCSeq: 1\r\nTransport: RTP/AVP/TCP;unicast;interleaved=4-5\r\n\r\n");
+    let setup =
+        format!("SETUP {url}/trackID=0 RTSP/1.0\r\nCSeq: 1\r\nTransport: RTP/AVP/TCP;unicast;interleaved=4-5\r\n\r\n");
     c.write_all(setup.as_bytes()).unwrap();
     let fanout_proto::rtsp::Message::Response(r) = next(&mut c, &mut pending) else { panic!() };
     assert_eq!(r.status, 200);
@@ -135,11 +141,14 @@ fn interleaved_frames_carry_the_stream_without_a_gap() {
     assert_eq!((c0["interleaved"].as_bool(), c0["playing"].as_bool()), (Some(true), Some(true)), "{c0}");
     // A keep-alive is answered between frames.
     c.write_all(format!("GET_PARAMETER {url} RTSP/1.0\r\nCSeq: 3\r\nSession: {session}\r\n\r\n").as_bytes()).unwrap();
-    let answered = (0..500).any(|_| matches!(next(&mut c, &mut pending), fanout_proto::rtsp::Message::Response(r) if r.status == 200));
+    let answered = (0..500)
+        .any(|_| matches!(next(&mut c, &mut pending), fanout_proto::rtsp::Message::Response(r) if r.status == 200));
     assert!(answered);
     drop(c);
     // The connection closed: its interleaved session and sink go.
-    assert!(wait_for(Duration::from_secs(5), || relay.ok("GET", "/v1/sessions/demo", None)["rtsp_tracks"][0]["sinks"] == 0));
+    assert!(
+        wait_for(Duration::from_secs(5), || relay.ok("GET", "/v1/sessions/demo", None)["rtsp_tracks"][0]["sinks"] == 0)
+    );
 }
 
 /// Connections that send nothing: past `rtsp_max_connections` a new one gets 503 and is
@@ -249,7 +258,8 @@ fn receiver_reports_are_read_per_client() {
     let relay = start();
     let addr = rtsp_addr(&relay);
     let rtcp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    let RtspPlay { conn: _c, session, transport, .. } = rtsp_play(addr, "demo", Some(rtcp.local_addr().unwrap().port()));
+    let RtspPlay { conn: _c, session, transport, .. } =
+        rtsp_play(addr, "demo", Some(rtcp.local_addr().unwrap().port()));
     let server_rtcp: u16 = transport.split("server_port=").nth(1).unwrap().split('-').nth(1).unwrap().parse().unwrap();
     let block = fanout_proto::rtcp::ReportBlock {
         ssrc: 0x4641_4e4f,
@@ -325,5 +335,7 @@ fn twenty_clients_get_what_rtp_info_announced_and_every_packet() {
         let n = c.read(&mut b).unwrap();
         assert!(b[..n].starts_with(b"RTSP/1.0 200"), "{}", String::from_utf8_lossy(&b[..n]));
     }
-    assert!(wait_for(Duration::from_secs(5), || relay.ok("GET", "/v1/sessions/demo", None)["rtsp_tracks"][0]["sinks"] == 0));
+    assert!(
+        wait_for(Duration::from_secs(5), || relay.ok("GET", "/v1/sessions/demo", None)["rtsp_tracks"][0]["sinks"] == 0)
+    );
 }

@@ -85,7 +85,10 @@ impl Mediamtx {
         assert!(ok.success());
         let rtsp = SocketAddr::from(([127, 0, 0, 1], rtsp));
         let api = SocketAddr::from(([127, 0, 0, 1], api));
-        assert!(wait_for(Duration::from_secs(10), || std::net::TcpStream::connect(rtsp).is_ok()), "MediaMTX did not start");
+        assert!(
+            wait_for(Duration::from_secs(10), || std::net::TcpStream::connect(rtsp).is_ok()),
+            "MediaMTX did not start"
+        );
         let publisher = Proc(
             Command::new("ffmpeg")
                 .args(["-nostdin", "-loglevel", "error", "-re", "-stream_loop", "-1", "-i"])
@@ -151,7 +154,10 @@ fn start_clients(upstream: &str, relayed: &str, n: usize) -> Clients {
     // The reference reads the upstream for longer, so it spans every client's window.
     // Half of the clients take RTP over UDP, half interleaved on their RTSP connection.
     let transport = |i: usize| if i.is_multiple_of(2) { "udp" } else { "tcp" };
-    Clients { reference: decode(upstream, 11, "udp"), clients: (0..n).map(|i| decode(relayed, 8, transport(i))).collect() }
+    Clients {
+        reference: decode(upstream, 11, "udp"),
+        clients: (0..n).map(|i| decode(relayed, 8, transport(i))).collect(),
+    }
 }
 
 impl Clients {
@@ -172,7 +178,10 @@ impl Clients {
             assert!(gaps.is_empty(), "client {i}: timestamp gaps {gaps:?}");
             // ...and the pictures are the upstream's, in order: a run of the reference's frames.
             let md5: Vec<String> = got.into_iter().map(|f| f.1).collect();
-            assert!(want.windows(md5.len()).any(|w| w == md5.as_slice()), "client {i}: frames differ from the reference's");
+            assert!(
+                want.windows(md5.len()).any(|w| w == md5.as_slice()),
+                "client {i}: frames differ from the reference's"
+            );
         }
     }
 }

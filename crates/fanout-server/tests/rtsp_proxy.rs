@@ -35,7 +35,8 @@ enum Script {
 fn digest_ok(req: &fanout_proto::rtsp::Request) -> bool {
     let Some(auth) = req.headers.get("Authorization") else { return false };
     let field = |k: &str| auth.split(&format!("{k}=\"")).nth(1).and_then(|r| r.split('"').next());
-    let want = fanout_proto::rtsp::digest_response("cam", "fake", "p@ss w", "n0nce", &req.method, field("uri").unwrap_or(""));
+    let want =
+        fanout_proto::rtsp::digest_response("cam", "fake", "p@ss w", "n0nce", &req.method, field("uri").unwrap_or(""));
     auth.starts_with("Digest ") && field("username") == Some("cam") && field("response") == Some(want.as_str())
 }
 
@@ -222,12 +223,16 @@ fn clients_see_one_stream_across_upstream_restarts_and_ssrc_changes() {
 
     // The client leaves: one linger (1 s) later the upstream session is torn down.
     let url = format!("rtsp://{}/cam", rtsp_addr(&relay));
-    p.conn.write_all(format!("TEARDOWN {url} RTSP/1.0\r\nCSeq: 9\r\nSession: {}\r\n\r\n", p.session).as_bytes()).unwrap();
+    p.conn
+        .write_all(format!("TEARDOWN {url} RTSP/1.0\r\nCSeq: 9\r\nSession: {}\r\n\r\n", p.session).as_bytes())
+        .unwrap();
     assert!(
         wait_for(Duration::from_secs(8), || fake.teardowns.load(Ordering::Relaxed) == 1),
         "the upstream should get TEARDOWN after the linger"
     );
-    assert!(wait_for(Duration::from_secs(3), || relay.ok("GET", "/v1/sessions/cam", None)["upstream"]["state"] == "idle"));
+    assert!(
+        wait_for(Duration::from_secs(3), || relay.ok("GET", "/v1/sessions/cam", None)["upstream"]["state"] == "idle")
+    );
 }
 
 /// An upstream that stops sending but keeps its connection open is reconnected after
@@ -253,7 +258,11 @@ fn upstream_credentials_from_the_url() {
     let fake = fake_upstream(Script::RequireDigest);
     let relay = Relay::start(&["--rtsp", "127.0.0.1:0", "--no-demo"]);
     let url = format!("rtsp://cam:p%40ss%20w@{}/cam", fake.addr);
-    relay.ok("POST", "/v1/sessions", Some(json!({ "name": "cam", "source": { "rtsp": url, "rtsp_transport": "tcp" } })));
+    relay.ok(
+        "POST",
+        "/v1/sessions",
+        Some(json!({ "name": "cam", "source": { "rtsp": url, "rtsp_transport": "tcp" } })),
+    );
     let p = rtsp_play(rtsp_addr(&relay), "cam", None);
     assert_eq!(receive(&p.rtp, 20, Duration::from_secs(10)).len(), 20);
     let status = relay.ok("GET", "/v1/sessions/cam", None);

@@ -181,6 +181,18 @@ fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+/// Waits (at most 10 s) until a server accepts TCP connections at `addr`.
+fn wait_listening(addr: SocketAddr, what: &str) -> anyhow::Result<()> {
+    let t = Instant::now();
+    while TcpStream::connect(addr).is_err() {
+        if t.elapsed() > Duration::from_secs(10) {
+            bail!("{what} did not start listening on {addr}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
+}
+
 fn mediamtx(bin: &Path) -> anyhow::Result<Upstream> {
     let dir = std::env::temp_dir().join(format!("fanout-bench-rtsp-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
@@ -209,13 +221,7 @@ fn mediamtx(bin: &Path) -> anyhow::Result<Upstream> {
         bail!("ffmpeg could not remux the demo clip");
     }
     let rtsp = SocketAddr::from(([127, 0, 0, 1], rtsp));
-    let t = Instant::now();
-    while TcpStream::connect(rtsp).is_err() {
-        if t.elapsed() > Duration::from_secs(10) {
-            bail!("MediaMTX did not start");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_listening(rtsp, "MediaMTX")?;
     let publisher = Proc(
         Command::new("ffmpeg")
             .args(["-nostdin", "-loglevel", "error", "-re", "-stream_loop", "-1", "-i"])
@@ -255,13 +261,7 @@ fn start_target(name: &str, up: &Upstream, peers: &Path) -> anyhow::Result<Targe
                 .with_context(|| format!("starting {} (scripts/install-peers)", python.display()))?,
         );
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let t = Instant::now();
-        while TcpStream::connect(addr).is_err() {
-            if t.elapsed() > Duration::from_secs(10) {
-                bail!("the live555 proxy did not start");
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        wait_listening(addr, "the live555 proxy")?;
         let pid = p.0.id();
         return Ok(Target { url: format!("rtsp://{addr}/cam"), pid, _procs: vec![p], _relay: None });
     }
@@ -380,11 +380,8 @@ pub fn run(a: RtspArgs) -> anyhow::Result<()> {
     pb.finish_and_clear();
     // Means over rounds, and each target against MediaMTX.
     let mean = |name: &str, n: usize, per_mb: bool| {
-        let v: Vec<f64> = results
-            .iter()
-            .filter(|r| r.0 == name && r.1 == n)
-            .map(|r| if per_mb { r.3 } else { r.2 })
-            .collect();
+        let v: Vec<f64> =
+            results.iter().filter(|r| r.0 == name && r.1 == n).map(|r| if per_mb { r.3 } else { r.2 }).collect();
         v.iter().sum::<f64>() / v.len().max(1) as f64
     };
     println!("\nmean server CPU (process + ksoftirqd) per delivered packet and per delivered MB:");
@@ -392,11 +389,8 @@ pub fn run(a: RtspArgs) -> anyhow::Result<()> {
         let (base, base_mb) = (mean("mediamtx", n, false), mean("mediamtx", n, true));
         for name in &a.targets {
             let (m, mb) = (mean(name, n, false), mean(name, n, true));
-            let ratio = if base > 0.0 {
-                format!("{:.2}× / {:.2}× MediaMTX", m / base, mb / base_mb)
-            } else {
-                String::new()
-            };
+            let ratio =
+                if base > 0.0 { format!("{:.2}× / {:.2}× MediaMTX", m / base, mb / base_mb) } else { String::new() };
             println!("  {n:>5} clients {name:>14}: {m:7.2} µs/packet {mb:7.2} ms/MB  {ratio}");
         }
     }
