@@ -6,6 +6,12 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(v) = fanout_proto::rtp::RtpView::parse(data) {
         let r = v.payload_range();
         assert!(r.start <= r.end && r.end <= data.len());
+        // The layer of its payload, as H.264/SVC and as HEVC, twice (state carries over).
+        let mut layers = fanout_proto::layers::LayerParser::default();
+        for codec in [fanout_proto::annexb::Codec::H264, fanout_proto::annexb::Codec::H265] {
+            let _ = layers.packet(codec, &data[r.clone()]);
+            let _ = layers.packet(codec, &data[r.clone()]);
+        }
         let _ = (v.sequence_number(), v.timestamp(), v.ssrc(), v.marker(), v.payload_type());
     }
     assert!(fanout_proto::classify::payload_offset(data) <= data.len());

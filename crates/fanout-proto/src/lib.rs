@@ -10,6 +10,7 @@
 //!   that paces a recorded transport stream at its own rate.
 //! - [`aac`]: ADTS frames and the MPEG4-GENERIC (RFC 3640) RTP payload.
 //! - [`annexb`]: H.264/HEVC byte streams: NAL units, access units, RTP packetization.
+//! - [`layers`]: the scalable layer (H.264, SVC, HEVC) of an RTP packet, for layer dropping.
 //! - [`http`]: recognising an HTTP stream request from its head.
 //! - [`rtcp`]: RTCP sender/receiver reports: loss, jitter, round-trip time.
 //! - [`rtsp`]: RTSP 1.0 messages: the incremental connection parser (requests, responses,
@@ -28,6 +29,7 @@ pub mod aac;
 pub mod annexb;
 pub mod classify;
 pub mod http;
+pub mod layers;
 pub mod mpegts;
 pub mod probe;
 pub mod restamp;
