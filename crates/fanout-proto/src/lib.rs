@@ -8,6 +8,8 @@
 //!   range a relay strips down to when it delivers RTP-carried MPEG-TS over HTTP.
 //! - [`mpegts`]: MPEG-TS packet headers and PCRs (ISO/IEC 13818-1 §2.4.3), and the schedule
 //!   that paces a recorded transport stream at its own rate.
+//! - [`adapt`]: per-subscriber layer adaptation: layer rates, the selector, sequence
+//!   numbers without deliberate drops.
 //! - [`aac`]: ADTS frames and the MPEG4-GENERIC (RFC 3640) RTP payload.
 //! - [`annexb`]: H.264/HEVC byte streams: NAL units, access units, RTP packetization.
 //! - [`layers`]: the scalable layer (H.264, SVC, HEVC) of an RTP packet, for layer dropping.
@@ -26,6 +28,7 @@
 //! - [`classify`]: what a received datagram carries, decided once when it enters the ring.
 
 pub mod aac;
+pub mod adapt;
 pub mod annexb;
 pub mod classify;
 pub mod http;

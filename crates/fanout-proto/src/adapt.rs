@@ -1,0 +1,387 @@
+//! Per-subscriber layer adaptation, sans-IO (issue 6; the Oslo thesis, chapter 5):
+//!
+//! - [`LayerRates`]: the stream's bit rate per layer, a moving average over 200 ms windows,
+//!   `new = (15·old + sample) / 16`, as the thesis keeps it.
+//! - [`LayerSelector`]: a subscriber's allowance (the highest layer it gets) from its RTCP
+//!   receiver reports. `Thesis` mode is the thesis's rule: estimate the bandwidth from the
+//!   bytes sent and the loss, pick the first operating point whose cumulative rate
+//!   overshoots it, move one step per report. `Aimd` mode is ours: the estimate falls by a
+//!   factor on loss and grows by a step without, the target never overshoots it, a fall is
+//!   taken at once, and a rise waits for a packet the decoder can switch at.
+//! - [`SeqRewriter`]: sequence numbers with the deliberately dropped packets taken out, so
+//!   a subscriber neither reports them as lost nor waits for them.
+
+use crate::layers::{Layer, PacketLayer};
+use std::collections::BTreeMap;
+
+/// The thesis's window.
+pub const WINDOW_MS: u64 = 200;
+
+/// Whether `l` is part of the operating point `max` (every id at most `max`'s).
+pub fn within(l: Layer, max: Layer) -> bool {
+    l.did <= max.did && l.qid <= max.qid && l.tid <= max.tid
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct LayerRates {
+    window_start: Option<u64>,
+    /// Bytes in the current window, per layer (`None`: not layered, everyone gets it).
+    bytes: BTreeMap<Option<Layer>, u64>,
+    /// Moving averages, bits per second.
+    avg: BTreeMap<Option<Layer>, f64>,
+}
+
+impl LayerRates {
+    /// Counts one packet of the stream.
+    pub fn record(&mut self, pl: PacketLayer, bytes: usize, now_ms: u64) {
+        self.roll(now_ms);
+        let key = match pl {
+            PacketLayer::Media { layer, .. } => Some(layer),
+            PacketLayer::NotLayered | PacketLayer::Unknown => None,
+        };
+        *self.bytes.entry(key).or_default() += bytes as u64;
+    }
+
+    /// Closes every window that ended by `now_ms` into the averages.
+    pub fn roll(&mut self, now_ms: u64) {
+        let start = *self.window_start.get_or_insert(now_ms);
+        if now_ms < start + WINDOW_MS {
+            return;
+        }
+        let windows = (now_ms - start) / WINDOW_MS;
+        for _ in 0..windows.min(64) {
+            let keys: std::collections::BTreeSet<_> = self.avg.keys().chain(self.bytes.keys()).copied().collect();
+            for k in keys {
+                let sample = self.bytes.remove(&k).unwrap_or(0) as f64 * 8.0 * 1000.0 / WINDOW_MS as f64;
+                let a = self.avg.entry(k).or_insert(sample);
+                *a = (*a * 15.0 + sample) / 16.0;
+            }
+        }
+        self.window_start = Some(start + windows * WINDOW_MS);
+    }
+
+    /// Bits per second of one layer (`None`: what is not layered).
+    pub fn rate(&self, layer: Option<Layer>) -> f64 {
+        self.avg.get(&layer).copied().unwrap_or(0.0)
+    }
+
+    /// Bits per second a subscriber allowed up to `max` receives.
+    pub fn cumulative(&self, max: Layer) -> f64 {
+        self.avg.iter().filter(|(k, _)| k.is_none_or(|l| within(l, max))).map(|(_, v)| v).sum()
+    }
+
+    /// The operating points (every layer seen), cheapest first.
+    pub fn ladder(&self) -> Vec<Layer> {
+        let mut v: Vec<Layer> = self.avg.keys().filter_map(|k| *k).collect();
+        v.sort_by(|a, b| self.cumulative(*a).total_cmp(&self.cumulative(*b)).then(a.cmp(b)));
+        v
+    }
+
+    /// Averages as (layer, bits per second), for the status API.
+    pub fn rates(&self) -> Vec<(Option<Layer>, f64)> {
+        self.avg.iter().map(|(k, v)| (*k, *v)).collect()
+    }
+}
+
+/// What happened to a subscriber since its last receiver report.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Interval {
+    pub seconds: f64,
+    pub bytes_sent: u64,
+    pub packets_sent: u64,
+    /// Lost as the subscriber reports it (its cumulative loss, minus the last report's).
+    pub packets_lost: u64,
+    /// Dropped on purpose in the interval: the thesis subtracts them from the reported
+    /// loss; with [`SeqRewriter`] the subscriber never counts them, so this stays 0.
+    pub packets_dropped: u64,
+}
+
+impl Interval {
+    /// The thesis's estimate (§5.3): bytes_sent/time × (sent − (lost − dropped)) / sent, in
+    /// bits per second.
+    pub fn thesis_bandwidth(&self) -> f64 {
+        if self.seconds <= 0.0 || self.packets_sent == 0 {
+            return 0.0;
+        }
+        let real_loss = self.packets_lost.saturating_sub(self.packets_dropped) as f64;
+        let sent = self.packets_sent as f64;
+        self.bytes_sent as f64 * 8.0 / self.seconds * ((sent - real_loss).max(0.0) / sent)
+    }
+
+    pub fn loss_fraction(&self) -> f64 {
+        let real_loss = self.packets_lost.saturating_sub(self.packets_dropped) as f64;
+        if self.packets_sent == 0 {
+            0.0
+        } else {
+            (real_loss / self.packets_sent as f64).min(1.0)
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Thesis,
+    Aimd,
+}
+
+/// AIMD: loss above this fraction is congestion.
+const LOSS_THRESHOLD: f64 = 0.02;
+/// AIMD: the estimate after congestion, against what got through.
+const DECREASE: f64 = 0.85;
+/// AIMD: growth per loss-free report, as a fraction of the estimate (at least 20 kbit/s).
+const INCREASE: f64 = 0.08;
+
+#[derive(Debug, Clone)]
+pub struct LayerSelector {
+    mode: Mode,
+    /// The allowance now; `None` until the first report (everything passes).
+    allowance: Option<Layer>,
+    /// A higher allowance waiting for a packet where the decoder can switch up.
+    pending_up: Option<Layer>,
+    /// A maximum set through the control API.
+    pub pin: Option<Layer>,
+    estimate_bps: Option<f64>,
+}
+
+impl LayerSelector {
+    pub fn new(mode: Mode) -> Self {
+        Self { mode, allowance: None, pending_up: None, pin: None, estimate_bps: None }
+    }
+
+    pub fn allowance(&self) -> Option<Layer> {
+        self.allowance
+    }
+
+    pub fn estimate_bps(&self) -> Option<f64> {
+        self.estimate_bps
+    }
+
+    /// A receiver report arrived: re-estimates and re-targets. Returns the allowance (or
+    /// the one waiting for a switch point).
+    pub fn on_report(&mut self, iv: &Interval, rates: &LayerRates) -> Option<Layer> {
+        let ladder = rates.ladder();
+        if ladder.is_empty() {
+            return self.allowance;
+        }
+        let cur = self.allowance.and_then(|a| ladder.iter().position(|l| *l == a)).unwrap_or(ladder.len() - 1);
+        let got = iv.thesis_bandwidth();
+        let target = match self.mode {
+            Mode::Thesis => {
+                self.estimate_bps = Some(got);
+                // The first point whose cumulative rate overshoots the estimate (or the top).
+                let t = ladder.iter().position(|l| rates.cumulative(*l) > got).unwrap_or(ladder.len() - 1);
+                // One step per report.
+                if t > cur {
+                    cur + 1
+                } else if t < cur {
+                    cur - 1
+                } else {
+                    cur
+                }
+            }
+            Mode::Aimd => {
+                let e = match (self.estimate_bps, iv.loss_fraction() > LOSS_THRESHOLD) {
+                    (_, true) => got * DECREASE,
+                    (None, false) => got.max(rates.cumulative(ladder[cur])),
+                    (Some(e), false) => e.max(got) + (e * INCREASE).max(20_000.0),
+                };
+                self.estimate_bps = Some(e);
+                // The highest point that fits; the base if none does. Up one step at most.
+                let fits = ladder.iter().rposition(|l| rates.cumulative(*l) <= e).unwrap_or(0);
+                if fits > cur {
+                    cur + 1
+                } else {
+                    fits
+                }
+            }
+        };
+        let mut want = ladder[target];
+        if let Some(pin) = self.pin {
+            if !within(want, pin) {
+                want = ladder.iter().rev().find(|l| within(**l, pin)).copied().unwrap_or(ladder[0]);
+            }
+        }
+        match self.allowance {
+            // Down (or the first report): at once. Up: at the next switch point.
+            Some(a) if !within(want, a) => self.pending_up = Some(want),
+            _ => {
+                self.allowance = Some(want);
+                self.pending_up = None;
+            }
+        }
+        self.allowance
+    }
+
+    /// Whether to send this packet; a pending rise happens here, at a packet the decoder
+    /// can follow: an IDR for a higher dependency layer, a base-temporal (tid 0) picture for
+    /// a higher temporal layer.
+    pub fn forward(&mut self, pl: PacketLayer) -> bool {
+        let PacketLayer::Media { layer, idr } = pl else { return true };
+        if let (Some(up), Some(a)) = (self.pending_up, self.allowance) {
+            let spatial_ok = up.did <= a.did && up.qid <= a.qid || idr;
+            let temporal_ok = up.tid <= a.tid || layer.tid == 0;
+            if spatial_ok && temporal_ok {
+                self.allowance = Some(up);
+                self.pending_up = None;
+            }
+        }
+        self.allowance.is_none_or(|a| within(layer, a))
+    }
+}
+
+/// Per-subscriber sequence numbers without the packets dropped on purpose.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SeqRewriter {
+    dropped: u16,
+}
+
+impl SeqRewriter {
+    /// A packet is dropped on purpose.
+    pub fn drop_one(&mut self) {
+        self.dropped = self.dropped.wrapping_add(1);
+    }
+
+    /// The sequence number a forwarded packet carries to this subscriber.
+    pub fn forward(&self, seq: u16) -> u16 {
+        seq.wrapping_sub(self.dropped)
+    }
+
+    /// Dropped so far (mod 2^16): what a sender report's packet count must leave out.
+    pub fn dropped(&self) -> u16 {
+        self.dropped
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn l(did: u8, tid: u8) -> Layer {
+        Layer { did, qid: 0, tid }
+    }
+
+    fn media(did: u8, tid: u8) -> PacketLayer {
+        PacketLayer::Media { layer: l(did, tid), idr: false }
+    }
+
+    /// A steady stream: 100 kbit/s base, 200 kbit/s enhancement, 20 kbit/s parameter sets.
+    fn steady() -> LayerRates {
+        let mut r = LayerRates::default();
+        for ms in (0..20_000).step_by(10) {
+            r.record(media(0, 0), 125, ms); // 125 B / 10 ms = 100 kbit/s
+            r.record(media(1, 0), 250, ms);
+            if ms % 100 == 0 {
+                r.record(PacketLayer::NotLayered, 250, ms);
+            }
+        }
+        r.roll(20_000);
+        r
+    }
+
+    #[test]
+    fn moving_averages_converge_to_the_rates() {
+        let r = steady();
+        assert!((r.rate(Some(l(0, 0))) - 100_000.0).abs() < 1_000.0, "{:?}", r.rates());
+        assert!((r.rate(Some(l(1, 0))) - 200_000.0).abs() < 2_000.0);
+        assert!((r.rate(None) - 20_000.0).abs() < 500.0);
+        assert!((r.cumulative(l(0, 0)) - 120_000.0).abs() < 2_000.0);
+        assert_eq!(r.ladder(), vec![l(0, 0), l(1, 0)]);
+        // (15·old + sample)/16: one silent window takes a sixteenth off.
+        let mut q = r.clone();
+        q.roll(20_200);
+        assert!((q.rate(Some(l(0, 0))) - r.rate(Some(l(0, 0))) * 15.0 / 16.0).abs() < 1.0);
+    }
+
+    #[test]
+    fn the_thesis_example_estimate() {
+        // 800 kB sent in 1 s, 200 packets dropped on purpose, 300 reported lost of 1000.
+        let iv =
+            Interval { seconds: 1.0, bytes_sent: 800_000, packets_sent: 1000, packets_lost: 300, packets_dropped: 200 };
+        assert!((iv.thesis_bandwidth() - 720_000.0 * 8.0).abs() < 1.0);
+    }
+
+    #[test]
+    fn aimd_falls_at_once_and_rises_one_step_at_a_switch_point() {
+        let rates = steady();
+        let mut s = LayerSelector::new(Mode::Aimd);
+        // A 150 kbit/s link: heavy loss on the full 320 kbit/s.
+        let congested =
+            Interval { seconds: 5.0, bytes_sent: 200_000, packets_sent: 1000, packets_lost: 500, packets_dropped: 0 };
+        assert_eq!(s.on_report(&congested, &rates), Some(l(0, 0)));
+        assert!(!s.forward(media(1, 0)) && s.forward(media(0, 0)) && s.forward(PacketLayer::NotLayered));
+        // Loss-free reports: the estimate grows until the enhancement fits, then the rise
+        // waits for an IDR.
+        let clean = |kbps: u64| Interval {
+            seconds: 5.0,
+            bytes_sent: kbps * 1000 / 8 * 5,
+            packets_sent: 500,
+            packets_lost: 0,
+            packets_dropped: 0,
+        };
+        let mut reports = 0;
+        while s.pending_up.is_none() && reports < 50 {
+            s.on_report(&clean(120), &rates);
+            reports += 1;
+        }
+        assert!(s.pending_up == Some(l(1, 0)), "{s:?}");
+        assert!(!s.forward(media(1, 0)), "no switch without an IDR");
+        assert!(s.forward(PacketLayer::Media { layer: l(1, 0), idr: true }));
+        assert_eq!(s.allowance(), Some(l(1, 0)));
+    }
+
+    #[test]
+    fn the_thesis_rule_moves_one_step_per_report_and_overshoots() {
+        let rates = steady();
+        let mut s = LayerSelector::new(Mode::Thesis);
+        // 150 kbit/s got through: the first point overshooting it is the top one (320k).
+        let iv = Interval {
+            seconds: 5.0,
+            bytes_sent: 150_000 / 8 * 5,
+            packets_sent: 500,
+            packets_lost: 0,
+            packets_dropped: 0,
+        };
+        assert_eq!(s.on_report(&iv, &rates), Some(l(1, 0)), "the thesis keeps the overshooting layer");
+        let low = Interval {
+            seconds: 5.0,
+            bytes_sent: 50_000 / 8 * 5,
+            packets_sent: 500,
+            packets_lost: 0,
+            packets_dropped: 0,
+        };
+        assert_eq!(s.on_report(&low, &rates), Some(l(0, 0)));
+    }
+
+    #[test]
+    fn a_pin_caps_the_allowance() {
+        let rates = steady();
+        let mut s = LayerSelector::new(Mode::Aimd);
+        s.pin = Some(l(0, 7));
+        let iv =
+            Interval { seconds: 5.0, bytes_sent: 10_000_000, packets_sent: 5000, packets_lost: 0, packets_dropped: 0 };
+        assert_eq!(s.on_report(&iv, &rates), Some(l(0, 0)));
+        assert!(!s.forward(media(1, 0)));
+    }
+
+    proptest! {
+        /// With any drop pattern, a subscriber sees consecutive sequence numbers.
+        #[test]
+        fn rewritten_sequence_numbers_have_no_gaps(start in any::<u16>(), drops in proptest::collection::vec(any::<bool>(), 1..300)) {
+            let mut r = SeqRewriter::default();
+            let mut last: Option<u16> = None;
+            for (i, d) in drops.iter().enumerate() {
+                let seq = start.wrapping_add(i as u16);
+                if *d {
+                    r.drop_one();
+                } else {
+                    let out = r.forward(seq);
+                    if let Some(p) = last {
+                        prop_assert_eq!(out, p.wrapping_add(1));
+                    }
+                    last = Some(out);
+                }
+            }
+        }
+    }
+}
