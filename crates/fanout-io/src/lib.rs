@@ -36,8 +36,8 @@ mod uring;
 
 pub use engine::Engine;
 pub use session::{
-    DataPath, FailurePolicy, PayloadMode, Session, SessionConfig, SessionStatus, SinkStatus, SinkTarget, SourceRecv,
-    SourceState, SourceStatus, UdpSinkMode,
+    DataPath, FailurePolicy, LayerRate, LayerStatus, PayloadMode, Session, SessionConfig, SessionStatus, SinkStatus,
+    SinkTarget, SourceRecv, SourceState, SourceStatus, UdpSinkMode,
 };
 pub use sink::set_udp_source_port;
 pub use source::{bind_udp_source, DemoClip, DemoTrack};

@@ -167,6 +167,28 @@ pub struct SessionStatus {
     /// The `kernel` path's own counters.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kernel: Option<KernelSessionStats>,
+    /// RTP video of a known codec: the rate of each scalable layer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub layers: Option<LayerStatus>,
+}
+
+/// Per-layer rates: moving averages over 200 ms windows, `new = (15·old + sample)/16`.
+#[derive(Debug, Clone, Serialize)]
+pub struct LayerStatus {
+    pub codec: &'static str,
+    pub layers: Vec<LayerRate>,
+    /// What every subscriber gets (parameter sets, SEI, ...), bits per second.
+    pub not_layered_bps: f64,
+    /// Packets whose layer could not be judged (see docs/layers.md): forwarded, counted.
+    pub unknown_packets: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LayerRate {
+    pub did: u8,
+    pub qid: u8,
+    pub tid: u8,
+    pub bps: f64,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -232,9 +254,11 @@ pub(crate) struct Inner {
     /// source is bound.
     kernel_fanout: Option<Arc<KernelFanout>>,
     kernel: Mutex<Option<KernelSession>>,
-    /// RTP video codec for keyframe marks: 0 none, 1 H.264, 2 HEVC.
+    /// RTP video codec for keyframe marks and layer statistics: 0 none, 1 H.264, 2 HEVC.
     rtp_video: std::sync::atomic::AtomicU8,
     saw_parameter_sets: AtomicBool,
+    /// Each packet's scalable layer, and the moving average rate per layer.
+    layers: Mutex<(fanout_proto::layers::LayerParser, fanout_proto::adapt::LayerRates)>,
 }
 
 /// A handle to a running session. Dropping it does not stop the session: call [`Session::close`].
@@ -395,6 +419,11 @@ impl Inner {
             VideoStart::Idr if !self.saw_parameter_sets.load(Ordering::Relaxed) => p.mark_keyframe(),
             _ => {}
         }
+        // The layer statistics (the thesis's per-layer moving averages).
+        let now = self.now_ms();
+        let mut l = self.layers.lock();
+        let pl = l.0.packet(codec, p.payload());
+        l.1.record(pl, p.len(), now);
     }
 
     pub fn source_closed(&self, state: SourceState, error: Option<String>) {
@@ -444,6 +473,7 @@ impl Session {
             kernel: Mutex::new(None),
             rtp_video: std::sync::atomic::AtomicU8::new(0),
             saw_parameter_sets: AtomicBool::new(false),
+            layers: Mutex::new(Default::default()),
         });
         if let Runner::Thread(sig) = &inner.runner {
             let (weak, sig) = (Arc::downgrade(&inner), sig.clone());
@@ -797,7 +827,28 @@ impl Session {
             bytes_sent: sinks.iter().map(|s| s.bytes_sent).sum(),
             packets_skipped: sinks.iter().map(|s| s.packets_skipped).sum(),
             kernel: inner.kernel.lock().as_ref().map(|k| k.stats()),
+            layers: self.layer_status(),
         }
+    }
+
+    fn layer_status(&self) -> Option<LayerStatus> {
+        let codec = match self.inner.rtp_video.load(Ordering::Relaxed) {
+            1 => "h264",
+            2 => "h265",
+            _ => return None,
+        };
+        let mut l = self.inner.layers.lock();
+        l.1.roll(self.inner.now_ms());
+        let rates = l.1.rates();
+        Some(LayerStatus {
+            codec,
+            layers: rates
+                .iter()
+                .filter_map(|(k, bps)| k.map(|x| LayerRate { did: x.did, qid: x.qid, tid: x.tid, bps: *bps }))
+                .collect(),
+            not_layered_bps: l.1.rate(None),
+            unknown_packets: l.0.unknown,
+        })
     }
 
     /// Stops the source and every sink, and joins the session's own threads.

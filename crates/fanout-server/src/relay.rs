@@ -163,6 +163,7 @@ impl Relay {
             stream_flush: Duration::from_millis(spec.stream_flush_ms.unwrap_or(self.cfg.stream_flush_ms)),
         };
         let session = Session::new(cfg, &self.engine);
+        session.set_rtp_video(spec.video.map(|v| v.codec()));
         let mut tasks = Vec::new();
         if spec.failed_sinks == fanout_io::FailurePolicy::Retry {
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel();

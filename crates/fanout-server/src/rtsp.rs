@@ -122,10 +122,11 @@ fn describe(relay: &Relay, name: &str) -> Option<Resource> {
     let (pt, seq, ts) = session.rtp_start()?;
     let media = match pt {
         33 => "m=video 0 RTP/AVP 33\r\na=rtpmap:33 MP2T/90000\r\n".to_string(),
-        // A dynamic type: what `fanout gen --file x.264` sends (H.264, RFC 6184).
-        96..=127 => {
-            format!("m=video 0 RTP/AVP {pt}\r\na=rtpmap:{pt} H264/90000\r\na=fmtp:{pt} packetization-mode=1\r\n")
-        }
+        // A dynamic type: the session's `video` codec, else H.264 (RFC 6184) as a guess.
+        96..=127 => match relay.spec(name).and_then(|s| s.video) {
+            Some(crate::spec::VideoCodec::H265) => format!("m=video 0 RTP/AVP {pt}\r\na=rtpmap:{pt} H265/90000\r\n"),
+            _ => format!("m=video 0 RTP/AVP {pt}\r\na=rtpmap:{pt} H264/90000\r\na=fmtp:{pt} packetization-mode=1\r\n"),
+        },
         _ => return None,
     };
     let sdp = Sdp::parse(&format!("v=0\r\ns={name}\r\n{media}")).ok()?;

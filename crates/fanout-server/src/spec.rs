@@ -46,6 +46,22 @@ pub struct SourceSpec {
     pub timeout_s: Option<f64>,
 }
 
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum VideoCodec {
+    H264,
+    H265,
+}
+
+impl VideoCodec {
+    pub fn codec(self) -> fanout_proto::annexb::Codec {
+        match self {
+            VideoCodec::H264 => fanout_proto::annexb::Codec::H264,
+            VideoCodec::H265 => fanout_proto::annexb::Codec::H265,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum RtspTransport {
@@ -164,6 +180,11 @@ pub struct SessionSpec {
     /// UDP source receive: `recvmmsg` (default) or `uring` (multishot, provided buffers).
     #[serde(default)]
     pub source_recv: SourceRecv,
+    /// The video codec of the source's RTP (`h264` or `h265`): new sinks start at a
+    /// keyframe, the status shows the rate of each scalable layer, and RTSP clients get it
+    /// described. (RTSP sources know it from their upstream's description.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub video: Option<VideoCodec>,
     /// How `shared` sends to UDP sinks: `batched` (one `sendmmsg` for the whole group,
     /// default) or `connected` (a connected socket per sink).
     #[serde(default)]
@@ -193,6 +214,7 @@ impl SessionSpec {
             uring_sqpoll: false,
             stream_flush_ms: None,
             source_recv: SourceRecv::default(),
+            video: None,
             sinks: Vec::new(),
         }
     }
