@@ -35,7 +35,7 @@ fn a_session_shows_the_rate_of_each_layer() {
         .iter()
         .map(|x| (x["did"].as_u64().unwrap(), x["tid"].as_u64().unwrap(), x["bps"].as_f64().unwrap()))
         .collect();
-    seen.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+    seen.sort_by_key(|x| (x.0, x.1));
     let ids: Vec<(u64, u64)> = seen.iter().map(|x| (x.0, x.1)).collect();
     assert_eq!(ids, vec![(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)], "{l}");
     assert!(seen.iter().all(|x| x.2 > 0.0), "every layer has a rate: {l}");
