@@ -1,7 +1,8 @@
 //! RTSP for clients: every RTP relay session is `rtsp://HOST:PORT/{session}`. The protocol
 //! is `fanout_proto::rtsp_server`'s state machine; this module only moves bytes and turns
-//! its actions into the session's UDP sinks (a client's RTP port), so RTSP clients share the
-//! relay's data paths with every other sink.
+//! its actions into sinks of the session: a UDP client's RTP port (sent from `server_port`),
+//! or, for RTP interleaved on the connection, a channel sink this connection's task drains
+//! and frames. RTSP clients share the relay's data paths with every other sink.
 //!
 //! RTCP on the `server_port` pair: every 5 s each playing client gets a sender report (the
 //! stream's SSRC, wall clock and RTP time, what its sink was sent); clients' receiver
@@ -9,9 +10,8 @@
 //! their LSR/DLSR give.
 //!
 //! Sessions with an `rtsp://` source (`crate::upstream`) have a track per upstream media
-//! section, each a relay session; a client's track is a sink of that track's session.
-//!
-//! Not yet (issue 5): RTP over the RTSP connection (interleaved).
+//! section, each a relay session, and the demo has a view of its own (H.264 + AAC); a
+//! client's track is a sink of that track's session.
 
 use crate::relay::Relay;
 use fanout_proto::rtsp::{self, Limits, Lower, Message, Response};
