@@ -154,12 +154,25 @@ pub fn load(a: LoadArgs) -> anyhow::Result<()> {
     let (min, max) = (got.iter().min().copied().unwrap_or(0), got.iter().max().copied().unwrap_or(0));
     println!("rtsp-load: packets {total} min {min} max {max} bytes {bytes}");
     std::io::stdout().flush()?;
+    // Every session is torn down and answered before the sockets go: a server still
+    // sending to a closed client's port would reach whoever gets that port next (the next
+    // step's load client), and its packets would be counted for the wrong server.
     for c in &mut clients {
         if let Some(b) = c.client.teardown(0) {
             let _ = c.conn.write_all(&b);
         }
     }
-    std::thread::sleep(Duration::from_millis(300));
+    let mut answered = 0;
+    for c in &mut clients {
+        let _ = c.conn.set_read_timeout(Some(Duration::from_secs(2)));
+        let mut b = [0u8; 1024];
+        if c.conn.read(&mut b).is_ok_and(|n| n > 0) {
+            answered += 1;
+        }
+    }
+    if answered < clients.len() {
+        eprintln!("rtsp-load: {} of {} TEARDOWNs unanswered", clients.len() - answered, clients.len());
+    }
     Ok(())
 }
 
