@@ -265,6 +265,17 @@ mod tests {
         PacketLayer::Media { layer: l(did, tid), idr: false }
     }
 
+    /// A loss-free report interval of 5 s in which `kbps` got through.
+    fn clean(kbps: u64) -> Interval {
+        Interval {
+            seconds: 5.0,
+            bytes_sent: kbps * 1000 / 8 * 5,
+            packets_sent: 500,
+            packets_lost: 0,
+            packets_dropped: 0,
+        }
+    }
+
     /// A steady stream: 100 kbit/s base, 200 kbit/s enhancement, 20 kbit/s parameter sets.
     fn steady() -> LayerRates {
         let mut r = LayerRates::default();
@@ -312,13 +323,6 @@ mod tests {
         assert!(!s.forward(media(1, 0)) && s.forward(media(0, 0)) && s.forward(PacketLayer::NotLayered));
         // Loss-free reports: the estimate grows until the enhancement fits, then the rise
         // waits for an IDR.
-        let clean = |kbps: u64| Interval {
-            seconds: 5.0,
-            bytes_sent: kbps * 1000 / 8 * 5,
-            packets_sent: 500,
-            packets_lost: 0,
-            packets_dropped: 0,
-        };
         let mut reports = 0;
         while s.pending_up.is_none() && reports < 50 {
             s.on_report(&clean(120), &rates);
@@ -335,22 +339,8 @@ mod tests {
         let rates = steady();
         let mut s = LayerSelector::new(Mode::Thesis);
         // 150 kbit/s got through: the first point overshooting it is the top one (320k).
-        let iv = Interval {
-            seconds: 5.0,
-            bytes_sent: 150_000 / 8 * 5,
-            packets_sent: 500,
-            packets_lost: 0,
-            packets_dropped: 0,
-        };
-        assert_eq!(s.on_report(&iv, &rates), Some(l(1, 0)), "the thesis keeps the overshooting layer");
-        let low = Interval {
-            seconds: 5.0,
-            bytes_sent: 50_000 / 8 * 5,
-            packets_sent: 500,
-            packets_lost: 0,
-            packets_dropped: 0,
-        };
-        assert_eq!(s.on_report(&low, &rates), Some(l(0, 0)));
+        assert_eq!(s.on_report(&clean(150), &rates), Some(l(1, 0)), "the thesis keeps the overshooting layer");
+        assert_eq!(s.on_report(&clean(50), &rates), Some(l(0, 0)));
     }
 
     #[test]
