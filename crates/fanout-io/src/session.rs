@@ -333,7 +333,7 @@ impl Inner {
         how: Placement,
         init: impl FnOnce(&mut Sink),
     ) -> std::io::Result<u64> {
-        let Placement { strip, start, rtsp_port } = how;
+        let Placement { strip, start, shared_port } = how;
         let mut groups = self.groups.write();
         let per = self.cfg.sinks_per_group.max(1);
         // The least-loaded group with room (of the same sending port), else a new one:
@@ -341,7 +341,7 @@ impl Inner {
         let pick = groups
             .iter()
             .enumerate()
-            .filter(|(_, g)| g.state.lock().rtsp_port == rtsp_port)
+            .filter(|(_, g)| g.state.lock().shared_port == shared_port)
             .map(|(i, g)| (i, g.state.lock().sinks.len()))
             .filter(|&(_, n)| n < per)
             .min_by_key(|&(_, n)| n)
@@ -349,7 +349,7 @@ impl Inner {
         let gi = match pick {
             Some(i) => i,
             None => {
-                let state = Arc::new(Mutex::new(GroupState::new(&self.cfg, rtsp_port)?));
+                let state = Arc::new(Mutex::new(GroupState::new(&self.cfg, shared_port)?));
                 let job = GroupJob { session: Arc::downgrade(self), state: state.clone() };
                 let task = Task::new(self.cfg.priority, self.runner.clone(), Box::new(job));
                 state.lock().task = Arc::downgrade(&task);
@@ -631,15 +631,15 @@ impl Session {
         self.add_udp_sink_from(to, false)
     }
 
-    /// Adds a UDP sink for an RTSP client: sent from the RTSP server's RTP port
-    /// ([`crate::set_udp_source_port`]), which strict clients require (on the kernel path,
-    /// the program rewrites its clones' source port to it).
-    pub fn add_rtsp_udp_sink(&self, to: SocketAddr) -> std::io::Result<u64> {
+    /// Adds a UDP sink sent from the shared source port ([`crate::set_udp_source_port`]:
+    /// the RTSP server's `server_port`, which strict clients require); on the kernel path
+    /// the program rewrites its clones' source port to it.
+    pub fn add_udp_sink_from_shared_port(&self, to: SocketAddr) -> std::io::Result<u64> {
         self.add_udp_sink_from(to, true)
     }
 
-    fn add_udp_sink_from(&self, to: SocketAddr, rtsp_port: bool) -> std::io::Result<u64> {
-        let sport = rtsp_port.then(crate::sink::udp_source_port).filter(|p| *p != 0);
+    fn add_udp_sink_from(&self, to: SocketAddr, shared_port: bool) -> std::io::Result<u64> {
+        let sport = shared_port.then(crate::sink::udp_source_port).filter(|p| *p != 0);
         let refused = match self.inner.kernel.lock().as_mut().filter(|_| KernelSession::serves(to)) {
             Some(k) => {
                 let id = self.inner.next_sink.fetch_add(1, Ordering::Relaxed);
@@ -655,23 +655,23 @@ impl Session {
             let why = format!("served from user space: {e}");
             tracing::warn!(session = %self.inner.cfg.name, sink = %to, "{why}");
             let io = crate::sink::SinkIo::Unconnected(crate::sys::RawAddr::new(to));
-            let how = Placement::udp(Start::Keyframe, rtsp_port);
+            let how = Placement::udp(Start::Keyframe, shared_port);
             return self
                 .inner
                 .add_sink_with(id, SinkTarget::Udp(to), io, how, |s| s.carry(0, 0, 0, Instant::now(), why));
         }
-        self.add_user_udp_sink(to, rtsp_port)
+        self.add_user_udp_sink(to, shared_port)
     }
 
-    fn add_user_udp_sink(&self, to: SocketAddr, rtsp_port: bool) -> std::io::Result<u64> {
+    fn add_user_udp_sink(&self, to: SocketAddr, shared_port: bool) -> std::io::Result<u64> {
         let sink_io = match (self.inner.cfg.datapath, self.inner.cfg.udp_sinks) {
             (DataPath::Shared, UdpSinkMode::Connected) | (DataPath::Uring, _) => {
-                crate::sink::SinkIo::connected_udp(to, rtsp_port)?
+                crate::sink::SinkIo::connected_udp(to, shared_port)?
             }
             _ => crate::sink::SinkIo::Unconnected(crate::sys::RawAddr::new(to)),
         };
         let id = self.inner.next_sink.fetch_add(1, Ordering::Relaxed);
-        self.inner.add_sink_with(id, SinkTarget::Udp(to), sink_io, Placement::udp(Start::Keyframe, rtsp_port), |_| {})
+        self.inner.add_sink_with(id, SinkTarget::Udp(to), sink_io, Placement::udp(Start::Keyframe, shared_port), |_| {})
     }
 
     /// Adds a connected TCP sink (`http` = an HTTP subscriber, who gets the bare payload).
@@ -692,7 +692,7 @@ impl Session {
         let id = self.inner.next_sink.fetch_add(1, Ordering::Relaxed);
         // A new sink starts at the last video keyframe still held, so a player shows a
         // picture at once; without one (or for non-TS media) it starts live.
-        let how = Placement { strip, start: Start::Keyframe, rtsp_port: false };
+        let how = Placement { strip, start: Start::Keyframe, shared_port: false };
         self.inner.add_sink_with(id, target, io, how, |_| {})
     }
 
@@ -883,17 +883,17 @@ enum Start {
 }
 
 /// How a new sink is placed: whether it gets payloads without their RTP header (HTTP),
-/// where its cursor starts, and whether it goes to a group sending from the RTSP port.
+/// where its cursor starts, and whether it goes to a group sending from the shared port.
 #[derive(Debug, Clone, Copy)]
 struct Placement {
     strip: bool,
     start: Start,
-    rtsp_port: bool,
+    shared_port: bool,
 }
 
 impl Placement {
-    fn udp(start: Start, rtsp_port: bool) -> Self {
-        Self { strip: false, start, rtsp_port }
+    fn udp(start: Start, shared_port: bool) -> Self {
+        Self { strip: false, start, shared_port }
     }
 }
 

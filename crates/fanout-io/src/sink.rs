@@ -28,12 +28,12 @@ pub(crate) enum SinkIo {
     Closed,
 }
 
-/// The UDP port every sending socket binds (with SO_REUSEPORT), 0 for any: the RTSP
-/// server's RTP port, because RTSP clients may take RTP only from the `server_port` their
-/// SETUP answer named (retina connects its socket to it).
+/// The UDP port sinks placed on it send from (their sockets bind it with SO_REUSEPORT), 0
+/// for none: the RTSP server's RTP port, because RTSP clients may take RTP only from the
+/// `server_port` their SETUP answer named (retina connects its socket to it).
 static UDP_SOURCE_PORT: AtomicU16 = AtomicU16::new(0);
 
-/// Sets the source port of RTSP clients' UDP sinks created from now on (see
+/// Sets the shared source port for UDP sinks created from now on (see
 /// [`UDP_SOURCE_PORT`]).
 pub fn set_udp_source_port(port: u16) {
     UDP_SOURCE_PORT.store(port, Ordering::Relaxed);
@@ -43,13 +43,13 @@ pub(crate) fn udp_source_port() -> u16 {
     UDP_SOURCE_PORT.load(Ordering::Relaxed)
 }
 
-/// A UDP socket to send from; `rtsp_port`: on the shared source port when one is set and
-/// free to share, else on any port. (Only RTSP clients' sinks share it: ICMP errors for a
+/// A UDP socket to send from; `shared_port`: on the shared source port when one is set and
+/// free to share, else on any port. (Only sinks asking for it share it: ICMP errors for a
 /// port many sockets share reach one of them, not necessarily the sender, so the other
 /// sinks keep a port of their own for their failures to be told apart.)
-fn send_socket(v6: bool, rtsp_port: bool) -> io::Result<UdpSocket> {
+fn send_socket(v6: bool, shared_port: bool) -> io::Result<UdpSocket> {
     let any: SocketAddr = if v6 { ([0u16; 8], 0).into() } else { ([0, 0, 0, 0], 0).into() };
-    let port = if rtsp_port { UDP_SOURCE_PORT.load(Ordering::Relaxed) } else { 0 };
+    let port = if shared_port { UDP_SOURCE_PORT.load(Ordering::Relaxed) } else { 0 };
     if port != 0 {
         let shared = (|| -> io::Result<UdpSocket> {
             let s = socket2::Socket::new(socket2::Domain::for_address(any), socket2::Type::DGRAM, None)?;
@@ -66,8 +66,8 @@ fn send_socket(v6: bool, rtsp_port: bool) -> io::Result<UdpSocket> {
 }
 
 impl SinkIo {
-    pub fn connected_udp(to: SocketAddr, rtsp_port: bool) -> io::Result<Self> {
-        let s = send_socket(to.is_ipv6(), rtsp_port)?;
+    pub fn connected_udp(to: SocketAddr, shared_port: bool) -> io::Result<Self> {
+        let s = send_socket(to.is_ipv6(), shared_port)?;
         s.connect(to)?;
         s.set_nonblocking(true)?;
         Ok(SinkIo::Connected(s))
@@ -242,13 +242,13 @@ pub(crate) struct GroupState {
     pub task: std::sync::Weak<crate::engine::Task>,
     /// When the stream sinks' held packets are written (see `SessionConfig::stream_flush`).
     flush_due: Option<Instant>,
-    /// Its UDP sinks are RTSP clients, sent from the RTSP server's RTP port.
-    pub rtsp_port: bool,
+    /// Its UDP sinks send from the shared source port.
+    pub shared_port: bool,
 }
 
 impl GroupState {
-    pub fn new(cfg: &SessionConfig, rtsp_port: bool) -> io::Result<Self> {
-        let udp = send_socket(false, rtsp_port)?;
+    pub fn new(cfg: &SessionConfig, shared_port: bool) -> io::Result<Self> {
+        let udp = send_socket(false, shared_port)?;
         udp.set_nonblocking(true)?;
         sys::enable_recv_err(udp.as_raw_fd(), false)?;
         let uring = match cfg.datapath {
@@ -264,7 +264,7 @@ impl GroupState {
             uring_failed: Vec::new(),
             task: std::sync::Weak::new(),
             flush_due: None,
-            rtsp_port,
+            shared_port,
         })
     }
 }

@@ -321,7 +321,7 @@ impl Rtsp {
                         let Some(tr) = tracks.get(t) else { continue };
                         let added = match lower {
                             Lower::Udp { client_rtp, .. } => {
-                                tr.session.add_rtsp_udp_sink(SocketAddr::new(c.peer, client_rtp))
+                                tr.session.add_udp_sink_from_shared_port(SocketAddr::new(c.peer, client_rtp))
                             }
                             Lower::Interleaved { rtp, .. } => match self.conns.lock().get(&c.conn) {
                                 Some(conn) => {
