@@ -290,14 +290,21 @@ impl Upstream {
         let now = self.now_ms();
         let mut st = self.state.lock();
         let Some(t) = st.tracks.get_mut(i) else { return };
-        let pt_ok = fanout_proto::rtp::RtpView::parse(data).is_ok_and(|v| t.pt.is_none_or(|pt| v.payload_type() == pt));
-        if !pt_ok || t.restamp.apply(data, now).is_err() {
+        // One parse: the payload type to check, the upstream's own numbers for the
+        // receiver statistics its reports are about.
+        let (seq, ts) = match fanout_proto::rtp::RtpView::parse(data) {
+            Ok(v) if t.pt.is_none_or(|pt| v.payload_type() == pt) => (v.sequence_number(), v.timestamp()),
+            _ => {
+                t.dropped += 1;
+                return;
+            }
+        };
+        if t.restamp.apply(data, now).is_err() {
             t.dropped += 1;
             return;
         }
-        let v = fanout_proto::rtp::RtpView::parse(data).expect("checked above");
         let arrival = (now.wrapping_mul(u64::from(t.clock)) / 1000) as u32;
-        t.stats.record(v.sequence_number(), v.timestamp(), arrival, now * 1_000_000);
+        t.stats.record(seq, ts, arrival, now * 1_000_000);
         t.packets += 1;
         if self.feeder.send_to(data, t.into).is_err() {
             t.dropped += 1;
