@@ -60,10 +60,14 @@ struct sink {
 	__u32 saddr;   /* the clones' source for a remote sink (0: the relay's address) */
 	__u16 sport;   /* network order; the clones' source port (0: the relay's port) */
 	__u16 pad;
+	__u32 allow;   /* the highest layer it gets (packed, see LAYER_VALID; 0: all); ours */
+	__u16 seq_delta; /* packets dropped on purpose, mod 2^16: its RTP numbers go back by it */
+	__u16 pad2;
 	__u64 resolved_ns;
 	__u64 packets;
 	__u64 bytes;
 	__u64 errors;  /* clones the stack refused (e.g. a full backlog) */
+	__u64 dropped; /* packets its layer allowance kept from it */
 };
 
 struct session_stats {
@@ -110,6 +114,48 @@ struct {
 	__type(value, struct session_stats);
 } STATS SEC(".maps");
 
+/* Layer adaptation (issue 6). A layer is packed as LAYER_VALID | did << 16 | qid << 8 | tid,
+ * so that comparing packed layers compares (did, qid, tid) in that order. */
+#define LAYER_VALID (1u << 31)
+#define LAYER_ALL (LAYER_VALID | 7u << 16 | 15u << 8 | 7u)
+#define PREFIX_IDR (1u << 30)
+#define CODEC_H264 1
+#define CODEC_H265 2
+#define MAX_AGGREGATED 32 /* NAL units judged per aggregation packet; more: unknown */
+
+enum kind { KIND_NONE, KIND_NOT_LAYERED, KIND_MEDIA, KIND_UNKNOWN };
+
+struct judgement {
+	__u32 kind;
+	__u32 layer;
+	__u32 idr;
+};
+
+/* A session's video: its codec (0: none, nothing is judged) and the parser's state, as
+ * fanout_proto::layers::LayerParser keeps it. */
+struct video {
+	__u32 codec;
+	__u32 prefix;       /* the last H.264 SVC prefix NAL unit (packed | PREFIX_IDR), 0: none */
+	struct judgement fu; /* the fragmented NAL unit in progress (kind NONE: none) */
+	__u64 unknown;      /* packets that could not be judged: forwarded to every sink */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_SESSIONS);
+	__type(key, __u32);
+	__type(value, struct video);
+} VIDEO SEC(".maps");
+
+/* Per sink slot, written by user space only: the layer cap its selector wants (packed; 0:
+ * none). Lowering it acts at the next packet; raising it waits for a switch point. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, CHUNK_SINKS); /* set by the loader, as SINKS */
+	__type(key, __u32);
+	__type(value, __u32);
+} LAYER_REQ SEC(".maps");
+
 struct fan_ctx {
 	struct __sk_buff *skb;
 	struct session_stats *stats;
@@ -125,6 +171,11 @@ struct fan_ctx {
 	__u16 cur_dport;
 	__u16 cur_sport;
 	__u8 cur_l2[12];
+	__u16 rtp;        /* 1: an RTP packet, whose sequence number sinks may rewrite */
+	__u16 orig_seq;   /* network order */
+	__u16 cur_seq;
+	__u16 pad;
+	struct judgement j; /* the packet's layer */
 };
 
 /* Rewrites the IPv4 address at `off` from *cur to addr, with both checksums. */
@@ -172,6 +223,47 @@ static __always_inline int set_dport(struct fan_ctx *c, __u16 dport)
 static __always_inline int set_sport(struct fan_ctx *c, __u16 sport)
 {
 	return set_port(c, UDP_SPORT_OFF, &c->cur_sport, sport);
+}
+
+/* Rewrites the RTP sequence number, with the UDP checksum. */
+static __always_inline int set_seq(struct fan_ctx *c, __u16 seq)
+{
+	return set_port(c, UDP_OFF + sizeof(struct udphdr) + 2, &c->cur_seq, seq);
+}
+
+static __always_inline __u32 did_of(__u32 l) { return (l >> 16) & 0xff; }
+static __always_inline __u32 qid_of(__u32 l) { return (l >> 8) & 0xff; }
+static __always_inline __u32 tid_of(__u32 l) { return l & 0xff; }
+
+/* Whether layer l is part of operating point m. */
+static __always_inline int within(__u32 l, __u32 m)
+{
+	return did_of(l) <= did_of(m) && qid_of(l) <= qid_of(m) && tid_of(l) <= tid_of(m);
+}
+
+/* Applies the sink's requested cap, then decides: 1 to send this packet to it. A rise waits
+ * for a packet the decoder can follow (adapt::LayerSelector::forward): an IDR for a higher
+ * dependency or quality layer, a temporal-id-0 picture for a higher temporal layer. */
+static __always_inline int layer_allows(struct fan_ctx *c, struct sink *s, __u32 slot)
+{
+	if (c->j.kind != KIND_MEDIA)
+		return 1;
+	__u32 *req = bpf_map_lookup_elem(&LAYER_REQ, &slot);
+	__u32 want = req && *req ? *req : LAYER_ALL;
+	__u32 allow = s->allow ? s->allow : LAYER_ALL;
+	if (want != allow) {
+		int spatial_ok = (did_of(want) <= did_of(allow) && qid_of(want) <= qid_of(allow)) || c->j.idr;
+		int temporal_ok = tid_of(want) <= tid_of(allow) || tid_of(c->j.layer) == 0;
+		if (within(want, allow) || (spatial_ok && temporal_ok)) {
+			allow = want;
+			s->allow = want == LAYER_ALL ? 0 : want;
+		}
+	}
+	if (within(c->j.layer, allow))
+		return 1;
+	s->seq_delta++;
+	__sync_fetch_and_add(&s->dropped, 1);
+	return 0;
 }
 
 static __always_inline int set_l2(struct fan_ctx *c, const __u8 *l2)
@@ -266,10 +358,15 @@ static long fan_one(__u32 i, void *data)
 	default:
 		return 0;
 	}
+	if (!layer_allows(c, s, slot))
+		return 0;
 	__u32 saddr = s->saddr ? s->saddr : c->relay_addr;
 	__u16 sport = s->sport ? s->sport : c->relay_port;
+	__u16 seq = c->orig_seq;
+	if (c->rtp && s->seq_delta)
+		seq = bpf_htons(bpf_ntohs(seq) - s->seq_delta);
 	if (set_l2(c, s->l2) || set_saddr(c, saddr) || set_daddr(c, s->daddr) || set_dport(c, s->dport) ||
-	    set_sport(c, sport)) {
+	    set_sport(c, sport) || (c->rtp && set_seq(c, seq))) {
 		__sync_fetch_and_add(&s->errors, 1);
 		return 0;
 	}
@@ -280,6 +377,242 @@ static long fan_one(__u32 i, void *data)
 		__sync_fetch_and_add(&s->errors, 1);
 	}
 	return 0;
+}
+
+/* ---- The layer of an RTP payload: fanout_proto::layers, in the kernel. ---- */
+
+#define RTP_OFF (UDP_OFF + sizeof(struct udphdr))
+
+static __always_inline void judge_media(struct judgement *j, __u32 layer, __u32 idr)
+{
+	j->kind = KIND_MEDIA;
+	j->layer = layer;
+	j->idr = idr;
+}
+
+/* One H.264 NAL unit from its first n (<= 4) bytes, given the last prefix NAL unit. */
+static __always_inline void h264_nal(struct video *v, const __u8 *b, __u32 n, struct judgement *j)
+{
+	j->kind = KIND_NOT_LAYERED;
+	if (n < 1) {
+		j->kind = KIND_UNKNOWN;
+		return;
+	}
+	__u8 t = b[0] & 0x1f;
+	if (t == 14 || t == 20 || t == 30) {
+		if (n < 4) {
+			j->kind = KIND_UNKNOWN;
+			return;
+		}
+		if (!(b[1] & 0x80))
+			return; /* MVC, not SVC */
+		__u32 l = LAYER_VALID | (__u32)((b[2] >> 4) & 7) << 16 | (__u32)(b[2] & 0x0f) << 8 | (b[3] >> 5);
+		__u32 idr = (b[1] & 0x40) != 0;
+		if (t == 14)
+			v->prefix = l | (idr ? PREFIX_IDR : 0);
+		judge_media(j, l, idr);
+	} else if (t == 1 || t == 5) {
+		__u32 p = v->prefix;
+		v->prefix = 0;
+		judge_media(j, p ? p & ~PREFIX_IDR : LAYER_VALID, (p & PREFIX_IDR) != 0 || t == 5);
+	}
+}
+
+/* From an HEVC NAL unit header (or an FU's payload header with the FU's type). */
+static __always_inline void h265_header(__u8 b0, __u8 b1, __u8 typ, struct judgement *j)
+{
+	__u8 tid_plus1 = b1 & 7;
+	if (tid_plus1 == 0) {
+		j->kind = KIND_UNKNOWN;
+		return;
+	}
+	if (typ >= 32) {
+		j->kind = KIND_NOT_LAYERED;
+		return;
+	}
+	judge_media(j, LAYER_VALID | (__u32)(((b0 & 1) << 5) | (b1 >> 3)) << 16 | (tid_plus1 - 1),
+		    typ >= 16 && typ <= 21);
+}
+
+/* The lowest of two judgements: media below media, and anything everyone needs wins. */
+static __always_inline void lowest(struct judgement *acc, const struct judgement *b)
+{
+	if (acc->kind == KIND_NONE) {
+		*acc = *b;
+	} else if (acc->kind == KIND_UNKNOWN || b->kind == KIND_UNKNOWN) {
+		acc->kind = KIND_UNKNOWN;
+	} else if (acc->kind == KIND_NOT_LAYERED || b->kind == KIND_NOT_LAYERED) {
+		acc->kind = KIND_NOT_LAYERED;
+	} else {
+		if (b->layer < acc->layer)
+			acc->layer = b->layer;
+		acc->idr |= b->idr;
+	}
+}
+
+struct agg_ctx {
+	struct __sk_buff *skb;
+	struct video *v;
+	__u32 off;  /* the next unit's size field */
+	__u32 end;
+	__u32 skip; /* per-unit bytes between size and NAL unit (MTAP) */
+	__u32 codec;
+	__u32 done;
+	struct judgement acc;
+};
+
+/* One NAL unit of an aggregation packet (bpf_loop callback). */
+static long agg_one(__u32 i, void *data)
+{
+	struct agg_ctx *a = data;
+	if (a->off >= a->end) {
+		a->done = 1;
+		return 1;
+	}
+	__u8 sz[2];
+	__u8 b[4] = {};
+	struct judgement j = {};
+	if (a->off + 2 > a->end || bpf_skb_load_bytes(a->skb, a->off, sz, 2)) {
+		a->acc.kind = KIND_UNKNOWN;
+		a->done = 1;
+		return 1;
+	}
+	__u32 n = (__u32)sz[0] << 8 | sz[1];
+	__u32 nal = a->off + 2 + a->skip;
+	if (nal + n > a->end) {
+		a->acc.kind = KIND_UNKNOWN;
+		a->done = 1;
+		return 1;
+	}
+	__u32 have = n < 4 ? n : 4;
+	if (have == 4)
+		bpf_skb_load_bytes(a->skb, nal, b, 4);
+	else if (have >= 2)
+		bpf_skb_load_bytes(a->skb, nal, b, 2);
+	else if (have == 1)
+		bpf_skb_load_bytes(a->skb, nal, b, 1);
+	if (a->codec == CODEC_H265) {
+		if (have < 2)
+			j.kind = KIND_UNKNOWN;
+		else
+			h265_header(b[0], b[1], (b[0] >> 1) & 0x3f, &j);
+	} else {
+		h264_nal(a->v, b, have, &j);
+		if (have >= 1 && (b[0] & 0x1f) == 30) {
+			/* A PACSI labels the whole aggregate. */
+			a->acc = j;
+			a->done = 1;
+			return 1;
+		}
+	}
+	lowest(&a->acc, &j);
+	a->off = nal + n;
+	return 0;
+}
+
+static __always_inline void judge_aggregate(struct __sk_buff *skb, struct video *v, __u32 codec, __u32 off,
+					    __u32 skip, struct judgement *j)
+{
+	struct agg_ctx a = { .skb = skb, .v = v, .off = off, .end = skb->len, .skip = skip, .codec = codec };
+	bpf_loop(MAX_AGGREGATED, agg_one, &a, 0);
+	if (!a.done || a.acc.kind == KIND_NONE)
+		a.acc.kind = KIND_UNKNOWN;
+	*j = a.acc;
+}
+
+/* The packet's RTP header and the layer of its payload. */
+static __always_inline void judge(struct __sk_buff *skb, struct fan_ctx *c, struct video *v)
+{
+	struct judgement *j = &c->j;
+	j->kind = KIND_NOT_LAYERED;
+	__u8 h[4];
+	if (bpf_skb_load_bytes(skb, RTP_OFF, h, 4) || (h[0] >> 6) != 2)
+		return;
+	__u32 off = RTP_OFF + 12 + 4 * (h[0] & 0x0f);
+	if (h[0] & 0x10) {
+		__u8 x[4];
+		if (bpf_skb_load_bytes(skb, off, x, 4))
+			return;
+		off += 4 + 4 * ((__u32)x[2] << 8 | x[3]);
+	}
+	if (off > skb->len)
+		return;
+	c->rtp = 1;
+	__builtin_memcpy(&c->orig_seq, h + 2, 2);
+	c->cur_seq = c->orig_seq;
+	if (!v || !v->codec)
+		return;
+	/* The payload's first bytes (as many as there are, up to 7). */
+	__u8 p[8] = {};
+	__u32 have = skb->len - off;
+	if (have >= 7) {
+		bpf_skb_load_bytes(skb, off, p, 7);
+	} else {
+		for (int i = 0; i < 6; i++)
+			if ((__u32)i < have)
+				bpf_skb_load_bytes(skb, off + i, p + i, 1);
+	}
+	if (have == 0) {
+		j->kind = KIND_UNKNOWN;
+	} else if (v->codec == CODEC_H265) {
+		__u8 t = (p[0] >> 1) & 0x3f;
+		if (have < 2)
+			j->kind = KIND_UNKNOWN;
+		else if (t == 48)
+			judge_aggregate(skb, v, CODEC_H265, off + 2, 0, j);
+		else if (t == 49)
+			if (have < 3)
+				j->kind = KIND_UNKNOWN;
+			else
+				h265_header(p[0], p[1], p[2] & 0x3f, j);
+		else if (t == 50)
+			j->kind = KIND_NOT_LAYERED;
+		else
+			h265_header(p[0], p[1], t, j);
+	} else {
+		__u8 t = p[0] & 0x1f;
+		if (t == 24)
+			judge_aggregate(skb, v, CODEC_H264, off + 1, 0, j);
+		else if (t == 25 || t == 26 || t == 27)
+			judge_aggregate(skb, v, CODEC_H264, off + 3, t == 25 ? 0 : t == 26 ? 3 : 4, j);
+		else if (t == 28 || t == 29) {
+			if (have < 2) {
+				j->kind = KIND_UNKNOWN;
+			} else if (!(p[1] & 0x80)) {
+				/* Not a start: the start's judgement, if it was seen. */
+				*j = v->fu;
+				if (j->kind == KIND_NONE)
+					j->kind = KIND_UNKNOWN;
+				if (p[1] & 0x40)
+					v->fu.kind = KIND_NONE;
+			} else {
+				/* The NAL unit's own header, then the start of its body (the SVC header). */
+				__u32 body = t == 28 ? 2 : 4;
+				__u32 n = have > body ? have - body : 0;
+				if (n > 3)
+					n = 3;
+				__u8 b[4] = { (p[0] & 0xe0) | (p[1] & 0x1f), p[2], p[3], p[4] };
+				if (t == 29) {
+					b[1] = p[4];
+					b[2] = p[5];
+					b[3] = p[6];
+				}
+				if (have < body)
+					j->kind = KIND_UNKNOWN;
+				else
+					h264_nal(v, b, 1 + n, j);
+				if (p[1] & 0x40)
+					v->fu.kind = KIND_NONE;
+				else
+					v->fu = *j;
+			}
+		} else {
+			__u32 n = have < 4 ? have : 4;
+			h264_nal(v, p, n, j);
+		}
+	}
+	if (j->kind == KIND_UNKNOWN)
+		__sync_fetch_and_add(&v->unknown, 1);
 }
 
 SEC("classifier")
@@ -347,6 +680,9 @@ int fanout_fwd(struct __sk_buff *skb)
 		return TC_ACT_SHOT;
 	}
 
+	/* Its layer, judged once for every sink (sessions with a video codec). */
+	judge(skb, &c, bpf_map_lookup_elem(&VIDEO, &sidx));
+
 	__u32 orig_mark = skb->mark;
 	skb->mark = CLONE_MARK;
 	bpf_loop(*nsinks, fan_one, &c, 0);
@@ -356,7 +692,7 @@ int fanout_fwd(struct __sk_buff *skb)
 
 	/* Restore the original for the relay's socket. */
 	if (set_l2(&c, orig_l2) || set_daddr(&c, relay) || set_dport(&c, relay_port) || set_saddr(&c, orig_saddr) ||
-	    set_sport(&c, orig_sport))
+	    set_sport(&c, orig_sport) || (c.rtp && set_seq(&c, c.orig_seq)))
 		return TC_ACT_SHOT;
 	return TC_ACT_OK;
 }

@@ -13,8 +13,11 @@ use std::sync::Arc;
 
 type Wake = Box<dyn Fn() + Send + Sync>;
 
+/// A queued packet and, for a sink that drops layers, the sequence number it goes out with.
+pub type Frame = (Arc<Packet>, Option<u16>);
+
 pub struct ChannelQueue {
-    q: Mutex<VecDeque<Arc<Packet>>>,
+    q: Mutex<VecDeque<Frame>>,
     cap: usize,
     dropped: AtomicU64,
     wake: Wake,
@@ -33,20 +36,42 @@ impl ChannelQueue {
 
     /// Queues what fits; the rest is dropped and counted.
     pub(crate) fn push(&self, pending: &[Arc<Packet>]) {
-        let added = {
+        self.push_frames(pending.iter().map(|p| (p.clone(), None)));
+    }
+
+    /// Queues the packets `decide` keeps, with the sequence number it gives them; returns
+    /// the bytes kept.
+    pub(crate) fn push_layered(&self, pending: &[Arc<Packet>], mut decide: impl FnMut(&Packet) -> Option<u16>) -> u64 {
+        let mut bytes = 0;
+        self.push_frames(pending.iter().filter_map(|p| {
+            let seq = decide(p)?;
+            bytes += p.len() as u64;
+            Some((p.clone(), p.is_rtp().then_some(seq)))
+        }));
+        bytes
+    }
+
+    fn push_frames(&self, frames: impl Iterator<Item = Frame>) {
+        let (mut added, mut lost) = (0, 0);
+        {
             let mut q = self.q.lock();
-            let room = self.cap.saturating_sub(q.len()).min(pending.len());
-            q.extend(pending[..room].iter().cloned());
-            self.dropped.fetch_add((pending.len() - room) as u64, Ordering::Relaxed);
-            room
-        };
+            for f in frames {
+                if q.len() < self.cap {
+                    q.push_back(f);
+                    added += 1;
+                } else {
+                    lost += 1;
+                }
+            }
+        }
+        self.dropped.fetch_add(lost, Ordering::Relaxed);
         if added > 0 {
             (self.wake)();
         }
     }
 
     /// Moves everything queued into `out`.
-    pub fn drain(&self, out: &mut Vec<Arc<Packet>>) {
+    pub fn drain(&self, out: &mut Vec<Frame>) {
         out.extend(self.q.lock().drain(..));
     }
 

@@ -110,11 +110,20 @@ pub struct WorkerCtx {
     pub hdrs: Vec<libc::mmsghdr>,
     /// The baselines' per-sink user-space copy goes here.
     pub copy: Vec<u8>,
+    /// Layer-dropping sinks' rewritten RTP header starts, and which packets they keep.
+    pub heads: Vec<[u8; 4]>,
+    pub picked: Vec<usize>,
 }
 
 impl Default for WorkerCtx {
     fn default() -> Self {
-        Self { iov: Vec::with_capacity(1024), hdrs: Vec::with_capacity(1024), copy: vec![0; 65536] }
+        Self {
+            iov: Vec::with_capacity(1024),
+            hdrs: Vec::with_capacity(1024),
+            copy: vec![0; 65536],
+            heads: Vec::with_capacity(1024),
+            picked: Vec::with_capacity(1024),
+        }
     }
 }
 

@@ -19,6 +19,10 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::layered::{SinkLayerStatus, SinkLayers};
+use fanout_proto::adapt::LayerRates;
+use fanout_proto::layers::Layer;
+
 static PROGRAM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fanout_fwd.o"));
 const PROGRAM_NAME: &str = "fanout_fwd";
 
@@ -30,7 +34,7 @@ const SINK_REMOTE: u16 = 2;
 const SINK_FALLBACK: u16 = 4;
 const LOOPBACK_IFINDEX: u32 = 1;
 
-/// Sink slots of the shared array (64 bytes each: 4 MiB of kernel memory).
+/// Sink slots of the shared array (96 bytes each, and 4 for the layer cap: 6.25 MiB).
 pub const DEFAULT_MAX_SINKS: usize = 1 << 16;
 
 /// Sinks per session the kernel path can hold.
@@ -58,10 +62,38 @@ struct BpfSink {
     /// Network order; the clones' source port (0: the relay's).
     sport: u16,
     pad: u16,
+    /// The highest layer it gets now (packed, see [`pack`]; 0: all). The program's.
+    allow: u32,
+    /// Packets dropped on purpose, mod 2^16: what its RTP numbers go back by.
+    seq_delta: u16,
+    pad2: u16,
     resolved_ns: u64,
     packets: u64,
     bytes: u64,
     errors: u64,
+    dropped: u64,
+}
+
+/// The program's per-session video state (`struct video`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct BpfVideo {
+    codec: u32,
+    prefix: u32,
+    fu: [u32; 3],
+    pad: u32,
+    unknown: u64,
+}
+
+const LAYER_VALID: u32 = 1 << 31;
+
+/// A layer as the program packs it: comparing packed layers compares (did, qid, tid).
+fn pack(l: Layer) -> u32 {
+    LAYER_VALID | u32::from(l.did) << 16 | u32::from(l.qid) << 8 | u32::from(l.tid)
+}
+
+fn unpack(v: u32) -> Option<Layer> {
+    (v != 0).then(|| Layer { did: (v >> 16) as u8, qid: (v >> 8) as u8, tid: v as u8 })
 }
 
 #[repr(C)]
@@ -77,6 +109,7 @@ struct BpfStats {
 unsafe impl Pod for BpfKey {}
 unsafe impl Pod for BpfSink {}
 unsafe impl Pod for BpfStats {}
+unsafe impl Pod for BpfVideo {}
 
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {
@@ -99,6 +132,9 @@ struct Maps {
     chunks: Array<MapData, u32>,
     sinks: Array<MapData, BpfSink>,
     stats: Array<MapData, BpfStats>,
+    video: Array<MapData, BpfVideo>,
+    /// Per sink slot: the layer cap its selector wants (packed; 0: none).
+    layer_req: Array<MapData, u32>,
 }
 
 struct State {
@@ -117,7 +153,7 @@ pub struct KernelFanout {
 
 impl KernelFanout {
     /// Loads the program (not yet attached anywhere). `max_sinks` sizes the sink array
-    /// (64 bytes each), shared by all sessions.
+    /// (96 bytes each), shared by all sessions.
     pub fn load(max_sinks: usize) -> Result<Arc<Self>, KernelError> {
         if PROGRAM.is_empty() {
             return Err(KernelError::Unavailable(
@@ -127,6 +163,7 @@ impl KernelFanout {
         let chunks = max_sinks.div_ceil(CHUNK_SINKS).max(1) as u32;
         let mut ebpf = EbpfLoader::new()
             .map_max_entries("SINKS", chunks * CHUNK_SINKS as u32)
+            .map_max_entries("LAYER_REQ", chunks * CHUNK_SINKS as u32)
             .load(PROGRAM)
             .map_err(|e| KernelError::Unavailable(explain_load(&format!("{e:?}"))))?;
         let prog: &mut SchedClassifier = ebpf
@@ -141,6 +178,8 @@ impl KernelFanout {
             chunks: take("CHUNKS")?.try_into().map_err(|e| setup("CHUNKS", e))?,
             sinks: take("SINKS")?.try_into().map_err(|e| setup("SINKS", e))?,
             stats: take("STATS")?.try_into().map_err(|e| setup("STATS", e))?,
+            video: take("VIDEO")?.try_into().map_err(|e| setup("VIDEO", e))?,
+            layer_req: take("LAYER_REQ")?.try_into().map_err(|e| setup("LAYER_REQ", e))?,
         };
         Ok(Arc::new(Self {
             state: Mutex::new(State {
@@ -166,6 +205,7 @@ impl KernelFanout {
         let opened = (|| {
             st.maps.nsinks.set(index, 0, 0).map_err(|e| setup("NSINKS", e))?;
             st.maps.stats.set(index, BpfStats::default(), 0).map_err(|e| setup("STATS", e))?;
+            st.maps.video.set(index, BpfVideo::default(), 0).map_err(|e| setup("VIDEO", e))?;
             st.maps.sessions.insert(key, index, 0).map_err(|e| setup("SESSIONS", e))?;
             for (n, name) in ifaces.iter().enumerate() {
                 if let Err(e) = st.attach(name) {
@@ -190,6 +230,7 @@ impl KernelFanout {
             ifaces,
             slots: SessionSlots::new(),
             targets: HashMap::new(),
+            layers: HashMap::new(),
             seen_fallbacks: 0,
         })
     }
@@ -246,9 +287,12 @@ impl State {
                     .set(index * MAX_CHUNKS as u32 + n as u32, chunk, 0)
                     .map_err(|e| setup("CHUNKS", e))?,
                 SlotWrite::NewSink { slot } => {
+                    self.maps.layer_req.set(slot, 0, 0).map_err(|e| setup("LAYER_REQ", e))?;
                     self.maps.sinks.set(slot, new.expect("a new sink's entry"), 0).map_err(|e| setup("SINKS", e))?
                 }
                 SlotWrite::Move { from, to } => {
+                    let req = self.maps.layer_req.get(&from, 0).map_err(|e| setup("LAYER_REQ", e))?;
+                    self.maps.layer_req.set(to, req, 0).map_err(|e| setup("LAYER_REQ", e))?;
                     let v = self.maps.sinks.get(&from, 0).map_err(|e| setup("SINKS", e))?;
                     self.maps.sinks.set(to, v, 0).map_err(|e| setup("SINKS", e))?
                 }
@@ -268,6 +312,8 @@ pub struct KernelSinkStats {
     pub bytes: u64,
     pub errors: u64,
     pub added: Instant,
+    /// Its layer adaptation, with the program's allowance and drop count.
+    pub layers: Option<SinkLayerStatus>,
 }
 
 /// A sink the kernel could not reach, handed back to user space.
@@ -302,6 +348,8 @@ pub struct KernelSession {
     ifaces: Vec<String>,
     slots: SessionSlots<u64>,
     targets: HashMap<u64, (SocketAddrV4, Instant)>,
+    /// Sinks that adapt: their selectors (the program applies the switch points).
+    layers: HashMap<u64, SinkLayers>,
     seen_fallbacks: u64,
 }
 
@@ -349,6 +397,52 @@ impl KernelSession {
             tracing::error!(session = self.index, "removing a kernel sink: {e}");
         }
         self.targets.remove(&id);
+        self.layers.remove(&id);
+        true
+    }
+
+    /// Tells the program which video codec the session's RTP carries (0: none, nothing is
+    /// judged), and forgets its parser state.
+    pub fn set_codec(&mut self, codec: u32) {
+        let mut st = self.fanout.state.lock();
+        let v = BpfVideo { codec, ..Default::default() };
+        if let Err(e) = st.maps.video.set(self.index, v, 0) {
+            tracing::error!(session = self.index, "setting the kernel path's codec: {e}");
+        }
+    }
+
+    /// A sink's entry and slot.
+    fn entry(&self, st: &State, id: u64) -> Option<(u32, BpfSink)> {
+        let slot = self.slots.iter().find(|(&k, _)| k == id).map(|(_, slot)| slot)?;
+        Some((slot, st.maps.sinks.get(&slot, 0).ok()?))
+    }
+
+    /// Writes a sink's wanted cap for the program, which lowers at once and raises at a
+    /// switch point.
+    fn request(&mut self, id: u64) -> Result<(), KernelError> {
+        let Some(l) = self.layers.get_mut(&id) else { return Ok(()) };
+        let want = l.settle().map_or(0, pack);
+        let mut st = self.fanout.state.lock();
+        let (slot, _) = self.entry(&st, id).ok_or_else(|| setup("no such kernel sink", id))?;
+        st.maps.layer_req.set(slot, want, 0).map_err(|e| setup("LAYER_REQ", e))
+    }
+
+    /// Caps a sink's layers (`None` lifts the cap).
+    pub fn set_pin(&mut self, id: u64, pin: Option<Layer>) -> Result<(), KernelError> {
+        let added = self.targets.get(&id).ok_or_else(|| setup("no such kernel sink", id))?.1;
+        self.layers.entry(id).or_insert_with(|| SinkLayers::new(added)).set_pin(pin);
+        self.request(id)
+    }
+
+    /// A receiver report for a sink (its cumulative loss); returns whether the sink exists.
+    pub fn report(&mut self, id: u64, cumulative_lost: i32, rates: &LayerRates, now: Instant) -> bool {
+        let Some(&(_, added)) = self.targets.get(&id) else { return false };
+        let Some((_, v)) = self.entry(&self.fanout.state.lock(), id) else { return false };
+        let l = self.layers.entry(id).or_insert_with(|| SinkLayers::new(added));
+        l.on_report(cumulative_lost, v.packets, v.bytes, rates, now);
+        if let Err(e) = self.request(id) {
+            tracing::warn!(session = self.index, sink = id, "{e}");
+        }
         true
     }
 
@@ -368,7 +462,21 @@ impl KernelSession {
             .map(|(&id, slot)| {
                 let v = st.maps.sinks.get(&slot, 0).unwrap_or_default();
                 let (to, added) = self.targets[&id];
-                KernelSinkStats { id, addr: to.into(), packets: v.packets, bytes: v.bytes, errors: v.errors, added }
+                let layers = self.layers.get(&id).map(|l| {
+                    let mut s = l.status();
+                    s.allowance = unpack(v.allow);
+                    s.packets_dropped = v.dropped;
+                    s
+                });
+                KernelSinkStats {
+                    id,
+                    addr: to.into(),
+                    packets: v.packets,
+                    bytes: v.bytes,
+                    errors: v.errors,
+                    added,
+                    layers,
+                }
             })
             .collect()
     }
@@ -414,6 +522,7 @@ impl KernelSession {
                     bytes: v.bytes,
                     errors: v.errors,
                     added,
+                    layers: None,
                 };
                 Some(Fallback { id, addr: to.into(), reason: fib_reason(v.reason), stats, own_sport: v.sport != 0 })
             })

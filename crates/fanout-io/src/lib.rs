@@ -26,6 +26,7 @@
 pub mod channel;
 pub mod engine;
 pub mod kernel;
+pub mod layered;
 pub mod packet;
 pub mod reactor;
 pub mod session;

@@ -3,6 +3,7 @@
 //! user count). Buffers come back to the source's pool when the ring replaces them and no
 //! sink holds them any more, so steady-state relaying allocates nothing.
 
+use fanout_proto::layers::PacketLayer;
 use std::sync::Arc;
 
 #[derive(Debug)]
@@ -13,11 +14,19 @@ pub struct Packet {
     payload_off: usize,
     /// Starts an MPEG-TS video keyframe: a good first packet for a new sink.
     keyframe: bool,
+    /// Its scalable layer (RTP video of a known codec), for per-sink layer dropping.
+    layer: PacketLayer,
 }
 
 impl Packet {
     pub fn with_capacity(cap: usize) -> Self {
-        Self { buf: vec![0; cap].into_boxed_slice(), len: 0, payload_off: 0, keyframe: false }
+        Self {
+            buf: vec![0; cap].into_boxed_slice(),
+            len: 0,
+            payload_off: 0,
+            keyframe: false,
+            layer: PacketLayer::NotLayered,
+        }
     }
     /// The whole datagram as received.
     pub fn data(&self) -> &[u8] {
@@ -41,6 +50,7 @@ impl Packet {
     pub fn set_len(&mut self, len: usize, payload_off: usize) {
         self.len = len.min(self.buf.len());
         self.payload_off = payload_off.min(self.len);
+        self.layer = PacketLayer::NotLayered;
         let payload = &self.buf[self.payload_off..self.len];
         self.keyframe = payload.first() == Some(&fanout_proto::mpegts::SYNC_BYTE)
             && fanout_proto::mpegts::starts_video_keyframe(payload);
@@ -55,11 +65,26 @@ impl Packet {
         self.keyframe = true;
     }
 
+    pub fn layer(&self) -> PacketLayer {
+        self.layer
+    }
+
+    /// Records its layer (judged by the session, which knows the codec).
+    pub fn set_layer(&mut self, layer: PacketLayer) {
+        self.layer = layer;
+    }
+
+    /// Whether it has an RTP header (whose sequence number a sink may rewrite).
+    pub fn is_rtp(&self) -> bool {
+        self.payload_off >= 12
+    }
+
     /// Sets the length of a stream chunk (TCP): no packet boundaries, so no keyframe marks.
     pub fn set_chunk_len(&mut self, len: usize) {
         self.len = len.min(self.buf.len());
         self.payload_off = 0;
         self.keyframe = false;
+        self.layer = PacketLayer::NotLayered;
     }
 }
 

@@ -2,6 +2,8 @@
 
 use crate::engine::{Engine, Runner, Signal, Task, WorkerCtx};
 use crate::kernel::{KernelFanout, KernelSession, KernelSessionStats};
+use crate::layered::SinkLayers;
+use fanout_proto::layers::Layer;
 use crate::packet::{Packet, PacketPool};
 use crate::reactor::{Reactor, Registration};
 use crate::sink::{GroupJob, GroupState, Sink};
@@ -191,6 +193,19 @@ pub struct LayerRate {
     pub bps: f64,
 }
 
+/// Why a sink's layers cannot be capped.
+#[derive(Debug, thiserror::Error)]
+pub enum LayerError {
+    #[error("no such sink")]
+    NoSink,
+    #[error("the session carries no layered video (set its `video` codec)")]
+    NotLayered,
+    #[error("layers can be capped for RTP datagram sinks only (UDP, RTSP), not TCP or HTTP streams")]
+    NotRtp,
+    #[error("the kernel path refused: {0}")]
+    Kernel(String),
+}
+
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum SinkTarget {
@@ -219,6 +234,9 @@ pub struct SinkStatus {
     pub age_ms: u64,
     /// Who sends to it: `kernel` (the eBPF program) or `user` (the engine's workers).
     pub path: &'static str,
+    /// Its layer adaptation, once a pin or a receiver report started it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub layers: Option<crate::layered::SinkLayerStatus>,
 }
 
 pub(crate) type SinkFailedFn = Box<dyn Fn(u64, SocketAddr) + Send + Sync>;
@@ -424,6 +442,7 @@ impl Inner {
         let mut l = self.layers.lock();
         let pl = l.0.packet(codec, p.payload());
         l.1.record(pl, p.len(), now);
+        p.set_layer(pl);
     }
 
     pub fn source_closed(&self, state: SourceState, error: Option<String>) {
@@ -504,6 +523,9 @@ impl Session {
         };
         if self.inner.rtp_video.swap(v, Ordering::Relaxed) != v {
             self.inner.saw_parameter_sets.store(false, Ordering::Relaxed);
+            if let Some(k) = self.inner.kernel.lock().as_mut() {
+                k.set_codec(u32::from(v));
+            }
         }
     }
 
@@ -544,7 +566,8 @@ impl Session {
                 self.inner.kernel_fanout.as_ref().ok_or_else(|| {
                     std::io::Error::other("the kernel data path is unavailable (see the log for why)")
                 })?;
-            let k = fanout.open(addr).map_err(|e| std::io::Error::other(e.to_string()))?;
+            let mut k = fanout.open(addr).map_err(|e| std::io::Error::other(e.to_string()))?;
+            k.set_codec(u32::from(self.inner.rtp_video.load(Ordering::Relaxed)));
             *self.inner.kernel.lock() = Some(k);
         }
         *self.inner.source_kind.lock() = format!("udp {addr}");
@@ -724,6 +747,70 @@ impl Session {
             }
         }
         n
+    }
+
+    /// Runs `f` on a user-space sink (with the session's layer rates); `None` if there is
+    /// no such sink in user space.
+    fn with_user_sink<R>(
+        &self,
+        id: u64,
+        f: impl FnOnce(&mut crate::sink::Sink, &fanout_proto::adapt::LayerRates) -> R,
+    ) -> Option<R> {
+        for g in self.inner.groups.read().iter() {
+            let mut st = g.state.lock();
+            if let Some(sink) = st.sinks.iter_mut().find(|s| s.id == id) {
+                // Lock order: group, then layer statistics (the source takes only the latter).
+                let rates = self.inner.layers.lock().1.clone();
+                return Some(f(sink, &rates));
+            }
+        }
+        None
+    }
+
+    /// Caps the scalable layers a sink gets (`None` lifts the cap): a phone that wants the
+    /// base layer only. The cap takes effect with the next packet; lifting it, at the next
+    /// packet a decoder can switch up at.
+    pub fn pin_sink_layers(&self, id: u64, pin: Option<Layer>) -> Result<(), LayerError> {
+        if self.inner.rtp_video.load(Ordering::Relaxed) == 0 {
+            return Err(LayerError::NotLayered);
+        }
+        if let Some(k) = self.inner.kernel.lock().as_mut().filter(|k| k.contains(id)) {
+            return k.set_pin(id, pin).map_err(|e| LayerError::Kernel(e.to_string()));
+        }
+        self.with_user_sink(id, |sink, _| {
+            if !sink.can_drop_layers() {
+                return Err(LayerError::NotRtp);
+            }
+            let added = sink.added();
+            sink.layers.get_or_insert_with(|| Box::new(SinkLayers::new(added))).set_pin(pin);
+            Ok(())
+        })
+        .unwrap_or(Err(LayerError::NoSink))
+    }
+
+    /// A receiver report block about this session's stream from the subscriber of sink
+    /// `id` (its cumulative loss): the sink's layer selector re-estimates. Returns whether
+    /// the sink exists and adapts.
+    pub fn sink_report(&self, id: u64, cumulative_lost: i32) -> bool {
+        if self.inner.rtp_video.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        let now = Instant::now();
+        if let Some(k) = self.inner.kernel.lock().as_mut().filter(|k| k.contains(id)) {
+            let rates = self.inner.layers.lock().1.clone();
+            return k.report(id, cumulative_lost, &rates, now);
+        }
+        self.with_user_sink(id, |sink, rates| {
+            if !sink.can_drop_layers() {
+                return false;
+            }
+            let (sent, bytes) = (sink.packets_sent(), sink.bytes_sent());
+            let added = sink.added();
+            let l = sink.layers.get_or_insert_with(|| Box::new(SinkLayers::new(added)));
+            l.on_report(cumulative_lost, sent, bytes, rates, now);
+            true
+        })
+        .unwrap_or(false)
     }
 
     pub fn sink_status(&self, id: u64) -> Option<SinkStatus> {
@@ -910,6 +997,7 @@ fn kernel_sink_status(k: crate::kernel::KernelSinkStats) -> SinkStatus {
         errors: k.errors,
         age_ms: k.added.elapsed().as_millis() as u64,
         path: "kernel",
+        layers: k.layers,
     }
 }
 

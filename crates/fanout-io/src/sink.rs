@@ -5,6 +5,7 @@ use crate::packet::Packet;
 use crate::reactor::{IoFlags, Reactor, Registration};
 use crate::session::{DataPath, FailurePolicy, Inner, SessionConfig, SinkStatus, SinkTarget};
 use crate::sys::{self, RawAddr};
+use crate::layered::SinkLayers;
 use crate::uring::UringSender;
 use fanout_core::Cursor;
 use parking_lot::Mutex;
@@ -96,6 +97,8 @@ pub(crate) struct Sink {
     pub reg: Option<Registration>,
     strip_rtp: bool,
     added: Instant,
+    /// Layer adaptation, once a pin or a receiver report asked for it.
+    pub layers: Option<Box<SinkLayers>>,
 }
 
 impl Sink {
@@ -117,6 +120,7 @@ impl Sink {
             reg: None,
             strip_rtp,
             added: Instant::now(),
+            layers: None,
         }
     }
 
@@ -136,11 +140,34 @@ impl Sink {
         }
     }
 
+    /// Packets sent: taken from the ring, less the ones its layer allowance dropped.
+    pub fn packets_sent(&self) -> u64 {
+        self.cursor.received - self.layers.as_ref().map_or(0, |l| l.dropped)
+    }
+
+    pub fn bytes_sent(&self) -> u64 {
+        self.bytes
+    }
+
+    pub fn added(&self) -> Instant {
+        self.added
+    }
+
+    /// Whether its packets need a look each (a layer allowance, or renumbering after one).
+    fn layered(&self) -> bool {
+        self.layers.as_ref().is_some_and(|l| !l.passes_all())
+    }
+
+    /// Whether a layer allowance can apply: RTP datagrams (UDP or a channel).
+    pub fn can_drop_layers(&self) -> bool {
+        !self.strip_rtp && matches!(self.io, SinkIo::Connected(_) | SinkIo::Unconnected(_) | SinkIo::Channel(_))
+    }
+
     pub fn status(&self, head: u64) -> SinkStatus {
         SinkStatus {
             id: self.id,
             target: self.target.clone(),
-            packets_sent: self.cursor.received,
+            packets_sent: self.packets_sent(),
             bytes_sent: self.bytes,
             packets_skipped: self.cursor.skipped,
             lag: if self.failed.is_some() { 0 } else { self.cursor.lag(head) },
@@ -153,6 +180,7 @@ impl Sink {
             errors: self.errors,
             age_ms: self.added.elapsed().as_millis() as u64,
             path: "user",
+            layers: self.layers.as_ref().map(|l| l.status()),
         }
     }
 
@@ -346,7 +374,7 @@ impl Job for GroupJob {
             if sink.failed.is_some() || sink.blocked {
                 continue;
             }
-            if dp == DataPath::Shared && matches!(sink.io, SinkIo::Unconnected(_)) {
+            if dp == DataPath::Shared && matches!(sink.io, SinkIo::Unconnected(_)) && !sink.layered() {
                 continue; // sent by send_udp_group
             }
             if sink.cursor.next() >= head && sink.partial.is_none() {
@@ -357,6 +385,25 @@ impl Job for GroupJob {
             }
             let from = (sink.cursor.next() - start) as usize;
             let pending = &g.snapshot[from..];
+            if sink.layered() {
+                // Per-packet decisions and sequence numbers: see send_udp_layered.
+                let Sink { layers: Some(lay), io, .. } = sink else { unreachable!("layered") };
+                let r = match io {
+                    SinkIo::Connected(sock) => send_udp_layered(sock.as_raw_fd(), None, lay, pending, ctx),
+                    SinkIo::Unconnected(addr) => send_udp_layered(group_fd, Some(addr), lay, pending, ctx),
+                    SinkIo::Channel(q) => Ok((pending.len(), q.push_layered(pending, |p| lay.decide(p)))),
+                    // The control plane gives an allowance to RTP datagram sinks only.
+                    SinkIo::Stream(_) | SinkIo::Closed => Ok((0, 0)),
+                };
+                match r {
+                    Ok((n, bytes)) => {
+                        sink.bytes += bytes;
+                        sink.cursor.advance(n as u64);
+                    }
+                    Err(e) => sink.fail(describe(&e), reactor, policy),
+                }
+                continue;
+            }
             let r = match (&sink.io, dp) {
                 (SinkIo::Connected(sock), DataPath::Uring) => {
                     // Invariant: uring groups always own a UringSender.
@@ -450,6 +497,82 @@ fn send_udp_batched(fd: RawFd, pending: &[Arc<Packet>], ctx: &mut WorkerCtx) -> 
     Ok(sent)
 }
 
+/// UDP to a sink that drops layers: each packet the allowance keeps goes out as two pieces,
+/// its first four bytes with the sink's own sequence number (a copy) and the rest straight
+/// from the ring, in `sendmmsg` batches (on the `uring` path too: the rewritten bytes must
+/// outlive the call, which a batch gives for free). Returns the packets consumed (sent or
+/// dropped) and the bytes sent. When the socket takes only part of a batch, the decisions
+/// are replayed up to the first unsent packet, which is decided again next time.
+fn send_udp_layered(
+    fd: RawFd,
+    to: Option<&RawAddr>,
+    lay: &mut SinkLayers,
+    pending: &[Arc<Packet>],
+    ctx: &mut WorkerCtx,
+) -> io::Result<(usize, u64)> {
+    const BATCH: usize = 512;
+    let saved = lay.clone();
+    let (mut consumed, mut bytes) = (0, 0u64);
+    for chunk in pending.chunks(BATCH) {
+        // Decide first, so `ctx.heads` is complete (and never moves) before iovecs point in.
+        ctx.heads.clear();
+        ctx.picked.clear();
+        for (i, p) in chunk.iter().enumerate() {
+            if let Some(seq) = lay.decide(p) {
+                let d = p.data();
+                let head = if p.is_rtp() { [d[0], d[1], (seq >> 8) as u8, seq as u8] } else { [0; 4] };
+                ctx.heads.push(head);
+                ctx.picked.push(i);
+            }
+        }
+        ctx.iov.clear();
+        for (k, &i) in ctx.picked.iter().enumerate() {
+            let d = chunk[i].data();
+            if chunk[i].is_rtp() {
+                ctx.iov.push(sys::iovec(&ctx.heads[k]));
+                ctx.iov.push(sys::iovec(&d[4..]));
+            } else {
+                ctx.iov.push(sys::iovec(d));
+                ctx.iov.push(sys::iovec(&[]));
+            }
+        }
+        ctx.hdrs.clear();
+        for k in 0..ctx.picked.len() {
+            ctx.hdrs.push(sys::mmsghdr_n(&mut ctx.iov[2 * k], 2, to));
+        }
+        let mut sent = 0;
+        let mut failure = None;
+        while sent < ctx.hdrs.len() {
+            match sys::sendmmsg(fd, &mut ctx.hdrs[sent..]) {
+                Ok(0) => break,
+                Ok(n) => sent += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock || e.raw_os_error() == Some(libc::ENOBUFS) => break,
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        bytes += ctx.picked[..sent].iter().map(|&i| chunk[i].len() as u64).sum::<u64>();
+        if sent == ctx.picked.len() && failure.is_none() {
+            consumed += chunk.len();
+            continue;
+        }
+        if let (Some(e), 0, 0) = (failure, sent, consumed) {
+            *lay = saved;
+            return Err(e);
+        }
+        // Partly sent: consumed up to the first unsent packet; decide the rest again later.
+        let upto = consumed + ctx.picked[sent];
+        *lay = saved;
+        for p in &pending[..upto] {
+            lay.decide(p);
+        }
+        return Ok((upto, bytes));
+    }
+    Ok((consumed, bytes))
+}
+
 /// `uring` UDP: queue one send per pending packet; they go to the kernel with the group's
 /// single submit. Returns how many were queued.
 fn send_udp_uring(u: &mut UringSender, fd: RawFd, pending: &[Arc<Packet>], sink: u64) -> io::Result<usize> {
@@ -512,7 +635,11 @@ fn send_udp_group(g: &mut GroupState, head: u64, start: u64, ctx: &mut WorkerCtx
     plan.clear();
     ctx.iov.clear();
     for (i, sink) in sinks.iter().enumerate() {
-        if sink.failed.is_some() || !matches!(sink.io, SinkIo::Unconnected(_)) || sink.cursor.next() >= head {
+        if sink.failed.is_some()
+            || !matches!(sink.io, SinkIo::Unconnected(_))
+            || sink.cursor.next() >= head
+            || sink.layered()
+        {
             continue;
         }
         let pending = &snapshot[(sink.cursor.next() - start) as usize..];

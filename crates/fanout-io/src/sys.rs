@@ -78,6 +78,13 @@ pub fn mmsghdr(iov: *mut libc::iovec, to: Option<&RawAddr>) -> libc::mmsghdr {
     h
 }
 
+/// A header for a datagram gathered from `n` consecutive iovecs.
+pub fn mmsghdr_n(iov: *mut libc::iovec, n: usize, to: Option<&RawAddr>) -> libc::mmsghdr {
+    let mut h = mmsghdr(iov, to);
+    h.msg_hdr.msg_iovlen = n as _;
+    h
+}
+
 /// `sendmmsg` of prepared headers (at most 1024): returns how many datagrams were sent,
 /// always a prefix of `hdrs`.
 pub fn sendmmsg(fd: RawFd, hdrs: &mut [libc::mmsghdr]) -> io::Result<usize> {

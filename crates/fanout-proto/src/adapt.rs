@@ -22,6 +22,14 @@ pub fn within(l: Layer, max: Layer) -> bool {
     l.did <= max.did && l.qid <= max.qid && l.tid <= max.tid
 }
 
+/// Every layer there can be: the allowance of a subscriber nothing holds back.
+pub const ALL: Layer = Layer { did: 7, qid: 15, tid: 7 };
+
+/// The operating point inside both `a` and `b`.
+pub fn meet(a: Layer, b: Layer) -> Layer {
+    Layer { did: a.did.min(b.did), qid: a.qid.min(b.qid), tid: a.tid.min(b.tid) }
+}
+
 #[derive(Debug, Default, Clone)]
 pub struct LayerRates {
     window_start: Option<u64>,
@@ -154,6 +162,34 @@ impl LayerSelector {
 
     pub fn estimate_bps(&self) -> Option<f64> {
         self.estimate_bps
+    }
+
+    /// Where it is heading: a rise waiting for its switch point, else the allowance.
+    pub fn target(&self) -> Option<Layer> {
+        self.pending_up.or(self.allowance)
+    }
+
+    /// Takes a waiting rise now: for a caller that applies switch points itself (the
+    /// kernel path's program does).
+    pub fn commit(&mut self) {
+        if let Some(up) = self.pending_up.take() {
+            self.allowance = Some(up);
+        }
+    }
+
+    /// Caps (or, with `None`, uncaps) the allowance from the control plane. A cap takes
+    /// effect at once; lifting it is a rise, taken at a switch point, up to what the
+    /// reports allow (everything while there were none).
+    pub fn set_pin(&mut self, pin: Option<Layer>) {
+        self.pin = pin;
+        match pin {
+            Some(p) => {
+                self.allowance = Some(self.allowance.map_or(p, |a| meet(a, p)));
+                self.pending_up = self.pending_up.map(|u| meet(u, p)).filter(|u| Some(*u) != self.allowance);
+            }
+            None if self.estimate_bps.is_none() && self.allowance.is_some() => self.pending_up = Some(ALL),
+            None => {}
+        }
     }
 
     /// A receiver report arrived: re-estimates and re-targets. Returns the allowance (or
@@ -352,6 +388,19 @@ mod tests {
             Interval { seconds: 5.0, bytes_sent: 10_000_000, packets_sent: 5000, packets_lost: 0, packets_dropped: 0 };
         assert_eq!(s.on_report(&iv, &rates), Some(l(0, 0)));
         assert!(!s.forward(media(1, 0)));
+    }
+
+    #[test]
+    fn a_pin_through_the_control_plane_acts_at_once_and_its_release_waits_for_a_switch_point() {
+        let mut s = LayerSelector::new(Mode::Aimd);
+        assert!(s.forward(media(1, 2)), "no reports, no pin: everything passes");
+        s.set_pin(Some(l(0, 0)));
+        assert!(!s.forward(media(1, 0)) && !s.forward(media(0, 1)) && s.forward(media(0, 0)));
+        s.set_pin(None);
+        assert!(!s.forward(media(0, 1)), "a rise waits for a switch point");
+        assert!(s.forward(PacketLayer::Media { layer: l(0, 0), idr: true }));
+        assert!(s.forward(media(1, 2)));
+        assert_eq!(s.allowance(), Some(ALL));
     }
 
     proptest! {

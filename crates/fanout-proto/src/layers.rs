@@ -20,7 +20,7 @@
 use crate::annexb::Codec;
 
 /// A scalable layer: spatial/dependency, quality, temporal.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Layer {
     pub did: u8,
     pub qid: u8,

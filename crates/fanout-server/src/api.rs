@@ -52,6 +52,7 @@ pub fn router(relay: Arc<Relay>) -> Router {
         .route("/v1/sessions/{name}", get(get_session).delete(delete_session))
         .route("/v1/sessions/{name}/sinks", post(add_sink).get(list_sinks).delete(flush_sinks))
         .route("/v1/sessions/{name}/sinks/{id}", get(get_sink).delete(remove_sink))
+        .route("/v1/sessions/{name}/sinks/{id}/layers", axum::routing::put(pin_layers))
         .route("/v1/engine", get(engine_status))
         .route("/v1/rtsp", get(rtsp_clients))
         .route("/metrics", get(metrics))
@@ -182,6 +183,52 @@ async fn remove_sink(
     } else {
         Err(ApiError(StatusCode::NOT_FOUND, format!("session {name:?} has no sink {id}")))
     }
+}
+
+/// The highest layer a sink may get; an id left out is not capped.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MaxLayer {
+    #[serde(default = "all_did")]
+    did: u8,
+    #[serde(default = "all_qid")]
+    qid: u8,
+    #[serde(default = "all_tid")]
+    tid: u8,
+}
+
+fn all_did() -> u8 {
+    fanout_proto::adapt::ALL.did
+}
+fn all_qid() -> u8 {
+    fanout_proto::adapt::ALL.qid
+}
+fn all_tid() -> u8 {
+    fanout_proto::adapt::ALL.tid
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PinRequest {
+    /// `null` lifts the cap.
+    max: Option<MaxLayer>,
+}
+
+/// Caps (or uncaps) the scalable layers a sink gets: `{"max": {"did": 0, "tid": 0}}` is the
+/// base layer only, `{"max": null}` every layer again. An RTSP client's sinks are listed
+/// under `GET /v1/rtsp`; they live in the session's track sessions, searched here too.
+async fn pin_layers(
+    State(relay): State<Arc<Relay>>,
+    Path((name, id)): Path<(String, String)>,
+    body: Result<Json<PinRequest>, JsonRejection>,
+) -> ApiResult<Json<fanout_io::SinkStatus>> {
+    let id = parse_id(&id)?;
+    let Json(req) = body?;
+    let pin = req.max.map(|m| fanout_proto::layers::Layer { did: m.did, qid: m.qid, tid: m.tid });
+    if pin.is_some_and(|l| l.did > 7 || l.qid > 15 || l.tid > 7) {
+        return Err(ApiError(StatusCode::BAD_REQUEST, "did is 0-7, qid 0-15, tid 0-7".into()));
+    }
+    Ok(Json(relay.pin_layers(&name, id, pin)?))
 }
 
 async fn rtsp_clients(State(relay): State<Arc<Relay>>) -> Json<serde_json::Value> {

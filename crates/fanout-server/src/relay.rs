@@ -100,6 +100,32 @@ impl Relay {
 
     /// The relay sessions a name stands for, one per track: an RTSP upstream's media
     /// sections, or the session alone (90 kHz).
+    /// Caps a sink's layers (see `fanout_io::Session::pin_sink_layers`). The sink is looked
+    /// for in the session and, for RTSP clients, in its track sessions.
+    pub fn pin_layers(
+        &self,
+        name: &str,
+        id: u64,
+        pin: Option<fanout_proto::layers::Layer>,
+    ) -> Result<fanout_io::SinkStatus, RelayError> {
+        use fanout_io::session::LayerError;
+        let mut sessions = vec![self.session(name)?];
+        sessions.extend(self.tracks(name).into_iter().map(|t| t.session).filter(|t| t.name() != name));
+        let mut not_layered = false;
+        for s in sessions {
+            match s.pin_sink_layers(id, pin) {
+                Ok(()) => return s.sink_status(id).ok_or_else(|| RelayError::NotFound(format!("sink {id} left"))),
+                Err(LayerError::NoSink) => {}
+                Err(LayerError::NotLayered) => not_layered |= s.sink_status(id).is_some(),
+                Err(e) => return Err(RelayError::BadRequest(format!("sink {id}: {e}"))),
+            }
+        }
+        Err(match not_layered {
+            true => RelayError::BadRequest(format!("sink {id}: {}", LayerError::NotLayered)),
+            false => RelayError::NotFound(format!("session {name:?} has no sink {id}")),
+        })
+    }
+
     pub fn tracks(&self, name: &str) -> Vec<crate::upstream::TrackRef> {
         if let Some(v) = self.rtsp_view(name) {
             return v.tracks;

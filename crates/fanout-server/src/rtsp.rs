@@ -38,6 +38,8 @@ struct Client {
     reports: u64,
     last_report: Option<(fanout_proto::rtcp::ReportBlock, Instant)>,
     rtt: Option<Duration>,
+    /// Report blocks about a source it is not sent (an unknown SSRC): ignored, counted.
+    foreign_blocks: u64,
 }
 
 /// A client as `GET /v1/rtsp` shows it.
@@ -59,6 +61,17 @@ pub struct ClientStatus {
     pub last_report_ms_ago: Option<u64>,
     /// From the report's LSR/DLSR against our sender reports.
     pub rtt_ms: Option<f64>,
+    /// Report blocks about an SSRC it is not sent: ignored.
+    pub foreign_report_blocks: u64,
+    /// Its sinks while playing: the track (media section) and the sink id in that track's
+    /// session (for `PUT /v1/sessions/{name}/sinks/{id}/layers`).
+    pub sinks: Vec<ClientSink>,
+}
+
+#[derive(serde::Serialize)]
+pub struct ClientSink {
+    pub track: usize,
+    pub sink: u64,
 }
 
 pub struct Rtsp {
@@ -210,6 +223,8 @@ impl Rtsp {
                 jitter: c.last_report.map(|(b, _)| b.jitter),
                 last_report_ms_ago: c.last_report.map(|(_, t)| t.elapsed().as_millis() as u64),
                 rtt_ms: c.rtt.map(|d| d.as_secs_f64() * 1000.0),
+                foreign_report_blocks: c.foreign_blocks,
+                sinks: c.sinks.iter().map(|&(track, sink)| ClientSink { track, sink }).collect(),
             })
             .collect();
         v.sort_by(|a, b| a.session.cmp(&b.session));
@@ -257,7 +272,7 @@ impl Rtsp {
     }
 
     /// RTCP on an interleaved client's RTCP channel.
-    fn rtcp_on_conn(&self, conn: u64, channel: u8, data: &[u8]) {
+    fn rtcp_on_conn(&self, relay: &Relay, conn: u64, channel: u8, data: &[u8]) {
         let Ok(reports) = fanout_proto::rtcp::parse_reports(data) else { return };
         let mut clients = self.clients.lock();
         let Some((id, c)) = clients.iter_mut().find(|(_, c)| {
@@ -265,12 +280,24 @@ impl Rtsp {
         }) else {
             return;
         };
-        self.record_reports(id, c, &reports);
+        self.record_reports(relay, id, c, &reports);
     }
 
-    fn record_reports(&self, id: &str, c: &mut Client, reports: &[fanout_proto::rtcp::Report]) {
+    /// A client's reports keep its session alive; each block goes to the sink of the track
+    /// whose SSRC it names, whose layer selector (for layered video) re-estimates.
+    fn record_reports(&self, relay: &Relay, id: &str, c: &mut Client, reports: &[fanout_proto::rtcp::Report]) {
         c.reports += 1;
-        if let Some(b) = reports.iter().flat_map(|r| r.blocks.iter()).next() {
+        let tracks = relay.tracks(&c.resource);
+        for b in reports.iter().flat_map(|r| r.blocks.iter()) {
+            let sink = c.sinks.iter().find_map(|&(t, sink)| {
+                let session = &tracks.get(t)?.session;
+                (session.rtp_latest()?.0 == b.ssrc).then_some((session, sink))
+            });
+            let Some((session, sink)) = sink else {
+                c.foreign_blocks += 1;
+                continue;
+            };
+            session.sink_report(sink, b.cumulative_lost);
             c.last_report = Some((*b, Instant::now()));
             if let Some(rtt) = fanout_proto::rtcp::round_trip(b, fanout_proto::rtcp::ntp_mid32(ntp_now())) {
                 c.rtt = Some(rtt);
@@ -280,7 +307,7 @@ impl Rtsp {
     }
 
     /// A datagram on the RTCP port: a report from a client keeps its session alive.
-    fn rtcp_from(&self, from: SocketAddr, data: &[u8]) {
+    fn rtcp_from(&self, relay: &Relay, from: SocketAddr, data: &[u8]) {
         let Ok(reports) = fanout_proto::rtcp::parse_reports(data) else { return };
         let mut clients = self.clients.lock();
         let Some((id, c)) = clients.iter_mut().find(|(_, c)| {
@@ -288,7 +315,7 @@ impl Rtsp {
         }) else {
             return;
         };
-        self.record_reports(id, c, &reports);
+        self.record_reports(relay, id, c, &reports);
     }
 
     fn now_ms(&self) -> u64 {
@@ -310,6 +337,7 @@ impl Rtsp {
                         reports: 0,
                         last_report: None,
                         rtt: None,
+                        foreign_blocks: 0,
                     });
                     c.tracks.retain(|t| t.0 != track);
                     c.tracks.push((track, lower));
@@ -392,12 +420,12 @@ pub async fn serve(listener: TcpListener, relay: Arc<Relay>, rtsp: Arc<Rtsp>) {
         tokio::net::UdpSocket::from_std(s).ok().map(Arc::new)
     });
     let _rtcp = AbortOnDrop({
-        let (rtsp, sock) = (rtsp.clone(), sock.clone());
+        let (relay, rtsp, sock) = (relay.clone(), rtsp.clone(), sock.clone());
         tokio::spawn(async move {
             let Some(sock) = sock else { return };
             let mut buf = [0u8; 2048];
             while let Ok((n, from)) = sock.recv_from(&mut buf).await {
-                rtsp.rtcp_from(from, &buf[..n]);
+                rtsp.rtcp_from(&relay, from, &buf[..n]);
             }
         })
     });
@@ -499,7 +527,7 @@ async fn connection(
                         Message::Request(req) => req,
                         // RTCP on a channel it set up; anything else is ignored.
                         Message::Interleaved { channel, data } => {
-                            rtsp.rtcp_on_conn(conn, channel, &data);
+                            rtsp.rtcp_on_conn(relay, conn, channel, &data);
                             continue;
                         }
                         Message::Response(_) => continue,
@@ -566,8 +594,14 @@ async fn connection(
                 frames.clear();
                 for (channel, q) in &queues {
                     q.drain(&mut packets);
-                    for p in packets.drain(..) {
+                    for (p, seq) in packets.drain(..) {
+                        let at = frames.len();
                         rtsp::write_interleaved(&mut frames, *channel, p.data());
+                        // A layer-dropping client's own sequence number (after `$`, channel,
+                        // length: the RTP header's bytes 2..4).
+                        if let Some(seq) = seq {
+                            frames[at + 6..at + 8].copy_from_slice(&seq.to_be_bytes());
+                        }
                     }
                 }
                 for (channel, rtcp) in me.control.lock().drain(..) {

@@ -1,0 +1,136 @@
+//! A sink's share of layer adaptation (issue 6): which packets it gets and the sequence
+//! numbers it sees. The decisions are `fanout_proto::adapt`'s (sans-IO); this keeps their
+//! per-sink state beside the sink and turns a receiver report into the interval they need.
+
+use crate::packet::Packet;
+use fanout_proto::adapt::{Interval, LayerRates, LayerSelector, Mode, SeqRewriter};
+use fanout_proto::layers::Layer;
+use std::time::Instant;
+
+/// What the sink's last receiver report was measured against.
+#[derive(Debug, Clone, Copy)]
+struct Mark {
+    at: Instant,
+    sent: u64,
+    bytes: u64,
+    lost: i64,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct SinkLayers {
+    /// The selector that decides (AIMD, ours).
+    sel: LayerSelector,
+    /// The thesis's one-step rule on the same reports, for comparison only.
+    thesis: LayerSelector,
+    seq: SeqRewriter,
+    /// Packets dropped on purpose.
+    pub dropped: u64,
+    reports: u64,
+    /// Reports with impossible counts (more lost than sent), clamped and counted.
+    bad_reports: u64,
+    mark: Mark,
+}
+
+/// What the status API shows of a sink's adaptation.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SinkLayerStatus {
+    /// The highest layer it gets now (`null`: every layer).
+    pub allowance: Option<Layer>,
+    /// A higher allowance waiting for a packet where the decoder can switch up.
+    pub target: Option<Layer>,
+    pub pin: Option<Layer>,
+    pub estimate_bps: Option<f64>,
+    /// What the thesis's one-step rule would allow after the same reports.
+    pub thesis_allowance: Option<Layer>,
+    pub thesis_estimate_bps: Option<f64>,
+    pub packets_dropped: u64,
+    pub reports: u64,
+    pub bad_reports: u64,
+}
+
+impl SinkLayers {
+    pub fn new(now: Instant) -> Self {
+        Self {
+            sel: LayerSelector::new(Mode::Aimd),
+            thesis: LayerSelector::new(Mode::Thesis),
+            seq: SeqRewriter::default(),
+            dropped: 0,
+            reports: 0,
+            bad_reports: 0,
+            mark: Mark { at: now, sent: 0, bytes: 0, lost: 0 },
+        }
+    }
+
+    /// Whether packets go out as they are: nothing is held back and nothing ever was.
+    pub fn passes_all(&self) -> bool {
+        self.sel.allowance().is_none() && self.dropped == 0
+    }
+
+    /// Decides one packet: `Some(seq)` to send it with that sequence number, `None` to drop
+    /// it. Packets without an RTP header pass as they are.
+    pub fn decide(&mut self, p: &Packet) -> Option<u16> {
+        if !p.is_rtp() {
+            return Some(0);
+        }
+        if self.sel.forward(p.layer()) {
+            let d = p.data();
+            Some(self.seq.forward(u16::from_be_bytes([d[2], d[3]])))
+        } else {
+            self.seq.drop_one();
+            self.dropped += 1;
+            None
+        }
+    }
+
+    pub fn set_pin(&mut self, pin: Option<Layer>) {
+        self.sel.set_pin(pin);
+        self.thesis.set_pin(pin);
+    }
+
+    /// A receiver report for this sink: its cumulative loss, against what the sink has
+    /// sent (packets and bytes, the dropped ones left out) since the last one.
+    pub fn on_report(&mut self, cumulative_lost: i32, sent: u64, bytes: u64, rates: &LayerRates, now: Instant) {
+        let lost = i64::from(cumulative_lost);
+        let (d_sent, d_bytes) = (sent.saturating_sub(self.mark.sent), bytes.saturating_sub(self.mark.bytes));
+        // Duplicates can make the cumulative count fall; more lost than sent is impossible.
+        let mut d_lost = (lost - self.mark.lost).max(0) as u64;
+        if d_lost > d_sent {
+            self.bad_reports += 1;
+            d_lost = d_sent;
+        }
+        let iv = Interval {
+            seconds: now.saturating_duration_since(self.mark.at).as_secs_f64(),
+            bytes_sent: d_bytes,
+            packets_sent: d_sent,
+            packets_lost: d_lost,
+            packets_dropped: 0, // renumbered: the subscriber never counts them
+        };
+        self.mark = Mark { at: now, sent, bytes, lost };
+        self.reports += 1;
+        if iv.seconds > 0.0 && iv.packets_sent > 0 {
+            self.sel.on_report(&iv, rates);
+            self.thesis.on_report(&iv, rates);
+        }
+    }
+
+    /// The allowance for a data path that finds switch points itself (the kernel path):
+    /// a waiting rise is taken now.
+    pub fn settle(&mut self) -> Option<Layer> {
+        self.sel.commit();
+        self.sel.allowance()
+    }
+
+    pub fn status(&self) -> SinkLayerStatus {
+        SinkLayerStatus {
+            allowance: self.sel.allowance(),
+            target: self.sel.target(),
+            pin: self.sel.pin,
+            estimate_bps: self.sel.estimate_bps(),
+            thesis_allowance: self.thesis.target(),
+            thesis_estimate_bps: self.thesis.estimate_bps(),
+            packets_dropped: self.dropped,
+            reports: self.reports,
+            bad_reports: self.bad_reports,
+        }
+    }
+}
