@@ -138,6 +138,18 @@ const LOSS_THRESHOLD: f64 = 0.02;
 const DECREASE: f64 = 0.85;
 /// AIMD: growth per loss-free report, as a fraction of the estimate (at least 20 kbit/s).
 const INCREASE: f64 = 0.08;
+/// AIMD: a rise is on trial for this many reports; loss above `TRIAL_LOSS` in them fails
+/// it (a probe is told by less loss than congestion, so it costs little). Congestion fails
+/// it until it has lasted `PROVEN` reports (a queue may take a while to overflow).
+const RISE_TRIAL: u32 = 2;
+const TRIAL_LOSS: f64 = 0.005;
+const PROVEN: u32 = 64;
+/// AIMD: after its n-th failure in a row a point is not tried again for 2^(2n+1) reports
+/// (8, 32, then 128): probing a link that cannot carry the next point costs loss each
+/// time, so it is done ever more rarely.
+const MAX_HOLD_SHIFT: u32 = 7;
+/// AIMD: the estimate grows to at most this many times the whole stream's rate.
+const ESTIMATE_CAP: f64 = 1.5;
 
 #[derive(Debug, Clone)]
 pub struct LayerSelector {
@@ -149,11 +161,27 @@ pub struct LayerSelector {
     /// A maximum set through the control API.
     pub pin: Option<Layer>,
     estimate_bps: Option<f64>,
+    /// Reports so far.
+    reports: u32,
+    /// AIMD: the last rise (to which point, at which report), on trial.
+    rise: Option<(Layer, u32)>,
+    /// AIMD: points whose rise failed: failures in a row, and the report they may be tried
+    /// again at.
+    holds: BTreeMap<Layer, (u32, u32)>,
 }
 
 impl LayerSelector {
     pub fn new(mode: Mode) -> Self {
-        Self { mode, allowance: None, pending_up: None, pin: None, estimate_bps: None }
+        Self {
+            mode,
+            allowance: None,
+            pending_up: None,
+            pin: None,
+            estimate_bps: None,
+            reports: 0,
+            rise: None,
+            holds: BTreeMap::new(),
+        }
     }
 
     pub fn allowance(&self) -> Option<Layer> {
@@ -216,15 +244,46 @@ impl LayerSelector {
                 }
             }
             Mode::Aimd => {
-                let e = match (self.estimate_bps, iv.loss_fraction() > LOSS_THRESHOLD) {
+                self.reports += 1;
+                let congested = iv.loss_fraction() > LOSS_THRESHOLD;
+                // The last rise: loss above TRIAL_LOSS in its first reports, or congestion
+                // while it lasts, fails it and holds the point off; it is proven after
+                // PROVEN reports.
+                let mut failed = false;
+                if let Some((to, at)) = self.rise {
+                    let on_trial = self.reports <= at + RISE_TRIAL;
+                    failed = iv.loss_fraction() > TRIAL_LOSS && on_trial || congested;
+                    if failed {
+                        let fails = self.holds.get(&to).map_or(0, |h| h.0) + 1;
+                        self.holds.insert(to, (fails, self.reports + (1 << (2 * fails + 1).min(MAX_HOLD_SHIFT))));
+                        self.rise = None;
+                    } else if self.reports > at + PROVEN {
+                        self.holds.remove(&to);
+                        self.rise = None;
+                    }
+                }
+                let held = ladder.iter().position(|l| self.holds.get(l).is_some_and(|h| h.1 > self.reports));
+                let e = match (self.estimate_bps, congested || failed) {
                     (_, true) => got * DECREASE,
                     (None, false) => got.max(rates.cumulative(ladder[cur])),
                     (Some(e), false) => e.max(got) + (e * INCREASE).max(20_000.0),
                 };
+                // It grows no further than what a held point showed the link cannot carry,
+                // nor far beyond the whole stream.
+                let ceiling = match held {
+                    Some(h) => rates.cumulative(ladder[h]),
+                    None => ESTIMATE_CAP * rates.cumulative(ladder[ladder.len() - 1]),
+                };
+                let e = e.min(ceiling);
                 self.estimate_bps = Some(e);
-                // The highest point that fits; the base if none does. Up one step at most.
-                let fits = ladder.iter().rposition(|l| rates.cumulative(*l) <= e).unwrap_or(0);
+                // The highest point that fits, below any held one; the base if none does.
+                let mut fits = ladder.iter().rposition(|l| rates.cumulative(*l) <= e).unwrap_or(0);
+                if let Some(h) = held {
+                    fits = fits.min(h.saturating_sub(1));
+                }
+                // Up one step at most.
                 if fits > cur {
+                    self.rise = Some((ladder[cur + 1], self.reports));
                     cur + 1
                 } else {
                     fits
@@ -401,6 +460,30 @@ mod tests {
         assert!(s.forward(PacketLayer::Media { layer: l(0, 0), idr: true }));
         assert!(s.forward(media(1, 2)));
         assert_eq!(s.allowance(), Some(ALL));
+    }
+
+    #[test]
+    fn a_point_whose_rise_fails_is_tried_ever_more_rarely() {
+        let rates = steady();
+        let mut s = LayerSelector::new(Mode::Aimd);
+        // A link that carries the base (120k) but not the enhancement (320k).
+        let lossy =
+            Interval { seconds: 1.0, bytes_sent: 40_000, packets_sent: 100, packets_lost: 30, packets_dropped: 0 };
+        assert_eq!(s.on_report(&lossy, &rates), Some(l(0, 0)));
+        let mut tries = Vec::new();
+        for report in 0..120 {
+            s.on_report(&clean(120), &rates);
+            if s.target() == Some(l(1, 0)) {
+                tries.push(report);
+                s.commit();
+                s.on_report(&lossy, &rates); // the link cannot carry it
+            }
+        }
+        assert!(tries.len() >= 3, "{tries:?}");
+        let gaps: Vec<i32> = tries.windows(2).map(|w| w[1] - w[0]).collect();
+        // Early on the estimate's regrowth sets the pace; then the holds, doubling.
+        assert!(gaps.windows(2).all(|g| g[1] >= g[0]), "the waits never shrink: {tries:?}");
+        assert!(gaps[gaps.len() - 1] >= 4 * gaps[0], "and grow: {tries:?}");
     }
 
     proptest! {

@@ -137,6 +137,25 @@ impl RecvStats {
         self.expected().saturating_sub(self.received)
     }
 
+    /// A receiver report block about source `ssrc` (RFC 3550 §6.4.1). `last`: expected and
+    /// received at the previous report (updated), for the fraction lost since; `lsr`/`dlsr`:
+    /// the last sender report's middle NTP bits and the delay since it (0 without one).
+    pub fn report_block(&self, last: &mut (u64, u64), ssrc: u32, lsr: u32, dlsr: u32) -> crate::rtcp::ReportBlock {
+        let (expected, received) = (self.expected(), self.received);
+        let (de, dr) = (expected.saturating_sub(last.0), received.saturating_sub(last.1));
+        *last = (expected, received);
+        let fraction = if de == 0 || dr >= de { 0 } else { ((de - dr) * 256 / de).min(255) as u8 };
+        crate::rtcp::ReportBlock {
+            ssrc,
+            fraction_lost: fraction,
+            cumulative_lost: self.lost().min(0x7f_ffff) as i32,
+            highest_seq: self.highest().saturating_sub(1 << 16) as u32,
+            jitter: self.jitter() as u32,
+            lsr,
+            dlsr,
+        }
+    }
+
     /// Interarrival jitter in RTP timestamp units.
     pub fn jitter(&self) -> f64 {
         self.jitter

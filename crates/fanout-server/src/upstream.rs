@@ -335,23 +335,11 @@ impl Upstream {
             .enumerate()
             .filter(|(_, t)| t.packets > 0)
             .map(|(i, t)| {
-                let (expected, received) = (t.stats.expected(), t.stats.received);
-                let (de, dr) = (expected - t.last_rr.0, received.saturating_sub(t.last_rr.1));
-                t.last_rr = (expected, received);
-                let fraction = if de == 0 || dr >= de { 0 } else { ((de - dr) * 256 / de).min(255) as u8 };
                 let (src, lsr, dlsr) = match t.last_sr {
                     Some((ssrc, mid, at)) => (ssrc, mid, (at.elapsed().as_secs_f64() * 65536.0) as u32),
                     None => (0, 0, 0),
                 };
-                let block = fanout_proto::rtcp::ReportBlock {
-                    ssrc: src,
-                    fraction_lost: fraction,
-                    cumulative_lost: t.stats.lost().min(0x7f_ffff) as i32,
-                    highest_seq: t.stats.highest().saturating_sub(1 << 16) as u32,
-                    jitter: t.stats.jitter() as u32,
-                    lsr,
-                    dlsr,
-                };
+                let block = t.stats.report_block(&mut t.last_rr, src, lsr, dlsr);
                 let mut out = Vec::with_capacity(32);
                 fanout_proto::rtcp::write_receiver_report(&mut out, reporter, &block);
                 (i, out)

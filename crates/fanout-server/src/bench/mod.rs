@@ -3,6 +3,7 @@
 //! scenario writes a CSV and a PNG, with a progress bar while it runs.
 
 pub mod datapaths;
+pub mod layers;
 mod plot;
 pub mod rtsp;
 pub mod scenarios;
@@ -32,6 +33,11 @@ pub enum BenchCmd {
     Splice(splice::SpliceArgs),
     /// N RTSP clients of one upstream through fanout, MediaMTX and the live555 proxy.
     Rtsp(rtsp::RtspArgs),
+    /// Layer adaptation behind tc-shaped links: AIMD against the thesis's rule (needs root).
+    Layers(layers::LayersArgs),
+    /// (internal) One RTSP subscriber of `bench layers`: reports and records what it gets.
+    #[command(hide = true)]
+    LayersSub(layers::SubArgs),
     /// (internal) The RTSP load client: N sessions over UDP in one process.
     #[command(hide = true)]
     RtspLoad(rtsp::LoadArgs),
@@ -54,6 +60,8 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Splice(a) => splice::run(a),
         BenchCmd::Rtsp(a) => rtsp::run(a),
         BenchCmd::RtspLoad(a) => rtsp::load(a),
+        BenchCmd::Layers(a) => layers::run(a),
+        BenchCmd::LayersSub(a) => layers::sub(a),
         BenchCmd::Burn { duty, seconds } => {
             burn(duty, seconds);
             Ok(())

@@ -51,11 +51,11 @@ pub struct LoadArgs {
 }
 
 /// One client: its control connection and, per track, the RTP and RTCP sockets.
-struct LoadClient {
-    conn: TcpStream,
-    client: Client,
-    rtp: Vec<mio::net::UdpSocket>,
-    _rtcp: Vec<std::net::UdpSocket>,
+pub(super) struct LoadClient {
+    pub conn: TcpStream,
+    pub client: Client,
+    pub rtp: Vec<mio::net::UdpSocket>,
+    pub rtcp: Vec<std::net::UdpSocket>,
 }
 
 /// Sends `bytes` and feeds responses to the client until it has something else to say.
@@ -77,7 +77,8 @@ fn exchange(c: &mut TcpStream, client: &mut Client, bytes: &[u8]) -> anyhow::Res
     }
 }
 
-fn open_client(url: &Url) -> anyhow::Result<LoadClient> {
+/// Sets up every track over UDP (ports on `bind`) and plays.
+pub(super) fn open_client(url: &Url, bind: std::net::IpAddr) -> anyhow::Result<LoadClient> {
     let mut conn = TcpStream::connect((url.host.as_str(), url.port))?;
     conn.set_read_timeout(Some(Duration::from_secs(15)))?;
     let mut client = Client::new(url.clone(), "fanout-rtsp-load");
@@ -90,7 +91,7 @@ fn open_client(url: &Url) -> anyhow::Result<LoadClient> {
             Step::Described(sdp) => {
                 let mut lowers = Vec::new();
                 for _ in &sdp.media {
-                    let (a, b) = crate::rtsp::port_pair(std::net::IpAddr::from([127, 0, 0, 1]))?;
+                    let (a, b) = crate::rtsp::port_pair(bind)?;
                     lowers.push(Lower::Udp { client_rtp: a.local_addr()?.port(), client_rtcp: b.local_addr()?.port() });
                     a.set_nonblocking(true)?;
                     rtp.push(mio::net::UdpSocket::from_std(a));
@@ -99,7 +100,7 @@ fn open_client(url: &Url) -> anyhow::Result<LoadClient> {
                 let b = client.setup(lowers, 0)?;
                 exchange(&mut conn, &mut client, &b)?
             }
-            Step::Playing => return Ok(LoadClient { conn, client, rtp, _rtcp: rtcp }),
+            Step::Playing => return Ok(LoadClient { conn, client, rtp, rtcp }),
             Step::Idle => bail!("the server went quiet during setup"),
         }
     }
@@ -113,7 +114,7 @@ pub fn load(a: LoadArgs) -> anyhow::Result<()> {
         // hundred with 400): retry it, a bounded number of times, and say so.
         let mut tries = 0;
         let c = loop {
-            match open_client(&url) {
+            match open_client(&url, std::net::IpAddr::from([127, 0, 0, 1])) {
                 Ok(c) => break c,
                 Err(e) if tries < 3 => {
                     tries += 1;
