@@ -16,7 +16,7 @@ struct Mark {
     lost: i64,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct SinkLayers {
     /// The selector that decides (AIMD, ours).
     sel: LayerSelector,
@@ -29,6 +29,14 @@ pub(crate) struct SinkLayers {
     /// Reports with impossible counts (more lost than sent), clamped and counted.
     bad_reports: u64,
     mark: Mark,
+}
+
+/// A sink's decision state at some packet (small, copied on every batch).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Checkpoint {
+    switch: (Option<Layer>, Option<Layer>),
+    seq: SeqRewriter,
+    dropped: u64,
 }
 
 /// What the status API shows of a sink's adaptation.
@@ -80,6 +88,17 @@ impl SinkLayers {
             self.dropped += 1;
             None
         }
+    }
+
+    /// What [`SinkLayers::decide`] changes, to take its decisions again from here.
+    pub fn checkpoint(&self) -> Checkpoint {
+        Checkpoint { switch: self.sel.switch_state(), seq: self.seq, dropped: self.dropped }
+    }
+
+    pub fn restore(&mut self, c: Checkpoint) {
+        self.sel.rewind(c.switch);
+        self.seq = c.seq;
+        self.dropped = c.dropped;
     }
 
     pub fn set_pin(&mut self, pin: Option<Layer>) {

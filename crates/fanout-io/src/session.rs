@@ -3,11 +3,11 @@
 use crate::engine::{Engine, Runner, Signal, Task, WorkerCtx};
 use crate::kernel::{KernelFanout, KernelSession, KernelSessionStats};
 use crate::layered::SinkLayers;
-use fanout_proto::layers::Layer;
 use crate::packet::{Packet, PacketPool};
 use crate::reactor::{Reactor, Registration};
 use crate::sink::{GroupJob, GroupState, Sink};
 use fanout_core::{Priority, SessionRing};
+use fanout_proto::layers::Layer;
 use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 use std::net::{SocketAddr, TcpStream, UdpSocket};

@@ -1,11 +1,11 @@
 //! Sinks and sink groups: the send side of every data path.
 
 use crate::engine::{Job, WorkerCtx};
+use crate::layered::SinkLayers;
 use crate::packet::Packet;
 use crate::reactor::{IoFlags, Reactor, Registration};
 use crate::session::{DataPath, FailurePolicy, Inner, SessionConfig, SinkStatus, SinkTarget};
 use crate::sys::{self, RawAddr};
-use crate::layered::SinkLayers;
 use crate::uring::UringSender;
 use fanout_core::Cursor;
 use parking_lot::Mutex;
@@ -511,7 +511,7 @@ fn send_udp_layered(
     ctx: &mut WorkerCtx,
 ) -> io::Result<(usize, u64)> {
     const BATCH: usize = 512;
-    let saved = lay.clone();
+    let saved = lay.checkpoint();
     let (mut consumed, mut bytes) = (0, 0u64);
     for chunk in pending.chunks(BATCH) {
         // Decide first, so `ctx.heads` is complete (and never moves) before iovecs point in.
@@ -559,12 +559,12 @@ fn send_udp_layered(
             continue;
         }
         if let (Some(e), 0, 0) = (failure, sent, consumed) {
-            *lay = saved;
+            lay.restore(saved);
             return Err(e);
         }
         // Partly sent: consumed up to the first unsent packet; decide the rest again later.
         let upto = consumed + ctx.picked[sent];
-        *lay = saved;
+        lay.restore(saved);
         for p in &pending[..upto] {
             lay.decide(p);
         }

@@ -197,6 +197,16 @@ impl LayerSelector {
         self.pending_up.or(self.allowance)
     }
 
+    /// What [`LayerSelector::forward`] changes (the allowance and a waiting rise), to be put
+    /// back with [`LayerSelector::rewind`] when the decisions since must be taken again.
+    pub fn switch_state(&self) -> (Option<Layer>, Option<Layer>) {
+        (self.allowance, self.pending_up)
+    }
+
+    pub fn rewind(&mut self, state: (Option<Layer>, Option<Layer>)) {
+        (self.allowance, self.pending_up) = state;
+    }
+
     /// Takes a waiting rise now: for a caller that applies switch points itself (the
     /// kernel path's program does).
     pub fn commit(&mut self) {

@@ -232,7 +232,7 @@ async fn pin_layers(
 }
 
 async fn rtsp_clients(State(relay): State<Arc<Relay>>) -> Json<serde_json::Value> {
-    let clients = relay.rtsp.lock().as_ref().map(|r| r.clients()).unwrap_or_default();
+    let clients = relay.rtsp.lock().as_ref().map(|r| r.clients(&relay)).unwrap_or_default();
     Json(json!({ "listening": *relay.rtsp_addr.lock(), "clients": clients }))
 }
 
@@ -314,7 +314,7 @@ async fn metrics(State(relay): State<Arc<Relay>>) -> impl IntoResponse {
             .filter_map(|(s, _)| s.kernel.as_ref().map(|k| (format!("{{session=\"{}\"}}", s.name), f(k))));
         family(&mut m, name, kind, help, samples);
     }
-    let rtsp = relay.rtsp.lock().as_ref().map(|r| r.clients()).unwrap_or_default();
+    let rtsp = relay.rtsp.lock().as_ref().map(|r| r.clients(&relay)).unwrap_or_default();
     family(&mut m, "fanout_rtsp_clients", "gauge", "RTSP client sessions.", [(String::new(), rtsp.len() as u64)]);
     type ClientFn = fn(&crate::rtsp::ClientStatus) -> Option<u64>;
     let per_client: [(&str, &str, &str, ClientFn); 3] = [

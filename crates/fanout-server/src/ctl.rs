@@ -61,6 +61,9 @@ enum CtlCmd {
         /// Ring capacity in packets.
         #[arg(long)]
         ring: Option<usize>,
+        /// The RTP video codec (h264 or h265): keyframe starts and per-layer dropping.
+        #[arg(long)]
+        video: Option<String>,
     },
     /// Delete a session and all its sinks.
     Delete { name: String },
@@ -78,6 +81,23 @@ enum CtlCmd {
     Sink { session: String, id: u64 },
     /// Remove one sink (OMSS REMOVE_SINK).
     RemoveSink { session: String, id: u64 },
+    /// Cap the scalable layers a sink gets (ids left out are not capped); RTSP clients'
+    /// sink ids are in `GET /v1/rtsp`.
+    Pin {
+        session: String,
+        id: u64,
+        /// Highest dependency (spatial) layer.
+        #[arg(long)]
+        did: Option<u8>,
+        /// Highest quality layer.
+        #[arg(long)]
+        qid: Option<u8>,
+        /// Highest temporal layer.
+        #[arg(long)]
+        tid: Option<u8>,
+    },
+    /// Lift a sink's layer cap.
+    Unpin { session: String, id: u64 },
     /// Remove every sink of a session.
     Flush { session: String },
     /// Print the Prometheus metrics.
@@ -105,6 +125,7 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
             priority,
             datapath,
             ring,
+            video,
         } => {
             let rtsp_transport = rtsp_transport
                 .map(|t| {
@@ -128,6 +149,12 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
                     format!("--datapath {datapath:?}: expected daemon, copy, shared, uring or kernel")
                 })?,
                 ring,
+                video: video
+                    .map(|v| {
+                        serde_json::from_value(Value::String(v.clone()))
+                            .with_context(|| format!("--video {v:?}: expected h264 or h265"))
+                    })
+                    .transpose()?,
                 ..SessionSpec::new(name, source)
             };
             c.call("POST", "/v1/sessions", Some(serde_json::to_value(spec)?))?
@@ -141,6 +168,24 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
         CtlCmd::RemoveSink { session, id } => {
             ok(c.call("DELETE", &format!("/v1/sessions/{session}/sinks/{id}"), None)?)
         }
+        CtlCmd::Pin { session, id, did, qid, tid } => {
+            let mut max = serde_json::Map::new();
+            for (k, v) in [("did", did), ("qid", qid), ("tid", tid)] {
+                if let Some(v) = v {
+                    max.insert(k.into(), v.into());
+                }
+            }
+            c.call(
+                "PUT",
+                &format!("/v1/sessions/{session}/sinks/{id}/layers"),
+                Some(serde_json::json!({ "max": max })),
+            )?
+        }
+        CtlCmd::Unpin { session, id } => c.call(
+            "PUT",
+            &format!("/v1/sessions/{session}/sinks/{id}/layers"),
+            Some(serde_json::json!({ "max": null })),
+        )?,
         CtlCmd::Flush { session } => c.call("DELETE", &format!("/v1/sessions/{session}/sinks"), None)?,
         CtlCmd::Metrics => {
             print!("{}", c.text("/metrics")?);

@@ -72,6 +72,10 @@ pub struct ClientStatus {
 pub struct ClientSink {
     pub track: usize,
     pub sink: u64,
+    pub packets_sent: Option<u64>,
+    /// Its layer adaptation (layered video tracks, once a report or pin started it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub layers: Option<fanout_io::layered::SinkLayerStatus>,
 }
 
 pub struct Rtsp {
@@ -203,7 +207,7 @@ impl Rtsp {
         }))
     }
 
-    pub fn clients(&self) -> Vec<ClientStatus> {
+    pub fn clients(&self, relay: &Relay) -> Vec<ClientStatus> {
         // Lock order everywhere: clients, then server.
         let clients = self.clients.lock();
         let server = self.server.lock();
@@ -224,7 +228,17 @@ impl Rtsp {
                 last_report_ms_ago: c.last_report.map(|(_, t)| t.elapsed().as_millis() as u64),
                 rtt_ms: c.rtt.map(|d| d.as_secs_f64() * 1000.0),
                 foreign_report_blocks: c.foreign_blocks,
-                sinks: c.sinks.iter().map(|&(track, sink)| ClientSink { track, sink }).collect(),
+                sinks: {
+                    let tracks = relay.tracks(&c.resource);
+                    c.sinks
+                        .iter()
+                        .map(|&(track, sink)| {
+                            let st = tracks.get(track).and_then(|t| t.session.sink_status(sink));
+                            let (packets_sent, layers) = st.map_or((None, None), |s| (Some(s.packets_sent), s.layers));
+                            ClientSink { track, sink, packets_sent, layers }
+                        })
+                        .collect()
+                },
             })
             .collect();
         v.sort_by(|a, b| a.session.cmp(&b.session));

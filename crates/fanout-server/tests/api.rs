@@ -137,6 +137,18 @@ fn ctl_wraps_the_api() {
     assert!(ok && out.contains("NAME") && out.contains("tv1"), "{out}");
     let (ok, out) = ctl(&["--json", "sink", "tv1", "1"]);
     assert!(ok && serde_json::from_str::<serde_json::Value>(&out).unwrap()["udp"] == "127.0.0.1:6000", "{out}");
+    // Layer caps: a layered session's sink, capped at the base layer, then uncapped.
+    let (ok, out) = ctl(&["create", "svc", "--udp", src, "--video", "h264"]);
+    assert!(ok, "{out}");
+    let (ok, out) = ctl(&["add-sink", "svc", "--udp", "127.0.0.1:6002"]);
+    assert!(ok, "{out}");
+    let (ok, out) = ctl(&["--json", "pin", "svc", "1", "--did", "0", "--tid", "0"]);
+    let pin = serde_json::from_str::<serde_json::Value>(&out).unwrap()["layers"]["pin"].clone();
+    assert!(ok && pin == serde_json::json!({ "did": 0, "qid": 15, "tid": 0 }), "{out}");
+    let (ok, out) = ctl(&["--json", "unpin", "svc", "1"]);
+    assert!(ok && serde_json::from_str::<serde_json::Value>(&out).unwrap()["layers"]["pin"].is_null(), "{out}");
+    let (ok, out) = ctl(&["pin", "tv1", "1", "--tid", "0"]);
+    assert!(!ok && out.contains("400") && out.contains("no layered video"), "{out}");
     let (ok, out) = ctl(&["session", "nope"]);
     assert!(!ok && out.contains("404") && out.contains("no session named"), "{out}");
     let out = Command::new(env!("CARGO_BIN_EXE_fanout"))

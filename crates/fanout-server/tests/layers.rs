@@ -208,7 +208,11 @@ fn svc_streams_stay_decodable_after_dropping_layers() {
         "h264-svc/mediasoup_naluInfo.264",
         &[((0, 7), 100), ((0, 1), 67), ((0, 0), 34), ((1, 0), 34)],
     );
-    decodable_after_dropping("shared", "h264-svc/openh264_2S3T_320x192.264", &[((0, 7), 32), ((0, 1), 16), ((0, 0), 8)]);
+    decodable_after_dropping(
+        "shared",
+        "h264-svc/openh264_2S3T_320x192.264",
+        &[((0, 7), 32), ((0, 1), 16), ((0, 0), 8)],
+    );
     decodable_after_dropping("shared", "h264-svc/openh264_1S4T_prefix.264", &[((0, 7), 32), ((0, 1), 8), ((0, 0), 4)]);
 }
 
@@ -291,4 +295,152 @@ fn subscribers_behind_constrained_links_adapt_without_loss() {
         assert!(kbps(narrow) < kbps(mid) && kbps(mid) < kbps(open), "{dp}: {s}");
         assert!(narrow["aimd_allowance"].as_str().unwrap().starts_with("d0"), "{dp}: no enhancement layer at 150k");
     }
+}
+
+/// Receiver reports reach the reporting client's sink: a report about the stream starts
+/// its selector; a block about an SSRC it is not sent is ignored and counted; a report
+/// claiming more lost than was ever sent is clamped and counted. Its sink can be pinned
+/// through the API by the id `GET /v1/rtsp` gives.
+#[test]
+fn receiver_reports_drive_the_rtsp_clients_selector_and_bad_ones_are_counted() {
+    let relay = Relay::start(&["--rtsp", "127.0.0.1:0"]);
+    let addr = rtsp_addr(&relay);
+    let rtcp = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let play = rtsp_play(addr, "demo", Some(rtcp.local_addr().unwrap().port()));
+    let server_rtcp: u16 =
+        play.transport.split("server_port=").nth(1).unwrap().split('-').nth(1).unwrap().parse().unwrap();
+    let mut buf = [0u8; 2048];
+    play.rtp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let n = play.rtp.recv(&mut buf).unwrap();
+    let ssrc = fanout_proto::rtp::RtpView::parse(&buf[..n]).unwrap().ssrc();
+    let report = |ssrc: u32, cumulative_lost: i32| {
+        let block = fanout_proto::rtcp::ReportBlock {
+            ssrc,
+            fraction_lost: 0,
+            cumulative_lost,
+            highest_seq: 1,
+            jitter: 0,
+            lsr: 0,
+            dlsr: 0,
+        };
+        let mut rr = Vec::new();
+        fanout_proto::rtcp::write_receiver_report(&mut rr, 0x1234, &block);
+        rtcp.send_to(&rr, ("127.0.0.1", server_rtcp)).unwrap();
+    };
+    let client = || relay.ok("GET", "/v1/rtsp", None)["clients"][0].clone();
+    report(ssrc ^ 0xdead, 0);
+    assert!(wait_for(Duration::from_secs(5), || client()["foreign_report_blocks"] == 1), "{}", client());
+    assert!(client()["sinks"][0].get("layers").is_none(), "a foreign block starts nothing: {}", client());
+    std::thread::sleep(Duration::from_millis(300));
+    report(ssrc, 1_000_000);
+    let layers = || client()["sinks"][0]["layers"].clone();
+    assert!(wait_for(Duration::from_secs(5), || layers()["reports"] == 1), "{}", client());
+    assert_eq!(layers()["bad_reports"], 1, "{}", client());
+    // The demo's H.264 has one layer: the selector keeps it.
+    assert_eq!(layers()["allowance"], json!({ "did": 0, "qid": 0, "tid": 0 }), "{}", client());
+    // Pinned by the id the RTSP listing gives (the sink is in the demo's video track).
+    let id = client()["sinks"][0]["sink"].as_u64().unwrap();
+    let pinned = relay.ok("PUT", &format!("/v1/sessions/demo/sinks/{id}/layers"), Some(cap(0, 0)));
+    assert_eq!(pinned["layers"]["pin"], json!({ "did": 0, "qid": 15, "tid": 0 }), "{pinned}");
+    assert_eq!(layers()["pin"], pinned["layers"]["pin"]);
+    // Bad requests say why.
+    let (code, e) =
+        relay.call("PUT", &format!("/v1/sessions/demo/sinks/{id}/layers"), Some(json!({ "max": { "tid": 9 } })));
+    assert_eq!(code, 400, "{e}");
+    let (code, e) = relay.call("PUT", "/v1/sessions/demo/sinks/999/layers", Some(json!({ "max": null })));
+    assert_eq!(code, 404, "{e}");
+}
+
+/// An RTSP client taking RTP interleaved on its connection, capped at the temporal base:
+/// its frames carry its own gapless sequence numbers and decode to the offline filter's
+/// frames.
+#[test]
+fn an_interleaved_client_capped_at_the_temporal_base_decodes() {
+    use fanout_proto::rtsp::{Limits, Message};
+    use std::io::{Read, Write};
+    if !have_data_and_ffmpeg() {
+        return;
+    }
+    let path = format!("{DATA}h264-svc/mediasoup_naluInfo.264");
+    let stream = std::fs::read(&path).unwrap();
+    let file = path.clone();
+    let relay = Relay::start(&["--no-demo", "--rtsp", "127.0.0.1:0"]);
+    let src =
+        create_on_free_port(&relay, json!({ "name": "svc", "source": { "udp": "127.0.0.1:0" }, "video": "h264" }));
+    let addr = rtsp_addr(&relay);
+    let url = format!("rtsp://{addr}/svc");
+    // Before any packet there is no RTP-Info to give: prime the session with one pass.
+    let gen = move |duration: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_fanout"))
+            .args(["gen", "--to", &src.to_string(), "--file", &file, "--fps", "100", "--duration", duration])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    };
+    gen("0.05");
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_millis(1500))).unwrap();
+    let mut pending: Vec<u8> = Vec::new();
+    let next = |c: &mut std::net::TcpStream, pending: &mut Vec<u8>| loop {
+        if let Some((m, used)) = fanout_proto::rtsp::parse(pending, &Limits::default()).unwrap() {
+            pending.drain(..used);
+            return Some(m);
+        }
+        let mut b = [0u8; 65536];
+        match c.read(&mut b) {
+            Ok(n) if n > 0 => pending.extend_from_slice(&b[..n]),
+            _ => return None,
+        }
+    };
+    c.write_all(
+        format!("SETUP {url}/trackID=0 RTSP/1.0\r\nCSeq: 1\r\nTransport: RTP/AVP/TCP;unicast;interleaved=0-1\r\n\r\n")
+            .as_bytes(),
+    )
+    .unwrap();
+    let Some(Message::Response(r)) = next(&mut c, &mut pending) else { panic!("no SETUP answer") };
+    let session = r.headers.get("Session").unwrap().split(';').next().unwrap().to_string();
+    c.write_all(format!("PLAY {url} RTSP/1.0\r\nCSeq: 2\r\nSession: {session}\r\n\r\n").as_bytes()).unwrap();
+    let Some(Message::Response(r)) = next(&mut c, &mut pending) else { panic!("no PLAY answer") };
+    assert_eq!(r.status, 200);
+    let id = relay.ok("GET", "/v1/rtsp", None)["clients"][0]["sinks"][0]["sink"].as_u64().unwrap();
+    relay.ok("PUT", &format!("/v1/sessions/svc/sinks/{id}/layers"), Some(cap(1, 0)));
+    // The whole file once. The client gets the priming pass first (its sink starts at the
+    // keyframe the ring holds); `gen` starts its numbers and times anew, so what counts
+    // starts where the timestamps go back.
+    let sender = std::thread::spawn(move || gen("1"));
+    let (mut got, mut d, mut last, mut last_ts) = (Vec::new(), Depacketizer::default(), None::<u16>, 0);
+    while let Some(m) = next(&mut c, &mut pending) {
+        let Message::Interleaved { channel: 0, data } = m else { continue };
+        let v = fanout_proto::rtp::RtpView::parse(&data).expect("RTP");
+        if v.timestamp() < last_ts {
+            (got, d, last) = (Vec::new(), Depacketizer::default(), None);
+        }
+        last_ts = v.timestamp();
+        if let Some(l) = last {
+            assert_eq!(v.sequence_number(), l.wrapping_add(1), "gapless");
+        }
+        last = Some(v.sequence_number());
+        if let Some(nal) = d.push(Codec::H264, v.payload()) {
+            got.extend_from_slice(&[0, 0, 0, 1]);
+            got.extend_from_slice(&nal);
+        }
+    }
+    sender.join().unwrap();
+    let max = Layer { did: 1, qid: 15, tid: 0 };
+    let want = frame_md5s(Codec::H264, &filter_offline(Codec::H264, &stream, max), "tcp-offline");
+    assert_eq!(want.len(), 34);
+    assert_eq!(frame_md5s(Codec::H264, &got, "tcp"), want);
+}
+
+/// Caps need RTP datagram sinks of a layered session; anything else is refused, saying why.
+#[test]
+fn caps_are_refused_where_they_cannot_apply() {
+    let relay = Relay::start(&["--no-demo"]);
+    create_on_free_port(&relay, json!({ "name": "ts", "source": { "udp": "127.0.0.1:0" } }));
+    let sink = relay.ok("POST", "/v1/sessions/ts/sinks", Some(json!({ "udp": "127.0.0.1:9" })));
+    let (code, e) = relay.call("PUT", &format!("/v1/sessions/ts/sinks/{}/layers", sink["id"]), Some(cap(0, 0)));
+    assert_eq!(code, 400, "{e}");
+    assert!(e["error"].as_str().unwrap().contains("no layered video"), "{e}");
+    let (code, e) = relay.call("PUT", "/v1/sessions/ts/sinks/1/layers", Some(json!({ "maximum": 1 })));
+    assert_eq!(code, 422, "unknown fields are refused: {e}");
 }

@@ -142,8 +142,14 @@ impl Topology {
             if kbps > 0 {
                 // A token bucket: two full frames of burst, 100 ms of queue.
                 let rate = format!("{kbps}kbit");
-                in_ns(&m, &["tc", "qdisc", "add", "dev", &v, "root", "tbf", "rate", &rate, "burst", "3028", "latency", "100ms"])
-                    .with_context(|| format!("shaping link {i} to {kbps} kbit/s"))?;
+                in_ns(
+                    &m,
+                    &[
+                        "tc", "qdisc", "add", "dev", &v, "root", "tbf", "rate", &rate, "burst", "3028", "latency",
+                        "100ms",
+                    ],
+                )
+                .with_context(|| format!("shaping link {i} to {kbps} kbit/s"))?;
             }
         }
         Ok(t)
@@ -298,7 +304,8 @@ pub fn run(a: LayersArgs) -> anyhow::Result<()> {
     let mut seconds: Vec<Vec<Second>> = Vec::new();
     for (mut p, json) in subs {
         super::wait(&mut p, Duration::from_secs(15))?;
-        let text = std::fs::read_to_string(&json).with_context(|| format!("{} (a subscriber failed)", json.display()))?;
+        let text =
+            std::fs::read_to_string(&json).with_context(|| format!("{} (a subscriber failed)", json.display()))?;
         seconds.push(serde_json::from_str(&text)?);
     }
     write_outputs(&a, &samples, &seconds)
@@ -337,7 +344,16 @@ fn write_outputs(a: &LayersArgs, samples: &[Sample], subs: &[Vec<Second>]) -> an
     for (i, secs) in subs.iter().enumerate() {
         for s in secs {
             let layers: Vec<String> = s.layers.iter().map(|l| format!("d{}q{}t{}", l.0, l.1, l.2)).collect();
-            writeln!(sc, "{},{:.0},{:.1},{},{},{}", a.links[i], s.t, s.bits as f64 / 1000.0, s.expected, s.lost, layers.join(" "))?;
+            writeln!(
+                sc,
+                "{},{:.0},{:.1},{},{},{}",
+                a.links[i],
+                s.t,
+                s.bits as f64 / 1000.0,
+                s.expected,
+                s.lost,
+                layers.join(" ")
+            )?;
         }
         // After adaptation: the last 40%.
         let after: Vec<&Second> = secs.iter().filter(|s| s.t > a.seconds * 0.6).collect();
@@ -361,7 +377,8 @@ fn write_outputs(a: &LayersArgs, samples: &[Sample], subs: &[Vec<Second>]) -> an
             "thesis_allowance": last_sample.map(|s| name(s.thesis)),
         }));
     }
-    let summary = json!({ "file": a.file, "fps": a.fps, "seconds": a.seconds, "datapath": a.datapath, "links": summary });
+    let summary =
+        json!({ "file": a.file, "fps": a.fps, "seconds": a.seconds, "datapath": a.datapath, "links": summary });
     std::fs::write(a.out.join("layers-summary.json"), serde_json::to_string_pretty(&summary)?)?;
     for l in summary["links"].as_array().into_iter().flatten() {
         println!(
@@ -407,7 +424,13 @@ fn plot(png: &Path, a: &LayersArgs, samples: &[Sample], subs: &[Vec<Second>]) ->
             super::plot::Panel { y_label: Box::leak(label.into_boxed_str()), series }
         })
         .collect();
-    super::plot::panels(png, "Layer selection per subscriber: AIMD (applied) and the thesis's rule (same reports)", "s", false, &panels)
+    super::plot::panels(
+        png,
+        "Layer selection per subscriber: AIMD (applied) and the thesis's rule (same reports)",
+        "s",
+        false,
+        &panels,
+    )
 }
 
 /// The subscriber: plays the URL's first track over UDP, reports, records per second.
