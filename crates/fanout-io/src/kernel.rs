@@ -93,7 +93,7 @@ fn pack(l: Layer) -> u32 {
 }
 
 fn unpack(v: u32) -> Option<Layer> {
-    (v != 0).then(|| Layer { did: (v >> 16) as u8, qid: (v >> 8) as u8, tid: v as u8 })
+    (v != 0).then_some(Layer { did: (v >> 16) as u8, qid: (v >> 8) as u8, tid: v as u8 })
 }
 
 #[repr(C)]

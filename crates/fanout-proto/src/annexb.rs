@@ -119,8 +119,29 @@ pub fn packetize(codec: Codec, nal: &[u8], max: usize, scratch: &mut Vec<u8>, mu
     }
 }
 
-/// Reassembles NAL units from RTP payloads (single NAL unit and FU packets), the inverse of
-/// [`packetize`]; used to check a stream end to end.
+/// Packs NAL units into one aggregation payload (H.264 STAP-A, RFC 6184 §5.7.1; HEVC AP,
+/// RFC 7798 §4.4.2) in `out`: the header, then each unit as a 16-bit size and its bytes.
+/// The header takes the highest NRI (H.264), or the lowest layer and temporal id (HEVC).
+pub fn aggregate(codec: Codec, nals: &[&[u8]], out: &mut Vec<u8>) {
+    out.clear();
+    match codec {
+        Codec::H264 => {
+            let f_nri = nals.iter().map(|n| n[0] & 0xe0).max().unwrap_or(0);
+            out.push(f_nri | 24);
+        }
+        Codec::H265 => {
+            let (layer, tid) = nals.iter().map(|n| (((n[0] & 1) << 5) | (n[1] >> 3), n[1] & 7)).min().unwrap_or((0, 1));
+            out.extend_from_slice(&[(48 << 1) | (layer >> 5), ((layer & 0x1f) << 3) | tid]);
+        }
+    }
+    for n in nals {
+        out.extend_from_slice(&(n.len() as u16).to_be_bytes());
+        out.extend_from_slice(n);
+    }
+}
+
+/// Reassembles NAL units from RTP payloads (single NAL unit, STAP-A/AP and FU packets), the
+/// inverse of [`packetize`] and [`aggregate`]; used to check a stream end to end.
 #[derive(Debug, Default)]
 pub struct Depacketizer {
     fu: Vec<u8>,
@@ -150,6 +171,28 @@ impl Depacketizer {
         self.fu.extend_from_slice(data);
         (fu & 0x40 != 0).then(|| std::mem::take(&mut self.fu))
     }
+
+    /// Feeds one payload, aggregation packets too; calls `out` with each complete NAL
+    /// unit. An aggregate whose sizes overrun it yields the units before the overrun.
+    pub fn push_all(&mut self, codec: Codec, payload: &[u8], mut out: impl FnMut(Vec<u8>)) {
+        let body = match codec {
+            Codec::H264 if payload.first().is_some_and(|b| b & 0x1f == 24) => &payload[1..],
+            Codec::H265 if payload.len() >= 2 && (payload[0] >> 1) & 0x3f == 48 => &payload[2..],
+            _ => {
+                if let Some(n) = self.push(codec, payload) {
+                    out(n);
+                }
+                return;
+            }
+        };
+        let mut b = body;
+        while let Some(sz) = b.get(..2) {
+            let n = usize::from(u16::from_be_bytes([sz[0], sz[1]]));
+            let Some(nal) = b.get(2..2 + n) else { return };
+            out(nal.to_vec());
+            b = &b[2 + n..];
+        }
+    }
 }
 
 #[cfg(test)]
@@ -178,6 +221,20 @@ mod tests {
         let csv = include_str!("../../../../shared/testdata/video/h264-svc/mediasoup_naluInfo.csv");
         let rows = csv.lines().skip(1).filter(|l| !l.trim().is_empty()).count();
         assert_eq!(nal_units(SVC).count(), rows);
+    }
+
+    #[test]
+    fn aggregates_round_trip() {
+        for (codec, stream) in [(Codec::H264, SVC), (Codec::H265, HEVC)] {
+            for au in access_units(codec, stream) {
+                let small: Vec<&[u8]> = au.iter().copied().filter(|n| n.len() < 1000).collect();
+                let mut p = Vec::new();
+                aggregate(codec, &small, &mut p);
+                let mut got = Vec::new();
+                Depacketizer::default().push_all(codec, &p, |n| got.push(n));
+                assert_eq!(got, small);
+            }
+        }
     }
 
     fn round_trip(codec: Codec, stream: &[u8], max: usize) {

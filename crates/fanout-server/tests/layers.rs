@@ -113,18 +113,19 @@ fn receive(sock: &UdpSocket, codec: Codec) -> (Vec<u8>, usize) {
         }
         last = Some(v.sequence_number());
         packets += 1;
-        if let Some(nal) = d.push(codec, v.payload()) {
+        d.push_all(codec, v.payload(), |nal| {
             out.extend_from_slice(&[0, 0, 0, 1]);
             out.extend_from_slice(&nal);
-        }
+        });
     }
     (out, packets)
 }
 
-/// Sends a layered file once through a session on `datapath`, to one sink per cap (and
-/// one without): each decodes to the frames of the stream filtered offline, and to the
-/// frame count the test data's PROVENANCE.md gives.
-fn decodable_after_dropping(datapath: &str, file: &str, caps: &[((u8, u8), usize)]) {
+/// Sends a layered file once through a session on `datapath` (in single NAL unit and FU
+/// packets, plus STAP-A/AP with `aggregate`), to one sink per cap (and one without): each
+/// decodes to the frames of the stream filtered offline, and to the frame count the test
+/// data's PROVENANCE.md gives.
+fn decodable_after_dropping(datapath: &str, file: &str, aggregate: bool, caps: &[((u8, u8), usize)]) {
     let path = format!("{DATA}{file}");
     let codec = if file.ends_with(".265") { Codec::H265 } else { Codec::H264 };
     let stream = std::fs::read(&path).unwrap();
@@ -153,6 +154,7 @@ fn decodable_after_dropping(datapath: &str, file: &str, caps: &[((u8, u8), usize
     let out = Command::new(env!("CARGO_BIN_EXE_fanout"))
         .args(["gen", "--to", &src.to_string(), "--file", &path, "--fps", "100"])
         .args(["--duration", &format!("{}", aus as f64 / 100.0)])
+        .args(aggregate.then_some("--aggregate"))
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -206,14 +208,21 @@ fn svc_streams_stay_decodable_after_dropping_layers() {
     decodable_after_dropping(
         "shared",
         "h264-svc/mediasoup_naluInfo.264",
+        false,
         &[((0, 7), 100), ((0, 1), 67), ((0, 0), 34), ((1, 0), 34)],
     );
     decodable_after_dropping(
         "shared",
         "h264-svc/openh264_2S3T_320x192.264",
+        true,
         &[((0, 7), 32), ((0, 1), 16), ((0, 0), 8)],
     );
-    decodable_after_dropping("shared", "h264-svc/openh264_1S4T_prefix.264", &[((0, 7), 32), ((0, 1), 8), ((0, 0), 4)]);
+    decodable_after_dropping(
+        "shared",
+        "h264-svc/openh264_1S4T_prefix.264",
+        false,
+        &[((0, 7), 32), ((0, 1), 8), ((0, 0), 4)],
+    );
 }
 
 #[test]
@@ -221,8 +230,8 @@ fn the_hevc_temporal_base_layer_stays_decodable() {
     if !have_data_and_ffmpeg() {
         return;
     }
-    decodable_after_dropping("shared", "hevc/x265_temporal_320x192.265", &[((0, 0), 18)]);
-    decodable_after_dropping("uring", "hevc/x265_temporal_320x192.265", &[((0, 0), 18)]);
+    decodable_after_dropping("shared", "hevc/x265_temporal_320x192.265", false, &[((0, 0), 18)]);
+    decodable_after_dropping("uring", "hevc/x265_temporal_320x192.265", true, &[((0, 0), 18)]);
 }
 
 #[test]
@@ -231,12 +240,22 @@ fn the_kernel_path_drops_layers_in_the_program() {
         return;
     }
     in_private_netns("the_kernel_path_drops_layers_in_the_program", || {
+        // Single NAL units and FU-A; then aggregates (STAP-A, AP) through the program's
+        // own parser.
         decodable_after_dropping(
             "kernel",
             "h264-svc/mediasoup_naluInfo.264",
+            false,
             &[((0, 7), 100), ((0, 1), 67), ((0, 0), 34)],
         );
-        decodable_after_dropping("kernel", "hevc/x265_temporal_320x192.265", &[((0, 0), 18)]);
+        decodable_after_dropping(
+            "kernel",
+            "h264-svc/mediasoup_naluInfo.264",
+            true,
+            &[((0, 7), 100), ((0, 1), 67), ((0, 0), 34)],
+        );
+        decodable_after_dropping("kernel", "hevc/x265_temporal_320x192.265", false, &[((0, 0), 18)]);
+        decodable_after_dropping("kernel", "hevc/x265_temporal_320x192.265", true, &[((0, 0), 18)]);
     });
 }
 
@@ -420,10 +439,10 @@ fn an_interleaved_client_capped_at_the_temporal_base_decodes() {
             assert_eq!(v.sequence_number(), l.wrapping_add(1), "gapless");
         }
         last = Some(v.sequence_number());
-        if let Some(nal) = d.push(Codec::H264, v.payload()) {
+        d.push_all(Codec::H264, v.payload(), |nal| {
             got.extend_from_slice(&[0, 0, 0, 1]);
             got.extend_from_slice(&nal);
-        }
+        });
     }
     sender.join().unwrap();
     let max = Layer { did: 1, qid: 15, tid: 0 };

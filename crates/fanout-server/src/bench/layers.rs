@@ -267,7 +267,7 @@ pub fn run(a: LayersArgs) -> anyhow::Result<()> {
     // Until just before the subscribers leave.
     while t0.elapsed().as_secs_f64() < a.seconds - 0.5 {
         std::thread::sleep(Duration::from_millis(500));
-        pb.set_position(t0.elapsed().as_secs() as u64);
+        pb.set_position(t0.elapsed().as_secs());
         let (Ok(clients), Ok(sinks), Ok(session)) = (
             api.call("GET", "/v1/rtsp", None),
             api.call("GET", "/v1/sessions/svc/sinks", None),

@@ -54,6 +54,10 @@ pub struct GenArgs {
     /// With --file: send bare TS datagrams, no RTP header.
     #[arg(long, requires = "file")]
     pub raw: bool,
+    /// With an H.264/HEVC --file: pack consecutive small NAL units of an access unit into
+    /// one aggregation packet (STAP-A / AP) where they fit.
+    #[arg(long, requires = "file")]
+    pub aggregate: bool,
     /// Write the report as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -216,11 +220,29 @@ impl Media {
         let mut payloads = Vec::new();
         let mut scratch = Vec::new();
         for (k, au) in aus.iter().enumerate() {
-            for (j, nal) in au.iter().enumerate() {
-                let last_nal = j + 1 == au.len();
-                annexb::packetize(codec, nal, max, &mut scratch, |pl, last| {
-                    payloads.push((pl.to_vec(), k as u64, last_nal && last));
-                });
+            // Runs of NAL units that fit one aggregation packet together (with --aggregate),
+            // else one NAL unit each.
+            let hdr = if codec == Codec::H264 { 1 } else { 2 };
+            let mut j = 0;
+            while j < au.len() {
+                let mut end = j + 1;
+                if a.aggregate {
+                    let mut size = hdr + 2 + au[j].len();
+                    while end < au.len() && size + 2 + au[end].len() <= max {
+                        size += 2 + au[end].len();
+                        end += 1;
+                    }
+                }
+                let last_nal = end == au.len();
+                if end - j > 1 {
+                    annexb::aggregate(codec, &au[j..end], &mut scratch);
+                    payloads.push((scratch.clone(), k as u64, last_nal));
+                } else {
+                    annexb::packetize(codec, au[j], max, &mut scratch, |pl, last| {
+                        payloads.push((pl.to_vec(), k as u64, last_nal && last));
+                    });
+                }
+                j = end;
             }
         }
         Ok(Media::Video { fps: a.fps, payloads, aus: aus.len() as u64 })
