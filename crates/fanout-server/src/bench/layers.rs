@@ -251,7 +251,7 @@ pub fn run(a: LayersArgs) -> anyhow::Result<()> {
     std::thread::sleep(Duration::from_millis(1500));
     let mut subs = Vec::new();
     for (i, ns) in topo.subs.iter().enumerate() {
-        let json = a.out.join(format!("layers-sub{i}.json"));
+        let json = std::env::temp_dir().join(format!("fanout-layers-{}-sub{i}.json", std::process::id()));
         let child = Command::new("ip")
             .args(["netns", "exec", ns])
             .arg(&exe)
@@ -306,6 +306,7 @@ pub fn run(a: LayersArgs) -> anyhow::Result<()> {
         super::wait(&mut p, Duration::from_secs(15))?;
         let text =
             std::fs::read_to_string(&json).with_context(|| format!("{} (a subscriber failed)", json.display()))?;
+        let _ = std::fs::remove_file(&json);
         seconds.push(serde_json::from_str(&text)?);
     }
     write_outputs(&a, &samples, &seconds)
