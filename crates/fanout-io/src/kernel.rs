@@ -316,6 +316,12 @@ pub struct KernelSinkStats {
     pub layers: Option<SinkLayerStatus>,
 }
 
+impl KernelSinkStats {
+    fn of(id: u64, to: SocketAddrV4, added: Instant, v: &BpfSink, layers: Option<SinkLayerStatus>) -> Self {
+        Self { id, addr: to.into(), packets: v.packets, bytes: v.bytes, errors: v.errors, added, layers }
+    }
+}
+
 /// A sink the kernel could not reach, handed back to user space.
 #[derive(Debug, Clone)]
 pub struct Fallback {
@@ -413,7 +419,7 @@ impl KernelSession {
 
     /// A sink's entry and slot.
     fn entry(&self, st: &State, id: u64) -> Option<(u32, BpfSink)> {
-        let slot = self.slots.iter().find(|(&k, _)| k == id).map(|(_, slot)| slot)?;
+        let slot = self.slots.slot_of(&id)?;
         Some((slot, st.maps.sinks.get(&slot, 0).ok()?))
     }
 
@@ -468,15 +474,7 @@ impl KernelSession {
                     s.packets_dropped = v.dropped;
                     s
                 });
-                KernelSinkStats {
-                    id,
-                    addr: to.into(),
-                    packets: v.packets,
-                    bytes: v.bytes,
-                    errors: v.errors,
-                    added,
-                    layers,
-                }
+                KernelSinkStats::of(id, to, added, &v, layers)
             })
             .collect()
     }
@@ -515,15 +513,7 @@ impl KernelSession {
             .filter_map(|(id, v)| {
                 let (to, added) = *self.targets.get(&id)?;
                 self.remove(id);
-                let stats = KernelSinkStats {
-                    id,
-                    addr: to.into(),
-                    packets: v.packets,
-                    bytes: v.bytes,
-                    errors: v.errors,
-                    added,
-                    layers: None,
-                };
+                let stats = KernelSinkStats::of(id, to, added, &v, None);
                 Some(Fallback { id, addr: to.into(), reason: fib_reason(v.reason), stats, own_sport: v.sport != 0 })
             })
             .collect()

@@ -153,3 +153,50 @@ impl SinkLayers {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fanout_proto::layers::PacketLayer;
+
+    /// An RTP packet with sequence number `seq` of temporal layer `tid`.
+    fn packet(seq: u16, tid: u8) -> Packet {
+        let mut p = Packet::with_capacity(64);
+        let b = p.buf_mut();
+        b[0] = 0x80;
+        b[2..4].copy_from_slice(&seq.to_be_bytes());
+        p.set_len(40, 12);
+        p.set_layer(PacketLayer::Media { layer: Layer { did: 0, qid: 0, tid }, idr: false });
+        p
+    }
+
+    #[test]
+    fn a_cap_drops_and_renumbers_and_a_rollback_replays_the_same_decisions() {
+        let mut l = SinkLayers::new(Instant::now());
+        assert!(l.passes_all());
+        l.set_pin(Some(Layer { did: 0, qid: 0, tid: 0 }));
+        let stream: Vec<Packet> = (0..12u16).map(|i| packet(1000 + i, (i % 3) as u8)).collect();
+        let first: Vec<Option<u16>> = stream[..6].iter().map(|p| l.decide(p)).collect();
+        assert_eq!(first, [Some(1000), None, None, Some(1001), None, None]);
+        let saved = l.checkpoint();
+        let rest: Vec<Option<u16>> = stream[6..].iter().map(|p| l.decide(p)).collect();
+        l.restore(saved);
+        let again: Vec<Option<u16>> = stream[6..].iter().map(|p| l.decide(p)).collect();
+        assert_eq!(rest, again);
+        assert_eq!(rest, [Some(1002), None, None, Some(1003), None, None]);
+        assert_eq!(l.dropped, 8);
+        assert!(!l.passes_all(), "renumbering goes on even if the cap is lifted");
+    }
+
+    #[test]
+    fn impossible_reports_are_clamped_and_counted() {
+        let t0 = Instant::now();
+        let mut l = SinkLayers::new(t0);
+        let rates = LayerRates::default();
+        let later = t0 + std::time::Duration::from_secs(1);
+        l.on_report(500, 100, 10_000, &rates, later); // more lost than sent
+        l.on_report(-5, 200, 20_000, &rates, later + std::time::Duration::from_secs(1)); // fell
+        let s = l.status();
+        assert_eq!((s.reports, s.bad_reports), (2, 1));
+    }
+}

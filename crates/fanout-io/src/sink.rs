@@ -540,12 +540,13 @@ fn send_udp_layered(
         for k in 0..ctx.picked.len() {
             ctx.hdrs.push(sys::mmsghdr_n(&mut ctx.iov[2 * k], 2, to));
         }
-        let mut sent = 0;
-        let mut failure = None;
+        let (mut sent, mut failure, mut retries) = (0, None, 0);
         while sent < ctx.hdrs.len() {
             match sys::sendmmsg(fd, &mut ctx.hdrs[sent..]) {
                 Ok(0) => break,
                 Ok(n) => sent += n,
+                // The group socket's queued ICMP error, another sink's (as in send_udp_group).
+                Err(e) if to.is_some() && e.raw_os_error() == Some(libc::ECONNREFUSED) && retries < 16 => retries += 1,
                 Err(e) if e.kind() == ErrorKind::WouldBlock || e.raw_os_error() == Some(libc::ENOBUFS) => break,
                 Err(e) => {
                     failure = Some(e);
