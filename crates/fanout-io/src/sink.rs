@@ -1,7 +1,7 @@
 //! Sinks and sink groups: the send side of every data path.
 
 use crate::engine::{Job, WorkerCtx};
-use crate::layered::SinkLayers;
+use crate::layered::{Checkpoint, SinkLayers};
 use crate::packet::Packet;
 use crate::reactor::{IoFlags, Reactor, Registration};
 use crate::session::{DataPath, FailurePolicy, Inner, SessionConfig, SinkStatus, SinkTarget};
@@ -261,7 +261,7 @@ pub(crate) struct GroupState {
     /// The socket the group's unconnected UDP sinks send from, with ICMP errors queued.
     udp: UdpSocket,
     /// `(sink index, datagrams offered)` of the batched send being built.
-    plan: Vec<(usize, usize)>,
+    plan: Vec<Planned>,
     /// The `uring` path's submission and completion rings.
     uring: Option<UringSender>,
     /// Failed io_uring sends reaped this run: `(sink id, errno)`.
@@ -295,6 +295,15 @@ impl GroupState {
             shared_port,
         })
     }
+}
+
+/// A sink's share of the group's batched send: its index, how many datagrams it is offered,
+/// and, for a sink that drops layers, its decision state before this batch and where its
+/// kept packets start in `WorkerCtx::picked` (and its rewritten bytes in `heads`).
+struct Planned {
+    sink: usize,
+    datagrams: usize,
+    layered: Option<(Checkpoint, usize)>,
 }
 
 pub(crate) struct GroupJob {
@@ -374,7 +383,7 @@ impl Job for GroupJob {
             if sink.failed.is_some() || sink.blocked {
                 continue;
             }
-            if dp == DataPath::Shared && matches!(sink.io, SinkIo::Unconnected(_)) && !sink.layered() {
+            if dp == DataPath::Shared && matches!(sink.io, SinkIo::Unconnected(_)) {
                 continue; // sent by send_udp_group
             }
             if sink.cursor.next() >= head && sink.partial.is_none() {
@@ -627,37 +636,67 @@ fn stream_flush_now(g: &mut GroupState, cfg: &SessionConfig, dp: DataPath, head:
 }
 
 /// Sends every pending datagram of the group's unconnected sinks in one `sendmmsg` run.
-/// Returns the sinks whose destination the kernel refused at once (no route, ...), with the
-/// error: the rest of their datagrams are skipped so the sinks after them still get theirs.
+/// A sink that drops layers takes part with the packets it keeps, each in two pieces (see
+/// [`send_udp_layered`]). Returns the sinks whose destination the kernel refused at once
+/// (no route, ...), with the error: the rest of their datagrams are skipped so the sinks
+/// after them still get theirs.
 fn send_udp_group(g: &mut GroupState, head: u64, start: u64, ctx: &mut WorkerCtx) -> Vec<(usize, io::Error)> {
     let GroupState { sinks, snapshot, udp, plan, .. } = g;
     let fd = udp.as_raw_fd();
     let mut refused = Vec::new();
     plan.clear();
-    ctx.iov.clear();
-    for (i, sink) in sinks.iter().enumerate() {
-        if sink.failed.is_some()
-            || !matches!(sink.io, SinkIo::Unconnected(_))
-            || sink.cursor.next() >= head
-            || sink.layered()
-        {
+    ctx.heads.clear();
+    ctx.picked.clear();
+    // Decide first (the rewritten bytes must not move once iovecs point at them).
+    for (i, sink) in sinks.iter_mut().enumerate() {
+        if sink.failed.is_some() || !matches!(sink.io, SinkIo::Unconnected(_)) || sink.cursor.next() >= head {
             continue;
         }
         let pending = &snapshot[(sink.cursor.next() - start) as usize..];
-        ctx.iov.extend(pending.iter().map(|p| sys::iovec(p.data())));
-        plan.push((i, pending.len()));
+        let layered = sink.layered();
+        match sink.layers.as_deref_mut().filter(|_| layered) {
+            None => plan.push(Planned { sink: i, datagrams: pending.len(), layered: None }),
+            Some(lay) => {
+                let (saved, first) = (lay.checkpoint(), ctx.picked.len());
+                for (j, p) in pending.iter().enumerate() {
+                    if let Some(seq) = lay.decide(p) {
+                        let d = p.data();
+                        ctx.heads.push(if p.is_rtp() { [d[0], d[1], (seq >> 8) as u8, seq as u8] } else { [0; 4] });
+                        ctx.picked.push(j);
+                    }
+                }
+                plan.push(Planned { sink: i, datagrams: ctx.picked.len() - first, layered: Some((saved, first)) });
+            }
+        }
     }
-    if ctx.iov.is_empty() {
-        return refused;
+    ctx.iov.clear();
+    for e in plan.iter() {
+        let pending = &snapshot[(sinks[e.sink].cursor.next() - start) as usize..];
+        match e.layered {
+            None => ctx.iov.extend(pending.iter().map(|p| sys::iovec(p.data()))),
+            Some((_, first)) => {
+                for k in first..first + e.datagrams {
+                    let p = &pending[ctx.picked[k]];
+                    if p.is_rtp() {
+                        ctx.iov.push(sys::iovec(&ctx.heads[k]));
+                        ctx.iov.push(sys::iovec(&p.data()[4..]));
+                    } else {
+                        ctx.iov.push(sys::iovec(p.data()));
+                        ctx.iov.push(sys::iovec(&[]));
+                    }
+                }
+            }
+        }
     }
     // Headers point into ctx.iov, which is not touched again until they are sent.
     ctx.hdrs.clear();
     let mut k = 0;
-    for &(i, n) in plan.iter() {
-        let SinkIo::Unconnected(addr) = &sinks[i].io else { continue };
-        for _ in 0..n {
-            ctx.hdrs.push(sys::mmsghdr(&mut ctx.iov[k], Some(addr)));
-            k += 1;
+    for e in plan.iter() {
+        let SinkIo::Unconnected(addr) = &sinks[e.sink].io else { continue };
+        let pieces = if e.layered.is_some() { 2 } else { 1 };
+        for _ in 0..e.datagrams {
+            ctx.hdrs.push(sys::mmsghdr_n(&mut ctx.iov[k], pieces, Some(addr)));
+            k += pieces;
         }
     }
     let total = ctx.hdrs.len();
@@ -677,26 +716,47 @@ fn send_udp_group(g: &mut GroupState, head: u64, start: u64, ctx: &mut WorkerCtx
             Err(e) => {
                 // The datagram at `pos` cannot go to its sink at all: skip that sink's rest.
                 let mut end = 0;
-                let entry = plan.iter().position(|&(_, n)| {
-                    end += n;
+                let entry = plan.iter().position(|e| {
+                    end += e.datagrams;
                     pos < end
                 });
                 let Some(entry) = entry else { break };
                 skipped.push((entry, pos));
-                refused.push((plan[entry].0, e));
+                refused.push((plan[entry].sink, e));
                 pos = end;
             }
         }
     }
-    let mut first = 0;
-    for (entry, &(i, n)) in plan.iter().enumerate() {
-        let stop = skipped.iter().find(|&&(e, _)| e == entry).map_or(pos, |&(_, at)| at);
-        let done = stop.clamp(first, first + n) - first;
-        first += n;
-        let sink = &mut sinks[i];
+    let mut first_datagram = 0;
+    for (entry, e) in plan.iter().enumerate() {
+        let stop = skipped.iter().find(|&&(x, _)| x == entry).map_or(pos, |&(_, at)| at);
+        let done = stop.clamp(first_datagram, first_datagram + e.datagrams) - first_datagram;
+        first_datagram += e.datagrams;
+        let sink = &mut sinks[e.sink];
         let from = (sink.cursor.next() - start) as usize;
-        sink.bytes += snapshot[from..from + done].iter().map(|p| p.len() as u64).sum::<u64>();
-        sink.cursor.advance(done as u64);
+        let pending = &snapshot[from..];
+        let consumed = match e.layered {
+            None => {
+                sink.bytes += pending[..done].iter().map(|p| p.len() as u64).sum::<u64>();
+                done
+            }
+            Some((saved, first)) => {
+                let kept = &ctx.picked[first..first + e.datagrams];
+                sink.bytes += kept[..done].iter().map(|&j| pending[j].len() as u64).sum::<u64>();
+                if done == e.datagrams {
+                    pending.len()
+                } else {
+                    // Consumed up to its first unsent packet: decide the rest again later.
+                    let lay = sink.layers.as_deref_mut().expect("a layered sink");
+                    lay.restore(saved);
+                    for p in &pending[..kept[done]] {
+                        lay.decide(p);
+                    }
+                    kept[done]
+                }
+            }
+        };
+        sink.cursor.advance(consumed as u64);
     }
     refused
 }

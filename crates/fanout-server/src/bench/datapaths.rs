@@ -21,7 +21,10 @@ use std::time::{Duration, Instant};
 pub struct BenchArgs {
     /// Data paths to compare, in the order each round runs them; `shared:connected` is the
     /// shared path with a connected socket per UDP sink, `uring:sqpoll` the uring path with
-    /// a kernel submission-polling thread.
+    /// a kernel submission-polling thread. A suffix `@all` or `@t0` sends a layered stream
+    /// (SVC NAL units of temporal layers 0, 1, 2 in turn) with every sink capped through the
+    /// API: `@all` at every layer (each packet renumbered, none dropped), `@t0` at the
+    /// temporal base (two in three dropped); `@none` is the same stream uncapped.
     #[arg(long, value_delimiter = ',', default_value = "daemon,copy,shared,shared:connected,uring,uring:sqpoll")]
     datapath: Vec<String>,
     /// UDP sinks of the session.
@@ -94,13 +97,35 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     // (datapath, relay CPU, path CPU, deliveries)
     let mut results: Vec<(String, f64, f64, f64)> = Vec::new();
     for round in 1..=a.rounds {
-        for (i, dp) in a.datapath.iter().enumerate() {
+        for (i, name_dp) in a.datapath.iter().enumerate() {
+            let (dp, cap) = match name_dp.split_once('@') {
+                Some((dp, cap)) => (dp, Some(cap)),
+                None => (name_dp.as_str(), None),
+            };
+            let pin = match cap {
+                None | Some("none") => None,
+                Some("all") => Some(json!({ "max": {} })),
+                Some("t0") => Some(json!({ "max": { "tid": 0 } })),
+                Some(c) => bail!("layer cap {c:?}: expected none, all or t0"),
+            };
             let name = format!("bench{round}{i}");
             let sinks: Vec<_> =
                 receivers.iter().map(|r| r.local_addr().map(|a| json!({ "udp": a }))).collect::<Result<_, _>>()?;
             let mut spec = json!({"name": name, "source": {"udp": "127.0.0.1:0"}, "sinks": sinks});
             spec.as_object_mut().expect("an object").extend(super::datapath_fields(dp)?);
+            if cap.is_some() {
+                spec["video"] = json!("h264");
+            }
             let v = api.call("POST", "/v1/sessions", Some(spec))?;
+            if let Some(pin) = &pin {
+                for s in api.call("GET", &format!("/v1/sessions/{name}/sinks"), None)?["sinks"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                {
+                    api.call("PUT", &format!("/v1/sessions/{name}/sinks/{}/layers", s["id"]), Some(pin.clone()))?;
+                }
+            }
             let src: std::net::SocketAddr = v["source"]["addr"]
                 .as_str()
                 .and_then(|a| a.parse().ok())
@@ -111,15 +136,28 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             let before_softirqd = softirqd_cpu_s();
             let n = (pps * a.load.seconds).round() as u64;
             let payload_len = a.load.payload;
+            let layered = cap.is_some();
             let sender = std::thread::spawn(move || -> std::io::Result<f64> {
                 let tx = UdpSocket::bind("127.0.0.1:0")?;
-                let payload = vec![0x47u8; payload_len];
+                let mut payload = vec![0x47u8; payload_len];
                 let cpu0 = thread_cpu_s();
                 let start = Instant::now();
                 for k in 0..n {
                     let due = start + Duration::from_secs_f64(k as f64 / pps);
                     if let Some(d) = due.checked_duration_since(Instant::now()) {
                         std::thread::sleep(d);
+                    }
+                    if layered {
+                        // RTP, then an SVC prefix NAL unit (type 14) of temporal layer k % 3.
+                        fanout_proto::rtp::write_header(
+                            &mut payload,
+                            false,
+                            96,
+                            k as u16,
+                            (k * 3000) as u32,
+                            0x5356_4300,
+                        );
+                        payload[12..16].copy_from_slice(&[0x6e, 0x80, 0x00, ((k % 3) as u8) << 5]);
                     }
                     tx.send_to(&payload, src)?;
                 }
@@ -131,20 +169,22 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             let softirqd = softirqd_cpu_s() - before_softirqd;
             let path_cpu = cpu + sender_cpu + softirqd;
             let deliveries = received.load(Ordering::Relaxed) - before_rx;
-            let expected = n * a.sinks as u64;
+            // `@t0` keeps the packets of temporal layer 0: every third.
+            let kept = if cap == Some("t0") { n.div_ceil(3) } else { n };
+            let expected = kept * a.sinks as u64;
             let loss = 100.0 * (expected.saturating_sub(deliveries)) as f64 / expected as f64;
             let per = cpu * 1e6 / deliveries.max(1) as f64;
             let path_per = path_cpu * 1e6 / deliveries.max(1) as f64;
             writeln!(
                 csv,
-                "{round},{dp},{},{n},{deliveries},{loss:.3},{cpu:.3},{per:.3},{sender_cpu:.3},{softirqd:.3},{path_cpu:.3},{path_per:.3}",
+                "{round},{name_dp},{},{n},{deliveries},{loss:.3},{cpu:.3},{per:.3},{sender_cpu:.3},{softirqd:.3},{path_cpu:.3},{path_per:.3}",
                 a.sinks
             )?;
             eprintln!(
-                "round {round}/{}: {dp:>7}: {deliveries} deliveries, loss {loss:.2}%, relay CPU {cpu:.2} s ({per:.3} µs/delivery), path CPU {path_cpu:.2} s ({path_per:.3} µs/delivery)",
+                "round {round}/{}: {name_dp:>7}: {deliveries} deliveries, loss {loss:.2}%, relay CPU {cpu:.2} s ({per:.3} µs/delivery), path CPU {path_cpu:.2} s ({path_per:.3} µs/delivery)",
                 a.rounds
             );
-            results.push((dp.clone(), cpu, path_cpu, deliveries as f64));
+            results.push((name_dp.clone(), cpu, path_cpu, deliveries as f64));
             api.call("DELETE", &format!("/v1/sessions/{name}"), None)?;
         }
     }
