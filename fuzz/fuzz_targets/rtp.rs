@@ -11,6 +11,9 @@ fuzz_target!(|data: &[u8]| {
         for codec in [fanout_proto::annexb::Codec::H264, fanout_proto::annexb::Codec::H265] {
             let _ = layers.packet(codec, &data[r.clone()]);
             let _ = layers.packet(codec, &data[r.clone()]);
+            // Reassembly (aggregates, a lone fragment) yields only bytes of the payload.
+            let mut d = fanout_proto::annexb::Depacketizer::default();
+            d.push_all(codec, &data[r.clone()], |nal| assert!(nal.len() <= data.len()));
         }
         let _ = (v.sequence_number(), v.timestamp(), v.ssrc(), v.marker(), v.payload_type());
     }
