@@ -399,6 +399,11 @@ fn write_outputs(a: &LayersArgs, samples: &[Sample], subs: &[Vec<Second>]) -> an
 }
 
 fn plot(png: &Path, a: &LayersArgs, samples: &[Sample], subs: &[Vec<Second>]) -> anyhow::Result<()> {
+    let labels: Vec<String> = a
+        .links
+        .iter()
+        .map(|&k| if k > 0 { format!("kbit/s, {k} kbit/s link") } else { "kbit/s, unlimited link".into() })
+        .collect();
     let panels: Vec<super::plot::Panel> = a
         .links
         .iter()
@@ -421,8 +426,7 @@ fn plot(png: &Path, a: &LayersArgs, samples: &[Sample], subs: &[Vec<Second>]) ->
                 let end = samples.last().map_or(a.seconds, |s| s.t);
                 series.push(("link (L2)".to_string(), vec![(0.0, f64::from(kbps)), (end, f64::from(kbps))]));
             }
-            let label = if kbps > 0 { format!("kbit/s, {kbps} kbit/s link") } else { "kbit/s, unlimited link".into() };
-            super::plot::Panel { y_label: Box::leak(label.into_boxed_str()), series }
+            super::plot::Panel { y_label: &labels[i], series }
         })
         .collect();
     super::plot::panels(
