@@ -108,6 +108,7 @@ fn in_ns(ns: &str, cmd: &[&str]) -> anyhow::Result<()> {
 
 impl Topology {
     fn new(links: &[u32]) -> anyhow::Result<Self> {
+        Self::sweep();
         let tag = std::process::id();
         let mut t =
             Topology { relay: format!("fanout-{tag}-relay"), router: format!("fanout-{tag}-router"), subs: Vec::new() };
@@ -153,6 +154,19 @@ impl Topology {
             }
         }
         Ok(t)
+    }
+
+    /// Deletes the namespaces of earlier runs that died without cleaning up (killed): they
+    /// are named after a process that is gone.
+    fn sweep() {
+        let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else { return };
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let ns = line.split_whitespace().next().unwrap_or("");
+            let Some(pid) = ns.strip_prefix("fanout-").and_then(|r| r.split('-').next()) else { continue };
+            if pid.parse::<u32>().is_ok() && !Path::new(&format!("/proc/{pid}")).exists() {
+                let _ = Command::new("ip").args(["netns", "del", ns]).status();
+            }
+        }
     }
 
     /// Moves the calling thread (and what it starts) into the relay's namespace.
