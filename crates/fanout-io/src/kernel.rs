@@ -435,16 +435,20 @@ impl KernelSession {
 
     /// Caps a sink's layers (`None` lifts the cap).
     pub fn set_pin(&mut self, id: u64, pin: Option<Layer>) -> Result<(), KernelError> {
-        let added = self.targets.get(&id).ok_or_else(|| setup("no such kernel sink", id))?.1;
-        self.layers.entry(id).or_insert_with(|| SinkLayers::new(added)).set_pin(pin);
+        self.adapt(id).ok_or_else(|| setup("no such kernel sink", id))?.set_pin(pin);
         self.request(id)
+    }
+
+    /// A sink's layer adaptation, started now if it was not.
+    fn adapt(&mut self, id: u64) -> Option<&mut SinkLayers> {
+        let added = self.targets.get(&id)?.1;
+        Some(self.layers.entry(id).or_insert_with(|| SinkLayers::new(added)))
     }
 
     /// A receiver report for a sink (its cumulative loss); returns whether the sink exists.
     pub fn report(&mut self, id: u64, cumulative_lost: i32, rates: &LayerRates, now: Instant) -> bool {
-        let Some(&(_, added)) = self.targets.get(&id) else { return false };
         let Some((_, v)) = self.entry(&self.fanout.state.lock(), id) else { return false };
-        let l = self.layers.entry(id).or_insert_with(|| SinkLayers::new(added));
+        let Some(l) = self.adapt(id) else { return false };
         l.on_report(cumulative_lost, v.packets, v.bytes, rates, now);
         if let Err(e) = self.request(id) {
             tracing::warn!(session = self.index, sink = id, "{e}");

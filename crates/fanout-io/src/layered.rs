@@ -101,6 +101,15 @@ impl SinkLayers {
         self.dropped = c.dropped;
     }
 
+    /// Back to `c`, then the decisions for `packets` again: the state after a send that
+    /// took only these.
+    pub fn replay(&mut self, c: Checkpoint, packets: &[std::sync::Arc<Packet>]) {
+        self.restore(c);
+        for p in packets {
+            self.decide(p);
+        }
+    }
+
     pub fn set_pin(&mut self, pin: Option<Layer>) {
         self.sel.set_pin(pin);
         self.thesis.set_pin(pin);

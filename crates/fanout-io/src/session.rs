@@ -2,7 +2,6 @@
 
 use crate::engine::{Engine, Runner, Signal, Task, WorkerCtx};
 use crate::kernel::{KernelFanout, KernelSession, KernelSessionStats};
-use crate::layered::SinkLayers;
 use crate::packet::{Packet, PacketPool};
 use crate::reactor::{Reactor, Registration};
 use crate::sink::{GroupJob, GroupState, Sink};
@@ -187,9 +186,8 @@ pub struct LayerStatus {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct LayerRate {
-    pub did: u8,
-    pub qid: u8,
-    pub tid: u8,
+    #[serde(flatten)]
+    pub layer: Layer,
     pub bps: f64,
 }
 
@@ -421,11 +419,7 @@ impl Inner {
     /// players take them from the SDP).
     pub(crate) fn mark_video_start(&self, p: &mut Packet) {
         use fanout_proto::classify::{video_start, VideoStart};
-        let codec = match self.rtp_video.load(Ordering::Relaxed) {
-            1 => fanout_proto::annexb::Codec::H264,
-            2 => fanout_proto::annexb::Codec::H265,
-            _ => return,
-        };
+        let Some(codec) = self.video_codec() else { return };
         if p.payload().first() == Some(&fanout_proto::mpegts::SYNC_BYTE) {
             return;
         }
@@ -443,6 +437,15 @@ impl Inner {
         let pl = l.0.packet(codec, p.payload());
         l.1.record(pl, p.len(), now);
         p.set_layer(pl);
+    }
+
+    /// The video codec of the session's RTP, if known.
+    fn video_codec(&self) -> Option<fanout_proto::annexb::Codec> {
+        match self.rtp_video.load(Ordering::Relaxed) {
+            1 => Some(fanout_proto::annexb::Codec::H264),
+            2 => Some(fanout_proto::annexb::Codec::H265),
+            _ => None,
+        }
     }
 
     pub fn source_closed(&self, state: SourceState, error: Option<String>) {
@@ -749,19 +752,12 @@ impl Session {
         n
     }
 
-    /// Runs `f` on a user-space sink (with the session's layer rates); `None` if there is
-    /// no such sink in user space.
-    fn with_user_sink<R>(
-        &self,
-        id: u64,
-        f: impl FnOnce(&mut crate::sink::Sink, &fanout_proto::adapt::LayerRates) -> R,
-    ) -> Option<R> {
+    /// Runs `f` on a user-space sink; `None` if there is no such sink in user space.
+    fn with_user_sink<R>(&self, id: u64, f: impl FnOnce(&mut crate::sink::Sink) -> R) -> Option<R> {
         for g in self.inner.groups.read().iter() {
             let mut st = g.state.lock();
             if let Some(sink) = st.sinks.iter_mut().find(|s| s.id == id) {
-                // Lock order: group, then layer statistics (the source takes only the latter).
-                let rates = self.inner.layers.lock().1.clone();
-                return Some(f(sink, &rates));
+                return Some(f(sink));
             }
         }
         None
@@ -771,19 +767,18 @@ impl Session {
     /// base layer only. The cap takes effect with the next packet; lifting it, at the next
     /// packet a decoder can switch up at.
     pub fn pin_sink_layers(&self, id: u64, pin: Option<Layer>) -> Result<(), LayerError> {
-        if self.inner.rtp_video.load(Ordering::Relaxed) == 0 {
+        if self.inner.video_codec().is_none() {
             return Err(LayerError::NotLayered);
         }
         if let Some(k) = self.inner.kernel.lock().as_mut().filter(|k| k.contains(id)) {
             return k.set_pin(id, pin).map_err(|e| LayerError::Kernel(e.to_string()));
         }
-        self.with_user_sink(id, |sink, _| {
-            if !sink.can_drop_layers() {
-                return Err(LayerError::NotRtp);
+        self.with_user_sink(id, |sink| match sink.adapt() {
+            Some(l) => {
+                l.set_pin(pin);
+                Ok(())
             }
-            let added = sink.added();
-            sink.layers.get_or_insert_with(|| Box::new(SinkLayers::new(added))).set_pin(pin);
-            Ok(())
+            None => Err(LayerError::NotRtp),
         })
         .unwrap_or(Err(LayerError::NoSink))
     }
@@ -792,23 +787,18 @@ impl Session {
     /// `id` (its cumulative loss): the sink's layer selector re-estimates. Returns whether
     /// the sink exists and adapts.
     pub fn sink_report(&self, id: u64, cumulative_lost: i32) -> bool {
-        if self.inner.rtp_video.load(Ordering::Relaxed) == 0 {
+        if self.inner.video_codec().is_none() {
             return false;
         }
         let now = Instant::now();
+        // A copy: the source thread takes this lock for every packet.
+        let rates = self.inner.layers.lock().1.clone();
         if let Some(k) = self.inner.kernel.lock().as_mut().filter(|k| k.contains(id)) {
-            let rates = self.inner.layers.lock().1.clone();
             return k.report(id, cumulative_lost, &rates, now);
         }
-        self.with_user_sink(id, |sink, rates| {
-            if !sink.can_drop_layers() {
-                return false;
-            }
+        self.with_user_sink(id, |sink| {
             let (sent, bytes) = (sink.packets_sent(), sink.bytes_sent());
-            let added = sink.added();
-            let l = sink.layers.get_or_insert_with(|| Box::new(SinkLayers::new(added)));
-            l.on_report(cumulative_lost, sent, bytes, rates, now);
-            true
+            sink.adapt().map(|l| l.on_report(cumulative_lost, sent, bytes, &rates, now)).is_some()
         })
         .unwrap_or(false)
     }
@@ -919,20 +909,16 @@ impl Session {
     }
 
     fn layer_status(&self) -> Option<LayerStatus> {
-        let codec = match self.inner.rtp_video.load(Ordering::Relaxed) {
-            1 => "h264",
-            2 => "h265",
-            _ => return None,
+        let codec = match self.inner.video_codec()? {
+            fanout_proto::annexb::Codec::H264 => "h264",
+            fanout_proto::annexb::Codec::H265 => "h265",
         };
         let mut l = self.inner.layers.lock();
         l.1.roll(self.inner.now_ms());
         let rates = l.1.rates();
         Some(LayerStatus {
             codec,
-            layers: rates
-                .iter()
-                .filter_map(|(k, bps)| k.map(|x| LayerRate { did: x.did, qid: x.qid, tid: x.tid, bps: *bps }))
-                .collect(),
+            layers: rates.iter().filter_map(|(k, bps)| k.map(|layer| LayerRate { layer, bps: *bps })).collect(),
             not_layered_bps: l.1.rate(None),
             unknown_packets: l.0.unknown,
         })

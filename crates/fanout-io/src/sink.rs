@@ -149,8 +149,13 @@ impl Sink {
         self.bytes
     }
 
-    pub fn added(&self) -> Instant {
-        self.added
+    /// Its layer adaptation, started now if it was not; `None` where a cap cannot apply.
+    pub fn adapt(&mut self) -> Option<&mut SinkLayers> {
+        if !self.can_drop_layers() {
+            return None;
+        }
+        let added = self.added;
+        Some(self.layers.get_or_insert_with(|| Box::new(SinkLayers::new(added))))
     }
 
     /// Whether its packets need a look each (a layer allowance, or renumbering after one).
@@ -159,7 +164,7 @@ impl Sink {
     }
 
     /// Whether a layer allowance can apply: RTP datagrams (UDP or a channel).
-    pub fn can_drop_layers(&self) -> bool {
+    fn can_drop_layers(&self) -> bool {
         !self.strip_rtp && matches!(self.io, SinkIo::Connected(_) | SinkIo::Unconnected(_) | SinkIo::Channel(_))
     }
 
@@ -526,25 +531,9 @@ fn send_udp_layered(
         // Decide first, so `ctx.heads` is complete (and never moves) before iovecs point in.
         ctx.heads.clear();
         ctx.picked.clear();
-        for (i, p) in chunk.iter().enumerate() {
-            if let Some(seq) = lay.decide(p) {
-                let d = p.data();
-                let head = if p.is_rtp() { [d[0], d[1], (seq >> 8) as u8, seq as u8] } else { [0; 4] };
-                ctx.heads.push(head);
-                ctx.picked.push(i);
-            }
-        }
+        decide_kept(lay, chunk, &mut ctx.heads, &mut ctx.picked);
         ctx.iov.clear();
-        for (k, &i) in ctx.picked.iter().enumerate() {
-            let d = chunk[i].data();
-            if chunk[i].is_rtp() {
-                ctx.iov.push(sys::iovec(&ctx.heads[k]));
-                ctx.iov.push(sys::iovec(&d[4..]));
-            } else {
-                ctx.iov.push(sys::iovec(d));
-                ctx.iov.push(sys::iovec(&[]));
-            }
-        }
+        push_kept(&mut ctx.iov, chunk, &ctx.heads, &ctx.picked);
         ctx.hdrs.clear();
         for k in 0..ctx.picked.len() {
             ctx.hdrs.push(sys::mmsghdr_n(&mut ctx.iov[2 * k], 2, to));
@@ -574,13 +563,37 @@ fn send_udp_layered(
         }
         // Partly sent: consumed up to the first unsent packet; decide the rest again later.
         let upto = consumed + ctx.picked[sent];
-        lay.restore(saved);
-        for p in &pending[..upto] {
-            lay.decide(p);
-        }
+        lay.replay(saved, &pending[..upto]);
         return Ok((upto, bytes));
     }
     Ok((consumed, bytes))
+}
+
+/// Decides `pending` for a layer-dropping sink: for each packet it keeps, the first four
+/// bytes it goes out with (its own sequence number) into `heads` and its index into `picked`.
+fn decide_kept(lay: &mut SinkLayers, pending: &[Arc<Packet>], heads: &mut Vec<[u8; 4]>, picked: &mut Vec<usize>) {
+    for (i, p) in pending.iter().enumerate() {
+        if let Some(seq) = lay.decide(p) {
+            let d = p.data();
+            heads.push(if p.is_rtp() { [d[0], d[1], (seq >> 8) as u8, seq as u8] } else { [0; 4] });
+            picked.push(i);
+        }
+    }
+}
+
+/// Two iovecs per kept packet: its rewritten first four bytes and the rest from the ring
+/// (a packet without an RTP header whole, and an empty piece).
+fn push_kept(iov: &mut Vec<libc::iovec>, pending: &[Arc<Packet>], heads: &[[u8; 4]], picked: &[usize]) {
+    for (head, &i) in heads.iter().zip(picked) {
+        let d = pending[i].data();
+        if pending[i].is_rtp() {
+            iov.push(sys::iovec(head));
+            iov.push(sys::iovec(&d[4..]));
+        } else {
+            iov.push(sys::iovec(d));
+            iov.push(sys::iovec(&[]));
+        }
+    }
 }
 
 /// `uring` UDP: queue one send per pending packet; they go to the kernel with the group's
@@ -658,13 +671,7 @@ fn send_udp_group(g: &mut GroupState, head: u64, start: u64, ctx: &mut WorkerCtx
             None => plan.push(Planned { sink: i, datagrams: pending.len(), layered: None }),
             Some(lay) => {
                 let (saved, first) = (lay.checkpoint(), ctx.picked.len());
-                for (j, p) in pending.iter().enumerate() {
-                    if let Some(seq) = lay.decide(p) {
-                        let d = p.data();
-                        ctx.heads.push(if p.is_rtp() { [d[0], d[1], (seq >> 8) as u8, seq as u8] } else { [0; 4] });
-                        ctx.picked.push(j);
-                    }
-                }
+                decide_kept(lay, pending, &mut ctx.heads, &mut ctx.picked);
                 plan.push(Planned { sink: i, datagrams: ctx.picked.len() - first, layered: Some((saved, first)) });
             }
         }
@@ -675,16 +682,8 @@ fn send_udp_group(g: &mut GroupState, head: u64, start: u64, ctx: &mut WorkerCtx
         match e.layered {
             None => ctx.iov.extend(pending.iter().map(|p| sys::iovec(p.data()))),
             Some((_, first)) => {
-                for k in first..first + e.datagrams {
-                    let p = &pending[ctx.picked[k]];
-                    if p.is_rtp() {
-                        ctx.iov.push(sys::iovec(&ctx.heads[k]));
-                        ctx.iov.push(sys::iovec(&p.data()[4..]));
-                    } else {
-                        ctx.iov.push(sys::iovec(p.data()));
-                        ctx.iov.push(sys::iovec(&[]));
-                    }
-                }
+                let kept = first..first + e.datagrams;
+                push_kept(&mut ctx.iov, pending, &ctx.heads[kept.clone()], &ctx.picked[kept]);
             }
         }
     }
@@ -747,11 +746,7 @@ fn send_udp_group(g: &mut GroupState, head: u64, start: u64, ctx: &mut WorkerCtx
                     pending.len()
                 } else {
                     // Consumed up to its first unsent packet: decide the rest again later.
-                    let lay = sink.layers.as_deref_mut().expect("a layered sink");
-                    lay.restore(saved);
-                    for p in &pending[..kept[done]] {
-                        lay.decide(p);
-                    }
+                    sink.layers.as_deref_mut().expect("a layered sink").replay(saved, &pending[..kept[done]]);
                     kept[done]
                 }
             }
