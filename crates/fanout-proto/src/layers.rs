@@ -218,18 +218,11 @@ mod tests {
     use crate::annexb::{nal_units, packetize};
     use proptest::prelude::*;
 
-    const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/testdata/video/");
+    const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/video/");
 
-    /// The shared test data, or `None` (a loud skip) where it is not checked out.
+    /// A stream of the repository's test data (`testdata/video`).
     fn data(name: &str) -> Option<Vec<u8>> {
-        match std::fs::read(format!("{DATA}{name}")) {
-            Ok(b) => Some(b),
-            Err(e) if std::env::var_os("CI").is_none() => {
-                eprintln!("\n*** SKIPPED: {DATA}{name}: {e} ***\n");
-                None
-            }
-            Err(e) => panic!("{DATA}{name}: {e}"),
-        }
+        Some(std::fs::read(format!("{DATA}{name}")).unwrap_or_else(|e| panic!("{DATA}{name}: {e}")))
     }
 
     fn media(did: u8, tid: u8) -> Layer {

@@ -5,6 +5,7 @@ use crate::spec::SessionSpec;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::Path;
+use toml::de::DeTable;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -20,6 +21,15 @@ pub struct Config {
     pub rtsp_max_connections: usize,
     /// Seconds an RTSP connection may stay silent (unless it carries interleaved RTP).
     pub rtsp_idle_s: f64,
+    /// Seconds from a request head's first byte to its end (RTSP and the API's HTTP): a
+    /// trickle of bytes does not hold a connection open.
+    pub request_timeout_s: f64,
+    /// API/HTTP connections open at once.
+    pub api_max_connections: usize,
+    /// RTSP clients must authenticate with the API token (user `token`).
+    pub rtsp_require_token: bool,
+    /// Serve the API or RTSP on a non-loopback address without authentication.
+    pub allow_unauthenticated: bool,
     /// Bearer token required on every API call and stream (none = open; the default API
     /// address is loopback-only).
     pub token: Option<String>,
@@ -46,6 +56,29 @@ pub struct Config {
     pub sessions: Vec<SessionSpec>,
 }
 
+/// The keys of [`Config`] as the file spells them; a test checks the list against serde's.
+pub const CONFIG_FIELDS: &[&str] = &[
+    "api",
+    "rtsp",
+    "rtsp_user",
+    "rtsp_max_connections",
+    "rtsp_idle_s",
+    "request_timeout_s",
+    "api_max_connections",
+    "rtsp_require_token",
+    "allow_unauthenticated",
+    "token",
+    "workers",
+    "ring",
+    "max_datagram",
+    "sinks_per_group",
+    "stream_flush_ms",
+    "datapath",
+    "demo",
+    "max_body",
+    "session",
+];
+
 /// See `docs/BENCHMARKS.md` (stream flush): the interval that halves the writes of
 /// 256 kbit/s streams.
 pub const DEFAULT_STREAM_FLUSH_MS: u64 = 100;
@@ -58,6 +91,10 @@ impl Default for Config {
             rtsp_users: Vec::new(),
             rtsp_max_connections: 1024,
             rtsp_idle_s: 60.0,
+            request_timeout_s: 10.0,
+            api_max_connections: 1024,
+            rtsp_require_token: false,
+            allow_unauthenticated: false,
             token: None,
             workers: 0,
             ring: 1024,
@@ -79,28 +116,177 @@ pub struct RtspUser {
     pub password: String,
 }
 
+/// The limits of the server-wide numbers (also in docs/config.md).
+pub const MAX_WORKERS: usize = 256;
+pub const MAX_SINKS_PER_GROUP: usize = 4096;
+pub const MIN_BODY: usize = 1024;
+
 impl Config {
-    /// Reads and checks a config file; the error names the file, the line and the problem.
+    /// Reads and checks a config file; every problem is reported, each with the file and the
+    /// line it is on.
     pub fn load(path: &Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        Self::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+        Self::parse(&text).map_err(|errors| {
+            let file = path.display();
+            anyhow::anyhow!("{}", errors.iter().map(|e| format!("{file}:{e}")).collect::<Vec<_>>().join("\n"))
+        })
     }
 
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let cfg: Config = toml::from_str(text).map_err(|e| e.to_string())?;
-        if !(2..=crate::spec::MAX_RING).contains(&cfg.ring) {
-            return Err(format!("ring {} is out of range 2..={}", cfg.ring, crate::spec::MAX_RING));
+    /// Parses and checks a config; on failure, every problem found as `line N: what`, in
+    /// order of line.
+    pub fn parse(text: &str) -> Result<Self, Vec<String>> {
+        let line = |offset: usize| text[..offset.min(text.len())].bytes().filter(|b| *b == b'\n').count() + 1;
+        let at = |span: Option<std::ops::Range<usize>>, msg: &str| match span {
+            Some(s) => (line(s.start), msg.trim().to_string()),
+            None => (0, msg.trim().to_string()),
+        };
+        let (doc, syntax) = DeTable::parse_recoverable(text);
+        let mut errors: Vec<(usize, String)> = syntax.iter().map(|e| at(e.span(), e.message())).collect();
+        if errors.is_empty() {
+            errors = Self::field_errors(doc.get_ref(), &at);
         }
-        if !(188..=crate::spec::MAX_DATAGRAM).contains(&cfg.max_datagram) {
-            return Err(format!("max_datagram {} is out of range 188..=65535", cfg.max_datagram));
+        if errors.is_empty() {
+            match toml::from_str::<Config>(text) {
+                Ok(cfg) => errors = cfg.range_errors(doc.get_ref(), &line),
+                Err(e) => errors.push(at(e.span(), e.message())),
+            }
+            if errors.is_empty() {
+                return Ok(toml::from_str(text).expect("parsed above"));
+            }
         }
-        if cfg.sinks_per_group == 0 {
-            return Err("sinks_per_group must be at least 1".into());
+        errors.sort();
+        errors.dedup();
+        Err(errors.into_iter().map(|(l, m)| if l > 0 { format!("line {l}: {m}") } else { m }).collect())
+    }
+
+    /// Type and unknown-field errors, each top-level key (and each session) deserialized on
+    /// its own so that one bad field does not hide the next.
+    fn field_errors(
+        doc: &DeTable,
+        at: &dyn Fn(Option<std::ops::Range<usize>>, &str) -> (usize, String),
+    ) -> Vec<(usize, String)> {
+        let mut errors = Vec::new();
+        for (key, value) in doc.iter() {
+            if key.get_ref().as_ref() == "session" {
+                if let Some(sessions) = value.get_ref().as_array() {
+                    for s in sessions {
+                        let de = toml::de::ValueDeserializer::from(s.clone());
+                        if let Err(e) = SessionSpec::deserialize(de) {
+                            errors.push(at(e.span().or(Some(s.span())), e.message()));
+                        }
+                    }
+                    continue;
+                }
+            }
+            let mut one = DeTable::new();
+            one.insert(key.clone(), value.clone());
+            let de = toml::de::Deserializer::from(toml::Spanned::new(value.span(), one));
+            if let Err(e) = Config::deserialize(de) {
+                errors.push(at(e.span().or(Some(key.span())), e.message()));
+            }
         }
-        for s in &cfg.sessions {
-            s.validate().map_err(|e| format!("session {:?}: {e}", s.name))?;
+        errors
+    }
+
+    /// Values of the right type but out of their range, each at the line of its key.
+    fn range_errors(&self, doc: &DeTable, line: &dyn Fn(usize) -> usize) -> Vec<(usize, String)> {
+        let key_line =
+            |key: &str| doc.iter().find(|(k, _)| k.get_ref().as_ref() == key).map_or(0, |(k, _)| line(k.span().start));
+        let mut errors = Vec::new();
+        let mut check = |ok: bool, key: &'static str, msg: String| {
+            if !ok {
+                errors.push((key_line(key), msg));
+            }
+        };
+        let max_ring = crate::spec::MAX_RING;
+        check(
+            (2..=max_ring).contains(&self.ring),
+            "ring",
+            format!("ring {} is out of range 2..={max_ring}", self.ring),
+        );
+        let max_dg = crate::spec::MAX_DATAGRAM;
+        check(
+            (188..=max_dg).contains(&self.max_datagram),
+            "max_datagram",
+            format!("max_datagram {} is out of range 188..={max_dg}", self.max_datagram),
+        );
+        check(
+            (1..=MAX_SINKS_PER_GROUP).contains(&self.sinks_per_group),
+            "sinks_per_group",
+            format!("sinks_per_group {} is out of range 1..={MAX_SINKS_PER_GROUP}", self.sinks_per_group),
+        );
+        check(
+            self.workers <= MAX_WORKERS,
+            "workers",
+            format!("workers {} is out of range 0..={MAX_WORKERS}", self.workers),
+        );
+        check(self.rtsp_max_connections >= 1, "rtsp_max_connections", "rtsp_max_connections must be at least 1".into());
+        check(
+            (1.0..=86_400.0).contains(&self.rtsp_idle_s),
+            "rtsp_idle_s",
+            format!("rtsp_idle_s {} is out of range 1..=86400", self.rtsp_idle_s),
+        );
+        check(
+            (0.5..=600.0).contains(&self.request_timeout_s),
+            "request_timeout_s",
+            format!("request_timeout_s {} is out of range 0.5..=600", self.request_timeout_s),
+        );
+        check(self.api_max_connections >= 1, "api_max_connections", "api_max_connections must be at least 1".into());
+        check(
+            !self.rtsp_require_token || self.token.is_some(),
+            "rtsp_require_token",
+            "rtsp_require_token needs a token".into(),
+        );
+        let max_flush = crate::spec::MAX_STREAM_FLUSH_MS;
+        check(
+            self.stream_flush_ms <= max_flush,
+            "stream_flush_ms",
+            format!("stream_flush_ms {} is out of range 0..={max_flush}", self.stream_flush_ms),
+        );
+        check(self.max_body >= MIN_BODY, "max_body", format!("max_body {} is below {MIN_BODY}", self.max_body));
+        check(
+            self.token.as_ref().is_none_or(|t| !t.is_empty()),
+            "token",
+            "token must not be empty (leave it out for an open API)".into(),
+        );
+        for u in &self.rtsp_users {
+            check(
+                !u.name.is_empty() && !u.name.contains(':'),
+                "rtsp_user",
+                format!("rtsp_user name {:?} must be non-empty, without ':'", u.name),
+            );
         }
-        Ok(cfg)
+        // A session's problem is at the line of the field it names, else of its table.
+        let sessions =
+            doc.iter().find(|(k, _)| k.get_ref().as_ref() == "session").and_then(|(_, v)| v.get_ref().as_array());
+        for (i, s) in self.sessions.iter().enumerate() {
+            let Err(e) = s.validate() else { continue };
+            let table = sessions.and_then(|a| a.get(i));
+            let l = table.map_or(0, |t| {
+                let mut keys = Vec::new();
+                collect_keys(t, &mut keys);
+                keys.iter()
+                    .filter(|(k, _)| e.contains(k.as_str()))
+                    .max_by_key(|(k, _)| k.len())
+                    .map_or(line(t.span().start), |(_, off)| line(*off))
+            });
+            errors.push((l, format!("session {:?}: {e}", s.name)));
+        }
+        errors
+    }
+}
+
+/// Every key of a table and of the tables within it, with its offset.
+fn collect_keys(value: &toml::Spanned<toml::de::DeValue>, out: &mut Vec<(String, usize)>) {
+    match value.get_ref() {
+        toml::de::DeValue::Table(t) => {
+            for (k, v) in t.iter() {
+                out.push((k.get_ref().to_string(), k.span().start));
+                collect_keys(v, out);
+            }
+        }
+        toml::de::DeValue::Array(a) => a.iter().for_each(|v| collect_keys(v, out)),
+        _ => {}
     }
 }
 
@@ -135,9 +321,77 @@ mod tests {
 
     #[test]
     fn errors_name_the_line() {
-        let e = Config::parse("workers = 2\nringg = 5\n").unwrap_err();
+        let e = Config::parse("workers = 2\nringg = 5\n").unwrap_err().join("\n");
         assert!(e.contains("line 2") && e.contains("ringg"), "{e}");
-        let e = Config::parse("[[session]]\nname = \"x\"\nsource = { udp = \"1.2.3.4\" }\n").unwrap_err();
+        let e = Config::parse("[[session]]\nname = \"x\"\nsource = { udp = \"1.2.3.4\" }\n").unwrap_err().join("\n");
         assert!(e.contains("line 3"), "{e}");
+    }
+
+    #[test]
+    fn range_errors_name_the_line_and_all_are_reported() {
+        let text = "demo = true\nring = 1\nworkers = 2\nmax_datagram = 9\n\n[[session]]\nname = \"a\"\n\
+                    source = { demo = true }\npriority = 9\n\n[[session]]\nname = \"b\"\nsource = { demo = true }\n\
+                    stream_flush_ms = 5000\n";
+        let e = Config::parse(text).unwrap_err();
+        assert_eq!(e.len(), 4, "{e:#?}");
+        assert!(e[0].starts_with("line 2: ring 1"), "{e:#?}");
+        assert!(e[1].starts_with("line 4: max_datagram 9"), "{e:#?}");
+        assert!(e[2].starts_with("line 9: session \"a\"") && e[2].contains("priority"), "{e:#?}");
+        assert!(e[3].starts_with("line 14: session \"b\": stream_flush_ms 5000"), "{e:#?}");
+    }
+
+    #[test]
+    fn every_field_error_is_reported() {
+        let text = "ringg = 5\nworkers = \"two\"\ndemo = true\n[[session]]\nname = \"a\"\nsource = { demo = true }\ncolour = 1\n";
+        let e = Config::parse(text).unwrap_err();
+        assert_eq!(e.len(), 3, "{e:#?}");
+        assert!(e[0].starts_with("line 1:") && e[0].contains("ringg"), "{e:#?}");
+        assert!(e[1].starts_with("line 2:") && e[1].contains("invalid type"), "{e:#?}");
+        assert!(e[2].starts_with("line 7:") && e[2].contains("colour"), "{e:#?}");
+    }
+
+    #[test]
+    fn syntax_errors_are_all_reported() {
+        let e = Config::parse("ring = \nworkers = 2\ndemo = tru\n").unwrap_err();
+        assert!(e.len() >= 2 && e[0].starts_with("line 1") && e.iter().any(|l| l.starts_with("line 3")), "{e:#?}");
+    }
+
+    /// Every field of the config and of a session is documented in docs/config.md.
+    #[test]
+    fn every_field_is_documented() {
+        let doc = include_str!("../../../docs/config.md");
+        let fields =
+            serde_json::to_value(crate::spec::SessionSpec::new("x", crate::spec::SourceSpec::default())).unwrap();
+        let mut missing: Vec<String> = Vec::new();
+        let mut need = |key: &str| {
+            if !doc.contains(&format!("`{key}`")) {
+                missing.push(key.to_string());
+            }
+        };
+        for key in CONFIG_FIELDS {
+            need(key);
+        }
+        for key in fields.as_object().unwrap().keys() {
+            need(key);
+        }
+        for key in ["ring", "max_datagram", "datapath", "stream_flush_ms", "video", "sink", "FANOUT_LOG"] {
+            need(key);
+        }
+        for key in crate::spec::SOURCE_FIELDS {
+            need(key);
+        }
+        assert!(missing.is_empty(), "docs/config.md does not document: {missing:?}");
+    }
+
+    /// Keeps CONFIG_FIELDS in step with the struct: a config naming every listed field
+    /// parses, and one more made-up field does not.
+    #[test]
+    fn config_fields_list_is_complete() {
+        let err = Config::parse("no_such_field = 1\n").unwrap_err().join("");
+        for key in CONFIG_FIELDS {
+            assert!(err.contains(&format!("`{key}`")), "CONFIG_FIELDS lists {key}, serde does not: {err}");
+        }
+        let listed = err.matches('`').count() / 2 - 1; // minus the unknown field itself
+        assert_eq!(listed, CONFIG_FIELDS.len(), "serde knows more fields than CONFIG_FIELDS: {err}");
     }
 }

@@ -46,6 +46,20 @@ pub struct SourceSpec {
     pub timeout_s: Option<f64>,
 }
 
+/// The keys of [`SourceSpec`] (docs/config.md documents each; a test keeps the list whole).
+pub const SOURCE_FIELDS: &[&str] = &[
+    "udp",
+    "interface",
+    "tcp_listen",
+    "tcp_connect",
+    "demo",
+    "rtsp",
+    "rtsp_transport",
+    "on_demand",
+    "linger_s",
+    "timeout_s",
+];
+
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum VideoCodec {
@@ -266,6 +280,15 @@ mod tests {
         let s = parse(r#"{"name":"tv1","source":{"udp":"127.0.0.1:5004"},"priority":3,"datapath":"shared"}"#).unwrap();
         assert_eq!(s.priority, 3);
         assert_eq!(s.datapath, Some(DataPath::Shared));
+    }
+
+    #[test]
+    fn source_fields_list_is_complete() {
+        let e = serde_json::from_str::<SourceSpec>(r#"{"nope":1}"#).unwrap_err().to_string();
+        for key in SOURCE_FIELDS {
+            assert!(e.contains(&format!("`{key}`")), "{key}: {e}");
+        }
+        assert_eq!(e.matches('`').count() / 2 - 1, SOURCE_FIELDS.len(), "{e}");
     }
 
     #[test]

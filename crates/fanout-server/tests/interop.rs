@@ -7,7 +7,7 @@ use serde_json::json;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-const SHARED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/testdata/video");
+const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/video");
 
 fn decode_through_relay(file: &str, encoding: &str, datapath: &str) -> u64 {
     let relay = Relay::start(&["--no-demo"]);
@@ -35,17 +35,7 @@ fn decode_through_relay(file: &str, encoding: &str, datapath: &str) -> u64 {
     relay.ok("POST", "/v1/sessions/v/sinks", Some(json!({"udp": format!("127.0.0.1:{port}")})));
     std::thread::sleep(Duration::from_millis(800));
     let out = Command::new(env!("CARGO_BIN_EXE_fanout"))
-        .args([
-            "gen",
-            "--to",
-            &src.to_string(),
-            "--file",
-            &format!("{SHARED}/{file}"),
-            "--fps",
-            "50",
-            "--duration",
-            "3",
-        ])
+        .args(["gen", "--to", &src.to_string(), "--file", &format!("{DATA}/{file}"), "--fps", "50", "--duration", "3"])
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");

@@ -13,8 +13,7 @@ use std::net::UdpSocket;
 use std::process::Command;
 use std::time::Duration;
 
-const STREAM: &str =
-    concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/testdata/video/h264-svc/mediasoup_naluInfo.264");
+const STREAM: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/video/h264-svc/mediasoup_naluInfo.264");
 
 #[test]
 fn a_session_shows_the_rate_of_each_layer() {
@@ -52,7 +51,7 @@ fn a_session_shows_the_rate_of_each_layer() {
     assert_eq!(l["unknown_packets"], 0, "{l}");
 }
 
-const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/testdata/video/");
+const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/video/");
 
 /// A layer cap as the API takes it.
 fn cap(did: u8, tid: u8) -> serde_json::Value {
@@ -189,18 +188,9 @@ fn decodable_after_dropping(datapath: &str, file: &str, aggregate: bool, caps: &
     }
 }
 
-fn have_data_and_ffmpeg() -> bool {
-    if !std::path::Path::new(DATA).exists() {
-        assert!(std::env::var_os("CI").is_none(), "{DATA} is missing");
-        eprintln!("\n*** SKIPPED: {DATA} is missing ***\n");
-        return false;
-    }
-    have_ffmpeg()
-}
-
 #[test]
 fn svc_streams_stay_decodable_after_dropping_layers() {
-    if !have_data_and_ffmpeg() {
+    if !have_ffmpeg() {
         return;
     }
     // (did, tid) caps and the frames ffmpeg decodes (PROVENANCE.md); ffmpeg decodes the AVC
@@ -227,7 +217,7 @@ fn svc_streams_stay_decodable_after_dropping_layers() {
 
 #[test]
 fn the_hevc_temporal_base_layer_stays_decodable() {
-    if !have_data_and_ffmpeg() {
+    if !have_ffmpeg() {
         return;
     }
     decodable_after_dropping("shared", "hevc/x265_temporal_320x192.265", false, &[((0, 0), 18)]);
@@ -236,7 +226,7 @@ fn the_hevc_temporal_base_layer_stays_decodable() {
 
 #[test]
 fn the_kernel_path_drops_layers_in_the_program() {
-    if !have_data_and_ffmpeg() {
+    if !have_ffmpeg() {
         return;
     }
     in_private_netns("the_kernel_path_drops_layers_in_the_program", || {
@@ -290,7 +280,7 @@ fn subscribers_behind_constrained_links_adapt_without_loss() {
         eprintln!("\n*** SKIPPED subscribers_behind_constrained_links_adapt_without_loss: needs root for namespaces and tc ***\n");
         return;
     }
-    if !have_data_and_ffmpeg() {
+    if !have_ffmpeg() {
         return;
     }
     let runs: Vec<_> =
@@ -377,7 +367,7 @@ fn receiver_reports_drive_the_rtsp_clients_selector_and_bad_ones_are_counted() {
 fn an_interleaved_client_capped_at_the_temporal_base_decodes() {
     use fanout_proto::rtsp::{Limits, Message};
     use std::io::{Read, Write};
-    if !have_data_and_ffmpeg() {
+    if !have_ffmpeg() {
         return;
     }
     let path = format!("{DATA}h264-svc/mediasoup_naluInfo.264");
@@ -472,7 +462,7 @@ fn caps_are_refused_where_they_cannot_apply() {
 /// half times and the first pass compared.)
 #[test]
 fn capped_sinks_survive_partial_sends() {
-    if !have_data_and_ffmpeg() {
+    if !have_ffmpeg() {
         return;
     }
     in_private_netns("capped_sinks_survive_partial_sends", || {

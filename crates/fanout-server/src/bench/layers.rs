@@ -39,7 +39,7 @@ pub struct LayersArgs {
     #[arg(long, default_value_t = 60.0)]
     seconds: f64,
     /// The layered stream (H.264 or HEVC Annex B), looped.
-    #[arg(long, default_value = "../shared/testdata/video/h264-svc/mediasoup_naluInfo.264")]
+    #[arg(long, default_value = "testdata/video/h264-svc/mediasoup_naluInfo.264")]
     file: PathBuf,
     /// Its frame rate: mediasoup's stream at 60 fps is about 660 kbit/s.
     #[arg(long, default_value_t = 60.0)]
