@@ -309,6 +309,7 @@ pub fn reason(status: u16) -> &'static str {
         404 => "Not Found",
         405 => "Method Not Allowed",
         413 => "Request Entity Too Large",
+        408 => "Request Timeout",
         431 => "Request Header Fields Too Large",
         454 => "Session Not Found",
         455 => "Method Not Valid in This State",

@@ -57,6 +57,7 @@ pub struct Config {
 }
 
 /// The keys of [`Config`] as the file spells them; a test checks the list against serde's.
+#[cfg(test)]
 pub const CONFIG_FIELDS: &[&str] = &[
     "api",
     "rtsp",

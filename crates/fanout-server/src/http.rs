@@ -14,12 +14,23 @@ use tokio::net::{TcpListener, TcpStream};
 
 /// Largest request head we look at before deciding.
 const MAX_HEAD: usize = 8192;
-/// Connections served at once (API and streams being set up).
-const MAX_CONNECTIONS: usize = 4096;
-
 pub async fn serve(listener: TcpListener, relay: Arc<Relay>, router: axum::Router) {
-    let limit = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let max = relay.cfg.api_max_connections;
+    let head_timeout = Duration::from_secs_f64(relay.cfg.request_timeout_s);
+    let limit = Arc::new(tokio::sync::Semaphore::new(max));
+    let mut warned = false;
     loop {
+        // At the cap, further connections wait in the kernel's accept queue (then are refused
+        // by it) instead of being accepted and served with nothing.
+        let permit = match limit.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                if !std::mem::replace(&mut warned, true) {
+                    tracing::warn!("{max} API/HTTP connections open (api_max_connections): new ones wait");
+                }
+                limit.clone().acquire_owned().await.expect("never closed")
+            }
+        };
         let (stream, _) = match listener.accept().await {
             Ok(c) => c,
             Err(e) => {
@@ -28,21 +39,21 @@ pub async fn serve(listener: TcpListener, relay: Arc<Relay>, router: axum::Route
                 continue;
             }
         };
-        let Ok(permit) = limit.clone().try_acquire_owned() else {
-            tracing::warn!("connection refused: {MAX_CONNECTIONS} connections already being served");
-            continue;
-        };
         let (relay, router) = (relay.clone(), router.clone());
         tokio::spawn(async move {
             let _permit = permit;
-            match stream_request(&stream).await {
+            match stream_request(&stream, head_timeout).await {
                 Some(Ok((name, auth, query, head_len))) => {
                     start_stream(stream, &relay, &name, auth.as_deref(), query.as_deref(), head_len).await
                 }
                 Some(Err(())) => {}
                 None => {
                     let svc = TowerToHyperService::new(router);
+                    // Every request head, the first and each kept-alive one, must arrive whole
+                    // within the timeout: a trickle of bytes does not hold the connection.
                     let _ = hyper::server::conn::http1::Builder::new()
+                        .timer(hyper_util::rt::TokioTimer::new())
+                        .header_read_timeout(head_timeout)
                         .keep_alive(true)
                         .serve_connection(TokioIo::new(stream), svc)
                         .await;
@@ -55,9 +66,9 @@ pub async fn serve(listener: TcpListener, relay: Arc<Relay>, router: axum::Route
 type Parsed = (String, Option<String>, Option<String>, usize);
 
 /// Peeks at the request head (without consuming it, so hyper can read it if it is not ours).
-async fn stream_request(stream: &TcpStream) -> Option<Result<Parsed, ()>> {
+async fn stream_request(stream: &TcpStream, head_timeout: Duration) -> Option<Result<Parsed, ()>> {
     let mut buf = vec![0u8; MAX_HEAD];
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let deadline = tokio::time::Instant::now() + head_timeout;
     loop {
         let n = match tokio::time::timeout_at(deadline, stream.peek(&mut buf)).await {
             Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return Some(Err(())),
@@ -76,6 +87,8 @@ async fn stream_request(stream: &TcpStream) -> Option<Result<Parsed, ()>> {
             Some(None) => return None,
             // Incomplete: a full buffer means an oversized head, which hyper will reject.
             None if n == buf.len() => return None,
+            // A peek of bytes already there returns at once: the deadline is checked here.
+            None if tokio::time::Instant::now() >= deadline => return Some(Err(())),
             None => tokio::time::sleep(Duration::from_millis(5)).await,
         }
     }

@@ -469,6 +469,7 @@ pub async fn serve(listener: TcpListener, relay: Arc<Relay>, rtsp: Arc<Rtsp>) {
     let mut next_conn = 0u64;
     let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let (max, idle) = (relay.cfg.rtsp_max_connections, Duration::from_secs_f64(relay.cfg.rtsp_idle_s.max(0.1)));
+    let head_timeout = Duration::from_secs_f64(relay.cfg.request_timeout_s);
     loop {
         let (mut stream, peer) = match listener.accept().await {
             Ok(x) => x,
@@ -493,7 +494,7 @@ pub async fn serve(listener: TcpListener, relay: Arc<Relay>, rtsp: Arc<Rtsp>) {
         next_conn += 1;
         let (relay, rtsp, conn, open) = (relay.clone(), rtsp.clone(), next_conn, open.clone());
         tokio::spawn(async move {
-            if let Err(e) = connection(stream, peer, conn, idle, &relay, &rtsp).await {
+            if let Err(e) = connection(stream, peer, conn, (idle, head_timeout), &relay, &rtsp).await {
                 tracing::debug!(%peer, "rtsp connection: {e}");
             }
             open.fetch_sub(1, Relaxed);
@@ -513,7 +514,7 @@ async fn connection(
     mut stream: TcpStream,
     peer: SocketAddr,
     conn: u64,
-    idle: Duration,
+    (idle, head_timeout): (Duration, Duration),
     relay: &Arc<Relay>,
     rtsp: &Arc<Rtsp>,
 ) -> std::io::Result<()> {
@@ -531,6 +532,9 @@ async fn connection(
     let mut buf: Vec<u8> = Vec::with_capacity(4096);
     let mut chunk = [0u8; 4096];
     let (mut packets, mut frames) = (Vec::new(), Vec::new());
+    // When the first byte of a message still incomplete arrived: it must end within
+    // `head_timeout`, so that a trickle of bytes cannot hold a connection (slowloris).
+    let mut partial_since: Option<Instant> = None;
     loop {
         // Every complete message in the buffer, in order (clients pipeline).
         loop {
@@ -588,12 +592,24 @@ async fn connection(
                 }
             }
         }
+        partial_since = if buf.is_empty() { None } else { partial_since.or(Some(Instant::now())) };
         // A connection that carries interleaved RTP is never idle.
         let idle = if me.queues.lock().is_empty() { idle } else { Duration::MAX / 4 };
+        let wait = match partial_since {
+            Some(t) => idle.min(head_timeout.saturating_sub(t.elapsed())),
+            None => idle,
+        };
         tokio::select! {
-            r = tokio::time::timeout(idle, stream.read(&mut chunk)) => {
+            r = tokio::time::timeout(wait, stream.read(&mut chunk)) => {
                 let n = match r {
                     Ok(r) => r?,
+                    Err(_) if partial_since.is_some_and(|t| t.elapsed() >= head_timeout) => {
+                        tracing::info!(%peer, "RTSP request incomplete after {head_timeout:?}: closed");
+                        let mut out = Vec::new();
+                        Response::new(408, None).write(&mut out);
+                        let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&out)).await;
+                        return Ok(());
+                    }
                     Err(_) => return Ok(()),
                 };
                 if n == 0 {

@@ -47,6 +47,7 @@ pub struct SourceSpec {
 }
 
 /// The keys of [`SourceSpec`] (docs/config.md documents each; a test keeps the list whole).
+#[cfg(test)]
 pub const SOURCE_FIELDS: &[&str] = &[
     "udp",
     "interface",

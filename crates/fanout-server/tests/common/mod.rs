@@ -19,6 +19,20 @@ impl Relay {
         Self::try_start(extra).unwrap_or_else(|e| panic!("relay did not start: {e}"))
     }
 
+    /// Starts the relay with this config file text (and RTSP on a free port).
+    pub fn with_config(toml: &str, extra: &[&str]) -> Relay {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static N: AtomicU32 = AtomicU32::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let cfg = std::env::temp_dir().join(format!("fanout-test-{}-{n}.toml", std::process::id()));
+        std::fs::write(&cfg, toml).unwrap();
+        let mut args = vec!["--rtsp", "127.0.0.1:0", "--config", cfg.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let relay = Relay::start(&args);
+        let _ = std::fs::remove_file(&cfg);
+        relay
+    }
+
     pub fn try_start(extra: &[&str]) -> Result<Relay, String> {
         Self::try_start_wrapped(&[], extra)
     }
