@@ -365,8 +365,13 @@ impl KernelSession {
         matches!(to, SocketAddr::V4(a) if !a.ip().is_multicast() && !a.ip().is_broadcast() && !a.ip().is_unspecified())
     }
 
-    /// Adds a sink; `sport`: the UDP source port its clones carry (`None`: the relay's).
-    pub fn add(&mut self, id: u64, to: SocketAddr, sport: Option<u16>) -> Result<(), KernelError> {
+    /// Adds a sink; `from`: the UDP source its clones carry (`None`: the relay's; an
+    /// unspecified or IPv6 address there: the port only).
+    pub fn add(&mut self, id: u64, to: SocketAddr, from: Option<SocketAddr>) -> Result<(), KernelError> {
+        let saddr = match from {
+            Some(SocketAddr::V4(a)) if !a.ip().is_unspecified() => u32::from(*a.ip()).to_be(),
+            _ => 0,
+        };
         let SocketAddr::V4(to) = to else { return Err(setup("not an IPv4 sink", to)) };
         let local = to.ip().is_loopback() || UdpSocket::bind((*to.ip(), 0)).is_ok();
         let entry = BpfSink {
@@ -377,7 +382,8 @@ impl KernelSession {
             // Through lo's transmit, so a clone keeps the original's route (a loopback
             // destination without one is a martian, unless route_localnet is set).
             redirect_flags: 0,
-            sport: sport.map_or(0, u16::to_be),
+            sport: from.map_or(0, |a| a.port().to_be()),
+            saddr,
             ..Default::default()
         };
         let mut st = self.fanout.state.lock();

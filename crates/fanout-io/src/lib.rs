@@ -40,5 +40,5 @@ pub use session::{
     DataPath, FailurePolicy, LayerRate, LayerStatus, PayloadMode, Session, SessionConfig, SessionStatus, SinkStatus,
     SinkTarget, SourceRecv, SourceState, SourceStatus, UdpSinkMode,
 };
-pub use sink::set_udp_source_port;
+pub use sink::set_udp_source;
 pub use source::{bind_udp_source, DemoClip, DemoTrack};

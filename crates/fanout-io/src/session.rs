@@ -657,19 +657,19 @@ impl Session {
         self.add_udp_sink_from(to, false)
     }
 
-    /// Adds a UDP sink sent from the shared source port ([`crate::set_udp_source_port`]:
-    /// the RTSP server's `server_port`, which strict clients require); on the kernel path
-    /// the program rewrites its clones' source port to it.
+    /// Adds a UDP sink sent from the shared source address ([`crate::set_udp_source`]: the
+    /// RTSP server's address and `server_port`, which strict clients require); on the kernel
+    /// path the program rewrites its clones' source address and port to it.
     pub fn add_udp_sink_from_shared_port(&self, to: SocketAddr) -> std::io::Result<u64> {
         self.add_udp_sink_from(to, true)
     }
 
     fn add_udp_sink_from(&self, to: SocketAddr, shared_port: bool) -> std::io::Result<u64> {
-        let sport = shared_port.then(crate::sink::udp_source_port).filter(|p| *p != 0);
+        let from = shared_port.then(crate::sink::udp_source).flatten().filter(|a| a.port() != 0);
         let refused = match self.inner.kernel.lock().as_mut().filter(|_| KernelSession::serves(to)) {
             Some(k) => {
                 let id = self.inner.next_sink.fetch_add(1, Ordering::Relaxed);
-                match k.add(id, to, sport) {
+                match k.add(id, to, from) {
                     Ok(()) => return Ok(id),
                     Err(e) => Some((id, e)),
                 }

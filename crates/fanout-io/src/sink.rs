@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 use std::io::{self, ErrorKind};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
@@ -29,38 +29,40 @@ pub(crate) enum SinkIo {
     Closed,
 }
 
-/// The UDP port sinks placed on it send from (their sockets bind it with SO_REUSEPORT), 0
-/// for none: the RTSP server's RTP port, because RTSP clients may take RTP only from the
-/// `server_port` their SETUP answer named (retina connects its socket to it).
-static UDP_SOURCE_PORT: AtomicU16 = AtomicU16::new(0);
+/// The UDP address sinks placed on it send from (their sockets bind it with SO_REUSEPORT),
+/// none by default: the RTSP server's RTP address, because RTSP clients may take RTP only
+/// from the `server_port` their SETUP answer named (retina connects its socket to it), and
+/// from the address they sent RTSP to (fanout's own upstream checks it).
+static UDP_SOURCE: std::sync::RwLock<Option<SocketAddr>> = std::sync::RwLock::new(None);
 
-/// Sets the shared source port for UDP sinks created from now on (see
-/// [`UDP_SOURCE_PORT`]).
-pub fn set_udp_source_port(port: u16) {
-    UDP_SOURCE_PORT.store(port, Ordering::Relaxed);
+/// Sets the shared source address for UDP sinks created from now on (see [`UDP_SOURCE`]).
+/// An unspecified IP (`0.0.0.0`) shares the port only.
+pub fn set_udp_source(addr: SocketAddr) {
+    *UDP_SOURCE.write().unwrap_or_else(|e| e.into_inner()) = Some(addr);
 }
 
-pub(crate) fn udp_source_port() -> u16 {
-    UDP_SOURCE_PORT.load(Ordering::Relaxed)
+pub(crate) fn udp_source() -> Option<SocketAddr> {
+    *UDP_SOURCE.read().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A UDP socket to send from; `shared_port`: on the shared source port when one is set and
-/// free to share, else on any port. (Only sinks asking for it share it: ICMP errors for a
+/// A UDP socket to send from; `shared_port`: on the shared source address when one is set
+/// and free to share, else on any port. (Only sinks asking for it share it: ICMP errors for a
 /// port many sockets share reach one of them, not necessarily the sender, so the other
 /// sinks keep a port of their own for their failures to be told apart.)
-fn send_socket(v6: bool, shared_port: bool) -> io::Result<UdpSocket> {
+pub(crate) fn send_socket(v6: bool, shared_port: bool) -> io::Result<UdpSocket> {
     let any: SocketAddr = if v6 { ([0u16; 8], 0).into() } else { ([0, 0, 0, 0], 0).into() };
-    let port = if shared_port { UDP_SOURCE_PORT.load(Ordering::Relaxed) } else { 0 };
-    if port != 0 {
-        let shared = (|| -> io::Result<UdpSocket> {
+    // The shared address, where its family is the sink's.
+    let shared = udp_source().filter(|a| shared_port && a.port() != 0 && a.is_ipv6() == v6);
+    if let Some(from) = shared {
+        let bound = (|| -> io::Result<UdpSocket> {
             let s = socket2::Socket::new(socket2::Domain::for_address(any), socket2::Type::DGRAM, None)?;
             s.set_reuse_port(true)?;
-            s.bind(&SocketAddr::new(any.ip(), port).into())?;
+            s.bind(&from.into())?;
             Ok(s.into())
         })();
-        match shared {
+        match bound {
             Ok(s) => return Ok(s),
-            Err(e) => tracing::warn!("cannot send from UDP port {port} ({e}); sending from any port"),
+            Err(e) => tracing::warn!("cannot send from UDP {from} ({e}); sending from any port"),
         }
     }
     UdpSocket::bind(any)

@@ -142,7 +142,7 @@ async fn run(mut cfg: config::Config) -> anyhow::Result<()> {
                 let bound = l.local_addr()?;
                 let users = relay.cfg.rtsp_users.iter().map(|u| (u.name.clone(), u.password.clone())).collect();
                 let state = rtsp::Rtsp::new(bound.ip(), users)?;
-                fanout_io::set_udp_source_port(state.rtp_port());
+                fanout_io::set_udp_source(std::net::SocketAddr::new(bound.ip(), state.rtp_port()));
                 *relay.rtsp_addr.lock() = Some(bound);
                 *relay.rtsp.lock() = Some(state.clone());
                 Some((l, bound, state))

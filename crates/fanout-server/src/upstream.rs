@@ -499,6 +499,7 @@ async fn connect_once(
     let mut playing_since: Option<Instant> = None;
     let mut next_report = tokio::time::Instant::now() + REPORT_EVERY;
     let mut last_count = (0u64, Instant::now());
+    let mut packets_at_play = 0u64;
     let mut idle_since: Option<Instant> = None;
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     loop {
@@ -561,6 +562,7 @@ async fn connect_once(
                             }
                             playing_since = Some(Instant::now());
                             last_count = (up.packets(), Instant::now());
+                            packets_at_play = last_count.0;
                             // UDP: read every track's ports; punch the upstream's ports open.
                             for (i, (rtp, rtcp)) in udp.drain(..).enumerate() {
                                 let server = client.tracks[i].server_ports;
@@ -613,7 +615,8 @@ async fn connect_once(
                     if count != last_count.0 {
                         last_count = (count, now);
                     }
-                    let udp_probe = !tcp && up.mode == RtspTransport::Auto && count == 0;
+                    // Packets of this connection only: after a reconnect the total is not zero.
+                    let udp_probe = !tcp && up.mode == RtspTransport::Auto && count == packets_at_play;
                     if udp_probe && now - since > UDP_GRACE {
                         teardown(&mut client, &mut stream, up).await;
                         return Ok(Ended::UseTcp("nothing arrived over UDP in 3 s"));

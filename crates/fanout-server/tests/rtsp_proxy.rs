@@ -26,6 +26,9 @@ enum Script {
     SilentUdp,
     /// TCP: 20 packets, then silence with the connection kept open, at every connection.
     Stall,
+    /// As `SilentUdp`, but the first TCP connection hangs up after 50 packets: after the
+    /// restart `auto` must try UDP and fall back to TCP again.
+    SilentUdpThenRestart,
     /// Every request needs Digest credentials (user "cam", password "p@ss w"); TCP,
     /// 20 packets.
     RequireDigest,
@@ -161,6 +164,11 @@ fn serve_fake(mut s: TcpStream, n: usize, script: Script, teardowns: &AtomicUsiz
                 (Script::RestartAndGarbage, _) => (0..50).for_each(|i| frame(&mut s, &rtp(0xC, 40_000 + i))),
                 (Script::RequireDigest, _) => (0..20).for_each(|i| frame(&mut s, &rtp(0xF, i))),
                 (Script::Stall, n) => (0..20).for_each(|i| frame(&mut s, &rtp(0xE0 + n as u32, 500 * n as u16 + i))),
+                (Script::SilentUdpThenRestart, 1) if tcp => {
+                    (0..50).for_each(|i| frame(&mut s, &rtp(0xD, i)));
+                    return;
+                }
+                (Script::SilentUdpThenRestart, _) if tcp => (0..50).for_each(|i| frame(&mut s, &rtp(0xD, 50 + i))),
                 // Over UDP it sends nothing at all.
                 (Script::RefuseUdp | Script::SilentUdp, _) if tcp => (0..50).for_each(|i| frame(&mut s, &rtp(0xD, i))),
                 _ => {}
@@ -285,6 +293,38 @@ fn auto_transport_falls_back_to_tcp() {
         assert_eq!(up["transport"], "tcp", "{up}");
         assert!(up["last_error"].as_str().is_some_and(|e| e.contains("switched to TCP")), "{up}");
     }
+}
+
+/// `auto` after an upstream restart: UDP is tried again, brings nothing, and the proxy falls
+/// back to TCP again (it used to stay on UDP for ever: the UDP probe counted the packets of
+/// the earlier connection).
+#[test]
+fn auto_transport_falls_back_again_after_a_restart() {
+    let fake = fake_upstream(Script::SilentUdpThenRestart);
+    let relay = start_with(fake.addr, "auto");
+    let p = rtsp_play(rtsp_addr(&relay), "cam", None);
+    let got = receive(&p.rtp, 100, Duration::from_secs(25));
+    let up = relay.ok("GET", "/v1/sessions/cam", None)["upstream"].clone();
+    assert_eq!(got.len(), 100, "50 packets before the restart and 50 after: {up}");
+    assert_eq!(up["transport"], "tcp", "{up}");
+    assert!(fake.connections.load(Ordering::Relaxed) >= 4, "UDP, TCP, UDP, TCP: {up}");
+}
+
+/// fanout proxies fanout over UDP: RTP comes from the address the RTSP server is bound to
+/// (127.0.0.2 here), which is where the proxy's upstream client accepts it from.
+#[test]
+fn fanout_proxies_fanout_over_udp_from_a_non_default_address() {
+    let origin = Relay::start(&["--rtsp", "127.0.0.2:0"]);
+    let origin_rtsp = rtsp_addr(&origin);
+    assert_eq!(origin_rtsp.ip().to_string(), "127.0.0.2");
+    let edge = Relay::start(&["--rtsp", "127.0.0.1:0", "--no-demo"]);
+    let source = json!({ "rtsp": format!("rtsp://{origin_rtsp}/demo"), "rtsp_transport": "udp", "linger_s": 1 });
+    edge.ok("POST", "/v1/sessions", Some(json!({ "name": "cam", "source": source })));
+    let p = rtsp_play(rtsp_addr(&edge), "cam", None);
+    let got = receive(&p.rtp, 50, Duration::from_secs(15));
+    let up = edge.ok("GET", "/v1/sessions/cam", None)["upstream"].clone();
+    assert_eq!(got.len(), 50, "RTP through two relays over UDP: {up}");
+    assert_eq!(up["transport"], "udp", "{up}");
 }
 
 /// Bad sources are refused with the field named.
