@@ -382,7 +382,10 @@ pub fn parse_transport(value: &str) -> Vec<TransportSpec> {
             }
             let lower =
                 match (tcp, multicast) {
-                    (Some(false), false) => client.map(|(a, b)| Lower::Udp { client_rtp: a, client_rtcp: b }),
+                    // Port 0 is no port: nothing could be sent there (461).
+                    (Some(false), false) => client
+                        .filter(|(a, b)| *a != 0 && *b != 0)
+                        .map(|(a, b)| Lower::Udp { client_rtp: a, client_rtcp: b }),
                     (Some(true), _) => Some(interleaved.map_or(Lower::Interleaved { rtp: 0, rtcp: 1 }, |(a, b)| {
                         Lower::Interleaved { rtp: a, rtcp: b }
                     })),

@@ -243,7 +243,27 @@ impl Server {
             None => false,
         };
         let Some(spec) = specs.iter().find(|s| usable(&s.lower)) else { return error(461, Some(cseq)) };
-        let lower = spec.lower.expect("found usable");
+        let mut lower = spec.lower.expect("found usable");
+        if let Lower::Interleaved { rtp, rtcp } = lower {
+            // Channels another track on this connection already carries: the client gets the
+            // lowest free pair instead (RFC 2326 §12.39 lets the server choose), or 461.
+            let used: Vec<u8> = self
+                .sessions
+                .iter()
+                .filter(|(_, s)| s.conn == conn)
+                .flat_map(|(id, s)| s.tracks.iter().filter(move |(t, _)| session != Some(id.as_str()) || *t != track))
+                .flat_map(|(_, l)| match *l {
+                    Lower::Interleaved { rtp, rtcp } => vec![rtp, rtcp],
+                    Lower::Udp { .. } => vec![],
+                })
+                .collect();
+            if used.contains(&rtp) || used.contains(&rtcp) {
+                match (0..=254u8).step_by(2).find(|c| !used.contains(c) && !used.contains(&(c + 1))) {
+                    Some(c) => lower = Lower::Interleaved { rtp: c, rtcp: c + 1 },
+                    None => return error(461, Some(cseq)),
+                }
+            }
+        }
         let id = match session {
             Some(id) => match self.sessions.get(id) {
                 None => return error(454, Some(cseq)),
@@ -445,6 +465,33 @@ mod tests {
 
     fn go(s: &mut Server, r: &Request, now: u64) -> (Response, Vec<Action>) {
         s.handle(r, 1, now, &demo)
+    }
+
+    /// A second track asking for channels the first one has gets free ones; port 0 is 461.
+    #[test]
+    fn colliding_channels_are_reassigned_and_port_zero_refused() {
+        let mut s = Server::new(Config { interleaved: true, ..Config::default() }, 1);
+        let setup = |s: &mut Server, track: u32, t: &str, session: Option<&str>, cseq: u32| {
+            let mut h = vec![("Transport", t.to_string())];
+            if let Some(id) = session {
+                h.push(("Session", id.to_string()));
+            }
+            let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            s.handle(&req("SETUP", &format!("{URL}/trackID={track}"), cseq, &h), 1, 0, &demo).0
+        };
+        let a = setup(&mut s, 0, "RTP/AVP/TCP;interleaved=0-1", None, 1);
+        assert_eq!(a.status, 200);
+        let id = a.headers.get("Session").unwrap().split(';').next().unwrap().to_string();
+        let b = setup(&mut s, 1, "RTP/AVP/TCP;interleaved=0-1", Some(&id), 2);
+        assert_eq!((b.status, b.headers.get("Transport")), (200, Some("RTP/AVP/TCP;unicast;interleaved=2-3")));
+        // Setting the same track up again keeps its own channels.
+        let again = setup(&mut s, 0, "RTP/AVP/TCP;interleaved=0-1", Some(&id), 3);
+        assert_eq!(again.headers.get("Transport"), Some("RTP/AVP/TCP;unicast;interleaved=0-1"));
+        for t in
+            ["RTP/AVP;unicast;client_port=0-1", "RTP/AVP;unicast;client_port=5000-0", "RTP/AVP;unicast;client_port=0"]
+        {
+            assert_eq!(setup(&mut s, 0, t, None, 4).status, 461, "{t}");
+        }
     }
 
     #[test]
