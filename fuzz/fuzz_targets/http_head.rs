@@ -1,9 +1,13 @@
-//! The stream-request recogniser never panics and never points past its input.
+//! The request-head classifier never panics and never points past its input or its limit.
 #![no_main]
+use fanout_proto::http::{classify, Head};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    if let Some(Some(r)) = fanout_proto::http::parse_stream_request(data) {
-        assert!(r.head_len <= data.len());
+    match classify(data, 1024) {
+        Head::Stream(r) => assert!(r.head_len <= data.len() && r.head_len <= 1024),
+        Head::Incomplete => assert!(data.len() < 1024),
+        Head::Reject(status, _) => assert!([400, 414, 431].contains(&status)),
+        Head::Api => {}
     }
 });

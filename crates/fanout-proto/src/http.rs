@@ -12,32 +12,66 @@ pub struct StreamRequest<'a> {
     pub head_len: usize,
 }
 
-/// Looks at a (possibly partial) request head. `None`: not complete yet. `Some(None)`: not a
-/// stream request (hand it to the API).
-pub fn parse_stream_request(buf: &[u8]) -> Option<Option<StreamRequest<'_>>> {
-    let end = buf.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
-    let head = std::str::from_utf8(&buf[..end]).ok()?;
+/// What a (possibly partial) request head is, decided before an HTTP library sees it.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Head<'a> {
+    /// Not complete yet: read more.
+    Incomplete,
+    /// `GET /v1/sessions/{name}/stream`: the relay's data plane takes the socket.
+    Stream(StreamRequest<'a>),
+    /// Any other well-formed request: the API server's.
+    Api,
+    /// Refused before parsing further: the status and why (a JSON error to send, then close).
+    Reject(u16, &'static str),
+}
+
+/// Longest request target accepted (414 beyond it).
+pub const MAX_TARGET: usize = 4096;
+
+/// Looks at the first `buf` bytes of a connection; `max_head`: the longest head accepted
+/// (431 beyond it).
+pub fn classify(buf: &[u8], max_head: usize) -> Head<'_> {
+    let line_end = buf.windows(2).position(|w| w == b"\r\n");
+    // The request line alone can be judged before the head ends.
+    let line = &buf[..line_end.unwrap_or(buf.len())];
+    let mut parts = line.split(|b| *b == b' ');
+    let (method, target) = (parts.next().unwrap_or(&[]), parts.next());
+    // RFC 9110 §5.6.2: a method is a token.
+    let tchar = |b: &u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(b);
+    if !method.iter().all(tchar) || (line_end.is_some() && (method.is_empty() || target.is_none())) {
+        return Head::Reject(400, "malformed request line");
+    }
+    if target.is_some_and(|t| t.len() > MAX_TARGET) || (line_end.is_none() && line.len() > MAX_TARGET + 32) {
+        return Head::Reject(414, "request target longer than 4096 bytes");
+    }
+    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4) else {
+        return if buf.len() >= max_head { Head::Reject(431, "request head too large") } else { Head::Incomplete };
+    };
+    if end > max_head {
+        return Head::Reject(431, "request head too large");
+    }
+    let Ok(head) = std::str::from_utf8(&buf[..end]) else { return Head::Api };
     let mut lines = head.split("\r\n");
-    let mut parts = lines.next()?.split(' ');
-    let (method, target) = (parts.next()?, parts.next()?);
+    let mut parts = lines.next().unwrap_or("").split(' ');
+    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     if method != "GET" {
-        return Some(None);
+        return Head::Api;
     }
     let (path, query) = match target.split_once('?') {
         Some((p, q)) => (p, Some(q)),
         None => (target, None),
     };
     let Some(session) = path.strip_prefix("/v1/sessions/").and_then(|r| r.strip_suffix("/stream")) else {
-        return Some(None);
+        return Head::Api;
     };
     if session.is_empty() || session.contains('/') {
-        return Some(None);
+        return Head::Api;
     }
     let authorization = lines
         .filter_map(|l| l.split_once(':'))
         .find(|(k, _)| k.trim().eq_ignore_ascii_case("authorization"))
         .map(|(_, v)| v.trim());
-    Some(Some(StreamRequest { session, query, authorization, head_len: end }))
+    Head::Stream(StreamRequest { session, query, authorization, head_len: end })
 }
 
 #[cfg(test)]
@@ -49,9 +83,14 @@ mod tests {
     proptest! {
         #[test]
         fn never_panics_and_head_len_is_inside(buf in proptest::collection::vec(any::<u8>(), 0..300)) {
-            if let Some(Some(r)) = parse_stream_request(&buf) {
-                prop_assert!(r.head_len <= buf.len());
-                prop_assert!(!r.session.is_empty() && !r.session.contains('/'));
+            match classify(&buf, 200) {
+                Head::Stream(r) => {
+                    prop_assert!(r.head_len <= buf.len() && r.head_len <= 200);
+                    prop_assert!(!r.session.is_empty() && !r.session.contains('/'));
+                }
+                Head::Reject(status, _) => prop_assert!([400, 414, 431].contains(&status)),
+                Head::Incomplete => prop_assert!(buf.len() < 200),
+                Head::Api => {}
             }
         }
     }
@@ -59,14 +98,30 @@ mod tests {
     #[test]
     fn recognises_stream_requests() {
         let r = b"GET /v1/sessions/tv1/stream?token=x HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer t\r\n\r\n";
-        let p = parse_stream_request(r).unwrap().unwrap();
+        let Head::Stream(p) = classify(r, 8192) else { panic!("a stream request") };
         assert_eq!(p.session, "tv1");
         assert_eq!(p.query, Some("token=x"));
         assert_eq!(p.authorization, Some("Bearer t"));
         assert_eq!(p.head_len, r.len());
-        assert_eq!(parse_stream_request(b"GET /v1/sessions/tv1/stream HTTP/1.1\r\n"), None);
-        assert_eq!(parse_stream_request(b"GET /v1/sessions HTTP/1.1\r\n\r\n"), Some(None));
-        assert_eq!(parse_stream_request(b"POST /v1/sessions/a/stream HTTP/1.1\r\n\r\n"), Some(None));
-        assert_eq!(parse_stream_request(b"GET /v1/sessions/a/b/stream HTTP/1.1\r\n\r\n"), Some(None));
+        assert_eq!(classify(b"GET /v1/sessions/tv1/stream HTTP/1.1\r\n", 8192), Head::Incomplete);
+        assert_eq!(classify(b"GET /v1/sessions HTTP/1.1\r\n\r\n", 8192), Head::Api);
+        assert_eq!(classify(b"POST /v1/sessions/a/stream HTTP/1.1\r\n\r\n", 8192), Head::Api);
+        assert_eq!(classify(b"HEAD /v1/sessions/a/stream HTTP/1.1\r\n\r\n", 8192), Head::Api);
+        assert_eq!(classify(b"GET /v1/sessions/a/b/stream HTTP/1.1\r\n\r\n", 8192), Head::Api);
+    }
+
+    #[test]
+    fn rejects_what_the_api_would_answer_without_a_body() {
+        assert_eq!(classify(b"G@T / HTTP/1.1\r\n\r\n", 8192), Head::Reject(400, "malformed request line"));
+        assert_eq!(classify(b"G\x01", 8192), Head::Reject(400, "malformed request line"));
+        assert_eq!(classify(b"BREW / HTTP/1.1\r\n\r\n", 8192), Head::Api, "unknown methods: the API's 405");
+        let long = format!("GET /{} HTTP/1.1\r\n\r\n", "a".repeat(5000));
+        assert_eq!(classify(long.as_bytes(), 8192), Head::Reject(414, "request target longer than 4096 bytes"));
+        assert_eq!(
+            classify(&long.as_bytes()[..4500], 8192),
+            Head::Reject(414, "request target longer than 4096 bytes")
+        );
+        let big = format!("GET / HTTP/1.1\r\nX: {}\r\n", "a".repeat(9000));
+        assert_eq!(classify(big.as_bytes(), 8192), Head::Reject(431, "request head too large"));
     }
 }

@@ -23,6 +23,7 @@
 //!   (OPTIONS/DESCRIBE/SETUP/PLAY, credentials, keep-alive, TEARDOWN).
 //! - [`restamp`]: one continuous RTP stream (SSRC, sequence, timestamps) across upstream
 //!   reconnects.
+//! - [`secret`]: comparing secrets in constant time.
 //! - [`sdp`]: session descriptions: an upstream's parsed, the proxy's own written.
 //! - [`tsdemux`]: elementary streams (with PTS/DTS) out of an MPEG-TS.
 //! - [`classify`]: what a received datagram carries, decided once when it enters the ring.
@@ -43,4 +44,5 @@ pub mod rtsp;
 pub mod rtsp_client;
 pub mod rtsp_server;
 pub mod sdp;
+pub mod secret;
 pub mod tsdemux;

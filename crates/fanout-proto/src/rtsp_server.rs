@@ -9,6 +9,7 @@
 
 use crate::rtsp::{digest_params, digest_response, hex, parse_session, parse_transport, Lower, Request, Response};
 use crate::sdp::{track_of, Sdp};
+use crate::secret::ct_eq;
 use md5::Digest as _;
 use std::collections::HashMap;
 
@@ -379,7 +380,10 @@ impl Server {
             let Ok(raw) = base64::engine::general_purpose::STANDARD.decode(rest.trim()) else { return false };
             let Ok(text) = String::from_utf8(raw) else { return false };
             let Some((u, p)) = text.split_once(':') else { return false };
-            return self.cfg.users.iter().any(|(user, pass)| user == u && pass == p);
+            // Every user is compared, so the time does not tell which names exist.
+            return self.cfg.users.iter().fold(false, |ok, (user, pass)| {
+                ok | (ct_eq(user.as_bytes(), u.as_bytes()) & ct_eq(pass.as_bytes(), p.as_bytes()))
+            });
         }
         if !scheme.eq_ignore_ascii_case("Digest") {
             return false;
@@ -391,11 +395,14 @@ impl Server {
         else {
             return false;
         };
-        if realm != self.cfg.realm || !self.nonce_ok(nonce, now_ms) {
+        // The response signs `uri`: it must be this request's (RFC 2617 §3.2.2.5), or an
+        // answer captured for one resource would open another.
+        if realm != self.cfg.realm || !self.nonce_ok(nonce, now_ms) || !same_resource(uri, &req.uri) {
             return false;
         }
         let Some((_, pass)) = self.cfg.users.iter().find(|(u, _)| u == user) else { return false };
-        digest_response(user, realm, pass, nonce, &req.method, uri).eq_ignore_ascii_case(response)
+        let want = digest_response(user, realm, pass, nonce, &req.method, uri);
+        ct_eq(want.as_bytes(), response.to_ascii_lowercase().as_bytes())
     }
 
     /// Sessions silent for longer than the timeout, torn down.
@@ -431,6 +438,16 @@ impl Server {
 }
 
 /// `rtsp://host:port/name/` for a request URL of the resource `name`.
+/// Whether a Digest `uri` names the request's URI: the same, or the same path where one of
+/// them is absolute (`rtsp://host:port/path`) and the other only the path.
+fn same_resource(signed: &str, request: &str) -> bool {
+    let path = |u: &str| -> String {
+        let rest = u.strip_prefix("rtsp://").or_else(|| u.strip_prefix("rtsps://"));
+        rest.map_or(u, |r| r.find('/').map_or("/", |i| &r[i..])).to_string()
+    };
+    signed == request || path(signed) == path(request)
+}
+
 fn base_url(uri: &str, name: &str) -> String {
     match uri.find(&format!("/{name}")) {
         Some(i) if uri.starts_with("rtsp") => format!("{}/{name}/", &uri[..i]),
@@ -622,6 +639,39 @@ mod tests {
         // A nonce two minutes old is stale.
         assert_eq!(go(&mut s, &d(&[("Authorization", &digest("s3cret", &nonce))]), 180_000).0.status, 401);
         assert_eq!(go(&mut s, &d(&[("Authorization", "Bearer x")]), 1).0.status, 401);
+        // Schemes are case-insensitive (RFC 7235 §2.1).
+        assert_eq!(go(&mut s, &d(&[("Authorization", "basic YWxpY2U6czNjcmV0")]), 1).0.status, 200);
+        let lower = digest("s3cret", &nonce).replacen("Digest", "DIGEST", 1);
+        assert_eq!(go(&mut s, &d(&[("Authorization", &lower)]), 1000).0.status, 200);
+    }
+
+    /// A Digest answer signs its `uri`: one made for another resource does not open this one,
+    /// while the path-only form of this request's URI does.
+    #[test]
+    fn digest_checks_the_uri_it_signs() {
+        let users = vec![("alice".to_string(), "s3cret".to_string())];
+        let mut s = Server::new(Config { users, ..Config::default() }, 5);
+        let (r, _) = go(&mut s, &req("DESCRIBE", URL, 1, &[]), 0);
+        let nonce = r
+            .headers
+            .get("WWW-Authenticate")
+            .unwrap()
+            .split("nonce=\"")
+            .nth(1)
+            .unwrap()
+            .trim_end_matches('"')
+            .to_string();
+        let answer = |uri: &str| {
+            let response = digest_response("alice", "fanout", "s3cret", &nonce, "DESCRIBE", uri);
+            format!("Digest username=\"alice\", realm=\"fanout\", nonce=\"{nonce}\", uri=\"{uri}\", response=\"{response}\"")
+        };
+        let with = |uri: &str, s: &mut Server| {
+            go(s, &req("DESCRIBE", URL, 2, &[("Authorization", &answer(uri))]), 1000).0.status
+        };
+        assert_eq!(with(URL, &mut s), 200);
+        assert_eq!(with("/demo", &mut s), 200);
+        assert_eq!(with("rtsp://127.0.0.1:8554/other", &mut s), 401);
+        assert_eq!(with("/other", &mut s), 401);
     }
 
     #[test]

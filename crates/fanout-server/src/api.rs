@@ -53,26 +53,65 @@ pub fn router(relay: Arc<Relay>) -> Router {
         .route("/v1/sessions/{name}/sinks", post(add_sink).get(list_sinks).delete(flush_sinks))
         .route("/v1/sessions/{name}/sinks/{id}", get(get_sink).delete(remove_sink))
         .route("/v1/sessions/{name}/sinks/{id}/layers", axum::routing::put(pin_layers))
+        // GET is taken over before the router (the socket becomes a sink); HEAD answers here.
+        .route("/v1/sessions/{name}/stream", get(stream_head))
         .route("/v1/engine", get(engine_status))
         .route("/v1/rtsp", get(rtsp_clients))
         .route("/metrics", get(metrics))
         .fallback(|| async { ApiError(StatusCode::NOT_FOUND, "no such API path; see docs/openapi.yaml".into()) })
         .layer(middleware::from_fn_with_state(relay.clone(), auth))
+        .layer(middleware::map_response(json_errors))
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(relay)
 }
 
-/// Whether a request carries the configured token (header `Authorization: Bearer T`, or
-/// `?token=T` for players that cannot set headers).
+/// Whether a request carries the configured token: header `Authorization: Bearer T` (the
+/// scheme in any case, RFC 7235), or, where `query` is given (stream URLs only, for players
+/// that cannot set headers), `?token=T`. Compared in constant time.
 pub fn authorized(token: Option<&str>, auth_header: Option<&str>, query: Option<&str>) -> bool {
     let Some(t) = token else { return true };
-    auth_header.and_then(|h| h.strip_prefix("Bearer ")).is_some_and(|h| h.trim() == t)
-        || query.is_some_and(|q| q.split('&').any(|kv| kv.strip_prefix("token=") == Some(t)))
+    let eq = |given: &str| fanout_proto::secret::ct_eq(given.as_bytes(), t.as_bytes());
+    let header = auth_header
+        .and_then(|h| h.trim().split_once(' '))
+        .is_some_and(|(scheme, v)| scheme.eq_ignore_ascii_case("bearer") && eq(v.trim()));
+    header
+        || query.is_some_and(|q| {
+            q.split('&')
+                .filter_map(|kv| kv.strip_prefix("token="))
+                .any(|v| eq(&fanout_proto::rtsp_client::percent_decode(v)))
+        })
+}
+
+/// Every error answer carries the API's JSON body, also those axum makes itself (405 for a
+/// method a path does not take, 413, 415).
+async fn json_errors(r: Response) -> Response {
+    let status = r.status();
+    let is_json = r.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return r;
+    }
+    let (mut parts, body) = r.into_parts();
+    let text = axum::body::to_bytes(body, 64 * 1024).await.unwrap_or_default();
+    let why = match std::str::from_utf8(&text).map(str::trim) {
+        Ok(t) if !t.is_empty() => t.to_string(),
+        _ => status.canonical_reason().unwrap_or("error").to_ascii_lowercase(),
+    };
+    let body = json!({ "error": why, "status": status.as_u16() }).to_string();
+    parts.headers.insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, axum::body::Body::from(body))
+}
+
+/// `HEAD /v1/sessions/{name}/stream`: what a GET would answer, without the stream.
+async fn stream_head(State(relay): State<Arc<Relay>>, Path(name): Path<String>) -> ApiResult<impl IntoResponse> {
+    relay.session(&name)?;
+    Ok(([(header::CONTENT_TYPE, "video/mp2t"), (header::CACHE_CONTROL, "no-cache")], ""))
 }
 
 async fn auth(State(relay): State<Arc<Relay>>, req: Request, next: Next) -> Response {
     let h = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    if authorized(relay.cfg.token.as_deref(), h, req.uri().query()) {
+    // `?token=` is for stream URLs (docs/config.md); API calls send the header.
+    if authorized(relay.cfg.token.as_deref(), h, None) {
         next.run(req).await
     } else {
         let mut r = ApiError(StatusCode::UNAUTHORIZED, "missing or wrong bearer token".into()).into_response();
@@ -347,5 +386,9 @@ mod tests {
         assert!(!authorized(Some("t"), Some("Bearer x"), None));
         assert!(!authorized(Some("t"), None, Some("token=tt")));
         assert!(!authorized(Some("t"), None, None));
+        assert!(authorized(Some("t"), Some("bearer t"), None), "the scheme is case-insensitive");
+        assert!(authorized(Some("t"), Some("BEARER  t "), None));
+        assert!(!authorized(Some("t"), Some("Basic t"), None));
+        assert!(authorized(Some("a b/c"), None, Some("token=a%20b%2Fc")), "as the banner encodes it");
     }
 }

@@ -277,6 +277,49 @@ impl Config {
     }
 }
 
+impl Config {
+    /// Who can reach what without credentials. `Err`: the API or RTSP listens beyond
+    /// loopback with nothing to authenticate and `allow_unauthenticated` is not set. `Ok`:
+    /// the warnings to log at start.
+    pub fn exposure(&self) -> Result<Vec<String>, String> {
+        let mut open = Vec::new();
+        if !self.api.ip().is_loopback() && self.token.is_none() {
+            open.push(format!("the API on {} has no token", self.api));
+        }
+        let rtsp_auth = !self.rtsp_users.is_empty() || self.rtsp_require_token;
+        if let Some(r) = self.rtsp.filter(|r| !r.ip().is_loopback() && !rtsp_auth) {
+            open.push(format!("RTSP on {r} has no rtsp_user and no rtsp_require_token"));
+        }
+        if !open.is_empty() && !self.allow_unauthenticated {
+            return Err(format!(
+                "refusing to serve anyone who can reach it: {}; set a token / rtsp_user (docs/config.md), \
+                 bind to 127.0.0.1, or set allow_unauthenticated = true (--allow-unauthenticated)",
+                open.join("; ")
+            ));
+        }
+        let mut warnings: Vec<String> =
+            open.into_iter().map(|o| format!("UNAUTHENTICATED: {o} (allow_unauthenticated)")).collect();
+        if self.token.is_some() && self.rtsp.is_some() && !rtsp_auth {
+            warnings.push(
+                "the API token does not protect RTSP: any RTSP client can play; set rtsp_require_token = true \
+                 or add [[rtsp_user]]"
+                    .into(),
+            );
+        }
+        Ok(warnings)
+    }
+
+    /// The RTSP users, with `token` as user "token" when `rtsp_require_token` is set.
+    pub fn rtsp_credentials(&self) -> Vec<(String, String)> {
+        let mut users: Vec<(String, String)> =
+            self.rtsp_users.iter().map(|u| (u.name.clone(), u.password.clone())).collect();
+        if let (true, Some(t)) = (self.rtsp_require_token, &self.token) {
+            users.push(("token".into(), t.clone()));
+        }
+        users
+    }
+}
+
 /// Every key of a table and of the tables within it, with its offset.
 fn collect_keys(value: &toml::Spanned<toml::de::DeValue>, out: &mut Vec<(String, usize)>) {
     match value.get_ref() {
@@ -294,6 +337,25 @@ fn collect_keys(value: &toml::Spanned<toml::de::DeValue>, out: &mut Vec<(String,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exposure_refuses_open_public_listeners_and_warns() {
+        let mut c = Config::default();
+        assert_eq!(c.exposure(), Ok(vec![]));
+        c.api = "0.0.0.0:7070".parse().unwrap();
+        assert!(c.exposure().unwrap_err().contains("the API on 0.0.0.0:7070 has no token"));
+        c.token = Some("t".into());
+        let w = c.exposure().unwrap();
+        assert!(w.len() == 1 && w[0].contains("does not protect RTSP"), "{w:?}");
+        c.rtsp = Some("[::]:8554".parse().unwrap());
+        assert!(c.exposure().unwrap_err().contains("RTSP on [::]:8554"));
+        c.allow_unauthenticated = true;
+        assert!(c.exposure().unwrap().iter().any(|w| w.starts_with("UNAUTHENTICATED: RTSP")));
+        c.allow_unauthenticated = false;
+        c.rtsp_require_token = true;
+        assert_eq!(c.exposure(), Ok(vec![]));
+        assert_eq!(c.rtsp_credentials(), vec![("token".to_string(), "t".to_string())]);
+    }
 
     #[test]
     fn empty_config_is_the_default() {

@@ -4,7 +4,7 @@
 
 use crate::api::authorized;
 use crate::relay::Relay;
-use fanout_proto::http::parse_stream_request;
+use fanout_proto::http::{classify, Head};
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use std::sync::Arc;
@@ -66,6 +66,7 @@ pub async fn serve(listener: TcpListener, relay: Arc<Relay>, router: axum::Route
 type Parsed = (String, Option<String>, Option<String>, usize);
 
 /// Peeks at the request head (without consuming it, so hyper can read it if it is not ours).
+/// `None`: the API's; `Some(Err(()))`: answered or dropped here.
 async fn stream_request(stream: &TcpStream, head_timeout: Duration) -> Option<Result<Parsed, ()>> {
     let mut buf = vec![0u8; MAX_HEAD];
     let deadline = tokio::time::Instant::now() + head_timeout;
@@ -74,8 +75,8 @@ async fn stream_request(stream: &TcpStream, head_timeout: Duration) -> Option<Re
             Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return Some(Err(())),
             Ok(Ok(n)) => n,
         };
-        match parse_stream_request(&buf[..n]) {
-            Some(Some(r)) => {
+        match classify(&buf[..n], MAX_HEAD) {
+            Head::Stream(r) => {
                 let p = (
                     r.session.to_string(),
                     r.authorization.map(str::to_string),
@@ -84,14 +85,52 @@ async fn stream_request(stream: &TcpStream, head_timeout: Duration) -> Option<Re
                 );
                 return Some(Ok(p));
             }
-            Some(None) => return None,
-            // Incomplete: a full buffer means an oversized head, which hyper will reject.
-            None if n == buf.len() => return None,
+            Head::Api => return None,
+            // What hyper would answer with an empty body (or not at all): the API's JSON.
+            Head::Reject(status, why) => {
+                let _ = tokio::time::timeout(Duration::from_secs(1), reject(stream, status, why)).await;
+                return Some(Err(()));
+            }
             // A peek of bytes already there returns at once: the deadline is checked here.
-            None if tokio::time::Instant::now() >= deadline => return Some(Err(())),
-            None => tokio::time::sleep(Duration::from_millis(5)).await,
+            Head::Incomplete if tokio::time::Instant::now() >= deadline => return Some(Err(())),
+            Head::Incomplete => tokio::time::sleep(Duration::from_millis(5)).await,
         }
     }
+}
+
+/// Answers `status` with the API's JSON error body and closes.
+async fn reject(stream: &TcpStream, status: u16, why: &str) {
+    let reason = axum::http::StatusCode::from_u16(status).ok().and_then(|s| s.canonical_reason()).unwrap_or("Error");
+    let body = serde_json::json!({ "error": why, "status": status }).to_string();
+    let resp = format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let mut out = resp.as_bytes();
+    while !out.is_empty() {
+        if stream.writable().await.is_err() {
+            return;
+        }
+        match stream.try_write(out) {
+            Ok(n) => out = &out[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => return,
+        }
+    }
+    // Closing with unread bytes would reset the connection and could lose the answer: end
+    // our side, then read what the client still sends for a moment.
+    let _ = socket2::SockRef::from(stream).shutdown(std::net::Shutdown::Write);
+    let mut scratch = [0u8; 4096];
+    let _ = tokio::time::timeout(Duration::from_millis(300), async {
+        while stream.readable().await.is_ok() {
+            match stream.try_read(&mut scratch) {
+                Ok(0) => return,
+                Err(e) if e.kind() != std::io::ErrorKind::WouldBlock => return,
+                _ => {}
+            }
+        }
+    })
+    .await;
 }
 
 async fn start_stream(

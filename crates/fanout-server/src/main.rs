@@ -64,6 +64,9 @@ struct ServeArgs {
     /// Do not create the built-in `demo` session.
     #[arg(long)]
     no_demo: bool,
+    /// Serve the API or RTSP beyond loopback without a token or RTSP users (warns).
+    #[arg(long)]
+    allow_unauthenticated: bool,
 }
 
 /// A line on stdout for scripts and people; a reader that went away is not an error.
@@ -93,9 +96,12 @@ fn main() -> std::process::ExitCode {
 }
 
 fn serve(a: ServeArgs) -> anyhow::Result<()> {
+    use std::io::IsTerminal as _;
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("FANOUT_LOG").unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
+        // Colour codes only for a person at a terminal, not in files and journals.
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let mut cfg = match &a.config {
         Some(p) => config::Config::load(p)?,
@@ -120,6 +126,12 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
     if a.no_demo {
         cfg.demo = false;
     }
+    if a.allow_unauthenticated {
+        cfg.allow_unauthenticated = true;
+    }
+    for w in cfg.exposure().map_err(|e| anyhow::anyhow!(e))? {
+        tracing::warn!("{w}");
+    }
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     rt.block_on(run(cfg))
 }
@@ -140,8 +152,7 @@ async fn run(mut cfg: config::Config) -> anyhow::Result<()> {
         Some(addr) => match tokio::net::TcpListener::bind(addr).await {
             Ok(l) => {
                 let bound = l.local_addr()?;
-                let users = relay.cfg.rtsp_users.iter().map(|u| (u.name.clone(), u.password.clone())).collect();
-                let state = rtsp::Rtsp::new(bound.ip(), users)?;
+                let state = rtsp::Rtsp::new(bound.ip(), relay.cfg.rtsp_credentials())?;
                 fanout_io::set_udp_source(std::net::SocketAddr::new(bound.ip(), state.rtp_port()));
                 *relay.rtsp_addr.lock() = Some(bound);
                 *relay.rtsp.lock() = Some(state.clone());
@@ -169,15 +180,26 @@ async fn run(mut cfg: config::Config) -> anyhow::Result<()> {
         env!("CARGO_PKG_VERSION"),
         relay.engine.workers()
     );
-    // Printed plainly on stdout so scripts (and people) can pick it up.
+    // Printed plainly on stdout so scripts (and people) can pick it up; with a token, URLs
+    // that work as printed (this is the operator's own console).
     say!("fanout: API http://{api}/v1/sessions");
+    let token = relay.cfg.token.as_deref().map(percent_encode);
+    if let Some(t) = &token {
+        say!("fanout: API calls need the token: curl -H 'Authorization: Bearer {t}' http://{api}/v1/sessions");
+    }
     if demo {
-        say!("fanout: demo stream http://{api}/v1/sessions/demo/stream  (try: ffplay http://{api}/v1/sessions/demo/stream)");
+        let q = token.as_ref().map(|t| format!("?token={t}")).unwrap_or_default();
+        say!("fanout: demo stream http://{api}/v1/sessions/demo/stream{q}  (try: ffplay 'http://{api}/v1/sessions/demo/stream{q}')");
     }
     let rtsp_task = rtsp.map(|(l, bound, state)| {
         say!("fanout: RTSP rtsp://{bound}/{{session}}");
         if demo {
-            say!("fanout: demo over RTSP rtsp://{bound}/demo  (try: ffplay rtsp://{bound}/demo)");
+            let who = match (&token, relay.cfg.rtsp_require_token, relay.cfg.rtsp_users.first()) {
+                (Some(t), true, _) => format!("token:{t}@"),
+                (_, _, Some(u)) => format!("{}:PASSWORD@", percent_encode(&u.name)),
+                _ => String::new(),
+            };
+            say!("fanout: demo over RTSP rtsp://{who}{bound}/demo  (try: ffplay 'rtsp://{who}{bound}/demo')");
         }
         tokio::spawn(rtsp::serve(l, relay.clone(), state))
     });
@@ -190,6 +212,16 @@ async fn run(mut cfg: config::Config) -> anyhow::Result<()> {
     }
     relay.shutdown().await;
     Ok(())
+}
+
+/// `s` with everything but unreserved URL characters percent-encoded (RFC 3986 §2.3).
+fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 async fn shutdown_signal() {

@@ -373,8 +373,22 @@ async fn close(session: Session) {
     let _ = tokio::task::spawn_blocking(move || session.close()).await;
 }
 
+/// Whether the kernel routes `addr` as a broadcast (the limited one, or a local subnet's):
+/// connecting a socket without SO_BROADCAST there fails with EACCES.
+fn is_broadcast_route(addr: std::net::SocketAddr) -> bool {
+    addr.is_ipv4()
+        && std::net::UdpSocket::bind(("0.0.0.0", 0))
+            .and_then(|s| s.connect(addr))
+            .is_err_and(|e| e.raw_os_error() == Some(libc::EACCES))
+}
+
 async fn add_sink(session: &Session, spec: &SinkSpec) -> Result<u64, RelayError> {
     if let Some(addr) = spec.udp {
+        if is_broadcast_route(addr) {
+            return Err(RelayError::BadRequest(format!(
+                "udp sink {addr} is a broadcast address here; use a unicast or multicast address"
+            )));
+        }
         return session.add_udp_sink(addr).map_err(|e| match e.raw_os_error() {
             // A connected socket per sink (uring, udp_sinks = "connected") checks the route.
             Some(libc::ENETUNREACH | libc::EHOSTUNREACH) => {

@@ -152,6 +152,11 @@ impl SinkSpec {
         match (self.udp, self.tcp) {
             (Some(a), None) | (None, Some(a)) if a.port() == 0 => Err(format!("sink address {a} has port 0")),
             (Some(a), None) if a.ip().is_unspecified() => Err(format!("sink address {a} is unspecified")),
+            // Sinks send unicast (or multicast); a broadcast would need SO_BROADCAST and
+            // would reach every host of the link.
+            (Some(std::net::SocketAddr::V4(a)), None) if a.ip().is_broadcast() => {
+                Err(format!("sink address {a} is a broadcast address; use a unicast or multicast address"))
+            }
             (Some(_), None) | (None, Some(_)) => Ok(()),
             _ => Err("sink needs exactly one of \"udp\" or \"tcp\"".into()),
         }
@@ -241,6 +246,10 @@ impl SessionSpec {
         if !ok_name {
             return Err(format!("session name {:?} must be 1-64 characters of A-Z a-z 0-9 _ - .", self.name));
         }
+        // URL paths resolve these away: such a session could never be addressed.
+        if self.name == "." || self.name == ".." {
+            return Err(format!("session name {:?} cannot be addressed in a URL", self.name));
+        }
         fanout_core::Priority::new(self.priority).map_err(|e| e.to_string())?;
         self.source.validate()?;
         if self.datapath == Some(DataPath::Kernel) && !self.source.kernel_capable() {
@@ -304,6 +313,9 @@ mod tests {
             (r#"{"name":"a","source":{"demo":true},"ring":1}"#, "ring 1"),
             (r#"{"name":"a","source":{"demo":true},"sinks":[{"udp":"127.0.0.1:0"}]}"#, "port 0"),
             (r#"{"name":"a","source":{"udp":"127.0.0.1:5","interface":"127.0.0.1"}}"#, "multicast"),
+            (r#"{"name":".","source":{"demo":true}}"#, "cannot be addressed"),
+            (r#"{"name":"..","source":{"demo":true}}"#, "cannot be addressed"),
+            (r#"{"name":"a","source":{"demo":true},"sinks":[{"udp":"255.255.255.255:5000"}]}"#, "broadcast"),
         ];
         for (j, want) in cases {
             let e = parse(j).unwrap_err();

@@ -69,3 +69,116 @@ fn slowloris_api_clients_are_closed_at_the_head_deadline() {
     // The API still answers.
     relay.ok("GET", "/v1/sessions", None);
 }
+
+/// A raw HTTP exchange with the API: the status and the body.
+fn raw_http(addr: SocketAddr, request: &[u8]) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = s.write_all(request);
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out).to_string();
+    let status = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map_or(String::new(), |(_, b)| b.to_string());
+    (status, body)
+}
+
+/// Item 13: every 4xx has the JSON error body, also 405, 414, 431 and junk methods; HEAD
+/// and other methods on stream URLs answer like the rest of the API; names `.`/`..` and
+/// broadcast sinks are refused.
+#[test]
+fn api_edges_answer_in_json() {
+    let relay = Relay::start(&[]);
+    let long = format!("GET /v1/{} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", "a".repeat(5000));
+    let big =
+        format!("GET /v1/sessions HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\nConnection: close\r\n\r\n", "b".repeat(10_000));
+    let cases: Vec<(Vec<u8>, u16)> = vec![
+        (b"DELETE /v1/engine HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".to_vec(), 405),
+        (b"BREW /v1/sessions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".to_vec(), 405),
+        (b"G@T /v1/sessions HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(), 400),
+        (long.into_bytes(), 414),
+        (big.into_bytes(), 431),
+        (
+            b"POST /v1/sessions/demo/stream HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                .to_vec(),
+            405,
+        ),
+        (b"HEAD /v1/sessions/nope/stream HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".to_vec(), 404),
+    ];
+    for (req, want) in cases {
+        let (status, body) = raw_http(relay.api, &req);
+        let head = String::from_utf8_lossy(&req[..req.len().min(40)]).to_string();
+        assert_eq!(status, want, "{head:?}: {body}");
+        if !head.starts_with("HEAD") {
+            let v: serde_json::Value =
+                serde_json::from_str(&body).unwrap_or_else(|e| panic!("{head:?}: {e}: {body:?}"));
+            assert_eq!(v["status"], want, "{head:?}: {body}");
+            assert!(v["error"].as_str().is_some_and(|e| !e.is_empty()), "{head:?}: {body}");
+        }
+    }
+    // HEAD of a stream: the GET's headers, no stream.
+    let (status, body) =
+        raw_http(relay.api, b"HEAD /v1/sessions/demo/stream HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    assert_eq!((status, body.as_str()), (200, ""));
+    for name in [".", ".."] {
+        let (code, body) =
+            relay.call("POST", "/v1/sessions", Some(serde_json::json!({"name": name, "source": {"demo": true}})));
+        assert_eq!(code, 400, "{name}: {body}");
+    }
+    relay.ok("POST", "/v1/sessions", Some(serde_json::json!({"name": "b", "source": {"udp": "127.0.0.1:0"}})));
+    let (code, body) =
+        relay.call("POST", "/v1/sessions/b/sinks", Some(serde_json::json!({"udp": "255.255.255.255:5000"})));
+    assert!(code == 400 && body["error"].as_str().unwrap().contains("broadcast"), "{code} {body}");
+}
+
+/// Item 12: the token in any scheme case; `?token=` on stream URLs only; the printed URLs
+/// work; RTSP asks for the token when `rtsp_require_token` is set; a public address without
+/// credentials is refused unless allowed.
+#[test]
+fn auth_token_rules() {
+    let mut relay = Relay::with_config("token = \"s3 cret\"\nrtsp_require_token = true\n", &[]);
+    relay.token = Some("s3 cret".into()); // for the harness's own calls
+    let get = |path: &str, auth: Option<&str>| {
+        let mut req = ureq::get(&relay.url(path)).timeout(Duration::from_secs(5));
+        if let Some(a) = auth {
+            req = req.set("Authorization", a);
+        }
+        match req.call() {
+            Ok(r) => r.status(),
+            Err(ureq::Error::Status(c, _)) => c,
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(get("/v1/sessions", Some("bearer s3 cret")), 200);
+    assert_eq!(get("/v1/sessions", Some("Bearer wrong")), 401);
+    assert_eq!(get("/v1/sessions?token=s3%20cret", None), 401, "?token= is for stream URLs only");
+    // The stream URL as the banner prints it.
+    let mut s = TcpStream::connect(relay.api).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"GET /v1/sessions/demo/stream?token=s3%20cret HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut b = [0u8; 64];
+    let n = s.read(&mut b).unwrap();
+    assert!(b[..n].starts_with(b"HTTP/1.1 200"), "{:?}", String::from_utf8_lossy(&b[..n]));
+    // RTSP: 401 without the token, 200 with it as user "token" (Basic).
+    let a = rtsp_addr(&relay);
+    let describe = |auth: &str| {
+        let mut c = TcpStream::connect(a).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c.write_all(format!("DESCRIBE rtsp://{a}/demo RTSP/1.0\r\nCSeq: 1\r\n{auth}\r\n").as_bytes()).unwrap();
+        let mut b = [0u8; 64];
+        let n = c.read(&mut b).unwrap();
+        String::from_utf8_lossy(&b[..n]).to_string()
+    };
+    assert!(describe("").starts_with("RTSP/1.0 401"));
+    // base64("token:s3 cret")
+    assert!(describe("Authorization: Basic dG9rZW46czMgY3JldA==\r\n").starts_with("RTSP/1.0 200"));
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fanout"))
+        .args(["serve", "--api", "0.0.0.0:0", "--rtsp", "127.0.0.1:0", "--no-demo"])
+        .env_remove("FANOUT_TOKEN")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "an open public API is refused");
+    assert!(err.contains("refusing") && err.contains("allow_unauthenticated"), "{err}");
+}
