@@ -15,6 +15,21 @@ impl ApiClient {
         Self { base: base.trim_end_matches('/').to_string(), token }
     }
 
+    /// A client of the API at `api`: `http://HOST:PORT`, or `HOST:PORT` (http is implied);
+    /// any other scheme is a clear error.
+    pub fn parse(api: &str, token: Option<String>) -> anyhow::Result<Self> {
+        let base = match api.split_once("://") {
+            Some(("http", _)) => api.to_string(),
+            Some((scheme, _)) => bail!("--api {api:?}: the API speaks http, not {scheme} (e.g. http://127.0.0.1:7070)"),
+            None => format!("http://{api}"),
+        };
+        let host = base["http://".len()..].trim_end_matches('/');
+        if host.is_empty() || host.contains('/') {
+            bail!("--api {api:?}: expected HOST:PORT or http://HOST:PORT (e.g. 127.0.0.1:7070)");
+        }
+        Ok(Self::new(&base, token))
+    }
+
     fn request(&self, method: &str, path: &str) -> ureq::Request {
         let r = ureq::request(method, &format!("{}{path}", self.base)).timeout(Duration::from_secs(30));
         match &self.token {

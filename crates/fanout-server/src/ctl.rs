@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 
 #[derive(Args)]
 pub struct CtlArgs {
-    /// Base URL of the relay's API.
+    /// The relay's API: `http://HOST:PORT` (or just `HOST:PORT`).
     #[arg(long, default_value = "http://127.0.0.1:7070", env = "FANOUT_API")]
     api: String,
     /// Bearer token, if the relay requires one.
@@ -55,9 +55,9 @@ enum CtlCmd {
         /// Priority class 0-7 (higher is served first).
         #[arg(long, default_value_t = 0)]
         priority: i64,
-        /// daemon, copy, shared or uring.
-        #[arg(long, default_value = "shared")]
-        datapath: String,
+        /// daemon, copy, shared, uring or kernel (default: the relay's `datapath`).
+        #[arg(long)]
+        datapath: Option<String>,
         /// Ring capacity in packets.
         #[arg(long)]
         ring: Option<usize>,
@@ -100,12 +100,17 @@ enum CtlCmd {
     Unpin { session: String, id: u64 },
     /// Remove every sink of a session.
     Flush { session: String },
+    /// List the RTSP clients: what they play, how, their reports and sink ids.
+    Rtsp,
     /// Print the Prometheus metrics.
     Metrics,
 }
 
 pub fn run(a: CtlArgs) -> anyhow::Result<()> {
-    let c = ApiClient::new(&a.api, a.token);
+    // Like any Unix tool: a reader that went away (`| head`) ends us quietly, not in a panic.
+    // SAFETY: setting a signal's disposition to the default has no preconditions.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    let c = ApiClient::parse(&a.api, a.token)?;
     let out = match a.cmd {
         CtlCmd::Sessions => c.call("GET", "/v1/sessions", None)?,
         CtlCmd::Session { name } => {
@@ -145,9 +150,13 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
             };
             let spec = SessionSpec {
                 priority,
-                datapath: serde_json::from_value(Value::String(datapath.clone())).with_context(|| {
-                    format!("--datapath {datapath:?}: expected daemon, copy, shared, uring or kernel")
-                })?,
+                datapath: datapath
+                    .map(|d| {
+                        serde_json::from_value(Value::String(d.clone())).with_context(|| {
+                            format!("--datapath {d:?}: expected daemon, copy, shared, uring or kernel")
+                        })
+                    })
+                    .transpose()?,
                 ring,
                 video: video
                     .map(|v| {
@@ -187,6 +196,7 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
             Some(serde_json::json!({ "max": null })),
         )?,
         CtlCmd::Flush { session } => c.call("DELETE", &format!("/v1/sessions/{session}/sinks"), None)?,
+        CtlCmd::Rtsp => c.call("GET", "/v1/rtsp", None)?,
         CtlCmd::Metrics => {
             print!("{}", c.text("/metrics")?);
             return Ok(());
@@ -222,6 +232,15 @@ fn print_human(v: &Value) {
         }
     } else if v["packets_sent"].is_number() {
         table(&["ID", "TARGET", "STATE", "SENT", "BYTES", "SKIPPED", "LAG", "REASON"], &[sink_row(v)]);
+        if v["layers"].is_object() {
+            println!("\nlayers: pinned at {}, gets {}", layer(&v["layers"]["pin"]), layer(&v["layers"]["allowance"]));
+        }
+    } else if let Some(clients) = v["clients"].as_array() {
+        let rows: Vec<Vec<String>> = clients.iter().map(rtsp_row).collect();
+        table(
+            &["RTSP SESSION", "PLAYS", "PEER", "TRANSPORT", "PLAYING", "REPORTS", "LOST", "RTT MS", "SINKS (TRACK:ID)"],
+            &rows,
+        );
     } else if let Some(id) = v["id"].as_u64() {
         println!("sink {id} added");
     } else if let Some(n) = v["removed"].as_u64() {
@@ -239,6 +258,46 @@ fn s(v: &Value) -> String {
         Value::Null => "-".into(),
         v => v.to_string(),
     }
+}
+
+/// A layer cap as a person reads it: `did<=0 tid<=1`, `every layer` for none.
+fn layer(v: &Value) -> String {
+    if !v.is_object() {
+        return "every layer".into();
+    }
+    // An id at its largest value (did 7, qid 15, tid 7) is not capped.
+    let parts: Vec<String> = [("did", 7), ("qid", 15), ("tid", 7)]
+        .iter()
+        .filter_map(|(k, top)| v[k].as_u64().filter(|n| n < top).map(|n| format!("{k}<={n}")))
+        .collect();
+    if parts.is_empty() {
+        "every layer".into()
+    } else {
+        parts.join(" ")
+    }
+}
+
+fn rtsp_row(v: &Value) -> Vec<String> {
+    let transport = if v["interleaved"].as_bool() == Some(true) {
+        "tcp".to_string()
+    } else {
+        v["rtp_port"].as_u64().map_or("-".into(), |p| format!("udp :{p}"))
+    };
+    let sinks: Vec<String> = v["sinks"]
+        .as_array()
+        .map(|a| a.iter().map(|x| format!("{}:{}", s(&x["track"]), s(&x["sink"]))).collect())
+        .unwrap_or_default();
+    vec![
+        s(&v["session"]),
+        s(&v["resource"]),
+        s(&v["peer"]),
+        transport,
+        s(&v["playing"]),
+        s(&v["rtcp_reports"]),
+        v["fraction_lost"].as_f64().map_or("-".into(), |f| format!("{:.1}%", f * 100.0)),
+        v["rtt_ms"].as_f64().map_or("-".into(), |r| format!("{r:.1}")),
+        if sinks.is_empty() { "-".into() } else { sinks.join(" ") },
+    ]
 }
 
 fn session_row(v: &Value) -> Vec<String> {

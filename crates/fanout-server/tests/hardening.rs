@@ -182,3 +182,51 @@ fn auth_token_rules() {
     assert!(!out.status.success(), "an open public API is refused");
     assert!(err.contains("refusing") && err.contains("allow_unauthenticated"), "{err}");
 }
+
+fn ctl(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_fanout")).arg("ctl").args(args).output().unwrap()
+}
+
+/// Item 14: `ctl` into a closed pipe ends quietly; its help names every data path; `--api`
+/// takes HOST:PORT and says what is wrong with another scheme; `pin` shows the cap it set;
+/// RTSP clients have a view.
+#[test]
+fn ctl_behaves_like_a_unix_tool() {
+    let relay = Relay::start(&[]);
+    let api = relay.api.to_string();
+    let bin = env!("CARGO_BIN_EXE_fanout");
+    for _ in 0..5 {
+        // `true` reads nothing and exits: ctl's writes meet a closed pipe.
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("'{bin}' ctl --api {api} metrics | true; '{bin}' ctl --api {api} --json sessions | true"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    let help = String::from_utf8_lossy(&ctl(&["create", "--help"]).stdout).to_string();
+    assert!(help.contains("kernel"), "{help}");
+    let ok = ctl(&["--api", &api, "sessions"]);
+    assert!(ok.status.success() && String::from_utf8_lossy(&ok.stdout).contains("demo"), "{ok:?}");
+    let bad = ctl(&["--api", &format!("ftp://{api}"), "sessions"]);
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("speaks http"), "{bad:?}");
+
+    // A layered session, a sink, a pin: the cap is shown.
+    let url = format!("http://{api}");
+    relay.ok(
+        "POST",
+        "/v1/sessions",
+        Some(serde_json::json!({"name": "svc", "source": {"udp": "127.0.0.1:0"}, "video": "h264"})),
+    );
+    let sink = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let id = relay.ok("POST", "/v1/sessions/svc/sinks", Some(serde_json::json!({"udp": sink.local_addr().unwrap()})))
+        ["id"]
+        .as_u64()
+        .unwrap();
+    let pin = ctl(&["--api", &url, "pin", "svc", &id.to_string(), "--did", "0", "--tid", "1"]);
+    let shown = String::from_utf8_lossy(&pin.stdout);
+    assert!(pin.status.success() && shown.contains("pinned at did<=0 tid<=1"), "{pin:?}");
+    let rtsp = ctl(&["--api", &url, "rtsp"]);
+    assert!(String::from_utf8_lossy(&rtsp.stdout).starts_with("RTSP SESSION"), "{rtsp:?}");
+}
