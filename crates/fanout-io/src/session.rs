@@ -162,8 +162,12 @@ pub struct SessionStatus {
     pub sinks: usize,
     pub sinks_failed: usize,
     pub groups: usize,
+    /// Sent to the sinks it has now.
     pub packets_sent: u64,
     pub bytes_sent: u64,
+    /// Sent to every sink it ever had (user-space sinks; kernel sinks while they exist).
+    pub delivered_packets_total: u64,
+    pub delivered_bytes_total: u64,
     pub packets_skipped: u64,
     /// The `kernel` path's own counters.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -258,6 +262,9 @@ pub(crate) struct Inner {
     last_key: AtomicU64,
     pub started: Instant,
     next_sink: AtomicU64,
+    /// Packets and bytes delivered to user-space sinks since removed: the session's totals
+    /// outlive short subscribers.
+    pub retired: (AtomicU64, AtomicU64),
     /// Who runs the session's tasks: the engine, or the `daemon` path's own send thread.
     runner: Runner,
     pub reactor: Arc<Reactor>,
@@ -284,6 +291,12 @@ pub struct Session {
 }
 
 impl Inner {
+    /// Adds a sink that is going to its session's totals.
+    pub(crate) fn retire(&self, sink: &crate::sink::Sink) {
+        self.retired.0.fetch_add(sink.packets_sent(), Ordering::Relaxed);
+        self.retired.1.fetch_add(sink.bytes_sent(), Ordering::Relaxed);
+    }
+
     pub fn now_ms(&self) -> u64 {
         self.started.elapsed().as_millis() as u64
     }
@@ -482,6 +495,7 @@ impl Session {
             last_key: AtomicU64::new(0),
             started: Instant::now(),
             next_sink: AtomicU64::new(1),
+            retired: (AtomicU64::new(0), AtomicU64::new(0)),
             runner,
             reactor: engine.reactor().clone(),
             source_reg: Mutex::new(None),
@@ -733,6 +747,7 @@ impl Session {
             let mut st = g.state.lock();
             if let Some(i) = st.sinks.iter().position(|s| s.id == id) {
                 let s = st.sinks.swap_remove(i);
+                self.inner.retire(&s);
                 s.close(&self.inner.reactor);
                 return true;
             }
@@ -745,6 +760,7 @@ impl Session {
         let mut n = self.inner.kernel.lock().as_mut().map_or(0, |k| k.clear());
         for g in self.inner.groups.read().iter() {
             for s in g.state.lock().sinks.drain(..) {
+                self.inner.retire(&s);
                 s.close(&self.inner.reactor);
                 n += 1;
             }
@@ -902,6 +918,10 @@ impl Session {
             groups: inner.groups.read().len(),
             packets_sent: sinks.iter().map(|s| s.packets_sent).sum(),
             bytes_sent: sinks.iter().map(|s| s.bytes_sent).sum(),
+            delivered_packets_total: sinks.iter().map(|s| s.packets_sent).sum::<u64>()
+                + inner.retired.0.load(Ordering::Relaxed),
+            delivered_bytes_total: sinks.iter().map(|s| s.bytes_sent).sum::<u64>()
+                + inner.retired.1.load(Ordering::Relaxed),
             packets_skipped: sinks.iter().map(|s| s.packets_skipped).sum(),
             kernel: inner.kernel.lock().as_ref().map(|k| k.stats()),
             layers: self.layer_status(),

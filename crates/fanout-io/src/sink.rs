@@ -452,7 +452,13 @@ impl Job for GroupJob {
         g.snapshot.clear();
         // An HTTP subscriber that went away cannot come back on the same connection: drop it.
         let keep_failed = policy != FailurePolicy::Remove;
-        g.sinks.retain(|k| k.failed.is_none() || (keep_failed && !matches!(k.target, SinkTarget::Http(_))));
+        g.sinks.retain(|k| {
+            let keep = k.failed.is_none() || (keep_failed && !matches!(k.target, SinkTarget::Http(_)));
+            if !keep {
+                s.retire(k);
+            }
+            keep
+        });
         // Ask the control plane to reconnect the TCP sinks that just failed.
         if g.sinks.iter().any(|k| k.retrying && !k.retry_asked) {
             if let Some(cb) = s.on_sink_failed.lock().as_ref() {

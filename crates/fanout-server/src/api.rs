@@ -193,7 +193,9 @@ async fn list_sinks(State(relay): State<Arc<Relay>>, Path(name): Path<String>) -
 }
 
 async fn flush_sinks(State(relay): State<Arc<Relay>>, Path(name): Path<String>) -> ApiResult<Json<serde_json::Value>> {
-    Ok(Json(json!({ "removed": relay.session(&name)?.remove_all_sinks() })))
+    let removed = relay.session(&name)?.remove_all_sinks();
+    tracing::info!(session = %name, removed, "sinks flushed");
+    Ok(Json(json!({ "removed": removed })))
 }
 
 fn parse_id(id: &str) -> ApiResult<u64> {
@@ -218,6 +220,7 @@ async fn remove_sink(
 ) -> ApiResult<StatusCode> {
     let id = parse_id(&id)?;
     if relay.session(&name)?.remove_sink(id) {
+        tracing::info!(session = %name, sink = id, "sink removed");
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError(StatusCode::NOT_FOUND, format!("session {name:?} has no sink {id}")))
@@ -293,6 +296,29 @@ fn family(m: &mut String, name: &str, kind: &str, help: &str, samples: impl Into
 }
 
 /// Prometheus text exposition of the same counters the status calls show.
+/// The process's own figures from /proc (Prometheus' conventional `process_*` names).
+fn process_metrics(m: &mut String) {
+    let tick = 100.0; // USER_HZ on Linux
+    if let Ok(stat) = std::fs::read_to_string("/proc/self/stat") {
+        // Fields after the command name (which may hold spaces) start at state (field 3).
+        let f: Vec<&str> = stat.rsplit_once(')').map_or(vec![], |(_, r)| r.split_whitespace().collect());
+        let num = |i: usize| f.get(i - 3).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+        let cpu = (num(14) + num(15)) / tick;
+        let _ = writeln!(m, "# HELP process_cpu_seconds_total User and system CPU time.\n# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total {cpu}");
+        let rss = num(24) * 4096.0;
+        let _ = writeln!(m, "# HELP process_resident_memory_bytes Resident memory.\n# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes {rss}");
+        let threads = num(20);
+        let _ = writeln!(m, "# HELP process_threads Threads.\n# TYPE process_threads gauge\nprocess_threads {threads}");
+    }
+    if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
+        let _ = writeln!(
+            m,
+            "# HELP process_open_fds Open file descriptors.\n# TYPE process_open_fds gauge\nprocess_open_fds {}",
+            fds.count()
+        );
+    }
+}
+
 async fn metrics(State(relay): State<Arc<Relay>>) -> impl IntoResponse {
     let mut m = String::new();
     let sessions = relay.sessions();
@@ -304,9 +330,38 @@ async fn metrics(State(relay): State<Arc<Relay>>) -> impl IntoResponse {
         [(String::new(), relay.engine.runs())],
     );
     family(&mut m, "fanout_sessions", "gauge", "Sessions configured.", [(String::new(), sessions.len() as u64)]);
+    family(
+        &mut m,
+        "fanout_build_info",
+        "gauge",
+        "The running build (always 1).",
+        [(format!("{{version=\"{}\"}}", env!("CARGO_PKG_VERSION")), 1)],
+    );
+    let rtsp_clients = relay.rtsp.lock().as_ref().map(|r| r.clients(&relay));
+    if let Some(clients) = rtsp_clients {
+        family(
+            &mut m,
+            "fanout_rtsp_clients",
+            "gauge",
+            "RTSP client sessions.",
+            [(String::new(), clients.len() as u64)],
+        );
+        let playing = clients.iter().filter(|c| c.playing).map(|c| c.sinks.len() as u64).sum();
+        family(&mut m, "fanout_rtsp_tracks_playing", "gauge", "RTSP tracks being played.", [(String::new(), playing)]);
+    }
+    process_metrics(&mut m);
     let statuses: Vec<_> = sessions.iter().map(|s| (s.status(), s.sinks())).collect();
     type SessionFn = fn(&fanout_io::SessionStatus) -> u64;
-    let per_session: [(&str, &str, &str, SessionFn); 7] = [
+    let per_session: [(&str, &str, &str, SessionFn); 9] = [
+        (
+            "fanout_delivered_packets_total",
+            "counter",
+            "Packets delivered to the session's sinks, removed ones too.",
+            |s| s.delivered_packets_total,
+        ),
+        ("fanout_delivered_bytes_total", "counter", "Bytes delivered to the session's sinks, removed ones too.", |s| {
+            s.delivered_bytes_total
+        }),
         ("fanout_source_packets_total", "counter", "Packets received from the source.", |s| s.source.packets),
         ("fanout_source_bytes_total", "counter", "Bytes received from the source.", |s| s.source.bytes),
         ("fanout_source_oversized_total", "counter", "Datagrams dropped as larger than max_datagram.", |s| {

@@ -292,10 +292,12 @@ impl Relay {
             close(session).await;
             return Err(RelayError::Conflict(format!("a session named {name:?} already exists")));
         }
+        tracing::info!(session = %name, datapath = ?datapath, "session created");
         Ok(session)
     }
 
     pub async fn delete(&self, name: &str) -> Result<(), RelayError> {
+        tracing::info!(session = name, "deleting session");
         let e = self
             .sessions
             .write()
@@ -317,7 +319,9 @@ impl Relay {
     pub async fn add_sink(&self, name: &str, spec: &SinkSpec) -> Result<u64, RelayError> {
         spec.validate().map_err(RelayError::BadRequest)?;
         let session = self.session(name)?;
-        add_sink(&session, spec).await
+        let id = add_sink(&session, spec).await?;
+        tracing::info!(session = name, sink = id, udp = ?spec.udp, tcp = ?spec.tcp, "sink added");
+        Ok(id)
     }
 
     pub async fn shutdown(&self) {

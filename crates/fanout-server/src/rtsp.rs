@@ -380,7 +380,11 @@ impl Rtsp {
                             },
                         };
                         match added {
-                            Ok(id) => c.sinks.push((t, id)),
+                            Ok(id) => {
+                                let how = if matches!(lower, Lower::Udp { .. }) { "udp" } else { "interleaved" };
+                                tracing::info!(resource = %c.resource, peer = %c.peer, track = t, sink = id, how, "RTSP client playing");
+                                c.sinks.push((t, id))
+                            }
                             Err(e) => tracing::warn!(rtsp_session = %session, "cannot add the client's sink: {e}"),
                         }
                     }
@@ -389,6 +393,9 @@ impl Rtsp {
                 Action::Pause { session } | Action::Teardown { session } => {
                     let Some(c) = clients.get_mut(&session) else { continue };
                     let tracks = relay.tracks(&c.resource);
+                    if !c.sinks.is_empty() {
+                        tracing::info!(resource = %c.resource, peer = %c.peer, sinks = c.sinks.len(), "RTSP client stopped");
+                    }
                     for (t, id) in c.sinks.drain(..) {
                         if let Some(tr) = tracks.get(t) {
                             tr.session.remove_sink(id);

@@ -247,7 +247,10 @@ impl Upstream {
     }
 
     fn set_state(&self, state: &'static str) {
-        self.state.lock().state = state;
+        let was = std::mem::replace(&mut self.state.lock().state, state);
+        if was != state {
+            tracing::info!(session = %self.name, from = was, to = state, "upstream state");
+        }
     }
 
     /// The tracks of a (new) description: clock rates, payload types, and a relay session

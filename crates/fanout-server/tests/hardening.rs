@@ -230,3 +230,61 @@ fn ctl_behaves_like_a_unix_tool() {
     let rtsp = ctl(&["--api", &url, "rtsp"]);
     assert!(String::from_utf8_lossy(&rtsp.stdout).starts_with("RTSP SESSION"), "{rtsp:?}");
 }
+
+/// Item 16: delivered totals outlive the sinks that received them; build and process
+/// figures in /metrics; logs without colour codes when stderr is not a terminal, with joins,
+/// leaves and API changes at info.
+#[test]
+fn metrics_outlive_sinks_and_logs_are_plain() {
+    let relay = Relay::start(&["--no-demo"]);
+    let src = create_on_free_port(&relay, serde_json::json!({"name": "m", "source": {"udp": "127.0.0.1:0"}}));
+    let rx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let id = relay.ok("POST", "/v1/sessions/m/sinks", Some(serde_json::json!({"udp": rx.local_addr().unwrap()})))["id"]
+        .as_u64()
+        .unwrap();
+    send_paced(src, 50, 200, 1000.0);
+    assert!(wait_for(Duration::from_secs(5), || relay.ok("GET", &format!("/v1/sessions/m/sinks/{id}"), None)
+        ["packets_sent"]
+        == 50));
+    relay.ok("DELETE", &format!("/v1/sessions/m/sinks/{id}"), None);
+    let metrics = ureq::get(&relay.url("/metrics")).call().unwrap().into_string().unwrap();
+    for want in [
+        "fanout_delivered_packets_total{session=\"m\"} 50",
+        "fanout_delivered_bytes_total{session=\"m\"} 10000",
+        "fanout_build_info{version=",
+        "process_cpu_seconds_total ",
+        "process_open_fds ",
+        "process_resident_memory_bytes ",
+    ] {
+        assert!(metrics.contains(want), "{want} missing:\n{metrics}");
+    }
+
+    // Info logs, as a service manager would capture them (stderr a pipe).
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_fanout"))
+        .args(["serve", "--api", "127.0.0.1:0", "--rtsp", "127.0.0.1:0", "--no-demo"])
+        .env("FANOUT_LOG", "info")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let api =
+        line.trim().strip_prefix("fanout: API http://").unwrap().strip_suffix("/v1/sessions").unwrap().to_string();
+    ureq::post(&format!("http://{api}/v1/sessions"))
+        .send_json(serde_json::json!({"name": "x", "source": {"udp": "127.0.0.1:0"}}))
+        .unwrap();
+    ureq::post(&format!("http://{api}/v1/sessions/x/sinks"))
+        .send_json(serde_json::json!({"udp": "127.0.0.1:9"}))
+        .unwrap();
+    ureq::delete(&format!("http://{api}/v1/sessions/x/sinks/1")).call().unwrap();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(!log.contains('\x1b'), "colour codes in a log that is not a terminal:\n{log}");
+    for want in ["session created", "sink added", "sink removed"] {
+        assert!(log.contains(want), "{want:?} not logged:\n{log}");
+    }
+}
