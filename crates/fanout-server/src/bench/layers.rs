@@ -245,7 +245,8 @@ pub fn run(a: LayersArgs) -> anyhow::Result<()> {
     };
     let topo = Topology::new(&a.links)?;
     topo.enter_relay()?;
-    let relay = RelayProc::start(&["--rtsp", "0.0.0.0:8554"])?;
+    // Its network namespace is private to this run: serving it without credentials is safe.
+    let relay = RelayProc::start(&["--rtsp", "0.0.0.0:8554", "--allow-unauthenticated"])?;
     let api = relay.client();
     let mut spec = json!({ "name": "svc", "source": { "udp": "127.0.0.1:0" }, "video": video });
     spec.as_object_mut().unwrap().extend(super::datapath_fields(&a.datapath)?);
