@@ -267,6 +267,8 @@ pub(crate) struct GroupState {
     snapshot: Vec<Arc<Packet>>,
     /// The socket the group's unconnected UDP sinks send from, with ICMP errors queued.
     udp: UdpSocket,
+    /// Its IPv6 twin, made when the group first has an IPv6 sink.
+    udp6: Option<UdpSocket>,
     /// `(sink index, datagrams offered)` of the batched send being built.
     plan: Vec<Planned>,
     /// The `uring` path's submission and completion rings.
@@ -282,6 +284,18 @@ pub(crate) struct GroupState {
 }
 
 impl GroupState {
+    /// Makes the IPv6 socket once an unconnected IPv6 sink is in the group.
+    fn ensure_udp6(&mut self) -> io::Result<()> {
+        let wants = || self.sinks.iter().any(|k| matches!(&k.io, SinkIo::Unconnected(a) if a.is_v6()));
+        if self.udp6.is_none() && wants() {
+            let s = send_socket(true, self.shared_port)?;
+            s.set_nonblocking(true)?;
+            sys::enable_recv_err(s.as_raw_fd(), true)?;
+            self.udp6 = Some(s);
+        }
+        Ok(())
+    }
+
     pub fn new(cfg: &SessionConfig, shared_port: bool) -> io::Result<Self> {
         let udp = send_socket(false, shared_port)?;
         udp.set_nonblocking(true)?;
@@ -294,6 +308,7 @@ impl GroupState {
             sinks: Vec::new(),
             snapshot: Vec::new(),
             udp,
+            udp6: None,
             plan: Vec::new(),
             uring,
             uring_failed: Vec::new(),
@@ -349,10 +364,19 @@ impl Job for GroupJob {
                 }
             }
         }
-        // ICMP errors for the group's socket, matched to sinks by destination.
-        while let Some((addr, err)) = sys::recv_error(g.udp.as_raw_fd()) {
-            for sink in g.sinks.iter_mut().filter(|k| k.target == SinkTarget::Udp(addr)) {
-                sink.fail(describe(&err), reactor, policy);
+        if let Err(e) = g.ensure_udp6() {
+            let why = format!("cannot open an IPv6 socket: {e}");
+            for sink in g.sinks.iter_mut().filter(|k| matches!(&k.io, SinkIo::Unconnected(a) if a.is_v6())) {
+                sink.fail(why.clone(), reactor, policy);
+            }
+        }
+        // ICMP errors for the group's sockets, matched to sinks by destination.
+        let fds = [Some(g.udp.as_raw_fd()), g.udp6.as_ref().map(|u| u.as_raw_fd())];
+        for fd in fds.into_iter().flatten() {
+            while let Some((addr, err)) = sys::recv_error(fd) {
+                for sink in g.sinks.iter_mut().filter(|k| k.target == SinkTarget::Udp(addr)) {
+                    sink.fail(describe(&err), reactor, policy);
+                }
             }
         }
 
@@ -376,10 +400,16 @@ impl Job for GroupJob {
             DataPath::Kernel => DataPath::Shared,
             dp => dp,
         };
-        let group_fd = g.udp.as_raw_fd();
+        // Unconnected sinks send from the group's socket of their address family.
+        let (fd4, fd6) = (g.udp.as_raw_fd(), g.udp6.as_ref().map_or(-1, |u| u.as_raw_fd()));
+        let group_fd = |a: &RawAddr| if a.is_v6() { fd6 } else { fd4 };
         let write_streams = stream_flush_now(g, &s.cfg, dp, head, reactor);
         if dp == DataPath::Shared {
-            for (i, e) in send_udp_group(g, head, start, ctx) {
+            let mut refused = send_udp_group(g, head, start, ctx, false);
+            if fd6 >= 0 {
+                refused.extend(send_udp_group(g, head, start, ctx, true));
+            }
+            for (i, e) in refused {
                 let sink = &mut g.sinks[i];
                 sink.fail(describe(&e), reactor, policy);
                 // Under `retry` it stays: what it could not be sent counts as skipped.
@@ -406,7 +436,7 @@ impl Job for GroupJob {
                 let Sink { layers: Some(lay), io, .. } = sink else { unreachable!("layered") };
                 let r = match io {
                     SinkIo::Connected(sock) => send_udp_layered(sock.as_raw_fd(), None, lay, pending, ctx),
-                    SinkIo::Unconnected(addr) => send_udp_layered(group_fd, Some(addr), lay, pending, ctx),
+                    SinkIo::Unconnected(addr) => send_udp_layered(group_fd(addr), Some(addr), lay, pending, ctx),
                     SinkIo::Channel(q) => Ok((pending.len(), q.push_layered(pending, |p| lay.decide(p)))),
                     // The control plane gives an allowance to RTP datagram sinks only.
                     SinkIo::Stream(_) | SinkIo::Closed => Ok((0, 0)),
@@ -426,7 +456,7 @@ impl Job for GroupJob {
                     send_udp_uring(g.uring.as_mut().expect("uring sender"), sock.as_raw_fd(), pending, sink.id)
                 }
                 (SinkIo::Connected(sock), _) => send_udp_batched(sock.as_raw_fd(), pending, ctx),
-                (SinkIo::Unconnected(addr), _) => send_udp_copy(group_fd, addr, pending, ctx),
+                (SinkIo::Unconnected(addr), _) => send_udp_copy(group_fd(addr), addr, pending, ctx),
                 (SinkIo::Stream(_), DataPath::Shared | DataPath::Uring) => send_stream_vectored(sink, pending, ctx),
                 (SinkIo::Stream(_), _) => send_stream_copy(sink, pending, ctx),
                 (SinkIo::Channel(q), _) => {
@@ -656,21 +686,23 @@ fn stream_flush_now(g: &mut GroupState, cfg: &SessionConfig, dp: DataPath, head:
     }
 }
 
-/// Sends every pending datagram of the group's unconnected sinks in one `sendmmsg` run.
+/// Sends every pending datagram of the group's unconnected sinks of one address family (`v6`)
+/// in one `sendmmsg` run, from that family's socket.
 /// A sink that drops layers takes part with the packets it keeps, each in two pieces (see
 /// [`send_udp_layered`]). Returns the sinks whose destination the kernel refused at once
 /// (no route, ...), with the error: the rest of their datagrams are skipped so the sinks
 /// after them still get theirs.
-fn send_udp_group(g: &mut GroupState, head: u64, start: u64, ctx: &mut WorkerCtx) -> Vec<(usize, io::Error)> {
-    let GroupState { sinks, snapshot, udp, plan, .. } = g;
-    let fd = udp.as_raw_fd();
+fn send_udp_group(g: &mut GroupState, head: u64, start: u64, ctx: &mut WorkerCtx, v6: bool) -> Vec<(usize, io::Error)> {
+    let GroupState { sinks, snapshot, udp, udp6, plan, .. } = g;
+    let Some(fd) = (if v6 { udp6.as_ref() } else { Some(&*udp) }).map(|u| u.as_raw_fd()) else { return Vec::new() };
     let mut refused = Vec::new();
     plan.clear();
     ctx.heads.clear();
     ctx.picked.clear();
     // Decide first (the rewritten bytes must not move once iovecs point at them).
     for (i, sink) in sinks.iter_mut().enumerate() {
-        if sink.failed.is_some() || !matches!(sink.io, SinkIo::Unconnected(_)) || sink.cursor.next() >= head {
+        let family = matches!(&sink.io, SinkIo::Unconnected(a) if a.is_v6() == v6);
+        if sink.failed.is_some() || !family || sink.cursor.next() >= head {
             continue;
         }
         let pending = &snapshot[(sink.cursor.next() - start) as usize..];

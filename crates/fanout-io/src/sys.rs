@@ -36,6 +36,10 @@ impl RawAddr {
         };
         Self { storage, len: sa.len() }
     }
+    pub fn is_v6(&self) -> bool {
+        i32::from(self.storage.ss_family) == libc::AF_INET6
+    }
+
     fn ptr(&self) -> *const libc::sockaddr {
         (&raw const self.storage).cast()
     }

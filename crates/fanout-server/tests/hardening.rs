@@ -288,3 +288,36 @@ fn metrics_outlive_sinks_and_logs_are_plain() {
         assert!(log.contains(want), "{want:?} not logged:\n{log}");
     }
 }
+
+/// Item 9: IPv6 sources and sinks on every user-space data path, IPv4 sinks beside them in
+/// the same group (the group has a socket per family).
+#[test]
+fn ipv6_sources_and_sinks_on_every_user_space_path() {
+    let relay = Relay::start(&["--no-demo"]);
+    for datapath in ["daemon", "copy", "shared", "uring"] {
+        let name = format!("v6-{datapath}");
+        let spec = serde_json::json!({"name": name, "source": {"udp": "[::1]:0"}, "datapath": datapath});
+        let src = source_addr(&relay.ok("POST", "/v1/sessions", Some(spec)));
+        assert!(src.is_ipv6(), "{src}");
+        let v6 = std::net::UdpSocket::bind("[::1]:0").unwrap();
+        let v4 = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        for s in [&v6, &v4] {
+            s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+            relay.ok(
+                "POST",
+                &format!("/v1/sessions/{name}/sinks"),
+                Some(serde_json::json!({"udp": s.local_addr().unwrap()})),
+            );
+        }
+        send_paced(src, 20, 300, 500.0);
+        for s in [&v6, &v4] {
+            let mut got = 0;
+            let mut b = [0u8; 2048];
+            while got < 20 && s.recv(&mut b).is_ok() {
+                got += 1;
+            }
+            let st = relay.ok("GET", &format!("/v1/sessions/{name}/sinks"), None);
+            assert_eq!(got, 20, "{datapath}: {} got {got} of 20: {st}", s.local_addr().unwrap());
+        }
+    }
+}

@@ -275,7 +275,7 @@ pub fn datagram(seq: u64, len: usize) -> Vec<u8> {
 
 /// Sends `n` datagrams to `to` at `rate` per second, bounded.
 pub fn send_paced(to: SocketAddr, n: u64, len: usize, rate: f64) {
-    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let s = UdpSocket::bind(if to.is_ipv6() { "[::1]:0" } else { "127.0.0.1:0" }).unwrap();
     let start = Instant::now();
     for seq in 0..n {
         let due = start + Duration::from_secs_f64(seq as f64 / rate);
