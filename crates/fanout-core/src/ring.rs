@@ -72,18 +72,21 @@ pub struct Cursor {
     pub received: u64,
     /// Packets this sink skipped because the ring replaced them before it read them.
     pub skipped: u64,
+    /// Packets passed over on purpose: video before the first keyframe a new sink could
+    /// decode.
+    pub withheld: u64,
 }
 
 impl Cursor {
     /// A cursor that starts with the next packet published (a sink joins live).
     pub fn at_head<T>(ring: &SessionRing<T>) -> Self {
-        Self { next: ring.head(), received: 0, skipped: 0 }
+        Self { next: ring.head(), ..Self::default() }
     }
 
     /// A cursor that starts at `seq` (clamped to what the ring holds): a sink that joins at
     /// an earlier entry point, such as the last keyframe.
     pub fn starting_at<T>(ring: &SessionRing<T>, seq: u64) -> Self {
-        Self { next: seq.clamp(ring.oldest(), ring.head()), received: 0, skipped: 0 }
+        Self { next: seq.clamp(ring.oldest(), ring.head()), ..Self::default() }
     }
 
     pub fn next(&self) -> u64 {
@@ -102,6 +105,12 @@ impl Cursor {
     /// Packets published that this sink has not yet been handed.
     pub fn lag(&self, head: u64) -> u64 {
         head.saturating_sub(self.next)
+    }
+
+    /// Passes over the next `n` packets without handing them to the sink.
+    pub fn withhold(&mut self, n: u64) {
+        self.next += n;
+        self.withheld += n;
     }
 
     /// Records that the next `n` packets were handed to the sink.

@@ -225,6 +225,10 @@ pub struct SinkStatus {
     pub bytes_sent: u64,
     /// Packets skipped by slowest-sink-drop.
     pub packets_skipped: u64,
+    /// Video packets a new sink was not sent because they came before any keyframe it could
+    /// start decoding at (a cold start).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub packets_before_keyframe: u64,
     /// Packets published that this sink has not been handed yet.
     pub lag: u64,
     /// `active`, `failed`, or `retrying` (a TCP sink being reconnected).
@@ -247,6 +251,10 @@ pub(crate) struct Group {
     pub task: Arc<Task>,
     pub state: Arc<Mutex<GroupState>>,
 }
+
+/// How long a new sink of a video session waits for a keyframe before it is sent whatever
+/// comes (a stream whose keyframes are not recognised must still play).
+const KEYFRAME_WAIT: Duration = Duration::from_secs(5);
 
 pub(crate) struct Inner {
     pub cfg: SessionConfig,
@@ -396,6 +404,12 @@ impl Inner {
             }
         };
         let mut sink = Sink::new(id, target, io, cursor, strip);
+        // Video with no keyframe held (an upstream just connected): hold the sink's media
+        // until one comes, so its decoder never starts on delta frames.
+        let held = self.last_key.load(Ordering::Relaxed) > self.ring.lock().oldest();
+        if start == Start::Keyframe && self.video_codec().is_some() && !held {
+            sink.await_keyframe(Instant::now() + KEYFRAME_WAIT);
+        }
         init(&mut sink);
         if let Some(fd) = sink.stream_fd() {
             sink.reg = Some(self.reactor.register_sink(fd, g.task.clone(), sink.flags.clone())?);
@@ -967,7 +981,7 @@ impl Session {
 }
 
 /// Where a new sink's cursor starts.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Start {
     /// At the newest packet.
     Head,
@@ -990,8 +1004,13 @@ impl Placement {
     }
 }
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 fn kernel_sink_status(k: crate::kernel::KernelSinkStats) -> SinkStatus {
     SinkStatus {
+        packets_before_keyframe: 0,
         id: k.id,
         target: SinkTarget::Udp(k.addr),
         packets_sent: k.packets,

@@ -101,6 +101,8 @@ pub(crate) struct Sink {
     added: Instant,
     /// Layer adaptation, once a pin or a receiver report asked for it.
     pub layers: Option<Box<SinkLayers>>,
+    /// Until when it waits for a keyframe (a new sink of video with none held), if it does.
+    await_key: Option<Instant>,
 }
 
 impl Sink {
@@ -123,6 +125,7 @@ impl Sink {
             strip_rtp,
             added: Instant::now(),
             layers: None,
+            await_key: None,
         }
     }
 
@@ -143,6 +146,10 @@ impl Sink {
     }
 
     /// Packets sent: taken from the ring, less the ones its layer allowance dropped.
+    pub fn await_keyframe(&mut self, until: Instant) {
+        self.await_key = Some(until);
+    }
+
     pub fn packets_sent(&self) -> u64 {
         self.cursor.received - self.layers.as_ref().map_or(0, |l| l.dropped)
     }
@@ -177,6 +184,7 @@ impl Sink {
             packets_sent: self.packets_sent(),
             bytes_sent: self.bytes,
             packets_skipped: self.cursor.skipped,
+            packets_before_keyframe: self.cursor.withheld,
             lag: if self.failed.is_some() { 0 } else { self.cursor.lag(head) },
             state: match (&self.failed, self.retrying) {
                 (None, _) => "active",
@@ -394,6 +402,19 @@ impl Job for GroupJob {
             }
             (head, start)
         };
+
+        // New sinks waiting for a keyframe pass over what comes before it.
+        for k in g.sinks.iter_mut().filter(|k| k.await_key.is_some()) {
+            let pending = &g.snapshot[(k.cursor.next() - start) as usize..];
+            match pending.iter().position(|p| p.is_keyframe()) {
+                Some(i) => {
+                    k.cursor.withhold(i as u64);
+                    k.await_key = None;
+                }
+                None if k.await_key.is_some_and(|t| Instant::now() >= t) => k.await_key = None,
+                None => k.cursor.withhold(pending.len() as u64),
+            }
+        }
 
         // A `kernel` session's user-space sinks are served as `shared`.
         let dp = match s.cfg.datapath {

@@ -321,3 +321,44 @@ fn ipv6_sources_and_sinks_on_every_user_space_path() {
         }
     }
 }
+
+/// Item 11: a sink that joins video before any keyframe (an on-demand upstream's first
+/// client) gets nothing until one comes, starting with its parameter sets; what it was not
+/// sent is counted.
+#[test]
+fn a_cold_sink_starts_at_the_first_keyframe() {
+    let relay = Relay::start(&["--no-demo"]);
+    let spec = serde_json::json!({"name": "cold", "source": {"udp": "127.0.0.1:0"}, "video": "h264"});
+    let src = source_addr(&relay.ok("POST", "/v1/sessions", Some(spec)));
+    let rx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    rx.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+    let id = relay.ok("POST", "/v1/sessions/cold/sinks", Some(serde_json::json!({"udp": rx.local_addr().unwrap()})))
+        ["id"]
+        .as_u64()
+        .unwrap();
+    // Delta slices (type 1), then SPS, PPS, an IDR slice, and more delta slices.
+    let nals: Vec<&[u8]> = vec![
+        &[0x41, 0x9a, 1],
+        &[0x41, 0x9a, 2],
+        &[0x41, 0x9a, 3],
+        &[0x67, 0x42, 0xc0, 0x1e, 0xd9],
+        &[0x68, 0xce, 0x3c, 0x80],
+        &[0x65, 0x88, 0x84],
+        &[0x41, 0x9a, 4],
+    ];
+    let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    for (i, nal) in nals.iter().enumerate() {
+        let mut p = vec![0x80, 96, 0, i as u8, 0, 0, 0, i as u8, 0, 0, 0, 7];
+        p.extend_from_slice(nal);
+        tx.send_to(&p, src).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut types = Vec::new();
+    let mut b = [0u8; 256];
+    while let Ok(n) = rx.recv(&mut b) {
+        types.push(b[12.min(n - 1)] & 0x1f);
+    }
+    assert_eq!(types, vec![7, 8, 5, 1], "the sink starts at the parameter sets");
+    let st = relay.ok("GET", &format!("/v1/sessions/cold/sinks/{id}"), None);
+    assert_eq!(st["packets_before_keyframe"], 3, "{st}");
+}
