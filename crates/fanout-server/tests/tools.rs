@@ -62,7 +62,12 @@ fn gen_and_sub_measure_a_relay_over_udp_tcp_and_http() {
         );
         assert!(s["latency_mean_us"].as_f64().unwrap() > 0.0);
     }
-    assert_eq!(r["groups"][0]["loss_pct"], 0.0);
+    // One summary row per kind of subscriber.
+    let rows = r["groups"].as_array().unwrap();
+    let kinds: Vec<(&str, u64)> =
+        rows.iter().map(|g| (g["kind"].as_str().unwrap(), g["subscribers"].as_u64().unwrap())).collect();
+    assert_eq!(kinds, vec![("udp", 5), ("tcp", 2), ("http", 2)], "{}", r["groups"]);
+    assert!(rows.iter().all(|g| g["loss_pct"] == 0.0), "{}", r["groups"]);
     // gen reports the rate it achieved; the schedule holds at this rate.
     let text = String::from_utf8_lossy(&out.stderr);
     let pps: f64 = text.split("s: ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
@@ -123,4 +128,36 @@ fn gen_replays_a_ts_file_at_its_own_rate() {
     let mut buf = vec![0u8; 188 * 7];
     std::io::Read::read_exact(&mut &http, &mut buf).unwrap();
     assert!(buf.chunks(188).all(|p| p[0] == 0x47));
+}
+
+/// `sub` on a stream that carries no probe (the demo): what arrives is counted as garbled,
+/// and the subscribers are not "silent".
+#[test]
+fn sub_counts_a_stream_without_probes() {
+    let relay = Relay::start(&[]);
+    let dir = tmpdir("noprobe");
+    let json_path = dir.join("sub.json");
+    let out = fanout(&[
+        "sub",
+        "--api",
+        &relay.url(""),
+        "--session",
+        "demo",
+        "--udp",
+        "2",
+        "--http",
+        "1",
+        "--duration",
+        "3",
+        "--json",
+        json_path.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let r: Value = serde_json::from_slice(&std::fs::read(&json_path).unwrap()).unwrap();
+    for g in r["groups"].as_array().unwrap() {
+        assert_eq!(g["silent"], 0, "{g}");
+        assert!(g["garbled"].as_u64() > Some(0) && g["bytes"].as_u64() > Some(10_000), "{g}");
+    }
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("GARBLED") && table.contains("http"), "{table}");
 }

@@ -80,7 +80,10 @@ struct Subscriber {
     sink_id: Option<u64>,
     io: Io,
     stats: RecvStats,
+    /// Datagrams without a probe, or stream bytes out of step with the probes.
     garbled: u64,
+    /// Every byte that arrived, probe or not.
+    bytes: u64,
     lat_sum_us: f64,
     lat_max_us: u64,
 }
@@ -96,6 +99,7 @@ pub struct SubscriberReport {
     pub reordered: u64,
     pub duplicates: u64,
     pub garbled: u64,
+    pub bytes: u64,
     pub latency_mean_us: f64,
     pub latency_max_us: u64,
     pub jitter_ms: f64,
@@ -105,6 +109,7 @@ pub struct SubscriberReport {
 #[derive(Debug, Serialize)]
 pub struct GroupReport {
     pub session: String,
+    pub kind: Kind,
     pub subscribers: usize,
     pub received: u64,
     pub expected: u64,
@@ -112,6 +117,10 @@ pub struct GroupReport {
     pub loss_pct: f64,
     pub reordered: u64,
     pub duplicates: u64,
+    /// Packets (UDP) or resyncs (TCP/HTTP) that carried no probe: a stream not made by
+    /// `fanout gen` arrives here, not in `received`.
+    pub garbled: u64,
+    pub bytes: u64,
     /// Subscribers that received nothing at all.
     pub silent: usize,
     pub latency_p50_us: u64,
@@ -170,6 +179,7 @@ pub fn subscribe(a: &SubArgs, ready: impl FnOnce()) -> anyhow::Result<SubReport>
         io,
         stats: RecvStats::default(),
         garbled: 0,
+        bytes: 0,
         lat_sum_us: 0.0,
         lat_max_us: 0,
     };
@@ -252,7 +262,7 @@ pub fn subscribe(a: &SubArgs, ready: impl FnOnce()) -> anyhow::Result<SubReport>
     ready();
 
     let mut hist: Vec<Histogram<u64>> =
-        groups.iter().map(|_| Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid bounds")).collect();
+        (0..groups.len() * 3).map(|_| Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid bounds")).collect();
     let start = mono_ns();
     let end = start + (a.duration * 1e9) as u64;
     let mut last_packet = 0u64;
@@ -272,7 +282,7 @@ pub fn subscribe(a: &SubArgs, ready: impl FnOnce()) -> anyhow::Result<SubReport>
         for ev in events.iter() {
             let i = ev.token().0;
             let s = &mut subs[i];
-            let h = &mut hist[s.group];
+            let h = &mut hist[hist_index(s.group, s.kind)];
             let got = drain(s, &mut buf, a.record, h, poll.registry(), Token(i))?;
             if got > 0 {
                 last_packet = mono_ns();
@@ -299,6 +309,7 @@ fn drain(
             Io::Udp(u) => match u.recv(buf) {
                 Ok(len) => {
                     n += 1;
+                    s.bytes += len as u64;
                     let now = mono_ns();
                     match RtpView::parse(&buf[..len]).ok().and_then(|v| Probe::parse(v.payload()).map(|p| (v, p))) {
                         Some((v, p)) => account(s, v.sequence_number(), p, now, hist),
@@ -322,6 +333,7 @@ fn drain(
             Io::Stream(st, pending) => match st.read(buf) {
                 Ok(0) => return Ok(n),
                 Ok(len) => {
+                    s.bytes += len as u64;
                     pending.extend_from_slice(&buf[..len]);
                     let now = mono_ns();
                     // HTTP subscribers get the payload without the RTP header.
@@ -380,27 +392,32 @@ fn report(groups: &[String], subs: &[Subscriber], hist: &[Histogram<u64>], secon
             reordered: s.stats.reordered,
             duplicates: s.stats.duplicates,
             garbled: s.garbled,
+            bytes: s.bytes,
             latency_mean_us: if s.stats.received > 0 { s.lat_sum_us / s.stats.received as f64 } else { 0.0 },
             latency_max_us: s.lat_max_us,
             jitter_ms: s.stats.jitter() * 1000.0 / RTP_HZ as f64,
             interarrival_var_ms2: s.stats.interarrival_variance() / 1e12,
         })
         .collect();
-    let groups = groups
-        .iter()
-        .enumerate()
-        .map(|(g, name)| {
+    // One row per session and kind of subscriber: UDP, TCP and HTTP differ too much to mix.
+    let mut rows = Vec::new();
+    for (g, name) in groups.iter().enumerate() {
+        for kind in [Kind::Udp, Kind::Tcp, Kind::Http] {
             let mine: Vec<&SubscriberReport> =
-                per.iter().zip(subs).filter(|(_, s)| s.group == g).map(|(r, _)| r).collect();
-            let n = mine.len().max(1) as f64;
+                per.iter().zip(subs).filter(|(_, s)| s.group == g && s.kind == kind).map(|(r, _)| r).collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let n = mine.len() as f64;
             // A subscriber that got nothing expected as much as the best one did.
             let best = mine.iter().map(|r| r.expected).max().unwrap_or(0);
             let expected: u64 = mine.iter().map(|r| if r.received == 0 { best } else { r.expected }).sum();
             let received: u64 = mine.iter().map(|r| r.received).sum();
             let lost = expected.saturating_sub(received);
-            let h = &hist[g];
-            GroupReport {
+            let h = &hist[hist_index(g, kind)];
+            rows.push(GroupReport {
                 session: name.clone(),
+                kind,
                 subscribers: mine.len(),
                 received,
                 expected,
@@ -408,33 +425,60 @@ fn report(groups: &[String], subs: &[Subscriber], hist: &[Histogram<u64>], secon
                 loss_pct: if expected > 0 { 100.0 * lost as f64 / expected as f64 } else { 0.0 },
                 reordered: mine.iter().map(|r| r.reordered).sum(),
                 duplicates: mine.iter().map(|r| r.duplicates).sum(),
-                silent: mine.iter().filter(|r| r.received == 0).count(),
+                garbled: mine.iter().map(|r| r.garbled).sum(),
+                bytes: mine.iter().map(|r| r.bytes).sum(),
+                silent: mine.iter().filter(|r| r.bytes == 0).count(),
                 latency_p50_us: h.value_at_quantile(0.5),
                 latency_p99_us: h.value_at_quantile(0.99),
                 latency_max_us: h.max(),
                 jitter_ms_mean: mine.iter().map(|r| r.jitter_ms).sum::<f64>() / n,
                 jitter_ms_max: mine.iter().map(|r| r.jitter_ms).fold(0.0, f64::max),
                 interarrival_var_ms2_mean: mine.iter().map(|r| r.interarrival_var_ms2).sum::<f64>() / n,
-            }
-        })
-        .collect();
+            });
+        }
+    }
+    let groups = rows;
     SubReport { seconds, groups, subscribers: per }
+}
+
+/// Where a (session, kind) pair's latency histogram is.
+fn hist_index(group: usize, kind: Kind) -> usize {
+    group * 3 + kind as usize
 }
 
 fn print_summary(r: &SubReport) {
     println!(
-        "{:<12} {:>6} {:>10} {:>10} {:>8} {:>7} {:>6} {:>9} {:>9} {:>9} {:>10}",
-        "SESSION", "SUBS", "RECEIVED", "EXPECTED", "LOSS%", "REORD", "SILENT", "LAT p50", "LAT p99", "JITTER", "IA VAR"
+        "{:<12} {:<4} {:>6} {:>10} {:>10} {:>8} {:>7} {:>8} {:>6} {:>9} {:>9} {:>9} {:>10}",
+        "SESSION",
+        "KIND",
+        "SUBS",
+        "RECEIVED",
+        "EXPECTED",
+        "LOSS%",
+        "REORD",
+        "GARBLED",
+        "SILENT",
+        "LAT p50",
+        "LAT p99",
+        "JITTER",
+        "IA VAR"
     );
     for g in &r.groups {
+        let kind = match g.kind {
+            Kind::Udp => "udp",
+            Kind::Tcp => "tcp",
+            Kind::Http => "http",
+        };
         println!(
-            "{:<12} {:>6} {:>10} {:>10} {:>8.3} {:>7} {:>6} {:>7}µs {:>7}µs {:>7.3}ms {:>8.3}ms²",
+            "{:<12} {:<4} {:>6} {:>10} {:>10} {:>8.3} {:>7} {:>8} {:>6} {:>7}µs {:>7}µs {:>7.3}ms {:>8.3}ms²",
             g.session,
+            kind,
             g.subscribers,
             g.received,
             g.expected,
             g.loss_pct,
             g.reordered,
+            g.garbled,
             g.silent,
             g.latency_p50_us,
             g.latency_p99_us,
