@@ -276,7 +276,7 @@ pub fn run(a: LayersArgs) -> anyhow::Result<()> {
             .spawn()?;
         subs.push((Proc(child), json));
     }
-    let pb = super::progress(a.seconds as u64, "bench layers");
+    let mut pb = super::progress(a.seconds as u64, "bench layers");
     let t0 = Instant::now();
     let mut samples: Vec<Sample> = Vec::new();
     // Until just before the subscribers leave.

@@ -114,8 +114,12 @@ pub struct RelayProc {
 
 impl RelayProc {
     pub fn start(extra: &[&str]) -> anyhow::Result<Self> {
+        // RTSP on a free port unless asked otherwise: a relay running beside the bench keeps
+        // its 8554.
+        let rtsp: &[&str] = if extra.contains(&"--rtsp") { &[] } else { &["--rtsp", "127.0.0.1:0"] };
         let mut child = Command::new(std::env::current_exe()?)
             .args(["serve", "--no-demo", "--api", "127.0.0.1:0"])
+            .args(rtsp)
             .args(extra)
             .env("FANOUT_LOG", "warn")
             .stdout(Stdio::piped())
@@ -290,15 +294,69 @@ pub fn wait(p: &mut Proc, limit: Duration) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn progress(steps: u64, what: &str) -> ProgressBar {
-    let pb = ProgressBar::new(steps);
-    pb.set_style(
+/// A bench's progress: a bar on a terminal, else a plain line per step on stderr (CI logs,
+/// a run under `nohup`).
+pub struct Progress {
+    bar: ProgressBar,
+    plain: bool,
+    what: String,
+    len: u64,
+    pos: u64,
+}
+
+pub fn progress(steps: u64, what: &str) -> Progress {
+    use std::io::IsTerminal as _;
+    let bar = ProgressBar::new(steps);
+    bar.set_style(
         ProgressStyle::with_template("{prefix} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
             .expect("valid template")
             .progress_chars("=> "),
     );
-    pb.set_prefix(what.to_string());
-    pb
+    bar.set_prefix(what.to_string());
+    let plain = !std::io::stderr().is_terminal();
+    if plain {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    Progress { bar, plain, what: what.into(), len: steps, pos: 0 }
+}
+
+impl Progress {
+    /// What the next step is; without a terminal, its line.
+    pub fn set_message(&self, msg: String) {
+        if self.plain {
+            eprintln!("{} [{}/{}] {msg}", self.what, self.pos + 1, self.len);
+        }
+        self.bar.set_message(msg);
+    }
+
+    pub fn inc(&mut self, n: u64) {
+        self.pos += n;
+        self.bar.inc(n);
+    }
+
+    /// For time-based progress (seconds): without a terminal, a line every 10.
+    pub fn set_position(&mut self, pos: u64) {
+        if self.plain && pos / 10 > self.pos / 10 {
+            eprintln!("{} {pos}/{} s", self.what, self.len);
+        }
+        self.pos = pos;
+        self.bar.set_position(pos);
+    }
+
+    pub fn println(&self, line: String) {
+        if self.plain {
+            eprintln!("{line}");
+        } else {
+            self.bar.println(line);
+        }
+    }
+
+    pub fn finish_and_clear(&self) {
+        self.bar.finish_and_clear();
+        if self.plain {
+            eprintln!("{}: done", self.what);
+        }
+    }
 }
 
 pub fn ensure_dir(p: &Path) -> anyhow::Result<()> {

@@ -355,7 +355,7 @@ pub fn run(a: RtspArgs) -> anyhow::Result<()> {
         "target,clients,round,cpu_s,seconds,packets,bytes,cpu_us_per_packet,cpu_ms_per_mb,min_client_packets,max_client_packets"
     )?;
     let steps = (a.rounds * a.clients.len() * a.targets.len()) as u64;
-    let pb = super::progress(steps, "bench rtsp");
+    let mut pb = super::progress(steps, "bench rtsp");
     // (target, clients, µs per packet, ms per MB)
     let mut results: Vec<(String, usize, f64, f64)> = Vec::new();
     for round in 0..a.rounds {
@@ -380,12 +380,7 @@ pub fn run(a: RtspArgs) -> anyhow::Result<()> {
                     s.min,
                     s.max
                 );
-                // A hidden bar (no terminal, e.g. a log) prints nothing: say it plainly then.
-                if pb.is_hidden() {
-                    println!("{line}");
-                } else {
-                    pb.println(line);
-                }
+                pb.println(line);
                 results.push((name.clone(), n, us, ms_mb));
                 pb.inc(1);
             }

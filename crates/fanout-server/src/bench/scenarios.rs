@@ -244,7 +244,7 @@ pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
         .flat_map(|t| a.datapath.iter().map(move |d| (d.clone(), *t)))
         .filter(|(d, t)| !(d.starts_with("kernel") && *t == Transport::Tcp))
         .collect();
-    let pb = progress((combos.len() * a.steps.len()) as u64, "bench bulk");
+    let mut pb = progress((combos.len() * a.steps.len()) as u64, "bench bulk");
     let mut cpu_series = Vec::new();
     let mut per_series = Vec::new();
     let mut path_series = Vec::new();
@@ -360,7 +360,7 @@ pub fn payload(mut a: PayloadArgs) -> anyhow::Result<()> {
         "payload.csv",
         "datapath,payload,subscribers,relay_cpu_pct,machine_cpu_pct,cpu_us_per_delivery,deliveries_per_s,loss_pct,latency_p99_us",
     )?;
-    let pb = progress((a.datapath.len() * a.sizes.len()) as u64, "bench payload");
+    let mut pb = progress((a.datapath.len() * a.sizes.len()) as u64, "bench payload");
     let (mut cpu_series, mut per_series) = (Vec::new(), Vec::new());
     for (k, dp) in a.datapath.iter().enumerate() {
         let (mut cpu, mut per) = (Vec::new(), Vec::new());
@@ -465,7 +465,7 @@ pub fn overload(mut a: OverloadArgs) -> anyhow::Result<()> {
         "overload.csv",
         "background_pct,class,subscribers,loss_pct,latency_p50_us,latency_p99_us,jitter_ms,relay_cpu_pct,machine_cpu_pct",
     )?;
-    let pb = progress(a.levels.len() as u64, "bench overload");
+    let mut pb = progress(a.levels.len() as u64, "bench overload");
     let classes = [1u8, 2, 3];
     let mut loss: Vec<Vec<(f64, f64)>> = vec![Vec::new(); 3];
     let mut lat: Vec<Vec<(f64, f64)>> = vec![Vec::new(); 3];
