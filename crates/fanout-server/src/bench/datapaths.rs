@@ -35,12 +35,18 @@ pub struct BenchArgs {
     /// Rounds: the data paths alternate, so drift on a noisy machine hits all alike.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
-    /// Folder for the CSV.
+    /// A short run (one round of 3 s, 100 sinks) that checks the bench works; CI runs it.
+    #[arg(long)]
+    quick: bool,
+    /// Folder for the CSV and PNG.
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
 }
 
-pub fn run(a: BenchArgs) -> anyhow::Result<()> {
+pub fn run(mut a: BenchArgs) -> anyhow::Result<()> {
+    if a.quick {
+        (a.rounds, a.load.seconds, a.sinks) = (1, 3.0, 100);
+    }
     let nofile = fanout_io::sys::raise_nofile_limit();
     if (nofile as usize) < a.sinks + 64 {
         bail!(
@@ -206,7 +212,33 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         let (b, bp) = *first.get_or_insert((per, path_per));
         println!("{dp:>16}  {per:>22.3}  {:>9}  {path_per:>21.3}  {:>9}", ratio(per, b), ratio(path_per, bp));
     }
-    println!("\nCSV: {}", csv_path.display());
+    // Each data path's cost per round, relay and whole path side by side.
+    let series = |path: bool| -> Vec<(String, Vec<(f64, f64)>)> {
+        a.datapath
+            .iter()
+            .map(|dp| {
+                let pts = results
+                    .iter()
+                    .filter(|r| &r.0 == dp)
+                    .enumerate()
+                    .map(|(i, r)| ((i + 1) as f64, (if path { r.2 } else { r.1 }) * 1e6 / r.3.max(1.0)))
+                    .collect();
+                (dp.clone(), pts)
+            })
+            .collect()
+    };
+    let png = a.out.join("datapaths.png");
+    super::plot::panels(
+        &png,
+        &format!("CPU per delivered packet, {} UDP sinks", a.sinks),
+        "round",
+        false,
+        &[
+            super::plot::Panel { y_label: "relay µs per delivery", series: series(false) },
+            super::plot::Panel { y_label: "path µs per delivery", series: series(true) },
+        ],
+    )?;
+    println!("\nCSV: {}\nPNG: {}", csv_path.display(), png.display());
     drop(relay);
     Ok(())
 }

@@ -51,6 +51,9 @@ pub struct LayersArgs {
     /// The relay's data path.
     #[arg(long, default_value = "shared")]
     datapath: String,
+    /// A short run (20 s) that checks the bench works; too short for adaptation to settle.
+    #[arg(long)]
+    quick: bool,
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
 }
@@ -227,7 +230,10 @@ struct Sample {
     thesis_kbps: f64,
 }
 
-pub fn run(a: LayersArgs) -> anyhow::Result<()> {
+pub fn run(mut a: LayersArgs) -> anyhow::Result<()> {
+    if a.quick {
+        a.seconds = 20.0;
+    }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!("bench layers makes network namespaces and tc links: it needs root");

@@ -35,6 +35,9 @@ pub struct RtspArgs {
     /// The peers scripts/install-peers builds.
     #[arg(long, default_value = ".peers")]
     peers: PathBuf,
+    /// A short run (fanout only, 20 clients, 3 s, one round) that checks the bench works.
+    #[arg(long)]
+    quick: bool,
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
 }
@@ -337,7 +340,10 @@ fn measure(t: &Target, clients: usize, seconds: f64) -> anyhow::Result<Sample> {
     Ok(Sample { cpu_s: (cpu1 - cpu0) + (irq1 - irq0), seconds: secs, packets, bytes, min, max })
 }
 
-pub fn run(a: RtspArgs) -> anyhow::Result<()> {
+pub fn run(mut a: RtspArgs) -> anyhow::Result<()> {
+    if a.quick {
+        (a.targets, a.clients, a.seconds, a.rounds) = (vec!["fanout:shared".into()], vec![20], 3.0, 1);
+    }
     super::ensure_dir(&a.out)?;
     let bin = a.peers.join("mediamtx");
     if !bin.exists() {

@@ -31,7 +31,10 @@ pub struct SpliceArgs {
     /// Seconds per method and setting.
     #[arg(long, default_value_t = 5.0)]
     seconds: f64,
-    /// Folder for the CSV.
+    /// A short run (50 sinks, one rate, 2 s) that checks the bench works; CI runs it.
+    #[arg(long)]
+    quick: bool,
+    /// Folder for the CSV and PNG.
     #[arg(long, default_value = "bench-out/splice")]
     out: PathBuf,
 }
@@ -137,7 +140,12 @@ fn forward(
     Ok(thread_cpu_s() - cpu0)
 }
 
-pub fn run(a: SpliceArgs) -> anyhow::Result<()> {
+pub fn run(mut a: SpliceArgs) -> anyhow::Result<()> {
+    if a.quick {
+        (a.sinks, a.rate_kbps, a.seconds) = (50, vec![2000.0], 2.0);
+    }
+    // (method, rate) → µs per sink and chunk, for the plot.
+    let mut points: Vec<(Method, f64, f64)> = Vec::new();
     let nofile = fanout_io::sys::raise_nofile_limit();
     if (nofile as usize) < a.sinks * 4 + 64 {
         bail!("{} sinks need {} open files; the limit is {nofile}", a.sinks, a.sinks * 4 + 64);
@@ -213,6 +221,7 @@ pub fn run(a: SpliceArgs) -> anyhow::Result<()> {
                 let per = cpu * 1e6 / rounds;
                 let per_byte = cpu * 1e9 / (total * a.sinks) as f64;
                 let base = *write_cost.get_or_insert(per);
+                points.push((method, rate, per));
                 writeln!(
                     csv,
                     "{},{},{rate},{chunk},{total},{cpu:.3},{per:.3},{per_byte:.3}",
@@ -227,6 +236,21 @@ pub fn run(a: SpliceArgs) -> anyhow::Result<()> {
             }
         }
     }
-    println!("\nCSV: {}", csv_path.display());
+    let series = [Method::Write, Method::Splice]
+        .iter()
+        .map(|m| {
+            let name = format!("{m:?}").to_lowercase();
+            (name, points.iter().filter(|p| p.0 == *m).map(|p| (p.1, p.2)).collect())
+        })
+        .collect();
+    let png = a.out.join("splice.png");
+    super::plot::panels(
+        &png,
+        &format!("TCP fan-out to {} sinks: read + write against splice/tee", a.sinks),
+        "stream kbit/s",
+        a.rate_kbps.len() > 1,
+        &[super::plot::Panel { y_label: "µs per sink and chunk", series }],
+    )?;
+    println!("\nCSV: {}\nPNG: {}", csv_path.display(), png.display());
     Ok(())
 }
