@@ -41,12 +41,20 @@ impl ChannelQueue {
 
     /// Queues the packets `decide` keeps, with the sequence number it gives them; returns
     /// the bytes kept.
-    pub(crate) fn push_layered(&self, pending: &[Arc<Packet>], mut decide: impl FnMut(&Packet) -> Option<u16>) -> u64 {
+    /// `decide`: the sink's sequence number for a packet it keeps, and the packet rebuilt for
+    /// it if it is (see [`crate::layered::SinkLayers::rebuild`]).
+    pub(crate) fn push_layered(
+        &self,
+        pending: &[Arc<Packet>],
+        mut decide: impl FnMut(&Packet) -> Option<(u16, Option<Arc<Packet>>)>,
+    ) -> u64 {
         let mut bytes = 0;
         self.push_frames(pending.iter().filter_map(|p| {
-            let seq = decide(p)?;
+            let (seq, rebuilt) = decide(p)?;
+            let p = rebuilt.unwrap_or_else(|| p.clone());
             bytes += p.len() as u64;
-            Some((p.clone(), p.is_rtp().then_some(seq)))
+            let rtp = p.is_rtp();
+            Some((p, rtp.then_some(seq)))
         }));
         bytes
     }

@@ -113,6 +113,8 @@ pub struct WorkerCtx {
     /// Layer-dropping sinks' rewritten RTP header starts, and which packets they keep.
     pub heads: Vec<[u8; 4]>,
     pub picked: Vec<usize>,
+    /// Beside `picked`: the aggregates rebuilt for the sink (`None`: the ring's packet).
+    pub rebuilt: Vec<Option<Arc<crate::packet::Packet>>>,
 }
 
 impl Default for WorkerCtx {
@@ -123,6 +125,7 @@ impl Default for WorkerCtx {
             copy: vec![0; 65536],
             heads: Vec::with_capacity(1024),
             picked: Vec::with_capacity(1024),
+            rebuilt: Vec::with_capacity(1024),
         }
     }
 }

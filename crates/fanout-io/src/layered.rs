@@ -90,6 +90,16 @@ impl SinkLayers {
         }
     }
 
+    /// A kept aggregation packet rebuilt without the NAL units above this sink's allowance
+    /// (call right after [`SinkLayers::decide`] kept it); `None`: send it as it is.
+    pub fn rebuild(&self, p: &Packet) -> Option<std::sync::Arc<Packet>> {
+        let codec = p.aggregate()?;
+        let allow = self.sel.allowance()?;
+        let payload =
+            fanout_proto::layers::filter_aggregate(codec, p.payload(), |l| fanout_proto::adapt::within(l, allow))?;
+        Some(std::sync::Arc::new(p.with_payload(&payload)))
+    }
+
     /// What [`SinkLayers::decide`] changes, to take its decisions again from here.
     pub fn checkpoint(&self) -> Checkpoint {
         Checkpoint { switch: self.sel.switch_state(), seq: self.seq, dropped: self.dropped }

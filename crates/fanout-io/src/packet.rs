@@ -3,6 +3,7 @@
 //! user count). Buffers come back to the source's pool when the ring replaces them and no
 //! sink holds them any more, so steady-state relaying allocates nothing.
 
+use fanout_proto::annexb::Codec;
 use fanout_proto::layers::PacketLayer;
 use std::sync::Arc;
 
@@ -16,6 +17,9 @@ pub struct Packet {
     keyframe: bool,
     /// Its scalable layer (RTP video of a known codec), for per-sink layer dropping.
     layer: PacketLayer,
+    /// An aggregation packet (STAP-A, AP) of this codec: a capped sink may get it rebuilt
+    /// without the NAL units above its cap.
+    aggregate: Option<Codec>,
 }
 
 impl Packet {
@@ -26,6 +30,7 @@ impl Packet {
             payload_off: 0,
             keyframe: false,
             layer: PacketLayer::NotLayered,
+            aggregate: None,
         }
     }
     /// The whole datagram as received.
@@ -51,6 +56,7 @@ impl Packet {
         self.len = len.min(self.buf.len());
         self.payload_off = payload_off.min(self.len);
         self.layer = PacketLayer::NotLayered;
+        self.aggregate = None;
         let payload = &self.buf[self.payload_off..self.len];
         self.keyframe = payload.first() == Some(&fanout_proto::mpegts::SYNC_BYTE)
             && fanout_proto::mpegts::starts_video_keyframe(payload);
@@ -72,6 +78,29 @@ impl Packet {
     /// Records its layer (judged by the session, which knows the codec).
     pub fn set_layer(&mut self, layer: PacketLayer) {
         self.layer = layer;
+    }
+
+    pub fn aggregate(&self) -> Option<Codec> {
+        self.aggregate
+    }
+
+    /// Notes that it is an aggregation packet of `codec`.
+    pub fn set_aggregate(&mut self, codec: Codec) {
+        self.aggregate = Some(codec);
+    }
+
+    /// The same RTP header (without padding) over another payload: an aggregate rebuilt for
+    /// one sink.
+    pub fn with_payload(&self, payload: &[u8]) -> Packet {
+        let off = self.payload_off;
+        let mut q = Packet::with_capacity(off + payload.len());
+        q.buf[..off].copy_from_slice(&self.buf[..off]);
+        q.buf[0] &= !0x20; // no padding follows the new payload
+        q.buf[off..].copy_from_slice(payload);
+        q.len = off + payload.len();
+        q.payload_off = off;
+        q.layer = self.layer;
+        q
     }
 
     /// Whether it has an RTP header (whose sequence number a sink may rewrite).

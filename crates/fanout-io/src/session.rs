@@ -464,6 +464,14 @@ impl Inner {
         let pl = l.0.packet(codec, p.payload());
         l.1.record(pl, p.len(), now);
         p.set_layer(pl);
+        let aggregate = match (codec, p.payload()) {
+            (fanout_proto::annexb::Codec::H264, [b0, ..]) => b0 & 0x1f == 24,
+            (fanout_proto::annexb::Codec::H265, [b0, _, ..]) => (b0 >> 1) & 0x3f == 48,
+            _ => false,
+        };
+        if aggregate {
+            p.set_aggregate(codec);
+        }
     }
 
     /// The video codec of the session's RTP, if known.

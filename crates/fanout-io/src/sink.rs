@@ -458,7 +458,10 @@ impl Job for GroupJob {
                 let r = match io {
                     SinkIo::Connected(sock) => send_udp_layered(sock.as_raw_fd(), None, lay, pending, ctx),
                     SinkIo::Unconnected(addr) => send_udp_layered(group_fd(addr), Some(addr), lay, pending, ctx),
-                    SinkIo::Channel(q) => Ok((pending.len(), q.push_layered(pending, |p| lay.decide(p)))),
+                    SinkIo::Channel(q) => {
+                        let kept = |p: &Packet| lay.decide(p).map(|seq| (seq, lay.rebuild(p)));
+                        Ok((pending.len(), q.push_layered(pending, kept)))
+                    }
                     // The control plane gives an allowance to RTP datagram sinks only.
                     SinkIo::Stream(_) | SinkIo::Closed => Ok((0, 0)),
                 };
@@ -590,9 +593,10 @@ fn send_udp_layered(
         // Decide first, so `ctx.heads` is complete (and never moves) before iovecs point in.
         ctx.heads.clear();
         ctx.picked.clear();
-        decide_kept(lay, chunk, &mut ctx.heads, &mut ctx.picked);
+        ctx.rebuilt.clear();
+        decide_kept(lay, chunk, ctx);
         ctx.iov.clear();
-        push_kept(&mut ctx.iov, chunk, &ctx.heads, &ctx.picked);
+        push_kept(&mut ctx.iov, chunk, &ctx.heads, &ctx.picked, &ctx.rebuilt);
         ctx.hdrs.clear();
         for k in 0..ctx.picked.len() {
             ctx.hdrs.push(sys::mmsghdr_n(&mut ctx.iov[2 * k], 2, to));
@@ -611,7 +615,7 @@ fn send_udp_layered(
                 }
             }
         }
-        bytes += ctx.picked[..sent].iter().map(|&i| chunk[i].len() as u64).sum::<u64>();
+        bytes += (0..sent).map(|k| kept_packet(chunk, &ctx.picked, &ctx.rebuilt, k).len() as u64).sum::<u64>();
         if sent == ctx.picked.len() && failure.is_none() {
             consumed += chunk.len();
             continue;
@@ -630,22 +634,40 @@ fn send_udp_layered(
 
 /// Decides `pending` for a layer-dropping sink: for each packet it keeps, the first four
 /// bytes it goes out with (its own sequence number) into `heads` and its index into `picked`.
-fn decide_kept(lay: &mut SinkLayers, pending: &[Arc<Packet>], heads: &mut Vec<[u8; 4]>, picked: &mut Vec<usize>) {
+fn decide_kept(lay: &mut SinkLayers, pending: &[Arc<Packet>], ctx: &mut WorkerCtx) {
     for (i, p) in pending.iter().enumerate() {
         if let Some(seq) = lay.decide(p) {
             let d = p.data();
-            heads.push(if p.is_rtp() { [d[0], d[1], (seq >> 8) as u8, seq as u8] } else { [0; 4] });
-            picked.push(i);
+            ctx.heads.push(if p.is_rtp() { [d[0], d[1], (seq >> 8) as u8, seq as u8] } else { [0; 4] });
+            ctx.picked.push(i);
+            ctx.rebuilt.push(lay.rebuild(p));
         }
     }
 }
 
-/// Two iovecs per kept packet: its rewritten first four bytes and the rest from the ring
-/// (a packet without an RTP header whole, and an empty piece).
-fn push_kept(iov: &mut Vec<libc::iovec>, pending: &[Arc<Packet>], heads: &[[u8; 4]], picked: &[usize]) {
-    for (head, &i) in heads.iter().zip(picked) {
-        let d = pending[i].data();
-        if pending[i].is_rtp() {
+/// The `k`th kept packet: rebuilt for the sink, or the ring's.
+fn kept_packet<'a>(
+    pending: &'a [Arc<Packet>],
+    picked: &[usize],
+    rebuilt: &'a [Option<Arc<Packet>>],
+    k: usize,
+) -> &'a Packet {
+    rebuilt[k].as_deref().unwrap_or(&pending[picked[k]])
+}
+
+/// Two iovecs per kept packet: its rewritten first four bytes and the rest (from the ring,
+/// or from its rebuilt aggregate); a packet without an RTP header whole, and an empty piece.
+fn push_kept(
+    iov: &mut Vec<libc::iovec>,
+    pending: &[Arc<Packet>],
+    heads: &[[u8; 4]],
+    picked: &[usize],
+    rebuilt: &[Option<Arc<Packet>>],
+) {
+    for (k, head) in heads.iter().enumerate() {
+        let p = kept_packet(pending, picked, rebuilt, k);
+        let d = p.data();
+        if p.is_rtp() {
             iov.push(sys::iovec(head));
             iov.push(sys::iovec(&d[4..]));
         } else {
@@ -720,6 +742,7 @@ fn send_udp_group(g: &mut GroupState, head: u64, start: u64, ctx: &mut WorkerCtx
     plan.clear();
     ctx.heads.clear();
     ctx.picked.clear();
+    ctx.rebuilt.clear();
     // Decide first (the rewritten bytes must not move once iovecs point at them).
     for (i, sink) in sinks.iter_mut().enumerate() {
         let family = matches!(&sink.io, SinkIo::Unconnected(a) if a.is_v6() == v6);
@@ -732,7 +755,7 @@ fn send_udp_group(g: &mut GroupState, head: u64, start: u64, ctx: &mut WorkerCtx
             None => plan.push(Planned { sink: i, datagrams: pending.len(), layered: None }),
             Some(lay) => {
                 let (saved, first) = (lay.checkpoint(), ctx.picked.len());
-                decide_kept(lay, pending, &mut ctx.heads, &mut ctx.picked);
+                decide_kept(lay, pending, ctx);
                 plan.push(Planned { sink: i, datagrams: ctx.picked.len() - first, layered: Some((saved, first)) });
             }
         }
@@ -744,7 +767,13 @@ fn send_udp_group(g: &mut GroupState, head: u64, start: u64, ctx: &mut WorkerCtx
             None => ctx.iov.extend(pending.iter().map(|p| sys::iovec(p.data()))),
             Some((_, first)) => {
                 let kept = first..first + e.datagrams;
-                push_kept(&mut ctx.iov, pending, &ctx.heads[kept.clone()], &ctx.picked[kept]);
+                push_kept(
+                    &mut ctx.iov,
+                    pending,
+                    &ctx.heads[kept.clone()],
+                    &ctx.picked[kept.clone()],
+                    &ctx.rebuilt[kept],
+                );
             }
         }
     }
@@ -802,7 +831,8 @@ fn send_udp_group(g: &mut GroupState, head: u64, start: u64, ctx: &mut WorkerCtx
             }
             Some((saved, first)) => {
                 let kept = &ctx.picked[first..first + e.datagrams];
-                sink.bytes += kept[..done].iter().map(|&j| pending[j].len() as u64).sum::<u64>();
+                let rebuilt = &ctx.rebuilt[first..first + e.datagrams];
+                sink.bytes += (0..done).map(|k| kept_packet(pending, kept, rebuilt, k).len() as u64).sum::<u64>();
                 if done == e.datagrams {
                     pending.len()
                 } else {

@@ -212,6 +212,37 @@ impl LayerParser {
     }
 }
 
+/// An aggregation packet's RTP payload (H.264 STAP-A, HEVC AP) without the NAL units a
+/// subscriber does not take (`keeps(layer)` false). `None`: not such an aggregate, malformed,
+/// or nothing to remove (send it as it is). The aggregate as a whole was judged by its lowest
+/// layer, so when the subscriber takes the packet at all, something is left. Parameter sets,
+/// SEI and other units everyone needs are kept; an H.264 base-layer slice goes with the
+/// prefix NAL unit in front of it.
+pub fn filter_aggregate(codec: Codec, payload: &[u8], keeps: impl Fn(Layer) -> bool) -> Option<Vec<u8>> {
+    let head = match codec {
+        Codec::H264 if payload.first()? & 0x1f == 24 => 1,
+        Codec::H265 if payload.len() >= 2 && (payload[0] >> 1) & 0x3f == 48 => 2,
+        _ => return None,
+    };
+    let mut out = payload[..head].to_vec();
+    let (mut b, mut prefix, mut removed) = (&payload[head..], None, false);
+    while !b.is_empty() {
+        let sz = b.get(..2)?;
+        let n = usize::from(u16::from_be_bytes([sz[0], sz[1]]));
+        let nal = b.get(2..2 + n)?;
+        let judged = match codec {
+            Codec::H264 => h264_nal(nal, &mut prefix),
+            Codec::H265 => h265_nal(nal),
+        };
+        match judged {
+            PacketLayer::Media { layer, .. } if !keeps(layer) => removed = true,
+            _ => out.extend_from_slice(&b[..2 + n]),
+        }
+        b = &b[2 + n..];
+    }
+    (removed && out.len() > head).then_some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -227,6 +258,42 @@ mod tests {
 
     fn media(did: u8, tid: u8) -> Layer {
         Layer { did, qid: 0, tid }
+    }
+
+    /// A STAP-A of SPS, a prefix + base slice (d0 t0), and an SVC slice of d1: capped at d0
+    /// the d1 slice goes and the rest stays byte for byte; an AP of t0 and t1 keeps t0.
+    #[test]
+    fn aggregates_lose_only_what_is_above_the_cap() {
+        let unit = |nal: &[u8]| [&(nal.len() as u16).to_be_bytes()[..], nal].concat();
+        let sps = [0x67, 0x42, 0x00];
+        let prefix_d0 = [0x6e, 0x80, 0x00, 0x00];
+        let base = [0x65, 0x88];
+        let d1 = [0x74, 0x80, 0x10, 0x00, 0x99];
+        let stap = [&[0x78][..], &unit(&sps), &unit(&prefix_d0), &unit(&base), &unit(&d1)].concat();
+        let d0 = |l: Layer| l.did == 0;
+        let want = [&[0x78][..], &unit(&sps), &unit(&prefix_d0), &unit(&base)].concat();
+        assert_eq!(filter_aggregate(Codec::H264, &stap, d0), Some(want));
+        assert_eq!(filter_aggregate(Codec::H264, &stap, |_| true), None, "nothing to remove");
+        assert_eq!(filter_aggregate(Codec::H264, &stap[..stap.len() - 2], d0), None, "malformed: as it is");
+        assert_eq!(filter_aggregate(Codec::H264, &[0x65, 1, 2], d0), None, "not an aggregate");
+        // HEVC AP (type 48): a TRAIL_R of tid 0 and a TSA_N of tid 1.
+        let t0 = [0x02, 0x01, 0xaa];
+        let t1 = [0x00, 0x02, 0xbb];
+        let ap = [&[0x60, 0x01][..], &unit(&t0), &unit(&t1)].concat();
+        let want = [&[0x60, 0x01][..], &unit(&t0)].concat();
+        assert_eq!(filter_aggregate(Codec::H265, &ap, |l| l.tid == 0), Some(want));
+    }
+
+    proptest! {
+        /// Whatever the bytes, the filter never grows a payload and keeps its header.
+        #[test]
+        fn filter_never_grows(payload in proptest::collection::vec(any::<u8>(), 0..200), h265 in any::<bool>(), tid in 0u8..3) {
+            let codec = if h265 { Codec::H265 } else { Codec::H264 };
+            if let Some(out) = filter_aggregate(codec, &payload, |l| l.tid <= tid) {
+                prop_assert!(out.len() < payload.len());
+                prop_assert_eq!(&out[..if h265 { 2 } else { 1 }], &payload[..if h265 { 2 } else { 1 }]);
+            }
+        }
     }
 
     /// Every NAL unit of mediasoup's SVC stream against its ground truth (type, length,
