@@ -401,16 +401,19 @@ impl KernelSession {
         self.targets.contains_key(&id)
     }
 
-    pub fn remove(&mut self, id: u64) -> bool {
+    /// Removes a sink; returns the packets and bytes it was sent (for the session's totals),
+    /// or `None` if it is not here.
+    pub fn remove(&mut self, id: u64) -> Option<(u64, u64)> {
         let mut st = self.fanout.state.lock();
+        let sent = self.entry(&st, id).map_or((0, 0), |(_, v)| (v.packets, v.bytes));
         let st = &mut *st;
-        let Some(writes) = self.slots.remove(&id, &mut st.pool, Instant::now()) else { return false };
+        let writes = self.slots.remove(&id, &mut st.pool, Instant::now())?;
         if let Err(e) = st.apply(self.index, &writes, None) {
             tracing::error!(session = self.index, "removing a kernel sink: {e}");
         }
         self.targets.remove(&id);
         self.layers.remove(&id);
-        true
+        Some(sent)
     }
 
     /// Tells the program which video codec the session's RTP carries (0: none, nothing is
@@ -462,13 +465,15 @@ impl KernelSession {
         true
     }
 
-    pub fn clear(&mut self) -> usize {
+    /// Removes every sink; returns how many, and the packets and bytes they were sent.
+    pub fn clear(&mut self) -> (usize, u64, u64) {
         let n = self.targets.len();
+        let (packets, bytes) = self.sinks().iter().fold((0, 0), |(p, b), s| (p + s.packets, b + s.bytes));
         let mut st = self.fanout.state.lock();
         let _ = st.maps.nsinks.set(self.index, 0, 0);
         self.slots.clear(&mut st.pool, Instant::now());
         self.targets.clear();
-        n
+        (n, packets, bytes)
     }
 
     pub fn sinks(&self) -> Vec<KernelSinkStats> {

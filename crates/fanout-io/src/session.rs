@@ -165,7 +165,7 @@ pub struct SessionStatus {
     /// Sent to the sinks it has now.
     pub packets_sent: u64,
     pub bytes_sent: u64,
-    /// Sent to every sink it ever had (user-space sinks; kernel sinks while they exist).
+    /// Sent to every sink it ever had, removed ones too.
     pub delivered_packets_total: u64,
     pub delivered_bytes_total: u64,
     pub packets_skipped: u64,
@@ -270,7 +270,7 @@ pub(crate) struct Inner {
     last_key: AtomicU64,
     pub started: Instant,
     next_sink: AtomicU64,
-    /// Packets and bytes delivered to user-space sinks since removed: the session's totals
+    /// Packets and bytes delivered to sinks since removed: the session's totals
     /// outlive short subscribers.
     pub retired: (AtomicU64, AtomicU64),
     /// Who runs the session's tasks: the engine, or the `daemon` path's own send thread.
@@ -761,7 +761,9 @@ impl Session {
     /// Removes one sink. Returns whether it existed.
     pub fn remove_sink(&self, id: u64) -> bool {
         if let Some(k) = self.inner.kernel.lock().as_mut() {
-            if k.remove(id) {
+            if let Some((packets, bytes)) = k.remove(id) {
+                self.inner.retired.0.fetch_add(packets, Ordering::Relaxed);
+                self.inner.retired.1.fetch_add(bytes, Ordering::Relaxed);
                 return true;
             }
         }
@@ -779,7 +781,9 @@ impl Session {
 
     /// Removes every sink (the Oslo proxy's Flush). Returns how many.
     pub fn remove_all_sinks(&self) -> usize {
-        let mut n = self.inner.kernel.lock().as_mut().map_or(0, |k| k.clear());
+        let (mut n, packets, bytes) = self.inner.kernel.lock().as_mut().map_or((0, 0, 0), |k| k.clear());
+        self.inner.retired.0.fetch_add(packets, Ordering::Relaxed);
+        self.inner.retired.1.fetch_add(bytes, Ordering::Relaxed);
         for g in self.inner.groups.read().iter() {
             for s in g.state.lock().sinks.drain(..) {
                 self.inner.retire(&s);

@@ -510,6 +510,13 @@ impl Job for GroupJob {
             let keep = k.failed.is_none() || (keep_failed && !matches!(k.target, SinkTarget::Http(_)));
             if !keep {
                 s.retire(k);
+                let why = k.failed.as_deref().unwrap_or("");
+                match &k.target {
+                    SinkTarget::Http(peer) => {
+                        tracing::info!(session = %s.cfg.name, sink = k.id, ?peer, why, "HTTP subscriber left")
+                    }
+                    t => tracing::info!(session = %s.cfg.name, sink = k.id, target = ?t, why, "failed sink removed"),
+                }
             }
             keep
         });

@@ -272,19 +272,33 @@ fn metrics_outlive_sinks_and_logs_are_plain() {
     std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
     let api =
         line.trim().strip_prefix("fanout: API http://").unwrap().strip_suffix("/v1/sessions").unwrap().to_string();
-    ureq::post(&format!("http://{api}/v1/sessions"))
+    let created: serde_json::Value = ureq::post(&format!("http://{api}/v1/sessions"))
         .send_json(serde_json::json!({"name": "x", "source": {"udp": "127.0.0.1:0"}}))
+        .unwrap()
+        .into_json()
         .unwrap();
-    ureq::post(&format!("http://{api}/v1/sessions/x/sinks"))
+    let src = source_addr(&created);
+    // An HTTP subscriber comes and goes; the packets after it left show it gone.
+    let mut http = TcpStream::connect(&api).unwrap();
+    http.write_all(b"GET /v1/sessions/x/stream HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut b = [0u8; 64];
+    let _ = http.read(&mut b).unwrap();
+    std::thread::sleep(Duration::from_millis(300)); // registered as a sink meanwhile
+    drop(http);
+    std::thread::sleep(Duration::from_millis(100));
+    send_paced(src, 20, 100, 200.0);
+    let added: serde_json::Value = ureq::post(&format!("http://{api}/v1/sessions/x/sinks"))
         .send_json(serde_json::json!({"udp": "127.0.0.1:9"}))
+        .unwrap()
+        .into_json()
         .unwrap();
-    ureq::delete(&format!("http://{api}/v1/sessions/x/sinks/1")).call().unwrap();
+    ureq::delete(&format!("http://{api}/v1/sessions/x/sinks/{}", added["id"])).call().unwrap();
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let out = child.wait_with_output().unwrap();
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(!log.contains('\x1b'), "colour codes in a log that is not a terminal:\n{log}");
-    for want in ["session created", "sink added", "sink removed"] {
+    for want in ["session created", "sink added", "sink removed", "HTTP subscriber joined", "HTTP subscriber left"] {
         assert!(log.contains(want), "{want:?} not logged:\n{log}");
     }
 }
