@@ -54,6 +54,9 @@ fn bench_quick_modes_run_and_write_csv_and_png() {
 #[test]
 fn every_bench_has_a_quick_mode_with_csv_and_png() {
     let dir = tmpdir("bench-more");
+    // A relay already serving RTSP on the default port does not stop a bench (held here
+    // when free; otherwise something else holds it, which is the same case).
+    let _default_rtsp = std::net::TcpListener::bind("127.0.0.1:8554");
     let d = |s: &str| dir.join(s).to_str().unwrap().to_string();
     let peers = concat!(env!("CARGO_MANIFEST_DIR"), "/../../.peers");
     let runs: [(&[&str], &str, usize); 3] = [
