@@ -396,21 +396,22 @@ impl Inner {
         };
         let g = &groups[gi];
         let mut st = g.state.lock();
-        let cursor = {
+        let (cursor, key_held) = {
             let ring = self.ring.lock();
-            match (start, self.last_key.load(Ordering::Relaxed)) {
-                (Start::Keyframe, k) if k > ring.oldest() => fanout_core::Cursor::starting_at(&ring, k - 1),
-                _ => fanout_core::Cursor::at_head(&ring),
+            let k = self.last_key.load(Ordering::Relaxed);
+            match start {
+                Start::Keyframe if k > ring.oldest() => (fanout_core::Cursor::starting_at(&ring, k - 1), true),
+                _ => (fanout_core::Cursor::at_head(&ring), false),
             }
         };
         let mut sink = Sink::new(id, target, io, cursor, strip);
         // Video with no keyframe held (an upstream just connected): hold the sink's media
         // until one comes, so its decoder never starts on delta frames.
-        let held = self.last_key.load(Ordering::Relaxed) > self.ring.lock().oldest();
-        if start == Start::Keyframe && self.video_codec().is_some() && !held {
+        if start == Start::Keyframe && !key_held && self.video_codec().is_some() {
             sink.await_keyframe(Instant::now() + KEYFRAME_WAIT);
         }
         init(&mut sink);
+        st.ensure_udp6(&sink)?;
         if let Some(fd) = sink.stream_fd() {
             sink.reg = Some(self.reactor.register_sink(fd, g.task.clone(), sink.flags.clone())?);
         }

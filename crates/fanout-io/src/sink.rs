@@ -49,7 +49,7 @@ pub(crate) fn udp_source() -> Option<SocketAddr> {
 /// and free to share, else on any port. (Only sinks asking for it share it: ICMP errors for a
 /// port many sockets share reach one of them, not necessarily the sender, so the other
 /// sinks keep a port of their own for their failures to be told apart.)
-pub(crate) fn send_socket(v6: bool, shared_port: bool) -> io::Result<UdpSocket> {
+fn send_socket(v6: bool, shared_port: bool) -> io::Result<UdpSocket> {
     let any: SocketAddr = if v6 { ([0u16; 8], 0).into() } else { ([0, 0, 0, 0], 0).into() };
     // The shared address, where its family is the sink's.
     let shared = udp_source().filter(|a| shared_port && a.port() != 0 && a.is_ipv6() == v6);
@@ -145,11 +145,12 @@ impl Sink {
         }
     }
 
-    /// Packets sent: taken from the ring, less the ones its layer allowance dropped.
+    /// Holds its media until a keyframe comes, or `until`.
     pub fn await_keyframe(&mut self, until: Instant) {
         self.await_key = Some(until);
     }
 
+    /// Packets sent: taken from the ring, less the ones its layer allowance dropped.
     pub fn packets_sent(&self) -> u64 {
         self.cursor.received - self.layers.as_ref().map_or(0, |l| l.dropped)
     }
@@ -292,10 +293,9 @@ pub(crate) struct GroupState {
 }
 
 impl GroupState {
-    /// Makes the IPv6 socket once an unconnected IPv6 sink is in the group.
-    fn ensure_udp6(&mut self) -> io::Result<()> {
-        let wants = || self.sinks.iter().any(|k| matches!(&k.io, SinkIo::Unconnected(a) if a.is_v6()));
-        if self.udp6.is_none() && wants() {
+    /// Makes the IPv6 socket when the group gets its first unconnected IPv6 sink.
+    pub fn ensure_udp6(&mut self, sink: &Sink) -> io::Result<()> {
+        if self.udp6.is_none() && matches!(&sink.io, SinkIo::Unconnected(a) if a.is_v6()) {
             let s = send_socket(true, self.shared_port)?;
             s.set_nonblocking(true)?;
             sys::enable_recv_err(s.as_raw_fd(), true)?;
@@ -370,12 +370,6 @@ impl Job for GroupJob {
                 if let Some(sink) = g.sinks.iter_mut().find(|k| k.id == id) {
                     sink.fail(describe(&io::Error::from_raw_os_error(errno)), reactor, policy);
                 }
-            }
-        }
-        if let Err(e) = g.ensure_udp6() {
-            let why = format!("cannot open an IPv6 socket: {e}");
-            for sink in g.sinks.iter_mut().filter(|k| matches!(&k.io, SinkIo::Unconnected(a) if a.is_v6())) {
-                sink.fail(why.clone(), reactor, policy);
             }
         }
         // ICMP errors for the group's sockets, matched to sinks by destination.
