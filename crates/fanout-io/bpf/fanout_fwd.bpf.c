@@ -119,6 +119,9 @@ struct {
 #define LAYER_VALID (1u << 31)
 #define LAYER_ALL (LAYER_VALID | 7u << 16 | 15u << 8 | 7u)
 #define PREFIX_IDR (1u << 30)
+/* In a sink's `allow`: a new sink of video with no keyframe at hand gets no media until an
+ * IDR (of temporal layer 0) lets its allowance rise to what user space asks. */
+#define LAYER_HOLD (1u << 29)
 #define CODEC_H264 1
 #define CODEC_H265 2
 #define MAX_AGGREGATED 32 /* NAL units judged per aggregation packet; more: unknown */
@@ -259,7 +262,7 @@ static __always_inline int layer_allows(struct fan_ctx *c, struct sink *s, __u32
 			s->allow = want == LAYER_ALL ? 0 : want;
 		}
 	}
-	if (within(c->j.layer, allow))
+	if (!(allow & LAYER_HOLD) && within(c->j.layer, allow))
 		return 1;
 	s->seq_delta++;
 	__sync_fetch_and_add(&s->dropped, 1);

@@ -86,6 +86,8 @@ struct BpfVideo {
 }
 
 const LAYER_VALID: u32 = 1 << 31;
+/// A sink's `allow` while it waits for its first IDR (bpf/fanout_fwd.bpf.c).
+const LAYER_HOLD: u32 = 1 << 29;
 
 /// A layer as the program packs it: comparing packed layers compares (did, qid, tid).
 fn pack(l: Layer) -> u32 {
@@ -93,7 +95,7 @@ fn pack(l: Layer) -> u32 {
 }
 
 fn unpack(v: u32) -> Option<Layer> {
-    (v != 0).then_some(Layer { did: (v >> 16) as u8, qid: (v >> 8) as u8, tid: v as u8 })
+    (v != 0 && v & LAYER_HOLD == 0).then_some(Layer { did: (v >> 16) as u8, qid: (v >> 8) as u8, tid: v as u8 })
 }
 
 #[repr(C)]
@@ -367,7 +369,8 @@ impl KernelSession {
 
     /// Adds a sink; `from`: the UDP source its clones carry (`None`: the relay's; an
     /// unspecified or IPv6 address there: the port only).
-    pub fn add(&mut self, id: u64, to: SocketAddr, from: Option<SocketAddr>) -> Result<(), KernelError> {
+    /// `hold`: video with no keyframe at hand: the program sends it no media before an IDR.
+    pub fn add(&mut self, id: u64, to: SocketAddr, from: Option<SocketAddr>, hold: bool) -> Result<(), KernelError> {
         let saddr = match from {
             Some(SocketAddr::V4(a)) if !a.ip().is_unspecified() => u32::from(*a.ip()).to_be(),
             _ => 0,
@@ -384,6 +387,7 @@ impl KernelSession {
             redirect_flags: 0,
             sport: from.map_or(0, |a| a.port().to_be()),
             saddr,
+            allow: if hold { LAYER_HOLD } else { 0 },
             ..Default::default()
         };
         let mut st = self.fanout.state.lock();

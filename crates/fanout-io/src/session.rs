@@ -299,6 +299,11 @@ pub struct Session {
 }
 
 impl Inner {
+    /// Video with no keyframe in the ring: a new sink must wait for one.
+    fn cold_video(&self) -> bool {
+        self.video_codec().is_some() && self.last_key.load(Ordering::Relaxed) <= self.ring.lock().oldest()
+    }
+
     /// Adds a sink that is going to its session's totals.
     pub(crate) fn retire(&self, sink: &crate::sink::Sink) {
         self.retired.0.fetch_add(sink.packets_sent(), Ordering::Relaxed);
@@ -706,7 +711,7 @@ impl Session {
         let refused = match self.inner.kernel.lock().as_mut().filter(|_| KernelSession::serves(to)) {
             Some(k) => {
                 let id = self.inner.next_sink.fetch_add(1, Ordering::Relaxed);
-                match k.add(id, to, from) {
+                match k.add(id, to, from, self.inner.cold_video()) {
                     Ok(()) => return Ok(id),
                     Err(e) => Some((id, e)),
                 }

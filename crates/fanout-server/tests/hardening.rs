@@ -341,8 +341,21 @@ fn ipv6_sources_and_sinks_on_every_user_space_path() {
 /// sent is counted.
 #[test]
 fn a_cold_sink_starts_at_the_first_keyframe() {
+    cold_sink_starts_at_the_first_keyframe("shared");
+}
+
+/// The same on the kernel path: the program holds the new sink's media until an IDR.
+#[test]
+fn a_cold_kernel_sink_starts_at_the_first_keyframe() {
+    in_private_netns("a_cold_kernel_sink_starts_at_the_first_keyframe", || {
+        cold_sink_starts_at_the_first_keyframe("kernel")
+    });
+}
+
+fn cold_sink_starts_at_the_first_keyframe(datapath: &str) {
     let relay = Relay::start(&["--no-demo"]);
-    let spec = serde_json::json!({"name": "cold", "source": {"udp": "127.0.0.1:0"}, "video": "h264"});
+    let spec =
+        serde_json::json!({"name": "cold", "source": {"udp": "127.0.0.1:0"}, "video": "h264", "datapath": datapath});
     let src = source_addr(&relay.ok("POST", "/v1/sessions", Some(spec)));
     let rx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     rx.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
@@ -372,7 +385,11 @@ fn a_cold_sink_starts_at_the_first_keyframe() {
     while let Ok(n) = rx.recv(&mut b) {
         types.push(b[12.min(n - 1)] & 0x1f);
     }
-    assert_eq!(types, vec![7, 8, 5, 1], "the sink starts at the parameter sets");
     let st = relay.ok("GET", &format!("/v1/sessions/cold/sinks/{id}"), None);
-    assert_eq!(st["packets_before_keyframe"], 3, "{st}");
+    assert_eq!(types, vec![7, 8, 5, 1], "{datapath}: the sink starts at the parameter sets: {st}");
+    if datapath == "kernel" {
+        assert_eq!((st["path"].as_str(), st["packets_sent"].as_u64()), (Some("kernel"), Some(4)), "{st}");
+    } else {
+        assert_eq!(st["packets_before_keyframe"], 3, "{st}");
+    }
 }
