@@ -122,6 +122,9 @@ struct {
 /* In a sink's `allow`: a new sink of video with no keyframe at hand gets no media until an
  * IDR (of temporal layer 0) lets its allowance rise to what user space asks. */
 #define LAYER_HOLD (1u << 29)
+/* In LAYER_REQ: take the wanted allowance at once, not at a switch point (user space lifts a
+ * hold that waited too long for an IDR this way). */
+#define LAYER_FORCE (1u << 28)
 #define CODEC_H264 1
 #define CODEC_H265 2
 #define MAX_AGGREGATED 32 /* NAL units judged per aggregation packet; more: unknown */
@@ -253,11 +256,13 @@ static __always_inline int layer_allows(struct fan_ctx *c, struct sink *s, __u32
 		return 1;
 	__u32 *req = bpf_map_lookup_elem(&LAYER_REQ, &slot);
 	__u32 want = req && *req ? *req : LAYER_ALL;
+	__u32 force = want & LAYER_FORCE;
+	want &= ~LAYER_FORCE;
 	__u32 allow = s->allow ? s->allow : LAYER_ALL;
 	if (want != allow) {
 		int spatial_ok = (did_of(want) <= did_of(allow) && qid_of(want) <= qid_of(allow)) || c->j.idr;
 		int temporal_ok = tid_of(want) <= tid_of(allow) || tid_of(c->j.layer) == 0;
-		if (within(want, allow) || (spatial_ok && temporal_ok)) {
+		if (force || within(want, allow) || (spatial_ok && temporal_ok)) {
 			allow = want;
 			s->allow = want == LAYER_ALL ? 0 : want;
 		}

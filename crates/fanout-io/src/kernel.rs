@@ -88,6 +88,11 @@ struct BpfVideo {
 const LAYER_VALID: u32 = 1 << 31;
 /// A sink's `allow` while it waits for its first IDR (bpf/fanout_fwd.bpf.c).
 const LAYER_HOLD: u32 = 1 << 29;
+/// In LAYER_REQ: take the allowance at once (lifts a hold that waited too long).
+const LAYER_FORCE: u32 = 1 << 28;
+/// How long a held kernel sink waits for an IDR before it gets the stream anyway (a stream
+/// whose keyframes the program does not recognise must still play).
+const HOLD_MAX: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// A layer as the program packs it: comparing packed layers compares (did, qid, tid).
 fn pack(l: Layer) -> u32 {
@@ -234,6 +239,7 @@ impl KernelFanout {
             targets: HashMap::new(),
             layers: HashMap::new(),
             seen_fallbacks: 0,
+            holds: Default::default(),
         })
     }
 }
@@ -359,6 +365,8 @@ pub struct KernelSession {
     /// Sinks that adapt: their selectors (the program applies the switch points).
     layers: HashMap<u64, SinkLayers>,
     seen_fallbacks: u64,
+    /// Held sinks (cold video) and when their hold is lifted regardless, oldest first.
+    holds: std::collections::VecDeque<(u64, Instant)>,
 }
 
 impl KernelSession {
@@ -398,6 +406,9 @@ impl KernelSession {
             return Err(e);
         }
         self.targets.insert(id, (to, Instant::now()));
+        if hold {
+            self.holds.push_back((id, Instant::now() + HOLD_MAX));
+        }
         Ok(())
     }
 
@@ -513,7 +524,27 @@ impl KernelSession {
     /// Sinks the program gave up on since the last call (no route, no neighbour, ...): they
     /// leave the kernel's list and are returned for user space to serve. One map read when
     /// nothing changed.
+    /// Lifts the holds that waited `HOLD_MAX` for an IDR: the sink gets what it asks for at
+    /// once. Cheap when nothing is held (called for every published batch).
+    fn lift_stale_holds(&mut self, now: Instant) {
+        while let Some(&(id, _)) = self.holds.front().filter(|(_, due)| *due <= now) {
+            self.holds.pop_front();
+            let want = self.layers.get_mut(&id).and_then(|l| l.settle()).unwrap_or(fanout_proto::adapt::ALL);
+            let mut st = self.fanout.state.lock();
+            let Some((slot, _)) = self.entry(&st, id).filter(|(_, v)| v.allow & LAYER_HOLD != 0) else { continue };
+            tracing::info!(
+                session = self.index,
+                sink = id,
+                "no keyframe for {HOLD_MAX:?}: sending the stream as it comes"
+            );
+            if let Err(e) = st.maps.layer_req.set(slot, pack(want) | LAYER_FORCE, 0) {
+                tracing::warn!(session = self.index, sink = id, "lifting a hold: {e}");
+            }
+        }
+    }
+
     pub fn take_fallbacks(&mut self) -> Vec<Fallback> {
+        self.lift_stale_holds(Instant::now());
         let found: Vec<(u64, BpfSink)> = {
             let st = self.fanout.state.lock();
             let n = st.maps.stats.get(&self.index, 0).map(|s| s.fallbacks).unwrap_or(0);

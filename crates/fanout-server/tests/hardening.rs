@@ -393,3 +393,37 @@ fn cold_sink_starts_at_the_first_keyframe(datapath: &str) {
         assert_eq!(st["packets_before_keyframe"], 3, "{st}");
     }
 }
+
+/// A stream whose keyframes are never recognised still plays: after 5 s a held sink gets
+/// the stream as it comes (user space and kernel).
+#[test]
+fn a_held_sink_gets_the_stream_when_no_keyframe_comes() {
+    held_sink_gets_the_stream("shared");
+    in_private_netns("a_held_sink_gets_the_stream_when_no_keyframe_comes", || held_sink_gets_the_stream("kernel"));
+}
+
+fn held_sink_gets_the_stream(datapath: &str) {
+    let relay = Relay::start(&["--no-demo"]);
+    let spec =
+        serde_json::json!({"name": "nokey", "source": {"udp": "127.0.0.1:0"}, "video": "h264", "datapath": datapath});
+    let src = source_addr(&relay.ok("POST", "/v1/sessions", Some(spec)));
+    let rx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    rx.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+    relay.ok("POST", "/v1/sessions/nokey/sinks", Some(serde_json::json!({"udp": rx.local_addr().unwrap()})));
+    let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let delta = |i: u8| {
+        let mut p = vec![0x80, 96, 0, i, 0, 0, 0, i, 0, 0, 0, 7];
+        p.extend_from_slice(&[0x41, 0x9a, i]);
+        tx.send_to(&p, src).unwrap();
+    };
+    let mut b = [0u8; 64];
+    delta(0);
+    assert!(rx.recv(&mut b).is_err(), "{datapath}: held at first");
+    std::thread::sleep(Duration::from_millis(5300));
+    let mut got = 0;
+    for i in 1..=5 {
+        delta(i);
+        got += usize::from(rx.recv(&mut b).is_ok());
+    }
+    assert!(got >= 4, "{datapath}: after the hold, the stream flows: {got} of 5");
+}
