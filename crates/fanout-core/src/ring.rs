@@ -113,6 +113,11 @@ impl Cursor {
         self.withheld += n;
     }
 
+    /// Moves past the next `n` packets, which reached the sink another way.
+    pub fn pass(&mut self, n: u64) {
+        self.next += n;
+    }
+
     /// Records that the next `n` packets were handed to the sink.
     pub fn advance(&mut self, n: u64) {
         self.next += n;

@@ -28,6 +28,9 @@
 #define SINK_FALLBACK 4   /* the kernel cannot reach it: user space sends to it */
 
 #define REASON_LOOPBACK_FROM_AFAR 100
+/* A capped sink met an aggregation packet, which a clone cannot shorten: user space takes the
+ * sink over from this packet on (its RTP number in `handoff_seq`) and rebuilds aggregates. */
+#define REASON_AGGREGATE 101
 
 /* Set on the original while it is cloned, so clones that loop back through lo's ingress
  * skip the session lookup; the original gets its own mark back. */
@@ -59,7 +62,7 @@ struct sink {
 	__s32 reason;  /* bpf_fib_lookup's answer when state = FALLBACK */
 	__u32 saddr;   /* the clones' source for a remote sink (0: the relay's address) */
 	__u16 sport;   /* network order; the clones' source port (0: the relay's port) */
-	__u16 pad;
+	__u16 handoff_seq; /* network order; with REASON_AGGREGATE, the first packet not sent */
 	__u32 allow;   /* the highest layer it gets (packed, see LAYER_VALID; 0: all); ours */
 	__u16 seq_delta; /* packets dropped on purpose, mod 2^16: its RTP numbers go back by it */
 	__u16 pad2;
@@ -135,6 +138,7 @@ struct judgement {
 	__u32 kind;
 	__u32 layer;
 	__u32 idr;
+	__u32 agg;   /* a STAP-A or AP: NAL units of several layers may share it */
 };
 
 /* A session's video: its codec (0: none, nothing is judged) and the parser's state, as
@@ -247,18 +251,40 @@ static __always_inline int within(__u32 l, __u32 m)
 	return did_of(l) <= did_of(m) && qid_of(l) <= qid_of(m) && tid_of(l) <= tid_of(m);
 }
 
+static __always_inline void fall_back(struct fan_ctx *c, struct sink *s, int reason)
+{
+	s->reason = reason;
+	s->state = SINK_FALLBACK;
+	__sync_fetch_and_add(&c->stats->fallbacks, 1);
+}
+
 /* Applies the sink's requested cap, then decides: 1 to send this packet to it. A rise waits
  * for a packet the decoder can follow (adapt::LayerSelector::forward): an IDR for a higher
  * dependency or quality layer, a temporal-id-0 picture for a higher temporal layer. */
 static __always_inline int layer_allows(struct fan_ctx *c, struct sink *s, __u32 slot)
 {
-	if (c->j.kind != KIND_MEDIA)
+	if (c->j.kind != KIND_MEDIA && !c->j.agg)
 		return 1;
 	__u32 *req = bpf_map_lookup_elem(&LAYER_REQ, &slot);
 	__u32 want = req && *req ? *req : LAYER_ALL;
 	__u32 force = want & LAYER_FORCE;
 	want &= ~LAYER_FORCE;
 	__u32 allow = s->allow ? s->allow : LAYER_ALL;
+	if (c->j.agg) {
+		int held = (allow & LAYER_HOLD) != 0;
+		/* A capped sink and an aggregate: hand the sink to user space here. */
+		if (c->rtp && (want != LAYER_ALL || (allow != LAYER_ALL && !held))) {
+			s->handoff_seq = c->orig_seq;
+			fall_back(c, s, REASON_AGGREGATE);
+			return 0;
+		}
+		if (c->j.kind != KIND_MEDIA) {
+			/* Parameter sets in an aggregate (with the IDR after them): a start. */
+			if (held)
+				s->allow = 0;
+			return 1;
+		}
+	}
 	if (want != allow) {
 		int spatial_ok = (did_of(want) <= did_of(allow) && qid_of(want) <= qid_of(allow)) || c->j.idr;
 		int temporal_ok = tid_of(want) <= tid_of(allow) || tid_of(c->j.layer) == 0;
@@ -288,12 +314,6 @@ static __always_inline int set_l2(struct fan_ctx *c, const __u8 *l2)
 	return 0;
 }
 
-static __always_inline void fall_back(struct fan_ctx *c, struct sink *s, int reason)
-{
-	s->reason = reason;
-	s->state = SINK_FALLBACK;
-	__sync_fetch_and_add(&c->stats->fallbacks, 1);
-}
 
 static __always_inline int is_loopback(__u32 addr)
 {
@@ -566,8 +586,10 @@ static __always_inline void judge(struct __sk_buff *skb, struct fan_ctx *c, stru
 		__u8 t = (p[0] >> 1) & 0x3f;
 		if (have < 2)
 			j->kind = KIND_UNKNOWN;
-		else if (t == 48)
+		else if (t == 48) {
 			judge_aggregate(skb, v, CODEC_H265, off + 2, 0, j);
+			j->agg = 1;
+		}
 		else if (t == 49)
 			if (have < 3)
 				j->kind = KIND_UNKNOWN;
@@ -579,8 +601,10 @@ static __always_inline void judge(struct __sk_buff *skb, struct fan_ctx *c, stru
 			h265_header(p[0], p[1], t, j);
 	} else {
 		__u8 t = p[0] & 0x1f;
-		if (t == 24)
+		if (t == 24) {
 			judge_aggregate(skb, v, CODEC_H264, off + 1, 0, j);
+			j->agg = 1;
+		}
 		else if (t == 25 || t == 26 || t == 27)
 			judge_aggregate(skb, v, CODEC_H264, off + 3, t == 25 ? 0 : t == 26 ? 3 : 4, j);
 		else if (t == 28 || t == 29) {

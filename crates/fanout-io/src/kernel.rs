@@ -61,7 +61,9 @@ struct BpfSink {
     saddr: u32,
     /// Network order; the clones' source port (0: the relay's).
     sport: u16,
-    pad: u16,
+    /// Network order: with `REASON_AGGREGATE`, the RTP number of the first packet the
+    /// program did not send it.
+    handoff_seq: u16,
     /// The highest layer it gets now (packed, see [`pack`]; 0: all). The program's.
     allow: u32,
     /// Packets dropped on purpose, mod 2^16: what its RTP numbers go back by.
@@ -330,8 +332,11 @@ impl KernelSinkStats {
     }
 }
 
-/// A sink the kernel could not reach, handed back to user space.
-#[derive(Debug, Clone)]
+/// The program's reason for a capped sink that met an aggregation packet (see the program).
+const REASON_AGGREGATE: i32 = 101;
+
+/// A sink the kernel could not reach, or cannot serve as capped, handed to user space.
+#[derive(Debug)]
 pub struct Fallback {
     pub id: u64,
     pub addr: SocketAddr,
@@ -339,6 +344,10 @@ pub struct Fallback {
     pub stats: KernelSinkStats,
     /// Its clones had a source port of their own (an RTSP client's `server_port`).
     pub own_sport: bool,
+    /// Where user space takes over exactly: the RTP number of the first packet the program
+    /// did not send, with the sink's layer adaptation (numbering continued). `None`: from the
+    /// next packet published, afresh.
+    pub(crate) handoff: Option<(u16, Box<SinkLayers>)>,
 }
 
 /// What the program counted for a session.
@@ -562,9 +571,20 @@ impl KernelSession {
             .into_iter()
             .filter_map(|(id, v)| {
                 let (to, added) = *self.targets.get(&id)?;
+                let layers = self.layers.remove(&id);
                 self.remove(id);
                 let stats = KernelSinkStats::of(id, to, added, &v, None);
-                Some(Fallback { id, addr: to.into(), reason: fib_reason(v.reason), stats, own_sport: v.sport != 0 })
+                let (reason, handoff) = match (v.reason, layers) {
+                    (REASON_AGGREGATE, layers) => {
+                        let mut l = layers.unwrap_or_else(|| SinkLayers::new(added));
+                        l.continue_numbering(v.seq_delta);
+                        let why = "capped, and the stream carries aggregation packets: served from user space, which \
+                                   rebuilds them without the layers above its cap";
+                        (why.to_string(), Some((u16::from_be(v.handoff_seq), Box::new(l))))
+                    }
+                    (rc, _) => (fib_reason(rc), None),
+                };
+                Some(Fallback { id, addr: to.into(), reason, stats, own_sport: v.sport != 0, handoff })
             })
             .collect()
     }

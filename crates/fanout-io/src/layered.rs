@@ -100,6 +100,12 @@ impl SinkLayers {
         Some(std::sync::Arc::new(p.with_payload(&payload)))
     }
 
+    /// Goes on from the kernel program's renumbering of this sink (its `seq_delta`): the
+    /// subscriber sees no jump when the sink moves to user space.
+    pub fn continue_numbering(&mut self, kernel_seq_delta: u16) {
+        self.seq = fanout_proto::adapt::SeqRewriter::continuing(kernel_seq_delta);
+    }
+
     /// What [`SinkLayers::decide`] changes, to take its decisions again from here.
     pub fn checkpoint(&self) -> Checkpoint {
         Checkpoint { switch: self.sel.switch_state(), seq: self.seq, dropped: self.dropped }

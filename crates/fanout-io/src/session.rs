@@ -256,6 +256,9 @@ pub(crate) struct Group {
 /// comes (a stream whose keyframes are not recognised must still play).
 const KEYFRAME_WAIT: Duration = Duration::from_secs(5);
 
+/// How long a sink taken over from the kernel waits for the packet the program stopped at.
+const HANDOFF_WAIT: Duration = Duration::from_secs(1);
+
 pub(crate) struct Inner {
     pub cfg: SessionConfig,
     pub ring: Mutex<SessionRing<Arc<Packet>>>,
@@ -357,9 +360,14 @@ impl Inner {
         for f in found {
             tracing::warn!(session = %self.cfg.name, sink = %f.addr, "{}", f.reason);
             let io = crate::sink::SinkIo::Unconnected(crate::sys::RawAddr::new(f.addr));
-            let how = Placement::udp(Start::Head, f.own_sport);
+            let (start, layers) = match f.handoff {
+                Some((seq, layers)) => (Start::RtpSeq(seq), Some(layers)),
+                None => (Start::Head, None),
+            };
+            let how = Placement::udp(start, f.own_sport);
             let r = self.add_sink_with(f.id, SinkTarget::Udp(f.addr), io, how, |sink| {
                 sink.carry(f.stats.packets, f.stats.bytes, f.stats.errors, f.stats.added, f.reason.clone());
+                sink.layers = layers;
             });
             if let Err(e) = r {
                 tracing::error!(session = %self.cfg.name, sink = %f.addr, "cannot serve a kernel fallback: {e}");
@@ -406,6 +414,7 @@ impl Inner {
             let k = self.last_key.load(Ordering::Relaxed);
             match start {
                 Start::Keyframe if k > ring.oldest() => (fanout_core::Cursor::starting_at(&ring, k - 1), true),
+                Start::RtpSeq(_) => (fanout_core::Cursor::starting_at(&ring, ring.oldest()), false),
                 _ => (fanout_core::Cursor::at_head(&ring), false),
             }
         };
@@ -413,7 +422,12 @@ impl Inner {
         // Video with no keyframe held (an upstream just connected): hold the sink's media
         // until one comes, so its decoder never starts on delta frames.
         if start == Start::Keyframe && !key_held && self.video_codec().is_some() {
-            sink.await_keyframe(Instant::now() + KEYFRAME_WAIT);
+            sink.await_first(crate::sink::Await::Keyframe, Instant::now() + KEYFRAME_WAIT);
+        }
+        if let Start::RtpSeq(n) = start {
+            // Taken over from the kernel: from the first packet the program did not send
+            // (its datagram may still be on its way through the source socket).
+            sink.await_first(crate::sink::Await::RtpSeq(n), Instant::now() + HANDOFF_WAIT);
         }
         init(&mut sink);
         st.ensure_udp6(&sink)?;
@@ -1005,6 +1019,8 @@ enum Start {
     Head,
     /// At the last video keyframe the ring holds, else the newest packet.
     Keyframe,
+    /// At the packet with this RTP sequence number (looked for from the oldest held on).
+    RtpSeq(u16),
 }
 
 /// How a new sink is placed: whether it gets payloads without their RTP header (HTTP),

@@ -77,6 +77,15 @@ impl SinkIo {
     }
 }
 
+/// A new sink's first packet.
+#[derive(Debug, Clone, Copy)]
+pub enum Await {
+    /// A video keyframe (a cold start).
+    Keyframe,
+    /// The packet with this RTP sequence number: where the kernel program stopped serving it.
+    RtpSeq(u16),
+}
+
 pub(crate) struct Sink {
     pub id: u64,
     target: SinkTarget,
@@ -101,8 +110,8 @@ pub(crate) struct Sink {
     added: Instant,
     /// Layer adaptation, once a pin or a receiver report asked for it.
     pub layers: Option<Box<SinkLayers>>,
-    /// Until when it waits for a keyframe (a new sink of video with none held), if it does.
-    await_key: Option<Instant>,
+    /// What it waits for before it is sent anything, and until when at most.
+    awaiting: Option<(Await, Instant)>,
 }
 
 impl Sink {
@@ -125,7 +134,7 @@ impl Sink {
             strip_rtp,
             added: Instant::now(),
             layers: None,
-            await_key: None,
+            awaiting: None,
         }
     }
 
@@ -146,8 +155,8 @@ impl Sink {
     }
 
     /// Holds its media until a keyframe comes, or `until`.
-    pub fn await_keyframe(&mut self, until: Instant) {
-        self.await_key = Some(until);
+    pub fn await_first(&mut self, what: Await, until: Instant) {
+        self.awaiting = Some((what, until));
     }
 
     /// Packets sent: taken from the ring, less the ones its layer allowance dropped.
@@ -397,16 +406,21 @@ impl Job for GroupJob {
             (head, start)
         };
 
-        // New sinks waiting for a keyframe pass over what comes before it.
-        for k in g.sinks.iter_mut().filter(|k| k.await_key.is_some()) {
+        // New sinks waiting for their first packet pass over what comes before it.
+        for k in g.sinks.iter_mut() {
+            let Some((what, until)) = k.awaiting else { continue };
             let pending = &g.snapshot[(k.cursor.next() - start) as usize..];
-            match pending.iter().position(|p| p.is_keyframe()) {
-                Some(i) => {
-                    k.cursor.withhold(i as u64);
-                    k.await_key = None;
-                }
-                None if k.await_key.is_some_and(|t| Instant::now() >= t) => k.await_key = None,
-                None => k.cursor.withhold(pending.len() as u64),
+            let first = pending.iter().position(|p| match what {
+                Await::Keyframe => p.is_keyframe(),
+                Await::RtpSeq(n) => p.is_rtp() && p.data()[2..4] == n.to_be_bytes(),
+            });
+            let n = first.unwrap_or(pending.len()) as u64;
+            match what {
+                Await::Keyframe => k.cursor.withhold(n),
+                Await::RtpSeq(_) => k.cursor.pass(n), // the kernel sent those
+            }
+            if first.is_some() || Instant::now() >= until {
+                k.awaiting = None;
             }
         }
 

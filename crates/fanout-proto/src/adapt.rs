@@ -341,6 +341,12 @@ pub struct SeqRewriter {
 }
 
 impl SeqRewriter {
+    /// One that continues a numbering that already left out `dropped` packets (a sink moved
+    /// from the kernel program's renumbering to user space's).
+    pub fn continuing(dropped: u16) -> Self {
+        Self { dropped }
+    }
+
     /// A packet is dropped on purpose.
     pub fn drop_one(&mut self) {
         self.dropped = self.dropped.wrapping_add(1);
