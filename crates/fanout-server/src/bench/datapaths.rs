@@ -17,6 +17,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// CPU ticks (10 ms) a figure needs: its resolution is then 2% or better.
+const MIN_TICKS: f64 = 50.0;
+
 #[derive(Args)]
 pub struct BenchArgs {
     /// Data paths to compare, in the order each round runs them; `shared:connected` is the
@@ -203,14 +206,29 @@ pub fn run(mut a: BenchArgs) -> anyhow::Result<()> {
     let mut first = None;
     // Too little CPU to measure (short or tiny runs) gives no ratio rather than NaN.
     let ratio = |x: f64, base: f64| if base > 0.0 { format!("{:.2}x", x / base) } else { "-".into() };
+    // CPU time comes in 10 ms ticks: below MIN_TICKS a figure would be the tick, not the path.
+    let (mut short, mut rows) = (false, Vec::new());
     for dp in &a.datapath {
         let (cpu, path, del) = results
             .iter()
             .filter(|r| &r.0 == dp)
             .fold((0.0, 0.0, 0.0), |acc, r| (acc.0 + r.1, acc.1 + r.2, acc.2 + r.3));
-        let (per, path_per) = (cpu * 1e6 / del.max(1.0), path * 1e6 / del.max(1.0));
-        let (b, bp) = *first.get_or_insert((per, path_per));
-        println!("{dp:>16}  {per:>22.3}  {:>9}  {path_per:>21.3}  {:>9}", ratio(per, b), ratio(path_per, bp));
+        let measurable = |s: f64| s * 100.0 >= MIN_TICKS;
+        short |= !measurable(cpu) || !measurable(path);
+        let per = measurable(cpu).then(|| cpu * 1e6 / del.max(1.0));
+        let path_per = measurable(path).then(|| path * 1e6 / del.max(1.0));
+        rows.push((dp, per, path_per));
+    }
+    let fig = |v: Option<f64>| v.map_or("too short".into(), |v| format!("{v:.3}"));
+    for (dp, per, path_per) in rows {
+        let (b, bp) = *first.get_or_insert((per.unwrap_or(0.0), path_per.unwrap_or(0.0)));
+        let r = |v: Option<f64>, base| v.map_or("-".into(), |v| ratio(v, base));
+        println!("{dp:>16}  {:>22}  {:>9}  {:>21}  {:>9}", fig(per), r(per, b), fig(path_per), r(path_per, bp));
+    }
+    if short {
+        println!(
+            "\n\"too short\": under {MIN_TICKS} CPU ticks (10 ms each) in all rounds; run longer (--seconds, --rounds) for a figure"
+        );
     }
     // Each data path's cost per round, relay and whole path side by side.
     let series = |path: bool| -> Vec<(String, Vec<(f64, f64)>)> {
