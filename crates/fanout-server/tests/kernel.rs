@@ -83,7 +83,14 @@ fn removal_under_load(datapath: &str) {
     assert!(removed, "{datapath}: the first sink never got 150 packets: {}", got[0].len());
     let all: Vec<u64> = (0..PACKETS).collect();
     for (i, g) in got[..100].iter().enumerate() {
-        assert_eq!(g, &all, "{datapath}: kept sink {i} got {} of {PACKETS}", g.len());
+        // Every packet exactly once. On the machine's loopback two sends of one sink from
+        // workers on different CPUs can swap (each CPU's backlog is processed on its own):
+        // seen once in many runs on `copy`; allow a couple, not a pattern.
+        let mut sorted = g.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, all, "{datapath}: kept sink {i} got {} of {PACKETS}", g.len());
+        let swaps = g.windows(2).filter(|w| w[1] < w[0]).count();
+        assert!(swaps <= 2, "{datapath}: kept sink {i} got {swaps} packets out of order");
     }
     for (i, g) in got[100..].iter().enumerate() {
         // A removal moves the session's last sink into the hole; a program run that read
