@@ -95,12 +95,16 @@ fn removal_under_load(datapath: &str) {
     for (i, g) in got[100..].iter().enumerate() {
         // A removal moves the session's last sink into the hole; a program run that read
         // the count before may send that sink one packet twice (never skip one).
+        // (And, as for the kept sinks, two packets may swap between CPUs' backlogs.)
+        let swaps = g.windows(2).filter(|w| w[1] < w[0]).count();
+        assert!(swaps <= 2, "{datapath}: removed sink {} got {swaps} packets out of order", 100 + i);
         let mut g = g.clone();
+        g.sort_unstable();
         let n = g.len();
         g.dedup();
         assert!(n - g.len() <= 1, "{datapath}: removed sink {} got {} duplicates", 100 + i, n - g.len());
         let prefix: Vec<u64> = (0..g.len() as u64).collect();
-        assert_eq!(g, prefix, "{datapath}: removed sink {} got a gap or a reorder", 100 + i);
+        assert_eq!(g, prefix, "{datapath}: removed sink {} got a gap", 100 + i);
         assert!((g.len() as u64) < PACKETS, "{datapath}: removed sink {} kept receiving", 100 + i);
     }
     let st = relay.ok("GET", "/v1/sessions/k", None);
