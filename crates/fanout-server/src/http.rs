@@ -145,23 +145,15 @@ async fn start_stream(
     if stream.read_exact(&mut head).await.is_err() {
         return;
     }
-    let reject = |code: &str, msg: String| {
-        let body = serde_json::json!({ "error": msg, "status": code[..3].parse::<u16>().unwrap_or(500) }).to_string();
-        format!(
-            "HTTP/1.1 {code}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        )
-    };
     let session = if !authorized(relay.cfg.token.as_deref(), auth, query) {
-        Err(reject("401 Unauthorized", "missing or wrong bearer token".into()))
+        Err((401, "missing or wrong bearer token".to_string()))
     } else {
-        relay.session(name).map_err(|e| reject("404 Not Found", e.to_string()))
+        relay.session(name).map_err(|e| (404, e.to_string()))
     };
     let session = match session {
         Ok(s) => s,
-        Err(resp) => {
-            let _ = stream.write_all(resp.as_bytes()).await;
-            let _ = stream.shutdown().await;
+        Err((status, why)) => {
+            let _ = tokio::time::timeout(Duration::from_secs(1), reject(&stream, status, &why)).await;
             return;
         }
     };
