@@ -16,6 +16,16 @@ fn clang_without_headers(dir: &std::path::Path) -> Option<String> {
     let path = dir.join("clang-no-headers");
     std::fs::write(&path, format!("#!/bin/sh\nexec {real} -nostdinc \"$@\"\n")).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // Another test thread that forks while the script is open for writing holds it open
+    // until its child execs: running it then fails with ETXTBSY. Wait that out.
+    for _ in 0..100 {
+        match std::process::Command::new(&path).arg("--version").output() {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
+                std::thread::sleep(std::time::Duration::from_millis(10))
+            }
+            _ => break,
+        }
+    }
     Some(path.to_string_lossy().into_owned())
 }
 
