@@ -113,6 +113,13 @@ impl Cursor {
         self.withheld += n;
     }
 
+    /// Skips the next `n` packets on purpose (a lapped sink waiting for a keyframe): counted
+    /// with the ones the ring replaced.
+    pub fn skip(&mut self, n: u64) {
+        self.next += n;
+        self.skipped += n;
+    }
+
     /// Moves past the next `n` packets, which reached the sink another way.
     pub fn pass(&mut self, n: u64) {
         self.next += n;
