@@ -185,6 +185,8 @@ struct fan_ctx {
 	__u16 orig_seq;   /* network order */
 	__u16 cur_seq;
 	__u16 pad;
+	__u32 nsinks;
+	__u32 turn;       /* the sink served first: a hash of the packet count (fanout_core::rotation) */
 	struct judgement j; /* the packet's layer */
 };
 
@@ -356,9 +358,13 @@ static __always_inline int resolve(struct fan_ctx *c, struct sink *s)
 	return 0;
 }
 
-static long fan_one(__u32 i, void *data)
+static long fan_one(__u32 k, void *data)
 {
 	struct fan_ctx *c = data;
+	/* Rotate the order (as the Oslo proxy rotated its receivers): no sink is always last. */
+	__u32 i = k + c->turn;
+	if (i >= c->nsinks)
+		i -= c->nsinks;
 	__u32 ci = c->base + (i >> CHUNK_SHIFT);
 	__u32 *chunk = bpf_map_lookup_elem(&CHUNKS, &ci);
 	if (!chunk)
@@ -717,7 +723,9 @@ int fanout_fwd(struct __sk_buff *skb)
 
 	__u32 orig_mark = skb->mark;
 	skb->mark = CLONE_MARK;
-	bpf_loop(*nsinks, fan_one, &c, 0);
+	c.nsinks = *nsinks;
+	c.turn = c.nsinks ? (__u32)(((stats->packets * 0x9E3779B97F4A7C15ULL) >> 32) % c.nsinks) : 0;
+	bpf_loop(c.nsinks, fan_one, &c, 0);
 	skb->mark = orig_mark;
 	__sync_fetch_and_add(&stats->packets, 1);
 	__sync_fetch_and_add(&stats->bytes, c.len);

@@ -25,10 +25,12 @@
 
 pub mod channel;
 pub mod engine;
+mod group;
 pub mod kernel;
 pub mod layered;
 pub mod packet;
 pub mod reactor;
+mod send;
 pub mod session;
 mod sink;
 mod source;
@@ -37,8 +39,8 @@ mod uring;
 
 pub use engine::Engine;
 pub use session::{
-    DataPath, FailurePolicy, LayerRate, LayerStatus, PayloadMode, Session, SessionConfig, SessionStatus, SinkStatus,
-    SinkTarget, SourceRecv, SourceState, SourceStatus, UdpSinkMode,
+    DataPath, FailurePolicy, LayerRate, LayerStatus, PaceConfig, PayloadMode, Session, SessionConfig, SessionStatus,
+    SinkStatus, SinkTarget, SourceRecv, SourceState, SourceStatus, UdpSinkMode,
 };
 pub use sink::set_udp_source;
 pub use source::{bind_udp_source, DemoClip, DemoTrack};

@@ -1,10 +1,11 @@
 //! A relay session (OMSS): one source, any number of sinks, a ring, a class and a data path.
 
 use crate::engine::{Engine, Runner, Signal, Task, WorkerCtx};
+use crate::group::{GroupJob, GroupState};
 use crate::kernel::{KernelFanout, KernelSession, KernelSessionStats};
 use crate::packet::{Packet, PacketPool};
 use crate::reactor::{Reactor, Registration};
-use crate::sink::{GroupJob, GroupState, Sink};
+use crate::sink::Sink;
 use fanout_core::{Priority, SessionRing};
 use fanout_proto::layers::Layer;
 use parking_lot::{Mutex, RwLock};
@@ -103,6 +104,20 @@ pub struct SessionConfig {
     pub stream_flush: Duration,
     /// UDP source receive.
     pub source_recv: SourceRecv,
+    /// Paced egress (`None`: every sink is sent all it is owed at once).
+    pub pacing: Option<PaceConfig>,
+}
+
+/// How a session paces its sinks (see [`fanout_core::pace`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PaceConfig {
+    /// The stream's rate in bytes per second; `None`: measured from the source.
+    pub rate: Option<u64>,
+    /// Bytes a sink may get back to back; `None`: the largest picture seen, whole.
+    pub burst: Option<u64>,
+    /// A sink's rate as a multiple of the stream's (≥ 1): how fast a new or lapped sink
+    /// catches up.
+    pub catchup: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -175,6 +190,17 @@ pub struct SessionStatus {
     /// RTP video of a known codec: the rate of each scalable layer.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub layers: Option<LayerStatus>,
+    /// The pace its sinks are held to, once its rate is known (sessions that pace).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pacing: Option<PaceStatus>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PaceStatus {
+    /// A sink's rate: the stream's times `pace_catchup`, bits per second.
+    pub sink_rate_bps: u64,
+    /// Bytes a sink may get back to back.
+    pub burst_bytes: u64,
 }
 
 /// Per-layer rates: moving averages over 200 ms windows, `new = (15·old + sample)/16`.
@@ -256,6 +282,9 @@ pub(crate) struct Group {
 /// comes (a stream whose keyframes are not recognised must still play).
 const KEYFRAME_WAIT: Duration = Duration::from_secs(5);
 
+/// The least rate a session paces by, bytes per second (128 kbit/s).
+const MIN_PACE_RATE: u64 = 16_000;
+
 /// How long a sink taken over from the kernel waits for the packet the program stopped at.
 const HANDOFF_WAIT: Duration = Duration::from_secs(1);
 
@@ -293,6 +322,9 @@ pub(crate) struct Inner {
     saw_parameter_sets: AtomicBool,
     /// Each packet's scalable layer, and the moving average rate per layer.
     layers: Mutex<(fanout_proto::layers::LayerParser, fanout_proto::adapt::LayerRates)>,
+    /// The source's rate and largest picture, and the pace they make (sessions that pace,
+    /// once the rate is known).
+    meter: Mutex<(fanout_core::StreamMeter, Option<fanout_core::Pace>)>,
 }
 
 /// A handle to a running session. Dropping it does not stop the session: call [`Session::close`].
@@ -305,6 +337,56 @@ impl Inner {
     /// Video with no keyframe in the ring: a new sink must wait for one.
     fn cold_video(&self) -> bool {
         self.video_codec().is_some() && self.last_key.load(Ordering::Relaxed) <= self.ring.lock().oldest()
+    }
+
+    /// Whether the stream has keyframes a sink can resume at (one was seen).
+    pub(crate) fn has_keyframes(&self) -> bool {
+        self.last_key.load(Ordering::Relaxed) > 0
+    }
+
+    /// The pace every sink is held to now, with the epoch of its clocks; `None` when the
+    /// session does not pace or its rate is not known yet.
+    pub(crate) fn pace(&self) -> Option<(fanout_core::Pace, Instant)> {
+        self.cfg.pacing?;
+        self.meter.lock().1.map(|p| (p, self.started))
+    }
+
+    /// Measures what the source sent and sets the pace from it (or from the configured rate).
+    fn measure(&self, packets: &[Arc<Packet>]) {
+        let now = self.now_ns();
+        let mut guard = self.meter.lock();
+        let (m, pace) = &mut *guard;
+        // Pictures are told apart by RTP timestamp in RTP video only (RTP/MP2T stamps each
+        // datagram).
+        let video = self.video_codec().is_some();
+        for p in packets {
+            let ts =
+                (video && p.is_rtp()).then(|| u32::from_be_bytes([p.data()[4], p.data()[5], p.data()[6], p.data()[7]]));
+            m.packet(now, p.len(), ts);
+        }
+        let Some(pc) = self.cfg.pacing else { return };
+        let Some(rate) = pc.rate.or(Some(m.rate_at(now)).filter(|&r| r > 0)) else { return };
+        // A sparse or quiet source measures a rate no media link is thinner than.
+        let rate = rate.max(MIN_PACE_RATE);
+        let burst = pc.burst.unwrap_or_else(|| m.default_burst(rate).max(4 * m.largest_packet()));
+        let sink_rate = (rate as f64 * pc.catchup) as u64;
+        *pace = fanout_core::Pace::new(sink_rate, burst, m.largest_packet()).ok();
+    }
+
+    /// A send buffer for a stream subscriber: about a second of the stream (64 KiB – 4 MiB;
+    /// 256 KiB until its rate is known). Left to autotuning, a stalled subscriber's socket
+    /// grows to megabytes, a minute of a slow stream, and slowest-sink-drop never sees it.
+    pub(crate) fn stream_send_buffer(&self) -> usize {
+        let rate = self.cfg.pacing.and_then(|p| p.rate).unwrap_or_else(|| self.meter.lock().0.rate_at(self.now_ns()));
+        if rate == 0 {
+            256 << 10
+        } else {
+            (rate as usize).clamp(64 << 10, 4 << 20)
+        }
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.started.elapsed().as_nanos() as u64
     }
 
     /// Adds a sink that is going to its session's totals.
@@ -326,6 +408,7 @@ impl Inner {
         self.take_kernel_fallbacks();
         let n = packets.len() as u64;
         let bytes: u64 = packets.iter().map(|p| p.len() as u64).sum();
+        self.measure(packets);
         {
             let mut ring = self.ring.lock();
             for p in packets.drain(..) {
@@ -341,8 +424,13 @@ impl Inner {
         self.src.bytes.fetch_add(bytes, Ordering::Relaxed);
         self.src.last_ms.store(self.now_ms() + 1, Ordering::Relaxed);
         self.src.state.store(SourceState::Active as u8, Ordering::Relaxed);
-        for g in self.groups.read().iter() {
-            g.task.schedule();
+        // Groups are woken from one that changes each batch: none is always served last.
+        let groups = self.groups.read();
+        if !groups.is_empty() {
+            let turn = fanout_core::rotation(self.src.packets.load(Ordering::Relaxed), groups.len());
+            for g in groups[turn..].iter().chain(&groups[..turn]) {
+                g.task.schedule();
+            }
         }
     }
 
@@ -552,6 +640,7 @@ impl Session {
             rtp_video: std::sync::atomic::AtomicU8::new(0),
             saw_parameter_sets: AtomicBool::new(false),
             layers: Mutex::new(Default::default()),
+            meter: Mutex::new(Default::default()),
         });
         if let Runner::Thread(sig) = &inner.runner {
             let (weak, sig) = (Arc::downgrade(&inner), sig.clone());
@@ -761,8 +850,16 @@ impl Session {
         let peer = stream.peer_addr()?;
         stream.set_nonblocking(true)?;
         let _ = stream.set_nodelay(true);
+        let _ = socket2::SockRef::from(&stream).set_send_buffer_size(self.inner.stream_send_buffer());
         let target = if http { SinkTarget::Http(peer) } else { SinkTarget::Tcp(peer) };
         self.add_sink(target, crate::sink::SinkIo::Stream(stream), http)
+    }
+
+    /// The send buffer a stream subscriber's socket should have (see
+    /// `Inner::stream_send_buffer`): for sockets the session does not own, such as an RTSP
+    /// client's taking RTP interleaved.
+    pub fn stream_send_buffer(&self) -> usize {
+        self.inner.stream_send_buffer()
     }
 
     /// Adds a sink whose packets go into `queue` (shown as a TCP sink of `peer`).
@@ -971,6 +1068,7 @@ impl Session {
             packets_skipped: sinks.iter().map(|s| s.packets_skipped).sum(),
             kernel: inner.kernel.lock().as_ref().map(|k| k.stats()),
             layers: self.layer_status(),
+            pacing: self.inner.pace().map(|(p, _)| PaceStatus { sink_rate_bps: p.rate() * 8, burst_bytes: p.burst() }),
         }
     }
 

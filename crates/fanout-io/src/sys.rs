@@ -232,3 +232,55 @@ pub fn raise_nofile_limit() -> u64 {
 pub fn iovec(buf: &[u8]) -> libc::iovec {
     libc::iovec { iov_base: buf.as_ptr().cast_mut().cast(), iov_len: buf.len() }
 }
+
+/// Asks the kernel to stamp each datagram `fd` receives with its arrival time
+/// (`SO_TIMESTAMPNS`, the real-time clock), read by [`recv_stamped`].
+pub fn enable_rx_timestamps(fd: RawFd) -> io::Result<()> {
+    let on: libc::c_int = 1;
+    // SAFETY: a valid option value of the right size.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_TIMESTAMPNS,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Receives one datagram (non-blocking sockets: `WouldBlock` when none) with the kernel's
+/// arrival time in nanoseconds of the real-time clock, if the socket stamps them.
+pub fn recv_stamped(fd: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<u64>)> {
+    let mut iov = iovec(buf);
+    iov.iov_base = buf.as_mut_ptr().cast();
+    let mut control = [0u64; 8];
+    // SAFETY: zeroed msghdr is valid; the pointers below outlive the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control) as _;
+    // SAFETY: msg points at live buffers of the sizes it names.
+    let n = unsafe { libc::recvmsg(fd, &mut msg, 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut at = None;
+    // SAFETY: the CMSG macros walk the control buffer the kernel filled, within msg_controllen.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_TIMESTAMPNS {
+                let ts: libc::timespec = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
+                at = Some(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64);
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    Ok((n as usize, at))
+}

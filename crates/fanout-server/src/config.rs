@@ -122,6 +122,9 @@ pub const MAX_WORKERS: usize = 256;
 pub const MAX_SINKS_PER_GROUP: usize = 4096;
 pub const MIN_BODY: usize = 1024;
 
+/// Where in the file a span is: its line, and the message to show with it.
+type LineOf<'a> = dyn Fn(Option<std::ops::Range<usize>>, &str) -> (usize, String) + 'a;
+
 impl Config {
     /// Reads and checks a config file; every problem is reported, each with the file and the
     /// line it is on.
@@ -162,10 +165,7 @@ impl Config {
 
     /// Type and unknown-field errors, each top-level key (and each session) deserialized on
     /// its own so that one bad field does not hide the next.
-    fn field_errors(
-        doc: &DeTable,
-        at: &dyn Fn(Option<std::ops::Range<usize>>, &str) -> (usize, String),
-    ) -> Vec<(usize, String)> {
+    fn field_errors(doc: &DeTable, at: &LineOf<'_>) -> Vec<(usize, String)> {
         let mut errors = Vec::new();
         for (key, value) in doc.iter() {
             if key.get_ref().as_ref() == "session" {

@@ -173,13 +173,15 @@ impl Relay {
             return Err(RelayError::Conflict(format!("a session named {:?} already exists", spec.name)));
         }
         let datapath = self.datapath_for(&spec)?;
+        let max_datagram = spec.max_datagram.unwrap_or(self.cfg.max_datagram);
+        let pacing = spec.pace_config(max_datagram).map_err(RelayError::BadRequest)?;
         let cfg = SessionConfig {
             name: spec.name.clone(),
             // Invariant: validate() checked the range.
             priority: Priority::new(spec.priority).expect("validated"),
             datapath,
             ring_capacity: spec.ring.unwrap_or(self.cfg.ring),
-            max_datagram: spec.max_datagram.unwrap_or(self.cfg.max_datagram),
+            max_datagram,
             sinks_per_group: self.cfg.sinks_per_group,
             payload: spec.payload,
             failed_sinks: spec.failed_sinks,
@@ -187,6 +189,7 @@ impl Relay {
             uring_sqpoll: spec.uring_sqpoll,
             source_recv: spec.source_recv,
             stream_flush: Duration::from_millis(spec.stream_flush_ms.unwrap_or(self.cfg.stream_flush_ms)),
+            pacing,
         };
         let session = Session::new(cfg, &self.engine);
         session.set_rtp_video(spec.video.map(|v| v.codec()));

@@ -104,7 +104,7 @@ fn interleaved_rtp(l: &Lower) -> Option<u8> {
     }
 }
 
-/// Packets an interleaved client may have waiting before it loses some.
+/// Packets an interleaved client may have queued before it waits in the ring.
 const INTERLEAVED_QUEUE: usize = 2048;
 
 /// An RTSP connection as the data path sees it: the queues of its interleaved tracks (by
@@ -115,6 +115,8 @@ struct Conn {
     queues: Mutex<Vec<(u8, Arc<fanout_io::channel::ChannelQueue>)>>,
     /// RTCP for its interleaved tracks: (channel, packet).
     control: Mutex<Vec<(u8, Vec<u8>)>>,
+    /// A send buffer its socket should get, set when a track goes interleaved (0: none new).
+    sndbuf: std::sync::atomic::AtomicUsize,
 }
 
 /// Where a sender report goes: a UDP client's RTCP port, or an interleaved client's RTCP
@@ -368,9 +370,16 @@ impl Rtsp {
                             Lower::Interleaved { rtp, .. } => match self.conns.lock().get(&c.conn) {
                                 Some(conn) => {
                                     let wake = conn.clone();
-                                    let q = fanout_io::channel::ChannelQueue::new(INTERLEAVED_QUEUE, move || {
-                                        wake.notify.notify_one()
-                                    });
+                                    // At most half the ring: a client further behind waits
+                                    // in the ring, where it is lapped (and resumes at a
+                                    // keyframe) like any slow subscriber.
+                                    let cap = INTERLEAVED_QUEUE.min(tr.session.config().ring_capacity / 2);
+                                    let q =
+                                        fanout_io::channel::ChannelQueue::new(cap, move || wake.notify.notify_one());
+                                    conn.sndbuf.fetch_max(
+                                        tr.session.stream_send_buffer(),
+                                        std::sync::atomic::Ordering::Relaxed,
+                                    );
                                     let mut qs = conn.queues.lock();
                                     qs.retain(|(ch, _)| *ch != rtp);
                                     qs.push((rtp, q.clone()));
@@ -643,6 +652,10 @@ async fn connection(
                 }
                 for (channel, rtcp) in me.control.lock().drain(..) {
                     rtsp::write_interleaved(&mut frames, channel, &rtcp);
+                }
+                let size = me.sndbuf.swap(0, std::sync::atomic::Ordering::Relaxed);
+                if size > 0 {
+                    let _ = socket2::SockRef::from(&stream).set_send_buffer_size(size);
                 }
                 stream.write_all(&frames).await?;
             }

@@ -205,6 +205,21 @@ pub struct SessionSpec {
     /// described. (RTSP sources know it from their upstream's description.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub video: Option<VideoCodec>,
+    /// Paced egress: `on` (default: no sink is sent faster than the stream's rate times
+    /// `pace_catchup`, beyond a burst that keeps a keyframe whole) or `off`.
+    #[serde(default)]
+    pub pacing: Pacing,
+    /// The stream's rate for pacing, in kbit/s (default: measured from the source).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_kbps: Option<u64>,
+    /// Bytes a sink may get back to back, in KiB (default: the largest picture seen × 1.25;
+    /// 200 ms of the stream where pictures are not told apart, as in MPEG-TS).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pace_burst_kb: Option<u64>,
+    /// A sink's rate as a multiple of the stream's: how fast a new or lapped sink catches up
+    /// (default 1.5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pace_catchup: Option<f64>,
     /// How `shared` sends to UDP sinks: `batched` (one `sendmmsg` for the whole group,
     /// default) or `connected` (a connected socket per sink).
     #[serde(default)]
@@ -214,7 +229,19 @@ pub struct SessionSpec {
     pub sinks: Vec<SinkSpec>,
 }
 
+/// Whether a session paces its sinks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pacing {
+    #[default]
+    On,
+    Off,
+}
+
 pub const MAX_RING: usize = 1 << 20;
+pub const RATE_KBPS: std::ops::RangeInclusive<u64> = 8..=10_000_000;
+pub const PACE_CATCHUP: std::ops::RangeInclusive<f64> = 1.0..=8.0;
+pub const DEFAULT_PACE_CATCHUP: f64 = 1.5;
 pub const MAX_STREAM_FLUSH_MS: u64 = 1000;
 pub const MAX_DATAGRAM: usize = 65_535;
 
@@ -235,6 +262,10 @@ impl SessionSpec {
             stream_flush_ms: None,
             source_recv: SourceRecv::default(),
             video: None,
+            pacing: Pacing::default(),
+            rate_kbps: None,
+            pace_burst_kb: None,
+            pace_catchup: None,
             sinks: Vec::new(),
         }
     }
@@ -268,10 +299,43 @@ impl SessionSpec {
                 return Err(format!("max_datagram {m} is out of range 188..={MAX_DATAGRAM}"));
             }
         }
+        if let Some(r) = self.rate_kbps.filter(|r| !RATE_KBPS.contains(r)) {
+            return Err(format!(
+                "rate_kbps {r} is out of range {}..={} (a stream's rate, to pace by)",
+                RATE_KBPS.start(),
+                RATE_KBPS.end()
+            ));
+        }
+        if self.pace_burst_kb == Some(0) {
+            return Err("pace_burst_kb 0 cannot hold one packet".into());
+        }
+        if let Some(c) = self.pace_catchup.filter(|c| !PACE_CATCHUP.contains(c)) {
+            return Err(format!("pace_catchup {c} is out of range {}..={}", PACE_CATCHUP.start(), PACE_CATCHUP.end()));
+        }
         for s in &self.sinks {
             s.validate()?;
         }
         Ok(())
+    }
+
+    /// How the session paces, for a largest datagram of `max_datagram` bytes: a burst
+    /// allowance that cannot hold one is refused.
+    pub fn pace_config(&self, max_datagram: usize) -> Result<Option<fanout_io::PaceConfig>, String> {
+        if self.pacing == Pacing::Off {
+            return Ok(None);
+        }
+        let burst = self.pace_burst_kb.map(|kb| kb * 1024);
+        if let Some(b) = burst.filter(|&b| b < max_datagram as u64) {
+            return Err(format!(
+                "pace_burst_kb {} ({b} bytes) is smaller than one packet (max_datagram {max_datagram})",
+                b / 1024
+            ));
+        }
+        Ok(Some(fanout_io::PaceConfig {
+            rate: self.rate_kbps.map(|k| k * 1000 / 8),
+            burst,
+            catchup: self.pace_catchup.unwrap_or(DEFAULT_PACE_CATCHUP),
+        }))
     }
 }
 

@@ -1,0 +1,349 @@
+//! A sink group's task: the bookkeeping around one send.
+//!
+//! Each run takes the readiness and errors reported since the last one, snapshots what its
+//! sinks still need from the ring (refcounts, no copies), lets lapped and new sinks pass over
+//! what comes before a keyframe, decides for each sink how much may leave now (its virtual
+//! clock, see [`fanout_core::pace`]) and in which order the sinks are served (from a sink that
+//! changes each run, so no sink is always last), and hands that to its data path's
+//! [`Sender`](crate::send::Sender).
+
+use crate::engine::{Job, WorkerCtx};
+use crate::reactor::Reactor;
+use crate::send::{self, Batch, GroupFds, Offer, Sender};
+use crate::session::{FailurePolicy, Inner, SessionConfig, SinkTarget};
+use crate::sink::{describe, send_socket, Await, Sink, SinkIo};
+use crate::sys;
+use fanout_core::Pace;
+use parking_lot::Mutex;
+use std::io::{self, ErrorKind};
+use std::net::UdpSocket;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+/// How long a sink that was lapped waits for a keyframe before it is sent whatever comes.
+const RESYNC_WAIT: Duration = Duration::from_secs(5);
+
+pub(crate) struct GroupState {
+    pub sinks: Vec<Sink>,
+    /// Pending ring entries, cloned (refcount only) under the ring lock; empty between runs.
+    snapshot: Vec<Arc<crate::packet::Packet>>,
+    /// The socket the group's unconnected UDP sinks send from, with ICMP errors queued.
+    udp: UdpSocket,
+    /// Its IPv6 twin, made when the group first has an IPv6 sink.
+    udp6: Option<UdpSocket>,
+    sender: Box<dyn Sender>,
+    /// This run's offers, in the order the sinks are served.
+    offers: Vec<Offer>,
+    /// Runs so far: where the serving order starts is a hash of it.
+    runs: u64,
+    failed: Vec<(usize, io::Error)>,
+    reaped: Vec<(u64, io::Error)>,
+    /// The group's own task, for a timed wake-up.
+    pub task: Weak<crate::engine::Task>,
+    /// When the stream sinks' held packets are written (see `SessionConfig::stream_flush`).
+    flush_due: Option<Instant>,
+    /// The timer armed for a paced sink's next packet.
+    pace_due: Option<Instant>,
+    /// Its UDP sinks send from the shared source port.
+    pub shared_port: bool,
+}
+
+impl GroupState {
+    pub fn new(cfg: &SessionConfig, shared_port: bool) -> io::Result<Self> {
+        let udp = send_socket(false, shared_port)?;
+        udp.set_nonblocking(true)?;
+        sys::enable_recv_err(udp.as_raw_fd(), false)?;
+        Ok(Self {
+            sinks: Vec::new(),
+            snapshot: Vec::new(),
+            udp,
+            udp6: None,
+            sender: send::for_path(cfg)?,
+            offers: Vec::new(),
+            runs: 0,
+            failed: Vec::new(),
+            reaped: Vec::new(),
+            task: Weak::new(),
+            flush_due: None,
+            pace_due: None,
+            shared_port,
+        })
+    }
+
+    /// Makes the IPv6 socket when the group gets its first unconnected IPv6 sink.
+    pub fn ensure_udp6(&mut self, sink: &Sink) -> io::Result<()> {
+        if self.udp6.is_none() && matches!(&sink.io, SinkIo::Unconnected(a) if a.is_v6()) {
+            let s = send_socket(true, self.shared_port)?;
+            s.set_nonblocking(true)?;
+            sys::enable_recv_err(s.as_raw_fd(), true)?;
+            self.udp6 = Some(s);
+        }
+        Ok(())
+    }
+
+    /// Readiness the reactor saw, failed sends reaped, ICMP errors queued on the group's
+    /// sockets (matched to sinks by destination).
+    fn take_errors(&mut self, reactor: &Reactor, policy: FailurePolicy) {
+        for sink in self.sinks.iter_mut() {
+            match &sink.io {
+                SinkIo::Stream(_) => {
+                    if sink.flags.writable.swap(false, Ordering::AcqRel) {
+                        sink.blocked = false;
+                    }
+                    if sink.flags.readable.swap(false, Ordering::AcqRel) {
+                        if let Some(why) = check_peer(&sink.io) {
+                            sink.fail(why, reactor, policy);
+                        }
+                    }
+                }
+                // A full queue holds the sink back until its reader makes room.
+                SinkIo::Channel(q) => sink.blocked = q.is_full(),
+                _ => {}
+            }
+        }
+        self.sender.reap(&mut self.reaped);
+        for (id, e) in self.reaped.drain(..) {
+            if let Some(sink) = self.sinks.iter_mut().find(|k| k.id == id) {
+                sink.fail(describe(&e), reactor, policy);
+            }
+        }
+        let fds = [Some(self.udp.as_raw_fd()), self.udp6.as_ref().map(|u| u.as_raw_fd())];
+        for fd in fds.into_iter().flatten() {
+            while let Some((addr, err)) = sys::recv_error(fd) {
+                for sink in self.sinks.iter_mut().filter(|k| k.target == SinkTarget::Udp(addr)) {
+                    sink.fail(describe(&err), reactor, policy);
+                }
+            }
+        }
+    }
+
+    /// Snapshots what the sinks that can send now still need; sinks the ring lapped skip to
+    /// its oldest packet and, in a stream with keyframes, wait for the next one. Returns the
+    /// ring's head and the snapshot's first sequence number.
+    fn snapshot(&mut self, s: &Inner, now: Instant) -> (u64, u64) {
+        let ring = s.ring.lock();
+        let (head, oldest) = (ring.head(), ring.oldest());
+        let min = self.sinks.iter().filter(|k| k.ready()).map(|k| k.cursor.next()).min();
+        let start = min.unwrap_or(head).max(oldest);
+        self.snapshot.clear();
+        // Invariant: oldest <= start <= seq < head, so the ring holds every seq here.
+        self.snapshot.extend((start..head).map(|seq| ring.get(seq).expect("held by the ring").clone()));
+        let keyed = s.has_keyframes();
+        for k in self.sinks.iter_mut() {
+            if k.cursor.catch_up(oldest) > 0 && keyed && k.awaiting.is_none() {
+                // Resume at a picture the decoder can start from, not mid-GOP.
+                k.awaiting = Some((Await::KeyframeAfterLap, now + RESYNC_WAIT));
+            }
+        }
+        (head, start)
+    }
+
+    /// Sinks waiting for their first packet pass over what comes before it.
+    fn skip_to_awaited(&mut self, start: u64, now: Instant) {
+        for k in self.sinks.iter_mut() {
+            let Some((what, until)) = k.awaiting else { continue };
+            // A sink that cannot take anything now (not in the snapshot) looks when it can.
+            if !k.ready() || k.cursor.next() < start {
+                continue;
+            }
+            let pending = &self.snapshot[(k.cursor.next() - start) as usize..];
+            let first = pending.iter().position(|p| match what {
+                Await::Keyframe | Await::KeyframeAfterLap => p.is_keyframe(),
+                Await::RtpSeq(n) => p.is_rtp() && p.data()[2..4] == n.to_be_bytes(),
+            });
+            let n = first.unwrap_or(pending.len()) as u64;
+            match what {
+                Await::Keyframe => k.cursor.withhold(n),
+                Await::KeyframeAfterLap => k.cursor.skip(n),
+                Await::RtpSeq(_) => k.cursor.pass(n), // the kernel sent those
+            }
+            if first.is_some() || now >= until {
+                k.awaiting = None;
+            }
+        }
+    }
+
+    /// This run's offers, from a sink that changes each run ([`fanout_core::rotation`]);
+    /// returns when the first packet a sink's clock held back may leave.
+    /// A sink more than half a ring behind is sent all it can take: pacing must never be
+    /// what gets a sink lapped.
+    fn offer(
+        &mut self,
+        start: u64,
+        head: u64,
+        ring: usize,
+        write_streams: bool,
+        pace: Option<(Pace, Instant)>,
+        now: Instant,
+    ) -> Option<Instant> {
+        self.offers.clear();
+        let n = self.sinks.len();
+        if n == 0 {
+            return None;
+        }
+        self.runs += 1;
+        let turn = fanout_core::rotation(self.runs, n);
+        let mut wake: Option<Instant> = None;
+        for i in (turn..n).chain(0..turn) {
+            let k = &mut self.sinks[i];
+            if !k.ready() || (k.cursor.next() >= head && k.partial.is_none()) {
+                continue;
+            }
+            if matches!(k.io, SinkIo::Stream(_)) && !write_streams && k.partial.is_none() {
+                continue; // held for the next flush
+            }
+            let pending = &self.snapshot[(k.cursor.next() - start) as usize..];
+            let count = match &pace {
+                Some(_) if pending.len() > ring / 2 => pending.len(),
+                None => pending.len(),
+                Some((pace, epoch)) => {
+                    let t = |at: Instant| at.saturating_duration_since(*epoch).as_nanos() as u64;
+                    let a = k.clock.admit(pace, t(now), pending.iter().map(|p| p.len()));
+                    if let Some(at) = a.next_at {
+                        let at = *epoch + Duration::from_nanos(at);
+                        wake = Some(wake.map_or(at, |w| w.min(at)));
+                    }
+                    a.count
+                }
+            };
+            if count > 0 || k.partial.is_some() {
+                self.offers.push(Offer { sink: i, count });
+            }
+        }
+        wake
+    }
+}
+
+pub(crate) struct GroupJob {
+    pub session: Weak<Inner>,
+    pub state: Arc<Mutex<GroupState>>,
+}
+
+impl Job for GroupJob {
+    fn run(&self, ctx: &mut WorkerCtx) -> bool {
+        let Some(s) = self.session.upgrade() else { return false };
+        if s.closed.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut guard = self.state.lock();
+        let g = &mut *guard;
+        let (reactor, policy) = (&s.reactor, s.cfg.failed_sinks);
+        let now = Instant::now();
+
+        g.take_errors(reactor, policy);
+        let (head, start) = g.snapshot(&s, now);
+        g.skip_to_awaited(start, now);
+        let write_streams = stream_flush_now(g, &s.cfg, head, reactor);
+        let wake = g.offer(start, head, s.cfg.ring_capacity, write_streams, s.pace(), now);
+        if let Some(at) = wake.filter(|&at| g.pace_due.is_none_or(|due| due <= now || at < due)) {
+            g.pace_due = Some(at);
+            if let Some(task) = g.task.upgrade() {
+                reactor.schedule_at(task, at);
+            }
+        }
+
+        let GroupState { sinks, snapshot, udp, udp6, sender, offers, failed, .. } = g;
+        let mut batch = Batch { sinks, snapshot, start, offers, fds: GroupFds::new(udp, udp6.as_ref()) };
+        sender.send(&mut batch, ctx, failed);
+        for (i, e) in failed.drain(..) {
+            sinks[i].fail(describe(&e), reactor, policy);
+        }
+        if let Err(e) = sender.flush() {
+            tracing::warn!(session = %s.cfg.name, "io_uring submit failed: {e}");
+        }
+        snapshot.clear();
+        g.retire_failed(&s, policy);
+        false
+    }
+}
+
+impl GroupState {
+    /// Drops the sinks that failed for good; asks the control plane to reconnect the TCP
+    /// sinks that just failed under `retry`.
+    fn retire_failed(&mut self, s: &Inner, policy: FailurePolicy) {
+        // An HTTP subscriber that went away cannot come back on the same connection.
+        let keep_failed = policy != FailurePolicy::Remove;
+        self.sinks.retain(|k| {
+            let keep = k.failed.is_none() || (keep_failed && !matches!(k.target, SinkTarget::Http(_)));
+            if !keep {
+                s.retire(k);
+                let why = k.failed.as_deref().unwrap_or("");
+                match &k.target {
+                    SinkTarget::Http(peer) => {
+                        tracing::info!(session = %s.cfg.name, sink = k.id, ?peer, why, "HTTP subscriber left")
+                    }
+                    t => tracing::info!(session = %s.cfg.name, sink = k.id, target = ?t, why, "failed sink removed"),
+                }
+            }
+            keep
+        });
+        if self.sinks.iter().any(|k| k.retrying && !k.retry_asked) {
+            if let Some(cb) = s.on_sink_failed.lock().as_ref() {
+                for k in self.sinks.iter_mut().filter(|k| k.retrying && !k.retry_asked) {
+                    k.retry_asked = true;
+                    if let SinkTarget::Tcp(addr) = k.target {
+                        cb(k.id, addr);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A stream sink became readable: the peer sent bytes (drained, ignored) or closed.
+fn check_peer(io: &SinkIo) -> Option<String> {
+    let SinkIo::Stream(s) = io else { return None };
+    let mut buf = [0u8; 1024];
+    for _ in 0..16 {
+        match io::Read::read(&mut &*s, &mut buf) {
+            Ok(0) => return Some("peer closed the connection".into()),
+            Ok(_) => continue,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return None,
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) => return Some(describe(&e)),
+        }
+    }
+    None
+}
+
+/// Stream sinks of the sharing paths are written once per `stream_flush`, so each write
+/// carries every packet that came meanwhile: fewer, larger writes (and TCP segments) for a
+/// bounded delay. Whether to write them in this run; arms the group's timer if not.
+fn stream_flush_now(g: &mut GroupState, cfg: &SessionConfig, head: u64, reactor: &Reactor) -> bool {
+    use crate::session::DataPath;
+    /// Held packets that force a write before the interval is up.
+    const HOLD_MAX: u64 = 32;
+    if cfg.stream_flush.is_zero() || matches!(cfg.datapath, DataPath::Daemon | DataPath::Copy) {
+        return true;
+    }
+    let waiting = g
+        .sinks
+        .iter()
+        .filter(|k| matches!(k.io, SinkIo::Stream(_)) && k.ready())
+        .map(|k| head.saturating_sub(k.cursor.next()))
+        .max()
+        .unwrap_or(0);
+    let now = Instant::now();
+    match g.flush_due {
+        _ if waiting == 0 => true,
+        Some(due) if now >= due => {
+            g.flush_due = None;
+            true
+        }
+        _ if waiting >= HOLD_MAX => {
+            g.flush_due = None;
+            true
+        }
+        Some(_) => false,
+        None => {
+            let due = now + cfg.stream_flush;
+            g.flush_due = Some(due);
+            if let Some(task) = g.task.upgrade() {
+                reactor.schedule_at(task, due);
+            }
+            false
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! How each data path turns "these packets to these sinks" into system calls.
+//!
+//! A sink group's task ([`crate::group`]) keeps the bookkeeping: readiness and errors, the
+//! ring snapshot, cursors, keyframe waits, pacing and the order sinks are served in. Each run
+//! it hands its path's [`Sender`] one [`Batch`]: for each sink, in that order, how many of its
+//! pending packets may leave now. The sender sends them without waiting, moves each sink's
+//! cursor and byte count by what went, and reports the sinks that failed. So pacing,
+//! rotation and the keyframe resume are written once, for every path.
+
+mod copy;
+mod layered;
+mod shared;
+mod uring;
+
+use crate::engine::WorkerCtx;
+use crate::packet::Packet;
+use crate::session::{DataPath, SessionConfig};
+use crate::sink::{Sink, SinkIo};
+use crate::sys::RawAddr;
+use std::io;
+use std::net::UdpSocket;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
+
+/// One sink's share of a run: `count` packets from its cursor on.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Offer {
+    /// Its index in the group's sinks.
+    pub sink: usize,
+    pub count: usize,
+}
+
+/// What a group run asks its sender to send.
+pub(crate) struct Batch<'a> {
+    pub sinks: &'a mut [Sink],
+    /// The ring's packets from sequence number `start` on (refcounts, no copies).
+    pub snapshot: &'a [Arc<Packet>],
+    pub start: u64,
+    /// In the order to serve them.
+    pub offers: &'a [Offer],
+    /// The group's sockets for its unconnected UDP sinks, by address family.
+    pub fds: GroupFds,
+}
+
+/// The group's unconnected sockets (`-1`: none of that family).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GroupFds {
+    pub v4: RawFd,
+    pub v6: RawFd,
+}
+
+impl GroupFds {
+    pub fn new(udp: &UdpSocket, udp6: Option<&UdpSocket>) -> Self {
+        Self { v4: udp.as_raw_fd(), v6: udp6.map_or(-1, |u| u.as_raw_fd()) }
+    }
+
+    fn for_addr(&self, a: &RawAddr) -> RawFd {
+        if a.is_v6() {
+            self.v6
+        } else {
+            self.v4
+        }
+    }
+}
+
+/// The packets an offer gives its sink.
+fn offered<'a>(snapshot: &'a [Arc<Packet>], start: u64, sink: &Sink, count: usize) -> &'a [Arc<Packet>] {
+    let from = (sink.cursor.next() - start) as usize;
+    &snapshot[from..from + count]
+}
+
+/// A data path's way of sending.
+pub(crate) trait Sender: Send {
+    /// Sends one sink its packets: the path's own kinds of sink (UDP and stream sockets).
+    /// Layer-dropping and channel sinks are served alike on every path before this is asked.
+    fn send_to(
+        &mut self,
+        sink: &mut Sink,
+        pending: &[Arc<Packet>],
+        fds: GroupFds,
+        ctx: &mut WorkerCtx,
+    ) -> io::Result<()>;
+
+    /// Sends a batch; `failed` gets the sinks that failed, with why. By default each offer in
+    /// turn.
+    fn send(&mut self, b: &mut Batch, ctx: &mut WorkerCtx, failed: &mut Vec<(usize, io::Error)>) {
+        send_each(self, b, ctx, failed, |_| false);
+    }
+
+    /// Failures of earlier sends that surface now (io_uring completions): `(sink id, error)`.
+    fn reap(&mut self, _failed: &mut Vec<(u64, io::Error)>) {}
+
+    /// After a run's sends (io_uring: submit them).
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Serves each offer in turn, but those whose sink `done` says was served already.
+fn send_each<S: Sender + ?Sized>(
+    sender: &mut S,
+    b: &mut Batch,
+    ctx: &mut WorkerCtx,
+    failed: &mut Vec<(usize, io::Error)>,
+    done: impl Fn(&Sink) -> bool,
+) {
+    for o in b.offers {
+        let sink = &mut b.sinks[o.sink];
+        if done(sink) {
+            continue;
+        }
+        let pending = offered(b.snapshot, b.start, sink, o.count);
+        let r = match layered::send_alike(sink, pending, b.fds, ctx) {
+            Some(r) => r,
+            None => sender.send_to(sink, pending, b.fds, ctx),
+        };
+        if let Err(e) = r {
+            failed.push((o.sink, e));
+        }
+    }
+}
+
+/// The sender of a session's data path (a `kernel` session's user-space sinks: `shared`).
+pub(crate) fn for_path(cfg: &SessionConfig) -> io::Result<Box<dyn Sender>> {
+    Ok(match cfg.datapath {
+        DataPath::Daemon | DataPath::Copy => Box::new(copy::CopySender),
+        DataPath::Shared | DataPath::Kernel => Box::<shared::SharedSender>::default(),
+        DataPath::Uring => Box::new(uring::UringPath::new(cfg)?),
+    })
+}
+
+impl Sink {
+    /// Records that the first `n` of `pending` went.
+    pub(crate) fn sent(&mut self, pending: &[Arc<Packet>], n: usize) {
+        self.bytes += pending[..n].iter().map(|p| p.len() as u64).sum::<u64>();
+        self.cursor.advance(n as u64);
+    }
+}
+
+/// Records `written` bytes of a stream write that covered the partial packet (if any) and
+/// then `pending` in order; returns whether everything offered was written.
+fn account_stream(sink: &mut Sink, pending: &[Arc<Packet>], mut written: usize, offered: usize) -> bool {
+    sink.bytes += written as u64;
+    let complete = written == offered;
+    if let Some((p, off)) = sink.partial.take() {
+        let rest = sink.bytes_of(&p).len() - off;
+        if written < rest {
+            sink.partial = Some((p, off + written));
+            return complete;
+        }
+        written -= rest;
+    }
+    let mut started = 0u64;
+    for p in pending {
+        let len = sink.bytes_of(p).len();
+        if written >= len {
+            written -= len;
+            started += 1;
+        } else {
+            if written > 0 {
+                sink.partial = Some((p.clone(), written));
+                started += 1;
+            }
+            break;
+        }
+    }
+    sink.cursor.advance(started);
+    complete
+}
+
+fn stream_fd(sink: &Sink) -> RawFd {
+    match &sink.io {
+        SinkIo::Stream(s) => s.as_raw_fd(),
+        _ => -1,
+    }
+}
