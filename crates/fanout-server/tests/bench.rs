@@ -89,3 +89,35 @@ fn every_bench_has_a_quick_mode_with_csv_and_png() {
     assert!(help.contains("--quick"), "{help}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `bench pacing --quick` runs (root: it makes namespaces and tc links), writes its CSVs and
+/// PNG, and shows what pacing is for: subscribers joining behind thin links of their own lose
+/// less with pacing than without (generous: not more).
+#[test]
+fn bench_pacing_quick_runs_and_pacing_cuts_the_loss_at_joining() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        assert!(std::env::var_os("CI").is_none(), "CI runs as root: bench pacing must run");
+        eprintln!("\n*** SKIPPED bench pacing --quick: needs root (network namespaces, tc) ***\n");
+        return;
+    }
+    let dir = tmpdir("bench-pacing");
+    let out = fanout(&["bench", "pacing", "--quick", "--out", dir.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // Quick: 3 subscribers with a link each and 6 behind a shared one, pacing off and on.
+    let rows = std::fs::read_to_string(dir.join("pacing.csv")).unwrap();
+    assert_eq!(rows.lines().count(), 1 + 2 * 9, "{rows}");
+    let png = std::fs::read(dir.join("pacing.png")).unwrap();
+    assert_eq!(&png[..4], b"\x89PNG");
+    let summary = std::fs::read_to_string(dir.join("pacing-summary.csv")).unwrap();
+    assert_eq!(summary.lines().count(), 1 + 4, "{summary}");
+    for r in summary.lines().skip(1) {
+        assert!(r.split(',').skip(3).all(|x| x.parse::<f64>().is_ok()), "{r}");
+    }
+    let loss = |pacing: &str| -> f64 {
+        let row = summary.lines().find(|l| l.starts_with(&format!("shared,{pacing},own,"))).expect(pacing);
+        row.split(',').nth(4).unwrap().parse().unwrap()
+    };
+    assert!(loss("on") <= loss("off"), "paced {} % vs unpaced {} %:\n{summary}", loss("on"), loss("off"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

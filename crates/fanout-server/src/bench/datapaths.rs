@@ -2,6 +2,11 @@
 //! in one run. The relay runs as its own process (its CPU is read from /proc/<pid>/stat);
 //! this process sends the stream (on a thread of its own) and drains the sinks.
 //!
+//! Fairness beside cost: each packet carries its send time, each sink's socket has the kernel
+//! stamp its arrival, and each round reports the spread of the sinks' mean latencies (the
+//! share within ±20% of the median; a fixed send order makes the last sink wait for all the
+//! others).
+//!
 //! Two costs per delivered packet: the relay process's CPU, and the path's CPU: the relay's
 //! plus the sending thread's plus the kernel's softirq threads'. The second is the fair one
 //! for `kernel`, whose fan-out runs in softirq context on the sender's time, not the relay's.
@@ -12,6 +17,7 @@ use clap::Args;
 use serde_json::json;
 use std::io::Write;
 use std::net::UdpSocket;
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -46,6 +52,63 @@ pub struct BenchArgs {
     out: PathBuf,
 }
 
+/// Where a packet carries its send time: after the RTP header and SVC prefix of a layered
+/// one, and at the same place in a plain one.
+const STAMP_AT: usize = 16;
+
+/// Writes the real-time clock into the payload (the receive side's kernel stamps use it too).
+fn stamp(payload: &mut [u8]) {
+    if payload.len() < STAMP_AT + 8 {
+        return;
+    }
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    payload[STAMP_AT..STAMP_AT + 8].copy_from_slice(&(now.as_nanos() as u64).to_le_bytes());
+}
+
+/// The send time a received packet carries.
+fn sent_at(p: &[u8]) -> Option<u64> {
+    let t = u64::from_le_bytes(p.get(STAMP_AT..STAMP_AT + 8)?.try_into().ok()?);
+    // Within a day of now: a real stamp.
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok()?.as_nanos() as u64;
+    (now.abs_diff(t) < 86_400_000_000_000).then_some(t)
+}
+
+fn snapshot(lat: &[(AtomicU64, AtomicU64)]) -> Vec<(u64, u64)> {
+    lat.iter().map(|(s, c)| (s.load(Ordering::Relaxed), c.load(Ordering::Relaxed))).collect()
+}
+
+/// The spread of the sinks' mean latencies over a round.
+struct Spread {
+    median_us: f64,
+    min_us: f64,
+    max_us: f64,
+    /// The share of sinks whose mean is within ±20% of the median.
+    within_20pct: f64,
+}
+
+impl Spread {
+    fn of(before: &[(u64, u64)], after: &[(u64, u64)]) -> Self {
+        let mut means: Vec<f64> = before
+            .iter()
+            .zip(after)
+            .filter(|(b, a)| a.1 > b.1)
+            .map(|(b, a)| (a.0 - b.0) as f64 / (a.1 - b.1) as f64 / 1e3)
+            .collect();
+        if means.is_empty() {
+            return Self { median_us: f64::NAN, min_us: f64::NAN, max_us: f64::NAN, within_20pct: 0.0 };
+        }
+        means.sort_by(f64::total_cmp);
+        let median = means[means.len() / 2];
+        let within = means.iter().filter(|&&m| (m - median).abs() <= 0.2 * median).count();
+        Self {
+            median_us: median,
+            min_us: means[0],
+            max_us: means[means.len() - 1],
+            within_20pct: within as f64 / means.len() as f64,
+        }
+    }
+}
+
 pub fn run(mut a: BenchArgs) -> anyhow::Result<()> {
     if a.quick {
         (a.rounds, a.load.seconds, a.sinks) = (1, 3.0, 100);
@@ -75,17 +138,27 @@ pub fn run(mut a: BenchArgs) -> anyhow::Result<()> {
             })
             .collect::<std::io::Result<_>>()?,
     );
+    for r in receivers.iter() {
+        fanout_io::sys::enable_rx_timestamps(r.as_raw_fd())?;
+    }
     let received = Arc::new(AtomicU64::new(0));
+    // Per sink: the sum of its packets' latencies (ns) and how many were stamped.
+    let latency: Arc<Vec<(AtomicU64, AtomicU64)>> =
+        Arc::new((0..a.sinks).map(|_| (AtomicU64::new(0), AtomicU64::new(0))).collect());
     let stop = Arc::new(AtomicBool::new(false));
     let drain = {
-        let (r, n, stop) = (receivers.clone(), received.clone(), stop.clone());
+        let (r, n, lat, stop) = (receivers.clone(), received.clone(), latency.clone(), stop.clone());
         std::thread::spawn(move || {
             let mut buf = vec![0u8; 65536];
             while !stop.load(Ordering::Relaxed) {
                 let mut got = 0;
-                for s in r.iter() {
-                    while s.recv(&mut buf).is_ok() {
+                for (s, (sum, count)) in r.iter().zip(lat.iter()) {
+                    while let Ok((len, at)) = fanout_io::sys::recv_stamped(s.as_raw_fd(), &mut buf) {
                         got += 1;
+                        if let (Some(at), Some(sent)) = (at, sent_at(&buf[..len])) {
+                            sum.fetch_add(at.saturating_sub(sent), Ordering::Relaxed);
+                            count.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
                 }
                 n.fetch_add(got, Ordering::Relaxed);
@@ -101,10 +174,12 @@ pub fn run(mut a: BenchArgs) -> anyhow::Result<()> {
     let mut csv = std::fs::File::create(&csv_path)?;
     writeln!(
         csv,
-        "round,datapath,sinks,packets_sent,deliveries,loss_pct,relay_cpu_s,cpu_us_per_delivery,sender_cpu_s,softirqd_cpu_s,path_cpu_s,path_us_per_delivery"
+        "round,datapath,sinks,packets_sent,deliveries,loss_pct,relay_cpu_s,cpu_us_per_delivery,sender_cpu_s,softirqd_cpu_s,path_cpu_s,path_us_per_delivery,latency_median_us,latency_min_us,latency_max_us,within_20pct"
     )?;
     // (datapath, relay CPU, path CPU, deliveries)
     let mut results: Vec<(String, f64, f64, f64)> = Vec::new();
+    // Per data path, each sink's mean latency in the last round.
+    let mut last_latency: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
     for round in 1..=a.rounds {
         for (i, name_dp) in a.datapath.iter().enumerate() {
             let (dp, cap) = match name_dp.split_once('@') {
@@ -141,6 +216,7 @@ pub fn run(mut a: BenchArgs) -> anyhow::Result<()> {
                 .context("the relay did not say its address")?;
             std::thread::sleep(Duration::from_millis(300));
             let before_rx = received.load(Ordering::Relaxed);
+            let before_lat = snapshot(&latency);
             let before_cpu = process_cpu_s(pid)?;
             let before_softirqd = softirqd_cpu_s();
             let n = (pps * a.load.seconds).round() as u64;
@@ -168,6 +244,7 @@ pub fn run(mut a: BenchArgs) -> anyhow::Result<()> {
                         );
                         payload[12..16].copy_from_slice(&[0x6e, 0x80, 0x00, ((k % 3) as u8) << 5]);
                     }
+                    stamp(&mut payload);
                     tx.send_to(&payload, src)?;
                 }
                 Ok(thread_cpu_s() - cpu0)
@@ -184,14 +261,28 @@ pub fn run(mut a: BenchArgs) -> anyhow::Result<()> {
             let loss = 100.0 * (expected.saturating_sub(deliveries)) as f64 / expected as f64;
             let per = cpu * 1e6 / deliveries.max(1) as f64;
             let path_per = path_cpu * 1e6 / deliveries.max(1) as f64;
+            let after_lat = snapshot(&latency);
+            let spread = Spread::of(&before_lat, &after_lat);
+            if round == a.rounds {
+                // Each sink's mean latency in the last round, in the order the sinks were added.
+                let mut f = std::fs::File::create(a.out.join(format!("latency-{}.csv", name_dp.replace(':', "_"))))?;
+                writeln!(f, "sink,mean_latency_us")?;
+                let mut pts = Vec::new();
+                for (k, (b, x)) in before_lat.iter().zip(&after_lat).enumerate().filter(|(_, (b, x))| x.1 > b.1) {
+                    let us = (x.0 - b.0) as f64 / (x.1 - b.1) as f64 / 1e3;
+                    writeln!(f, "{k},{us:.1}")?;
+                    pts.push((k as f64, us));
+                }
+                last_latency.push((name_dp.clone(), pts));
+            }
             writeln!(
                 csv,
-                "{round},{name_dp},{},{n},{deliveries},{loss:.3},{cpu:.3},{per:.3},{sender_cpu:.3},{softirqd:.3},{path_cpu:.3},{path_per:.3}",
-                a.sinks
+                "{round},{name_dp},{},{n},{deliveries},{loss:.3},{cpu:.3},{per:.3},{sender_cpu:.3},{softirqd:.3},{path_cpu:.3},{path_per:.3},{:.1},{:.1},{:.1},{:.3}",
+                a.sinks, spread.median_us, spread.min_us, spread.max_us, spread.within_20pct
             )?;
             eprintln!(
-                "round {round}/{}: {name_dp:>7}: {deliveries} deliveries, loss {loss:.2}%, relay CPU {cpu:.2} s ({per:.3} µs/delivery), path CPU {path_cpu:.2} s ({path_per:.3} µs/delivery)",
-                a.rounds
+                "round {round}/{}: {name_dp:>7}: {deliveries} deliveries, loss {loss:.2}%, relay CPU {cpu:.2} s ({per:.3} µs/delivery), path CPU {path_cpu:.2} s ({path_per:.3} µs/delivery); sinks' mean latency {:.0}..{:.0} µs, median {:.0}, {:.1}% within ±20%",
+                a.rounds, spread.min_us, spread.max_us, spread.median_us, 100.0 * spread.within_20pct
             );
             results.push((name_dp.clone(), cpu, path_cpu, deliveries as f64));
             api.call("DELETE", &format!("/v1/sessions/{name}"), None)?;
@@ -256,7 +347,17 @@ pub fn run(mut a: BenchArgs) -> anyhow::Result<()> {
             super::plot::Panel { y_label: "path µs per delivery", series: series(true) },
         ],
     )?;
-    println!("\nCSV: {}\nPNG: {}", csv_path.display(), png.display());
+    let lat_png = a.out.join("latency.png");
+    super::plot::panels(
+        &lat_png,
+        &format!("Mean latency per sink, {} UDP sinks (last round)", a.sinks),
+        "sink",
+        false,
+        &[super::plot::Panel {
+            y_label: "mean latency µs (kernel receive stamp − send time)", series: last_latency
+        }],
+    )?;
+    println!("\nCSV: {}\nPNG: {}\n     {}", csv_path.display(), png.display(), lat_png.display());
     drop(relay);
     Ok(())
 }

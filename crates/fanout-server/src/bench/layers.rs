@@ -88,10 +88,10 @@ struct Second {
 /// shaped, and the subscribers (10.99.i.2). The bottleneck is a hop away, as on a real
 /// network: a queue on the relay's own interface would push back on its sockets instead of
 /// dropping.
-struct Topology {
+pub(super) struct Topology {
     relay: String,
     router: String,
-    subs: Vec<String>,
+    pub subs: Vec<String>,
 }
 
 fn ip(args: &[&str]) -> anyhow::Result<()> {
@@ -110,7 +110,9 @@ fn in_ns(ns: &str, cmd: &[&str]) -> anyhow::Result<()> {
 }
 
 impl Topology {
-    fn new(links: &[u32]) -> anyhow::Result<Self> {
+    /// Subscriber namespaces behind links of these rates (kbit/s, 0 = unshaped), each with
+    /// `queue_ms` of queue.
+    pub(super) fn new(links: &[u32], queue_ms: u32) -> anyhow::Result<Self> {
         Self::sweep();
         let tag = std::process::id();
         let mut t =
@@ -144,13 +146,13 @@ impl Topology {
             ip(&["-n", &ns, "link", "set", "lo", "up"])?;
             ip(&["-n", &ns, "route", "add", "default", "via", &format!("10.99.{i}.1")])?;
             if kbps > 0 {
-                // A token bucket: two full frames of burst, 100 ms of queue.
-                let rate = format!("{kbps}kbit");
+                // A token bucket: two full frames of burst, then the queue.
+                let (rate, latency) = (format!("{kbps}kbit"), format!("{queue_ms}ms"));
                 in_ns(
                     &m,
                     &[
                         "tc", "qdisc", "add", "dev", &v, "root", "tbf", "rate", &rate, "burst", "3028", "latency",
-                        "100ms",
+                        &latency,
                     ],
                 )
                 .with_context(|| format!("shaping link {i} to {kbps} kbit/s"))?;
@@ -173,7 +175,7 @@ impl Topology {
     }
 
     /// Moves the calling thread (and what it starts) into the relay's namespace.
-    fn enter_relay(&self) -> anyhow::Result<()> {
+    pub(super) fn enter_relay(&self) -> anyhow::Result<()> {
         let f = std::fs::File::open(format!("/var/run/netns/{}", self.relay))?;
         // SAFETY: setns on a valid namespace fd affects only the calling thread.
         if unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&f), libc::CLONE_NEWNET) } != 0 {
@@ -249,7 +251,7 @@ pub fn run(mut a: LayersArgs) -> anyhow::Result<()> {
         Some("265" | "h265" | "hevc") => "h265",
         _ => "h264",
     };
-    let topo = Topology::new(&a.links)?;
+    let topo = Topology::new(&a.links, 100)?;
     topo.enter_relay()?;
     // Its network namespace is private to this run: serving it without credentials is safe.
     let relay = RelayProc::start(&["--rtsp", "0.0.0.0:8554", "--allow-unauthenticated"])?;
@@ -462,17 +464,10 @@ fn plot(png: &Path, a: &LayersArgs, samples: &[Sample], subs: &[Vec<Second>]) ->
 /// The subscriber: plays the URL's first track over UDP, reports, records per second.
 pub fn sub(a: SubArgs) -> anyhow::Result<()> {
     let url = Url::parse(&a.url).map_err(anyhow::Error::msg)?;
-    let mut c = super::rtsp::open_client(&url, IpAddr::from([0, 0, 0, 0]))?;
+    let (mut c, rtp) = super::rtsp::open_player(&url)?;
     let rtcp_port = c.client.tracks.first().and_then(|t| t.server_ports).map(|p| p.1).context("no server_port")?;
     let server: IpAddr = url.host.parse().context("the URL's host must be an address")?;
     let rtcp_to = SocketAddr::new(server, rtcp_port);
-    let rtp: std::net::UdpSocket = {
-        let s = c.rtp.remove(0);
-        // SAFETY: the mio socket's fd moves into a std socket that now owns it.
-        unsafe { <std::net::UdpSocket as std::os::fd::FromRawFd>::from_raw_fd(std::os::fd::IntoRawFd::into_raw_fd(s)) }
-    };
-    rtp.set_nonblocking(false)?;
-    rtp.set_read_timeout(Some(Duration::from_millis(50)))?;
     let h265 = c.client.sdp.as_ref().and_then(|s| s.media.first()).is_some_and(|m| {
         m.formats.first().and_then(|f| m.rtpmap(f)).is_some_and(|(enc, _)| enc.eq_ignore_ascii_case("H265"))
     });

@@ -4,6 +4,7 @@
 
 pub mod datapaths;
 pub mod layers;
+pub mod pacing;
 mod plot;
 pub mod rtsp;
 pub mod scenarios;
@@ -35,6 +36,11 @@ pub enum BenchCmd {
     Rtsp(rtsp::RtspArgs),
     /// Layer adaptation behind tc-shaped links: AIMD against the thesis's rule (needs root).
     Layers(layers::LayersArgs),
+    /// Subscribers joining behind thin links, pacing off and on (needs root).
+    Pacing(pacing::PacingArgs),
+    /// (internal) One RTSP subscriber of `bench pacing`.
+    #[command(hide = true)]
+    PacingSub(pacing::SubArgs),
     /// (internal) One RTSP subscriber of `bench layers`: reports and records what it gets.
     #[command(hide = true)]
     LayersSub(layers::SubArgs),
@@ -58,6 +64,8 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Payload(a) => scenarios::payload(a),
         BenchCmd::Overload(a) => scenarios::overload(a),
         BenchCmd::Splice(a) => splice::run(a),
+        BenchCmd::Pacing(a) => pacing::run(a),
+        BenchCmd::PacingSub(a) => pacing::sub(a),
         BenchCmd::Rtsp(a) => rtsp::run(a),
         BenchCmd::RtspLoad(a) => rtsp::load(a),
         BenchCmd::Layers(a) => layers::run(a),
@@ -365,7 +373,8 @@ pub fn ensure_dir(p: &Path) -> anyhow::Result<()> {
 
 /// A session spec's data path fields from a bench name: `PATH[:OPTION]...`, options
 /// `connected` (UDP sinks on a connected socket each), `sqpoll` (uring's polling thread),
-/// `flush=MS` (the stream sinks' write interval), `recv=uring|recvmmsg` (UDP source receive).
+/// `flush=MS` (the stream sinks' write interval), `recv=uring|recvmmsg` (UDP source receive),
+/// `pace=on|off` (paced egress, on by default).
 pub fn datapath_fields(name: &str) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
     let mut parts = name.split(':');
     let mut m = serde_json::Map::new();
@@ -375,8 +384,11 @@ pub fn datapath_fields(name: &str) -> anyhow::Result<serde_json::Map<String, ser
             None if o == "connected" => m.insert("udp_sinks".into(), "connected".into()),
             None if o == "sqpoll" => m.insert("uring_sqpoll".into(), true.into()),
             Some(("recv", r)) => m.insert("source_recv".into(), r.into()),
+            Some(("pace", p)) => m.insert("pacing".into(), p.into()),
             Some(("flush", ms)) => m.insert("stream_flush_ms".into(), ms.parse::<u64>().context("flush=MS")?.into()),
-            _ => bail!("data path option {o:?}: expected connected, sqpoll, flush=MS or recv=uring|recvmmsg"),
+            _ => bail!(
+                "data path option {o:?}: expected connected, sqpoll, flush=MS, pace=on|off or recv=uring|recvmmsg"
+            ),
         };
     }
     Ok(m)

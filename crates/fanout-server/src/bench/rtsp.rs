@@ -109,6 +109,19 @@ pub(super) fn open_client(url: &Url, bind: std::net::IpAddr) -> anyhow::Result<L
     }
 }
 
+/// A one-client player: plays `url` over UDP and hands over its first track's RTP socket,
+/// blocking with a 50 ms read timeout.
+pub(super) fn open_player(url: &Url) -> anyhow::Result<(LoadClient, std::net::UdpSocket)> {
+    let mut c = open_client(url, std::net::IpAddr::from([0, 0, 0, 0]))?;
+    let s = c.rtp.remove(0);
+    // SAFETY: the mio socket's fd moves into a std socket that now owns it.
+    let rtp =
+        unsafe { <std::net::UdpSocket as std::os::fd::FromRawFd>::from_raw_fd(std::os::fd::IntoRawFd::into_raw_fd(s)) };
+    rtp.set_nonblocking(false)?;
+    rtp.set_read_timeout(Some(Duration::from_millis(50)))?;
+    Ok((c, rtp))
+}
+
 pub fn load(a: LoadArgs) -> anyhow::Result<()> {
     let url = Url::parse(&a.url).map_err(anyhow::Error::msg)?;
     let mut clients = Vec::with_capacity(a.clients);
