@@ -103,6 +103,8 @@ impl VirtualClock {
 /// session paces by when it has no configured rate.
 #[derive(Debug, Clone, Default)]
 pub struct StreamMeter {
+    /// When the last packet came (`None`: none yet).
+    last: Option<u64>,
     window_start: u64,
     window_bytes: u64,
     /// Bytes per second over the last whole window (0: none yet).
@@ -121,13 +123,17 @@ impl StreamMeter {
     /// (packets of one picture share it).
     pub fn packet(&mut self, now: u64, len: usize, rtp_ts: Option<u32>) {
         let len = len as u64;
-        if now.saturating_sub(self.window_start) >= METER_WINDOW {
-            if self.window_start != 0 || self.window_bytes != 0 {
-                let span = now - self.window_start;
-                self.rate = (self.window_bytes as u128 * 1_000_000_000 / span as u128) as u64;
-            }
+        if self.last.is_none_or(|l| now.saturating_sub(l) >= METER_WINDOW) {
+            // The first packet, or the first after a second of silence: a window spans
+            // sending time only. One that began before the source did would measure it
+            // slower than it sends, and its sinks would be paced below the stream's rate.
+            (self.window_start, self.window_bytes) = (now, 0);
+        } else if now.saturating_sub(self.window_start) >= METER_WINDOW {
+            let span = now - self.window_start;
+            self.rate = (self.window_bytes as u128 * 1_000_000_000 / span as u128) as u64;
             (self.window_start, self.window_bytes) = (now, 0);
         }
+        self.last = Some(now);
         self.window_bytes += len;
         self.largest_packet = self.largest_packet.max(len);
         if let Some(ts) = rtp_ts {
@@ -227,8 +233,34 @@ mod tests {
         assert_eq!(m.default_burst(100_000), 6_250);
         let mut ts = StreamMeter::default();
         ts.packet(0, 1316, None);
+        assert_eq!(ts.rate_at(0), 0, "no rate from one packet");
         assert_eq!(ts.default_burst(100_000), 20_000);
         assert_eq!(ts.default_burst(1_000), 1316);
+    }
+
+    /// A source that starts late, or resumes after a silence, is measured at the rate it
+    /// sends at, never slower: its sinks would be held below the stream's rate.
+    #[test]
+    fn the_meter_counts_sending_time_only() {
+        let mut m = StreamMeter::default();
+        // Nothing for 700 ms, then 100 packets a second of 1000 B: known at its rate once
+        // half a second of it has come.
+        let mut t = 700 * MS;
+        while t < 2_000 * MS {
+            m.packet(t, 1000, None);
+            t += 10 * MS;
+            if t == 1_200 * MS {
+                assert!(m.rate_at(t) >= 99_000, "{}", m.rate_at(t));
+            }
+        }
+        // Five seconds of silence, then the same again: the rate it had holds meanwhile.
+        t += 5_000 * MS;
+        let resumed = t;
+        while t < resumed + 1_200 * MS {
+            m.packet(t, 1000, None);
+            t += 10 * MS;
+            assert!(m.rate_at(t) >= 99_000, "{} ms after resuming: {}", (t - resumed) / MS, m.rate_at(t));
+        }
     }
 
     proptest! {
