@@ -115,6 +115,9 @@ pub struct WorkerCtx {
     pub picked: Vec<usize>,
     /// Beside `picked`: the aggregates rebuilt for the sink (`None`: the ring's packet).
     pub rebuilt: Vec<Option<Arc<crate::packet::Packet>>>,
+    /// A send on a group's unconnected socket returned an error: an ICMP error (some sink's)
+    /// may wait in its error queue. The group reads and clears it after each run.
+    pub send_error: bool,
 }
 
 impl Default for WorkerCtx {
@@ -126,6 +129,7 @@ impl Default for WorkerCtx {
             heads: Vec::with_capacity(1024),
             picked: Vec::with_capacity(1024),
             rebuilt: Vec::with_capacity(1024),
+            send_error: false,
         }
     }
 }

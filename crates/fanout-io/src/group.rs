@@ -24,6 +24,8 @@ use std::time::{Duration, Instant};
 
 /// How long a sink that was lapped waits for a keyframe before it is sent whatever comes.
 const RESYNC_WAIT: Duration = Duration::from_secs(5);
+/// How often a group reads its sockets' error queues when no send has reported an error.
+const ERRORS_READ_EVERY: Duration = Duration::from_secs(1);
 
 pub(crate) struct GroupState {
     pub sinks: Vec<Sink>,
@@ -40,6 +42,11 @@ pub(crate) struct GroupState {
     runs: u64,
     failed: Vec<(usize, io::Error)>,
     reaped: Vec<(u64, io::Error)>,
+    /// A send saw an error: read the error queues at the next run (else once a second, in
+    /// case an ICMP error came while nothing was sent). Reading them every run cost a
+    /// `recvmsg` per run that almost always found nothing.
+    errors_pending: bool,
+    errors_read: Instant,
     /// The group's own task, for a timed wake-up.
     pub task: Weak<crate::engine::Task>,
     /// When the stream sinks' held packets are written (see `SessionConfig::stream_flush`).
@@ -65,6 +72,8 @@ impl GroupState {
             runs: 0,
             failed: Vec::new(),
             reaped: Vec::new(),
+            errors_pending: false,
+            errors_read: Instant::now(),
             task: Weak::new(),
             flush_due: None,
             pace_due: None,
@@ -85,7 +94,7 @@ impl GroupState {
 
     /// Readiness the reactor saw, failed sends reaped, ICMP errors queued on the group's
     /// sockets (matched to sinks by destination).
-    fn take_errors(&mut self, reactor: &Reactor, policy: FailurePolicy) {
+    fn take_errors(&mut self, reactor: &Reactor, policy: FailurePolicy, now: Instant) {
         for sink in self.sinks.iter_mut() {
             match &sink.io {
                 SinkIo::Stream(_) => {
@@ -104,11 +113,16 @@ impl GroupState {
             }
         }
         self.sender.reap(&mut self.reaped);
+        self.errors_pending |= !self.reaped.is_empty();
         for (id, e) in self.reaped.drain(..) {
             if let Some(sink) = self.sinks.iter_mut().find(|k| k.id == id) {
                 sink.fail(describe(&e), reactor, policy);
             }
         }
+        if !self.errors_pending && now.duration_since(self.errors_read) < ERRORS_READ_EVERY {
+            return;
+        }
+        (self.errors_pending, self.errors_read) = (false, now);
         let fds = [Some(self.udp.as_raw_fd()), self.udp6.as_ref().map(|u| u.as_raw_fd())];
         for fd in fds.into_iter().flatten() {
             while let Some((addr, err)) = sys::recv_error(fd) {
@@ -232,7 +246,7 @@ impl Job for GroupJob {
         let (reactor, policy) = (&s.reactor, s.cfg.failed_sinks);
         let now = Instant::now();
 
-        g.take_errors(reactor, policy);
+        g.take_errors(reactor, policy, now);
         let (head, start) = g.snapshot(&s, now);
         g.skip_to_awaited(start, now);
         let write_streams = stream_flush_now(g, &s.cfg, head, reactor);
@@ -244,9 +258,10 @@ impl Job for GroupJob {
             }
         }
 
-        let GroupState { sinks, snapshot, udp, udp6, sender, offers, failed, .. } = g;
+        let GroupState { sinks, snapshot, udp, udp6, sender, offers, failed, errors_pending, .. } = g;
         let mut batch = Batch { sinks, snapshot, start, offers, fds: GroupFds::new(udp, udp6.as_ref()) };
         sender.send(&mut batch, ctx, failed);
+        *errors_pending |= std::mem::take(&mut ctx.send_error) || !failed.is_empty();
         for (i, e) in failed.drain(..) {
             sinks[i].fail(describe(&e), reactor, policy);
         }

@@ -37,6 +37,7 @@ fn send_udp_copy(fd: RawFd, to: &RawAddr, pending: &[Arc<Packet>], ctx: &mut Wor
         let n = p.len();
         ctx.copy[..n].copy_from_slice(p.data());
         let mut r = sys::send_to(fd, &ctx.copy[..n], to);
+        ctx.send_error |= r.is_err();
         if matches!(&r, Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED)) {
             // A pending ICMP error of the shared socket (any sink's) surfaced here; the
             // error queue says whose. This packet was not sent: send it again.

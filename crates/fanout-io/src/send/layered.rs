@@ -71,7 +71,9 @@ fn send_udp_layered(
         }
         let (mut sent, mut failure, mut retries) = (0, None, 0);
         while sent < ctx.hdrs.len() {
-            match sys::sendmmsg(fd, &mut ctx.hdrs[sent..]) {
+            let r = sys::sendmmsg(fd, &mut ctx.hdrs[sent..]);
+            ctx.send_error |= to.is_some() && r.is_err();
+            match r {
                 Ok(0) => break,
                 Ok(n) => sent += n,
                 // The group socket's queued ICMP error, another sink's (as in send_udp_group).

@@ -171,7 +171,9 @@ fn send_udp_group(
     let mut skipped: Vec<(usize, usize)> = Vec::new();
     let mut retries = 0;
     while pos < total {
-        match sys::sendmmsg(fd, &mut ctx.hdrs[pos..]) {
+        let r = sys::sendmmsg(fd, &mut ctx.hdrs[pos..]);
+        ctx.send_error |= r.is_err();
+        match r {
             Ok(0) => break,
             Ok(n) => pos += n,
             // A queued ICMP error (its sink is found through the error queue) stopped the
