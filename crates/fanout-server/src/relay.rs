@@ -182,7 +182,7 @@ impl Relay {
             datapath,
             ring_capacity: spec.ring.unwrap_or(self.cfg.ring),
             max_datagram,
-            sinks_per_group: self.cfg.sinks_per_group,
+            sinks_per_group: spec.sinks_per_group.unwrap_or(self.cfg.sinks_per_group),
             payload: spec.payload,
             failed_sinks: spec.failed_sinks,
             udp_sinks: spec.udp_sinks,

@@ -197,6 +197,10 @@ pub struct SessionSpec {
     /// milliseconds, all that is pending in one write (default: the server's; 0 = at once).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream_flush_ms: Option<u64>,
+    /// Sinks per sink-group task (default: the server's): larger groups take fewer system
+    /// calls and wake-ups per packet, smaller ones spread a session over more workers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sinks_per_group: Option<usize>,
     /// UDP source receive: `recvmmsg` (default) or `uring` (multishot, provided buffers).
     #[serde(default)]
     pub source_recv: SourceRecv,
@@ -260,6 +264,7 @@ impl SessionSpec {
             udp_sinks: UdpSinkMode::default(),
             uring_sqpoll: false,
             stream_flush_ms: None,
+            sinks_per_group: None,
             source_recv: SourceRecv::default(),
             video: None,
             pacing: Pacing::default(),
@@ -288,6 +293,12 @@ impl SessionSpec {
         }
         if let Some(ms) = self.stream_flush_ms.filter(|&ms| ms > MAX_STREAM_FLUSH_MS) {
             return Err(format!("stream_flush_ms {ms} is out of range 0..={MAX_STREAM_FLUSH_MS}"));
+        }
+        if let Some(n) = self.sinks_per_group.filter(|n| !(1..=crate::config::MAX_SINKS_PER_GROUP).contains(n)) {
+            return Err(format!(
+                "sinks_per_group {n} is out of range 1..={}",
+                crate::config::MAX_SINKS_PER_GROUP
+            ));
         }
         if let Some(r) = self.ring {
             if !(2..=MAX_RING).contains(&r) {

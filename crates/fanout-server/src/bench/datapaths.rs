@@ -11,7 +11,7 @@
 //! plus the sending thread's plus the kernel's softirq threads'. The second is the fair one
 //! for `kernel`, whose fan-out runs in softirq context on the sender's time, not the relay's.
 
-use super::{process_cpu_s, softirqd_cpu_s, thread_cpu_s, PrivateNetns, RelayProc};
+use super::{process_cpu_s, softirqd_cpu_s, thread_cpu_s, PrivateNetns, RelayProc, SysCounts};
 use anyhow::{bail, Context};
 use clap::Args;
 use serde_json::json;
@@ -174,10 +174,10 @@ pub fn run(mut a: BenchArgs) -> anyhow::Result<()> {
     let mut csv = std::fs::File::create(&csv_path)?;
     writeln!(
         csv,
-        "round,datapath,sinks,packets_sent,deliveries,loss_pct,relay_cpu_s,cpu_us_per_delivery,sender_cpu_s,softirqd_cpu_s,path_cpu_s,path_us_per_delivery,latency_median_us,latency_min_us,latency_max_us,within_20pct"
+        "round,datapath,sinks,packets_sent,deliveries,loss_pct,relay_cpu_s,cpu_us_per_delivery,sender_cpu_s,softirqd_cpu_s,path_cpu_s,path_us_per_delivery,latency_median_us,latency_min_us,latency_max_us,within_20pct,syscalls_per_delivery,ctx_switches_per_s"
     )?;
-    // (datapath, relay CPU, path CPU, deliveries)
-    let mut results: Vec<(String, f64, f64, f64)> = Vec::new();
+    // (datapath, relay CPU, path CPU, deliveries, relay system calls, context switches/s)
+    let mut results: Vec<(String, f64, f64, f64, Option<u64>, f64)> = Vec::new();
     // Per data path, each sink's mean latency in the last round.
     let mut last_latency: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
     for round in 1..=a.rounds {
@@ -219,6 +219,7 @@ pub fn run(mut a: BenchArgs) -> anyhow::Result<()> {
             let before_lat = snapshot(&latency);
             let before_cpu = process_cpu_s(pid)?;
             let before_softirqd = softirqd_cpu_s();
+            let counts = SysCounts::start(pid);
             let n = (pps * a.load.seconds).round() as u64;
             let payload_len = a.load.payload;
             let layered = cap.is_some();
@@ -251,6 +252,7 @@ pub fn run(mut a: BenchArgs) -> anyhow::Result<()> {
             });
             let sender_cpu = sender.join().map_err(|_| anyhow::anyhow!("the sender thread panicked"))??;
             std::thread::sleep(Duration::from_millis(500));
+            let counted = counts.stop();
             let cpu = process_cpu_s(pid)? - before_cpu;
             let softirqd = softirqd_cpu_s() - before_softirqd;
             let path_cpu = cpu + sender_cpu + softirqd;
@@ -275,24 +277,26 @@ pub fn run(mut a: BenchArgs) -> anyhow::Result<()> {
                 }
                 last_latency.push((name_dp.clone(), pts));
             }
+            let syscalls = counted.syscalls.map(|c| c as f64 / deliveries.max(1) as f64);
+            let calls = syscalls.map_or("".into(), |c| format!("{c:.4}"));
             writeln!(
                 csv,
-                "{round},{name_dp},{},{n},{deliveries},{loss:.3},{cpu:.3},{per:.3},{sender_cpu:.3},{softirqd:.3},{path_cpu:.3},{path_per:.3},{:.1},{:.1},{:.1},{:.3}",
-                a.sinks, spread.median_us, spread.min_us, spread.max_us, spread.within_20pct
+                "{round},{name_dp},{},{n},{deliveries},{loss:.3},{cpu:.3},{per:.3},{sender_cpu:.3},{softirqd:.3},{path_cpu:.3},{path_per:.3},{:.1},{:.1},{:.1},{:.3},{calls},{:.0}",
+                a.sinks, spread.median_us, spread.min_us, spread.max_us, spread.within_20pct, counted.switches_per_s
             )?;
             eprintln!(
-                "round {round}/{}: {name_dp:>7}: {deliveries} deliveries, loss {loss:.2}%, relay CPU {cpu:.2} s ({per:.3} µs/delivery), path CPU {path_cpu:.2} s ({path_per:.3} µs/delivery); sinks' mean latency {:.0}..{:.0} µs, median {:.0}, {:.1}% within ±20%",
-                a.rounds, spread.min_us, spread.max_us, spread.median_us, 100.0 * spread.within_20pct
+                "round {round}/{}: {name_dp:>7}: {deliveries} deliveries, loss {loss:.2}%, relay CPU {cpu:.2} s ({per:.3} µs/delivery), path CPU {path_cpu:.2} s ({path_per:.3} µs/delivery); relay system calls per delivery {}, context switches {:.0}/s; sinks' mean latency {:.0}..{:.0} µs, median {:.0}, {:.1}% within ±20%",
+                a.rounds, if calls.is_empty() { "? (no perf)" } else { &calls }, counted.switches_per_s, spread.min_us, spread.max_us, spread.median_us, 100.0 * spread.within_20pct
             );
-            results.push((name_dp.clone(), cpu, path_cpu, deliveries as f64));
+            results.push((name_dp.clone(), cpu, path_cpu, deliveries as f64, counted.syscalls, counted.switches_per_s));
             api.call("DELETE", &format!("/v1/sessions/{name}"), None)?;
         }
     }
     stop.store(true, Ordering::Relaxed);
     let _ = drain.join();
     println!(
-        "\n{:>16}  {:>22}  {:>9}  {:>21}  {:>9}",
-        "datapath", "relay µs per delivery", "vs first", "path µs per delivery", "vs first"
+        "\n{:>16}  {:>22}  {:>9}  {:>21}  {:>9}  {:>17}  {:>14}",
+        "datapath", "relay µs per delivery", "vs first", "path µs per delivery", "vs first", "syscalls/delivery", "ctx switches/s"
     );
     let mut first = None;
     // Too little CPU to measure (short or tiny runs) gives no ratio rather than NaN.
@@ -300,21 +304,28 @@ pub fn run(mut a: BenchArgs) -> anyhow::Result<()> {
     // CPU time comes in 10 ms ticks: below MIN_TICKS a figure would be the tick, not the path.
     let (mut short, mut rows) = (false, Vec::new());
     for dp in &a.datapath {
-        let (cpu, path, del) = results
-            .iter()
-            .filter(|r| &r.0 == dp)
-            .fold((0.0, 0.0, 0.0), |acc, r| (acc.0 + r.1, acc.1 + r.2, acc.2 + r.3));
+        let mine: Vec<_> = results.iter().filter(|r| &r.0 == dp).collect();
+        let (cpu, path, del) = mine.iter().fold((0.0, 0.0, 0.0), |acc, r| (acc.0 + r.1, acc.1 + r.2, acc.2 + r.3));
+        let calls: Option<u64> = mine.iter().map(|r| r.4).sum();
+        let calls = calls.map_or("?".into(), |c| format!("{:.4}", c as f64 / del.max(1.0)));
+        let switches = mine.iter().map(|r| r.5).sum::<f64>() / mine.len().max(1) as f64;
         let measurable = |s: f64| s * 100.0 >= MIN_TICKS;
         short |= !measurable(cpu) || !measurable(path);
         let per = measurable(cpu).then(|| cpu * 1e6 / del.max(1.0));
         let path_per = measurable(path).then(|| path * 1e6 / del.max(1.0));
-        rows.push((dp, per, path_per));
+        rows.push((dp, per, path_per, calls, switches));
     }
     let fig = |v: Option<f64>| v.map_or("too short".into(), |v| format!("{v:.3}"));
-    for (dp, per, path_per) in rows {
+    for (dp, per, path_per, calls, switches) in rows {
         let (b, bp) = *first.get_or_insert((per.unwrap_or(0.0), path_per.unwrap_or(0.0)));
         let r = |v: Option<f64>, base| v.map_or("-".into(), |v| ratio(v, base));
-        println!("{dp:>16}  {:>22}  {:>9}  {:>21}  {:>9}", fig(per), r(per, b), fig(path_per), r(path_per, bp));
+        println!(
+            "{dp:>16}  {:>22}  {:>9}  {:>21}  {:>9}  {calls:>17}  {switches:>14.0}",
+            fig(per),
+            r(per, b),
+            fig(path_per),
+            r(path_per, bp)
+        );
     }
     if short {
         println!(

@@ -374,7 +374,7 @@ pub fn ensure_dir(p: &Path) -> anyhow::Result<()> {
 /// A session spec's data path fields from a bench name: `PATH[:OPTION]...`, options
 /// `connected` (UDP sinks on a connected socket each), `sqpoll` (uring's polling thread),
 /// `flush=MS` (the stream sinks' write interval), `recv=uring|recvmmsg` (UDP source receive),
-/// `pace=on|off` (paced egress, on by default).
+/// `pace=on|off` (paced egress, on by default), `group=N` (sinks per group task).
 pub fn datapath_fields(name: &str) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
     let mut parts = name.split(':');
     let mut m = serde_json::Map::new();
@@ -385,9 +385,10 @@ pub fn datapath_fields(name: &str) -> anyhow::Result<serde_json::Map<String, ser
             None if o == "sqpoll" => m.insert("uring_sqpoll".into(), true.into()),
             Some(("recv", r)) => m.insert("source_recv".into(), r.into()),
             Some(("pace", p)) => m.insert("pacing".into(), p.into()),
+            Some(("group", n)) => m.insert("sinks_per_group".into(), n.parse::<u64>().context("group=N")?.into()),
             Some(("flush", ms)) => m.insert("stream_flush_ms".into(), ms.parse::<u64>().context("flush=MS")?.into()),
             _ => bail!(
-                "data path option {o:?}: expected connected, sqpoll, flush=MS, pace=on|off or recv=uring|recvmmsg"
+                "data path option {o:?}: expected connected, sqpoll, flush=MS, pace=on|off, group=N or recv=uring|recvmmsg"
             ),
         };
     }
@@ -473,4 +474,69 @@ impl Drop for PrivateNetns {
             let _ = f.write_all(old.as_bytes());
         }
     }
+}
+
+/// A process's system calls (perf counting the `raw_syscalls:sys_enter` tracepoint on each of
+/// its threads; `None` without perf) and context switches (`/proc/PID/task/*/status`) over an
+/// interval, read from the kernel's own counters.
+pub struct SysCounts {
+    pid: u32,
+    perf: Option<(Proc, std::path::PathBuf)>,
+    switches0: u64,
+    t0: Instant,
+}
+
+/// What [`SysCounts`] counted.
+#[derive(Debug, Clone, Copy)]
+pub struct Counted {
+    pub syscalls: Option<u64>,
+    pub switches_per_s: f64,
+}
+
+impl SysCounts {
+    pub fn start(pid: u32) -> Self {
+        let out = std::env::temp_dir().join(format!("fanout-perf-{}-{pid}.csv", std::process::id()));
+        let perf = Command::new("perf")
+            .args(["stat", "-x,", "-e", "raw_syscalls:sys_enter", "-p", &pid.to_string(), "-o"])
+            .arg(&out)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()
+            .map(|c| (Proc(c), out));
+        // perf attaches to the threads after it starts: give it a moment.
+        std::thread::sleep(Duration::from_millis(200));
+        Self { pid, perf, switches0: context_switches(pid), t0: Instant::now() }
+    }
+
+    pub fn stop(mut self) -> Counted {
+        let switches = context_switches(self.pid).saturating_sub(self.switches0);
+        let switches_per_s = switches as f64 / self.t0.elapsed().as_secs_f64();
+        let syscalls = self.perf.take().and_then(|(mut p, out)| {
+            // SIGINT makes perf stat print its counts and exit.
+            // SAFETY: kill on our own child's pid.
+            unsafe { libc::kill(p.0.id() as i32, libc::SIGINT) };
+            let _ = p.0.wait();
+            let text = std::fs::read_to_string(&out).ok();
+            let _ = std::fs::remove_file(&out);
+            text?.lines().find(|l| l.contains("raw_syscalls:sys_enter"))?.split(',').next()?.parse().ok()
+        });
+        Counted { syscalls, switches_per_s }
+    }
+}
+
+/// Voluntary and involuntary context switches of every thread of a process so far.
+fn context_switches(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+        .flat_map(|s| {
+            s.lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.split(':').nth(1)?.trim().parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
 }
