@@ -44,6 +44,9 @@ pub struct Config {
     /// TCP/HTTP sinks are written at most once per this many milliseconds (sessions may
     /// override it); fewer, fuller writes for a bounded delay. 0 = at every packet.
     pub stream_flush_ms: u64,
+    /// Sinks the `kernel` data path holds, all sessions together (its eBPF array, 100 bytes
+    /// each); a sink past it is served from user space, saying why.
+    pub kernel_sinks: usize,
     /// Data path of sessions that do not name one. With `kernel`, sessions it cannot serve
     /// (not an IPv4 UDP source, or eBPF unavailable here) fall back to `shared`, logged.
     pub datapath: fanout_io::DataPath,
@@ -73,6 +76,7 @@ pub const CONFIG_FIELDS: &[&str] = &[
     "ring",
     "max_datagram",
     "sinks_per_group",
+    "kernel_sinks",
     "stream_flush_ms",
     "datapath",
     "demo",
@@ -100,7 +104,9 @@ impl Default for Config {
             workers: 0,
             ring: 1024,
             max_datagram: 2048,
-            sinks_per_group: 64,
+            // Two groups for 1000 sinks: few system calls per packet, both workers busy.
+            sinks_per_group: 512,
+            kernel_sinks: fanout_io::kernel::DEFAULT_MAX_SINKS,
             datapath: fanout_io::DataPath::Shared,
             stream_flush_ms: DEFAULT_STREAM_FLUSH_MS,
             demo: true,
@@ -120,6 +126,7 @@ pub struct RtspUser {
 /// The limits of the server-wide numbers (also in docs/config.md).
 pub const MAX_WORKERS: usize = 256;
 pub const MAX_SINKS_PER_GROUP: usize = 4096;
+pub const KERNEL_SINKS: std::ops::RangeInclusive<usize> = 256..=(1 << 20);
 pub const MIN_BODY: usize = 1024;
 
 /// Where in the file a span is: its line, and the message to show with it.
@@ -215,6 +222,11 @@ impl Config {
             (1..=MAX_SINKS_PER_GROUP).contains(&self.sinks_per_group),
             "sinks_per_group",
             format!("sinks_per_group {} is out of range 1..={MAX_SINKS_PER_GROUP}", self.sinks_per_group),
+        );
+        check(
+            KERNEL_SINKS.contains(&self.kernel_sinks),
+            "kernel_sinks",
+            format!("kernel_sinks {} is out of range {}..={}", self.kernel_sinks, KERNEL_SINKS.start(), KERNEL_SINKS.end()),
         );
         check(
             self.workers <= MAX_WORKERS,
