@@ -4,7 +4,8 @@
 //! the returned writes to the real maps in the order given, which keeps every state a
 //! concurrent reader can see valid (see `kernel.rs`).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+use std::hash::Hash;
 use std::time::{Duration, Instant};
 
 pub const CHUNK_SHIFT: u32 = 8;
@@ -71,11 +72,13 @@ pub enum SlotWrite {
 pub struct SessionSlots<K> {
     chunks: Vec<u32>,
     keys: Vec<K>,
+    /// Each key's position in `keys`: finding a sink is O(1) at any session size.
+    at: HashMap<K, usize>,
 }
 
-impl<K: PartialEq + Clone> SessionSlots<K> {
+impl<K: Hash + Eq + Clone> SessionSlots<K> {
     pub fn new() -> Self {
-        Self { chunks: Vec::new(), keys: Vec::new() }
+        Self { chunks: Vec::new(), keys: Vec::new(), at: HashMap::new() }
     }
 
     pub fn len(&self) -> usize {
@@ -97,10 +100,10 @@ impl<K: PartialEq + Clone> SessionSlots<K> {
     }
 
     pub fn slot_of(&self, key: &K) -> Option<u32> {
-        self.keys.iter().position(|k| k == key).map(|i| self.slot(i))
+        self.at.get(key).map(|&i| self.slot(i))
     }
 
-    /// Appends a sink; at most `max_chunks` chunks per session.
+    /// Appends a sink (a key not present); at most `max_chunks` chunks per session.
     pub fn push(
         &mut self,
         key: K,
@@ -118,6 +121,7 @@ impl<K: PartialEq + Clone> SessionSlots<K> {
             self.chunks.push(c);
             writes.push(SlotWrite::Chunk { n: self.chunks.len() - 1, chunk: c });
         }
+        self.at.insert(key.clone(), n);
         self.keys.push(key);
         writes.push(SlotWrite::NewSink { slot: self.slot(n) });
         writes.push(SlotWrite::Len(n + 1));
@@ -128,13 +132,16 @@ impl<K: PartialEq + Clone> SessionSlots<K> {
     /// that loaded the old count may visit the moved sink twice for one packet, never skip
     /// one. Returns `None` if the key is unknown.
     pub fn remove(&mut self, key: &K, pool: &mut ChunkPool, now: Instant) -> Option<Vec<SlotWrite>> {
-        let i = self.keys.iter().position(|k| k == key)?;
+        let i = self.at.remove(key)?;
         let last = self.keys.len() - 1;
         let mut writes = Vec::with_capacity(2);
         if i != last {
             writes.push(SlotWrite::Move { from: self.slot(last), to: self.slot(i) });
         }
         self.keys.swap_remove(i);
+        if let Some(moved) = self.keys.get(i) {
+            self.at.insert(moved.clone(), i);
+        }
         writes.push(SlotWrite::Len(last));
         if last.is_multiple_of(CHUNK_SINKS) {
             if let Some(c) = self.chunks.pop() {
@@ -147,6 +154,7 @@ impl<K: PartialEq + Clone> SessionSlots<K> {
     /// Forgets every sink, returning the chunks to the pool.
     pub fn clear(&mut self, pool: &mut ChunkPool, now: Instant) {
         self.keys.clear();
+        self.at.clear();
         for c in self.chunks.drain(..) {
             pool.give(c, now);
         }
@@ -226,6 +234,10 @@ mod tests {
                     let mut want = live[s].clone();
                     want.sort();
                     prop_assert_eq!(seen, want);
+                    for (i, &key) in live[s].iter().enumerate() {
+                        let slot = sessions[s].slot_of(&key).expect("a live sink has a slot");
+                        prop_assert_eq!(slots[&slot], key, "sink {} of {}", i, live[s].len());
+                    }
                 }
                 let n = all_slots.len();
                 all_slots.sort();

@@ -16,7 +16,7 @@
 
 #define CHUNK_SHIFT 8
 #define CHUNK_SINKS (1u << CHUNK_SHIFT)
-#define MAX_CHUNKS 64 /* chunks per session: 16384 sinks */
+#define MAX_CHUNKS 256 /* chunks per session: 65536 sinks, the default pool */
 #define MAX_SESSIONS 256
 #define RESOLVE_NS 1000000000ull /* a remote sink's route and neighbour are re-read each second */
 

@@ -10,7 +10,7 @@ use crate::reactor::Reactor;
 use crate::sys;
 use fanout_core::{ClassQueues, Priority};
 use parking_lot::{Condvar, Mutex};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 
@@ -156,6 +156,8 @@ pub struct Engine {
     workers: Vec<JoinHandle<()>>,
     /// The eBPF program of the `kernel` data path, loaded by the first session that asks.
     kernel: Mutex<Option<Result<Arc<crate::kernel::KernelFanout>, String>>>,
+    /// Sink slots the program's array is made with, for all sessions together.
+    kernel_sinks: AtomicUsize,
 }
 
 impl Engine {
@@ -176,7 +178,13 @@ impl Engine {
                 std::thread::Builder::new().name(format!("fanout-worker-{i}")).spawn(move || worker(&shared))
             })
             .collect::<std::io::Result<_>>()?;
-        Ok(Self { shared, reactor, workers, kernel: Mutex::new(None) })
+        Ok(Self {
+            shared,
+            reactor,
+            workers,
+            kernel: Mutex::new(None),
+            kernel_sinks: AtomicUsize::new(crate::kernel::DEFAULT_MAX_SINKS),
+        })
     }
 
     pub fn runner(&self) -> Runner {
@@ -187,12 +195,17 @@ impl Engine {
         &self.reactor
     }
 
+    /// How many sinks the `kernel` path holds, all sessions together (before its first use).
+    pub fn set_kernel_sinks(&self, n: usize) {
+        self.kernel_sinks.store(n, Ordering::Relaxed);
+    }
+
     /// The `kernel` data path, loaded on first use (the answer, good or bad, is kept).
     pub fn kernel(&self) -> Result<Arc<crate::kernel::KernelFanout>, String> {
         self.kernel
             .lock()
             .get_or_insert_with(|| {
-                crate::kernel::KernelFanout::load(crate::kernel::DEFAULT_MAX_SINKS).map_err(|e| e.to_string())
+                crate::kernel::KernelFanout::load(self.kernel_sinks.load(Ordering::Relaxed)).map_err(|e| e.to_string())
             })
             .clone()
     }

@@ -28,7 +28,7 @@ const PROGRAM_NAME: &str = "fanout_fwd";
 
 /// Must match the program's constants.
 const MAX_SESSIONS: u32 = 256;
-const MAX_CHUNKS: usize = 64;
+const MAX_CHUNKS: usize = 256;
 const SINK_LOCAL: u16 = 1;
 const SINK_REMOTE: u16 = 2;
 const SINK_FALLBACK: u16 = 4;
@@ -502,20 +502,26 @@ impl KernelSession {
 
     pub fn sinks(&self) -> Vec<KernelSinkStats> {
         let st = self.fanout.state.lock();
-        self.slots
-            .iter()
-            .map(|(&id, slot)| {
-                let v = st.maps.sinks.get(&slot, 0).unwrap_or_default();
-                let (to, added) = self.targets[&id];
-                let layers = self.layers.get(&id).map(|l| {
-                    let mut s = l.status();
-                    s.allowance = unpack(v.allow);
-                    s.packets_dropped = v.dropped;
-                    s
-                });
-                KernelSinkStats::of(id, to, added, &v, layers)
-            })
-            .collect()
+        self.slots.iter().map(|(&id, slot)| self.sink_stats(&st, id, slot)).collect()
+    }
+
+    /// One sink's counters: one map read, however many sinks the session has (a sink added
+    /// through the API answers with its status).
+    pub fn sink(&self, id: u64) -> Option<KernelSinkStats> {
+        let slot = self.slots.slot_of(&id)?;
+        Some(self.sink_stats(&self.fanout.state.lock(), id, slot))
+    }
+
+    fn sink_stats(&self, st: &State, id: u64, slot: u32) -> KernelSinkStats {
+        let v = st.maps.sinks.get(&slot, 0).unwrap_or_default();
+        let (to, added) = self.targets[&id];
+        let layers = self.layers.get(&id).map(|l| {
+            let mut s = l.status();
+            s.allowance = unpack(v.allow);
+            s.packets_dropped = v.dropped;
+            s
+        });
+        KernelSinkStats::of(id, to, added, &v, layers)
     }
 
     pub fn stats(&self) -> KernelSessionStats {

@@ -964,7 +964,7 @@ impl Session {
 
     pub fn sink_status(&self, id: u64) -> Option<SinkStatus> {
         if let Some(k) = self.inner.kernel.lock().as_ref().filter(|k| k.contains(id)) {
-            return k.sinks().into_iter().find(|s| s.id == id).map(kernel_sink_status);
+            return k.sink(id).map(kernel_sink_status);
         }
         let head = self.inner.ring.lock().head();
         self.inner

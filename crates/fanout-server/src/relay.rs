@@ -66,6 +66,7 @@ pub struct RtspView {
 impl Relay {
     pub fn new(cfg: Config) -> anyhow::Result<Arc<Self>> {
         let engine = Engine::start(cfg.workers)?;
+        engine.set_kernel_sinks(cfg.kernel_sinks);
         Ok(Arc::new(Self {
             engine,
             cfg,
