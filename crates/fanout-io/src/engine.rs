@@ -163,7 +163,8 @@ pub struct Engine {
 impl Engine {
     /// Starts `workers` worker threads (0 = one per core) and the reactor thread.
     pub fn start(workers: usize) -> std::io::Result<Self> {
-        sys::raise_nofile_limit();
+        // Every TCP/HTTP sink is a socket: as many as the machine allows.
+        sys::raise_nofile_limit(1 << 20);
         let n = if workers == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { workers };
         let shared = Arc::new(Shared {
             queues: Mutex::new(ClassQueues::default()),

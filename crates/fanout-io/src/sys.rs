@@ -213,19 +213,30 @@ pub fn recv_error(fd: RawFd) -> Option<(SocketAddr, io::Error)> {
     Some((addr, io::Error::from_raw_os_error(errno)))
 }
 
-/// Raises the open-file limit to the hard limit; returns the new soft limit.
-pub fn raise_nofile_limit() -> u64 {
+/// Raises the open-file limit to the hard limit, and the hard limit to `want` where that is
+/// higher and the process may (CAP_SYS_RESOURCE; at most `fs.nr_open`); returns the new soft
+/// limit.
+pub fn raise_nofile_limit(want: u64) -> u64 {
+    let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open").ok().and_then(|s| s.trim().parse::<u64>().ok());
     // SAFETY: plain getrlimit/setrlimit on a local struct.
     unsafe {
         let mut l: libc::rlimit = zeroed();
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) == 0 {
-            l.rlim_cur = l.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &l);
-            libc::getrlimit(libc::RLIMIT_NOFILE, &mut l);
-            return l.rlim_cur;
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) != 0 {
+            return 0;
         }
+        let hard = l.rlim_max;
+        if hard < want {
+            let raised = libc::rlimit { rlim_cur: want, rlim_max: want };
+            let raised = nr_open.map_or(raised, |n| libc::rlimit { rlim_cur: want.min(n), rlim_max: want.min(n) });
+            // Refused without the privilege: the hard limit stays.
+            libc::setrlimit(libc::RLIMIT_NOFILE, &raised);
+            libc::getrlimit(libc::RLIMIT_NOFILE, &mut l);
+        }
+        l.rlim_cur = l.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &l);
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut l);
+        l.rlim_cur
     }
-    0
 }
 
 /// An iovec over a byte slice the caller keeps alive while the iovec is used.

@@ -27,6 +27,8 @@ fn gen_and_sub_measure_a_relay_over_udp_tcp_and_http() {
     let mut sub = Command::new(env!("CARGO_BIN_EXE_fanout"))
         .args(["sub", "--api", &api, "--session", "m", "--udp", "5", "--tcp", "2", "--http", "2", "--record", "200"])
         .args(["--duration", "30", "--idle-exit", "1", "--json", sub_json.to_str().unwrap()])
+        // Three receiving threads of three subscribers each: every kind is received alike.
+        .args(["--threads", "3"])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -68,6 +70,9 @@ fn gen_and_sub_measure_a_relay_over_udp_tcp_and_http() {
         rows.iter().map(|g| (g["kind"].as_str().unwrap(), g["subscribers"].as_u64().unwrap())).collect();
     assert_eq!(kinds, vec![("udp", 5), ("tcp", 2), ("http", 2)], "{}", r["groups"]);
     assert!(rows.iter().all(|g| g["loss_pct"] == 0.0), "{}", r["groups"]);
+    // It says how busy it was, and whether its own receive buffers overflowed.
+    assert_eq!(r["thread_busy_pct"].as_array().map(Vec::len), Some(3), "{}", r["thread_busy_pct"]);
+    assert!(r["rcvbuf_errors"].is_u64(), "{r}");
     // gen reports the rate it achieved; the schedule holds at this rate.
     let text = String::from_utf8_lossy(&out.stderr);
     let pps: f64 = text.split("s: ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();

@@ -113,7 +113,7 @@ pub fn run(mut a: BenchArgs) -> anyhow::Result<()> {
     if a.quick {
         (a.rounds, a.load.seconds, a.sinks) = (1, 3.0, 100);
     }
-    let nofile = fanout_io::sys::raise_nofile_limit();
+    let nofile = fanout_io::sys::raise_nofile_limit(a.sinks as u64 + 64);
     if (nofile as usize) < a.sinks + 64 {
         bail!(
             "{} sinks need {} open files; the limit here is {nofile} (raise it with ulimit -n)",

@@ -71,6 +71,14 @@ struct StepResult {
     /// Per session, in plan order: the `sub` group report.
     groups: Vec<Value>,
     deliveries: u64,
+    /// The busiest of `sub`'s receiving threads, percent of a core.
+    sub_busy_pct: f64,
+    /// Datagrams dropped at the subscribers' full receive buffers: `sub`'s loss, not the
+    /// relay's.
+    rcvbuf_errors: u64,
+    /// Packets the kernel dropped at full per-CPU backlogs (`/proc/net/softnet_stat`, the
+    /// whole machine): where the `kernel` path's clones are lost when one CPU makes them all.
+    backlog_drops: u64,
 }
 
 impl StepResult {
@@ -168,24 +176,35 @@ fn run_step(relay: &RelayProc, plan: &StepPlan, tmp: &Path) -> anyhow::Result<St
             gen_args.push("--tcp".into());
         }
         let meter = Meter::start(relay.pid())?;
+        let backlog0 = backlog_drops();
         // gen is the only child reaped meanwhile: the growth of the children's CPU is its.
         let children0 = children_cpu_s();
         run_tool(&gen_args, Duration::from_secs_f64(plan.seconds + 30.0))?;
         let gen_cpu = children_cpu_s() - children0;
         std::thread::sleep(Duration::from_millis(300));
         let m = meter.stop(gen_cpu)?;
+        let backlog_drops = backlog_drops().saturating_sub(backlog0);
         wait(&mut sub, Duration::from_secs(30 + n as u64 / 100))?;
         let report: Value = serde_json::from_slice(&std::fs::read(&json_path).context("reading sub's report")?)?;
         // A scratch file: the CSV and the plot are the results.
         let _ = std::fs::remove_file(&json_path);
         let groups: Vec<Value> = report["groups"].as_array().cloned().unwrap_or_default();
         let deliveries = groups.iter().filter_map(|g| g["received"].as_u64()).sum();
-        Ok(StepResult { meter: m, groups, deliveries })
+        let sub_busy_pct = report["thread_busy_pct"].as_array().into_iter().flatten().filter_map(Value::as_f64).fold(0.0, f64::max);
+        let rcvbuf_errors = report["rcvbuf_errors"].as_u64().unwrap_or(0);
+        Ok(StepResult { meter: m, groups, deliveries, sub_busy_pct, rcvbuf_errors, backlog_drops })
     })();
     for s in &plan.sessions {
         let _ = api.call("DELETE", &format!("/v1/sessions/{}", s.name), None);
     }
     result
+}
+
+/// Packets dropped at full per-CPU backlogs so far, all CPUs (`/proc/net/softnet_stat`,
+/// second column, hexadecimal).
+fn backlog_drops() -> u64 {
+    let Ok(s) = std::fs::read_to_string("/proc/net/softnet_stat") else { return 0 };
+    s.lines().filter_map(|l| u64::from_str_radix(l.split_whitespace().nth(1)?, 16).ok()).sum()
 }
 
 fn csv_file(out: &Path, name: &str, header: &str) -> anyhow::Result<(std::fs::File, PathBuf)> {
@@ -235,7 +254,7 @@ pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
     let (mut csv, csv_path) = csv_file(
         &a.out,
         "bulk.csv",
-        "datapath,transport,subscribers,relay_cpu_pct,machine_cpu_pct,cpu_us_per_delivery,deliveries_per_s,loss_pct,latency_p50_us,latency_p99_us,jitter_ms,path_cpu_pct,path_us_per_delivery",
+        "datapath,transport,subscribers,relay_cpu_pct,machine_cpu_pct,cpu_us_per_delivery,deliveries_per_s,loss_pct,latency_p50_us,latency_p99_us,jitter_ms,path_cpu_pct,path_us_per_delivery,sub_busy_pct,sub_rcvbuf_drops,backlog_drops",
     )?;
     // The kernel path clones datagrams: it has no TCP form (its TCP sinks are `shared`'s).
     let combos: Vec<(String, Transport)> = a
@@ -248,9 +267,10 @@ pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
     let mut cpu_series = Vec::new();
     let mut per_series = Vec::new();
     let mut path_series = Vec::new();
+    let mut loss_series = Vec::new();
     let mut capacity = Vec::new();
     for (k, (dp, t)) in combos.iter().enumerate() {
-        let (mut cpu, mut per, mut path_per) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut cpu, mut per, mut path_per, mut losses) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut cap = 0;
         for (i, &n) in a.steps.iter().enumerate() {
             pb.set_message(format!("{dp}/{t} {n} subscribers"));
@@ -274,7 +294,7 @@ pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
             let loss = r.loss_pct();
             writeln!(
                 csv,
-                "{dp},{t},{n},{:.2},{:.2},{:.3},{:.0},{:.3},{},{},{:.3},{:.2},{:.3}",
+                "{dp},{t},{n},{:.2},{:.2},{:.3},{:.0},{:.3},{},{},{:.3},{:.2},{:.3},{:.0},{},{}",
                 r.meter.relay_cpu_pct,
                 r.meter.machine_pct,
                 r.us_per_delivery(),
@@ -285,7 +305,22 @@ pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
                 r.worst("jitter_ms_mean"),
                 r.meter.path_cpu_pct,
                 r.path_us_per_delivery(),
+                r.sub_busy_pct,
+                r.rcvbuf_errors,
+                r.backlog_drops,
             )?;
+            pb.println(format!(
+                "{dp}/{t} {n}: loss {loss:.3}%, relay CPU {:.1}%, path {:.3} µs per delivery; drops at full backlogs {}, at subscribers' receive buffers {} (sub's busiest thread {:.0}%)",
+                r.meter.relay_cpu_pct,
+                r.path_us_per_delivery(),
+                r.backlog_drops,
+                r.rcvbuf_errors,
+                r.sub_busy_pct
+            ));
+            if r.rcvbuf_errors > 0 || r.sub_busy_pct > 90.0 {
+                pb.println(format!("*** {dp}/{t} {n}: the load tool, not the relay, is the limit here ***"));
+            }
+            losses.push((n as f64, loss));
             cpu.push((n as f64, r.meter.relay_cpu_pct));
             per.push((n as f64, r.us_per_delivery()));
             path_per.push((n as f64, r.path_us_per_delivery()));
@@ -302,6 +337,7 @@ pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
         cpu_series.push((format!("{dp}/{t}"), cpu));
         per_series.push((format!("{dp}/{t}"), per));
         path_series.push((format!("{dp}/{t}"), path_per));
+        loss_series.push((format!("{dp}/{t}"), losses));
     }
     pb.finish_and_clear();
     let png = a.out.join("bulk.png");
@@ -314,6 +350,7 @@ pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
             Panel { y_label: "relay CPU (% of one core)", series: cpu_series },
             Panel { y_label: "relay CPU per delivered packet (µs)", series: per_series },
             Panel { y_label: "path CPU per delivered packet (µs, incl. softirq)", series: path_series },
+            Panel { y_label: "loss (%)", series: loss_series },
         ],
     )?;
     for c in &capacity {

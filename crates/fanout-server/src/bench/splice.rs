@@ -146,7 +146,7 @@ pub fn run(mut a: SpliceArgs) -> anyhow::Result<()> {
     }
     // (method, rate) → µs per sink and chunk, for the plot.
     let mut points: Vec<(Method, f64, f64)> = Vec::new();
-    let nofile = fanout_io::sys::raise_nofile_limit();
+    let nofile = fanout_io::sys::raise_nofile_limit(1 << 20);
     if (nofile as usize) < a.sinks * 4 + 64 {
         bail!("{} sinks need {} open files; the limit is {nofile}", a.sinks, a.sinks * 4 + 64);
     }

@@ -57,7 +57,13 @@ pub struct SubArgs {
     /// Write the full report (every subscriber) as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Receiving threads (0: one per 4,000 subscribers, at most one per core).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
 }
+
+/// Subscribers one receiving thread takes by default.
+const PER_THREAD: usize = 4_000;
 
 #[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
@@ -136,6 +142,29 @@ pub struct SubReport {
     pub seconds: f64,
     pub groups: Vec<GroupReport>,
     pub subscribers: Vec<SubscriberReport>,
+    /// Each receiving thread's CPU time over the run, percent of its wall time.
+    pub thread_busy_pct: Vec<f64>,
+    /// Datagrams the kernel dropped at full UDP receive buffers in this network namespace
+    /// during the run (`/proc/net/snmp`, `RcvbufErrors`): subscribers that did not read in
+    /// time. Packets lost there are the subscribers' loss, not the relay's.
+    pub rcvbuf_errors: u64,
+}
+
+impl SubReport {
+    /// Why this run's loss may be the load tool's own, if it may.
+    pub fn self_limited(&self) -> Option<String> {
+        let busiest = self.thread_busy_pct.iter().copied().fold(0.0, f64::max);
+        if self.rcvbuf_errors > 0 {
+            Some(format!(
+                "{} datagrams overflowed the subscribers' receive buffers (busiest receiving thread {busiest:.0}% of a core): the load tool, not the relay, dropped them; use more --threads or more sub processes",
+                self.rcvbuf_errors
+            ))
+        } else if busiest > 90.0 {
+            Some(format!("a receiving thread was busy {busiest:.0}% of the time: the load tool is near its limit"))
+        } else {
+            None
+        }
+    }
 }
 
 pub fn run(a: SubArgs) -> anyhow::Result<()> {
@@ -165,11 +194,10 @@ pub fn subscribe(a: &SubArgs, ready: impl FnOnce()) -> anyhow::Result<SubReport>
     }
     let groups: Vec<String> = if a.session.is_empty() { vec!["-".into()] } else { a.session.clone() };
     let need = (total * groups.len()) as u64 + 64;
-    let have = fanout_io::sys::raise_nofile_limit();
+    let have = fanout_io::sys::raise_nofile_limit(need);
     if have < need {
         bail!("{total} subscribers per session need {need} open files; the limit here is {have} (raise it with ulimit -n)");
     }
-    let mut poll = Poll::new()?;
     let mut subs: Vec<Subscriber> = Vec::with_capacity(total * groups.len());
     let new = |group, kind, addr: String, io| Subscriber {
         group,
@@ -251,6 +279,48 @@ pub fn subscribe(a: &SubArgs, ready: impl FnOnce()) -> anyhow::Result<SubReport>
         cleanup(&subs);
         return Err(e);
     }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = if a.threads > 0 { a.threads } else { subs.len().div_ceil(PER_THREAD).clamp(1, cores) };
+    let chunk = subs.len().div_ceil(threads);
+    let polls = subs.chunks_mut(chunk).map(register).collect::<std::io::Result<Vec<Poll>>>()?;
+    let rcvbuf0 = udp_rcvbuf_errors();
+    ready();
+
+    let start = mono_ns();
+    let end = start + (a.duration * 1e9) as u64;
+    let n_groups = groups.len();
+    let results: Vec<anyhow::Result<(Vec<Histogram<u64>>, f64)>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = subs
+            .chunks_mut(chunk)
+            .zip(polls)
+            .map(|(mine, poll)| scope.spawn(move || receive(mine, poll, n_groups, a, end)))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a receiving thread panicked")))).collect()
+    });
+    let seconds = (mono_ns() - start) as f64 / 1e9;
+    let rcvbuf_errors = udp_rcvbuf_errors().saturating_sub(rcvbuf0);
+    cleanup(&subs);
+    let mut hist = new_histograms(groups.len());
+    let mut busy = Vec::new();
+    for r in results {
+        let (h, cpu) = r?;
+        for (into, from) in hist.iter_mut().zip(&h) {
+            into.add(from).context("merging latency histograms")?;
+        }
+        busy.push(100.0 * cpu / seconds);
+    }
+    let mut r = report(&groups, &subs, &hist, seconds);
+    (r.thread_busy_pct, r.rcvbuf_errors) = (busy, rcvbuf_errors);
+    Ok(r)
+}
+
+fn new_histograms(groups: usize) -> Vec<Histogram<u64>> {
+    (0..groups * 3).map(|_| Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid bounds")).collect()
+}
+
+/// A poll over these subscribers' sockets (tokens: their index here).
+fn register(subs: &mut [Subscriber]) -> std::io::Result<Poll> {
+    let poll = Poll::new()?;
     for (i, s) in subs.iter_mut().enumerate() {
         let t = Token(i);
         match &mut s.io {
@@ -259,12 +329,20 @@ pub fn subscribe(a: &SubArgs, ready: impl FnOnce()) -> anyhow::Result<SubReport>
             Io::Stream(st, _) => poll.registry().register(st, t, Interest::READABLE)?,
         }
     }
-    ready();
+    Ok(poll)
+}
 
-    let mut hist: Vec<Histogram<u64>> =
-        (0..groups.len() * 3).map(|_| Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid bounds")).collect();
-    let start = mono_ns();
-    let end = start + (a.duration * 1e9) as u64;
+/// One receiving thread: takes what its subscribers get until `end` (or the idle exit);
+/// returns its latency histograms and the CPU seconds it used.
+fn receive(
+    subs: &mut [Subscriber],
+    mut poll: Poll,
+    groups: usize,
+    a: &SubArgs,
+    end: u64,
+) -> anyhow::Result<(Vec<Histogram<u64>>, f64)> {
+    let cpu0 = crate::bench::thread_cpu_s();
+    let mut hist = new_histograms(groups);
     let mut last_packet = 0u64;
     let mut events = Events::with_capacity(1024);
     let mut buf = vec![0u8; 65536];
@@ -289,9 +367,20 @@ pub fn subscribe(a: &SubArgs, ready: impl FnOnce()) -> anyhow::Result<SubReport>
             }
         }
     }
-    let seconds = (mono_ns() - start) as f64 / 1e9;
-    cleanup(&subs);
-    Ok(report(&groups, &subs, &hist, seconds))
+    Ok((hist, crate::bench::thread_cpu_s() - cpu0))
+}
+
+/// `RcvbufErrors` of `/proc/net/snmp` (this network namespace's UDP).
+fn udp_rcvbuf_errors() -> u64 {
+    let Ok(snmp) = std::fs::read_to_string("/proc/net/snmp") else { return 0 };
+    let mut udp = snmp.lines().filter(|l| l.starts_with("Udp: "));
+    let (Some(names), Some(values)) = (udp.next(), udp.next()) else { return 0 };
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(n, _)| *n == "RcvbufErrors")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Reads everything waiting on one subscriber's socket; returns packets taken.
@@ -438,7 +527,7 @@ fn report(groups: &[String], subs: &[Subscriber], hist: &[Histogram<u64>], secon
         }
     }
     let groups = rows;
-    SubReport { seconds, groups, subscribers: per }
+    SubReport { seconds, groups, subscribers: per, thread_busy_pct: Vec::new(), rcvbuf_errors: 0 }
 }
 
 /// Where a (session, kind) pair's latency histogram is.
@@ -485,5 +574,10 @@ fn print_summary(r: &SubReport) {
             g.jitter_ms_mean,
             g.interarrival_var_ms2_mean
         );
+    }
+    let busy: Vec<String> = r.thread_busy_pct.iter().map(|b| format!("{b:.0}%")).collect();
+    println!("receiving threads busy: {}; receive buffer overflows: {}", busy.join(" "), r.rcvbuf_errors);
+    if let Some(why) = r.self_limited() {
+        println!("*** sub: {why} ***");
     }
 }
