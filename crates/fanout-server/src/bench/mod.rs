@@ -443,12 +443,34 @@ impl PrivateNetns {
         if !st.success() {
             bail!("ip link set lo up failed in the private namespace");
         }
+        // A sysfs of this namespace (in a private mount namespace), so lo's receive queue can
+        // be steered (`set_lo_rps`); /sys otherwise shows the machine's devices.
+        // SAFETY: unshare and mount with valid C strings; they affect this thread (and the
+        // processes it starts) only.
+        let mounted = unsafe {
+            libc::unshare(libc::CLONE_NEWNS) == 0
+                && libc::mount(c"none".as_ptr(), c"/".as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()) == 0
+                && libc::mount(c"sysfs".as_ptr(), c"/sys".as_ptr(), c"sysfs".as_ptr(), 0, std::ptr::null()) == 0
+        };
+        if !mounted {
+            eprintln!("kernel data path: no sysfs of the private namespace ({}): RPS cannot be set", std::io::Error::last_os_error());
+        }
         eprintln!(
             "kernel data path: running in a private network namespace (netdev_max_backlog {backlog}, netdev_budget {})",
             backlog.min(3000)
         );
         Ok(Self { saved })
     }
+}
+
+/// Steers lo's received packets over every CPU by flow hash (RPS), or not: with it, the
+/// clones the `kernel` path sends through lo are delivered on all CPUs instead of the one
+/// that made them. Only inside [`PrivateNetns`], whose lo this is.
+pub fn set_lo_rps(on: bool) -> anyhow::Result<()> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()).min(64);
+    let mask = if on { format!("{:x}", u64::MAX >> (64 - cpus)) } else { "0".into() };
+    let path = "/sys/class/net/lo/queues/rx-0/rps_cpus";
+    std::fs::write(path, &mask).with_context(|| format!("writing {mask} to {path}"))
 }
 
 /// Raises a numeric sysctl to `to` if lower; returns it opened (here, in the machine's

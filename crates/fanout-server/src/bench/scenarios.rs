@@ -113,15 +113,19 @@ fn run_step(relay: &RelayProc, plan: &StepPlan, tmp: &Path) -> anyhow::Result<St
             Transport::Tcp => json!({ "tcp_listen": "127.0.0.1:0" }),
         };
         let mut body = json!({"name": s.name, "source": spec, "priority": s.priority, "ring": s.ring});
-        body.as_object_mut().expect("an object").extend(super::datapath_fields(&s.datapath)?);
+        // `:rps`: lo's receive steering for this step (see `set_lo_rps`), not a session field.
+        let rps = s.datapath.split(':').any(|o| o == "rps");
+        if rps || s.datapath.starts_with("kernel") {
+            super::set_lo_rps(rps)?;
+        }
+        let dp: Vec<&str> = s.datapath.split(':').filter(|o| *o != "rps").collect();
+        body.as_object_mut().expect("an object").extend(super::datapath_fields(&dp.join(":"))?);
         let v = api.call("POST", "/v1/sessions", Some(body))?;
         let src =
             v["source"]["addr"].as_str().and_then(|a| a.parse().ok()).context("the relay did not say its address")?;
         sources.push(src);
     }
     let result = (|| -> anyhow::Result<StepResult> {
-        let json_path = tmp.join("sub.json");
-        let _ = std::fs::remove_file(&json_path);
         let mut sub_args: Vec<String> = vec!["--api".into(), format!("http://{}", relay.api)];
         for s in &plan.sessions {
             sub_args.extend(["--session".into(), s.name.clone()]);
@@ -132,19 +136,29 @@ fn run_step(relay: &RelayProc, plan: &StepPlan, tmp: &Path) -> anyhow::Result<St
             Transport::Http => "--http",
         };
         sub_args.extend([
-            kind.into(),
-            plan.subscribers.to_string(),
             "--record".into(),
             plan.payload.to_string(),
             "--duration".into(),
             (plan.seconds + 60.0).to_string(),
             "--idle-exit".into(),
             "1.5".into(),
-            "--json".into(),
-            json_path.display().to_string(),
         ]);
+        // As many `sub` processes as the open-file limit asks for (one socket per subscriber).
+        let files = (fanout_io::sys::raise_nofile_limit(0) as usize).saturating_sub(128).max(1);
+        let per_proc = (files / plan.sessions.len().max(1)).max(1);
+        let procs = plan.subscribers.div_ceil(per_proc).max(1);
         let n = plan.subscribers * plan.sessions.len();
-        let mut sub = start_sub(&sub_args, Duration::from_secs(30 + n as u64 / 50))?;
+        let mut subs = Vec::new();
+        let mut json_paths = Vec::new();
+        for p in 0..procs {
+            let count = plan.subscribers / procs + usize::from(p < plan.subscribers % procs);
+            let json_path = tmp.join(format!("sub-{p}.json"));
+            let _ = std::fs::remove_file(&json_path);
+            let mut args = sub_args.clone();
+            args.extend([kind.into(), count.to_string(), "--json".into(), json_path.display().to_string()]);
+            subs.push(start_sub(&args, Duration::from_secs(30 + count as u64 / 50))?);
+            json_paths.push(json_path);
+        }
         let _burners: Vec<Proc> = if plan.background > 0.0 {
             (0..plan.burners)
                 .map(|_| {
@@ -184,14 +198,20 @@ fn run_step(relay: &RelayProc, plan: &StepPlan, tmp: &Path) -> anyhow::Result<St
         std::thread::sleep(Duration::from_millis(300));
         let m = meter.stop(gen_cpu)?;
         let backlog_drops = backlog_drops().saturating_sub(backlog0);
-        wait(&mut sub, Duration::from_secs(30 + n as u64 / 100))?;
-        let report: Value = serde_json::from_slice(&std::fs::read(&json_path).context("reading sub's report")?)?;
-        // A scratch file: the CSV and the plot are the results.
-        let _ = std::fs::remove_file(&json_path);
-        let groups: Vec<Value> = report["groups"].as_array().cloned().unwrap_or_default();
+        let (mut groups, mut sub_busy_pct, mut rcvbuf_errors) = (Vec::new(), 0.0f64, 0);
+        for (sub, json_path) in subs.iter_mut().zip(&json_paths) {
+            wait(sub, Duration::from_secs(30 + n as u64 / 100))?;
+            let report: Value = serde_json::from_slice(&std::fs::read(json_path).context("reading sub's report")?)?;
+            // A scratch file: the CSV and the plot are the results.
+            let _ = std::fs::remove_file(json_path);
+            // Each process's rows count its own subscribers: together, all of them.
+            groups.extend(report["groups"].as_array().cloned().unwrap_or_default());
+            let busy = report["thread_busy_pct"].as_array().into_iter().flatten().filter_map(Value::as_f64);
+            sub_busy_pct = busy.fold(sub_busy_pct, f64::max);
+            // The namespace's count, the same for every process.
+            rcvbuf_errors = rcvbuf_errors.max(report["rcvbuf_errors"].as_u64().unwrap_or(0));
+        }
         let deliveries = groups.iter().filter_map(|g| g["received"].as_u64()).sum();
-        let sub_busy_pct = report["thread_busy_pct"].as_array().into_iter().flatten().filter_map(Value::as_f64).fold(0.0, f64::max);
-        let rcvbuf_errors = report["rcvbuf_errors"].as_u64().unwrap_or(0);
         Ok(StepResult { meter: m, groups, deliveries, sub_busy_pct, rcvbuf_errors, backlog_drops })
     })();
     for s in &plan.sessions {
@@ -246,7 +266,8 @@ pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
         a.load.seconds = 3.0;
     }
     // Before the relay starts, so it and every tool live in the namespace.
-    let _netns = match a.datapath.iter().any(|d| d.starts_with("kernel")) {
+    // `:rps` changes lo's steering: only ever inside the private namespace.
+    let _netns = match a.datapath.iter().any(|d| d.starts_with("kernel") || d.split(':').any(|o| o == "rps")) {
         true => Some(PrivateNetns::enter((a.steps.iter().max().copied().unwrap_or(0) as u64 * 2).max(10_000))?),
         false => None,
     };
