@@ -47,6 +47,11 @@ fn bench_quick_modes_run_and_write_csv_and_png() {
     let out = fanout(&["bench", "overload", "--quick", "--out", &d("overload")]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     check_csv(&dir.join("overload/overload.csv"), 6);
+    // A row per thousand sinks (shared needs no privilege).
+    let out = fanout(&["bench", "register", "--sinks", "2000", "--datapath", "shared", "--out", &d("register")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    check_csv(&dir.join("register/register.csv"), 2);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("2000 sinks one API call at a time"), "{out:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

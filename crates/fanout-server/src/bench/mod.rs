@@ -6,6 +6,7 @@ pub mod datapaths;
 pub mod layers;
 pub mod pacing;
 mod plot;
+pub mod register;
 pub mod rtsp;
 pub mod scenarios;
 pub mod splice;
@@ -38,6 +39,8 @@ pub enum BenchCmd {
     Layers(layers::LayersArgs),
     /// Subscribers joining behind thin links, pacing off and on (needs root).
     Pacing(pacing::PacingArgs),
+    /// Sinks added one API call at a time: the time per thousand as the session grows.
+    Register(register::RegisterArgs),
     /// (internal) One RTSP subscriber of `bench pacing`.
     #[command(hide = true)]
     PacingSub(pacing::SubArgs),
@@ -65,6 +68,7 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Overload(a) => scenarios::overload(a),
         BenchCmd::Splice(a) => splice::run(a),
         BenchCmd::Pacing(a) => pacing::run(a),
+        BenchCmd::Register(a) => register::run(a),
         BenchCmd::PacingSub(a) => pacing::sub(a),
         BenchCmd::Rtsp(a) => rtsp::run(a),
         BenchCmd::RtspLoad(a) => rtsp::load(a),
@@ -452,6 +456,15 @@ impl PrivateNetns {
                 && libc::mount(c"none".as_ptr(), c"/".as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()) == 0
                 && libc::mount(c"sysfs".as_ptr(), c"/sys".as_ptr(), c"sysfs".as_ptr(), 0, std::ptr::null()) == 0
         };
+        // perf finds its tracepoints there, under the new sysfs.
+        // SAFETY: as above.
+        if mounted
+            && unsafe {
+                libc::mount(c"tracefs".as_ptr(), c"/sys/kernel/tracing".as_ptr(), c"tracefs".as_ptr(), 0, std::ptr::null())
+            } != 0
+        {
+            eprintln!("kernel data path: tracefs not mounted ({}): no system call counts", std::io::Error::last_os_error());
+        }
         if !mounted {
             eprintln!("kernel data path: no sysfs of the private namespace ({}): RPS cannot be set", std::io::Error::last_os_error());
         }
