@@ -49,9 +49,19 @@ fn bench_quick_modes_run_and_write_csv_and_png() {
     check_csv(&dir.join("overload/overload.csv"), 6);
     // A row per thousand sinks (shared needs no privilege).
     let out = fanout(&["bench", "register", "--sinks", "2000", "--datapath", "shared", "--out", &d("register")]);
+    let out = match out.status.success() {
+        // And the churn rounds, with their memory and open files.
+        true => fanout(&[
+            "bench", "register", "--sinks", "1000", "--churn", "2", "--churn-sinks", "300", "--datapath", "shared",
+            "--out", &d("churn"),
+        ]),
+        false => out,
+    };
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     check_csv(&dir.join("register/register.csv"), 2);
-    assert!(String::from_utf8_lossy(&out.stdout).contains("2000 sinks one API call at a time"), "{out:?}");
+    let churn = std::fs::read_to_string(dir.join("churn/churn-shared.csv")).unwrap();
+    assert_eq!(churn.lines().count(), 4, "a header, before, and two rounds: {churn}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("churn of 2 rounds x 300 sinks"), "{out:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
