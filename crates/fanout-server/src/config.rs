@@ -226,7 +226,12 @@ impl Config {
         check(
             KERNEL_SINKS.contains(&self.kernel_sinks),
             "kernel_sinks",
-            format!("kernel_sinks {} is out of range {}..={}", self.kernel_sinks, KERNEL_SINKS.start(), KERNEL_SINKS.end()),
+            format!(
+                "kernel_sinks {} is out of range {}..={}",
+                self.kernel_sinks,
+                KERNEL_SINKS.start(),
+                KERNEL_SINKS.end()
+            ),
         );
         check(
             self.workers <= MAX_WORKERS,

@@ -295,10 +295,7 @@ impl SessionSpec {
             return Err(format!("stream_flush_ms {ms} is out of range 0..={MAX_STREAM_FLUSH_MS}"));
         }
         if let Some(n) = self.sinks_per_group.filter(|n| !(1..=crate::config::MAX_SINKS_PER_GROUP).contains(n)) {
-            return Err(format!(
-                "sinks_per_group {n} is out of range 1..={}",
-                crate::config::MAX_SINKS_PER_GROUP
-            ));
+            return Err(format!("sinks_per_group {n} is out of range 1..={}", crate::config::MAX_SINKS_PER_GROUP));
         }
         if let Some(r) = self.ring {
             if !(2..=MAX_RING).contains(&r) {

@@ -52,8 +52,18 @@ fn bench_quick_modes_run_and_write_csv_and_png() {
     let out = match out.status.success() {
         // And the churn rounds, with their memory and open files.
         true => fanout(&[
-            "bench", "register", "--sinks", "1000", "--churn", "2", "--churn-sinks", "300", "--datapath", "shared",
-            "--out", &d("churn"),
+            "bench",
+            "register",
+            "--sinks",
+            "1000",
+            "--churn",
+            "2",
+            "--churn-sinks",
+            "300",
+            "--datapath",
+            "shared",
+            "--out",
+            &d("churn"),
         ]),
         false => out,
     };

@@ -257,7 +257,11 @@ fn kernel_sinks_are_added_in_constant_time() {
             Some(json!({"name":"big","source":{"udp":"127.0.0.1:0"},"datapath":"kernel","sinks":sinks})),
         );
         let batch = t.elapsed();
-        relay.ok("POST", "/v1/sessions", Some(json!({"name":"small","source":{"udp":"127.0.0.1:0"},"datapath":"kernel"})));
+        relay.ok(
+            "POST",
+            "/v1/sessions",
+            Some(json!({"name":"small","source":{"udp":"127.0.0.1:0"},"datapath":"kernel"})),
+        );
         let one_by_one = |session: &str, from: usize| {
             let t = Instant::now();
             for i in from..from + 1_000 {
@@ -271,7 +275,10 @@ fn kernel_sinks_are_added_in_constant_time() {
         let st = relay.ok("GET", "/v1/sessions/big", None);
         assert_eq!(st["kernel"]["sinks"], 21_000, "every sink in the kernel");
         assert!(batch < Duration::from_secs(60), "20,000 sinks took {batch:?}");
-        assert!(beside < empty * 4 + Duration::from_secs(1), "1,000 sinks beside 20,000 took {beside:?}, into an empty session {empty:?}");
+        assert!(
+            beside < empty * 4 + Duration::from_secs(1),
+            "1,000 sinks beside 20,000 took {beside:?}, into an empty session {empty:?}"
+        );
     });
 }
 

@@ -152,7 +152,18 @@ fn decodable_after_dropping(datapath: &str, file: &str, aggregate: bool, caps: &
     // The file once, at 100 access units per second; from one CPU, as one flow from a NIC
     // arrives (see ARCHITECTURE, "One flow, one CPU").
     let out = Command::new("taskset")
-        .args(["-c", "0", env!("CARGO_BIN_EXE_fanout"), "gen", "--to", &src.to_string(), "--file", &path, "--fps", "100"])
+        .args([
+            "-c",
+            "0",
+            env!("CARGO_BIN_EXE_fanout"),
+            "gen",
+            "--to",
+            &src.to_string(),
+            "--file",
+            &path,
+            "--fps",
+            "100",
+        ])
         .args(["--duration", &format!("{}", aus as f64 / 100.0)])
         .args(aggregate.then_some("--aggregate"))
         .output()

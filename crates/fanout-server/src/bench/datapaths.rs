@@ -296,7 +296,13 @@ pub fn run(mut a: BenchArgs) -> anyhow::Result<()> {
     let _ = drain.join();
     println!(
         "\n{:>16}  {:>22}  {:>9}  {:>21}  {:>9}  {:>17}  {:>14}",
-        "datapath", "relay µs per delivery", "vs first", "path µs per delivery", "vs first", "syscalls/delivery", "ctx switches/s"
+        "datapath",
+        "relay µs per delivery",
+        "vs first",
+        "path µs per delivery",
+        "vs first",
+        "syscalls/delivery",
+        "ctx switches/s"
     );
     let mut first = None;
     // Too little CPU to measure (short or tiny runs) gives no ratio rather than NaN.

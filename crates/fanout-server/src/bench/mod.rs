@@ -12,6 +12,7 @@ pub mod scenarios;
 pub mod splice;
 
 use crate::client::ApiClient;
+pub use crate::tools::thread_cpu_s;
 use anyhow::{bail, Context};
 use clap::Subcommand;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -409,15 +410,6 @@ pub fn softirqd_cpu_s() -> f64 {
         .sum()
 }
 
-/// CPU seconds the calling thread has used (precise, including softirq work the kernel did
-/// on its time, e.g. the in-kernel fan-out of a datagram it sent over loopback).
-pub fn thread_cpu_s() -> f64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: ts is a valid timespec to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
-}
-
 /// Moves this process (the calling thread, and every thread and process it starts after)
 /// into a private network namespace with its own `lo`, where the `kernel` data path may
 /// attach its program. Meanwhile raises two machine-wide knobs (restored when dropped):
@@ -453,20 +445,38 @@ impl PrivateNetns {
         // processes it starts) only.
         let mounted = unsafe {
             libc::unshare(libc::CLONE_NEWNS) == 0
-                && libc::mount(c"none".as_ptr(), c"/".as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()) == 0
+                && libc::mount(
+                    c"none".as_ptr(),
+                    c"/".as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    std::ptr::null(),
+                ) == 0
                 && libc::mount(c"sysfs".as_ptr(), c"/sys".as_ptr(), c"sysfs".as_ptr(), 0, std::ptr::null()) == 0
         };
         // perf finds its tracepoints there, under the new sysfs.
         // SAFETY: as above.
         if mounted
             && unsafe {
-                libc::mount(c"tracefs".as_ptr(), c"/sys/kernel/tracing".as_ptr(), c"tracefs".as_ptr(), 0, std::ptr::null())
+                libc::mount(
+                    c"tracefs".as_ptr(),
+                    c"/sys/kernel/tracing".as_ptr(),
+                    c"tracefs".as_ptr(),
+                    0,
+                    std::ptr::null(),
+                )
             } != 0
         {
-            eprintln!("kernel data path: tracefs not mounted ({}): no system call counts", std::io::Error::last_os_error());
+            eprintln!(
+                "kernel data path: tracefs not mounted ({}): no system call counts",
+                std::io::Error::last_os_error()
+            );
         }
         if !mounted {
-            eprintln!("kernel data path: no sysfs of the private namespace ({}): RPS cannot be set", std::io::Error::last_os_error());
+            eprintln!(
+                "kernel data path: no sysfs of the private namespace ({}): RPS cannot be set",
+                std::io::Error::last_os_error()
+            );
         }
         eprintln!(
             "kernel data path: running in a private network namespace (netdev_max_backlog {backlog}, netdev_budget {})",

@@ -96,7 +96,7 @@ pub fn run(a: RegisterArgs) -> anyhow::Result<()> {
         let mut spec = json!({ "name": name, "source": { "udp": "127.0.0.1:0" } });
         spec.as_object_mut().expect("an object").extend(super::datapath_fields(dp)?);
         api.call("POST", "/v1/sessions", Some(spec))?;
-        pb.set_message(format!("{dp}"));
+        pb.set_message(dp.clone());
         let (mut total, mut per) = (Vec::new(), Vec::new());
         let t0 = Instant::now();
         let mut last = t0;
@@ -104,7 +104,8 @@ pub fn run(a: RegisterArgs) -> anyhow::Result<()> {
             api.call("POST", &format!("/v1/sessions/{name}/sinks"), Some(json!({ "udp": sink_addr(i) })))?;
             if (i + 1) % 1000 == 0 || i + 1 == a.sinks {
                 let now = Instant::now();
-                let (s, ms) = ((now - t0).as_secs_f64(), (now - last).as_secs_f64() * 1e3 * 1000.0 / ((i % 1000) + 1) as f64);
+                let (s, ms) =
+                    ((now - t0).as_secs_f64(), (now - last).as_secs_f64() * 1e3 * 1000.0 / ((i % 1000) + 1) as f64);
                 writeln!(csv, "{dp},{},{s:.3},{ms:.1}", i + 1)?;
                 total.push(((i + 1) as f64, s));
                 per.push(((i + 1) as f64, ms));

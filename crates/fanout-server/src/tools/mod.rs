@@ -11,6 +11,15 @@ pub fn mono_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// CPU seconds the calling thread has used (precise, including softirq work the kernel did
+/// on its time, e.g. the in-kernel fan-out of a datagram it sent over loopback).
+pub fn thread_cpu_s() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: ts is a valid timespec to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
 /// RTP timestamps of `gen`'s streams: a 90 kHz clock, as video uses.
 pub const RTP_HZ: u64 = 90_000;
 

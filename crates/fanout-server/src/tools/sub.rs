@@ -295,7 +295,10 @@ pub fn subscribe(a: &SubArgs, ready: impl FnOnce()) -> anyhow::Result<SubReport>
             .zip(polls)
             .map(|(mine, poll)| scope.spawn(move || receive(mine, poll, n_groups, a, end)))
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a receiving thread panicked")))).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a receiving thread panicked"))))
+            .collect()
     });
     let seconds = (mono_ns() - start) as f64 / 1e9;
     let rcvbuf_errors = udp_rcvbuf_errors().saturating_sub(rcvbuf0);
@@ -341,7 +344,7 @@ fn receive(
     a: &SubArgs,
     end: u64,
 ) -> anyhow::Result<(Vec<Histogram<u64>>, f64)> {
-    let cpu0 = crate::bench::thread_cpu_s();
+    let cpu0 = super::thread_cpu_s();
     let mut hist = new_histograms(groups);
     let mut last_packet = 0u64;
     let mut events = Events::with_capacity(1024);
@@ -367,7 +370,7 @@ fn receive(
             }
         }
     }
-    Ok((hist, crate::bench::thread_cpu_s() - cpu0))
+    Ok((hist, super::thread_cpu_s() - cpu0))
 }
 
 /// `RcvbufErrors` of `/proc/net/snmp` (this network namespace's UDP).
