@@ -521,9 +521,12 @@ pub fn overload(mut a: OverloadArgs) -> anyhow::Result<()> {
     let (mut csv, csv_path) = csv_file(
         &a.out,
         "overload.csv",
-        "background_pct,class,subscribers,loss_pct,latency_p50_us,latency_p99_us,jitter_ms,relay_cpu_pct,machine_cpu_pct",
+        "background_pct,class,subscribers,loss_pct,latency_p50_us,latency_p99_us,jitter_ms,relay_cpu_pct,machine_cpu_pct,top_class_need_pct",
     )?;
     let mut pb = progress(a.levels.len() as u64, "bench overload");
+    // What the top class alone needs, % of a core: its share of the first level's deliveries
+    // times the relay's CPU there (the first level should be 0% background: all delivered).
+    let mut top_need: Option<f64> = None;
     let classes = [1u8, 2, 3];
     let mut loss: Vec<Vec<(f64, f64)>> = vec![Vec::new(); 3];
     let mut lat: Vec<Vec<(f64, f64)>> = vec![Vec::new(); 3];
@@ -549,12 +552,26 @@ pub fn overload(mut a: OverloadArgs) -> anyhow::Result<()> {
         };
         let r = run_step(&relay, &plan, &a.out)?;
         pb.inc(1);
+        let need = *top_need.get_or_insert_with(|| {
+            let top = r.groups.get(2).and_then(|g| g["received"].as_f64()).unwrap_or(0.0);
+            r.meter.relay_cpu_pct * top / (r.deliveries.max(1) as f64)
+        });
+        let losses: Vec<f64> = r.groups.iter().map(|g| g["loss_pct"].as_f64().unwrap_or(100.0)).collect();
+        // Whenever a class loses, the lower ones lose more (within 0.01%, equal losses pass
+        // only when they are nil).
+        let ordered = losses.windows(2).all(|w| w[0] > w[1] || w[0] + w[1] < 0.01);
+        pb.println(format!(
+            "background {level}%: the relay got {:.1}% of a core, the top class alone needs {need:.1}%; loss by class 1/2/3: {}; {}",
+            r.meter.relay_cpu_pct,
+            losses.iter().map(|l| format!("{l:.2}%")).collect::<Vec<_>>().join(" / "),
+            if ordered { "in order" } else { "*** NOT in class order ***" }
+        ));
         for (k, g) in r.groups.iter().enumerate() {
             let l = g["loss_pct"].as_f64().unwrap_or(100.0);
             let p99 = g["latency_p99_us"].as_f64().unwrap_or(0.0);
             writeln!(
                 csv,
-                "{level},{},{},{l:.3},{},{p99},{:.3},{:.2},{:.2}",
+                "{level},{},{},{l:.3},{},{p99},{:.3},{:.2},{:.2},{need:.2}",
                 classes[k],
                 a.subscribers,
                 g["latency_p50_us"],
