@@ -141,8 +141,7 @@ fn frames(stdout: &[u8]) -> Vec<(i64, String)> {
         .collect()
 }
 
-/// Decodes `limit` of the video (`-t 13`: 13 s; `-frames:v 170`: that many pictures, each
-/// whole, where a time limit would cut the last ones short).
+/// Decodes `limit` of the video (`-frames:v 170`: that many pictures, each whole).
 fn decode(url: &str, limit: [&str; 2], transport: &str) -> Child {
     Command::new("timeout")
         .args(["40", "ffmpeg", "-nostdin", "-loglevel", "error", "-rtsp_transport", transport, "-i", url])
@@ -163,8 +162,10 @@ struct Clients {
 fn start_clients(upstream: &str, relayed: &str, n: usize) -> Clients {
     // The reference reads the upstream from a second earlier and for longer, so its frames
     // span every client's window (a client starts at the relay's first keyframe, which the
-    // reference must have seen too).
-    let reference = decode(upstream, ["-t", "13"], "tcp");
+    // reference must have seen too). It counts pictures, not seconds: a time limit counts
+    // from the stream's start, and where the reference joined mid-GOP (up to 1 s before a
+    // keyframe) it would decode too few (CI: 299 in 13 s).
+    let reference = decode(upstream, ["-frames:v", "350"], "tcp");
     std::thread::sleep(Duration::from_secs(1));
     // Half of the clients take RTP over UDP, half interleaved on their RTSP connection.
     let transport = |i: usize| if i.is_multiple_of(2) { "udp" } else { "tcp" };
@@ -176,7 +177,7 @@ impl Clients {
     fn check(self) {
         let want: Vec<String> =
             frames(&self.reference.wait_with_output().unwrap().stdout).into_iter().map(|f| f.1).collect();
-        assert!(want.len() >= 300, "the reference decoded {} frames", want.len());
+        assert_eq!(want.len(), 350, "the reference decoded {} frames", want.len());
         for (i, c) in self.clients.into_iter().enumerate() {
             let out = c.wait_with_output().unwrap();
             assert!(out.status.success(), "client {i}: {}", String::from_utf8_lossy(&out.stderr));
