@@ -1,0 +1,584 @@
+//! RTP in, MPEG-TS out: the tracks of a session (H.264 or HEVC per RFC 6184 / RFC 7798, AAC
+//! per RFC 3640) are depacketized into access units, put on one 90 kHz timeline and muxed
+//! ([`crate::tsmux`]), so that a session fed by a camera can be played over HTTP by any
+//! player. Done once per session; sans-IO (packets and arrival times in, bytes out).
+
+use crate::annexb::{Codec, Depacketizer};
+use crate::rtp::RtpView;
+use crate::sdp::Media;
+use crate::tsmux::{adts_header, AccessUnit, StreamKind, TsMuxer};
+use base64::Engine as _;
+
+/// An access unit larger than this is dropped (a broken stream, not a picture).
+const MAX_AU: usize = 4 << 20;
+
+/// Base64 with or without its padding: cameras write both in `sprop-*`.
+const LENIENT_BASE64: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    base64::engine::GeneralPurposeConfig::new()
+        .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
+);
+
+/// A track this module can repackage, from its SDP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrackInfo {
+    pub codec: TrackCodec,
+    /// RTP clock rate.
+    pub clock: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TrackCodec {
+    /// With the parameter sets the SDP gives (`sprop-*`), each a NAL unit.
+    Video { codec: Codec, params: Vec<Vec<u8>> },
+    /// MPEG4-GENERIC AAC: the AudioSpecificConfig and the AU header's field widths.
+    Aac { config: Vec<u8>, size_bits: u8, index_bits: u8, delta_bits: u8 },
+}
+
+impl TrackInfo {
+    /// The track of an SDP media section, or why it cannot be repackaged as MPEG-TS.
+    pub fn from_sdp(m: &Media) -> Result<Self, String> {
+        let fmt = m.formats.first().map(String::as_str).unwrap_or("");
+        let Some((enc, clock)) = m.rtpmap(fmt) else {
+            return Err(format!("{} track without an rtpmap (static payload type {fmt:?})", m.kind));
+        };
+        let fmtp = fmtp(m, fmt);
+        let param = |k: &str| fmtp.iter().find(|(n, _)| n.eq_ignore_ascii_case(k)).map(|(_, v)| *v);
+        let b64 = |v: &str| -> Vec<Vec<u8>> {
+            v.split(',').filter_map(|p| LENIENT_BASE64.decode(p.trim()).ok()).filter(|n| !n.is_empty()).collect()
+        };
+        let codec = match enc.to_ascii_uppercase().as_str() {
+            "H264" => TrackCodec::Video {
+                codec: Codec::H264,
+                params: param("sprop-parameter-sets").map(b64).unwrap_or_default(),
+            },
+            "H265" => TrackCodec::Video {
+                codec: Codec::H265,
+                params: ["sprop-vps", "sprop-sps", "sprop-pps"].iter().filter_map(|k| param(k)).flat_map(b64).collect(),
+            },
+            "MPEG4-GENERIC" => {
+                let num = |k: &str| param(k).and_then(|v| v.parse::<u8>().ok());
+                let config = param("config").and_then(hex).filter(|c| c.len() >= 2);
+                let mode = param("mode").unwrap_or("");
+                match (config, num("sizelength")) {
+                    (Some(config), Some(size_bits))
+                        if mode.to_ascii_lowercase().starts_with("aac") && size_bits > 0 =>
+                    {
+                        TrackCodec::Aac {
+                            config,
+                            size_bits,
+                            index_bits: num("indexlength").unwrap_or(0),
+                            delta_bits: num("indexdeltalength").unwrap_or(0),
+                        }
+                    }
+                    _ => return Err(format!("MPEG4-GENERIC track that is not AAC-hbr/lbr with a config: {fmtp:?}")),
+                }
+            }
+            other => return Err(format!("{} track in {other}, which MPEG-TS repackaging does not carry", m.kind)),
+        };
+        Ok(Self { codec, clock: clock.max(1) })
+    }
+
+    fn kind(&self) -> StreamKind {
+        match &self.codec {
+            TrackCodec::Video { codec: Codec::H264, .. } => StreamKind::H264,
+            TrackCodec::Video { codec: Codec::H265, .. } => StreamKind::H265,
+            TrackCodec::Aac { .. } => StreamKind::AacAdts,
+        }
+    }
+}
+
+/// The `a=fmtp` parameters of a format, as (name, value) pairs.
+fn fmtp<'a>(m: &'a Media, fmt: &str) -> Vec<(&'a str, &'a str)> {
+    let line = m.lines.iter().filter(|(t, _)| *t == 'a').find_map(|(_, v)| {
+        let (pt, rest) = v.strip_prefix("fmtp:")?.split_once(' ')?;
+        (pt.trim() == fmt).then_some(rest)
+    });
+    line.into_iter()
+        .flat_map(|l| l.split(';'))
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.trim(), v.trim()))
+        .collect()
+}
+
+fn hex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
+}
+
+/// RTP time `ts` extended to the 64-bit count nearest a known (time, extended) pair.
+fn near((at, ext): (u32, i64), ts: u32) -> i64 {
+    ext + i64::from(ts.wrapping_sub(at) as i32)
+}
+
+/// Extends 32-bit RTP times to a signed 64-bit count that does not wrap.
+#[derive(Debug, Default)]
+struct Unwrap {
+    last: Option<(u32, i64)>,
+}
+
+impl Unwrap {
+    fn extend(&mut self, ts: u32) -> i64 {
+        let ext = match self.last {
+            None => i64::from(ts),
+            Some(last) => near(last, ts),
+        };
+        self.last = Some((ts, ext));
+        ext
+    }
+}
+
+struct Track {
+    info: TrackInfo,
+    /// Its stream in the muxer.
+    stream: usize,
+    unwrap: Unwrap,
+    /// 90 kHz timeline time = RTP time × 90000 / clock + offset; set at its first packet.
+    offset: Option<i64>,
+    /// The upstream's wall clock against this track's RTP time: (NTP, RTP).
+    clock_map: Option<(u64, u32)>,
+    // Video: the access unit being gathered, its RTP time, and the latest parameter sets.
+    depack: Depacketizer,
+    au: Vec<u8>,
+    au_ts: Option<i64>,
+    key: bool,
+    params: Vec<Vec<u8>>,
+    // AAC: one access unit fragmented over packets.
+    frag: Vec<u8>,
+}
+
+/// Counts of what did not make it into the output.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RepackStats {
+    pub packets: u64,
+    pub units: u64,
+    /// Packets that were not RTP or whose payload did not parse.
+    pub bad: u64,
+    /// Units dropped before the first video keyframe or for their size.
+    pub dropped: u64,
+}
+
+/// The repackager of one session.
+pub struct Repackager {
+    tracks: Vec<Option<Track>>,
+    mux: TsMuxer,
+    /// The track whose timeline the others follow (the first to send a packet).
+    reference: Option<usize>,
+    /// Video has started (a keyframe went out), or there is no video track.
+    started: bool,
+    pub stats: RepackStats,
+}
+
+impl Repackager {
+    /// A repackager for a session's tracks in order; `None` for a track it leaves out.
+    pub fn new(tracks: Vec<Option<TrackInfo>>) -> Self {
+        let mut kinds = Vec::new();
+        let tracks: Vec<Option<Track>> = tracks
+            .into_iter()
+            .map(|t| {
+                t.map(|info| {
+                    kinds.push(info.kind());
+                    let params = match &info.codec {
+                        TrackCodec::Video { params, .. } => params.clone(),
+                        TrackCodec::Aac { .. } => Vec::new(),
+                    };
+                    Track {
+                        stream: kinds.len() - 1,
+                        info,
+                        unwrap: Unwrap::default(),
+                        offset: None,
+                        clock_map: None,
+                        depack: Depacketizer::default(),
+                        au: Vec::new(),
+                        au_ts: None,
+                        key: false,
+                        params,
+                        frag: Vec::new(),
+                    }
+                })
+            })
+            .collect();
+        let started = !kinds.iter().any(|k| *k != StreamKind::AacAdts);
+        Self { tracks, mux: TsMuxer::new(&kinds), reference: None, started, stats: RepackStats::default() }
+    }
+
+    /// Whether any track is repackaged at all.
+    pub fn is_empty(&self) -> bool {
+        self.tracks.iter().all(Option::is_none)
+    }
+
+    /// The upstream's wall clock for track `i` (from its RTCP sender reports, mapped to the
+    /// RTP times this repackager is given): tracks that start after it are placed on the
+    /// timeline by it, so audio and video stay in sync as the source had them.
+    pub fn set_clock_map(&mut self, i: usize, ntp: u64, rtp: u32) {
+        if let Some(Some(t)) = self.tracks.get_mut(i) {
+            t.clock_map = Some((ntp, rtp));
+        }
+    }
+
+    /// One RTP packet of track `i`, arrived at `now_ms` (any monotonic clock); appends the
+    /// transport packets it completes to `out`.
+    pub fn push_rtp(&mut self, i: usize, pkt: &[u8], now_ms: u64, out: &mut Vec<u8>) {
+        let Some(Some(_)) = self.tracks.get(i) else { return };
+        self.stats.packets += 1;
+        let Ok(v) = RtpView::parse(pkt) else {
+            self.stats.bad += 1;
+            return;
+        };
+        let time = self.timeline(i, v.timestamp(), now_ms);
+        let t = self.tracks[i].as_mut().expect("checked");
+        match &t.info.codec {
+            TrackCodec::Video { codec, .. } => {
+                let codec = *codec;
+                if t.au_ts.is_some_and(|at| at != time) {
+                    self.flush_video(i, out);
+                }
+                let t = self.tracks[i].as_mut().expect("checked");
+                t.au_ts = Some(time);
+                let (au, params, key, depack) = (&mut t.au, &mut t.params, &mut t.key, &mut t.depack);
+                depack.push_all(codec, v.payload(), |nal| {
+                    if au.len() + nal.len() > MAX_AU {
+                        return;
+                    }
+                    match nal_type(codec, &nal) {
+                        NalType::Params(first) => {
+                            if first {
+                                params.clear();
+                            }
+                            params.push(nal.clone());
+                        }
+                        NalType::Key => *key = true,
+                        NalType::Other => {}
+                    }
+                    au.extend_from_slice(&[0, 0, 0, 1]);
+                    au.extend_from_slice(&nal);
+                });
+                if v.marker() {
+                    self.flush_video(i, out);
+                }
+            }
+            TrackCodec::Aac { .. } => self.push_aac(i, &v, time, out),
+        }
+    }
+
+    /// Track `i`'s 90 kHz timeline time of RTP time `ts`.
+    fn timeline(&mut self, i: usize, ts: u32, now_ms: u64) -> i64 {
+        let reference = *self.reference.get_or_insert(i);
+        // The reference's map, its RTP time extended like its packets' times.
+        let reference_map = self.tracks[reference].as_ref().and_then(|r| {
+            let (ntp, rtp) = r.clock_map?;
+            Some((ntp, near(r.unwrap.last?, rtp), r.offset?, r.info.clock))
+        });
+        let t = self.tracks[i].as_mut().expect("checked");
+        let ext = t.unwrap.extend(ts);
+        let scaled = |rtp: i64, clock: u32| rtp * 90_000 / i64::from(clock);
+        let offset = *t.offset.get_or_insert_with(|| {
+            match (reference_map, t.clock_map) {
+                // Both on the source's wall clock: this track's RTP time `r` is `ntp`, the
+                // reference's RTP time at that `ntp` follows from its own map.
+                (Some((rntp, rrtp, roff, rclock)), Some((ntp, rtp))) if reference != i => {
+                    let d90 = (((i128::from(ntp) - i128::from(rntp)) * 90_000) >> 32) as i64;
+                    let reference_at = scaled(rrtp, rclock) + roff + d90;
+                    reference_at - scaled(near((ts, ext), rtp), t.info.clock)
+                }
+                // Else by arrival: this packet is now.
+                _ => now_ms as i64 * 90 - scaled(ext, t.info.clock),
+            }
+        });
+        scaled(ext, t.info.clock) + offset
+    }
+
+    fn flush_video(&mut self, i: usize, out: &mut Vec<u8>) {
+        let t = self.tracks[i].as_mut().expect("a video track");
+        let (Some(time), false) = (t.au_ts.take(), t.au.is_empty()) else {
+            t.au.clear();
+            return;
+        };
+        let key = std::mem::take(&mut t.key);
+        let nals = std::mem::take(&mut t.au);
+        let TrackCodec::Video { codec, .. } = t.info.codec else { return };
+        if !self.started && !key {
+            self.stats.dropped += 1;
+            return;
+        }
+        self.started = true;
+        // An access unit delimiter first (players of TS expect one), then the parameter
+        // sets in front of a keyframe that does not carry its own.
+        let mut data = Vec::with_capacity(nals.len() + 64);
+        data.extend_from_slice(match codec {
+            Codec::H264 => &[0, 0, 0, 1, 0x09, 0xf0],
+            Codec::H265 => &[0, 0, 0, 1, 0x46, 0x01, 0x50],
+        });
+        let carries_params = crate::annexb::nal_units(&nals).any(|n| matches!(nal_type(codec, n), NalType::Params(_)));
+        if key && !carries_params {
+            for p in &t.params {
+                data.extend_from_slice(&[0, 0, 0, 1]);
+                data.extend_from_slice(p);
+            }
+        }
+        data.extend_from_slice(&nals);
+        let stream = t.stream;
+        self.emit(stream, time, key, &data, out);
+    }
+
+    fn push_aac(&mut self, i: usize, v: &RtpView<'_>, time: i64, out: &mut Vec<u8>) {
+        let t = self.tracks[i].as_mut().expect("checked");
+        let TrackCodec::Aac { config, size_bits, index_bits, delta_bits } = &t.info.codec else { return };
+        let Some(aus) = au_sizes(v.payload(), *size_bits, *index_bits, *delta_bits) else {
+            self.stats.bad += 1;
+            return;
+        };
+        let (config, stream, clock) = (config.clone(), t.stream, t.info.clock);
+        let mut data = &v.payload()[aus.data_at..];
+        let mut frames = Vec::new();
+        if aus.sizes.len() == 1 && aus.sizes[0] > data.len() {
+            // One access unit over several packets (RFC 3640 §3.2.3): gather it.
+            t.frag.extend_from_slice(data);
+            if t.frag.len() < aus.sizes[0] && !v.marker() {
+                return;
+            }
+            let whole = std::mem::take(&mut t.frag);
+            if whole.len() == aus.sizes[0] {
+                frames.push(whole);
+            } else {
+                self.stats.bad += 1;
+            }
+        } else {
+            t.frag.clear();
+            for &n in &aus.sizes {
+                let Some(au) = data.get(..n) else {
+                    self.stats.bad += 1;
+                    break;
+                };
+                frames.push(au.to_vec());
+                data = &data[n..];
+            }
+        }
+        if !self.started {
+            self.stats.dropped += frames.len() as u64;
+            return;
+        }
+        // Each AAC frame is 1024 samples.
+        let step = 1024 * 90_000 / i64::from(clock);
+        for (k, au) in frames.into_iter().enumerate() {
+            let Some(h) = adts_header(&config, au.len()) else {
+                self.stats.dropped += 1;
+                continue;
+            };
+            let mut frame = h.to_vec();
+            frame.extend_from_slice(&au);
+            self.emit(stream, time + k as i64 * step, false, &frame, out);
+        }
+    }
+
+    fn emit(&mut self, stream: usize, time: i64, key: bool, data: &[u8], out: &mut Vec<u8>) {
+        self.stats.units += 1;
+        // The muxer's times are unsigned (and taken modulo 2^33); the PCR lead keeps every
+        // PES on time.
+        let at = (time + crate::tsmux::PCR_LEAD_90K as i64).rem_euclid(1 << 33) as u64;
+        self.mux.push(&AccessUnit { stream, pts: at, dts: at, key, data }, out);
+    }
+}
+
+enum NalType {
+    /// A parameter set; `true` for the first of a set (H.264 SPS, HEVC VPS).
+    Params(bool),
+    /// A picture a decoder can start at.
+    Key,
+    Other,
+}
+
+fn nal_type(codec: Codec, nal: &[u8]) -> NalType {
+    let Some(&b) = nal.first() else { return NalType::Other };
+    match codec {
+        Codec::H264 => match b & 0x1f {
+            7 => NalType::Params(true),
+            8 => NalType::Params(false),
+            5 => NalType::Key,
+            _ => NalType::Other,
+        },
+        Codec::H265 => match (b >> 1) & 0x3f {
+            32 => NalType::Params(true),
+            33 | 34 => NalType::Params(false),
+            16..=21 => NalType::Key,
+            _ => NalType::Other,
+        },
+    }
+}
+
+/// The AU headers of an RFC 3640 payload: each access unit's size, and where the data starts.
+#[derive(Debug, PartialEq, Eq)]
+struct AuHeaders {
+    sizes: Vec<usize>,
+    data_at: usize,
+}
+
+fn au_sizes(p: &[u8], size_bits: u8, index_bits: u8, delta_bits: u8) -> Option<AuHeaders> {
+    let bits = usize::from(u16::from_be_bytes([*p.first()?, *p.get(1)?]));
+    let data_at = 2 + bits.div_ceil(8);
+    let headers = p.get(2..data_at)?;
+    let read = |at: usize, n: u8| -> Option<usize> {
+        (0..usize::from(n)).try_fold(0usize, |v, k| {
+            let bit = at + k;
+            Some(v << 1 | usize::from(headers.get(bit / 8)? >> (7 - bit % 8) & 1))
+        })
+    };
+    let (mut at, mut sizes) = (0, Vec::new());
+    while at + usize::from(size_bits) <= bits {
+        sizes.push(read(at, size_bits)?);
+        at += usize::from(size_bits) + usize::from(if sizes.len() == 1 { index_bits } else { delta_bits });
+    }
+    (!sizes.is_empty()).then_some(AuHeaders { sizes, data_at })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mpegts::PACKET_LEN;
+    use crate::tsdemux::{Demux, Pes};
+    use proptest::prelude::*;
+
+    const SDP: &str = "v=0\r\ns=x\r\nt=0 0\r\n\
+        m=video 0 RTP/AVP 96\r\na=rtpmap:96 H264/90000\r\n\
+        a=fmtp:96 packetization-mode=1;sprop-parameter-sets=Z2QAHqzZQeA,aOvjyyLA\r\n\
+        m=audio 0 RTP/AVP 97\r\na=rtpmap:97 MPEG4-GENERIC/48000/2\r\n\
+        a=fmtp:97 streamtype=5;profile-level-id=1;mode=AAC-hbr;sizelength=13;indexlength=3;indexdeltalength=3;config=1190\r\n\
+        m=audio 0 RTP/AVP 0\r\na=rtpmap:0 PCMU/8000\r\n";
+
+    fn tracks() -> Vec<Result<TrackInfo, String>> {
+        crate::sdp::Sdp::parse(SDP).unwrap().media.iter().map(TrackInfo::from_sdp).collect()
+    }
+
+    fn rtp(marker: bool, seq: u16, ts: u32, payload: &[u8]) -> Vec<u8> {
+        let mut p = vec![0u8; 12 + payload.len()];
+        crate::rtp::write_header(&mut p, marker, 96, seq, ts, 1);
+        p[12..].copy_from_slice(payload);
+        p
+    }
+
+    fn demux(ts: &[u8]) -> Vec<Pes> {
+        let mut d = Demux::default();
+        let mut out: Vec<Pes> = ts.chunks(PACKET_LEN).filter_map(|p| d.push(p)).collect();
+        out.extend(d.flush());
+        assert_eq!(d.errors, 0);
+        out
+    }
+
+    #[test]
+    fn reads_the_tracks_of_a_description() {
+        let t = tracks();
+        let TrackCodec::Video { codec: Codec::H264, params } = &t[0].as_ref().unwrap().codec else { panic!() };
+        assert_eq!(params.len(), 2);
+        assert_eq!(params[0][0] & 0x1f, 7);
+        assert_eq!(
+            t[1].as_ref().unwrap(),
+            &TrackInfo {
+                codec: TrackCodec::Aac { config: vec![0x11, 0x90], size_bits: 13, index_bits: 3, delta_bits: 3 },
+                clock: 48_000
+            }
+        );
+        assert!(t[2].as_ref().unwrap_err().contains("PCMU"), "{:?}", t[2]);
+    }
+
+    #[test]
+    fn au_headers_of_several_units() {
+        // Two AUs of 5 and 3 bytes, hbr (13 + 3 bits each).
+        let p = [0, 32, 0, 5 << 3, 0, 3 << 3, 1, 2, 3, 4, 5, 6, 7, 8];
+        assert_eq!(au_sizes(&p, 13, 3, 3), Some(AuHeaders { sizes: vec![5, 3], data_at: 6 }));
+        assert_eq!(au_sizes(&p[..3], 13, 3, 3), None);
+        assert_eq!(au_sizes(&[0, 0], 13, 3, 3), None);
+    }
+
+    /// H.264 access units as RTP (FU-A where large), AAC frames as RFC 3640: the TS holds
+    /// every unit from the first keyframe on, parameter sets in front of the keyframe, and
+    /// audio and video on one timeline.
+    #[test]
+    fn repackages_video_and_audio() {
+        let infos: Vec<Option<TrackInfo>> = tracks().into_iter().map(Result::ok).collect();
+        let mut r = Repackager::new(infos);
+        let mut out = Vec::new();
+        let (mut seq, mut scratch) = (0u16, Vec::new());
+        for frame in 0..10u32 {
+            let now = 1000 + u64::from(frame) * 40;
+            let ts = 5000 + frame * 3600;
+            // A P slice first (dropped: no keyframe yet), then an IDR at frame 1.
+            let nal: Vec<u8> = if frame == 1 {
+                [0x65].iter().chain(&[7u8; 3000]).copied().collect()
+            } else {
+                vec![0x41, frame as u8, 1, 2]
+            };
+            let mut pkts = Vec::new();
+            crate::annexb::packetize(Codec::H264, &nal, 1200, &mut scratch, |p, last| pkts.push((p.to_vec(), last)));
+            for (p, last) in pkts {
+                seq += 1;
+                r.push_rtp(0, &rtp(last, seq, ts, &p), now, &mut out);
+            }
+            // One AAC frame per 40 ms of RTP time (48 kHz).
+            let a = crate::aac::rtp_payload(&[frame as u8; 200]).unwrap();
+            r.push_rtp(1, &rtp(true, seq, 77 + frame * 1920, &a), now, &mut out);
+            r.push_rtp(2, &rtp(true, seq, 0, &[0; 160]), now, &mut out); // PCMU: left out
+        }
+        let pes = demux(&out);
+        let video: Vec<&Pes> = pes.iter().filter(|p| p.stream_type == 0x1b).collect();
+        assert_eq!(video.len(), 9, "frames 1..=9");
+        let nals: Vec<u8> = crate::annexb::nal_units(&video[0].data).map(|n| n[0] & 0x1f).collect();
+        assert_eq!(nals, [9, 7, 8, 5], "AUD, SPS, PPS, IDR");
+        assert_eq!(crate::annexb::nal_units(&video[0].data).last().unwrap().len(), 3001);
+        let steps: Vec<u64> = video.windows(2).map(|w| w[1].pts.unwrap() - w[0].pts.unwrap()).collect();
+        assert!(steps.iter().all(|s| *s == 3600), "{steps:?}");
+        let audio: Vec<&Pes> = pes.iter().filter(|p| p.stream_type == 0x0f).collect();
+        assert_eq!(audio.len(), 9, "from the keyframe on");
+        let frames = crate::aac::adts_frames(&audio[0].data);
+        assert_eq!((frames.len(), frames[0].au), (1, &[1u8; 200][..]));
+        // Both started at the same arrival time: the audio of frame 1 is at the video's time.
+        assert_eq!(audio[0].pts, video[0].pts);
+        assert_eq!(r.stats.dropped, 2, "frame 0's picture and audio");
+    }
+
+    /// With the source's wall clock known for both tracks, audio joins the timeline where
+    /// the source put it, however late it arrives.
+    #[test]
+    fn sender_reports_place_a_late_track() {
+        let infos: Vec<Option<TrackInfo>> = tracks().into_iter().map(Result::ok).collect();
+        let mut r = Repackager::new(infos);
+        let ntp = 1u64 << 40;
+        // Video RTP 90000 and audio RTP 48000 are the same instant.
+        r.set_clock_map(0, ntp, 90_000);
+        r.set_clock_map(1, ntp, 48_000);
+        let mut out = Vec::new();
+        r.push_rtp(0, &rtp(true, 1, 90_000, &[0x65, 1]), 0, &mut out);
+        // Audio for half a second later arrives 3 s later.
+        let a = crate::aac::rtp_payload(&[1; 20]).unwrap();
+        r.push_rtp(1, &rtp(true, 1, 72_000, &a), 3_000, &mut out);
+        let pes = demux(&out);
+        assert_eq!(pes[1].pts.unwrap() - pes[0].pts.unwrap(), 45_000);
+    }
+
+    proptest! {
+        /// Any bytes as packets of any track: no panic, and output in whole packets.
+        #[test]
+        fn never_panics(pkts in proptest::collection::vec((0usize..4, proptest::collection::vec(any::<u8>(), 0..400)), 0..60)) {
+            let infos: Vec<Option<TrackInfo>> = tracks().into_iter().map(Result::ok).collect();
+            let mut r = Repackager::new(infos);
+            let mut out = Vec::new();
+            for (i, (track, mut p)) in pkts.into_iter().enumerate() {
+                if p.len() >= 12 {
+                    p[0] = 0x80; // mostly RTP
+                    if i % 3 == 0 { p[12..].iter_mut().take(1).for_each(|b| *b = 0x65); }
+                }
+                r.push_rtp(track, &p, i as u64, &mut out);
+            }
+            prop_assert_eq!(out.len() % PACKET_LEN, 0);
+        }
+
+        #[test]
+        fn au_headers_never_overrun(p in proptest::collection::vec(any::<u8>(), 0..64), size in 1u8..16, idx in 0u8..4) {
+            if let Some(h) = au_sizes(&p, size, idx, idx) {
+                prop_assert!(h.data_at <= p.len());
+                prop_assert!(h.sizes.iter().all(|s| *s < 1 << size));
+            }
+        }
+    }
+}

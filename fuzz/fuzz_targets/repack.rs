@@ -1,0 +1,33 @@
+//! RTP repackaging into MPEG-TS never panics, whatever the packets; what comes out is whole
+//! transport packets that demux without an error.
+#![no_main]
+use fanout_proto::repack::{Repackager, TrackInfo};
+use libfuzzer_sys::fuzz_target;
+
+const SDP: &str = "v=0\r\ns=x\r\nt=0 0\r\n\
+    m=video 0 RTP/AVP 96\r\na=rtpmap:96 H264/90000\r\na=fmtp:96 sprop-parameter-sets=Z2QAHqzZQeA,aOvjyyLA\r\n\
+    m=video 0 RTP/AVP 98\r\na=rtpmap:98 H265/90000\r\n\
+    m=audio 0 RTP/AVP 97\r\na=rtpmap:97 MPEG4-GENERIC/48000/2\r\n\
+    a=fmtp:97 mode=AAC-hbr;sizelength=13;indexlength=3;indexdeltalength=3;config=1190\r\n";
+
+fuzz_target!(|data: &[u8]| {
+    let sdp = fanout_proto::sdp::Sdp::parse(SDP).expect("a valid description");
+    let mut r = Repackager::new(sdp.media.iter().map(|m| TrackInfo::from_sdp(m).ok()).collect());
+    let mut out = Vec::new();
+    // Packets: a track byte and a length byte, then that many bytes.
+    let (mut rest, mut now) = (data, 0u64);
+    while let [track, len, tail @ ..] = rest {
+        let n = usize::from(*len).min(tail.len());
+        r.push_rtp(usize::from(*track % 3), &tail[..n], now, &mut out);
+        if *track & 0x80 != 0 {
+            r.set_clock_map(usize::from(*track % 3), u64::from(*len) << 32, u32::from(*track) << 16);
+        }
+        rest = &tail[n..];
+        now += 7;
+    }
+    assert_eq!(out.len() % 188, 0);
+    let mut d = fanout_proto::tsdemux::Demux::default();
+    out.chunks(188).for_each(|p| drop(d.push(p)));
+    d.flush();
+    assert_eq!(d.errors, 0);
+});
