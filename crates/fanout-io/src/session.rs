@@ -320,6 +320,8 @@ pub(crate) struct Inner {
     /// RTP video codec for keyframe marks and layer statistics: 0 none, 1 H.264, 2 HEVC.
     rtp_video: std::sync::atomic::AtomicU8,
     saw_parameter_sets: AtomicBool,
+    /// The previous packet carried parameter sets.
+    in_parameter_sets: AtomicBool,
     /// Each packet's scalable layer, and the moving average rate per layer.
     layers: Mutex<(fanout_proto::layers::LayerParser, fanout_proto::adapt::LayerRates)>,
     /// The source's rate and largest picture, and the pace they make (sessions that pace,
@@ -558,10 +560,16 @@ impl Inner {
         if p.payload().first() == Some(&fanout_proto::mpegts::SYNC_BYTE) {
             return;
         }
-        match video_start(codec, p.payload()) {
+        let start = video_start(codec, p.payload());
+        // A keyframe's parameter sets may come one per packet (HEVC: VPS, SPS, PPS): the
+        // first of the run is where a new sink starts, or it would miss the VPS.
+        let in_run = self.in_parameter_sets.swap(start == VideoStart::ParameterSets, Ordering::Relaxed);
+        match start {
             VideoStart::ParameterSets => {
                 self.saw_parameter_sets.store(true, Ordering::Relaxed);
-                p.mark_keyframe();
+                if !in_run {
+                    p.mark_keyframe();
+                }
             }
             VideoStart::Idr if !self.saw_parameter_sets.load(Ordering::Relaxed) => p.mark_keyframe(),
             _ => {}
@@ -639,6 +647,7 @@ impl Session {
             kernel: Mutex::new(None),
             rtp_video: std::sync::atomic::AtomicU8::new(0),
             saw_parameter_sets: AtomicBool::new(false),
+            in_parameter_sets: AtomicBool::new(false),
             layers: Mutex::new(Default::default()),
             meter: Mutex::new(Default::default()),
         });

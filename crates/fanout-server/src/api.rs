@@ -15,7 +15,7 @@ use std::fmt::Write;
 use std::sync::Arc;
 
 /// An API error: a status and a JSON body `{"error": "...", "status": N}`.
-pub struct ApiError(StatusCode, String);
+pub struct ApiError(pub StatusCode, pub String);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -31,6 +31,7 @@ impl From<RelayError> for ApiError {
             RelayError::Conflict(_) => StatusCode::CONFLICT,
             RelayError::Peer(_) => StatusCode::BAD_GATEWAY,
             RelayError::Unavailable(_) => StatusCode::NOT_IMPLEMENTED,
+            RelayError::Unsupported(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError(code, e.to_string())
@@ -160,7 +161,24 @@ fn session_json(relay: &Relay, s: &fanout_io::Session) -> serde_json::Value {
         v["rtsp_url"] = json!(format!("rtsp://{rtsp}/{}", s.name()));
     }
     v["stream_url"] = json!(format!("http://{}/v1/sessions/{}/stream", relay.cfg.api, s.name()));
+    v["stream_format"] = json!(stream_format(relay, s.name()));
+    if let Some(ts) = relay.ts_view(s.name()) {
+        let st = ts.session.status();
+        v["stream_repackaging"] = json!({ "session": ts.session.name(), "from": ts.describes, "sinks": st.sinks,
+                                          "datagrams": st.source.packets });
+    }
     v
+}
+
+/// What the stream URL delivers.
+fn stream_format(relay: &Relay, name: &str) -> &'static str {
+    if relay.rtsp_view(name).is_some() {
+        "mpegts"
+    } else if relay.upstream(name).is_some() || relay.spec(name).is_some_and(|s| s.video.is_some()) {
+        "mpegts (repackaged from its RTP video and audio)"
+    } else {
+        "payload (each datagram's, as received: MPEG-TS from an MPEG-TS source)"
+    }
 }
 
 async fn list_sessions(State(relay): State<Arc<Relay>>) -> Json<serde_json::Value> {

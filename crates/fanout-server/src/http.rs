@@ -135,7 +135,7 @@ async fn reject(stream: &TcpStream, status: u16, why: &str) {
 
 async fn start_stream(
     mut stream: TcpStream,
-    relay: &Relay,
+    relay: &Arc<Relay>,
     name: &str,
     auth: Option<&str>,
     query: Option<&str>,
@@ -148,7 +148,10 @@ async fn start_stream(
     let session = if !authorized(relay.cfg.token.as_deref(), auth, query) {
         Err((401, "missing or wrong bearer token".to_string()))
     } else {
-        relay.session(name).map_err(|e| (404, e.to_string()))
+        relay.http_session(name).await.map_err(|e| {
+            let crate::api::ApiError(status, why) = e.into();
+            (status.as_u16(), why)
+        })
     };
     let session = match session {
         Ok(s) => s,

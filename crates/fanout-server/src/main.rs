@@ -7,6 +7,7 @@ mod config;
 mod ctl;
 mod http;
 mod relay;
+mod repack;
 mod rtsp;
 mod spec;
 mod tools;

@@ -31,6 +31,9 @@ pub enum RelayError {
     /// A peer we had to reach (a TCP sink, an upstream) could not be reached.
     #[error("{0}")]
     Peer(String),
+    /// The session's media cannot be given in the form asked for (HTTP: 415).
+    #[error("{0}")]
+    Unsupported(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -54,6 +57,8 @@ pub struct Relay {
     /// Sessions whose RTSP clients get other tracks than the session itself (the demo:
     /// its H.264 as RFC 6184 while HTTP gets the TS).
     views: RwLock<BTreeMap<String, RtspView>>,
+    /// Sessions of RTP video/audio whose HTTP subscribers get MPEG-TS, while any do.
+    ts_views: parking_lot::Mutex<BTreeMap<String, Arc<crate::repack::TsView>>>,
 }
 
 /// What RTSP clients of a session get instead of the session's own RTP.
@@ -75,6 +80,7 @@ impl Relay {
             rtsp: Default::default(),
             upstreams: Default::default(),
             views: Default::default(),
+            ts_views: Default::default(),
         }))
     }
 
@@ -138,6 +144,71 @@ impl Relay {
                 .map(|session| vec![crate::upstream::TrackRef { session, clock: 90_000, clock_map: None }])
                 .unwrap_or_default(),
         }
+    }
+
+    /// The session an HTTP subscriber of `name` joins: its MPEG-TS repackaging where it
+    /// carries RTP video or audio (started now if need be), else the session itself, whose
+    /// payloads go out as they came (an MPEG-TS source, or anything else, udpxy-style).
+    pub async fn http_session(self: &Arc<Self>, name: &str) -> Result<Session, RelayError> {
+        let session = self.session(name)?;
+        if let Some(v) = self.ts_view(name) {
+            return Ok(v.session.clone());
+        }
+        let spec = self.spec(name).ok_or_else(|| RelayError::NotFound(format!("no session named {name:?}")))?;
+        let mut inputs = Vec::new();
+        let mut why = Vec::new();
+        if let Some(up) = self.upstream(name) {
+            let Some(sdp) = up.demand(Duration::from_secs(5)).await else {
+                return Err(RelayError::Peer(format!(
+                    "the upstream of {name:?} did not describe its stream within 5 s ({})",
+                    up.status().last_error.unwrap_or_else(|| "no answer".into())
+                )));
+            };
+            for (m, t) in sdp.media.iter().zip(up.tracks()) {
+                let info = fanout_proto::repack::TrackInfo::from_sdp(m).map_err(|e| why.push(e)).ok();
+                inputs.push(crate::repack::Input { session: t.session, info, clock_map: t.clock_map });
+            }
+        } else if let Some(video) = spec.video.filter(|_| self.rtsp_view(name).is_none()) {
+            let codec = fanout_proto::repack::TrackCodec::Video { codec: video.codec(), params: Vec::new() };
+            let info = Some(fanout_proto::repack::TrackInfo { codec, clock: 90_000 });
+            inputs.push(crate::repack::Input { session: session.clone(), info, clock_map: None });
+        } else {
+            return Ok(session);
+        }
+        if inputs.iter().all(|i| i.info.is_none()) {
+            return Err(RelayError::Unsupported(format!(
+                "session {name:?} cannot be played over HTTP as MPEG-TS: {}; play it over RTSP",
+                why.join("; ")
+            )));
+        }
+        let mut views = self.ts_views.lock();
+        if let Some(v) = views.get(name).filter(|v| v.is_running()) {
+            return Ok(v.session.clone());
+        }
+        let linger = Duration::from_secs_f64(spec.source.linger_s.unwrap_or(10.0));
+        let (weak, key) = (Arc::downgrade(self), name.to_string());
+        let up = self.upstream(name);
+        let maps = move || up.as_ref().map(|u| u.tracks().iter().map(|t| t.clock_map).collect()).unwrap_or_default();
+        let view =
+            crate::repack::TsView::start(name, session.config(), &self.engine, inputs, maps, linger, move || {
+                if let Some(relay) = weak.upgrade() {
+                    let gone = relay.ts_views.lock().remove(&key);
+                    if let Some(v) = gone {
+                        tokio::task::spawn_blocking(move || v.session.close());
+                    }
+                }
+            })
+            .map_err(|e| RelayError::Internal(format!("MPEG-TS repackaging: {e}")))?;
+        for w in &why {
+            tracing::info!(session = name, "left out of MPEG-TS: {w}");
+        }
+        views.insert(name.to_string(), view.clone());
+        Ok(view.session.clone())
+    }
+
+    /// The session's running MPEG-TS repackaging, if any.
+    pub fn ts_view(&self, name: &str) -> Option<Arc<crate::repack::TsView>> {
+        self.ts_views.lock().get(name).filter(|v| v.is_running()).cloned()
     }
 
     pub fn spec(&self, name: &str) -> Option<SessionSpec> {
@@ -310,6 +381,11 @@ impl Relay {
         let up = self.upstreams.write().remove(name);
         let view = self.views.write().remove(name);
         close_view(view).await;
+        let ts = self.ts_views.lock().remove(name);
+        if let Some(ts) = ts {
+            ts.stop();
+            close(ts.session.clone()).await;
+        }
         for t in e.tasks {
             t.abort();
         }

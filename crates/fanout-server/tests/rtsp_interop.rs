@@ -115,6 +115,25 @@ impl Mediamtx {
         m
     }
 
+    /// Publishes `input` (ffmpeg input and codec options, 30 s at most) to `path`.
+    fn publish(&self, path: &str, input: &[&str]) -> Proc {
+        let p = Proc(
+            Command::new("ffmpeg")
+                .args(["-nostdin", "-loglevel", "error", "-re"])
+                .args(input)
+                .args(["-t", "30", "-f", "rtsp", "-rtsp_transport", "tcp"])
+                .arg(format!("rtsp://{}/{path}", self.rtsp))
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        assert!(
+            wait_for(Duration::from_secs(10), || self.api(&format!("/v3/paths/get/{path}"))["ready"] == true),
+            "the publisher of {path} did not reach MediaMTX"
+        );
+        p
+    }
+
     fn api(&self, path: &str) -> Value {
         match ureq::get(&format!("http://{}{path}", self.api)).call() {
             Ok(r) => r.into_json().unwrap_or(Value::Null),
@@ -143,8 +162,12 @@ fn frames(stdout: &[u8]) -> Vec<(i64, String)> {
 
 /// Decodes `limit` of the video (`-frames:v 170`: that many pictures, each whole).
 fn decode(url: &str, limit: [&str; 2], transport: &str) -> Child {
+    // RTSP over UDP or TCP; anything else (`http`) has no transport option.
+    let rtsp = if transport == "http" { vec![] } else { vec!["-rtsp_transport", transport] };
     Command::new("timeout")
-        .args(["40", "ffmpeg", "-nostdin", "-loglevel", "error", "-rtsp_transport", transport, "-i", url])
+        .args(["40", "ffmpeg", "-nostdin", "-loglevel", "error"])
+        .args(rtsp)
+        .args(["-i", url])
         .args(limit)
         .args(["-map", "0:v", "-f", "framemd5", "-"])
         .stdout(Stdio::piped())
@@ -160,6 +183,11 @@ struct Clients {
 }
 
 fn start_clients(upstream: &str, relayed: &str, n: usize) -> Clients {
+    // Half of the clients take RTP over UDP, half interleaved on their RTSP connection.
+    start_clients_over(upstream, relayed, n, |i| if i.is_multiple_of(2) { "udp" } else { "tcp" })
+}
+
+fn start_clients_over(upstream: &str, relayed: &str, n: usize, transport: impl Fn(usize) -> &'static str) -> Clients {
     // The reference reads the upstream from a second earlier and for longer, so its frames
     // span every client's window (a client starts at the relay's first keyframe, which the
     // reference must have seen too). It counts pictures, not seconds: a time limit counts
@@ -167,8 +195,6 @@ fn start_clients(upstream: &str, relayed: &str, n: usize) -> Clients {
     // keyframe) it would decode too few (CI: 299 in 13 s).
     let reference = decode(upstream, ["-frames:v", "350"], "tcp");
     std::thread::sleep(Duration::from_secs(1));
-    // Half of the clients take RTP over UDP, half interleaved on their RTSP connection.
-    let transport = |i: usize| if i.is_multiple_of(2) { "udp" } else { "tcp" };
     Clients { reference, clients: (0..n).map(|i| decode(relayed, ["-frames:v", "170"], transport(i))).collect() }
 }
 
@@ -272,4 +298,81 @@ fn twenty_ffmpeg_clients_share_one_mediamtx_session() {
         mtx.readers()
     );
     assert_eq!(relay.ok("GET", "/v1/sessions/cam", None)["upstream"]["state"], "idle");
+}
+
+/// A camera (MediaMTX, H.264 + AAC over RTSP) proxied by `fanout` plays over HTTP as
+/// MPEG-TS: the session's stream URL carries both tracks, three ffmpeg clients decode 170
+/// pictures each, the same pictures as a client of MediaMTX itself, through one
+/// repackaging that goes a linger after the last of them.
+#[test]
+fn a_proxied_camera_plays_over_http_as_mpegts() {
+    let Some(bin) = peer("mediamtx") else { return };
+    if !have_ffmpeg() {
+        return;
+    }
+    let mtx = Mediamtx::start(&bin);
+    let relay = Relay::start(&["--rtsp", "127.0.0.1:0", "--no-demo"]);
+    let spec = json!({ "name": "cam", "source": { "rtsp": format!("rtsp://{}/live", mtx.rtsp), "linger_s": 2 } });
+    let created = relay.ok("POST", "/v1/sessions", Some(spec));
+    assert!(created["stream_format"].as_str().unwrap().starts_with("mpegts (repackaged"), "{created}");
+    let url = created["stream_url"].as_str().unwrap().to_string();
+
+    let probe = Command::new("timeout")
+        .args([
+            "20",
+            "ffprobe",
+            "-v",
+            "error",
+            "-show_entries",
+            "stream=codec_name,width,sample_rate",
+            "-of",
+            "csv=p=0",
+        ])
+        .arg(&url)
+        .output()
+        .unwrap();
+    let streams = String::from_utf8_lossy(&probe.stdout).to_string();
+    assert!(streams.contains("h264,480") && streams.contains("aac,48000"), "{streams}{probe:?}");
+
+    let clients = start_clients_over(&format!("rtsp://{}/live", mtx.rtsp), &url, 3, |_| "http");
+    std::thread::sleep(Duration::from_secs(4));
+    let status = relay.ok("GET", "/v1/sessions/cam", None);
+    let repack = &status["stream_repackaging"];
+    assert_eq!((repack["from"].as_str(), repack["sinks"].as_u64()), (Some("H.264 + AAC"), Some(3)), "{status}");
+    // One subscriber per track upstream of it, however many HTTP clients.
+    let tracks = status["rtsp_tracks"].as_array().unwrap();
+    assert!(tracks.iter().all(|t| t["sinks"] == 1), "{status}");
+    clients.check();
+
+    // Everyone left: the repackaging stops a linger later, and with it its subscriptions.
+    assert!(
+        wait_for(Duration::from_secs(10), || relay.ok("GET", "/v1/sessions/cam", None)["stream_repackaging"].is_null()),
+        "the repackaging outlived its subscribers"
+    );
+    let status = relay.ok("GET", "/v1/sessions/cam", None);
+    assert!(status["rtsp_tracks"].as_array().unwrap().iter().all(|t| t["sinks"] == 0), "{status}");
+}
+
+/// A session whose tracks MPEG-TS cannot carry (G.711 here) answers its stream URL with 415
+/// and why, instead of bytes no player reads; RTSP still plays it.
+#[test]
+fn a_stream_that_cannot_be_mpegts_says_why() {
+    let Some(bin) = peer("mediamtx") else { return };
+    if !have_ffmpeg() {
+        return;
+    }
+    let mtx = Mediamtx::start(&bin);
+    let _pcmu = mtx.publish("pcmu", &["-f", "lavfi", "-i", "sine=frequency=440:sample_rate=8000", "-c:a", "pcm_mulaw"]);
+    let relay = Relay::start(&["--rtsp", "127.0.0.1:0", "--no-demo"]);
+    let spec = json!({ "name": "phone", "source": { "rtsp": format!("rtsp://{}/pcmu", mtx.rtsp), "linger_s": 1 } });
+    relay.ok("POST", "/v1/sessions", Some(spec));
+    let (status, body) = relay.call("GET", "/v1/sessions/phone/stream", None);
+    assert_eq!(status, 415, "{body}");
+    assert!(body["error"].as_str().is_some_and(|e| e.contains("PCMU") && e.contains("RTSP")), "{body}");
+    let probe = Command::new("timeout")
+        .args(["20", "ffprobe", "-v", "error", "-show_entries", "stream=codec_name", "-of", "csv=p=0"])
+        .arg(format!("rtsp://{}/phone", rtsp_addr(&relay)))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&probe.stdout).trim(), "pcm_mulaw", "{probe:?}");
 }
