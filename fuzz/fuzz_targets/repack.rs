@@ -1,7 +1,7 @@
 //! RTP repackaging into MPEG-TS never panics, whatever the packets; what comes out is whole
 //! transport packets that demux without an error.
 #![no_main]
-use fanout_proto::repack::{Repackager, TrackInfo};
+use fanout_proto::repack::{Repackager, TrackInfo, TsPackager};
 use libfuzzer_sys::fuzz_target;
 
 const SDP: &str = "v=0\r\ns=x\r\nt=0 0\r\n\
@@ -13,12 +13,16 @@ const SDP: &str = "v=0\r\ns=x\r\nt=0 0\r\n\
 fuzz_target!(|data: &[u8]| {
     let sdp = fanout_proto::sdp::Sdp::parse(SDP).expect("a valid description");
     let mut r = Repackager::new(sdp.media.iter().map(|m| TrackInfo::from_sdp(m).ok()).collect());
-    let mut out = Vec::new();
+    let mut ts = TsPackager::new(r.streams());
+    let (mut units, mut out) = (Vec::new(), Vec::new());
     // Packets: a track byte and a length byte, then that many bytes.
     let (mut rest, mut now) = (data, 0u64);
     while let [track, len, tail @ ..] = rest {
         let n = usize::from(*len).min(tail.len());
-        r.push_rtp(usize::from(*track % 3), &tail[..n], now, &mut out);
+        r.push_rtp(usize::from(*track % 3), &tail[..n], now, &mut units);
+        for u in units.drain(..) {
+            ts.write(&u, &mut out);
+        }
         if *track & 0x80 != 0 {
             r.set_clock_map(usize::from(*track % 3), u64::from(*len) << 32, u32::from(*track) << 16);
         }

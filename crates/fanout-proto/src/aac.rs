@@ -15,6 +15,11 @@ pub struct AdtsFrame<'a> {
 
 const RATES: [u32; 13] = [96000, 88200, 64000, 48000, 44100, 32000, 24000, 22050, 16000, 12000, 11025, 8000, 7350];
 
+/// The sample rate of a sampling frequency index (ISO/IEC 14496-3 §1.6.3.4).
+pub fn sample_rate(index: u8) -> Option<u32> {
+    RATES.get(usize::from(index)).copied()
+}
+
 impl AdtsFrame<'_> {
     pub fn sample_rate(&self) -> Option<u32> {
         RATES.get(usize::from(self.sample_rate_index)).copied()

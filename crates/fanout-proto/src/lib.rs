@@ -32,6 +32,8 @@ pub mod aac;
 pub mod adapt;
 pub mod annexb;
 pub mod classify;
+pub mod fmp4;
+pub mod hls;
 pub mod http;
 pub mod layers;
 pub mod mpegts;

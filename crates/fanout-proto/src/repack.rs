@@ -1,12 +1,14 @@
-//! RTP in, MPEG-TS out: the tracks of a session (H.264 or HEVC per RFC 6184 / RFC 7798, AAC
-//! per RFC 3640) are depacketized into access units, put on one 90 kHz timeline and muxed
-//! ([`crate::tsmux`]), so that a session fed by a camera can be played over HTTP by any
-//! player. Done once per session; sans-IO (packets and arrival times in, bytes out).
+//! RTP in, access units out: the tracks of a session (H.264 or HEVC per RFC 6184 / RFC 7798,
+//! AAC per RFC 3640) are depacketized into access units on one 90 kHz timeline, for MPEG-TS
+//! ([`TsPackager`], [`crate::tsmux`]) and fragmented MP4 ([`crate::fmp4`]), so that a session
+//! fed by a camera can be played over HTTP by any player. Done once per session; sans-IO
+//! (packets and arrival times in, units out).
 
 use crate::annexb::{Codec, Depacketizer};
 use crate::rtp::RtpView;
 use crate::sdp::Media;
 use crate::tsmux::{adts_header, AccessUnit, StreamKind, TsMuxer};
+
 use base64::Engine as _;
 
 /// An access unit larger than this is dropped (a broken stream, not a picture).
@@ -79,7 +81,7 @@ impl TrackInfo {
         Ok(Self { codec, clock: clock.max(1) })
     }
 
-    fn kind(&self) -> StreamKind {
+    pub fn kind(&self) -> StreamKind {
         match &self.codec {
             TrackCodec::Video { codec: Codec::H264, .. } => StreamKind::H264,
             TrackCodec::Video { codec: Codec::H265, .. } => StreamKind::H265,
@@ -163,7 +165,8 @@ pub struct RepackStats {
 /// The repackager of one session.
 pub struct Repackager {
     tracks: Vec<Option<Track>>,
-    mux: TsMuxer,
+    /// The info of each output stream, in order.
+    streams: Vec<TrackInfo>,
     /// The track whose timeline the others follow (the first to send a packet).
     reference: Option<usize>,
     /// Video has started (a keyframe went out), or there is no video track.
@@ -174,18 +177,18 @@ pub struct Repackager {
 impl Repackager {
     /// A repackager for a session's tracks in order; `None` for a track it leaves out.
     pub fn new(tracks: Vec<Option<TrackInfo>>) -> Self {
-        let mut kinds = Vec::new();
+        let mut streams = Vec::new();
         let tracks: Vec<Option<Track>> = tracks
             .into_iter()
             .map(|t| {
                 t.map(|info| {
-                    kinds.push(info.kind());
+                    streams.push(info.clone());
                     let params = match &info.codec {
                         TrackCodec::Video { params, .. } => params.clone(),
                         TrackCodec::Aac { .. } => Vec::new(),
                     };
                     Track {
-                        stream: kinds.len() - 1,
+                        stream: streams.len() - 1,
                         info,
                         unwrap: Unwrap::default(),
                         offset: None,
@@ -200,8 +203,13 @@ impl Repackager {
                 })
             })
             .collect();
-        let started = !kinds.iter().any(|k| *k != StreamKind::AacAdts);
-        Self { tracks, mux: TsMuxer::new(&kinds), reference: None, started, stats: RepackStats::default() }
+        let started = !streams.iter().any(|s| s.kind() != StreamKind::AacAdts);
+        Self { tracks, streams, reference: None, started, stats: RepackStats::default() }
+    }
+
+    /// The output streams ([`Unit::stream`] indexes them).
+    pub fn streams(&self) -> &[TrackInfo] {
+        &self.streams
     }
 
     /// Whether any track is repackaged at all.
@@ -219,8 +227,8 @@ impl Repackager {
     }
 
     /// One RTP packet of track `i`, arrived at `now_ms` (any monotonic clock); appends the
-    /// transport packets it completes to `out`.
-    pub fn push_rtp(&mut self, i: usize, pkt: &[u8], now_ms: u64, out: &mut Vec<u8>) {
+    /// access units it completes to `out`.
+    pub fn push_rtp(&mut self, i: usize, pkt: &[u8], now_ms: u64, out: &mut Vec<Unit>) {
         let Some(Some(_)) = self.tracks.get(i) else { return };
         self.stats.packets += 1;
         let Ok(v) = RtpView::parse(pkt) else {
@@ -290,7 +298,7 @@ impl Repackager {
         scaled(ext, t.info.clock) + offset
     }
 
-    fn flush_video(&mut self, i: usize, out: &mut Vec<u8>) {
+    fn flush_video(&mut self, i: usize, out: &mut Vec<Unit>) {
         let t = self.tracks[i].as_mut().expect("a video track");
         let (Some(time), false) = (t.au_ts.take(), t.au.is_empty()) else {
             t.au.clear();
@@ -319,18 +327,18 @@ impl Repackager {
             }
         }
         data.extend_from_slice(&nals);
-        let stream = t.stream;
-        self.emit(stream, time, key, &data, out);
+        self.stats.units += 1;
+        out.push(Unit { stream: t.stream, time, key, data });
     }
 
-    fn push_aac(&mut self, i: usize, v: &RtpView<'_>, time: i64, out: &mut Vec<u8>) {
+    fn push_aac(&mut self, i: usize, v: &RtpView<'_>, time: i64, out: &mut Vec<Unit>) {
         let t = self.tracks[i].as_mut().expect("checked");
-        let TrackCodec::Aac { config, size_bits, index_bits, delta_bits } = &t.info.codec else { return };
+        let TrackCodec::Aac { size_bits, index_bits, delta_bits, .. } = &t.info.codec else { return };
         let Some(aus) = au_sizes(v.payload(), *size_bits, *index_bits, *delta_bits) else {
             self.stats.bad += 1;
             return;
         };
-        let (config, stream, clock) = (config.clone(), t.stream, t.info.clock);
+        let (stream, clock) = (t.stream, t.info.clock);
         let mut data = &v.payload()[aus.data_at..];
         let mut frames = Vec::new();
         if aus.sizes.len() == 1 && aus.sizes[0] > data.len() {
@@ -363,22 +371,63 @@ impl Repackager {
         // Each AAC frame is 1024 samples.
         let step = 1024 * 90_000 / i64::from(clock);
         for (k, au) in frames.into_iter().enumerate() {
-            let Some(h) = adts_header(&config, au.len()) else {
-                self.stats.dropped += 1;
-                continue;
-            };
-            let mut frame = h.to_vec();
-            frame.extend_from_slice(&au);
-            self.emit(stream, time + k as i64 * step, false, &frame, out);
+            self.stats.units += 1;
+            out.push(Unit { stream, time: time + k as i64 * step, key: false, data: au });
         }
     }
+}
 
-    fn emit(&mut self, stream: usize, time: i64, key: bool, data: &[u8], out: &mut Vec<u8>) {
-        self.stats.units += 1;
+/// One access unit on the session's timeline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unit {
+    /// Its output stream (see [`Repackager::streams`]).
+    pub stream: usize,
+    /// 90 kHz; the first track starts at its arrival time.
+    pub time: i64,
+    /// A video picture a decoder can start at.
+    pub key: bool,
+    /// Video: Annex B, an access unit delimiter first, the parameter sets in front of a
+    /// keyframe. AAC: the raw access unit.
+    pub data: Vec<u8>,
+}
+
+/// MPEG-TS of a repackager's units.
+pub struct TsPackager {
+    mux: TsMuxer,
+    /// Per stream, the AAC AudioSpecificConfig its ADTS headers are made from.
+    aac: Vec<Option<Vec<u8>>>,
+}
+
+impl TsPackager {
+    pub fn new(streams: &[TrackInfo]) -> Self {
+        let kinds: Vec<StreamKind> = streams.iter().map(TrackInfo::kind).collect();
+        let aac = streams
+            .iter()
+            .map(|s| match &s.codec {
+                TrackCodec::Aac { config, .. } => Some(config.clone()),
+                TrackCodec::Video { .. } => None,
+            })
+            .collect();
+        Self { mux: TsMuxer::new(&kinds), aac }
+    }
+
+    /// Appends the unit's transport packets; `false` if it cannot be (an AAC frame ADTS
+    /// cannot frame).
+    pub fn write(&mut self, u: &Unit, out: &mut Vec<u8>) -> bool {
+        let framed;
+        let data = match self.aac.get(u.stream) {
+            Some(Some(config)) => {
+                let Some(h) = adts_header(config, u.data.len()) else { return false };
+                framed = [&h[..], &u.data].concat();
+                &framed
+            }
+            _ => &u.data,
+        };
         // The muxer's times are unsigned (and taken modulo 2^33); the PCR lead keeps every
         // PES on time.
-        let at = (time + crate::tsmux::PCR_LEAD_90K as i64).rem_euclid(1 << 33) as u64;
-        self.mux.push(&AccessUnit { stream, pts: at, dts: at, key, data }, out);
+        let at = (u.time + crate::tsmux::PCR_LEAD_90K as i64).rem_euclid(1 << 33) as u64;
+        self.mux.push(&AccessUnit { stream: u.stream, pts: at, dts: at, key: u.key, data }, out);
+        true
     }
 }
 
@@ -458,6 +507,24 @@ mod tests {
         p
     }
 
+    /// A repackager and its MPEG-TS, for feeding packets.
+    struct ToTs(Repackager, TsPackager, Vec<Unit>);
+
+    impl ToTs {
+        fn new() -> Self {
+            let r = Repackager::new(tracks().into_iter().map(Result::ok).collect());
+            let ts = TsPackager::new(r.streams());
+            Self(r, ts, Vec::new())
+        }
+
+        fn push_rtp(&mut self, i: usize, pkt: &[u8], now_ms: u64, out: &mut Vec<u8>) {
+            self.0.push_rtp(i, pkt, now_ms, &mut self.2);
+            for u in self.2.drain(..) {
+                assert!(self.1.write(&u, out));
+            }
+        }
+    }
+
     fn demux(ts: &[u8]) -> Vec<Pes> {
         let mut d = Demux::default();
         let mut out: Vec<Pes> = ts.chunks(PACKET_LEN).filter_map(|p| d.push(p)).collect();
@@ -496,8 +563,7 @@ mod tests {
     /// audio and video on one timeline.
     #[test]
     fn repackages_video_and_audio() {
-        let infos: Vec<Option<TrackInfo>> = tracks().into_iter().map(Result::ok).collect();
-        let mut r = Repackager::new(infos);
+        let mut r = ToTs::new();
         let mut out = Vec::new();
         let (mut seq, mut scratch) = (0u16, Vec::new());
         for frame in 0..10u32 {
@@ -534,19 +600,18 @@ mod tests {
         assert_eq!((frames.len(), frames[0].au), (1, &[1u8; 200][..]));
         // Both started at the same arrival time: the audio of frame 1 is at the video's time.
         assert_eq!(audio[0].pts, video[0].pts);
-        assert_eq!(r.stats.dropped, 2, "frame 0's picture and audio");
+        assert_eq!(r.0.stats.dropped, 2, "frame 0's picture and audio");
     }
 
     /// With the source's wall clock known for both tracks, audio joins the timeline where
     /// the source put it, however late it arrives.
     #[test]
     fn sender_reports_place_a_late_track() {
-        let infos: Vec<Option<TrackInfo>> = tracks().into_iter().map(Result::ok).collect();
-        let mut r = Repackager::new(infos);
+        let mut r = ToTs::new();
         let ntp = 1u64 << 40;
         // Video RTP 90000 and audio RTP 48000 are the same instant.
-        r.set_clock_map(0, ntp, 90_000);
-        r.set_clock_map(1, ntp, 48_000);
+        r.0.set_clock_map(0, ntp, 90_000);
+        r.0.set_clock_map(1, ntp, 48_000);
         let mut out = Vec::new();
         r.push_rtp(0, &rtp(true, 1, 90_000, &[0x65, 1]), 0, &mut out);
         // Audio for half a second later arrives 3 s later.
@@ -560,8 +625,7 @@ mod tests {
         /// Any bytes as packets of any track: no panic, and output in whole packets.
         #[test]
         fn never_panics(pkts in proptest::collection::vec((0usize..4, proptest::collection::vec(any::<u8>(), 0..400)), 0..60)) {
-            let infos: Vec<Option<TrackInfo>> = tracks().into_iter().map(Result::ok).collect();
-            let mut r = Repackager::new(infos);
+            let mut r = ToTs::new();
             let mut out = Vec::new();
             for (i, (track, mut p)) in pkts.into_iter().enumerate() {
                 if p.len() >= 12 {

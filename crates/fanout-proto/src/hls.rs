@@ -1,0 +1,324 @@
+//! HLS with fragmented MP4 segments (RFC 8216): a repackager's access units are cut into
+//! segments at video keyframes once a target duration is reached, kept in a sliding window,
+//! and listed in a media playlist. Sans-IO: units in, segments and playlist text out.
+
+use crate::fmp4::{avcc_sample, init_segment, media_segment, Fmp4Track, Sample};
+use crate::repack::{TrackCodec, TrackInfo, Unit};
+use std::collections::VecDeque;
+
+/// Segments kept (and listed): at the default 2 s, 12 s of the stream.
+pub const WINDOW: usize = 6;
+/// Samples held for one segment beyond this many bytes: a stream without keyframes; the
+/// segment is dropped rather than grown without bound.
+const MAX_PENDING: usize = 64 << 20;
+
+/// One segment.
+#[derive(Debug, Clone)]
+pub struct Segment {
+    pub sequence: u64,
+    /// Seconds.
+    pub duration: f64,
+    pub data: std::sync::Arc<[u8]>,
+}
+
+/// What a stream of the repackager becomes here.
+#[derive(Debug, Clone)]
+enum Input {
+    /// An H.264 track: its index among the file's tracks.
+    Video(usize),
+    Audio {
+        track: usize,
+        config: Vec<u8>,
+        sample_rate: u32,
+        channels: u16,
+    },
+    /// Not carried (HEVC: its `hvcC` is not written yet).
+    Skip,
+}
+
+/// The segmenter of one session.
+pub struct Segmenter {
+    inputs: Vec<Input>,
+    /// The file's tracks, known once the first keyframe brought its parameter sets.
+    tracks: Option<Vec<Fmp4Track>>,
+    init: Option<std::sync::Arc<[u8]>>,
+    /// The 90 kHz time that is 0 in the file (the first keyframe's).
+    origin: Option<i64>,
+    /// Per file track: samples of the segment being gathered, with their 90 kHz times.
+    pending: Vec<Vec<(i64, bool, Vec<u8>)>>,
+    pending_bytes: usize,
+    /// When the segment being gathered started (90 kHz).
+    started: Option<i64>,
+    target: i64,
+    segments: VecDeque<Segment>,
+    next: u64,
+    has_video: bool,
+    /// Segments dropped for want of a keyframe.
+    pub dropped: u64,
+}
+
+impl Segmenter {
+    /// A segmenter for a repackager's streams, cutting at `target_ms` or the next keyframe
+    /// after it; `None` if no stream can go into fragmented MP4 (H.264 and AAC can).
+    pub fn new(streams: &[TrackInfo], target_ms: u32) -> Option<Self> {
+        let mut n = 0;
+        let mut next = || {
+            n += 1;
+            n - 1
+        };
+        let inputs: Vec<Input> = streams
+            .iter()
+            .map(|s| match &s.codec {
+                TrackCodec::Video { codec: crate::annexb::Codec::H264, .. } => Input::Video(next()),
+                TrackCodec::Video { .. } => Input::Skip,
+                TrackCodec::Aac { config, .. } => {
+                    let c = u16::from_be_bytes([config[0], config.get(1).copied().unwrap_or(0)]);
+                    let rate = crate::aac::sample_rate(((c >> 7) & 0x0f) as u8);
+                    match rate {
+                        Some(sample_rate) if (1..=4).contains(&(c >> 11)) => Input::Audio {
+                            track: next(),
+                            config: config.clone(),
+                            sample_rate,
+                            channels: (c >> 3) & 0x0f,
+                        },
+                        _ => Input::Skip,
+                    }
+                }
+            })
+            .collect();
+        let tracks = n;
+        if tracks == 0 {
+            return None;
+        }
+        let has_video = inputs.iter().any(|i| matches!(i, Input::Video(_)));
+        Some(Self {
+            inputs,
+            tracks: None,
+            init: None,
+            origin: None,
+            pending: vec![Vec::new(); tracks],
+            pending_bytes: 0,
+            started: None,
+            target: i64::from(target_ms) * 90,
+            segments: VecDeque::new(),
+            next: 1,
+            has_video,
+            dropped: 0,
+        })
+    }
+
+    /// Takes one unit; returns whether it completed a segment.
+    pub fn push(&mut self, u: &Unit) -> bool {
+        let Some(input) = self.inputs.get(u.stream).cloned() else { return false };
+        let (track, is_video) = match input {
+            Input::Video(t) => (t, true),
+            Input::Audio { track, .. } => (track, false),
+            Input::Skip => return false,
+        };
+        if self.tracks.is_none() {
+            // Start at a keyframe that brings its parameter sets (or anywhere, audio only).
+            if (self.has_video && !(is_video && u.key)) || !self.describe(u) {
+                return false;
+            }
+            self.origin = Some(u.time);
+            self.started = Some(u.time);
+        }
+        let origin = self.origin.expect("set with the tracks");
+        if u.time < origin {
+            return false;
+        }
+        // A track's times only go forward (a sample's duration is the step to the next).
+        if self.pending[track].last().is_some_and(|p| u.time <= p.0) {
+            return false;
+        }
+        let mut cut = false;
+        let cut_here = if self.has_video { is_video && u.key } else { true };
+        if cut_here && self.started.is_some_and(|s| u.time - s >= self.target) {
+            cut = self.cut(u.time);
+        }
+        let data = if is_video { avcc_sample(&u.data) } else { u.data.clone() };
+        self.pending_bytes += data.len();
+        self.pending[track].push((u.time, u.key || !is_video, data));
+        if self.pending_bytes > MAX_PENDING {
+            self.pending.iter_mut().for_each(Vec::clear);
+            self.pending_bytes = 0;
+            self.dropped += 1;
+            self.started = None;
+        }
+        if self.started.is_none() && cut_here {
+            self.started = Some(u.time);
+        }
+        cut
+    }
+
+    /// The file's tracks from the first keyframe's parameter sets and the audio configs.
+    fn describe(&mut self, u: &Unit) -> bool {
+        let mut tracks = Vec::new();
+        for input in &self.inputs {
+            match input {
+                Input::Video(_) => {
+                    let nals: Vec<&[u8]> = crate::annexb::nal_units(&u.data).collect();
+                    let find = |t: u8| nals.iter().find(|n| n.first().is_some_and(|b| b & 0x1f == t));
+                    let (Some(sps), Some(pps)) = (find(7), find(8)) else { return false };
+                    let (width, height) = sps_dimensions(sps).unwrap_or((0, 0));
+                    tracks.push(Fmp4Track::H264 { sps: sps.to_vec(), pps: pps.to_vec(), width, height });
+                }
+                Input::Audio { config, sample_rate, channels, .. } => tracks.push(Fmp4Track::Aac {
+                    config: config.clone(),
+                    sample_rate: *sample_rate,
+                    channels: *channels,
+                }),
+                Input::Skip => {}
+            }
+        }
+        self.init = Some(init_segment(&tracks).into());
+        self.tracks = Some(tracks);
+        true
+    }
+
+    /// Ends the segment being gathered at `end` (90 kHz): every sample before it.
+    fn cut(&mut self, end: i64) -> bool {
+        let (Some(start), Some(tracks), Some(origin)) = (self.started.take(), &self.tracks, self.origin) else {
+            return false;
+        };
+        let mut parts = Vec::with_capacity(tracks.len());
+        for (t, pending) in tracks.iter().zip(&mut self.pending) {
+            let scale = i64::from(t.timescale());
+            let to_track = |time: i64| ((time - origin) * scale / 90_000) as u64;
+            let take = pending.iter().position(|p| p.0 >= end).unwrap_or(pending.len());
+            let samples: Vec<(i64, bool, Vec<u8>)> = pending.drain(..take).collect();
+            let base = samples.first().map_or(to_track(start), |s| to_track(s.0));
+            let mut out = Vec::with_capacity(samples.len());
+            for (k, (time, key, data)) in samples.iter().enumerate() {
+                let duration = match (t, samples.get(k + 1)) {
+                    // AAC frames are 1024 samples.
+                    (Fmp4Track::Aac { .. }, _) => 1024,
+                    (_, Some(next)) => to_track(next.0) - to_track(*time),
+                    (_, None) => to_track(end) - to_track(*time),
+                };
+                out.push(Sample { duration: duration as u32, key: *key, data: data.clone() });
+            }
+            parts.push((base, out));
+        }
+        self.pending_bytes = self.pending.iter().flatten().map(|p| p.2.len()).sum();
+        let sequence = self.next;
+        self.next += 1;
+        let data = media_segment(sequence as u32, &parts).into();
+        self.segments.push_back(Segment { sequence, duration: (end - start) as f64 / 90_000.0, data });
+        while self.segments.len() > WINDOW {
+            self.segments.pop_front();
+        }
+        true
+    }
+
+    /// The initialization segment, once the first keyframe came.
+    pub fn init(&self) -> Option<std::sync::Arc<[u8]>> {
+        self.init.clone()
+    }
+
+    /// A segment still in the window.
+    pub fn segment(&self, sequence: u64) -> Option<Segment> {
+        self.segments.iter().find(|s| s.sequence == sequence).cloned()
+    }
+
+    /// The newest segment's sequence number.
+    pub fn last(&self) -> Option<u64> {
+        self.segments.back().map(|s| s.sequence)
+    }
+
+    /// The RFC 6381 codecs of the file, for a master playlist or MSE.
+    pub fn codecs(&self) -> Option<String> {
+        Some(self.tracks.as_ref()?.iter().map(Fmp4Track::codec).collect::<Vec<_>>().join(","))
+    }
+
+    /// The media playlist, its URIs followed by `query` (e.g. `?token=…`, or "").
+    pub fn playlist(&self, query: &str) -> Option<String> {
+        let first = self.segments.front()?;
+        let target = self.segments.iter().map(|s| s.duration.round() as u64).max().unwrap_or(1).max(1);
+        let mut p = format!(
+            "#EXTM3U\n#EXT-X-VERSION:7\n#EXT-X-TARGETDURATION:{target}\n#EXT-X-MEDIA-SEQUENCE:{}\n\
+             #EXT-X-INDEPENDENT-SEGMENTS\n#EXT-X-MAP:URI=\"init.mp4{query}\"\n",
+            first.sequence
+        );
+        for s in &self.segments {
+            p.push_str(&format!("#EXTINF:{:.3},\n{}.m4s{query}\n", s.duration, s.sequence));
+        }
+        Some(p)
+    }
+}
+
+/// The picture size an H.264 SPS gives (h264-reader parses it).
+fn sps_dimensions(sps: &[u8]) -> Option<(u16, u16)> {
+    let rbsp = h264_reader::rbsp::decode_nal(sps).ok()?;
+    let sps = h264_reader::nal::sps::SeqParameterSet::from_bits(h264_reader::rbsp::BitReader::new(&*rbsp)).ok()?;
+    let (w, h) = sps.pixel_dimensions().ok()?;
+    Some((u16::try_from(w).ok()?, u16::try_from(h).ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn streams() -> Vec<TrackInfo> {
+        vec![
+            TrackInfo { codec: TrackCodec::Video { codec: crate::annexb::Codec::H264, params: vec![] }, clock: 90_000 },
+            TrackInfo {
+                codec: TrackCodec::Aac { config: vec![0x11, 0x90], size_bits: 13, index_bits: 3, delta_bits: 3 },
+                clock: 48_000,
+            },
+        ]
+    }
+
+    /// The demo clip's H.264 and AAC, taken out of its TS, as units at their own times.
+    fn demo_units() -> Vec<Unit> {
+        let ts = include_bytes!("../../../assets/demo.ts");
+        let mut d = crate::tsdemux::Demux::default();
+        let mut pes: Vec<crate::tsdemux::Pes> = ts.chunks(188).filter_map(|p| d.push(p)).collect();
+        pes.extend(d.flush());
+        let mut units = Vec::new();
+        for p in pes {
+            let time = p.pts.unwrap() as i64;
+            if p.stream_type == crate::tsdemux::STREAM_TYPE_H264 {
+                let key = crate::annexb::nal_units(&p.data).any(|n| n[0] & 0x1f == 5);
+                units.push(Unit { stream: 0, time, key, data: p.data });
+            } else {
+                for (k, f) in crate::aac::adts_frames(&p.data).iter().enumerate() {
+                    units.push(Unit { stream: 1, time: time + k as i64 * 1920, key: false, data: f.au.to_vec() });
+                }
+            }
+        }
+        units.sort_by_key(|u| u.time);
+        units
+    }
+
+    #[test]
+    fn segments_start_at_keyframes_and_slide() {
+        let mut s = Segmenter::new(&streams(), 2000).unwrap();
+        let units = demo_units();
+        let cuts = units.iter().filter(|u| s.push(u)).count();
+        // 8 s with a keyframe each second: a segment every 2 s, the last one still open.
+        assert_eq!(cuts, 3);
+        assert_eq!(s.codecs().as_deref(), Some("avc1.640015,mp4a.40.2"));
+        let p = s.playlist("?token=x").unwrap();
+        assert!(p.contains("#EXT-X-MAP:URI=\"init.mp4?token=x\"") && p.contains("\n1.m4s?token=x\n"), "{p}");
+        assert!(p.contains("#EXTINF:2.000,"), "{p}");
+        let seg = s.segment(1).unwrap();
+        assert_eq!(&seg.data[4..8], b"moof");
+        let Some(Fmp4Track::H264 { width, height, .. }) = s.tracks.as_ref().map(|t| t[0].clone()) else { panic!() };
+        assert_eq!((width, height), (480, 270));
+        // Looped on: the clip is 8 s.
+        for k in 1..4 {
+            for u in &units {
+                s.push(&Unit { time: u.time + k * 8 * 90_000, ..u.clone() });
+            }
+        }
+        assert_eq!(s.segments.len(), WINDOW);
+    }
+
+    #[test]
+    fn hevc_alone_is_not_for_mp4_yet() {
+        let hevc =
+            TrackInfo { codec: TrackCodec::Video { codec: crate::annexb::Codec::H265, params: vec![] }, clock: 90_000 };
+        assert!(Segmenter::new(&[hevc], 2000).is_none());
+    }
+}
