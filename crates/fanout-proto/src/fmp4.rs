@@ -242,7 +242,7 @@ pub fn media_segment(sequence: u32, tracks: &[(u64, Vec<Sample>)]) -> Vec<u8> {
 pub fn avcc_sample(annexb: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(annexb.len() + 16);
     for nal in crate::annexb::nal_units(annexb) {
-        if nal.is_empty() || matches!(nal[0] & 0x1f, 7 | 8 | 9) {
+        if nal.is_empty() || matches!(nal[0] & 0x1f, 7..=9) {
             continue;
         }
         out.extend_from_slice(&(nal.len() as u32).to_be_bytes());

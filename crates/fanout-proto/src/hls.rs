@@ -59,8 +59,10 @@ pub struct Segmenter {
 
 impl Segmenter {
     /// A segmenter for a repackager's streams, cutting at `target_ms` or the next keyframe
-    /// after it; `None` if no stream can go into fragmented MP4 (H.264 and AAC can).
-    pub fn new(streams: &[TrackInfo], target_ms: u32) -> Option<Self> {
+    /// after it, numbering segments from `first` (a caller restarting a stream starts past
+    /// the numbers it used, so that a cache never serves an old segment under a new name);
+    /// `None` if no stream can go into fragmented MP4 (H.264 and AAC can).
+    pub fn new(streams: &[TrackInfo], target_ms: u32, first: u64) -> Option<Self> {
         let mut n = 0;
         let mut next = || {
             n += 1;
@@ -101,7 +103,7 @@ impl Segmenter {
             started: None,
             target: i64::from(target_ms) * 90,
             segments: VecDeque::new(),
-            next: 1,
+            next: first.max(1),
             has_video,
             dropped: 0,
         })
@@ -293,7 +295,7 @@ mod tests {
 
     #[test]
     fn segments_start_at_keyframes_and_slide() {
-        let mut s = Segmenter::new(&streams(), 2000).unwrap();
+        let mut s = Segmenter::new(&streams(), 2000, 1).unwrap();
         let units = demo_units();
         let cuts = units.iter().filter(|u| s.push(u)).count();
         // 8 s with a keyframe each second: a segment every 2 s, the last one still open.
@@ -319,6 +321,6 @@ mod tests {
     fn hevc_alone_is_not_for_mp4_yet() {
         let hevc =
             TrackInfo { codec: TrackCodec::Video { codec: crate::annexb::Codec::H265, params: vec![] }, clock: 90_000 };
-        assert!(Segmenter::new(&[hevc], 2000).is_none());
+        assert!(Segmenter::new(&[hevc], 2000, 1).is_none());
     }
 }

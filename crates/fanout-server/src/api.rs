@@ -13,6 +13,7 @@ use axum::{Json, Router};
 use serde_json::json;
 use std::fmt::Write;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// An API error: a status and a JSON body `{"error": "...", "status": N}`.
 pub struct ApiError(pub StatusCode, pub String);
@@ -56,6 +57,7 @@ pub fn router(relay: Arc<Relay>) -> Router {
         .route("/v1/sessions/{name}/sinks/{id}/layers", axum::routing::put(pin_layers))
         // GET is taken over before the router (the socket becomes a sink); HEAD answers here.
         .route("/v1/sessions/{name}/stream", get(stream_head))
+        .route("/v1/sessions/{name}/hls/{file}", get(hls_file))
         .route("/v1/engine", get(engine_status))
         .route("/v1/rtsp", get(rtsp_clients))
         .route("/metrics", get(metrics))
@@ -109,10 +111,85 @@ async fn stream_head(State(relay): State<Arc<Relay>>, Path(name): Path<String>) 
     Ok(([(header::CONTENT_TYPE, "video/mp2t"), (header::CACHE_CONTROL, "no-cache")], ""))
 }
 
+/// `GET /v1/sessions/{name}/hls/{index.m3u8 | init.mp4 | N.m4s}`: HLS with fMP4 segments,
+/// from the session's repackaging (started by the request, kept while requests come).
+async fn hls_file(
+    State(relay): State<Arc<Relay>>,
+    Path((name, file)): Path<(String, String)>,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+) -> ApiResult<Response> {
+    let r = relay.repack(&name).await?;
+    let Some(hls) = r.hls.clone() else {
+        let why = format!("session {name:?} carries {}: HLS here takes H.264 and AAC", r.describes);
+        return Err(ApiError(StatusCode::UNSUPPORTED_MEDIA_TYPE, why));
+    };
+    hls.touch();
+    let target = Duration::from_millis(u64::from(crate::repack::HLS_TARGET_MS));
+    let param = |k: &str| {
+        let q = query.as_deref().unwrap_or("");
+        q.split('&').find_map(|kv| kv.strip_prefix(k)?.strip_prefix('=')).map(str::to_string)
+    };
+    // The first segment takes a keyframe and a target duration to come.
+    let first = hls.with(|s| s.last()).is_some() || hls.wait_for(1, 3 * target + Duration::from_secs(2)).await;
+    if !first {
+        return Err(ApiError(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("no HLS segment of {name:?} yet: is its source sending?"),
+        ));
+    }
+    let cache = |v: &'static str| (header::CACHE_CONTROL, v);
+    if file == "index.m3u8" {
+        // Blocking playlist reload (RFC 8216bis §6.2.5.2): `_HLS_msn=N` waits for segment N.
+        if let Some(msn) = param("_HLS_msn").and_then(|n| n.parse::<u64>().ok()) {
+            let last = hls.with(|s| s.last()).unwrap_or(0);
+            if msn > last + 2 {
+                return Err(ApiError(StatusCode::BAD_REQUEST, format!("_HLS_msn {msn} is too far ahead of {last}")));
+            }
+            hls.wait_for(msn, 3 * target).await;
+        }
+        let token = param("token").map(|t| format!("?token={t}")).unwrap_or_default();
+        let text = hls.with(|s| s.playlist(&token)).unwrap_or_default();
+        let headers = [(header::CONTENT_TYPE, "application/vnd.apple.mpegurl"), cache("no-cache")];
+        return Ok((headers, text).into_response());
+    }
+    if file == "init.mp4" {
+        let init = hls.with(|s| s.init()).unwrap_or_else(|| Arc::from(&[][..]));
+        return Ok(([(header::CONTENT_TYPE, "video/mp4"), cache("no-cache")], axum::body::Bytes::from(init.to_vec()))
+            .into_response());
+    }
+    let Some(n) = file.strip_suffix(".m4s").and_then(|n| n.parse::<u64>().ok()) else {
+        return Err(ApiError(StatusCode::NOT_FOUND, format!("no HLS file {file:?}: index.m3u8, init.mp4 or N.m4s")));
+    };
+    let last = hls.with(|s| s.last()).unwrap_or(0);
+    if n > last && n <= last + 2 {
+        hls.wait_for(n, 3 * target).await;
+    }
+    match hls.with(|s| s.segment(n)) {
+        Some(seg) => {
+            // A segment never changes (numbers are not reused: they start from the clock).
+            let etag = format!("\"{n}\"");
+            let headers = [
+                (header::CONTENT_TYPE, "video/mp4".to_string()),
+                (header::CACHE_CONTROL, "public, max-age=3600, immutable".to_string()),
+                (header::ETAG, etag),
+            ];
+            Ok((headers, axum::body::Bytes::from(seg.data.to_vec())).into_response())
+        }
+        None => Err(ApiError(
+            StatusCode::NOT_FOUND,
+            format!(
+                "segment {n} of {name:?} is not in the window (the newest is {})",
+                hls.with(|s| s.last()).unwrap_or(0)
+            ),
+        )),
+    }
+}
+
 async fn auth(State(relay): State<Arc<Relay>>, req: Request, next: Next) -> Response {
     let h = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    // `?token=` is for stream URLs (docs/config.md); API calls send the header.
-    if authorized(relay.cfg.token.as_deref(), h, None) {
+    // `?token=` is for stream URLs and HLS (docs/config.md); API calls send the header.
+    let query = req.uri().path().contains("/hls/").then(|| req.uri().query()).flatten();
+    if authorized(relay.cfg.token.as_deref(), h, query) {
         next.run(req).await
     } else {
         let mut r = ApiError(StatusCode::UNAUTHORIZED, "missing or wrong bearer token".into()).into_response();
@@ -162,10 +239,13 @@ fn session_json(relay: &Relay, s: &fanout_io::Session) -> serde_json::Value {
     }
     v["stream_url"] = json!(format!("http://{}/v1/sessions/{}/stream", relay.cfg.api, s.name()));
     v["stream_format"] = json!(stream_format(relay, s.name()));
-    if let Some(ts) = relay.ts_view(s.name()) {
-        let st = ts.session.status();
-        v["stream_repackaging"] = json!({ "session": ts.session.name(), "from": ts.describes, "sinks": st.sinks,
-                                          "datagrams": st.source.packets });
+    if let Some(r) = relay.repack_running(s.name()) {
+        let ts = r.ts.as_ref().map(|ts| {
+            let st = ts.status();
+            json!({ "session": ts.name(), "sinks": st.sinks, "datagrams": st.source.packets })
+        });
+        let hls = r.hls.as_ref().map(|h| h.with(|s| json!({ "segments": s.last(), "codecs": s.codecs() })));
+        v["repackaging"] = json!({ "from": r.describes, "ts": ts, "hls": hls });
     }
     v
 }

@@ -57,8 +57,8 @@ pub struct Relay {
     /// Sessions whose RTSP clients get other tracks than the session itself (the demo:
     /// its H.264 as RFC 6184 while HTTP gets the TS).
     views: RwLock<BTreeMap<String, RtspView>>,
-    /// Sessions of RTP video/audio whose HTTP subscribers get MPEG-TS, while any do.
-    ts_views: parking_lot::Mutex<BTreeMap<String, Arc<crate::repack::TsView>>>,
+    /// Sessions repackaged for HTTP players (MPEG-TS, HLS), while any play.
+    repacks: parking_lot::Mutex<BTreeMap<String, Arc<crate::repack::Repack>>>,
 }
 
 /// What RTSP clients of a session get instead of the session's own RTP.
@@ -80,7 +80,7 @@ impl Relay {
             rtsp: Default::default(),
             upstreams: Default::default(),
             views: Default::default(),
-            ts_views: Default::default(),
+            repacks: Default::default(),
         }))
     }
 
@@ -151,64 +151,99 @@ impl Relay {
     /// payloads go out as they came (an MPEG-TS source, or anything else, udpxy-style).
     pub async fn http_session(self: &Arc<Self>, name: &str) -> Result<Session, RelayError> {
         let session = self.session(name)?;
-        if let Some(v) = self.ts_view(name) {
-            return Ok(v.session.clone());
+        if self.rtsp_view(name).is_some() || !self.is_rtp_media(name) {
+            return Ok(session);
+        }
+        self.repack(name).await?.ts.clone().ok_or_else(|| RelayError::Internal("no MPEG-TS output".into()))
+    }
+
+    /// Whether the session's media is RTP video/audio of known tracks (an RTSP upstream, or
+    /// a source with `video` set), which HTTP players get repackaged.
+    fn is_rtp_media(&self, name: &str) -> bool {
+        self.upstream(name).is_some() || self.spec(name).is_some_and(|s| s.video.is_some())
+    }
+
+    /// The session's repackaging (MPEG-TS for HTTP where its stream URL needs it, HLS where
+    /// its tracks allow), started if it is not running.
+    pub async fn repack(self: &Arc<Self>, name: &str) -> Result<Arc<crate::repack::Repack>, RelayError> {
+        let session = self.session(name)?;
+        if let Some(r) = self.repack_running(name) {
+            return Ok(r);
         }
         let spec = self.spec(name).ok_or_else(|| RelayError::NotFound(format!("no session named {name:?}")))?;
         let mut inputs = Vec::new();
         let mut why = Vec::new();
-        if let Some(up) = self.upstream(name) {
+        let mut add = |m: &fanout_proto::sdp::Media, t: crate::upstream::TrackRef| {
+            let info = fanout_proto::repack::TrackInfo::from_sdp(m).map_err(|e| why.push(e)).ok();
+            inputs.push(crate::repack::Input { session: t.session, info, clock_map: t.clock_map });
+        };
+        if let Some(view) = self.rtsp_view(name) {
+            view.sdp.media.iter().zip(view.tracks).for_each(|(m, t)| add(m, t));
+        } else if let Some(up) = self.upstream(name) {
             let Some(sdp) = up.demand(Duration::from_secs(5)).await else {
                 return Err(RelayError::Peer(format!(
                     "the upstream of {name:?} did not describe its stream within 5 s ({})",
                     up.status().last_error.unwrap_or_else(|| "no answer".into())
                 )));
             };
-            for (m, t) in sdp.media.iter().zip(up.tracks()) {
-                let info = fanout_proto::repack::TrackInfo::from_sdp(m).map_err(|e| why.push(e)).ok();
-                inputs.push(crate::repack::Input { session: t.session, info, clock_map: t.clock_map });
-            }
-        } else if let Some(video) = spec.video.filter(|_| self.rtsp_view(name).is_none()) {
+            sdp.media.iter().zip(up.tracks()).for_each(|(m, t)| add(m, t));
+        } else if let Some(video) = spec.video {
             let codec = fanout_proto::repack::TrackCodec::Video { codec: video.codec(), params: Vec::new() };
             let info = Some(fanout_proto::repack::TrackInfo { codec, clock: 90_000 });
             inputs.push(crate::repack::Input { session: session.clone(), info, clock_map: None });
         } else {
-            return Ok(session);
+            return Err(RelayError::Unsupported(format!(
+                "session {name:?} carries datagrams of no known format (set `video` for RTP video); \
+                 its stream URL delivers them as they came"
+            )));
         }
         if inputs.iter().all(|i| i.info.is_none()) {
             return Err(RelayError::Unsupported(format!(
-                "session {name:?} cannot be played over HTTP as MPEG-TS: {}; play it over RTSP",
+                "session {name:?} has no track HTTP players can take: {}; play it over RTSP",
                 why.join("; ")
             )));
         }
-        let mut views = self.ts_views.lock();
-        if let Some(v) = views.get(name).filter(|v| v.is_running()) {
-            return Ok(v.session.clone());
+        let mut running = self.repacks.lock();
+        if let Some(r) = running.get(name).filter(|r| r.is_running()) {
+            return Ok(r.clone());
         }
         let linger = Duration::from_secs_f64(spec.source.linger_s.unwrap_or(10.0));
         let (weak, key) = (Arc::downgrade(self), name.to_string());
-        let up = self.upstream(name);
-        let maps = move || up.as_ref().map(|u| u.tracks().iter().map(|t| t.clock_map).collect()).unwrap_or_default();
-        let view =
-            crate::repack::TsView::start(name, session.config(), &self.engine, inputs, maps, linger, move || {
-                if let Some(relay) = weak.upgrade() {
-                    let gone = relay.ts_views.lock().remove(&key);
-                    if let Some(v) = gone {
-                        tokio::task::spawn_blocking(move || v.session.close());
-                    }
+        let tracks_of = {
+            let weak = Arc::downgrade(self);
+            let name = name.to_string();
+            move || weak.upgrade().map(|r| r.tracks(&name).iter().map(|t| t.clock_map).collect()).unwrap_or_default()
+        };
+        let with_ts = self.rtsp_view(name).is_none();
+        let on_stop = move || {
+            if let Some(relay) = weak.upgrade() {
+                let gone = relay.repacks.lock().remove(&key);
+                if let Some(ts) = gone.and_then(|r| r.ts.clone()) {
+                    tokio::task::spawn_blocking(move || ts.close());
                 }
-            })
-            .map_err(|e| RelayError::Internal(format!("MPEG-TS repackaging: {e}")))?;
+            }
+        };
+        let r = crate::repack::Repack::start(
+            name,
+            session.config(),
+            &self.engine,
+            inputs,
+            with_ts,
+            tracks_of,
+            linger,
+            on_stop,
+        )
+        .map_err(|e| RelayError::Internal(format!("repackaging: {e}")))?;
         for w in &why {
-            tracing::info!(session = name, "left out of MPEG-TS: {w}");
+            tracing::info!(session = name, "left out of the repackaging: {w}");
         }
-        views.insert(name.to_string(), view.clone());
-        Ok(view.session.clone())
+        running.insert(name.to_string(), r.clone());
+        Ok(r)
     }
 
-    /// The session's running MPEG-TS repackaging, if any.
-    pub fn ts_view(&self, name: &str) -> Option<Arc<crate::repack::TsView>> {
-        self.ts_views.lock().get(name).filter(|v| v.is_running()).cloned()
+    /// The session's running repackaging, if any.
+    pub fn repack_running(&self, name: &str) -> Option<Arc<crate::repack::Repack>> {
+        self.repacks.lock().get(name).filter(|r| r.is_running()).cloned()
     }
 
     pub fn spec(&self, name: &str) -> Option<SessionSpec> {
@@ -381,10 +416,12 @@ impl Relay {
         let up = self.upstreams.write().remove(name);
         let view = self.views.write().remove(name);
         close_view(view).await;
-        let ts = self.ts_views.lock().remove(name);
-        if let Some(ts) = ts {
-            ts.stop();
-            close(ts.session.clone()).await;
+        let repack = self.repacks.lock().remove(name);
+        if let Some(r) = repack {
+            r.stop();
+            if let Some(ts) = r.ts.clone() {
+                close(ts).await;
+            }
         }
         for t in e.tasks {
             t.abort();

@@ -1,11 +1,13 @@
-//! MPEG-TS for the HTTP subscribers of a session that carries RTP video and audio: one
-//! repackager per session subscribes to its tracks like any UDP sink would, muxes them
-//! ([`fanout_proto::repack`]) and feeds a relay session of its own, `{name}/ts`, whose
-//! HTTP subscribers share that one output. It starts with the first HTTP subscriber and
-//! stops a linger after the last one left.
+//! Repackaging for HTTP players: one task per session subscribes to its RTP tracks like any
+//! UDP sink would, turns them into access units ([`fanout_proto::repack`]) and from them
+//! MPEG-TS, fed into a relay session of its own (`{name}/ts`) that every HTTP subscriber
+//! shares, and HLS segments ([`fanout_proto::hls`]) that every HLS client shares. It starts
+//! with the first subscriber or playlist request and stops a linger after the last.
 
 use fanout_io::{bind_udp_source, DataPath, Session, SessionConfig};
-use fanout_proto::repack::{Repackager, TrackInfo};
+use fanout_proto::hls::Segmenter;
+use fanout_proto::repack::{Repackager, TrackInfo, TsPackager, Unit};
+use parking_lot::Mutex;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,8 +15,10 @@ use tokio::net::UdpSocket;
 
 /// TS packets per datagram into the TS session, as IPTV sends them.
 const PACKETS_PER_DATAGRAM: usize = 7;
+/// HLS segment duration aimed at (cut at the first keyframe after it).
+pub const HLS_TARGET_MS: u32 = 2000;
 
-/// One input of the repackager: a track session and how to read it.
+/// One input of the repackaging: a track session and how to read it.
 pub struct Input {
     pub session: Session,
     pub info: Option<TrackInfo>,
@@ -22,40 +26,87 @@ pub struct Input {
     pub clock_map: Option<(u64, u32)>,
 }
 
-/// A running repackager: the session HTTP subscribers join.
-pub struct TsView {
-    pub session: Session,
+/// The HLS side: the segmenter, and a signal for clients waiting on a segment to come.
+pub struct Hls {
+    seg: Mutex<Segmenter>,
+    newest: tokio::sync::watch::Sender<u64>,
+    last_request: Mutex<Instant>,
+}
+
+impl Hls {
+    /// Notes a client's request: the repackaging lingers from the last one.
+    pub fn touch(&self) {
+        *self.last_request.lock() = Instant::now();
+    }
+
+    /// Waits (at most `limit`) until segment `sequence` exists; whether it does.
+    pub async fn wait_for(&self, sequence: u64, limit: Duration) -> bool {
+        let mut rx = self.newest.subscribe();
+        tokio::time::timeout(limit, rx.wait_for(|n| *n >= sequence)).await.is_ok_and(|r| r.is_ok())
+    }
+
+    pub fn with<T>(&self, f: impl FnOnce(&Segmenter) -> T) -> T {
+        f(&self.seg.lock())
+    }
+}
+
+/// A running repackaging.
+pub struct Repack {
+    /// The MPEG-TS session HTTP subscribers join, where the session's stream URL is ours.
+    pub ts: Option<Session>,
+    pub hls: Option<Arc<Hls>>,
     /// What it carries, for the status: "H.264 + AAC".
     pub describes: String,
     task: tokio::task::AbortHandle,
 }
 
-impl TsView {
-    /// Starts repackaging `inputs` into a new session named `{name}/ts`. `clock_maps` is
-    /// asked once a second for the tracks' wall clocks (they come with sender reports).
+impl Repack {
+    /// Starts repackaging `inputs` of session `name`, into MPEG-TS (a new session named
+    /// `{name}/ts`) if `with_ts`, and HLS where the tracks allow. `clock_maps` is asked once
+    /// a second for the tracks' wall clocks (they come with sender reports).
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         name: &str,
         template: &SessionConfig,
         engine: &fanout_io::Engine,
         inputs: Vec<Input>,
+        with_ts: bool,
         clock_maps: impl Fn() -> Vec<Option<(u64, u32)>> + Send + 'static,
         linger: Duration,
         on_stop: impl FnOnce() + Send + 'static,
     ) -> std::io::Result<Arc<Self>> {
-        let mut cfg = template.clone();
-        cfg.name = format!("{name}/ts");
-        // Its subscribers are TCP: user space serves them on every data path.
-        if cfg.datapath == DataPath::Kernel {
-            cfg.datapath = DataPath::Shared;
-        }
-        let session = Session::new(cfg, engine);
-        let sock = bind_udp_source(SocketAddr::from(([127, 0, 0, 1], 0)), None)?;
-        let into = sock.local_addr()?;
-        session.attach_udp(sock)?;
-        session.set_source_kind(format!("MPEG-TS repackaged from {name}"));
-        let describes = inputs
+        let repack = Repackager::new(inputs.iter().map(|i| i.info.clone()).collect());
+        let ts = if with_ts {
+            let mut cfg = template.clone();
+            cfg.name = format!("{name}/ts");
+            // Its subscribers are TCP: user space serves them on every data path.
+            if cfg.datapath == DataPath::Kernel {
+                cfg.datapath = DataPath::Shared;
+            }
+            let session = Session::new(cfg, engine);
+            let sock = bind_udp_source(SocketAddr::from(([127, 0, 0, 1], 0)), None)?;
+            let into = sock.local_addr()?;
+            session.attach_udp(sock)?;
+            session.set_source_kind(format!("MPEG-TS repackaged from {name}"));
+            Some((session, into))
+        } else {
+            None
+        };
+        // Segment numbers from the clock in half-seconds: a restarted repackaging starts past
+        // every number the last one used (it made at most one per 2 s).
+        let first = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_millis() as u64 / 500);
+        let hls = Segmenter::new(repack.streams(), HLS_TARGET_MS, first).map(|seg| {
+            Arc::new(Hls {
+                seg: Mutex::new(seg),
+                newest: tokio::sync::watch::channel(0).0,
+                last_request: Mutex::new(Instant::now()),
+            })
+        });
+        let describes = repack
+            .streams()
             .iter()
-            .filter_map(|i| i.info.as_ref())
             .map(|i| match &i.codec {
                 fanout_proto::repack::TrackCodec::Video { codec: fanout_proto::annexb::Codec::H264, .. } => "H.264",
                 fanout_proto::repack::TrackCodec::Video { .. } => "H.265",
@@ -63,38 +114,53 @@ impl TsView {
             })
             .collect::<Vec<_>>()
             .join(" + ");
-        let run = run(name.to_string(), session.clone(), into, inputs, clock_maps, linger);
+        let out = Outputs { ts: ts.clone(), ts_mux: TsPackager::new(repack.streams()), hls: hls.clone() };
+        let run = run(name.to_string(), repack, inputs, out, clock_maps, linger);
         let task = tokio::spawn(async move {
             if let Err(e) = run.await {
-                tracing::warn!("MPEG-TS repackaging stopped: {e}");
+                tracing::warn!("repackaging stopped: {e}");
             }
             on_stop();
         })
         .abort_handle();
-        Ok(Arc::new(Self { session, describes, task }))
+        Ok(Arc::new(Self { ts: ts.map(|t| t.0), hls, describes, task }))
     }
 
     pub fn is_running(&self) -> bool {
         !self.task.is_finished()
     }
 
-    /// Stops it; closing the session is the caller's (it joins threads).
+    /// Stops it; closing the TS session is the caller's (it joins threads).
     pub fn stop(&self) {
         self.task.abort();
     }
 }
 
-/// Subscribes to every input, repackages until the TS session has had no subscriber for
-/// `linger`, then unsubscribes and closes the TS session.
+struct Outputs {
+    /// The TS session and its source address.
+    ts: Option<(Session, SocketAddr)>,
+    ts_mux: TsPackager,
+    hls: Option<Arc<Hls>>,
+}
+
+impl Outputs {
+    /// Whether anyone still wants the output.
+    fn wanted(&self, linger: Duration) -> bool {
+        self.ts.as_ref().is_some_and(|(s, _)| !s.sinks().is_empty())
+            || self.hls.as_ref().is_some_and(|h| h.last_request.lock().elapsed() < linger)
+    }
+}
+
+/// Subscribes to every input and repackages until nobody has wanted the output for
+/// `linger`, then unsubscribes.
 async fn run(
     name: String,
-    ts: Session,
-    into: SocketAddr,
+    mut repack: Repackager,
     inputs: Vec<Input>,
+    mut out: Outputs,
     clock_maps: impl Fn() -> Vec<Option<(u64, u32)>>,
     linger: Duration,
 ) -> std::io::Result<()> {
-    let mut repack = Repackager::new(inputs.iter().map(|i| i.info.clone()).collect());
     for (k, i) in inputs.iter().enumerate() {
         if let Some((ntp, rtp)) = i.clock_map {
             repack.set_clock_map(k, ntp, rtp);
@@ -112,7 +178,7 @@ async fn run(
             continue;
         }
         let sock = std::net::UdpSocket::bind("127.0.0.1:0")?;
-        // A second of a few Mbit/s: the muxer is never the one that loses packets.
+        // A second of a few Mbit/s: the repackaging is never the one that loses packets.
         let _ = socket2::SockRef::from(&sock).set_recv_buffer_size(4 << 20);
         sock.set_nonblocking(true)?;
         let at = sock.local_addr()?;
@@ -124,7 +190,7 @@ async fn run(
             }
         }
     }
-    tracing::info!(session = %name, tracks = subs.len(), "MPEG-TS repackaging started");
+    tracing::info!(session = %name, tracks = subs.len(), ts = out.ts.is_some(), hls = out.hls.is_some(), "repackaging started");
     let feeder = UdpSocket::bind("127.0.0.1:0").await?;
     let (tx, mut rx) = tokio::sync::mpsc::channel::<(usize, Vec<u8>, u64)>(1024);
     let started = Instant::now();
@@ -146,17 +212,32 @@ async fn run(
     drop(tx);
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut idle_since: Option<Instant> = None;
-    let mut out = Vec::new();
-    let result = loop {
+    let (mut units, mut bytes): (Vec<Unit>, Vec<u8>) = (Vec::new(), Vec::new());
+    let mut unframed = 0u64;
+    loop {
         tokio::select! {
             got = rx.recv() => {
-                let Some((k, pkt, now)) = got else { break Ok(()) };
-                repack.push_rtp(k, &pkt, now, &mut out);
-                for d in out.chunks(PACKETS_PER_DATAGRAM * fanout_proto::mpegts::PACKET_LEN) {
-                    // Loopback into the engine: a failure here is the engine's to count.
-                    let _ = feeder.send_to(d, into).await;
+                let Some((k, pkt, now)) = got else { break };
+                repack.push_rtp(k, &pkt, now, &mut units);
+                for u in units.drain(..) {
+                    if let Some(&(_, into)) = out.ts.as_ref() {
+                        if !out.ts_mux.write(&u, &mut bytes) {
+                            unframed += 1;
+                        }
+                        for d in bytes.chunks(PACKETS_PER_DATAGRAM * fanout_proto::mpegts::PACKET_LEN) {
+                            // Loopback into the engine: a failure here is the engine's to count.
+                            let _ = feeder.send_to(d, into).await;
+                        }
+                        bytes.clear();
+                    }
+                    if let Some(h) = &out.hls {
+                        let cut = h.seg.lock().push(&u);
+                        if cut {
+                            let last = h.with(Segmenter::last).unwrap_or(0);
+                            h.newest.send_replace(last);
+                        }
+                    }
                 }
-                out.clear();
             }
             _ = tick.tick() => {
                 for (k, map) in clock_maps().into_iter().enumerate() {
@@ -164,21 +245,19 @@ async fn run(
                         repack.set_clock_map(k, ntp, rtp);
                     }
                 }
-                if ts.sinks().is_empty() {
-                    if idle_since.get_or_insert_with(Instant::now).elapsed() >= linger {
-                        break Ok(());
-                    }
-                } else {
+                if out.wanted(linger) {
                     idle_since = None;
+                } else if idle_since.get_or_insert_with(Instant::now).elapsed() >= linger {
+                    break;
                 }
             }
         }
-    };
+    }
     for r in readers {
         r.abort();
     }
     unsubscribe(&subs);
     let s = repack.stats;
-    tracing::info!(session = %name, packets = s.packets, units = s.units, bad = s.bad, dropped = s.dropped, "MPEG-TS repackaging stopped");
-    result
+    tracing::info!(session = %name, packets = s.packets, units = s.units, bad = s.bad, dropped = s.dropped, unframed, "repackaging stopped");
+    Ok(())
 }

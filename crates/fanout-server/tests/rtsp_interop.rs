@@ -300,8 +300,8 @@ fn twenty_ffmpeg_clients_share_one_mediamtx_session() {
     assert_eq!(relay.ok("GET", "/v1/sessions/cam", None)["upstream"]["state"], "idle");
 }
 
-/// A camera (MediaMTX, H.264 + AAC over RTSP) proxied by `fanout` plays over HTTP as
-/// MPEG-TS: the session's stream URL carries both tracks, three ffmpeg clients decode 170
+/// A camera (MediaMTX, H.264 + AAC over RTSP) proxied by `fanout` plays over HTTP: as HLS,
+/// and as MPEG-TS from the session's stream URL, where three ffmpeg clients decode 170
 /// pictures each, the same pictures as a client of MediaMTX itself, through one
 /// repackaging that goes a linger after the last of them.
 #[test]
@@ -334,11 +334,22 @@ fn a_proxied_camera_plays_over_http_as_mpegts() {
     let streams = String::from_utf8_lossy(&probe.stdout).to_string();
     assert!(streams.contains("h264,480") && streams.contains("aac,48000"), "{streams}{probe:?}");
 
+    // HLS of it too, from the same repackaging: 4 s, audio and video, no decoder complaint.
+    let hls = Command::new("timeout")
+        .args(["30", "ffmpeg", "-hide_banner", "-nostdin", "-loglevel", "error", "-stats", "-i"])
+        .arg(relay.url("/v1/sessions/cam/hls/index.m3u8"))
+        .args(["-t", "4", "-f", "null", "-"])
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&hls.stderr);
+    assert!(hls.status.success() && decoded_frames(&log) >= 95, "{log}");
+    assert!(!log.lines().any(|l| l.starts_with('[')), "{log}");
+
     let clients = start_clients_over(&format!("rtsp://{}/live", mtx.rtsp), &url, 3, |_| "http");
     std::thread::sleep(Duration::from_secs(4));
     let status = relay.ok("GET", "/v1/sessions/cam", None);
-    let repack = &status["stream_repackaging"];
-    assert_eq!((repack["from"].as_str(), repack["sinks"].as_u64()), (Some("H.264 + AAC"), Some(3)), "{status}");
+    let repack = &status["repackaging"];
+    assert_eq!((repack["from"].as_str(), repack["ts"]["sinks"].as_u64()), (Some("H.264 + AAC"), Some(3)), "{status}");
     // One subscriber per track upstream of it, however many HTTP clients.
     let tracks = status["rtsp_tracks"].as_array().unwrap();
     assert!(tracks.iter().all(|t| t["sinks"] == 1), "{status}");
@@ -346,7 +357,7 @@ fn a_proxied_camera_plays_over_http_as_mpegts() {
 
     // Everyone left: the repackaging stops a linger later, and with it its subscriptions.
     assert!(
-        wait_for(Duration::from_secs(10), || relay.ok("GET", "/v1/sessions/cam", None)["stream_repackaging"].is_null()),
+        wait_for(Duration::from_secs(10), || relay.ok("GET", "/v1/sessions/cam", None)["repackaging"].is_null()),
         "the repackaging outlived its subscribers"
     );
     let status = relay.ok("GET", "/v1/sessions/cam", None);

@@ -1,0 +1,108 @@
+//! HLS with fMP4 segments (issue 16): the demo and RTP video sessions play in ffmpeg from
+//! their playlist; the files carry the headers an HTTP cache needs; a client that asks ahead
+//! waits for the segment (blocking playlist reload); sessions HLS cannot carry say why.
+
+mod common;
+use common::*;
+use serde_json::json;
+use std::time::{Duration, Instant};
+
+/// GET `path`: status, the named headers, and the body.
+fn get(relay: &Relay, path: &str, headers: &[&str]) -> (u16, Vec<Option<String>>, Vec<u8>) {
+    let r = match ureq::get(&relay.url(path)).timeout(Duration::from_secs(20)).call() {
+        Ok(r) | Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("{path}: {e}"),
+    };
+    let (status, hs) = (r.status(), headers.iter().map(|h| r.header(h).map(str::to_string)).collect());
+    let mut body = Vec::new();
+    std::io::Read::read_to_end(&mut r.into_reader(), &mut body).unwrap();
+    (status, hs, body)
+}
+
+#[test]
+fn the_demo_plays_over_hls() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let relay = Relay::start(&[]);
+    // 6 s of it, audio and video, without a decoder complaint.
+    let out = std::process::Command::new("timeout")
+        .args(["40", "ffmpeg", "-hide_banner", "-nostdin", "-loglevel", "error", "-stats", "-i"])
+        .arg(relay.url("/v1/sessions/demo/hls/index.m3u8"))
+        .args(["-t", "6", "-f", "null", "-"])
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    let frames = decoded_frames(&log);
+    assert!(frames >= 145, "6 s at 25 fps: {frames} frames: {log}");
+    let complaints: Vec<&str> = log.lines().filter(|l| l.starts_with('[')).collect();
+    assert!(complaints.is_empty(), "{complaints:?}");
+    let probe = std::process::Command::new("ffprobe")
+        .args(["-v", "error", "-show_entries", "stream=codec_name", "-of", "csv=p=0"])
+        .arg(relay.url("/v1/sessions/demo/hls/index.m3u8"))
+        .output()
+        .unwrap();
+    // (ffprobe lists HLS streams twice: in the program and alone.)
+    let mut codecs: Vec<String> = String::from_utf8_lossy(&probe.stdout).split_whitespace().map(String::from).collect();
+    codecs.sort();
+    codecs.dedup();
+    assert_eq!(codecs, ["aac", "h264"]);
+
+    // The playlist is not cached, a segment is for good.
+    let (status, h, body) = get(&relay, "/v1/sessions/demo/hls/index.m3u8", &["content-type", "cache-control"]);
+    let playlist = String::from_utf8(body).unwrap();
+    assert_eq!(
+        (status, h[0].as_deref(), h[1].as_deref()),
+        (200, Some("application/vnd.apple.mpegurl"), Some("no-cache"))
+    );
+    let last: u64 = playlist.lines().filter_map(|l| l.strip_suffix(".m4s")).next_back().unwrap().parse().unwrap();
+    let (status, h, seg) = get(&relay, &format!("/v1/sessions/demo/hls/{last}.m4s"), &["cache-control", "etag"]);
+    assert_eq!((status, h[0].as_deref()), (200, Some("public, max-age=3600, immutable")), "{playlist}");
+    assert!(h[1].is_some() && &seg[4..8] == b"moof");
+    let (status, _, init) = get(&relay, "/v1/sessions/demo/hls/init.mp4", &[]);
+    assert_eq!((status, &init[4..8]), (200, &b"ftyp"[..]));
+
+    // Blocking reload: asking for the next segment waits until it is there (about 2 s).
+    let t = Instant::now();
+    let (status, _, body) = get(&relay, &format!("/v1/sessions/demo/hls/index.m3u8?_HLS_msn={}", last + 1), &[]);
+    let waited = t.elapsed();
+    assert_eq!(status, 200);
+    assert!(String::from_utf8(body).unwrap().contains(&format!("\n{}.m4s\n", last + 1)), "after {waited:?}");
+    assert!(waited > Duration::from_millis(200) && waited < Duration::from_secs(5), "{waited:?}");
+    // A segment long gone, and one far ahead: clear answers.
+    let (status, _, body) = get(&relay, "/v1/sessions/demo/hls/5.m4s", &[]);
+    assert!(status == 404 && String::from_utf8_lossy(&body).contains("not in the window"), "{status}");
+    let (status, _, _) = get(&relay, &format!("/v1/sessions/demo/hls/index.m3u8?_HLS_msn={}", last + 100), &[]);
+    assert_eq!(status, 400);
+    // The status shows the HLS side of the repackaging.
+    let st = relay.ok("GET", "/v1/sessions/demo", None);
+    assert_eq!(st["repackaging"]["hls"]["codecs"], "avc1.640015,mp4a.40.2", "{st}");
+}
+
+/// HLS asks for the token like the stream URL, and its playlist passes it on to the files.
+#[test]
+fn hls_takes_the_token_in_the_url() {
+    let relay = Relay::start(&["--token", "s3cret"]);
+    let (status, _, _) = get(&relay, "/v1/sessions/demo/hls/index.m3u8", &[]);
+    assert_eq!(status, 401);
+    let (status, _, body) = get(&relay, "/v1/sessions/demo/hls/index.m3u8?token=s3cret", &[]);
+    let playlist = String::from_utf8(body).unwrap();
+    assert_eq!(status, 200, "{playlist}");
+    assert!(playlist.contains("init.mp4?token=s3cret") && playlist.contains(".m4s?token=s3cret\n"), "{playlist}");
+}
+
+/// HEVC is not written as fMP4 yet, and a session of unknown datagrams has nothing to
+/// segment: both answer 415 and say why.
+#[test]
+fn sessions_hls_cannot_carry_say_why() {
+    let relay = Relay::start(&["--no-demo"]);
+    relay.ok("POST", "/v1/sessions", Some(json!({"name": "hevc", "source": {"udp": "127.0.0.1:0"}, "video": "h265"})));
+    relay.ok("POST", "/v1/sessions", Some(json!({"name": "raw", "source": {"udp": "127.0.0.1:0"}})));
+    let (status, _, body) = get(&relay, "/v1/sessions/hevc/hls/index.m3u8", &[]);
+    assert!(status == 415 && String::from_utf8_lossy(&body).contains("H.265"), "{status}");
+    let (status, _, body) = get(&relay, "/v1/sessions/raw/hls/index.m3u8", &[]);
+    assert!(status == 415 && String::from_utf8_lossy(&body).contains("no known format"), "{status}");
+    let (status, _, _) = get(&relay, "/v1/sessions/nope/hls/index.m3u8", &[]);
+    assert_eq!(status, 404);
+}
