@@ -58,9 +58,11 @@ pub fn router(relay: Arc<Relay>) -> Router {
         // GET is taken over before the router (the socket becomes a sink); HEAD answers here.
         .route("/v1/sessions/{name}/stream", get(stream_head))
         .route("/v1/sessions/{name}/hls/{file}", get(hls_file))
+        .route("/v1/events", get(events))
         .route("/v1/engine", get(engine_status))
         .route("/v1/rtsp", get(rtsp_clients))
         .route("/metrics", get(metrics))
+        .merge(crate::ui::routes())
         .fallback(|| async { ApiError(StatusCode::NOT_FOUND, "no such API path; see docs/openapi.yaml".into()) })
         .layer(middleware::from_fn_with_state(relay.clone(), auth))
         .layer(middleware::map_response(json_errors))
@@ -187,8 +189,14 @@ async fn hls_file(
 
 async fn auth(State(relay): State<Arc<Relay>>, req: Request, next: Next) -> Response {
     let h = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    // `?token=` is for stream URLs and HLS (docs/config.md); API calls send the header.
-    let query = req.uri().path().contains("/hls/").then(|| req.uri().query()).flatten();
+    // The dashboard's files are open (the API they call is not); `?token=` is for stream
+    // URLs, HLS and the event stream (docs/config.md), which players and browsers' event
+    // sources cannot send a header with; API calls send the header.
+    let path = req.uri().path();
+    if crate::ui::is_ui(path) {
+        return next.run(req).await;
+    }
+    let query = (path.contains("/hls/") || path == "/v1/events").then(|| req.uri().query()).flatten();
     if authorized(relay.cfg.token.as_deref(), h, query) {
         next.run(req).await
     } else {
@@ -377,12 +385,47 @@ async fn rtsp_clients(State(relay): State<Arc<Relay>>) -> Json<serde_json::Value
 }
 
 async fn engine_status(State(relay): State<Arc<Relay>>) -> Json<serde_json::Value> {
-    Json(json!({
+    Json(engine_json(&relay))
+}
+
+fn engine_json(relay: &Relay) -> serde_json::Value {
+    json!({
         "workers": relay.engine.workers(),
         "queued_tasks": relay.engine.queued(),
         "task_runs": relay.engine.runs(),
         "rtsp": *relay.rtsp_addr.lock(),
-    }))
+    })
+}
+
+/// Sinks listed per session in an event (the status counts them all).
+const EVENT_SINKS: usize = 100;
+
+/// `GET /v1/events`: server-sent events, one `status` a second: the engine, every session
+/// (with its first sinks) and the RTSP clients, for the dashboard and anyone who watches.
+async fn events(
+    State(relay): State<Arc<Relay>>,
+) -> axum::response::Sse<impl futures_util::Stream<Item = Result<axum::response::sse::Event, std::convert::Infallible>>>
+{
+    let tick = tokio::time::interval(Duration::from_secs(1));
+    let stream = futures_util::stream::unfold((relay, tick), |(relay, mut tick)| async move {
+        tick.tick().await;
+        let sessions: Vec<serde_json::Value> = relay
+            .sessions()
+            .iter()
+            .map(|s| {
+                let mut v = session_json(&relay, s);
+                v["sinks_list"] = json!(s.sinks().into_iter().take(EVENT_SINKS).collect::<Vec<_>>());
+                v
+            })
+            .collect();
+        let clients = relay.rtsp.lock().as_ref().map(|r| r.clients(&relay)).unwrap_or_default();
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let snap = json!({ "time_ms": now.as_millis() as u64, "engine": engine_json(&relay),
+                           "sessions": sessions, "rtsp_clients": clients });
+        let event = axum::response::sse::Event::default().event("status").data(snap.to_string());
+        Some((Ok(event), (relay, tick)))
+    });
+    axum::response::Sse::new(stream).keep_alive(axum::response::sse::KeepAlive::default())
 }
 
 /// Writes one metric family: its HELP and TYPE lines, then its samples as (labels, value).

@@ -11,6 +11,7 @@ mod repack;
 mod rtsp;
 mod spec;
 mod tools;
+mod ui;
 mod upstream;
 
 use clap::{Parser, Subcommand};
@@ -185,6 +186,9 @@ async fn run(mut cfg: config::Config) -> anyhow::Result<()> {
     // that work as printed (this is the operator's own console).
     say!("fanout: API http://{api}/v1/sessions");
     let token = relay.cfg.token.as_deref().map(percent_encode);
+    // The dashboard asks for the token itself, or takes it from its URL.
+    let q = token.as_ref().map(|t| format!("?token={t}")).unwrap_or_default();
+    say!("fanout: dashboard http://{api}/{q}  (open it in a browser)");
     if let Some(t) = &token {
         say!("fanout: API calls need the token: curl -H 'Authorization: Bearer {t}' http://{api}/v1/sessions");
     }

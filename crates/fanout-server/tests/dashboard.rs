@@ -1,0 +1,134 @@
+//! The dashboard in a real browser (issue 16): headless Chromium, driven over WebDriver by
+//! Debian's chromedriver, opens `/`, finds the demo session with live numbers that change,
+//! plays its preview (the video's time advances) and logs no error on its console.
+//! `FANOUT_UI_SCREENSHOT=path` also saves a screenshot there (docs/dashboard.png is one).
+
+mod common;
+use common::*;
+use serde_json::{json, Value};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// chromedriver on a free port, killed when dropped.
+struct Driver {
+    child: std::process::Child,
+    url: String,
+    session: String,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = ureq::delete(&format!("{}/session/{}", self.url, self.session)).call();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Both programs, or a loud skip (a failure on CI, where scripts/test installs them).
+fn have_chromium() -> bool {
+    let ok = ["chromium", "chromedriver"]
+        .iter()
+        .all(|p| Command::new(p).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok());
+    if !ok {
+        if std::env::var_os("CI").is_some() {
+            panic!(
+                "chromium/chromedriver missing: scripts/test installs them (apt-get install chromium chromium-driver)"
+            );
+        }
+        eprintln!("\n*** SKIPPED: chromium and chromium-driver not installed; run scripts/test ***\n");
+    }
+    ok
+}
+
+impl Driver {
+    fn start() -> Driver {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let url = format!("http://127.0.0.1:{port}");
+        assert!(
+            wait_for(Duration::from_secs(10), || ureq::get(&format!("{url}/status")).call().is_ok()),
+            "chromedriver"
+        );
+        let caps = json!({ "capabilities": { "alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": { "binary": "/usr/bin/chromium", "args": [
+                "--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1280,900",
+                "--autoplay-policy=no-user-gesture-required"] },
+            "goog:loggingPrefs": { "browser": "ALL" } } } });
+        let r: Value = ureq::post(&format!("{url}/session")).send_json(caps).unwrap().into_json().unwrap();
+        let session = r["value"]["sessionId"].as_str().expect("a WebDriver session").to_string();
+        let mut d = Driver { child, url, session };
+        d.url = format!("{}/session/{}", d.url, d.session);
+        d
+    }
+
+    fn post(&self, path: &str, body: Value) -> Value {
+        match ureq::post(&format!("{}/{path}", self.url)).timeout(Duration::from_secs(30)).send_json(body) {
+            Ok(r) => r.into_json::<Value>().unwrap()["value"].clone(),
+            Err(ureq::Error::Status(code, r)) => panic!("{path}: {code} {}", r.into_string().unwrap_or_default()),
+            Err(e) => panic!("{path}: {e}"),
+        }
+    }
+
+    /// Runs `script` (a function body) in the page; its return value.
+    fn js(&self, script: &str) -> Value {
+        self.post("execute/sync", json!({ "script": script, "args": [] }))
+    }
+}
+
+#[test]
+fn the_dashboard_shows_live_sessions_and_plays_a_preview() {
+    if !have_chromium() {
+        return;
+    }
+    let relay = Relay::start(&["--rtsp", "127.0.0.1:0"]);
+    // A second session, to see more than one card (no source sends to it: it waits).
+    relay.ok("POST", "/v1/sessions", Some(json!({"name": "cam2", "source": {"udp": "127.0.0.1:0"}})));
+    let d = Driver::start();
+    d.post("url", json!({ "url": relay.url("/") }));
+
+    // The demo's card, its input rate filled in and changing from second to second.
+    let rate = || d.js("const c = document.querySelector('[data-session=demo] .in'); return c ? c.textContent : null;");
+    assert!(
+        wait_for(Duration::from_secs(10), || rate()
+            .as_str()
+            .is_some_and(|r| r.parse::<f64>().is_ok_and(|v| v > 100.0))),
+        "the demo's input rate never showed: {:?}",
+        rate()
+    );
+    let cards = d.js("return [...document.querySelectorAll('.card .name')].map(e => e.textContent);");
+    assert_eq!(cards, json!(["cam2", "demo"]));
+    let plot = || d.js("return document.querySelector('[data-session=demo] .plot-in').toDataURL();");
+    let before = plot();
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_ne!(plot(), before, "the rate plot did not move");
+
+    // The preview plays: the video's time advances.
+    d.js("document.querySelector('[data-session=demo] .play').click();");
+    let time =
+        || d.js("return document.querySelector('[data-session=demo] video').currentTime;").as_f64().unwrap_or(0.0);
+    let why = || d.js("return document.querySelector('[data-session=demo] .why').textContent;");
+    assert!(wait_for(Duration::from_secs(20), || time() > 0.5), "the preview did not start: {:?}", why());
+    let t0 = time();
+    std::thread::sleep(Duration::from_secs(3));
+    let t1 = time();
+    assert!(t1 - t0 > 2.0, "the preview stalled: {t0} then {t1}: {:?}", why());
+
+    if let Some(path) = std::env::var_os("FANOUT_UI_SCREENSHOT") {
+        let png: Value = ureq::get(&format!("{}/screenshot", d.url)).call().unwrap().into_json().unwrap();
+        let png = &png["value"];
+        use base64::Engine as _;
+        let png = base64::engine::general_purpose::STANDARD.decode(png.as_str().unwrap()).unwrap();
+        std::fs::write(path, png).unwrap();
+    }
+    // Nothing on the console worse than information.
+    let log = d.post("se/log", json!({ "type": "browser" }));
+    let bad: Vec<&Value> =
+        log.as_array().unwrap().iter().filter(|e| e["level"] == "SEVERE" || e["level"] == "WARNING").collect();
+    assert!(bad.is_empty(), "console: {bad:#?}");
+}

@@ -1,0 +1,246 @@
+// The fanout dashboard: live session status from /v1/events (server-sent, once a second),
+// small plots of the last two minutes, and a preview player (MSE fed with the session's
+// HLS fMP4 segments). Plain JavaScript, no library.
+'use strict';
+
+const params = new URLSearchParams(location.search);
+let token = params.get('token') || localStorage.getItem('fanout-token') || '';
+const q = () => (token ? `?token=${encodeURIComponent(token)}` : '');
+const HISTORY = 120;
+const cards = new Map(); // session name -> { el, last, hist }
+
+function $(root, sel) { return root.querySelector(sel); }
+
+async function api(path) {
+  const r = await fetch(path, { headers: token ? { Authorization: `Bearer ${token}` } : {} });
+  if (r.status === 401) { askToken(); throw new Error('unauthorized'); }
+  return r.json();
+}
+
+function askToken() {
+  const form = document.getElementById('login');
+  form.hidden = false;
+  form.onsubmit = (e) => {
+    e.preventDefault();
+    token = document.getElementById('token').value;
+    localStorage.setItem('fanout-token', token);
+    form.hidden = true;
+    connect();
+  };
+}
+
+let source = null;
+function connect() {
+  if (source) source.close();
+  source = new EventSource(`/v1/events${q()}`);
+  const dot = document.getElementById('live');
+  source.addEventListener('status', (e) => { dot.classList.add('on'); render(JSON.parse(e.data)); });
+  source.onerror = () => {
+    dot.classList.remove('on');
+    // An EventSource does not say why it failed: ask the API whether it is the token.
+    api('/v1/engine').catch(() => {});
+  };
+}
+
+const kbps = (bytes, secs) => (secs > 0 ? (bytes * 8 / 1000 / secs) : 0);
+const fmt = (x) => (x >= 100 ? x.toFixed(0) : x >= 10 ? x.toFixed(1) : x.toFixed(2));
+
+function render(snap) {
+  const e = snap.engine;
+  document.getElementById('engine').textContent =
+    `${e.workers} workers · ${e.queued_tasks} queued · RTSP ${e.rtsp || 'off'} · ${snap.sessions.length} sessions`;
+  document.getElementById('empty').hidden = snap.sessions.length > 0;
+  const seen = new Set();
+  for (const s of snap.sessions) {
+    seen.add(s.name);
+    let c = cards.get(s.name);
+    if (!c) {
+      c = newCard(s);
+      cards.set(s.name, c);
+    }
+    update(c, s, snap.time_ms, snap.rtsp_clients.filter((r) => r.session === s.name).length);
+  }
+  for (const [name, c] of cards) {
+    if (!seen.has(name)) { c.el.remove(); cards.delete(name); }
+  }
+}
+
+function newCard(s) {
+  const el = document.getElementById('card').content.firstElementChild.cloneNode(true);
+  el.dataset.session = s.name;
+  $(el, '.name').textContent = s.name;
+  $(el, '.play').onclick = () => togglePreview(el, s.name);
+  document.getElementById('sessions').appendChild(el);
+  return { el, last: null, hist: { in: [], loss: [] } };
+}
+
+function update(c, s, now, rtspClients) {
+  const el = c.el;
+  $(el, '.path').textContent = s.datapath;
+  const st = $(el, '.state');
+  st.textContent = s.upstream ? `upstream ${s.upstream.state}` : s.source.state;
+  st.className = `badge state ${s.upstream ? (s.upstream.state === 'playing' ? 'active' : 'waiting') : s.source.state}`;
+  $(el, '.source').textContent = s.source.kind + (s.source.error ? ` — ${s.source.error}` : '') +
+    (s.repackaging ? ` · repackaged: ${s.repackaging.from}` : '');
+  const lost = (s.upstream ? s.upstream.tracks.reduce((a, t) => a + t.lost, 0) : 0);
+  const cur = { t: now, in: s.source.bytes, out: s.bytes_sent, skipped: s.packets_skipped, lost };
+  if (c.last) {
+    const dt = (cur.t - c.last.t) / 1000;
+    const rin = kbps(cur.in - c.last.in, dt);
+    const skips = Math.max(0, cur.skipped - c.last.skipped) / dt;
+    const lossNow = Math.max(0, cur.lost - c.last.lost) / dt;
+    $(el, '.in').textContent = fmt(rin);
+    $(el, '.out').textContent = fmt(kbps(cur.out - c.last.out, dt));
+    $(el, '.skips').textContent = fmt(skips);
+    push(c.hist.in, rin);
+    push(c.hist.loss, skips + lossNow);
+    plot($(el, '.plot-in'), c.hist.in, '#58a6ff');
+    plot($(el, '.plot-loss'), c.hist.loss, '#f85149');
+  }
+  c.last = cur;
+  $(el, '.sinks').textContent = s.sinks;
+  $(el, '.rtsp').textContent = rtspClients;
+  $(el, '.loss').textContent = lost;
+  links(el, s);
+  sinks(el, s);
+}
+
+function push(a, v) { a.push(v); if (a.length > HISTORY) a.shift(); }
+
+// A filled line of the history, scaled to its maximum (labelled in the corner).
+function plot(canvas, data, color) {
+  const g = canvas.getContext('2d');
+  const w = canvas.width, h = canvas.height;
+  g.clearRect(0, 0, w, h);
+  const max = Math.max(1e-9, ...data);
+  g.beginPath();
+  data.forEach((v, i) => {
+    const x = w - (data.length - 1 - i) * (w / (HISTORY - 1));
+    const y = h - 2 - (v / max) * (h - 14);
+    i ? g.lineTo(x, y) : g.moveTo(x, y);
+  });
+  g.strokeStyle = color;
+  g.lineWidth = 1.5;
+  g.stroke();
+  g.fillStyle = '#8b98a5';
+  g.font = '10px system-ui';
+  g.fillText(fmt(max), 3, 10);
+}
+
+function links(el, s) {
+  const box = $(el, '.links');
+  if (box.dataset.done) return;
+  box.dataset.done = '1';
+  const add = (label, href) => {
+    const a = document.createElement('a');
+    a.textContent = label;
+    a.href = href;
+    a.title = href;
+    box.appendChild(a);
+  };
+  add('stream (HTTP)', `/v1/sessions/${encodeURIComponent(s.name)}/stream${q()}`);
+  add('HLS', `/v1/sessions/${encodeURIComponent(s.name)}/hls/index.m3u8${q()}`);
+  if (s.rtsp_url) add('RTSP', s.rtsp_url);
+  add('status (JSON)', `/v1/sessions/${encodeURIComponent(s.name)}`);
+}
+
+function sinks(el, s) {
+  const body = $(el, '.sinks-table tbody');
+  const rows = (s.sinks_list || []).map((k) => {
+    const to = k.udp || k.tcp || k.http || k.peer || k.to || '';
+    const layers = k.layers ? JSON.stringify(k.layers) : '';
+    return `<tr><td>${k.id}</td><td>${esc(to)}</td><td>${esc(k.path || '')}</td><td>${esc(k.state || '')}</td>` +
+      `<td>${k.packets_sent}</td><td>${k.lag ?? ''}</td><td>${k.packets_skipped ?? ''}</td><td>${esc(layers)}</td></tr>`;
+  });
+  if ((s.sinks_list || []).length < s.sinks) rows.push(`<tr><td colspan="8">… and ${s.sinks - s.sinks_list.length} more</td></tr>`);
+  body.innerHTML = rows.join('');
+  const tracks = (s.rtsp_tracks || []).map((t) => `${t.session}: ${t.sinks} sinks, ${t.source_packets} packets in`);
+  $(el, '.tracks').textContent = tracks.join(' · ');
+}
+
+function esc(x) {
+  return String(x).replace(/[&<>"]/g, (ch) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;' }[ch]));
+}
+
+// --- the preview: HLS fMP4 segments appended to a MediaSource ---------------------------
+
+async function togglePreview(el, name) {
+  const box = $(el, '.player');
+  const video = $(box, 'video');
+  if (!box.hidden) {
+    box.hidden = true;
+    video.dataset.stop = '1';
+    video.removeAttribute('src');
+    video.load();
+    return;
+  }
+  box.hidden = false;
+  delete video.dataset.stop;
+  $(box, '.why').textContent = 'starting…';
+  try {
+    await play(video, name, (m) => { $(box, '.why').textContent = m; });
+  } catch (e) {
+    $(box, '.why').textContent = `no preview: ${e.message}`;
+  }
+}
+
+async function get(url, kind) {
+  const r = await fetch(url);
+  if (!r.ok) {
+    let why = `${r.status}`;
+    try { why = (await r.json()).error || why; } catch (_) { /* not JSON */ }
+    throw new Error(why);
+  }
+  return kind === 'text' ? r.text() : r.arrayBuffer();
+}
+
+const segmentsOf = (playlist) => playlist.split('\n').filter((l) => /^\d+\.m4s/.test(l)).map((l) => parseInt(l, 10));
+
+async function play(video, name, say) {
+  const base = `/v1/sessions/${encodeURIComponent(name)}/hls/`;
+  // The first playlist starts the repackaging and waits for a segment.
+  const playlist = await get(base + 'index.m3u8' + q(), 'text');
+  const st = await api(`/v1/sessions/${encodeURIComponent(name)}`);
+  const codecs = st.repackaging && st.repackaging.hls && st.repackaging.hls.codecs;
+  const type = `video/mp4; codecs="${codecs}"`;
+  if (!codecs || !window.MediaSource || !MediaSource.isTypeSupported(type)) throw new Error(`this browser cannot play ${codecs}`);
+  const ms = new MediaSource();
+  video.src = URL.createObjectURL(ms);
+  await new Promise((ok) => ms.addEventListener('sourceopen', ok, { once: true }));
+  const sb = ms.addSourceBuffer(type);
+  const append = (buf) => new Promise((ok, fail) => {
+    sb.addEventListener('updateend', ok, { once: true });
+    sb.addEventListener('error', fail, { once: true });
+    sb.appendBuffer(buf);
+  });
+  await append(await get(base + 'init.mp4' + q()));
+  const segs = segmentsOf(playlist);
+  let next = segs[Math.max(0, segs.length - 2)];
+  let started = false;
+  while (!video.dataset.stop && video.isConnected) {
+    let data;
+    try {
+      data = await get(`${base}${next}.m4s${q()}`);
+    } catch (e) {
+      // Not there yet (the server waits a little) or gone: take the playlist's view.
+      const list = segmentsOf(await get(`${base}index.m3u8${q() ? q() + '&' : '?'}_HLS_msn=${next}`, 'text'));
+      if (list.length && !list.includes(next)) next = list[list.length - 1];
+      continue;
+    }
+    await append(data);
+    next += 1;
+    if (!started && sb.buffered.length) {
+      video.currentTime = sb.buffered.start(0);
+      started = true;
+      video.play().catch(() => {});
+      say('');
+    }
+    // Keep half a minute behind the playhead.
+    if (sb.buffered.length && video.currentTime - sb.buffered.start(0) > 40) {
+      sb.remove(sb.buffered.start(0), video.currentTime - 30);
+      await new Promise((ok) => sb.addEventListener('updateend', ok, { once: true }));
+    }
+  }
+}
+
+connect();
