@@ -783,7 +783,13 @@ impl Session {
 
     /// Starts the built-in looped, paced MPEG-TS source.
     pub fn attach_demo(&self, clip: crate::source::DemoClip) -> std::io::Result<()> {
-        *self.inner.source_kind.lock() = format!("demo ({:.0} kbit/s, looped)", clip.bitrate() / 1000.0);
+        self.attach_clip(clip, "demo")
+    }
+
+    /// Starts a paced MPEG-TS recording (`what` names it in the status: "demo", "file x.ts").
+    pub fn attach_clip(&self, clip: crate::source::DemoClip, what: &str) -> std::io::Result<()> {
+        let (rate, laps) = (clip.bitrate() / 1000.0, if clip.once { "once" } else { "looped" });
+        *self.inner.source_kind.lock() = format!("{what} ({rate:.0} kbit/s, {:.1} s, {laps})", clip.duration_s());
         let weak = Arc::downgrade(&self.inner);
         let t = std::thread::Builder::new()
             .name(format!("demo-{}", self.inner.cfg.name))

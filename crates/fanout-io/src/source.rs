@@ -316,18 +316,32 @@ pub(crate) fn daemon_receiver(session: Weak<Inner>, io: SourceIo) {
     }
 }
 
-/// A recorded MPEG-TS clip and the schedule that plays it at its own rate.
+/// A recorded MPEG-TS clip and the schedule that plays it at its own rate: the built-in
+/// demo, or a `file` source.
 #[derive(Clone)]
 pub struct DemoClip {
     ts: Arc<[u8]>,
     schedule: Arc<TsSchedule>,
+    /// Played once, not looped.
+    pub(crate) once: bool,
 }
 
 impl DemoClip {
     pub fn new(ts: impl Into<Arc<[u8]>>) -> Result<Self, fanout_proto::mpegts::TsError> {
         let ts = ts.into();
         let schedule = Arc::new(TsSchedule::new(&ts)?);
-        Ok(Self { ts, schedule })
+        Ok(Self { ts, schedule, once: false })
+    }
+
+    /// Plays it once: the source ends (state `closed`) after its last datagram.
+    pub fn once(mut self) -> Self {
+        self.once = true;
+        self
+    }
+
+    /// One lap, in seconds.
+    pub fn duration_s(&self) -> f64 {
+        self.schedule.loop_ticks() as f64 / 27e6
     }
     pub fn bitrate(&self) -> f64 {
         self.schedule.bitrate()
@@ -347,6 +361,7 @@ pub struct DemoTrack {
     packets: Arc<Vec<DemoPacket>>,
     /// One lap of the clip, 90 kHz (its PCR span), so laps continue each other's time.
     lap_90k: u64,
+    once: bool,
 }
 
 /// (due, 90 kHz after the clip's start; RTP timestamp, in the track's clock; payload; marker)
@@ -396,7 +411,15 @@ impl DemoClip {
                 "m=video 0 RTP/AVP {pt}\r\na=rtpmap:{pt} H264/90000\r\na=fmtp:{pt} {}\r\n",
                 fanout_proto::sdp::h264_fmtp(sps, pps)
             );
-            tracks.push(DemoTrack { media, clock: 90_000, video: true, pt, packets: Arc::new(packets), lap_90k });
+            tracks.push(DemoTrack {
+                media,
+                clock: 90_000,
+                video: true,
+                pt,
+                packets: Arc::new(packets),
+                lap_90k,
+                once: self.once,
+            });
         }
         let first = audio.iter().find_map(|p| aac::adts_frames(&p.data).first().copied());
         if let Some(rate) = first.and_then(|f| f.sample_rate()) {
@@ -419,7 +442,15 @@ impl DemoClip {
                 "m=audio 0 RTP/AVP {pt}\r\na=rtpmap:{pt} MPEG4-GENERIC/{rate}/{ch}\r\na=fmtp:{pt} {}\r\n",
                 aac::fmtp(first.audio_specific_config())
             );
-            tracks.push(DemoTrack { media, clock: rate, video: false, pt, packets: Arc::new(packets), lap_90k });
+            tracks.push(DemoTrack {
+                media,
+                clock: rate,
+                video: false,
+                pt,
+                packets: Arc::new(packets),
+                lap_90k,
+                once: self.once,
+            });
         }
         (tracks, origin)
     }
@@ -439,6 +470,13 @@ pub(crate) fn demo_track_source(session: Weak<Inner>, track: DemoTrack, start: I
     let mut seq: u16 = 0;
     for n in 0u64.. {
         let lap = n / n_packets;
+        if track.once && lap == 1 {
+            if let Some(s) = session.upgrade() {
+                s.publish(&mut ready, &mut pool);
+                s.source_closed(SourceState::Closed, None);
+            }
+            return;
+        }
         let (due, ts, ref payload, marker) = track.packets[(n % n_packets) as usize];
         let due = Duration::from_micros((due + lap * track.lap_90k) * 100 / 9);
         // Publish what is ready once the next packet is not due yet; sleep in steps of at
@@ -501,6 +539,11 @@ pub(crate) fn demo_source(session: Weak<Inner>, clip: DemoClip) {
                 break;
             }
             if n.is_multiple_of(per_lap) {
+                if clip.once && n > 0 {
+                    s.publish(&mut ready, &mut pool);
+                    s.source_closed(SourceState::Closed, None);
+                    return;
+                }
                 restamper.set_offset((n / per_lap) * clip.schedule.loop_ticks() / 300);
             }
             let mut p = pool.take();

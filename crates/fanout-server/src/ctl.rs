@@ -49,6 +49,13 @@ enum CtlCmd {
         /// Pull from an RTSP server (rtsp://[user:pass@]host[:port]/path).
         #[arg(long)]
         rtsp: Option<String>,
+        /// Play a recorded MPEG-TS file, looped (a path on the relay's machine; a relative
+        /// one is made absolute here).
+        #[arg(long)]
+        file: Option<std::path::PathBuf>,
+        /// With --file: play it once instead of looping.
+        #[arg(long, requires = "file")]
+        once: bool,
         /// With --rtsp: udp, tcp or auto.
         #[arg(long)]
         rtsp_transport: Option<String>,
@@ -126,6 +133,8 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
             tcp_connect,
             demo,
             rtsp,
+            file,
+            once,
             rtsp_transport,
             priority,
             datapath,
@@ -145,6 +154,8 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
                 tcp_connect,
                 demo: demo.then_some(true),
                 rtsp,
+                file: file.map(|f| std::fs::canonicalize(&f).unwrap_or(f)),
+                looped: once.then_some(false),
                 rtsp_transport,
                 ..Default::default()
             };

@@ -359,6 +359,13 @@ impl Relay {
             session.set_source_kind(format!("tcp connect {addr}"));
             tasks.push(tokio::spawn(connect_publisher(addr, session.clone())).abort_handle());
             Ok(())
+        } else if let Some(path) = &src.file {
+            read_clip(path, src.looped.unwrap_or(true)).await.and_then(|c| {
+                view = demo_view(&spec.name, session.config(), &c, &self.engine)?;
+                session
+                    .attach_clip(c, &format!("file {}", path.display()))
+                    .map_err(|e| RelayError::Internal(e.to_string()))
+            })
         } else {
             DemoClip::new(DEMO_TS).map_err(|e| RelayError::Internal(format!("demo clip: {e}"))).and_then(|c| {
                 view = demo_view(&spec.name, session.config(), &c, &self.engine)?;
@@ -452,6 +459,28 @@ impl Relay {
 /// The demo's face for RTSP clients: its H.264 (RFC 6184) and AAC (RFC 3640) on track
 /// sessions of their own (`NAME/video`, `NAME/audio`), described with the clip's codec
 /// parameters, paced from one start so they stay in sync.
+/// Files larger than this are refused (a `file` source is held in memory).
+const MAX_FILE: u64 = 1 << 30;
+
+/// A `file` source's recording, checked: readable, MPEG-TS with PCRs, not too large.
+async fn read_clip(path: &std::path::Path, looped: bool) -> Result<DemoClip, RelayError> {
+    let bad = |why: String| RelayError::BadRequest(format!("source file {}: {why}", path.display()));
+    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
+    if ["mp4", "m4v", "mov", "mkv", "webm"].contains(&ext.as_str()) {
+        return Err(bad(format!(
+            "{ext} is not read yet, MPEG-TS is: remux it without re-encoding (ffmpeg -i {0} -c copy -f mpegts {0}.ts)",
+            path.display()
+        )));
+    }
+    let meta = tokio::fs::metadata(path).await.map_err(|e| bad(e.to_string()))?;
+    if !meta.is_file() || meta.len() > MAX_FILE {
+        return Err(bad(format!("not a file of at most {} MiB", MAX_FILE >> 20)));
+    }
+    let ts = tokio::fs::read(path).await.map_err(|e| bad(e.to_string()))?;
+    let clip = DemoClip::new(ts).map_err(|e| bad(format!("not a playable MPEG-TS ({e})")))?;
+    Ok(if looped { clip } else { clip.once() })
+}
+
 fn demo_view(
     name: &str,
     template: &SessionConfig,

@@ -25,6 +25,13 @@ pub struct SourceSpec {
     /// The built-in looped MPEG-TS test pattern, paced at its own bit rate.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub demo: Option<bool>,
+    /// Play a recorded MPEG-TS file at its own rate (PCR-paced), restamped seamlessly at
+    /// each loop; served over every output like a live source.
+    pub file: Option<std::path::PathBuf>,
+    /// With `file`: loop it (default `true`); `false` plays it once, then the source is
+    /// closed.
+    #[serde(rename = "loop")]
+    pub looped: Option<bool>,
     /// Pull from an RTSP server: `rtsp://[user:pass@]host[:port]/path`. Every media section
     /// becomes a track; RTSP clients of this session share one upstream session.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -54,6 +61,8 @@ pub const SOURCE_FIELDS: &[&str] = &[
     "tcp_listen",
     "tcp_connect",
     "demo",
+    "file",
+    "loop",
     "rtsp",
     "rtsp_transport",
     "on_demand",
@@ -100,14 +109,18 @@ impl SourceSpec {
             self.tcp_connect.is_some(),
             self.demo == Some(true),
             self.rtsp.is_some(),
+            self.file.is_some(),
         ]
         .iter()
         .filter(|b| **b)
         .count();
         if n != 1 {
             return Err(format!(
-                "source needs exactly one of \"udp\", \"tcp_listen\", \"tcp_connect\", \"rtsp\", \"demo\": true (got {n})"
+                "source needs exactly one of \"udp\", \"tcp_listen\", \"tcp_connect\", \"rtsp\", \"file\", \"demo\": true (got {n})"
             ));
+        }
+        if self.looped.is_some() && self.file.is_none() {
+            return Err("source \"loop\" only applies to a \"file\" source".into());
         }
         match &self.rtsp {
             Some(url) => {

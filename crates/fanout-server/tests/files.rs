@@ -1,0 +1,81 @@
+//! `file` sources (issue 16): a recorded MPEG-TS played at its own rate, looped without a
+//! seam, or once; files it cannot play are refused with a reason.
+
+mod common;
+use common::*;
+use serde_json::json;
+use std::time::Duration;
+
+const CLIP: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/demo.ts");
+
+/// 10 s of a looped 8 s file over HTTP: every picture 40 ms after the last, across the loop.
+#[test]
+fn a_looped_file_plays_without_a_seam() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let relay = Relay::start(&["--no-demo"]);
+    let created = relay.ok("POST", "/v1/sessions", Some(json!({"name": "clip", "source": {"file": CLIP}})));
+    let kind = created["source"]["kind"].as_str().unwrap();
+    assert!(kind.starts_with("file ") && kind.contains("8.0 s, looped"), "{kind}");
+    let out = std::process::Command::new("timeout")
+        .args(["40", "ffmpeg", "-nostdin", "-loglevel", "error", "-i"])
+        .arg(relay.url("/v1/sessions/clip/stream"))
+        .args(["-t", "10", "-map", "0:v", "-f", "framemd5", "-"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let pts: Vec<i64> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split(',').nth(2)?.trim().parse().ok())
+        .collect();
+    assert!(pts.len() >= 240, "10 s at 25 fps: {} pictures", pts.len());
+    let steps: Vec<i64> = pts.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(
+        steps.iter().all(|s| *s == steps[0]),
+        "a seam: steps {:?}",
+        steps.iter().filter(|s| **s != steps[0]).collect::<Vec<_>>()
+    );
+}
+
+/// `loop = false`: the file plays once (8 s), then the source is closed.
+#[test]
+fn a_file_played_once_ends() {
+    let relay = Relay::start(&["--no-demo"]);
+    let spec = json!({"name": "once", "source": {"file": CLIP, "loop": false}});
+    let created = relay.ok("POST", "/v1/sessions", Some(spec));
+    assert!(created["source"]["kind"].as_str().unwrap().contains("once"), "{created}");
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(relay.ok("GET", "/v1/sessions/once", None)["source"]["state"], "active");
+    assert!(
+        wait_for(Duration::from_secs(10), || relay.ok("GET", "/v1/sessions/once", None)["source"]["state"] == "closed"),
+        "still playing after the file's 8 s"
+    );
+    // About one lap of datagrams (7 TS packets each), no more.
+    let st = relay.ok("GET", "/v1/sessions/once", None);
+    let packets = st["source"]["packets"].as_u64().unwrap();
+    let lap = std::fs::metadata(CLIP).unwrap().len() / 1316;
+    assert!(packets.abs_diff(lap) <= 2, "{packets} datagrams, a lap is {lap}");
+}
+
+/// What cannot be played is refused at once, with why.
+#[test]
+fn files_it_cannot_play_are_refused() {
+    let relay = Relay::start(&["--no-demo"]);
+    let not_ts = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
+    for (file, why) in [
+        ("/no/such/file.ts", "No such file"),
+        ("/tmp/clip.mp4", "ffmpeg -i /tmp/clip.mp4 -c copy -f mpegts"),
+        (not_ts, "not a playable MPEG-TS"),
+        ("/", "not a file"),
+    ] {
+        let (code, body) = relay.call("POST", "/v1/sessions", Some(json!({"name": "f", "source": {"file": file}})));
+        assert_eq!(code, 400, "{file}: {body}");
+        assert!(body["error"].as_str().unwrap().contains(why), "{file}: {body}");
+    }
+    let (code, body) =
+        relay.call("POST", "/v1/sessions", Some(json!({"name": "f", "source": {"udp": "127.0.0.1:0", "loop": true}})));
+    assert!(code == 400 && body["error"].as_str().unwrap().contains("only applies"), "{body}");
+    assert_eq!(relay.ok("GET", "/v1/sessions", None)["sessions"], json!([]));
+}
