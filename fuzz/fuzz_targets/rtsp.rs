@@ -8,11 +8,17 @@ use fanout_proto::rtsp_server::{Config, Resource, Server};
 use fanout_proto::sdp::Sdp;
 use libfuzzer_sys::fuzz_target;
 
+/// `demo` to play, `pub` to publish to (ANNOUNCE, SETUP with mode=record, RECORD).
 fn lookup(name: &str) -> Option<Resource> {
-    (name == "demo").then(|| Resource {
-        sdp: Sdp::parse("v=0\r\ns=x\r\nm=video 0 RTP/AVP 96\r\na=rtpmap:96 H264/90000\r\n").unwrap().for_clients("demo", 1),
-        next_rtp: vec![Some((1, 2))],
-    })
+    match name {
+        "demo" => Some(Resource {
+            sdp: Sdp::parse("v=0\r\ns=x\r\nm=video 0 RTP/AVP 96\r\na=rtpmap:96 H264/90000\r\n").unwrap().for_clients("demo", 1),
+            next_rtp: vec![Some((1, 2))],
+            publishable: false,
+        }),
+        "pub" => Some(Resource { sdp: Sdp { session: vec![], media: vec![] }, next_rtp: vec![], publishable: true }),
+        _ => None,
+    }
 }
 
 fuzz_target!(|data: &[u8]| {

@@ -6,6 +6,10 @@
 //! States per RTSP session (RFC 2326 Appendix A): `Ready` after the first SETUP, `Playing`
 //! after PLAY, back to `Ready` on PAUSE, gone on TEARDOWN, on timeout, or when the connection
 //! carrying its interleaved channels closes.
+//!
+//! Publishing (RFC 2326 §10.11, §10.11): ANNOUNCE gives a publishable resource its
+//! description, SETUP with `mode=record` (RTP interleaved on the connection) takes its
+//! tracks, RECORD starts it ([`Action::Record`]). One publisher per resource at a time.
 
 use crate::rtsp::{digest_params, digest_response, hex, parse_session, parse_transport, Lower, Request, Response};
 use crate::sdp::{track_of, Sdp};
@@ -21,6 +25,9 @@ pub struct Resource {
     /// Per track, the RTP sequence number and timestamp the next packet a new client gets
     /// will carry (for `RTP-Info`); `None` until the track has had a packet.
     pub next_rtp: Vec<Option<(u16, u32)>>,
+    /// A publisher may ANNOUNCE to it. Until one does, its description has no media, and
+    /// DESCRIBE answers 404.
+    pub publishable: bool,
 }
 
 /// What the data path must do.
@@ -40,9 +47,17 @@ pub enum Action {
     Pause {
         session: String,
     },
-    /// Remove every sink of the session.
+    /// Remove every sink of the session (or, for a publisher, stop taking its media).
     Teardown {
         session: String,
+    },
+    /// A publisher starts: `tracks` are (track, interleaved RTP channel) of `sdp`'s media.
+    Record {
+        session: String,
+        resource: String,
+        sdp: Sdp,
+        tracks: Vec<(usize, u8)>,
+        conn: u64,
     },
 }
 
@@ -59,6 +74,8 @@ struct RtspSession {
     state: State,
     last_ms: u64,
     conn: u64,
+    /// A publisher's session (SETUP with `mode=record`).
+    record: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -90,7 +107,8 @@ impl Default for Config {
     }
 }
 
-pub const METHODS: &str = "OPTIONS, DESCRIBE, SETUP, PLAY, PAUSE, TEARDOWN, GET_PARAMETER, SET_PARAMETER";
+pub const METHODS: &str =
+    "OPTIONS, DESCRIBE, SETUP, PLAY, PAUSE, TEARDOWN, GET_PARAMETER, SET_PARAMETER, ANNOUNCE, RECORD";
 
 /// The proxy's RTSP sessions, across connections.
 #[derive(Debug, Default)]
@@ -102,6 +120,8 @@ pub struct Server {
     next_id: u64,
     /// Secret of the Digest nonces.
     seed: u64,
+    /// Descriptions announced per resource, by connection, not yet recording.
+    announced: HashMap<String, (u64, Sdp)>,
 }
 
 /// The resource name and the rest of a request URL: `rtsp://host[:port]/name[/rest]`, or an
@@ -124,7 +144,13 @@ fn error(status: u16, cseq: Option<u32>) -> Response {
 
 impl Server {
     pub fn new(cfg: Config, id_seed: u64) -> Self {
-        Self { cfg, sessions: HashMap::new(), next_id: id_seed, seed: id_seed.rotate_left(17) ^ 0x5eed }
+        Self {
+            cfg,
+            sessions: HashMap::new(),
+            next_id: id_seed,
+            seed: id_seed.rotate_left(17) ^ 0x5eed,
+            announced: HashMap::new(),
+        }
     }
 
     pub fn sessions(&self) -> usize {
@@ -187,7 +213,9 @@ impl Server {
             "DESCRIBE" => self.describe(req, cseq, lookup),
             "SETUP" => self.setup(req, cseq, conn, now_ms, session_hdr.as_deref(), lookup, &mut actions),
             "PLAY" | "PAUSE" | "TEARDOWN" => self.control(req, cseq, session_hdr.as_deref(), lookup, &mut actions),
-            "ANNOUNCE" | "RECORD" | "REDIRECT" => {
+            "ANNOUNCE" => self.announce(req, cseq, conn, lookup),
+            "RECORD" => self.record(req, cseq, session_hdr.as_deref(), &mut actions),
+            "REDIRECT" => {
                 let mut r = error(405, Some(cseq));
                 r.headers.set("Allow", METHODS);
                 r
@@ -202,9 +230,121 @@ impl Server {
         (resp, actions)
     }
 
-    fn describe(&self, req: &Request, cseq: u32, lookup: &dyn Fn(&str) -> Option<Resource>) -> Response {
+    /// ANNOUNCE: a publisher's description for a publishable resource nobody publishes to.
+    fn announce(&mut self, req: &Request, cseq: u32, conn: u64, lookup: &dyn Fn(&str) -> Option<Resource>) -> Response {
         let Some((name, _)) = split_url(&req.uri) else { return error(400, Some(cseq)) };
         let Some(res) = lookup(name) else { return error(404, Some(cseq)) };
+        if !res.publishable {
+            let mut r = error(405, Some(cseq));
+            r.headers.set("Allow", "OPTIONS, DESCRIBE, SETUP, PLAY, PAUSE, TEARDOWN, GET_PARAMETER, SET_PARAMETER");
+            return r;
+        }
+        if self.sessions.values().any(|s| s.record && s.resource == name) {
+            return error(455, Some(cseq)); // someone is publishing already
+        }
+        let is_sdp = req.headers.get("Content-Type").is_some_and(|t| t.trim().eq_ignore_ascii_case("application/sdp"));
+        if !is_sdp {
+            return error(415, Some(cseq));
+        }
+        match std::str::from_utf8(&req.body).ok().and_then(|t| Sdp::parse(t).ok()).filter(|s| !s.media.is_empty()) {
+            Some(sdp) => {
+                self.announced.insert(name.to_string(), (conn, sdp));
+                Response::new(200, Some(cseq))
+            }
+            None => error(400, Some(cseq)),
+        }
+    }
+
+    /// SETUP with `mode=record`: a track of the description this connection announced,
+    /// interleaved on the connection.
+    #[allow(clippy::too_many_arguments)]
+    fn setup_record(
+        &mut self,
+        cseq: u32,
+        name: &str,
+        rest: &str,
+        conn: u64,
+        now_ms: u64,
+        session: Option<&str>,
+        lower: Option<Lower>,
+    ) -> Response {
+        // Publishers send over their RTSP connection (RTP over UDP into the relay: not yet).
+        let Some(Lower::Interleaved { rtp, rtcp }) = lower else { return error(461, Some(cseq)) };
+        let Some((by, sdp)) = self.announced.get(name) else { return error(455, Some(cseq)) };
+        if *by != conn {
+            return error(455, Some(cseq));
+        }
+        // The track its control attribute names (`streamid=1`, as ffmpeg writes), else
+        // `trackID=N` or the only one.
+        let control = |m: &crate::sdp::Media| m.attr("control").map(|c| c.trim_end_matches('/').to_string());
+        let named = sdp.media.iter().position(|m| {
+            control(m).is_some_and(|c| !rest.is_empty() && (c == rest || c.ends_with(&format!("/{rest}"))))
+        });
+        let Some(track) = named.or_else(|| track_of(if rest.is_empty() { name } else { rest }, sdp.media.len())) else {
+            return error(404, Some(cseq));
+        };
+        let id = match session {
+            Some(id) => match self.sessions.get(id) {
+                Some(s) if s.record && s.resource == name && s.state == State::Ready => id.to_string(),
+                Some(_) => return error(455, Some(cseq)),
+                None => return error(454, Some(cseq)),
+            },
+            None => {
+                if self.sessions.len() >= self.cfg.max_sessions {
+                    return error(503, Some(cseq));
+                }
+                let id = self.new_id();
+                let s = RtspSession {
+                    resource: name.to_string(),
+                    tracks: Vec::new(),
+                    state: State::Ready,
+                    last_ms: now_ms,
+                    conn,
+                    record: true,
+                };
+                self.sessions.insert(id.clone(), s);
+                id
+            }
+        };
+        let s = self.sessions.get_mut(&id).expect("present");
+        s.tracks.retain(|(t, _)| *t != track);
+        s.tracks.push((track, Lower::Interleaved { rtp, rtcp }));
+        let mut r = Response::new(200, Some(cseq));
+        r.headers.set("Transport", format!("RTP/AVP/TCP;unicast;interleaved={rtp}-{rtcp};mode=record"));
+        r.headers.set("Session", format!("{id};timeout={}", self.cfg.timeout_s));
+        r
+    }
+
+    /// RECORD: the publisher's tracks start.
+    fn record(&mut self, req: &Request, cseq: u32, session: Option<&str>, actions: &mut Vec<Action>) -> Response {
+        let Some(id) = session else { return error(454, Some(cseq)) };
+        let Some(s) = self.sessions.get_mut(id) else { return error(454, Some(cseq)) };
+        if !s.record || split_url(&req.uri).is_some_and(|(n, _)| n != s.resource) {
+            return error(455, Some(cseq));
+        }
+        let Some((_, sdp)) = self.announced.remove(&s.resource) else { return error(455, Some(cseq)) };
+        s.state = State::Playing;
+        let tracks = s
+            .tracks
+            .iter()
+            .filter_map(|(t, l)| match l {
+                Lower::Interleaved { rtp, .. } => Some((*t, *rtp)),
+                Lower::Udp { .. } => None,
+            })
+            .collect();
+        actions.push(Action::Record {
+            session: id.to_string(),
+            resource: s.resource.clone(),
+            sdp,
+            tracks,
+            conn: s.conn,
+        });
+        Response::new(200, Some(cseq))
+    }
+
+    fn describe(&self, req: &Request, cseq: u32, lookup: &dyn Fn(&str) -> Option<Resource>) -> Response {
+        let Some((name, _)) = split_url(&req.uri) else { return error(400, Some(cseq)) };
+        let Some(res) = lookup(name).filter(|r| !r.sdp.media.is_empty()) else { return error(404, Some(cseq)) };
         if let Some(accept) = req.headers.get("Accept") {
             if !accept.split(',').any(|a| {
                 let a = a.split(';').next().unwrap_or("").trim();
@@ -233,11 +373,16 @@ impl Server {
         actions: &mut Vec<Action>,
     ) -> Response {
         let Some((name, rest)) = split_url(&req.uri) else { return error(400, Some(cseq)) };
+        let transport = req.headers.get("Transport").unwrap_or("");
+        let specs = parse_transport(transport);
+        if transport.to_ascii_lowercase().replace('"', "").contains("mode=record") {
+            let lower = specs.iter().find_map(|s| s.lower.filter(|l| matches!(l, Lower::Interleaved { .. })));
+            return self.setup_record(cseq, name, rest, conn, now_ms, session, lower);
+        }
         let Some(res) = lookup(name) else { return error(404, Some(cseq)) };
         let Some(track) = track_of(if rest.is_empty() { name } else { rest }, res.sdp.media.len()) else {
             return error(404, Some(cseq));
         };
-        let specs = parse_transport(req.headers.get("Transport").unwrap_or(""));
         let usable = |l: &Option<Lower>| match l {
             Some(Lower::Udp { .. }) => true,
             Some(Lower::Interleaved { .. }) => self.cfg.interleaved,
@@ -269,6 +414,7 @@ impl Server {
             Some(id) => match self.sessions.get(id) {
                 None => return error(454, Some(cseq)),
                 Some(s) if s.resource != name => return error(459, Some(cseq)),
+                Some(s) if s.record => return error(455, Some(cseq)),
                 Some(s) if s.state == State::Playing => return error(455, Some(cseq)),
                 Some(_) => id.to_string(),
             },
@@ -285,6 +431,7 @@ impl Server {
                         state: State::Ready,
                         last_ms: now_ms,
                         conn,
+                        record: false,
                     },
                 );
                 id
@@ -319,6 +466,7 @@ impl Server {
         let Some(id) = session else { return error(454, Some(cseq)) };
         let Some(s) = self.sessions.get_mut(id) else { return error(454, Some(cseq)) };
         match req.method.as_str() {
+            "PLAY" | "PAUSE" if s.record => error(455, Some(cseq)),
             "PLAY" => {
                 let Some(res) = lookup(&s.resource) else { return error(404, Some(cseq)) };
                 let mut r = Response::new(200, Some(cseq));
@@ -433,6 +581,7 @@ impl Server {
 
     /// A connection closed: its sessions with interleaved tracks cannot be served anymore.
     pub fn connection_closed(&mut self, conn: u64) -> Vec<Action> {
+        self.announced.retain(|_, (c, _)| *c != conn);
         self.end_where(|s| s.conn == conn && s.tracks.iter().any(|(_, l)| matches!(l, Lower::Interleaved { .. })))
     }
 }
@@ -475,7 +624,65 @@ mod tests {
                 .unwrap()
                 .for_clients("demo", 1),
             next_rtp: vec![Some((1000, 90_000)), None],
+            publishable: false,
         })
+    }
+
+    /// `demo`, and `pub`: publishable, nothing announced yet.
+    fn with_pub(name: &str) -> Option<Resource> {
+        let empty = Sdp { session: Vec::new(), media: Vec::new() };
+        demo(name).or_else(|| (name == "pub").then(|| Resource { sdp: empty, next_rtp: vec![], publishable: true }))
+    }
+
+    /// ANNOUNCE, SETUP with mode=record, RECORD: one action with the tracks' channels. A
+    /// second publisher, UDP, a play resource and a second RECORD are refused.
+    #[test]
+    fn a_publisher_announces_sets_up_and_records() {
+        let mut s = Server::new(Config::default(), 7);
+        let url = "rtsp://127.0.0.1:8554/pub";
+        let sdp = "v=0\r\ns=x\r\nm=video 0 RTP/AVP 96\r\na=rtpmap:96 H264/90000\r\na=control:streamid=0\r\n\
+                   m=audio 0 RTP/AVP 97\r\na=rtpmap:97 MPEG4-GENERIC/48000/2\r\na=control:streamid=1\r\n";
+        let mut announce = req("ANNOUNCE", url, 1, &[("Content-Type", "application/sdp")]);
+        announce.body = sdp.as_bytes().to_vec();
+        assert_eq!(s.handle(&announce, 1, 0, &with_pub).0.status, 200);
+        // DESCRIBE is for what is published (the I/O layer gives the media once recording).
+        assert_eq!(s.handle(&req("DESCRIBE", url, 2, &[]), 2, 0, &with_pub).0.status, 404);
+        let mut announce_demo = announce.clone();
+        announce_demo.uri = URL.into();
+        assert_eq!(s.handle(&announce_demo, 1, 0, &with_pub).0.status, 405, "demo is not publishable");
+        let udp = req(
+            "SETUP",
+            &format!("{url}/streamid=0"),
+            3,
+            &[("Transport", "RTP/AVP/UDP;unicast;client_port=5000-5001;mode=record")],
+        );
+        assert_eq!(s.handle(&udp, 1, 0, &with_pub).0.status, 461);
+        let setup = |track: usize, cseq: u32, session: Option<&str>| {
+            let t = format!("RTP/AVP/TCP;unicast;interleaved={}-{};mode=record", 2 * track, 2 * track + 1);
+            let mut h = vec![("Transport", t.as_str())];
+            if let Some(id) = session {
+                h.push(("Session", id));
+            }
+            req("SETUP", &format!("{url}/streamid={track}"), cseq, &h)
+        };
+        let (r, a) = s.handle(&setup(0, 4, None), 1, 0, &with_pub);
+        assert_eq!((r.status, a.len()), (200, 0));
+        assert!(r.headers.get("Transport").unwrap().contains("mode=record"));
+        let id = r.headers.get("Session").unwrap().split(';').next().unwrap().to_string();
+        assert_eq!(s.handle(&setup(1, 5, Some(&id)), 1, 0, &with_pub).0.status, 200);
+        // Someone else's SETUP for record on the same resource: not their announcement.
+        assert_eq!(s.handle(&setup(0, 6, None), 2, 0, &with_pub).0.status, 455);
+        let (r, a) = s.handle(&req("RECORD", url, 7, &[("Session", &id)]), 1, 0, &with_pub);
+        assert_eq!(r.status, 200);
+        let Some(Action::Record { tracks, resource, sdp, .. }) = a.first() else { panic!("{a:?}") };
+        assert_eq!((resource.as_str(), sdp.media.len()), ("pub", 2));
+        assert_eq!(tracks, &[(0, 0), (1, 2)]);
+        // While it records: a second ANNOUNCE is refused, PLAY on its session too.
+        assert_eq!(s.handle(&announce, 2, 0, &with_pub).0.status, 455);
+        assert_eq!(s.handle(&req("PLAY", url, 8, &[("Session", &id)]), 1, 0, &with_pub).0.status, 455);
+        // Its connection closes: the session ends, and the resource is free again.
+        assert_eq!(s.connection_closed(1), vec![Action::Teardown { session: id }]);
+        assert_eq!(s.handle(&announce, 2, 0, &with_pub).0.status, 200);
     }
 
     const URL: &str = "rtsp://127.0.0.1:8554/demo";
@@ -569,7 +776,9 @@ mod tests {
         no_cseq.headers.0.clear();
         assert_eq!(status(&mut s, no_cseq), 400);
         assert_eq!(status(&mut s, req("FROBNICATE", URL, 1, &[])), 501);
-        assert_eq!(status(&mut s, req("RECORD", URL, 1, &[])), 405);
+        assert_eq!(status(&mut s, req("REDIRECT", URL, 1, &[])), 405);
+        assert_eq!(status(&mut s, req("ANNOUNCE", URL, 1, &[])), 405, "demo takes no publisher");
+        assert_eq!(status(&mut s, req("RECORD", URL, 1, &[])), 454);
         assert_eq!(status(&mut s, req("DESCRIBE", "rtsp://h/nothing", 1, &[])), 404);
         assert_eq!(status(&mut s, req("DESCRIBE", URL, 1, &[("Accept", "text/html")])), 406);
         assert_eq!(

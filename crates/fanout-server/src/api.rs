@@ -229,6 +229,9 @@ fn session_json(relay: &Relay, s: &fanout_io::Session) -> serde_json::Value {
     if let Some(up) = relay.upstream(s.name()) {
         v["upstream"] = json!(up.status());
     }
+    if let Some(p) = relay.publisher(s.name()) {
+        v["publisher"] = json!(p.status());
+    }
     // Where its RTSP clients are sinks, when that is not (only) the session itself: the
     // tracks of an RTSP upstream, the demo's H.264.
     let tracks = relay.tracks(s.name());

@@ -56,6 +56,9 @@ enum CtlCmd {
         /// With --file: play it once instead of looping.
         #[arg(long, requires = "file")]
         once: bool,
+        /// Take the stream from RTSP publishers (ANNOUNCE/RECORD to rtsp://relay/NAME).
+        #[arg(long)]
+        publish: bool,
         /// With --rtsp: udp, tcp or auto.
         #[arg(long)]
         rtsp_transport: Option<String>,
@@ -135,6 +138,7 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
             rtsp,
             file,
             once,
+            publish,
             rtsp_transport,
             priority,
             datapath,
@@ -156,6 +160,7 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
                 rtsp,
                 file: file.map(|f| std::fs::canonicalize(&f).unwrap_or(f)),
                 looped: once.then_some(false),
+                publish: publish.then_some(true),
                 rtsp_transport,
                 ..Default::default()
             };

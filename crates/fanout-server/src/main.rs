@@ -6,6 +6,7 @@ mod client;
 mod config;
 mod ctl;
 mod http;
+mod publish;
 mod relay;
 mod repack;
 mod rtsp;

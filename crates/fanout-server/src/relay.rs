@@ -54,6 +54,8 @@ pub struct Relay {
     pub rtsp: parking_lot::Mutex<Option<Arc<crate::rtsp::Rtsp>>>,
     /// Sessions with an `rtsp://` source.
     upstreams: RwLock<BTreeMap<String, Arc<Upstream>>>,
+    /// Sessions RTSP publishers push to.
+    publishers: RwLock<BTreeMap<String, Arc<crate::publish::Publisher>>>,
     /// Sessions whose RTSP clients get other tracks than the session itself (the demo:
     /// its H.264 as RFC 6184 while HTTP gets the TS).
     views: RwLock<BTreeMap<String, RtspView>>,
@@ -79,6 +81,7 @@ impl Relay {
             rtsp_addr: Default::default(),
             rtsp: Default::default(),
             upstreams: Default::default(),
+            publishers: Default::default(),
             views: Default::default(),
             repacks: Default::default(),
         }))
@@ -98,6 +101,16 @@ impl Relay {
 
     pub fn rtsp_view(&self, name: &str) -> Option<RtspView> {
         self.views.read().get(name).cloned()
+    }
+
+    /// Every session's publisher side.
+    pub fn publishers(&self) -> Vec<Arc<crate::publish::Publisher>> {
+        self.publishers.read().values().cloned().collect()
+    }
+
+    /// The publisher side of a session with a `publish` source.
+    pub fn publisher(&self, name: &str) -> Option<Arc<crate::publish::Publisher>> {
+        self.publishers.read().get(name).cloned()
     }
 
     /// The upstream of a session with an `rtsp://` source.
@@ -137,6 +150,9 @@ impl Relay {
         if let Some(v) = self.rtsp_view(name) {
             return v.tracks;
         }
+        if let Some(p) = self.publisher(name) {
+            return p.tracks();
+        }
         match self.upstream(name) {
             Some(up) => up.tracks(),
             None => self
@@ -160,7 +176,9 @@ impl Relay {
     /// Whether the session's media is RTP video/audio of known tracks (an RTSP upstream, or
     /// a source with `video` set), which HTTP players get repackaged.
     fn is_rtp_media(&self, name: &str) -> bool {
-        self.upstream(name).is_some() || self.spec(name).is_some_and(|s| s.video.is_some())
+        self.upstream(name).is_some()
+            || self.publisher(name).is_some()
+            || self.spec(name).is_some_and(|s| s.video.is_some())
     }
 
     /// The session's repackaging (MPEG-TS for HTTP where its stream URL needs it, HLS where
@@ -187,6 +205,11 @@ impl Relay {
                 )));
             };
             sdp.media.iter().zip(up.tracks()).for_each(|(m, t)| add(m, t));
+        } else if let Some(p) = self.publisher(name) {
+            let Some(sdp) = p.sdp() else {
+                return Err(RelayError::Peer(format!("nothing is published to {name:?} now")));
+            };
+            sdp.media.iter().zip(p.tracks()).for_each(|(m, t)| add(m, t));
         } else if let Some(video) = spec.video {
             let codec = fanout_proto::repack::TrackCodec::Video { codec: video.codec(), params: Vec::new() };
             let info = Some(fanout_proto::repack::TrackInfo { codec, clock: 90_000 });
@@ -310,6 +333,7 @@ impl Relay {
         }
         let src = &spec.source;
         let mut upstream = None;
+        let mut publisher = None;
         let mut view = None;
         let started = if let Some(url) = &src.rtsp {
             // Invariant: validate() parsed the URL.
@@ -359,6 +383,17 @@ impl Relay {
             session.set_source_kind(format!("tcp connect {addr}"));
             tasks.push(tokio::spawn(connect_publisher(addr, session.clone())).abort_handle());
             Ok(())
+        } else if src.publish == Some(true) {
+            let loopback = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+            bind_udp_source(loopback, None)
+                .and_then(|sock| {
+                    let into = sock.local_addr()?;
+                    session.attach_udp(sock)?;
+                    session.set_source_kind("rtsp publish (ANNOUNCE/RECORD)".into());
+                    publisher = Some(Arc::new(crate::publish::Publisher::new(&spec.name, session.clone(), into)?));
+                    Ok(())
+                })
+                .map_err(|e| RelayError::Internal(format!("publish source: {e}")))
         } else if let Some(path) = &src.file {
             read_clip(path, src.looped.unwrap_or(true)).await.and_then(|c| {
                 view = demo_view(&spec.name, session.config(), &c, &self.engine)?;
@@ -395,6 +430,9 @@ impl Relay {
                 if let Some(up) = upstream {
                     self.upstreams.write().insert(name.clone(), up);
                 }
+                if let Some(p) = publisher.take() {
+                    self.publishers.write().insert(name.clone(), p);
+                }
                 if let Some(v) = view.take() {
                     self.views.write().insert(name.clone(), v);
                 }
@@ -421,6 +459,10 @@ impl Relay {
             .remove(name)
             .ok_or_else(|| RelayError::NotFound(format!("no session named {name:?}")))?;
         let up = self.upstreams.write().remove(name);
+        let publisher = self.publishers.write().remove(name);
+        if let Some(p) = publisher {
+            let _ = tokio::task::spawn_blocking(move || p.close_tracks()).await;
+        }
         let view = self.views.write().remove(name);
         close_view(view).await;
         let repack = self.repacks.lock().remove(name);

@@ -131,11 +131,16 @@ enum ReportTo {
 fn describe(relay: &Relay, name: &str) -> Option<Resource> {
     if let Some(v) = relay.rtsp_view(name) {
         let next_rtp = v.tracks.iter().map(|t| t.session.rtp_start().map(|(_, seq, ts)| (seq, ts))).collect();
-        return Some(Resource { sdp: v.sdp.for_clients(name, 1), next_rtp });
+        return Some(Resource { sdp: v.sdp.for_clients(name, 1), next_rtp, publishable: false });
     }
     if let Some(up) = relay.upstream(name) {
         let sdp = up.sdp()?;
-        return Some(Resource { sdp: sdp.for_clients(name, 1), next_rtp: up.next_rtp() });
+        return Some(Resource { sdp: sdp.for_clients(name, 1), next_rtp: up.next_rtp(), publishable: false });
+    }
+    if let Some(p) = relay.publisher(name) {
+        // Until someone publishes: no media (DESCRIBE answers 404), but ANNOUNCE is welcome.
+        let sdp = p.sdp().map_or(Sdp { session: Vec::new(), media: Vec::new() }, |s| s.for_clients(name, 1));
+        return Some(Resource { sdp, next_rtp: p.next_rtp(), publishable: true });
     }
     let session = relay.session(name).ok()?;
     let (pt, seq, ts) = session.rtp_start()?;
@@ -149,7 +154,7 @@ fn describe(relay: &Relay, name: &str) -> Option<Resource> {
         _ => return None,
     };
     let sdp = Sdp::parse(&format!("v=0\r\ns={name}\r\n{media}")).ok()?;
-    Some(Resource { sdp: sdp.for_clients(name, 1), next_rtp: vec![Some((seq, ts))] })
+    Some(Resource { sdp: sdp.for_clients(name, 1), next_rtp: vec![Some((seq, ts))], publishable: false })
 }
 
 fn ntp_now() -> u64 {
@@ -338,6 +343,11 @@ impl Rtsp {
         self.started.elapsed().as_millis() as u64
     }
 
+    /// Ends the publisher of RTSP session `session`, if it is one.
+    fn stop_publisher(&self, relay: &Relay, session: &str) -> bool {
+        relay.publishers().iter().any(|p| p.stop(session))
+    }
+
     /// Carries out the state machine's actions on the relay's sessions.
     fn apply(&self, relay: &Relay, peer: IpAddr, actions: Vec<Action>) {
         let mut clients = self.clients.lock();
@@ -398,7 +408,17 @@ impl Rtsp {
                         }
                     }
                 }
-                // Teardown also drops the client below, once the state machine forgot it.
+                Action::Record { session, resource, sdp, tracks, conn } => {
+                    let started = relay
+                        .publisher(&resource)
+                        .map(|p| p.start(session.clone(), conn, peer, sdp, &tracks, &relay.engine));
+                    if let Some(Err(e)) = started {
+                        tracing::warn!(%resource, "cannot start the RTSP publisher: {e}");
+                    }
+                }
+                // A publisher's end; for a client, Teardown also drops it below, once the state
+                // machine forgot it.
+                Action::Teardown { session } if self.stop_publisher(relay, &session) => {}
                 Action::Pause { session } | Action::Teardown { session } => {
                     let Some(c) = clients.get_mut(&session) else { continue };
                     let tracks = relay.tracks(&c.resource);
@@ -551,6 +571,9 @@ async fn connection(
     // When the first byte of a message still incomplete arrived: it must end within
     // `head_timeout`, so that a trickle of bytes cannot hold a connection (slowloris).
     let mut partial_since: Option<Instant> = None;
+    // The publisher this connection feeds, once it records.
+    let mut publishing: Option<Arc<crate::publish::Publisher>> = None;
+    let mut last_touch = Instant::now();
     loop {
         // Every complete message in the buffer, in order (clients pipeline).
         loop {
@@ -559,9 +582,29 @@ async fn connection(
                     buf.drain(..used);
                     let req = match msg {
                         Message::Request(req) => req,
-                        // RTCP on a channel it set up; anything else is ignored.
+                        // A publisher's media, or a client's RTCP on a channel it set up;
+                        // anything else is ignored.
                         Message::Interleaved { channel, data } => {
-                            rtsp.rtcp_on_conn(relay, conn, channel, &data);
+                            match publishing.as_ref().filter(|p| p.is_publishing_on(conn)) {
+                                Some(p) => {
+                                    p.feed(conn, channel, &data);
+                                    // Its media keeps its RTSP session alive (publishers send
+                                    // no keep-alive requests), checked once a second.
+                                    if last_touch.elapsed() >= Duration::from_secs(1) {
+                                        last_touch = Instant::now();
+                                        if let Some(id) = p.rtsp_session() {
+                                            rtsp.server.lock().touch(&id, rtsp.now_ms());
+                                        }
+                                    }
+                                }
+                                None => {
+                                    publishing = relay.publishers().into_iter().find(|p| p.is_publishing_on(conn));
+                                    match &publishing {
+                                        Some(p) => p.feed(conn, channel, &data),
+                                        None => rtsp.rtcp_on_conn(relay, conn, channel, &data),
+                                    }
+                                }
+                            }
                             continue;
                         }
                         Message::Response(_) => continue,

@@ -32,6 +32,10 @@ pub struct SourceSpec {
     /// closed.
     #[serde(rename = "loop")]
     pub looped: Option<bool>,
+    /// `true`: RTSP publishers (ffmpeg, GStreamer, OBS) push the stream to
+    /// `rtsp://relay/{name}` with ANNOUNCE and RECORD, one at a time, authenticated like
+    /// RTSP clients.
+    pub publish: Option<bool>,
     /// Pull from an RTSP server: `rtsp://[user:pass@]host[:port]/path`. Every media section
     /// becomes a track; RTSP clients of this session share one upstream session.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -63,6 +67,7 @@ pub const SOURCE_FIELDS: &[&str] = &[
     "demo",
     "file",
     "loop",
+    "publish",
     "rtsp",
     "rtsp_transport",
     "on_demand",
@@ -110,13 +115,14 @@ impl SourceSpec {
             self.demo == Some(true),
             self.rtsp.is_some(),
             self.file.is_some(),
+            self.publish == Some(true),
         ]
         .iter()
         .filter(|b| **b)
         .count();
         if n != 1 {
             return Err(format!(
-                "source needs exactly one of \"udp\", \"tcp_listen\", \"tcp_connect\", \"rtsp\", \"file\", \"demo\": true (got {n})"
+                "source needs exactly one of \"udp\", \"tcp_listen\", \"tcp_connect\", \"rtsp\", \"file\", \"demo\": true, \"publish\": true (got {n})"
             ));
         }
         if self.looped.is_some() && self.file.is_none() {

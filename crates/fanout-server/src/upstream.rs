@@ -667,7 +667,7 @@ async fn teardown(client: &mut Client, stream: &mut tokio::net::TcpStream, up: &
 }
 
 /// A random-enough RTP start (RFC 3550 §5.1): clock nanoseconds mixed with the process id.
-fn random_start() -> (u16, u32) {
+pub(crate) fn random_start() -> (u16, u32) {
     let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
     let x = (t ^ u64::from(std::process::id()) << 32).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     ((x >> 48) as u16, (x >> 8) as u32)

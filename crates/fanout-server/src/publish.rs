@@ -1,0 +1,242 @@
+//! RTSP publishing into a session (`source = { publish = true }`): a publisher's ANNOUNCE
+//! gives the tracks, its RTP arrives interleaved on its RTSP connection and is fed into the
+//! tracks' relay sessions like an upstream's (restamped, so clients see one SSRC and
+//! unbroken sequence numbers across publishers). A publisher that leaves is an upstream
+//! loss: the session waits, its clients stay, and the next publisher continues the stream.
+
+use crate::upstream::{random_start, TrackRef};
+use fanout_io::{bind_udp_source, Session};
+use fanout_proto::restamp::Restamp;
+use fanout_proto::sdp::Sdp;
+use parking_lot::Mutex;
+use serde::Serialize;
+use std::collections::HashMap;
+use std::net::{SocketAddr, UdpSocket};
+use std::time::Instant;
+
+struct Track {
+    session: Session,
+    /// The engine's source socket for this track.
+    into: SocketAddr,
+    clock: u32,
+    restamp: Restamp,
+    clock_map: Option<(u64, u32)>,
+    packets: u64,
+    dropped: u64,
+}
+
+/// Who publishes now.
+struct Active {
+    rtsp_session: String,
+    conn: u64,
+    peer: std::net::IpAddr,
+    /// Interleaved channel → (track, is RTCP).
+    channels: HashMap<u8, (usize, bool)>,
+    since: Instant,
+}
+
+#[derive(Default)]
+struct State {
+    sdp: Option<Sdp>,
+    tracks: Vec<Track>,
+    active: Option<Active>,
+    publishes: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PublisherStatus {
+    /// `publishing` or `waiting`.
+    pub state: &'static str,
+    pub peer: Option<std::net::IpAddr>,
+    pub publishing_s: Option<f64>,
+    /// Publishers so far.
+    pub publishes: u64,
+    pub tracks: Vec<serde_json::Value>,
+}
+
+pub struct Publisher {
+    name: String,
+    first: Session,
+    first_into: SocketAddr,
+    state: Mutex<State>,
+    feeder: UdpSocket,
+    started: Instant,
+}
+
+impl Publisher {
+    /// The publisher side of session `first`, which receives on `first_into`.
+    pub fn new(name: &str, first: Session, first_into: SocketAddr) -> std::io::Result<Self> {
+        let feeder = UdpSocket::bind("127.0.0.1:0")?;
+        Ok(Self {
+            name: name.to_string(),
+            first,
+            first_into,
+            state: Mutex::new(State::default()),
+            feeder,
+            started: Instant::now(),
+        })
+    }
+
+    /// The current description, while someone publishes.
+    pub fn sdp(&self) -> Option<Sdp> {
+        let st = self.state.lock();
+        st.active.as_ref().and(st.sdp.clone())
+    }
+
+    pub fn tracks(&self) -> Vec<TrackRef> {
+        let st = self.state.lock();
+        st.tracks
+            .iter()
+            .map(|t| TrackRef { session: t.session.clone(), clock: t.clock, clock_map: t.clock_map })
+            .collect()
+    }
+
+    /// Per track, the RTP numbers a client joining now gets first.
+    pub fn next_rtp(&self) -> Vec<Option<(u16, u32)>> {
+        let st = self.state.lock();
+        st.tracks
+            .iter()
+            .map(|t| t.session.rtp_start().map(|(_, seq, ts)| (seq, ts)).or(t.restamp.planned_start()))
+            .collect()
+    }
+
+    /// A publisher's RECORD: its description, and its (track, RTP channel) pairs. Tracks of
+    /// an earlier publisher are reused in order, continuing their numbering.
+    pub fn start(
+        &self,
+        rtsp_session: String,
+        conn: u64,
+        peer: std::net::IpAddr,
+        sdp: Sdp,
+        channels: &[(usize, u8)],
+        engine: &fanout_io::Engine,
+    ) -> std::io::Result<()> {
+        let mut st = self.state.lock();
+        for (i, m) in sdp.media.iter().enumerate() {
+            let rtpmap = m.formats.first().and_then(|f| m.rtpmap(f));
+            let clock = rtpmap.map_or(90_000, |(_, c)| c);
+            let video = match rtpmap.map(|(enc, _)| enc.to_ascii_uppercase()) {
+                Some(e) if e == "H264" => Some(fanout_proto::annexb::Codec::H264),
+                Some(e) if e == "H265" => Some(fanout_proto::annexb::Codec::H265),
+                _ => None,
+            };
+            if i >= st.tracks.len() {
+                let (session, into) = if i == 0 {
+                    (self.first.clone(), self.first_into)
+                } else {
+                    let mut cfg = self.first.config().clone();
+                    cfg.name = format!("{}/{i}", self.name);
+                    let session = Session::new(cfg, engine);
+                    let sock = bind_udp_source(SocketAddr::from(([127, 0, 0, 1], 0)), None)?;
+                    let into = sock.local_addr()?;
+                    session.attach_udp(sock)?;
+                    session.set_source_kind(format!("track {i} of the RTSP publisher of {}", self.name));
+                    (session, into)
+                };
+                st.tracks.push(Track {
+                    session,
+                    into,
+                    clock,
+                    restamp: Restamp::new(clock, random_start()),
+                    clock_map: None,
+                    packets: 0,
+                    dropped: 0,
+                });
+            }
+            let t = &mut st.tracks[i];
+            if t.clock != clock && t.packets == 0 {
+                t.restamp = Restamp::new(clock, random_start());
+            }
+            t.clock = clock;
+            // A new publisher: a new SSRC and numbering, joined into the one the clients have.
+            t.restamp.discontinuity();
+            t.clock_map = None;
+            t.session.set_rtp_video(video);
+        }
+        let map = channels.iter().flat_map(|&(t, ch)| [(ch, (t, false)), (ch.wrapping_add(1), (t, true))]).collect();
+        st.sdp = Some(sdp);
+        st.publishes += 1;
+        st.active = Some(Active { rtsp_session, conn, peer, channels: map, since: Instant::now() });
+        tracing::info!(session = %self.name, %peer, tracks = channels.len(), "RTSP publisher started");
+        Ok(())
+    }
+
+    /// Whether connection `conn` publishes here.
+    pub fn is_publishing_on(&self, conn: u64) -> bool {
+        self.state.lock().active.as_ref().is_some_and(|a| a.conn == conn)
+    }
+
+    /// The RTSP session of the publisher, if one publishes.
+    pub fn rtsp_session(&self) -> Option<String> {
+        self.state.lock().active.as_ref().map(|a| a.rtsp_session.clone())
+    }
+
+    /// An interleaved frame from the publisher's connection.
+    pub fn feed(&self, conn: u64, channel: u8, data: &[u8]) {
+        let now = self.started.elapsed().as_millis() as u64;
+        let mut st = self.state.lock();
+        let Some(&(i, rtcp)) = st.active.as_ref().filter(|a| a.conn == conn).and_then(|a| a.channels.get(&channel))
+        else {
+            return;
+        };
+        let Some(t) = st.tracks.get_mut(i) else { return };
+        if rtcp {
+            // A sender report: the publisher's wall clock against its RTP time.
+            let sender = fanout_proto::rtcp::parse_reports(data).is_ok_and(|r| r.first().is_some_and(|r| r.sender));
+            if sender && data.len() >= 20 && t.restamp.ssrc().is_some() {
+                let ntp = u64::from_be_bytes(data[8..16].try_into().expect("8 bytes"));
+                let rtp = u32::from_be_bytes(data[16..20].try_into().expect("4 bytes"));
+                t.clock_map = Some((ntp, t.restamp.map_ts(rtp)));
+            }
+            return;
+        }
+        let mut pkt = data.to_vec();
+        if t.restamp.apply(&mut pkt, now).is_err() {
+            t.dropped += 1;
+            return;
+        }
+        t.packets += 1;
+        if self.feeder.send_to(&pkt, t.into).is_err() {
+            t.dropped += 1;
+        }
+    }
+
+    /// The publisher of RTSP session `rtsp_session` left (TEARDOWN, its connection closed,
+    /// or it timed out): the session waits for the next one.
+    pub fn stop(&self, rtsp_session: &str) -> bool {
+        let mut st = self.state.lock();
+        if st.active.as_ref().is_none_or(|a| a.rtsp_session != rtsp_session) {
+            return false;
+        }
+        let a = st.active.take().expect("checked");
+        tracing::info!(session = %self.name, peer = %a.peer, after_s = a.since.elapsed().as_secs_f64(), "RTSP publisher left");
+        true
+    }
+
+    pub fn status(&self) -> PublisherStatus {
+        let st = self.state.lock();
+        let a = st.active.as_ref();
+        PublisherStatus {
+            state: if a.is_some() { "publishing" } else { "waiting" },
+            peer: a.map(|a| a.peer),
+            publishing_s: a.map(|a| a.since.elapsed().as_secs_f64()),
+            publishes: st.publishes,
+            tracks: st
+                .tracks
+                .iter()
+                .map(|t| {
+                    serde_json::json!({ "session": t.session.name(), "clock_rate": t.clock,
+                                        "packets": t.packets, "dropped": t.dropped })
+                })
+                .collect(),
+        }
+    }
+
+    /// Closes the sessions of the tracks past the first (the first belongs to the relay).
+    pub fn close_tracks(&self) {
+        let extra: Vec<Session> = self.state.lock().tracks.drain(1..).map(|t| t.session).collect();
+        for s in extra {
+            s.close();
+        }
+    }
+}

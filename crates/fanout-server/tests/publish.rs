@@ -1,0 +1,161 @@
+//! RTSP publishing (issue 16): ffmpeg pushes the demo clip with ANNOUNCE/RECORD into a
+//! `publish` session, a second ffmpeg plays it back through `fanout` frame for frame, HTTP
+//! players get it as MPEG-TS, a publisher that leaves is followed by the next one, and
+//! resources that take no publisher refuse it.
+
+mod common;
+use common::*;
+use serde_json::Value;
+use std::io::{Read, Write};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+const CONFIG: &str = "[[session]]\nname = \"pub\"\nsource = { publish = true }\n";
+
+struct Kill(Child);
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The demo clip as MP4 (ffmpeg's RTSP muxer wants AAC with its global header, which TS
+/// does not carry).
+fn clip() -> std::path::PathBuf {
+    let out = std::env::temp_dir().join(format!("fanout-publish-{}.mp4", std::process::id()));
+    let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/demo.ts");
+    let ok = Command::new("ffmpeg")
+        .args(["-nostdin", "-loglevel", "error", "-y", "-i", demo, "-c", "copy", "-bsf:a", "aac_adtstoasc"])
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    out
+}
+
+/// ffmpeg publishing `clip` looped to `url` (30 s at most), over `transport`.
+fn publish(clip: &std::path::Path, url: &str, transport: Option<&str>) -> Kill {
+    let mut c = Command::new("ffmpeg");
+    c.args(["-nostdin", "-loglevel", "error", "-re", "-stream_loop", "-1", "-i"]).arg(clip);
+    // Bounded by its output's length (a `timeout` wrapper would outlive a kill).
+    c.args(["-t", "30", "-c", "copy", "-f", "rtsp"]);
+    if let Some(t) = transport {
+        c.args(["-rtsp_transport", t]);
+    }
+    Kill(c.arg(url).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap())
+}
+
+/// `framemd5` lines of decoded video: the pictures' hashes.
+fn pictures(args: &[&str]) -> Vec<String> {
+    let out = Command::new("timeout")
+        .args(["40", "ffmpeg", "-nostdin", "-loglevel", "error"])
+        .args(args)
+        .args(["-map", "0:v", "-f", "framemd5", "-"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split(',').nth(5).map(|m| m.trim().to_string()))
+        .collect()
+}
+
+fn publisher(relay: &Relay) -> Value {
+    relay.ok("GET", "/v1/sessions/pub", None)["publisher"].clone()
+}
+
+#[test]
+fn ffmpeg_publishes_and_another_ffmpeg_plays_it_back() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let clip = clip();
+    let relay = Relay::with_config(CONFIG, &["--no-demo"]);
+    let url = format!("rtsp://{}/pub", rtsp_addr(&relay));
+    assert_eq!(publisher(&relay)["state"], "waiting");
+    // Nothing published yet: nothing to describe.
+    let (ok, _) = ffmpeg_decode(&url, &[], 1);
+    assert!(!ok);
+
+    // ffmpeg's default transport: UDP first, refused (461), then TCP by itself.
+    let first = publish(&clip, &url, None);
+    assert!(wait_for(Duration::from_secs(10), || publisher(&relay)["state"] == "publishing"), "{}", publisher(&relay));
+    // Played back through the relay: 100 pictures, each one of the clip's, in order.
+    let want = pictures(&["-i", clip.to_str().unwrap()]);
+    assert_eq!(want.len(), 200, "8 s at 25 fps");
+    let got = pictures(&["-rtsp_transport", "tcp", "-i", &url, "-frames:v", "100"]);
+    assert_eq!(got.len(), 100);
+    let looped: Vec<String> = want.iter().chain(&want).cloned().collect();
+    assert!(
+        looped.windows(got.len()).any(|w| w == got.as_slice()),
+        "the pictures played back are not a run of the clip's"
+    );
+    // HTTP players get it as MPEG-TS, from the same tracks.
+    let probe = Command::new("timeout")
+        .args(["20", "ffprobe", "-v", "error", "-show_entries", "stream=codec_name", "-of", "csv=p=0"])
+        .arg(relay.url("/v1/sessions/pub/stream"))
+        .output()
+        .unwrap();
+    let codecs = String::from_utf8_lossy(&probe.stdout).to_string();
+    assert!(codecs.contains("h264") && codecs.contains("aac"), "{codecs}");
+
+    // The publisher leaves: the session waits; the next one continues it.
+    drop(first);
+    assert!(wait_for(Duration::from_secs(10), || publisher(&relay)["state"] == "waiting"), "{}", publisher(&relay));
+    let _second = publish(&clip, &url, Some("tcp"));
+    assert!(wait_for(Duration::from_secs(10), || publisher(&relay)["state"] == "publishing"));
+    assert_eq!(publisher(&relay)["publishes"], 2);
+    let (ok, log) = ffmpeg_decode(&url, &["-rtsp_transport", "tcp"], 2);
+    assert!(ok && decoded_frames(&log) >= 45, "{log}");
+    let _ = std::fs::remove_file(&clip);
+}
+
+/// One RTSP request on a fresh connection; the status code.
+fn rtsp_status(addr: std::net::SocketAddr, request: &str) -> u16 {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut buf = [0u8; 1024];
+    let n = s.read(&mut buf).unwrap();
+    let head = String::from_utf8_lossy(&buf[..n]).to_string();
+    head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("{head:?}"))
+}
+
+/// A session that is not `publish` refuses ANNOUNCE (405), an unknown one is 404, a
+/// description that does not parse is 400, and a second publisher while one records is 455.
+#[test]
+fn publishers_are_refused_where_they_do_not_belong() {
+    let relay = Relay::with_config(CONFIG, &[]);
+    let addr = rtsp_addr(&relay);
+    let sdp = "v=0\r\ns=x\r\nm=video 0 RTP/AVP 96\r\na=rtpmap:96 H264/90000\r\na=control:streamid=0\r\n";
+    let announce = |name: &str, body: &str| {
+        format!(
+            "ANNOUNCE rtsp://{addr}/{name} RTSP/1.0\r\nCSeq: 1\r\nContent-Type: application/sdp\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    assert_eq!(rtsp_status(addr, &announce("demo", sdp)), 405);
+    assert_eq!(rtsp_status(addr, &announce("nothing", sdp)), 404);
+    assert_eq!(rtsp_status(addr, &announce("pub", "not a description")), 400);
+    // A publisher recording over its connection (ANNOUNCE, SETUP, RECORD), then a second.
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut talk = |req: String| {
+        s.write_all(req.as_bytes()).unwrap();
+        let mut buf = [0u8; 2048];
+        let n = s.read(&mut buf).unwrap();
+        String::from_utf8_lossy(&buf[..n]).to_string()
+    };
+    assert!(talk(announce("pub", sdp)).starts_with("RTSP/1.0 200"));
+    let setup = talk(format!(
+        "SETUP rtsp://{addr}/pub/streamid=0 RTSP/1.0\r\nCSeq: 2\r\nTransport: RTP/AVP/TCP;unicast;interleaved=0-1;mode=record\r\n\r\n"
+    ));
+    let session =
+        setup.lines().find_map(|l| l.strip_prefix("Session: ")).unwrap().split(';').next().unwrap().to_string();
+    assert!(talk(format!("RECORD rtsp://{addr}/pub RTSP/1.0\r\nCSeq: 3\r\nSession: {session}\r\n\r\n"))
+        .starts_with("RTSP/1.0 200"));
+    assert!(wait_for(Duration::from_secs(5), || publisher(&relay)["state"] == "publishing"));
+    assert_eq!(rtsp_status(addr, &announce("pub", sdp)), 455);
+}
