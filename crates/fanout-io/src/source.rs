@@ -456,6 +456,29 @@ impl DemoClip {
     }
 }
 
+impl DemoTrack {
+    /// Its packets of one lap, as RTP (payload type, `seq` counting from 0, the given SSRC),
+    /// with when each is due (90 kHz from the clip's start): for benches and tests that want
+    /// the demo's RTP without its pacing.
+    pub fn rtp_packets(&self, ssrc: u32) -> Vec<(u64, Vec<u8>)> {
+        self.packets
+            .iter()
+            .enumerate()
+            .map(|(n, (due, ts, payload, marker))| {
+                let mut p = vec![0u8; 12 + payload.len()];
+                let h = fanout_proto::rtp::write_header(&mut p, *marker, self.pt, n as u16, *ts as u32, ssrc);
+                p[h..].copy_from_slice(payload);
+                (*due, p)
+            })
+            .collect()
+    }
+
+    /// One lap, 90 kHz.
+    pub fn lap_90k(&self) -> u64 {
+        self.lap_90k
+    }
+}
+
 /// A demo RTSP track's thread: publishes each packet when it is due (`start` is shared by
 /// the clip's tracks, so they stay in sync), lap after lap.
 pub(crate) fn demo_track_source(session: Weak<Inner>, track: DemoTrack, start: Instant) {

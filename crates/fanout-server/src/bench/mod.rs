@@ -7,6 +7,7 @@ pub mod layers;
 pub mod pacing;
 mod plot;
 pub mod register;
+pub mod repack;
 pub mod rtsp;
 pub mod scenarios;
 pub mod splice;
@@ -42,6 +43,8 @@ pub enum BenchCmd {
     Pacing(pacing::PacingArgs),
     /// Sinks added one API call at a time: the time per thousand as the session grows.
     Register(register::RegisterArgs),
+    /// Repackaging for HTTP players (MPEG-TS, HLS): CPU per RTP packet, stage by stage.
+    Repack(repack::RepackArgs),
     /// (internal) One RTSP subscriber of `bench pacing`.
     #[command(hide = true)]
     PacingSub(pacing::SubArgs),
@@ -70,6 +73,7 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Splice(a) => splice::run(a),
         BenchCmd::Pacing(a) => pacing::run(a),
         BenchCmd::Register(a) => register::run(a),
+        BenchCmd::Repack(a) => repack::run(a),
         BenchCmd::PacingSub(a) => pacing::sub(a),
         BenchCmd::Rtsp(a) => rtsp::run(a),
         BenchCmd::RtspLoad(a) => rtsp::load(a),

@@ -1,0 +1,129 @@
+//! `fanout bench repack`: what repackaging for HTTP players costs, per RTP packet of the
+//! session, stage by stage: depacketizing into access units (`proto::repack`), then MPEG-TS
+//! (`TsPackager`), then HLS segments (`hls::Segmenter`, fMP4). In process, on the demo clip's
+//! RTP (H.264 + AAC), lap after lap, the stages in alternating rounds; the thread's CPU time.
+//! The work is once per session: a subscriber's share is this divided by the subscribers.
+
+use super::{plot, thread_cpu_s};
+use anyhow::Context;
+use clap::Args;
+use fanout_proto::hls::Segmenter;
+use fanout_proto::repack::{Repackager, TrackInfo, TsPackager};
+use std::io::Write;
+use std::path::PathBuf;
+
+#[derive(Args)]
+pub struct RepackArgs {
+    /// Rounds per stage (alternating).
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// CPU seconds per stage and round, at least.
+    #[arg(long, default_value_t = 2.0)]
+    seconds: f64,
+    /// A short run that checks the bench works; CI runs it.
+    #[arg(long)]
+    quick: bool,
+    /// Folder for the CSV and PNG.
+    #[arg(long, default_value = "bench-out/repack")]
+    out: PathBuf,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Stage {
+    Depacketize,
+    Ts,
+    TsAndHls,
+}
+
+impl Stage {
+    fn name(self) -> &'static str {
+        match self {
+            Stage::Depacketize => "depacketize",
+            Stage::Ts => "depacketize+ts",
+            Stage::TsAndHls => "depacketize+ts+hls",
+        }
+    }
+}
+
+pub fn run(a: RepackArgs) -> anyhow::Result<()> {
+    let (rounds, seconds) = if a.quick { (1, 0.05) } else { (a.rounds, a.seconds) };
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let clip = fanout_io::DemoClip::new(crate::relay::DEMO_TS).map_err(|e| anyhow::anyhow!("demo clip: {e}"))?;
+    let (tracks, _) = clip.rtp_tracks();
+    let sdp = format!("v=0\r\ns=x\r\nt=0 0\r\n{}", tracks.iter().map(|t| t.media.as_str()).collect::<String>());
+    let sdp = fanout_proto::sdp::Sdp::parse(&sdp).map_err(|e| anyhow::anyhow!("demo SDP: {e}"))?;
+    let infos: Vec<Option<TrackInfo>> = sdp.media.iter().map(|m| TrackInfo::from_sdp(m).ok()).collect();
+    // One lap of both tracks in arrival order: (due 90 kHz, track, packet).
+    let mut lap: Vec<(u64, usize, Vec<u8>)> = tracks
+        .iter()
+        .enumerate()
+        .flat_map(|(i, t)| t.rtp_packets(0x1234_5678 + i as u32).into_iter().map(move |(due, p)| (due, i, p)))
+        .collect();
+    lap.sort_by_key(|p| p.0);
+    let lap_90k = tracks.first().map_or(90_000, |t| t.lap_90k());
+    let lap_s = lap_90k as f64 / 90_000.0;
+    let pps = lap.len() as f64 / lap_s;
+    let csv_path = a.out.join("repack.csv");
+    let mut csv = std::fs::File::create(&csv_path).with_context(|| format!("creating {}", csv_path.display()))?;
+    writeln!(csv, "round,stage,packets,cpu_s,ns_per_packet,core_pct_at_demo_rate")?;
+    let stages = [Stage::Depacketize, Stage::Ts, Stage::TsAndHls];
+    let mut series: Vec<(String, Vec<(f64, f64)>)> =
+        stages.iter().map(|s| (s.name().to_string(), Vec::new())).collect();
+    let mut bar = super::progress((rounds * stages.len()) as u64, "repack");
+    for round in 1..=rounds {
+        for (k, &stage) in stages.iter().enumerate() {
+            let mut r = Repackager::new(infos.clone());
+            let mut ts = TsPackager::new(r.streams());
+            let mut seg = Segmenter::new(r.streams(), 2000, 1).context("the demo has H.264 and AAC")?;
+            let (mut units, mut bytes) = (Vec::new(), Vec::new());
+            let (t0, mut packets, mut laps) = (thread_cpu_s(), 0u64, 0u64);
+            while thread_cpu_s() - t0 < seconds {
+                // Each lap continues the last one's RTP times and arrival clock.
+                let shift = laps * lap_90k;
+                for (due, track, pkt) in &lap {
+                    let mut p = pkt.clone();
+                    let clock = if *track == 0 { 90_000 } else { tracks[*track].clock };
+                    let ts0 = u32::from_be_bytes(p[4..8].try_into().expect("an RTP header"));
+                    let ts1 = ts0.wrapping_add((shift * u64::from(clock) / 90_000) as u32);
+                    p[4..8].copy_from_slice(&ts1.to_be_bytes());
+                    r.push_rtp(*track, &p, (due + shift) / 90, &mut units);
+                    for u in units.drain(..) {
+                        if stage != Stage::Depacketize {
+                            ts.write(&u, &mut bytes);
+                            bytes.clear();
+                        }
+                        if stage == Stage::TsAndHls {
+                            seg.push(&u);
+                        }
+                    }
+                    packets += 1;
+                }
+                laps += 1;
+            }
+            let cpu = thread_cpu_s() - t0;
+            let ns = cpu * 1e9 / packets as f64;
+            let core_pct = ns * 1e-9 * pps * 100.0;
+            writeln!(csv, "{round},{},{packets},{cpu:.4},{ns:.1},{core_pct:.4}", stage.name())?;
+            series[k].1.push((round as f64, ns));
+            bar.inc(1);
+        }
+    }
+    bar.finish_and_clear();
+    let png = a.out.join("repack.png");
+    plot::panels(
+        &png,
+        &format!("Repackaging the demo's RTP ({pps:.0} packets/s): CPU per packet, by stage"),
+        "round",
+        false,
+        &[plot::Panel { y_label: "ns per RTP packet", series: series.clone() }],
+    )?;
+    for (name, pts) in &series {
+        let mean = pts.iter().map(|p| p.1).sum::<f64>() / pts.len().max(1) as f64;
+        println!(
+            "{name:>20}: {mean:8.0} ns per packet, {:.4}% of a core at the demo's {pps:.0} packets/s",
+            mean * 1e-9 * pps * 100.0
+        );
+    }
+    println!("wrote {} and {}", csv_path.display(), png.display());
+    Ok(())
+}
