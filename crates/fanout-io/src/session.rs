@@ -320,8 +320,6 @@ pub(crate) struct Inner {
     /// RTP video codec for keyframe marks and layer statistics: 0 none, 1 H.264, 2 HEVC.
     rtp_video: std::sync::atomic::AtomicU8,
     saw_parameter_sets: AtomicBool,
-    /// The previous packet carried parameter sets.
-    in_parameter_sets: AtomicBool,
     /// Each packet's scalable layer, and the moving average rate per layer.
     layers: Mutex<(fanout_proto::layers::LayerParser, fanout_proto::adapt::LayerRates)>,
     /// The source's rate and largest picture, and the pace they make (sessions that pace,
@@ -560,16 +558,10 @@ impl Inner {
         if p.payload().first() == Some(&fanout_proto::mpegts::SYNC_BYTE) {
             return;
         }
-        let start = video_start(codec, p.payload());
-        // A keyframe's parameter sets may come one per packet (HEVC: VPS, SPS, PPS): the
-        // first of the run is where a new sink starts, or it would miss the VPS.
-        let in_run = self.in_parameter_sets.swap(start == VideoStart::ParameterSets, Ordering::Relaxed);
-        match start {
+        match video_start(codec, p.payload()) {
             VideoStart::ParameterSets => {
                 self.saw_parameter_sets.store(true, Ordering::Relaxed);
-                if !in_run {
-                    p.mark_keyframe();
-                }
+                p.mark_keyframe();
             }
             VideoStart::Idr if !self.saw_parameter_sets.load(Ordering::Relaxed) => p.mark_keyframe(),
             _ => {}
@@ -647,7 +639,6 @@ impl Session {
             kernel: Mutex::new(None),
             rtp_video: std::sync::atomic::AtomicU8::new(0),
             saw_parameter_sets: AtomicBool::new(false),
-            in_parameter_sets: AtomicBool::new(false),
             layers: Mutex::new(Default::default()),
             meter: Mutex::new(Default::default()),
         });

@@ -23,7 +23,9 @@ pub fn payload_offset(datagram: &[u8]) -> usize {
 /// What an RTP video payload starts, for choosing where a new subscriber begins.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum VideoStart {
-    /// Parameter sets (H.264 SPS, HEVC VPS/SPS): the head of a keyframe access unit.
+    /// Parameter sets (H.264 SPS, HEVC VPS): the head of a keyframe access unit. (An HEVC
+    /// SPS alone is not: it follows the VPS, often in a packet of its own, and a new sink
+    /// that started there would lack the VPS.)
     ParameterSets,
     /// The first packet of an IDR (or HEVC IRAP) picture.
     Idr,
@@ -35,7 +37,7 @@ pub enum VideoStart {
 pub fn video_start(codec: crate::annexb::Codec, payload: &[u8]) -> VideoStart {
     use crate::annexb::Codec;
     let kind = |t: u8| match (codec, t) {
-        (Codec::H264, 7) | (Codec::H265, 32 | 33) => VideoStart::ParameterSets,
+        (Codec::H264, 7) | (Codec::H265, 32) => VideoStart::ParameterSets,
         (Codec::H264, 5) | (Codec::H265, 16..=21) => VideoStart::Idr,
         _ => VideoStart::Other,
     };
