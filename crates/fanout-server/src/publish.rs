@@ -4,7 +4,7 @@
 //! unbroken sequence numbers across publishers). A publisher that leaves is an upstream
 //! loss: the session waits, its clients stay, and the next publisher continues the stream.
 
-use crate::upstream::{random_start, TrackRef};
+use crate::upstream::{random_start, track_format, TrackRef};
 use fanout_io::{bind_udp_source, Session};
 use fanout_proto::restamp::Restamp;
 use fanout_proto::sdp::Sdp;
@@ -113,13 +113,7 @@ impl Publisher {
     ) -> std::io::Result<()> {
         let mut st = self.state.lock();
         for (i, m) in sdp.media.iter().enumerate() {
-            let rtpmap = m.formats.first().and_then(|f| m.rtpmap(f));
-            let clock = rtpmap.map_or(90_000, |(_, c)| c);
-            let video = match rtpmap.map(|(enc, _)| enc.to_ascii_uppercase()) {
-                Some(e) if e == "H264" => Some(fanout_proto::annexb::Codec::H264),
-                Some(e) if e == "H265" => Some(fanout_proto::annexb::Codec::H265),
-                _ => None,
-            };
+            let (clock, video) = track_format(m);
             if i >= st.tracks.len() {
                 let (session, into) = if i == 0 {
                     (self.first.clone(), self.first_into)

@@ -259,13 +259,7 @@ impl Upstream {
         let mut st = self.state.lock();
         for (i, m) in sdp.media.iter().enumerate() {
             let pt = m.formats.first().and_then(|f| f.parse::<u8>().ok());
-            let rtpmap = m.formats.first().and_then(|f| m.rtpmap(f));
-            let clock = rtpmap.map_or(90_000, |(_, c)| c);
-            let video = match rtpmap.map(|(enc, _)| enc.to_ascii_uppercase()) {
-                Some(e) if e == "H264" => Some(fanout_proto::annexb::Codec::H264),
-                Some(e) if e == "H265" => Some(fanout_proto::annexb::Codec::H265),
-                _ => None,
-            };
+            let (clock, video) = track_format(m);
             if i >= st.tracks.len() {
                 let mut cfg = template.clone();
                 cfg.name = format!("{}/{}", self.name, i);
@@ -405,6 +399,18 @@ impl Track {
             clock_map: None,
         }
     }
+}
+
+/// A media section's RTP clock rate (90 kHz where it names none) and video codec, if
+/// H.264 or HEVC: what a track's relay session needs to know.
+pub(crate) fn track_format(m: &fanout_proto::sdp::Media) -> (u32, Option<fanout_proto::annexb::Codec>) {
+    let rtpmap = m.formats.first().and_then(|f| m.rtpmap(f));
+    let video = match rtpmap.map(|(enc, _)| enc.to_ascii_uppercase()) {
+        Some(e) if e == "H264" => Some(fanout_proto::annexb::Codec::H264),
+        Some(e) if e == "H265" => Some(fanout_proto::annexb::Codec::H265),
+        _ => None,
+    };
+    (rtpmap.map_or(90_000, |(_, c)| c), video)
 }
 
 /// How one upstream session ended.
