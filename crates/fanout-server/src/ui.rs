@@ -2,6 +2,7 @@
 //! `/` and `/ui`. It reads `/v1/events` (server-sent status) and the API like any client.
 
 use axum::http::header;
+use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 
@@ -9,28 +10,19 @@ const INDEX: &str = include_str!("../ui/index.html");
 const SCRIPT: &str = include_str!("../ui/app.js");
 const STYLE: &str = include_str!("../ui/style.css");
 
+/// One of the files, revalidated on every load (a new binary may bring a new one).
+fn file(content_type: &'static str, body: &'static str) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, content_type), (header::CACHE_CONTROL, "no-cache")], body)
+}
+
 /// The dashboard's routes (no state: the page holds no data, the API it calls is guarded).
 pub fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
-    let page =
-        || async { ([(header::CONTENT_TYPE, "text/html; charset=utf-8"), (header::CACHE_CONTROL, "no-cache")], INDEX) };
+    let page = || async { file("text/html; charset=utf-8", INDEX) };
     Router::new()
         .route("/", get(page))
         .route("/ui", get(page))
-        .route(
-            "/ui/app.js",
-            get(|| async {
-                (
-                    [(header::CONTENT_TYPE, "text/javascript; charset=utf-8"), (header::CACHE_CONTROL, "no-cache")],
-                    SCRIPT,
-                )
-            }),
-        )
-        .route(
-            "/ui/style.css",
-            get(|| async {
-                ([(header::CONTENT_TYPE, "text/css; charset=utf-8"), (header::CACHE_CONTROL, "no-cache")], STYLE)
-            }),
-        )
+        .route("/ui/app.js", get(|| async { file("text/javascript; charset=utf-8", SCRIPT) }))
+        .route("/ui/style.css", get(|| async { file("text/css; charset=utf-8", STYLE) }))
 }
 
 /// Whether a path is the dashboard's (served without the token).
