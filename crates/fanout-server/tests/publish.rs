@@ -125,6 +125,8 @@ fn rtsp_status(addr: std::net::SocketAddr, request: &str) -> u16 {
 
 /// A session that is not `publish` refuses ANNOUNCE (405), an unknown one is 404, a
 /// description that does not parse is 400, and a second publisher while one records is 455.
+/// A publisher that sends garbage has it counted and dropped; when it leaves, the session
+/// waits for the next.
 #[test]
 fn publishers_are_refused_where_they_do_not_belong() {
     let relay = Relay::with_config(CONFIG, &[]);
@@ -158,4 +160,21 @@ fn publishers_are_refused_where_they_do_not_belong() {
         .starts_with("RTSP/1.0 200"));
     assert!(wait_for(Duration::from_secs(5), || publisher(&relay)["state"] == "publishing"));
     assert_eq!(rtsp_status(addr, &announce("pub", sdp)), 455);
+
+    // It sends garbage on its channel (not RTP, then RTP of a foreign version): counted as
+    // dropped, nothing reaches the session, and the relay answers everyone else as before.
+    for frame in [&b"not rtp at all"[..], &[0x40; 40], &[0x80, 96, 0, 1]] {
+        let mut f = vec![b'$', 0];
+        f.extend_from_slice(&(frame.len() as u16).to_be_bytes());
+        f.extend_from_slice(frame);
+        s.write_all(&f).unwrap();
+    }
+    let dropped = || publisher(&relay)["tracks"][0]["dropped"].as_u64().unwrap_or(0);
+    assert!(wait_for(Duration::from_secs(5), || dropped() == 3), "{}", publisher(&relay));
+    assert_eq!(publisher(&relay)["tracks"][0]["packets"], 0);
+    assert_eq!(relay.ok("GET", "/v1/sessions/pub", None)["source"]["packets"], 0);
+    assert_eq!(rtsp_status(addr, &format!("OPTIONS rtsp://{addr}/demo RTSP/1.0\r\nCSeq: 9\r\n\r\n")), 200);
+    // Its connection closes: the session waits for the next publisher.
+    drop(s);
+    assert!(wait_for(Duration::from_secs(5), || publisher(&relay)["state"] == "waiting"), "{}", publisher(&relay));
 }
