@@ -165,8 +165,8 @@ impl Publisher {
         self.state.lock().active.as_ref().map(|a| a.rtsp_session.clone())
     }
 
-    /// An interleaved frame from the publisher's connection.
-    pub fn feed(&self, conn: u64, channel: u8, data: &[u8]) {
+    /// An interleaved frame from the publisher's connection (restamped in place).
+    pub fn feed(&self, conn: u64, channel: u8, data: &mut [u8]) {
         let now = self.started.elapsed().as_millis() as u64;
         let mut st = self.state.lock();
         let Some(&(i, rtcp)) = st.active.as_ref().filter(|a| a.conn == conn).and_then(|a| a.channels.get(&channel))
@@ -184,13 +184,12 @@ impl Publisher {
             }
             return;
         }
-        let mut pkt = data.to_vec();
-        if t.restamp.apply(&mut pkt, now).is_err() {
+        if t.restamp.apply(data, now).is_err() {
             t.dropped += 1;
             return;
         }
         t.packets += 1;
-        if self.feeder.send_to(&pkt, t.into).is_err() {
+        if self.feeder.send_to(data, t.into).is_err() {
             t.dropped += 1;
         }
     }

@@ -584,10 +584,10 @@ async fn connection(
                         Message::Request(req) => req,
                         // A publisher's media, or a client's RTCP on a channel it set up;
                         // anything else is ignored.
-                        Message::Interleaved { channel, data } => {
+                        Message::Interleaved { channel, mut data } => {
                             match publishing.as_ref().filter(|p| p.is_publishing_on(conn)) {
                                 Some(p) => {
-                                    p.feed(conn, channel, &data);
+                                    p.feed(conn, channel, &mut data);
                                     // Its media keeps its RTSP session alive (publishers send
                                     // no keep-alive requests), checked once a second.
                                     if last_touch.elapsed() >= Duration::from_secs(1) {
@@ -600,7 +600,7 @@ async fn connection(
                                 None => {
                                     publishing = relay.publishers().into_iter().find(|p| p.is_publishing_on(conn));
                                     match &publishing {
-                                        Some(p) => p.feed(conn, channel, &data),
+                                        Some(p) => p.feed(conn, channel, &mut data),
                                         None => rtsp.rtcp_on_conn(relay, conn, channel, &data),
                                     }
                                 }
