@@ -868,9 +868,16 @@ impl Session {
         self.inner.stream_send_buffer()
     }
 
-    /// Adds a sink whose packets go into `queue` (shown as a TCP sink of `peer`).
-    pub fn add_channel_sink(&self, peer: SocketAddr, queue: Arc<crate::channel::ChannelQueue>) -> std::io::Result<u64> {
-        self.add_sink(SinkTarget::Tcp(peer), crate::sink::SinkIo::Channel(queue), false)
+    /// Adds a sink whose packets go into `queue` (shown as a TCP sink of `peer`, or an HTTP
+    /// one: its reader sends the payloads, as an HTTPS subscriber's task does).
+    pub fn add_channel_sink(
+        &self,
+        peer: SocketAddr,
+        queue: Arc<crate::channel::ChannelQueue>,
+        http: bool,
+    ) -> std::io::Result<u64> {
+        let target = if http { SinkTarget::Http(peer) } else { SinkTarget::Tcp(peer) };
+        self.add_sink(target, crate::sink::SinkIo::Channel(queue), false)
     }
 
     fn add_sink(&self, target: SinkTarget, io: crate::sink::SinkIo, strip: bool) -> std::io::Result<u64> {

@@ -122,6 +122,9 @@ pub struct Server {
     seed: u64,
     /// Descriptions announced per resource, by connection, not yet recording.
     announced: HashMap<String, (u64, Sdp)>,
+    /// Connections over TLS (RTSPS): their media must stay encrypted, so plain RTP over UDP
+    /// is refused on them (461) and they take RTP interleaved on the connection.
+    secure: std::collections::HashSet<u64>,
 }
 
 /// The resource name and the rest of a request URL: `rtsp://host[:port]/name[/rest]`, or an
@@ -150,7 +153,13 @@ impl Server {
             next_id: id_seed,
             seed: id_seed.rotate_left(17) ^ 0x5eed,
             announced: HashMap::new(),
+            secure: Default::default(),
         }
+    }
+
+    /// Marks a connection as RTSPS (until it closes).
+    pub fn set_secure(&mut self, conn: u64) {
+        self.secure.insert(conn);
     }
 
     pub fn sessions(&self) -> usize {
@@ -384,7 +393,7 @@ impl Server {
             return error(404, Some(cseq));
         };
         let usable = |l: &Option<Lower>| match l {
-            Some(Lower::Udp { .. }) => true,
+            Some(Lower::Udp { .. }) => !self.secure.contains(&conn),
             Some(Lower::Interleaved { .. }) => self.cfg.interleaved,
             None => false,
         };
@@ -582,6 +591,7 @@ impl Server {
     /// A connection closed: its sessions with interleaved tracks cannot be served anymore.
     pub fn connection_closed(&mut self, conn: u64) -> Vec<Action> {
         self.announced.retain(|_, (c, _)| *c != conn);
+        self.secure.remove(&conn);
         self.end_where(|s| s.conn == conn && s.tracks.iter().any(|(_, l)| matches!(l, Lower::Interleaved { .. })))
     }
 }
@@ -716,6 +726,22 @@ mod tests {
         {
             assert_eq!(setup(&mut s, 0, t, None, 4).status, 461, "{t}");
         }
+    }
+
+    /// On an RTSPS connection plain RTP over UDP would leave the TLS: 461, and the same
+    /// client is served interleaved; a plain connection still gets UDP; closing forgets it.
+    #[test]
+    fn secure_connections_take_interleaved_only() {
+        let mut s = Server::new(Config { server_ports: (6970, 6971), ..Config::default() }, 3);
+        s.set_secure(1);
+        let setup = |s: &mut Server, conn: u64, t: &str| {
+            s.handle(&req("SETUP", &format!("{URL}/trackID=0"), 1, &[("Transport", t)]), conn, 0, &demo).0.status
+        };
+        assert_eq!(setup(&mut s, 1, "RTP/AVP;unicast;client_port=5000-5001"), 461);
+        assert_eq!(setup(&mut s, 1, "RTP/AVP;unicast;client_port=5000-5001,RTP/AVP/TCP;interleaved=0-1"), 200);
+        assert_eq!(setup(&mut s, 2, "RTP/AVP;unicast;client_port=5000-5001"), 200);
+        s.connection_closed(1);
+        assert_eq!(setup(&mut s, 1, "RTP/AVP;unicast;client_port=5002-5003"), 200);
     }
 
     #[test]

@@ -248,7 +248,11 @@ fn session_json(relay: &Relay, s: &fanout_io::Session) -> serde_json::Value {
     if let Some(rtsp) = *relay.rtsp_addr.lock() {
         v["rtsp_url"] = json!(format!("rtsp://{rtsp}/{}", s.name()));
     }
-    v["stream_url"] = json!(format!("http://{}/v1/sessions/{}/stream", relay.cfg.api, s.name()));
+    if let Some(rtsps) = *relay.rtsps_addr.lock() {
+        v["rtsps_url"] = json!(format!("rtsps://{rtsps}/{}", s.name()));
+    }
+    let http = if relay.cfg.https() { "https" } else { "http" };
+    v["stream_url"] = json!(format!("{http}://{}/v1/sessions/{}/stream", relay.cfg.api, s.name()));
     v["stream_format"] = json!(stream_format(relay, s.name()));
     if let Some(r) = relay.repack_running(s.name()) {
         let ts = r.ts.as_ref().map(|ts| {
@@ -397,6 +401,7 @@ fn engine_json(relay: &Relay) -> serde_json::Value {
         "queued_tasks": relay.engine.queued(),
         "task_runs": relay.engine.runs(),
         "rtsp": *relay.rtsp_addr.lock(),
+        "rtsps": *relay.rtsps_addr.lock(),
     })
 }
 

@@ -5,33 +5,41 @@ use serde_json::Value;
 use std::time::Duration;
 
 pub struct ApiClient {
-    /// `http://IP:PORT`, no trailing slash.
+    /// `http://IP:PORT` or `https://…`, no trailing slash.
     pub base: String,
     pub token: Option<String>,
+    agent: ureq::Agent,
 }
 
 impl ApiClient {
     pub fn new(base: &str, token: Option<String>) -> Self {
-        Self { base: base.trim_end_matches('/').to_string(), token }
+        Self { base: base.trim_end_matches('/').to_string(), token, agent: ureq::agent() }
     }
 
-    /// A client of the API at `api`: `http://HOST:PORT`, or `HOST:PORT` (http is implied);
-    /// any other scheme is a clear error.
-    pub fn parse(api: &str, token: Option<String>) -> anyhow::Result<Self> {
+    /// A client of the API at `api`: `http(s)://HOST:PORT`, or `HOST:PORT` (http is
+    /// implied); any other scheme is a clear error. Over HTTPS the server is verified against
+    /// the public roots, or against `cacert` alone (a PEM file, e.g. a self-signed one).
+    pub fn parse(api: &str, token: Option<String>, cacert: Option<&std::path::Path>) -> anyhow::Result<Self> {
         let base = match api.split_once("://") {
-            Some(("http", _)) => api.to_string(),
-            Some((scheme, _)) => bail!("--api {api:?}: the API speaks http, not {scheme} (e.g. http://127.0.0.1:7070)"),
+            Some(("http" | "https", _)) => api.to_string(),
+            Some((scheme, _)) => {
+                bail!("--api {api:?}: the API speaks http or https, not {scheme} (e.g. http://127.0.0.1:7070)")
+            }
             None => format!("http://{api}"),
         };
-        let host = base["http://".len()..].trim_end_matches('/');
+        let host = base.split_once("://").map_or("", |(_, h)| h).trim_end_matches('/');
         if host.is_empty() || host.contains('/') {
-            bail!("--api {api:?}: expected HOST:PORT or http://HOST:PORT (e.g. 127.0.0.1:7070)");
+            bail!("--api {api:?}: expected HOST:PORT or http(s)://HOST:PORT (e.g. 127.0.0.1:7070)");
         }
-        Ok(Self::new(&base, token))
+        let mut c = Self::new(&base, token);
+        if let Some(path) = cacert {
+            c.agent = ureq::AgentBuilder::new().tls_config(trusting(path)?).build();
+        }
+        Ok(c)
     }
 
     fn request(&self, method: &str, path: &str) -> ureq::Request {
-        let r = ureq::request(method, &format!("{}{path}", self.base)).timeout(Duration::from_secs(30));
+        let r = self.agent.request(method, &format!("{}{path}", self.base)).timeout(Duration::from_secs(30));
         match &self.token {
             Some(t) => r.set("Authorization", &format!("Bearer {t}")),
             None => r,
@@ -63,4 +71,20 @@ impl ApiClient {
             .into_string()
             .map_err(Into::into)
     }
+}
+
+/// A TLS client configuration that trusts the certificates in one PEM file.
+fn trusting(path: &std::path::Path) -> anyhow::Result<std::sync::Arc<rustls::ClientConfig>> {
+    use rustls::pki_types::{pem::PemObject, CertificateDer};
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(path).map_err(|e| anyhow::anyhow!("--cacert {}: {e}", path.display()))? {
+        roots.add(c.map_err(|e| anyhow::anyhow!("--cacert {}: {e}", path.display()))?)?;
+    }
+    anyhow::ensure!(!roots.is_empty(), "--cacert {}: no CERTIFICATE in the file", path.display());
+    let cfg =
+        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+    Ok(std::sync::Arc::new(cfg))
 }

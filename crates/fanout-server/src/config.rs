@@ -57,7 +57,48 @@ pub struct Config {
     /// Static sessions, created at start.
     #[serde(rename = "session")]
     pub sessions: Vec<SessionSpec>,
+    /// TLS: HTTPS for the API and HTTP streams, and RTSPS; none = everything plain.
+    pub tls: Option<TlsConfig>,
 }
+
+/// `[tls]`: the certificate and where it is used.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM certificate chain (the server's first) and PEM private key; re-read on SIGHUP.
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+    /// The API, /metrics and HTTP streams speak HTTPS on `api` (plain HTTP is refused there).
+    #[serde(default = "yes")]
+    pub https: bool,
+    /// RTSP over TLS (`rtsps://`); default: the RTSP address's host, port 8322.
+    #[serde(default)]
+    pub rtsps: Option<SocketAddr>,
+    /// `optional`: plain RTSP beside RTSPS; `strict`: RTSPS only (no plain RTSP listener).
+    #[serde(default)]
+    pub encryption: Encryption,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl TlsConfig {
+    pub fn new(cert: std::path::PathBuf, key: std::path::PathBuf) -> Self {
+        Self { cert, key, https: true, rtsps: None, encryption: Encryption::Optional }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Encryption {
+    #[default]
+    Optional,
+    Strict,
+}
+
+/// The RTSPS port when `[tls]` names none (MediaMTX's).
+pub const RTSPS_PORT: u16 = 8322;
 
 /// The keys of [`Config`] as the file spells them; a test checks the list against serde's.
 #[cfg(test)]
@@ -82,6 +123,7 @@ pub const CONFIG_FIELDS: &[&str] = &[
     "demo",
     "max_body",
     "session",
+    "tls",
 ];
 
 /// See `docs/BENCHMARKS.md` (stream flush): the interval that halves the writes of
@@ -112,6 +154,7 @@ impl Default for Config {
             demo: true,
             max_body: 1024 * 1024,
             sessions: Vec::new(),
+            tls: None,
         }
     }
 }
@@ -304,8 +347,10 @@ impl Config {
             open.push(format!("the API on {} has no token", self.api));
         }
         let rtsp_auth = !self.rtsp_users.is_empty() || self.rtsp_require_token;
-        if let Some(r) = self.rtsp.filter(|r| !r.ip().is_loopback() && !rtsp_auth) {
-            open.push(format!("RTSP on {r} has no rtsp_user and no rtsp_require_token"));
+        for r in [self.rtsp_plain(), self.rtsps()].into_iter().flatten() {
+            if !r.ip().is_loopback() && !rtsp_auth {
+                open.push(format!("RTSP on {r} has no rtsp_user and no rtsp_require_token"));
+            }
         }
         if !open.is_empty() && !self.allow_unauthenticated {
             return Err(format!(
@@ -324,6 +369,25 @@ impl Config {
             );
         }
         Ok(warnings)
+    }
+
+    /// Where plain RTSP listens: nowhere when `[tls] encryption = "strict"`.
+    pub fn rtsp_plain(&self) -> Option<SocketAddr> {
+        match &self.tls {
+            Some(t) if t.encryption == Encryption::Strict => None,
+            _ => self.rtsp,
+        }
+    }
+
+    /// Where RTSPS listens: `[tls] rtsps`, else the RTSP host on port 8322; none without TLS.
+    pub fn rtsps(&self) -> Option<SocketAddr> {
+        let t = self.tls.as_ref()?;
+        t.rtsps.or_else(|| Some(SocketAddr::new(self.rtsp.map_or(self.api.ip(), |r| r.ip()), RTSPS_PORT)))
+    }
+
+    /// Whether the API port speaks HTTPS.
+    pub fn https(&self) -> bool {
+        self.tls.as_ref().is_some_and(|t| t.https)
     }
 
     /// The RTSP users, with `token` as user "token" when `rtsp_require_token` is set.

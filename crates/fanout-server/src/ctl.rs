@@ -9,12 +9,16 @@ use std::net::SocketAddr;
 
 #[derive(Args)]
 pub struct CtlArgs {
-    /// The relay's API: `http://HOST:PORT` (or just `HOST:PORT`).
+    /// The relay's API: `http://HOST:PORT`, `https://HOST:PORT` (or just `HOST:PORT`).
     #[arg(long, default_value = "http://127.0.0.1:7070", env = "FANOUT_API")]
     api: String,
     /// Bearer token, if the relay requires one.
     #[arg(long, env = "FANOUT_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// Over HTTPS, trust the certificates in this PEM file (e.g. `serve --self-signed`'s)
+    /// instead of the public roots.
+    #[arg(long, env = "FANOUT_CACERT")]
+    cacert: Option<std::path::PathBuf>,
     /// Print the API's JSON instead of a table.
     #[arg(long, global = true)]
     json: bool,
@@ -120,7 +124,7 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
     // Like any Unix tool: a reader that went away (`| head`) ends us quietly, not in a panic.
     // SAFETY: setting a signal's disposition to the default has no preconditions.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
-    let c = ApiClient::parse(&a.api, a.token)?;
+    let c = ApiClient::parse(&a.api, a.token, a.cacert.as_deref())?;
     let out = match a.cmd {
         CtlCmd::Sessions => c.call("GET", "/v1/sessions", None)?,
         CtlCmd::Session { name } => {

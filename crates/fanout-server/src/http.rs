@@ -4,6 +4,7 @@
 
 use crate::api::authorized;
 use crate::relay::Relay;
+use crate::tls::Tls;
 use fanout_proto::http::{classify, Head};
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
@@ -14,7 +15,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 /// Largest request head we look at before deciding.
 const MAX_HEAD: usize = 8192;
-pub async fn serve(listener: TcpListener, relay: Arc<Relay>, router: axum::Router) {
+pub async fn serve(listener: TcpListener, relay: Arc<Relay>, router: axum::Router, tls: Option<Arc<Tls>>) {
     let max = relay.cfg.api_max_connections;
     let head_timeout = Duration::from_secs_f64(relay.cfg.request_timeout_s);
     let limit = Arc::new(tokio::sync::Semaphore::new(max));
@@ -39,27 +40,140 @@ pub async fn serve(listener: TcpListener, relay: Arc<Relay>, router: axum::Route
                 continue;
             }
         };
-        let (relay, router) = (relay.clone(), router.clone());
+        let (relay, router, tls) = (relay.clone(), router.clone(), tls.clone());
         tokio::spawn(async move {
             let _permit = permit;
-            match stream_request(&stream, head_timeout).await {
-                Some(Ok((name, auth, query, head_len))) => {
-                    start_stream(stream, &relay, &name, auth.as_deref(), query.as_deref(), head_len).await
-                }
-                Some(Err(())) => {}
-                None => {
-                    let svc = TowerToHyperService::new(router);
-                    // Every request head, the first and each kept-alive one, must arrive whole
-                    // within the timeout: a trickle of bytes does not hold the connection.
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .timer(hyper_util::rt::TokioTimer::new())
-                        .header_read_timeout(head_timeout)
-                        .keep_alive(true)
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
-                }
+            match tls {
+                Some(tls) => serve_tls(stream, &relay, router, &tls, head_timeout).await,
+                None => serve_plain(stream, &relay, router, head_timeout).await,
             }
         });
+    }
+}
+
+async fn serve_plain(stream: TcpStream, relay: &Arc<Relay>, router: axum::Router, head_timeout: Duration) {
+    match stream_request(&stream, head_timeout).await {
+        Some(Ok((name, auth, query, head_len))) => {
+            start_stream(stream, relay, &name, auth.as_deref(), query.as_deref(), head_len).await
+        }
+        Some(Err(())) => {}
+        None => serve_api(stream, router, head_timeout).await,
+    }
+}
+
+/// Hands a connection to hyper and the API's router.
+async fn serve_api<S>(io: S, router: axum::Router, head_timeout: Duration)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = TowerToHyperService::new(router);
+    // Every request head, the first and each kept-alive one, must arrive whole within the
+    // timeout: a trickle of bytes does not hold the connection.
+    let _ = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(head_timeout)
+        .keep_alive(true)
+        .serve_connection(TokioIo::new(io), svc)
+        .await;
+}
+
+/// HTTPS: the handshake, then the same split as plain HTTP, on the decrypted bytes (read,
+/// not peeked: what the API's requests began with is handed to hyper before the rest).
+async fn serve_tls(stream: TcpStream, relay: &Arc<Relay>, router: axum::Router, tls: &Tls, head_timeout: Duration) {
+    let peer = stream.peer_addr().ok();
+    let mut first = [0u8; 2];
+    match tokio::time::timeout(head_timeout, stream.peek(&mut first)).await {
+        Ok(Ok(n)) if n > 0 && !crate::tls::looks_like_tls(&first[..n]) => {
+            // Like nginx: a plain request on the TLS port is told where to go, in plain.
+            tracing::warn!(?peer, "plain HTTP on the HTTPS port: refused");
+            let why = "this port speaks HTTPS: use https://";
+            let _ = tokio::time::timeout(Duration::from_secs(1), reject(&stream, 400, why)).await;
+            return;
+        }
+        Ok(Ok(n)) if n > 0 => {}
+        _ => return,
+    }
+    let mut tls_stream = match tokio::time::timeout(head_timeout, tls.acceptor().accept(stream)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            tracing::info!(?peer, "TLS handshake failed: {e}");
+            return;
+        }
+        Err(_) => {
+            tracing::info!(?peer, "TLS handshake incomplete after {head_timeout:?}: closed");
+            return;
+        }
+    };
+    let deadline = tokio::time::Instant::now() + head_timeout;
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 4096];
+    loop {
+        match classify(&buf, MAX_HEAD) {
+            Head::Stream(r) => {
+                let (name, auth, query) =
+                    (r.session.to_string(), r.authorization.map(str::to_string), r.query.map(str::to_string));
+                buf.drain(..r.head_len);
+                start_tls_stream(tls_stream, relay, &name, auth.as_deref(), query.as_deref()).await;
+                return;
+            }
+            Head::Api => {
+                return serve_api(Prefixed { head: buf, at: 0, io: tls_stream }, router, head_timeout).await;
+            }
+            Head::Reject(status, why) => {
+                let _ = tokio::time::timeout(Duration::from_secs(1), reject_on(&mut tls_stream, status, why)).await;
+                return;
+            }
+            Head::Incomplete => {}
+        }
+        match tokio::time::timeout_at(deadline, tls_stream.read(&mut chunk)).await {
+            Ok(Ok(n)) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+            _ => return,
+        }
+    }
+}
+
+/// A connection whose first bytes were already read: they are read again first.
+struct Prefixed<S> {
+    head: Vec<u8>,
+    at: usize,
+    io: S,
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Prefixed<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if self.at < self.head.len() {
+            let n = buf.remaining().min(self.head.len() - self.at);
+            buf.put_slice(&self.head[self.at..self.at + n]);
+            self.at += n;
+            return std::task::Poll::Ready(Ok(()));
+        }
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Prefixed<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
 
@@ -75,6 +189,11 @@ async fn stream_request(stream: &TcpStream, head_timeout: Duration) -> Option<Re
             Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return Some(Err(())),
             Ok(Ok(n)) => n,
         };
+        if crate::tls::looks_like_tls(&buf[..n]) {
+            tracing::warn!(peer = ?stream.peer_addr().ok(), "a TLS client on the plain HTTP port: closed");
+            linger_close(stream).await;
+            return Some(Err(()));
+        }
         match classify(&buf[..n], MAX_HEAD) {
             Head::Stream(r) => {
                 let p = (
@@ -98,14 +217,26 @@ async fn stream_request(stream: &TcpStream, head_timeout: Duration) -> Option<Re
     }
 }
 
-/// Answers `status` with the API's JSON error body and closes.
-async fn reject(stream: &TcpStream, status: u16, why: &str) {
+/// `status` with the API's JSON error body, closing the connection.
+fn rejection(status: u16, why: &str) -> String {
     let reason = axum::http::StatusCode::from_u16(status).ok().and_then(|s| s.canonical_reason()).unwrap_or("Error");
     let body = serde_json::json!({ "error": why, "status": status }).to_string();
-    let resp = format!(
+    format!(
         "HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
-    );
+    )
+}
+
+/// Answers `status` over TLS and closes.
+async fn reject_on<S: tokio::io::AsyncWrite + Unpin>(io: &mut S, status: u16, why: &str) {
+    if io.write_all(rejection(status, why).as_bytes()).await.is_ok() {
+        let _ = io.shutdown().await;
+    }
+}
+
+/// Answers `status` with the API's JSON error body and closes.
+async fn reject(stream: &TcpStream, status: u16, why: &str) {
+    let resp = rejection(status, why);
     let mut out = resp.as_bytes();
     while !out.is_empty() {
         if stream.writable().await.is_err() {
@@ -117,8 +248,13 @@ async fn reject(stream: &TcpStream, status: u16, why: &str) {
             Err(_) => return,
         }
     }
-    // Closing with unread bytes would reset the connection and could lose the answer: end
-    // our side, then read what the client still sends for a moment.
+    linger_close(stream).await;
+}
+
+/// Ends our side and reads what the client still sends for a moment before the socket is
+/// dropped: closing with unread bytes would reset the connection (and could lose an answer
+/// just written), where a refusal should be a clean close.
+pub async fn linger_close(stream: &TcpStream) {
     let _ = socket2::SockRef::from(stream).shutdown(std::net::Shutdown::Write);
     let mut scratch = [0u8; 4096];
     let _ = tokio::time::timeout(Duration::from_millis(300), async {
@@ -133,6 +269,26 @@ async fn reject(stream: &TcpStream, status: u16, why: &str) {
     .await;
 }
 
+/// The session a stream request is for, or the status and reason to refuse it with.
+async fn stream_session(
+    relay: &Arc<Relay>,
+    name: &str,
+    auth: Option<&str>,
+    query: Option<&str>,
+) -> Result<fanout_io::Session, (u16, String)> {
+    if !authorized(relay.cfg.token.as_deref(), auth, query) {
+        return Err((401, "missing or wrong bearer token".to_string()));
+    }
+    relay.http_session(name).await.map_err(|e| {
+        let crate::api::ApiError(status, why) = e.into();
+        (status.as_u16(), why)
+    })
+}
+
+/// No length: the body is the live stream until either side closes.
+const STREAM_OK: &str =
+    "HTTP/1.1 200 OK\r\nContent-Type: video/mp2t\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n";
+
 async fn start_stream(
     mut stream: TcpStream,
     relay: &Arc<Relay>,
@@ -145,24 +301,14 @@ async fn start_stream(
     if stream.read_exact(&mut head).await.is_err() {
         return;
     }
-    let session = if !authorized(relay.cfg.token.as_deref(), auth, query) {
-        Err((401, "missing or wrong bearer token".to_string()))
-    } else {
-        relay.http_session(name).await.map_err(|e| {
-            let crate::api::ApiError(status, why) = e.into();
-            (status.as_u16(), why)
-        })
-    };
-    let session = match session {
+    let session = match stream_session(relay, name, auth, query).await {
         Ok(s) => s,
         Err((status, why)) => {
             let _ = tokio::time::timeout(Duration::from_secs(1), reject(&stream, status, &why)).await;
             return;
         }
     };
-    // No length: the body is the live stream until either side closes.
-    let ok = "HTTP/1.1 200 OK\r\nContent-Type: video/mp2t\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n";
-    if stream.write_all(ok.as_bytes()).await.is_err() {
+    if stream.write_all(STREAM_OK.as_bytes()).await.is_err() {
         return;
     }
     let peer = stream.peer_addr().ok();
@@ -170,4 +316,63 @@ async fn start_stream(
         Ok(id) => tracing::info!(session = name, sink = id, ?peer, "HTTP subscriber joined"),
         Err(e) => tracing::warn!(session = name, ?peer, "cannot add HTTP subscriber: {e}"),
     }
+}
+
+/// Packets an HTTPS subscriber may have queued before it waits in the ring (where a reader
+/// that stays behind is lapped like any slow sink).
+const HTTPS_QUEUE: usize = 1024;
+
+/// An HTTPS subscriber: TLS encrypts per connection, so its packets go through a queue this
+/// task drains into the TLS stream (the plain path hands the socket to the engine instead).
+async fn start_tls_stream(
+    mut io: tokio_rustls::server::TlsStream<TcpStream>,
+    relay: &Arc<Relay>,
+    name: &str,
+    auth: Option<&str>,
+    query: Option<&str>,
+) {
+    let session = match stream_session(relay, name, auth, query).await {
+        Ok(s) => s,
+        Err((status, why)) => {
+            let _ = tokio::time::timeout(Duration::from_secs(1), reject_on(&mut io, status, &why)).await;
+            return;
+        }
+    };
+    if io.write_all(STREAM_OK.as_bytes()).await.is_err() {
+        return;
+    }
+    let peer = io.get_ref().0.peer_addr().unwrap_or_else(|_| ([0, 0, 0, 0], 0).into());
+    let _ = socket2::SockRef::from(io.get_ref().0).set_send_buffer_size(session.stream_send_buffer());
+    let wake = Arc::new(tokio::sync::Notify::new());
+    let w = wake.clone();
+    let cap = HTTPS_QUEUE.min(session.config().ring_capacity / 2);
+    let queue = fanout_io::channel::ChannelQueue::new(cap, move || w.notify_one());
+    let id = match session.add_channel_sink(peer, queue.clone(), true) {
+        Ok(id) => id,
+        Err(e) => {
+            tracing::warn!(session = name, %peer, "cannot add HTTPS subscriber: {e}");
+            return;
+        }
+    };
+    tracing::info!(session = name, sink = id, %peer, "HTTPS subscriber joined");
+    let (mut packets, mut out) = (Vec::new(), Vec::new());
+    let mut scratch = [0u8; 512];
+    loop {
+        tokio::select! {
+            _ = wake.notified() => {
+                queue.drain(&mut packets);
+                out.clear();
+                for (p, _) in packets.drain(..) {
+                    out.extend_from_slice(p.payload());
+                }
+                if io.write_all(&out).await.is_err() {
+                    break;
+                }
+            }
+            // The client sends nothing more; a read that ends is its leaving.
+            r = io.read(&mut scratch) => if !matches!(r, Ok(n) if n > 0) { break },
+        }
+    }
+    session.remove_sink(id);
+    tracing::info!(session = name, sink = id, %peer, "HTTPS subscriber left");
 }

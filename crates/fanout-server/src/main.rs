@@ -11,6 +11,7 @@ mod relay;
 mod repack;
 mod rtsp;
 mod spec;
+mod tls;
 mod tools;
 mod ui;
 mod upstream;
@@ -70,6 +71,19 @@ struct ServeArgs {
     /// Serve the API or RTSP beyond loopback without a token or RTSP users (warns).
     #[arg(long)]
     allow_unauthenticated: bool,
+    /// TLS with a certificate made at start (for trying it out): HTTPS on the API address,
+    /// RTSPS beside RTSP; prints the certificate's fingerprint and the file to trust.
+    #[arg(long, conflicts_with_all = ["tls_cert", "tls_key"])]
+    self_signed: bool,
+    /// PEM certificate chain for TLS (overrides the config's [tls] cert; needs --tls-key).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key for TLS.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Address for RTSPS clients (overrides [tls] rtsps; port 0 picks a free one).
+    #[arg(long)]
+    rtsps: Option<std::net::SocketAddr>,
 }
 
 /// A line on stdout for scripts and people; a reader that went away is not an error.
@@ -132,14 +146,33 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
     if a.allow_unauthenticated {
         cfg.allow_unauthenticated = true;
     }
+    let tls_source = if a.self_signed {
+        let cert = std::env::temp_dir().join(format!("fanout-self-signed-{}.pem", std::process::id()));
+        Some(tls::Source::SelfSigned { cert })
+    } else {
+        if let (Some(cert), Some(key)) = (a.tls_cert, a.tls_key) {
+            let t = cfg.tls.get_or_insert_with(|| config::TlsConfig::new(cert.clone(), key.clone()));
+            (t.cert, t.key) = (cert, key);
+        }
+        cfg.tls.as_ref().map(|t| tls::Source::Files { cert: t.cert.clone(), key: t.key.clone() })
+    };
+    if a.self_signed && cfg.tls.is_none() {
+        cfg.tls = Some(config::TlsConfig::new(PathBuf::new(), PathBuf::new()));
+    }
+    if let (Some(x), Some(t)) = (a.rtsps, cfg.tls.as_mut()) {
+        t.rtsps = Some(x);
+    }
     for w in cfg.exposure().map_err(|e| anyhow::anyhow!(e))? {
         tracing::warn!("{w}");
     }
+    // A bad or mismatched pair stops the start, naming the files.
+    let names: Vec<String> = [cfg.api.ip()].iter().filter(|ip| !ip.is_unspecified()).map(|ip| ip.to_string()).collect();
+    let tls = tls_source.map(|s| tls::Tls::new(s, &names)).transpose()?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
-    rt.block_on(run(cfg))
+    rt.block_on(run(cfg, tls))
 }
 
-async fn run(mut cfg: config::Config) -> anyhow::Result<()> {
+async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(cfg.api)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {} for the API: {e}", cfg.api))?;
@@ -151,24 +184,7 @@ async fn run(mut cfg: config::Config) -> anyhow::Result<()> {
     // RTSP first: its RTP port is where every UDP sink's packets come from (clients such as
     // retina accept RTP only from the server_port SETUP named), so it must be known before
     // any session sends.
-    let rtsp = match relay.cfg.rtsp {
-        Some(addr) => match tokio::net::TcpListener::bind(addr).await {
-            Ok(l) => {
-                let bound = l.local_addr()?;
-                let state = rtsp::Rtsp::new(bound.ip(), relay.cfg.rtsp_credentials())?;
-                fanout_io::set_udp_source(std::net::SocketAddr::new(bound.ip(), state.rtp_port()));
-                *relay.rtsp_addr.lock() = Some(bound);
-                *relay.rtsp.lock() = Some(state.clone());
-                Some((l, bound, state))
-            }
-            // Not fatal: the API and HTTP streams still work (e.g. a second relay on one host).
-            Err(e) => {
-                tracing::warn!("cannot listen on {addr} for RTSP, serving without it: {e}");
-                None
-            }
-        },
-        None => None,
-    };
+    let rtsp = listen_rtsp(&relay, tls.as_deref()).await?;
     if demo {
         let spec = spec::SessionSpec::new("demo", spec::SourceSpec { demo: Some(true), ..Default::default() });
         relay.create(spec).await.map_err(|e| anyhow::anyhow!("demo session: {e}"))?;
@@ -178,38 +194,65 @@ async fn run(mut cfg: config::Config) -> anyhow::Result<()> {
         relay.create(s).await.map_err(|e| anyhow::anyhow!("session {name:?} from the config: {e}"))?;
     }
     let router = api::router(relay.clone());
+    let http = if relay.cfg.https() { "https" } else { "http" };
     tracing::info!(
-        "fanout {} listening on http://{api} ({} workers)",
+        "fanout {} listening on {http}://{api} ({} workers)",
         env!("CARGO_PKG_VERSION"),
         relay.engine.workers()
     );
     // Printed plainly on stdout so scripts (and people) can pick it up; with a token, URLs
     // that work as printed (this is the operator's own console).
-    say!("fanout: API http://{api}/v1/sessions");
+    say!("fanout: API {http}://{api}/v1/sessions");
+    if let Some(t) = &tls {
+        say!("fanout: TLS certificate SHA-256 {}", t.fingerprint());
+        if let Some(f) = t.self_signed_file() {
+            say!("fanout: self-signed: trust it with curl --cacert {}", f.display());
+        }
+    }
     let token = relay.cfg.token.as_deref().map(percent_encode);
     // The dashboard asks for the token itself, or takes it from its URL.
     let q = token.as_ref().map(|t| format!("?token={t}")).unwrap_or_default();
-    say!("fanout: dashboard http://{api}/{q}  (open it in a browser)");
+    say!("fanout: dashboard {http}://{api}/{q}  (open it in a browser)");
     if let Some(t) = &token {
-        say!("fanout: API calls need the token: curl -H 'Authorization: Bearer {t}' http://{api}/v1/sessions");
+        say!("fanout: API calls need the token: curl -H 'Authorization: Bearer {t}' {http}://{api}/v1/sessions");
     }
     if demo {
         let q = token.as_ref().map(|t| format!("?token={t}")).unwrap_or_default();
-        say!("fanout: demo stream http://{api}/v1/sessions/demo/stream{q}  (try: ffplay 'http://{api}/v1/sessions/demo/stream{q}')");
+        say!("fanout: demo stream {http}://{api}/v1/sessions/demo/stream{q}  (try: ffplay '{http}://{api}/v1/sessions/demo/stream{q}')");
     }
-    let rtsp_task = rtsp.map(|(l, bound, state)| {
-        say!("fanout: RTSP rtsp://{bound}/{{session}}");
-        if demo {
-            let who = match (&token, relay.cfg.rtsp_require_token, relay.cfg.rtsp_users.first()) {
-                (Some(t), true, _) => format!("token:{t}@"),
-                (_, _, Some(u)) => format!("{}:PASSWORD@", percent_encode(&u.name)),
-                _ => String::new(),
-            };
-            say!("fanout: demo over RTSP rtsp://{who}{bound}/demo  (try: ffplay 'rtsp://{who}{bound}/demo')");
+    let rtsp_task = rtsp.map(|(listeners, state)| {
+        let who = match (&token, relay.cfg.rtsp_require_token, relay.cfg.rtsp_users.first()) {
+            (Some(t), true, _) => format!("token:{t}@"),
+            (_, _, Some(u)) => format!("{}:PASSWORD@", percent_encode(&u.name)),
+            _ => String::new(),
+        };
+        for (l, acceptor) in &listeners {
+            let (scheme, bound) = (if acceptor.is_some() { "rtsps" } else { "rtsp" }, l.local_addr().ok());
+            let Some(bound) = bound else { continue };
+            say!("fanout: RTSP {scheme}://{bound}/{{session}}");
+            if demo {
+                say!(
+                    "fanout: demo over RTSP {scheme}://{who}{bound}/demo  (try: ffplay '{scheme}://{who}{bound}/demo')"
+                );
+            }
         }
-        tokio::spawn(rtsp::serve(l, relay.clone(), state))
+        tokio::spawn(rtsp::serve(listeners, relay.clone(), state))
     });
-    let server = tokio::spawn(http::serve(listener, relay.clone(), router));
+    // SIGHUP re-reads the certificate and key: connections open keep theirs.
+    if let Some(t) = tls.clone().filter(|t| t.self_signed_file().is_none()) {
+        tokio::spawn(async move {
+            use tokio::signal::unix::{signal, SignalKind};
+            let Ok(mut hup) = signal(SignalKind::hangup()) else { return };
+            while hup.recv().await.is_some() {
+                match t.reload() {
+                    Ok(()) => tracing::info!("TLS certificate reloaded: SHA-256 {}", t.fingerprint()),
+                    Err(e) => tracing::error!("TLS reload failed, still serving the old certificate: {e:#}"),
+                }
+            }
+        });
+    }
+    let https = tls.filter(|_| relay.cfg.https());
+    let server = tokio::spawn(http::serve(listener, relay.clone(), router, https));
     shutdown_signal().await;
     tracing::info!("shutting down");
     server.abort();
@@ -218,6 +261,41 @@ async fn run(mut cfg: config::Config) -> anyhow::Result<()> {
     }
     relay.shutdown().await;
     Ok(())
+}
+
+type RtspListeners = (Vec<(tokio::net::TcpListener, Option<tokio_rustls::TlsAcceptor>)>, std::sync::Arc<rtsp::Rtsp>);
+
+/// Binds plain RTSP and RTSPS. RTSP comes first: its RTP port is where every UDP sink's
+/// packets come from (clients such as retina accept RTP only from the server_port SETUP
+/// named), so it must be known before any session sends. A plain port taken is not fatal
+/// (the API and HTTP streams still work, e.g. a second relay on one host); an RTSPS port
+/// asked for and taken is.
+async fn listen_rtsp(
+    relay: &std::sync::Arc<relay::Relay>,
+    tls: Option<&tls::Tls>,
+) -> anyhow::Result<Option<RtspListeners>> {
+    let mut listeners = Vec::new();
+    if let Some(addr) = relay.cfg.rtsp_plain() {
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => listeners.push((l, None)),
+            Err(e) => tracing::warn!("cannot listen on {addr} for RTSP, serving without it: {e}"),
+        }
+    }
+    if let (Some(addr), Some(t)) = (relay.cfg.rtsps(), tls) {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen on {addr} for RTSPS: {e}"))?;
+        listeners.push((l, Some(t.acceptor().clone())));
+    }
+    let Some(bound) = listeners.first().and_then(|(l, _)| l.local_addr().ok()) else { return Ok(None) };
+    let state = rtsp::Rtsp::new(bound.ip(), relay.cfg.rtsp_credentials())?;
+    fanout_io::set_udp_source(std::net::SocketAddr::new(bound.ip(), state.rtp_port()));
+    for (l, tls) in &listeners {
+        let slot = if tls.is_some() { &relay.rtsps_addr } else { &relay.rtsp_addr };
+        *slot.lock() = l.local_addr().ok();
+    }
+    *relay.rtsp.lock() = Some(state.clone());
+    Ok(Some((listeners, state)))
 }
 
 /// `s` with everything but unreserved URL characters percent-encoded (RFC 3986 §2.3).

@@ -50,6 +50,8 @@ pub struct Relay {
     sessions: RwLock<BTreeMap<String, Entry>>,
     /// Where RTSP clients connect, once listening.
     pub rtsp_addr: parking_lot::Mutex<Option<std::net::SocketAddr>>,
+    /// Where RTSPS listens, once bound.
+    pub rtsps_addr: parking_lot::Mutex<Option<std::net::SocketAddr>>,
     /// The RTSP side, once listening.
     pub rtsp: parking_lot::Mutex<Option<Arc<crate::rtsp::Rtsp>>>,
     /// Sessions with an `rtsp://` source.
@@ -79,6 +81,7 @@ impl Relay {
             cfg,
             sessions: RwLock::new(BTreeMap::new()),
             rtsp_addr: Default::default(),
+            rtsps_addr: Default::default(),
             rtsp: Default::default(),
             upstreams: Default::default(),
             publishers: Default::default(),

@@ -393,7 +393,7 @@ impl Rtsp {
                                     let mut qs = conn.queues.lock();
                                     qs.retain(|(ch, _)| *ch != rtp);
                                     qs.push((rtp, q.clone()));
-                                    tr.session.add_channel_sink(SocketAddr::new(c.peer, 0), q)
+                                    tr.session.add_channel_sink(SocketAddr::new(c.peer, 0), q, false)
                                 }
                                 None => Err(std::io::Error::other("its connection is gone")),
                             },
@@ -443,8 +443,12 @@ impl Rtsp {
     }
 }
 
-/// Accepts RTSP connections until the task is aborted.
-pub async fn serve(listener: TcpListener, relay: Arc<Relay>, rtsp: Arc<Rtsp>) {
+/// Accepts RTSP (and, with a TLS acceptor, RTSPS) connections on `listeners` until aborted.
+pub async fn serve(
+    listeners: Vec<(TcpListener, Option<tokio_rustls::TlsAcceptor>)>,
+    relay: Arc<Relay>,
+    rtsp: Arc<Rtsp>,
+) {
     /// Stops the expiry task when `serve` is aborted.
     struct AbortOnDrop(tokio::task::JoinHandle<()>);
     impl Drop for AbortOnDrop {
@@ -502,8 +506,45 @@ pub async fn serve(listener: TcpListener, relay: Arc<Relay>, rtsp: Arc<Rtsp>) {
             }
         })
     });
-    let mut next_conn = 0u64;
     let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let next_conn = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let loops: Vec<_> = listeners
+        .into_iter()
+        .map(|(l, tls)| {
+            AbortOnDrop(tokio::spawn(accept(l, tls, relay.clone(), rtsp.clone(), open.clone(), next_conn.clone())))
+        })
+        .collect();
+    // Until aborted; the loops go with it.
+    let _loops = loops;
+    std::future::pending::<()>().await;
+}
+
+/// What an RTSP connection runs over: TCP, or TLS on TCP (RTSPS).
+trait RtspIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {
+    fn tcp(&self) -> &TcpStream;
+}
+
+impl RtspIo for TcpStream {
+    fn tcp(&self) -> &TcpStream {
+        self
+    }
+}
+
+impl RtspIo for tokio_rustls::server::TlsStream<TcpStream> {
+    fn tcp(&self) -> &TcpStream {
+        self.get_ref().0
+    }
+}
+
+/// Accepts connections on one listener (with `tls`: RTSPS) until aborted.
+async fn accept(
+    listener: TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    relay: Arc<Relay>,
+    rtsp: Arc<Rtsp>,
+    open: Arc<std::sync::atomic::AtomicUsize>,
+    next_conn: Arc<std::sync::atomic::AtomicU64>,
+) {
     let (max, idle) = (relay.cfg.rtsp_max_connections, Duration::from_secs_f64(relay.cfg.rtsp_idle_s.max(0.1)));
     let head_timeout = Duration::from_secs_f64(relay.cfg.request_timeout_s);
     loop {
@@ -527,16 +568,58 @@ pub async fn serve(listener: TcpListener, relay: Arc<Relay>, rtsp: Arc<Rtsp>) {
             continue;
         }
         open.fetch_add(1, Relaxed);
-        next_conn += 1;
-        let (relay, rtsp, conn, open) = (relay.clone(), rtsp.clone(), next_conn, open.clone());
+        let conn = next_conn.fetch_add(1, Relaxed) + 1;
+        let (relay, rtsp, open, tls) = (relay.clone(), rtsp.clone(), open.clone(), tls.clone());
         tokio::spawn(async move {
-            if let Err(e) = connection(stream, peer, conn, (idle, head_timeout), &relay, &rtsp).await {
+            let timeouts = (idle, head_timeout);
+            let r = match tls {
+                None => connection(stream, peer, conn, timeouts, &relay, &rtsp).await,
+                Some(tls) => match handshake(stream, peer, &tls, head_timeout).await {
+                    Some(s) => {
+                        rtsp.server.lock().set_secure(conn);
+                        connection(s, peer, conn, timeouts, &relay, &rtsp).await
+                    }
+                    None => Ok(()),
+                },
+            };
+            if let Err(e) = r {
                 tracing::debug!(%peer, "rtsp connection: {e}");
             }
             open.fetch_sub(1, Relaxed);
             let actions = rtsp.server.lock().connection_closed(conn);
             rtsp.apply(&relay, peer.ip(), actions);
         });
+    }
+}
+
+/// The TLS handshake of an RTSPS connection; a plaintext client (or a failed handshake) is
+/// logged and closed.
+async fn handshake(
+    stream: TcpStream,
+    peer: SocketAddr,
+    tls: &tokio_rustls::TlsAcceptor,
+    timeout: Duration,
+) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
+    let mut first = [0u8; 2];
+    match tokio::time::timeout(timeout, stream.peek(&mut first)).await {
+        Ok(Ok(n)) if n > 0 && !crate::tls::looks_like_tls(&first[..n]) => {
+            tracing::warn!(%peer, "plaintext RTSP on the RTSPS port: closed");
+            crate::http::linger_close(&stream).await;
+            return None;
+        }
+        Ok(Ok(n)) if n > 0 => {}
+        _ => return None,
+    }
+    match tokio::time::timeout(timeout, tls.accept(stream)).await {
+        Ok(Ok(s)) => Some(s),
+        Ok(Err(e)) => {
+            tracing::info!(%peer, "RTSPS handshake failed: {e}");
+            None
+        }
+        Err(_) => {
+            tracing::info!(%peer, "RTSPS handshake incomplete after {timeout:?}: closed");
+            None
+        }
     }
 }
 
@@ -547,7 +630,7 @@ const FIRST_PACKET_WAIT: Duration = Duration::from_secs(2);
 const UPSTREAM_WAIT: Duration = Duration::from_secs(10);
 
 async fn connection(
-    mut stream: TcpStream,
+    mut stream: impl RtspIo,
     peer: SocketAddr,
     conn: u64,
     (idle, head_timeout): (Duration, Duration),
@@ -575,6 +658,11 @@ async fn connection(
     let mut publishing: Option<Arc<crate::publish::Publisher>> = None;
     let mut last_touch = Instant::now();
     loop {
+        // A TLS ClientHello is no RTSP message (and would wait for a line end).
+        if crate::tls::looks_like_tls(&buf) {
+            tracing::warn!(%peer, "a TLS client on the plain RTSP port (RTSPS has its own): closed");
+            return Ok(());
+        }
         // Every complete message in the buffer, in order (clients pipeline).
         loop {
             match rtsp::parse(&buf, &limits) {
@@ -698,7 +786,7 @@ async fn connection(
                 }
                 let size = me.sndbuf.swap(0, std::sync::atomic::Ordering::Relaxed);
                 if size > 0 {
-                    let _ = socket2::SockRef::from(&stream).set_send_buffer_size(size);
+                    let _ = socket2::SockRef::from(stream.tcp()).set_send_buffer_size(size);
                 }
                 stream.write_all(&frames).await?;
             }

@@ -72,4 +72,3 @@ fn subscribers_behind_constrained_links_adapt_without_loss() {
         assert!(narrow["aimd_allowance"].as_str().unwrap().starts_with("d0"), "{dp}: no enhancement layer at 150k");
     }
 }
-

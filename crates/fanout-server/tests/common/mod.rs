@@ -75,8 +75,9 @@ impl Relay {
             let _ = child.wait();
             return Err(e.to_string());
         }
-        let Some(addr) = line.trim().strip_prefix("fanout: API http://").and_then(|l| l.strip_suffix("/v1/sessions"))
-        else {
+        let api_line = line.trim().strip_prefix("fanout: API ");
+        let url = api_line.and_then(|l| l.strip_prefix("http://").or_else(|| l.strip_prefix("https://")));
+        let Some(addr) = url.and_then(|l| l.strip_suffix("/v1/sessions")) else {
             let _ = child.wait();
             return Err(format!("unexpected first line {line:?}; stderr: {}", stderr.lock().unwrap()));
         };

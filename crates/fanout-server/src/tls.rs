@@ -1,0 +1,131 @@
+//! TLS for the API, HTTP streams and RTSPS (issue 15), with rustls (no OpenSSL, TLS 1.2
+//! and 1.3 only, ring's ciphers). The certificate lives behind a resolver that `SIGHUP`
+//! swaps (`Tls::reload`): connections already open keep the key they shook hands with, new
+//! ones get the new pair, and a pair that does not load leaves the old one in place.
+
+use parking_lot::RwLock;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Where the pair comes from.
+#[derive(Debug, Clone)]
+pub enum Source {
+    Files {
+        cert: PathBuf,
+        key: PathBuf,
+    },
+    /// Made at start (`fanout serve --self-signed`), written to `cert` for clients to trust.
+    SelfSigned {
+        cert: PathBuf,
+    },
+}
+
+#[derive(Debug)]
+struct Resolver(RwLock<Arc<CertifiedKey>>);
+
+impl ResolvesServerCert for Resolver {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.0.read().clone())
+    }
+}
+
+pub struct Tls {
+    source: Source,
+    resolver: Arc<Resolver>,
+    acceptor: tokio_rustls::TlsAcceptor,
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// The SHA-256 fingerprint of a certificate, as browsers and `openssl x509 -fingerprint`
+/// show it (`AB:CD:…`).
+pub fn fingerprint(der: &[u8]) -> String {
+    let d = ring::digest::digest(&ring::digest::SHA256, der);
+    d.as_ref().iter().map(|b| format!("{b:02X}")).collect::<Vec<_>>().join(":")
+}
+
+/// Loads a PEM certificate chain and its private key, checking that they belong together.
+pub fn load(cert: &Path, key: &Path) -> anyhow::Result<CertifiedKey> {
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| anyhow::anyhow!("TLS certificate {}: {e}", cert.display()))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| anyhow::anyhow!("TLS certificate {}: {e}", cert.display()))?;
+    anyhow::ensure!(!chain.is_empty(), "TLS certificate {}: no CERTIFICATE in the file", cert.display());
+    let der = PrivateKeyDer::from_pem_file(key).map_err(|e| anyhow::anyhow!("TLS key {}: {e}", key.display()))?;
+    CertifiedKey::from_der(chain, der, &provider()).map_err(|e| {
+        anyhow::anyhow!("TLS certificate {} and key {} do not make a pair: {e}", cert.display(), key.display())
+    })
+}
+
+/// A self-signed certificate for this host's loopback names and `names`.
+fn self_signed(names: &[String]) -> anyhow::Result<(CertifiedKey, String)> {
+    let mut alt = vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()];
+    alt.extend(names.iter().cloned());
+    let rcgen::CertifiedKey { cert, signing_key } = rcgen::generate_simple_self_signed(alt)?;
+    let key = PrivateKeyDer::try_from(signing_key.serialize_der()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let ck = CertifiedKey::from_der(vec![cert.der().clone()], key, &provider())?;
+    Ok((ck, cert.pem()))
+}
+
+impl Tls {
+    /// Loads the pair (or makes a self-signed one): a bad or mismatched pair is an error
+    /// that names the files.
+    pub fn new(source: Source, names: &[String]) -> anyhow::Result<Arc<Self>> {
+        let key = match &source {
+            Source::Files { cert, key } => load(cert, key)?,
+            Source::SelfSigned { cert } => {
+                let (ck, pem) = self_signed(names)?;
+                std::fs::write(cert, pem).map_err(|e| anyhow::anyhow!("writing {}: {e}", cert.display()))?;
+                ck
+            }
+        };
+        let resolver = Arc::new(Resolver(RwLock::new(Arc::new(key))));
+        let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
+            .with_no_client_auth()
+            .with_cert_resolver(resolver.clone());
+        cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+        Ok(Arc::new(Self { source, resolver, acceptor }))
+    }
+
+    pub fn acceptor(&self) -> &tokio_rustls::TlsAcceptor {
+        &self.acceptor
+    }
+
+    /// The served certificate's SHA-256 fingerprint.
+    pub fn fingerprint(&self) -> String {
+        self.resolver.0.read().end_entity_cert().map(|c| fingerprint(c)).unwrap_or_default()
+    }
+
+    /// The file clients can trust (`curl --cacert`), for a self-signed certificate.
+    pub fn self_signed_file(&self) -> Option<&Path> {
+        match &self.source {
+            Source::SelfSigned { cert } => Some(cert),
+            Source::Files { .. } => None,
+        }
+    }
+
+    /// Reads the files again (on SIGHUP). On error the old pair stays.
+    pub fn reload(&self) -> anyhow::Result<()> {
+        let Source::Files { cert, key } = &self.source else {
+            anyhow::bail!("a self-signed certificate is not reloaded");
+        };
+        let ck = load(cert, key)?;
+        *self.resolver.0.write() = Arc::new(ck);
+        Ok(())
+    }
+}
+
+/// Whether the first bytes of a connection are a TLS handshake record (a ClientHello):
+/// content type 22, version 3.x.
+pub fn looks_like_tls(first: &[u8]) -> bool {
+    first.len() >= 2 && first[0] == 0x16 && first[1] == 0x03
+}

@@ -1,0 +1,337 @@
+//! TLS (issue 15): HTTPS for the API, HTTP streams and HLS; RTSPS with media interleaved on
+//! the TLS connection; the refusals of plaintext on TLS ports and of TLS on plain ones; a
+//! bad pair at start; SIGHUP swapping the certificate without dropping connections. Real
+//! clients (curl, ffmpeg) verify the certificate the test made.
+
+mod common;
+use common::*;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A self-signed certificate for 127.0.0.1, written as PEM files; the DER for comparing.
+struct Pair {
+    cert: PathBuf,
+    key: PathBuf,
+    der: Vec<u8>,
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("fanout-tls-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn make_pair(dir: &Path, name: &str) -> Pair {
+    let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
+    let (cert, key) = (dir.join(format!("{name}.crt")), dir.join(format!("{name}.key")));
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
+    Pair { cert, key, der: ck.cert.der().to_vec() }
+}
+
+fn tls_config(p: &Pair, extra: &str) -> String {
+    format!("[tls]\ncert = {:?}\nkey = {:?}\nrtsps = \"127.0.0.1:0\"\n{extra}", p.cert, p.key)
+}
+
+fn curl(args: &[&str]) -> (i32, String) {
+    let out = Command::new("curl").args(["-sS", "--max-time", "10"]).args(args).output().expect("curl");
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// GET over HTTPS trusting `p`; the JSON body.
+fn get(relay: &Relay, p: &Pair, path: &str) -> serde_json::Value {
+    let (rc, body) = curl(&["--cacert", p.cert.to_str().unwrap(), &format!("https://{}{path}", relay.api)]);
+    assert_eq!(rc, 0, "curl {path}: {body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"))
+}
+
+/// ffmpeg decodes `frames` pictures from `url` without a decoder complaint; over HTTPS it
+/// verifies the server against `ca` (its RTSP client has no such option).
+fn decodes(url: &str, ca: &Path, frames: u32) {
+    let mut cmd = Command::new("timeout");
+    cmd.args(["30", "ffmpeg", "-nostdin", "-v", "error"]);
+    if url.starts_with("https://") {
+        cmd.args(["-tls_verify", "1", "-ca_file"]).arg(ca);
+    }
+    let out =
+        cmd.args(["-i", url, "-map", "0:v", "-frames:v", &frames.to_string(), "-f", "framecrc", "-"]).output().unwrap();
+    let crcs = String::from_utf8_lossy(&out.stdout);
+    let got = crcs.lines().filter(|l| !l.starts_with('#')).count() as u32;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && got == frames, "{url}: {got} of {frames} pictures; ffmpeg: {err}");
+    assert!(err.trim().is_empty(), "{url}: decoder complaints: {err}");
+}
+
+fn rustls_client(roots: &[&[u8]]) -> Arc<rustls::ClientConfig> {
+    let mut store = rustls::RootCertStore::empty();
+    for r in roots {
+        store.add(rustls::pki_types::CertificateDer::from(r.to_vec())).unwrap();
+    }
+    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(store)
+        .with_no_client_auth();
+    Arc::new(cfg)
+}
+
+type Tls = rustls::StreamOwned<rustls::ClientConnection, TcpStream>;
+
+/// A TLS connection to `addr`, its handshake done.
+fn connect(addr: SocketAddr, cfg: &Arc<rustls::ClientConfig>) -> Tls {
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let conn = rustls::ClientConnection::new(cfg.clone(), name).unwrap();
+    let tcp = TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut s = rustls::StreamOwned::new(conn, tcp);
+    while s.conn.is_handshaking() {
+        s.conn.complete_io(&mut s.sock).unwrap();
+    }
+    s
+}
+
+fn peer_cert(s: &Tls) -> Vec<u8> {
+    s.conn.peer_certificates().unwrap()[0].to_vec()
+}
+
+/// One RTSP request on `s`; the response head.
+fn rtsp_request(s: &mut impl ReadWrite, req: &str) -> String {
+    s.write_all(req.as_bytes()).unwrap();
+    s.flush().unwrap();
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        s.read_exact(&mut b).unwrap();
+        head.push(b[0]);
+    }
+    let head = String::from_utf8(head).unwrap();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap()))
+        .unwrap_or(0);
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).unwrap();
+    head
+}
+
+trait ReadWrite: Read + Write {}
+impl<T: Read + Write> ReadWrite for T {}
+
+/// After a refusal, the server's side ends cleanly (EOF, not a reset) with nothing sent.
+fn closed_cleanly(mut s: TcpStream, what: &str) {
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = [0u8; 256];
+    match s.read(&mut buf) {
+        Ok(0) => {}
+        other => panic!("{what}: expected a clean close, got {other:?}"),
+    }
+}
+
+fn wait_for_log(relay: &Relay, line: &str) {
+    let t0 = std::time::Instant::now();
+    while !relay.stderr().contains(line) {
+        assert!(t0.elapsed() < Duration::from_secs(5), "no log line {line:?}: {}", relay.stderr());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn https_serves_the_api_streams_and_hls_to_clients_that_trust_the_certificate() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let dir = temp_dir("https");
+    let pair = make_pair(&dir, "server");
+    let relay = Relay::with_config(&tls_config(&pair, ""), &[]);
+    let base = format!("https://{}", relay.api);
+    let s = get(&relay, &pair, "/v1/sessions/demo");
+    assert_eq!(s["stream_url"], format!("{base}/v1/sessions/demo/stream"), "{s}");
+    // Without the certificate, curl's verification fails (60); plain HTTP is told to use https.
+    assert_eq!(curl(&[&format!("{base}/v1/sessions")]).0, 60);
+    let (rc, body) = curl(&[&format!("http://{}/v1/sessions", relay.api)]);
+    assert!(rc == 0 && body.contains("use https://"), "{rc} {body}");
+    wait_for_log(&relay, "plain HTTP on the HTTPS port");
+    // `fanout ctl` over HTTPS: it trusts the file it is given, and only then.
+    let ctl = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_fanout"))
+            .args(["ctl", "--api", &base])
+            .args(extra)
+            .arg("sessions")
+            .env_remove("FANOUT_CACERT")
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let (ok, out) = ctl(&["--cacert", pair.cert.to_str().unwrap()]);
+    assert!(ok && out.contains("demo"), "{out}");
+    let (ok, out) = ctl(&[]);
+    assert!(!ok && out.contains("cannot reach the relay"), "{out}");
+    // A stream over HTTPS, with curl, decodes; so do the stream and HLS in ffmpeg.
+    let file = dir.join("demo.ts");
+    let (rc, _) = curl(&[
+        "--cacert",
+        pair.cert.to_str().unwrap(),
+        "--max-time",
+        "3",
+        "-o",
+        file.to_str().unwrap(),
+        &format!("{base}/v1/sessions/demo/stream"),
+    ]);
+    assert_eq!(rc, 28, "curl stops the live stream at its time limit");
+    let probe = Command::new("ffprobe")
+        .args(["-v", "error", "-show_entries", "stream=codec_name", "-of", "csv=p=0"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let codecs: std::collections::BTreeSet<String> =
+        String::from_utf8_lossy(&probe.stdout).split_whitespace().map(String::from).collect();
+    assert_eq!(codecs, ["aac".to_string(), "h264".to_string()].into(), "what curl saved");
+    decodes(&format!("{base}/v1/sessions/demo/stream"), &pair.cert, 60);
+    decodes(&format!("{base}/v1/sessions/demo/hls/index.m3u8"), &pair.cert, 60);
+    // Every HTTPS subscriber left: their sinks are gone.
+    let t0 = std::time::Instant::now();
+    while get(&relay, &pair, "/v1/sessions/demo")["sinks"] != 0 {
+        assert!(t0.elapsed() < Duration::from_secs(5), "HTTPS sinks stay after their clients left");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn rtsps_plays_over_tls_and_refusals_are_clean() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let dir = temp_dir("rtsps");
+    let pair = make_pair(&dir, "server");
+    let relay = Relay::with_config(&tls_config(&pair, ""), &[]);
+    let s = get(&relay, &pair, "/v1/sessions/demo");
+    let url = s["rtsps_url"].as_str().unwrap().to_string();
+    let rtsps: SocketAddr = url.trim_start_matches("rtsps://").trim_end_matches("/demo").parse().unwrap();
+    let plain: SocketAddr =
+        s["rtsp_url"].as_str().unwrap().trim_start_matches("rtsp://").trim_end_matches("/demo").parse().unwrap();
+    decodes(&url, &pair.cert, 60);
+    // Plain RTSP on the RTSPS port: closed, nothing sent.
+    let mut c = TcpStream::connect(rtsps).unwrap();
+    c.write_all(b"OPTIONS rtsp://127.0.0.1/demo RTSP/1.0\r\nCSeq: 1\r\n\r\n").unwrap();
+    closed_cleanly(c, "plain RTSP on the RTSPS port");
+    wait_for_log(&relay, "plaintext RTSP on the RTSPS port");
+    // A TLS client on the plain port: its handshake fails, the port closes cleanly.
+    let client = rustls_client(&[&pair.der]);
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let mut conn = rustls::ClientConnection::new(client.clone(), name).unwrap();
+    let mut c = TcpStream::connect(plain).unwrap();
+    conn.write_tls(&mut c).unwrap();
+    closed_cleanly(c, "TLS on the plain RTSP port");
+    wait_for_log(&relay, "a TLS client on the plain RTSP port");
+    // Over TLS, plain RTP over UDP would leave the encryption: 461; interleaved is served.
+    let mut t = connect(rtsps, &client);
+    let track = format!("{url}/trackID=0");
+    let udp = format!("SETUP {track} RTSP/1.0\r\nCSeq: 1\r\nTransport: RTP/AVP;unicast;client_port=5000-5001\r\n\r\n");
+    assert!(rtsp_request(&mut t, &udp).starts_with("RTSP/1.0 461"));
+    let tcp = format!("SETUP {track} RTSP/1.0\r\nCSeq: 2\r\nTransport: RTP/AVP/TCP;unicast;interleaved=0-1\r\n\r\n");
+    let head = rtsp_request(&mut t, &tcp);
+    assert!(head.starts_with("RTSP/1.0 200"), "{head}");
+    // Nothing else was disturbed: a plain client over UDP and an RTSPS one still play.
+    let out = Command::new("timeout")
+        .args(["30", "ffmpeg", "-nostdin", "-v", "error", "-rtsp_transport", "udp", "-i"])
+        .arg(s["rtsp_url"].as_str().unwrap())
+        .args(["-frames:v", "30", "-f", "null", "-"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "plain RTSP over UDP: {}", String::from_utf8_lossy(&out.stderr));
+    decodes(&url, &pair.cert, 30);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_bad_or_mismatched_pair_stops_the_start_naming_the_files() {
+    let dir = temp_dir("bad");
+    let (a, b) = (make_pair(&dir, "a"), make_pair(&dir, "b"));
+    let start = |cert: &Path, key: &Path| {
+        let cfg = dir.join("fanout.toml");
+        std::fs::write(&cfg, format!("[tls]\ncert = {cert:?}\nkey = {key:?}\nrtsps = \"127.0.0.1:0\"\n")).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_fanout"))
+            .args(["serve", "--api", "127.0.0.1:0", "--rtsp", "127.0.0.1:0", "--config"])
+            .arg(&cfg)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "started with {cert:?} and {key:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let e = start(&a.cert, &b.key);
+    assert!(e.contains("do not make a pair") && e.contains("a.crt") && e.contains("b.key"), "{e}");
+    let e = start(&dir.join("missing.crt"), &a.key);
+    assert!(e.contains("missing.crt"), "{e}");
+    let junk = dir.join("junk.crt");
+    std::fs::write(&junk, "not a certificate\n").unwrap();
+    let e = start(&junk, &a.key);
+    assert!(e.contains("junk.crt") && e.contains("no CERTIFICATE"), "{e}");
+    let e = start(&a.key, &a.key);
+    assert!(e.contains("no CERTIFICATE"), "a key given as the certificate: {e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// SIGHUP: new connections get the new certificate, an open stream keeps flowing; a pair
+/// that does not load leaves the served one in place.
+#[test]
+fn sighup_swaps_the_certificate_without_dropping_connections() {
+    let dir = temp_dir("hup");
+    let (a, b) = (make_pair(&dir, "a"), make_pair(&dir, "b"));
+    let served = make_pair(&dir, "served");
+    std::fs::copy(&a.cert, &served.cert).unwrap();
+    std::fs::copy(&a.key, &served.key).unwrap();
+    let relay = Relay::with_config(&tls_config(&served, ""), &[]);
+    let client = rustls_client(&[&a.der, &b.der]);
+    let mut stream = connect(relay.api, &client);
+    assert_eq!(peer_cert(&stream), a.der);
+    stream.write_all(b"GET /v1/sessions/demo/stream HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut buf = vec![0u8; 64 * 1024];
+    let read_some = |s: &mut Tls, buf: &mut [u8]| {
+        let mut got = 0;
+        while got < 20_000 {
+            let n = s.read(buf).unwrap();
+            assert!(n > 0, "the stream ended");
+            got += n;
+        }
+    };
+    read_some(&mut stream, &mut buf);
+    std::fs::copy(&b.cert, &served.cert).unwrap();
+    std::fs::copy(&b.key, &served.key).unwrap();
+    // SAFETY: kill has no memory-safety preconditions.
+    let hup = || assert_eq!(unsafe { libc::kill(relay.pid(), libc::SIGHUP) }, 0);
+    hup();
+    let t0 = std::time::Instant::now();
+    while peer_cert(&connect(relay.api, &client)) != b.der {
+        assert!(t0.elapsed() < Duration::from_secs(5), "new connections still get the old certificate");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    read_some(&mut stream, &mut buf);
+    // A broken key: the reload fails, loudly, and B stays.
+    std::fs::write(&served.key, "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n").unwrap();
+    hup();
+    wait_for_log(&relay, "TLS reload failed");
+    assert_eq!(peer_cert(&connect(relay.api, &client)), b.der);
+    read_some(&mut stream, &mut buf);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn strict_encryption_serves_rtsps_only() {
+    let dir = temp_dir("strict");
+    let pair = make_pair(&dir, "server");
+    let relay = Relay::with_config(&tls_config(&pair, "encryption = \"strict\"\n"), &[]);
+    let s = get(&relay, &pair, "/v1/sessions/demo");
+    assert!(s.get("rtsp_url").is_none(), "no plain RTSP: {s}");
+    assert!(s["rtsps_url"].as_str().unwrap().starts_with("rtsps://127.0.0.1:"), "{s}");
+    let e = get(&relay, &pair, "/v1/engine");
+    assert!(e["rtsp"].is_null() && e["rtsps"].is_string(), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
