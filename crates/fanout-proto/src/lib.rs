@@ -48,5 +48,6 @@ pub mod rtsp_client;
 pub mod rtsp_server;
 pub mod sdp;
 pub mod secret;
+pub mod srtp;
 pub mod tsdemux;
 pub mod tsmux;

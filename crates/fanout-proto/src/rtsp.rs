@@ -338,6 +338,8 @@ pub enum Lower {
 pub struct TransportSpec {
     pub lower: Option<Lower>,
     pub multicast: bool,
+    /// Profile `RTP/SAVP`: SRTP (RFC 3711).
+    pub savp: bool,
     /// The whole spec as sent, for answers that echo it.
     pub raw: String,
 }
@@ -362,10 +364,12 @@ pub fn parse_transport(value: &str) -> Vec<TransportSpec> {
         .map(|spec| {
             let mut params = spec.split(';').map(str::trim);
             let proto = params.next().unwrap_or("").to_ascii_uppercase();
-            let tcp = match proto.as_str() {
-                "RTP/AVP" | "RTP/AVP/UDP" => Some(false),
-                "RTP/AVP/TCP" => Some(true),
-                _ => None,
+            let (tcp, savp) = match proto.as_str() {
+                "RTP/AVP" | "RTP/AVP/UDP" => (Some(false), false),
+                "RTP/AVP/TCP" => (Some(true), false),
+                "RTP/SAVP" | "RTP/SAVP/UDP" => (Some(false), true),
+                "RTP/SAVP/TCP" => (Some(true), true),
+                _ => (None, false),
             };
             let (mut multicast, mut client, mut interleaved) = (false, None, None);
             for p in params {
@@ -391,7 +395,7 @@ pub fn parse_transport(value: &str) -> Vec<TransportSpec> {
                     })),
                     _ => None,
                 };
-            TransportSpec { lower, multicast, raw: spec.to_string() }
+            TransportSpec { lower, multicast, savp, raw: spec.to_string() }
         })
         .collect()
 }

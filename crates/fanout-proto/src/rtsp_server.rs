@@ -40,6 +40,9 @@ pub enum Action {
         track: usize,
         lower: Lower,
         conn: u64,
+        /// The client gets SRTP (the connection is RTSPS with SRTP: its description carried
+        /// the keys), over UDP or interleaved.
+        srtp: bool,
     },
     Play {
         session: String,
@@ -122,9 +125,10 @@ pub struct Server {
     seed: u64,
     /// Descriptions announced per resource, by connection, not yet recording.
     announced: HashMap<String, (u64, Sdp)>,
-    /// Connections over TLS (RTSPS): their media must stay encrypted, so plain RTP over UDP
-    /// is refused on them (461) and they take RTP interleaved on the connection.
-    secure: std::collections::HashSet<u64>,
+    /// Connections over TLS (RTSPS), and whether their descriptions carry SRTP keys: their
+    /// media must stay encrypted, so plain RTP over UDP is refused on them (461); they take
+    /// RTP interleaved on the connection, or SRTP (`RTP/SAVP`) over UDP where keyed.
+    secure: HashMap<u64, bool>,
 }
 
 /// The resource name and the rest of a request URL: `rtsp://host[:port]/name[/rest]`, or an
@@ -157,9 +161,10 @@ impl Server {
         }
     }
 
-    /// Marks a connection as RTSPS (until it closes).
-    pub fn set_secure(&mut self, conn: u64) {
-        self.secure.insert(conn);
+    /// Marks a connection as RTSPS (until it closes); `srtp`: its descriptions give SRTP
+    /// keys, and its clients get SRTP.
+    pub fn set_secure(&mut self, conn: u64, srtp: bool) {
+        self.secure.insert(conn, srtp);
     }
 
     pub fn sessions(&self) -> usize {
@@ -392,12 +397,19 @@ impl Server {
         let Some(track) = track_of(if rest.is_empty() { name } else { rest }, res.sdp.media.len()) else {
             return error(404, Some(cseq));
         };
-        let usable = |l: &Option<Lower>| match l {
-            Some(Lower::Udp { .. }) => !self.secure.contains(&conn),
-            Some(Lower::Interleaved { .. }) => self.cfg.interleaved,
+        // Plain connections: RTP/AVP (keys for SAVP would travel in clear); RTSPS: no plain
+        // RTP over UDP, SRTP over UDP where keyed.
+        let srtp = self.secure.get(&conn).copied();
+        let usable = |s: &crate::rtsp::TransportSpec| match s.lower {
+            Some(Lower::Udp { .. }) => match srtp {
+                None => !s.savp,
+                Some(keyed) => s.savp && keyed,
+            },
+            Some(Lower::Interleaved { .. }) => self.cfg.interleaved && (!s.savp || srtp == Some(true)),
             None => false,
         };
-        let Some(spec) = specs.iter().find(|s| usable(&s.lower)) else { return error(461, Some(cseq)) };
+        let Some(spec) = specs.iter().find(|s| usable(s)) else { return error(461, Some(cseq)) };
+        let srtp = srtp == Some(true);
         let mut lower = spec.lower.expect("found usable");
         if let Lower::Interleaved { rtp, rtcp } = lower {
             // Channels another track on this connection already carries: the client gets the
@@ -450,14 +462,17 @@ impl Server {
         s.tracks.retain(|(t, _)| *t != track);
         s.tracks.push((track, lower));
         s.last_ms = now_ms;
-        actions.push(Action::Setup { session: id.clone(), resource: name.to_string(), track, lower, conn });
+        actions.push(Action::Setup { session: id.clone(), resource: name.to_string(), track, lower, conn, srtp });
         let mut r = Response::new(200, Some(cseq));
+        // The profile as the client named it (ffmpeg names AVP/TCP and decrypts by the keys
+        // in the description).
+        let profile = if spec.savp { "RTP/SAVP" } else { "RTP/AVP" };
         let transport = match lower {
             Lower::Udp { client_rtp, client_rtcp } => {
                 let (a, b) = self.cfg.server_ports;
-                format!("RTP/AVP;unicast;client_port={client_rtp}-{client_rtcp};server_port={a}-{b}")
+                format!("{profile};unicast;client_port={client_rtp}-{client_rtcp};server_port={a}-{b}")
             }
-            Lower::Interleaved { rtp, rtcp } => format!("RTP/AVP/TCP;unicast;interleaved={rtp}-{rtcp}"),
+            Lower::Interleaved { rtp, rtcp } => format!("{profile}/TCP;unicast;interleaved={rtp}-{rtcp}"),
         };
         r.headers.set("Transport", transport);
         r.headers.set("Session", format!("{id};timeout={}", self.cfg.timeout_s));
@@ -729,19 +744,31 @@ mod tests {
     }
 
     /// On an RTSPS connection plain RTP over UDP would leave the TLS: 461, and the same
-    /// client is served interleaved; a plain connection still gets UDP; closing forgets it.
+    /// client is served interleaved; SRTP over UDP only where the connection is keyed; SAVP
+    /// on a plain connection (keys in clear) is refused; closing forgets it.
     #[test]
-    fn secure_connections_take_interleaved_only() {
+    fn secure_connections_take_interleaved_or_keyed_srtp_only() {
         let mut s = Server::new(Config { server_ports: (6970, 6971), ..Config::default() }, 3);
-        s.set_secure(1);
+        s.set_secure(1, false);
+        s.set_secure(3, true);
         let setup = |s: &mut Server, conn: u64, t: &str| {
-            s.handle(&req("SETUP", &format!("{URL}/trackID=0"), 1, &[("Transport", t)]), conn, 0, &demo).0.status
+            let (r, a) = s.handle(&req("SETUP", &format!("{URL}/trackID=0"), 1, &[("Transport", t)]), conn, 0, &demo);
+            let srtp = a.iter().any(|a| matches!(a, Action::Setup { srtp: true, .. }));
+            (r.status, r.headers.get("Transport").map(|t| t.split(';').next().unwrap().to_string()), srtp)
         };
-        assert_eq!(setup(&mut s, 1, "RTP/AVP;unicast;client_port=5000-5001"), 461);
-        assert_eq!(setup(&mut s, 1, "RTP/AVP;unicast;client_port=5000-5001,RTP/AVP/TCP;interleaved=0-1"), 200);
-        assert_eq!(setup(&mut s, 2, "RTP/AVP;unicast;client_port=5000-5001"), 200);
+        let (udp, savp) = ("RTP/AVP;unicast;client_port=5000-5001", "RTP/SAVP;unicast;client_port=5000-5001");
+        assert_eq!(setup(&mut s, 1, udp).0, 461);
+        assert_eq!(setup(&mut s, 1, savp).0, 461, "no keys on this connection");
+        let both = format!("{udp},RTP/AVP/TCP;interleaved=0-1");
+        assert_eq!(setup(&mut s, 1, &both), (200, Some("RTP/AVP/TCP".into()), false));
+        assert_eq!(setup(&mut s, 2, udp), (200, Some("RTP/AVP".into()), false));
+        assert_eq!(setup(&mut s, 2, savp).0, 461, "SAVP over plain RTSP would send keys in clear");
+        assert_eq!(setup(&mut s, 3, udp).0, 461);
+        assert_eq!(setup(&mut s, 3, savp), (200, Some("RTP/SAVP".into()), true));
+        assert_eq!(setup(&mut s, 3, "RTP/AVP/TCP;interleaved=0-1"), (200, Some("RTP/AVP/TCP".into()), true));
+        assert_eq!(setup(&mut s, 3, "RTP/SAVP/TCP;interleaved=0-1"), (200, Some("RTP/SAVP/TCP".into()), true));
         s.connection_closed(1);
-        assert_eq!(setup(&mut s, 1, "RTP/AVP;unicast;client_port=5002-5003"), 200);
+        assert_eq!(setup(&mut s, 1, "RTP/AVP;unicast;client_port=5002-5003").0, 200);
     }
 
     #[test]
@@ -767,7 +794,8 @@ mod tests {
                 resource: "demo".into(),
                 track: 0,
                 lower: Lower::Udp { client_rtp: 5000, client_rtcp: 5001 },
-                conn: 1
+                conn: 1,
+                srtp: false
             }]
         );
         // Second track over TCP, relative URL (Content-Base + control).

@@ -387,8 +387,19 @@ async fn pin_layers(
 }
 
 async fn rtsp_clients(State(relay): State<Arc<Relay>>) -> Json<serde_json::Value> {
-    let clients = relay.rtsp.lock().as_ref().map(|r| r.clients(&relay)).unwrap_or_default();
-    Json(json!({ "listening": *relay.rtsp_addr.lock(), "clients": clients }))
+    let clients = relay.rtsp.lock().as_ref().map(|r| r.clients()).unwrap_or_default();
+    let epochs: Vec<_> = relay
+        .srtp
+        .status()
+        .into_iter()
+        .map(|(track, clients, packets)| json!({ "track": track, "clients": clients, "packets_encrypted": packets }))
+        .collect();
+    Json(json!({
+        "listening": *relay.rtsp_addr.lock(),
+        "listening_rtsps": *relay.rtsps_addr.lock(),
+        "clients": clients,
+        "srtp_epochs": epochs,
+    }))
 }
 
 async fn engine_status(State(relay): State<Arc<Relay>>) -> Json<serde_json::Value> {
@@ -426,7 +437,7 @@ async fn events(
                 v
             })
             .collect();
-        let clients = relay.rtsp.lock().as_ref().map(|r| r.clients(&relay)).unwrap_or_default();
+        let clients = relay.rtsp.lock().as_ref().map(|r| r.clients()).unwrap_or_default();
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         let snap = json!({ "time_ms": now.as_millis() as u64, "engine": engine_json(&relay),
                            "sessions": sessions, "rtsp_clients": clients });
@@ -486,7 +497,7 @@ async fn metrics(State(relay): State<Arc<Relay>>) -> impl IntoResponse {
         "The running build (always 1).",
         [(format!("{{version=\"{}\"}}", env!("CARGO_PKG_VERSION")), 1)],
     );
-    let rtsp_clients = relay.rtsp.lock().as_ref().map(|r| r.clients(&relay));
+    let rtsp_clients = relay.rtsp.lock().as_ref().map(|r| r.clients());
     if let Some(clients) = rtsp_clients {
         family(
             &mut m,
@@ -557,7 +568,7 @@ async fn metrics(State(relay): State<Arc<Relay>>) -> impl IntoResponse {
             .filter_map(|(s, _)| s.kernel.as_ref().map(|k| (format!("{{session=\"{}\"}}", s.name), f(k))));
         family(&mut m, name, kind, help, samples);
     }
-    let rtsp = relay.rtsp.lock().as_ref().map(|r| r.clients(&relay)).unwrap_or_default();
+    let rtsp = relay.rtsp.lock().as_ref().map(|r| r.clients()).unwrap_or_default();
     family(&mut m, "fanout_rtsp_clients", "gauge", "RTSP client sessions.", [(String::new(), rtsp.len() as u64)]);
     type ClientFn = fn(&crate::rtsp::ClientStatus) -> Option<u64>;
     let per_client: [(&str, &str, &str, ClientFn); 3] = [

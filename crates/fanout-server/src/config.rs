@@ -77,6 +77,10 @@ pub struct TlsConfig {
     /// `optional`: plain RTSP beside RTSPS; `strict`: RTSPS only (no plain RTSP listener).
     #[serde(default)]
     pub encryption: Encryption,
+    /// RTSPS descriptions carry SRTP keys (SDES): clients get SRTP, over UDP (`RTP/SAVP`)
+    /// or interleaved; off: RTSPS clients take plain RTP interleaved in the TLS only.
+    #[serde(default = "yes")]
+    pub srtp: bool,
 }
 
 fn yes() -> bool {
@@ -85,7 +89,7 @@ fn yes() -> bool {
 
 impl TlsConfig {
     pub fn new(cert: std::path::PathBuf, key: std::path::PathBuf) -> Self {
-        Self { cert, key, https: true, rtsps: None, encryption: Encryption::Optional }
+        Self { cert, key, https: true, rtsps: None, encryption: Encryption::Optional, srtp: true }
     }
 }
 
@@ -383,6 +387,11 @@ impl Config {
     pub fn rtsps(&self) -> Option<SocketAddr> {
         let t = self.tls.as_ref()?;
         t.rtsps.or_else(|| Some(SocketAddr::new(self.rtsp.map_or(self.api.ip(), |r| r.ip()), RTSPS_PORT)))
+    }
+
+    /// Whether RTSPS clients get SRTP.
+    pub fn srtp(&self) -> bool {
+        self.tls.as_ref().is_some_and(|t| t.srtp)
     }
 
     /// Whether the API port speaks HTTPS.

@@ -63,6 +63,8 @@ pub struct Relay {
     views: RwLock<BTreeMap<String, RtspView>>,
     /// Sessions repackaged for HTTP players (MPEG-TS, HLS), while any play.
     repacks: parking_lot::Mutex<BTreeMap<String, Arc<crate::repack::Repack>>>,
+    /// SRTP toward RTSPS clients: each track's key epochs.
+    pub srtp: crate::srtp_out::SrtpOut,
 }
 
 /// What RTSP clients of a session get instead of the session's own RTP.
@@ -87,6 +89,7 @@ impl Relay {
             publishers: Default::default(),
             views: Default::default(),
             repacks: Default::default(),
+            srtp: Default::default(),
         }))
     }
 
@@ -494,6 +497,7 @@ impl Relay {
     }
 
     pub async fn shutdown(&self) {
+        self.srtp.stop_all();
         let names: Vec<String> = self.sessions.read().keys().cloned().collect();
         for n in names {
             let _ = self.delete(&n).await;

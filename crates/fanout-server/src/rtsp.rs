@@ -33,13 +33,24 @@ struct Client {
     conn: u64,
     /// Set-up tracks: the track and its lower transport.
     tracks: Vec<(usize, Lower)>,
-    /// The relay sinks while playing: the track and the sink id in its session.
-    sinks: Vec<(usize, u64)>,
+    /// The relay sinks while playing.
+    sinks: Vec<Placed>,
+    /// It gets SRTP (set up on an RTSPS connection whose description carried keys).
+    srtp: bool,
     reports: u64,
     last_report: Option<(fanout_proto::rtcp::ReportBlock, Instant)>,
     rtt: Option<Duration>,
     /// Report blocks about a source it is not sent (an unknown SSRC): ignored, counted.
     foreign_blocks: u64,
+}
+
+/// One of a client's sinks: its track, and where it lives: the track's session, or for an
+/// SRTP client the session of the key epoch it joined.
+struct Placed {
+    track: usize,
+    id: u64,
+    session: fanout_io::Session,
+    srtp: Option<Arc<crate::srtp_out::Epoch>>,
 }
 
 /// A client as `GET /v1/rtsp` shows it.
@@ -63,6 +74,8 @@ pub struct ClientStatus {
     pub rtt_ms: Option<f64>,
     /// Report blocks about an SSRC it is not sent: ignored.
     pub foreign_report_blocks: u64,
+    /// It gets SRTP (RTSPS with keys in the description).
+    pub srtp: bool,
     /// Its sinks while playing: the track (media section) and the sink id in that track's
     /// session (for `PUT /v1/sessions/{name}/sinks/{id}/layers`).
     pub sinks: Vec<ClientSink>,
@@ -72,6 +85,8 @@ pub struct ClientStatus {
 pub struct ClientSink {
     pub track: usize,
     pub sink: u64,
+    /// The relay session the sink is in: the track's, or its SRTP epoch's.
+    pub session: String,
     pub packets_sent: Option<u64>,
     /// Its layer adaptation (layered video tracks, once a report or pin started it).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -87,6 +102,8 @@ pub struct Rtsp {
     _rtp_port: std::net::UdpSocket,
     rtcp: Mutex<Option<std::net::UdpSocket>>,
     conns: Mutex<HashMap<u64, Arc<Conn>>>,
+    /// RTSPS clients get SRTP (keys in the description).
+    srtp: bool,
 }
 
 /// A client's UDP ports (RTP, RTCP) on a track, `None` for an interleaved one.
@@ -117,6 +134,8 @@ struct Conn {
     control: Mutex<Vec<(u8, Vec<u8>)>>,
     /// A send buffer its socket should get, set when a track goes interleaved (0: none new).
     sndbuf: std::sync::atomic::AtomicUsize,
+    /// SRTP key epochs its descriptions gave, by track session.
+    keys: Mutex<HashMap<String, Arc<crate::srtp_out::Epoch>>>,
 }
 
 /// Where a sender report goes: a UDP client's RTCP port, or an interleaved client's RTCP
@@ -198,7 +217,7 @@ impl Rtsp {
         self._rtp_port.local_addr().map_or(0, |a| a.port())
     }
 
-    pub fn new(ip: IpAddr, users: Vec<(String, String)>) -> std::io::Result<Arc<Self>> {
+    pub fn new(ip: IpAddr, users: Vec<(String, String)>, srtp: bool) -> std::io::Result<Arc<Self>> {
         let rtcp = port_pair_with(ip, true)?;
         let ports = (rtcp.0.local_addr()?.port(), rtcp.1.local_addr()?.port());
         let seed =
@@ -211,10 +230,11 @@ impl Rtsp {
             _rtp_port: rtcp.0,
             rtcp: Mutex::new(Some(rtcp.1)),
             conns: Mutex::new(HashMap::new()),
+            srtp,
         }))
     }
 
-    pub fn clients(&self, relay: &Relay) -> Vec<ClientStatus> {
+    pub fn clients(&self) -> Vec<ClientStatus> {
         // Lock order everywhere: clients, then server.
         let clients = self.clients.lock();
         let server = self.server.lock();
@@ -235,17 +255,22 @@ impl Rtsp {
                 last_report_ms_ago: c.last_report.map(|(_, t)| t.elapsed().as_millis() as u64),
                 rtt_ms: c.rtt.map(|d| d.as_secs_f64() * 1000.0),
                 foreign_report_blocks: c.foreign_blocks,
-                sinks: {
-                    let tracks = relay.tracks(&c.resource);
-                    c.sinks
-                        .iter()
-                        .map(|&(track, sink)| {
-                            let st = tracks.get(track).and_then(|t| t.session.sink_status(sink));
-                            let (packets_sent, layers) = st.map_or((None, None), |s| (Some(s.packets_sent), s.layers));
-                            ClientSink { track, sink, packets_sent, layers }
-                        })
-                        .collect()
-                },
+                srtp: c.srtp,
+                sinks: c
+                    .sinks
+                    .iter()
+                    .map(|p| {
+                        let st = p.session.sink_status(p.id);
+                        let (packets_sent, layers) = st.map_or((None, None), |s| (Some(s.packets_sent), s.layers));
+                        ClientSink {
+                            track: p.track,
+                            sink: p.id,
+                            session: p.session.name().to_string(),
+                            packets_sent,
+                            layers,
+                        }
+                    })
+                    .collect(),
             })
             .collect();
         v.sort_by(|a, b| a.session.cmp(&b.session));
@@ -260,7 +285,8 @@ impl Rtsp {
             .values()
             .flat_map(|c| {
                 let tracks = relay.tracks(&c.resource);
-                c.sinks.iter().filter_map(move |&(t, id)| {
+                c.sinks.iter().filter_map(move |p| {
+                    let (t, id) = (p.track, p.id);
                     let tr = tracks.get(t)?;
                     let (ssrc, ts, ms_ago) = tr.session.rtp_latest()?;
                     // The RTP time now: from the upstream's own mapping when it sent one,
@@ -272,7 +298,7 @@ impl Rtsp {
                         }
                         None => ts.wrapping_add((ms_ago * u64::from(tr.clock) / 1000) as u32),
                     };
-                    let sink = tr.session.sink_status(id)?;
+                    let sink = p.session.sink_status(id)?;
                     let mut sr = Vec::with_capacity(28);
                     fanout_proto::rtcp::write_sender_report(
                         &mut sr,
@@ -282,6 +308,9 @@ impl Rtsp {
                         sink.packets_sent as u32,
                         sink.bytes_sent as u32,
                     );
+                    if let Some(epoch) = &p.srtp {
+                        epoch.protect_rtcp(&mut sr);
+                    }
                     let to = match c.tracks.iter().find(|x| x.0 == t)?.1 {
                         Lower::Udp { client_rtcp, .. } => ReportTo::Udp(SocketAddr::new(c.peer, client_rtcp)),
                         Lower::Interleaved { rtcp, .. } => ReportTo::Conn(c.conn, rtcp),
@@ -309,10 +338,13 @@ impl Rtsp {
     fn record_reports(&self, relay: &Relay, id: &str, c: &mut Client, reports: &[fanout_proto::rtcp::Report]) {
         c.reports += 1;
         let tracks = relay.tracks(&c.resource);
-        for b in reports.iter().flat_map(|r| r.blocks.iter()) {
-            let sink = c.sinks.iter().find_map(|&(t, sink)| {
-                let session = &tracks.get(t)?.session;
-                (session.rtp_latest()?.0 == b.ssrc).then_some((session, sink))
+        // An SRTP client's reports are SRTCP under its own key, which SDES does not give us:
+        // they keep its session alive, their blocks are not read.
+        let blocks = if c.srtp { &[][..] } else { reports };
+        for b in blocks.iter().flat_map(|r| r.blocks.iter()) {
+            let sink = c.sinks.iter().find_map(|p| {
+                let session = &tracks.get(p.track)?.session;
+                (session.rtp_latest()?.0 == b.ssrc).then_some((session, p.id))
             });
             let Some((session, sink)) = sink else {
                 c.foreign_blocks += 1;
@@ -339,6 +371,42 @@ impl Rtsp {
         self.record_reports(relay, id, c, &reports);
     }
 
+    /// The SRTP key epoch of `track` for a client on connection `conn`: the one its
+    /// description gave, while that runs, else the one a description would give now.
+    fn epoch_for(
+        &self,
+        relay: &Relay,
+        conn: u64,
+        track: &fanout_io::Session,
+    ) -> std::io::Result<Arc<crate::srtp_out::Epoch>> {
+        let given = self.conns.lock().get(&conn).and_then(|c| c.keys.lock().get(track.name()).cloned());
+        match given.filter(|e| e.running()) {
+            Some(e) => Ok(e),
+            None => relay.srtp.epoch(track, &relay.engine),
+        }
+    }
+
+    /// A description for an SRTP connection: each track `RTP/SAVP`, with its epoch's key
+    /// (SDES, RFC 4568), remembered for the connection's PLAY.
+    fn keyed(&self, relay: &Relay, conn: u64, name: &str, mut res: Resource) -> Option<Resource> {
+        let tracks = relay.tracks(name);
+        let me = self.conns.lock().get(&conn).cloned()?;
+        for (m, t) in res.sdp.media.iter_mut().zip(&tracks) {
+            let epoch = match relay.srtp.epoch(&t.session, &relay.engine) {
+                Ok(e) => e,
+                Err(e) => {
+                    tracing::warn!(resource = name, "no SRTP key: {e}");
+                    return None;
+                }
+            };
+            m.proto = "RTP/SAVP".into();
+            m.lines.retain(|(k, v)| !(*k == 'a' && v.starts_with("crypto:")));
+            m.lines.push(('a', format!("crypto:{}", epoch.crypto.to_value())));
+            me.keys.lock().insert(t.session.name().to_string(), epoch);
+        }
+        Some(res)
+    }
+
     fn now_ms(&self) -> u64 {
         self.started.elapsed().as_millis() as u64
     }
@@ -353,13 +421,14 @@ impl Rtsp {
         let mut clients = self.clients.lock();
         for a in actions {
             match a {
-                Action::Setup { session, resource, lower, track, conn } => {
+                Action::Setup { session, resource, lower, track, conn, srtp } => {
                     let c = clients.entry(session).or_insert_with(|| Client {
                         resource,
                         peer,
                         conn,
                         tracks: Vec::new(),
                         sinks: Vec::new(),
+                        srtp,
                         reports: 0,
                         last_report: None,
                         rtt: None,
@@ -373,9 +442,21 @@ impl Rtsp {
                     let tracks = relay.tracks(&c.resource);
                     for &(t, lower) in &c.tracks {
                         let Some(tr) = tracks.get(t) else { continue };
+                        // An SRTP client joins the key epoch its description gave it.
+                        let epoch = match c.srtp {
+                            true => match self.epoch_for(relay, c.conn, &tr.session) {
+                                Ok(e) => Some(e),
+                                Err(e) => {
+                                    tracing::warn!(rtsp_session = %session, "no SRTP for the client: {e}");
+                                    continue;
+                                }
+                            },
+                            false => None,
+                        };
+                        let into = epoch.as_ref().map_or(&tr.session, |e| &e.session).clone();
                         let added = match lower {
                             Lower::Udp { client_rtp, .. } => {
-                                tr.session.add_udp_sink_from_shared_port(SocketAddr::new(c.peer, client_rtp))
+                                into.add_udp_sink_from_shared_port(SocketAddr::new(c.peer, client_rtp))
                             }
                             Lower::Interleaved { rtp, .. } => match self.conns.lock().get(&c.conn) {
                                 Some(conn) => {
@@ -386,14 +467,12 @@ impl Rtsp {
                                     let cap = INTERLEAVED_QUEUE.min(tr.session.config().ring_capacity / 2);
                                     let q =
                                         fanout_io::channel::ChannelQueue::new(cap, move || wake.notify.notify_one());
-                                    conn.sndbuf.fetch_max(
-                                        tr.session.stream_send_buffer(),
-                                        std::sync::atomic::Ordering::Relaxed,
-                                    );
+                                    conn.sndbuf
+                                        .fetch_max(into.stream_send_buffer(), std::sync::atomic::Ordering::Relaxed);
                                     let mut qs = conn.queues.lock();
                                     qs.retain(|(ch, _)| *ch != rtp);
                                     qs.push((rtp, q.clone()));
-                                    tr.session.add_channel_sink(SocketAddr::new(c.peer, 0), q, false)
+                                    into.add_channel_sink(SocketAddr::new(c.peer, 0), q, false)
                                 }
                                 None => Err(std::io::Error::other("its connection is gone")),
                             },
@@ -401,8 +480,8 @@ impl Rtsp {
                         match added {
                             Ok(id) => {
                                 let how = if matches!(lower, Lower::Udp { .. }) { "udp" } else { "interleaved" };
-                                tracing::info!(resource = %c.resource, peer = %c.peer, track = t, sink = id, how, "RTSP client playing");
-                                c.sinks.push((t, id))
+                                tracing::info!(resource = %c.resource, peer = %c.peer, track = t, sink = id, how, srtp = c.srtp, "RTSP client playing");
+                                c.sinks.push(Placed { track: t, id, session: into, srtp: epoch })
                             }
                             Err(e) => tracing::warn!(rtsp_session = %session, "cannot add the client's sink: {e}"),
                         }
@@ -421,14 +500,11 @@ impl Rtsp {
                 Action::Teardown { session } if self.stop_publisher(relay, &session) => {}
                 Action::Pause { session } | Action::Teardown { session } => {
                     let Some(c) = clients.get_mut(&session) else { continue };
-                    let tracks = relay.tracks(&c.resource);
                     if !c.sinks.is_empty() {
                         tracing::info!(resource = %c.resource, peer = %c.peer, sinks = c.sinks.len(), "RTSP client stopped");
                     }
-                    for (t, id) in c.sinks.drain(..) {
-                        if let Some(tr) = tracks.get(t) {
-                            tr.session.remove_sink(id);
-                        }
+                    for p in c.sinks.drain(..) {
+                        p.session.remove_sink(p.id);
                     }
                     if let Some(conn) = self.conns.lock().get(&c.conn) {
                         let channels: Vec<u8> = c.tracks.iter().filter_map(|t| interleaved_rtp(&t.1)).collect();
@@ -573,11 +649,11 @@ async fn accept(
         tokio::spawn(async move {
             let timeouts = (idle, head_timeout);
             let r = match tls {
-                None => connection(stream, peer, conn, timeouts, &relay, &rtsp).await,
+                None => connection(stream, false, peer, conn, timeouts, &relay, &rtsp).await,
                 Some(tls) => match handshake(stream, peer, &tls, head_timeout).await {
                     Some(s) => {
-                        rtsp.server.lock().set_secure(conn);
-                        connection(s, peer, conn, timeouts, &relay, &rtsp).await
+                        rtsp.server.lock().set_secure(conn, rtsp.srtp);
+                        connection(s, true, peer, conn, timeouts, &relay, &rtsp).await
                     }
                     None => Ok(()),
                 },
@@ -631,6 +707,7 @@ const UPSTREAM_WAIT: Duration = Duration::from_secs(10);
 
 async fn connection(
     mut stream: impl RtspIo,
+    secure: bool,
     peer: SocketAddr,
     conn: u64,
     (idle, head_timeout): (Duration, Duration),
@@ -720,7 +797,11 @@ async fn connection(
                         }
                     }
                     let (resp, actions) = {
-                        let lookup = |name: &str| describe(relay, name);
+                        let keyed = secure && rtsp.srtp && req.method == "DESCRIBE";
+                        let lookup = |name: &str| match describe(relay, name) {
+                            Some(res) if keyed && !res.publishable => rtsp.keyed(relay, conn, name, res),
+                            other => other,
+                        };
                         rtsp.server.lock().handle(&req, conn, rtsp.now_ms(), &lookup)
                     };
                     rtsp.apply(relay, peer.ip(), actions);

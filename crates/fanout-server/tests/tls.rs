@@ -100,6 +100,11 @@ fn peer_cert(s: &Tls) -> Vec<u8> {
 
 /// One RTSP request on `s`; the response head.
 fn rtsp_request(s: &mut impl ReadWrite, req: &str) -> String {
+    rtsp_exchange(s, req).0
+}
+
+/// One RTSP request on `s`; the response head and body.
+fn rtsp_exchange(s: &mut impl ReadWrite, req: &str) -> (String, String) {
     s.write_all(req.as_bytes()).unwrap();
     s.flush().unwrap();
     let mut head = Vec::new();
@@ -115,7 +120,7 @@ fn rtsp_request(s: &mut impl ReadWrite, req: &str) -> String {
         .unwrap_or(0);
     let mut body = vec![0u8; len];
     s.read_exact(&mut body).unwrap();
-    head
+    (head, String::from_utf8_lossy(&body).into_owned())
 }
 
 trait ReadWrite: Read + Write {}
@@ -333,5 +338,149 @@ fn strict_encryption_serves_rtsps_only() {
     assert!(s["rtsps_url"].as_str().unwrap().starts_with("rtsps://127.0.0.1:"), "{s}");
     let e = get(&relay, &pair, "/v1/engine");
     assert!(e["rtsp"].is_null() && e["rtsps"].is_string(), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// SRTP: ffmpeg decodes SRTP over UDP with the key the RTSPS description gave (SDES); two
+/// UDP clients of one epoch get the very same ciphertext (encrypted once), which decrypts
+/// with that key to the track's RTP; and with `srtp = false` RTSPS clients get plain RTP
+/// in the TLS.
+#[test]
+fn srtp_over_udp_is_encrypted_once_and_decodes_with_the_described_key() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let dir = temp_dir("srtp");
+    let pair = make_pair(&dir, "server");
+    let relay = Relay::with_config(&tls_config(&pair, ""), &[]);
+    let s = get(&relay, &pair, "/v1/sessions/demo");
+    let url = s["rtsps_url"].as_str().unwrap().to_string();
+    let rtsps: SocketAddr = url.trim_start_matches("rtsps://").trim_end_matches("/demo").parse().unwrap();
+    let client = rustls_client(&[&pair.der]);
+    let mut t = connect(rtsps, &client);
+    let (head, sdp) = rtsp_exchange(&mut t, &format!("DESCRIBE {url} RTSP/1.0\r\nCSeq: 1\r\n\r\n"));
+    assert!(head.starts_with("RTSP/1.0 200"), "{head}");
+    assert!(
+        sdp.contains("m=video 0 RTP/SAVP 96") && sdp.contains("a=crypto:1 AES_CM_128_HMAC_SHA1_80 inline:"),
+        "{sdp}"
+    );
+    let video = &sdp[sdp.find("m=video").unwrap()..sdp.find("m=audio").unwrap_or(sdp.len())];
+    let inline = video.split("inline:").nth(1).unwrap().split_whitespace().next().unwrap();
+    let key = fanout_proto::srtp::Crypto::parse(&format!("1 AES_CM_128_HMAC_SHA1_80 inline:{inline}")).unwrap().key;
+    // Plain RTP over UDP is refused on RTSPS; SRTP over UDP is taken.
+    let track = format!("{url}/trackID=0");
+    let plain =
+        format!("SETUP {track} RTSP/1.0\r\nCSeq: 2\r\nTransport: RTP/AVP;unicast;client_port=5000-5001\r\n\r\n");
+    assert!(rtsp_request(&mut t, &plain).starts_with("RTSP/1.0 461"));
+    // Two raw clients on one connection's session, and ffmpeg on a third port pair.
+    let raw: Vec<std::net::UdpSocket> = (0..2).map(|_| std::net::UdpSocket::bind("127.0.0.1:0").unwrap()).collect();
+    let ffmpeg_port = free_port_pair();
+    let mut sessions = Vec::new();
+    for (i, port) in raw.iter().map(|r| r.local_addr().unwrap().port()).chain([ffmpeg_port]).enumerate() {
+        let mut c = connect(rtsps, &client);
+        let (h, _) = rtsp_exchange(&mut c, &format!("DESCRIBE {url} RTSP/1.0\r\nCSeq: 1\r\n\r\n"));
+        assert!(h.starts_with("RTSP/1.0 200"));
+        let setup = format!(
+            "SETUP {track} RTSP/1.0\r\nCSeq: 2\r\nTransport: RTP/SAVP;unicast;client_port={port}-{}\r\n\r\n",
+            port + 1
+        );
+        let h = rtsp_request(&mut c, &setup);
+        assert!(h.starts_with("RTSP/1.0 200") && h.contains("Transport: RTP/SAVP;unicast;"), "client {i}: {h}");
+        let id = h.lines().find_map(|l| l.strip_prefix("Session: ")).unwrap().split(';').next().unwrap().to_string();
+        if i == 2 {
+            // ffmpeg listens before the PLAY: its description is the track's, with our port.
+            let file = dir.join("srtp.sdp");
+            let media = video.replacen("m=video 0 ", &format!("m=video {ffmpeg_port} "), 1);
+            std::fs::write(
+                &file,
+                format!("v=0\r\no=- 0 0 IN IP4 127.0.0.1\r\ns=x\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n{media}"),
+            )
+            .unwrap();
+            sessions.push((c, id, Some(file)));
+        } else {
+            sessions.push((c, id, None));
+        }
+    }
+    let mut ffmpeg = None;
+    for (c, id, file) in &mut sessions {
+        if let Some(file) = file {
+            ffmpeg = Some(
+                Command::new("timeout")
+                    .args(["30", "ffmpeg", "-nostdin", "-v", "error", "-protocol_whitelist", "file,udp,rtp", "-i"])
+                    .arg(&*file)
+                    .args(["-frames:v", "60", "-f", "framecrc", "-"])
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap(),
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        let h = rtsp_request(c, &format!("PLAY {url} RTSP/1.0\r\nCSeq: 3\r\nSession: {id}\r\n\r\n"));
+        assert!(h.starts_with("RTSP/1.0 200"), "{h}");
+    }
+    // The raw clients: the same bytes for the same sequence number, which decrypt to RTP.
+    let mut got: Vec<std::collections::HashMap<u16, Vec<u8>>> = vec![Default::default(); 2];
+    let mut buf = [0u8; 2048];
+    for (r, g) in raw.iter().zip(got.iter_mut()) {
+        r.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        while g.len() < 100 {
+            let n = r.recv(&mut buf).unwrap();
+            g.insert(u16::from_be_bytes([buf[2], buf[3]]), buf[..n].to_vec());
+        }
+    }
+    let common: Vec<u16> = got[0].keys().filter(|k| got[1].contains_key(k)).copied().collect();
+    assert!(common.len() > 50, "the two clients overlap in {} packets", common.len());
+    for seq in &common {
+        assert_eq!(got[0][seq], got[1][seq], "packet {seq}: one ciphertext for both");
+    }
+    let mut rx = fanout_proto::srtp::Context::new(fanout_proto::srtp::Suite::AesCm128HmacSha1_80, &key);
+    let mut seqs: Vec<u16> = got[0].keys().copied().collect();
+    seqs.sort();
+    for seq in seqs.iter().take(20) {
+        let mut p = got[0][seq].clone();
+        rx.unprotect_rtp(&mut p).unwrap_or_else(|e| panic!("packet {seq}: {e}"));
+        assert_eq!(p[1] & 0x7f, 96, "decrypted to the H.264 track's RTP");
+    }
+    let out = ffmpeg.unwrap().wait_with_output().unwrap();
+    let frames = String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.starts_with('#')).count();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && frames == 60, "ffmpeg over SRTP: {frames} pictures; {err}");
+    let clients = get(&relay, &pair, "/v1/rtsp");
+    let srtp = clients["clients"].as_array().unwrap().iter().filter(|c| c["srtp"] == true).count();
+    assert_eq!(srtp, 3, "{clients}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A free even/odd UDP port pair on loopback (released for the client to bind).
+fn free_port_pair() -> u16 {
+    loop {
+        let a = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let p = a.local_addr().unwrap().port();
+        if p.is_multiple_of(2) && p < 65534 && std::net::UdpSocket::bind(("127.0.0.1", p + 1)).is_ok() {
+            return p;
+        }
+    }
+}
+
+#[test]
+fn without_srtp_rtsps_clients_take_plain_rtp_in_the_tls() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let dir = temp_dir("nosrtp");
+    let pair = make_pair(&dir, "server");
+    let relay = Relay::with_config(&tls_config(&pair, "srtp = false\n"), &[]);
+    let s = get(&relay, &pair, "/v1/sessions/demo");
+    let url = s["rtsps_url"].as_str().unwrap().to_string();
+    let rtsps: SocketAddr = url.trim_start_matches("rtsps://").trim_end_matches("/demo").parse().unwrap();
+    let mut t = connect(rtsps, &rustls_client(&[&pair.der]));
+    let (_, sdp) = rtsp_exchange(&mut t, &format!("DESCRIBE {url} RTSP/1.0\r\nCSeq: 1\r\n\r\n"));
+    assert!(sdp.contains("RTP/AVP") && !sdp.contains("crypto"), "{sdp}");
+    let savp = format!(
+        "SETUP {url}/trackID=0 RTSP/1.0\r\nCSeq: 2\r\nTransport: RTP/SAVP;unicast;client_port=5000-5001\r\n\r\n"
+    );
+    assert!(rtsp_request(&mut t, &savp).starts_with("RTSP/1.0 461"), "no keys were given");
+    decodes(&url, &pair.cert, 60);
     let _ = std::fs::remove_dir_all(&dir);
 }

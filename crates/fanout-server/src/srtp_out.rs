@@ -1,0 +1,219 @@
+//! SRTP toward RTSPS clients, encrypted once per packet for many clients (issue 15).
+//!
+//! A track's SRTP clients share a key: an *epoch*. Its encryptor subscribes to the track's
+//! session like any UDP sink, protects each packet once ([`fanout_proto::srtp`]) and feeds
+//! the ciphertext into a relay session of its own (`{track}/srtp-N`), whose sinks are the
+//! clients: the data paths send the same bytes to all of them, as they do plain RTP.
+//!
+//! Why epochs and not one key per track: SDES carries no rollover counter, so a client
+//! starts counting at ROC 0 from its first packet (RFC 3711 §3.3.1). An epoch's index space
+//! starts at its first packet; a client may join it only while that epoch has not wrapped
+//! its sequence numbers. Later joiners get a new epoch, with a new key and its own index
+//! space. So the ciphertext is shared within an epoch, each (key, index) is used once, and
+//! epochs end a linger after their last client.
+
+use fanout_io::{bind_udp_source, Session};
+use fanout_proto::srtp::{Context, Crypto, MasterKey, Suite};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A joiner needs this many packets of the epoch's first ROC period still ahead (between
+/// its DESCRIBE and its first packet).
+const JOIN_MARGIN: u32 = 4096;
+/// An epoch without clients stops after this long (a DESCRIBE is followed by a PLAY).
+const LINGER: Duration = Duration::from_secs(10);
+
+pub struct Epoch {
+    pub crypto: Crypto,
+    /// The encrypted copy of the track; SRTP clients are its sinks.
+    pub session: Session,
+    ctx: Arc<Mutex<Context>>,
+    /// Packets encrypted, the newest sequence number, and whether the numbers wrapped since
+    /// the first.
+    packets: AtomicU32,
+    last_seq: AtomicU32,
+    wrapped: AtomicBool,
+    stopped: AtomicBool,
+    task: tokio::task::AbortHandle,
+}
+
+impl Epoch {
+    /// Whether a new client can start on this key: it runs, and its first ROC period has
+    /// room ahead.
+    fn joinable(&self) -> bool {
+        if self.stopped.load(Relaxed) || self.wrapped.load(Relaxed) || self.task.is_finished() {
+            return false;
+        }
+        // Packets left before the sequence numbers pass 65535.
+        65_535 - self.last_seq.load(Relaxed) > JOIN_MARGIN
+    }
+
+    /// Protects a sender report for one of its clients (each gets its own SRTCP index).
+    pub fn protect_rtcp(&self, sr: &mut Vec<u8>) {
+        let _ = self.ctx.lock().protect_rtcp(sr);
+    }
+
+    pub fn running(&self) -> bool {
+        !self.task.is_finished() && !self.stopped.load(Relaxed)
+    }
+
+    pub fn packets(&self) -> u32 {
+        self.packets.load(Relaxed)
+    }
+}
+
+/// Every track's epochs.
+#[derive(Default)]
+pub struct SrtpOut {
+    epochs: Mutex<HashMap<String, Vec<Arc<Epoch>>>>,
+    next: AtomicU32,
+}
+
+fn random_key() -> std::io::Result<MasterKey> {
+    use ring::rand::SecureRandom as _;
+    let mut b = [0u8; 30];
+    ring::rand::SystemRandom::new().fill(&mut b).map_err(|_| std::io::Error::other("no system randomness"))?;
+    Ok(MasterKey::from_concat(&b).expect("30 bytes"))
+}
+
+impl SrtpOut {
+    /// The epoch a client of `track` joins now: the newest joinable one, or a new one.
+    pub fn epoch(&self, track: &Session, engine: &fanout_io::Engine) -> std::io::Result<Arc<Epoch>> {
+        let mut all = self.epochs.lock();
+        let list = all.entry(track.name().to_string()).or_default();
+        list.retain(|e| !e.task.is_finished());
+        if let Some(e) = list.iter().rev().find(|e| e.joinable()) {
+            return Ok(e.clone());
+        }
+        let n = self.next.fetch_add(1, Relaxed);
+        let e = start(track, engine, n)?;
+        list.push(e.clone());
+        Ok(e)
+    }
+
+    /// Stops every epoch (at shutdown).
+    pub fn stop_all(&self) {
+        for e in self.epochs.lock().drain().flat_map(|(_, v)| v) {
+            e.task.abort();
+            let s = e.session.clone();
+            tokio::task::spawn_blocking(move || s.close());
+        }
+    }
+
+    /// Epochs running: (track, clients, packets encrypted), for `GET /v1/rtsp`.
+    pub fn status(&self) -> Vec<(String, usize, u32)> {
+        let all = self.epochs.lock();
+        let mut v: Vec<_> = all
+            .iter()
+            .flat_map(|(t, es)| {
+                es.iter()
+                    .filter(|e| !e.task.is_finished())
+                    .map(move |e| (t.clone(), e.session.sinks().len(), e.packets()))
+            })
+            .collect();
+        v.sort();
+        v
+    }
+}
+
+fn start(track: &Session, engine: &fanout_io::Engine, n: u32) -> std::io::Result<Arc<Epoch>> {
+    let key = random_key()?;
+    let crypto = Crypto { tag: 1, suite: Suite::AesCm128HmacSha1_80, key };
+    let mut cfg = track.config().clone();
+    cfg.name = format!("{}/srtp-{n}", track.name());
+    let session = Session::new(cfg, engine);
+    let source = bind_udp_source(SocketAddr::from(([127, 0, 0, 1], 0)), None)?;
+    let into = source.local_addr()?;
+    session.attach_udp(source)?;
+    session.set_source_kind(format!("SRTP of {}", track.name()));
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0")?;
+    // A second of a few Mbit/s: the encryptor is never the one that loses packets.
+    let _ = socket2::SockRef::from(&sock).set_recv_buffer_size(4 << 20);
+    sock.set_nonblocking(true)?;
+    let input = track.add_udp_sink(sock.local_addr()?)?;
+    let sock = tokio::net::UdpSocket::from_std(sock)?;
+    let ctx = Arc::new(Mutex::new(Context::new(crypto.suite, &crypto.key)));
+    let epoch = Arc::new_cyclic(|weak: &std::sync::Weak<Epoch>| {
+        let weak = weak.clone();
+        let (track, session_out) = (track.clone(), session.clone());
+        let ctx_run = ctx.clone();
+        let task = tokio::spawn(async move {
+            run(weak, sock, into, ctx_run, &session_out).await;
+            track.remove_sink(input);
+            tokio::task::spawn_blocking(move || session_out.close());
+        })
+        .abort_handle();
+        Epoch {
+            crypto,
+            session,
+            ctx,
+            packets: AtomicU32::new(0),
+            last_seq: AtomicU32::new(0),
+            wrapped: AtomicBool::new(false),
+            stopped: AtomicBool::new(false),
+            task,
+        }
+    });
+    tracing::info!(track = track.name(), epoch = n, "SRTP encryption started");
+    Ok(epoch)
+}
+
+/// Encrypts what the track sends until the epoch has had no client for `LINGER`.
+async fn run(
+    epoch: std::sync::Weak<Epoch>,
+    sock: tokio::net::UdpSocket,
+    into: SocketAddr,
+    ctx: Arc<Mutex<Context>>,
+    out: &Session,
+) {
+    let feeder = match tokio::net::UdpSocket::bind("127.0.0.1:0").await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!("SRTP encryption: {e}");
+            return;
+        }
+    };
+    let mut buf = vec![0u8; 65_536];
+    let mut pkt = Vec::with_capacity(2048);
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut idle_since: Option<Instant> = None;
+    loop {
+        tokio::select! {
+            r = sock.recv(&mut buf) => {
+                let Ok(n) = r else { break };
+                // (Only while the epoch is being built: its task may run first.)
+                let Some(e) = epoch.upgrade() else { continue };
+                if n < 12 {
+                    continue;
+                }
+                let seq = u16::from_be_bytes([buf[2], buf[3]]);
+                let last = e.last_seq.swap(u32::from(seq), Relaxed) as u16;
+                if e.packets.load(Relaxed) > 0 && seq < last && last - seq > 0x8000 {
+                    e.wrapped.store(true, Relaxed);
+                }
+                pkt.clear();
+                pkt.extend_from_slice(&buf[..n]);
+                if ctx.lock().protect_rtp(&mut pkt).is_ok() {
+                    e.packets.fetch_add(1, Relaxed);
+                    // Loopback into the engine: a failure here is the engine's to count.
+                    let _ = feeder.send_to(&pkt, into).await;
+                }
+            }
+            _ = tick.tick() => {
+                if !out.sinks().is_empty() {
+                    idle_since = None;
+                } else if idle_since.get_or_insert_with(Instant::now).elapsed() >= LINGER {
+                    break;
+                }
+            }
+        }
+    }
+    if let Some(e) = epoch.upgrade() {
+        e.stopped.store(true, Relaxed);
+        tracing::info!(session = out.name(), packets = e.packets(), "SRTP encryption stopped");
+    }
+}
