@@ -146,6 +146,8 @@ pub struct Client {
     /// Seconds, from the `Session` header (60 when the server says none: RFC 2326 §12.37).
     pub timeout_s: u64,
     last_sent_ms: u64,
+    /// Ask for SRTP (`RTP/SAVP`), e.g. of an RTSPS server whose description gave keys.
+    pub savp: bool,
 }
 
 impl Client {
@@ -166,6 +168,7 @@ impl Client {
             session: None,
             timeout_s: 60,
             last_sent_ms: 0,
+            savp: false,
         }
     }
 
@@ -246,9 +249,10 @@ impl Client {
 
     fn setup_request(&mut self, i: usize, now_ms: u64) -> Vec<u8> {
         let t = &self.tracks[i];
+        let profile = if self.savp { "RTP/SAVP" } else { "RTP/AVP" };
         let transport = match t.lower {
-            Lower::Udp { client_rtp, client_rtcp } => format!("RTP/AVP;unicast;client_port={client_rtp}-{client_rtcp}"),
-            Lower::Interleaved { rtp, rtcp } => format!("RTP/AVP/TCP;unicast;interleaved={rtp}-{rtcp}"),
+            Lower::Udp { client_rtp, client_rtcp } => format!("{profile};unicast;client_port={client_rtp}-{client_rtcp}"),
+            Lower::Interleaved { rtp, rtcp } => format!("{profile}/TCP;unicast;interleaved={rtp}-{rtcp}"),
         };
         let mut h = Headers::default();
         h.set("Transport", transport);

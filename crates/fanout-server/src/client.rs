@@ -74,7 +74,7 @@ impl ApiClient {
 }
 
 /// A TLS client configuration that trusts the certificates in one PEM file.
-fn trusting(path: &std::path::Path) -> anyhow::Result<std::sync::Arc<rustls::ClientConfig>> {
+pub fn trusting(path: &std::path::Path) -> anyhow::Result<std::sync::Arc<rustls::ClientConfig>> {
     use rustls::pki_types::{pem::PemObject, CertificateDer};
     let mut roots = rustls::RootCertStore::empty();
     for c in CertificateDer::pem_file_iter(path).map_err(|e| anyhow::anyhow!("--cacert {}: {e}", path.display()))? {

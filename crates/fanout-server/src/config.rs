@@ -81,6 +81,18 @@ pub struct TlsConfig {
     /// or interleaved; off: RTSPS clients take plain RTP interleaved in the TLS only.
     #[serde(default = "yes")]
     pub srtp: bool,
+    /// `shared`: a track's SRTP clients share a key epoch, each packet encrypted once;
+    /// `per-client`: each client its own key, its packets encrypted for it alone.
+    #[serde(default)]
+    pub srtp_keys: SrtpKeys,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SrtpKeys {
+    #[default]
+    Shared,
+    PerClient,
 }
 
 fn yes() -> bool {
@@ -89,7 +101,7 @@ fn yes() -> bool {
 
 impl TlsConfig {
     pub fn new(cert: std::path::PathBuf, key: std::path::PathBuf) -> Self {
-        Self { cert, key, https: true, rtsps: None, encryption: Encryption::Optional, srtp: true }
+        Self { cert, key, https: true, rtsps: None, encryption: Encryption::Optional, srtp: true, srtp_keys: SrtpKeys::Shared }
     }
 }
 
@@ -389,9 +401,9 @@ impl Config {
         t.rtsps.or_else(|| Some(SocketAddr::new(self.rtsp.map_or(self.api.ip(), |r| r.ip()), RTSPS_PORT)))
     }
 
-    /// Whether RTSPS clients get SRTP.
-    pub fn srtp(&self) -> bool {
-        self.tls.as_ref().is_some_and(|t| t.srtp)
+    /// How RTSPS clients get SRTP, if they do.
+    pub fn srtp(&self) -> Option<SrtpKeys> {
+        self.tls.as_ref().filter(|t| t.srtp).map(|t| t.srtp_keys)
     }
 
     /// Whether the API port speaks HTTPS.

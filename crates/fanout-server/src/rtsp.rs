@@ -102,8 +102,8 @@ pub struct Rtsp {
     _rtp_port: std::net::UdpSocket,
     rtcp: Mutex<Option<std::net::UdpSocket>>,
     conns: Mutex<HashMap<u64, Arc<Conn>>>,
-    /// RTSPS clients get SRTP (keys in the description).
-    srtp: bool,
+    /// RTSPS clients get SRTP (keys in the description), sharing keys or not.
+    srtp: Option<crate::config::SrtpKeys>,
 }
 
 /// A client's UDP ports (RTP, RTCP) on a track, `None` for an interleaved one.
@@ -217,7 +217,11 @@ impl Rtsp {
         self._rtp_port.local_addr().map_or(0, |a| a.port())
     }
 
-    pub fn new(ip: IpAddr, users: Vec<(String, String)>, srtp: bool) -> std::io::Result<Arc<Self>> {
+    pub fn new(
+        ip: IpAddr,
+        users: Vec<(String, String)>,
+        srtp: Option<crate::config::SrtpKeys>,
+    ) -> std::io::Result<Arc<Self>> {
         let rtcp = port_pair_with(ip, true)?;
         let ports = (rtcp.0.local_addr()?.port(), rtcp.1.local_addr()?.port());
         let seed =
@@ -382,7 +386,7 @@ impl Rtsp {
         let given = self.conns.lock().get(&conn).and_then(|c| c.keys.lock().get(track.name()).cloned());
         match given.filter(|e| e.running()) {
             Some(e) => Ok(e),
-            None => relay.srtp.epoch(track, &relay.engine),
+            None => relay.srtp.epoch(track, &relay.engine, self.shared_keys()),
         }
     }
 
@@ -392,7 +396,7 @@ impl Rtsp {
         let tracks = relay.tracks(name);
         let me = self.conns.lock().get(&conn).cloned()?;
         for (m, t) in res.sdp.media.iter_mut().zip(&tracks) {
-            let epoch = match relay.srtp.epoch(&t.session, &relay.engine) {
+            let epoch = match relay.srtp.epoch(&t.session, &relay.engine, self.shared_keys()) {
                 Ok(e) => e,
                 Err(e) => {
                     tracing::warn!(resource = name, "no SRTP key: {e}");
@@ -405,6 +409,10 @@ impl Rtsp {
             me.keys.lock().insert(t.session.name().to_string(), epoch);
         }
         Some(res)
+    }
+
+    fn shared_keys(&self) -> bool {
+        self.srtp != Some(crate::config::SrtpKeys::PerClient)
     }
 
     fn now_ms(&self) -> u64 {
@@ -652,7 +660,7 @@ async fn accept(
                 None => connection(stream, false, peer, conn, timeouts, &relay, &rtsp).await,
                 Some(tls) => match handshake(stream, peer, &tls, head_timeout).await {
                     Some(s) => {
-                        rtsp.server.lock().set_secure(conn, rtsp.srtp);
+                        rtsp.server.lock().set_secure(conn, rtsp.srtp.is_some());
                         connection(s, true, peer, conn, timeouts, &relay, &rtsp).await
                     }
                     None => Ok(()),
@@ -797,7 +805,7 @@ async fn connection(
                         }
                     }
                     let (resp, actions) = {
-                        let keyed = secure && rtsp.srtp && req.method == "DESCRIBE";
+                        let keyed = secure && rtsp.srtp.is_some() && req.method == "DESCRIBE";
                         let lookup = |name: &str| match describe(relay, name) {
                             Some(res) if keyed && !res.publishable => rtsp.keyed(relay, conn, name, res),
                             other => other,

@@ -81,12 +81,13 @@ fn random_key() -> std::io::Result<MasterKey> {
 }
 
 impl SrtpOut {
-    /// The epoch a client of `track` joins now: the newest joinable one, or a new one.
-    pub fn epoch(&self, track: &Session, engine: &fanout_io::Engine) -> std::io::Result<Arc<Epoch>> {
+    /// The epoch a client of `track` joins now: the newest joinable one (with `shared`), or
+    /// a new one.
+    pub fn epoch(&self, track: &Session, engine: &fanout_io::Engine, shared: bool) -> std::io::Result<Arc<Epoch>> {
         let mut all = self.epochs.lock();
         let list = all.entry(track.name().to_string()).or_default();
         list.retain(|e| !e.task.is_finished());
-        if let Some(e) = list.iter().rev().find(|e| e.joinable()) {
+        if let Some(e) = list.iter().rev().find(|e| shared && e.joinable()) {
             return Ok(e.clone());
         }
         let n = self.next.fetch_add(1, Relaxed);

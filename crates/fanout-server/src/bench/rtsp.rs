@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 
 #[derive(Args)]
 pub struct RtspArgs {
-    /// Servers to compare: `fanout:PATH` (a data path), `mediamtx`, `live555`.
+    /// Servers to compare: `fanout:PATH` (a data path), `fanout-srtp:PATH` (RTSPS with SRTP
+    /// over UDP, one key per epoch shared by its clients), `fanout-srtp-each:PATH` (a key
+    /// per client), `mediamtx`, `live555`.
     #[arg(long, value_delimiter = ',', default_value = "fanout:shared,mediamtx,live555")]
     targets: Vec<String>,
     /// Client counts to step through.
@@ -51,18 +53,38 @@ pub struct LoadArgs {
     clients: usize,
     #[arg(long)]
     seconds: f64,
+    /// RTSPS: trust this certificate and ask for SRTP (`RTP/SAVP`) over UDP.
+    #[arg(long)]
+    cacert: Option<PathBuf>,
+}
+
+/// An RTSP control connection: TCP, or TLS on TCP.
+pub(super) trait Conn: Read + Write + Send {
+    fn tcp(&self) -> &TcpStream;
+}
+
+impl Conn for TcpStream {
+    fn tcp(&self) -> &TcpStream {
+        self
+    }
+}
+
+impl Conn for rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
+    fn tcp(&self) -> &TcpStream {
+        &self.sock
+    }
 }
 
 /// One client: its control connection and, per track, the RTP and RTCP sockets.
 pub(super) struct LoadClient {
-    pub conn: TcpStream,
+    pub conn: Box<dyn Conn>,
     pub client: Client,
     pub rtp: Vec<mio::net::UdpSocket>,
     pub rtcp: Vec<std::net::UdpSocket>,
 }
 
 /// Sends `bytes` and feeds responses to the client until it has something else to say.
-fn exchange(c: &mut TcpStream, client: &mut Client, bytes: &[u8]) -> anyhow::Result<Step> {
+fn exchange(c: &mut dyn Conn, client: &mut Client, bytes: &[u8]) -> anyhow::Result<Step> {
     c.write_all(bytes)?;
     let (mut buf, mut chunk) = (Vec::new(), [0u8; 8192]);
     loop {
@@ -80,17 +102,30 @@ fn exchange(c: &mut TcpStream, client: &mut Client, bytes: &[u8]) -> anyhow::Res
     }
 }
 
-/// Sets up every track over UDP (ports on `bind`) and plays.
-pub(super) fn open_client(url: &Url, bind: std::net::IpAddr) -> anyhow::Result<LoadClient> {
-    let mut conn = TcpStream::connect((url.host.as_str(), url.port))?;
-    conn.set_read_timeout(Some(Duration::from_secs(15)))?;
+/// Sets up every track over UDP (ports on `bind`) and plays; with `tls`, over RTSPS,
+/// asking for SRTP.
+pub(super) fn open_client(
+    url: &Url,
+    bind: std::net::IpAddr,
+    tls: Option<&std::sync::Arc<rustls::ClientConfig>>,
+) -> anyhow::Result<LoadClient> {
+    let tcp = TcpStream::connect((url.host.as_str(), url.port))?;
+    tcp.set_read_timeout(Some(Duration::from_secs(15)))?;
+    let mut conn: Box<dyn Conn> = match tls {
+        None => Box::new(tcp),
+        Some(cfg) => {
+            let name = rustls::pki_types::ServerName::try_from(url.host.clone())?;
+            Box::new(rustls::StreamOwned::new(rustls::ClientConnection::new(cfg.clone(), name)?, tcp))
+        }
+    };
     let mut client = Client::new(url.clone(), "fanout-rtsp-load");
+    client.savp = tls.is_some();
     let first = client.start(0);
     let (mut rtp, mut rtcp) = (Vec::new(), Vec::new());
-    let mut step = exchange(&mut conn, &mut client, &first)?;
+    let mut step = exchange(conn.as_mut(), &mut client, &first)?;
     loop {
         step = match step {
-            Step::Send(b) => exchange(&mut conn, &mut client, &b)?,
+            Step::Send(b) => exchange(conn.as_mut(), &mut client, &b)?,
             Step::Described(sdp) => {
                 let mut lowers = Vec::new();
                 for _ in &sdp.media {
@@ -101,7 +136,7 @@ pub(super) fn open_client(url: &Url, bind: std::net::IpAddr) -> anyhow::Result<L
                     rtcp.push(b);
                 }
                 let b = client.setup(lowers, 0)?;
-                exchange(&mut conn, &mut client, &b)?
+                exchange(conn.as_mut(), &mut client, &b)?
             }
             Step::Playing => return Ok(LoadClient { conn, client, rtp, rtcp }),
             Step::Idle => bail!("the server went quiet during setup"),
@@ -112,7 +147,7 @@ pub(super) fn open_client(url: &Url, bind: std::net::IpAddr) -> anyhow::Result<L
 /// A one-client player: plays `url` over UDP and hands over its first track's RTP socket,
 /// blocking with a 50 ms read timeout.
 pub(super) fn open_player(url: &Url) -> anyhow::Result<(LoadClient, std::net::UdpSocket)> {
-    let mut c = open_client(url, std::net::IpAddr::from([0, 0, 0, 0]))?;
+    let mut c = open_client(url, std::net::IpAddr::from([0, 0, 0, 0]), None)?;
     let s = c.rtp.remove(0);
     // SAFETY: the mio socket's fd moves into a std socket that now owns it.
     let rtp =
@@ -124,13 +159,14 @@ pub(super) fn open_player(url: &Url) -> anyhow::Result<(LoadClient, std::net::Ud
 
 pub fn load(a: LoadArgs) -> anyhow::Result<()> {
     let url = Url::parse(&a.url).map_err(anyhow::Error::msg)?;
+    let tls = a.cacert.as_deref().map(crate::client::trusting).transpose()?;
     let mut clients = Vec::with_capacity(a.clients);
     for i in 0..a.clients {
         // A server may refuse one setup now and then (MediaMTX answered one SETUP in a few
         // hundred with 400): retry it, a bounded number of times, and say so.
         let mut tries = 0;
         let c = loop {
-            match open_client(&url, std::net::IpAddr::from([127, 0, 0, 1])) {
+            match open_client(&url, std::net::IpAddr::from([127, 0, 0, 1]), tls.as_ref()) {
                 Ok(c) => break c,
                 Err(e) if tries < 3 => {
                     tries += 1;
@@ -181,7 +217,7 @@ pub fn load(a: LoadArgs) -> anyhow::Result<()> {
     }
     let mut answered = 0;
     for c in &mut clients {
-        let _ = c.conn.set_read_timeout(Some(Duration::from_secs(2)));
+        let _ = c.conn.tcp().set_read_timeout(Some(Duration::from_secs(2)));
         let mut b = [0u8; 1024];
         if c.conn.read(&mut b).is_ok_and(|n| n > 0) {
             answered += 1;
@@ -268,6 +304,8 @@ fn mediamtx(bin: &Path) -> anyhow::Result<Upstream> {
 /// A server under test: the process to meter and the URL its clients open.
 struct Target {
     url: String,
+    /// RTSPS: the certificate its clients trust.
+    cacert: Option<PathBuf>,
     pid: u32,
     _procs: Vec<Proc>,
     _relay: Option<RelayProc>,
@@ -276,7 +314,7 @@ struct Target {
 fn start_target(name: &str, up: &Upstream, peers: &Path) -> anyhow::Result<Target> {
     let upstream = format!("rtsp://{}/live", up.rtsp);
     if name == "mediamtx" {
-        return Ok(Target { url: upstream, pid: up.server.0.id(), _procs: Vec::new(), _relay: None });
+        return Ok(Target { url: upstream, cacert: None, pid: up.server.0.id(), _procs: Vec::new(), _relay: None });
     }
     if name == "live555" {
         let python = peers.join("live555/bin/python");
@@ -293,12 +331,34 @@ fn start_target(name: &str, up: &Upstream, peers: &Path) -> anyhow::Result<Targe
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         wait_listening(addr, "the live555 proxy")?;
         let pid = p.0.id();
-        return Ok(Target { url: format!("rtsp://{addr}/cam"), pid, _procs: vec![p], _relay: None });
+        return Ok(Target { url: format!("rtsp://{addr}/cam"), cacert: None, pid, _procs: vec![p], _relay: None });
     }
-    let Some(path) = name.strip_prefix("fanout:") else {
-        bail!("target {name:?}: expected fanout:PATH, mediamtx or live555");
+    let (kind, path) = name.split_once(':').unwrap_or((name, ""));
+    let keys = match kind {
+        "fanout" => None,
+        "fanout-srtp" => Some("shared"),
+        "fanout-srtp-each" => Some("per-client"),
+        _ => bail!("target {name:?}: expected fanout:PATH, fanout-srtp:PATH, fanout-srtp-each:PATH, mediamtx or live555"),
     };
-    let relay = RelayProc::start(&["--rtsp", "127.0.0.1:0"])?;
+    // SRTP: RTSPS with a certificate made here, the API plain.
+    let cacert = match keys {
+        Some(keys) => {
+            let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()])?;
+            let (cert, key, cfg) = (up.dir.join("cert.pem"), up.dir.join("key.pem"), up.dir.join("tls.toml"));
+            std::fs::write(&cert, ck.cert.pem())?;
+            std::fs::write(&key, ck.signing_key.serialize_pem())?;
+            std::fs::write(
+                &cfg,
+                format!("[tls]\ncert = {cert:?}\nkey = {key:?}\nhttps = false\nrtsps = \"127.0.0.1:0\"\nsrtp_keys = \"{keys}\"\n"),
+            )?;
+            Some((cert, cfg))
+        }
+        None => None,
+    };
+    let relay = match &cacert {
+        Some((_, cfg)) => RelayProc::start(&["--rtsp", "127.0.0.1:0", "--config", cfg.to_str().context("temp path")?])?,
+        None => RelayProc::start(&["--rtsp", "127.0.0.1:0"])?,
+    };
     let api = relay.client();
     let mut spec = serde_json::json!({ "name": "cam", "source": {
         "rtsp": upstream, "rtsp_transport": "udp", "on_demand": false } });
@@ -313,8 +373,15 @@ fn start_target(name: &str, up: &Upstream, peers: &Path) -> anyhow::Result<Targe
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    let rtsp = api.call("GET", "/v1/engine", None)?["rtsp"].as_str().context("fanout listens for RTSP")?.to_string();
-    Ok(Target { url: format!("rtsp://{rtsp}/cam"), pid: relay.pid(), _procs: Vec::new(), _relay: Some(relay) })
+    let field = if cacert.is_some() { "rtsps" } else { "rtsp" };
+    let rtsp = api.call("GET", "/v1/engine", None)?[field].as_str().context("fanout listens for RTSP")?.to_string();
+    Ok(Target {
+        url: format!("rtsp://{rtsp}/cam"),
+        cacert: cacert.map(|c| c.0),
+        pid: relay.pid(),
+        _procs: Vec::new(),
+        _relay: Some(relay),
+    })
 }
 
 struct Sample {
@@ -330,6 +397,7 @@ fn measure(t: &Target, clients: usize, seconds: f64) -> anyhow::Result<Sample> {
     let mut child = Command::new(std::env::current_exe()?)
         .args(["bench", "rtsp-load", "--url", &t.url, "--clients", &clients.to_string()])
         .args(["--seconds", &seconds.to_string()])
+        .args(t.cacert.iter().flat_map(|c| [std::ffi::OsStr::new("--cacert"), c.as_os_str()]))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()?;
