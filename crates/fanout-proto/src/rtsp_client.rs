@@ -9,9 +9,11 @@
 use crate::rtsp::{parse_session, Headers, Lower, Request, Response};
 use crate::sdp::Sdp;
 
-/// An `rtsp://[user[:pass]@]host[:port]/path` URL.
+/// An `rtsp://[user[:pass]@]host[:port]/path` URL, or `rtsps://` (RTSP over TLS).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Url {
+    /// `rtsps://`: the connection is TLS (default port 322, RFC 7826).
+    pub tls: bool,
     pub host: String,
     pub port: u16,
     /// From the first `/` on (`/` when empty).
@@ -22,7 +24,11 @@ pub struct Url {
 
 impl Url {
     pub fn parse(s: &str) -> Result<Self, String> {
-        let rest = s.strip_prefix("rtsp://").ok_or_else(|| format!("{s:?} is not an rtsp:// URL"))?;
+        let (tls, rest) = match (s.strip_prefix("rtsp://"), s.strip_prefix("rtsps://")) {
+            (Some(r), _) => (false, r),
+            (_, Some(r)) => (true, r),
+            _ => return Err(format!("{s:?} is not an rtsp:// or rtsps:// URL")),
+        };
         let (authority, path) = match rest.find('/') {
             Some(i) => (&rest[..i], &rest[i..]),
             None => (rest, "/"),
@@ -52,15 +58,17 @@ impl Url {
         }
         let port = match port {
             Some(p) => p.parse().map_err(|_| format!("bad port {p:?} in {s:?}"))?,
+            None if tls => 322,
             None => 554,
         };
-        Ok(Self { host, port, path: path.to_string(), user, pass })
+        Ok(Self { tls, host, port, path: path.to_string(), user, pass })
     }
 
     /// The URL without credentials, as requests name it.
     pub fn request_url(&self) -> String {
         let host = if self.host.contains(':') { format!("[{}]", self.host) } else { self.host.clone() };
-        format!("rtsp://{host}:{}{}", self.port, self.path)
+        let scheme = if self.tls { "rtsps" } else { "rtsp" };
+        format!("{scheme}://{host}:{}{}", self.port, self.path)
     }
 }
 
@@ -251,7 +259,9 @@ impl Client {
         let t = &self.tracks[i];
         let profile = if self.savp { "RTP/SAVP" } else { "RTP/AVP" };
         let transport = match t.lower {
-            Lower::Udp { client_rtp, client_rtcp } => format!("{profile};unicast;client_port={client_rtp}-{client_rtcp}"),
+            Lower::Udp { client_rtp, client_rtcp } => {
+                format!("{profile};unicast;client_port={client_rtp}-{client_rtcp}")
+            }
             Lower::Interleaved { rtp, rtcp } => format!("{profile}/TCP;unicast;interleaved={rtp}-{rtcp}"),
         };
         let mut h = Headers::default();

@@ -269,6 +269,13 @@ impl Context {
 
     /// Checks an SRTP packet's tag and replay, decrypts it in place and drops the tag.
     pub fn unprotect_rtp(&mut self, pkt: &mut Vec<u8>) -> Result<(), Error> {
+        let n = self.unprotect_rtp_in(pkt)?;
+        pkt.truncate(n);
+        Ok(())
+    }
+
+    /// [`Context::unprotect_rtp`] on a slice: the RTP packet's length, at its start.
+    pub fn unprotect_rtp_in(&mut self, pkt: &mut [u8]) -> Result<usize, Error> {
         let tag_len = self.suite.rtp_tag_len();
         if pkt.len() < 12 + tag_len {
             return Err(Error::TooShort);
@@ -288,9 +295,8 @@ impl Context {
             return Err(Error::AuthFailed);
         }
         self.streams.get_mut(&ssrc).expect("made above").accept(index);
-        pkt.truncate(body);
-        self.rtp.crypt(ssrc, index, &mut pkt[h..]);
-        Ok(())
+        self.rtp.crypt(ssrc, index, &mut pkt[h..body]);
+        Ok(body)
     }
 
     /// Encrypts an RTCP compound packet (after its first 8 bytes), appends the E flag and
@@ -312,6 +318,13 @@ impl Context {
 
     /// Checks an SRTCP packet and decrypts it in place to the RTCP compound packet.
     pub fn unprotect_rtcp(&mut self, pkt: &mut Vec<u8>) -> Result<(), Error> {
+        let n = self.unprotect_rtcp_in(pkt)?;
+        pkt.truncate(n);
+        Ok(())
+    }
+
+    /// [`Context::unprotect_rtcp`] on a slice: the RTCP packet's length, at its start.
+    pub fn unprotect_rtcp_in(&mut self, pkt: &mut [u8]) -> Result<usize, Error> {
         if pkt.len() < 8 + 4 + RTCP_TAG_LEN {
             return Err(Error::TooShort);
         }
@@ -342,11 +355,11 @@ impl Context {
                 st.srtcp_highest = Some(index);
             }
         }
-        pkt.truncate(body - 4);
+        let end = body - 4;
         if encrypted {
-            self.rtcp.crypt(ssrc, u64::from(index), &mut pkt[8..]);
+            self.rtcp.crypt(ssrc, u64::from(index), &mut pkt[8..end]);
         }
-        Ok(())
+        Ok(end)
     }
 }
 

@@ -33,7 +33,9 @@ impl ApiClient {
         }
         let mut c = Self::new(&base, token);
         if let Some(path) = cacert {
-            c.agent = ureq::AgentBuilder::new().tls_config(trusting(path)?).build();
+            c.agent = ureq::AgentBuilder::new()
+                .tls_config(crate::tls::trusting(path).map_err(|e| anyhow::anyhow!("--cacert {e:#}"))?)
+                .build();
         }
         Ok(c)
     }
@@ -71,20 +73,4 @@ impl ApiClient {
             .into_string()
             .map_err(Into::into)
     }
-}
-
-/// A TLS client configuration that trusts the certificates in one PEM file.
-pub fn trusting(path: &std::path::Path) -> anyhow::Result<std::sync::Arc<rustls::ClientConfig>> {
-    use rustls::pki_types::{pem::PemObject, CertificateDer};
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_file_iter(path).map_err(|e| anyhow::anyhow!("--cacert {}: {e}", path.display()))? {
-        roots.add(c.map_err(|e| anyhow::anyhow!("--cacert {}: {e}", path.display()))?)?;
-    }
-    anyhow::ensure!(!roots.is_empty(), "--cacert {}: no CERTIFICATE in the file", path.display());
-    let cfg =
-        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-    Ok(std::sync::Arc::new(cfg))
 }

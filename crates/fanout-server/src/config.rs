@@ -101,7 +101,15 @@ fn yes() -> bool {
 
 impl TlsConfig {
     pub fn new(cert: std::path::PathBuf, key: std::path::PathBuf) -> Self {
-        Self { cert, key, https: true, rtsps: None, encryption: Encryption::Optional, srtp: true, srtp_keys: SrtpKeys::Shared }
+        Self {
+            cert,
+            key,
+            https: true,
+            rtsps: None,
+            encryption: Encryption::Optional,
+            srtp: true,
+            srtp_keys: SrtpKeys::Shared,
+        }
     }
 }
 

@@ -311,6 +311,19 @@ impl Relay {
         let datapath = self.datapath_for(&spec)?;
         let max_datagram = spec.max_datagram.unwrap_or(self.cfg.max_datagram);
         let pacing = spec.pace_config(max_datagram).map_err(RelayError::BadRequest)?;
+        // An rtsps:// source's certificate check, set up now: a CA file that does not load is
+        // the creator's error, not a retry loop's.
+        let upstream_tls = match spec.source.rtsp.as_deref().map(fanout_proto::rtsp_client::Url::parse) {
+            Some(Ok(u)) if u.tls => {
+                let v = spec.source.upstream_verify().map_err(RelayError::BadRequest)?;
+                if v == crate::tls::Verify::Off {
+                    tracing::warn!(session = %spec.name, "rtsps:// upstream without certificate checks (tls_verify = false)");
+                }
+                let cfg = crate::tls::client_config(&v);
+                Some(cfg.map_err(|e| RelayError::BadRequest(format!("source \"tls_ca\": {e:#}")))?)
+            }
+            _ => None,
+        };
         let cfg = SessionConfig {
             name: spec.name.clone(),
             // Invariant: validate() checked the range.
@@ -354,6 +367,7 @@ impl Relay {
                 Ok(into) => {
                     session.set_source_kind(format!("rtsp {}", url.request_url()));
                     let o = crate::upstream::UpstreamOptions {
+                        tls: upstream_tls,
                         url,
                         mode: src.rtsp_transport.unwrap_or_default(),
                         on_demand: src.on_demand.unwrap_or(true),

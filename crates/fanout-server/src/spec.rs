@@ -55,6 +55,17 @@ pub struct SourceSpec {
     /// With `rtsp`: seconds without RTP after which the upstream is reconnected (default 10).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeout_s: Option<f64>,
+    /// With an `rtsps://` source: trust the certificates in this PEM file (instead of the
+    /// public roots).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_ca: Option<String>,
+    /// With an `rtsps://` source: accept exactly the certificate with this SHA-256
+    /// fingerprint (`AB:CD:…`), whoever signed it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_fingerprint: Option<String>,
+    /// With an `rtsps://` source: `false` checks no certificate at all (logged).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_verify: Option<bool>,
 }
 
 /// The keys of [`SourceSpec`] (docs/config.md documents each; a test keeps the list whole).
@@ -73,6 +84,9 @@ pub const SOURCE_FIELDS: &[&str] = &[
     "on_demand",
     "linger_s",
     "timeout_s",
+    "tls_ca",
+    "tls_fingerprint",
+    "tls_verify",
 ];
 
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
@@ -101,6 +115,21 @@ pub enum RtspTransport {
 }
 
 impl SourceSpec {
+    /// How an `rtsps://` source checks its server: at most one of `tls_ca`,
+    /// `tls_fingerprint`, `tls_verify = false`; the public roots when none.
+    pub fn upstream_verify(&self) -> Result<crate::tls::Verify, String> {
+        use crate::tls::Verify;
+        match (&self.tls_ca, &self.tls_fingerprint, self.tls_verify) {
+            (None, None, None | Some(true)) => Ok(Verify::PublicRoots),
+            (Some(ca), None, None | Some(true)) => Ok(Verify::Ca(ca.into())),
+            (None, Some(f), None | Some(true)) => crate::tls::parse_fingerprint(f)
+                .map(Verify::Pinned)
+                .map_err(|e| format!("source \"tls_fingerprint\": {e}")),
+            (None, None, Some(false)) => Ok(Verify::Off),
+            _ => Err("source: give at most one of \"tls_ca\", \"tls_fingerprint\", \"tls_verify\" = false".into()),
+        }
+    }
+
     /// Whether the `kernel` path can serve it: an IPv4 UDP source, or an RTSP upstream
     /// (whose packets enter through a loopback UDP socket).
     pub fn kernel_capable(&self) -> bool {
@@ -128,9 +157,16 @@ impl SourceSpec {
         if self.looped.is_some() && self.file.is_none() {
             return Err("source \"loop\" only applies to a \"file\" source".into());
         }
+        let tls_keys = self.tls_ca.is_some() || self.tls_fingerprint.is_some() || self.tls_verify.is_some();
         match &self.rtsp {
             Some(url) => {
-                fanout_proto::rtsp_client::Url::parse(url).map_err(|e| format!("source \"rtsp\": {e}"))?;
+                let u = fanout_proto::rtsp_client::Url::parse(url).map_err(|e| format!("source \"rtsp\": {e}"))?;
+                if tls_keys && !u.tls {
+                    return Err(
+                        "source \"tls_ca\", \"tls_fingerprint\" and \"tls_verify\" apply to an rtsps:// source".into(),
+                    );
+                }
+                self.upstream_verify()?;
                 if self.linger_s.is_some_and(|l| !(0.0..=86_400.0).contains(&l)) {
                     return Err("source \"linger_s\" must be 0 to 86400".into());
                 }
@@ -141,9 +177,10 @@ impl SourceSpec {
             None if self.rtsp_transport.is_some()
                 || self.on_demand.is_some()
                 || self.linger_s.is_some()
-                || self.timeout_s.is_some() =>
+                || self.timeout_s.is_some()
+                || tls_keys =>
             {
-                return Err("source \"rtsp_transport\", \"on_demand\", \"linger_s\" and \"timeout_s\" only apply to an \"rtsp\" source".into());
+                return Err("source \"rtsp_transport\", \"on_demand\", \"linger_s\", \"timeout_s\" and \"tls_*\" only apply to an \"rtsp\" source".into());
             }
             None => {}
         }

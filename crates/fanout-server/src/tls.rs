@@ -129,3 +129,119 @@ impl Tls {
 pub fn looks_like_tls(first: &[u8]) -> bool {
     first.len() >= 2 && first[0] == 0x16 && first[1] == 0x03
 }
+
+/// The certificates of a PEM file, as roots to trust.
+pub fn roots_from(path: &Path) -> anyhow::Result<rustls::RootCertStore> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))? {
+        roots.add(c.map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?)?;
+    }
+    anyhow::ensure!(!roots.is_empty(), "{}: no CERTIFICATE in the file", path.display());
+    Ok(roots)
+}
+
+/// A TLS client configuration that trusts the certificates in one PEM file.
+pub fn trusting(path: &Path) -> anyhow::Result<Arc<rustls::ClientConfig>> {
+    let roots = roots_from(path)?;
+    Ok(Arc::new(
+        rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_no_client_auth(),
+    ))
+}
+
+/// How a TLS client checks its server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verify {
+    /// The public web roots (Mozilla's, through webpki-roots).
+    PublicRoots,
+    /// The certificates of a PEM file.
+    Ca(PathBuf),
+    /// Exactly this certificate: its SHA-256 (32 bytes), whatever signed it.
+    Pinned([u8; 32]),
+    /// Anything (the handshake's signatures are still checked): said loudly where chosen.
+    Off,
+}
+
+/// Parses a SHA-256 fingerprint: 64 hex digits, with or without `:` between bytes.
+pub fn parse_fingerprint(s: &str) -> Result<[u8; 32], String> {
+    let hex: String = s.chars().filter(|c| *c != ':').collect();
+    let bytes: Option<Vec<u8>> =
+        (0..hex.len()).step_by(2).map(|i| hex.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok())).collect();
+    bytes.and_then(|b| <[u8; 32]>::try_from(b).ok()).ok_or_else(|| {
+        let shown: String = s.chars().take(100).collect();
+        format!("{shown:?} is not a SHA-256 fingerprint (64 hex digits, `:` between bytes allowed)")
+    })
+}
+
+/// Checks the server by a pinned fingerprint, or not at all, and always the handshake's
+/// signatures.
+#[derive(Debug)]
+struct PinVerifier {
+    pin: Option<[u8; 32]>,
+    provider: Arc<CryptoProvider>,
+}
+
+impl rustls::client::danger::ServerCertVerifier for PinVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _name: &rustls::pki_types::ServerName<'_>,
+        _ocsp: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        match self.pin {
+            Some(pin) if ring::digest::digest(&ring::digest::SHA256, end_entity).as_ref() != pin => {
+                Err(rustls::Error::General(format!(
+                    "the certificate's fingerprint {} is not the pinned one",
+                    fingerprint(end_entity)
+                )))
+            }
+            _ => Ok(rustls::client::danger::ServerCertVerified::assertion()),
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.provider.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// A TLS client configuration for connecting to another server (an `rtsps://` upstream).
+pub fn client_config(verify: &Verify) -> anyhow::Result<Arc<rustls::ClientConfig>> {
+    let builder = rustls::ClientConfig::builder_with_provider(provider()).with_safe_default_protocol_versions()?;
+    let cfg = match verify {
+        Verify::PublicRoots => builder
+            .with_root_certificates(rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.to_vec() })
+            .with_no_client_auth(),
+        Verify::Ca(path) => builder.with_root_certificates(roots_from(path)?).with_no_client_auth(),
+        Verify::Pinned(pin) => builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(PinVerifier { pin: Some(*pin), provider: provider() }))
+            .with_no_client_auth(),
+        Verify::Off => builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(PinVerifier { pin: None, provider: provider() }))
+            .with_no_client_auth(),
+    };
+    Ok(Arc::new(cfg))
+}

@@ -42,6 +42,8 @@ type RtcpOut = (Arc<tokio::net::UdpSocket>, Option<SocketAddr>);
 /// How an upstream is reached and kept (the session's `rtsp` source fields).
 pub struct UpstreamOptions {
     pub url: Url,
+    /// For an `rtsps://` URL: how to check the server.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
     pub mode: RtspTransport,
     pub on_demand: bool,
     /// Torn down this long after the last client left (on demand).
@@ -60,6 +62,10 @@ pub struct UpstreamStatus {
     pub transport: Option<&'static str>,
     pub connects: u64,
     pub last_error: Option<String>,
+    /// `rtsps://`: the connection is TLS.
+    pub tls: bool,
+    /// SRTP/SRTCP packets from the upstream that failed their check: dropped.
+    pub srtp_dropped: u64,
     pub tracks: Vec<TrackStatus>,
 }
 
@@ -114,11 +120,14 @@ struct State {
     last_error: Option<String>,
     /// Until when someone wants the stream without being a sink yet (a DESCRIBE).
     wanted_until: Option<Instant>,
+    /// SRTP/SRTCP packets from the upstream that failed their check (or were replays).
+    srtp_dropped: u64,
 }
 
 pub struct Upstream {
     name: String,
     url: Url,
+    tls: Option<Arc<rustls::ClientConfig>>,
     mode: RtspTransport,
     on_demand: bool,
     linger: Duration,
@@ -139,13 +148,14 @@ impl Upstream {
     /// `first` is the relay session that carries the first media section; its source is
     /// already bound on loopback at `into`.
     pub fn new(name: &str, o: UpstreamOptions, first: Session, into: SocketAddr) -> std::io::Result<Arc<Self>> {
-        let UpstreamOptions { url, mode, on_demand, linger, silence } = o;
+        let UpstreamOptions { url, tls, mode, on_demand, linger, silence } = o;
         let feeder = UdpSocket::bind((IpAddr::from([127, 0, 0, 1]), 0))?;
         feeder.set_nonblocking(true)?;
         let track = Track::new(first, into, "video".into(), 90_000, None);
         Ok(Arc::new(Self {
             name: name.to_string(),
             url,
+            tls,
             mode,
             on_demand,
             linger,
@@ -158,6 +168,7 @@ impl Upstream {
                 connects: 0,
                 last_error: None,
                 wanted_until: None,
+                srtp_dropped: 0,
             }),
             ready: tokio::sync::watch::channel(0).0,
             wake: tokio::sync::Notify::new(),
@@ -179,6 +190,8 @@ impl Upstream {
             transport: st.transport,
             connects: st.connects,
             last_error: st.last_error.clone(),
+            tls: self.url.tls,
+            srtp_dropped: st.srtp_dropped,
             tracks: st
                 .tracks
                 .iter()
@@ -278,7 +291,13 @@ impl Upstream {
                 t.session.set_rtp_video(video);
             }
         }
-        st.sdp = Some(sdp.clone());
+        // Our clients get what we decrypted: plain RTP, and no upstream keys.
+        let mut plain = sdp.clone();
+        for m in &mut plain.media {
+            m.proto = m.proto.replace("SAVP", "AVP");
+            m.lines.retain(|(k, v)| !(*k == 'a' && (v.starts_with("crypto:") || v.starts_with("key-mgmt:"))));
+        }
+        st.sdp = Some(plain);
         Ok(())
     }
 
@@ -309,6 +328,23 @@ impl Upstream {
     }
 
     /// An RTCP datagram of track `i` from the upstream: its sender reports feed our RRs.
+    /// SRTP (`rtp`) or SRTCP from the upstream: decrypted, then fed as plain; what fails
+    /// its check is dropped and counted.
+    fn feed_srtp(&self, i: usize, rtp: bool, ctx: &mut fanout_proto::srtp::Context, data: &mut [u8]) {
+        let n = if rtp { ctx.unprotect_rtp_in(data) } else { ctx.unprotect_rtcp_in(data) };
+        match n {
+            Ok(n) if rtp => self.feed_rtp(i, &mut data[..n]),
+            Ok(n) => self.feed_rtcp(i, &data[..n]),
+            Err(e) => {
+                let mut st = self.state.lock();
+                st.srtp_dropped += 1;
+                if st.srtp_dropped == 1 {
+                    tracing::warn!(session = %self.name, "SRTP from the upstream dropped: {e}");
+                }
+            }
+        }
+    }
+
     fn feed_rtcp(&self, i: usize, data: &[u8]) {
         let Ok(reports) = fanout_proto::rtcp::parse_reports(data) else { return };
         let mut st = self.state.lock();
@@ -489,13 +525,30 @@ async fn connect_once(
     engine: &fanout_io::Engine,
 ) -> Result<Ended, String> {
     let addr = (up.url.host.as_str(), up.url.port);
-    let mut stream = tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(addr))
+    let tcp_stream = tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(addr))
         .await
         .map_err(|_| "connect timed out after 5 s".to_string())?
         .map_err(|e| format!("cannot connect: {e}"))?;
-    let _ = stream.set_nodelay(true);
-    let local = stream.local_addr().map_err(|e| e.to_string())?.ip();
-    let peer = stream.peer_addr().map_err(|e| e.to_string())?.ip();
+    let _ = tcp_stream.set_nodelay(true);
+    let local = tcp_stream.local_addr().map_err(|e| e.to_string())?.ip();
+    let peer = tcp_stream.peer_addr().map_err(|e| e.to_string())?.ip();
+    // rtsps://: the TLS handshake and the certificate check, before any RTSP.
+    let mut stream: Box<dyn Io> = match &up.tls {
+        None => Box::new(tcp_stream),
+        Some(cfg) => {
+            let name = rustls::pki_types::ServerName::try_from(up.url.host.clone())
+                .map_err(|e| format!("TLS: {:?} is no server name: {e}", up.url.host))?;
+            let tls = tokio_rustls::TlsConnector::from(cfg.clone());
+            let s = tokio::time::timeout(Duration::from_secs(5), tls.connect(name, tcp_stream))
+                .await
+                .map_err(|_| "TLS handshake timed out after 5 s".to_string())?
+                .map_err(|e| format!("TLS: {e}"))?;
+            Box::new(s)
+        }
+    };
+    // SRTP from the upstream: the keys its description gave, per track (decrypted once here,
+    // for every client of the session).
+    let mut srtp: Vec<Option<fanout_proto::srtp::Context>> = Vec::new();
     let mut client = Client::new(up.url.clone(), concat!("fanout/", env!("CARGO_PKG_VERSION")));
     stream.write_all(&client.start(up.now_ms())).await.map_err(|e| e.to_string())?;
     let limits = Limits { max_body: 1 << 20, ..Limits::default() };
@@ -525,10 +578,13 @@ async fn connect_once(
                         Lower::Interleaved { rtcp, .. } if rtcp == channel => Some((i, false)),
                         _ => None,
                     });
-                    match hit {
-                        Some((i, true)) => up.feed_rtp(i, &mut data),
-                        Some((i, false)) => up.feed_rtcp(i, &data),
-                        None => {} // a channel we did not set up: ignored
+                    // (A channel we did not set up is ignored.)
+                    if let Some((i, rtp)) = hit {
+                        match srtp.get_mut(i).and_then(Option::as_mut) {
+                            Some(ctx) => up.feed_srtp(i, rtp, ctx, &mut data),
+                            None if rtp => up.feed_rtp(i, &mut data),
+                            None => up.feed_rtcp(i, &data),
+                        }
                     }
                 }
                 Message::Request(_) => {} // servers may send OPTIONS/ANNOUNCE: not needed
@@ -544,6 +600,8 @@ async fn connect_once(
                     match step {
                         Step::Send(b) => stream.write_all(&b).await.map_err(|e| e.to_string())?,
                         Step::Described(sdp) => {
+                            srtp = srtp_contexts(&sdp)?;
+                            client.savp = srtp.iter().any(Option::is_some);
                             up.adopt(&sdp, template, engine).map_err(|e| format!("cannot open the tracks: {e}"))?;
                             let lowers: Vec<Lower> = if tcp {
                                 (0..sdp.media.len())
@@ -581,11 +639,15 @@ async fn connect_once(
                                 }
                                 let rtcp = Arc::new(rtcp);
                                 let (u1, u2, r2) = (up.clone(), up.clone(), rtcp.clone());
+                                let (mut k1, mut k2) = (srtp.get(i).cloned().flatten(), srtp.get(i).cloned().flatten());
                                 readers.spawn(async move {
                                     let mut b = vec![0u8; 65536];
                                     while let Ok((n, from)) = rtp.recv_from(&mut b).await {
                                         if from.ip() == peer {
-                                            u1.feed_rtp(i, &mut b[..n]);
+                                            match k1.as_mut() {
+                                                Some(ctx) => u1.feed_srtp(i, true, ctx, &mut b[..n]),
+                                                None => u1.feed_rtp(i, &mut b[..n]),
+                                            }
                                         }
                                     }
                                 });
@@ -593,7 +655,10 @@ async fn connect_once(
                                     let mut b = vec![0u8; 2048];
                                     while let Ok((n, from)) = r2.recv_from(&mut b).await {
                                         if from.ip() == peer {
-                                            u2.feed_rtcp(i, &b[..n]);
+                                            match k2.as_mut() {
+                                                Some(ctx) => u2.feed_srtp(i, false, ctx, &mut b[..n]),
+                                                None => u2.feed_rtcp(i, &b[..n]),
+                                            }
                                         }
                                     }
                                 });
@@ -636,7 +701,10 @@ async fn connect_once(
                     }
                     if tokio::time::Instant::now() >= next_report {
                         next_report += REPORT_EVERY;
-                        for (i, rr) in up.receiver_reports(reporter) {
+                        // (An SRTP upstream would want SRTCP under a key of ours, which SDES
+                        // cannot give it: no reports; the keep-alive requests hold the session.)
+                        let reports = if client.savp { Vec::new() } else { up.receiver_reports(reporter) };
+                        for (i, rr) in reports {
                             if tcp {
                                 if let Lower::Interleaved { rtcp, .. } = client.tracks[i].lower {
                                     let mut out = Vec::with_capacity(rr.len() + 4);
@@ -662,7 +730,7 @@ async fn connect_once(
     }
 }
 
-async fn teardown(client: &mut Client, stream: &mut tokio::net::TcpStream, up: &Upstream) {
+async fn teardown(client: &mut Client, stream: &mut Box<dyn Io>, up: &Upstream) {
     if let Some(b) = client.teardown(up.now_ms()) {
         // Best effort: the answer is not awaited beyond a short grace.
         let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&b)).await;
@@ -670,6 +738,32 @@ async fn teardown(client: &mut Client, stream: &mut tokio::net::TcpStream, up: &
         let _ = tokio::time::timeout(Duration::from_millis(300), stream.read(&mut scratch)).await;
     }
     up.rtcp_out.lock().clear();
+}
+
+/// The upstream connection: TCP, or TLS on TCP (`rtsps://`).
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
+
+/// Per media section, an SRTP context where the description gives it `RTP/SAVP` with an
+/// SDES key; an error where it is SRTP with keys we cannot read (MIKEY).
+fn srtp_contexts(sdp: &fanout_proto::sdp::Sdp) -> Result<Vec<Option<fanout_proto::srtp::Context>>, String> {
+    sdp.media
+        .iter()
+        .map(|m| {
+            if !m.proto.to_ascii_uppercase().contains("SAVP") {
+                return Ok(None);
+            }
+            let crypto = m.lines.iter().filter(|(k, _)| *k == 'a').find_map(|(_, v)| v.strip_prefix("crypto:"));
+            match crypto.map(fanout_proto::srtp::Crypto::parse) {
+                Some(Ok(c)) => Ok(Some(fanout_proto::srtp::Context::new(c.suite, &c.key))),
+                Some(Err(e)) => Err(format!("the upstream's SRTP key (a=crypto): {e}")),
+                None if m.attr("key-mgmt").is_some() => {
+                    Err("the upstream gives its SRTP keys by MIKEY (a=key-mgmt), which fanout cannot read yet".into())
+                }
+                None => Err(format!("the upstream's {} section is RTP/SAVP without a key", m.kind)),
+            }
+        })
+        .collect()
 }
 
 /// A random-enough RTP start (RFC 3550 §5.1): clock nanoseconds mixed with the process id.

@@ -159,7 +159,7 @@ pub(super) fn open_player(url: &Url) -> anyhow::Result<(LoadClient, std::net::Ud
 
 pub fn load(a: LoadArgs) -> anyhow::Result<()> {
     let url = Url::parse(&a.url).map_err(anyhow::Error::msg)?;
-    let tls = a.cacert.as_deref().map(crate::client::trusting).transpose()?;
+    let tls = a.cacert.as_deref().map(crate::tls::trusting).transpose()?;
     let mut clients = Vec::with_capacity(a.clients);
     for i in 0..a.clients {
         // A server may refuse one setup now and then (MediaMTX answered one SETUP in a few
@@ -338,7 +338,9 @@ fn start_target(name: &str, up: &Upstream, peers: &Path) -> anyhow::Result<Targe
         "fanout" => None,
         "fanout-srtp" => Some("shared"),
         "fanout-srtp-each" => Some("per-client"),
-        _ => bail!("target {name:?}: expected fanout:PATH, fanout-srtp:PATH, fanout-srtp-each:PATH, mediamtx or live555"),
+        _ => {
+            bail!("target {name:?}: expected fanout:PATH, fanout-srtp:PATH, fanout-srtp-each:PATH, mediamtx or live555")
+        }
     };
     // SRTP: RTSPS with a certificate made here, the API plain.
     let cacert = match keys {
