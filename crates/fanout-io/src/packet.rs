@@ -108,6 +108,13 @@ impl Packet {
         self.payload_off >= 12
     }
 
+    /// Changes the length only (what the bytes are stays judged as it was): for a transform
+    /// that rewrites a packet in place, such as encryption adding its tag.
+    pub fn set_len_only(&mut self, len: usize) {
+        self.len = len.min(self.buf.len());
+        self.payload_off = self.payload_off.min(self.len);
+    }
+
     /// Sets the length of a stream chunk (TCP): no packet boundaries, so no keyframe marks.
     pub fn set_chunk_len(&mut self, len: usize) {
         self.len = len.min(self.buf.len());

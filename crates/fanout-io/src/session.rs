@@ -86,6 +86,9 @@ pub enum SourceRecv {
     Uring,
 }
 
+/// See [`Session::set_ingest`].
+type IngestFn = Box<dyn FnMut(&mut [u8], usize) -> Option<usize> + Send>;
+
 #[derive(Debug, Clone)]
 pub struct SessionConfig {
     pub name: String,
@@ -319,6 +322,9 @@ pub(crate) struct Inner {
     kernel: Mutex<Option<KernelSession>>,
     /// RTP video codec for keyframe marks and layer statistics: 0 none, 1 H.264, 2 HEVC.
     rtp_video: std::sync::atomic::AtomicU8,
+    /// Rewrites each received packet in place after it was judged (keyframe, layer): the
+    /// buffer and the packet's length in, its new length out (`None`: drop it).
+    ingest: Mutex<Option<IngestFn>>,
     saw_parameter_sets: AtomicBool,
     /// Each packet's scalable layer, and the moving average rate per layer.
     layers: Mutex<(fanout_proto::layers::LayerParser, fanout_proto::adapt::LayerRates)>,
@@ -546,6 +552,15 @@ impl Inner {
         };
         p.set_len(len, off);
         self.mark_video_start(p);
+        if let Some(f) = self.ingest.lock().as_mut() {
+            match f(p.buf_mut(), len) {
+                Some(n) => p.set_len_only(n),
+                None => {
+                    self.src.malformed.fetch_add(1, Ordering::Relaxed);
+                    return false;
+                }
+            }
+        }
         true
     }
 
@@ -638,6 +653,7 @@ impl Session {
             },
             kernel: Mutex::new(None),
             rtp_video: std::sync::atomic::AtomicU8::new(0),
+            ingest: Mutex::new(None),
             saw_parameter_sets: AtomicBool::new(false),
             layers: Mutex::new(Default::default()),
             meter: Mutex::new(Default::default()),
@@ -663,6 +679,20 @@ impl Session {
 
     /// Tells the session its RTP carries this video codec, so new sinks can start at a
     /// keyframe (`None`: not video, or unknown).
+    /// Rewrites every packet the (user-space) source receives, in place, after it was
+    /// judged: e.g. SRTP encryption once per packet for every sink, with the keyframe marks
+    /// of the plaintext. The buffer is `max_datagram` long; the packet's length goes in, its
+    /// new length comes out (`None` drops it, counted as malformed). Not for the `kernel`
+    /// path, whose program sends what arrives.
+    pub fn set_ingest(&self, f: impl FnMut(&mut [u8], usize) -> Option<usize> + Send + 'static) {
+        *self.inner.ingest.lock() = Some(Box::new(f));
+    }
+
+    /// The codec of the session's RTP video, if known.
+    pub fn rtp_video(&self) -> Option<fanout_proto::annexb::Codec> {
+        self.inner.video_codec()
+    }
+
     pub fn set_rtp_video(&self, codec: Option<fanout_proto::annexb::Codec>) {
         let v = match codec {
             None => 0,

@@ -36,6 +36,7 @@ pub mod fmp4;
 pub mod hls;
 pub mod http;
 pub mod layers;
+pub mod mikey;
 pub mod mpegts;
 pub mod probe;
 pub mod repack;

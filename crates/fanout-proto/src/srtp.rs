@@ -230,6 +230,13 @@ pub struct Context {
     streams: HashMap<u32, Stream>,
 }
 
+impl std::fmt::Debug for Context {
+    /// Never the keys.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context").field("suite", &self.suite).field("streams", &self.streams.len()).finish()
+    }
+}
+
 /// SSRCs a context follows at most: a receiver fed packets with ever new SSRCs must not
 /// grow without bound.
 const MAX_STREAMS: usize = 1024;
@@ -252,6 +259,21 @@ impl Context {
 
     /// Encrypts an RTP packet's payload in place and appends its tag.
     pub fn protect_rtp(&mut self, pkt: &mut Vec<u8>) -> Result<(), Error> {
+        let len = pkt.len();
+        pkt.resize(len + self.suite.rtp_tag_len(), 0);
+        let n = self.protect_rtp_in(pkt, len);
+        pkt.truncate(n.unwrap_or(len));
+        n.map(|_| ())
+    }
+
+    /// [`Context::protect_rtp`] in a buffer: the packet is its first `len` bytes, the tag
+    /// goes after them (the buffer must have room); the protected length comes back.
+    pub fn protect_rtp_in(&mut self, buf: &mut [u8], len: usize) -> Result<usize, Error> {
+        let tag_len = self.suite.rtp_tag_len();
+        if buf.len() < len + tag_len {
+            return Err(Error::TooShort);
+        }
+        let pkt = &mut buf[..len];
         let h = rtp_header_len(pkt)?;
         let seq = u16::from_be_bytes([pkt[2], pkt[3]]);
         let ssrc = u32::from_be_bytes([pkt[8], pkt[9], pkt[10], pkt[11]]);
@@ -263,8 +285,8 @@ impl Context {
         let roc = (index >> 16) as u32;
         self.rtp.crypt(ssrc, index, &mut pkt[h..]);
         let tag = self.rtp.tag(&[pkt, &roc.to_be_bytes()]);
-        pkt.extend_from_slice(&tag[..self.suite.rtp_tag_len()]);
-        Ok(())
+        buf[len..len + tag_len].copy_from_slice(&tag[..tag_len]);
+        Ok(len + tag_len)
     }
 
     /// Checks an SRTP packet's tag and replay, decrypts it in place and drops the tag.

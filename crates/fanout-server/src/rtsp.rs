@@ -404,8 +404,11 @@ impl Rtsp {
                 }
             };
             m.proto = "RTP/SAVP".into();
-            m.lines.retain(|(k, v)| !(*k == 'a' && v.starts_with("crypto:")));
+            m.lines.retain(|(k, v)| !(*k == 'a' && (v.starts_with("crypto:") || v.starts_with("key-mgmt:"))));
+            // The key twice: SDES for ffmpeg, MIKEY for GStreamer (and MediaMTX's clients).
             m.lines.push(('a', format!("crypto:{}", epoch.crypto.to_value())));
+            let ssrc = t.session.rtp_latest().map_or(0, |l| l.0);
+            m.lines.push(('a', format!("key-mgmt:mikey {}", epoch.mikey(ssrc))));
             me.keys.lock().insert(t.session.name().to_string(), epoch);
         }
         Some(res)

@@ -1,9 +1,11 @@
 //! SRTP toward RTSPS clients, encrypted once per packet for many clients (issue 15).
 //!
-//! A track's SRTP clients share a key: an *epoch*. Its encryptor subscribes to the track's
-//! session like any UDP sink, protects each packet once ([`fanout_proto::srtp`]) and feeds
-//! the ciphertext into a relay session of its own (`{track}/srtp-N`), whose sinks are the
-//! clients: the data paths send the same bytes to all of them, as they do plain RTP.
+//! A track's SRTP clients share a key: an *epoch*. A task subscribes to the track's session
+//! like any UDP sink and feeds its packets into a relay session of its own
+//! (`{track}/srtp-N`), whose sinks are the clients. That session judges each packet as
+//! plaintext (keyframes, so a client starts at one) and then encrypts it in place, once
+//! ([`fanout_proto::srtp`], through `Session::set_ingest`): the data paths send the same
+//! ciphertext to all of its sinks, as they send plain RTP.
 //!
 //! Why epochs and not one key per track: SDES carries no rollover counter, so a client
 //! starts counting at ROC 0 from its first packet (RFC 3711 §3.3.1). An epoch's index space
@@ -32,24 +34,29 @@ pub struct Epoch {
     /// The encrypted copy of the track; SRTP clients are its sinks.
     pub session: Session,
     ctx: Arc<Mutex<Context>>,
-    /// Packets encrypted, the newest sequence number, and whether the numbers wrapped since
-    /// the first.
+    counts: Arc<Counts>,
+    stopped: AtomicBool,
+    task: tokio::task::AbortHandle,
+}
+
+/// What the encryption saw: packets, the newest sequence number, and whether the numbers
+/// wrapped since the first.
+#[derive(Default)]
+struct Counts {
     packets: AtomicU32,
     last_seq: AtomicU32,
     wrapped: AtomicBool,
-    stopped: AtomicBool,
-    task: tokio::task::AbortHandle,
 }
 
 impl Epoch {
     /// Whether a new client can start on this key: it runs, and its first ROC period has
     /// room ahead.
     fn joinable(&self) -> bool {
-        if self.stopped.load(Relaxed) || self.wrapped.load(Relaxed) || self.task.is_finished() {
+        if self.stopped.load(Relaxed) || self.counts.wrapped.load(Relaxed) || self.task.is_finished() {
             return false;
         }
         // Packets left before the sequence numbers pass 65535.
-        65_535 - self.last_seq.load(Relaxed) > JOIN_MARGIN
+        65_535 - self.counts.last_seq.load(Relaxed) > JOIN_MARGIN
     }
 
     /// Protects a sender report for one of its clients (each gets its own SRTCP index).
@@ -57,12 +64,29 @@ impl Epoch {
         let _ = self.ctx.lock().protect_rtcp(sr);
     }
 
+    /// The key as a MIKEY message (base64), for the crypto session of `ssrc` from its start.
+    pub fn mikey(&self, ssrc: u32) -> String {
+        let mut r = [0u8; 20];
+        let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut r);
+        let m = fanout_proto::mikey::Mikey {
+            csb_id: u32::from_be_bytes([r[16], r[17], r[18], r[19]]),
+            sessions: vec![(ssrc, 0)],
+            suite: self.crypto.suite,
+            key: self.crypto.key.clone(),
+        };
+        let ntp = fanout_proto::rtcp::ntp_from_unix(
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default(),
+        );
+        let rand: [u8; 16] = r[..16].try_into().expect("16 bytes");
+        m.write_base64(rand, ntp)
+    }
+
     pub fn running(&self) -> bool {
         !self.task.is_finished() && !self.stopped.load(Relaxed)
     }
 
     pub fn packets(&self) -> u32 {
-        self.packets.load(Relaxed)
+        self.counts.packets.load(Relaxed)
     }
 }
 
@@ -126,51 +150,51 @@ fn start(track: &Session, engine: &fanout_io::Engine, n: u32) -> std::io::Result
     let crypto = Crypto { tag: 1, suite: Suite::AesCm128HmacSha1_80, key };
     let mut cfg = track.config().clone();
     cfg.name = format!("{}/srtp-{n}", track.name());
+    // The encryption runs where packets are received in user space: not the kernel path.
+    if cfg.datapath == fanout_io::DataPath::Kernel {
+        cfg.datapath = fanout_io::DataPath::Shared;
+    }
     let session = Session::new(cfg, engine);
+    session.set_rtp_video(track.rtp_video());
+    let ctx = Arc::new(Mutex::new(Context::new(crypto.suite, &crypto.key)));
+    let counts = Arc::new(Counts::default());
+    {
+        let (ctx, counts) = (ctx.clone(), counts.clone());
+        session.set_ingest(move |buf, len| {
+            if len < 12 {
+                return None;
+            }
+            let seq = u16::from_be_bytes([buf[2], buf[3]]);
+            let last = counts.last_seq.swap(u32::from(seq), Relaxed) as u16;
+            if counts.packets.fetch_add(1, Relaxed) > 0 && seq < last && last - seq > 0x8000 {
+                counts.wrapped.store(true, Relaxed);
+            }
+            ctx.lock().protect_rtp_in(buf, len).ok()
+        });
+    }
     let source = bind_udp_source(SocketAddr::from(([127, 0, 0, 1], 0)), None)?;
     let into = source.local_addr()?;
     session.attach_udp(source)?;
     session.set_source_kind(format!("SRTP of {}", track.name()));
     let sock = std::net::UdpSocket::bind("127.0.0.1:0")?;
-    // A second of a few Mbit/s: the encryptor is never the one that loses packets.
+    // A second of a few Mbit/s: the relay hop is never the one that loses packets.
     let _ = socket2::SockRef::from(&sock).set_recv_buffer_size(4 << 20);
     sock.set_nonblocking(true)?;
     let input = track.add_udp_sink(sock.local_addr()?)?;
     let sock = tokio::net::UdpSocket::from_std(sock)?;
-    let ctx = Arc::new(Mutex::new(Context::new(crypto.suite, &crypto.key)));
-    let epoch = Arc::new_cyclic(|weak: &std::sync::Weak<Epoch>| {
-        let weak = weak.clone();
-        let (track, session_out) = (track.clone(), session.clone());
-        let ctx_run = ctx.clone();
-        let task = tokio::spawn(async move {
-            run(weak, sock, into, ctx_run, &session_out).await;
-            track.remove_sink(input);
-            tokio::task::spawn_blocking(move || session_out.close());
-        })
-        .abort_handle();
-        Epoch {
-            crypto,
-            session,
-            ctx,
-            packets: AtomicU32::new(0),
-            last_seq: AtomicU32::new(0),
-            wrapped: AtomicBool::new(false),
-            stopped: AtomicBool::new(false),
-            task,
-        }
-    });
+    let (track_run, out) = (track.clone(), session.clone());
+    let task = tokio::spawn(async move {
+        run(sock, into, &out).await;
+        track_run.remove_sink(input);
+        tokio::task::spawn_blocking(move || out.close());
+    })
+    .abort_handle();
     tracing::info!(track = track.name(), epoch = n, "SRTP encryption started");
-    Ok(epoch)
+    Ok(Arc::new(Epoch { crypto, session, ctx, counts, stopped: AtomicBool::new(false), task }))
 }
 
-/// Encrypts what the track sends until the epoch has had no client for `LINGER`.
-async fn run(
-    epoch: std::sync::Weak<Epoch>,
-    sock: tokio::net::UdpSocket,
-    into: SocketAddr,
-    ctx: Arc<Mutex<Context>>,
-    out: &Session,
-) {
+/// Feeds the track's packets to the epoch's session until it has had no client for `LINGER`.
+async fn run(sock: tokio::net::UdpSocket, into: SocketAddr, out: &Session) {
     let feeder = match tokio::net::UdpSocket::bind("127.0.0.1:0").await {
         Ok(s) => s,
         Err(e) => {
@@ -179,30 +203,14 @@ async fn run(
         }
     };
     let mut buf = vec![0u8; 65_536];
-    let mut pkt = Vec::with_capacity(2048);
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut idle_since: Option<Instant> = None;
     loop {
         tokio::select! {
             r = sock.recv(&mut buf) => {
                 let Ok(n) = r else { break };
-                // (Only while the epoch is being built: its task may run first.)
-                let Some(e) = epoch.upgrade() else { continue };
-                if n < 12 {
-                    continue;
-                }
-                let seq = u16::from_be_bytes([buf[2], buf[3]]);
-                let last = e.last_seq.swap(u32::from(seq), Relaxed) as u16;
-                if e.packets.load(Relaxed) > 0 && seq < last && last - seq > 0x8000 {
-                    e.wrapped.store(true, Relaxed);
-                }
-                pkt.clear();
-                pkt.extend_from_slice(&buf[..n]);
-                if ctx.lock().protect_rtp(&mut pkt).is_ok() {
-                    e.packets.fetch_add(1, Relaxed);
-                    // Loopback into the engine: a failure here is the engine's to count.
-                    let _ = feeder.send_to(&pkt, into).await;
-                }
+                // Loopback into the engine: a failure here is the engine's to count.
+                let _ = feeder.send_to(&buf[..n], into).await;
             }
             _ = tick.tick() => {
                 if !out.sinks().is_empty() {
@@ -213,8 +221,5 @@ async fn run(
             }
         }
     }
-    if let Some(e) = epoch.upgrade() {
-        e.stopped.store(true, Relaxed);
-        tracing::info!(session = out.name(), packets = e.packets(), "SRTP encryption stopped");
-    }
+    tracing::info!(session = out.name(), "SRTP encryption stopped");
 }

@@ -753,14 +753,18 @@ fn srtp_contexts(sdp: &fanout_proto::sdp::Sdp) -> Result<Vec<Option<fanout_proto
             if !m.proto.to_ascii_uppercase().contains("SAVP") {
                 return Ok(None);
             }
-            let crypto = m.lines.iter().filter(|(k, _)| *k == 'a').find_map(|(_, v)| v.strip_prefix("crypto:"));
-            match crypto.map(fanout_proto::srtp::Crypto::parse) {
-                Some(Ok(c)) => Ok(Some(fanout_proto::srtp::Context::new(c.suite, &c.key))),
-                Some(Err(e)) => Err(format!("the upstream's SRTP key (a=crypto): {e}")),
-                None if m.attr("key-mgmt").is_some() => {
-                    Err("the upstream gives its SRTP keys by MIKEY (a=key-mgmt), which fanout cannot read yet".into())
-                }
-                None => Err(format!("the upstream's {} section is RTP/SAVP without a key", m.kind)),
+            let attr = |name: &str| m.lines.iter().filter(|(k, _)| *k == 'a').find_map(|(_, v)| v.strip_prefix(name));
+            // SDES first (its key is the stream's as is), else MIKEY.
+            match (attr("crypto:"), attr("key-mgmt:").and_then(|v| v.trim().strip_prefix("mikey "))) {
+                (Some(c), _) => match fanout_proto::srtp::Crypto::parse(c) {
+                    Ok(c) => Ok(Some(fanout_proto::srtp::Context::new(c.suite, &c.key))),
+                    Err(e) => Err(format!("the upstream's SRTP key (a=crypto): {e}")),
+                },
+                (None, Some(b64)) => match fanout_proto::mikey::Mikey::parse_base64(b64) {
+                    Ok(k) => Ok(Some(fanout_proto::srtp::Context::new(k.suite, &k.key))),
+                    Err(e) => Err(format!("the upstream's SRTP key (a=key-mgmt): {e}")),
+                },
+                (None, None) => Err(format!("the upstream's {} section is RTP/SAVP without a key", m.kind)),
             }
         })
         .collect()
@@ -777,4 +781,38 @@ pub(crate) fn random_start() -> (u16, u32) {
 fn reporter_ssrc(up: &Upstream) -> u32 {
     let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
     t ^ std::process::id().rotate_left(16) ^ up.state.lock().connects as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fanout_proto::srtp::{Context, Crypto, MasterKey, Suite};
+
+    /// An upstream's SRTP keys: SDES, else MIKEY; SAVP without a usable key is an error that
+    /// says which.
+    #[test]
+    fn srtp_keys_come_from_sdes_or_mikey() {
+        let key = MasterKey { key: [5; 16], salt: [6; 14] };
+        let suite = Suite::AesCm128HmacSha1_80;
+        let mikey = fanout_proto::mikey::Mikey { csb_id: 1, sessions: vec![(7, 0)], suite, key: key.clone() };
+        let mikey = mikey.write_base64([0; 16], 0);
+        let sdes = Crypto { tag: 1, suite, key: key.clone() }.to_value();
+        let sdp = |attrs: &str| {
+            let text = format!(
+                "v=0\r\ns=x\r\nm=video 0 RTP/SAVP 96\r\na=rtpmap:96 H264/90000\r\n{attrs}m=audio 0 RTP/AVP 0\r\n"
+            );
+            Sdp::parse(&text).unwrap()
+        };
+        for attrs in [format!("a=crypto:{sdes}\r\n"), format!("a=key-mgmt:mikey {mikey}\r\n")] {
+            let mut ctxs = srtp_contexts(&sdp(&attrs)).unwrap();
+            assert!(ctxs[1].is_none(), "the plain section stays plain");
+            // It decrypts what a context of the same key protected.
+            let mut p = vec![0x80, 96, 0, 1, 0, 0, 0, 9, 0, 0, 0, 7, 1, 2, 3];
+            Context::new(suite, &key).protect_rtp(&mut p).unwrap();
+            ctxs[0].as_mut().unwrap().unprotect_rtp(&mut p).unwrap();
+            assert_eq!(p[12..], [1, 2, 3]);
+        }
+        assert!(srtp_contexts(&sdp("")).unwrap_err().contains("without a key"));
+        assert!(srtp_contexts(&sdp("a=key-mgmt:mikey AAAA\r\n")).unwrap_err().contains("key-mgmt"));
+    }
 }

@@ -126,19 +126,6 @@ fn a_lapped_rtsp_interleaved_subscriber_resumes_at_a_keyframe() {
     assert_clean_resume("RTSP/RTP over TCP", &log);
 }
 
-/// Whether GStreamer's `gst-launch-1.0` is here; on CI its absence is a failure (scripts/test
-/// installs it), elsewhere a loud skip.
-fn have_gstreamer() -> bool {
-    let ok = Command::new("gst-launch-1.0").arg("--version").output().is_ok_and(|o| o.status.success());
-    if !ok {
-        if std::env::var_os("CI").is_some() {
-            panic!("gst-launch-1.0 is missing: scripts/test installs it (apt-get install gstreamer1.0-tools)");
-        }
-        eprintln!("\n*** SKIPPED: GStreamer not installed; run scripts/test to install it ***\n");
-    }
-    ok
-}
-
 /// What a player's log says about timestamps going backwards or jumping at the start.
 fn timestamp_warnings(log: &str) -> Vec<&str> {
     let bad = ["decreasing", "non monotonic", "non-monotonous", "timestamp", "discont", "out of order"];

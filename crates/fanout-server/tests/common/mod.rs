@@ -391,3 +391,16 @@ pub fn rtsp_play(addr: SocketAddr, resource: &str, rtcp: Option<u16>) -> RtspPla
     let seq = info.split(';').find_map(|f| f.strip_prefix("seq=")).unwrap().parse().unwrap();
     RtspPlay { conn: c, rtp, seq, session, transport, sdp }
 }
+
+/// Whether GStreamer's `gst-launch-1.0` is here; on CI its absence is a failure (scripts/test
+/// installs it), elsewhere a loud skip.
+pub fn have_gstreamer() -> bool {
+    let ok = Command::new("gst-launch-1.0").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !ok {
+        if std::env::var_os("CI").is_some() {
+            panic!("gst-launch-1.0 is missing: scripts/test installs it (apt-get install gstreamer1.0-tools)");
+        }
+        eprintln!("\n*** SKIPPED: GStreamer not installed; run scripts/test to install it ***\n");
+    }
+    ok
+}
