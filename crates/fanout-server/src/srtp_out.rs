@@ -35,7 +35,6 @@ pub struct Epoch {
     pub session: Session,
     ctx: Arc<Mutex<Context>>,
     counts: Arc<Counts>,
-    stopped: AtomicBool,
     task: tokio::task::AbortHandle,
 }
 
@@ -52,7 +51,7 @@ impl Epoch {
     /// Whether a new client can start on this key: it runs, and its first ROC period has
     /// room ahead.
     fn joinable(&self) -> bool {
-        if self.stopped.load(Relaxed) || self.counts.wrapped.load(Relaxed) || self.task.is_finished() {
+        if self.counts.wrapped.load(Relaxed) || self.task.is_finished() {
             return false;
         }
         // Packets left before the sequence numbers pass 65535.
@@ -82,7 +81,7 @@ impl Epoch {
     }
 
     pub fn running(&self) -> bool {
-        !self.task.is_finished() && !self.stopped.load(Relaxed)
+        !self.task.is_finished()
     }
 
     pub fn packets(&self) -> u32 {
@@ -110,7 +109,7 @@ impl SrtpOut {
     pub fn epoch(&self, track: &Session, engine: &fanout_io::Engine, shared: bool) -> std::io::Result<Arc<Epoch>> {
         let mut all = self.epochs.lock();
         let list = all.entry(track.name().to_string()).or_default();
-        list.retain(|e| !e.task.is_finished());
+        list.retain(|e| e.running());
         if let Some(e) = list.iter().rev().find(|e| shared && e.joinable()) {
             return Ok(e.clone());
         }
@@ -135,9 +134,7 @@ impl SrtpOut {
         let mut v: Vec<_> = all
             .iter()
             .flat_map(|(t, es)| {
-                es.iter()
-                    .filter(|e| !e.task.is_finished())
-                    .map(move |e| (t.clone(), e.session.sinks().len(), e.packets()))
+                es.iter().filter(|e| e.running()).map(move |e| (t.clone(), e.session.sinks().len(), e.packets()))
             })
             .collect();
         v.sort();
@@ -190,7 +187,7 @@ fn start(track: &Session, engine: &fanout_io::Engine, n: u32) -> std::io::Result
     })
     .abort_handle();
     tracing::info!(track = track.name(), epoch = n, "SRTP encryption started");
-    Ok(Arc::new(Epoch { crypto, session, ctx, counts, stopped: AtomicBool::new(false), task }))
+    Ok(Arc::new(Epoch { crypto, session, ctx, counts, task }))
 }
 
 /// Feeds the track's packets to the epoch's session until it has had no client for `LINGER`.
