@@ -154,6 +154,9 @@ impl Keys {
 /// window below it, and SRTCP's index.
 #[derive(Debug, Clone, Copy, Default)]
 struct Stream {
+    /// Whether an RTP packet was seen: the first one sets `s_l` (an SRTCP packet may come
+    /// first, and must not start the RTP index space at 0).
+    rtp_seen: bool,
     s_l: u16,
     roc: u32,
     /// Bit i: index (highest − i) was accepted.
@@ -254,7 +257,11 @@ impl Context {
         if self.streams.len() >= MAX_STREAMS && !self.streams.contains_key(&ssrc) {
             self.streams.clear();
         }
-        self.streams.entry(ssrc).or_insert_with(|| Stream { s_l: seq.unwrap_or(0), ..Stream::default() })
+        let st = self.streams.entry(ssrc).or_default();
+        if let (Some(seq), false) = (seq, st.rtp_seen) {
+            (st.s_l, st.rtp_seen) = (seq, true);
+        }
+        st
     }
 
     /// Encrypts an RTP packet's payload in place and appends its tag.
@@ -522,6 +529,26 @@ mod tests {
             assert_eq!(p, plain, "packet {i}");
         }
         assert_eq!(rx.streams[&9].roc, 1);
+    }
+
+    /// A sender report protected (or checked) before the stream's first RTP packet leaves
+    /// the RTP index space alone: the first packet's own sequence number starts it.
+    #[test]
+    fn srtcp_before_the_first_rtp_packet_does_not_shift_the_rollover_counter() {
+        let (mut tx, mut rx) =
+            (Context::new(Suite::AesCm128HmacSha1_80, &master()), Context::new(Suite::AesCm128HmacSha1_80, &master()));
+        let mut sr = vec![0x80, 200, 0, 6];
+        sr.extend_from_slice(&9u32.to_be_bytes());
+        sr.extend_from_slice(&[7; 20]);
+        tx.protect_rtcp(&mut sr).unwrap();
+        rx.unprotect_rtcp(&mut sr).unwrap();
+        let plain = rtp(40_000, 9, b"after the report");
+        let mut p = plain.clone();
+        tx.protect_rtp(&mut p).unwrap();
+        // A receiver that starts at ROC 0 with this packet (a new client) reads it.
+        Context::new(Suite::AesCm128HmacSha1_80, &master()).unprotect_rtp(&mut p.clone()).unwrap();
+        rx.unprotect_rtp(&mut p).unwrap();
+        assert_eq!(p, plain);
     }
 
     #[test]
