@@ -107,13 +107,7 @@ fn rtsp_request(s: &mut impl ReadWrite, req: &str) -> String {
 fn rtsp_exchange(s: &mut impl ReadWrite, req: &str) -> (String, String) {
     s.write_all(req.as_bytes()).unwrap();
     s.flush().unwrap();
-    let mut head = Vec::new();
-    let mut b = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        s.read_exact(&mut b).unwrap();
-        head.push(b[0]);
-    }
-    let head = String::from_utf8(head).unwrap();
+    let head = read_head(s);
     let len: usize = head
         .lines()
         .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap()))

@@ -129,13 +129,7 @@ impl Relay {
     pub fn http_subscribe(&self, session: &str) -> TcpStream {
         let mut s = TcpStream::connect(self.api).unwrap();
         write!(s, "GET /v1/sessions/{session}/stream HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-        let mut head = Vec::new();
-        let mut b = [0u8; 1];
-        while !head.ends_with(b"\r\n\r\n") {
-            s.read_exact(&mut b).unwrap();
-            head.push(b[0]);
-        }
-        let head = String::from_utf8(head).unwrap();
+        let head = read_head(&mut s);
         assert!(head.starts_with("HTTP/1.1 200"), "{head}");
         s
     }
@@ -403,4 +397,15 @@ pub fn have_gstreamer() -> bool {
         eprintln!("\n*** SKIPPED: GStreamer not installed; run scripts/test to install it ***\n");
     }
     ok
+}
+
+/// Reads a response head (HTTP or RTSP) byte by byte, through its blank line.
+pub fn read_head(s: &mut impl Read) -> String {
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        s.read_exact(&mut b).unwrap();
+        head.push(b[0]);
+    }
+    String::from_utf8(head).unwrap()
 }
