@@ -32,6 +32,7 @@ pub mod aac;
 pub mod adapt;
 pub mod annexb;
 pub mod classify;
+pub mod directory;
 pub mod fmp4;
 pub mod hls;
 pub mod http;

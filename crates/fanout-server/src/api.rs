@@ -33,6 +33,7 @@ impl From<RelayError> for ApiError {
             RelayError::Peer(_) => StatusCode::BAD_GATEWAY,
             RelayError::Unavailable(_) => StatusCode::NOT_IMPLEMENTED,
             RelayError::Unsupported(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            RelayError::Down(_) => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError(code, e.to_string())
@@ -61,6 +62,7 @@ pub fn router(relay: Arc<Relay>) -> Router {
         .route("/v1/events", get(events))
         .route("/v1/engine", get(engine_status))
         .route("/v1/rtsp", get(rtsp_clients))
+        .route("/v1/cluster", get(cluster_view))
         .route("/metrics", get(metrics))
         .merge(crate::ui::routes())
         .fallback(|| async { ApiError(StatusCode::NOT_FOUND, "no such API path; see docs/openapi.yaml".into()) })
@@ -402,6 +404,16 @@ async fn rtsp_clients(State(relay): State<Arc<Relay>>) -> Json<serde_json::Value
     }))
 }
 
+/// This node, the directory as it reads now, and what it pulls from whom.
+async fn cluster_view(State(relay): State<Arc<Relay>>) -> Result<Json<crate::cluster::ClusterView>, ApiError> {
+    match &relay.cluster {
+        Some(c) => Ok(Json(c.view().await)),
+        None => {
+            Err(ApiError(StatusCode::NOT_FOUND, "this relay is not a cluster node (no [cluster] in its config)".into()))
+        }
+    }
+}
+
 async fn engine_status(State(relay): State<Arc<Relay>>) -> Json<serde_json::Value> {
     Json(engine_json(&relay))
 }
@@ -453,6 +465,42 @@ fn family(m: &mut String, name: &str, kind: &str, help: &str, samples: impl Into
     for (labels, v) in samples {
         let _ = writeln!(m, "{name}{labels} {v}");
     }
+}
+
+/// A Prometheus label value, escaped.
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// The node's place in its cluster: the directory, its pulls, its parents.
+fn cluster_metrics(m: &mut String, c: &crate::cluster::Cluster) {
+    let node = label(&c.cfg.node);
+    let d = c.directory_state();
+    let up = u64::from(d.state == "connected");
+    let help = "1 while the node is registered in the cluster directory (etcd).";
+    family(m, "fanout_cluster_directory_up", "gauge", help, [(format!("{{node=\"{node}\"}}"), up)]);
+    let help = "Registrations in the directory (a new one after etcd came back).";
+    family(
+        m,
+        "fanout_cluster_registrations_total",
+        "counter",
+        help,
+        [(format!("{{node=\"{node}\"}}"), d.registrations)],
+    );
+    let pulls = c.pulls();
+    let help = "Channels pulled from another node (1 per channel, labelled with the node).";
+    let samples =
+        pulls.iter().map(|p| (format!("{{channel=\"{}\",from=\"{}\"}}", label(&p.channel), label(&p.from)), 1));
+    family(m, "fanout_cluster_pull", "gauge", help, samples);
+    let help = "Moves of a pull to another node (failovers).";
+    let samples = pulls.iter().map(|p| (format!("{{channel=\"{}\"}}", label(&p.channel)), p.switches));
+    family(m, "fanout_cluster_pull_switches_total", "counter", help, samples);
+    let help = "1 while a configured parent answers its health check.";
+    let samples = c
+        .parent_status()
+        .into_iter()
+        .map(|p| (format!("{{parent=\"{}\"}}", label(&p.url)), u64::from(p.health == "up")));
+    family(m, "fanout_cluster_parent_up", "gauge", help, samples);
 }
 
 /// Prometheus text exposition of the same counters the status calls show.
@@ -510,6 +558,9 @@ async fn metrics(State(relay): State<Arc<Relay>>) -> impl IntoResponse {
         family(&mut m, "fanout_rtsp_tracks_playing", "gauge", "RTSP tracks being played.", [(String::new(), playing)]);
     }
     process_metrics(&mut m);
+    if let Some(c) = &relay.cluster {
+        cluster_metrics(&mut m, c);
+    }
     let statuses: Vec<_> = sessions.iter().map(|s| (s.status(), s.sinks())).collect();
     type SessionFn = fn(&fanout_io::SessionStatus) -> u64;
     let per_session: [(&str, &str, &str, SessionFn); 9] = [

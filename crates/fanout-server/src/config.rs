@@ -59,6 +59,95 @@ pub struct Config {
     pub sessions: Vec<SessionSpec>,
     /// TLS: HTTPS for the API and HTTP streams, and RTSPS; none = everything plain.
     pub tls: Option<TlsConfig>,
+    /// This relay as a node of a tree of relays (see docs/cluster.md); none = alone.
+    pub cluster: Option<ClusterConfig>,
+}
+
+/// `[cluster]`: who this node is, where the directory is, where it pulls from.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// This node's name, unique in the cluster (letters, digits, `.`, `_`, `-`).
+    pub node: String,
+    /// etcd endpoints (`host:port`) for membership and the channel directory.
+    #[serde(default)]
+    pub etcd: Vec<String>,
+    /// Relays to pull from, in order of preference (`rtsp://host:port`), health-checked; asked
+    /// after the directory (or instead of one).
+    #[serde(default)]
+    pub parents: Vec<String>,
+    /// Where other nodes reach this one's RTSP (`rtsp://host:port`); default: the RTSP
+    /// address, if it is not a wildcard.
+    #[serde(default)]
+    pub rtsp_url: Option<String>,
+    /// Where people reach this one's API (`http://host:port`), shown in the directory.
+    #[serde(default)]
+    pub api_url: Option<String>,
+    #[serde(default)]
+    pub region: Option<String>,
+    /// 0 = origin; an edge one more than the nodes it pulls from.
+    #[serde(default)]
+    pub tier: u32,
+    /// Subscribers this node takes: a node at its cap is chosen last by the others.
+    #[serde(default)]
+    pub max_subscribers: Option<u64>,
+    /// Seconds the node's registration outlives its last keep-alive (the etcd lease TTL).
+    #[serde(default = "ClusterConfig::default_lease")]
+    pub lease_s: u64,
+    /// Seconds a pulled channel stays after its last subscriber left.
+    #[serde(default = "ClusterConfig::default_linger")]
+    pub linger_s: f64,
+    /// How pulls carry RTP: `tcp` (interleaved, default), `udp` or `auto`.
+    #[serde(default = "ClusterConfig::default_transport")]
+    pub pull_transport: crate::spec::RtspTransport,
+    /// PEM file of the CA that signed the other nodes' certificates, for `rtsps://` nodes.
+    #[serde(default)]
+    pub tls_ca: Option<String>,
+    /// The etcd key prefix of this cluster.
+    #[serde(default = "ClusterConfig::default_prefix")]
+    pub prefix: String,
+}
+
+impl ClusterConfig {
+    fn default_lease() -> u64 {
+        4
+    }
+    fn default_linger() -> f64 {
+        10.0
+    }
+    fn default_transport() -> crate::spec::RtspTransport {
+        crate::spec::RtspTransport::Tcp
+    }
+    fn default_prefix() -> String {
+        "/fanout".into()
+    }
+
+    /// Checks what serde cannot: names, URLs, ranges.
+    pub fn validate(&self) -> Result<(), String> {
+        let good = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+        if self.node.is_empty() || self.node.len() > 64 || !self.node.chars().all(good) {
+            return Err(format!("[cluster] node {:?}: 1-64 letters, digits, '.', '_' or '-'", self.node));
+        }
+        if self.etcd.is_empty() && self.parents.is_empty() {
+            return Err("[cluster] needs `etcd` endpoints, `parents`, or both".into());
+        }
+        for p in self.parents.iter().chain(&self.rtsp_url) {
+            let u = fanout_proto::rtsp_client::Url::parse(p).map_err(|e| format!("[cluster] {p:?}: {e}"))?;
+            if u.path != "/" {
+                return Err(format!("[cluster] {p:?}: give the relay's base URL (rtsp://host:port), no path"));
+            }
+        }
+        if !(1..=300).contains(&self.lease_s) {
+            return Err(format!("[cluster] lease_s {}: 1 to 300", self.lease_s));
+        }
+        if !(0.0..=3600.0).contains(&self.linger_s) {
+            return Err(format!("[cluster] linger_s {}: 0 to 3600", self.linger_s));
+        }
+        if !self.prefix.starts_with('/') || self.prefix.ends_with('/') {
+            return Err(format!("[cluster] prefix {:?}: starts with '/', does not end with one", self.prefix));
+        }
+        Ok(())
+    }
 }
 
 /// `[tls]`: the certificate and where it is used.
@@ -148,6 +237,7 @@ pub const CONFIG_FIELDS: &[&str] = &[
     "max_body",
     "session",
     "tls",
+    "cluster",
 ];
 
 /// See `docs/BENCHMARKS.md` (stream flush): the interval that halves the writes of
@@ -179,6 +269,7 @@ impl Default for Config {
             max_body: 1024 * 1024,
             sessions: Vec::new(),
             tls: None,
+            cluster: None,
         }
     }
 }
@@ -334,6 +425,11 @@ impl Config {
             "token",
             "token must not be empty (leave it out for an open API)".into(),
         );
+        if let Some(c) = &self.cluster {
+            if let Err(e) = c.validate() {
+                check(false, "cluster", e);
+            }
+        }
         for u in &self.rtsp_users {
             check(
                 !u.name.is_empty() && !u.name.contains(':'),

@@ -116,6 +116,8 @@ enum CtlCmd {
     Flush { session: String },
     /// List the RTSP clients: what they play, how, their reports and sink ids.
     Rtsp,
+    /// The cluster: this node, the nodes and their load, the channels, what it pulls from whom.
+    Cluster,
     /// Print the Prometheus metrics.
     Metrics,
 }
@@ -217,6 +219,7 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
         )?,
         CtlCmd::Flush { session } => c.call("DELETE", &format!("/v1/sessions/{session}/sinks"), None)?,
         CtlCmd::Rtsp => c.call("GET", "/v1/rtsp", None)?,
+        CtlCmd::Cluster => c.call("GET", "/v1/cluster", None)?,
         CtlCmd::Metrics => {
             print!("{}", c.text("/metrics")?);
             return Ok(());
@@ -255,6 +258,8 @@ fn print_human(v: &Value) {
         if v["layers"].is_object() {
             println!("\nlayers: pinned at {}, gets {}", layer(&v["layers"]["pin"]), layer(&v["layers"]["allowance"]));
         }
+    } else if v["directory"].is_object() {
+        print_cluster(v);
     } else if let Some(clients) = v["clients"].as_array() {
         let rows: Vec<Vec<String>> = clients.iter().map(rtsp_row).collect();
         table(
@@ -269,6 +274,75 @@ fn print_human(v: &Value) {
         println!("{s}");
     } else {
         println!("{v:#}");
+    }
+}
+
+fn print_cluster(v: &Value) {
+    let d = &v["directory"];
+    println!(
+        "node {} (tier {}), directory {}{}",
+        s(&v["node"]["name"]),
+        s(&v["node"]["tier"]),
+        s(&d["state"]),
+        d["last_error"].as_str().map(|e| format!(": {e}")).unwrap_or_default()
+    );
+    let nodes: Vec<Vec<String>> = v["nodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|n| {
+            let l = &n["load"];
+            vec![
+                s(&n["name"]),
+                s(&n["tier"]),
+                s(&n["region"]),
+                s(&n["rtsp_url"]),
+                s(&l["sessions"]),
+                s(&l["subscribers"]),
+                s(&l["cpu"]),
+                s(&l["egress_kbps"]),
+            ]
+        })
+        .collect();
+    if !nodes.is_empty() {
+        println!();
+        table(&["NODE", "TIER", "REGION", "RTSP", "SESSIONS", "SUBSCRIBERS", "CPU", "EGRESS KBIT/S"], &nodes);
+    }
+    let mut channels = Vec::new();
+    for (name, entries) in v["channels"].as_object().into_iter().flatten() {
+        for e in entries.as_array().into_iter().flatten() {
+            let how = if e["origin"] == true { "origin".to_string() } else { format!("via {}", join(&e["path"])) };
+            channels.push(vec![name.clone(), s(&e["node"]), how, join(&e["codecs"]), s(&e["rate_kbps"])]);
+        }
+    }
+    if !channels.is_empty() {
+        println!();
+        table(&["CHANNEL", "NODE", "FROM", "CODECS", "KBIT/S"], &channels);
+    }
+    let pulls: Vec<Vec<String>> = v["pulls"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| vec![s(&p["channel"]), s(&p["from"]), join(&p["path"]), s(&p["switches"])])
+        .collect();
+    if !pulls.is_empty() {
+        println!();
+        table(&["PULLS", "FROM", "PATH", "SWITCHES"], &pulls);
+    }
+    for p in v["parents"].as_array().into_iter().flatten() {
+        println!("parent {} {}", s(&p["url"]), s(&p["health"]));
+    }
+    for w in d["conflicts"].as_array().into_iter().flatten().chain(d["rejected"].as_array().into_iter().flatten()) {
+        println!("warning: {}", s(w));
+    }
+}
+
+fn join(v: &Value) -> String {
+    let parts: Vec<String> = v.as_array().into_iter().flatten().map(s).collect();
+    if parts.is_empty() {
+        "-".into()
+    } else {
+        parts.join(",")
     }
 }
 

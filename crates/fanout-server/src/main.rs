@@ -3,6 +3,7 @@
 mod api;
 mod bench;
 mod client;
+mod cluster;
 mod config;
 mod ctl;
 mod http;
@@ -186,6 +187,10 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>) -> 
     // retina accept RTP only from the server_port SETUP named), so it must be known before
     // any session sends.
     let rtsp = listen_rtsp(&relay, tls.as_deref()).await?;
+    if let Some(c) = &relay.cluster {
+        let local: std::sync::Weak<dyn cluster::Local> = std::sync::Arc::downgrade(&relay) as _;
+        c.start(local);
+    }
     if demo {
         let spec = spec::SessionSpec::new("demo", spec::SourceSpec { demo: Some(true), ..Default::default() });
         relay.create(spec).await.map_err(|e| anyhow::anyhow!("demo session: {e}"))?;
@@ -209,6 +214,9 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>) -> 
         if let Some(f) = t.self_signed_file() {
             say!("fanout: self-signed: trust it with curl --cacert {}", f.display());
         }
+    }
+    if let Some(c) = &relay.cluster {
+        say!("fanout: cluster node {:?} (tier {}), pulled from at {}", c.cfg.node, c.cfg.tier, c.me().rtsp_url);
     }
     let token = relay.cfg.token.as_deref().map(percent_encode);
     // The dashboard asks for the token itself, or takes it from its URL.
@@ -259,6 +267,9 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>) -> 
     server.abort();
     if let Some(t) = rtsp_task {
         t.abort();
+    }
+    if let Some(c) = &relay.cluster {
+        c.leave().await;
     }
     relay.shutdown().await;
     Ok(())

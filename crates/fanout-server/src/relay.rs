@@ -34,6 +34,9 @@ pub enum RelayError {
     /// The session's media cannot be given in the form asked for (HTTP: 415).
     #[error("{0}")]
     Unsupported(String),
+    /// A service the request depends on is down (the cluster directory): 503.
+    #[error("{0}")]
+    Down(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -65,6 +68,8 @@ pub struct Relay {
     repacks: parking_lot::Mutex<BTreeMap<String, Arc<crate::repack::Repack>>>,
     /// SRTP toward RTSPS clients: each track's key epochs.
     pub srtp: crate::srtp_out::SrtpOut,
+    /// This relay as a node of a cluster (`[cluster]`).
+    pub cluster: Option<Arc<crate::cluster::Cluster>>,
 }
 
 /// What RTSP clients of a session get instead of the session's own RTP.
@@ -78,7 +83,9 @@ impl Relay {
     pub fn new(cfg: Config) -> anyhow::Result<Arc<Self>> {
         let engine = Engine::start(cfg.workers)?;
         engine.set_kernel_sinks(cfg.kernel_sinks);
+        let cluster = cfg.cluster.clone().map(|c| crate::cluster::Cluster::new(c, cfg.rtsp)).transpose()?;
         Ok(Arc::new(Self {
+            cluster,
             engine,
             cfg,
             sessions: RwLock::new(BTreeMap::new()),
@@ -91,6 +98,40 @@ impl Relay {
             repacks: Default::default(),
             srtp: Default::default(),
         }))
+    }
+
+    /// Makes sure a session named `name` exists: when it does not and this relay is a
+    /// cluster node, the channel is looked up and pulled from the node that serves it best.
+    pub async fn ensure(self: &Arc<Self>, name: &str) -> Result<(), RelayError> {
+        use crate::cluster::LookupError;
+        if self.sessions.read().contains_key(name) {
+            return Ok(());
+        }
+        let Some(cluster) = &self.cluster else {
+            return Err(RelayError::NotFound(format!("no session named {name:?}")));
+        };
+        let choice = cluster.locate(name).await.map_err(|e| match e {
+            LookupError::NotFound(why) => RelayError::NotFound(why),
+            LookupError::Down(why) => RelayError::Down(why),
+        })?;
+        let source = crate::spec::SourceSpec {
+            rtsp: Some(choice.url.clone()),
+            rtsp_transport: Some(cluster.cfg.pull_transport),
+            on_demand: Some(true),
+            linger_s: Some(cluster.cfg.linger_s),
+            tls_ca: cluster.cfg.tls_ca.clone(),
+            ..Default::default()
+        };
+        tracing::info!(channel = name, from = %choice.node, url = %choice.url, "pulling a channel");
+        cluster.begin_pull(name, &choice);
+        match self.create_with(crate::spec::SessionSpec::new(name, source), Some(cluster.origin(name))).await {
+            // Someone else's request made it first.
+            Ok(_) | Err(RelayError::Conflict(_)) => Ok(()),
+            Err(e) => {
+                cluster.end_pull(name);
+                Err(e)
+            }
+        }
     }
 
     pub fn session(&self, name: &str) -> Result<Session, RelayError> {
@@ -172,6 +213,7 @@ impl Relay {
     /// carries RTP video or audio (started now if need be), else the session itself, whose
     /// payloads go out as they came (an MPEG-TS source, or anything else, udpxy-style).
     pub async fn http_session(self: &Arc<Self>, name: &str) -> Result<Session, RelayError> {
+        self.ensure(name).await?;
         let session = self.session(name)?;
         if self.rtsp_view(name).is_some() || !self.is_rtp_media(name) {
             return Ok(session);
@@ -190,6 +232,7 @@ impl Relay {
     /// The session's repackaging (MPEG-TS for HTTP where its stream URL needs it, HLS where
     /// its tracks allow), started if it is not running.
     pub async fn repack(self: &Arc<Self>, name: &str) -> Result<Arc<crate::repack::Repack>, RelayError> {
+        self.ensure(name).await?;
         let session = self.session(name)?;
         if let Some(r) = self.repack_running(name) {
             return Ok(r);
@@ -304,6 +347,16 @@ impl Relay {
 
     /// Creates a session and starts its source; sinks in the spec are added too.
     pub async fn create(self: &Arc<Self>, spec: SessionSpec) -> Result<Session, RelayError> {
+        self.create_with(spec, None).await
+    }
+
+    /// `origin`: the session pulls a cluster channel; its upstream's URL comes from there,
+    /// and the session is deleted when the pull ends.
+    async fn create_with(
+        self: &Arc<Self>,
+        spec: SessionSpec,
+        origin: Option<Arc<dyn crate::upstream::Origin>>,
+    ) -> Result<Session, RelayError> {
         spec.validate().map_err(RelayError::BadRequest)?;
         if self.sessions.read().contains_key(&spec.name) {
             return Err(RelayError::Conflict(format!("a session named {:?} already exists", spec.name)));
@@ -366,9 +419,11 @@ impl Relay {
             match bound {
                 Ok(into) => {
                     session.set_source_kind(format!("rtsp {}", url.request_url()));
+                    let pulled = origin.is_some();
                     let o = crate::upstream::UpstreamOptions {
                         tls: upstream_tls,
                         url,
+                        origin,
                         mode: src.rtsp_transport.unwrap_or_default(),
                         on_demand: src.on_demand.unwrap_or(true),
                         linger: Duration::from_secs_f64(src.linger_s.unwrap_or(10.0)),
@@ -377,6 +432,15 @@ impl Relay {
                     Upstream::new(&spec.name, o, session.clone(), into)
                         .map(|up| {
                             let run = crate::upstream::run(up.clone(), session.config().clone(), Arc::downgrade(self));
+                            let (weak, name) = (Arc::downgrade(self), spec.name.clone());
+                            let run = async move {
+                                run.await;
+                                // A pull ended: the session goes (on a task of its own, as
+                                // deleting it aborts this one).
+                                if let Some(relay) = weak.upgrade().filter(|_| pulled) {
+                                    tokio::spawn(async move { relay.delete(&name).await });
+                                }
+                            };
                             tasks.push(tokio::spawn(run).abort_handle());
                             upstream = Some(up);
                         })
@@ -473,12 +537,19 @@ impl Relay {
 
     pub async fn delete(&self, name: &str) -> Result<(), RelayError> {
         tracing::info!(session = name, "deleting session");
+        if let Some(c) = &self.cluster {
+            c.end_pull(name);
+        }
         let e = self
             .sessions
             .write()
             .remove(name)
             .ok_or_else(|| RelayError::NotFound(format!("no session named {name:?}")))?;
         let up = self.upstreams.write().remove(name);
+        let rtsp = self.rtsp.lock().clone();
+        if let Some(r) = rtsp {
+            r.end_resource(name);
+        }
         let publisher = self.publishers.write().remove(name);
         if let Some(p) = publisher {
             let _ = tokio::task::spawn_blocking(move || p.close_tracks()).await;
@@ -502,8 +573,9 @@ impl Relay {
         Ok(())
     }
 
-    pub async fn add_sink(&self, name: &str, spec: &SinkSpec) -> Result<u64, RelayError> {
+    pub async fn add_sink(self: &Arc<Self>, name: &str, spec: &SinkSpec) -> Result<u64, RelayError> {
         spec.validate().map_err(RelayError::BadRequest)?;
+        self.ensure(name).await?;
         let session = self.session(name)?;
         let id = add_sink(&session, spec).await?;
         tracing::info!(session = name, sink = id, udp = ?spec.udp, tcp = ?spec.tcp, "sink added");
@@ -690,5 +762,50 @@ async fn reconnect_sinks(
         });
         // Reap finished retries so the set does not grow.
         while retries.try_join_next().is_some() {}
+    }
+}
+
+/// What the cluster learns of this relay: its sessions as channels, and its load.
+impl crate::cluster::Local for Relay {
+    fn channels(&self) -> Vec<crate::cluster::LocalChannel> {
+        let names: Vec<String> = self.sessions.read().keys().cloned().collect();
+        names
+            .into_iter()
+            .map(|name| {
+                let sdp = match (self.rtsp_view(&name), self.upstream(&name), self.publisher(&name)) {
+                    (Some(v), _, _) => Some(v.sdp),
+                    (_, Some(up), _) => up.sdp(),
+                    (_, _, Some(p)) => p.sdp(),
+                    _ => None,
+                };
+                let mut codecs: Vec<String> = sdp
+                    .iter()
+                    .flat_map(|s| &s.media)
+                    .filter_map(|m| m.formats.first().and_then(|f| m.rtpmap(f)).map(|(e, c)| format!("{e}/{c}")))
+                    .collect();
+                if codecs.is_empty() {
+                    codecs
+                        .extend(self.spec(&name).and_then(|s| s.video).map(|v| format!("{v:?}/90000").to_uppercase()));
+                }
+                let playing = self.upstream(&name).is_some_and(|u| u.status().state == "playing");
+                let bytes_in = self.session(&name).map(|s| s.status().source.bytes).unwrap_or(0);
+                crate::cluster::LocalChannel { name, codecs, bytes_in, playing }
+            })
+            .collect()
+    }
+
+    fn counters(&self) -> (u64, u64, u64) {
+        let sessions = self.sessions();
+        let mut all: BTreeMap<String, Session> = sessions.iter().map(|s| (s.name().to_string(), s.clone())).collect();
+        for s in &sessions {
+            for t in self.tracks(s.name()) {
+                all.entry(t.session.name().to_string()).or_insert(t.session);
+            }
+        }
+        let (subscribers, bytes) = all
+            .values()
+            .map(|s| s.status())
+            .fold((0, 0), |(n, b), st| (n + st.sinks as u64, b + st.delivered_bytes_total));
+        (sessions.len() as u64, subscribers, bytes)
     }
 }

@@ -136,6 +136,8 @@ struct Conn {
     sndbuf: std::sync::atomic::AtomicUsize,
     /// SRTP key epochs its descriptions gave, by track session.
     keys: Mutex<HashMap<String, Arc<crate::srtp_out::Epoch>>>,
+    /// Its session was deleted: the connection is closed at the next wake-up.
+    ended: std::sync::atomic::AtomicBool,
 }
 
 /// Where a sender report goes: a UDP client's RTCP port, or an interleaved client's RTCP
@@ -236,6 +238,17 @@ impl Rtsp {
             conns: Mutex::new(HashMap::new()),
             srtp,
         }))
+    }
+
+    /// Closes the connections of every client of a resource (its session was deleted): a
+    /// player sees the end of the stream instead of silence.
+    pub fn end_resource(&self, name: &str) {
+        let conns: Vec<u64> = self.clients.lock().values().filter(|c| c.resource == name).map(|c| c.conn).collect();
+        let open = self.conns.lock();
+        for c in conns.iter().filter_map(|id| open.get(id)) {
+            c.ended.store(true, std::sync::atomic::Ordering::Relaxed);
+            c.notify.notify_one();
+        }
     }
 
     pub fn clients(&self) -> Vec<ClientStatus> {
@@ -785,6 +798,25 @@ async fn connection(
                         }
                         Message::Response(_) => continue,
                     };
+                    // A channel this node does not have is pulled from the cluster first;
+                    // with the directory down the client learns why (503).
+                    if req.method == "DESCRIBE" {
+                        let name = fanout_proto::rtsp_server::split_url(&req.uri).map(|(n, _)| n.to_string());
+                        if let Some(Err(crate::relay::RelayError::Down(why))) = match name {
+                            Some(n) if relay.cluster.is_some() => Some(relay.ensure(&n).await),
+                            _ => None,
+                        } {
+                            tracing::warn!(%peer, uri = %req.uri, "DESCRIBE answered 503: {why}");
+                            let mut resp = Response::new(503, req.headers.cseq());
+                            resp.headers.set("Server", concat!("fanout/", env!("CARGO_PKG_VERSION")));
+                            resp.body = why.into_bytes();
+                            resp.headers.set("Content-Type", "text/plain");
+                            let mut out = Vec::new();
+                            resp.write(&mut out);
+                            stream.write_all(&out).await?;
+                            continue;
+                        }
+                    }
                     // An RTSP upstream connects (on demand) before its description is given.
                     if matches!(req.method.as_str(), "DESCRIBE" | "SETUP" | "PLAY") {
                         let up = fanout_proto::rtsp_server::split_url(&req.uri).and_then(|(n, _)| relay.upstream(n));
@@ -857,6 +889,10 @@ async fn connection(
                 buf.extend_from_slice(&chunk[..n]);
             }
             _ = me.notify.notified() => {
+                if me.ended.load(std::sync::atomic::Ordering::Relaxed) {
+                    tracing::info!(%peer, "RTSP connection closed: its session ended");
+                    return Ok(());
+                }
                 // The interleaved tracks' packets, `$`-framed, in one write: this task is the
                 // connection's only writer, so responses never split a frame.
                 let queues = me.queues.lock().clone();

@@ -39,9 +39,21 @@ const SETUP_GRACE: Duration = Duration::from_secs(5);
 /// Where a track's receiver reports go over UDP: its RTCP socket and the server's port.
 type RtcpOut = (Arc<tokio::net::UdpSocket>, Option<SocketAddr>);
 
+pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
+/// Where a pulled upstream (a cluster channel) connects: asked before every (re)connect.
+pub trait Origin: Send + Sync {
+    /// The URL to connect to now; `failed`: the last attempt (or the stream) failed. `Err`:
+    /// nothing serves the stream any more, and the session ends.
+    fn next(&self, failed: bool) -> BoxFuture<'_, Result<String, String>>;
+}
+
 /// How an upstream is reached and kept (the session's `rtsp` source fields).
 pub struct UpstreamOptions {
     pub url: Url,
+    /// A cluster pull: the URL comes from here at each connect, and the run ends (the
+    /// session with it) when the origin is gone or nobody watched for `linger`.
+    pub origin: Option<Arc<dyn Origin>>,
     /// For an `rtsps://` URL: how to check the server.
     pub tls: Option<Arc<rustls::ClientConfig>>,
     pub mode: RtspTransport,
@@ -126,7 +138,8 @@ struct State {
 
 pub struct Upstream {
     name: String,
-    url: Url,
+    url: Mutex<Url>,
+    origin: Option<Arc<dyn Origin>>,
     tls: Option<Arc<rustls::ClientConfig>>,
     mode: RtspTransport,
     on_demand: bool,
@@ -148,13 +161,14 @@ impl Upstream {
     /// `first` is the relay session that carries the first media section; its source is
     /// already bound on loopback at `into`.
     pub fn new(name: &str, o: UpstreamOptions, first: Session, into: SocketAddr) -> std::io::Result<Arc<Self>> {
-        let UpstreamOptions { url, tls, mode, on_demand, linger, silence } = o;
+        let UpstreamOptions { url, origin, tls, mode, on_demand, linger, silence } = o;
         let feeder = UdpSocket::bind((IpAddr::from([127, 0, 0, 1]), 0))?;
         feeder.set_nonblocking(true)?;
         let track = Track::new(first, into, "video".into(), 90_000, None);
         Ok(Arc::new(Self {
             name: name.to_string(),
-            url,
+            url: Mutex::new(url),
+            origin,
             tls,
             mode,
             on_demand,
@@ -183,14 +197,15 @@ impl Upstream {
     }
 
     pub fn status(&self) -> UpstreamStatus {
+        let url = self.url.lock().clone();
         let st = self.state.lock();
         UpstreamStatus {
-            url: self.url.request_url(),
+            url: url.request_url(),
             state: st.state,
             transport: st.transport,
             connects: st.connects,
             last_error: st.last_error.clone(),
-            tls: self.url.tls,
+            tls: url.tls,
             srtp_dropped: st.srtp_dropped,
             tracks: st
                 .tracks
@@ -457,7 +472,9 @@ enum Ended {
     UseTcp(&'static str),
 }
 
-/// Runs the upstream for the relay session's lifetime (the task is aborted with it).
+/// Runs the upstream for the relay session's lifetime (the task is aborted with it). A
+/// cluster pull returns when its origin is gone or nobody watched for `linger`; the caller
+/// then ends the session.
 pub async fn run(up: Arc<Upstream>, template: fanout_io::SessionConfig, relay: std::sync::Weak<crate::relay::Relay>) {
     struct CloseTracks(Arc<Upstream>);
     impl Drop for CloseTracks {
@@ -468,34 +485,66 @@ pub async fn run(up: Arc<Upstream>, template: fanout_io::SessionConfig, relay: s
     let _guard = CloseTracks(up.clone());
     let mut backoff = Duration::from_secs(1);
     let mut tcp = up.mode == RtspTransport::Tcp;
+    let mut failed = false;
     loop {
         while !up.wanted() {
             up.set_state("idle");
             let _ = tokio::time::timeout(Duration::from_millis(500), up.wake.notified()).await;
         }
+        let before = up.url.lock().request_url();
+        if let Some(origin) = &up.origin {
+            match origin.next(failed).await.and_then(|u| Url::parse(&u)) {
+                Ok(url) => *up.url.lock() = url,
+                Err(why) => {
+                    tracing::warn!(session = %up.name, "pull ends: {why}");
+                    let mut st = up.state.lock();
+                    st.last_error = Some(why);
+                    st.state = "ended";
+                    drop(st);
+                    up.ready.send_modify(|g| *g += 1);
+                    return;
+                }
+            }
+            // Another node: at once, from UDP again where that is the mode.
+            if failed && up.url.lock().request_url() != before {
+                backoff = Duration::from_millis(0);
+                tcp = up.mode == RtspTransport::Tcp;
+            }
+        }
+        tokio::time::sleep(if failed { backoff } else { Duration::ZERO }).await;
         up.set_state("connecting");
         up.state.lock().connects += 1;
         let Some(r) = relay.upgrade() else { return };
+        let url = up.url.lock().request_url();
         match connect_once(&up, tcp, &template, &r.engine).await {
             Ok(Ended::Idle) => {
                 tracing::info!(session = %up.name, "upstream torn down: no clients for {:?}", up.linger);
                 backoff = Duration::from_secs(1);
+                failed = false;
+                if up.origin.is_some() {
+                    return;
+                }
             }
             Ok(Ended::UseTcp(why)) => {
                 tracing::warn!(session = %up.name, "{why}: switching to TCP interleaved");
                 up.state.lock().last_error = Some(format!("{why}: switched to TCP interleaved"));
                 tcp = true;
+                failed = false;
             }
             Err(e) => {
-                tracing::warn!(session = %up.name, url = %up.url.request_url(), "upstream: {e}; retrying in {backoff:?}");
+                tracing::warn!(session = %up.name, %url, "upstream: {e}; retrying");
                 {
                     let mut st = up.state.lock();
                     st.last_error = Some(e);
                     st.state = "retrying";
                 }
                 up.ready.send_modify(|g| *g += 1); // waiting DESCRIBEs learn it failed
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(MAX_BACKOFF);
+                backoff = if failed {
+                    (backoff * 2).clamp(Duration::from_secs(1), MAX_BACKOFF)
+                } else {
+                    Duration::from_secs(1)
+                };
+                failed = true;
                 if up.mode == RtspTransport::Auto {
                     tcp = false;
                 }
@@ -524,7 +573,8 @@ async fn connect_once(
     template: &fanout_io::SessionConfig,
     engine: &fanout_io::Engine,
 ) -> Result<Ended, String> {
-    let addr = (up.url.host.as_str(), up.url.port);
+    let url = up.url.lock().clone();
+    let addr = (url.host.as_str(), url.port);
     let tcp_stream = tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(addr))
         .await
         .map_err(|_| "connect timed out after 5 s".to_string())?
@@ -533,11 +583,12 @@ async fn connect_once(
     let local = tcp_stream.local_addr().map_err(|e| e.to_string())?.ip();
     let peer = tcp_stream.peer_addr().map_err(|e| e.to_string())?.ip();
     // rtsps://: the TLS handshake and the certificate check, before any RTSP.
-    let mut stream: Box<dyn Io> = match &up.tls {
-        None => Box::new(tcp_stream),
-        Some(cfg) => {
-            let name = rustls::pki_types::ServerName::try_from(up.url.host.clone())
-                .map_err(|e| format!("TLS: {:?} is no server name: {e}", up.url.host))?;
+    let mut stream: Box<dyn Io> = match (&up.tls, url.tls) {
+        (_, false) => Box::new(tcp_stream),
+        (None, true) => return Err("rtsps:// but no TLS settings for this upstream".into()),
+        (Some(cfg), true) => {
+            let name = rustls::pki_types::ServerName::try_from(url.host.clone())
+                .map_err(|e| format!("TLS: {:?} is no server name: {e}", url.host))?;
             let tls = tokio_rustls::TlsConnector::from(cfg.clone());
             let s = tokio::time::timeout(Duration::from_secs(5), tls.connect(name, tcp_stream))
                 .await
@@ -549,7 +600,7 @@ async fn connect_once(
     // SRTP from the upstream: the keys its description gave, per track (decrypted once here,
     // for every client of the session).
     let mut srtp: Vec<Option<fanout_proto::srtp::Context>> = Vec::new();
-    let mut client = Client::new(up.url.clone(), concat!("fanout/", env!("CARGO_PKG_VERSION")));
+    let mut client = Client::new(url.clone(), concat!("fanout/", env!("CARGO_PKG_VERSION")));
     stream.write_all(&client.start(up.now_ms())).await.map_err(|e| e.to_string())?;
     let limits = Limits { max_body: 1 << 20, ..Limits::default() };
     let mut buf: Vec<u8> = Vec::with_capacity(8192);
@@ -621,7 +672,7 @@ async fn connect_once(
                         }
                         Step::Playing => {
                             let transport = if tcp { "tcp" } else { "udp" };
-                            tracing::info!(session = %up.name, url = %up.url.request_url(), transport, tracks = client.tracks.len(), "upstream playing");
+                            tracing::info!(session = %up.name, url = %url.request_url(), transport, tracks = client.tracks.len(), "upstream playing");
                             {
                                 let mut st = up.state.lock();
                                 st.state = "playing";

@@ -39,6 +39,11 @@ impl Relay {
 
     /// Starts the relay under a wrapper command (e.g. `setpriv` to drop privileges).
     pub fn try_start_wrapped(wrapper: &[&str], extra: &[&str]) -> Result<Relay, String> {
+        Self::try_start_at(wrapper, "127.0.0.1:0", extra)
+    }
+
+    /// Starts the relay under a wrapper (e.g. `ip netns exec NS`) with its API on `api`.
+    pub fn try_start_at(wrapper: &[&str], api: &str, extra: &[&str]) -> Result<Relay, String> {
         let bin = env!("CARGO_BIN_EXE_fanout");
         let mut cmd = match wrapper.split_first() {
             Some((w, rest)) => {
@@ -49,7 +54,7 @@ impl Relay {
             None => Command::new(bin),
         };
         let mut child = cmd
-            .args(["serve", "--api", "127.0.0.1:0"])
+            .args(["serve", "--api", api])
             .args(extra)
             .env("FANOUT_LOG", "warn")
             .stdout(Stdio::piped())

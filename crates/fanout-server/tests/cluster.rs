@@ -1,0 +1,389 @@
+//! A tree of relays, really started: etcd (Debian's etcd-server) and six `fanout serve`
+//! processes, each in its own network namespace, joined by veth pairs to a bridge in a
+//! private namespace of the test's own. Real players (ffmpeg, GStreamer) decode on the edges.
+//!
+//! ```text
+//!               etcd 10.77.0.1 (bridge)
+//!   o1 .11 demo   o2 .12 demo (replica)   o3 .13 cam (an RTSP upstream)     tier 0
+//!        e1 .21            e2 .22                                           tier 1
+//!                 e3 .23                                                    tier 2
+//! ```
+
+mod common;
+
+use common::{decoded_frames, have_ffmpeg, have_gstreamer, in_private_netns, wait_for, Relay};
+use serde_json::Value;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn sh(args: &[&str]) {
+    let out = Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A named network namespace, deleted on drop.
+struct Ns(String);
+
+impl Drop for Ns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+struct Node {
+    name: &'static str,
+    ip: String,
+    ns: Ns,
+    relay: std::sync::Mutex<Option<Relay>>,
+}
+
+impl Node {
+    fn with<T>(&self, f: impl FnOnce(&Relay) -> T) -> T {
+        f(self.relay.lock().unwrap().as_ref().unwrap_or_else(|| panic!("{} was stopped", self.name)))
+    }
+
+    fn ok(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        self.with(|r| r.ok(method, path, body))
+    }
+
+    fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        self.with(|r| r.call(method, path, body))
+    }
+
+    /// Kills the node's relay.
+    fn stop(&self) {
+        self.relay.lock().unwrap().take();
+    }
+
+    fn is_up(&self) -> bool {
+        self.relay.lock().unwrap().is_some()
+    }
+
+    /// A command run inside this node's namespace.
+    fn cmd(&self, program: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.ns.0, program]);
+        c
+    }
+
+    fn cluster(&self) -> Value {
+        self.ok("GET", "/v1/cluster", None)
+    }
+
+    fn pull(&self, channel: &str) -> Option<Value> {
+        self.cluster()["pulls"].as_array()?.iter().find(|p| p["channel"] == channel).cloned()
+    }
+
+    /// ffmpeg decodes `seconds` of a channel's video from this node over RTSP.
+    fn ffmpeg(&self, channel: &str, seconds: u32) -> (bool, String) {
+        let out = self
+            .cmd("timeout")
+            .args(["-k", "5", "40", "ffmpeg", "-hide_banner", "-nostdin", "-rtsp_transport", "tcp"])
+            .args(["-i", &format!("rtsp://{}:8554/{channel}", self.ip), "-t", &seconds.to_string()])
+            .args(["-map", "0:v", "-f", "null", "-"])
+            .output()
+            .unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// Lines of an ffmpeg log that say a picture could not be decoded.
+fn decode_errors(log: &str) -> Vec<&str> {
+    let bad = ["error while decoding", "concealing", "no frame!", "Invalid NAL", "non-existing PPS", "corrupt"];
+    log.lines().filter(|l| bad.iter().any(|b| l.contains(b))).collect()
+}
+
+/// etcd, stopped on drop (a failing test leaves nothing behind).
+struct Etcd(Child);
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_etcd(dir: &std::path::Path) -> Etcd {
+    let child = Command::new("etcd")
+        .args(["--data-dir", dir.to_str().unwrap(), "--name", "t"])
+        .args(["--listen-client-urls", "http://10.77.0.1:2379", "--advertise-client-urls", "http://10.77.0.1:2379"])
+        .args(["--listen-peer-urls", "http://127.0.0.1:2380", "--initial-advertise-peer-urls", "http://127.0.0.1:2380"])
+        .args(["--initial-cluster", "t=http://127.0.0.1:2380"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting etcd");
+    let up = wait_for(Duration::from_secs(15), || {
+        std::net::TcpStream::connect_timeout(&"10.77.0.1:2379".parse().unwrap(), Duration::from_millis(200)).is_ok()
+    });
+    let etcd = Etcd(child);
+    assert!(up, "etcd did not listen within 15 s");
+    etcd
+}
+
+fn have_etcd() -> bool {
+    let ok = Command::new("etcd").arg("--version").output().is_ok_and(|o| o.status.success());
+    let built = cfg!(feature = "etcd");
+    if !(ok && built) {
+        let why = if built { "etcd is not installed (Debian: etcd-server)" } else { "built without --features etcd" };
+        if std::env::var_os("CI").is_some() {
+            panic!("cluster test cannot run: {why}; scripts/test installs etcd and builds with the feature");
+        }
+        eprintln!("\n*** SKIPPED cluster test: {why}; run scripts/test ***\n");
+    }
+    ok && built
+}
+
+#[test]
+fn a_tree_of_relays_on_etcd_serves_pulls_fails_over_and_survives_etcd_restarts() {
+    if !have_ffmpeg() || !have_etcd() {
+        return;
+    }
+    in_private_netns("a_tree_of_relays_on_etcd", tree);
+}
+
+fn tree() {
+    let pid = std::process::id();
+    let dir = std::env::temp_dir().join(format!("fanout-cluster-{pid}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    sh(&["ip", "link", "add", "br0", "type", "bridge"]);
+    sh(&["ip", "addr", "add", "10.77.0.1/24", "dev", "br0"]);
+    sh(&["ip", "link", "set", "br0", "up"]);
+    let etcd = start_etcd(&dir.join("etcd"));
+
+    // (name, host number, tier, demo, extra config)
+    let cam =
+        "[[session]]\nname = \"cam\"\nsource = { rtsp = \"rtsp://10.77.0.11:8554/demo\", rtsp_transport = \"tcp\" }\n";
+    let plan: [(&str, u8, u32, bool, &str); 6] = [
+        ("o1", 11, 0, true, ""),
+        ("o2", 12, 0, true, ""),
+        ("o3", 13, 0, false, cam),
+        ("e1", 21, 1, false, ""),
+        ("e2", 22, 1, false, ""),
+        ("e3", 23, 2, false, ""),
+    ];
+    let mut nodes: Vec<Node> = Vec::new();
+    for (i, (name, host, tier, demo, extra)) in plan.into_iter().enumerate() {
+        let ns = Ns(format!("fanout-{pid}-{name}"));
+        sh(&["ip", "netns", "add", &ns.0]);
+        let veth = format!("fo{}v{i}", pid % 100_000);
+        sh(&["ip", "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &ns.0]);
+        sh(&["ip", "link", "set", &veth, "master", "br0", "up"]);
+        let ip = format!("10.77.0.{host}");
+        sh(&["ip", "-n", &ns.0, "addr", "add", &format!("{ip}/24"), "dev", "eth0"]);
+        sh(&["ip", "-n", &ns.0, "link", "set", "eth0", "up"]);
+        sh(&["ip", "-n", &ns.0, "link", "set", "lo", "up"]);
+        let cfg = dir.join(format!("{name}.toml"));
+        let toml = format!(
+            "rtsp = \"{ip}:8554\"\ndemo = {demo}\n{extra}\n[cluster]\nnode = \"{name}\"\ntier = {tier}\n\
+             etcd = [\"10.77.0.1:2379\"]\nlease_s = 2\nlinger_s = 3\napi_url = \"http://{ip}:7070\"\n"
+        );
+        std::fs::write(&cfg, toml).unwrap();
+        let wrapper = ["ip", "netns", "exec", &ns.0];
+        let relay = Relay::try_start_at(
+            &wrapper,
+            &format!("{ip}:7070"),
+            &["--config", cfg.to_str().unwrap(), "--allow-unauthenticated"],
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        nodes.push(Node { name, ip, ns, relay: std::sync::Mutex::new(Some(relay)) });
+    }
+    let node = |name: &str| nodes.iter().position(|n| n.name == name).unwrap();
+    let (o1, o2, o3, e1, e2, e3) = (node("o1"), node("o2"), node("o3"), node("e1"), node("e2"), node("e3"));
+
+    // Every node registered, every origin's channels in the directory.
+    let all_in = wait_for(Duration::from_secs(15), || {
+        let c = nodes[e3].cluster();
+        c["nodes"].as_array().is_some_and(|n| n.len() == 6)
+            && c["channels"]["demo"].as_array().is_some_and(|e| e.len() == 2)
+            && c["channels"]["cam"].as_array().is_some_and(|e| e.len() == 1)
+    });
+    assert!(all_in, "directory incomplete: {}", nodes[e3].cluster());
+
+    // --- Players on every edge; e3 (tier 2) joins once e1 and e2 relay the channel.
+    std::thread::scope(|s| {
+        let p1 = s.spawn(|| nodes[e1].ffmpeg("demo", 6));
+        let p2 = s.spawn(|| nodes[e2].ffmpeg("demo", 6));
+        let relaying = wait_for(Duration::from_secs(10), || {
+            nodes[e3].cluster()["channels"]["demo"].as_array().is_some_and(|e| e.len() == 4)
+        });
+        assert!(relaying, "e1 and e2 do not publish their copies: {}", nodes[e3].cluster());
+        let p3 = s.spawn(|| nodes[e3].ffmpeg("demo", 4));
+        let gst = s.spawn(|| {
+            if !have_gstreamer() {
+                return None;
+            }
+            let url = format!("rtsp://{}:8554/demo", nodes[e3].ip);
+            let out = nodes[e3]
+                .cmd("timeout")
+                .args(["-k", "5", "-s", "INT", "8", "gst-launch-1.0", "-v"])
+                .args(
+                    format!(
+                        "rtspsrc location={url} protocols=tcp name=s s. ! rtph264depay ! h264parse ! openh264dec ! \
+                         fakesink silent=false name=v s. ! fakesink"
+                    )
+                    .split_whitespace(),
+                )
+                .output()
+                .unwrap();
+            Some((String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr)).into_owned())
+        });
+        std::thread::sleep(Duration::from_secs(2));
+        // One pull per edge: the tier-1 edges from an origin, e3 from a tier-1 edge.
+        for e in [e1, e2] {
+            let p = nodes[e].pull("demo").expect("edge pulls demo");
+            assert!(p["from"] == "o1" || p["from"] == "o2", "{p}");
+            assert_eq!(p["path"].as_array().unwrap().len(), 1, "{p}");
+        }
+        let p = nodes[e3].pull("demo").expect("e3 pulls demo");
+        assert!(p["from"] == "e1" || p["from"] == "e2", "tier 2 pulls from tier 1: {p}");
+        assert_eq!(p["path"].as_array().unwrap().len(), 2, "{p}");
+        let pulls_served: usize = [o1, o2]
+            .iter()
+            .map(|&o| {
+                let r = nodes[o].ok("GET", "/v1/rtsp", None);
+                r["clients"].as_array().unwrap().iter().filter(|c| c["resource"] == "demo").count()
+            })
+            .sum();
+        assert_eq!(pulls_served, 2, "the origins serve one pull per tier-1 edge");
+        for (who, p) in [("e1", p1), ("e2", p2), ("e3", p3)] {
+            let (ok, log) = p.join().unwrap();
+            assert!(ok && decoded_frames(&log) >= 60, "ffmpeg on {who}: {log}");
+            assert!(decode_errors(&log).is_empty(), "ffmpeg on {who}: {:?}", decode_errors(&log));
+        }
+        if let Some(log) = gst.join().unwrap() {
+            let pictures = log.lines().filter(|l| l.contains("(v:sink)") && l.contains("chain")).count();
+            assert!(pictures > 30, "GStreamer on e3: {pictures} pictures: {log}");
+            assert!(!log.lines().any(|l| l.contains("ERROR")), "GStreamer on e3: {log}");
+        }
+    });
+
+    // --- A channel with one origin: killing the origin ends it on the edge, cleanly.
+    std::thread::scope(|s| {
+        let player = s.spawn(|| {
+            let t0 = Instant::now();
+            let r = nodes[e2].ffmpeg("cam", 30);
+            (r, t0.elapsed())
+        });
+        assert!(wait_for(Duration::from_secs(10), || nodes[e2].pull("cam").is_some()), "e2 does not pull cam");
+        std::thread::sleep(Duration::from_secs(2));
+        let killed = Instant::now();
+        nodes[o3].stop();
+        let ((_, log), played) = player.join().unwrap();
+        assert!(decoded_frames(&log) > 0, "cam never played on e2: {log}");
+        assert!(played < Duration::from_secs(25), "the player of a dead channel was left hanging: {log}");
+        let gone = wait_for(Duration::from_secs(10), || {
+            nodes[e2].call("GET", "/v1/sessions/cam", None).0 == 404 && nodes[e2].pull("cam").is_none()
+        });
+        assert!(gone, "e2 kept the dead channel {:?} after o3 died", killed.elapsed());
+    });
+
+    // --- Failover: the origin e1 pulls from dies; e1 moves to the replica within 3 s, and
+    // its player keeps decoding.
+    std::thread::scope(|s| {
+        let player = s.spawn(|| nodes[e1].ffmpeg("demo", 12));
+        assert!(wait_for(Duration::from_secs(10), || nodes[e1].pull("demo").is_some()), "e1 does not pull demo");
+        std::thread::sleep(Duration::from_secs(3));
+        let from = nodes[e1].pull("demo").unwrap()["from"].as_str().unwrap().to_string();
+        let (dead, other) = if from == "o1" { (o1, "o2") } else { (o2, "o1") };
+        let t0 = Instant::now();
+        nodes[dead].stop();
+        let moved = wait_for(Duration::from_secs(3), || nodes[e1].pull("demo").is_some_and(|p| p["from"] == other));
+        assert!(moved, "e1 did not move to {other} within 3 s: {:?}", nodes[e1].pull("demo"));
+        eprintln!("failover from {from} to {other} took {:?}", t0.elapsed());
+        let (ok, log) = player.join().unwrap();
+        assert!(ok, "ffmpeg on e1 through the failover: {log}");
+        assert!(decoded_frames(&log) >= 200, "ffmpeg on e1 stalled in the failover: {log}");
+        assert!(decode_errors(&log).is_empty(), "ffmpeg on e1: {:?}", decode_errors(&log));
+    });
+    let survivor = if nodes[o1].is_up() { o1 } else { o2 };
+
+    // --- etcd stops: a running stream keeps flowing, a new lookup is a clear 503; etcd
+    // back: the nodes register again and a channel made meanwhile resolves.
+    let mut sub = nodes[e1].with(|r| r.http_subscribe("demo"));
+    sub.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = vec![0u8; 65536];
+    let mut read_for = |d: Duration| {
+        use std::io::Read;
+        let (t0, mut n) = (Instant::now(), 0usize);
+        while t0.elapsed() < d {
+            n += sub.read(&mut buf).unwrap_or(0);
+        }
+        n
+    };
+    assert!(read_for(Duration::from_secs(1)) > 10_000, "no stream from e1");
+    drop(etcd);
+    let down = wait_for(Duration::from_secs(10), || {
+        let (code, v) = nodes[e2].call("GET", "/v1/sessions/late/stream", None);
+        code == 503 && v["error"].as_str().is_some_and(|e| e.contains("etcd"))
+    });
+    assert!(down, "a lookup with etcd down: {:?}", nodes[e2].call("GET", "/v1/sessions/late/stream", None));
+    assert!(read_for(Duration::from_secs(3)) > 50_000, "the stream stopped with etcd");
+    let spec = serde_json::json!({"name": "late", "source": {"demo": true}});
+    nodes[survivor].ok("POST", "/v1/sessions", Some(spec));
+    let etcd = start_etcd(&dir.join("etcd"));
+    let back = wait_for(Duration::from_secs(15), || {
+        let c = nodes[e2].cluster();
+        c["directory"]["state"] == "connected"
+            && c["directory"]["registrations"].as_u64() >= Some(2)
+            && c["channels"]["late"].as_array().is_some_and(|e| !e.is_empty())
+    });
+    assert!(back, "the directory did not come back: {}", nodes[e2].cluster());
+    let (ok, log) = nodes[e2].ffmpeg("late", 3);
+    assert!(ok && decoded_frames(&log) > 30, "a channel made while etcd was down: {log}");
+    assert!(read_for(Duration::from_secs(1)) > 10_000, "the stream stopped after etcd came back");
+
+    drop(etcd);
+    drop(nodes);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Without etcd: an edge names its parents. The first is down (nothing listens), so the edge
+/// pulls from the second; players decode over RTSP and HTTP; the status, `ctl cluster` and
+/// /metrics show the pull and the parents' health; the pull ends `linger_s` after the last
+/// player.
+#[test]
+fn an_edge_pulls_from_the_first_parent_that_is_up() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let origin = Relay::with_config("", &[]);
+    let origin_rtsp = common::rtsp_addr(&origin);
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap(); // closed at once
+    let toml = format!(
+        "demo = false\n[cluster]\nnode = \"edge\"\ntier = 1\nlinger_s = 1\n\
+         parents = [\"rtsp://{dead}\", \"rtsp://{origin_rtsp}\"]\n"
+    );
+    let edge = Relay::with_config(&toml, &[]);
+    let edge_rtsp = common::rtsp_addr(&edge);
+    let (ok, log) = common::ffmpeg_decode(&format!("rtsp://{edge_rtsp}/demo"), &["-rtsp_transport", "tcp"], 3);
+    assert!(ok && decoded_frames(&log) > 30, "RTSP through the edge: {log}");
+    let (ok, log) = common::ffmpeg_decode(&edge.url("/v1/sessions/demo/stream"), &[], 3);
+    assert!(ok && decoded_frames(&log) > 30, "HTTP through the edge: {log}");
+
+    let c = edge.ok("GET", "/v1/cluster", None);
+    assert_eq!(c["directory"]["state"], "none");
+    let parents = c["parents"].as_array().unwrap();
+    assert_eq!(parents[0]["health"], "down", "{c}");
+    assert_eq!(parents[1]["health"], "up", "{c}");
+    let bin = env!("CARGO_BIN_EXE_fanout");
+    let out = Command::new(bin).args(["ctl", "--api", &edge.url(""), "cluster"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("parent rtsp://") && text.contains("down"), "{text}");
+    let metrics = ureq::get(&edge.url("/metrics")).call().unwrap().into_string().unwrap();
+    assert!(metrics.contains(&format!("fanout_cluster_parent_up{{parent=\"rtsp://{dead}\"}} 0")), "{metrics}");
+    assert!(metrics.contains(&format!("fanout_cluster_parent_up{{parent=\"rtsp://{origin_rtsp}\"}} 1")), "{metrics}");
+
+    // Nobody watches: the pull and its session go; the origin's RTSP client with them.
+    let gone = wait_for(Duration::from_secs(15), || {
+        edge.ok("GET", "/v1/cluster", None)["pulls"].as_array().is_some_and(|p| p.is_empty())
+            && edge.call("GET", "/v1/sessions/demo", None).0 == 404
+    });
+    assert!(gone, "the idle pull stayed: {}", edge.ok("GET", "/v1/cluster", None));
+    let left = wait_for(Duration::from_secs(10), || {
+        origin.ok("GET", "/v1/rtsp", None)["clients"].as_array().is_some_and(|c| c.is_empty())
+    });
+    assert!(left, "the edge's pull still plays at the origin");
+    // A relay that is no cluster node says so.
+    assert_eq!(origin.call("GET", "/v1/cluster", None).0, 404);
+}
