@@ -44,3 +44,7 @@ pub use session::{
 };
 pub use sink::set_udp_source;
 pub use source::{bind_udp_source, DemoClip, DemoTrack};
+
+/// The bundled demo clip: an H.264 test pattern with a tone, MPEG-TS at ~340 kbit/s
+/// (`docs/ARCHITECTURE.md`, "The demo clip", says how it was made).
+pub static DEMO_TS: &[u8] = include_bytes!("../../../assets/demo.ts");

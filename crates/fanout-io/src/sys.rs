@@ -295,3 +295,35 @@ pub fn recv_stamped(fd: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<u64>
     }
     Ok((n as usize, at))
 }
+
+/// A consecutive even/odd UDP port pair on `ip` (RTP/RTCP convention).
+pub fn port_pair(ip: std::net::IpAddr) -> std::io::Result<(std::net::UdpSocket, std::net::UdpSocket)> {
+    port_pair_with(ip, false)
+}
+
+/// A port pair; `shared_rtp`: the RTP one with SO_REUSEPORT, so the data path's sending
+/// sockets can bind its port too.
+pub fn port_pair_with(
+    ip: std::net::IpAddr,
+    shared_rtp: bool,
+) -> std::io::Result<(std::net::UdpSocket, std::net::UdpSocket)> {
+    let bind = |port: u16, reuse: bool| -> std::io::Result<std::net::UdpSocket> {
+        let s = socket2::Socket::new(socket2::Domain::for_address((ip, port).into()), socket2::Type::DGRAM, None)?;
+        if reuse {
+            s.set_reuse_port(true)?;
+        }
+        s.bind(&std::net::SocketAddr::new(ip, port).into())?;
+        Ok(s.into())
+    };
+    for _ in 0..64 {
+        let a = bind(0, shared_rtp)?;
+        let port = a.local_addr()?.port();
+        if port % 2 == 1 || port == u16::MAX {
+            continue;
+        }
+        if let Ok(b) = bind(port + 1, false) {
+            return Ok((a, b));
+        }
+    }
+    Err(std::io::Error::other("no free even/odd UDP port pair"))
+}

@@ -589,6 +589,24 @@ mod tests {
     }
 
     #[test]
+    fn a_bad_cluster_table_is_refused_with_the_reason() {
+        let ok = Config::parse("[cluster]\nnode = \"e1\"\nparents = [\"rtsp://10.0.0.1:8554\"]\n").unwrap();
+        assert_eq!(ok.cluster.unwrap().lease_s, 4);
+        for (body, why) in [
+            ("node = \"a b\"\nparents = [\"rtsp://h:1\"]", "letters, digits"),
+            ("node = \"e\"", "needs `etcd` endpoints, `parents`"),
+            ("node = \"e\"\nparents = [\"rtsp://h:1/cam\"]", "no path"),
+            ("node = \"e\"\nparents = [\"http://h:1\"]", "http://h:1"),
+            ("node = \"e\"\netcd = [\"h:2379\"]\nlease_s = 0", "lease_s 0"),
+            ("node = \"e\"\netcd = [\"h:2379\"]\nprefix = \"x/\"", "prefix"),
+            ("node = \"e\"\netcd = [\"h:2379\"]\nweight = 1", "weight"),
+        ] {
+            let e = Config::parse(&format!("[cluster]\n{body}\n")).unwrap_err().join("\n");
+            assert!(e.contains(why), "{body}: {e}");
+        }
+    }
+
+    #[test]
     fn errors_name_the_line() {
         let e = Config::parse("workers = 2\nringg = 5\n").unwrap_err().join("\n");
         assert!(e.contains("line 2") && e.contains("ringg"), "{e}");

@@ -1,9 +1,9 @@
 //! `fanout ctl`: every control-API call from the shell, as readable tables or `--json`.
 
-use crate::client::ApiClient;
 use crate::spec::{SessionSpec, SinkSpec, SourceSpec};
 use anyhow::Context;
 use clap::{Args, Subcommand};
+use fanout_tools::client::ApiClient;
 use serde_json::Value;
 use std::net::SocketAddr;
 

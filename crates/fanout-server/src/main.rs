@@ -1,8 +1,6 @@
 //! `fanout`: a live media relay. One binary, several subcommands.
 
 mod api;
-mod bench;
-mod client;
 mod cluster;
 mod config;
 mod ctl;
@@ -14,11 +12,11 @@ mod rtsp;
 mod spec;
 mod srtp_out;
 mod tls;
-mod tools;
 mod ui;
 mod upstream;
 
 use clap::{Parser, Subcommand};
+use fanout_tools::{bench, gen, sub};
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -38,9 +36,9 @@ enum Cmd {
     /// Talk to a running relay's control API.
     Ctl(ctl::CtlArgs),
     /// Media server emulator: K paced RTP streams, or a TS/H.264/HEVC file, to a relay.
-    Gen(tools::gen::GenArgs),
+    Gen(gen::GenArgs),
     /// Media client emulator: many subscribers in one process, with loss, latency, jitter.
-    Sub(tools::sub::SubArgs),
+    Sub(sub::SubArgs),
     /// Measure the relay: the OMSS evaluation (bulk, payload, overload) and data-path
     /// comparisons, each writing CSV + PNG.
     #[command(subcommand)]
@@ -101,8 +99,8 @@ fn main() -> std::process::ExitCode {
     let r = match cli.cmd {
         Cmd::Serve(a) => serve(a),
         Cmd::Ctl(a) => ctl::run(a),
-        Cmd::Gen(a) => tools::gen::run(a),
-        Cmd::Sub(a) => tools::sub::run(a),
+        Cmd::Gen(a) => gen::run(a),
+        Cmd::Sub(a) => sub::run(a),
         Cmd::Bench(c) => bench::run(c),
     };
     match r {

@@ -13,9 +13,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::AbortHandle;
 
-/// The bundled demo clip: an H.264 test pattern with a tone, MPEG-TS at ~340 kbit/s.
-pub static DEMO_TS: &[u8] = include_bytes!("../../../assets/demo.ts");
-
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RelayError {
@@ -486,10 +483,12 @@ impl Relay {
                     .map_err(|e| RelayError::Internal(e.to_string()))
             })
         } else {
-            DemoClip::new(DEMO_TS).map_err(|e| RelayError::Internal(format!("demo clip: {e}"))).and_then(|c| {
-                view = demo_view(&spec.name, session.config(), &c, &self.engine)?;
-                session.attach_demo(c).map_err(|e| RelayError::Internal(e.to_string()))
-            })
+            DemoClip::new(fanout_io::DEMO_TS).map_err(|e| RelayError::Internal(format!("demo clip: {e}"))).and_then(
+                |c| {
+                    view = demo_view(&spec.name, session.config(), &c, &self.engine)?;
+                    session.attach_demo(c).map_err(|e| RelayError::Internal(e.to_string()))
+                },
+            )
         };
         if let Err(e) = started {
             close_view(view).await;

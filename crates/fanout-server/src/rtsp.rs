@@ -184,35 +184,6 @@ fn ntp_now() -> u64 {
     )
 }
 
-/// A consecutive even/odd UDP port pair on `ip` (RTP/RTCP convention).
-pub(crate) fn port_pair(ip: IpAddr) -> std::io::Result<(std::net::UdpSocket, std::net::UdpSocket)> {
-    port_pair_with(ip, false)
-}
-
-/// A port pair; `shared_rtp`: the RTP one with SO_REUSEPORT, so the data path's sending
-/// sockets can bind its port too.
-fn port_pair_with(ip: IpAddr, shared_rtp: bool) -> std::io::Result<(std::net::UdpSocket, std::net::UdpSocket)> {
-    let bind = |port: u16, reuse: bool| -> std::io::Result<std::net::UdpSocket> {
-        let s = socket2::Socket::new(socket2::Domain::for_address((ip, port).into()), socket2::Type::DGRAM, None)?;
-        if reuse {
-            s.set_reuse_port(true)?;
-        }
-        s.bind(&std::net::SocketAddr::new(ip, port).into())?;
-        Ok(s.into())
-    };
-    for _ in 0..64 {
-        let a = bind(0, shared_rtp)?;
-        let port = a.local_addr()?.port();
-        if port % 2 == 1 || port == u16::MAX {
-            continue;
-        }
-        if let Ok(b) = bind(port + 1, false) {
-            return Ok((a, b));
-        }
-    }
-    Err(std::io::Error::other("no free even/odd UDP port pair"))
-}
-
 impl Rtsp {
     /// The `server_port` RTP port: the data path sends from it.
     pub fn rtp_port(&self) -> u16 {
@@ -224,7 +195,7 @@ impl Rtsp {
         users: Vec<(String, String)>,
         srtp: Option<crate::config::SrtpKeys>,
     ) -> std::io::Result<Arc<Self>> {
-        let rtcp = port_pair_with(ip, true)?;
+        let rtcp = fanout_io::sys::port_pair_with(ip, true)?;
         let ports = (rtcp.0.local_addr()?.port(), rtcp.1.local_addr()?.port());
         let seed =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);

@@ -140,17 +140,6 @@ pub fn roots_from(path: &Path) -> anyhow::Result<rustls::RootCertStore> {
     Ok(roots)
 }
 
-/// A TLS client configuration that trusts the certificates in one PEM file.
-pub fn trusting(path: &Path) -> anyhow::Result<Arc<rustls::ClientConfig>> {
-    let roots = roots_from(path)?;
-    Ok(Arc::new(
-        rustls::ClientConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()?
-            .with_root_certificates(roots)
-            .with_no_client_auth(),
-    ))
-}
-
 /// How a TLS client checks its server.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verify {

@@ -559,7 +559,7 @@ pub async fn run(up: Arc<Upstream>, template: fanout_io::SessionConfig, relay: s
 fn udp_pairs(ip: IpAddr, n: usize) -> std::io::Result<Vec<(tokio::net::UdpSocket, tokio::net::UdpSocket)>> {
     (0..n)
         .map(|_| {
-            let (a, b) = crate::rtsp::port_pair(ip)?;
+            let (a, b) = fanout_io::sys::port_pair(ip)?;
             a.set_nonblocking(true)?;
             b.set_nonblocking(true)?;
             Ok((tokio::net::UdpSocket::from_std(a)?, tokio::net::UdpSocket::from_std(b)?))

@@ -84,10 +84,12 @@ fn every_bench_has_a_quick_mode_with_csv_and_png() {
     let _default_rtsp = std::net::TcpListener::bind("127.0.0.1:8554");
     let d = |s: &str| dir.join(s).to_str().unwrap().to_string();
     let peers = concat!(env!("CARGO_MANIFEST_DIR"), "/../../.peers");
-    let runs: [(&[&str], &str, usize); 4] = [
+    let runs: [(&[&str], &str, usize); 5] = [
         (&["bench", "datapaths", "--quick", "--datapath", "copy,shared"], "datapaths/datapaths.csv", 2),
         (&["bench", "splice", "--quick"], "splice/splice.csv", 2),
         (&["bench", "repack", "--quick"], "repack/repack.csv", 3),
+        // 2 edge counts x 2 steps, each subscriber served through an edge's pull.
+        (&["bench", "cluster", "--quick"], "cluster/cluster.csv", 4),
         (&["bench", "rtsp", "--quick", "--peers", peers], "rtsp/rtsp.csv", 1),
     ];
     for (args, csv, rows) in runs {

@@ -2,6 +2,7 @@
 //! the relay's CPU is read from its own /proc entry, the machine's from /proc/stat. Each
 //! scenario writes a CSV and a PNG, with a progress bar while it runs.
 
+pub mod cluster;
 pub mod datapaths;
 pub mod layers;
 pub mod pacing;
@@ -13,7 +14,7 @@ pub mod scenarios;
 pub mod splice;
 
 use crate::client::ApiClient;
-pub use crate::tools::thread_cpu_s;
+pub use crate::thread_cpu_s;
 use anyhow::{bail, Context};
 use clap::Subcommand;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -41,6 +42,9 @@ pub enum BenchCmd {
     Layers(layers::LayersArgs),
     /// Subscribers joining behind thin links, pacing off and on (needs root).
     Pacing(pacing::PacingArgs),
+    /// A tree of relays: subscribers over 1, 2, 4 edges of one origin, latency per tier,
+    /// and the projected size of larger trees.
+    Cluster(cluster::ClusterArgs),
     /// Sinks added one API call at a time: the time per thousand as the session grows.
     Register(register::RegisterArgs),
     /// Repackaging for HTTP players (MPEG-TS, HLS): CPU per RTP packet, stage by stage.
@@ -73,6 +77,7 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Splice(a) => splice::run(a),
         BenchCmd::Pacing(a) => pacing::run(a),
         BenchCmd::Register(a) => register::run(a),
+        BenchCmd::Cluster(a) => cluster::run(a),
         BenchCmd::Repack(a) => repack::run(a),
         BenchCmd::PacingSub(a) => pacing::sub(a),
         BenchCmd::Rtsp(a) => rtsp::run(a),

@@ -1,7 +1,14 @@
-//! The traffic tools: `gen` (media server emulator) and `sub` (media client emulator).
+//! The traffic tools, apart from the relay they measure: `gen` (a media server emulator),
+//! `sub` (a media client emulator), `bench` (the scenarios that run the relay, `gen` and
+//! `sub` as separate processes and write CSV + PNG), and the API client they and `fanout
+//! ctl` share. The `fanout` binary carries them as subcommands; nothing of the relay's
+//! own code is in here.
 
+pub mod bench;
+pub mod client;
 pub mod gen;
 pub mod sub;
+mod tls;
 
 /// Nanoseconds on the system-wide monotonic clock: comparable between processes on one host.
 pub fn mono_ns() -> u64 {

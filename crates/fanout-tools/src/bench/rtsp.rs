@@ -129,7 +129,7 @@ pub(super) fn open_client(
             Step::Described(sdp) => {
                 let mut lowers = Vec::new();
                 for _ in &sdp.media {
-                    let (a, b) = crate::rtsp::port_pair(bind)?;
+                    let (a, b) = fanout_io::sys::port_pair(bind)?;
                     lowers.push(Lower::Udp { client_rtp: a.local_addr()?.port(), client_rtcp: b.local_addr()?.port() });
                     a.set_nonblocking(true)?;
                     rtp.push(mio::net::UdpSocket::from_std(a));
@@ -263,7 +263,7 @@ fn mediamtx(bin: &Path) -> anyhow::Result<Upstream> {
     let dir = std::env::temp_dir().join(format!("fanout-bench-rtsp-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let (rtsp, api) = (free_port()?, free_port()?);
-    let (a, _b) = crate::rtsp::port_pair(std::net::IpAddr::from([127, 0, 0, 1]))?;
+    let (a, _b) = fanout_io::sys::port_pair(std::net::IpAddr::from([127, 0, 0, 1]))?;
     let pair = a.local_addr()?.port();
     drop((a, _b));
     let cfg = format!(
@@ -275,7 +275,7 @@ fn mediamtx(bin: &Path) -> anyhow::Result<Upstream> {
     std::fs::write(dir.join("mediamtx.yml"), cfg)?;
     let server = Proc(Command::new(bin).arg(dir.join("mediamtx.yml")).stdout(Stdio::null()).spawn()?);
     let clip = dir.join("clip.mp4");
-    std::fs::write(dir.join("demo.ts"), crate::relay::DEMO_TS)?;
+    std::fs::write(dir.join("demo.ts"), fanout_io::DEMO_TS)?;
     let st = Command::new("ffmpeg")
         .args(["-nostdin", "-loglevel", "error", "-y", "-i"])
         .arg(dir.join("demo.ts"))

@@ -48,7 +48,7 @@ impl Stage {
 pub fn run(a: RepackArgs) -> anyhow::Result<()> {
     let (rounds, seconds) = if a.quick { (1, 0.05) } else { (a.rounds, a.seconds) };
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
-    let clip = fanout_io::DemoClip::new(crate::relay::DEMO_TS).map_err(|e| anyhow::anyhow!("demo clip: {e}"))?;
+    let clip = fanout_io::DemoClip::new(fanout_io::DEMO_TS).map_err(|e| anyhow::anyhow!("demo clip: {e}"))?;
     let (tracks, _) = clip.rtp_tracks();
     let sdp = format!("v=0\r\ns=x\r\nt=0 0\r\n{}", tracks.iter().map(|t| t.media.as_str()).collect::<String>());
     let sdp = fanout_proto::sdp::Sdp::parse(&sdp).map_err(|e| anyhow::anyhow!("demo SDP: {e}"))?;

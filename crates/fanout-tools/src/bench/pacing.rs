@@ -197,9 +197,9 @@ pub fn run(mut a: PacingArgs) -> anyhow::Result<()> {
     super::ensure_dir(&a.out)?;
     // The bundled clip, for `gen` to replay (the binary carries it: no repository needed).
     let demo = std::env::temp_dir().join(format!("fanout-pacing-{}.ts", std::process::id()));
-    std::fs::write(&demo, crate::relay::DEMO_TS).with_context(|| format!("writing {}", demo.display()))?;
+    std::fs::write(&demo, fanout_io::DEMO_TS).with_context(|| format!("writing {}", demo.display()))?;
     let _rm = RemoveOnDrop(demo.clone());
-    let ts = crate::relay::DEMO_TS;
+    let ts = fanout_io::DEMO_TS;
     // The stream on the wire: TS datagrams of 7 packets, each with RTP, UDP, IP and Ethernet
     // headers, which the links' token buckets count.
     let stream_kbps = mpegts::TsSchedule::new(ts)?.bitrate() / 1000.0 * (1316.0 + 54.0) / 1316.0;

@@ -51,6 +51,11 @@ pub struct GenArgs {
     /// Frame rate of an H.264/HEVC --file.
     #[arg(long, default_value_t = 25.0)]
     pub fps: f64,
+    /// RTP payload type of the synthetic probe packets (96 by default; a relay that pulls the
+    /// stream over RTSP takes 96 for H.264 and waits for keyframes the probes never carry,
+    /// so `bench cluster` sends 33, which nobody reads as video).
+    #[arg(long, default_value_t = 96, conflicts_with = "file")]
+    pub payload_type: u8,
     /// With --file: send bare TS datagrams, no RTP header.
     #[arg(long, requires = "file")]
     pub raw: bool,
@@ -177,7 +182,7 @@ pub fn generate(a: &GenArgs) -> anyhow::Result<GenReport> {
 
 /// What `gen` sends: synthetic probe packets, a TS file, or an H.264/HEVC file.
 enum Media {
-    Probe { pps: f64, payload: usize },
+    Probe { pps: f64, payload: usize, pt: u8 },
     Ts { ts: Vec<u8>, sched: TsSchedule, raw: bool },
     Video { fps: f64, payloads: Vec<(Vec<u8>, u64, bool)>, aus: u64 },
 }
@@ -195,7 +200,7 @@ impl Media {
             if !(pps > 0.0 && pps.is_finite()) {
                 bail!("the packet rate must be positive");
             }
-            return Ok(Media::Probe { pps, payload: a.payload });
+            return Ok(Media::Probe { pps, payload: a.payload, pt: a.payload_type & 0x7f });
         };
         let data = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
         let ext = p.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
@@ -274,8 +279,8 @@ impl Media {
     fn write(&self, n: u64, stream: u32, sent_ns: u64, ssrc: u32, buf: &mut [u8]) -> usize {
         let seq = n as u16;
         match self {
-            Media::Probe { payload, .. } => {
-                let h = rtp::write_header(buf, false, 96, seq, rtp_ts(sent_ns), ssrc);
+            Media::Probe { payload, pt, .. } => {
+                let h = rtp::write_header(buf, false, *pt, seq, rtp_ts(sent_ns), ssrc);
                 Probe { stream, seq: n, sent_ns }.write_to(&mut buf[h..]);
                 *payload
             }
