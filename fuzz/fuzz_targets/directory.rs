@@ -1,8 +1,9 @@
 //! The cluster directory's parser on arbitrary keys and values (what etcd holds may be
 //! written by anything): never a panic; every kept entry agrees with its key; and choosing
-//! a node from what was kept never names the asking node or one whose copy loops through it.
+//! a node (to pull from, or to redirect to) from what was kept never names the asking node
+//! or one whose copy loops through it.
 #![no_main]
-use fanout_proto::directory::{candidates, conflicts, Me, Snapshot};
+use fanout_proto::directory::{candidates, conflicts, redirect_target, Me, Snapshot};
 use libfuzzer_sys::fuzz_target;
 use std::collections::HashSet;
 
@@ -17,6 +18,9 @@ fuzz_target!(|data: &[u8]| {
     let me = Me { name: "n0", tier: 1, region: Some("eu") };
     for (channel, entries) in &snap.channels {
         let _ = conflicts(channel, entries);
+        if let Some(n) = redirect_target("n0", entries, &snap.nodes) {
+            assert_ne!(n.name, "n0");
+        }
         let (choices, _) = candidates(&me, entries, &snap.nodes, &HashSet::new());
         for c in choices {
             assert_ne!(c.node, "n0");

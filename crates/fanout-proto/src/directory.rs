@@ -131,6 +131,20 @@ pub fn candidates(
     (choices, why_not)
 }
 
+/// Where a node at its subscriber cap sends a new client: another node with room (no cap,
+/// or below it), one that has the channel first (it need not pull), then the least loaded,
+/// then by name. `None` when no node has room.
+pub fn redirect_target<'a>(
+    me: &str,
+    entries: &[ChannelEntry],
+    nodes: &'a BTreeMap<String, NodeInfo>,
+) -> Option<&'a NodeInfo> {
+    nodes
+        .values()
+        .filter(|n| n.name != me && n.max_subscribers.is_none_or(|cap| n.load.subscribers < cap))
+        .min_by_key(|n| (!entries.iter().any(|e| e.node == n.name), n.load.subscribers, n.name.clone()))
+}
+
 /// What looks wrong in a channel's entries: several origins whose media differ (the same
 /// name for two streams), or a relayed copy whose path names no origin. Edges still pull,
 /// but a person should look.
@@ -290,6 +304,19 @@ mod tests {
         let ns = nodes(&[full, node("o2", 0, None, 500)]);
         let (c, _) = candidates(&me, &[entry("o1", &[]), entry("o2", &[])], &ns, &HashSet::new());
         assert_eq!(names(&c), ["o2", "o1"]);
+    }
+
+    #[test]
+    fn a_full_node_redirects_to_one_with_room_that_has_the_channel() {
+        let mut full = node("o2", 0, None, 10);
+        full.max_subscribers = Some(10);
+        let ns = nodes(&[node("e1", 1, None, 3), full, node("o1", 0, None, 50), node("e9", 1, None, 0)]);
+        let es = [entry("o1", &[]), entry("o2", &[])];
+        // o2 is full; o1 has the channel; e9 is idle but would have to pull it.
+        assert_eq!(redirect_target("e1", &es, &ns).map(|n| n.name.as_str()), Some("o1"));
+        assert_eq!(redirect_target("e1", &[], &ns).map(|n| n.name.as_str()), Some("e9"));
+        let only_me = nodes(&[node("e1", 1, None, 3)]);
+        assert!(redirect_target("e1", &es, &only_me).is_none());
     }
 
     #[test]

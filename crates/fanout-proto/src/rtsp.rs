@@ -304,6 +304,7 @@ pub(crate) fn digest_params(s: &str) -> Vec<(String, String)> {
 pub fn reason(status: u16) -> &'static str {
     match status {
         200 => "OK",
+        302 => "Found",
         400 => "Bad Request",
         401 => "Unauthorized",
         404 => "Not Found",

@@ -91,6 +91,10 @@ pub struct ClusterConfig {
     /// Subscribers this node takes: a node at its cap is chosen last by the others.
     #[serde(default)]
     pub max_subscribers: Option<u64>,
+    /// At `max_subscribers`, answer a new RTSP client's DESCRIBE with a 302 to a node with
+    /// room (from the directory).
+    #[serde(default)]
+    pub redirect: bool,
     /// Seconds the node's registration outlives its last keep-alive (the etcd lease TTL).
     #[serde(default = "ClusterConfig::default_lease")]
     pub lease_s: u64,

@@ -773,6 +773,23 @@ async fn connection(
                     // with the directory down the client learns why (503).
                     if req.method == "DESCRIBE" {
                         let name = fanout_proto::rtsp_server::split_url(&req.uri).map(|(n, _)| n.to_string());
+                        // At its cap, a node sends new players elsewhere (not other nodes'
+                        // pulls: the tree's own links are not subscribers).
+                        let puller = req.headers.get("User-Agent").is_some_and(|a| a.starts_with("fanout/"));
+                        let to = match (&relay.cluster, &name) {
+                            (Some(c), Some(n)) if !puller => c.redirect(n).await,
+                            _ => None,
+                        };
+                        if let Some(to) = to {
+                            tracing::info!(%peer, uri = %req.uri, %to, "at the subscriber cap: redirected");
+                            let mut resp = Response::new(302, req.headers.cseq());
+                            resp.headers.set("Server", concat!("fanout/", env!("CARGO_PKG_VERSION")));
+                            resp.headers.set("Location", to);
+                            let mut out = Vec::new();
+                            resp.write(&mut out);
+                            stream.write_all(&out).await?;
+                            continue;
+                        }
                         if let Some(Err(crate::relay::RelayError::Down(why))) = match name {
                             Some(n) if relay.cluster.is_some() => Some(relay.ensure(&n).await),
                             _ => None,

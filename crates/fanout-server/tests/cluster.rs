@@ -87,6 +87,15 @@ impl Node {
     }
 }
 
+/// The response head to a plain RTSP DESCRIBE of a node's channel.
+fn describe(n: &Node, channel: &str) -> String {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect((n.ip.as_str(), 8554)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "DESCRIBE rtsp://{}:8554/{channel} RTSP/1.0\r\nCSeq: 1\r\nUser-Agent: test\r\n\r\n", n.ip).unwrap();
+    common::read_head(&mut s)
+}
+
 /// Lines of an ffmpeg log that say a picture could not be decoded.
 fn decode_errors(log: &str) -> Vec<&str> {
     let bad = ["error while decoding", "concealing", "no frame!", "Invalid NAL", "non-existing PPS", "corrupt"];
@@ -151,19 +160,19 @@ fn tree() {
     sh(&["ip", "link", "set", "br0", "up"]);
     let etcd = start_etcd(&dir.join("etcd"));
 
-    // (name, host number, tier, demo, extra config)
+    // (name, host number, tier, demo, extra config, extra [cluster] keys)
     let cam =
         "[[session]]\nname = \"cam\"\nsource = { rtsp = \"rtsp://10.77.0.11:8554/demo\", rtsp_transport = \"tcp\" }\n";
-    let plan: [(&str, u8, u32, bool, &str); 6] = [
-        ("o1", 11, 0, true, ""),
-        ("o2", 12, 0, true, ""),
-        ("o3", 13, 0, false, cam),
-        ("e1", 21, 1, false, ""),
-        ("e2", 22, 1, false, ""),
-        ("e3", 23, 2, false, ""),
+    let plan: [(&str, u8, u32, bool, &str, &str); 6] = [
+        ("o1", 11, 0, true, "", ""),
+        ("o2", 12, 0, true, "", ""),
+        ("o3", 13, 0, false, cam, ""),
+        ("e1", 21, 1, false, "", ""),
+        ("e2", 22, 1, false, "", "max_subscribers = 1\nredirect = true\n"),
+        ("e3", 23, 2, false, "", ""),
     ];
     let mut nodes: Vec<Node> = Vec::new();
-    for (i, (name, host, tier, demo, extra)) in plan.into_iter().enumerate() {
+    for (i, (name, host, tier, demo, extra, cluster_extra)) in plan.into_iter().enumerate() {
         let ns = Ns(format!("fanout-{pid}-{name}"));
         sh(&["ip", "netns", "add", &ns.0]);
         let veth = format!("fo{}v{i}", pid % 100_000);
@@ -176,7 +185,7 @@ fn tree() {
         let cfg = dir.join(format!("{name}.toml"));
         let toml = format!(
             "rtsp = \"{ip}:8554\"\ndemo = {demo}\n{extra}\n[cluster]\nnode = \"{name}\"\ntier = {tier}\n\
-             etcd = [\"10.77.0.1:2379\"]\nlease_s = 2\nlinger_s = 3\napi_url = \"http://{ip}:7070\"\n"
+             etcd = [\"10.77.0.1:2379\"]\nlease_s = 2\nlinger_s = 3\napi_url = \"http://{ip}:7070\"\n{cluster_extra}"
         );
         std::fs::write(&cfg, toml).unwrap();
         let wrapper = ["ip", "netns", "exec", &ns.0];
@@ -228,7 +237,15 @@ fn tree() {
                 .unwrap();
             Some((String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr)).into_owned())
         });
-        std::thread::sleep(Duration::from_secs(2));
+        // e2 is at its cap (1 subscriber, redirect on): a new player is sent to a node with
+        // room, and plays there.
+        let redirected = wait_for(Duration::from_secs(6), || {
+            let head = describe(&nodes[e2], "demo");
+            head.starts_with("RTSP/1.0 302") && head.contains("Location: rtsp://10.77.0.") && !head.contains(".22:")
+        });
+        assert!(redirected, "e2 at its cap: {}", describe(&nodes[e2], "demo"));
+        let (ok, log) = nodes[e2].ffmpeg("demo", 2);
+        assert!(ok && decoded_frames(&log) > 20, "a player redirected by e2: {log}");
         // One pull per edge: the tier-1 edges from an origin, e3 from a tier-1 edge.
         for e in [e1, e2] {
             let p = nodes[e].pull("demo").expect("edge pulls demo");
@@ -242,7 +259,9 @@ fn tree() {
             .iter()
             .map(|&o| {
                 let r = nodes[o].ok("GET", "/v1/rtsp", None);
-                r["clients"].as_array().unwrap().iter().filter(|c| c["resource"] == "demo").count()
+                let edges = [&nodes[e1].ip, &nodes[e2].ip];
+                let pull = |c: &&Value| c["resource"] == "demo" && edges.iter().any(|ip| c["peer"] == ***ip);
+                r["clients"].as_array().unwrap().iter().filter(pull).count()
             })
             .sum();
         assert_eq!(pulls_served, 2, "the origins serve one pull per tier-1 edge");

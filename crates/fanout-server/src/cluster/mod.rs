@@ -259,6 +259,24 @@ impl Cluster {
         Err(LookupError::NotFound(format!("no node of the cluster has channel {channel:?}{why}")))
     }
 
+    /// Where a new client of `channel` goes instead, when this node is at its cap and
+    /// redirects (`[cluster] redirect`): the RTSP URL of the channel on a node with room.
+    #[cfg_attr(not(feature = "etcd"), allow(unused_variables))]
+    pub async fn redirect(&self, channel: &str) -> Option<String> {
+        let cap = self.cfg.max_subscribers.filter(|_| self.cfg.redirect)?;
+        if self.load.lock().subscribers < cap {
+            return None;
+        }
+        #[cfg(feature = "etcd")]
+        if let Some(e) = &self.etcd {
+            let snap = e.snapshot().await.ok()?;
+            let entries = snap.channels.get(channel).map(Vec::as_slice).unwrap_or_default();
+            let to = directory::redirect_target(&self.cfg.node, entries, &snap.nodes)?;
+            return Some(format!("{}/{channel}", to.rtsp_url));
+        }
+        None
+    }
+
     /// Records a new pull (the session is being created).
     pub fn begin_pull(&self, channel: &str, c: &Choice) {
         self.pulls.lock().insert(
