@@ -221,8 +221,10 @@ async fn stream_request(stream: &TcpStream, head_timeout: Duration) -> Option<Re
 fn rejection(status: u16, why: &str) -> String {
     let reason = axum::http::StatusCode::from_u16(status).ok().and_then(|s| s.canonical_reason()).unwrap_or("Error");
     let body = serde_json::json!({ "error": why, "status": status }).to_string();
+    // A redirect's `why` is where to.
+    let location = if (300..400).contains(&status) { format!("Location: {why}\r\n") } else { String::new() };
     format!(
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "HTTP/1.1 {status} {reason}\r\n{location}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
 }
@@ -278,6 +280,13 @@ async fn stream_session(
 ) -> Result<fanout_io::Session, (u16, String)> {
     if !authorized(relay.cfg.token.as_deref(), auth, query) {
         return Err((401, "missing or wrong bearer token".to_string()));
+    }
+    // At its cap, a cluster node sends new players to a node with room (the token with them).
+    if let Some(c) = &relay.cluster {
+        if let Some(to) = c.redirect_http(name).await {
+            tracing::info!(session = name, %to, "at the subscriber cap: HTTP player redirected");
+            return Err((302, query.map_or(to.clone(), |q| format!("{to}?{q}"))));
+        }
     }
     relay.http_session(name).await.map_err(|e| {
         let crate::api::ApiError(status, why) = e.into();

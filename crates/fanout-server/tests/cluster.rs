@@ -244,6 +244,17 @@ fn tree() {
             head.starts_with("RTSP/1.0 302") && head.contains("Location: rtsp://10.77.0.") && !head.contains(".22:")
         });
         assert!(redirected, "e2 at its cap: {}", describe(&nodes[e2], "demo"));
+        let head = {
+            use std::io::Write;
+            let mut s = std::net::TcpStream::connect((nodes[e2].ip.as_str(), 7070)).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            write!(s, "GET /v1/sessions/demo/stream HTTP/1.1\r\nHost: e2\r\n\r\n").unwrap();
+            common::read_head(&mut s)
+        };
+        assert!(
+            head.starts_with("HTTP/1.1 302") && head.contains("Location: http://10.77.0.") && !head.contains(".22:"),
+            "an HTTP player of e2 at its cap: {head}"
+        );
         let (ok, log) = nodes[e2].ffmpeg("demo", 2);
         assert!(ok && decoded_frames(&log) > 20, "a player redirected by e2: {log}");
         // One pull per edge: the tier-1 edges from an origin, e3 from a tier-1 edge.

@@ -260,9 +260,9 @@ impl Cluster {
     }
 
     /// Where a new client of `channel` goes instead, when this node is at its cap and
-    /// redirects (`[cluster] redirect`): the RTSP URL of the channel on a node with room.
+    /// redirects (`[cluster] redirect`): a node with room, from the directory.
     #[cfg_attr(not(feature = "etcd"), allow(unused_variables))]
-    pub async fn redirect(&self, channel: &str) -> Option<String> {
+    async fn redirect_to(&self, channel: &str) -> Option<NodeInfo> {
         let cap = self.cfg.max_subscribers.filter(|_| self.cfg.redirect)?;
         if self.load.lock().subscribers < cap {
             return None;
@@ -271,10 +271,21 @@ impl Cluster {
         if let Some(e) = &self.etcd {
             let snap = e.snapshot().await.ok()?;
             let entries = snap.channels.get(channel).map(Vec::as_slice).unwrap_or_default();
-            let to = directory::redirect_target(&self.cfg.node, entries, &snap.nodes)?;
-            return Some(format!("{}/{channel}", to.rtsp_url));
+            return directory::redirect_target(&self.cfg.node, entries, &snap.nodes).cloned();
         }
         None
+    }
+
+    /// The RTSP URL a new RTSP client of `channel` is redirected to, if any.
+    pub async fn redirect(&self, channel: &str) -> Option<String> {
+        self.redirect_to(channel).await.map(|n| format!("{}/{channel}", n.rtsp_url))
+    }
+
+    /// The stream URL a new HTTP client of `channel` is redirected to, if any (a node that
+    /// published its `api_url`).
+    pub async fn redirect_http(&self, channel: &str) -> Option<String> {
+        let n = self.redirect_to(channel).await?;
+        Some(format!("{}/v1/sessions/{channel}/stream", n.api_url?.trim_end_matches('/')))
     }
 
     /// Records a new pull (the session is being created).
