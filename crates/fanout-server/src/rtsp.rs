@@ -184,6 +184,14 @@ fn ntp_now() -> u64 {
     )
 }
 
+/// A response as it goes out: with our `Server` header, in bytes.
+fn answer(mut resp: Response) -> Vec<u8> {
+    resp.headers.set("Server", concat!("fanout/", env!("CARGO_PKG_VERSION")));
+    let mut out = Vec::new();
+    resp.write(&mut out);
+    out
+}
+
 impl Rtsp {
     /// The `server_port` RTP port: the data path sends from it.
     pub fn rtp_port(&self) -> u16 {
@@ -783,11 +791,8 @@ async fn connection(
                         if let Some(to) = to {
                             tracing::info!(%peer, uri = %req.uri, %to, "at the subscriber cap: redirected");
                             let mut resp = Response::new(302, req.headers.cseq());
-                            resp.headers.set("Server", concat!("fanout/", env!("CARGO_PKG_VERSION")));
                             resp.headers.set("Location", to);
-                            let mut out = Vec::new();
-                            resp.write(&mut out);
-                            stream.write_all(&out).await?;
+                            stream.write_all(&answer(resp)).await?;
                             continue;
                         }
                         if let Some(Err(crate::relay::RelayError::Down(why))) = match name {
@@ -796,12 +801,9 @@ async fn connection(
                         } {
                             tracing::warn!(%peer, uri = %req.uri, "DESCRIBE answered 503: {why}");
                             let mut resp = Response::new(503, req.headers.cseq());
-                            resp.headers.set("Server", concat!("fanout/", env!("CARGO_PKG_VERSION")));
                             resp.body = why.into_bytes();
                             resp.headers.set("Content-Type", "text/plain");
-                            let mut out = Vec::new();
-                            resp.write(&mut out);
-                            stream.write_all(&out).await?;
+                            stream.write_all(&answer(resp)).await?;
                             continue;
                         }
                     }
@@ -836,11 +838,7 @@ async fn connection(
                         rtsp.server.lock().handle(&req, conn, rtsp.now_ms(), &lookup)
                     };
                     rtsp.apply(relay, peer.ip(), actions);
-                    let mut out = Vec::new();
-                    let mut resp = resp;
-                    resp.headers.set("Server", concat!("fanout/", env!("CARGO_PKG_VERSION")));
-                    resp.write(&mut out);
-                    stream.write_all(&out).await?;
+                    stream.write_all(&answer(resp)).await?;
                 }
                 Ok(None) => break,
                 Err(e) => {
