@@ -110,13 +110,16 @@ fn removal_under_load(datapath: &str) {
     let st = relay.ok("GET", "/v1/sessions/k", None);
     assert_eq!(st["sinks"], 101);
     // The session's delivered total keeps what the removed sinks got (every path); the
-    // stalled sink's socket drops what it is sent (at most all of it), and a removed sink
-    // may get one packet twice.
+    // stalled sink's socket drops what it is sent (at most all of it), a removed sink may
+    // get one packet twice, and under a loaded machine the test's own sockets may overflow
+    // before it reads them (the kernel counts those drops; they are not the relay's).
     let received: u64 = got.iter().map(|g| g.len() as u64).sum();
     let delivered = st["delivered_packets_total"].as_u64().unwrap();
+    let ports: Vec<u16> = rx.iter().map(|r| r.local_addr().unwrap().port()).collect();
+    let dropped_here = udp_receive_drops(&ports);
     assert!(
-        delivered + 100 >= received && delivered <= received + PACKETS,
-        "{datapath}: {delivered} delivered, {received} received"
+        delivered + 100 >= received && delivered <= received + dropped_here + PACKETS,
+        "{datapath}: {delivered} delivered, {received} received, {dropped_here} dropped at the test's sockets"
     );
     if datapath == "kernel" {
         assert_eq!(st["kernel"]["sinks"], 101);

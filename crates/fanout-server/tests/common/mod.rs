@@ -266,6 +266,21 @@ pub fn unephemeral_udp_port(even: bool) -> SocketAddr {
         .expect("a free port below the ephemeral range")
 }
 
+/// How many datagrams the kernel dropped at these local UDP ports' receive buffers
+/// (`/proc/net/udp`, last column): what a starved test reader lost before it could read.
+pub fn udp_receive_drops(ports: &[u16]) -> u64 {
+    let table = std::fs::read_to_string("/proc/net/udp").unwrap_or_default();
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            let port = u16::from_str_radix(cols.get(1)?.rsplit(':').next()?, 16).ok()?;
+            ports.contains(&port).then(|| cols.last()?.parse::<u64>().ok()).flatten()
+        })
+        .sum()
+}
+
 /// A test datagram: `seq` as 8 bytes, then a fill pattern.
 pub fn datagram(seq: u64, len: usize) -> Vec<u8> {
     let mut d = vec![(seq % 251) as u8; len];
