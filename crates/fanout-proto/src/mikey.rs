@@ -91,10 +91,12 @@ impl Mikey {
         o.extend_from_slice(&rand);
         // SP: policy 0, SRTP.
         let params: [(u8, u8); 9] = [
-            (0, 1),                               // encryption: AES-CM
-            (1, MASTER_KEY_LEN as u8),            // session encryption key length
-            (2, 1),                               // authentication: HMAC-SHA-1
-            (3, 20),                              // session authentication key length
+            (0, 1),                    // encryption: AES-CM
+            (1, MASTER_KEY_LEN as u8), // session encryption key length
+            (2, 1),                    // authentication: HMAC-SHA-1
+            // Session authentication key length: GStreamer and gortsplib (MediaMTX) read and
+            // write the tag length here (10 for HMAC-SHA1-80), and gortsplib refuses 20.
+            (3, self.suite.rtp_tag_len() as u8),
             (4, MASTER_SALT_LEN as u8),           // session salt length
             (7, 1),                               // SRTP encryption on
             (8, 1),                               // SRTCP encryption on

@@ -156,6 +156,9 @@ pub struct Client {
     last_sent_ms: u64,
     /// Ask for SRTP (`RTP/SAVP`), e.g. of an RTSPS server whose description gave keys.
     pub savp: bool,
+    /// Our own SRTP key for the SRTCP we send, per media section, as a base64 MIKEY message:
+    /// sent in SAVP SETUPs as `KeyMgmt` (RFC 4567 §3.3), which MediaMTX requires.
+    pub key_mgmt: Vec<String>,
 }
 
 impl Client {
@@ -177,6 +180,7 @@ impl Client {
             timeout_s: 60,
             last_sent_ms: 0,
             savp: false,
+            key_mgmt: Vec::new(),
         }
     }
 
@@ -267,6 +271,9 @@ impl Client {
         let mut h = Headers::default();
         h.set("Transport", transport);
         let url = t.control.clone();
+        if let Some(data) = self.key_mgmt.get(i).filter(|_| self.savp) {
+            h.set("KeyMgmt", format!("prot=mikey; uri=\"{url}\"; data=\"{data}\""));
+        }
         self.request("SETUP", &url, h, now_ms)
     }
 
@@ -672,5 +679,28 @@ mod tests {
         assert_eq!(c.tracks[0].rtp_info, None);
         // No GET_PARAMETER in Public: keep-alive with OPTIONS, every 30 s by default.
         assert_eq!(req_of(&c.keepalive(30_000).unwrap()).method, "OPTIONS");
+    }
+    /// SRTP: SETUP asks for RTP/SAVP and carries our key as `KeyMgmt` for its track's URL;
+    /// without SRTP no key travels.
+    #[test]
+    fn a_savp_setup_carries_our_mikey_key() {
+        let mut c = Client::new(Url::parse("rtsps://h/s").unwrap(), "t");
+        c.start(0);
+        c.on_response(&resp(200, 1, &[], ""), 0).unwrap();
+        let two =
+            "v=0\r\ns=x\r\nt=0 0\r\nm=video 0 RTP/SAVP 96\r\na=control:v\r\nm=audio 0 RTP/SAVP 97\r\na=control:a\r\n";
+        c.on_response(&resp(200, 2, &[], two), 0).unwrap();
+        c.savp = true;
+        c.key_mgmt = vec!["AQA=".into(), "AQB=".into()];
+        let r = req_of(
+            &c.setup(vec![Lower::Interleaved { rtp: 0, rtcp: 1 }, Lower::Interleaved { rtp: 2, rtcp: 3 }], 0).unwrap(),
+        );
+        assert_eq!(r.headers.get("Transport"), Some("RTP/SAVP/TCP;unicast;interleaved=0-1"));
+        assert_eq!(r.headers.get("KeyMgmt"), Some("prot=mikey; uri=\"rtsps://h:322/s/v\"; data=\"AQA=\""));
+        let t = [("Transport", "RTP/SAVP/TCP;unicast;interleaved=0-1"), ("Session", "z")];
+        let r = send(c.on_response(&resp(200, 3, &t, ""), 0).unwrap());
+        assert_eq!(r.headers.get("KeyMgmt"), Some("prot=mikey; uri=\"rtsps://h:322/s/a\"; data=\"AQB=\""));
+        c.savp = false;
+        assert_eq!(req_of(&c.setup_request(0, 0)).headers.get("KeyMgmt"), None);
     }
 }

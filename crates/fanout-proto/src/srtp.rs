@@ -253,6 +253,15 @@ impl Context {
         self.suite
     }
 
+    /// The rollover counter `ssrc`'s packets start at, as a MIKEY message gives it for a
+    /// stream that had already run (RFC 3830 §6.1.1, CS ID map): before its first packet.
+    pub fn set_roc(&mut self, ssrc: u32, roc: u32) {
+        let st = self.stream(ssrc, None);
+        if !st.rtp_seen {
+            st.roc = roc;
+        }
+    }
+
     fn stream(&mut self, ssrc: u32, seq: Option<u16>) -> &mut Stream {
         if self.streams.len() >= MAX_STREAMS && !self.streams.contains_key(&ssrc) {
             self.streams.clear();
@@ -529,6 +538,26 @@ mod tests {
             assert_eq!(p, plain, "packet {i}");
         }
         assert_eq!(rx.streams[&9].roc, 1);
+    }
+
+    /// A receiver joining a stream past its first wrap reads it only with the rollover
+    /// counter the key exchange gave it (MIKEY carries it; ROC 0 fails the tag).
+    #[test]
+    fn a_given_rollover_counter_reads_a_stream_that_had_wrapped() {
+        let suite = Suite::AesCm128HmacSha1_80;
+        let mut tx = Context::new(suite, &master());
+        tx.set_roc(9, 3);
+        let plain = rtp(100, 9, b"later");
+        let mut p = plain.clone();
+        tx.protect_rtp(&mut p).unwrap();
+        assert_eq!(Context::new(suite, &master()).unprotect_rtp(&mut p.clone()), Err(Error::AuthFailed));
+        let mut rx = Context::new(suite, &master());
+        rx.set_roc(9, 3);
+        rx.unprotect_rtp(&mut p).unwrap();
+        assert_eq!(p, plain);
+        // Once packets flow, the counter is theirs.
+        rx.set_roc(9, 0);
+        assert_eq!(rx.streams[&9].roc, 3);
     }
 
     /// A sender report protected (or checked) before the stream's first RTP packet leaves

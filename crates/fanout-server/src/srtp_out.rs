@@ -65,19 +65,7 @@ impl Epoch {
 
     /// The key as a MIKEY message (base64), for the crypto session of `ssrc` from its start.
     pub fn mikey(&self, ssrc: u32) -> String {
-        let mut r = [0u8; 20];
-        let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut r);
-        let m = fanout_proto::mikey::Mikey {
-            csb_id: u32::from_be_bytes([r[16], r[17], r[18], r[19]]),
-            sessions: vec![(ssrc, 0)],
-            suite: self.crypto.suite,
-            key: self.crypto.key.clone(),
-        };
-        let ntp = fanout_proto::rtcp::ntp_from_unix(
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default(),
-        );
-        let rand: [u8; 16] = r[..16].try_into().expect("16 bytes");
-        m.write_base64(rand, ntp)
+        mikey_base64(self.crypto.suite, &self.crypto.key, ssrc)
     }
 
     pub fn running(&self) -> bool {
@@ -96,7 +84,25 @@ pub struct SrtpOut {
     next: AtomicU32,
 }
 
-fn random_key() -> std::io::Result<MasterKey> {
+/// `key` as a MIKEY message (base64) for the crypto session of `ssrc` from its start (ROC 0),
+/// stamped now: what `a=key-mgmt` and the `KeyMgmt` header carry.
+pub(crate) fn mikey_base64(suite: Suite, key: &MasterKey, ssrc: u32) -> String {
+    let mut r = [0u8; 20];
+    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut r);
+    let m = fanout_proto::mikey::Mikey {
+        csb_id: u32::from_be_bytes([r[16], r[17], r[18], r[19]]),
+        sessions: vec![(ssrc, 0)],
+        suite,
+        key: key.clone(),
+    };
+    let ntp = fanout_proto::rtcp::ntp_from_unix(
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default(),
+    );
+    let rand: [u8; 16] = r[..16].try_into().expect("16 bytes");
+    m.write_base64(rand, ntp)
+}
+
+pub(crate) fn random_key() -> std::io::Result<MasterKey> {
     use ring::rand::SecureRandom as _;
     let mut b = [0u8; 30];
     ring::rand::SystemRandom::new().fill(&mut b).map_err(|_| std::io::Error::other("no system randomness"))?;

@@ -600,6 +600,8 @@ async fn connect_once(
     // SRTP from the upstream: the keys its description gave, per track (decrypted once here,
     // for every client of the session).
     let mut srtp: Vec<Option<fanout_proto::srtp::Context>> = Vec::new();
+    // Our own key per track for the SRTCP we send back, told to the upstream in SETUP.
+    let mut srtcp_out: Vec<fanout_proto::srtp::Context> = Vec::new();
     let mut client = Client::new(url.clone(), concat!("fanout/", env!("CARGO_PKG_VERSION")));
     stream.write_all(&client.start(up.now_ms())).await.map_err(|e| e.to_string())?;
     let limits = Limits { max_body: 1 << 20, ..Limits::default() };
@@ -653,6 +655,10 @@ async fn connect_once(
                         Step::Described(sdp) => {
                             srtp = srtp_contexts(&sdp)?;
                             client.savp = srtp.iter().any(Option::is_some);
+                            if client.savp {
+                                (srtcp_out, client.key_mgmt) =
+                                    own_srtcp_keys(sdp.media.len(), reporter).map_err(|e| e.to_string())?;
+                            }
                             up.adopt(&sdp, template, engine).map_err(|e| format!("cannot open the tracks: {e}"))?;
                             let lowers: Vec<Lower> = if tcp {
                                 (0..sdp.media.len())
@@ -684,9 +690,14 @@ async fn connect_once(
                             // UDP: read every track's ports; punch the upstream's ports open.
                             for (i, (rtp, rtcp)) in udp.drain(..).enumerate() {
                                 let server = client.tracks[i].server_ports;
-                                // Open a NAT's way for the upstream's RTCP (an empty receiver report).
+                                // Open a NAT's way for the upstream's RTCP (an empty receiver
+                                // report; SRTCP under our key where the upstream is SRTP).
                                 if let Some((_, sc)) = server {
-                                    let _ = rtcp.send_to(&[0x80, 201, 0, 1, 0, 0, 0, 0], (peer, sc)).await;
+                                    let mut rr = [0x80, 201, 0, 1].to_vec();
+                                    rr.extend_from_slice(&reporter.to_be_bytes());
+                                    if srtcp_out.get_mut(i).is_none_or(|ctx| ctx.protect_rtcp(&mut rr).is_ok()) {
+                                        let _ = rtcp.send_to(&rr, (peer, sc)).await;
+                                    }
                                 }
                                 let rtcp = Arc::new(rtcp);
                                 let (u1, u2, r2) = (up.clone(), up.clone(), rtcp.clone());
@@ -752,10 +763,13 @@ async fn connect_once(
                     }
                     if tokio::time::Instant::now() >= next_report {
                         next_report += REPORT_EVERY;
-                        // (An SRTP upstream would want SRTCP under a key of ours, which SDES
-                        // cannot give it: no reports; the keep-alive requests hold the session.)
-                        let reports = if client.savp { Vec::new() } else { up.receiver_reports(reporter) };
-                        for (i, rr) in reports {
+                        // To an SRTP upstream, SRTCP under the key we gave it in SETUP.
+                        for (i, mut rr) in up.receiver_reports(reporter) {
+                            if let Some(ctx) = srtcp_out.get_mut(i) {
+                                if ctx.protect_rtcp(&mut rr).is_err() {
+                                    continue;
+                                }
+                            }
                             if tcp {
                                 if let Lower::Interleaved { rtcp, .. } = client.tracks[i].lower {
                                     let mut out = Vec::with_capacity(rr.len() + 4);
@@ -796,7 +810,7 @@ trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
 
 /// Per media section, an SRTP context where the description gives it `RTP/SAVP` with an
-/// SDES key; an error where it is SRTP with keys we cannot read (MIKEY).
+/// SDES or MIKEY key; an error where it is SRTP with no key we can read.
 fn srtp_contexts(sdp: &fanout_proto::sdp::Sdp) -> Result<Vec<Option<fanout_proto::srtp::Context>>, String> {
     sdp.media
         .iter()
@@ -812,13 +826,33 @@ fn srtp_contexts(sdp: &fanout_proto::sdp::Sdp) -> Result<Vec<Option<fanout_proto
                     Err(e) => Err(format!("the upstream's SRTP key (a=crypto): {e}")),
                 },
                 (None, Some(b64)) => match fanout_proto::mikey::Mikey::parse_base64(b64) {
-                    Ok(k) => Ok(Some(fanout_proto::srtp::Context::new(k.suite, &k.key))),
+                    Ok(k) => {
+                        let mut ctx = fanout_proto::srtp::Context::new(k.suite, &k.key);
+                        // A stream that ran before we came starts at the ROC the message says.
+                        for &(ssrc, roc) in &k.sessions {
+                            ctx.set_roc(ssrc, roc);
+                        }
+                        Ok(Some(ctx))
+                    }
                     Err(e) => Err(format!("the upstream's SRTP key (a=key-mgmt): {e}")),
                 },
                 (None, None) => Err(format!("the upstream's {} section is RTP/SAVP without a key", m.kind)),
             }
         })
         .collect()
+}
+
+/// Per track, our SRTCP key: its context, and the MIKEY message (base64) that tells it to
+/// the upstream (`KeyMgmt` in SETUP, RFC 4567), its crypto session our reporter SSRC.
+fn own_srtcp_keys(tracks: usize, reporter: u32) -> std::io::Result<(Vec<fanout_proto::srtp::Context>, Vec<String>)> {
+    let suite = fanout_proto::srtp::Suite::AesCm128HmacSha1_80;
+    let mut keys = (Vec::new(), Vec::new());
+    for _ in 0..tracks {
+        let key = crate::srtp_out::random_key()?;
+        keys.1.push(crate::srtp_out::mikey_base64(suite, &key, reporter));
+        keys.0.push(fanout_proto::srtp::Context::new(suite, &key));
+    }
+    Ok(keys)
 }
 
 /// A random-enough RTP start (RFC 3550 §5.1): clock nanoseconds mixed with the process id.

@@ -46,6 +46,8 @@ fn free_tcp_port() -> u16 {
 /// MediaMTX on free loopback ports, with a looped clip published into path `live`.
 struct Mediamtx {
     rtsp: SocketAddr,
+    /// RTSPS (with SRTP over UDP) where started with [`Mediamtx::start_encrypted`].
+    rtsps: Option<SocketAddr>,
     api: SocketAddr,
     _server: Proc,
     _publisher: Proc,
@@ -60,16 +62,40 @@ impl Drop for Mediamtx {
 
 impl Mediamtx {
     fn start(bin: &std::path::Path) -> Mediamtx {
+        Self::start_with(bin, false)
+    }
+
+    /// With RTSPS beside plain RTSP (`rtspEncryption: optional`): TLS on its own port, SRTP
+    /// over UDP, keys by MIKEY, under a certificate for 127.0.0.1 in `dir/server.crt`.
+    fn start_encrypted(bin: &std::path::Path) -> Mediamtx {
+        Self::start_with(bin, true)
+    }
+
+    fn start_with(bin: &std::path::Path, encrypted: bool) -> Mediamtx {
         let dir = std::env::temp_dir().join(format!("fanout-mtx-{}-{}", std::process::id(), free_tcp_port()));
         std::fs::create_dir_all(&dir).unwrap();
         let (rtsp, api) = (free_tcp_port(), free_tcp_port());
         let pair = unephemeral_udp_port(true).port();
-        let cfg = format!(
+        let mut cfg = format!(
             "logLevel: warn\napi: yes\napiAddress: 127.0.0.1:{api}\nrtspAddress: 127.0.0.1:{rtsp}\n\
              rtspTransports: [udp, tcp]\nrtpAddress: 127.0.0.1:{pair}\nrtcpAddress: 127.0.0.1:{}\n\
              rtmp: no\nhls: no\nwebrtc: no\nsrt: no\nmetrics: no\npprof: no\nplayback: no\npaths:\n  all_others:\n",
             pair + 1
         );
+        let rtsps = encrypted.then(|| {
+            let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
+            std::fs::write(dir.join("server.crt"), ck.cert.pem()).unwrap();
+            std::fs::write(dir.join("server.key"), ck.signing_key.serialize_pem()).unwrap();
+            let (port, srtp) = (free_tcp_port(), unephemeral_udp_port(true).port());
+            cfg += &format!(
+                "rtspEncryption: optional\nrtspsAddress: 127.0.0.1:{port}\nsrtpAddress: 127.0.0.1:{srtp}\n\
+                 srtcpAddress: 127.0.0.1:{}\nrtspServerKey: {}\nrtspServerCert: {}\n",
+                srtp + 1,
+                dir.join("server.key").display(),
+                dir.join("server.crt").display()
+            );
+            SocketAddr::from(([127, 0, 0, 1], port))
+        });
         std::fs::write(dir.join("mediamtx.yml"), cfg).unwrap();
         let server = Proc(
             Command::new(bin)
@@ -107,7 +133,7 @@ impl Mediamtx {
                 .spawn()
                 .unwrap(),
         );
-        let m = Mediamtx { rtsp, api, _server: server, _publisher: publisher, dir };
+        let m = Mediamtx { rtsp, rtsps, api, _server: server, _publisher: publisher, dir };
         assert!(
             wait_for(Duration::from_secs(10), || m.api("/v3/paths/get/live")["ready"] == true),
             "the publisher did not reach MediaMTX"
@@ -143,7 +169,16 @@ impl Mediamtx {
 
     /// MediaMTX's RTSP sessions that read (not the publisher).
     fn readers(&self) -> Vec<Value> {
-        let list = self.api("/v3/rtspsessions/list");
+        self.readers_of("rtspsessions")
+    }
+
+    /// Its RTSPS sessions that read.
+    fn secure_readers(&self) -> Vec<Value> {
+        self.readers_of("rtspssessions")
+    }
+
+    fn readers_of(&self, kind: &str) -> Vec<Value> {
+        let list = self.api(&format!("/v3/{kind}/list"));
         list["items"].as_array().into_iter().flatten().filter(|s| s["state"] == "read").cloned().collect()
     }
 }
@@ -298,6 +333,49 @@ fn twenty_ffmpeg_clients_share_one_mediamtx_session() {
         mtx.readers()
     );
     assert_eq!(relay.ok("GET", "/v1/sessions/cam", None)["upstream"]["state"], "idle");
+}
+
+/// MediaMTX serving RTSPS with SRTP (keys by MIKEY) as the upstream, its certificate checked
+/// against its CA: one relay session pulls SRTP over UDP, one SRTP interleaved in the TLS
+/// connection. Each is decrypted once, and ffmpeg clients decode every picture, the same as
+/// a plain client of MediaMTX. MediaMTX takes our key (`KeyMgmt` in SETUP) and reads our
+/// receiver reports, SRTCP under it, without an error.
+#[test]
+fn mediamtx_over_rtsps_with_srtp_is_proxied_and_decoded() {
+    let Some(bin) = peer("mediamtx") else { return };
+    if !have_ffmpeg() {
+        return;
+    }
+    let mtx = Mediamtx::start_encrypted(&bin);
+    let relay = Relay::start(&["--rtsp", "127.0.0.1:0", "--no-demo"]);
+    let upstream = format!("rtsps://{}/live", mtx.rtsps.unwrap());
+    let ca = mtx.dir.join("server.crt");
+    for transport in ["udp", "tcp"] {
+        let spec = json!({ "name": transport, "source": {
+            "rtsp": upstream, "rtsp_transport": transport, "tls_ca": ca, "linger_s": 2 } });
+        relay.ok("POST", "/v1/sessions", Some(spec));
+    }
+    let base = format!("rtsp://{}", rtsp_addr(&relay));
+    let reference = format!("rtsp://{}/live", mtx.rtsp);
+    let udp = start_clients_over(&reference, &format!("{base}/udp"), 2, |_| "udp");
+    let tcp = start_clients_over(&reference, &format!("{base}/tcp"), 2, |_| "tcp");
+    // While they play: MediaMTX has our two sessions over SAVP, with our SRTCP read (a
+    // report goes out on start and every few seconds after).
+    std::thread::sleep(Duration::from_secs(7));
+    let readers = mtx.secure_readers();
+    let mut seen: Vec<(String, String)> =
+        readers.iter().map(|r| (r["transport"].to_string(), r["profile"].to_string())).collect();
+    seen.sort();
+    assert_eq!(seen, [("\"TCP\"".into(), "\"SAVP\"".into()), ("\"UDP\"".into(), "\"SAVP\"".into())], "{readers:?}");
+    assert!(readers.iter().all(|r| r["rtcpPacketsReceived"].as_u64() > Some(0)), "{readers:?}");
+    assert!(readers.iter().all(|r| r["rtcpPacketsInError"] == 0), "{readers:?}");
+    udp.check();
+    tcp.check();
+    for name in ["udp", "tcp"] {
+        let up = relay.ok("GET", &format!("/v1/sessions/{name}"), None)["upstream"].clone();
+        assert_eq!((up["tls"].as_bool(), up["transport"].as_str()), (Some(true), Some(name)), "{up}");
+        assert_eq!((up["connects"].as_u64(), up["srtp_dropped"].as_u64()), (Some(1), Some(0)), "{up}");
+    }
 }
 
 /// A camera (MediaMTX, H.264 + AAC over RTSP) proxied by `fanout` plays over HTTP: as HLS,

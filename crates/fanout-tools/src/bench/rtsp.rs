@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 pub struct RtspArgs {
     /// Servers to compare: `fanout:PATH` (a data path), `fanout-srtp:PATH` (RTSPS with SRTP
     /// over UDP, one key per epoch shared by its clients), `fanout-srtp-each:PATH` (a key
-    /// per client), `mediamtx`, `live555`.
+    /// per client), `mediamtx`, `mediamtx-srtp` (its RTSPS with SRTP over UDP), `live555`.
     #[arg(long, value_delimiter = ',', default_value = "fanout:shared,mediamtx,live555")]
     targets: Vec<String>,
     /// Client counts to step through.
@@ -127,6 +127,10 @@ pub(super) fn open_client(
         step = match step {
             Step::Send(b) => exchange(conn.as_mut(), &mut client, &b)?,
             Step::Described(sdp) => {
+                if client.savp {
+                    // Our own key per track in SETUP (MediaMTX requires one; fanout ignores it).
+                    client.key_mgmt = sdp.media.iter().map(|_| own_mikey()).collect::<anyhow::Result<_>>()?;
+                }
                 let mut lowers = Vec::new();
                 for _ in &sdp.media {
                     let (a, b) = fanout_io::sys::port_pair(bind)?;
@@ -142,6 +146,24 @@ pub(super) fn open_client(
             Step::Idle => bail!("the server went quiet during setup"),
         }
     }
+}
+
+/// A fresh SRTP key as a MIKEY message (base64), for the SRTCP a client would send.
+fn own_mikey() -> anyhow::Result<String> {
+    let mut b = [0u8; 34];
+    rustls::crypto::ring::default_provider()
+        .secure_random
+        .fill(&mut b)
+        .map_err(|_| anyhow::anyhow!("no system randomness"))?;
+    let key = fanout_proto::srtp::MasterKey::from_concat(&b[..30]).context("30 bytes")?;
+    let m = fanout_proto::mikey::Mikey {
+        csb_id: u32::from_be_bytes([b[30], b[31], b[32], b[33]]),
+        sessions: vec![(u32::from_be_bytes([b[0], b[1], b[2], b[3]]), 0)],
+        suite: fanout_proto::srtp::Suite::AesCm128HmacSha1_80,
+        key,
+    };
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+    Ok(m.write_base64(b[14..30].try_into().context("16 bytes")?, fanout_proto::rtcp::ntp_from_unix(now)))
 }
 
 /// A one-client player: plays `url` over UDP and hands over its first track's RTP socket,
@@ -232,6 +254,9 @@ pub fn load(a: LoadArgs) -> anyhow::Result<()> {
 /// The upstream: MediaMTX with the looped demo clip published into `live`.
 struct Upstream {
     rtsp: SocketAddr,
+    /// Its RTSPS (SRTP over UDP, keys by MIKEY) where a target needs it; the certificate is
+    /// `dir/mtx.crt`.
+    rtsps: Option<SocketAddr>,
     server: Proc,
     _publisher: Proc,
     dir: PathBuf,
@@ -259,19 +284,39 @@ fn wait_listening(addr: SocketAddr, what: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn mediamtx(bin: &Path) -> anyhow::Result<Upstream> {
+fn mediamtx(bin: &Path, encrypted: bool) -> anyhow::Result<Upstream> {
     let dir = std::env::temp_dir().join(format!("fanout-bench-rtsp-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let (rtsp, api) = (free_port()?, free_port()?);
-    let (a, _b) = fanout_io::sys::port_pair(std::net::IpAddr::from([127, 0, 0, 1]))?;
-    let pair = a.local_addr()?.port();
-    drop((a, _b));
-    let cfg = format!(
+    let free_pair = || -> anyhow::Result<u16> {
+        let (a, _b) = fanout_io::sys::port_pair(std::net::IpAddr::from([127, 0, 0, 1]))?;
+        Ok(a.local_addr()?.port())
+    };
+    let pair = free_pair()?;
+    let mut cfg = format!(
         "logLevel: error\napi: no\napiAddress: 127.0.0.1:{api}\nrtspAddress: 127.0.0.1:{rtsp}\n\
          rtspTransports: [udp, tcp]\nrtpAddress: 127.0.0.1:{pair}\nrtcpAddress: 127.0.0.1:{}\n\
          rtmp: no\nhls: no\nwebrtc: no\nsrt: no\nmetrics: no\npprof: no\nplayback: no\npaths:\n  all_others:\n",
         pair + 1
     );
+    // RTSPS beside plain RTSP ("optional"): the plain targets read the same stream.
+    let rtsps = match encrypted {
+        true => {
+            let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()])?;
+            std::fs::write(dir.join("mtx.crt"), ck.cert.pem())?;
+            std::fs::write(dir.join("mtx.key"), ck.signing_key.serialize_pem())?;
+            let (port, srtp) = (free_port()?, free_pair()?);
+            cfg += &format!(
+                "rtspEncryption: optional\nrtspsAddress: 127.0.0.1:{port}\nsrtpAddress: 127.0.0.1:{srtp}\n\
+                 srtcpAddress: 127.0.0.1:{}\nrtspServerKey: {}\nrtspServerCert: {}\n",
+                srtp + 1,
+                dir.join("mtx.key").display(),
+                dir.join("mtx.crt").display()
+            );
+            Some(SocketAddr::from(([127, 0, 0, 1], port)))
+        }
+        false => None,
+    };
     std::fs::write(dir.join("mediamtx.yml"), cfg)?;
     let server = Proc(Command::new(bin).arg(dir.join("mediamtx.yml")).stdout(Stdio::null()).spawn()?);
     let clip = dir.join("clip.mp4");
@@ -298,7 +343,7 @@ fn mediamtx(bin: &Path) -> anyhow::Result<Upstream> {
             .spawn()?,
     );
     std::thread::sleep(Duration::from_secs(2));
-    Ok(Upstream { rtsp, server, _publisher: publisher, dir })
+    Ok(Upstream { rtsp, rtsps, server, _publisher: publisher, dir })
 }
 
 /// A server under test: the process to meter and the URL its clients open.
@@ -315,6 +360,11 @@ fn start_target(name: &str, up: &Upstream, peers: &Path) -> anyhow::Result<Targe
     let upstream = format!("rtsp://{}/live", up.rtsp);
     if name == "mediamtx" {
         return Ok(Target { url: upstream, cacert: None, pid: up.server.0.id(), _procs: Vec::new(), _relay: None });
+    }
+    if name == "mediamtx-srtp" {
+        let rtsps = up.rtsps.context("MediaMTX was started without RTSPS")?;
+        let (url, cacert) = (format!("rtsps://{rtsps}/live"), Some(up.dir.join("mtx.crt")));
+        return Ok(Target { url, cacert, pid: up.server.0.id(), _procs: Vec::new(), _relay: None });
     }
     if name == "live555" {
         let python = peers.join("live555/bin/python");
@@ -339,7 +389,7 @@ fn start_target(name: &str, up: &Upstream, peers: &Path) -> anyhow::Result<Targe
         "fanout-srtp" => Some("shared"),
         "fanout-srtp-each" => Some("per-client"),
         _ => {
-            bail!("target {name:?}: expected fanout:PATH, fanout-srtp:PATH, fanout-srtp-each:PATH, mediamtx or live555")
+            bail!("target {name:?}: expected fanout:PATH, fanout-srtp:PATH, fanout-srtp-each:PATH, mediamtx, mediamtx-srtp or live555")
         }
     };
     // SRTP: RTSPS with a certificate made here, the API plain.
@@ -436,7 +486,7 @@ pub fn run(mut a: RtspArgs) -> anyhow::Result<()> {
         true => Some(super::PrivateNetns::enter(10_000)?),
         false => None,
     };
-    let up = mediamtx(&bin)?;
+    let up = mediamtx(&bin, a.targets.iter().any(|t| t == "mediamtx-srtp"))?;
     let csv_path = a.out.join("rtsp.csv");
     let mut csv = std::fs::File::create(&csv_path)?;
     writeln!(
