@@ -1,6 +1,6 @@
-//! SRTP/SRTCP unprotect, the SDES attribute and MIKEY parsers never panic on any bytes; a packet
-//! whose tag checks decrypts to the same length minus the tag; and what a context protects
-//! from these bytes (when they are RTP) unprotects to them again.
+//! SRTP/SRTCP unprotect, the SDES attribute, MIKEY and KeyMgmt parsers never panic on any
+//! bytes; a packet whose tag checks decrypts to the same length minus the tag; and what a
+//! context protects from these bytes (when they are RTP) unprotects to them again.
 #![no_main]
 use fanout_proto::srtp::{Context, Crypto, MasterKey, Suite};
 use libfuzzer_sys::fuzz_target;
@@ -28,6 +28,10 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(s) = std::str::from_utf8(data) {
         if let Ok(c) = Crypto::parse(s) {
             assert_eq!(Crypto::parse(&c.to_value()), Ok(c));
+        }
+        // A client's KeyMgmt header: its message, when it reads, is one MIKEY reads too.
+        if let Ok(m) = fanout_proto::mikey::parse_key_mgmt(s) {
+            assert_eq!(fanout_proto::mikey::Mikey::parse(&m.write([0; 16], 0)), Ok(m));
         }
     }
 });

@@ -45,6 +45,27 @@ pub enum MikeyError {
     Policy,
     #[error("MIKEY message carries no TEK and salt")]
     NoKey,
+    #[error("KeyMgmt header without prot=mikey and its data")]
+    NotMikey,
+}
+
+/// The MIKEY message of a `KeyMgmt` header (RFC 4567 §3.3: `prot=mikey; uri="…";
+/// data="…"`), as a client sends its own key in SETUP.
+pub fn parse_key_mgmt(header: &str) -> Result<Mikey, MikeyError> {
+    let mut prot = false;
+    let mut data = None;
+    for field in header.split(';') {
+        let (k, v) = field.split_once('=').unwrap_or((field, ""));
+        match k.trim() {
+            "prot" => prot = v.trim() == "mikey",
+            "data" => data = Some(v.trim().trim_matches('"')),
+            _ => {}
+        }
+    }
+    match (prot, data) {
+        (true, Some(d)) => Mikey::parse_base64(d),
+        _ => Err(MikeyError::NotMikey),
+    }
 }
 
 struct Reader<'a> {
@@ -308,7 +329,27 @@ mod tests {
         assert_eq!(Mikey::parse(&v), Err(MikeyError::Protected));
     }
 
+    /// The header as GStreamer and gortsplib write it (spaces after `;` or not).
+    #[test]
+    fn a_key_mgmt_header_gives_its_message() {
+        let b64 = sample().write_base64([9; 16], 0);
+        for h in [
+            format!("prot=mikey; uri=\"rtsps://h/s/trackID=0\"; data=\"{b64}\""),
+            format!("prot=mikey;uri=\"rtsps://h/s\";data=\"{b64}\""),
+        ] {
+            assert_eq!(parse_key_mgmt(&h), Ok(sample()));
+        }
+        assert_eq!(parse_key_mgmt(&format!("prot=other; data=\"{b64}\"")), Err(MikeyError::NotMikey));
+        assert_eq!(parse_key_mgmt("prot=mikey; uri=\"x\""), Err(MikeyError::NotMikey));
+        assert_eq!(parse_key_mgmt("prot=mikey; data=\"AQ==\""), Err(MikeyError::Truncated));
+    }
+
     proptest! {
+        #[test]
+        fn key_mgmt_headers_never_panic(h in ".{0,120}") {
+            let _ = parse_key_mgmt(&h);
+        }
+
         #[test]
         fn arbitrary_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..200)) {
             let _ = Mikey::parse(&data);

@@ -316,6 +316,7 @@ pub fn reason(status: u16) -> &'static str {
         455 => "Method Not Valid in This State",
         459 => "Aggregate Operation Not Allowed",
         461 => "Unsupported Transport",
+        463 => "Key Management Failure",
         500 => "Internal Server Error",
         501 => "Not Implemented",
         503 => "Service Unavailable",

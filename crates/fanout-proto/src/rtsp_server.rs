@@ -43,6 +43,8 @@ pub enum Action {
         /// The client gets SRTP (the connection is RTSPS with SRTP: its description carried
         /// the keys), over UDP or interleaved.
         srtp: bool,
+        /// The key of the client's own SRTCP, where its SETUP carried one (`KeyMgmt`).
+        client_key: Option<crate::mikey::Mikey>,
     },
     Play {
         session: String,
@@ -410,6 +412,15 @@ impl Server {
         };
         let Some(spec) = specs.iter().find(|s| usable(s)) else { return error(461, Some(cseq)) };
         let srtp = srtp == Some(true);
+        // An SRTP client's own key for its reports (RFC 4567): one we cannot read is a key
+        // management failure, answered as such.
+        let client_key = match req.headers.get("KeyMgmt").filter(|_| srtp) {
+            Some(h) => match crate::mikey::parse_key_mgmt(h) {
+                Ok(m) => Some(m),
+                Err(_) => return error(463, Some(cseq)),
+            },
+            None => None,
+        };
         let mut lower = spec.lower.expect("found usable");
         if let Lower::Interleaved { rtp, rtcp } = lower {
             // Channels another track on this connection already carries: the client gets the
@@ -462,7 +473,15 @@ impl Server {
         s.tracks.retain(|(t, _)| *t != track);
         s.tracks.push((track, lower));
         s.last_ms = now_ms;
-        actions.push(Action::Setup { session: id.clone(), resource: name.to_string(), track, lower, conn, srtp });
+        actions.push(Action::Setup {
+            session: id.clone(),
+            resource: name.to_string(),
+            track,
+            lower,
+            conn,
+            srtp,
+            client_key,
+        });
         let mut r = Response::new(200, Some(cseq));
         // The profile as the client named it (ffmpeg names AVP/TCP and decrypts by the keys
         // in the description).
@@ -771,6 +790,35 @@ mod tests {
         assert_eq!(setup(&mut s, 1, "RTP/AVP;unicast;client_port=5002-5003").0, 200);
     }
 
+    /// An SRTP client's own key (`KeyMgmt`, as GStreamer sends it) comes with the setup; one
+    /// that is not a MIKEY message we read is answered 463; a plain client's is not looked at.
+    #[test]
+    fn an_srtp_clients_own_key_comes_with_its_setup() {
+        let mut s = Server::new(Config::default(), 4);
+        s.set_secure(3, true);
+        let key = crate::mikey::Mikey {
+            csb_id: 1,
+            sessions: vec![(0xabcd, 0)],
+            suite: crate::srtp::Suite::AesCm128HmacSha1_80,
+            key: crate::srtp::MasterKey { key: [3; 16], salt: [4; 14] },
+        };
+        let setup = |s: &mut Server, conn: u64, t: &str, km: &str| {
+            let h = [("Transport", t), ("KeyMgmt", km)];
+            let (r, a) = s.handle(&req("SETUP", &format!("{URL}/trackID=0"), 1, &h), conn, 0, &demo);
+            let k = a.into_iter().find_map(|a| match a {
+                Action::Setup { client_key, .. } => client_key,
+                _ => None,
+            });
+            (r.status, k)
+        };
+        let good = format!("prot=mikey; uri=\"{URL}/trackID=0\"; data=\"{}\"", key.write_base64([1; 16], 2));
+        let savp = "RTP/SAVP;unicast;client_port=5000-5001";
+        assert_eq!(setup(&mut s, 3, savp, &good), (200, Some(key)));
+        let r = setup(&mut s, 3, savp, "prot=mikey; data=\"bm9ub25zZW5zZQ==\"");
+        assert_eq!((r.0, crate::rtsp::reason(r.0)), (463, "Key Management Failure"));
+        assert_eq!(setup(&mut s, 2, "RTP/AVP;unicast;client_port=5000-5001", "junk"), (200, None));
+    }
+
     #[test]
     fn a_whole_client_exchange() {
         let mut s = Server::new(Config { server_ports: (6970, 6971), ..Config::default() }, 7);
@@ -795,7 +843,8 @@ mod tests {
                 track: 0,
                 lower: Lower::Udp { client_rtp: 5000, client_rtcp: 5001 },
                 conn: 1,
-                srtp: false
+                srtp: false,
+                client_key: None,
             }]
         );
         // Second track over TCP, relative URL (Content-Base + control).

@@ -562,6 +562,11 @@ impl Relay {
                 close(ts).await;
             }
         }
+        // The upstream session is torn down first (a TEARDOWN, a second at most), so its
+        // server stops sending to our ports now rather than at its own timeout.
+        if let Some(up) = &up {
+            up.close(Duration::from_secs(2)).await;
+        }
         for t in e.tasks {
             t.abort();
         }

@@ -37,6 +37,10 @@ struct Client {
     sinks: Vec<Placed>,
     /// It gets SRTP (set up on an RTSPS connection whose description carried keys).
     srtp: bool,
+    /// Per track, the key of its SRTCP, where its SETUP gave one (`KeyMgmt`).
+    srtcp_in: Vec<(usize, fanout_proto::srtp::Context)>,
+    /// Its SRTCP that failed the check under that key: dropped.
+    srtcp_dropped: u64,
     reports: u64,
     last_report: Option<(fanout_proto::rtcp::ReportBlock, Instant)>,
     rtt: Option<Duration>,
@@ -76,6 +80,10 @@ pub struct ClientStatus {
     pub foreign_report_blocks: u64,
     /// It gets SRTP (RTSPS with keys in the description).
     pub srtp: bool,
+    /// Its reports are SRTCP under a key it gave us (`KeyMgmt`): read like plain ones.
+    pub srtcp_keyed: bool,
+    /// Its SRTCP that failed the check: dropped.
+    pub srtcp_dropped: u64,
     /// Its sinks while playing: the track (media section) and the sink id in that track's
     /// session (for `PUT /v1/sessions/{name}/sinks/{id}/layers`).
     pub sinks: Vec<ClientSink>,
@@ -252,6 +260,8 @@ impl Rtsp {
                 rtt_ms: c.rtt.map(|d| d.as_secs_f64() * 1000.0),
                 foreign_report_blocks: c.foreign_blocks,
                 srtp: c.srtp,
+                srtcp_keyed: !c.srtcp_in.is_empty(),
+                srtcp_dropped: c.srtcp_dropped,
                 sinks: c
                     .sinks
                     .iter()
@@ -319,24 +329,35 @@ impl Rtsp {
 
     /// RTCP on an interleaved client's RTCP channel.
     fn rtcp_on_conn(&self, relay: &Relay, conn: u64, channel: u8, data: &[u8]) {
-        let Ok(reports) = fanout_proto::rtcp::parse_reports(data) else { return };
         let mut clients = self.clients.lock();
-        let Some((id, c)) = clients.iter_mut().find(|(_, c)| {
-            c.conn == conn && c.tracks.iter().any(|t| matches!(t.1, Lower::Interleaved { rtcp, .. } if rtcp == channel))
-        }) else {
-            return;
-        };
-        self.record_reports(relay, id, c, &reports);
+        let found = clients.iter_mut().find_map(|(id, c)| {
+            let t = c.tracks.iter().find(|t| matches!(t.1, Lower::Interleaved { rtcp, .. } if rtcp == channel))?.0;
+            (c.conn == conn).then_some((id, c, t))
+        });
+        let Some((id, c, track)) = found else { return };
+        self.record_reports(relay, id, c, track, data);
     }
 
     /// A client's reports keep its session alive; each block goes to the sink of the track
-    /// whose SSRC it names, whose layer selector (for layered video) re-estimates.
-    fn record_reports(&self, relay: &Relay, id: &str, c: &mut Client, reports: &[fanout_proto::rtcp::Report]) {
+    /// whose SSRC it names, whose layer selector (for layered video) re-estimates. An SRTP
+    /// client's reports are SRTCP: read under the key its SETUP gave (`KeyMgmt`), else
+    /// (SDES gives us none) they only keep it alive.
+    fn record_reports(&self, relay: &Relay, id: &str, c: &mut Client, track: usize, data: &[u8]) {
+        let mut plain = data.to_vec();
+        let keyed = match c.srtcp_in.iter_mut().find(|k| k.0 == track) {
+            Some((_, ctx)) => {
+                if ctx.unprotect_rtcp(&mut plain).is_err() {
+                    c.srtcp_dropped += 1;
+                    return;
+                }
+                true
+            }
+            None => false,
+        };
+        let Ok(reports) = fanout_proto::rtcp::parse_reports(&plain) else { return };
         c.reports += 1;
         let tracks = relay.tracks(&c.resource);
-        // An SRTP client's reports are SRTCP under its own key, which SDES does not give us:
-        // they keep its session alive, their blocks are not read.
-        let blocks = if c.srtp { &[][..] } else { reports };
+        let blocks = if c.srtp && !keyed { &[][..] } else { &reports[..] };
         for b in blocks.iter().flat_map(|r| r.blocks.iter()) {
             let sink = c.sinks.iter().find_map(|p| {
                 let session = &tracks.get(p.track)?.session;
@@ -357,14 +378,13 @@ impl Rtsp {
 
     /// A datagram on the RTCP port: a report from a client keeps its session alive.
     fn rtcp_from(&self, relay: &Relay, from: SocketAddr, data: &[u8]) {
-        let Ok(reports) = fanout_proto::rtcp::parse_reports(data) else { return };
         let mut clients = self.clients.lock();
-        let Some((id, c)) = clients.iter_mut().find(|(_, c)| {
-            c.peer == from.ip() && c.tracks.iter().any(|t| udp_ports(&t.1).is_some_and(|p| p.1 == from.port()))
-        }) else {
-            return;
-        };
-        self.record_reports(relay, id, c, &reports);
+        let found = clients.iter_mut().find_map(|(id, c)| {
+            let t = c.tracks.iter().find(|t| udp_ports(&t.1).is_some_and(|p| p.1 == from.port()))?.0;
+            (c.peer == from.ip()).then_some((id, c, t))
+        });
+        let Some((id, c, track)) = found else { return };
+        self.record_reports(relay, id, c, track, data);
     }
 
     /// The SRTP key epoch of `track` for a client on connection `conn`: the one its
@@ -424,7 +444,7 @@ impl Rtsp {
         let mut clients = self.clients.lock();
         for a in actions {
             match a {
-                Action::Setup { session, resource, lower, track, conn, srtp } => {
+                Action::Setup { session, resource, lower, track, conn, srtp, client_key } => {
                     let c = clients.entry(session).or_insert_with(|| Client {
                         resource,
                         peer,
@@ -432,6 +452,8 @@ impl Rtsp {
                         tracks: Vec::new(),
                         sinks: Vec::new(),
                         srtp,
+                        srtcp_in: Vec::new(),
+                        srtcp_dropped: 0,
                         reports: 0,
                         last_report: None,
                         rtt: None,
@@ -439,6 +461,14 @@ impl Rtsp {
                     });
                     c.tracks.retain(|t| t.0 != track);
                     c.tracks.push((track, lower));
+                    c.srtcp_in.retain(|k| k.0 != track);
+                    if let Some(k) = client_key {
+                        let mut ctx = fanout_proto::srtp::Context::new(k.suite, &k.key);
+                        for &(ssrc, roc) in &k.sessions {
+                            ctx.set_roc(ssrc, roc);
+                        }
+                        c.srtcp_in.push((track, ctx));
+                    }
                 }
                 Action::Play { session } => {
                     let Some(c) = clients.get_mut(&session) else { continue };

@@ -155,6 +155,10 @@ pub struct Upstream {
     /// UDP upstreams: per track, the RTCP socket and the server's RTCP address.
     rtcp_out: Mutex<Vec<Option<RtcpOut>>>,
     started: Instant,
+    /// Asked to end (its session is deleted): tear the upstream session down and return.
+    closing: std::sync::atomic::AtomicBool,
+    /// The task returned.
+    finished: std::sync::atomic::AtomicBool,
 }
 
 impl Upstream {
@@ -189,6 +193,8 @@ impl Upstream {
             feeder,
             rtcp_out: Mutex::new(Vec::new()),
             started: Instant::now(),
+            closing: Default::default(),
+            finished: Default::default(),
         }))
     }
 
@@ -424,6 +430,24 @@ impl Upstream {
         self.state.lock().tracks.iter().map(|t| t.packets).sum()
     }
 
+    /// Ends the upstream session politely: a TEARDOWN, so that the server stops sending
+    /// (over UDP it would otherwise go on until its own timeout), within `wait`.
+    pub async fn close(&self, wait: Duration) {
+        self.closing.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.wake.notify_waiters();
+        if self.state.lock().state != "playing" {
+            return; // no upstream session to end
+        }
+        let end = Instant::now() + wait;
+        while !self.finished.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < end {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    fn closing(&self) -> bool {
+        self.closing.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Closes the sessions of the tracks past the first (the first belongs to the relay).
     pub fn close_tracks(&self) {
         let extra: Vec<Session> = self.state.lock().tracks.drain(1..).map(|t| t.session).collect();
@@ -470,6 +494,8 @@ enum Ended {
     Idle,
     /// UDP brought nothing or was refused: try TCP next.
     UseTcp(&'static str),
+    /// Torn down: the session is being deleted.
+    Closed,
 }
 
 /// Runs the upstream for the relay session's lifetime (the task is aborted with it). A
@@ -480,6 +506,7 @@ pub async fn run(up: Arc<Upstream>, template: fanout_io::SessionConfig, relay: s
     impl Drop for CloseTracks {
         fn drop(&mut self) {
             self.0.close_tracks();
+            self.0.finished.store(true, std::sync::atomic::Ordering::Relaxed);
         }
     }
     let _guard = CloseTracks(up.clone());
@@ -488,6 +515,9 @@ pub async fn run(up: Arc<Upstream>, template: fanout_io::SessionConfig, relay: s
     let mut failed = false;
     loop {
         while !up.wanted() {
+            if up.closing() {
+                return;
+            }
             up.set_state("idle");
             let _ = tokio::time::timeout(Duration::from_millis(500), up.wake.notified()).await;
         }
@@ -517,6 +547,7 @@ pub async fn run(up: Arc<Upstream>, template: fanout_io::SessionConfig, relay: s
         let Some(r) = relay.upgrade() else { return };
         let url = up.url.lock().request_url();
         match connect_once(&up, tcp, &template, &r.engine).await {
+            Ok(Ended::Closed) => return,
             Ok(Ended::Idle) => {
                 tracing::info!(session = %up.name, "upstream torn down: no clients for {:?}", up.linger);
                 backoff = Duration::from_secs(1);
@@ -743,6 +774,10 @@ async fn connect_once(
             }
             _ = tick.tick() => {
                 let now = Instant::now();
+                if up.closing() {
+                    teardown(&mut client, &mut stream, up).await;
+                    return Ok(Ended::Closed);
+                }
                 if let Some(k) = client.keepalive(up.now_ms()) {
                     stream.write_all(&k).await.map_err(|e| e.to_string())?;
                 }

@@ -378,6 +378,31 @@ fn mediamtx_over_rtsps_with_srtp_is_proxied_and_decoded() {
     }
 }
 
+/// Deleting a session ends its upstream session with a TEARDOWN: MediaMTX stops sending
+/// to our UDP ports at once, not at its own timeout (10 s) after the connection closed.
+#[test]
+fn deleting_a_session_tears_its_upstream_down_at_once() {
+    let Some(bin) = peer("mediamtx") else { return };
+    if !have_ffmpeg() {
+        return;
+    }
+    let mtx = Mediamtx::start(&bin);
+    let relay = Relay::start(&["--rtsp", "127.0.0.1:0", "--no-demo"]);
+    let spec = json!({ "name": "cam", "source": {
+        "rtsp": format!("rtsp://{}/live", mtx.rtsp), "rtsp_transport": "udp", "on_demand": false } });
+    relay.ok("POST", "/v1/sessions", Some(spec));
+    assert!(
+        wait_for(Duration::from_secs(10), || relay.ok("GET", "/v1/sessions/cam", None)["upstream"]["state"]
+            == "playing"),
+        "the upstream did not play"
+    );
+    assert!(wait_for(Duration::from_secs(5), || mtx.readers().len() == 1), "{:?}", mtx.readers());
+    let t = std::time::Instant::now();
+    relay.ok("DELETE", "/v1/sessions/cam", None);
+    assert!(wait_for(Duration::from_secs(2), || mtx.readers().is_empty()), "still read: {:?}", mtx.readers());
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+}
+
 /// A camera (MediaMTX, H.264 + AAC over RTSP) proxied by `fanout` plays over HTTP: as HLS,
 /// and as MPEG-TS from the session's stream URL, where three ffmpeg clients decode 170
 /// pictures each, the same pictures as a client of MediaMTX itself, through one

@@ -591,8 +591,8 @@ fn gstreamer_plays_srtp_keyed_by_mikey() {
     let relay = Relay::with_config(&tls_config(&pair, ""), &[]);
     let url = get(&relay, &pair, "/v1/sessions/demo")["rtsps_url"].as_str().unwrap().to_string();
     for transport in ["udp", "tcp"] {
-        let out = Command::new("timeout")
-            .args(["-s", "INT", "8", "gst-launch-1.0", "-v"])
+        let gst = Command::new("timeout")
+            .args(["-s", "INT", "9", "gst-launch-1.0", "-v"])
             .args(
                 format!(
                     "rtspsrc location={url} protocols={transport} tls-validation-flags=0 name=s \
@@ -600,9 +600,22 @@ fn gstreamer_plays_srtp_keyed_by_mikey() {
                 )
                 .split_whitespace(),
             )
-            .output()
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
             .unwrap();
+        // While it plays: GStreamer gave its own key in SETUP (KeyMgmt), and its receiver
+        // reports, SRTCP under that key, are read (their loss figures show), none dropped.
+        let keyed = wait_for(Duration::from_secs(8), || {
+            let clients = get(&relay, &pair, "/v1/rtsp")["clients"].clone();
+            clients.as_array().is_some_and(|c| {
+                c.iter().any(|c| c["srtcp_keyed"] == true && c["fraction_lost"].is_number() && c["srtcp_dropped"] == 0)
+            })
+        });
+        let clients = get(&relay, &pair, "/v1/rtsp");
+        let out = gst.wait_with_output().unwrap();
         let log = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+        assert!(keyed, "GStreamer over {transport}: its SRTCP was not read: {clients}");
         // Decoded pictures reached the video sink; nothing failed (a key it could not use
         // would show as no pictures: srtpdec drops what fails its check).
         let pictures = log.lines().filter(|l| l.contains("(v:sink)") && l.contains("chain")).count();

@@ -171,6 +171,20 @@ impl RelayProc {
     }
 }
 
+impl Drop for RelayProc {
+    /// SIGTERM first, as an operator stops it: the relay tears its upstream sessions down,
+    /// so an upstream serving the next target does not go on sending to this one's ports
+    /// (which the next load client may be given). SIGKILL (by `Proc`) after 5 s.
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.pid() as libc::pid_t, libc::SIGTERM) };
+        let end = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < end && matches!(self.proc.0.try_wait(), Ok(None)) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
 /// CPU seconds (user + system, all threads) a process has used.
 pub fn process_cpu_s(pid: u32) -> anyhow::Result<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).context("the relay is gone")?;
