@@ -403,11 +403,12 @@ impl Rtsp {
     }
 
     /// A description for an SRTP connection: each track `RTP/SAVP`, with its epoch's key
-    /// (SDES, RFC 4568), remembered for the connection's PLAY.
+    /// (SDES, RFC 4568), remembered for the connection's PLAY; `RTP-Info` in the epoch's own
+    /// numbers.
     fn keyed(&self, relay: &Relay, conn: u64, name: &str, mut res: Resource) -> Option<Resource> {
         let tracks = relay.tracks(name);
         let me = self.conns.lock().get(&conn).cloned()?;
-        for (m, t) in res.sdp.media.iter_mut().zip(&tracks) {
+        for (i, (m, t)) in res.sdp.media.iter_mut().zip(&tracks).enumerate() {
             let epoch = match relay.srtp.epoch(&t.session, &relay.engine, self.shared_keys()) {
                 Ok(e) => e,
                 Err(e) => {
@@ -421,6 +422,9 @@ impl Rtsp {
             m.lines.push(('a', format!("crypto:{}", epoch.crypto.to_value())));
             let ssrc = t.session.rtp_latest().map_or(0, |l| l.0);
             m.lines.push(('a', format!("key-mgmt:mikey {}", epoch.mikey(ssrc))));
+            if let Some(next) = res.next_rtp.get_mut(i) {
+                *next = epoch.session.rtp_start().map(|(_, seq, ts)| (seq, ts));
+            }
             me.keys.lock().insert(t.session.name().to_string(), epoch);
         }
         Some(res)

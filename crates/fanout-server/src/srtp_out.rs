@@ -8,9 +8,11 @@
 //! ciphertext to all of its sinks, as they send plain RTP.
 //!
 //! Why epochs and not one key per track: SDES carries no rollover counter, so a client
-//! starts counting at ROC 0 from its first packet (RFC 3711 §3.3.1). An epoch's index space
-//! starts at its first packet; a client may join it only while that epoch has not wrapped
-//! its sequence numbers. Later joiners get a new epoch, with a new key and its own index
+//! starts counting at ROC 0 from its first packet (RFC 3711 §3.3.1). An epoch numbers its
+//! packets itself, from 0 at its first (the track's numbers, shifted): its index space starts
+//! there, and a client may join it only while that epoch has not wrapped its sequence
+//! numbers, some 61,000 packets. (Numbered as the track, an epoch begun near the track's
+//! wrap would have had no room for joiners: each new client got an epoch of its own.) Later joiners get a new epoch, with a new key and its own index
 //! space. So the ciphertext is shared within an epoch, each (key, index) is used once, and
 //! epochs end a linger after their last client.
 
@@ -38,13 +40,14 @@ pub struct Epoch {
     task: tokio::task::AbortHandle,
 }
 
-/// What the encryption saw: packets, the newest sequence number, and whether the numbers
-/// wrapped since the first.
+/// What the encryption saw: packets, the newest sequence number (the epoch's own), and
+/// whether the numbers wrapped since the first; the track's number of the first packet.
 #[derive(Default)]
 struct Counts {
     packets: AtomicU32,
     last_seq: AtomicU32,
     wrapped: AtomicBool,
+    base: AtomicU32,
 }
 
 impl Epoch {
@@ -167,9 +170,15 @@ fn start(track: &Session, engine: &fanout_io::Engine, n: u32) -> std::io::Result
             if len < 12 {
                 return None;
             }
-            let seq = u16::from_be_bytes([buf[2], buf[3]]);
+            let track_seq = u16::from_be_bytes([buf[2], buf[3]]);
+            let first = counts.packets.fetch_add(1, Relaxed) == 0;
+            if first {
+                counts.base.store(u32::from(track_seq), Relaxed);
+            }
+            let seq = track_seq.wrapping_sub(counts.base.load(Relaxed) as u16);
+            buf[2..4].copy_from_slice(&seq.to_be_bytes());
             let last = counts.last_seq.swap(u32::from(seq), Relaxed) as u16;
-            if counts.packets.fetch_add(1, Relaxed) > 0 && seq < last && last - seq > 0x8000 {
+            if !first && seq < last && last - seq > 0x8000 {
                 counts.wrapped.store(true, Relaxed);
             }
             ctx.lock().protect_rtp_in(buf, len).ok()

@@ -417,3 +417,45 @@ fn an_edge_pulls_from_the_first_parent_that_is_up() {
     // A relay that is no cluster node says so.
     assert_eq!(origin.call("GET", "/v1/cluster", None).0, 404);
 }
+
+/// Relay to relay over RTSPS: an edge whose parent is an `rtsps://` origin (its certificate
+/// checked against the CA in `[cluster] tls_ca`) pulls SRTP over UDP, keyed in the TLS
+/// connection, and gives the origin a key of its own for its reports, which the origin
+/// reads. Players of the edge decode the demo.
+#[test]
+fn an_edge_pulls_from_an_rtsps_parent_over_srtp() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("fanout-cluster-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
+    let (cert, key) = (dir.join("origin.crt"), dir.join("origin.key"));
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
+    let origin = Relay::with_config(
+        &format!("[tls]\ncert = {cert:?}\nkey = {key:?}\nhttps = false\nrtsps = \"127.0.0.1:0\"\n"),
+        &[],
+    );
+    let rtsps = origin.ok("GET", "/v1/engine", None)["rtsps"].as_str().unwrap().to_string();
+    let toml = format!(
+        "demo = false\n[cluster]\nnode = \"edge\"\ntier = 1\nlinger_s = 1\npull_transport = \"udp\"\n\
+         parents = [\"rtsps://{rtsps}\"]\ntls_ca = {cert:?}\n"
+    );
+    let edge = Relay::with_config(&toml, &[]);
+    let url = format!("rtsp://{}/demo", common::rtsp_addr(&edge));
+    let (ok, log) = common::ffmpeg_decode(&url, &["-rtsp_transport", "tcp"], 3);
+    assert!(ok && decoded_frames(&log) > 30, "RTSP through the edge: {log}");
+    let up = edge.ok("GET", "/v1/sessions/demo", None)["upstream"].clone();
+    assert_eq!((up["tls"].as_bool(), up["transport"].as_str()), (Some(true), Some("udp")), "{up}");
+    assert_eq!(up["srtp_dropped"], 0, "{up}");
+    // At the origin: the edge is an SRTP client whose own reports are read under its key.
+    let read = wait_for(Duration::from_secs(10), || {
+        let clients = origin.ok("GET", "/v1/rtsp", None)["clients"].clone();
+        clients.as_array().is_some_and(|c| {
+            c.iter().any(|c| c["srtp"] == true && c["srtcp_keyed"] == true && c["fraction_lost"].is_number())
+        })
+    });
+    assert!(read, "{}", origin.ok("GET", "/v1/rtsp", None));
+    let _ = std::fs::remove_dir_all(&dir);
+}
