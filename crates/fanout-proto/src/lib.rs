@@ -38,6 +38,7 @@ pub mod hls;
 pub mod http;
 pub mod layers;
 pub mod mikey;
+pub mod mp4ts;
 pub mod mpegts;
 pub mod probe;
 pub mod repack;

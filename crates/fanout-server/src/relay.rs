@@ -601,13 +601,14 @@ impl Relay {
 /// Files larger than this are refused (a `file` source is held in memory).
 const MAX_FILE: u64 = 1 << 30;
 
-/// A `file` source's recording, checked: readable, MPEG-TS with PCRs, not too large.
+/// A `file` source's recording, checked: readable, not too large, MPEG-TS with PCRs or an
+/// MP4 (remuxed to MPEG-TS here, once, paced by its samples' times).
 async fn read_clip(path: &std::path::Path, looped: bool) -> Result<DemoClip, RelayError> {
     let bad = |why: String| RelayError::BadRequest(format!("source file {}: {why}", path.display()));
     let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
-    if ["mp4", "m4v", "mov", "mkv", "webm"].contains(&ext.as_str()) {
+    if ["mkv", "webm", "flv", "avi"].contains(&ext.as_str()) {
         return Err(bad(format!(
-            "{ext} is not read yet, MPEG-TS is: remux it without re-encoding (ffmpeg -i {0} -c copy -f mpegts {0}.ts)",
+            "{ext} is not read, MPEG-TS and MP4 are: remux it without re-encoding (ffmpeg -i {0} -c copy -f mpegts {0}.ts)",
             path.display()
         )));
     }
@@ -615,8 +616,17 @@ async fn read_clip(path: &std::path::Path, looped: bool) -> Result<DemoClip, Rel
     if !meta.is_file() || meta.len() > MAX_FILE {
         return Err(bad(format!("not a file of at most {} MiB", MAX_FILE >> 20)));
     }
-    let ts = tokio::fs::read(path).await.map_err(|e| bad(e.to_string()))?;
-    let clip = DemoClip::new(ts).map_err(|e| bad(format!("not a playable MPEG-TS ({e})")))?;
+    let bytes = tokio::fs::read(path).await.map_err(|e| bad(e.to_string()))?;
+    // An MP4 says so in its first box (`ftyp`), whatever its name.
+    let ts = if bytes.get(4..8) == Some(b"ftyp") {
+        tokio::task::spawn_blocking(move || fanout_proto::mp4ts::remux(&bytes))
+            .await
+            .map_err(|e| RelayError::Internal(e.to_string()))?
+            .map_err(|e| bad(e.to_string()))?
+    } else {
+        bytes
+    };
+    let clip = DemoClip::new(ts).map_err(|e| bad(format!("not a playable MPEG-TS or MP4 ({e})")))?;
     Ok(if looped { clip } else { clip.once() })
 }
 

@@ -1,5 +1,5 @@
-//! `file` sources (issue 16): a recorded MPEG-TS played at its own rate, looped without a
-//! seam, or once; files it cannot play are refused with a reason.
+//! `file` sources (issue 16): a recorded MPEG-TS or MP4 played at its own rate, looped
+//! without a seam, or once; files it cannot play are refused with a reason.
 
 mod common;
 use common::*;
@@ -15,7 +15,41 @@ fn a_looped_file_plays_without_a_seam() {
         return;
     }
     let relay = Relay::start(&["--no-demo"]);
-    let created = relay.ok("POST", "/v1/sessions", Some(json!({"name": "clip", "source": {"file": CLIP}})));
+    plays_without_a_seam(&relay, CLIP);
+}
+
+/// The same clip as MP4 (H.264 + AAC, remuxed by ffmpeg without re-encoding): the same 8 s a
+/// loop, seamless over HTTP, and its H.264 and AAC over RTSP.
+#[test]
+fn an_mp4_file_plays_like_its_ts() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("fanout-files-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mp4 = dir.join("clip.mp4");
+    let ok = std::process::Command::new("ffmpeg")
+        .args(["-nostdin", "-loglevel", "error", "-y", "-i", CLIP, "-c", "copy", "-bsf:a", "aac_adtstoasc"])
+        .arg(&mp4)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let relay = Relay::start(&["--no-demo"]);
+    plays_without_a_seam(&relay, mp4.to_str().unwrap());
+    let probe = std::process::Command::new("timeout")
+        .args(["20", "ffprobe", "-v", "error", "-show_entries", "stream=codec_name", "-of", "csv=p=0"])
+        .arg(format!("rtsp://{}/clip", rtsp_addr(&relay)))
+        .output()
+        .unwrap();
+    let codecs = String::from_utf8_lossy(&probe.stdout);
+    assert!(codecs.contains("h264") && codecs.contains("aac"), "{codecs} {probe:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Creates session `clip` of `file` (8 s, looped) and decodes 10 s of its HTTP stream: every
+/// picture 40 ms after the last, across the loop.
+fn plays_without_a_seam(relay: &Relay, file: &str) {
+    let created = relay.ok("POST", "/v1/sessions", Some(json!({"name": "clip", "source": {"file": file}})));
     let kind = created["source"]["kind"].as_str().unwrap();
     assert!(kind.starts_with("file ") && kind.contains("8.0 s, looped"), "{kind}");
     let out = std::process::Command::new("timeout")
@@ -64,10 +98,15 @@ fn a_file_played_once_ends() {
 fn files_it_cannot_play_are_refused() {
     let relay = Relay::start(&["--no-demo"]);
     let not_ts = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
+    // An MP4 by its first box, broken after it.
+    let not_mp4 = std::env::temp_dir().join(format!("fanout-not-{}.mp4", std::process::id()));
+    std::fs::write(&not_mp4, b"\0\0\0\x18ftypisom\0\0\x02\0isomavc1\0\0\x01\0moovjunk").unwrap();
+    let not_mp4 = not_mp4.to_str().unwrap().to_string();
     for (file, why) in [
         ("/no/such/file.ts", "No such file"),
-        ("/tmp/clip.mp4", "ffmpeg -i /tmp/clip.mp4 -c copy -f mpegts"),
+        ("/tmp/clip.mkv", "ffmpeg -i /tmp/clip.mkv -c copy -f mpegts"),
         (not_ts, "not a playable MPEG-TS"),
+        (&not_mp4, "not an MP4 file that can be read"),
         ("/", "not a file"),
     ] {
         let (code, body) = relay.call("POST", "/v1/sessions", Some(json!({"name": "f", "source": {"file": file}})));
@@ -78,4 +117,5 @@ fn files_it_cannot_play_are_refused() {
         relay.call("POST", "/v1/sessions", Some(json!({"name": "f", "source": {"udp": "127.0.0.1:0", "loop": true}})));
     assert!(code == 400 && body["error"].as_str().unwrap().contains("only applies"), "{body}");
     assert_eq!(relay.ok("GET", "/v1/sessions", None)["sessions"], json!([]));
+    let _ = std::fs::remove_file(&not_mp4);
 }

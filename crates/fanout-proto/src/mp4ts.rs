@@ -1,0 +1,308 @@
+//! An MP4 recording remuxed into MPEG-TS, so that a `file` source plays it exactly like a TS
+//! recording: paced by the PCRs written here from the samples' own times, looped seamlessly,
+//! repackaged for RTSP and HLS. Bytes in, bytes out.
+//!
+//! The MP4 is read by the `mp4` crate (boxes, sample tables). What this module adds is the
+//! conversion: H.264 samples from length-prefixed NAL units (avcC) to Annex B with an access
+//! unit delimiter, the parameter sets in front of every keyframe; AAC frames get an ADTS
+//! header from the track's AudioSpecificConfig. Samples of all tracks go out in decoding
+//! order; the composition offsets (B-frames) become PTS apart from DTS.
+
+use crate::tsmux::{adts_header, AccessUnit, StreamKind, TsMuxer};
+use std::io::Cursor;
+
+/// Where the first sample lands on the 90 kHz timeline: the PCR runs
+/// [`crate::tsmux::PCR_LEAD_90K`] behind, which must not go below zero.
+const START_90K: u64 = 90_000;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Mp4Error {
+    #[error("not an MP4 file that can be read: {0}")]
+    Parse(String),
+    #[error("fragmented MP4 is not read; make it progressive without re-encoding (ffmpeg -i IN -c copy OUT.mp4)")]
+    Fragmented,
+    #[error("no H.264 or AAC track to play (tracks: {0})")]
+    NoTrack(String),
+    #[error("track {track}, sample {sample}: {why}")]
+    Sample { track: u32, sample: u32, why: String },
+}
+
+/// One track we carry: its id in the MP4, how it is muxed, and what goes in front.
+struct Track {
+    id: u32,
+    kind: StreamKind,
+    timescale: u32,
+    samples: u32,
+    /// H.264: the NAL length size and the parameter sets (Annex B); AAC: the
+    /// AudioSpecificConfig.
+    nal_len: usize,
+    prefix: Vec<u8>,
+}
+
+/// The MPEG-TS of a progressive MP4 with an H.264 and/or an AAC track (the first of each;
+/// other tracks are left out).
+pub fn remux(mp4: &[u8]) -> Result<Vec<u8>, Mp4Error> {
+    // The reader is a third-party parser of an operator's file: a panic in it is a bad file,
+    // not a crashed relay.
+    std::panic::catch_unwind(|| remux_inner(mp4))
+        .unwrap_or_else(|_| Err(Mp4Error::Parse("malformed boxes (the reader gave up)".into())))
+}
+
+fn remux_inner(mp4: &[u8]) -> Result<Vec<u8>, Mp4Error> {
+    let mut r =
+        mp4::Mp4Reader::read_header(Cursor::new(mp4), mp4.len() as u64).map_err(|e| Mp4Error::Parse(e.to_string()))?;
+    if r.is_fragmented() {
+        return Err(Mp4Error::Fragmented);
+    }
+    let mut ids: Vec<u32> = r.tracks().keys().copied().collect();
+    ids.sort_unstable();
+    let (mut video, mut audio, mut seen) = (None, None, Vec::new());
+    for id in ids {
+        let t = &r.tracks()[&id];
+        let stsd = &t.trak.mdia.minf.stbl.stsd;
+        let timescale = t.timescale().max(1);
+        if let (Some(avc1), None) = (&stsd.avc1, &video) {
+            let c = &avc1.avcc;
+            let mut prefix = Vec::new();
+            for nal in c.sequence_parameter_sets.iter().chain(&c.picture_parameter_sets) {
+                prefix.extend_from_slice(&[0, 0, 0, 1]);
+                prefix.extend_from_slice(&nal.bytes);
+            }
+            if c.sequence_parameter_sets.is_empty() || c.picture_parameter_sets.is_empty() {
+                return Err(Mp4Error::Parse(format!("track {id}: H.264 without its parameter sets (avcC)")));
+            }
+            let nal_len = usize::from(c.length_size_minus_one & 3) + 1;
+            video = Some(Track { id, kind: StreamKind::H264, timescale, samples: t.sample_count(), nal_len, prefix });
+        } else if let (Some(esds), None) = (stsd.mp4a.as_ref().and_then(|a| a.esds.as_ref()), &audio) {
+            let d = &esds.es_desc.dec_config.dec_specific;
+            let asc = [(d.profile << 3) | (d.freq_index >> 1), ((d.freq_index & 1) << 7) | (d.chan_conf << 3)];
+            if adts_header(&asc, 0).is_none() {
+                return Err(Mp4Error::Parse(format!("track {id}: AAC configuration ADTS cannot carry")));
+            }
+            let samples = t.sample_count();
+            audio = Some(Track { id, kind: StreamKind::AacAdts, timescale, samples, nal_len: 0, prefix: asc.to_vec() });
+        } else {
+            seen.push(format!("{id}: {}", t.media_type().map_or_else(|_| "unknown".into(), |m| m.to_string())));
+        }
+    }
+    let tracks: Vec<Track> = video.into_iter().chain(audio).collect();
+    if tracks.is_empty() {
+        return Err(Mp4Error::NoTrack(if seen.is_empty() { "none".into() } else { seen.join(", ") }));
+    }
+
+    // Every sample's times on the 90 kHz timeline, then all in decoding order.
+    let mut order: Vec<(u64, i64, usize, u32, bool)> = Vec::new(); // (dts, pts, track, sample, sync)
+    for (ti, t) in tracks.iter().enumerate() {
+        for sid in 1..=t.samples {
+            let s = read(&mut r, t, sid)?;
+            let scale = |v: i128| (v * 90_000 / i128::from(t.timescale)) as i64;
+            let dts = scale(i128::from(s.start_time));
+            let pts = scale(i128::from(s.start_time) + i128::from(s.rendering_offset));
+            order.push((dts as u64, pts, ti, sid, s.is_sync));
+        }
+    }
+    order.sort_by_key(|o| (o.0, o.2));
+    // Shift so that no time is below the start (composition offsets may be negative).
+    let lowest = order.iter().map(|o| o.1.min(o.0 as i64)).min().unwrap_or(0);
+    let shift = START_90K as i64 - lowest.min(0);
+
+    let kinds: Vec<StreamKind> = tracks.iter().map(|t| t.kind).collect();
+    let mut mux = TsMuxer::new(&kinds);
+    let mut out = Vec::with_capacity(mp4.len() + mp4.len() / 8);
+    let mut data = Vec::new();
+    for (dts, pts, ti, sid, sync) in order {
+        let t = &tracks[ti];
+        let s = read(&mut r, t, sid)?;
+        data.clear();
+        let key = match t.kind {
+            StreamKind::AacAdts => {
+                let h = adts_header(&t.prefix, s.bytes.len()).ok_or_else(|| Mp4Error::Sample {
+                    track: t.id,
+                    sample: sid,
+                    why: "an AAC frame too large for ADTS".into(),
+                })?;
+                data.extend_from_slice(&h);
+                data.extend_from_slice(&s.bytes);
+                false
+            }
+            _ => {
+                data.extend_from_slice(&[0, 0, 0, 1, 0x09, 0xf0]); // access unit delimiter
+                if sync {
+                    data.extend_from_slice(&t.prefix);
+                }
+                annexb(&s.bytes, t.nal_len, &mut data).map_err(|why| Mp4Error::Sample {
+                    track: t.id,
+                    sample: sid,
+                    why,
+                })?;
+                sync
+            }
+        };
+        let (dts, pts) = ((dts as i64 + shift) as u64, (pts + shift) as u64);
+        mux.push(&AccessUnit { stream: ti, pts, dts, key, data: &data }, &mut out);
+    }
+    Ok(out)
+}
+
+fn read(r: &mut mp4::Mp4Reader<Cursor<&[u8]>>, t: &Track, sid: u32) -> Result<mp4::Mp4Sample, Mp4Error> {
+    match r.read_sample(t.id, sid) {
+        Ok(Some(s)) => Ok(s),
+        Ok(None) => Err(Mp4Error::Sample { track: t.id, sample: sid, why: "missing".into() }),
+        Err(e) => Err(Mp4Error::Sample { track: t.id, sample: sid, why: e.to_string() }),
+    }
+}
+
+/// Length-prefixed NAL units (`len` bytes of length each) to Annex B, appended to `out`.
+fn annexb(mut b: &[u8], len: usize, out: &mut Vec<u8>) -> Result<(), String> {
+    while !b.is_empty() {
+        let n = b.get(..len).ok_or("a NAL length cut short")?.iter().fold(0usize, |a, &x| (a << 8) | usize::from(x));
+        let nal = b.get(len..len + n).ok_or("a NAL unit longer than its sample")?;
+        out.extend_from_slice(&[0, 0, 0, 1]);
+        out.extend_from_slice(nal);
+        b = &b[len + n..];
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tsdemux::Demux;
+    use proptest::prelude::*;
+
+    const SPS: &[u8] = &[0x67, 0x42, 0xc0, 0x1e, 0xda, 0x02, 0x80, 0xbf, 0xe5, 0x84, 0x00];
+    const PPS: &[u8] = &[0x68, 0xce, 0x3c, 0x80];
+
+    /// A progressive MP4 of `frames` H.264 samples (a keyframe every `gop`, 25 per second at
+    /// timescale 90000... or 1000) and AAC frames of 1024 at 48 kHz, written by the `mp4`
+    /// crate's own writer.
+    fn mp4_file(frames: u32, gop: u32, video_timescale: u32, with_audio: bool) -> Vec<u8> {
+        let cfg = mp4::Mp4Config {
+            major_brand: str::parse("isom").unwrap(),
+            minor_version: 512,
+            compatible_brands: vec![str::parse("isom").unwrap(), str::parse("avc1").unwrap()],
+            timescale: 1000,
+        };
+        let mut w = mp4::Mp4Writer::write_start(Cursor::new(Vec::new()), &cfg).unwrap();
+        w.add_track(&mp4::TrackConfig {
+            track_type: mp4::TrackType::Video,
+            timescale: video_timescale,
+            language: "und".into(),
+            media_conf: mp4::MediaConfig::AvcConfig(mp4::AvcConfig {
+                width: 320,
+                height: 240,
+                seq_param_set: SPS.to_vec(),
+                pic_param_set: PPS.to_vec(),
+            }),
+        })
+        .unwrap();
+        if with_audio {
+            w.add_track(&mp4::TrackConfig {
+                track_type: mp4::TrackType::Audio,
+                timescale: 48_000,
+                language: "und".into(),
+                media_conf: mp4::MediaConfig::AacConfig(mp4::AacConfig {
+                    bitrate: 128_000,
+                    profile: mp4::AudioObjectType::AacLowComplexity,
+                    freq_index: mp4::SampleFreqIndex::Freq48000,
+                    chan_conf: mp4::ChannelConfig::Stereo,
+                }),
+            })
+            .unwrap();
+        }
+        let step = u64::from(video_timescale) / 25;
+        for i in 0..frames {
+            // A length-prefixed slice NAL whose bytes say which frame it is.
+            let key = i % gop == 0;
+            let nal = [if key { 0x65 } else { 0x41 }, 0x88, (i >> 8) as u8, i as u8];
+            let mut bytes = (nal.len() as u32).to_be_bytes().to_vec();
+            bytes.extend_from_slice(&nal);
+            let s = mp4::Mp4Sample {
+                start_time: u64::from(i) * step,
+                duration: step as u32,
+                rendering_offset: 0,
+                is_sync: key,
+                bytes: mp4::Bytes::from(bytes),
+            };
+            w.write_sample(1, &s).unwrap();
+        }
+        if with_audio {
+            for i in 0..frames * 48_000 / 25 / 1024 {
+                let s = mp4::Mp4Sample {
+                    start_time: u64::from(i) * 1024,
+                    duration: 1024,
+                    rendering_offset: 0,
+                    is_sync: true,
+                    bytes: mp4::Bytes::from(vec![0x21, 0x10, i as u8]),
+                };
+                w.write_sample(2, &s).unwrap();
+            }
+        }
+        w.write_end().unwrap();
+        w.into_writer().into_inner()
+    }
+
+    /// The TS's PES packets: (pid, pts, payload).
+    fn pes(ts: &[u8]) -> Vec<(u16, u64, Vec<u8>)> {
+        let mut d = Demux::default();
+        let mut v: Vec<_> = ts.chunks(188).filter_map(|p| d.push(p)).collect();
+        v.extend(d.flush());
+        v.into_iter().map(|p| (p.pid, p.pts.unwrap_or(0), p.data)).collect()
+    }
+
+    #[test]
+    fn h264_and_aac_come_out_as_timed_pes_with_parameter_sets_at_keyframes() {
+        let ts = remux(&mp4_file(50, 25, 90_000, true)).unwrap();
+        assert_eq!(ts.len() % 188, 0);
+        let all = pes(&ts);
+        let video: Vec<_> = all.iter().filter(|p| p.0 == 0x100).collect();
+        let audio: Vec<_> = all.iter().filter(|p| p.0 == 0x101).collect();
+        assert_eq!((video.len(), audio.len()), (50, 50 * 48_000 / 25 / 1024));
+        // 25 frames a second on the 90 kHz clock, from the start; audio at 1024/48000.
+        for (i, v) in video.iter().enumerate() {
+            assert_eq!(v.1, START_90K + i as u64 * 3600, "frame {i}");
+            let key = i % 25 == 0;
+            let mut want = vec![0, 0, 0, 1, 0x09, 0xf0];
+            if key {
+                want.extend_from_slice(&[0, 0, 0, 1]);
+                want.extend_from_slice(SPS);
+                want.extend_from_slice(&[0, 0, 0, 1]);
+                want.extend_from_slice(PPS);
+            }
+            want.extend_from_slice(&[0, 0, 0, 1, if key { 0x65 } else { 0x41 }, 0x88, 0, i as u8]);
+            assert_eq!(v.2, want, "frame {i}");
+        }
+        assert_eq!(audio[2].1, START_90K + 2 * 1024 * 90_000 / 48_000);
+        // ADTS: sync word, then the frame.
+        assert_eq!((&audio[0].2[..2], &audio[0].2[7..]), (&[0xff, 0xf1][..], &[0x21, 0x10, 0][..]));
+    }
+
+    #[test]
+    fn refusals_say_why() {
+        assert!(matches!(remux(b"not an mp4 at all"), Err(Mp4Error::Parse(_))));
+        assert!(matches!(remux(&[]), Err(Mp4Error::Parse(_))));
+        let mut cut = mp4_file(10, 5, 1000, false);
+        cut.truncate(cut.len() / 2);
+        assert!(remux(&cut).is_err());
+    }
+
+    proptest! {
+        /// Any frame count, GOP and timescale: every frame comes out once, in order, on the
+        /// 90 kHz clock.
+        #[test]
+        fn every_frame_comes_out_once_in_order(frames in 1u32..120, gop in 1u32..60, scale in prop::sample::select(vec![1000u32, 12_800, 90_000])) {
+            let ts = remux(&mp4_file(frames, gop, scale, false)).unwrap();
+            let v = pes(&ts);
+            prop_assert_eq!(v.len() as u32, frames);
+            let step = u64::from(scale / 25) * 90_000 / u64::from(scale);
+            for (i, p) in v.iter().enumerate() {
+                prop_assert_eq!(p.1, START_90K + i as u64 * step);
+            }
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..400)) {
+            let _ = remux(&data);
+        }
+    }
+}
