@@ -1,5 +1,5 @@
-//! RTSP publishing (issue 16): ffmpeg pushes the demo clip with ANNOUNCE/RECORD into a
-//! `publish` session, a second ffmpeg plays it back through `fanout` frame for frame, HTTP
+//! RTSP publishing (issue 16): ffmpeg (and GStreamer) push the demo clip with
+//! ANNOUNCE/RECORD into a `publish` session, a second ffmpeg plays it back through `fanout` frame for frame, HTTP
 //! players get it as MPEG-TS, a publisher that leaves is followed by the next one, and
 //! resources that take no publisher refuse it.
 
@@ -110,6 +110,41 @@ fn ffmpeg_publishes_and_another_ffmpeg_plays_it_back() {
     let (ok, log) = ffmpeg_decode(&url, &["-rtsp_transport", "tcp"], 2);
     assert!(ok && decoded_frames(&log) >= 45, "{log}");
     let _ = std::fs::remove_file(&clip);
+}
+
+/// GStreamer's `rtspclientsink` publishes the demo clip (H.264 + AAC, ANNOUNCE/RECORD over
+/// TCP), and ffmpeg plays it back through the relay.
+#[test]
+fn gstreamer_publishes_and_ffmpeg_plays_it_back() {
+    if !have_ffmpeg() || !have_gstreamer() {
+        return;
+    }
+    if !Command::new("gst-inspect-1.0").arg("rtspclientsink").output().is_ok_and(|o| o.status.success()) {
+        assert!(std::env::var_os("CI").is_none(), "scripts/test installs gstreamer1.0-rtsp (rtspclientsink)");
+        eprintln!("\n*** SKIPPED gstreamer_publishes: no rtspclientsink (gstreamer1.0-rtsp) ***\n");
+        return;
+    }
+    let relay = Relay::with_config(CONFIG, &["--no-demo"]);
+    let url = format!("rtsp://{}/pub", rtsp_addr(&relay));
+    let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/demo.ts");
+    // The clip's 8 s, at its own pace (the sink syncs to the clock), then EOS.
+    let _gst = Kill(
+        Command::new("timeout")
+            .args(["-s", "INT", "20", "gst-launch-1.0", "-q", "filesrc", &format!("location={demo}")])
+            .args(["!", "tsdemux", "name=d", "d.", "!", "queue", "!", "h264parse", "!"])
+            .args(["rtspclientsink", "name=s", &format!("location={url}"), "protocols=tcp"])
+            .args(["d.", "!", "queue", "!", "aacparse", "!", "s."])
+            .stdout(Stdio::null())
+            // (It reports the relay going away at the end as an error: not ours to show.)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    assert!(wait_for(Duration::from_secs(10), || publisher(&relay)["state"] == "publishing"), "{}", publisher(&relay));
+    let tracks = relay.ok("GET", "/v1/sessions/pub", None)["rtsp_tracks"].as_array().map_or(0, Vec::len);
+    assert_eq!(tracks, 2, "video and audio");
+    let (ok, log) = ffmpeg_decode(&url, &["-rtsp_transport", "tcp"], 3);
+    assert!(ok && decoded_frames(&log) >= 60, "{log}");
 }
 
 /// One RTSP request on a fresh connection; the status code.
