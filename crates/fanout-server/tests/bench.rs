@@ -84,8 +84,10 @@ fn every_bench_has_a_quick_mode_with_csv_and_png() {
     let _default_rtsp = std::net::TcpListener::bind("127.0.0.1:8554");
     let d = |s: &str| dir.join(s).to_str().unwrap().to_string();
     let peers = concat!(env!("CARGO_MANIFEST_DIR"), "/../../.peers");
-    let runs: [(&[&str], &str, usize); 5] = [
+    let runs: [(&[&str], &str, usize); 6] = [
         (&["bench", "datapaths", "--quick", "--datapath", "copy,shared"], "datapaths/datapaths.csv", 2),
+        // One step per way of watching: TS over UDP, RTP, TS over HTTP, HLS.
+        (&["bench", "http", "--quick"], "http/http.csv", 4),
         (&["bench", "splice", "--quick"], "splice/splice.csv", 2),
         (&["bench", "repack", "--quick"], "repack/repack.csv", 3),
         // 2 edge counts x 2 steps, each subscriber served through an edge's pull.
@@ -107,6 +109,14 @@ fn every_bench_has_a_quick_mode_with_csv_and_png() {
         let out = fanout(&all);
         assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
         check_csv(&dir.join(csv), rows);
+        if args[1] == "http" {
+            // Every kind delivered to every subscriber: bytes, and nobody silent.
+            let csv = std::fs::read_to_string(dir.join(csv)).unwrap();
+            for row in csv.lines().skip(1) {
+                let f: Vec<&str> = row.split(',').collect();
+                assert!(f[7].parse::<u64>().unwrap() > 0 && f[10] == "0", "{row}");
+            }
+        }
         if args[1] == "datapaths" {
             // 3 s at 100 sinks is a few CPU ticks: no figure, and the bench says why.
             let table = String::from_utf8_lossy(&out.stdout);

@@ -4,6 +4,7 @@
 
 pub mod cluster;
 pub mod datapaths;
+pub mod http;
 pub mod layers;
 pub mod pacing;
 mod plot;
@@ -49,6 +50,12 @@ pub enum BenchCmd {
     Register(register::RegisterArgs),
     /// Repackaging for HTTP players (MPEG-TS, HLS): CPU per RTP packet, stage by stage.
     Repack(repack::RepackArgs),
+    /// One session's subscribers by how they watch (TS over UDP, RTP, TS over HTTP, HLS):
+    /// relay CPU per subscriber.
+    Http(http::HttpArgs),
+    /// (internal) N HLS players: playlist polls and segment fetches.
+    #[command(hide = true)]
+    HlsLoad(http::HlsLoadArgs),
     /// (internal) One RTSP subscriber of `bench pacing`.
     #[command(hide = true)]
     PacingSub(pacing::SubArgs),
@@ -79,6 +86,8 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Register(a) => register::run(a),
         BenchCmd::Cluster(a) => cluster::run(a),
         BenchCmd::Repack(a) => repack::run(a),
+        BenchCmd::Http(a) => http::run(a),
+        BenchCmd::HlsLoad(a) => http::hls_load(a),
         BenchCmd::PacingSub(a) => pacing::sub(a),
         BenchCmd::Rtsp(a) => rtsp::run(a),
         BenchCmd::RtspLoad(a) => rtsp::load(a),
