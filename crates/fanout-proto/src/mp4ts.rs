@@ -39,18 +39,70 @@ struct Track {
     prefix: Vec<u8>,
 }
 
-/// The MPEG-TS of a progressive MP4 with an H.264 and/or an AAC track (the first of each;
-/// other tracks are left out).
-pub fn remux(mp4: &[u8]) -> Result<Vec<u8>, Mp4Error> {
-    // The reader is a third-party parser of an operator's file: a panic in it is a bad file,
-    // not a crashed relay.
-    std::panic::catch_unwind(|| remux_inner(mp4))
+/// The reader is a third-party parser of an operator's file: a panic in it (fuzzing finds
+/// some, e.g. on a short `emsg`) is a bad file, not a crashed relay.
+fn guarded<T>(f: impl FnOnce() -> Result<T, Mp4Error>) -> Result<T, Mp4Error> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
         .unwrap_or_else(|_| Err(Mp4Error::Parse("malformed boxes (the reader gave up)".into())))
 }
 
-fn remux_inner(mp4: &[u8]) -> Result<Vec<u8>, Mp4Error> {
-    let mut r =
-        mp4::Mp4Reader::read_header(Cursor::new(mp4), mp4.len() as u64).map_err(|e| Mp4Error::Parse(e.to_string()))?;
+/// Where a box's children start, past its 8-byte header, for the boxes the reader descends
+/// into: containers, full boxes with an entry count, and sample entries.
+fn children_at(kind: &[u8]) -> Option<usize> {
+    match kind {
+        b"moov" | b"trak" | b"mdia" | b"minf" | b"stbl" | b"dinf" | b"edts" | b"udta" | b"mvex" | b"moof" | b"traf"
+        | b"mfra" | b"ilst" => Some(0),
+        b"meta" => Some(4),
+        b"dref" | b"stsd" => Some(8),
+        b"avc1" | b"avc3" | b"hev1" | b"hvc1" | b"vp09" | b"encv" => Some(78),
+        b"mp4a" | b"enca" => Some(28),
+        b"tx3g" => Some(38),
+        _ => None,
+    }
+}
+
+/// The box tree's sizes are sound: every box at least its header, none past its parent, no
+/// size 0 ("to the end of the file"). The reader would loop forever on a box that does not
+/// move it forward (found by fuzzing: a zero-size box inside `moov`).
+fn check_boxes(b: &[u8], depth: usize) -> Result<(), Mp4Error> {
+    let bad = |why: String| Err(Mp4Error::Parse(why));
+    let mut at = 0usize;
+    while at < b.len() {
+        let Some(h) = b.get(at..at + 8) else { return bad(format!("a box header cut short at byte {at}")) };
+        let kind = &h[4..8];
+        let (size, header) = match u32::from_be_bytes([h[0], h[1], h[2], h[3]]) {
+            0 => return bad(format!("a box of size 0 ({}): remux the file with ffmpeg -c copy", name(kind))),
+            1 => {
+                let Some(l) = b.get(at + 8..at + 16) else { return bad("a large box header cut short".into()) };
+                (u64::from_be_bytes(l.try_into().expect("8 bytes")), 16u64)
+            }
+            n => (u64::from(n), 8),
+        };
+        if size < header || size > (b.len() - at) as u64 {
+            return bad(format!("box {} of {size} bytes does not fit where it is", name(kind)));
+        }
+        let body = &b[at + header as usize..at + size as usize];
+        if let (Some(skip), true) = (children_at(kind), depth < 16) {
+            if let Some(children) = body.get(skip..) {
+                check_boxes(children, depth + 1)?;
+            }
+        }
+        at += size as usize;
+    }
+    Ok(())
+}
+
+fn name(kind: &[u8]) -> String {
+    kind.iter().map(|&c| if c.is_ascii_graphic() { c as char } else { '?' }).collect()
+}
+
+/// The MPEG-TS of a progressive MP4 with an H.264 and/or an AAC track (the first of each;
+/// other tracks are left out).
+pub fn remux(mp4: &[u8]) -> Result<Vec<u8>, Mp4Error> {
+    check_boxes(mp4, 0)?;
+    let mut r = guarded(|| {
+        mp4::Mp4Reader::read_header(Cursor::new(mp4), mp4.len() as u64).map_err(|e| Mp4Error::Parse(e.to_string()))
+    })?;
     if r.is_fragmented() {
         return Err(Mp4Error::Fragmented);
     }
@@ -86,6 +138,9 @@ fn remux_inner(mp4: &[u8]) -> Result<Vec<u8>, Mp4Error> {
         }
     }
     let tracks: Vec<Track> = video.into_iter().chain(audio).collect();
+    if let Some(t) = tracks.iter().find(|t| t.samples as usize > mp4.len()) {
+        return Err(Mp4Error::Parse(format!("track {} claims more samples than the file has bytes", t.id)));
+    }
     if tracks.is_empty() {
         return Err(Mp4Error::NoTrack(if seen.is_empty() { "none".into() } else { seen.join(", ") }));
     }
@@ -145,11 +200,11 @@ fn remux_inner(mp4: &[u8]) -> Result<Vec<u8>, Mp4Error> {
 }
 
 fn read(r: &mut mp4::Mp4Reader<Cursor<&[u8]>>, t: &Track, sid: u32) -> Result<mp4::Mp4Sample, Mp4Error> {
-    match r.read_sample(t.id, sid) {
+    guarded(|| match r.read_sample(t.id, sid) {
         Ok(Some(s)) => Ok(s),
         Ok(None) => Err(Mp4Error::Sample { track: t.id, sample: sid, why: "missing".into() }),
         Err(e) => Err(Mp4Error::Sample { track: t.id, sample: sid, why: e.to_string() }),
-    }
+    })
 }
 
 /// Length-prefixed NAL units (`len` bytes of length each) to Annex B, appended to `out`.
@@ -275,6 +330,21 @@ mod tests {
         assert_eq!(audio[2].1, START_90K + 2 * 1024 * 90_000 / 48_000);
         // ADTS: sync word, then the frame.
         assert_eq!((&audio[0].2[..2], &audio[0].2[7..]), (&[0xff, 0xf1][..], &[0x21, 0x10, 0][..]));
+    }
+
+    /// Box trees the reader would loop on are refused before it sees them.
+    #[test]
+    fn unsound_box_sizes_are_refused() {
+        // A zero-size box inside `moov` (the reader would skip it to where it is, forever).
+        let mut hang = vec![0, 0, 0, 0x46];
+        hang.extend_from_slice(b"moov");
+        hang.resize(0x46, 0);
+        let e = remux(&hang).unwrap_err().to_string();
+        assert!(e.contains("size 0"), "{e}");
+        let mut small = vec![0, 0, 0, 16];
+        small.extend_from_slice(b"moov\0\0\0\x04free");
+        assert!(remux(&small).unwrap_err().to_string().contains("does not fit"));
+        assert!(check_boxes(&mp4_file(3, 1, 1000, true), 0).is_ok());
     }
 
     #[test]
