@@ -1,5 +1,6 @@
-//! RTP repackaging into MPEG-TS never panics, whatever the packets; what comes out is whole
-//! transport packets that demux without an error.
+//! RTP repackaging into MPEG-TS and HLS segments never panics, whatever the packets; what
+//! comes out as TS is whole transport packets that demux without an error. An HEVC SPS
+//! reader takes the same bytes.
 #![no_main]
 use fanout_proto::repack::{Repackager, TrackInfo, TsPackager};
 use libfuzzer_sys::fuzz_target;
@@ -14,6 +15,8 @@ fuzz_target!(|data: &[u8]| {
     let sdp = fanout_proto::sdp::Sdp::parse(SDP).expect("a valid description");
     let mut r = Repackager::new(sdp.media.iter().map(|m| TrackInfo::from_sdp(m).ok()).collect());
     let mut ts = TsPackager::new(r.streams());
+    // The units also go into HLS segments (an HEVC keyframe's SPS is read for its hvcC).
+    let mut hls = fanout_proto::hls::Segmenter::new(r.streams(), 100, 1).expect("H.264, H.265 and AAC segment");
     let (mut units, mut out) = (Vec::new(), Vec::new());
     // Packets: a track byte and a length byte, then that many bytes.
     let (mut rest, mut now) = (data, 0u64);
@@ -22,6 +25,7 @@ fuzz_target!(|data: &[u8]| {
         r.push_rtp(usize::from(*track % 3), &tail[..n], now, &mut units);
         for u in units.drain(..) {
             ts.write(&u, &mut out);
+            hls.push(&u);
         }
         if *track & 0x80 != 0 {
             r.set_clock_map(usize::from(*track % 3), u64::from(*len) << 32, u32::from(*track) << 16);
@@ -34,4 +38,8 @@ fuzz_target!(|data: &[u8]| {
     out.chunks(188).for_each(|p| drop(d.push(p)));
     d.flush();
     assert_eq!(d.errors, 0);
+    // Any bytes as an HEVC SPS: read or refused, never a panic.
+    if let Some(info) = fanout_proto::hevc::parse_sps(data) {
+        let _ = (info.codec(), info.hvcc(&[], data, &[]));
+    }
 });

@@ -1,5 +1,6 @@
 //! Fragmented MP4 (ISO/IEC 14496-12, the CMAF shape HLS and MSE play): an initialization
-//! segment (`ftyp` + `moov` with one track per stream, `avc1`/`avcC` or `mp4a`/`esds`) and
+//! segment (`ftyp` + `moov` with one track per stream, `avc1`/`avcC`, `hvc1`/`hvcC` or
+//! `mp4a`/`esds`) and
 //! media segments (`moof` + `mdat`, one `traf` per track). Sans-IO: samples in, bytes out.
 
 /// A track of the file.
@@ -7,6 +8,8 @@
 pub enum Fmp4Track {
     /// H.264 with its SPS and PPS (NAL units without start codes).
     H264 { sps: Vec<u8>, pps: Vec<u8>, width: u16, height: u16 },
+    /// H.265 with its VPS, SPS and PPS (NAL units without start codes) and what the SPS says.
+    H265 { vps: Vec<u8>, sps: Vec<u8>, pps: Vec<u8>, info: crate::hevc::SpsInfo },
     /// AAC with its AudioSpecificConfig.
     Aac { config: Vec<u8>, sample_rate: u32, channels: u16 },
 }
@@ -15,7 +18,7 @@ impl Fmp4Track {
     /// The track's time scale: 90 kHz for video, the sample rate for audio.
     pub fn timescale(&self) -> u32 {
         match self {
-            Fmp4Track::H264 { .. } => 90_000,
+            Fmp4Track::H264 { .. } | Fmp4Track::H265 { .. } => 90_000,
             Fmp4Track::Aac { sample_rate, .. } => *sample_rate,
         }
     }
@@ -27,6 +30,7 @@ impl Fmp4Track {
                 Some(p) => format!("avc1.{:02x}{:02x}{:02x}", p[0], p[1], p[2]),
                 None => "avc1".into(),
             },
+            Fmp4Track::H265 { info, .. } => info.codec(),
             Fmp4Track::Aac { config, .. } => format!("mp4a.40.{}", config.first().map_or(2, |c| c >> 3)),
         }
     }
@@ -102,9 +106,10 @@ pub fn init_segment(tracks: &[Fmp4Track]) -> Vec<u8> {
 }
 
 fn trak(o: &mut Vec<u8>, id: u32, t: &Fmp4Track) {
-    let video = matches!(t, Fmp4Track::H264 { .. });
+    let video = !matches!(t, Fmp4Track::Aac { .. });
     let (w, h) = match t {
         Fmp4Track::H264 { width, height, .. } => (u32::from(*width), u32::from(*height)),
+        Fmp4Track::H265 { info, .. } => (u32::from(info.width), u32::from(info.height)),
         Fmp4Track::Aac { .. } => (0, 0),
     };
     mp4_box(o, b"trak", |o| {
@@ -153,17 +158,26 @@ fn trak(o: &mut Vec<u8>, id: u32, t: &Fmp4Track) {
     });
 }
 
+/// The fields every visual sample entry starts with (ISO/IEC 14496-12 §12.1.3).
+fn visual_entry(o: &mut Vec<u8>, width: u16, height: u16) {
+    o.extend_from_slice(&[0; 6]);
+    u16s(o, &[1, 0, 0]); // data reference index, pre-defined, reserved
+    u32s(o, &[0, 0, 0]);
+    u16s(o, &[width, height]);
+    u32s(o, &[0x0048_0000, 0x0048_0000, 0]); // 72 dpi, reserved
+    u16s(o, &[1]); // frame count
+    o.extend_from_slice(&[0; 32]); // compressor name
+    u16s(o, &[0x0018, 0xffff]); // depth, pre-defined
+}
+
 fn sample_entry(o: &mut Vec<u8>, t: &Fmp4Track) {
     match t {
+        Fmp4Track::H265 { vps, sps, pps, info } => mp4_box(o, b"hvc1", |o| {
+            visual_entry(o, info.width, info.height);
+            mp4_box(o, b"hvcC", |o| o.extend_from_slice(&info.hvcc(vps, sps, pps)));
+        }),
         Fmp4Track::H264 { sps, pps, width, height } => mp4_box(o, b"avc1", |o| {
-            o.extend_from_slice(&[0; 6]);
-            u16s(o, &[1, 0, 0]); // data reference index, pre-defined, reserved
-            u32s(o, &[0, 0, 0]);
-            u16s(o, &[*width, *height]);
-            u32s(o, &[0x0048_0000, 0x0048_0000, 0]); // 72 dpi, reserved
-            u16s(o, &[1]); // frame count
-            o.extend_from_slice(&[0; 32]); // compressor name
-            u16s(o, &[0x0018, 0xffff]); // depth, pre-defined
+            visual_entry(o, *width, *height);
             mp4_box(o, b"avcC", |o| {
                 let p = sps.get(1..4).unwrap_or(&[0x42, 0, 0x1e]);
                 o.extend_from_slice(&[1, p[0], p[1], p[2], 0xff, 0xe1]); // 4-byte lengths, one SPS
@@ -238,11 +252,15 @@ pub fn media_segment(sequence: u32, tracks: &[(u64, Vec<Sample>)]) -> Vec<u8> {
 }
 
 /// Annex B to the 4-byte-length form of MP4 samples, leaving out access unit delimiters
-/// and parameter sets (the `avcC` has them).
-pub fn avcc_sample(annexb: &[u8]) -> Vec<u8> {
+/// and parameter sets (the `avcC` or `hvcC` has them).
+pub fn avcc_sample(annexb: &[u8], codec: crate::annexb::Codec) -> Vec<u8> {
     let mut out = Vec::with_capacity(annexb.len() + 16);
     for nal in crate::annexb::nal_units(annexb) {
-        if nal.is_empty() || matches!(nal[0] & 0x1f, 7..=9) {
+        let header = match codec {
+            crate::annexb::Codec::H265 => nal.first().is_some_and(|b| matches!((b >> 1) & 0x3f, 32..=35)),
+            _ => nal.first().is_some_and(|b| matches!(b & 0x1f, 7..=9)),
+        };
+        if nal.is_empty() || header {
             continue;
         }
         out.extend_from_slice(&(nal.len() as u32).to_be_bytes());
@@ -302,6 +320,11 @@ mod tests {
     #[test]
     fn samples_leave_out_delimiters_and_parameter_sets() {
         let au = [0, 0, 0, 1, 9, 0xf0, 0, 0, 0, 1, 0x67, 1, 0, 0, 1, 0x68, 2, 0, 0, 0, 1, 0x65, 7, 7];
-        assert_eq!(avcc_sample(&au), [0, 0, 0, 3, 0x65, 7, 7]);
+        assert_eq!(avcc_sample(&au, crate::annexb::Codec::H264), [0, 0, 0, 3, 0x65, 7, 7]);
+        // HEVC: AUD (35), VPS (32), SPS (33), PPS (34) out; an IDR slice (19) in.
+        let au = [
+            0, 0, 1, 0x46, 1, 0x50, 0, 0, 1, 0x40, 1, 9, 0, 0, 1, 0x42, 1, 9, 0, 0, 1, 0x44, 1, 9, 0, 0, 1, 0x26, 1, 7,
+        ];
+        assert_eq!(avcc_sample(&au, crate::annexb::Codec::H265), [0, 0, 0, 3, 0x26, 1, 7]);
     }
 }

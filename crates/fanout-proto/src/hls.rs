@@ -24,8 +24,8 @@ pub struct Segment {
 /// What a stream of the repackager becomes here.
 #[derive(Debug, Clone)]
 enum Input {
-    /// An H.264 track: its index among the file's tracks.
-    Video(usize),
+    /// An H.264 or H.265 track: its index among the file's tracks, and the codec.
+    Video(usize, crate::annexb::Codec),
     Audio {
         track: usize,
         config: Vec<u8>,
@@ -71,8 +71,7 @@ impl Segmenter {
         let inputs: Vec<Input> = streams
             .iter()
             .map(|s| match &s.codec {
-                TrackCodec::Video { codec: crate::annexb::Codec::H264, .. } => Input::Video(next()),
-                TrackCodec::Video { .. } => Input::Skip,
+                TrackCodec::Video { codec, .. } => Input::Video(next(), *codec),
                 TrackCodec::Aac { config, .. } => {
                     let c = u16::from_be_bytes([config[0], config.get(1).copied().unwrap_or(0)]);
                     let rate = crate::aac::sample_rate(((c >> 7) & 0x0f) as u8);
@@ -92,7 +91,7 @@ impl Segmenter {
         if tracks == 0 {
             return None;
         }
-        let has_video = inputs.iter().any(|i| matches!(i, Input::Video(_)));
+        let has_video = inputs.iter().any(|i| matches!(i, Input::Video(..)));
         Some(Self {
             inputs,
             tracks: None,
@@ -112,11 +111,12 @@ impl Segmenter {
     /// Takes one unit; returns whether it completed a segment.
     pub fn push(&mut self, u: &Unit) -> bool {
         let Some(input) = self.inputs.get(u.stream).cloned() else { return false };
-        let (track, is_video) = match input {
-            Input::Video(t) => (t, true),
-            Input::Audio { track, .. } => (track, false),
+        let (track, video) = match input {
+            Input::Video(t, codec) => (t, Some(codec)),
+            Input::Audio { track, .. } => (track, None),
             Input::Skip => return false,
         };
+        let is_video = video.is_some();
         if self.tracks.is_none() {
             // Start at a keyframe that brings its parameter sets (or anywhere, audio only).
             if (self.has_video && !(is_video && u.key)) || !self.describe(u) {
@@ -138,7 +138,10 @@ impl Segmenter {
         if cut_here && self.started.is_some_and(|s| u.time - s >= self.target) {
             cut = self.cut(u.time);
         }
-        let data = if is_video { avcc_sample(&u.data) } else { u.data.clone() };
+        let data = match video {
+            Some(codec) => avcc_sample(&u.data, codec),
+            None => u.data.clone(),
+        };
         self.pending_bytes += data.len();
         self.pending[track].push((u.time, u.key || !is_video, data));
         if self.pending_bytes > MAX_PENDING {
@@ -158,7 +161,14 @@ impl Segmenter {
         let mut tracks = Vec::new();
         for input in &self.inputs {
             match input {
-                Input::Video(_) => {
+                Input::Video(_, crate::annexb::Codec::H265) => {
+                    let nals: Vec<&[u8]> = crate::annexb::nal_units(&u.data).collect();
+                    let find = |t: u8| nals.iter().find(|n| n.first().is_some_and(|b| (b >> 1) & 0x3f == t));
+                    let (Some(vps), Some(sps), Some(pps)) = (find(32), find(33), find(34)) else { return false };
+                    let Some(info) = crate::hevc::parse_sps(sps) else { return false };
+                    tracks.push(Fmp4Track::H265 { vps: vps.to_vec(), sps: sps.to_vec(), pps: pps.to_vec(), info });
+                }
+                Input::Video(..) => {
                     let nals: Vec<&[u8]> = crate::annexb::nal_units(&u.data).collect();
                     let find = |t: u8| nals.iter().find(|n| n.first().is_some_and(|b| b & 0x1f == t));
                     let (Some(sps), Some(pps)) = (find(7), find(8)) else { return false };
@@ -318,9 +328,26 @@ mod tests {
     }
 
     #[test]
-    fn hevc_alone_is_not_for_mp4_yet() {
-        let hevc =
-            TrackInfo { codec: TrackCodec::Video { codec: crate::annexb::Codec::H265, params: vec![] }, clock: 90_000 };
-        assert!(Segmenter::new(&[hevc], 2000, 1).is_none());
+    fn hevc_goes_into_hvc1_segments() {
+        use crate::annexb::{access_units, Codec};
+        let hevc = TrackInfo { codec: TrackCodec::Video { codec: Codec::H265, params: vec![] }, clock: 90_000 };
+        let mut s = Segmenter::new(&[hevc], 1000, 1).unwrap();
+        let clip = include_bytes!("../../../testdata/video/hevc/x265_temporal_320x192.265");
+        let aus = access_units(Codec::H265, clip);
+        assert!(aus.len() > 10, "{} pictures", aus.len());
+        // Looped (as `gen` sends it), so that keyframes come again and segments are cut.
+        let looped = aus.iter().cycle().take(4 * aus.len());
+        for (i, au) in looped.enumerate() {
+            let data: Vec<u8> = au.iter().flat_map(|n| [&[0u8, 0, 0, 1][..], n].concat()).collect();
+            // An IRAP picture (NAL types 16..=21) is where a decoder starts.
+            let key = au.iter().any(|n| n.first().is_some_and(|b| (16..=21).contains(&((b >> 1) & 0x3f))));
+            s.push(&Unit { stream: 0, time: i as i64 * 3600, key, data });
+        }
+        let init = s.init().unwrap();
+        assert!(init.windows(4).any(|w| w == b"hvc1") && init.windows(4).any(|w| w == b"hvcC"));
+        assert!(s.codecs().unwrap().starts_with("hvc1.1.6.L"), "{:?}", s.codecs());
+        let Some(Fmp4Track::H265 { info, .. }) = s.tracks.as_ref().map(|t| t[0].clone()) else { panic!() };
+        assert_eq!((info.width, info.height), (320, 192));
+        assert!(s.last().is_some(), "segments cut at keyframes");
     }
 }

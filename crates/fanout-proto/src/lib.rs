@@ -34,6 +34,7 @@ pub mod annexb;
 pub mod classify;
 pub mod directory;
 pub mod fmp4;
+pub mod hevc;
 pub mod hls;
 pub mod http;
 pub mod layers;

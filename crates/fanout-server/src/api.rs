@@ -124,7 +124,7 @@ async fn hls_file(
 ) -> ApiResult<Response> {
     let r = relay.repack(&name).await?;
     let Some(hls) = r.hls.clone() else {
-        let why = format!("session {name:?} carries {}: HLS here takes H.264 and AAC", r.describes);
+        let why = format!("session {name:?} carries {}: HLS here takes H.264, H.265 and AAC", r.describes);
         return Err(ApiError(StatusCode::UNSUPPORTED_MEDIA_TYPE, why));
     };
     hls.touch();

@@ -73,6 +73,39 @@ fn ffmpeg_decodes_hevc_relayed_over_rtp() {
     assert!(frames >= 100, "only {frames} frames decoded");
 }
 
+/// An HEVC RTP session plays as HLS: fMP4 segments with `hvc1`/`hvcC` (parameter sets
+/// from the stream's keyframes), decoded by ffmpeg without a complaint.
+#[test]
+fn an_hevc_session_plays_as_hls() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let relay = Relay::start(&["--no-demo"]);
+    let spec = json!({"name": "v", "source": {"udp": "127.0.0.1:0"}, "video": "h265"});
+    let src = create_on_free_port(&relay, spec);
+    let file = format!("{DATA}/hevc/x265_temporal_320x192.265");
+    let gen = Command::new(env!("CARGO_BIN_EXE_fanout"))
+        .args(["gen", "--to", &src.to_string(), "--file", &file, "--fps", "25", "--duration", "16"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = Command::new("timeout")
+        .args(["30", "ffmpeg", "-hide_banner", "-nostdin", "-loglevel", "error", "-stats", "-i"])
+        .arg(relay.url("/v1/sessions/v/hls/index.m3u8"))
+        .args(["-t", "4", "-f", "null", "-"])
+        .output()
+        .unwrap();
+    let _ = gen.wait_with_output();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && decoded_frames(&log) >= 50, "{log}");
+    let errors: Vec<&str> = log.lines().filter(|l| l.starts_with("[hevc @") || l.starts_with("[mov,")).collect();
+    assert!(errors.is_empty(), "decoder errors: {errors:?}");
+    // The codecs a player is told (RFC 6381): HEVC Main, from the stream's SPS.
+    let status = relay.ok("GET", "/v1/sessions/v", None);
+    let codecs = status["repackaging"]["hls"]["codecs"].as_str().unwrap_or("");
+    assert!(codecs.starts_with("hvc1.1.6.L"), "{status}");
+}
+
 /// An RTP source with `video` set plays over HTTP as MPEG-TS: HEVC and H.264 (the SVC
 /// stream's base layer) files sent by `fanout gen`, decoded by ffmpeg from the stream URL.
 #[test]
