@@ -93,6 +93,25 @@ impl<'a> Reader<'a> {
 }
 
 impl Mikey {
+    /// The message that gives `key` for the stream `ssrc` from its start (ROC 0), as base64:
+    /// what `a=key-mgmt` and the `KeyMgmt` header carry. `rand` (16 bytes of RAND, then the
+    /// CSB ID) and `ntp` (the timestamp) come from the caller.
+    pub fn announce(suite: Suite, key: &MasterKey, ssrc: u32, rand: [u8; 20], ntp: u64) -> String {
+        let csb_id = u32::from_be_bytes([rand[16], rand[17], rand[18], rand[19]]);
+        let m = Mikey { csb_id, sessions: vec![(ssrc, 0)], suite, key: key.clone() };
+        m.write_base64(rand[..16].try_into().expect("16 bytes"), ntp)
+    }
+
+    /// An SRTP context under this message's key, each of its streams starting at the
+    /// rollover counter the message gives (a stream that ran before the receiver came).
+    pub fn context(&self) -> crate::srtp::Context {
+        let mut ctx = crate::srtp::Context::new(self.suite, &self.key);
+        for &(ssrc, roc) in &self.sessions {
+            ctx.set_roc(ssrc, roc);
+        }
+        ctx
+    }
+
     /// The message's bytes; `rand` and `ntp` (the timestamp) come from the caller.
     pub fn write(&self, rand: [u8; 16], ntp: u64) -> Vec<u8> {
         let mut o = vec![1, PSK_INIT, T, 0];
@@ -310,6 +329,21 @@ mod tests {
         kd.extend_from_slice(&[2; 14]);
         assert_eq!(key_data(&kd), Ok(MasterKey { key: [1; 16], salt: [2; 14] }));
         assert_eq!(key_data(&kd[..kd.len() - 1]), Err(MikeyError::Truncated));
+    }
+
+    /// A stream's rollover counter in the message is where its context starts.
+    #[test]
+    fn an_announced_key_gives_its_context() {
+        let key = MasterKey { key: [1; 16], salt: [2; 14] };
+        let b64 = Mikey::announce(Suite::AesCm128HmacSha1_80, &key, 7, [5; 20], 9);
+        let m = Mikey::parse_base64(&b64).unwrap();
+        assert_eq!((m.csb_id, m.sessions.clone(), m.key.clone()), (0x0505_0505, vec![(7, 0)], key.clone()));
+        let with_roc = Mikey { sessions: vec![(7, 2)], ..m };
+        let mut tx = crate::srtp::Context::new(Suite::AesCm128HmacSha1_80, &key);
+        tx.set_roc(7, 2);
+        let mut p = vec![0x80, 96, 0, 5, 0, 0, 0, 1, 0, 0, 0, 7, 1, 2, 3];
+        tx.protect_rtp(&mut p).unwrap();
+        with_roc.context().unprotect_rtp(&mut p).unwrap();
     }
 
     #[test]

@@ -343,17 +343,19 @@ impl Rtsp {
     /// client's reports are SRTCP: read under the key its SETUP gave (`KeyMgmt`), else
     /// (SDES gives us none) they only keep it alive.
     fn record_reports(&self, relay: &Relay, id: &str, c: &mut Client, track: usize, data: &[u8]) {
-        let mut plain = data.to_vec();
-        let keyed = match c.srtcp_in.iter_mut().find(|k| k.0 == track) {
+        // (Only SRTCP is copied, to be decrypted.)
+        let plain: std::borrow::Cow<[u8]> = match c.srtcp_in.iter_mut().find(|k| k.0 == track) {
             Some((_, ctx)) => {
-                if ctx.unprotect_rtcp(&mut plain).is_err() {
+                let mut p = data.to_vec();
+                if ctx.unprotect_rtcp(&mut p).is_err() {
                     c.srtcp_dropped += 1;
                     return;
                 }
-                true
+                p.into()
             }
-            None => false,
+            None => data.into(),
         };
+        let keyed = matches!(plain, std::borrow::Cow::Owned(_));
         let Ok(reports) = fanout_proto::rtcp::parse_reports(&plain) else { return };
         c.reports += 1;
         let tracks = relay.tracks(&c.resource);
@@ -467,11 +469,7 @@ impl Rtsp {
                     c.tracks.push((track, lower));
                     c.srtcp_in.retain(|k| k.0 != track);
                     if let Some(k) = client_key {
-                        let mut ctx = fanout_proto::srtp::Context::new(k.suite, &k.key);
-                        for &(ssrc, roc) in &k.sessions {
-                            ctx.set_roc(ssrc, roc);
-                        }
-                        c.srtcp_in.push((track, ctx));
+                        c.srtcp_in.push((track, k.context()));
                     }
                 }
                 Action::Play { session } => {

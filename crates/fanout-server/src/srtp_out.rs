@@ -92,17 +92,10 @@ pub struct SrtpOut {
 pub(crate) fn mikey_base64(suite: Suite, key: &MasterKey, ssrc: u32) -> String {
     let mut r = [0u8; 20];
     let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut r);
-    let m = fanout_proto::mikey::Mikey {
-        csb_id: u32::from_be_bytes([r[16], r[17], r[18], r[19]]),
-        sessions: vec![(ssrc, 0)],
-        suite,
-        key: key.clone(),
-    };
     let ntp = fanout_proto::rtcp::ntp_from_unix(
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default(),
     );
-    let rand: [u8; 16] = r[..16].try_into().expect("16 bytes");
-    m.write_base64(rand, ntp)
+    fanout_proto::mikey::Mikey::announce(suite, key, ssrc, r, ntp)
 }
 
 pub(crate) fn random_key() -> std::io::Result<MasterKey> {

@@ -861,14 +861,8 @@ fn srtp_contexts(sdp: &fanout_proto::sdp::Sdp) -> Result<Vec<Option<fanout_proto
                     Err(e) => Err(format!("the upstream's SRTP key (a=crypto): {e}")),
                 },
                 (None, Some(b64)) => match fanout_proto::mikey::Mikey::parse_base64(b64) {
-                    Ok(k) => {
-                        let mut ctx = fanout_proto::srtp::Context::new(k.suite, &k.key);
-                        // A stream that ran before we came starts at the ROC the message says.
-                        for &(ssrc, roc) in &k.sessions {
-                            ctx.set_roc(ssrc, roc);
-                        }
-                        Ok(Some(ctx))
-                    }
+                    // (A stream that ran before we came starts at the ROC the message says.)
+                    Ok(k) => Ok(Some(k.context())),
                     Err(e) => Err(format!("the upstream's SRTP key (a=key-mgmt): {e}")),
                 },
                 (None, None) => Err(format!("the upstream's {} section is RTP/SAVP without a key", m.kind)),

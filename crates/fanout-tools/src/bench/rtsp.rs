@@ -150,20 +150,18 @@ pub(super) fn open_client(
 
 /// A fresh SRTP key as a MIKEY message (base64), for the SRTCP a client would send.
 fn own_mikey() -> anyhow::Result<String> {
-    let mut b = [0u8; 34];
+    // 30 bytes of key and salt, 20 for the message's RAND and CSB ID, 4 for the SSRC.
+    let mut b = [0u8; 54];
     rustls::crypto::ring::default_provider()
         .secure_random
         .fill(&mut b)
         .map_err(|_| anyhow::anyhow!("no system randomness"))?;
     let key = fanout_proto::srtp::MasterKey::from_concat(&b[..30]).context("30 bytes")?;
-    let m = fanout_proto::mikey::Mikey {
-        csb_id: u32::from_be_bytes([b[30], b[31], b[32], b[33]]),
-        sessions: vec![(u32::from_be_bytes([b[0], b[1], b[2], b[3]]), 0)],
-        suite: fanout_proto::srtp::Suite::AesCm128HmacSha1_80,
-        key,
-    };
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
-    Ok(m.write_base64(b[14..30].try_into().context("16 bytes")?, fanout_proto::rtcp::ntp_from_unix(now)))
+    let rand: [u8; 20] = b[30..50].try_into().context("20 bytes")?;
+    let ssrc = u32::from_be_bytes([b[50], b[51], b[52], b[53]]);
+    let ntp = fanout_proto::rtcp::ntp_from_unix(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?);
+    let suite = fanout_proto::srtp::Suite::AesCm128HmacSha1_80;
+    Ok(fanout_proto::mikey::Mikey::announce(suite, &key, ssrc, rand, ntp))
 }
 
 /// A one-client player: plays `url` over UDP and hands over its first track's RTP socket,
