@@ -158,8 +158,11 @@ impl GroupState {
     fn skip_to_awaited(&mut self, start: u64, now: Instant) {
         for k in self.sinks.iter_mut() {
             let Some((what, until)) = k.awaiting else { continue };
-            // A sink that cannot take anything now (not in the snapshot) looks when it can.
+            // A sink that cannot take anything now (not in the snapshot) looks when it can,
+            // and its wait starts over then: a player stalled for longer than the wait must
+            // still resume at a keyframe, not at whatever comes when it reads again.
             if !k.ready() || k.cursor.next() < start {
+                k.awaiting = Some((what, now + RESYNC_WAIT));
                 continue;
             }
             let pending = &self.snapshot[(k.cursor.next() - start) as usize..];

@@ -44,10 +44,11 @@ fn subscribers_behind_constrained_links_adapt_without_loss() {
     if !have_ffmpeg() {
         return;
     }
-    let runs: Vec<_> =
-        ["shared", "kernel"].map(|dp| std::thread::spawn(move || (dp, constrained_links(dp)))).into_iter().collect();
-    for r in runs {
-        let (dp, s) = r.join().unwrap();
+    // One path after the other: run side by side on two cores, the two relays, sources and
+    // six subscribers took each other's CPU, sent late and so in bursts, and a burst
+    // overflowed the 600 kbit/s link (CI saw 1.03% there).
+    for dp in ["shared", "kernel"] {
+        let s = constrained_links(dp);
         let links = s["links"].as_array().unwrap();
         let every: Vec<serde_json::Value> =
             [(0, 0, 0), (0, 0, 1), (0, 0, 2), (1, 0, 0), (1, 0, 1), (1, 0, 2)].iter().map(|l| json!(l)).collect();

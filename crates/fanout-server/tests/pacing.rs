@@ -79,7 +79,7 @@ fn assert_clean_resume(what: &str, log: &str) {
     assert!(
         lines[resume].contains("iskey:1"),
         "{what}: the first frame after the lapse is not a keyframe:\n{}",
-        lines[resume]
+        lines[resume.saturating_sub(3)..=resume].join("\n")
     );
     let errors: Vec<&&str> = lines[resume..].iter().filter(|l| l.starts_with("[h264 @")).collect();
     assert!(errors.is_empty(), "{what}: decode errors after the resume: {errors:#?}");
