@@ -96,6 +96,8 @@ pub struct ClientSink {
     /// The relay session the sink is in: the track's, or its SRTP epoch's.
     pub session: String,
     pub packets_sent: Option<u64>,
+    /// Who sends to it: `kernel` (the eBPF program) or `user` (the engine's workers).
+    pub path: Option<&'static str>,
     /// Its layer adaptation (layered video tracks, once a report or pin started it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub layers: Option<fanout_io::layered::SinkLayerStatus>,
@@ -267,13 +269,13 @@ impl Rtsp {
                     .iter()
                     .map(|p| {
                         let st = p.session.sink_status(p.id);
-                        let (packets_sent, layers) = st.map_or((None, None), |s| (Some(s.packets_sent), s.layers));
                         ClientSink {
                             track: p.track,
                             sink: p.id,
                             session: p.session.name().to_string(),
-                            packets_sent,
-                            layers,
+                            packets_sent: st.as_ref().map(|s| s.packets_sent),
+                            path: st.as_ref().map(|s| s.path),
+                            layers: st.and_then(|s| s.layers),
                         }
                     })
                     .collect(),

@@ -5,7 +5,8 @@
 //! (`{track}/srtp-N`), whose sinks are the clients. That session judges each packet as
 //! plaintext (keyframes, so a client starts at one) and then encrypts it in place, once
 //! ([`fanout_proto::srtp`], through `Session::set_ingest`): the data paths send the same
-//! ciphertext to all of its sinks, as they send plain RTP.
+//! ciphertext to all of its sinks, as they send plain RTP. On the kernel path the task
+//! encrypts before it feeds the session, and the program clones the ciphertext.
 //!
 //! Why epochs and not one key per track: SDES carries no rollover counter, so a client
 //! starts counting at ROC 0 from its first packet (RFC 3711 §3.3.1). An epoch numbers its
@@ -149,34 +150,22 @@ fn start(track: &Session, engine: &fanout_io::Engine, n: u32) -> std::io::Result
     let crypto = Crypto { tag: 1, suite: Suite::AesCm128HmacSha1_80, key };
     let mut cfg = track.config().clone();
     cfg.name = format!("{}/srtp-{n}", track.name());
-    // The encryption runs where packets are received in user space: not the kernel path.
-    if cfg.datapath == fanout_io::DataPath::Kernel {
-        cfg.datapath = fanout_io::DataPath::Shared;
-    }
     let session = Session::new(cfg, engine);
-    session.set_rtp_video(track.rtp_video());
-    let ctx = Arc::new(Mutex::new(Context::new(crypto.suite, &crypto.key)));
-    let counts = Arc::new(Counts::default());
-    {
-        let (ctx, counts) = (ctx.clone(), counts.clone());
-        session.set_ingest(move |buf, len| {
-            if len < 12 {
-                return None;
-            }
-            let track_seq = u16::from_be_bytes([buf[2], buf[3]]);
-            let first = counts.packets.fetch_add(1, Relaxed) == 0;
-            if first {
-                counts.base.store(u32::from(track_seq), Relaxed);
-            }
-            let seq = track_seq.wrapping_sub(counts.base.load(Relaxed) as u16);
-            buf[2..4].copy_from_slice(&seq.to_be_bytes());
-            let last = counts.last_seq.swap(u32::from(seq), Relaxed) as u16;
-            if !first && seq < last && last - seq > 0x8000 {
-                counts.wrapped.store(true, Relaxed);
-            }
-            ctx.lock().protect_rtp_in(buf, len).ok()
-        });
-    }
+    let enc = Encrypt { ctx: Arc::new(Mutex::new(Context::new(crypto.suite, &crypto.key))), counts: Arc::default() };
+    // Where the epoch's packets are encrypted. On the user-space paths, where the session
+    // receives them: it judges each as plaintext first (keyframes, so a client starts at
+    // one). On the kernel path the program clones what reaches the session's socket, so the
+    // feeding task encrypts before it sends; the session then sees ciphertext and judges no
+    // video (a client starts at the next packet, and its decoder waits for a keyframe).
+    let kernel = session.config().datapath == fanout_io::DataPath::Kernel;
+    let feed_enc = if kernel {
+        Some(enc.clone())
+    } else {
+        session.set_rtp_video(track.rtp_video());
+        let enc = enc.clone();
+        session.set_ingest(move |buf, len| enc.apply(buf, len));
+        None
+    };
     let source = bind_udp_source(SocketAddr::from(([127, 0, 0, 1], 0)), None)?;
     let into = source.local_addr()?;
     session.attach_udp(source)?;
@@ -189,17 +178,48 @@ fn start(track: &Session, engine: &fanout_io::Engine, n: u32) -> std::io::Result
     let sock = tokio::net::UdpSocket::from_std(sock)?;
     let (track_run, out) = (track.clone(), session.clone());
     let task = tokio::spawn(async move {
-        run(sock, into, &out).await;
+        run(sock, into, &out, feed_enc).await;
         track_run.remove_sink(input);
         tokio::task::spawn_blocking(move || out.close());
     })
     .abort_handle();
     tracing::info!(track = track.name(), epoch = n, "SRTP encryption started");
-    Ok(Arc::new(Epoch { crypto, session, ctx, counts, task }))
+    Ok(Arc::new(Epoch { crypto, session, ctx: enc.ctx, counts: enc.counts, task }))
 }
 
-/// Feeds the track's packets to the epoch's session until it has had no client for `LINGER`.
-async fn run(sock: tokio::net::UdpSocket, into: SocketAddr, out: &Session) {
+/// An epoch's encryption: the track's packets renumbered into the epoch's own numbers and
+/// protected in place, once each.
+#[derive(Clone)]
+struct Encrypt {
+    ctx: Arc<Mutex<Context>>,
+    counts: Arc<Counts>,
+}
+
+impl Encrypt {
+    /// Encrypts the RTP packet in `buf[..len]` (the tag goes after it); the protected length.
+    fn apply(&self, buf: &mut [u8], len: usize) -> Option<usize> {
+        if len < 12 {
+            return None;
+        }
+        let counts = &self.counts;
+        let track_seq = u16::from_be_bytes([buf[2], buf[3]]);
+        let first = counts.packets.fetch_add(1, Relaxed) == 0;
+        if first {
+            counts.base.store(u32::from(track_seq), Relaxed);
+        }
+        let seq = track_seq.wrapping_sub(counts.base.load(Relaxed) as u16);
+        buf[2..4].copy_from_slice(&seq.to_be_bytes());
+        let last = counts.last_seq.swap(u32::from(seq), Relaxed) as u16;
+        if !first && seq < last && last - seq > 0x8000 {
+            counts.wrapped.store(true, Relaxed);
+        }
+        self.ctx.lock().protect_rtp_in(buf, len).ok()
+    }
+}
+
+/// Feeds the track's packets to the epoch's session (encrypted first with `enc`) until it
+/// has had no client for `LINGER`.
+async fn run(sock: tokio::net::UdpSocket, into: SocketAddr, out: &Session, enc: Option<Encrypt>) {
     let feeder = match tokio::net::UdpSocket::bind("127.0.0.1:0").await {
         Ok(s) => s,
         Err(e) => {
@@ -213,7 +233,11 @@ async fn run(sock: tokio::net::UdpSocket, into: SocketAddr, out: &Session) {
     loop {
         tokio::select! {
             r = sock.recv(&mut buf) => {
-                let Ok(n) = r else { break };
+                let Ok(mut n) = r else { break };
+                if let Some(enc) = &enc {
+                    let Some(m) = enc.apply(&mut buf, n) else { continue };
+                    n = m;
+                }
                 // Loopback into the engine: a failure here is the engine's to count.
                 let _ = feeder.send_to(&buf[..n], into).await;
             }

@@ -341,15 +341,49 @@ fn strict_encryption_serves_rtsps_only() {
 /// in the TLS.
 #[test]
 fn srtp_over_udp_is_encrypted_once_and_decodes_with_the_described_key() {
+    srtp_over_udp(false);
+}
+
+/// The same on the kernel path: the epoch's packets are encrypted before its session gets
+/// them, and the program clones the ciphertext to the clients.
+#[test]
+fn srtp_over_udp_on_the_kernel_path_clones_the_ciphertext() {
+    in_private_netns("srtp_over_udp_on_the_kernel_path_clones_the_ciphertext", || srtp_over_udp(true));
+}
+
+fn srtp_over_udp(kernel: bool) {
     if !have_ffmpeg() {
         return;
     }
-    let dir = temp_dir("srtp");
+    let dir = temp_dir(if kernel { "srtp-kernel" } else { "srtp" });
     let pair = make_pair(&dir, "server");
     let relay = Relay::with_config(&tls_config(&pair, ""), &[]);
-    let s = get(&relay, &pair, "/v1/sessions/demo");
+    // The kernel path takes UDP and RTSP sources: a proxy of the relay's own plain demo.
+    let name = if kernel {
+        let spec = serde_json::json!({ "name": "cam", "datapath": "kernel",
+            "source": { "rtsp": format!("rtsp://{}/demo", rtsp_addr_tls(&relay, &pair)), "rtsp_transport": "udp", "on_demand": false } });
+        let (rc, body) = curl(&[
+            "--cacert",
+            pair.cert.to_str().unwrap(),
+            "-H",
+            "content-type: application/json",
+            "-d",
+            &spec.to_string(),
+            &format!("https://{}/v1/sessions", relay.api),
+        ]);
+        assert_eq!(rc, 0, "{body}");
+        assert!(
+            wait_for(Duration::from_secs(10), || get(&relay, &pair, "/v1/sessions/cam")["upstream"]["state"]
+                == "playing"),
+            "the proxy did not start playing"
+        );
+        "cam"
+    } else {
+        "demo"
+    };
+    let s = get(&relay, &pair, &format!("/v1/sessions/{name}"));
     let url = s["rtsps_url"].as_str().unwrap().to_string();
-    let rtsps: SocketAddr = url.trim_start_matches("rtsps://").trim_end_matches("/demo").parse().unwrap();
+    let rtsps: SocketAddr = url.trim_start_matches("rtsps://").trim_end_matches(&format!("/{name}")).parse().unwrap();
     let client = rustls_client(&[&pair.der]);
     let mut t = connect(rtsps, &client);
     let (head, sdp) = rtsp_exchange(&mut t, &format!("DESCRIBE {url} RTSP/1.0\r\nCSeq: 1\r\n\r\n"));
@@ -446,7 +480,23 @@ fn srtp_over_udp_is_encrypted_once_and_decodes_with_the_described_key() {
     let clients = get(&relay, &pair, "/v1/rtsp");
     let srtp = clients["clients"].as_array().unwrap().iter().filter(|c| c["srtp"] == true).count();
     assert_eq!(srtp, 3, "{clients}");
+    // Where the epoch's clients were served from.
+    let paths: Vec<&str> = clients["clients"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["srtp"] == true)
+        .flat_map(|c| c["sinks"].as_array().unwrap())
+        .map(|k| k["path"].as_str().unwrap_or("?"))
+        .collect();
+    let want = if kernel { "kernel" } else { "user" };
+    assert!(paths.len() == 3 && paths.iter().all(|p| *p == want), "{clients}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The relay's plain RTSP address, from its engine status over HTTPS.
+fn rtsp_addr_tls(relay: &Relay, p: &Pair) -> SocketAddr {
+    get(relay, p, "/v1/engine")["rtsp"].as_str().expect("plain RTSP too").parse().unwrap()
 }
 
 /// A free even/odd UDP port pair on loopback (released for the client to bind).

@@ -491,7 +491,7 @@ pub fn run(mut a: RtspArgs) -> anyhow::Result<()> {
     if !bin.exists() {
         bail!("{} is missing: run scripts/install-peers", bin.display());
     }
-    let _ns = match a.targets.iter().any(|t| t.starts_with("fanout:kernel")) {
+    let _ns = match a.targets.iter().any(|t| t.split_once(':').is_some_and(|(_, path)| path.starts_with("kernel"))) {
         true => Some(super::PrivateNetns::enter(10_000)?),
         false => None,
     };
