@@ -39,8 +39,11 @@ impl Fmp4Track {
 /// One sample of a track in a fragment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sample {
-    /// In the track's time scale.
+    /// In the track's time scale: to the next sample's decoding time.
     pub duration: u32,
+    /// How far its presentation comes after its decoding, in the track's time scale (a
+    /// picture decoded before the B-frames shown ahead of it).
+    pub composition_offset: u32,
     /// A picture a decoder can start at (audio: every sample).
     pub key: bool,
     /// Video: NAL units each behind a 4-byte length. Audio: the raw frame.
@@ -223,15 +226,16 @@ pub fn media_segment(sequence: u32, tracks: &[(u64, Vec<Sample>)]) -> Vec<u8> {
                 // Offsets are from the moof.
                 full_box(o, b"tfhd", 0, 0x02_0000, |o| u32s(o, &[i as u32 + 1]));
                 full_box(o, b"tfdt", 1, 0, |o| o.extend_from_slice(&base.to_be_bytes()));
-                // Data offset, and per sample its duration, size and flags.
-                full_box(o, b"trun", 0, 0x000701, |o| {
+                // Data offset, and per sample its duration, size, flags and composition
+                // offset.
+                full_box(o, b"trun", 0, 0x000f01, |o| {
                     u32s(o, &[samples.len() as u32]);
                     offsets.push(o.len());
                     u32s(o, &[0]);
                     for s in samples {
                         // A sync sample depends on nothing; others depend and are no sync.
                         let flags = if s.key { 0x0200_0000 } else { 0x0101_0000 };
-                        u32s(o, &[s.duration, s.data.len() as u32, flags]);
+                        u32s(o, &[s.duration, s.data.len() as u32, flags, s.composition_offset]);
                     }
                 });
             });
@@ -302,8 +306,11 @@ mod tests {
         let seg = media_segment(
             7,
             &[
-                (900, vec![Sample { duration: 3600, key: true, data: vec![0, 0, 0, 2, 0x65, 1] }]),
-                (480, vec![Sample { duration: 1024, key: true, data: vec![9; 10] }; 2]),
+                (
+                    900,
+                    vec![Sample { duration: 3600, composition_offset: 0, key: true, data: vec![0, 0, 0, 2, 0x65, 1] }],
+                ),
+                (480, vec![Sample { duration: 1024, composition_offset: 0, key: true, data: vec![9; 10] }; 2]),
             ],
         );
         let top = boxes(&seg);

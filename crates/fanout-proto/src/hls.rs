@@ -36,14 +36,22 @@ enum Input {
     Skip,
 }
 
+/// Where the first keyframe sits on a file's timeline (90 kHz): decoding times may come
+/// before its presentation by up to this much (B-frames reordered up to a second).
+const REORDER_ROOM: i64 = 90_000;
+
 /// The segmenter of one session.
 pub struct Segmenter {
     inputs: Vec<Input>,
     /// The file's tracks, known once the first keyframe brought its parameter sets.
     tracks: Option<Vec<Fmp4Track>>,
     init: Option<std::sync::Arc<[u8]>>,
-    /// The 90 kHz time that is 0 in the file (the first keyframe's).
+    /// The first keyframe's 90 kHz time: nothing earlier is taken. It is [`REORDER_ROOM`]
+    /// into the file's timeline, which leaves room for decoding times before it.
     origin: Option<i64>,
+    /// How far the video's decoding runs ahead of its presentation (B-frames), 90 kHz: the
+    /// most seen so far.
+    reorder: i64,
     /// Per file track: samples of the segment being gathered, with their 90 kHz times.
     pending: Vec<Vec<(i64, bool, Vec<u8>)>>,
     pending_bytes: usize,
@@ -97,6 +105,7 @@ impl Segmenter {
             tracks: None,
             init: None,
             origin: None,
+            reorder: 0,
             pending: vec![Vec::new(); tracks],
             pending_bytes: 0,
             started: None,
@@ -129,8 +138,9 @@ impl Segmenter {
         if u.time < origin {
             return false;
         }
-        // A track's times only go forward (a sample's duration is the step to the next).
-        if self.pending[track].last().is_some_and(|p| u.time <= p.0) {
+        // Audio's times only go forward (a sample's duration is the step to the next); video's
+        // are presentation times, which B-frames take back (never to the same time).
+        if self.pending[track].last().is_some_and(|p| u.time <= p.0 && !(is_video && u.time != p.0)) {
             return false;
         }
         let mut cut = false;
@@ -196,19 +206,40 @@ impl Segmenter {
         let mut parts = Vec::with_capacity(tracks.len());
         for (t, pending) in tracks.iter().zip(&mut self.pending) {
             let scale = i64::from(t.timescale());
-            let to_track = |time: i64| ((time - origin) * scale / 90_000) as u64;
-            let take = pending.iter().position(|p| p.0 >= end).unwrap_or(pending.len());
+            let to_track = |time: i64| ((time - origin + REORDER_ROOM).max(0) * scale / 90_000) as u64;
+            let video = !matches!(t, Fmp4Track::Aac { .. });
+            // Video: everything before the keyframe that cuts, in decoding order (B-frames
+            // shown before `end` come after it, none before); audio: what starts before `end`.
+            let take =
+                if video { pending.len() } else { pending.iter().position(|p| p.0 >= end).unwrap_or(pending.len()) };
             let samples: Vec<(i64, bool, Vec<u8>)> = pending.drain(..take).collect();
-            let base = samples.first().map_or(to_track(start), |s| to_track(s.0));
+            // Decoding times: the presentation times in order, taken in decoding order, moved
+            // back by the reordering (RTP carries no decoding times). The reordering is the
+            // most any picture of the stream was shown ahead of its place, so times only grow.
+            let mut shown: Vec<i64> = samples.iter().map(|s| s.0).collect();
+            shown.sort_unstable();
+            if video {
+                let ahead = shown.iter().zip(&samples).map(|(d, s)| d - s.0).max().unwrap_or(0);
+                self.reorder = self.reorder.max(ahead).min(REORDER_ROOM);
+            }
+            let lag = if video { self.reorder } else { 0 };
+            let dts = |k: usize| if video { shown[k] - lag } else { samples[k].0 };
+            let base = if samples.is_empty() { to_track(start - lag) } else { to_track(dts(0)) };
             let mut out = Vec::with_capacity(samples.len());
             for (k, (time, key, data)) in samples.iter().enumerate() {
-                let duration = match (t, samples.get(k + 1)) {
+                let duration = match (video, samples.get(k + 1)) {
                     // AAC frames are 1024 samples.
-                    (Fmp4Track::Aac { .. }, _) => 1024,
-                    (_, Some(next)) => to_track(next.0) - to_track(*time),
-                    (_, None) => to_track(end) - to_track(*time),
+                    (false, _) => 1024,
+                    (true, Some(_)) => to_track(dts(k + 1)) - to_track(dts(k)),
+                    (true, None) => to_track(end - lag) - to_track(dts(k)),
                 };
-                out.push(Sample { duration: duration as u32, key: *key, data: data.clone() });
+                let composition_offset = to_track(*time) - to_track(dts(k));
+                out.push(Sample {
+                    duration: duration as u32,
+                    composition_offset: composition_offset as u32,
+                    key: *key,
+                    data: data.clone(),
+                });
             }
             parts.push((base, out));
         }
@@ -325,6 +356,53 @@ mod tests {
             }
         }
         assert_eq!(s.segments.len(), WINDOW);
+    }
+
+    /// The first `trun` of a media segment (the video's): per sample its duration and
+    /// composition offset.
+    fn first_trun(seg: &[u8]) -> Vec<(u32, u32)> {
+        let at = seg.windows(4).position(|w| w == b"trun").expect("a trun") + 4;
+        let u = |i: usize| u32::from_be_bytes(seg[at + i..at + i + 4].try_into().unwrap());
+        assert_eq!(u(0) & 0xffffff, 0xf01, "duration, size, flags and composition offset per sample");
+        (0..u(4) as usize).map(|k| (u(12 + 16 * k), u(12 + 16 * k + 12))).collect()
+    }
+
+    /// B-frames: RTP gives presentation times, which go back and forth in decoding order.
+    /// Every picture is kept, in decoding order; decoding times rise by one frame each, and
+    /// each picture's composition offset brings it to its presentation time.
+    #[test]
+    fn b_frames_keep_their_order_with_composition_offsets() {
+        // The demo's pictures, restamped as I P B B P B B ... (a P shown after the two B
+        // that follow it in decoding order).
+        let mut units: Vec<Unit> = demo_units().into_iter().filter(|u| u.stream == 0).collect();
+        let mut gop_start = 0;
+        for (i, u) in units.iter_mut().enumerate() {
+            if u.key {
+                gop_start = i;
+            }
+            let j = (i - gop_start) as i64;
+            let shown = match j {
+                0 => 0,
+                _ => match (j - 1) % 3 {
+                    0 => j + 2,
+                    _ => j - 1,
+                },
+            };
+            u.time = (gop_start as i64 + shown) * 3600;
+        }
+        let mut s = Segmenter::new(&streams()[..1], 2000, 1).unwrap();
+        for u in &units {
+            s.push(u);
+        }
+        let seg = s.segment(1).expect("a first segment");
+        let samples = first_trun(&seg.data);
+        assert_eq!(samples.len(), 50, "2 s of 25 pictures a second, none dropped");
+        assert!(samples.iter().all(|s| s.0 == 3600), "one frame apart in decoding: {samples:?}");
+        // Decoding at k frames (less the one-frame reordering), shown at its own time.
+        for (k, (u, (_, offset))) in units.iter().zip(&samples).enumerate() {
+            let dts = k as i64 * 3600 - 3600;
+            assert_eq!(dts + i64::from(*offset), u.time, "picture {k}");
+        }
     }
 
     #[test]
