@@ -58,7 +58,7 @@ pub fn router(relay: Arc<Relay>) -> Router {
         .route("/v1/sessions/{name}/sinks/{id}/layers", axum::routing::put(pin_layers))
         // GET is taken over before the router (the socket becomes a sink); HEAD answers here.
         .route("/v1/sessions/{name}/stream", get(stream_head))
-        .route("/v1/sessions/{name}/hls/{file}", get(hls_file))
+        .route("/v1/sessions/{name}/hls/{file}", get(hls_file).layer(middleware::map_response(any_origin)))
         .route("/v1/events", get(events))
         .route("/v1/engine", get(engine_status))
         .route("/v1/rtsp", get(rtsp_clients))
@@ -112,7 +112,19 @@ async fn json_errors(r: Response) -> Response {
 /// `HEAD /v1/sessions/{name}/stream`: what a GET would answer, without the stream.
 async fn stream_head(State(relay): State<Arc<Relay>>, Path(name): Path<String>) -> ApiResult<impl IntoResponse> {
     relay.session(&name)?;
-    Ok(([(header::CONTENT_TYPE, "video/mp2t"), (header::CACHE_CONTROL, "no-cache")], ""))
+    let headers = [
+        (header::CONTENT_TYPE, "video/mp2t"),
+        (header::CACHE_CONTROL, "no-cache"),
+        (header::ACCESS_CONTROL_ALLOW_ORIGIN, "*"),
+    ];
+    Ok((headers, ""))
+}
+
+/// HLS and the streams may be read from any origin: players on other sites (hls.js over
+/// XHR), as an HTTP cache or CDN in front of the relay would serve them.
+async fn any_origin(mut r: Response) -> Response {
+    r.headers_mut().insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, header::HeaderValue::from_static("*"));
+    r
 }
 
 /// `GET /v1/sessions/{name}/hls/{index.m3u8 | init.mp4 | N.m4s}`: HLS with fMP4 segments,

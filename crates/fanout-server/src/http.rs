@@ -294,9 +294,10 @@ async fn stream_session(
     })
 }
 
-/// No length: the body is the live stream until either side closes.
-const STREAM_OK: &str =
-    "HTTP/1.1 200 OK\r\nContent-Type: video/mp2t\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n";
+/// No length: the body is the live stream until either side closes. Any origin may read it
+/// (a web player on another site, as from a CDN).
+const STREAM_OK: &str = "HTTP/1.1 200 OK\r\nContent-Type: video/mp2t\r\nCache-Control: no-cache\r\n\
+    Access-Control-Allow-Origin: *\r\nConnection: close\r\n\r\n";
 
 async fn start_stream(
     mut stream: TcpStream,

@@ -2,6 +2,7 @@
 //! Debian's chromedriver, opens `/`, finds the demo session with live numbers that change,
 //! plays its preview (the video's time advances) and logs no error on its console.
 //! `FANOUT_UI_SCREENSHOT=path` also saves a screenshot there (docs/dashboard.png is one).
+//! And hls.js, the common web player, plays a session from a page of another origin.
 
 mod common;
 use common::*;
@@ -130,5 +131,61 @@ fn the_dashboard_shows_live_sessions_and_plays_a_preview() {
     let log = d.post("se/log", json!({ "type": "browser" }));
     let bad: Vec<&Value> =
         log.as_array().unwrap().iter().filter(|e| e["level"] == "SEVERE" || e["level"] == "WARNING").collect();
+    assert!(bad.is_empty(), "console: {bad:#?}");
+}
+
+/// hls.js (testdata/web, the player most web pages use) plays the demo's HLS from a page of
+/// another origin: the relay lets any origin read HLS and streams (CORS), the video's time
+/// advances, and hls.js reports no fatal error.
+#[test]
+fn hls_js_plays_the_session_from_another_origin() {
+    if !have_chromium() {
+        return;
+    }
+    let relay = Relay::start(&[]);
+    let playlist = relay.url("/v1/sessions/demo/hls/index.m3u8");
+    let r = ureq::get(&playlist).set("Origin", "https://player.example").call().unwrap();
+    assert_eq!(r.header("access-control-allow-origin"), Some("*"), "the playlist");
+    let r = ureq::head(&relay.url("/v1/sessions/demo/stream")).call().unwrap();
+    assert_eq!(r.header("access-control-allow-origin"), Some("*"), "the MPEG-TS stream");
+
+    // A page of another origin (another port), as a site embedding the player would be.
+    let site = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let page = format!("http://localhost:{}/", site.local_addr().unwrap().port());
+    std::thread::spawn(move || {
+        for c in site.incoming().flatten() {
+            let mut c = c;
+            let mut head = [0u8; 2048];
+            let _ = std::io::Read::read(&mut c, &mut head);
+            let body = "<!doctype html><title>player</title><video muted></video>";
+            let _ = std::io::Write::write_all(
+                &mut c,
+                format!("HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len())
+                    .as_bytes(),
+            );
+        }
+    });
+    let d = Driver::start();
+    d.post("url", json!({ "url": page }));
+    let lib =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/web/hls.js/hls.light.min.js"))
+            .unwrap();
+    let load = "const s = document.createElement('script'); s.textContent = arguments[0]; \
+                document.head.appendChild(s); return typeof Hls === 'function' && Hls.isSupported();";
+    assert_eq!(d.post("execute/sync", json!({ "script": load, "args": [lib] })), json!(true), "hls.js loads");
+    let play = "const v = document.querySelector('video'); window.fatal = []; const h = new Hls(); \
+                h.on(Hls.Events.ERROR, (e, d) => { if (d.fatal) window.fatal.push(d.type + ': ' + d.details); }); \
+                h.loadSource(arguments[0]); h.attachMedia(v); v.play(); return true;";
+    d.post("execute/sync", json!({ "script": play, "args": [playlist] }));
+    let time = || d.js("return document.querySelector('video').currentTime;").as_f64().unwrap_or(0.0);
+    let fatal = || d.js("return window.fatal;");
+    assert!(wait_for(Duration::from_secs(25), || time() > 0.5), "hls.js did not start: {:?}", fatal());
+    let t0 = time();
+    std::thread::sleep(Duration::from_secs(3));
+    let t1 = time();
+    assert!(t1 - t0 > 2.0, "hls.js stalled: {t0} then {t1}: {:?}", fatal());
+    assert_eq!(fatal(), json!([]));
+    let log = d.post("se/log", json!({ "type": "browser" }));
+    let bad: Vec<&Value> = log.as_array().unwrap().iter().filter(|e| e["level"] == "SEVERE").collect();
     assert!(bad.is_empty(), "console: {bad:#?}");
 }
