@@ -1,5 +1,6 @@
-//! TS header parsing, schedule building and demuxing never panic; schedules are monotonic;
-//! a demuxed PES payload is never larger than the bytes fed in.
+//! TS header parsing, schedule building, demuxing and joining recordings into a playlist
+//! never panic; schedules are monotonic; a demuxed PES payload is never larger than the
+//! bytes fed in.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 
@@ -19,4 +20,8 @@ fuzz_target!(|data: &[u8]| {
             last = due;
         }
     }
+    // The input as a playlist of two recordings: its halves, split at a packet boundary.
+    let (a, b) = data.split_at(data.len() / 376 * 188);
+    let list = [("a".to_string(), a.to_vec()), ("b".to_string(), b.to_vec())];
+    let _ = fanout_proto::playlist::concat(&list);
 });

@@ -822,8 +822,8 @@ impl Session {
     /// Starts one RTP track of the demo clip (for RTSP clients), paced from `start`.
     pub fn attach_demo_track(&self, track: crate::source::DemoTrack, start: Instant) -> std::io::Result<()> {
         *self.inner.source_kind.lock() = format!("demo RTP track ({} Hz, looped)", track.clock);
-        if track.video {
-            self.set_rtp_video(Some(fanout_proto::annexb::Codec::H264));
+        if track.codec.is_some() {
+            self.set_rtp_video(track.codec);
         }
         let weak = Arc::downgrade(&self.inner);
         let t = std::thread::Builder::new()

@@ -329,7 +329,11 @@ pub struct DemoClip {
 impl DemoClip {
     pub fn new(ts: impl Into<Arc<[u8]>>) -> Result<Self, fanout_proto::mpegts::TsError> {
         let ts = ts.into();
-        let schedule = Arc::new(TsSchedule::new(&ts)?);
+        let mut schedule = TsSchedule::new(&ts)?;
+        if let Some(span) = fanout_proto::tsdemux::media_span_90k(&ts) {
+            schedule.fit_to_media(span);
+        }
+        let schedule = Arc::new(schedule);
         Ok(Self { ts, schedule, once: false })
     }
 
@@ -349,14 +353,16 @@ impl DemoClip {
 }
 
 /// One RTP track of the demo clip for RTSP clients, prepared once: every packet's payload
-/// with its due time, RTP timestamp and marker. Video is the clip's H.264 per RFC 6184
-/// (single NAL units and FU-A, at most 1400 bytes), audio its AAC per RFC 3640 (AAC-hbr).
+/// with its due time, RTP timestamp and marker. Video is the clip's H.264 per RFC 6184 or
+/// H.265 per RFC 7798 (single NAL units and fragments, at most 1400 bytes), audio its AAC
+/// per RFC 3640 (AAC-hbr).
 #[derive(Clone)]
 pub struct DemoTrack {
     /// The SDP media section, without a control attribute.
     pub media: String,
     pub clock: u32,
-    pub video: bool,
+    /// The video's codec (`None`: the audio track).
+    pub codec: Option<fanout_proto::annexb::Codec>,
     pt: u8,
     packets: Arc<Vec<DemoPacket>>,
     /// One lap of the clip, 90 kHz (its PCR span), so laps continue each other's time.
@@ -368,20 +374,28 @@ pub struct DemoTrack {
 type DemoPacket = (u64, u64, Vec<u8>, bool);
 
 /// RTP payload types of the demo's RTSP tracks.
-pub const DEMO_H264_PAYLOAD_TYPE: u8 = 96;
+pub const DEMO_VIDEO_PAYLOAD_TYPE: u8 = 96;
 pub const DEMO_AAC_PAYLOAD_TYPE: u8 = 97;
 
 impl DemoClip {
-    /// The clip's H.264 and AAC as RTP tracks (what the clip has of them), and the media
-    /// time (90 kHz) their due times count from.
+    /// The clip's H.264 or H.265 and its AAC as RTP tracks (what the clip has of them), and
+    /// the media time (90 kHz) their due times count from.
     pub fn rtp_tracks(&self) -> (Vec<DemoTrack>, u64) {
+        use annexb::Codec;
         use fanout_proto::{aac, annexb, tsdemux};
         let mut d = tsdemux::Demux::default();
         let mut pes: Vec<_> = self.ts.chunks(fanout_proto::mpegts::PACKET_LEN).filter_map(|p| d.push(p)).collect();
         pes.extend(d.flush());
         let lap_90k = self.schedule.loop_ticks() / 300;
+        let codec_of = |stream_type| match stream_type {
+            tsdemux::STREAM_TYPE_H264 => Some(Codec::H264),
+            tsdemux::STREAM_TYPE_H265 => Some(Codec::H265),
+            _ => None,
+        };
+        // The first video stream's codec; its PES.
+        let codec = pes.iter().find_map(|p| codec_of(p.stream_type));
         let video: Vec<_> =
-            pes.iter().filter(|p| p.stream_type == tsdemux::STREAM_TYPE_H264 && p.pts.is_some()).collect();
+            pes.iter().filter(|p| codec.is_some() && codec_of(p.stream_type) == codec && p.pts.is_some()).collect();
         let audio: Vec<_> = pes.iter().filter(|p| p.stream_type == 0x0f && p.pts.is_some()).collect();
         // Audio and video share one origin, so they stay in sync.
         let origin = video
@@ -391,30 +405,39 @@ impl DemoClip {
             .min()
             .unwrap_or(0);
         let mut tracks = Vec::new();
-        let nal = |t: u8| {
-            video.iter().flat_map(|p| annexb::nal_units(&p.data)).find(|n| n.first().is_some_and(|b| b & 0x1f == t))
+        let nal_type = |n: &[u8]| match codec {
+            Some(Codec::H265) => n.first().map(|b| (b >> 1) & 0x3f),
+            _ => n.first().map(|b| b & 0x1f),
         };
-        if let (Some(sps), Some(pps)) = (nal(7), nal(8)) {
+        let nal = |t: u8| video.iter().flat_map(|p| annexb::nal_units(&p.data)).find(|n| nal_type(n) == Some(t));
+        // The parameter sets, which the description carries: SPS and PPS; H.265's VPS first.
+        let sets: Option<Vec<&[u8]>> = match codec {
+            Some(Codec::H264) => [7, 8].into_iter().map(nal).collect(),
+            Some(Codec::H265) => [32, 33, 34].into_iter().map(nal).collect(),
+            None => None,
+        };
+        if let (Some(codec), Some(sets)) = (codec, sets) {
             let mut packets = Vec::new();
             let mut scratch = Vec::new();
             for p in &video {
                 let (due, pts) = (p.dts.or(p.pts).unwrap_or(0) - origin, p.pts.unwrap_or(0));
                 let nals: Vec<&[u8]> = annexb::nal_units(&p.data).filter(|n| !n.is_empty()).collect();
                 for (i, n) in nals.iter().enumerate() {
-                    annexb::packetize(annexb::Codec::H264, n, 1400, &mut scratch, |payload, last| {
+                    annexb::packetize(codec, n, 1400, &mut scratch, |payload, last| {
                         packets.push((due, pts, payload.to_vec(), last && i + 1 == nals.len()));
                     });
                 }
             }
-            let pt = DEMO_H264_PAYLOAD_TYPE;
-            let media = format!(
-                "m=video 0 RTP/AVP {pt}\r\na=rtpmap:{pt} H264/90000\r\na=fmtp:{pt} {}\r\n",
-                fanout_proto::sdp::h264_fmtp(sps, pps)
-            );
+            let pt = DEMO_VIDEO_PAYLOAD_TYPE;
+            let (name, fmtp) = match codec {
+                Codec::H264 => ("H264", fanout_proto::sdp::h264_fmtp(sets[0], sets[1])),
+                Codec::H265 => ("H265", fanout_proto::sdp::h265_fmtp(sets[0], sets[1], sets[2])),
+            };
+            let media = format!("m=video 0 RTP/AVP {pt}\r\na=rtpmap:{pt} {name}/90000\r\na=fmtp:{pt} {fmtp}\r\n");
             tracks.push(DemoTrack {
                 media,
                 clock: 90_000,
-                video: true,
+                codec: Some(codec),
                 pt,
                 packets: Arc::new(packets),
                 lap_90k,
@@ -445,7 +468,7 @@ impl DemoClip {
             tracks.push(DemoTrack {
                 media,
                 clock: rate,
-                video: false,
+                codec: None,
                 pt,
                 packets: Arc::new(packets),
                 lap_90k,
@@ -489,7 +512,7 @@ pub(crate) fn demo_track_source(session: Weak<Inner>, track: DemoTrack, start: I
         return;
     }
     // The video keeps the demo's SSRC ("FANO"); the audio is the next one.
-    let ssrc = if track.video { DEMO_SSRC } else { DEMO_SSRC + 1 };
+    let ssrc = if track.codec.is_some() { DEMO_SSRC } else { DEMO_SSRC + 1 };
     let mut seq: u16 = 0;
     for n in 0u64.. {
         let lap = n / n_packets;

@@ -26,6 +26,8 @@
 //! - [`secret`]: comparing secrets in constant time.
 //! - [`sdp`]: session descriptions: an upstream's parsed, the proxy's own written.
 //! - [`tsdemux`]: elementary streams (with PTS/DTS) out of an MPEG-TS.
+//! - [`mp4ts`]: an MP4 recording (H.264/H.265, AAC) remuxed into MPEG-TS.
+//! - [`playlist`]: recordings one after the other as one MPEG-TS (a directory as a source).
 //! - [`classify`]: what a received datagram carries, decided once when it enters the ring.
 
 pub mod aac;
@@ -41,6 +43,7 @@ pub mod layers;
 pub mod mikey;
 pub mod mp4ts;
 pub mod mpegts;
+pub mod playlist;
 pub mod probe;
 pub mod repack;
 pub mod restamp;

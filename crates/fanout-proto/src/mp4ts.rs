@@ -3,9 +3,11 @@
 //! repackaged for RTSP and HLS. Bytes in, bytes out.
 //!
 //! The MP4 is read by the `mp4` crate (boxes, sample tables). What this module adds is the
-//! conversion: H.264 samples from length-prefixed NAL units (avcC) to Annex B with an access
-//! unit delimiter, the parameter sets in front of every keyframe; AAC frames get an ADTS
-//! header from the track's AudioSpecificConfig. Samples of all tracks go out in decoding
+//! conversion: H.264 and H.265 samples from length-prefixed NAL units (avcC, hvcC) to Annex B
+//! with an access unit delimiter, the parameter sets in front of every keyframe; AAC frames
+//! get an ADTS header from the track's AudioSpecificConfig. The crate reads `hev1` sample
+//! entries without their parameter sets and does not know `hvc1` (what Apple's players
+//! want, so what most HEVC MP4s carry): for HEVC the `hvcC` is found here. Samples of all tracks go out in decoding
 //! order; the composition offsets (B-frames) become PTS apart from DTS.
 
 use crate::tsmux::{adts_header, AccessUnit, StreamKind, TsMuxer};
@@ -21,7 +23,7 @@ pub enum Mp4Error {
     Parse(String),
     #[error("fragmented MP4 is not read; make it progressive without re-encoding (ffmpeg -i IN -c copy OUT.mp4)")]
     Fragmented,
-    #[error("no H.264 or AAC track to play (tracks: {0})")]
+    #[error("no H.264, H.265 or AAC track to play (tracks: {0})")]
     NoTrack(String),
     #[error("track {track}, sample {sample}: {why}")]
     Sample { track: u32, sample: u32, why: String },
@@ -33,7 +35,7 @@ struct Track {
     kind: StreamKind,
     timescale: u32,
     samples: u32,
-    /// H.264: the NAL length size and the parameter sets (Annex B); AAC: the
+    /// H.264 and H.265: the NAL length size and the parameter sets (Annex B); AAC: the
     /// AudioSpecificConfig.
     nal_len: usize,
     prefix: Vec<u8>,
@@ -96,8 +98,78 @@ fn name(kind: &[u8]) -> String {
     kind.iter().map(|&c| if c.is_ascii_graphic() { c as char } else { '?' }).collect()
 }
 
-/// The MPEG-TS of a progressive MP4 with an H.264 and/or an AAC track (the first of each;
-/// other tracks are left out).
+/// The boxes one after the other in `b` (kind, body); stops at the first that does not fit.
+fn boxes(mut b: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> {
+    std::iter::from_fn(move || {
+        let size = u32::from_be_bytes(b.get(..4)?.try_into().ok()?);
+        let (size, header) = match size {
+            1 => (u64::from_be_bytes(b.get(8..16)?.try_into().ok()?), 16),
+            n => (u64::from(n), 8),
+        };
+        if size < header || size > b.len() as u64 {
+            return None;
+        }
+        let (kind, body) = (&b[4..8], &b[header as usize..size as usize]);
+        b = &b[size as usize..];
+        Some((kind, body))
+    })
+}
+
+/// The body of the first box of this kind in `b`.
+fn child<'a>(b: &'a [u8], kind: &[u8]) -> Option<&'a [u8]> {
+    boxes(b).find(|(k, _)| *k == kind).map(|(_, body)| body)
+}
+
+/// The HEVC tracks: each one's id and the body of its `hvcC`.
+fn hevc_configs(mp4: &[u8]) -> Vec<(u32, &[u8])> {
+    let Some(moov) = child(mp4, b"moov") else { return Vec::new() };
+    fn hevc(trak: &[u8]) -> Option<(u32, &[u8])> {
+        let tkhd = child(trak, b"tkhd")?;
+        // The track id follows the version, flags and two times (32 or 64 bits each).
+        let at = if *tkhd.first()? == 1 { 20 } else { 12 };
+        let id = u32::from_be_bytes(tkhd.get(at..at + 4)?.try_into().ok()?);
+        let stsd = [b"mdia", b"minf", b"stbl", b"stsd"].iter().try_fold(trak, |b, k| child(b, *k))?;
+        let (kind, entry) = boxes(stsd.get(8..)?).next()?;
+        if kind != b"hvc1" && kind != b"hev1" {
+            return None;
+        }
+        Some((id, child(entry.get(78..)?, b"hvcC")?))
+    }
+    boxes(moov).filter(|(k, _)| *k == b"trak").filter_map(|(_, t)| hevc(t)).collect()
+}
+
+/// An `hvcC` (ISO/IEC 14496-15 §8.3.3): the NAL length size, and the VPS, SPS and PPS in
+/// Annex B.
+fn hvcc(b: &[u8]) -> Result<(usize, Vec<u8>), String> {
+    let short = || "hvcC cut short".to_string();
+    let nal_len = usize::from(b.get(21).ok_or_else(short)? & 3) + 1;
+    let arrays = *b.get(22).ok_or_else(short)?;
+    let (mut at, mut prefix, mut have) = (23, Vec::new(), [false; 3]);
+    for _ in 0..arrays {
+        let h = b.get(at..at + 3).ok_or_else(short)?;
+        let (kind, count) = (h[0] & 0x3f, u16::from_be_bytes([h[1], h[2]]));
+        at += 3;
+        for _ in 0..count {
+            let l = b.get(at..at + 2).ok_or_else(short)?;
+            let l = usize::from(u16::from_be_bytes([l[0], l[1]]));
+            let nal = b.get(at + 2..at + 2 + l).ok_or_else(short)?;
+            at += 2 + l;
+            // VPS, SPS, PPS (SEI and the rest stay out).
+            if let 32..=34 = kind {
+                have[usize::from(kind - 32)] = true;
+                prefix.extend_from_slice(&[0, 0, 0, 1]);
+                prefix.extend_from_slice(nal);
+            }
+        }
+    }
+    match have {
+        [true, true, true] => Ok((nal_len, prefix)),
+        _ => Err("H.265 without its VPS, SPS and PPS (hvcC)".into()),
+    }
+}
+
+/// The MPEG-TS of a progressive MP4 with an H.264 or H.265 and/or an AAC track (the first of
+/// each; other tracks are left out).
 pub fn remux(mp4: &[u8]) -> Result<Vec<u8>, Mp4Error> {
     check_boxes(mp4, 0)?;
     let mut r = guarded(|| {
@@ -109,11 +181,15 @@ pub fn remux(mp4: &[u8]) -> Result<Vec<u8>, Mp4Error> {
     let mut ids: Vec<u32> = r.tracks().keys().copied().collect();
     ids.sort_unstable();
     let (mut video, mut audio, mut seen) = (None, None, Vec::new());
+    let hevc = hevc_configs(mp4);
     for id in ids {
         let t = &r.tracks()[&id];
         let stsd = &t.trak.mdia.minf.stbl.stsd;
         let timescale = t.timescale().max(1);
-        if let (Some(avc1), None) = (&stsd.avc1, &video) {
+        if let (Some((_, cfg)), None) = (hevc.iter().find(|h| h.0 == id), &video) {
+            let (nal_len, prefix) = hvcc(cfg).map_err(|why| Mp4Error::Parse(format!("track {id}: {why}")))?;
+            video = Some(Track { id, kind: StreamKind::H265, timescale, samples: t.sample_count(), nal_len, prefix });
+        } else if let (Some(avc1), None) = (&stsd.avc1, &video) {
             let c = &avc1.avcc;
             let mut prefix = Vec::new();
             for nal in c.sequence_parameter_sets.iter().chain(&c.picture_parameter_sets) {
@@ -180,8 +256,12 @@ pub fn remux(mp4: &[u8]) -> Result<Vec<u8>, Mp4Error> {
                 data.extend_from_slice(&s.bytes);
                 false
             }
-            _ => {
-                data.extend_from_slice(&[0, 0, 0, 1, 0x09, 0xf0]); // access unit delimiter
+            kind => {
+                // An access unit delimiter: H.264's, or H.265's (type 35, any picture type).
+                match kind {
+                    StreamKind::H265 => data.extend_from_slice(&[0, 0, 0, 1, 0x46, 0x01, 0x50]),
+                    _ => data.extend_from_slice(&[0, 0, 0, 1, 0x09, 0xf0]),
+                }
                 if sync {
                     data.extend_from_slice(&t.prefix);
                 }
@@ -330,6 +410,64 @@ mod tests {
         assert_eq!(audio[2].1, START_90K + 2 * 1024 * 90_000 / 48_000);
         // ADTS: sync word, then the frame.
         assert_eq!((&audio[0].2[..2], &audio[0].2[7..]), (&[0xff, 0xf1][..], &[0x21, 0x10, 0][..]));
+    }
+
+    /// Two seconds of the demo in H.265 (B-frames, a keyframe a second) and its AAC, in MP4
+    /// with `hvc1` (testdata/video/PROVENANCE.md).
+    const HEVC_MP4: &[u8] = include_bytes!("../../../testdata/video/hevc/demo-2s-hevc.mp4");
+
+    fn hevc_nal_types(au: &[u8]) -> Vec<u8> {
+        crate::annexb::nal_units(au).map(|n| (n[0] >> 1) & 0x3f).collect()
+    }
+
+    /// Both sample entries HEVC comes in: `hvc1` (which the reader does not know) and `hev1`
+    /// (which it reads without its parameter sets).
+    #[test]
+    fn hevc_comes_out_as_h265_pes_with_its_parameter_sets_at_keyframes() {
+        let hev1 = {
+            let mut b = HEVC_MP4.to_vec();
+            let at = b.windows(4).position(|w| w == b"hvc1").expect("an hvc1 sample entry");
+            b[at..at + 4].copy_from_slice(b"hev1");
+            b
+        };
+        for (name, mp4) in [("hvc1", HEVC_MP4), ("hev1", &hev1[..])] {
+            let ts = remux(mp4).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let mut d = Demux::default();
+            let mut all: Vec<_> = ts.chunks(188).filter_map(|p| d.push(p)).collect();
+            all.extend(d.flush());
+            assert_eq!(all.iter().filter(|p| p.stream_type == 0x0f).count(), 94, "{name}: every AAC frame");
+            all.retain(|p| p.stream_type == crate::tsdemux::STREAM_TYPE_H265);
+            assert_eq!(all.len(), 50, "{name}: every access unit");
+            let mut keys = 0;
+            for (i, p) in all.iter().enumerate() {
+                let t = hevc_nal_types(&p.data);
+                assert_eq!(t[0], 35, "{name}: AU {i} starts with a delimiter: {t:?}");
+                // IRAP pictures (types 16..=23) get the VPS, SPS and PPS in front.
+                if t.iter().any(|t| (16..=23).contains(t)) {
+                    keys += 1;
+                    assert_eq!(&t[1..4], &[32, 33, 34], "{name}: AU {i}: {t:?}");
+                }
+            }
+            assert_eq!(keys, 2, "{name}: a keyframe a second");
+            // Decoding order, with B-frames: DTS rises, PTS does not always.
+            assert!(all.windows(2).all(|w| w[0].dts.or(w[0].pts) < w[1].dts.or(w[1].pts)), "{name}");
+            assert!(all.windows(2).any(|w| w[0].pts > w[1].pts), "{name}: B-frames reordered");
+        }
+    }
+
+    #[test]
+    fn an_hvcc_without_its_parameter_sets_is_refused() {
+        // 22 bytes of configuration, then one array: an SPS only.
+        let mut b = vec![0u8; 22];
+        b[21] = 3;
+        b.extend_from_slice(&[1, 33, 0, 1, 0, 2, 0x42, 0x01]); // 1 array: type, count, length, NAL
+        assert!(hvcc(&b).unwrap_err().contains("VPS, SPS and PPS"));
+        assert!(hvcc(&b[..28]).unwrap_err().contains("cut short"));
+        b.extend_from_slice(&[32, 0, 1, 0, 2, 0x40, 0x01, 34, 0, 1, 0, 2, 0x44, 0x01]);
+        b[22] = 3;
+        let (len, prefix) = hvcc(&b).unwrap();
+        assert_eq!(len, 4);
+        assert_eq!(prefix, [0, 0, 0, 1, 0x42, 0x01, 0, 0, 0, 1, 0x40, 0x01, 0, 0, 0, 1, 0x44, 0x01]);
     }
 
     /// Box trees the reader would loop on are refused before it sees them.

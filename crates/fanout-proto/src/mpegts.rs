@@ -259,6 +259,16 @@ impl TsSchedule {
     pub fn loop_ticks(&self) -> u64 {
         self.loop_ticks
     }
+    /// Makes one loop as long as the media (`span_90k`, see
+    /// [`crate::tsdemux::media_span_90k`]) where that is within 5% of what the byte rate
+    /// between the PCRs says: the next lap's pictures then follow the last one's at their own
+    /// step, whatever the packets at the clip's ends.
+    pub fn fit_to_media(&mut self, span_90k: u64) {
+        let ticks = span_90k.saturating_mul(300);
+        if ticks.abs_diff(self.loop_ticks) * 20 <= self.loop_ticks {
+            self.loop_ticks = ticks.max(1);
+        }
+    }
     /// Average bit rate of the clip.
     pub fn bitrate(&self) -> f64 {
         let bytes: usize = self.chunks.iter().map(|c| c.1).sum();

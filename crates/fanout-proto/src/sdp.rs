@@ -181,6 +181,14 @@ pub fn h264_fmtp(sps: &[u8], pps: &[u8]) -> String {
     f
 }
 
+/// The `a=fmtp` parameters of an H.265 stream (RFC 7798 §7.1): its VPS, SPS and PPS in
+/// base64.
+pub fn h265_fmtp(vps: &[u8], sps: &[u8], pps: &[u8]) -> String {
+    use base64::Engine as _;
+    let b64 = |x: &[u8]| base64::engine::general_purpose::STANDARD.encode(x);
+    format!("sprop-vps={};sprop-sps={};sprop-pps={}", b64(vps), b64(sps), b64(pps))
+}
+
 /// Which media section a client's SETUP URL names: `.../trackID=N` (absolute or relative,
 /// with or without the session path), or the only section when the URL names none.
 pub fn track_of(url: &str, tracks: usize) -> Option<usize> {

@@ -164,6 +164,21 @@ fn parse_pes(pid: u16, stream_type: u8, b: &[u8]) -> Option<Pes> {
     Some(Pes { pid, stream_type, pts, dts, data })
 }
 
+/// How long a recording lasts by its media: from its first picture's decoding time to the
+/// end of its last (its time plus the step before it), 90 kHz; by the audio frames where
+/// there is no video. What a loop must be long for the next lap to follow without a seam.
+pub fn media_span_90k(ts: &[u8]) -> Option<u64> {
+    let mut d = Demux::default();
+    let mut pes: Vec<Pes> = ts.chunks(crate::mpegts::PACKET_LEN).filter_map(|p| d.push(p)).collect();
+    pes.extend(d.flush());
+    let video = |st| st == STREAM_TYPE_H264 || st == STREAM_TYPE_H265;
+    let pid = pes.iter().find(|p| video(p.stream_type)).or(pes.iter().find(|p| p.stream_type == 0x0f))?.pid;
+    let mut t: Vec<u64> = pes.iter().filter(|p| p.pid == pid).filter_map(|p| p.dts.or(p.pts)).collect();
+    t.sort_unstable();
+    let step = t.windows(2).last().map(|w| w[1] - w[0])?;
+    Some(t.last()? - t.first()? + step)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,6 +189,26 @@ mod tests {
         let mut out: Vec<Pes> = ts.chunks(PACKET_LEN).filter_map(|p| d.push(p)).collect();
         out.extend(d.flush());
         (out, d)
+    }
+
+    /// The demo is 8 s of 25 pictures a second; the byte rate between its PCRs says
+    /// 8.0001 s, and a TS our muxer wrote of it (as for MP4s and playlists) 8.05 s: looped by
+    /// that, every lap would leave a gap. Its media span is the 8 s exactly, and the
+    /// schedule takes it.
+    #[test]
+    fn the_media_span_is_what_a_loop_lasts() {
+        let ts = include_bytes!("../../../assets/demo.ts");
+        assert_eq!(media_span_90k(ts), Some(8 * 90_000));
+        let remuxed = crate::playlist::concat(&[("demo".into(), ts.to_vec())]).unwrap();
+        assert_eq!(media_span_90k(&remuxed), Some(8 * 90_000));
+        let mut s = crate::mpegts::TsSchedule::new(&remuxed).unwrap();
+        assert!(s.loop_ticks().abs_diff(8 * 27_000_000) > 27_000_000 / 100, "the byte rate's estimate is off");
+        s.fit_to_media(8 * 90_000);
+        assert_eq!(s.loop_ticks(), 8 * 27_000_000);
+        // A span far from the PCRs' (a stray timestamp) is not taken.
+        s.fit_to_media(80 * 90_000);
+        assert_eq!(s.loop_ticks(), 8 * 27_000_000);
+        assert_eq!(media_span_90k(&ts[..188 * 4]), None, "no two pictures, no step to end on");
     }
 
     #[test]

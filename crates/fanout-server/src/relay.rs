@@ -479,7 +479,7 @@ impl Relay {
             read_clip(path, src.looped.unwrap_or(true)).await.and_then(|c| {
                 view = demo_view(&spec.name, session.config(), &c, &self.engine)?;
                 session
-                    .attach_clip(c, &format!("file {}", path.display()))
+                    .attach_clip(c, &format!("{} {}", if path.is_dir() { "playlist" } else { "file" }, path.display()))
                     .map_err(|e| RelayError::Internal(e.to_string()))
             })
         } else {
@@ -595,15 +595,49 @@ impl Relay {
     }
 }
 
-/// The demo's face for RTSP clients: its H.264 (RFC 6184) and AAC (RFC 3640) on track
-/// sessions of their own (`NAME/video`, `NAME/audio`), described with the clip's codec
-/// parameters, paced from one start so they stay in sync.
-/// Files larger than this are refused (a `file` source is held in memory).
+/// Files larger than this are refused (a `file` source is held in memory); a directory's
+/// files together, too.
 const MAX_FILE: u64 = 1 << 30;
 
 /// A `file` source's recording, checked: readable, not too large, MPEG-TS with PCRs or an
-/// MP4 (remuxed to MPEG-TS here, once, paced by its samples' times).
+/// MP4 (remuxed to MPEG-TS here, once, paced by its samples' times). A directory is a
+/// playlist: its recordings (`.ts`, `.m2ts`, `.mp4`, `.m4v`, `.mov`) in the order of their
+/// names, joined into one stream.
 async fn read_clip(path: &std::path::Path, looped: bool) -> Result<DemoClip, RelayError> {
+    let bad = |why: String| RelayError::BadRequest(format!("source file {}: {why}", path.display()));
+    let ts = if tokio::fs::metadata(path).await.is_ok_and(|m| m.is_dir()) {
+        let mut names = Vec::new();
+        let mut dir = tokio::fs::read_dir(path).await.map_err(|e| bad(e.to_string()))?;
+        while let Some(e) = dir.next_entry().await.map_err(|e| bad(e.to_string()))? {
+            let p = e.path();
+            let ext = p.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
+            if ["ts", "m2ts", "mp4", "m4v", "mov"].contains(&ext.as_str()) && p.is_file() {
+                names.push(p);
+            }
+        }
+        names.sort();
+        if names.is_empty() {
+            return Err(bad("a directory with no recording in it (.ts, .m2ts, .mp4, .m4v, .mov)".into()));
+        }
+        let (mut list, mut total) = (Vec::new(), 0u64);
+        for p in names {
+            let ts = read_recording(&p, MAX_FILE - total).await?;
+            total += ts.len() as u64;
+            list.push((p.file_name().unwrap_or_default().to_string_lossy().into_owned(), ts));
+        }
+        tokio::task::spawn_blocking(move || fanout_proto::playlist::concat(&list))
+            .await
+            .map_err(|e| RelayError::Internal(e.to_string()))?
+            .map_err(|e| bad(e.to_string()))?
+    } else {
+        read_recording(path, MAX_FILE).await?
+    };
+    let clip = DemoClip::new(ts).map_err(|e| bad(format!("not a playable MPEG-TS or MP4 ({e})")))?;
+    Ok(if looped { clip } else { clip.once() })
+}
+
+/// One recording as MPEG-TS (an MP4 remuxed), at most `max` bytes of it.
+async fn read_recording(path: &std::path::Path, max: u64) -> Result<Vec<u8>, RelayError> {
     let bad = |why: String| RelayError::BadRequest(format!("source file {}: {why}", path.display()));
     let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
     if ["mkv", "webm", "flv", "avi"].contains(&ext.as_str()) {
@@ -613,23 +647,23 @@ async fn read_clip(path: &std::path::Path, looped: bool) -> Result<DemoClip, Rel
         )));
     }
     let meta = tokio::fs::metadata(path).await.map_err(|e| bad(e.to_string()))?;
-    if !meta.is_file() || meta.len() > MAX_FILE {
-        return Err(bad(format!("not a file of at most {} MiB", MAX_FILE >> 20)));
+    if !meta.is_file() || meta.len() > max {
+        return Err(bad(format!("not a file, or more than {} MiB of recordings", MAX_FILE >> 20)));
     }
     let bytes = tokio::fs::read(path).await.map_err(|e| bad(e.to_string()))?;
     // An MP4 says so in its first box (`ftyp`), whatever its name.
-    let ts = if bytes.get(4..8) == Some(b"ftyp") {
-        tokio::task::spawn_blocking(move || fanout_proto::mp4ts::remux(&bytes))
-            .await
-            .map_err(|e| RelayError::Internal(e.to_string()))?
-            .map_err(|e| bad(e.to_string()))?
-    } else {
-        bytes
-    };
-    let clip = DemoClip::new(ts).map_err(|e| bad(format!("not a playable MPEG-TS or MP4 ({e})")))?;
-    Ok(if looped { clip } else { clip.once() })
+    if bytes.get(4..8) != Some(b"ftyp") {
+        return Ok(bytes);
+    }
+    tokio::task::spawn_blocking(move || fanout_proto::mp4ts::remux(&bytes))
+        .await
+        .map_err(|e| RelayError::Internal(e.to_string()))?
+        .map_err(|e| bad(e.to_string()))
 }
 
+/// The demo's face for RTSP clients: its H.264 or H.265 (RFC 6184, 7798) and AAC (RFC 3640)
+/// on track sessions of their own (`NAME/video`, `NAME/audio`), described with the clip's
+/// codec parameters, paced from one start so they stay in sync.
 fn demo_view(
     name: &str,
     template: &SessionConfig,
@@ -650,7 +684,7 @@ fn demo_view(
     let mut refs = Vec::new();
     for t in tracks {
         let mut cfg = template.clone();
-        cfg.name = format!("{name}/{}", if t.video { "video" } else { "audio" });
+        cfg.name = format!("{name}/{}", if t.codec.is_some() { "video" } else { "audio" });
         let session = Session::new(cfg, engine);
         let clock = t.clock;
         session.attach_demo_track(t, start).map_err(|e| RelayError::Internal(e.to_string()))?;

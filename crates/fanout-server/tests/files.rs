@@ -34,7 +34,7 @@ fn an_mp4_file_plays_like_its_ts() {
         .status()
         .unwrap();
     assert!(ok.success());
-    let relay = Relay::start(&["--no-demo"]);
+    let relay = Relay::start(&["--no-demo", "--rtsp", "127.0.0.1:0"]);
     plays_without_a_seam(&relay, mp4.to_str().unwrap());
     let probe = std::process::Command::new("timeout")
         .args(["20", "ffprobe", "-v", "error", "-show_entries", "stream=codec_name", "-of", "csv=p=0"])
@@ -43,6 +43,97 @@ fn an_mp4_file_plays_like_its_ts() {
         .unwrap();
     let codecs = String::from_utf8_lossy(&probe.stdout);
     assert!(codecs.contains("h264") && codecs.contains("aac"), "{codecs} {probe:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// An HEVC MP4 (`hvc1`, B-frames, AAC; 2 s, looped) plays as MPEG-TS over HTTP, as H.265 over
+/// RTSP and as HLS, each decoded without an error.
+#[test]
+fn an_hevc_mp4_file_plays_over_http_rtsp_and_hls() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let relay = Relay::start(&["--no-demo", "--rtsp", "127.0.0.1:0"]);
+    let file = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/video/hevc/demo-2s-hevc.mp4");
+    let created = relay.ok("POST", "/v1/sessions", Some(json!({"name": "hevc", "source": {"file": file}})));
+    assert!(created["source"]["kind"].as_str().unwrap().contains("2.0 s, looped"), "{created}");
+    let rtsp = format!("rtsp://{}/hevc", rtsp_addr(&relay));
+    for url in [relay.url("/v1/sessions/hevc/stream"), rtsp, relay.url("/v1/sessions/hevc/hls/index.m3u8")] {
+        let out = std::process::Command::new("timeout")
+            .args(["30", "ffmpeg", "-hide_banner", "-nostdin", "-loglevel", "error", "-stats", "-i", &url])
+            .args(["-t", "3", "-map", "0:v", "-f", "null", "-"])
+            .output()
+            .unwrap();
+        let log = String::from_utf8_lossy(&out.stderr);
+        // 3 s at 25 pictures a second, across a loop.
+        assert!(out.status.success() && decoded_frames(&log) >= 60, "{url}: {log}");
+        let errors: Vec<&str> = log.lines().filter(|l| l.starts_with('[')).collect();
+        assert!(errors.is_empty(), "{url}: {errors:?}");
+    }
+    let probe = std::process::Command::new("timeout")
+        .args(["20", "ffprobe", "-v", "error", "-show_entries", "stream=codec_name", "-of", "csv=p=0"])
+        .arg(format!("rtsp://{}/hevc", rtsp_addr(&relay)))
+        .output()
+        .unwrap();
+    let codecs = String::from_utf8_lossy(&probe.stdout);
+    assert!(codecs.contains("hevc") && codecs.contains("aac"), "{codecs} {probe:?}");
+}
+
+/// A directory is a playlist: a TS and an MP4 (the same 8 s clip) play as one 16 s stream,
+/// looped, with no seam at the joins nor at the loop.
+#[test]
+fn a_directory_plays_as_a_playlist_without_a_seam() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("fanout-playlist-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(CLIP, dir.join("1-first.ts")).unwrap();
+    let ok = std::process::Command::new("ffmpeg")
+        .args(["-nostdin", "-loglevel", "error", "-y", "-i", CLIP, "-c", "copy", "-bsf:a", "aac_adtstoasc"])
+        .arg(dir.join("2-second.mp4"))
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    std::fs::write(dir.join("notes.txt"), "not a recording: left out").unwrap();
+    let relay = Relay::start(&["--no-demo"]);
+    let spec = json!({"name": "list", "source": {"file": dir.to_str().unwrap()}});
+    let created = relay.ok("POST", "/v1/sessions", Some(spec));
+    let kind = created["source"]["kind"].as_str().unwrap();
+    assert!(kind.starts_with("playlist ") && kind.contains("16.0 s, looped"), "{kind}");
+    let out = std::process::Command::new("timeout")
+        .args(["60", "ffmpeg", "-nostdin", "-loglevel", "error", "-i"])
+        .arg(relay.url("/v1/sessions/list/stream"))
+        .args(["-t", "20", "-map", "0:v", "-f", "framemd5", "-"])
+        .output()
+        .unwrap();
+    assert!(out.status.success() && out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+    let pts: Vec<i64> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split(',').nth(2)?.trim().parse().ok())
+        .collect();
+    assert!(pts.len() >= 480, "20 s at 25 fps: {} pictures", pts.len());
+    let steps: Vec<i64> = pts.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(
+        steps.iter().all(|s| *s == steps[0]),
+        "a seam: {:?}",
+        steps.iter().filter(|s| **s != steps[0]).collect::<Vec<_>>()
+    );
+    // With a recording of other tracks (video only) in it, the directory is refused, saying why.
+    let ok = std::process::Command::new("ffmpeg")
+        .args(["-nostdin", "-loglevel", "error", "-y", "-i", CLIP, "-an", "-c", "copy"])
+        .arg(dir.join("3-silent.ts"))
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let spec = json!({"name": "bad", "source": {"file": dir.to_str().unwrap()}});
+    let (status, body) = relay.call("POST", "/v1/sessions", Some(spec));
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"].as_str().unwrap_or("").contains("3-silent.ts carries H.264, but 1-first.ts carries H.264 + AAC"),
+        "{body}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -107,7 +198,7 @@ fn files_it_cannot_play_are_refused() {
         ("/tmp/clip.mkv", "ffmpeg -i /tmp/clip.mkv -c copy -f mpegts"),
         (not_ts, "not a playable MPEG-TS"),
         (&not_mp4, "not an MP4 file that can be read"),
-        ("/", "not a file"),
+        ("/", "a directory with no recording in it"),
     ] {
         let (code, body) = relay.call("POST", "/v1/sessions", Some(json!({"name": "f", "source": {"file": file}})));
         assert_eq!(code, 400, "{file}: {body}");
