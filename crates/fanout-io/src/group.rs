@@ -53,6 +53,8 @@ pub(crate) struct GroupState {
     flush_due: Option<Instant>,
     /// The timer armed for a paced sink's next packet.
     pace_due: Option<Instant>,
+    /// With `shared_link`: the virtual clock of the link the group's sinks are behind.
+    group_clock: fanout_core::VirtualClock,
     /// Its UDP sinks send from the shared source port.
     pub shared_port: bool,
 }
@@ -77,6 +79,7 @@ impl GroupState {
             task: Weak::new(),
             flush_due: None,
             pace_due: None,
+            group_clock: Default::default(),
             shared_port,
         })
     }
@@ -186,13 +189,17 @@ impl GroupState {
     /// returns when the first packet a sink's clock held back may leave.
     /// A sink more than half a ring behind is sent all it can take: pacing must never be
     /// what gets a sink lapped.
+    /// With `shared_link`, the group's sinks also share one clock at the sum of the rates of
+    /// those with something to send (and one sink's burst): together they never send faster
+    /// than that, as if behind one link, and each packet's copies leave spread over its
+    /// interval.
     fn offer(
         &mut self,
         start: u64,
         head: u64,
         ring: usize,
         write_streams: bool,
-        pace: Option<(Pace, Instant)>,
+        (pace, shared_link): (Option<(Pace, Instant)>, bool),
         now: Instant,
     ) -> Option<Instant> {
         self.offers.clear();
@@ -202,6 +209,12 @@ impl GroupState {
         }
         self.runs += 1;
         let turn = fanout_core::rotation(self.runs, n);
+        // The link's rate: the sum of the rates of the sinks that have something to send
+        // (the others, caught up, leave the link to them).
+        let group_pace = pace.filter(|_| shared_link).and_then(|(p, _)| {
+            let active = self.sinks.iter().filter(|k| k.ready() && k.cursor.next() < head).count().max(1);
+            Pace::new(p.rate().saturating_mul(active as u64), p.burst(), 0).ok()
+        });
         let mut wake: Option<Instant> = None;
         for i in (turn..n).chain(0..turn) {
             let k = &mut self.sinks[i];
@@ -216,13 +229,25 @@ impl GroupState {
                 Some(_) if pending.len() > ring / 2 => pending.len(),
                 None => pending.len(),
                 Some((pace, epoch)) => {
-                    let t = |at: Instant| at.saturating_duration_since(*epoch).as_nanos() as u64;
-                    let a = k.clock.admit(pace, t(now), pending.iter().map(|p| p.len()));
-                    if let Some(at) = a.next_at {
+                    let t = now.saturating_duration_since(*epoch).as_nanos() as u64;
+                    let lens = pending.iter().map(|p| p.len());
+                    let before = k.clock;
+                    let a = k.clock.admit(pace, t, lens.clone());
+                    let (mut count, mut next) = (a.count, a.next_at);
+                    if let Some(gp) = &group_pace {
+                        let g = self.group_clock.admit(gp, t, lens.clone().take(count));
+                        if g.count < count {
+                            // The link's clock holds some back: the sink's own takes only what goes.
+                            k.clock = before;
+                            k.clock.admit(pace, t, lens.take(g.count));
+                            (count, next) = (g.count, g.next_at);
+                        }
+                    }
+                    if let Some(at) = next {
                         let at = *epoch + Duration::from_nanos(at);
                         wake = Some(wake.map_or(at, |w| w.min(at)));
                     }
-                    a.count
+                    count
                 }
             };
             if count > 0 || k.partial.is_some() {
@@ -253,7 +278,7 @@ impl Job for GroupJob {
         let (head, start) = g.snapshot(&s, now);
         g.skip_to_awaited(start, now);
         let write_streams = stream_flush_now(g, &s.cfg, head, reactor);
-        let wake = g.offer(start, head, s.cfg.ring_capacity, write_streams, s.pace(), now);
+        let wake = g.offer(start, head, s.cfg.ring_capacity, write_streams, (s.pace(), s.pace_shared_link()), now);
         if let Some(at) = wake.filter(|&at| g.pace_due.is_none_or(|due| due <= now || at < due)) {
             g.pace_due = Some(at);
             if let Some(task) = g.task.upgrade() {

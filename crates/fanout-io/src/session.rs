@@ -121,6 +121,11 @@ pub struct PaceConfig {
     /// A sink's rate as a multiple of the stream's (≥ 1): how fast a new or lapped sink
     /// catches up.
     pub catchup: f64,
+    /// The sinks share a link: a group's sinks are paced together too, never faster than
+    /// the sum of their rates (and one burst), so their copies of a packet do not all reach
+    /// the link's queue at once (the Oslo thesis's burst loss; Yau & Lam's rate control
+    /// over a shared output).
+    pub shared_link: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -355,6 +360,11 @@ impl Inner {
     pub(crate) fn pace(&self) -> Option<(fanout_core::Pace, Instant)> {
         self.cfg.pacing?;
         self.meter.lock().1.map(|p| (p, self.started))
+    }
+
+    /// Whether a group's sinks are paced together, as behind one link.
+    pub(crate) fn pace_shared_link(&self) -> bool {
+        self.cfg.pacing.is_some_and(|p| p.shared_link)
     }
 
     /// Measures what the source sent and sets the pace from it (or from the configured rate).

@@ -32,7 +32,7 @@ enum Input {
         sample_rate: u32,
         channels: u16,
     },
-    /// Not carried (HEVC: its `hvcC` is not written yet).
+    /// Not carried (AAC of an object type or rate fMP4 here does not describe).
     Skip,
 }
 

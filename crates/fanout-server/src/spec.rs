@@ -280,6 +280,10 @@ pub struct SessionSpec {
     /// (default 1.5).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pace_catchup: Option<f64>,
+    /// Whether the sinks share a link: `own` (default: each is paced alone) or `shared`
+    /// (a sink group is also paced as a whole, at the sum of its sinks' rates).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pace_link: Option<PaceLink>,
     /// How `shared` sends to UDP sinks: `batched` (one `sendmmsg` for the whole group,
     /// default) or `connected` (a connected socket per sink).
     #[serde(default)]
@@ -287,6 +291,14 @@ pub struct SessionSpec {
     /// Sinks to add at once (config files; the API takes them too).
     #[serde(default, rename = "sink", alias = "sinks", skip_serializing_if = "Vec::is_empty")]
     pub sinks: Vec<SinkSpec>,
+}
+
+/// Whether a session's sinks are paced each alone or, as behind one link, together too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PaceLink {
+    Own,
+    Shared,
 }
 
 /// Whether a session paces its sinks.
@@ -327,6 +339,7 @@ impl SessionSpec {
             rate_kbps: None,
             pace_burst_kb: None,
             pace_catchup: None,
+            pace_link: None,
             sinks: Vec::new(),
         }
     }
@@ -399,6 +412,7 @@ impl SessionSpec {
             rate: self.rate_kbps.map(|k| k * 1000 / 8),
             burst,
             catchup: self.pace_catchup.unwrap_or(DEFAULT_PACE_CATCHUP),
+            shared_link: self.pace_link == Some(PaceLink::Shared),
         }))
     }
 }

@@ -186,6 +186,7 @@ fn bad_pacing_is_refused_and_the_pace_is_shown() {
         (serde_json::json!({"pace_burst_kb": 1}), "smaller than one packet"),
         (serde_json::json!({"pace_burst_kb": 0}), "cannot hold one packet"),
         (serde_json::json!({"pace_catchup": 0.5}), "pace_catchup 0.5 is out of range"),
+        (serde_json::json!({"pace_link": "wifi"}), "pace_link"),
         (serde_json::json!({"pacing": "sometimes"}), "pacing"),
     ];
     for (fields, why) in bad {
@@ -207,4 +208,52 @@ fn bad_pacing_is_refused_and_the_pace_is_shown() {
     assert!(ok, "no pace shown: {p}");
     assert_eq!(p["sink_rate_bps"], 1_600_000, "{p}");
     assert_eq!(p["burst_bytes"], 4096, "{p}");
+}
+
+/// `pace_link = "shared"`: a group's sinks are paced together as behind one link, at the
+/// sum of their rates, so the copies of a packet leave spread over its interval instead of
+/// back to back. The spread is a lower bound the relay's clocks enforce (a slow machine
+/// only widens it), so the check cannot pass by luck.
+#[test]
+fn sinks_behind_a_shared_link_get_their_copies_spread() {
+    let relay = Relay::start(&["--no-demo"]);
+    let rx: Vec<std::net::UdpSocket> = (0..8).map(|_| std::net::UdpSocket::bind("127.0.0.1:0").unwrap()).collect();
+    let sinks: Vec<serde_json::Value> =
+        rx.iter().map(|r| serde_json::json!({"udp": r.local_addr().unwrap()})).collect();
+    // 128 kbit/s (16 kB/s) of 1000-byte packets, each sink paced at 1.5 × that (24 kB/s)
+    // with 2 KiB of burst: the link's clock lets the group send 2 KiB at once, then
+    // 8 × 24 kB/s, a packet each 5.2 ms.
+    let spec = serde_json::json!({"name": "s", "source": {"udp": "127.0.0.1:0"}, "rate_kbps": 128,
+        "pace_burst_kb": 2, "pace_link": "shared", "sinks": sinks});
+    let src = create_on_free_port(&relay, spec);
+    // Each receiver notes when each packet came.
+    let readers: Vec<_> = rx
+        .into_iter()
+        .map(|r| {
+            std::thread::spawn(move || {
+                r.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+                let mut got = std::collections::HashMap::new();
+                let mut buf = [0u8; 2048];
+                while let Ok(n) = r.recv(&mut buf) {
+                    if n >= 8 {
+                        got.insert(u64::from_be_bytes(buf[..8].try_into().unwrap()), std::time::Instant::now());
+                    }
+                }
+                got
+            })
+        })
+        .collect();
+    // 20 packets 100 ms apart: each one's copies are spread before the next comes.
+    send_paced(src, 20, 1000, 10.0);
+    let got: Vec<_> = readers.into_iter().map(|r| r.join().unwrap()).collect();
+    let mut spans = Vec::new();
+    for seq in 2..20u64 {
+        let at: Vec<std::time::Instant> = got.iter().filter_map(|g| g.get(&seq).copied()).collect();
+        assert_eq!(at.len(), 8, "packet {seq} reached every sink");
+        spans.push(at.iter().max().unwrap().duration_since(*at.iter().min().unwrap()));
+    }
+    spans.sort();
+    // Two copies at once, then the other six 5.2 ms apart: 31 ms from first to last (back
+    // to back, well under a millisecond).
+    assert!(spans[spans.len() / 2] >= Duration::from_millis(25), "copies back to back: {spans:?}");
 }

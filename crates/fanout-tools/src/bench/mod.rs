@@ -422,10 +422,11 @@ pub fn datapath_fields(name: &str) -> anyhow::Result<serde_json::Map<String, ser
             None if o == "sqpoll" => m.insert("uring_sqpoll".into(), true.into()),
             Some(("recv", r)) => m.insert("source_recv".into(), r.into()),
             Some(("pace", p)) => m.insert("pacing".into(), p.into()),
+            Some(("link", l)) => m.insert("pace_link".into(), l.into()),
             Some(("group", n)) => m.insert("sinks_per_group".into(), n.parse::<u64>().context("group=N")?.into()),
             Some(("flush", ms)) => m.insert("stream_flush_ms".into(), ms.parse::<u64>().context("flush=MS")?.into()),
             _ => bail!(
-                "data path option {o:?}: expected connected, sqpoll, flush=MS, pace=on|off, group=N or recv=uring|recvmmsg"
+                "data path option {o:?}: expected connected, sqpoll, flush=MS, pace=on|off, link=own|shared, group=N or recv=uring|recvmmsg"
             ),
         };
     }
