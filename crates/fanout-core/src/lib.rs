@@ -7,16 +7,19 @@
 //!   array, so a program loops over `0..n` and a removal is one move.
 //! - [`pace`]: a virtual clock per sink (Yau & Lam's KT): no sink is sent faster than its
 //!   rate plus a burst allowance.
+//! - [`shed`]: which low classes to stop serving while the relay cannot serve them all.
 //! - [`Priority`]: a session's class, 0–7, higher served first.
 
 pub mod classq;
 pub mod pace;
 pub mod ring;
+pub mod shed;
 pub mod slots;
 
 pub use classq::ClassQueues;
 pub use pace::{Allowed, BadPace, Pace, StreamMeter, VirtualClock};
 pub use ring::{Cursor, SessionRing};
+pub use shed::{ShedConfig, Shedder};
 
 use thiserror::Error;
 

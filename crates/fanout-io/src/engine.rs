@@ -5,14 +5,19 @@
 //! readiness, a source after publishing) calls [`Task::schedule`]; a task is queued at most
 //! once and run by one worker at a time; if it is made ready again while it runs, it is
 //! queued again when it returns, so no wake-up is lost.
+//!
+//! Every task's wait for a worker is measured; while the classes served keep waiting too
+//! long, the lowest is shed ([`fanout_core::Shedder`]): its sources drop what they read,
+//! so a crowded host loses the low classes whole instead of lapping every class alike.
 
 use crate::reactor::Reactor;
 use crate::sys;
-use fanout_core::{ClassQueues, Priority};
+use fanout_core::{ClassQueues, Priority, ShedConfig, Shedder};
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 const IDLE: u8 = 0;
 const QUEUED: u8 = 1;
@@ -35,8 +40,30 @@ pub enum Runner {
     Thread(Arc<Signal>),
 }
 
+impl Runner {
+    /// Whether the engine sheds `class` now (a source of it drops what it reads).
+    pub fn is_shed(&self, class: Priority) -> bool {
+        match self {
+            Runner::Engine(shared) => {
+                shared.upgrade().is_some_and(|s| class.get() < s.shed_level.load(Ordering::Relaxed))
+            }
+            Runner::Thread(_) => false,
+        }
+    }
+
+    /// Threads that may run a session's tasks at once.
+    pub fn workers(&self) -> usize {
+        match self {
+            Runner::Engine(shared) => shared.upgrade().map_or(1, |s| s.workers),
+            Runner::Thread(_) => 1,
+        }
+    }
+}
+
 pub struct Task {
     state: AtomicU8,
+    /// When it was last queued, ns since the engine started.
+    queued_at: AtomicU64,
     class: Priority,
     runner: Runner,
     job: Box<dyn Job>,
@@ -44,7 +71,7 @@ pub struct Task {
 
 impl Task {
     pub fn new(class: Priority, runner: Runner, job: Box<dyn Job>) -> Arc<Self> {
-        Arc::new(Self { state: AtomicU8::new(IDLE), class, runner, job })
+        Arc::new(Self { state: AtomicU8::new(IDLE), queued_at: AtomicU64::new(0), class, runner, job })
     }
 
     /// Makes the task ready.
@@ -73,6 +100,10 @@ impl Task {
                 }
             }
         }
+    }
+
+    pub fn class(&self) -> Priority {
+        self.class
     }
 
     /// Runs the job directly (dedicated-thread runners).
@@ -134,19 +165,67 @@ impl Default for WorkerCtx {
     }
 }
 
+/// The ready tasks, and who judges their waits.
+struct Queues {
+    ready: ClassQueues<Arc<Task>>,
+    shed: Option<Shedder>,
+}
+
 pub struct Shared {
-    queues: Mutex<ClassQueues<Arc<Task>>>,
+    queues: Mutex<Queues>,
     cv: Condvar,
     shutdown: AtomicBool,
+    workers: usize,
+    started: Instant,
+    /// Classes below this are shed.
+    shed_level: AtomicU8,
+    /// Times the shed level changed, for the status API.
+    shed_changes: AtomicU64,
     /// Tasks run, for the status API.
     pub runs: AtomicU64,
 }
 
 impl Shared {
+    fn now_ns(&self) -> u64 {
+        self.started.elapsed().as_nanos() as u64
+    }
+
     fn push(&self, task: Arc<Task>) {
-        self.queues.lock().push(task.class, task);
+        task.queued_at.store(self.now_ns(), Ordering::Relaxed);
+        self.queues.lock().ready.push(task.class, task);
         self.cv.notify_one();
     }
+
+    /// Takes the next task; its wait goes to the shedder.
+    fn pop(&self, q: &mut Queues) -> Option<Arc<Task>> {
+        let task = q.ready.pop()?;
+        if let Some(shed) = q.shed.as_mut() {
+            let now = self.now_ns();
+            let level = shed.observe(task.class, now.saturating_sub(task.queued_at.load(Ordering::Relaxed)), now);
+            if self.shed_level.swap(level, Ordering::Relaxed) != level {
+                self.shed_changes.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(
+                    "overload: {}",
+                    match level {
+                        0 => "every class is served again".to_string(),
+                        l => format!("classes below {l} are shed (their sources drop what they read)"),
+                    }
+                );
+            }
+        }
+        Some(task)
+    }
+}
+
+/// How the engine is run.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EngineOptions {
+    /// Worker threads; 0 = one per core.
+    pub workers: usize,
+    /// Shed the lowest classes while the others wait longer than this (none: never).
+    pub shed_after: Option<Duration>,
+    /// Scheduling priority of the workers and the reactor.
+    pub priority: sys::ThreadPriority,
 }
 
 /// The worker pool and the reactor that feeds it.
@@ -161,24 +240,42 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Starts `workers` worker threads (0 = one per core) and the reactor thread.
-    pub fn start(workers: usize) -> std::io::Result<Self> {
+    /// Starts the worker threads and the reactor thread.
+    pub fn start(opts: EngineOptions) -> std::io::Result<Self> {
         // Every TCP/HTTP sink is a socket: as many as the machine allows.
         sys::raise_nofile_limit(1 << 20);
-        let n = if workers == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { workers };
+        let n = match opts.workers {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        };
         let shared = Arc::new(Shared {
-            queues: Mutex::new(ClassQueues::default()),
+            queues: Mutex::new(Queues {
+                ready: ClassQueues::default(),
+                shed: opts.shed_after.map(|d| Shedder::new(ShedConfig::after_ms(d.as_millis() as u64))),
+            }),
             cv: Condvar::new(),
             shutdown: AtomicBool::new(false),
+            workers: n,
+            started: Instant::now(),
+            shed_level: AtomicU8::new(0),
+            shed_changes: AtomicU64::new(0),
             runs: AtomicU64::new(0),
         });
-        let reactor = Reactor::start()?;
-        let workers = (0..n)
-            .map(|i| {
-                let shared = shared.clone();
-                std::thread::Builder::new().name(format!("fanout-worker-{i}")).spawn(move || worker(&shared))
-            })
-            .collect::<std::io::Result<_>>()?;
+        let reactor = Reactor::start(opts.priority)?;
+        let mut workers = Vec::with_capacity(n);
+        for i in 0..n {
+            let sh = shared.clone();
+            match sys::spawn_with_priority(format!("fanout-worker-{i}"), opts.priority, move || worker(&sh)) {
+                Ok(t) => workers.push(t),
+                Err(e) => {
+                    shared.shutdown.store(true, Ordering::Release);
+                    shared.cv.notify_all();
+                    workers.into_iter().for_each(|w| drop(w.join()));
+                    reactor.stop();
+                    return Err(e);
+                }
+            }
+        }
         Ok(Self {
             shared,
             reactor,
@@ -216,7 +313,12 @@ impl Engine {
     }
 
     pub fn queued(&self) -> usize {
-        self.shared.queues.lock().len()
+        self.shared.queues.lock().ready.len()
+    }
+
+    /// Classes below this are shed now (0: none), and how often that changed.
+    pub fn shed(&self) -> (u8, u64) {
+        (self.shared.shed_level.load(Ordering::Relaxed), self.shared.shed_changes.load(Ordering::Relaxed))
     }
 
     pub fn runs(&self) -> u64 {
@@ -244,7 +346,7 @@ fn worker(shared: &Shared) {
                 if shared.shutdown.load(Ordering::Acquire) {
                     return;
                 }
-                if let Some(t) = q.pop() {
+                if let Some(t) = shared.pop(&mut q) {
                     break t;
                 }
                 shared.cv.wait(&mut q);
@@ -264,7 +366,6 @@ fn worker(shared: &Shared) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::{Duration, Instant};
 
     struct Count(AtomicU64, u64);
     impl Job for Count {
@@ -275,7 +376,7 @@ mod tests {
 
     #[test]
     fn tasks_run_until_done_and_wakeups_are_not_lost() {
-        let engine = Engine::start(2).unwrap();
+        let engine = Engine::start(EngineOptions { workers: 2, ..Default::default() }).unwrap();
         let t = Task::new(Priority::new(3).unwrap(), engine.runner(), Box::new(Count(AtomicU64::new(0), 5)));
         t.schedule();
         t.schedule();

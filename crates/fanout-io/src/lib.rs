@@ -37,13 +37,14 @@ mod source;
 pub mod sys;
 mod uring;
 
-pub use engine::Engine;
+pub use engine::{Engine, EngineOptions};
 pub use session::{
     DataPath, FailurePolicy, LayerRate, LayerStatus, PaceConfig, PayloadMode, Session, SessionConfig, SessionStatus,
     SinkStatus, SinkTarget, SourceRecv, SourceState, SourceStatus, UdpSinkMode,
 };
 pub use sink::set_udp_source;
 pub use source::{bind_udp_source, DemoClip, DemoTrack};
+pub use sys::ThreadPriority;
 
 /// The bundled demo clip: an H.264 test pattern with a tone, MPEG-TS at ~340 kbit/s
 /// (`docs/ARCHITECTURE.md`, "The demo clip", says how it was made).

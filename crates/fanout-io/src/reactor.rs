@@ -70,7 +70,7 @@ pub struct Registration {
 }
 
 impl Reactor {
-    pub fn start() -> std::io::Result<Arc<Self>> {
+    pub fn start(priority: crate::sys::ThreadPriority) -> std::io::Result<Arc<Self>> {
         let poll = Poll::new()?;
         let registry = poll.registry().try_clone()?;
         let waker = Waker::new(poll.registry(), WAKER)?;
@@ -83,7 +83,7 @@ impl Reactor {
             thread: Mutex::new(None),
         });
         let me = r.clone();
-        let t = std::thread::Builder::new().name("fanout-reactor".into()).spawn(move || me.run(poll))?;
+        let t = crate::sys::spawn_with_priority("fanout-reactor".into(), priority, move || me.run(poll))?;
         *r.thread.lock() = Some(t);
         Ok(r)
     }

@@ -146,6 +146,8 @@ pub(crate) struct SourceStats {
     pub packets: AtomicU64,
     pub bytes: AtomicU64,
     pub oversized: AtomicU64,
+    /// Dropped on arrival while the engine shed the session's class (overload).
+    pub shed: AtomicU64,
     pub malformed: AtomicU64,
     /// Milliseconds since the session started at the last packet, +1 (0 = never).
     pub last_ms: AtomicU64,
@@ -166,6 +168,9 @@ pub struct SourceStatus {
     pub bytes: u64,
     /// Datagrams larger than `max_datagram`, dropped.
     pub oversized: u64,
+    /// Dropped on arrival while the relay was overloaded and the session's class was shed
+    /// (see `shed_after_ms`).
+    pub shed: u64,
     /// Datagrams that were empty or (with `payload = "rtp"`) not RTP, dropped.
     pub malformed: u64,
     pub last_packet_ms_ago: Option<u64>,
@@ -295,6 +300,8 @@ const MIN_PACE_RATE: u64 = 16_000;
 
 /// How long a sink taken over from the kernel waits for the packet the program stopped at.
 const HANDOFF_WAIT: Duration = Duration::from_secs(1);
+/// A session's sinks spread over a group per worker once a group holds this many.
+const SPREAD_FROM: usize = 64;
 
 pub(crate) struct Inner {
     pub cfg: SessionConfig,
@@ -314,7 +321,7 @@ pub(crate) struct Inner {
     /// outlive short subscribers.
     pub retired: (AtomicU64, AtomicU64),
     /// Who runs the session's tasks: the engine, or the `daemon` path's own send thread.
-    runner: Runner,
+    pub(crate) runner: Runner,
     pub reactor: Arc<Reactor>,
     source_reg: Mutex<Option<Registration>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
@@ -424,6 +431,16 @@ impl Inner {
         self.take_kernel_fallbacks();
         let n = packets.len() as u64;
         let bytes: u64 = packets.iter().map(|p| p.len() as u64).sum();
+        self.src.packets.fetch_add(n, Ordering::Relaxed);
+        self.src.bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.src.last_ms.store(self.now_ms() + 1, Ordering::Relaxed);
+        self.src.state.store(SourceState::Active as u8, Ordering::Relaxed);
+        if self.runner.is_shed(self.cfg.priority) {
+            // Overload: the class's work stops here, before any sink group is woken.
+            self.src.shed.fetch_add(n, Ordering::Relaxed);
+            packets.drain(..).for_each(|p| pool.give(p));
+            return;
+        }
         self.measure(packets);
         {
             let mut ring = self.ring.lock();
@@ -436,10 +453,6 @@ impl Inner {
                 }
             }
         }
-        self.src.packets.fetch_add(n, Ordering::Relaxed);
-        self.src.bytes.fetch_add(bytes, Ordering::Relaxed);
-        self.src.last_ms.store(self.now_ms() + 1, Ordering::Relaxed);
-        self.src.state.store(SourceState::Active as u8, Ordering::Relaxed);
         // Groups are woken from one that changes each batch: none is always served last.
         let groups = self.groups.read();
         if !groups.is_empty() {
@@ -492,16 +505,15 @@ impl Inner {
         let per = self.cfg.sinks_per_group.max(1);
         // The least-loaded group with room (of the same sending port), else a new one:
         // groups spread over the workers.
-        let pick = groups
-            .iter()
-            .enumerate()
-            .filter(|(_, g)| g.state.lock().shared_port == shared_port)
-            .map(|(i, g)| (i, g.state.lock().sinks.len()))
-            .filter(|&(_, n)| n < per)
-            .min_by_key(|&(_, n)| n)
-            .map(|(i, _)| i);
-        let gi = match pick {
-            Some(i) => i,
+        let mine = || groups.iter().enumerate().filter(|(_, g)| g.state.lock().shared_port == shared_port);
+        let pick =
+            mine().map(|(i, g)| (i, g.state.lock().sinks.len())).filter(|&(_, n)| n < per).min_by_key(|&(_, n)| n);
+        // A session of more than SPREAD_FROM sinks gets a group per worker even below
+        // `sinks_per_group`, so every worker can serve it at once: on a crowded host each
+        // thread gets its own share of the CPU, and a session on one task gets one share.
+        let spread = mine().count() < self.runner.workers() && pick.is_some_and(|(_, n)| n >= SPREAD_FROM);
+        let gi = match pick.filter(|_| !spread) {
+            Some((i, _)) => i,
             None => {
                 let state = Arc::new(Mutex::new(GroupState::new(&self.cfg, shared_port)?));
                 let job = GroupJob { session: Arc::downgrade(self), state: state.clone() };
@@ -1101,6 +1113,7 @@ impl Session {
                 packets: inner.src.packets.load(Ordering::Relaxed),
                 bytes: inner.src.bytes.load(Ordering::Relaxed),
                 oversized: inner.src.oversized.load(Ordering::Relaxed),
+                shed: inner.src.shed.load(Ordering::Relaxed),
                 malformed: inner.src.malformed.load(Ordering::Relaxed),
                 last_packet_ms_ago: (last > 0).then(|| (inner.now_ms() + 1).saturating_sub(last)),
                 publishers: inner.src.publishers.load(Ordering::Relaxed),

@@ -82,6 +82,8 @@ struct Scratch {
     got: Vec<sys::Received>,
     /// The `uring` path's multishot receive (UDP sources).
     uring: Option<crate::uring::UringReceiver>,
+    /// The session's class was shed at the last run.
+    was_shed: bool,
 }
 
 // SAFETY: the raw pointers in the iovec/mmsghdr scratch are rebuilt before every call and
@@ -122,6 +124,7 @@ impl SourceJob {
                 hdrs: Vec::with_capacity(BATCH),
                 got: Vec::with_capacity(BATCH),
                 uring,
+                was_shed: false,
             }),
         }
     }
@@ -146,7 +149,13 @@ impl Job for SourceJob {
         }
         let mut guard = self.scratch.lock();
         let sc = &mut *guard;
-        for _ in 0..CALLS_PER_RUN {
+        // A class served again after shedding first drops what queued in the socket while
+        // it was shed: a live relay drops stale media rather than sending it seconds late.
+        let shed = s.runner.is_shed(s.cfg.priority);
+        let drain = std::mem::replace(&mut sc.was_shed, shed) && !shed && sc.uring.is_none();
+        let mut calls = 0;
+        while calls < CALLS_PER_RUN || drain {
+            calls += 1;
             match &self.io {
                 SourceIo::Udp(_) if sc.uring.is_some() => {
                     let Scratch { pool, ready, uring, .. } = sc;
@@ -195,6 +204,14 @@ impl Job for SourceJob {
                             return false;
                         }
                     };
+                    if drain {
+                        // The buffers stay taken for the next call.
+                        s.src.shed.fetch_add(n as u64, Ordering::Relaxed);
+                        if n < BATCH {
+                            return false;
+                        }
+                        continue;
+                    }
                     // Keep the datagrams we got (in order); the untouched buffers stay taken
                     // for the next call (drained in place: no allocation per batch).
                     for (mut p, got) in sc.taken.drain(..n).zip(sc.got.iter()) {

@@ -327,3 +327,114 @@ pub fn port_pair_with(
     }
     Err(std::io::Error::other("no free even/odd UDP port pair"))
 }
+
+/// How the relay's own threads (workers, reactor) are scheduled beside the rest of the host.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ThreadPriority {
+    /// As the process was started.
+    #[default]
+    Normal,
+    /// A nice value, -20 (most CPU) to 19: the scheduler's share of the CPU.
+    Nice(i32),
+    /// `SCHED_RR` at this real-time priority (1-99): runs before every normal thread (the
+    /// kernel's real-time throttling still leaves the others 5%).
+    Realtime(i32),
+}
+
+impl std::fmt::Display for ThreadPriority {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ThreadPriority::Normal => write!(f, "normal"),
+            ThreadPriority::Nice(n) => write!(f, "nice:{n}"),
+            ThreadPriority::Realtime(p) => write!(f, "realtime:{p}"),
+        }
+    }
+}
+
+impl std::str::FromStr for ThreadPriority {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || {
+            format!("{s:?} is not a thread priority: \"normal\", \"nice:N\" (-20 to 19) or \"realtime:N\" (1 to 99)")
+        };
+        let num = |v: &str, r: std::ops::RangeInclusive<i32>| v.parse::<i32>().ok().filter(|n| r.contains(n));
+        match s.split_once(':') {
+            None if s == "normal" => Ok(ThreadPriority::Normal),
+            Some(("nice", v)) => num(v, -20..=19).map(ThreadPriority::Nice).ok_or_else(bad),
+            Some(("realtime", v)) => num(v, 1..=99).map(ThreadPriority::Realtime).ok_or_else(bad),
+            _ => Err(bad()),
+        }
+    }
+}
+
+impl ThreadPriority {
+    /// Applies to the calling thread.
+    fn apply(self) -> io::Result<()> {
+        // SAFETY: plain scheduling calls on the calling thread (tid 0 / pid 0 = self).
+        let r = unsafe {
+            match self {
+                ThreadPriority::Normal => 0,
+                ThreadPriority::Nice(n) => libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, n),
+                ThreadPriority::Realtime(p) => {
+                    let param = libc::sched_param { sched_priority: p };
+                    libc::sched_setscheduler(0, libc::SCHED_RR, &param)
+                }
+            }
+        };
+        if r != 0 {
+            let e = io::Error::last_os_error();
+            return Err(io::Error::new(
+                e.kind(),
+                format!("cannot run threads at priority {self}: {e} (it needs CAP_SYS_NICE)"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Spawns a named thread that runs at `priority`; fails if the priority cannot be set.
+pub fn spawn_with_priority<F: FnOnce() + Send + 'static>(
+    name: String,
+    priority: ThreadPriority,
+    f: F,
+) -> io::Result<std::thread::JoinHandle<()>> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let t = std::thread::Builder::new().name(name).spawn(move || {
+        let r = priority.apply();
+        let ok = r.is_ok();
+        let _ = tx.send(r);
+        if ok {
+            f();
+        }
+    })?;
+    rx.recv().unwrap_or_else(|_| Err(io::Error::other("thread died at start")))?;
+    Ok(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ThreadPriority;
+
+    #[test]
+    fn thread_priorities_parse_and_print_alike() {
+        for s in ["normal", "nice:-20", "nice:19", "realtime:1", "realtime:99"] {
+            assert_eq!(s.parse::<ThreadPriority>().unwrap().to_string(), s);
+        }
+        for s in ["", "nice", "nice:20", "realtime:0", "rr:10", "nice:x"] {
+            assert!(s.parse::<ThreadPriority>().is_err(), "{s}");
+        }
+    }
+
+    /// A priority the thread may take (a higher nice value needs no privilege) is applied
+    /// before the thread's work starts.
+    #[test]
+    fn a_spawned_thread_runs_at_its_priority() {
+        let t = super::spawn_with_priority("nice".into(), ThreadPriority::Nice(5), || {
+            // SAFETY: reads the calling thread's nice value.
+            let n = unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) };
+            assert_eq!(n, 5);
+        })
+        .unwrap();
+        t.join().unwrap();
+    }
+}

@@ -435,6 +435,8 @@ fn engine_json(relay: &Relay) -> serde_json::Value {
         "workers": relay.engine.workers(),
         "queued_tasks": relay.engine.queued(),
         "task_runs": relay.engine.runs(),
+        "shed_below_class": relay.engine.shed().0,
+        "shed_changes": relay.engine.shed().1,
         "rtsp": *relay.rtsp_addr.lock(),
         "rtsps": *relay.rtsps_addr.lock(),
     })
@@ -549,6 +551,13 @@ async fn metrics(State(relay): State<Arc<Relay>>) -> impl IntoResponse {
         "Tasks run by the engine's workers.",
         [(String::new(), relay.engine.runs())],
     );
+    family(
+        &mut m,
+        "fanout_engine_shed_below_class",
+        "gauge",
+        "Sessions of a class below this are shed for overload (0: none).",
+        [(String::new(), u64::from(relay.engine.shed().0))],
+    );
     family(&mut m, "fanout_sessions", "gauge", "Sessions configured.", [(String::new(), sessions.len() as u64)]);
     family(
         &mut m,
@@ -575,7 +584,7 @@ async fn metrics(State(relay): State<Arc<Relay>>) -> impl IntoResponse {
     }
     let statuses: Vec<_> = sessions.iter().map(|s| (s.status(), s.sinks())).collect();
     type SessionFn = fn(&fanout_io::SessionStatus) -> u64;
-    let per_session: [(&str, &str, &str, SessionFn); 9] = [
+    let per_session: [(&str, &str, &str, SessionFn); 10] = [
         (
             "fanout_delivered_packets_total",
             "counter",
@@ -591,6 +600,12 @@ async fn metrics(State(relay): State<Arc<Relay>>) -> impl IntoResponse {
             s.source.oversized
         }),
         ("fanout_source_malformed_total", "counter", "Datagrams dropped as empty or not RTP.", |s| s.source.malformed),
+        (
+            "fanout_source_shed_total",
+            "counter",
+            "Packets dropped on arrival while the session's class was shed.",
+            |s| s.source.shed,
+        ),
         ("fanout_ring_used", "gauge", "Packets held in the session ring.", |s| s.ring_used as u64),
         ("fanout_session_sinks", "gauge", "Sinks of the session.", |s| s.sinks as u64),
         ("fanout_session_sinks_failed", "gauge", "Sinks of the session marked failed.", |s| s.sinks_failed as u64),

@@ -35,6 +35,12 @@ pub struct Config {
     pub token: Option<String>,
     /// Worker threads of the engine; 0 = one per core.
     pub workers: usize,
+    /// Scheduling of the workers and the reactor: "normal", "nice:N" (-20 to 19) or
+    /// "realtime:N" (SCHED_RR, 1 to 99), for hosts where other work may crowd the relay out.
+    pub worker_priority: String,
+    /// While the classes served wait longer than this for a worker, the lowest class still
+    /// served is shed (its sources drop what they read); 0 = never shed.
+    pub shed_after_ms: u64,
     /// Default ring capacity in packets per session.
     pub ring: usize,
     /// Default largest datagram in bytes.
@@ -231,6 +237,8 @@ pub const CONFIG_FIELDS: &[&str] = &[
     "allow_unauthenticated",
     "token",
     "workers",
+    "worker_priority",
+    "shed_after_ms",
     "ring",
     "max_datagram",
     "sinks_per_group",
@@ -262,6 +270,8 @@ impl Default for Config {
             allow_unauthenticated: false,
             token: None,
             workers: 0,
+            worker_priority: "normal".into(),
+            shed_after_ms: DEFAULT_SHED_AFTER_MS,
             ring: 1024,
             max_datagram: 2048,
             // Two groups for 1000 sinks: few system calls per packet, both workers busy.
@@ -284,6 +294,10 @@ pub struct RtspUser {
     pub name: String,
     pub password: String,
 }
+
+/// See `docs/BENCHMARKS.md` (overload): the top class's p99 stays under 50 ms.
+pub const DEFAULT_SHED_AFTER_MS: u64 = 20;
+pub const MAX_SHED_AFTER_MS: u64 = 10_000;
 
 /// The limits of the server-wide numbers (also in docs/config.md).
 pub const MAX_WORKERS: usize = 256;
@@ -400,6 +414,14 @@ impl Config {
             "workers",
             format!("workers {} is out of range 0..={MAX_WORKERS}", self.workers),
         );
+        if let Err(e) = self.worker_priority.parse::<fanout_io::ThreadPriority>() {
+            check(false, "worker_priority", format!("worker_priority {e}"));
+        }
+        check(
+            self.shed_after_ms <= MAX_SHED_AFTER_MS,
+            "shed_after_ms",
+            format!("shed_after_ms {} is out of range 0..={MAX_SHED_AFTER_MS}", self.shed_after_ms),
+        );
         check(self.rtsp_max_connections >= 1, "rtsp_max_connections", "rtsp_max_connections must be at least 1".into());
         check(
             (1.0..=86_400.0).contains(&self.rtsp_idle_s),
@@ -462,6 +484,15 @@ impl Config {
 }
 
 impl Config {
+    /// How the engine runs: its workers, their priority, its shedding.
+    pub fn engine_options(&self) -> anyhow::Result<fanout_io::EngineOptions> {
+        Ok(fanout_io::EngineOptions {
+            workers: self.workers,
+            shed_after: (self.shed_after_ms > 0).then(|| std::time::Duration::from_millis(self.shed_after_ms)),
+            priority: self.worker_priority.parse().map_err(|e| anyhow::anyhow!("worker_priority {e}"))?,
+        })
+    }
+
     /// Who can reach what without credentials. `Err`: the API or RTSP listens beyond
     /// loopback with nothing to authenticate and `allow_unauthenticated` is not set. `Ok`:
     /// the warnings to log at start.
@@ -616,6 +647,21 @@ mod tests {
         assert!(e.contains("line 2") && e.contains("ringg"), "{e}");
         let e = Config::parse("[[session]]\nname = \"x\"\nsource = { udp = \"1.2.3.4\" }\n").unwrap_err().join("\n");
         assert!(e.contains("line 3"), "{e}");
+    }
+
+    #[test]
+    fn worker_priority_and_shedding_are_checked() {
+        let c = Config::parse("worker_priority = \"realtime:10\"\nshed_after_ms = 0\n").unwrap();
+        let o = c.engine_options().unwrap();
+        assert_eq!(o.priority, fanout_io::ThreadPriority::Realtime(10));
+        assert_eq!(o.shed_after, None);
+        assert_eq!(Config::default().engine_options().unwrap().shed_after, Some(std::time::Duration::from_millis(20)));
+        for bad in ["\"fast\"", "\"nice:-21\"", "\"realtime:0\"", "\"realtime\""] {
+            let e = Config::parse(&format!("worker_priority = {bad}\n")).unwrap_err().join("\n");
+            assert!(e.contains("line 1") && e.contains("not a thread priority"), "{bad}: {e}");
+        }
+        let e = Config::parse("shed_after_ms = 20000\n").unwrap_err().join("\n");
+        assert!(e.contains("shed_after_ms 20000 is out of range"), "{e}");
     }
 
     #[test]

@@ -59,6 +59,13 @@ struct ServeArgs {
     /// Worker threads; 0 = one per core (overrides the config).
     #[arg(long)]
     workers: Option<usize>,
+    /// Scheduling of the relay's threads: normal, nice:N or realtime:N (overrides the config).
+    #[arg(long)]
+    worker_priority: Option<fanout_io::ThreadPriority>,
+    /// Shed the lowest classes while the others wait longer than this; 0 = never
+    /// (overrides the config).
+    #[arg(long)]
+    shed_after_ms: Option<u64>,
     /// Ring capacity in packets per session (overrides the config).
     #[arg(long)]
     ring: Option<usize>,
@@ -132,6 +139,17 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
     }
     if let Some(w) = a.workers {
         cfg.workers = w;
+    }
+    if let Some(p) = a.worker_priority {
+        cfg.worker_priority = p.to_string();
+    }
+    if let Some(ms) = a.shed_after_ms {
+        anyhow::ensure!(
+            ms <= config::MAX_SHED_AFTER_MS,
+            "--shed-after-ms {ms} is out of range 0..={}",
+            config::MAX_SHED_AFTER_MS
+        );
+        cfg.shed_after_ms = ms;
     }
     if let Some(r) = a.ring {
         anyhow::ensure!((2..=spec::MAX_RING).contains(&r), "--ring {r} is out of range 2..={}", spec::MAX_RING);

@@ -78,7 +78,7 @@ pub struct RtspView {
 
 impl Relay {
     pub fn new(cfg: Config) -> anyhow::Result<Arc<Self>> {
-        let engine = Engine::start(cfg.workers)?;
+        let engine = Engine::start(cfg.engine_options()?)?;
         engine.set_kernel_sinks(cfg.kernel_sinks);
         let cluster = cfg.cluster.clone().map(|c| crate::cluster::Cluster::new(c, cfg.rtsp)).transpose()?;
         Ok(Arc::new(Self {
