@@ -30,6 +30,24 @@ fn check_csv(path: &std::path::Path, min_rows: usize) {
     assert_eq!(&png[..4], b"\x89PNG");
 }
 
+/// Under full background load (8 busy processes per core beside a relay that needs half a
+/// core) the relay sheds the low classes: class 1 loses most, class 3 least, and class 3
+/// clearly less than class 1. Generous margins; nothing timed.
+fn classes_lose_in_order(csv: &std::path::Path) {
+    let text = std::fs::read_to_string(csv).unwrap();
+    let mut lines = text.lines();
+    let head: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let col = |name: &str| head.iter().position(|h| *h == name).unwrap();
+    let (level, class, loss, shed) = (col("background_pct"), col("class"), col("loss_pct"), col("shed_packets"));
+    let mut by_class = [(0.0f64, 0u64); 4];
+    for row in lines.map(|l| l.split(',').collect::<Vec<_>>()).filter(|r| r[level] == "100") {
+        by_class[row[class].parse::<usize>().unwrap()] = (row[loss].parse().unwrap(), row[shed].parse().unwrap());
+    }
+    let [_, c1, c2, c3] = by_class;
+    assert!(c1.0 + 2.0 >= c2.0 && c2.0 + 2.0 >= c3.0, "classes 1/2/3 lost {c1:?} / {c2:?} / {c3:?}\n{text}");
+    assert!(c1.0 >= c3.0 + 20.0 && c1.1 > 0, "class 1 was shed and lost clearly more than class 3\n{text}");
+}
+
 #[test]
 fn bench_quick_modes_run_and_write_csv_and_png() {
     let dir = tmpdir("bench");
@@ -47,6 +65,7 @@ fn bench_quick_modes_run_and_write_csv_and_png() {
     let out = fanout(&["bench", "overload", "--quick", "--out", &d("overload")]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     check_csv(&dir.join("overload/overload.csv"), 6);
+    classes_lose_in_order(&dir.join("overload/overload.csv"));
     // A row per thousand sinks (shared needs no privilege).
     let out = fanout(&["bench", "register", "--sinks", "2000", "--datapath", "shared", "--out", &d("register")]);
     let out = match out.status.success() {

@@ -79,6 +79,10 @@ struct StepResult {
     /// Packets the kernel dropped at full per-CPU backlogs (`/proc/net/softnet_stat`, the
     /// whole machine): where the `kernel` path's clones are lost when one CPU makes them all.
     backlog_drops: u64,
+    /// Per session, in plan order: the relay's status of it at the end.
+    status: Vec<Value>,
+    /// Packets `gen` sent to each session.
+    sent_per_stream: u64,
 }
 
 impl StepResult {
@@ -97,6 +101,13 @@ impl StepResult {
         } else {
             100.0
         }
+    }
+    /// Loss of the `k`th session's subscribers against what `gen` sent: a subscriber's own
+    /// count misses a tail it never saw (a session shed to the end).
+    fn sent_loss_pct(&self, k: usize, subscribers: usize) -> f64 {
+        let received = self.groups.get(k).and_then(|g| g["received"].as_u64()).unwrap_or(0);
+        let expected = (self.sent_per_stream * subscribers as u64).max(1);
+        100.0 * expected.saturating_sub(received) as f64 / expected as f64
     }
     fn worst(&self, key: &str) -> f64 {
         self.groups.iter().filter_map(|g| g[key].as_f64()).fold(0.0, f64::max)
@@ -189,6 +200,8 @@ fn run_step(relay: &RelayProc, plan: &StepPlan, tmp: &Path) -> anyhow::Result<St
         if plan.transport == Transport::Tcp {
             gen_args.push("--tcp".into());
         }
+        let gen_json = tmp.join("gen.json");
+        gen_args.extend(["--json".into(), gen_json.display().to_string()]);
         let meter = Meter::start(relay.pid())?;
         let backlog0 = backlog_drops();
         // gen is the only child reaped meanwhile: the growth of the children's CPU is its.
@@ -212,8 +225,25 @@ fn run_step(relay: &RelayProc, plan: &StepPlan, tmp: &Path) -> anyhow::Result<St
             rcvbuf_errors = rcvbuf_errors.max(report["rcvbuf_errors"].as_u64().unwrap_or(0));
         }
         let deliveries = groups.iter().filter_map(|g| g["received"].as_u64()).sum();
-        Ok(StepResult { meter: m, groups, deliveries, sub_busy_pct, rcvbuf_errors, backlog_drops })
+        let gen: Value = serde_json::from_slice(&std::fs::read(&gen_json).context("reading gen's report")?)?;
+        let _ = std::fs::remove_file(&gen_json);
+        let sent_per_stream = gen["packets"].as_u64().unwrap_or(0) / gen["streams"].as_u64().unwrap_or(1).max(1);
+        Ok(StepResult {
+            meter: m,
+            groups,
+            deliveries,
+            sub_busy_pct,
+            rcvbuf_errors,
+            backlog_drops,
+            status: Vec::new(),
+            sent_per_stream,
+        })
     })();
+    let result = result.map(|mut r| {
+        let get = |s: &SessionPlan| api.call("GET", &format!("/v1/sessions/{}", s.name), None).unwrap_or(Value::Null);
+        r.status = plan.sessions.iter().map(get).collect();
+        r
+    });
     for s in &plan.sessions {
         let _ = api.call("DELETE", &format!("/v1/sessions/{}", s.name), None);
     }
@@ -479,6 +509,11 @@ pub struct OverloadArgs {
     /// Data path of the three sessions.
     #[arg(long, default_value = "shared")]
     datapath: String,
+    /// Relay setups, side by side at every level: `default` (as shipped), `noshed` (no
+    /// overload shedding), `nice:N` or `realtime:N` (the relay's threads at that priority);
+    /// join several with `+` (`noshed+realtime:10`).
+    #[arg(long, value_delimiter = ',', default_value = "default,realtime:10")]
+    setups: Vec<String>,
     /// Subscribers of each of the three sessions.
     #[arg(long, default_value_t = 150)]
     subscribers: usize,
@@ -492,9 +527,13 @@ pub struct OverloadArgs {
     /// Background load levels in percent (busy share of every burner).
     #[arg(long, value_delimiter = ',', default_value = "0,25,50,75,100")]
     levels: Vec<f64>,
-    /// Busy processes per core at each level.
+    /// Busy processes per core at each level, at the relay's own scheduling priority.
     #[arg(long, default_value_t = 8)]
     burners_per_core: usize,
+    /// Nice value of the measuring tools (`gen`, `sub`), so the load they measure is the
+    /// relay's and not theirs.
+    #[arg(long, default_value_t = -10, allow_hyphen_values = true)]
+    tools_nice: i32,
     /// Ring capacity of each session, in packets: what a live stream may buffer before its
     /// slowest sinks skip (128 packets = 0.5 s at 3 Mbit/s).
     #[arg(long, default_value_t = 128)]
@@ -502,7 +541,7 @@ pub struct OverloadArgs {
     /// Seconds of sending per step.
     #[arg(long, default_value_t = 10.0)]
     seconds: f64,
-    /// A short run that checks the tools work (under two minutes); CI runs it.
+    /// A short run (no load, then full load, 4 s each, the first setup only); CI runs it.
     #[arg(long)]
     quick: bool,
     /// Folder for the CSV and PNG.
@@ -510,84 +549,130 @@ pub struct OverloadArgs {
     out: PathBuf,
 }
 
+/// The relay's command-line flags for a setup of `bench overload`.
+fn setup_flags(setup: &str) -> anyhow::Result<Vec<String>> {
+    let mut flags = Vec::new();
+    for part in setup.split('+') {
+        match part {
+            "default" => {}
+            "noshed" => flags.extend(["--shed-after-ms".into(), "0".into()]),
+            p if p.parse::<fanout_io::ThreadPriority>().is_ok() => {
+                flags.extend(["--worker-priority".into(), p.to_string()])
+            }
+            p => anyhow::bail!("setup {p:?}: expected default, noshed, nice:N or realtime:N"),
+        }
+    }
+    Ok(flags)
+}
+
 pub fn overload(mut a: OverloadArgs) -> anyhow::Result<()> {
     if a.quick {
+        // Still a real overload (CI asserts the classes lose in order), but short.
         a.levels = vec![0.0, 100.0];
-        a.subscribers = 30;
-        a.seconds = 3.0;
+        a.seconds = 4.0;
+        a.setups.truncate(1);
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let relay = RelayProc::start(&[])?;
+    super::set_tools_nice(a.tools_nice);
+    let relays = a
+        .setups
+        .iter()
+        .map(|s| RelayProc::start(&setup_flags(s)?.iter().map(String::as_str).collect::<Vec<_>>()))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let (mut csv, csv_path) = csv_file(
         &a.out,
         "overload.csv",
-        "background_pct,class,subscribers,loss_pct,latency_p50_us,latency_p99_us,jitter_ms,relay_cpu_pct,machine_cpu_pct,top_class_need_pct",
+        "setup,background_pct,burners,class,subscribers,loss_pct,latency_p50_us,latency_p99_us,jitter_ms,relay_cpu_pct,machine_cpu_pct,top_class_need_pct,shed_packets,sub_rcvbuf_errors",
     )?;
-    let mut pb = progress(a.levels.len() as u64, "bench overload");
-    // What the top class alone needs, % of a core: its share of the first level's deliveries
-    // times the relay's CPU there (the first level should be 0% background: all delivered).
-    let mut top_need: Option<f64> = None;
+    let mut pb = progress((a.levels.len() * relays.len()) as u64, "bench overload");
+    // What the top class alone needs, % of a core, per setup: its share of the first level's
+    // deliveries times the relay's CPU there (the first level should be 0%: all delivered).
+    let mut top_need: Vec<Option<f64>> = vec![None; relays.len()];
     let classes = [1u8, 2, 3];
-    let mut loss: Vec<Vec<(f64, f64)>> = vec![Vec::new(); 3];
-    let mut lat: Vec<Vec<(f64, f64)>> = vec![Vec::new(); 3];
+    type Series = Vec<(String, Vec<(f64, f64)>)>;
+    let mut loss: Vec<Series> = vec![Vec::new(); relays.len()];
+    let mut top_p99: Series = Vec::new();
+    let mut order_broken = 0;
+    for (si, setup) in a.setups.iter().enumerate() {
+        loss[si] = classes.iter().map(|c| (format!("class {c}"), Vec::new())).collect();
+        top_p99.push((setup.clone(), Vec::new()));
+    }
     for (i, &level) in a.levels.iter().enumerate() {
-        pb.set_message(format!("background {level}%"));
-        let plan = StepPlan {
-            sessions: classes
-                .iter()
-                .map(|&c| SessionPlan {
-                    name: format!("ov{i}c{c}"),
-                    datapath: a.datapath.clone(),
-                    priority: c,
-                    ring: Some(a.ring),
-                })
-                .collect(),
-            transport: Transport::Udp,
-            subscribers: a.subscribers,
-            rate_kbps: a.rate_kbps,
-            payload: a.payload,
-            seconds: a.seconds,
-            background: level / 100.0,
-            burners: a.burners_per_core * cores,
-        };
-        let r = run_step(&relay, &plan, &a.out)?;
-        pb.inc(1);
-        let need = *top_need.get_or_insert_with(|| {
-            let top = r.groups.get(2).and_then(|g| g["received"].as_f64()).unwrap_or(0.0);
-            r.meter.relay_cpu_pct * top / (r.deliveries.max(1) as f64)
-        });
-        let losses: Vec<f64> = r.groups.iter().map(|g| g["loss_pct"].as_f64().unwrap_or(100.0)).collect();
-        // Whenever a class loses, the lower ones lose more (within 0.01%, equal losses pass
-        // only when they are nil).
-        let ordered = losses.windows(2).all(|w| w[0] > w[1] || w[0] + w[1] < 0.01);
-        pb.println(format!(
-            "background {level}%: the relay got {:.1}% of a core, the top class alone needs {need:.1}%; loss by class 1/2/3: {}; {}",
-            r.meter.relay_cpu_pct,
-            losses.iter().map(|l| format!("{l:.2}%")).collect::<Vec<_>>().join(" / "),
-            if ordered { "in order" } else { "*** NOT in class order ***" }
-        ));
-        for (k, g) in r.groups.iter().enumerate() {
-            let l = g["loss_pct"].as_f64().unwrap_or(100.0);
-            let p99 = g["latency_p99_us"].as_f64().unwrap_or(0.0);
-            writeln!(
-                csv,
-                "{level},{},{},{l:.3},{},{p99},{:.3},{:.2},{:.2},{need:.2}",
-                classes[k],
-                a.subscribers,
-                g["latency_p50_us"],
-                g["jitter_ms_mean"].as_f64().unwrap_or(0.0),
+        for (si, (setup, relay)) in a.setups.iter().zip(&relays).enumerate() {
+            pb.set_message(format!("background {level}%, {setup}"));
+            let plan = StepPlan {
+                sessions: classes
+                    .iter()
+                    .map(|&c| SessionPlan {
+                        name: format!("ov{i}c{c}"),
+                        datapath: a.datapath.clone(),
+                        priority: c,
+                        ring: Some(a.ring),
+                    })
+                    .collect(),
+                transport: Transport::Udp,
+                subscribers: a.subscribers,
+                rate_kbps: a.rate_kbps,
+                payload: a.payload,
+                seconds: a.seconds,
+                background: level / 100.0,
+                burners: a.burners_per_core * cores,
+            };
+            let r = run_step(relay, &plan, &a.out)?;
+            let shed: Vec<u64> = r.status.iter().map(|s| s["source"]["shed"].as_u64().unwrap_or(0)).collect();
+            pb.inc(1);
+            let need = *top_need[si].get_or_insert_with(|| {
+                let top = r.groups.get(2).and_then(|g| g["received"].as_f64()).unwrap_or(0.0);
+                r.meter.relay_cpu_pct * top / (r.deliveries.max(1) as f64)
+            });
+            let losses: Vec<f64> = (0..classes.len()).map(|k| r.sent_loss_pct(k, a.subscribers)).collect();
+            // Whenever a class loses, the lower ones lose more (equal losses pass only when
+            // they are nil).
+            let ordered = losses.windows(2).all(|w| w[0] > w[1] || w[0] + w[1] < 0.01);
+            order_broken += usize::from(!ordered);
+            let p99_ms = r.groups.get(2).and_then(|g| g["latency_p99_us"].as_f64()).unwrap_or(0.0) / 1000.0;
+            pb.println(format!(
+                "{setup}, background {level}%: the relay got {:.1}% of a core, the top class alone needs {need:.1}%; \
+                 loss by class 1/2/3: {} (shed at the source: {}); top class p99 {p99_ms:.1} ms; {}",
                 r.meter.relay_cpu_pct,
-                r.meter.machine_pct
-            )?;
-            loss[k].push((level, l));
-            lat[k].push((level, p99 / 1000.0));
+                losses.iter().map(|l| format!("{l:.2}%")).collect::<Vec<_>>().join(" / "),
+                shed.iter().map(u64::to_string).collect::<Vec<_>>().join(" / "),
+                if ordered { "in order" } else { "*** NOT in class order ***" }
+            ));
+            if r.rcvbuf_errors > 0 {
+                pb.println(format!(
+                    "  {} datagrams were lost at the subscribers' full receive buffers: `sub`, not the relay, \
+                     was a limit here",
+                    r.rcvbuf_errors
+                ));
+            }
+            for (k, g) in r.groups.iter().enumerate() {
+                let l = losses[k];
+                let p99 = g["latency_p99_us"].as_f64().unwrap_or(0.0);
+                writeln!(
+                    csv,
+                    "{setup},{level},{},{},{},{l:.3},{},{p99},{:.3},{:.2},{:.2},{need:.2},{},{}",
+                    plan.burners,
+                    classes[k],
+                    a.subscribers,
+                    g["latency_p50_us"],
+                    g["jitter_ms_mean"].as_f64().unwrap_or(0.0),
+                    r.meter.relay_cpu_pct,
+                    r.meter.machine_pct,
+                    shed.get(k).copied().unwrap_or(0),
+                    r.rcvbuf_errors
+                )?;
+                loss[si][k].1.push((level, l));
+            }
+            top_p99[si].1.push((level, p99_ms));
         }
     }
     pb.finish_and_clear();
     let png = a.out.join("overload.png");
-    let named = |v: Vec<Vec<(f64, f64)>>| -> Vec<(String, Vec<(f64, f64)>)> {
-        v.into_iter().enumerate().map(|(k, s)| (format!("class {}", classes[k]), s)).collect()
-    };
+    let titles: Vec<String> = a.setups.iter().map(|s| format!("loss (%), relay {s}")).collect();
+    let mut panels: Vec<Panel> =
+        loss.into_iter().zip(&titles).map(|(series, t)| Panel { y_label: t, series }).collect();
+    panels.push(Panel { y_label: "class 3 latency p99 (ms)", series: top_p99 });
     plot::panels(
         &png,
         &format!(
@@ -596,11 +681,11 @@ pub fn overload(mut a: OverloadArgs) -> anyhow::Result<()> {
         ),
         &format!("busy share of each of {} background processes (%)", a.burners_per_core * cores),
         false,
-        &[
-            Panel { y_label: "loss (%)", series: named(loss) },
-            Panel { y_label: "latency p99 (ms)", series: named(lat) },
-        ],
+        &panels,
     )?;
+    if order_broken > 0 {
+        println!("{order_broken} step(s) lost out of class order (see above)");
+    }
     println!("CSV: {}\nPNG: {}", csv_path.display(), png.display());
     Ok(())
 }
