@@ -16,10 +16,15 @@ use crate::{Priority, CLASSES};
 
 /// A class counts as present while it had work this recently.
 const ACTIVE_NS: u64 = 2_000_000_000;
-/// Overload is judged over windows of this length ...
-const WINDOW_NS: u64 = 100_000_000;
-/// ... by this many waits above `high` in one window (one late task is not overload).
-const LATE_IN_WINDOW: u32 = 2;
+/// Late waits less than this apart belong to one spell of lateness ...
+const SPELL_GAP_NS: u64 = 100_000_000;
+/// ... which is overload once it holds this many late tasks (one is not overload) ...
+const LATE_IN_SPELL: u32 = 2;
+/// ... and has lasted this long: a stall of a few tens of ms, a busy neighbour's burst, is
+/// not overload either (shedding would cost the class a second or more). A task that
+/// waited long was late for all of its wait past `high`: under starvation, when tasks are
+/// run seldom, one late task shows a long spell at once.
+const SPELL_NS: u64 = 300_000_000;
 /// A class shed after this short a try is tried again only after twice the time, up to
 /// this many doublings.
 const MAX_BACKOFF: u32 = 4;
@@ -44,6 +49,14 @@ impl ShedConfig {
     }
 }
 
+#[derive(Debug, Clone, Copy)]
+struct Spell {
+    since: u64,
+    last: u64,
+    count: u32,
+    class: u8,
+}
+
 #[derive(Debug)]
 pub struct Shedder {
     cfg: ShedConfig,
@@ -53,10 +66,9 @@ pub struct Shedder {
     changed_ns: Option<u64>,
     /// When each class last had a task, +1 (0: never).
     seen: [u64; CLASSES],
-    window_start: u64,
-    late: u32,
-    /// The highest class late in this window.
-    late_class: u8,
+    /// The spell of lateness now: since when, the last late wait, how many, the highest
+    /// class late in it.
+    spell: Option<Spell>,
     /// Since when every served wait was calm.
     calm_since: Option<u64>,
     /// Doublings of `recover` (a served-again class that had to be shed again at once).
@@ -72,9 +84,7 @@ impl Shedder {
             level: 0,
             changed_ns: None,
             seen: [0; CLASSES],
-            window_start: 0,
-            late: 0,
-            late_class: 0,
+            spell: None,
             calm_since: None,
             backoff: 0,
             restored_ns: None,
@@ -107,14 +117,18 @@ impl Shedder {
         if self.is_shed(class) {
             return self.level;
         }
-        if now.saturating_sub(self.window_start) >= WINDOW_NS {
-            self.window_start = now;
-            self.late = 0;
-            self.late_class = 0;
-        }
         if wait_ns > self.cfg.high_ns {
-            self.late += 1;
-            self.late_class = self.late_class.max(class.get());
+            let late_from = now.saturating_sub(wait_ns - self.cfg.high_ns);
+            let sp = match self.spell.take() {
+                Some(sp) if now.saturating_sub(sp.last) <= SPELL_GAP_NS => sp,
+                _ => Spell { since: late_from, last: now, count: 0, class: 0 },
+            };
+            self.spell = Some(Spell {
+                since: sp.since.min(late_from),
+                last: now,
+                count: sp.count + 1,
+                class: sp.class.max(class.get()),
+            });
         }
         if wait_ns > self.cfg.low_ns {
             self.calm_since = None;
@@ -122,13 +136,17 @@ impl Shedder {
             self.calm_since = Some(now);
         }
         let since_change = self.changed_ns.map_or(u64::MAX, |c| now.saturating_sub(c));
-        // A class just served again is shed again at the first sign; after a shed, its
-        // effect is awaited before the next class goes.
-        let hold = if self.restored_ns.is_some() { 0 } else { self.cfg.hold_ns };
-        if self.late >= LATE_IN_WINDOW && since_change >= hold {
+        // A class just served again is shed again at the first two late tasks; after a shed,
+        // its effect is awaited before the next class goes.
+        let trying = self.restored_ns.is_some_and(|t| now.saturating_sub(t) < 2 * self.recover_ns());
+        let (hold, spell_ns) = if trying { (0, 0) } else { (self.cfg.hold_ns, SPELL_NS) };
+        let overload = self.spell.filter(|sp| {
+            sp.count >= LATE_IN_SPELL && now.saturating_sub(sp.last) <= SPELL_GAP_NS && sp.last - sp.since >= spell_ns
+        });
+        if let Some(sp) = overload.filter(|_| since_change >= hold) {
             // Shed the lowest class still served below the late one: a class waiting behind
             // higher ones is not helped by shedding itself.
-            let late = self.late_class;
+            let late = sp.class;
             if let Some(c) = self.active(now).filter(|&c| c >= self.level && c < late.min(top)).min() {
                 if let Some(t) = self.restored_ns.take() {
                     // Back so soon: wait longer before the next try; a try that held a
@@ -161,9 +179,7 @@ impl Shedder {
     fn set(&mut self, level: u8, now: u64) {
         self.level = level;
         self.changed_ns = Some(now);
-        self.late = 0;
-        self.late_class = 0;
-        self.window_start = now;
+        self.spell = None;
         self.calm_since = None;
     }
 }
@@ -207,13 +223,35 @@ mod tests {
     }
 
     #[test]
+    fn a_short_stall_is_not_overload() {
+        let mut s = Shedder::new(ShedConfig::after_ms(20));
+        let stall = |t: u64, _| if (1_000 * MS..1_150 * MS).contains(&t) { 80 * MS } else { MS };
+        let levels = drive(&mut s, 0, 3_000 * MS, stall);
+        assert!(levels.iter().all(|&l| l == 0));
+    }
+
+    /// Workers that rarely get the CPU pop seldom, but each task they pop waited long: that
+    /// is a long spell of lateness at once.
+    #[test]
+    fn starved_workers_shed_at_the_first_late_tasks() {
+        let mut s = Shedder::new(ShedConfig::after_ms(20));
+        for c in 1..=3 {
+            s.observe(p(c), MS, 0);
+        }
+        for c in 1..=3 {
+            s.observe(p(c), 400 * MS, 400 * MS);
+        }
+        assert_eq!(s.level(), 2);
+    }
+
+    #[test]
     fn overload_sheds_the_lowest_class_first_and_never_the_top() {
         let mut s = Shedder::new(ShedConfig::after_ms(20));
         // Late whatever is shed: the level climbs one class at a time and stops below the top.
-        drive(&mut s, 0, 200 * MS, |_, _| 50 * MS);
+        drive(&mut s, 0, 400 * MS, |_, _| 50 * MS);
         assert_eq!(s.level(), 2, "class 1 shed first");
         assert!(s.is_shed(p(1)) && !s.is_shed(p(2)));
-        drive(&mut s, 200 * MS, 2_000 * MS, |_, _| 50 * MS);
+        drive(&mut s, 400 * MS, 2_000 * MS, |_, _| 50 * MS);
         assert_eq!(s.level(), 3, "then class 2, never class 3");
         assert!(!s.is_shed(p(3)));
     }
@@ -259,10 +297,10 @@ mod tests {
     #[test]
     fn a_class_that_leaves_is_not_kept_shed() {
         let mut s = Shedder::new(ShedConfig::after_ms(20));
-        drive(&mut s, 0, 300 * MS, |_, _| 50 * MS);
+        drive(&mut s, 0, 500 * MS, |_, _| 50 * MS);
         assert!(s.level() > 0);
         // Only class 1 has work from now on: it is the top class and is served.
-        let mut t = 300 * MS;
+        let mut t = 500 * MS;
         while t < 3_000 * MS {
             s.observe(p(1), 50 * MS, t);
             t += MS;

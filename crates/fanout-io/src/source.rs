@@ -152,7 +152,10 @@ impl Job for SourceJob {
         // A class served again after shedding first drops what queued in the socket while
         // it was shed: a live relay drops stale media rather than sending it seconds late.
         let shed = s.runner.is_shed(s.cfg.priority);
-        let drain = std::mem::replace(&mut sc.was_shed, shed) && !shed && sc.uring.is_none();
+        let drain = std::mem::replace(&mut sc.was_shed, shed)
+            && !shed
+            && sc.uring.is_none()
+            && matches!(self.io, SourceIo::Udp(_));
         let mut calls = 0;
         while calls < CALLS_PER_RUN || drain {
             calls += 1;

@@ -673,8 +673,11 @@ fn gstreamer_plays_srtp_keyed_by_mikey() {
         // would show as no pictures: srtpdec drops what fails its check).
         let pictures = log.lines().filter(|l| l.contains("(v:sink)") && l.contains("chain")).count();
         assert!(pictures > 30, "GStreamer over {transport}: {pictures} pictures: {log}");
-        let errors: Vec<&str> = log.lines().filter(|l| l.contains("ERROR")).collect();
-        assert!(errors.is_empty(), "GStreamer over {transport}: {errors:#?}");
+        // While it played, that is: once `timeout` interrupts it, rtspsrc's TEARDOWN may
+        // race the connection's close (seen once in CI under load, never alone).
+        let playing = log.split("handling interrupt").next().unwrap_or_default();
+        let errors: Vec<&str> = playing.lines().filter(|l| l.contains("ERROR")).collect();
+        assert!(errors.is_empty(), "GStreamer over {transport}: {errors:#?}\n{log}");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
