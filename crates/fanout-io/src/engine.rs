@@ -102,10 +102,6 @@ impl Task {
         }
     }
 
-    pub fn class(&self) -> Priority {
-        self.class
-    }
-
     /// Runs the job directly (dedicated-thread runners).
     pub fn run_now(&self, ctx: &mut WorkerCtx) -> bool {
         self.job.run(ctx)

@@ -431,12 +431,13 @@ async fn engine_status(State(relay): State<Arc<Relay>>) -> Json<serde_json::Valu
 }
 
 fn engine_json(relay: &Relay) -> serde_json::Value {
+    let (shed_below, shed_changes) = relay.engine.shed();
     json!({
         "workers": relay.engine.workers(),
         "queued_tasks": relay.engine.queued(),
         "task_runs": relay.engine.runs(),
-        "shed_below_class": relay.engine.shed().0,
-        "shed_changes": relay.engine.shed().1,
+        "shed_below_class": shed_below,
+        "shed_changes": shed_changes,
         "rtsp": *relay.rtsp_addr.lock(),
         "rtsps": *relay.rtsps_addr.lock(),
     })
