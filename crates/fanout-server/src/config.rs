@@ -35,8 +35,9 @@ pub struct Config {
     pub token: Option<String>,
     /// Worker threads of the engine; 0 = one per core.
     pub workers: usize,
-    /// Scheduling of the workers and the reactor: "normal", "nice:N" (-20 to 19) or
-    /// "realtime:N" (SCHED_RR, 1 to 99), for hosts where other work may crowd the relay out.
+    /// Scheduling of the workers and the reactor: "normal", "nice:N" (-20 to 19),
+    /// "realtime:N" (SCHED_RR, 1 to 99) or "slice:US" (a time slice of US µs, 100 to
+    /// 100000), for hosts where other work may crowd the relay out.
     pub worker_priority: String,
     /// While the classes served wait longer than this for a worker, the lowest class still
     /// served is shed (its sources drop what they read); 0 = never shed.

@@ -59,7 +59,7 @@ struct ServeArgs {
     /// Worker threads; 0 = one per core (overrides the config).
     #[arg(long)]
     workers: Option<usize>,
-    /// Scheduling of the relay's threads: normal, nice:N or realtime:N (overrides the config).
+    /// Scheduling of the relay's threads: normal, nice:N, realtime:N or slice:US (overrides the config).
     #[arg(long)]
     worker_priority: Option<fanout_io::ThreadPriority>,
     /// Shed the lowest classes while the others wait longer than this; 0 = never
