@@ -33,6 +33,11 @@ impl<T> ClassQueues<T> {
         self.len
     }
 
+    /// The classes with items queued, lowest first.
+    pub fn waiting(&self) -> impl Iterator<Item = Priority> + '_ {
+        self.queues.iter().enumerate().filter(|(_, q)| !q.is_empty()).filter_map(|(c, _)| Priority::new(c as i64).ok())
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

@@ -108,6 +108,13 @@ impl Shedder {
         })
     }
 
+    /// `class` has work queued at `now`: it is present even while higher classes starve it
+    /// of workers (its waits are then never observed). A starved class is shed like a
+    /// served one, so its sources drop what arrives instead of queueing seconds of media.
+    pub fn waiting(&mut self, class: Priority, now: u64) {
+        self.seen[usize::from(class.get())] = now + 1;
+    }
+
     /// A task of `class` waited `wait_ns` for a worker; returns the level after it.
     pub fn observe(&mut self, class: Priority, wait_ns: u64, now: u64) -> u8 {
         self.seen[usize::from(class.get())] = now + 1;
@@ -242,6 +249,24 @@ mod tests {
             s.observe(p(c), 400 * MS, 400 * MS);
         }
         assert_eq!(s.level(), 2);
+    }
+
+    /// Classes 1 and 2 wait behind a late class 3 and are never served: they are present,
+    /// and shed in order, lowest first.
+    #[test]
+    fn starved_classes_are_shed_lowest_first() {
+        let mut s = Shedder::new(ShedConfig::after_ms(20));
+        let mut t = 0;
+        while t < 3_000 * MS {
+            s.waiting(p(1), t);
+            s.waiting(p(2), t);
+            s.observe(p(3), 50 * MS, t);
+            if s.level() == 2 {
+                assert!(s.is_shed(p(1)) && !s.is_shed(p(2)), "class 1 before class 2");
+            }
+            t += MS;
+        }
+        assert_eq!(s.level(), 3, "both starved classes shed, the top class served");
     }
 
     #[test]

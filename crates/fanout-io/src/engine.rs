@@ -197,6 +197,9 @@ impl Shared {
         let task = q.ready.pop()?;
         if let Some(shed) = q.shed.as_mut() {
             let now = self.now_ns();
+            for c in q.ready.waiting() {
+                shed.waiting(c, now);
+            }
             let level = shed.observe(task.class, now.saturating_sub(task.queued_at.load(Ordering::Relaxed)), now);
             if self.shed_level.swap(level, Ordering::Relaxed) != level {
                 self.shed_changes.fetch_add(1, Ordering::Relaxed);
