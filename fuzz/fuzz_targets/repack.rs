@@ -15,8 +15,10 @@ fuzz_target!(|data: &[u8]| {
     let sdp = fanout_proto::sdp::Sdp::parse(SDP).expect("a valid description");
     let mut r = Repackager::new(sdp.media.iter().map(|m| TrackInfo::from_sdp(m).ok()).collect());
     let mut ts = TsPackager::new(r.streams());
-    // The units also go into HLS segments (an HEVC keyframe's SPS is read for its hvcC).
-    let mut hls = fanout_proto::hls::Segmenter::new(r.streams(), 100, 1).expect("H.264, H.265 and AAC segment");
+    // The units also go into HLS segments and parts (an HEVC keyframe's SPS is read for its
+    // hvcC).
+    let mut hls =
+        fanout_proto::hls::Segmenter::with_parts(r.streams(), 100, 30, 1).expect("H.264, H.265 and AAC segment");
     let (mut units, mut out) = (Vec::new(), Vec::new());
     // Packets: a track byte and a length byte, then that many bytes.
     let (mut rest, mut now) = (data, 0u64);
@@ -38,6 +40,15 @@ fuzz_target!(|data: &[u8]| {
     out.chunks(188).for_each(|p| drop(d.push(p)));
     d.flush();
     assert_eq!(d.errors, 0);
+    // Each segment is its parts, one after another; the playlist lists what exists.
+    let last = hls.progress().last;
+    if let Some(seg) = hls.segment(last) {
+        let joined: Vec<u8> = seg.parts.iter().flat_map(|p| p.data.iter().copied()).collect();
+        assert_eq!(&joined[..], &seg.data[..]);
+    }
+    if let Some(p) = hls.playlist("") {
+        assert!(p.starts_with("#EXTM3U\n") && p.contains("#EXT-X-PRELOAD-HINT"));
+    }
     // Any bytes as an HEVC SPS: read or refused, never a panic.
     if let Some(info) = fanout_proto::hevc::parse_sps(data) {
         let _ = (info.codec(), info.hvcc(&[], data, &[]));

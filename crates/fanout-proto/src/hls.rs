@@ -1,6 +1,9 @@
 //! HLS with fragmented MP4 segments (RFC 8216): a repackager's access units are cut into
 //! segments at video keyframes once a target duration is reached, kept in a sliding window,
-//! and listed in a media playlist. Sans-IO: units in, segments and playlist text out.
+//! and listed in a media playlist. With a part target, each segment is built of partial
+//! segments (Low-Latency HLS, RFC 8216bis): one `moof` + `mdat` fragment each, published as
+//! soon as it is complete, so a player can be a part's length behind instead of a segment's.
+//! Sans-IO: units in, segments, parts and playlist text out.
 
 use crate::fmp4::{avcc_sample, init_segment, media_segment, Fmp4Track, Sample};
 use crate::repack::{TrackCodec, TrackInfo, Unit};
@@ -18,7 +21,34 @@ pub struct Segment {
     pub sequence: u64,
     /// Seconds.
     pub duration: f64,
+    /// Its parts' fragments, one after another.
     pub data: std::sync::Arc<[u8]>,
+    pub parts: Vec<Part>,
+}
+
+/// A partial segment: one fragment of a segment.
+#[derive(Debug, Clone)]
+pub struct Part {
+    /// Seconds.
+    pub duration: f64,
+    /// It starts with a keyframe (or holds audio only): a player may start here.
+    pub independent: bool,
+    pub data: std::sync::Arc<[u8]>,
+}
+
+/// How far the segmenter has come: segments up to `last` are complete, and segment
+/// `last + 1` has `parts` parts so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Progress {
+    pub last: u64,
+    pub parts: usize,
+}
+
+impl Progress {
+    /// Whether part `part` of segment `sequence` (`None`: the whole segment) exists.
+    pub fn has(&self, sequence: u64, part: Option<usize>) -> bool {
+        sequence <= self.last || (sequence == self.last + 1 && part.is_some_and(|p| p < self.parts))
+    }
 }
 
 /// What a stream of the repackager becomes here.
@@ -58,6 +88,19 @@ pub struct Segmenter {
     /// When the segment being gathered started (90 kHz).
     started: Option<i64>,
     target: i64,
+    /// Parts: their target length (90 kHz; 0: none), when the one being gathered started,
+    /// the segment's parts so far, and the gap between the last two video pictures (a part
+    /// is cut a picture before it would outgrow its target).
+    part_target: i64,
+    part_started: Option<i64>,
+    parts: Vec<Part>,
+    frame_gap: i64,
+    /// The last picture's presentation time (audio frame's, without video), and the latest
+    /// of the pending ones'.
+    last_video: Option<i64>,
+    latest_pending: i64,
+    /// Fragments made, for their `mfhd` numbers.
+    fragments: u32,
     segments: VecDeque<Segment>,
     next: u64,
     has_video: bool,
@@ -71,6 +114,12 @@ impl Segmenter {
     /// the numbers it used, so that a cache never serves an old segment under a new name);
     /// `None` if no stream can go into fragmented MP4 (H.264 and AAC can).
     pub fn new(streams: &[TrackInfo], target_ms: u32, first: u64) -> Option<Self> {
+        Self::with_parts(streams, target_ms, 0, first)
+    }
+
+    /// As [`Segmenter::new`], each segment made of parts of at most `part_ms` (0: whole
+    /// segments only); a part ends early at a segment's keyframe.
+    pub fn with_parts(streams: &[TrackInfo], target_ms: u32, part_ms: u32, first: u64) -> Option<Self> {
         let mut n = 0;
         let mut next = || {
             n += 1;
@@ -110,6 +159,13 @@ impl Segmenter {
             pending_bytes: 0,
             started: None,
             target: i64::from(target_ms) * 90,
+            part_target: i64::from(part_ms.min(target_ms)) * 90,
+            part_started: None,
+            parts: Vec::new(),
+            frame_gap: 0,
+            last_video: None,
+            latest_pending: i64::MIN,
+            fragments: 0,
             segments: VecDeque::new(),
             next: first.max(1),
             has_video,
@@ -117,7 +173,7 @@ impl Segmenter {
         })
     }
 
-    /// Takes one unit; returns whether it completed a segment.
+    /// Takes one unit; returns whether it completed a part or a segment.
     pub fn push(&mut self, u: &Unit) -> bool {
         let Some(input) = self.inputs.get(u.stream).cloned() else { return false };
         let (track, video) = match input {
@@ -133,6 +189,7 @@ impl Segmenter {
             }
             self.origin = Some(u.time);
             self.started = Some(u.time);
+            self.part_started = Some(u.time);
         }
         let origin = self.origin.expect("set with the tracks");
         if u.time < origin {
@@ -147,6 +204,16 @@ impl Segmenter {
         let cut_here = if self.has_video { is_video && u.key } else { true };
         if cut_here && self.started.is_some_and(|s| u.time - s >= self.target) {
             cut = self.cut(u.time);
+        } else if self.part_due(u, is_video) {
+            cut = self.cut_part(u.time, false);
+        }
+        // The units parts are cut before: pictures, or audio frames where there is no video.
+        if is_video || !self.has_video {
+            if let Some(prev) = self.last_video.filter(|&p| u.time > p) {
+                self.frame_gap = u.time - prev;
+            }
+            self.last_video = Some(u.time);
+            self.latest_pending = self.latest_pending.max(u.time);
         }
         let data = match video {
             Some(codec) => avcc_sample(&u.data, codec),
@@ -157,13 +224,27 @@ impl Segmenter {
         if self.pending_bytes > MAX_PENDING {
             self.pending.iter_mut().for_each(Vec::clear);
             self.pending_bytes = 0;
+            self.parts.clear();
             self.dropped += 1;
             self.started = None;
+            self.part_started = None;
         }
         if self.started.is_none() && cut_here {
             self.started = Some(u.time);
+            self.part_started = Some(u.time);
         }
         cut
+    }
+
+    /// Whether a part ends before `u`: the part would outgrow its target with another
+    /// picture, and (video) `u` is shown after every pending picture, so that B-frames shown
+    /// before it stay in the part and its decoding times follow on from the last part's.
+    fn part_due(&self, u: &Unit, is_video: bool) -> bool {
+        if self.part_target == 0 || (self.has_video && !is_video) {
+            return false;
+        }
+        let Some(start) = self.part_started else { return false };
+        u.time - start + self.frame_gap > self.part_target && (!is_video || u.time > self.latest_pending)
     }
 
     /// The file's tracks from the first keyframe's parameter sets and the audio configs.
@@ -198,11 +279,39 @@ impl Segmenter {
         true
     }
 
-    /// Ends the segment being gathered at `end` (90 kHz): every sample before it.
+    /// Ends the segment being gathered at `end` (90 kHz), its last part with it.
     fn cut(&mut self, end: i64) -> bool {
-        let (Some(start), Some(tracks), Some(origin)) = (self.started.take(), &self.tracks, self.origin) else {
+        let Some(start) = self.started.take() else { return false };
+        if !self.cut_part(end, true) {
+            return false;
+        }
+        self.part_started = Some(end);
+        let parts = std::mem::take(&mut self.parts);
+        let sequence = self.next;
+        self.next += 1;
+        let data: Vec<u8> = parts.iter().flat_map(|p| p.data.iter().copied()).collect();
+        self.segments.push_back(Segment {
+            sequence,
+            duration: (end - start) as f64 / 90_000.0,
+            data: data.into(),
+            parts,
+        });
+        while self.segments.len() > WINDOW {
+            self.segments.pop_front();
+        }
+        true
+    }
+
+    /// Ends the part being gathered at `end` (90 kHz): one fragment of every sample before it.
+    /// `at_keyframe`: `end` is a keyframe's time, where decoding starts afresh; elsewhere the
+    /// next picture may be shown after B-frames still to come, and the last picture of the
+    /// part lasts one frame.
+    fn cut_part(&mut self, end: i64, at_keyframe: bool) -> bool {
+        let (Some(start), Some(tracks), Some(origin)) = (self.part_started.take(), &self.tracks, self.origin) else {
             return false;
         };
+        self.part_started = Some(end);
+        let mut independent = !self.has_video;
         let mut parts = Vec::with_capacity(tracks.len());
         for (t, pending) in tracks.iter().zip(&mut self.pending) {
             let scale = i64::from(t.timescale());
@@ -213,6 +322,9 @@ impl Segmenter {
             let take =
                 if video { pending.len() } else { pending.iter().position(|p| p.0 >= end).unwrap_or(pending.len()) };
             let samples: Vec<(i64, bool, Vec<u8>)> = pending.drain(..take).collect();
+            if video {
+                independent = samples.first().is_some_and(|s| s.1);
+            }
             // Decoding times: the presentation times in order, taken in decoding order, moved
             // back by the reordering (RTP carries no decoding times). The reordering is the
             // most any picture of the stream was shown ahead of its place, so times only grow.
@@ -230,10 +342,20 @@ impl Segmenter {
                 let duration = match (video, samples.get(k + 1)) {
                     // AAC frames are 1024 samples.
                     (false, _) => 1024,
-                    (true, Some(_)) => to_track(dts(k + 1)) - to_track(dts(k)),
-                    (true, None) => to_track(end - lag) - to_track(dts(k)),
+                    // (Saturating: times that make no sense, from a broken source, give
+                    // nonsense durations, not a panic.)
+                    (true, Some(_)) => to_track(dts(k + 1)).saturating_sub(to_track(dts(k))),
+                    (true, None) => {
+                        let to_end = to_track(end - lag).saturating_sub(to_track(dts(k)));
+                        // One frame: the least step between the part's presentation times.
+                        let frame = shown.windows(2).map(|w| w[1] - w[0]).filter(|&d| d > 0).min();
+                        match frame.filter(|_| !at_keyframe) {
+                            Some(f) => to_track(dts(k) + f).saturating_sub(to_track(dts(k))).min(to_end),
+                            None => to_end,
+                        }
+                    }
                 };
-                let composition_offset = to_track(*time) - to_track(dts(k));
+                let composition_offset = to_track(*time).saturating_sub(to_track(dts(k)));
                 out.push(Sample {
                     duration: duration as u32,
                     composition_offset: composition_offset as u32,
@@ -244,13 +366,10 @@ impl Segmenter {
             parts.push((base, out));
         }
         self.pending_bytes = self.pending.iter().flatten().map(|p| p.2.len()).sum();
-        let sequence = self.next;
-        self.next += 1;
-        let data = media_segment(sequence as u32, &parts).into();
-        self.segments.push_back(Segment { sequence, duration: (end - start) as f64 / 90_000.0, data });
-        while self.segments.len() > WINDOW {
-            self.segments.pop_front();
-        }
+        self.latest_pending = i64::MIN;
+        self.fragments = self.fragments.wrapping_add(1);
+        let data = media_segment(self.fragments, &parts).into();
+        self.parts.push(Part { duration: (end - start) as f64 / 90_000.0, independent, data });
         true
     }
 
@@ -269,22 +388,89 @@ impl Segmenter {
         self.segments.back().map(|s| s.sequence)
     }
 
+    /// Part `k` of segment `sequence`, of a complete segment or of the one in progress.
+    pub fn part(&self, sequence: u64, k: usize) -> Option<Part> {
+        if sequence == self.next {
+            return self.parts.get(k).cloned();
+        }
+        self.segments.iter().find(|s| s.sequence == sequence)?.parts.get(k).cloned()
+    }
+
+    /// Segments complete, and parts of the next one.
+    pub fn progress(&self) -> Progress {
+        Progress { last: self.next - 1, parts: self.parts.len() }
+    }
+
+    /// The part target in seconds (0: no parts).
+    pub fn part_target(&self) -> f64 {
+        self.part_target as f64 / 90_000.0
+    }
+
     /// The RFC 6381 codecs of the file, for a master playlist or MSE.
     pub fn codecs(&self) -> Option<String> {
         Some(self.tracks.as_ref()?.iter().map(Fmp4Track::codec).collect::<Vec<_>>().join(","))
     }
 
-    /// The media playlist, its URIs followed by `query` (e.g. `?token=…`, or "").
+    /// The media playlist, its URIs followed by `query` (e.g. `?token=…`, or ""). With parts:
+    /// those of the segments less than three target durations from the live end, the
+    /// segment in progress's, and a hint of the next part (which a client may request
+    /// before it exists: the server holds the request).
     pub fn playlist(&self, query: &str) -> Option<String> {
-        let first = self.segments.front()?;
-        let target = self.segments.iter().map(|s| s.duration.round() as u64).max().unwrap_or(1).max(1);
+        if self.segments.is_empty() && self.parts.is_empty() {
+            return None;
+        }
+        let first = self.segments.front().map_or(self.next, |s| s.sequence);
+        let aimed = (self.target as f64 / 90_000.0).ceil() as u64;
+        let target = self.segments.iter().map(|s| s.duration.round() as u64).max().unwrap_or(0).max(aimed).max(1);
         let mut p = format!(
-            "#EXTM3U\n#EXT-X-VERSION:7\n#EXT-X-TARGETDURATION:{target}\n#EXT-X-MEDIA-SEQUENCE:{}\n\
-             #EXT-X-INDEPENDENT-SEGMENTS\n#EXT-X-MAP:URI=\"init.mp4{query}\"\n",
-            first.sequence
+            "#EXTM3U\n#EXT-X-VERSION:{}\n#EXT-X-TARGETDURATION:{target}\n",
+            if self.part_target > 0 { 9 } else { 7 }
         );
-        for s in &self.segments {
+        let part_line = |p: &mut String, sequence: u64, k: usize, part: &Part| {
+            let independent = if part.independent { ",INDEPENDENT=YES" } else { "" };
+            p.push_str(&format!(
+                "#EXT-X-PART:DURATION={:.5},URI=\"{sequence}.{k}.m4s{query}\"{independent}\n",
+                part.duration
+            ));
+        };
+        if self.part_target > 0 {
+            let part = self.part_target();
+            p.push_str(&format!(
+                "#EXT-X-SERVER-CONTROL:CAN-BLOCK-RELOAD=YES,PART-HOLD-BACK={:.3}\n#EXT-X-PART-INF:PART-TARGET={part:.3}\n",
+                3.0 * part
+            ));
+        }
+        p.push_str(&format!(
+            "#EXT-X-MEDIA-SEQUENCE:{first}\n#EXT-X-INDEPENDENT-SEGMENTS\n#EXT-X-MAP:URI=\"init.mp4{query}\"\n"
+        ));
+        // Where parts start being listed: three target durations from the end.
+        let in_progress: f64 = self.parts.iter().map(|p| p.duration).sum();
+        let mut from_end = in_progress;
+        let mut listed = self.segments.len();
+        for s in self.segments.iter().rev() {
+            if from_end >= 3.0 * target as f64 {
+                break;
+            }
+            from_end += s.duration;
+            listed -= 1;
+        }
+        for (i, s) in self.segments.iter().enumerate() {
+            if self.part_target > 0 && i >= listed {
+                for (k, part) in s.parts.iter().enumerate() {
+                    part_line(&mut p, s.sequence, k, part);
+                }
+            }
             p.push_str(&format!("#EXTINF:{:.3},\n{}.m4s{query}\n", s.duration, s.sequence));
+        }
+        if self.part_target > 0 {
+            for (k, part) in self.parts.iter().enumerate() {
+                part_line(&mut p, self.next, k, part);
+            }
+            p.push_str(&format!(
+                "#EXT-X-PRELOAD-HINT:TYPE=PART,URI=\"{}.{}.m4s{query}\"\n",
+                self.next,
+                self.parts.len()
+            ));
         }
         Some(p)
     }
@@ -402,6 +588,94 @@ mod tests {
         for (k, (u, (_, offset))) in units.iter().zip(&samples).enumerate() {
             let dts = k as i64 * 3600 - 3600;
             assert_eq!(dts + i64::from(*offset), u.time, "picture {k}");
+        }
+    }
+
+    /// The `tfdt` of a fragment's first track (the video's).
+    fn first_tfdt(frag: &[u8]) -> u64 {
+        let at = frag.windows(4).position(|w| w == b"tfdt").expect("a tfdt") + 8;
+        u64::from_be_bytes(frag[at..at + 8].try_into().unwrap())
+    }
+
+    /// Parts of at most the part target make up each segment, byte for byte and second for
+    /// second; a segment's first part starts at its keyframe.
+    #[test]
+    fn parts_make_up_their_segments() {
+        let mut s = Segmenter::with_parts(&streams(), 2000, 500, 1).unwrap();
+        let units = demo_units();
+        let published = units.iter().filter(|u| s.push(u)).count();
+        assert_eq!(s.segments.len(), 3);
+        assert!(published >= 3 * 4, "{published} parts and segments");
+        for seg in &s.segments {
+            assert!(seg.parts.len() >= 4, "{} parts", seg.parts.len());
+            let total: f64 = seg.parts.iter().map(|p| p.duration).sum();
+            assert!((total - seg.duration).abs() < 1e-9, "{total} vs {}", seg.duration);
+            let joined: Vec<u8> = seg.parts.iter().flat_map(|p| p.data.iter().copied()).collect();
+            assert_eq!(&joined[..], &seg.data[..]);
+            assert!(seg.parts[0].independent && !seg.parts[1].independent);
+            assert!(seg.parts.iter().all(|p| p.duration <= 0.5 + 1e-9 && p.duration > 0.0), "{:?}", seg.parts);
+            // Decoding times run on from part to part.
+            for w in seg.parts.windows(2) {
+                let d: u64 = first_trun(&w[0].data).iter().map(|s| u64::from(s.0)).sum();
+                assert_eq!(first_tfdt(&w[0].data) + d, first_tfdt(&w[1].data));
+            }
+        }
+        assert_eq!(s.part(1, 0).unwrap().data, s.segments[0].parts[0].data);
+        assert!(s.part(4, 0).is_some(), "the segment in progress has parts");
+        assert_eq!(s.progress(), Progress { last: 3, parts: s.parts.len() });
+    }
+
+    #[test]
+    fn the_playlist_lists_recent_parts_and_hints_the_next() {
+        let mut s = Segmenter::with_parts(&streams(), 2000, 500, 1).unwrap();
+        for u in demo_units() {
+            s.push(&u);
+        }
+        let p = s.playlist("").unwrap();
+        assert!(p.contains("#EXT-X-VERSION:9\n") && p.contains("#EXT-X-PART-INF:PART-TARGET=0.500\n"), "{p}");
+        assert!(p.contains("#EXT-X-SERVER-CONTROL:CAN-BLOCK-RELOAD=YES,PART-HOLD-BACK=1.500\n"), "{p}");
+        assert!(p.contains("URI=\"2.0.m4s\",INDEPENDENT=YES\n"), "{p}");
+        let next = s.progress();
+        assert!(p.ends_with(&format!("#EXT-X-PRELOAD-HINT:TYPE=PART,URI=\"4.{}.m4s\"\n", next.parts)), "{p}");
+        // Every part listed can be fetched.
+        for line in p.lines().filter(|l| l.starts_with("#EXT-X-PART:")) {
+            let uri = line.split("URI=\"").nth(1).unwrap().split('"').next().unwrap();
+            let (seq, k) = uri.trim_end_matches(".m4s").split_once('.').unwrap();
+            assert!(s.part(seq.parse().unwrap(), k.parse().unwrap()).is_some(), "{uri}");
+        }
+        assert!(!Segmenter::new(&streams(), 2000, 1).unwrap().playlist("").is_some_and(|p| p.contains("PART")));
+    }
+
+    /// With B-frames a part ends only before a picture shown after every pending one:
+    /// decoding times still rise one frame at a time across parts.
+    #[test]
+    fn b_frames_keep_their_order_across_parts() {
+        let mut units: Vec<Unit> = demo_units().into_iter().filter(|u| u.stream == 0).collect();
+        let mut gop_start = 0;
+        for (i, u) in units.iter_mut().enumerate() {
+            if u.key {
+                gop_start = i;
+            }
+            let j = (i - gop_start) as i64;
+            let shown = if j == 0 {
+                0
+            } else if (j - 1) % 3 == 0 {
+                j + 2
+            } else {
+                j - 1
+            };
+            u.time = (gop_start as i64 + shown) * 3600;
+        }
+        let mut s = Segmenter::with_parts(&streams()[..1], 2000, 500, 1).unwrap();
+        for u in &units {
+            s.push(u);
+        }
+        let seg = s.segment(1).unwrap();
+        let samples: Vec<(u32, u32)> = seg.parts.iter().flat_map(|p| first_trun(&p.data)).collect();
+        assert_eq!(samples.len(), 50);
+        assert!(samples.iter().all(|s| s.0 == 3600), "{samples:?}");
+        for (k, (u, (_, offset))) in units.iter().zip(&samples).enumerate() {
+            assert_eq!(k as i64 * 3600 - 3600 + i64::from(*offset), u.time, "picture {k}");
         }
     }
 

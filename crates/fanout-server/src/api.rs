@@ -146,22 +146,27 @@ async fn hls_file(
         q.split('&').find_map(|kv| kv.strip_prefix(k)?.strip_prefix('=')).map(str::to_string)
     };
     // The first segment takes a keyframe and a target duration to come.
-    let first = hls.with(|s| s.last()).is_some() || hls.wait_for(1, 3 * target + Duration::from_secs(2)).await;
-    if !first {
+    if !hls.wait_first(3 * target + Duration::from_secs(2)).await {
         return Err(ApiError(
             StatusCode::SERVICE_UNAVAILABLE,
             format!("no HLS segment of {name:?} yet: is its source sending?"),
         ));
     }
+    // A part or segment named before it exists (the playlist's preload hint, a blocking
+    // reload) is waited for up to this long.
+    let wait = 3 * target;
     let cache = |v: &'static str| (header::CACHE_CONTROL, v);
     if file == "index.m3u8" {
-        // Blocking playlist reload (RFC 8216bis §6.2.5.2): `_HLS_msn=N` waits for segment N.
+        // Blocking playlist reload (RFC 8216bis §6.2.5.2): `_HLS_msn=N` waits for segment N,
+        // with `_HLS_part=K` for its part K.
         if let Some(msn) = param("_HLS_msn").and_then(|n| n.parse::<u64>().ok()) {
-            let last = hls.with(|s| s.last()).unwrap_or(0);
-            if msn > last + 2 {
+            let part = param("_HLS_part").and_then(|n| n.parse::<usize>().ok());
+            let now = hls.progress();
+            if msn > now.last + 2 {
+                let last = now.last;
                 return Err(ApiError(StatusCode::BAD_REQUEST, format!("_HLS_msn {msn} is too far ahead of {last}")));
             }
-            hls.wait_for(msn, 3 * target).await;
+            hls.wait_for(msn, part, wait).await;
         }
         let token = param("token").map(|t| format!("?token={t}")).unwrap_or_default();
         let text = hls.with(|s| s.playlist(&token)).unwrap_or_default();
@@ -173,29 +178,47 @@ async fn hls_file(
         return Ok(([(header::CONTENT_TYPE, "video/mp4"), cache("no-cache")], axum::body::Bytes::from(init.to_vec()))
             .into_response());
     }
-    let Some(n) = file.strip_suffix(".m4s").and_then(|n| n.parse::<u64>().ok()) else {
-        return Err(ApiError(StatusCode::NOT_FOUND, format!("no HLS file {file:?}: index.m3u8, init.mp4 or N.m4s")));
+    // `N.m4s` is a segment, `N.K.m4s` part K of segment N.
+    let name_of = file.strip_suffix(".m4s").and_then(|f| match f.split_once('.') {
+        None => Some((f.parse::<u64>().ok()?, None)),
+        Some((n, k)) => Some((n.parse::<u64>().ok()?, Some(k.parse::<usize>().ok()?))),
+    });
+    let Some((n, part)) = name_of else {
+        return Err(ApiError(
+            StatusCode::NOT_FOUND,
+            format!("no HLS file {file:?}: index.m3u8, init.mp4, N.m4s or N.K.m4s"),
+        ));
     };
-    let last = hls.with(|s| s.last()).unwrap_or(0);
-    if n > last && n <= last + 2 {
-        hls.wait_for(n, 3 * target).await;
+    let now = hls.progress();
+    // The next part or segment (and the one after, for a player a little ahead) is held for.
+    let soon = match part {
+        None => n > now.last && n <= now.last + 2,
+        Some(k) => (n == now.last + 1 && k <= now.parts + 1) || (n == now.last + 2 && k == 0),
+    };
+    if soon {
+        hls.wait_for(n, part, wait).await;
     }
-    match hls.with(|s| s.segment(n)) {
-        Some(seg) => {
-            // A segment never changes (numbers are not reused: they start from the clock).
-            let etag = format!("\"{n}\"");
+    let found = hls.with(|s| match part {
+        None => s.segment(n).map(|seg| seg.data),
+        Some(k) => s.part(n, k).map(|p| p.data),
+    });
+    match found {
+        Some(data) => {
+            // Segments and parts never change (numbers are not reused: they start from the clock).
+            let etag = format!("\"{}\"", file.trim_end_matches(".m4s"));
             let headers = [
                 (header::CONTENT_TYPE, "video/mp4".to_string()),
                 (header::CACHE_CONTROL, "public, max-age=3600, immutable".to_string()),
                 (header::ETAG, etag),
             ];
-            Ok((headers, axum::body::Bytes::from(seg.data.to_vec())).into_response())
+            Ok((headers, axum::body::Bytes::from(data.to_vec())).into_response())
         }
         None => Err(ApiError(
             StatusCode::NOT_FOUND,
             format!(
-                "segment {n} of {name:?} is not in the window (the newest is {})",
-                hls.with(|s| s.last()).unwrap_or(0)
+                "{} {n} of {name:?} is not in the window (the newest complete segment is {})",
+                part.map_or("segment".to_string(), |k| format!("part {k} of segment")),
+                hls.progress().last
             ),
         )),
     }

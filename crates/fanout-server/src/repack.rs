@@ -5,7 +5,7 @@
 //! with the first subscriber or playlist request and stops a linger after the last.
 
 use fanout_io::{bind_udp_source, DataPath, Session, SessionConfig};
-use fanout_proto::hls::Segmenter;
+use fanout_proto::hls::{Progress, Segmenter};
 use fanout_proto::repack::{Repackager, TrackInfo, TsPackager, Unit};
 use parking_lot::Mutex;
 use std::net::SocketAddr;
@@ -17,6 +17,8 @@ use tokio::net::UdpSocket;
 const PACKETS_PER_DATAGRAM: usize = 7;
 /// HLS segment duration aimed at (cut at the first keyframe after it).
 pub const HLS_TARGET_MS: u32 = 2000;
+/// Low-Latency HLS part duration, at most: a player holds three parts back from live.
+pub const HLS_PART_MS: u32 = 500;
 
 /// One input of the repackaging: a track session and how to read it.
 pub struct Input {
@@ -26,10 +28,12 @@ pub struct Input {
     pub clock_map: Option<(u64, u32)>,
 }
 
-/// The HLS side: the segmenter, and a signal for clients waiting on a segment to come.
+/// The HLS side: the segmenter, and a signal for clients waiting on a segment or part.
 pub struct Hls {
     seg: Mutex<Segmenter>,
-    newest: tokio::sync::watch::Sender<u64>,
+    newest: tokio::sync::watch::Sender<Progress>,
+    /// The progress before anything was published.
+    start: Progress,
     last_request: Mutex<Instant>,
 }
 
@@ -39,10 +43,26 @@ impl Hls {
         *self.last_request.lock() = Instant::now();
     }
 
-    /// Waits (at most `limit`) until segment `sequence` exists; whether it does.
-    pub async fn wait_for(&self, sequence: u64, limit: Duration) -> bool {
+    /// Waits (at most `limit`) until part `part` of segment `sequence` (`None`: the whole
+    /// segment) exists; whether it does.
+    pub async fn wait_for(&self, sequence: u64, part: Option<usize>, limit: Duration) -> bool {
+        self.wait(limit, |p| p.has(sequence, part)).await
+    }
+
+    /// Waits (at most `limit`) until a first segment is complete; whether it is. Players
+    /// that do not know parts (ffmpeg) need one in the playlist.
+    pub async fn wait_first(&self, limit: Duration) -> bool {
+        self.wait_for(self.start.last + 1, None, limit).await
+    }
+
+    async fn wait(&self, limit: Duration, done: impl FnMut(&Progress) -> bool) -> bool {
         let mut rx = self.newest.subscribe();
-        tokio::time::timeout(limit, rx.wait_for(|n| *n >= sequence)).await.is_ok_and(|r| r.is_ok())
+        tokio::time::timeout(limit, rx.wait_for(done)).await.is_ok_and(|r| r.is_ok())
+    }
+
+    /// Segments complete and parts of the next.
+    pub fn progress(&self) -> Progress {
+        *self.newest.borrow()
     }
 
     pub fn with<T>(&self, f: impl FnOnce(&Segmenter) -> T) -> T {
@@ -97,10 +117,12 @@ impl Repack {
         let first = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_millis() as u64 / 500);
-        let hls = Segmenter::new(repack.streams(), HLS_TARGET_MS, first).map(|seg| {
+        let hls = Segmenter::with_parts(repack.streams(), HLS_TARGET_MS, HLS_PART_MS, first).map(|seg| {
+            let start = seg.progress();
             Arc::new(Hls {
                 seg: Mutex::new(seg),
-                newest: tokio::sync::watch::channel(0).0,
+                newest: tokio::sync::watch::channel(start).0,
+                start,
                 last_request: Mutex::new(Instant::now()),
             })
         });
@@ -231,10 +253,9 @@ async fn run(
                         bytes.clear();
                     }
                     if let Some(h) = &out.hls {
-                        let cut = h.seg.lock().push(&u);
-                        if cut {
-                            let last = h.with(Segmenter::last).unwrap_or(0);
-                            h.newest.send_replace(last);
+                        let mut seg = h.seg.lock();
+                        if seg.push(&u) {
+                            h.newest.send_replace(seg.progress());
                         }
                     }
                 }

@@ -173,10 +173,11 @@ fn hls_js_plays_the_session_from_another_origin() {
     let load = "const s = document.createElement('script'); s.textContent = arguments[0]; \
                 document.head.appendChild(s); return typeof Hls === 'function' && Hls.isSupported();";
     assert_eq!(d.post("execute/sync", json!({ "script": load, "args": [lib] })), json!(true), "hls.js loads");
-    let play = "const v = document.querySelector('video'); window.fatal = []; const h = new Hls(); \
+    let play = "const v = document.querySelector('video'); window.fatal = []; \
+                if (window.h) { window.h.destroy(); } const h = new Hls({ lowLatencyMode: arguments[1] }); window.h = h; \
                 h.on(Hls.Events.ERROR, (e, d) => { if (d.fatal) window.fatal.push(d.type + ': ' + d.details); }); \
                 h.loadSource(arguments[0]); h.attachMedia(v); v.play(); return true;";
-    d.post("execute/sync", json!({ "script": play, "args": [playlist] }));
+    d.post("execute/sync", json!({ "script": play, "args": [playlist, true] }));
     let time = || d.js("return document.querySelector('video').currentTime;").as_f64().unwrap_or(0.0);
     let fatal = || d.js("return window.fatal;");
     assert!(wait_for(Duration::from_secs(25), || time() > 0.5), "hls.js did not start: {:?}", fatal());
@@ -185,6 +186,19 @@ fn hls_js_plays_the_session_from_another_origin() {
     let t1 = time();
     assert!(t1 - t0 > 2.0, "hls.js stalled: {t0} then {t1}: {:?}", fatal());
     assert_eq!(fatal(), json!([]));
+    // Low-Latency HLS: hls.js plays from parts, about PART-HOLD-BACK (1.5 s) behind the
+    // newest part, not three 2 s segments behind.
+    let latency = d.js("return window.h.latency;").as_f64().unwrap_or(f64::NAN);
+    let low = d.js("return window.h.lowLatencyMode;");
+    eprintln!("hls.js: {latency:.2} s behind the live edge (low-latency mode {low})");
+    assert!(low == json!(true) && latency > 0.0 && latency < 3.0, "hls.js {latency} s behind live");
+    // Beside it, the same player on whole segments.
+    d.post("execute/sync", json!({ "script": play, "args": [playlist, false] }));
+    assert!(wait_for(Duration::from_secs(25), || time() > 0.5), "hls.js on segments did not start: {:?}", fatal());
+    std::thread::sleep(Duration::from_secs(3));
+    let segments = d.js("return window.h.latency;").as_f64().unwrap_or(f64::NAN);
+    eprintln!("hls.js on whole segments: {segments:.2} s behind the live edge");
+    assert!(segments > latency, "parts {latency} s, segments {segments} s");
     let log = d.post("se/log", json!({ "type": "browser" }));
     let bad: Vec<&Value> = log.as_array().unwrap().iter().filter(|e| e["level"] == "SEVERE").collect();
     assert!(bad.is_empty(), "console: {bad:#?}");

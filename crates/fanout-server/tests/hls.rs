@@ -75,6 +75,28 @@ fn the_demo_plays_over_hls() {
     assert!(status == 404 && String::from_utf8_lossy(&body).contains("not in the window"), "{status}");
     let (status, _, _) = get(&relay, &format!("/v1/sessions/demo/hls/index.m3u8?_HLS_msn={}", last + 100), &[]);
     assert_eq!(status, 400);
+    // Low-Latency HLS: the playlist lists parts and hints the next one, which a player may
+    // ask for before it exists: the request is held until it does (at most a part later).
+    let (_, _, body) = get(&relay, "/v1/sessions/demo/hls/index.m3u8", &[]);
+    let playlist = String::from_utf8(body).unwrap();
+    assert!(playlist.contains("#EXT-X-PART-INF:PART-TARGET=0.500\n"), "{playlist}");
+    assert!(playlist.contains("CAN-BLOCK-RELOAD=YES"), "{playlist}");
+    let hint = playlist.lines().find_map(|l| l.strip_prefix("#EXT-X-PRELOAD-HINT:TYPE=PART,URI=\"")).expect("a hint");
+    let hint = hint.trim_end_matches('"').to_string();
+    let t = Instant::now();
+    let (status, h, part) = get(&relay, &format!("/v1/sessions/demo/hls/{hint}"), &["cache-control"]);
+    let waited = t.elapsed();
+    assert_eq!((status, h[0].as_deref()), (200, Some("public, max-age=3600, immutable")), "{hint}");
+    assert!(&part[4..8] == b"moof" && waited < Duration::from_millis(1500), "{hint} after {waited:?}");
+    // A blocking reload for the part after it returns a playlist that lists it.
+    let (seq, k) = hint.trim_end_matches(".m4s").split_once('.').unwrap();
+    let (seq, k): (u64, usize) = (seq.parse().unwrap(), k.parse().unwrap());
+    let (status, _, body) =
+        get(&relay, &format!("/v1/sessions/demo/hls/index.m3u8?_HLS_msn={seq}&_HLS_part={}", k + 1), &[]);
+    let playlist = String::from_utf8(body).unwrap();
+    let next_listed =
+        playlist.contains(&format!("URI=\"{seq}.{}.m4s\"", k + 1)) || playlist.contains(&format!("\n{seq}.m4s\n"));
+    assert!(status == 200 && next_listed, "{playlist}");
     // The status shows the HLS side of the repackaging.
     let st = relay.ok("GET", "/v1/sessions/demo", None);
     assert_eq!(st["repackaging"]["hls"]["codecs"], "avc1.640015,mp4a.40.2", "{st}");

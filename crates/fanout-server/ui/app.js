@@ -162,7 +162,7 @@ function esc(x) {
   return String(x).replace(/[&<>"]/g, (ch) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;' }[ch]));
 }
 
-// --- the preview: HLS fMP4 segments appended to a MediaSource ---------------------------
+// --- the preview: HLS fMP4 parts appended to a MediaSource -------------------------------
 
 async function togglePreview(el, name) {
   const box = $(el, '.player');
@@ -194,7 +194,10 @@ async function get(url, kind) {
   return kind === 'text' ? r.text() : r.arrayBuffer();
 }
 
-const segmentsOf = (playlist) => playlist.split('\n').filter((l) => /^\d+\.m4s/.test(l)).map((l) => parseInt(l, 10));
+// The Low-Latency parts a playlist lists, as [segment, part], those a decoder can start at.
+const startsOf = (playlist) => [...playlist.matchAll(/#EXT-X-PART:[^\n]*URI="(\d+)\.(\d+)\.m4s[^"]*",INDEPENDENT=YES/g)]
+  .map((m) => [parseInt(m[1], 10), parseInt(m[2], 10)]);
+const sleep = (ms) => new Promise((ok) => setTimeout(ok, ms));
 
 async function play(video, name, say) {
   const base = `/v1/sessions/${encodeURIComponent(name)}/hls/`;
@@ -214,21 +217,27 @@ async function play(video, name, say) {
     sb.appendBuffer(buf);
   });
   await append(await get(base + 'init.mp4' + q()));
-  const segs = segmentsOf(playlist);
-  let next = segs[Math.max(0, segs.length - 2)];
+  // From the newest part a decoder can start at, part after part, a part behind live. A
+  // blocking playlist reload for the part after this one returns once it exists or its
+  // segment ended without it (then the next segment's first part comes).
+  const newest = (text) => { const s = startsOf(text); return s.length ? s[s.length - 1] : null; };
+  let at = newest(playlist);
+  if (!at) throw new Error('the playlist lists no parts');
   let started = false;
   while (!video.dataset.stop && video.isConnected) {
     let data;
     try {
-      data = await get(`${base}${next}.m4s${q()}`);
+      data = await get(`${base}${at[0]}.${at[1]}.m4s${q()}`);
     } catch (e) {
-      // Not there yet (the server waits a little) or gone: take the playlist's view.
-      const list = segmentsOf(await get(`${base}index.m3u8${q() ? q() + '&' : '?'}_HLS_msn=${next}`, 'text'));
-      if (list.length && !list.includes(next)) next = list[list.length - 1];
+      // Gone (the preview fell behind) or not coming: start again from the newest.
+      await sleep(300);
+      at = newest(await get(base + 'index.m3u8' + q(), 'text')) || at;
       continue;
     }
     await append(data);
-    next += 1;
+    const [n, k] = at;
+    const text = await get(`${base}index.m3u8${q() ? q() + '&' : '?'}_HLS_msn=${n}&_HLS_part=${k + 1}`, 'text');
+    at = text.includes(`"${n}.${k + 1}.m4s`) ? [n, k + 1] : [n + 1, 0];
     if (!started && sb.buffered.length) {
       video.currentTime = sb.buffered.start(0);
       started = true;

@@ -70,15 +70,16 @@ pub fn run(a: RepackArgs) -> anyhow::Result<()> {
     let mut series: Vec<(String, Vec<(f64, f64)>)> =
         stages.iter().map(|s| (s.name().to_string(), Vec::new())).collect();
     let mut bar = super::progress((rounds * stages.len()) as u64, "repack");
-    // HLS: how long each access unit waits, from its arrival to its segment's publication
-    // (the latency the segmenting adds before any player's buffer), over the first laps of
-    // the first round.
-    let (mut delays, mut waiting): (Vec<f64>, Vec<u64>) = (Vec::new(), Vec::new());
+    // HLS: how long each access unit waits, from its arrival to the publication of its
+    // segment and of its Low-Latency part (the latency the segmenting adds before any
+    // player's buffer), over the first laps of the first round.
+    let mut waits = [(Vec::new(), Vec::new()), (Vec::new(), Vec::new())];
     for round in 1..=rounds {
         for (k, &stage) in stages.iter().enumerate() {
             let mut r = Repackager::new(infos.clone());
             let mut ts = TsPackager::new(r.streams());
-            let mut seg = Segmenter::new(r.streams(), 2000, 1).context("the demo has H.264 and AAC")?;
+            // As the relay cuts them (fanout-server's HLS_TARGET_MS and HLS_PART_MS).
+            let mut seg = Segmenter::with_parts(r.streams(), 2000, 500, 1).context("the demo has H.264 and AAC")?;
             let (mut units, mut bytes) = (Vec::new(), Vec::new());
             let (t0, mut packets, mut laps) = (thread_cpu_s(), 0u64, 0u64);
             while thread_cpu_s() - t0 < seconds {
@@ -97,13 +98,19 @@ pub fn run(a: RepackArgs) -> anyhow::Result<()> {
                             bytes.clear();
                         }
                         let measure = stage == Stage::TsAndHls && round == 1 && laps < 4;
+                        let before = seg.progress().last;
                         if stage == Stage::TsAndHls && seg.push(&u) && measure {
-                            // A segment is out: what waited for it waited this long.
+                            // A part is out, and maybe a segment: what waited for it waited this long.
                             let now = due + shift;
-                            delays.extend(waiting.drain(..).map(|at| (now - at) as f64 / 90.0));
+                            let segment = seg.progress().last != before;
+                            for (k, (delays, waiting)) in waits.iter_mut().enumerate() {
+                                if k == 1 || segment {
+                                    delays.extend(waiting.drain(..).map(|at: u64| (now - at) as f64 / 90.0));
+                                }
+                            }
                         }
                         if measure {
-                            waiting.push(due + shift);
+                            waits.iter_mut().for_each(|w| w.1.push(due + shift));
                         }
                     }
                     packets += 1;
@@ -127,19 +134,20 @@ pub fn run(a: RepackArgs) -> anyhow::Result<()> {
         false,
         &[plot::Panel { y_label: "ns per RTP packet", series: series.clone() }],
     )?;
-    if !delays.is_empty() {
+    let mut wait_csv = String::from("published,units,mean_ms,median_ms,max_ms\n");
+    for ((delays, _), what) in waits.iter_mut().zip(["2 s segment", "0.5 s part"]) {
+        if delays.is_empty() {
+            continue;
+        }
         delays.sort_by(f64::total_cmp);
         let mean = delays.iter().sum::<f64>() / delays.len() as f64;
         let (p50, max) = (delays[delays.len() / 2], delays[delays.len() - 1]);
-        let path = a.out.join("repack-hls-wait.csv");
-        std::fs::write(
-            &path,
-            format!("units,mean_ms,median_ms,max_ms\n{},{mean:.0},{p50:.0},{max:.0}\n", delays.len()),
-        )?;
+        wait_csv.push_str(&format!("{what},{},{mean:.0},{p50:.0},{max:.0}\n", delays.len()));
         println!(
-            "HLS: an access unit waits {mean:.0} ms on average (median {p50:.0}, at most {max:.0}) for its 2 s segment"
+            "HLS: an access unit waits {mean:.0} ms on average (median {p50:.0}, at most {max:.0}) for its {what}"
         );
     }
+    std::fs::write(a.out.join("repack-hls-wait.csv"), wait_csv)?;
     for (name, pts) in &series {
         let mean = pts.iter().map(|p| p.1).sum::<f64>() / pts.len().max(1) as f64;
         println!(
