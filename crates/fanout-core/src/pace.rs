@@ -147,8 +147,10 @@ impl StreamMeter {
     }
 
     /// Bytes per second: over the last whole second, or over the current one so far when
-    /// that is faster (once half of it has passed: a keyframe's burst is no speed-up), so a
-    /// stream that speeds up is paced by its new rate soon. 0 until a first measurement.
+    /// that is half again as fast (once half of it has passed), so a stream that speeds up
+    /// is paced by its new rate soon. A keyframe makes the current half second up to a third
+    /// faster than the stream: counted, it paced sinks above a link 1.2 times the stream's
+    /// rate (issue 17's shared bottleneck). 0 until a first measurement.
     pub fn rate_at(&self, now: u64) -> u64 {
         let span = now.saturating_sub(self.window_start);
         let current = if span >= METER_WINDOW / 2 {
@@ -156,7 +158,11 @@ impl StreamMeter {
         } else {
             0
         };
-        self.rate.max(current)
+        if current > self.rate + self.rate / 2 {
+            current
+        } else {
+            self.rate
+        }
     }
 
     /// The largest picture seen (RTP: packets sharing a timestamp), in bytes.
@@ -223,12 +229,21 @@ mod tests {
             m.packet(i * 10 * MS, 1000, Some(ts));
         }
         assert_eq!(m.rate_at(2000 * MS), 100_000);
-        // A stream that doubles its rate is measured at its new rate within half a second.
+        // A stream that doubles its rate is measured at its new rate within half a second;
+        // one a fifth faster (a keyframe's burst looks like that) at the next whole second.
         for i in 0..100u64 {
             m.packet(2000 * MS + i * 5 * MS, 1000, None);
         }
         assert_eq!(m.rate_at(2400 * MS), 100_000);
         assert_eq!(m.rate_at(2500 * MS), 200_000);
+        let mut k = StreamMeter::default();
+        for i in 0..100u64 {
+            k.packet(i * 10 * MS, 1000, None);
+        }
+        for i in 0..60u64 {
+            k.packet(1000 * MS + i * 10 * MS, 1200, None);
+        }
+        assert_eq!(k.rate_at(1600 * MS), 100_000, "not yet");
         assert_eq!(m.largest_frame(), 5000);
         assert_eq!(m.default_burst(100_000), 6_250);
         let mut ts = StreamMeter::default();

@@ -273,6 +273,26 @@ pub fn run(mut a: PacingArgs) -> anyhow::Result<()> {
             subs.push(start(&topo.subs[i], "own", i)?);
             std::thread::sleep(Duration::from_millis(400));
         }
+        // The pace the relay held its sinks to while they played (the measured stream rate
+        // times pace_catchup), against the links' rate.
+        if *paced {
+            let mut rates = Vec::new();
+            let until = Instant::now() + Duration::from_secs_f64(a.seconds);
+            while Instant::now() < until {
+                let st = api.call("GET", &format!("/v1/sessions/{name}"), None)?;
+                if let Some(r) = st["pacing"]["sink_rate_bps"].as_f64() {
+                    rates.push(r / 1000.0);
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            if let (Some(lo), Some(hi)) =
+                (rates.iter().copied().reduce(f64::min), rates.iter().copied().reduce(f64::max))
+            {
+                pb.println(format!(
+                    "{dp}: sinks paced at {lo:.0}-{hi:.0} kbit/s of payload (links {link} kbit/s with headers)"
+                ));
+            }
+        }
         let mut results = Vec::new();
         for (mut p, json, kind) in subs {
             super::wait(&mut p, Duration::from_secs_f64(a.seconds + 20.0))?;
