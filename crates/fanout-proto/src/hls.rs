@@ -553,13 +553,9 @@ mod tests {
         (0..u(4) as usize).map(|k| (u(12 + 16 * k), u(12 + 16 * k + 12))).collect()
     }
 
-    /// B-frames: RTP gives presentation times, which go back and forth in decoding order.
-    /// Every picture is kept, in decoding order; decoding times rise by one frame each, and
-    /// each picture's composition offset brings it to its presentation time.
-    #[test]
-    fn b_frames_keep_their_order_with_composition_offsets() {
-        // The demo's pictures, restamped as I P B B P B B ... (a P shown after the two B
-        // that follow it in decoding order).
+    /// The demo's pictures, restamped as I P B B P B B ... (a P shown after the two B that
+    /// follow it in decoding order).
+    fn ipbb_pictures() -> Vec<Unit> {
         let mut units: Vec<Unit> = demo_units().into_iter().filter(|u| u.stream == 0).collect();
         let mut gop_start = 0;
         for (i, u) in units.iter_mut().enumerate() {
@@ -567,15 +563,24 @@ mod tests {
                 gop_start = i;
             }
             let j = (i - gop_start) as i64;
-            let shown = match j {
-                0 => 0,
-                _ => match (j - 1) % 3 {
-                    0 => j + 2,
-                    _ => j - 1,
-                },
+            let shown = if j == 0 {
+                0
+            } else if (j - 1) % 3 == 0 {
+                j + 2
+            } else {
+                j - 1
             };
             u.time = (gop_start as i64 + shown) * 3600;
         }
+        units
+    }
+
+    /// B-frames: RTP gives presentation times, which go back and forth in decoding order.
+    /// Every picture is kept, in decoding order; decoding times rise by one frame each, and
+    /// each picture's composition offset brings it to its presentation time.
+    #[test]
+    fn b_frames_keep_their_order_with_composition_offsets() {
+        let units = ipbb_pictures();
         let mut s = Segmenter::new(&streams()[..1], 2000, 1).unwrap();
         for u in &units {
             s.push(u);
@@ -650,22 +655,7 @@ mod tests {
     /// decoding times still rise one frame at a time across parts.
     #[test]
     fn b_frames_keep_their_order_across_parts() {
-        let mut units: Vec<Unit> = demo_units().into_iter().filter(|u| u.stream == 0).collect();
-        let mut gop_start = 0;
-        for (i, u) in units.iter_mut().enumerate() {
-            if u.key {
-                gop_start = i;
-            }
-            let j = (i - gop_start) as i64;
-            let shown = if j == 0 {
-                0
-            } else if (j - 1) % 3 == 0 {
-                j + 2
-            } else {
-                j - 1
-            };
-            u.time = (gop_start as i64 + shown) * 3600;
-        }
+        let units = ipbb_pictures();
         let mut s = Segmenter::with_parts(&streams()[..1], 2000, 500, 1).unwrap();
         for u in &units {
             s.push(u);
