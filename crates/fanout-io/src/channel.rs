@@ -9,6 +9,7 @@
 use crate::packet::Packet;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 type Wake = Box<dyn Fn() + Send + Sync>;
@@ -19,28 +20,50 @@ pub type Frame = (Arc<Packet>, Option<u16>);
 pub struct ChannelQueue {
     q: Mutex<VecDeque<Frame>>,
     cap: usize,
+    /// A push left packets behind to end at an access unit: the sink waits, like a full
+    /// queue, until the reader has drained it.
+    held: AtomicBool,
     wake: Wake,
 }
 
 impl ChannelQueue {
     /// `wake` is called (from an engine worker) when packets were added.
     pub fn new(cap: usize, wake: impl Fn() + Send + Sync + 'static) -> Arc<Self> {
-        Arc::new(Self { q: Mutex::new(VecDeque::new()), cap: cap.max(1), wake: Box::new(wake) })
+        Arc::new(Self {
+            q: Mutex::new(VecDeque::new()),
+            cap: cap.max(1),
+            held: AtomicBool::new(false),
+            wake: Box::new(wake),
+        })
     }
 
     /// Queues what fits; returns how many did (the rest stays in the ring for later, and a
     /// reader that stays behind is lapped there like any slow sink).
+    /// What fills the queue ends at the end of an RTP access unit where one is in reach: if
+    /// the reader stalls and the ring laps it, the player holds whole pictures, and the
+    /// keyframe it resumes at is not taken for the rest of a broken one (ffmpeg's parser
+    /// glued the two into one picture with the old timestamp).
     pub(crate) fn push(&self, pending: &[Arc<Packet>]) -> usize {
         self.push_with(|room, q| {
-            let n = room.min(pending.len());
+            let mut n = room.min(pending.len());
+            if n == room {
+                match pending[..n].iter().rposition(|p| p.ends_access_unit()) {
+                    Some(last) => n = last + 1,
+                    None if !q.is_empty() => n = 0,
+                    None => {} // an access unit larger than the queue goes as it fits
+                }
+            }
+            if n < pending.len() {
+                self.held.store(true, Ordering::Relaxed);
+            }
             q.extend(pending[..n].iter().map(|p| (p.clone(), None)));
             n
         })
     }
 
-    /// Whether it holds all it may.
+    /// Whether it holds all it may (or all it will before its reader drains it).
     pub(crate) fn is_full(&self) -> bool {
-        self.q.lock().len() >= self.cap
+        self.held.load(Ordering::Relaxed) || self.q.lock().len() >= self.cap
     }
 
     /// Queues the packets `decide` keeps, with the sequence number it gives them, while
@@ -87,6 +110,89 @@ impl ChannelQueue {
 
     /// Moves everything queued into `out`.
     pub fn drain(&self, out: &mut Vec<Frame>) {
-        out.extend(self.q.lock().drain(..));
+        let mut q = self.q.lock();
+        out.extend(q.drain(..));
+        self.held.store(false, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An RTP packet of timestamp `ts`, with the marker bit if it ends its access unit.
+    fn rtp(ts: u32, marker: bool) -> Arc<Packet> {
+        let mut p = Packet::with_capacity(64);
+        let b = p.buf_mut();
+        b[0] = 0x80;
+        b[1] = 96 | if marker { 0x80 } else { 0 };
+        b[4..8].copy_from_slice(&ts.to_be_bytes());
+        b[12] = 1; // a non-IDR slice
+        p.set_len(20, 12);
+        Arc::new(p)
+    }
+
+    /// Three access units of three packets each.
+    fn pictures() -> Vec<Arc<Packet>> {
+        (0..9).map(|i| rtp(i / 3 * 3600, i % 3 == 2)).collect()
+    }
+
+    #[test]
+    fn a_push_that_fills_the_queue_ends_at_an_access_unit() {
+        let q = ChannelQueue::new(5, || {});
+        // Room for five: the second picture's last packet does not fit, so it waits whole.
+        assert_eq!(q.push(&pictures()), 3);
+        assert!(q.is_full(), "it waits for its reader like a full queue");
+        let mut out = Vec::new();
+        q.drain(&mut out);
+        assert_eq!(out.len(), 3);
+        assert!(out.last().unwrap().0.ends_access_unit());
+        assert!(!q.is_full());
+        // What is not filled up takes everything, wherever it ends.
+        assert_eq!(q.push(&pictures()[3..7]), 4);
+        assert!(!q.is_full());
+    }
+
+    #[test]
+    fn no_access_unit_end_in_reach_waits_for_the_reader_unless_the_queue_is_empty() {
+        let q = ChannelQueue::new(2, || {});
+        let big: Vec<_> = (0..4).map(|i| rtp(0, i == 3)).collect();
+        // An empty queue takes a picture larger than itself as it fits...
+        assert_eq!(q.push(&big), 2);
+        let mut out = Vec::new();
+        q.drain(&mut out);
+        assert_eq!(q.push(&pictures()[..1]), 1);
+        // ...a queue holding something waits for its reader instead of ending mid-picture.
+        assert_eq!(q.push(&big[2..3]), 0);
+        assert!(q.is_full());
+    }
+
+    #[test]
+    fn packets_that_are_not_rtp_fill_the_queue_to_the_brim() {
+        let q = ChannelQueue::new(3, || {});
+        let ts: Vec<_> = (0..5)
+            .map(|_| {
+                let mut p = Packet::with_capacity(188);
+                p.buf_mut()[0] = 0x47;
+                p.set_len(188, 0);
+                Arc::new(p)
+            })
+            .collect();
+        assert_eq!(q.push(&ts), 3);
+        assert!(q.is_full());
+    }
+
+    #[test]
+    fn an_access_unit_is_known_by_its_timestamp_source_and_marker() {
+        let p = pictures();
+        assert!(p[0].same_access_unit(&p[1]));
+        assert!(!p[2].same_access_unit(&p[3]), "the marker bit ends it");
+        let other = rtp(3600, false);
+        assert!(!p[0].same_access_unit(&other), "another timestamp");
+        let mut ssrc = Packet::with_capacity(64);
+        ssrc.buf_mut()[..20].copy_from_slice(p[1].data());
+        ssrc.buf_mut()[11] = 7;
+        ssrc.set_len(20, 12);
+        assert!(!p[0].same_access_unit(&ssrc), "another source");
     }
 }

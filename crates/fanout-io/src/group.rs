@@ -169,11 +169,22 @@ impl GroupState {
                 continue;
             }
             let pending = &self.snapshot[(k.cursor.next() - start) as usize..];
-            let first = pending.iter().position(|p| match what {
-                Await::Keyframe | Await::KeyframeAfterLap => p.is_keyframe(),
-                Await::RtpSeq(n) => p.is_rtp() && p.data()[2..4] == n.to_be_bytes(),
-            });
-            let n = first.unwrap_or(pending.len()) as u64;
+            let first = match what {
+                Await::Keyframe | Await::KeyframeAfterLap => {
+                    pending.iter().position(|p| p.is_keyframe()).map(|i| access_unit_start(pending, i))
+                }
+                Await::RtpSeq(n) => pending.iter().position(|p| p.is_rtp() && p.data()[2..4] == n.to_be_bytes()),
+            };
+            let n = match (first, what) {
+                (Some(i), _) => i,
+                // The unfinished access unit at the end may still turn out to be a keyframe
+                // (its delimiter came, its parameter sets have not): it waits in the ring.
+                (None, Await::Keyframe | Await::KeyframeAfterLap) => match pending.last() {
+                    Some(p) if !p.ends_access_unit() => access_unit_start(pending, pending.len() - 1),
+                    _ => pending.len(),
+                },
+                (None, Await::RtpSeq(_)) => pending.len(),
+            } as u64;
             match what {
                 Await::Keyframe => k.cursor.withhold(n),
                 Await::KeyframeAfterLap => k.cursor.skip(n),
@@ -224,7 +235,12 @@ impl GroupState {
             if matches!(k.io, SinkIo::Stream(_)) && !write_streams && k.partial.is_none() {
                 continue; // held for the next flush
             }
-            let pending = &self.snapshot[(k.cursor.next() - start) as usize..];
+            // A sink still waiting for a keyframe has nothing to send yet (but the rest of a
+            // partial write).
+            let pending = match k.awaiting {
+                Some(_) => &[][..],
+                None => &self.snapshot[(k.cursor.next() - start) as usize..],
+            };
             let count = match &pace {
                 Some(_) if pending.len() > ring / 2 => pending.len(),
                 None => pending.len(),
@@ -256,6 +272,16 @@ impl GroupState {
         }
         wake
     }
+}
+
+/// The first packet of the access unit `pending[i]` belongs to (a keyframe is marked at its
+/// parameter sets, which may follow a delimiter): a sink that starts there gets the picture
+/// whole, and a player's parser never takes it for the rest of an earlier one.
+fn access_unit_start(pending: &[Arc<crate::packet::Packet>], mut i: usize) -> usize {
+    while i > 0 && pending[i - 1].same_access_unit(&pending[i]) {
+        i -= 1;
+    }
+    i
 }
 
 pub(crate) struct GroupJob {

@@ -66,6 +66,24 @@ impl Packet {
         self.keyframe
     }
 
+    /// Whether `next`, the packet right after this one, belongs to this one's video access
+    /// unit (RTP, same source and timestamp, no marker bit here, not MPEG-TS): a keyframe
+    /// marked at `next` (its parameter sets) then starts here (at its delimiter, say).
+    pub fn same_access_unit(&self, next: &Packet) -> bool {
+        let (a, b) = (self.data(), next.data());
+        self.is_rtp()
+            && next.is_rtp()
+            && next.payload().first() != Some(&fanout_proto::mpegts::SYNC_BYTE)
+            && a[1] & 0x80 == 0
+            && a[4..12] == b[4..12]
+    }
+
+    /// Whether an access unit may end here: an RTP packet with the marker bit, or anything
+    /// that is not RTP (no pictures to keep whole).
+    pub fn ends_access_unit(&self) -> bool {
+        !self.is_rtp() || self.data()[1] & 0x80 != 0
+    }
+
     /// Marks it as a good first packet for a new sink (RTP video, judged by the session).
     pub fn mark_keyframe(&mut self) {
         self.keyframe = true;

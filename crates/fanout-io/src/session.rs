@@ -446,7 +446,13 @@ impl Inner {
             let mut ring = self.ring.lock();
             for p in packets.drain(..) {
                 if p.is_keyframe() {
-                    self.last_key.store(ring.head() + 1, Ordering::Relaxed);
+                    // From the first packet of its access unit (a delimiter before the
+                    // parameter sets): a new sink gets the picture whole.
+                    let mut start = ring.head();
+                    while start > ring.oldest() && ring.get(start - 1).is_some_and(|q| q.same_access_unit(&p)) {
+                        start -= 1;
+                    }
+                    self.last_key.store(start + 1, Ordering::Relaxed);
                 }
                 if let Some(old) = ring.publish(p) {
                     pool.give(old);

@@ -363,19 +363,21 @@ fn cold_sink_starts_at_the_first_keyframe(datapath: &str) {
         ["id"]
         .as_u64()
         .unwrap();
-    // Delta slices (type 1), then SPS, PPS, an IDR slice, and more delta slices.
-    let nals: Vec<&[u8]> = vec![
-        &[0x41, 0x9a, 1],
-        &[0x41, 0x9a, 2],
-        &[0x41, 0x9a, 3],
-        &[0x67, 0x42, 0xc0, 0x1e, 0xd9],
-        &[0x68, 0xce, 0x3c, 0x80],
-        &[0x65, 0x88, 0x84],
-        &[0x41, 0x9a, 4],
+    // Pictures of delta slices (type 1), then one of a delimiter, SPS, PPS and an IDR slice,
+    // and more delta slices: (picture, NAL unit, whether it ends its picture).
+    let nals: Vec<(u8, &[u8], bool)> = vec![
+        (0, &[0x41, 0x9a, 1], true),
+        (1, &[0x41, 0x9a, 2], true),
+        (2, &[0x41, 0x9a, 3], true),
+        (3, &[0x09, 0xf0], false),
+        (3, &[0x67, 0x42, 0xc0, 0x1e, 0xd9], false),
+        (3, &[0x68, 0xce, 0x3c, 0x80], false),
+        (3, &[0x65, 0x88, 0x84], true),
+        (4, &[0x41, 0x9a, 4], true),
     ];
     let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    for (i, nal) in nals.iter().enumerate() {
-        let mut p = vec![0x80, 96, 0, i as u8, 0, 0, 0, i as u8, 0, 0, 0, 7];
+    for (i, (picture, nal, last)) in nals.iter().enumerate() {
+        let mut p = vec![0x80, 96 | if *last { 0x80 } else { 0 }, 0, i as u8, 0, 0, 0, *picture, 0, 0, 0, 7];
         p.extend_from_slice(nal);
         tx.send_to(&p, src).unwrap();
         std::thread::sleep(Duration::from_millis(20));
@@ -386,9 +388,12 @@ fn cold_sink_starts_at_the_first_keyframe(datapath: &str) {
         types.push(b[12.min(n - 1)] & 0x1f);
     }
     let st = relay.ok("GET", &format!("/v1/sessions/cold/sinks/{id}"), None);
-    assert_eq!(types, vec![7, 8, 5, 1], "{datapath}: the sink starts at the parameter sets: {st}");
+    // At the keyframe's first packet, its delimiter: a player's parser then never takes the
+    // keyframe for the rest of an earlier picture (user space holds an unfinished access
+    // unit back until it knows; the kernel program passes delimiters while it holds slices).
+    assert_eq!(types, vec![9, 7, 8, 5, 1], "{datapath}: the sink starts at the keyframe: {st}");
     if datapath == "kernel" {
-        assert_eq!((st["path"].as_str(), st["packets_sent"].as_u64()), (Some("kernel"), Some(4)), "{st}");
+        assert_eq!((st["path"].as_str(), st["packets_sent"].as_u64()), (Some("kernel"), Some(5)), "{st}");
     } else {
         assert_eq!(st["packets_before_keyframe"], 3, "{st}");
     }

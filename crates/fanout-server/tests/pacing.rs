@@ -44,7 +44,7 @@ fn play_with_a_stall(url: &str, input: &[&str], sent: impl Fn() -> u64) -> Strin
         }
         last.1.elapsed() >= Duration::from_millis(1500)
     });
-    // The ring (64 packets) laps it within 2 s of the stream.
+    // The ring (128 packets) laps it within 2 s of the stream.
     std::thread::sleep(Duration::from_secs(3));
     signal(libc::SIGCONT);
     assert!(stood, "{url}: the relay kept sending to a stopped player");
@@ -88,7 +88,7 @@ fn assert_clean_resume(what: &str, log: &str) {
 }
 
 /// A small ring, so a stall of a few seconds laps the subscriber.
-const CONFIG: &str = "[[session]]\nname = \"tv\"\nring = 64\nsource = { demo = true }\n";
+const CONFIG: &str = "[[session]]\nname = \"tv\"\nring = 128\nsource = { demo = true }\n";
 
 #[test]
 fn a_lapped_http_subscriber_resumes_at_a_keyframe() {
