@@ -11,12 +11,14 @@
 //! - [`Priority`]: a session's class, 0–7, higher served first.
 
 pub mod classq;
+pub mod egress;
 pub mod pace;
 pub mod ring;
 pub mod shed;
 pub mod slots;
 
 pub use classq::ClassQueues;
+pub use egress::{Egress, Overbooked, Slot};
 pub use pace::{Allowed, BadPace, Pace, StreamMeter, VirtualClock};
 pub use ring::{Cursor, SessionRing};
 pub use shed::{ShedConfig, Shedder};

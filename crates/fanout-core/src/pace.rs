@@ -93,6 +93,12 @@ impl VirtualClock {
         Allowed { count, next_at: None }
     }
 
+    /// Stamps a packet of `len` bytes that leaves whatever the clock says (a link's clock,
+    /// moved by traffic that was admitted elsewhere).
+    pub fn charge(&mut self, pace: &Pace, now: u64, len: usize) {
+        self.finish = self.finish.max(now).saturating_add(pace.span(len as u64));
+    }
+
     /// How far ahead of `now` the clock runs: the sink's queue at its rate, in nanoseconds.
     pub fn ahead(&self, now: u64) -> u64 {
         self.finish.saturating_sub(now)

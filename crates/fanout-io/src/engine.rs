@@ -225,6 +225,43 @@ pub struct EngineOptions {
     pub shed_after: Option<Duration>,
     /// Scheduling priority of the workers and the reactor.
     pub priority: sys::ThreadPriority,
+    /// The egress link all sessions share, in bytes per second (none: not limited): the
+    /// relay sends no faster, sharing it by the sessions' reserved rates, then by class.
+    pub egress_rate: Option<u64>,
+}
+
+/// The egress link the sessions share ([`fanout_core::egress`]), and the epoch of its clock.
+pub struct SharedEgress {
+    pub link: Mutex<fanout_core::Egress>,
+    pub epoch: Instant,
+}
+
+/// A session's place on the shared egress, given up when the session goes.
+pub struct EgressSeat {
+    pub egress: Arc<SharedEgress>,
+    pub slot: fanout_core::Slot,
+}
+
+impl Drop for EgressSeat {
+    fn drop(&mut self) {
+        self.egress.link.lock().leave(self.slot);
+    }
+}
+
+impl SharedEgress {
+    /// A link of `rate` bytes per second that takes 100 ms of itself back to back (at least
+    /// 64 KiB: a keyframe to a few sinks).
+    fn new(rate: u64) -> Result<Self, fanout_core::BadPace> {
+        let burst = (rate / 10).max(64 * 1024);
+        Ok(Self { link: Mutex::new(fanout_core::Egress::new(rate, burst)?), epoch: Instant::now() })
+    }
+
+    /// A session of `class` takes a place, with `reserve` bytes per second of the link
+    /// (0: none) of which 100 ms (at least 64 KiB) may go back to back.
+    pub fn join(self: &Arc<Self>, class: Priority, reserve: u64) -> Result<EgressSeat, fanout_core::Overbooked> {
+        let slot = self.link.lock().join(class, reserve, (reserve / 10).max(64 * 1024))?;
+        Ok(EgressSeat { egress: self.clone(), slot })
+    }
 }
 
 /// The worker pool and the reactor that feeds it.
@@ -236,6 +273,7 @@ pub struct Engine {
     kernel: Mutex<Option<Result<Arc<crate::kernel::KernelFanout>, String>>>,
     /// Sink slots the program's array is made with, for all sessions together.
     kernel_sinks: AtomicUsize,
+    egress: Option<Arc<SharedEgress>>,
 }
 
 impl Engine {
@@ -260,6 +298,10 @@ impl Engine {
             shed_changes: AtomicU64::new(0),
             runs: AtomicU64::new(0),
         });
+        let egress = match opts.egress_rate {
+            Some(rate) => Some(Arc::new(SharedEgress::new(rate).map_err(std::io::Error::other)?)),
+            None => None,
+        };
         let reactor = Reactor::start(opts.priority)?;
         let mut workers = Vec::with_capacity(n);
         for i in 0..n {
@@ -281,7 +323,13 @@ impl Engine {
             workers,
             kernel: Mutex::new(None),
             kernel_sinks: AtomicUsize::new(crate::kernel::DEFAULT_MAX_SINKS),
+            egress,
         })
+    }
+
+    /// The egress link the sessions share, if it is limited.
+    pub fn egress(&self) -> Option<&Arc<SharedEgress>> {
+        self.egress.as_ref()
     }
 
     pub fn runner(&self) -> Runner {

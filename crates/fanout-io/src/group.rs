@@ -204,6 +204,9 @@ impl GroupState {
     /// those with something to send (and one sink's burst): together they never send faster
     /// than that, as if behind one link, and each packet's copies leave spread over its
     /// interval.
+    /// With `egress`, what each sink may take is then what is left of the session's place on
+    /// the egress the sessions share (its reservation, then spare capacity by class).
+    #[allow(clippy::too_many_arguments)]
     fn offer(
         &mut self,
         start: u64,
@@ -211,6 +214,7 @@ impl GroupState {
         ring: usize,
         write_streams: bool,
         (pace, shared_link): (Option<(Pace, Instant)>, bool),
+        egress: Option<&crate::engine::EgressSeat>,
         now: Instant,
     ) -> Option<Instant> {
         self.offers.clear();
@@ -227,6 +231,10 @@ impl GroupState {
             Pace::new(p.rate().saturating_mul(active as u64), p.burst(), 0).ok()
         });
         let mut wake: Option<Instant> = None;
+        let mut egress = egress.map(|seat| {
+            let t = now.saturating_duration_since(seat.egress.epoch).as_nanos() as u64;
+            (seat.egress.link.lock(), seat, t)
+        });
         for i in (turn..n).chain(0..turn) {
             let k = &mut self.sinks[i];
             if !k.ready() || (k.cursor.next() >= head && k.partial.is_none()) {
@@ -241,7 +249,8 @@ impl GroupState {
                 Some(_) => &[][..],
                 None => &self.snapshot[(k.cursor.next() - start) as usize..],
             };
-            let count = match &pace {
+            let clocks = (k.clock, self.group_clock);
+            let mut count = match &pace {
                 Some(_) if pending.len() > ring / 2 => pending.len(),
                 None => pending.len(),
                 Some((pace, epoch)) => {
@@ -266,6 +275,26 @@ impl GroupState {
                     count
                 }
             };
+            if let Some((link, seat, t)) = egress.as_mut().filter(|_| count > 0) {
+                let a = link.admit(seat.slot, *t, pending[..count].iter().map(|p| p.len()));
+                if a.count < count {
+                    count = a.count;
+                    if let Some((pace, epoch)) = &pace {
+                        // The clocks count only what leaves.
+                        let t = now.saturating_duration_since(*epoch).as_nanos() as u64;
+                        (k.clock, self.group_clock) = clocks;
+                        let lens = pending[..count].iter().map(|p| p.len());
+                        k.clock.admit(pace, t, lens.clone());
+                        if let Some(gp) = &group_pace {
+                            self.group_clock.admit(gp, t, lens);
+                        }
+                    }
+                    if let Some(at) = a.next_at {
+                        let at = seat.egress.epoch + Duration::from_nanos(at);
+                        wake = Some(wake.map_or(at, |w| w.min(at)));
+                    }
+                }
+            }
             if count > 0 || k.partial.is_some() {
                 self.offers.push(Offer { sink: i, count });
             }
@@ -304,7 +333,8 @@ impl Job for GroupJob {
         let (head, start) = g.snapshot(&s, now);
         g.skip_to_awaited(start, now);
         let write_streams = stream_flush_now(g, &s.cfg, head, reactor);
-        let wake = g.offer(start, head, s.cfg.ring_capacity, write_streams, (s.pace(), s.pace_shared_link()), now);
+        let pace = (s.pace(), s.pace_shared_link());
+        let wake = g.offer(start, head, s.cfg.ring_capacity, write_streams, pace, s.egress.as_ref(), now);
         if let Some(at) = wake.filter(|&at| g.pace_due.is_none_or(|due| due <= now || at < due)) {
             g.pace_due = Some(at);
             if let Some(task) = g.task.upgrade() {

@@ -109,6 +109,9 @@ pub struct SessionConfig {
     pub source_recv: SourceRecv,
     /// Paced egress (`None`: every sink is sent all it is owed at once).
     pub pacing: Option<PaceConfig>,
+    /// Bytes per second of the shared egress reserved for this session, all its sinks
+    /// together (0: none; see [`crate::EngineOptions::egress_rate`]).
+    pub reserve: u64,
 }
 
 /// How a session paces its sinks (see [`fanout_core::pace`]).
@@ -312,6 +315,8 @@ pub(crate) struct Inner {
     source_addr: Mutex<Option<SocketAddr>>,
     pub source_error: Mutex<Option<String>>,
     pub closed: AtomicBool,
+    /// Its place on the egress the sessions share, if that is limited.
+    pub egress: Option<crate::engine::EgressSeat>,
     /// Sequence number + 1 of the last packet that starts a video keyframe (0: none yet);
     /// written under the ring lock.
     last_key: AtomicU64,
@@ -651,7 +656,8 @@ impl Inner {
 
 impl Session {
     pub fn new(cfg: SessionConfig, engine: &Engine) -> Self {
-        let cfg_datapath = cfg.datapath;
+        let (cfg_datapath, cfg_priority, cfg_reserve) = (cfg.datapath, cfg.priority, cfg.reserve);
+        let cfg_name = cfg.name.clone();
         let runner = match cfg.datapath {
             DataPath::Daemon => Runner::Thread(Arc::new(Signal::default())),
             _ => engine.runner(),
@@ -685,6 +691,13 @@ impl Session {
             saw_parameter_sets: AtomicBool::new(false),
             layers: Mutex::new(Default::default()),
             meter: Mutex::new(Default::default()),
+            egress: engine.egress().map(|e| {
+                e.join(cfg_priority, cfg_reserve).unwrap_or_else(|err| {
+                    // The control plane checks before it creates a session; a race lands here.
+                    tracing::warn!(session = %cfg_name, "{err}: the session shares the egress unreserved");
+                    e.join(cfg_priority, 0).expect("no reservation always fits")
+                })
+            }),
         });
         if let Runner::Thread(sig) = &inner.runner {
             let (weak, sig) = (Arc::downgrade(&inner), sig.clone());

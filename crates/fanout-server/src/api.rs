@@ -463,6 +463,10 @@ fn engine_json(relay: &Relay) -> serde_json::Value {
         "shed_changes": shed_changes,
         "rtsp": *relay.rtsp_addr.lock(),
         "rtsps": *relay.rtsps_addr.lock(),
+        "egress": relay.engine.egress().map(|e| {
+            let link = e.link.lock();
+            json!({ "rate_kbps": link.rate() * 8 / 1000, "reserved_kbps": link.reserved() * 8 / 1000 })
+        }),
     })
 }
 

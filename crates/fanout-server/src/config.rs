@@ -42,6 +42,10 @@ pub struct Config {
     /// While the classes served wait longer than this for a worker, the lowest class still
     /// served is shed (its sources drop what they read); 0 = never shed.
     pub shed_after_ms: u64,
+    /// The egress link all sessions share, in kbit/s (0: not limited): the relay sends no
+    /// faster, giving each session its `reserve_kbps` first and what is left to the higher
+    /// classes first (Yau & Lam's KT_RC). `shared`, `copy` and `uring` sessions only.
+    pub egress_kbps: u64,
     /// Default ring capacity in packets per session.
     pub ring: usize,
     /// Default largest datagram in bytes.
@@ -240,6 +244,7 @@ pub const CONFIG_FIELDS: &[&str] = &[
     "workers",
     "worker_priority",
     "shed_after_ms",
+    "egress_kbps",
     "ring",
     "max_datagram",
     "sinks_per_group",
@@ -252,6 +257,9 @@ pub const CONFIG_FIELDS: &[&str] = &[
     "tls",
     "cluster",
 ];
+
+/// The largest egress a relay may be told it has: 400 Gbit/s.
+pub const MAX_EGRESS_KBPS: u64 = 400_000_000;
 
 /// See `docs/BENCHMARKS.md` (stream flush): the interval that halves the writes of
 /// 256 kbit/s streams.
@@ -273,6 +281,7 @@ impl Default for Config {
             workers: 0,
             worker_priority: "normal".into(),
             shed_after_ms: DEFAULT_SHED_AFTER_MS,
+            egress_kbps: 0,
             ring: 1024,
             max_datagram: 2048,
             // Two groups for 1000 sinks: few system calls per packet, both workers busy.
@@ -423,6 +432,11 @@ impl Config {
             "shed_after_ms",
             format!("shed_after_ms {} is out of range 0..={MAX_SHED_AFTER_MS}", self.shed_after_ms),
         );
+        check(
+            self.egress_kbps == 0 || (8..=MAX_EGRESS_KBPS).contains(&self.egress_kbps),
+            "egress_kbps",
+            format!("egress_kbps {} is out of range 8..={MAX_EGRESS_KBPS} (0: not limited)", self.egress_kbps),
+        );
         check(self.rtsp_max_connections >= 1, "rtsp_max_connections", "rtsp_max_connections must be at least 1".into());
         check(
             (1.0..=86_400.0).contains(&self.rtsp_idle_s),
@@ -491,6 +505,7 @@ impl Config {
             workers: self.workers,
             shed_after: (self.shed_after_ms > 0).then(|| std::time::Duration::from_millis(self.shed_after_ms)),
             priority: self.worker_priority.parse().map_err(|e| anyhow::anyhow!("worker_priority {e}"))?,
+            egress_rate: (self.egress_kbps > 0).then(|| self.egress_kbps * 1000 / 8),
         })
     }
 

@@ -66,6 +66,10 @@ struct ServeArgs {
     /// (overrides the config).
     #[arg(long)]
     shed_after_ms: Option<u64>,
+    /// The egress all sessions share, in kbit/s: shared by reserved rates, then by class;
+    /// 0 = not limited (overrides the config).
+    #[arg(long)]
+    egress_kbps: Option<u64>,
     /// Ring capacity in packets per session (overrides the config).
     #[arg(long)]
     ring: Option<usize>,
@@ -150,6 +154,14 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
             config::MAX_SHED_AFTER_MS
         );
         cfg.shed_after_ms = ms;
+    }
+    if let Some(k) = a.egress_kbps {
+        anyhow::ensure!(
+            k == 0 || (8..=config::MAX_EGRESS_KBPS).contains(&k),
+            "--egress-kbps {k} is out of range 8..={} (0: not limited)",
+            config::MAX_EGRESS_KBPS
+        );
+        cfg.egress_kbps = k;
     }
     if let Some(r) = a.ring {
         anyhow::ensure!((2..=spec::MAX_RING).contains(&r), "--ring {r} is out of range 2..={}", spec::MAX_RING);

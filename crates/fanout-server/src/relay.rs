@@ -359,6 +359,26 @@ impl Relay {
             return Err(RelayError::Conflict(format!("a session named {:?} already exists", spec.name)));
         }
         let datapath = self.datapath_for(&spec)?;
+        let reserve = spec.reserve_kbps.unwrap_or(0) * 1000 / 8;
+        if reserve > 0 {
+            let Some(egress) = self.engine.egress() else {
+                return Err(RelayError::BadRequest(
+                    "reserve_kbps needs a limited egress (the relay's egress_kbps) to reserve from".into(),
+                ));
+            };
+            let (link, reserved) = {
+                let e = egress.link.lock();
+                (e.rate(), e.reserved())
+            };
+            if reserved + reserve > link {
+                return Err(RelayError::Conflict(format!(
+                    "reserve_kbps {}: only {} of the egress's {} kbit/s are not reserved yet",
+                    spec.reserve_kbps.unwrap_or(0),
+                    (link - reserved) * 8 / 1000,
+                    link * 8 / 1000
+                )));
+            }
+        }
         let max_datagram = spec.max_datagram.unwrap_or(self.cfg.max_datagram);
         let pacing = spec.pace_config(max_datagram).map_err(RelayError::BadRequest)?;
         // An rtsps:// source's certificate check, set up now: a CA file that does not load is
@@ -389,6 +409,7 @@ impl Relay {
             source_recv: spec.source_recv,
             stream_flush: Duration::from_millis(spec.stream_flush_ms.unwrap_or(self.cfg.stream_flush_ms)),
             pacing,
+            reserve,
         };
         let session = Session::new(cfg, &self.engine);
         session.set_rtp_video(spec.video.map(|v| v.codec()));

@@ -284,6 +284,11 @@ pub struct SessionSpec {
     /// (a sink group is also paced as a whole, at the sum of its sinks' rates).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pace_link: Option<PaceLink>,
+    /// Egress reserved for this session, all its sinks together, in kbit/s (needs the
+    /// relay's `egress_kbps`): under contention it gets this much before the spare capacity
+    /// is shared by class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserve_kbps: Option<u64>,
     /// How `shared` sends to UDP sinks: `batched` (one `sendmmsg` for the whole group,
     /// default) or `connected` (a connected socket per sink).
     #[serde(default)]
@@ -340,6 +345,7 @@ impl SessionSpec {
             pace_burst_kb: None,
             pace_catchup: None,
             pace_link: None,
+            reserve_kbps: None,
             sinks: Vec::new(),
         }
     }
@@ -379,6 +385,13 @@ impl SessionSpec {
         if let Some(r) = self.rate_kbps.filter(|r| !RATE_KBPS.contains(r)) {
             return Err(format!(
                 "rate_kbps {r} is out of range {}..={} (a stream's rate, to pace by)",
+                RATE_KBPS.start(),
+                RATE_KBPS.end()
+            ));
+        }
+        if let Some(r) = self.reserve_kbps.filter(|r| !RATE_KBPS.contains(r)) {
+            return Err(format!(
+                "reserve_kbps {r} is out of range {}..={} (egress reserved for the session)",
                 RATE_KBPS.start(),
                 RATE_KBPS.end()
             ));

@@ -257,3 +257,68 @@ fn sinks_behind_a_shared_link_get_their_copies_spread() {
     // to back, well under a millisecond).
     assert!(spans[spans.len() / 2] >= Duration::from_millis(25), "copies back to back: {spans:?}");
 }
+
+/// One egress for all sessions (KT_RC across streams): under contention each session gets
+/// its reserved rate first, and the spare capacity goes to the higher class first. Three
+/// sessions each owe two sinks 120 kB/s; the egress takes 220 kB/s: `r` (class 0) has
+/// 80 kB/s reserved, `hi` (class 3) none and takes the spare whole, `lo` (class 0) gets
+/// what is left (about 20 kB/s). Margins are wide; the order and the reservation are not.
+#[test]
+fn the_egress_is_shared_by_reservation_then_class() {
+    let relay = Relay::with_config("egress_kbps = 1760\n", &["--no-demo"]);
+    let e = relay.ok("GET", "/v1/engine", None);
+    assert_eq!(e["egress"]["rate_kbps"], 1760, "{e}");
+    let rx: Vec<std::net::UdpSocket> = (0..6).map(|_| std::net::UdpSocket::bind("127.0.0.1:0").unwrap()).collect();
+    let sessions = [("r", 0, Some(640)), ("hi", 3, None), ("lo", 0, None)];
+    let mut sources = Vec::new();
+    for (i, (name, class, reserve)) in sessions.iter().enumerate() {
+        let sinks: Vec<_> =
+            rx[2 * i..2 * i + 2].iter().map(|r| serde_json::json!({"udp": r.local_addr().unwrap()})).collect();
+        let mut spec =
+            serde_json::json!({"name": name, "source": {"udp": "127.0.0.1:0"}, "priority": class, "sinks": sinks});
+        if let Some(kbps) = reserve {
+            spec["reserve_kbps"] = serde_json::json!(kbps);
+        }
+        sources.push(create_on_free_port(&relay, spec));
+    }
+    assert_eq!(relay.ok("GET", "/v1/engine", None)["egress"]["reserved_kbps"], 640);
+    // A reservation beyond what is left is refused, saying what is.
+    let (code, v) = relay.call(
+        "POST",
+        "/v1/sessions",
+        Some(serde_json::json!({"name": "big", "source": {"udp": "127.0.0.1:0"}, "reserve_kbps": 1200})),
+    );
+    assert_eq!(code, 409, "{v}");
+    assert!(v.to_string().contains("1120 of the egress's 1760 kbit/s"), "{v}");
+    // 60 packets of 1000 bytes a second into each, for 4 s.
+    let senders: Vec<_> =
+        sources.into_iter().map(|s| std::thread::spawn(move || send_paced(s, 240, 1000, 60.0))).collect();
+    senders.into_iter().for_each(|t| t.join().unwrap());
+    // What each session got out while all three were owed more than the egress takes.
+    let share: Vec<f64> = sessions
+        .iter()
+        .map(|(name, _, _)| {
+            let sinks = relay.ok("GET", &format!("/v1/sessions/{name}/sinks"), None);
+            let sent: u64 =
+                sinks["sinks"].as_array().unwrap().iter().map(|s| s["packets_sent"].as_u64().unwrap()).sum();
+            sent as f64 / 480.0
+        })
+        .collect();
+    let (r, hi, lo) = (share[0], share[1], share[2]);
+    eprintln!("shares of what each session was owed: r {r:.3} hi {hi:.3} lo {lo:.3}");
+    assert!(hi > 0.9, "class 3 takes the spare capacity whole: r {r:.2} hi {hi:.2} lo {lo:.2}");
+    assert!(r > 0.55, "the reservation (2/3 of what r is owed) is kept: r {r:.2} hi {hi:.2} lo {lo:.2}");
+    assert!(lo < 0.4 && lo < r, "class 0 without a reservation gets what is left: r {r:.2} hi {hi:.2} lo {lo:.2}");
+}
+
+#[test]
+fn a_reservation_needs_a_limited_egress() {
+    let relay = Relay::start(&["--no-demo"]);
+    let (code, v) = relay.call(
+        "POST",
+        "/v1/sessions",
+        Some(serde_json::json!({"name": "r", "source": {"udp": "127.0.0.1:0"}, "reserve_kbps": 500})),
+    );
+    assert_eq!(code, 400, "{v}");
+    assert!(v.to_string().contains("egress_kbps"), "{v}");
+}

@@ -176,13 +176,22 @@ impl Topology {
 
     /// Moves the calling thread (and what it starts) into the relay's namespace.
     pub(super) fn enter_relay(&self) -> anyhow::Result<()> {
-        let f = std::fs::File::open(format!("/var/run/netns/{}", self.relay))?;
-        // SAFETY: setns on a valid namespace fd affects only the calling thread.
-        if unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&f), libc::CLONE_NEWNET) } != 0 {
-            bail!("setns into {}: {}", self.relay, std::io::Error::last_os_error());
-        }
-        Ok(())
+        enter(&self.relay)
     }
+
+    /// Moves the calling thread (and what it starts) into subscriber namespace `i`.
+    pub(super) fn enter_sub(&self, i: usize) -> anyhow::Result<()> {
+        enter(&self.subs[i])
+    }
+}
+
+fn enter(ns: &str) -> anyhow::Result<()> {
+    let f = std::fs::File::open(format!("/var/run/netns/{ns}"))?;
+    // SAFETY: setns on a valid namespace fd affects only the calling thread.
+    if unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&f), libc::CLONE_NEWNET) } != 0 {
+        bail!("setns into {ns}: {}", std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 impl Drop for Topology {

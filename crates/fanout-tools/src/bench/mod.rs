@@ -4,6 +4,7 @@
 
 pub mod cluster;
 pub mod datapaths;
+pub mod egress;
 pub mod http;
 pub mod layers;
 pub mod pacing;
@@ -43,6 +44,9 @@ pub enum BenchCmd {
     Layers(layers::LayersArgs),
     /// Subscribers joining behind thin links, pacing off and on (needs root).
     Pacing(pacing::PacingArgs),
+    /// Five sessions behind one thin egress link: the link's drops against the relay's own
+    /// sharing by reserved rate, then class (needs root).
+    Egress(egress::EgressArgs),
     /// A tree of relays: subscribers over 1, 2, 4 edges of one origin, latency per tier,
     /// and the projected size of larger trees.
     Cluster(cluster::ClusterArgs),
@@ -83,6 +87,7 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Overload(a) => scenarios::overload(a),
         BenchCmd::Splice(a) => splice::run(a),
         BenchCmd::Pacing(a) => pacing::run(a),
+        BenchCmd::Egress(a) => egress::run(a),
         BenchCmd::Register(a) => register::run(a),
         BenchCmd::Cluster(a) => cluster::run(a),
         BenchCmd::Repack(a) => repack::run(a),
