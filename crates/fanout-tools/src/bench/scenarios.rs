@@ -572,6 +572,15 @@ pub fn overload(mut a: OverloadArgs) -> anyhow::Result<()> {
         a.seconds = 4.0;
         a.setups.truncate(1);
     }
+    // The top class's need is measured with nothing in the background.
+    anyhow::ensure!(
+        a.levels.first() == Some(&0.0),
+        "--levels must start at 0: what the top class alone needs is measured there"
+    );
+    anyhow::ensure!(
+        a.levels.iter().all(|l| (0.0..=100.0).contains(l)),
+        "--levels are busy shares in percent, 0 to 100"
+    );
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     super::set_tools_nice(a.tools_nice);
     let relays = a
@@ -586,7 +595,7 @@ pub fn overload(mut a: OverloadArgs) -> anyhow::Result<()> {
     )?;
     let mut pb = progress((a.levels.len() * relays.len()) as u64, "bench overload");
     // What the top class alone needs, % of a core, per setup: its share of the first level's
-    // deliveries times the relay's CPU there (the first level should be 0%: all delivered).
+    // deliveries times the relay's CPU there (the first level is 0%: all delivered).
     let mut top_need: Vec<Option<f64>> = vec![None; relays.len()];
     let classes = [1u8, 2, 3];
     type Series = Vec<(String, Vec<(f64, f64)>)>;
