@@ -213,6 +213,40 @@ pub fn recv_error(fd: RawFd) -> Option<(SocketAddr, io::Error)> {
     Some((addr, io::Error::from_raw_os_error(errno)))
 }
 
+/// A process's figures from `/proc/PID/stat`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ProcStat {
+    /// User + system CPU time, in seconds.
+    pub cpu_s: f64,
+    pub threads: u64,
+    /// Resident memory, in bytes.
+    pub rss_bytes: u64,
+}
+
+impl ProcStat {
+    /// Reads it for `pid` (`None`: this process).
+    pub fn read(pid: Option<u32>) -> std::io::Result<Self> {
+        let path = pid.map_or_else(|| "/proc/self/stat".to_string(), |p| format!("/proc/{p}/stat"));
+        // SAFETY: sysconf has no preconditions.
+        let (hz, page) = unsafe { (libc::sysconf(libc::_SC_CLK_TCK), libc::sysconf(libc::_SC_PAGESIZE)) };
+        Self::parse(&std::fs::read_to_string(path)?, hz.max(1) as f64, page.max(1) as u64)
+            .ok_or_else(|| std::io::Error::other("an odd /proc stat line"))
+    }
+
+    /// Parses a stat line, with `hz` clock ticks a second and pages of `page` bytes.
+    pub fn parse(stat: &str, hz: f64, page: u64) -> Option<Self> {
+        // The fields after the command name (which may hold spaces and parentheses) start
+        // at the state, field 3 of proc(5).
+        let f: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+        let field = |n: usize| f.get(n - 3)?.parse::<u64>().ok();
+        Some(Self {
+            cpu_s: (field(14)? + field(15)?) as f64 / hz,
+            threads: field(20)?,
+            rss_bytes: field(24)?.saturating_mul(page),
+        })
+    }
+}
+
 /// Raises the open-file limit to the hard limit, and the hard limit to `want` where that is
 /// higher and the process may (CAP_SYS_RESOURCE; at most `fs.nr_open`); returns the new soft
 /// limit.
@@ -449,6 +483,16 @@ pub fn spawn_with_priority<F: FnOnce() + Send + 'static>(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_stat_line_is_read_past_a_command_with_spaces_and_parentheses() {
+        let line = "4242 (fan (out) x) S 1 4242 4242 0 -1 4194560 900 0 0 0 250 75 0 0 20 0 7 0 100 \
+                    123456789 300 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0";
+        let s = super::ProcStat::parse(line, 100.0, 4096).unwrap();
+        assert_eq!(s, super::ProcStat { cpu_s: 3.25, threads: 7, rss_bytes: 300 * 4096 });
+        assert_eq!(super::ProcStat::parse("4242 (x) S 1", 100.0, 4096), None);
+        assert!(super::ProcStat::read(None).unwrap().threads >= 1);
+    }
+
     use super::ThreadPriority;
 
     #[test]

@@ -548,17 +548,11 @@ fn cluster_metrics(m: &mut String, c: &crate::cluster::Cluster) {
 /// Prometheus text exposition of the same counters the status calls show.
 /// The process's own figures from /proc (Prometheus' conventional `process_*` names).
 fn process_metrics(m: &mut String) {
-    let tick = 100.0; // USER_HZ on Linux
-    if let Ok(stat) = std::fs::read_to_string("/proc/self/stat") {
-        // Fields after the command name (which may hold spaces) start at state (field 3).
-        let f: Vec<&str> = stat.rsplit_once(')').map_or(vec![], |(_, r)| r.split_whitespace().collect());
-        let num = |i: usize| f.get(i - 3).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-        let cpu = (num(14) + num(15)) / tick;
-        let _ = writeln!(m, "# HELP process_cpu_seconds_total User and system CPU time.\n# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total {cpu}");
-        let rss = num(24) * 4096.0;
-        let _ = writeln!(m, "# HELP process_resident_memory_bytes Resident memory.\n# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes {rss}");
-        let threads = num(20);
-        let _ = writeln!(m, "# HELP process_threads Threads.\n# TYPE process_threads gauge\nprocess_threads {threads}");
+    if let Ok(s) = fanout_io::sys::ProcStat::read(None) {
+        let _ = writeln!(m, "# HELP process_cpu_seconds_total User and system CPU time.\n# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total {}", s.cpu_s);
+        let _ = writeln!(m, "# HELP process_resident_memory_bytes Resident memory.\n# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes {}", s.rss_bytes);
+        let _ =
+            writeln!(m, "# HELP process_threads Threads.\n# TYPE process_threads gauge\nprocess_threads {}", s.threads);
     }
     if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
         let _ = writeln!(

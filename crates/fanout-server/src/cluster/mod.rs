@@ -399,11 +399,7 @@ impl crate::upstream::Origin for PullOrigin {
 
 /// The process's CPU seconds so far (user + system).
 fn cpu_seconds() -> f64 {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else { return 0.0 };
-    // Fields after the command name (which may hold spaces) start at field 3.
-    let f: Vec<&str> = stat.rsplit_once(')').map_or(vec![], |(_, r)| r.split_whitespace().collect());
-    let num = |i: usize| f.get(i - 3).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (num(14) + num(15)) / 100.0 // USER_HZ
+    fanout_io::sys::ProcStat::read(None).map_or(0.0, |s| s.cpu_s)
 }
 
 /// Keeps [`Cluster::me`]'s load current: counts now, CPU and egress over the last 2 s.

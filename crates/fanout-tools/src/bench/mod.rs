@@ -201,13 +201,7 @@ impl Drop for RelayProc {
 
 /// CPU seconds (user + system, all threads) a process has used.
 pub fn process_cpu_s(pid: u32) -> anyhow::Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).context("the relay is gone")?;
-    // Fields after the command name (which may hold spaces): utime is the 12th, stime the 13th.
-    let rest = stat.rsplit_once(')').context("odd /proc stat")?.1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    Ok((f[11].parse::<u64>()? + f[12].parse::<u64>()?) as f64 / hz)
+    Ok(fanout_io::sys::ProcStat::read(Some(pid)).context("the relay is gone")?.cpu_s)
 }
 
 /// (busy, total) jiffies of the whole machine.
