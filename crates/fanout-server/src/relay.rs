@@ -360,6 +360,16 @@ impl Relay {
         }
         let datapath = self.datapath_for(&spec)?;
         let reserve = spec.reserve_kbps.unwrap_or(0) * 1000 / 8;
+        if self.engine.egress().is_some() && matches!(datapath, DataPath::Kernel | DataPath::Daemon) {
+            let path = if datapath == DataPath::Kernel { "kernel" } else { "daemon" };
+            if reserve > 0 {
+                return Err(RelayError::BadRequest(format!(
+                    "reserve_kbps: the {path} data path does not send through the shared egress (egress_kbps); \
+                     use shared, copy or uring"
+                )));
+            }
+            tracing::warn!(session = %spec.name, "the {path} data path's traffic is not counted by egress_kbps");
+        }
         if reserve > 0 {
             let Some(egress) = self.engine.egress() else {
                 return Err(RelayError::BadRequest(

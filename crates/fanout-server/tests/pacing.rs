@@ -312,6 +312,18 @@ fn the_egress_is_shared_by_reservation_then_class() {
 }
 
 #[test]
+fn a_reservation_needs_a_path_through_the_egress() {
+    let relay = Relay::with_config("egress_kbps = 1000\n", &["--no-demo"]);
+    let (code, v) = relay.call(
+        "POST",
+        "/v1/sessions",
+        Some(serde_json::json!({"name": "d", "source": {"udp": "127.0.0.1:0"}, "datapath": "daemon", "reserve_kbps": 100})),
+    );
+    assert_eq!(code, 400, "{v}");
+    assert!(v.to_string().contains("daemon data path does not send through the shared egress"), "{v}");
+}
+
+#[test]
 fn a_reservation_needs_a_limited_egress() {
     let relay = Relay::start(&["--no-demo"]);
     let (code, v) = relay.call(
