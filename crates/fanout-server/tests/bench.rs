@@ -178,3 +178,31 @@ fn bench_pacing_quick_runs_and_pacing_cuts_the_loss_at_joining() {
     assert!(loss("on") <= loss("off"), "paced {} % vs unpaced {} %:\n{summary}", loss("on"), loss("off"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `bench egress --quick` writes its CSV and PNG and shows what a shared egress is for: behind
+/// one thin link the top class loses (much) less than when the link drops, and the lowest
+/// class more than the top one (generous margins).
+#[test]
+fn bench_egress_quick_runs_and_the_top_class_is_kept() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        assert!(std::env::var_os("CI").is_none(), "CI runs as root: bench egress must run");
+        eprintln!("\n*** SKIPPED bench egress --quick: needs root (network namespaces, tc) ***\n");
+        return;
+    }
+    let dir = tmpdir("bench-egress");
+    let out = fanout(&["bench", "egress", "--quick", "--out", dir.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows = std::fs::read_to_string(dir.join("egress.csv")).unwrap();
+    assert_eq!(rows.lines().count(), 1 + 2 * 5, "{rows}");
+    let png = std::fs::read(dir.join("egress.png")).unwrap();
+    assert_eq!(&png[..4], b"\x89PNG");
+    let loss = |round: &str, session: &str| -> f64 {
+        let row = rows.lines().find(|l| l.starts_with(&format!("{round},{session},"))).expect(session);
+        row.split(',').nth(6).unwrap().parse().unwrap()
+    };
+    let (top, dropped) = (loss("egress", "class-3"), loss("unlimited", "class-3"));
+    assert!(top < 5.0 && top < dropped / 2.0, "class 3: {top} % shared vs {dropped} % dropped by the link:\n{rows}");
+    assert!(loss("egress", "class-0") > 50.0, "class 0 gets what is left:\n{rows}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
