@@ -39,16 +39,23 @@ impl ChannelQueue {
 
     /// Queues what fits; returns how many did (the rest stays in the ring for later, and a
     /// reader that stays behind is lapped there like any slow sink).
-    /// What fills the queue ends at the end of an RTP access unit where one is in reach: if
-    /// the reader stalls and the ring laps it, the player holds whole pictures, and the
-    /// keyframe it resumes at is not taken for the rest of a broken one (ffmpeg's parser
-    /// glued the two into one picture with the old timestamp).
+    /// What fills the queue ends at the end of an RTP access unit: if the reader stalls and
+    /// the ring laps it, the player holds whole pictures, and the keyframe it resumes at is
+    /// not taken for the rest of a broken one (ffmpeg's parser glued the two into one picture
+    /// with the old timestamp). A picture the queue already holds the start of is finished
+    /// past the cap, by at most the cap again (RTP that never sets the marker bit, such as
+    /// MPEG-TS, thus never makes the queue hold more than twice its cap).
     pub(crate) fn push(&self, pending: &[Arc<Packet>]) -> usize {
         self.push_with(|room, q| {
             let mut n = room.min(pending.len());
             if n == room {
+                let open = q.back().is_some_and(|(p, _)| !p.ends_access_unit());
                 match pending[..n].iter().rposition(|p| p.ends_access_unit()) {
                     Some(last) => n = last + 1,
+                    None if open => {
+                        let reach = (2 * self.cap).saturating_sub(q.len()).min(pending.len());
+                        n = pending[..reach].iter().position(|p| p.ends_access_unit()).map_or(reach, |end| end + 1)
+                    }
                     None if !q.is_empty() => n = 0,
                     None => {} // an access unit larger than the queue goes as it fits
                 }
@@ -75,15 +82,28 @@ impl ChannelQueue {
         pending: &[Arc<Packet>],
         mut decide: impl FnMut(&Packet) -> Option<(u16, Option<Arc<Packet>>)>,
     ) -> (usize, u64) {
+        // Pictures whole, as in `push`; a decision cannot be taken back, so a picture is
+        // begun only if all its packets fit (or the queue is empty), and an open one is
+        // finished past the cap by at most the cap again.
         self.push_with(|mut room, q| {
             let (mut decided, mut bytes) = (0, 0);
-            for p in pending {
-                if room == 0 {
+            let mut open = q.back().is_some_and(|(p, _)| !p.ends_access_unit());
+            for (i, p) in pending.iter().enumerate() {
+                let stop = if open {
+                    q.len() >= 2 * self.cap
+                } else {
+                    let whole =
+                        pending[i..].iter().position(|p| p.ends_access_unit()).map_or(pending.len() - i, |e| e + 1);
+                    room == 0 || (whole > room && !q.is_empty())
+                };
+                if stop {
+                    self.held.store(true, Ordering::Relaxed);
                     break;
                 }
                 decided += 1;
+                open = !p.ends_access_unit();
                 let Some((seq, rebuilt)) = decide(p) else { continue };
-                room -= 1;
+                room = room.saturating_sub(1);
                 let p = rebuilt.unwrap_or_else(|| p.clone());
                 bytes += p.len() as u64;
                 let rtp = p.is_rtp();
@@ -161,10 +181,73 @@ mod tests {
         assert_eq!(q.push(&big), 2);
         let mut out = Vec::new();
         q.drain(&mut out);
-        assert_eq!(q.push(&pictures()[..1]), 1);
+        assert_eq!(q.push(&pictures()[2..3]), 1, "the end of a picture");
         // ...a queue holding something waits for its reader instead of ending mid-picture.
         assert_eq!(q.push(&big[2..3]), 0);
         assert!(q.is_full());
+    }
+
+    #[test]
+    fn a_picture_the_queue_holds_the_start_of_is_finished_past_the_cap() {
+        let p = pictures();
+        let q = ChannelQueue::new(2, || {});
+        assert_eq!(q.push(&p[..1]), 1);
+        // Room for one, which would leave the first picture open: it is finished (one past
+        // the cap), and the next waits whole.
+        assert_eq!(q.push(&p[1..]), 2);
+        let mut out = Vec::new();
+        q.drain(&mut out);
+        assert_eq!(out.len(), 3);
+        // The rest of an open picture goes as it comes, past the cap.
+        assert_eq!(q.push(&p[..2]), 2, "an empty queue takes what fits");
+        assert_eq!(q.push(&p[2..6]), 1, "the open picture is finished, nothing more");
+        assert!(q.is_full());
+    }
+
+    #[test]
+    fn rtp_without_marker_bits_never_fills_the_queue_past_twice_its_cap() {
+        let unmarked: Vec<_> = (0..50).map(|i| rtp(i, false)).collect();
+        let keep = |_: &Packet| Some((0u16, None));
+        for layered in [false, true] {
+            let q = ChannelQueue::new(4, || {});
+            let mut out = Vec::new();
+            for _ in 0..3 {
+                let mut queued = 0;
+                for chunk in unmarked.chunks(3) {
+                    let n = if layered { q.push_layered(chunk, keep).0 } else { q.push(chunk) };
+                    queued += n;
+                    if n < chunk.len() {
+                        break;
+                    }
+                }
+                assert!((4..=8).contains(&queued), "layered {layered}: {queued} queued");
+                assert!(q.is_full());
+                out.clear();
+                q.drain(&mut out);
+                assert_eq!(out.len(), queued);
+            }
+        }
+    }
+
+    #[test]
+    fn a_layered_push_begins_only_pictures_that_fit_whole() {
+        let p = pictures();
+        let q = ChannelQueue::new(5, || {});
+        // Every packet kept: the first picture fits, the second (3 more) does not.
+        let keep = |_: &Packet| Some((0u16, None));
+        assert_eq!(q.push_layered(&p, keep).0, 3);
+        assert!(q.is_full());
+        let mut out = Vec::new();
+        q.drain(&mut out);
+        // A picture whose end has not come yet is begun if what there is of it fits.
+        assert_eq!(q.push_layered(&p[..1], keep).0, 1);
+        let q2 = ChannelQueue::new(2, || {});
+        assert_eq!(q2.push_layered(&p[..1], keep).0, 1);
+        assert_eq!(q2.push_layered(&p[1..], keep).0, 2, "finished past the cap, the next not begun");
+        // Packets a layer cap drops still count as decided.
+        let q3 = ChannelQueue::new(8, || {});
+        let last_only = |x: &Packet| (x.data()[1] & 0x80 != 0).then_some((0u16, None));
+        assert_eq!(q3.push_layered(&p, last_only), (9, 60));
     }
 
     #[test]
