@@ -35,6 +35,7 @@ pub mod adapt;
 pub mod annexb;
 pub mod classify;
 pub mod directory;
+pub mod dts;
 pub mod fmp4;
 pub mod hevc;
 pub mod hls;

@@ -5,6 +5,7 @@
 //! (packets and arrival times in, units out).
 
 use crate::annexb::{Codec, Depacketizer};
+use crate::dts::DecodingTimes;
 use crate::rtp::RtpView;
 use crate::sdp::Media;
 use crate::tsmux::{adts_header, AccessUnit, StreamKind, TsMuxer};
@@ -396,7 +397,13 @@ pub struct TsPackager {
     mux: TsMuxer,
     /// Per stream, the AAC AudioSpecificConfig its ADTS headers are made from.
     aac: Vec<Option<Vec<u8>>>,
+    /// Per video stream, its decoding times (pictures held back while B-frames are
+    /// reordered): a keyframe flag and Annex B data per held picture.
+    video: Vec<Option<DecodingTimes<HeldPicture>>>,
 }
+
+/// A picture held for its decoding time: whether it is a keyframe, and its Annex B data.
+type HeldPicture = (bool, Vec<u8>);
 
 impl TsPackager {
     pub fn new(streams: &[TrackInfo]) -> Self {
@@ -408,14 +415,24 @@ impl TsPackager {
                 TrackCodec::Video { .. } => None,
             })
             .collect();
-        Self { mux: TsMuxer::new(&kinds), aac }
+        let video =
+            streams.iter().map(|s| matches!(s.codec, TrackCodec::Video { .. }).then(DecodingTimes::default)).collect();
+        Self { mux: TsMuxer::new(&kinds), aac, video }
     }
 
-    /// Appends the unit's transport packets; `false` if it cannot be (an AAC frame ADTS
-    /// cannot frame).
+    /// Appends the transport packets of the unit, or of the pictures it lets out (video is
+    /// held back by as many pictures as it reorders, for its decoding times); `false` if it
+    /// cannot be written (an AAC frame ADTS cannot frame).
     pub fn write(&mut self, u: &Unit, out: &mut Vec<u8>) -> bool {
+        let (stream, mux) = (u.stream, &mut self.mux);
+        if let Some(Some(times)) = self.video.get_mut(stream) {
+            times.push(u.time, (u.key, u.data.clone()), |pts, dts, (key, data)| {
+                mux.push(&AccessUnit { stream, pts: ts_time(pts), dts: ts_time(dts), key, data: &data }, out)
+            });
+            return true;
+        }
         let framed;
-        let data = match self.aac.get(u.stream) {
+        let data = match self.aac.get(stream) {
             Some(Some(config)) => {
                 let Some(h) = adts_header(config, u.data.len()) else { return false };
                 framed = [&h[..], &u.data].concat();
@@ -423,12 +440,16 @@ impl TsPackager {
             }
             _ => &u.data,
         };
-        // The muxer's times are unsigned (and taken modulo 2^33); the PCR lead keeps every
-        // PES on time.
-        let at = (u.time + crate::tsmux::PCR_LEAD_90K as i64).rem_euclid(1 << 33) as u64;
-        self.mux.push(&AccessUnit { stream: u.stream, pts: at, dts: at, key: u.key, data }, out);
+        let at = ts_time(u.time);
+        mux.push(&AccessUnit { stream, pts: at, dts: at, key: u.key, data }, out);
         true
     }
+}
+
+/// A session time as the muxer takes it: unsigned, modulo 2^33, with the PCR lead that keeps
+/// every PES on time.
+fn ts_time(time: i64) -> u64 {
+    (time + crate::tsmux::PCR_LEAD_90K as i64).rem_euclid(1 << 33) as u64
 }
 
 enum NalType {
@@ -566,7 +587,7 @@ mod tests {
         let mut r = ToTs::new();
         let mut out = Vec::new();
         let (mut seq, mut scratch) = (0u16, Vec::new());
-        for frame in 0..10u32 {
+        for frame in 0..14u32 {
             let now = 1000 + u64::from(frame) * 40;
             let ts = 5000 + frame * 3600;
             // A P slice first (dropped: no keyframe yet), then an IDR at frame 1.
@@ -588,6 +609,7 @@ mod tests {
         }
         let pes = demux(&out);
         let video: Vec<&Pes> = pes.iter().filter(|p| p.stream_type == 0x1b).collect();
+        // (The last four are held while the stream's reordering is learned.)
         assert_eq!(video.len(), 9, "frames 1..=9");
         let nals: Vec<u8> = crate::annexb::nal_units(&video[0].data).map(|n| n[0] & 0x1f).collect();
         assert_eq!(nals, [9, 7, 8, 5], "AUD, SPS, PPS, IDR");
@@ -595,12 +617,31 @@ mod tests {
         let steps: Vec<u64> = video.windows(2).map(|w| w[1].pts.unwrap() - w[0].pts.unwrap()).collect();
         assert!(steps.iter().all(|s| *s == 3600), "{steps:?}");
         let audio: Vec<&Pes> = pes.iter().filter(|p| p.stream_type == 0x0f).collect();
-        assert_eq!(audio.len(), 9, "from the keyframe on");
+        assert_eq!(audio.len(), 13, "from the keyframe on");
         let frames = crate::aac::adts_frames(&audio[0].data);
         assert_eq!((frames.len(), frames[0].au), (1, &[1u8; 200][..]));
         // Both started at the same arrival time: the audio of frame 1 is at the video's time.
         assert_eq!(audio[0].pts, video[0].pts);
         assert_eq!(r.0.stats.dropped, 2, "frame 0's picture and audio");
+    }
+
+    /// B-frames (RTP times going back in decoding order) get decoding times in the TS that
+    /// rise strictly and precede their presentation times: a frame behind for I P B B.
+    #[test]
+    fn b_frames_get_decoding_times() {
+        let mut r = ToTs::new();
+        let mut out = Vec::new();
+        let order = [0u32, 3, 1, 2, 6, 4, 5, 9, 7, 8, 12, 10, 11];
+        for (k, &f) in order.iter().enumerate() {
+            let nal = if k == 0 { vec![0x65, 1, 2] } else { vec![0x41, f as u8, 2] };
+            r.push_rtp(0, &rtp(true, k as u16, 9000 + f * 3600, &nal), 1000 + k as u64 * 40, &mut out);
+        }
+        let pes = demux(&out);
+        let times: Vec<(u64, u64)> = pes.iter().map(|p| (p.pts.unwrap(), p.dts.unwrap_or(p.pts.unwrap()))).collect();
+        assert_eq!(times.len(), order.len() - 4, "four held while the reordering is learned");
+        assert!(times.windows(2).all(|w| w[1].1 > w[0].1), "{times:?}");
+        assert!(times.iter().all(|(pts, dts)| dts <= pts), "{times:?}");
+        assert_eq!(times[1].0 - times[1].1, 3 * 3600, "P3, shown at 3, decoded at 0: the second turn less a frame");
     }
 
     /// With the source's wall clock known for both tracks, audio joins the timeline where
@@ -617,8 +658,13 @@ mod tests {
         // Audio for half a second later arrives 3 s later.
         let a = crate::aac::rtp_payload(&[1; 20]).unwrap();
         r.push_rtp(1, &rtp(true, 1, 72_000, &a), 3_000, &mut out);
+        // (Pictures that let the first out of the reordering.)
+        for k in 1..5u16 {
+            r.push_rtp(0, &rtp(true, 1 + k, 90_000 + u32::from(k) * 3600, &[0x41, 1]), 3_000, &mut out);
+        }
         let pes = demux(&out);
-        assert_eq!(pes[1].pts.unwrap() - pes[0].pts.unwrap(), 45_000);
+        let first = |stream_type| pes.iter().find(|p| p.stream_type == stream_type).unwrap().pts.unwrap();
+        assert_eq!(first(0x0f) - first(0x1b), 45_000);
     }
 
     proptest! {

@@ -112,6 +112,55 @@ fn ffmpeg_publishes_and_another_ffmpeg_plays_it_back() {
     let _ = std::fs::remove_file(&clip);
 }
 
+/// A publisher whose H.264 has B-frames (x264, two between anchors): HTTP players get
+/// MPEG-TS whose decoding times rise and precede the presentation times (RTP carries none),
+/// and ffmpeg remuxes it with no complaint about them.
+#[test]
+fn b_frames_published_get_decoding_times_in_the_mpegts() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let clip = std::env::temp_dir().join(format!("fanout-publish-b-{}.mp4", std::process::id()));
+    let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/demo.ts");
+    let encoded = Command::new("ffmpeg")
+        .args(["-nostdin", "-loglevel", "error", "-y", "-i", demo, "-c:v", "libx264", "-preset", "veryfast"])
+        .args(["-bf", "2", "-g", "50", "-c:a", "copy", "-bsf:a", "aac_adtstoasc"])
+        .arg(&clip)
+        .status()
+        .unwrap();
+    assert!(encoded.success());
+    let relay = Relay::with_config(CONFIG, &["--no-demo"]);
+    let _publisher = publish(&clip, &format!("rtsp://{}/pub", rtsp_addr(&relay)), Some("tcp"));
+    assert!(wait_for(Duration::from_secs(10), || publisher(&relay)["state"] == "publishing"), "{}", publisher(&relay));
+    let stream = relay.url("/v1/sessions/pub/stream");
+    let probe = Command::new("timeout")
+        .args(["20", "ffprobe", "-v", "warning", "-select_streams", "v", "-show_entries", "packet=pts,dts"])
+        .args(["-of", "csv=p=0", "-read_intervals", "%+3"])
+        .arg(&stream)
+        .output()
+        .unwrap();
+    let times: Vec<(i64, i64)> = String::from_utf8_lossy(&probe.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split(',').map(|v| v.trim().parse::<i64>());
+            Some((f.next()?.ok()?, f.next()?.ok()?))
+        })
+        .collect();
+    assert!(times.len() >= 50, "{times:?} {probe:?}");
+    assert!(times.iter().any(|(pts, dts)| pts > dts), "B-frames reordered: {times:?}");
+    assert!(times.windows(2).all(|w| w[1].1 > w[0].1), "decoding times rise: {times:?}");
+    assert!(times.iter().all(|(pts, dts)| dts <= pts), "{times:?}");
+    let remux = Command::new("timeout")
+        .args(["20", "ffmpeg", "-hide_banner", "-nostdin", "-loglevel", "warning", "-i"])
+        .arg(&stream)
+        .args(["-t", "3", "-c", "copy", "-f", "mp4", "-movflags", "frag_keyframe", "-y", "/dev/null"])
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&remux.stderr);
+    assert!(remux.status.success() && !log.contains("DTS"), "{log}");
+    let _ = std::fs::remove_file(&clip);
+}
+
 /// GStreamer's `rtspclientsink` publishes the demo clip (H.264 + AAC, ANNOUNCE/RECORD over
 /// TCP), and ffmpeg plays it back through the relay.
 #[test]
