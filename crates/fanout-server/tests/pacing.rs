@@ -323,6 +323,33 @@ fn a_reservation_needs_a_path_through_the_egress() {
     assert!(v.to_string().contains("daemon data path does not send through the shared egress"), "{v}");
 }
 
+/// The kernel path cannot spread a packet's clones over a shared link: asking for it is
+/// refused with why (a session left to the default path gets `shared`, tested where the
+/// kernel path loads).
+#[test]
+fn a_shared_link_is_not_paced_on_the_kernel_path() {
+    let relay = Relay::start(&["--no-demo"]);
+    let spec = |datapath: Option<&str>| {
+        let mut v = serde_json::json!({"name": "k", "source": {"udp": "127.0.0.1:0"}, "pace_link": "shared"});
+        if let Some(d) = datapath {
+            v["datapath"] = d.into();
+        }
+        v
+    };
+    let (code, v) = relay.call("POST", "/v1/sessions", Some(spec(Some("kernel"))));
+    assert_eq!(code, 400, "{v}");
+    assert!(v.to_string().contains("cannot be spread over a shared link"), "{v}");
+    drop(relay);
+    in_private_netns("a_shared_link_is_not_paced_on_the_kernel_path", move || {
+        let relay = Relay::with_config("datapath = \"kernel\"\n", &["--no-demo"]);
+        let created = relay.ok("POST", "/v1/sessions", Some(spec(None)));
+        assert_eq!(created["datapath"], "shared", "{created}");
+        let plain =
+            relay.ok("POST", "/v1/sessions", Some(serde_json::json!({"name": "p", "source": {"udp": "127.0.0.1:0"}})));
+        assert_eq!(plain["datapath"], "kernel", "the kernel path loads here: {plain}");
+    });
+}
+
 #[test]
 fn a_reservation_needs_a_limited_egress() {
     let relay = Relay::start(&["--no-demo"]);
