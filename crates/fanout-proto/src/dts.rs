@@ -17,7 +17,7 @@ const MAX_DEPTH: usize = 16;
 const FIRST_DEPTH: usize = 4;
 /// After this many pictures the stream's reordering is taken as known.
 const LEARNING: u64 = 64;
-/// A presentation time this far (90 kHz) behind the newest is a new timeline, not reordering.
+/// A presentation time this far (90 kHz) from a recent one is a new timeline, not reordering.
 const JUMP_90K: i64 = 90_000;
 
 /// The decoding times of one video stream.
