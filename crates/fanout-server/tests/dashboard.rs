@@ -13,13 +13,14 @@ use std::time::Duration;
 /// chromedriver on a free port, killed when dropped.
 struct Driver {
     child: std::process::Child,
+    /// The WebDriver session's URL.
     url: String,
-    session: String,
 }
 
 impl Drop for Driver {
     fn drop(&mut self) {
-        let _ = ureq::delete(&format!("{}/session/{}", self.url, self.session)).call();
+        // Ending the session quits Chromium; killing chromedriver alone would leave it running.
+        let _ = ureq::delete(&self.url).call();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -63,9 +64,7 @@ impl Driver {
             "goog:loggingPrefs": { "browser": "ALL" } } } });
         let r: Value = ureq::post(&format!("{url}/session")).send_json(caps).unwrap().into_json().unwrap();
         let session = r["value"]["sessionId"].as_str().expect("a WebDriver session").to_string();
-        let mut d = Driver { child, url, session };
-        d.url = format!("{}/session/{}", d.url, d.session);
-        d
+        Driver { child, url: format!("{url}/session/{session}") }
     }
 
     fn post(&self, path: &str, body: Value) -> Value {
