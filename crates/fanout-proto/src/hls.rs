@@ -7,6 +7,7 @@
 
 use crate::fmp4::{avcc_sample, init_segment, media_segment, Fmp4Track, Sample};
 use crate::repack::{TrackCodec, TrackInfo, Unit};
+use bytes::Bytes;
 use std::collections::VecDeque;
 
 /// Segments kept (and listed): at the default 2 s, 12 s of the stream.
@@ -15,14 +16,15 @@ pub const WINDOW: usize = 6;
 /// segment is dropped rather than grown without bound.
 const MAX_PENDING: usize = 64 << 20;
 
-/// One segment.
+/// One segment. Its bytes are held once: its parts are slices of them (served without a
+/// copy: a request takes a reference).
 #[derive(Debug, Clone)]
 pub struct Segment {
     pub sequence: u64,
     /// Seconds.
     pub duration: f64,
     /// Its parts' fragments, one after another.
-    pub data: std::sync::Arc<[u8]>,
+    pub data: Bytes,
     pub parts: Vec<Part>,
 }
 
@@ -33,7 +35,7 @@ pub struct Part {
     pub duration: f64,
     /// It starts with a keyframe (or holds audio only): a player may start here.
     pub independent: bool,
-    pub data: std::sync::Arc<[u8]>,
+    pub data: Bytes,
 }
 
 /// How far the segmenter has come: segments up to `last` are complete, and segment
@@ -75,7 +77,7 @@ pub struct Segmenter {
     inputs: Vec<Input>,
     /// The file's tracks, known once the first keyframe brought its parameter sets.
     tracks: Option<Vec<Fmp4Track>>,
-    init: Option<std::sync::Arc<[u8]>>,
+    init: Option<Bytes>,
     /// The first keyframe's 90 kHz time: nothing earlier is taken. It is [`REORDER_ROOM`]
     /// into the file's timeline, which leaves room for decoding times before it.
     origin: Option<i64>,
@@ -286,16 +288,17 @@ impl Segmenter {
             return false;
         }
         self.part_started = Some(end);
-        let parts = std::mem::take(&mut self.parts);
+        let mut parts = std::mem::take(&mut self.parts);
         let sequence = self.next;
         self.next += 1;
-        let data: Vec<u8> = parts.iter().flat_map(|p| p.data.iter().copied()).collect();
-        self.segments.push_back(Segment {
-            sequence,
-            duration: (end - start) as f64 / 90_000.0,
-            data: data.into(),
-            parts,
-        });
+        // The parts joined once; each part then becomes a slice of the segment.
+        let data = Bytes::from(parts.iter().flat_map(|p| p.data.iter().copied()).collect::<Vec<u8>>());
+        let mut at = 0;
+        for p in &mut parts {
+            p.data = data.slice(at..at + p.data.len());
+            at += p.data.len();
+        }
+        self.segments.push_back(Segment { sequence, duration: (end - start) as f64 / 90_000.0, data, parts });
         while self.segments.len() > WINDOW {
             self.segments.pop_front();
         }
@@ -374,7 +377,7 @@ impl Segmenter {
     }
 
     /// The initialization segment, once the first keyframe came.
-    pub fn init(&self) -> Option<std::sync::Arc<[u8]>> {
+    pub fn init(&self) -> Option<Bytes> {
         self.init.clone()
     }
 
@@ -617,6 +620,10 @@ mod tests {
             assert!((total - seg.duration).abs() < 1e-9, "{total} vs {}", seg.duration);
             let joined: Vec<u8> = seg.parts.iter().flat_map(|p| p.data.iter().copied()).collect();
             assert_eq!(&joined[..], &seg.data[..]);
+            // Held once: a complete segment's parts are slices of its bytes.
+            let last = seg.parts.last().unwrap();
+            assert_eq!(seg.parts[0].data.as_ptr(), seg.data.as_ptr());
+            assert_eq!(last.data.as_ptr_range().end, seg.data.as_ptr_range().end);
             assert!(seg.parts[0].independent && !seg.parts[1].independent);
             assert!(seg.parts.iter().all(|p| p.duration <= 0.5 + 1e-9 && p.duration > 0.0), "{:?}", seg.parts);
             // Decoding times run on from part to part.

@@ -174,9 +174,8 @@ async fn hls_file(
         return Ok((headers, text).into_response());
     }
     if file == "init.mp4" {
-        let init = hls.with(|s| s.init()).unwrap_or_else(|| Arc::from(&[][..]));
-        return Ok(([(header::CONTENT_TYPE, "video/mp4"), cache("no-cache")], axum::body::Bytes::from(init.to_vec()))
-            .into_response());
+        let init = hls.with(|s| s.init()).unwrap_or_default();
+        return Ok(([(header::CONTENT_TYPE, "video/mp4"), cache("no-cache")], init).into_response());
     }
     // `N.m4s` is a segment, `N.K.m4s` part K of segment N.
     let name_of = file.strip_suffix(".m4s").and_then(|f| match f.split_once('.') {
@@ -211,7 +210,8 @@ async fn hls_file(
                 (header::CACHE_CONTROL, "public, max-age=3600, immutable".to_string()),
                 (header::ETAG, etag),
             ];
-            Ok((headers, axum::body::Bytes::from(data.to_vec())).into_response())
+            // (A reference to the segmenter's bytes, not a copy per player.)
+            Ok((headers, data).into_response())
         }
         None => Err(ApiError(
             StatusCode::NOT_FOUND,
