@@ -34,6 +34,8 @@ pub struct DecodingTimes<T> {
     lag: i64,
     last: Option<i64>,
     seen: u64,
+    /// The held presentation times sorted (kept to spare an allocation per picture).
+    sorted: Vec<i64>,
 }
 
 impl<T> Default for DecodingTimes<T> {
@@ -46,6 +48,7 @@ impl<T> Default for DecodingTimes<T> {
             lag: 0,
             last: None,
             seen: 0,
+            sorted: Vec::new(),
         }
     }
 }
@@ -80,11 +83,12 @@ impl<T> DecodingTimes<T> {
         }
         // Decoding runs behind presentation by the most any held picture is shown before
         // the time its turn gets (known for those with `depth` pictures after them).
-        let mut sorted: Vec<i64> = self.times.iter().map(|r| r.0).collect();
-        sorted.sort_unstable();
+        self.sorted.clear();
+        self.sorted.extend(self.times.iter().map(|r| r.0));
+        self.sorted.sort_unstable();
         let known = self.held.len().saturating_sub(self.depth).max(1);
         let behind =
-            self.held.iter().zip(&sorted).take(known).map(|((shown, _), turn)| turn - shown).max().unwrap_or(0);
+            self.held.iter().zip(&self.sorted).take(known).map(|((shown, _), turn)| turn - shown).max().unwrap_or(0);
         self.lag = self.lag.max(behind).min(JUMP_90K);
         while self.held.len() > keep {
             let (Some((shown, picture)), Some(Reverse(turn))) = (self.held.pop_front(), self.times.pop()) else {

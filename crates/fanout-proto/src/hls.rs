@@ -292,7 +292,7 @@ impl Segmenter {
         let sequence = self.next;
         self.next += 1;
         // The parts joined once; each part then becomes a slice of the segment.
-        let data = Bytes::from(parts.iter().flat_map(|p| p.data.iter().copied()).collect::<Vec<u8>>());
+        let data = Bytes::from(parts.iter().map(|p| &p.data[..]).collect::<Vec<_>>().concat());
         let mut at = 0;
         for p in &mut parts {
             p.data = data.slice(at..at + p.data.len());
