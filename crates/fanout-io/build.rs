@@ -1,6 +1,8 @@
 //! Compiles the in-kernel data path (bpf/fanout_fwd.bpf.c) with clang. Without clang, or
 //! without the headers it needs (libbpf's `bpf/*.h`, the kernel's `linux/*.h`), the relay
 //! still builds: the `kernel` data path then reports that it was built without it.
+//! fanout-tools' build script compiles its own program (the bench's wire sinks) with
+//! [`compile`] from here.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -58,8 +60,8 @@ fn missing_headers(clang: &str, include: &str) -> Vec<&'static str> {
 }
 
 /// Builds without the program: an empty object the loader recognises, and a warning.
-fn without(out: &Path, why: &str) {
-    println!("cargo:warning={why}: building without the in-kernel data path");
+fn without(out: &Path, why: &str, what: &str) {
+    println!("cargo:warning={why}: building without {what}");
     // Missing files count as changed: the next build looks for clang and the headers again.
     println!("cargo:rerun-if-changed=/usr/bin/clang");
     println!("cargo:rerun-if-changed=/usr/include/bpf/bpf_helpers.h");
@@ -67,10 +69,15 @@ fn without(out: &Path, why: &str) {
 }
 
 fn main() {
-    let src = "bpf/fanout_fwd.bpf.c";
+    compile("bpf/fanout_fwd.bpf.c", "fanout_fwd.o", "the in-kernel data path");
+}
+
+/// Compiles `src` to `$OUT_DIR/obj`, or writes an empty `obj` (the loader's "built without
+/// `what`") when clang or a header is missing.
+pub fn compile(src: &str, obj: &str, what: &str) {
     println!("cargo:rerun-if-changed={src}");
     println!("cargo:rerun-if-env-changed=FANOUT_CLANG");
-    let out = PathBuf::from(std::env::var_os("OUT_DIR").unwrap()).join("fanout_fwd.o");
+    let out = PathBuf::from(std::env::var_os("OUT_DIR").unwrap()).join(obj);
     let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap();
     let include = format!("-I/usr/include/{arch}-linux-gnu");
     let candidates = match std::env::var("FANOUT_CLANG") {
@@ -81,7 +88,7 @@ fn main() {
     };
     let clang = match plan(&candidates, &include) {
         Ok(clang) => clang,
-        Err(why) => return without(&out, &why),
+        Err(why) => return without(&out, &why, what),
     };
     let status = Command::new(&clang)
         .args(["-O2", "-g", "-target", "bpf", "-Wall", "-Werror", &include, "-c", src, "-o"])

@@ -14,6 +14,7 @@ pub mod repack;
 pub mod rtsp;
 pub mod scenarios;
 pub mod splice;
+mod wire;
 
 use crate::client::ApiClient;
 pub use crate::thread_cpu_s;

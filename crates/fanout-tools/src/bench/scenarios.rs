@@ -4,6 +4,7 @@
 //! subscribers' report.
 
 use super::plot::{self, Panel};
+use super::wire::WireSinks;
 use super::{
     children_cpu_s, ensure_dir, progress, run_tool, start_sub, wait, Meter, Metered, PrivateNetns, Proc, RelayProc,
 };
@@ -114,7 +115,14 @@ impl StepResult {
     }
 }
 
-fn run_step(relay: &RelayProc, plan: &StepPlan, tmp: &Path) -> anyhow::Result<StepResult> {
+/// Runs one step: its subscribers are `sub` processes' sockets, or with `wire` the wire
+/// sinks (UDP only, see [`WireSinks`]).
+fn run_step(
+    relay: &RelayProc,
+    plan: &StepPlan,
+    tmp: &Path,
+    mut wire: Option<&mut WireSinks>,
+) -> anyhow::Result<StepResult> {
     let api = relay.client();
     let mut sources: Vec<SocketAddr> = Vec::new();
     for s in &plan.sessions {
@@ -161,7 +169,16 @@ fn run_step(relay: &RelayProc, plan: &StepPlan, tmp: &Path) -> anyhow::Result<St
         let n = plan.subscribers * plan.sessions.len();
         let mut subs = Vec::new();
         let mut json_paths = Vec::new();
-        for p in 0..procs {
+        if let Some(w) = wire.as_deref_mut() {
+            w.reset(n)?;
+            for (k, s) in plan.sessions.iter().enumerate() {
+                for i in 0..plan.subscribers {
+                    let addr = WireSinks::addr(k * plan.subscribers + i).to_string();
+                    api.call("POST", &format!("/v1/sessions/{}/sinks", s.name), Some(json!({ "udp": addr })))?;
+                }
+            }
+        }
+        for p in (0..procs).filter(|_| wire.is_none()) {
             let count = plan.subscribers / procs + usize::from(p < plan.subscribers % procs);
             let json_path = tmp.join(format!("sub-{p}.json"));
             let _ = std::fs::remove_file(&json_path);
@@ -211,7 +228,26 @@ fn run_step(relay: &RelayProc, plan: &StepPlan, tmp: &Path) -> anyhow::Result<St
         std::thread::sleep(Duration::from_millis(300));
         let m = meter.stop(gen_cpu)?;
         let backlog_drops = backlog_drops().saturating_sub(backlog0);
+        let gen: Value = serde_json::from_slice(&std::fs::read(&gen_json).context("reading gen's report")?)?;
+        let _ = std::fs::remove_file(&gen_json);
+        let sent_per_stream = gen["packets"].as_u64().unwrap_or(0) / gen["streams"].as_u64().unwrap_or(1).max(1);
         let (mut groups, mut sub_busy_pct, mut rcvbuf_errors) = (Vec::new(), 0.0f64, 0);
+        if let Some(w) = wire.as_deref() {
+            let c = w.read(n)?;
+            let expected = sent_per_stream * n as u64;
+            if c.stray > 0 {
+                eprintln!("wire sinks: {} datagrams reached the wire for no sink", c.stray);
+            }
+            groups.push(json!({
+                "received": c.received,
+                "expected": expected,
+                "lost": expected.saturating_sub(c.received),
+                "reordered": c.reordered,
+                "fewest_per_sink": c.fewest,
+                "latency_p50_us": c.latency_p50_us,
+                "latency_p99_us": c.latency_p99_us,
+            }));
+        }
         for (sub, json_path) in subs.iter_mut().zip(&json_paths) {
             wait(sub, Duration::from_secs(30 + n as u64 / 100))?;
             let report: Value = serde_json::from_slice(&std::fs::read(json_path).context("reading sub's report")?)?;
@@ -225,9 +261,6 @@ fn run_step(relay: &RelayProc, plan: &StepPlan, tmp: &Path) -> anyhow::Result<St
             rcvbuf_errors = rcvbuf_errors.max(report["rcvbuf_errors"].as_u64().unwrap_or(0));
         }
         let deliveries = groups.iter().filter_map(|g| g["received"].as_u64()).sum();
-        let gen: Value = serde_json::from_slice(&std::fs::read(&gen_json).context("reading gen's report")?)?;
-        let _ = std::fs::remove_file(&gen_json);
-        let sent_per_stream = gen["packets"].as_u64().unwrap_or(0) / gen["streams"].as_u64().unwrap_or(1).max(1);
         Ok(StepResult {
             meter: m,
             groups,
@@ -282,6 +315,11 @@ pub struct BulkArgs {
     /// A data path's sweep stops at the first step with more loss than this (percent).
     #[arg(long, default_value_t = 1.0)]
     max_loss: f64,
+    /// The subscribers: `sockets` (`sub` processes on loopback, whose receiving shares the
+    /// machine with the relay) or `wire` (UDP only: destinations behind a veth, counted where
+    /// the datagrams arrive, no socket; needs root, see bench/wire.rs).
+    #[arg(long, value_enum, default_value_t = Sinks::Sockets)]
+    sinks: Sinks,
     /// A short run (2 steps, 3 s) that checks the tools work; CI runs it.
     #[arg(long)]
     quick: bool,
@@ -290,22 +328,37 @@ pub struct BulkArgs {
     out: PathBuf,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Sinks {
+    Sockets,
+    Wire,
+}
+
 pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
     if a.quick {
         a.steps = vec![20, 60];
         a.load.seconds = 3.0;
     }
+    let wire = a.sinks == Sinks::Wire;
+    if wire {
+        a.transport.retain(|t| *t == Transport::Udp);
+        if a.transport.is_empty() {
+            anyhow::bail!("--sinks wire counts UDP datagrams: add udp to --transport");
+        }
+    }
+    let most = a.steps.iter().max().copied().unwrap_or(0);
     // Before the relay starts, so it and every tool live in the namespace.
     // `:rps` changes lo's steering: only ever inside the private namespace.
-    let _netns = match a.datapath.iter().any(|d| d.starts_with("kernel") || d.split(':').any(|o| o == "rps")) {
-        true => Some(PrivateNetns::enter((a.steps.iter().max().copied().unwrap_or(0) as u64 * 2).max(10_000))?),
+    let _netns = match wire || a.datapath.iter().any(|d| d.starts_with("kernel") || d.split(':').any(|o| o == "rps")) {
+        true => Some(PrivateNetns::enter((most as u64 * 2).max(10_000))?),
         false => None,
     };
+    let mut wire = if wire { Some(WireSinks::setup(most)?) } else { None };
     let relay = RelayProc::start(&[])?;
     let (mut csv, csv_path) = csv_file(
         &a.out,
         "bulk.csv",
-        "datapath,transport,subscribers,relay_cpu_pct,machine_cpu_pct,cpu_us_per_delivery,deliveries_per_s,loss_pct,latency_p50_us,latency_p99_us,jitter_ms,path_cpu_pct,path_us_per_delivery,sub_busy_pct,sub_rcvbuf_drops,backlog_drops",
+        "datapath,transport,subscribers,relay_cpu_pct,machine_cpu_pct,cpu_us_per_delivery,deliveries_per_s,loss_pct,latency_p50_us,latency_p99_us,jitter_ms,path_cpu_pct,path_us_per_delivery,sub_busy_pct,sub_rcvbuf_drops,backlog_drops,sinks",
     )?;
     // The kernel path clones datagrams: it has no TCP form (its TCP sinks are `shared`'s).
     let combos: Vec<(String, Transport)> = a
@@ -324,7 +377,7 @@ pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
         let (mut cpu, mut per, mut path_per, mut losses) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut cap = 0;
         for (i, &n) in a.steps.iter().enumerate() {
-            pb.set_message(format!("{dp}/{t} {n} subscribers"));
+            pb.set_message(format!("{dp}/{t} {n} subscribers{}", if wire.is_some() { " (wire)" } else { "" }));
             let plan = StepPlan {
                 sessions: vec![SessionPlan {
                     name: format!("bulk{k}x{i}"),
@@ -340,12 +393,12 @@ pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
                 background: 0.0,
                 burners: 0,
             };
-            let r = run_step(&relay, &plan, &a.out)?;
+            let r = run_step(&relay, &plan, &a.out, wire.as_mut())?;
             pb.inc(1);
             let loss = r.loss_pct();
             writeln!(
                 csv,
-                "{dp},{t},{n},{:.2},{:.2},{:.3},{:.0},{:.3},{},{},{:.3},{:.2},{:.3},{:.0},{},{}",
+                "{dp},{t},{n},{:.2},{:.2},{:.3},{:.0},{:.3},{},{},{:.3},{:.2},{:.3},{:.0},{},{},{}",
                 r.meter.relay_cpu_pct,
                 r.meter.machine_pct,
                 r.us_per_delivery(),
@@ -359,6 +412,7 @@ pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
                 r.sub_busy_pct,
                 r.rcvbuf_errors,
                 r.backlog_drops,
+                if wire.is_some() { "wire" } else { "sockets" },
             )?;
             pb.println(format!(
                 "{dp}/{t} {n}: loss {loss:.3}%, relay CPU {:.1}%, path {:.3} µs per delivery; drops at full backlogs {}, at subscribers' receive buffers {} (sub's busiest thread {:.0}%)",
@@ -469,7 +523,7 @@ pub fn payload(mut a: PayloadArgs) -> anyhow::Result<()> {
                 background: 0.0,
                 burners: 0,
             };
-            let r = run_step(&relay, &plan, &a.out)?;
+            let r = run_step(&relay, &plan, &a.out, None)?;
             pb.inc(1);
             writeln!(
                 csv,
@@ -627,7 +681,7 @@ pub fn overload(mut a: OverloadArgs) -> anyhow::Result<()> {
                 background: level / 100.0,
                 burners: a.burners_per_core * cores,
             };
-            let r = run_step(relay, &plan, &a.out)?;
+            let r = run_step(relay, &plan, &a.out, None)?;
             let shed: Vec<u64> = r.status.iter().map(|s| s["source"]["shed"].as_u64().unwrap_or(0)).collect();
             pb.inc(1);
             let need = *top_need[si].get_or_insert_with(|| {
