@@ -36,6 +36,13 @@
  * skip the session lookup; the original gets its own mark back. */
 #define CLONE_MARK 0xfa40u
 
+/* A copy for another CPU's shard: SHARD_MARK | SHARD_FROM_LO (the original came through lo)
+ * | the shard. */
+#define SHARD_MARK 0xfa500000u
+#define SHARD_MARK_MASK 0xffff0000u
+#define SHARD_FROM_LO 0x100u
+#define MAX_SPREAD 64
+
 #define L2_OFF 0
 #define IP_OFF ETH_HLEN
 #define IP_CSUM_OFF (IP_OFF + offsetof(struct iphdr, check))
@@ -117,6 +124,21 @@ struct {
 	__type(value, struct session_stats);
 } STATS SEC(".maps");
 
+/* Spreading a session's fan-out over CPUs (issue 14). Its sinks are split into as many
+ * shards as lo's RPS map has CPUs (CPUs 0..n-1, checked by user space). The CPU a datagram
+ * arrives on sends each other shard one copy through lo's ingress, its hash chosen so RPS
+ * queues it on that shard's CPU, and fans out its own shard; each copy's run fans out its
+ * shard there and is dropped. Per session: the CPUs (0 or 1: one CPU does all). A copy
+ * lost the sender's route on the way, so its clones to local sinks are routed afresh, which
+ * lo allows only with accept_local and route_localnet (user space requires both). Sessions
+ * with a video codec are not spread: their layer judgement keeps state per packet. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_SESSIONS);
+	__type(key, __u32);
+	__type(value, __u32);
+} SPREAD SEC(".maps");
+
 /* Layer adaptation (issue 6). A layer is packed as LAYER_VALID | did << 16 | qid << 8 | tid,
  * so that comparing packed layers compares (did, qid, tid) in that order. */
 #define LAYER_VALID (1u << 31)
@@ -175,7 +197,7 @@ struct fan_ctx {
 	__u32 relay_addr; /* the clones' source: the relay's address */
 	__u16 relay_port;
 	__u16 tot_len;    /* host order, for the FIB's MTU check */
-	__u32 from_lo;
+	__u32 from_lo;    /* the datagram came through lo */
 	__u32 cur_saddr;  /* what the packet's headers hold now */
 	__u32 cur_daddr;
 	__u16 cur_dport;
@@ -185,6 +207,7 @@ struct fan_ctx {
 	__u16 orig_seq;   /* network order */
 	__u16 cur_seq;
 	__u16 pad;
+	__u32 first;      /* the sinks this run serves: first .. first + nsinks */
 	__u32 nsinks;
 	__u32 turn;       /* the sink served first: a hash of the packet count (fanout_core::rotation) */
 	struct judgement j; /* the packet's layer */
@@ -365,6 +388,7 @@ static long fan_one(__u32 k, void *data)
 	__u32 i = k + c->turn;
 	if (i >= c->nsinks)
 		i -= c->nsinks;
+	i += c->first;
 	__u32 ci = c->base + (i >> CHUNK_SHIFT);
 	__u32 *chunk = bpf_map_lookup_elem(&CHUNKS, &ci);
 	if (!chunk)
@@ -653,13 +677,42 @@ static __always_inline void judge(struct __sk_buff *skb, struct fan_ctx *c, stru
 		__sync_fetch_and_add(&v->unknown, 1);
 }
 
+/* The hash RPS maps to the `shard`th of `cpus` CPUs (reciprocal_scale: hash * cpus >> 32). */
+static __always_inline __u32 shard_hash(__u32 shard, __u32 cpus)
+{
+	return (__u32)((((__u64)shard * 2 + 1) << 32) / ((__u64)cpus * 2));
+}
+
+struct spread_ctx {
+	struct __sk_buff *skb;
+	struct session_stats *stats;
+	__u32 cpus;
+	__u32 me;
+	__u32 from_lo;
+};
+
+/* One copy of the datagram for shard k's CPU (bpf_loop callback). */
+static long send_copy(__u32 k, void *data)
+{
+	struct spread_ctx *sc = data;
+	if (k == sc->me)
+		return 0;
+	sc->skb->mark = SHARD_MARK | (sc->from_lo ? SHARD_FROM_LO : 0) | k;
+	bpf_set_hash(sc->skb, shard_hash(k, sc->cpus));
+	if (bpf_clone_redirect(sc->skb, 1 /* lo */, BPF_F_INGRESS))
+		__sync_fetch_and_add(&sc->stats->unhandled, 1);
+	return 0;
+}
+
 SEC("classifier")
 int fanout_fwd(struct __sk_buff *skb)
 {
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
-	if (skb->mark == CLONE_MARK)
+	__u32 orig_mark = skb->mark;
+	if (orig_mark == CLONE_MARK)
 		return TC_ACT_OK;
+	int copy = (orig_mark & SHARD_MARK_MASK) == SHARD_MARK;
 	struct ethhdr *eth = data;
 	struct iphdr *ip = data + IP_OFF;
 	struct udphdr *udp = data + UDP_OFF;
@@ -671,13 +724,13 @@ int fanout_fwd(struct __sk_buff *skb)
 		key.addr = 0;
 		idx = bpf_map_lookup_elem(&SESSIONS, &key);
 		if (!idx)
-			return TC_ACT_OK;
+			return copy ? TC_ACT_SHOT : TC_ACT_OK;
 	}
 	__u32 sidx = *idx;
 	struct session_stats *stats = bpf_map_lookup_elem(&STATS, &sidx);
 	__u32 *nsinks = bpf_map_lookup_elem(&NSINKS, &sidx);
 	if (!stats || !nsinks || sidx >= MAX_SESSIONS)
-		return TC_ACT_OK;
+		return copy ? TC_ACT_SHOT : TC_ACT_OK;
 	/* IP options, fragments and GSO bundles go to user space whole, which serves them to
 	 * nobody the kernel owns: counted so the loss is visible. */
 	if (ip->ihl != 5 || (ip->frag_off & bpf_htons(0x3fff)) || skb->gso_segs > 1) {
@@ -694,17 +747,45 @@ int fanout_fwd(struct __sk_buff *skb)
 		.relay_addr = ip->daddr,
 		.relay_port = udp->dest,
 		.tot_len = bpf_ntohs(ip->tot_len),
-		.from_lo = skb->ingress_ifindex == 1,
+		.from_lo = copy ? !!(orig_mark & SHARD_FROM_LO) : skb->ingress_ifindex == 1,
 		.cur_saddr = ip->daddr, /* after the rewrite below */
 		.cur_daddr = ip->daddr,
 		.cur_dport = udp->dest,
 		.cur_sport = udp->dest, /* after the rewrite below */
 	};
+	/* Read before any helper that may move the packet (the copies below). */
 	__u32 orig_saddr = ip->saddr;
 	__u16 orig_sport = udp->source;
 	__builtin_memcpy(c.cur_l2, eth, 12);
 	__u8 orig_l2[12];
 	__builtin_memcpy(orig_l2, eth, 12);
+
+	/* Which part of the sinks this run serves: shard `shard` of `cpus`. */
+	__u32 *spread = bpf_map_lookup_elem(&SPREAD, &sidx);
+	struct video *v = bpf_map_lookup_elem(&VIDEO, &sidx);
+	__u32 cpus = spread && !(v && v->codec) ? *spread : 1;
+	if (cpus > MAX_SPREAD)
+		cpus = MAX_SPREAD;
+	__u32 total = *nsinks, shard = 0;
+	if (copy) {
+		shard = orig_mark & 0xff;
+		if (cpus < 2 || shard >= cpus)
+			return TC_ACT_SHOT; /* spreading was turned off meanwhile */
+	} else if (cpus >= 2 && total >= cpus) {
+		/* The copies leave before any rewrite: their runs find the session as this one did. */
+		struct spread_ctx sc = { .skb = skb, .stats = stats, .cpus = cpus, .from_lo = c.from_lo };
+		sc.me = bpf_get_smp_processor_id();
+		bpf_loop(cpus, send_copy, &sc, 0);
+		skb->mark = orig_mark;
+		/* This CPU's shard, if it has one; its clones' hash keeps them here. */
+		shard = sc.me;
+		if (shard < cpus)
+			bpf_set_hash(skb, shard_hash(shard, cpus));
+	} else {
+		cpus = 1;
+	}
+	c.first = shard < cpus ? (__u32)((__u64)total * shard / cpus) : total;
+	__u32 last = shard < cpus ? (__u32)((__u64)total * (shard + 1) / cpus) : total;
 
 	/* The clones come from the relay's address and port, as the user-space paths' do. */
 	__u32 relay = c.relay_addr;
@@ -719,13 +800,14 @@ int fanout_fwd(struct __sk_buff *skb)
 	}
 
 	/* Its layer, judged once for every sink (sessions with a video codec). */
-	judge(skb, &c, bpf_map_lookup_elem(&VIDEO, &sidx));
+	judge(skb, &c, v);
 
-	__u32 orig_mark = skb->mark;
 	skb->mark = CLONE_MARK;
-	c.nsinks = *nsinks;
+	c.nsinks = last - c.first;
 	c.turn = c.nsinks ? (__u32)(((stats->packets * 0x9E3779B97F4A7C15ULL) >> 32) % c.nsinks) : 0;
 	bpf_loop(c.nsinks, fan_one, &c, 0);
+	if (copy)
+		return TC_ACT_SHOT;
 	skb->mark = orig_mark;
 	__sync_fetch_and_add(&stats->packets, 1);
 	__sync_fetch_and_add(&stats->bytes, c.len);

@@ -144,7 +144,13 @@ struct Maps {
     video: Array<MapData, BpfVideo>,
     /// Per sink slot: the layer cap its selector wants (packed; 0: none).
     layer_req: Array<MapData, u32>,
+    /// Per session: the CPUs its fan-out is spread over (0: one).
+    spread: Array<MapData, u32>,
 }
+
+/// The program's `MAX_SPREAD`.
+const MAX_SPREAD: u32 = 64;
+const LO_RPS: &str = "/sys/class/net/lo/queues/rx-0/rps_cpus";
 
 struct State {
     ebpf: Ebpf,
@@ -189,6 +195,7 @@ impl KernelFanout {
             stats: take("STATS")?.try_into().map_err(|e| setup("STATS", e))?,
             video: take("VIDEO")?.try_into().map_err(|e| setup("VIDEO", e))?,
             layer_req: take("LAYER_REQ")?.try_into().map_err(|e| setup("LAYER_REQ", e))?,
+            spread: take("SPREAD")?.try_into().map_err(|e| setup("SPREAD", e))?,
         };
         Ok(Arc::new(Self {
             state: Mutex::new(State {
@@ -215,6 +222,7 @@ impl KernelFanout {
             st.maps.nsinks.set(index, 0, 0).map_err(|e| setup("NSINKS", e))?;
             st.maps.stats.set(index, BpfStats::default(), 0).map_err(|e| setup("STATS", e))?;
             st.maps.video.set(index, BpfVideo::default(), 0).map_err(|e| setup("VIDEO", e))?;
+            st.maps.spread.set(index, 0, 0).map_err(|e| setup("SPREAD", e))?;
             st.maps.sessions.insert(key, index, 0).map_err(|e| setup("SESSIONS", e))?;
             for (n, name) in ifaces.iter().enumerate() {
                 if let Err(e) = st.attach(name) {
@@ -450,6 +458,42 @@ impl KernelSession {
         }
     }
 
+    /// Spreads the session's fan-out over the CPUs lo's receive steering (RPS) covers: its
+    /// sinks split into one shard per CPU, each made by its CPU (see `SPREAD` in the
+    /// program). The operator sets lo's `rps_cpus` to CPUs 0..n-1 (n ≥ 2), and lo's
+    /// `accept_local` and `route_localnet`: a copy for another CPU has lost the sender's
+    /// route, and its clones to local sinks are routed afresh, which lo refuses without them.
+    /// Sessions with a video codec stay on one CPU. Returns the CPUs.
+    pub fn spread(&mut self) -> Result<u32, KernelError> {
+        let mask = std::fs::read_to_string(LO_RPS).map_err(|e| setup(&format!("reading {LO_RPS}"), e))?;
+        let cpus = rps_cpus(&mask).ok_or_else(|| {
+            let n = std::thread::available_parallelism().map_or(2, |n| n.get()).min(MAX_SPREAD as usize);
+            let all = if n >= 64 { u64::MAX } else { (1u64 << n) - 1 };
+            setup(
+                "kernel_spread needs lo's receive steering (RPS) over CPUs 0..n-1, n ≥ 2, e.g. all of them",
+                format!("echo {all:x} > {LO_RPS} (it is {:?})", mask.trim()),
+            )
+        })?;
+        for knob in ["accept_local", "route_localnet"] {
+            let path = format!("/proc/sys/net/ipv4/conf/lo/{knob}");
+            if !std::fs::read_to_string(&path).is_ok_and(|v| v.trim() == "1") {
+                return Err(setup(
+                    "kernel_spread: another CPU's clones to local sinks are routed afresh, which lo refuses without",
+                    format!("sysctl -w net.ipv4.conf.lo.{knob}=1"),
+                ));
+            }
+        }
+        let mut st = self.fanout.state.lock();
+        // The copies for other CPUs come in through lo.
+        if !self.ifaces.iter().any(|i| i == "lo") {
+            st.attach("lo")?;
+            self.ifaces.push("lo".into());
+        }
+        st.maps.spread.set(self.index, cpus, 0).map_err(|e| setup("SPREAD", e))?;
+        tracing::info!(session = self.index, cpus, "kernel fan-out spread over CPUs");
+        Ok(cpus)
+    }
+
     /// A sink's entry and slot.
     fn entry(&self, st: &State, id: u64) -> Option<(u32, BpfSink)> {
         let slot = self.slots.slot_of(&id)?;
@@ -609,6 +653,15 @@ impl Drop for KernelSession {
     }
 }
 
+/// The number of CPUs an RPS mask (hex, comma-separated 32-bit words) names if they are
+/// 0..n-1 with 2 ≤ n ≤ MAX_SPREAD: the program maps shard k to the kth CPU of the mask.
+fn rps_cpus(mask: &str) -> Option<u32> {
+    let hex: String = mask.trim().chars().filter(|c| *c != ',').collect();
+    let bits = u128::from_str_radix(hex.trim_start_matches('0'), 16).ok()?;
+    let n = bits.count_ones();
+    ((2..=MAX_SPREAD).contains(&n) && bits == (1u128 << n) - 1).then_some(n)
+}
+
 /// Why `bpf_fib_lookup` could not give a next hop, in words.
 fn fib_reason(rc: i32) -> String {
     let why = match rc {
@@ -718,6 +771,18 @@ mod tests {
         }
         let k = KernelFanout::load(1000).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(k.state.lock().pool_chunks(), 4);
+    }
+
+    /// Spreading maps shard k to the kth CPU of lo's RPS mask: only masks of CPUs 0..n-1 do.
+    #[test]
+    fn rps_masks_of_the_first_cpus_are_spread_over() {
+        assert_eq!(rps_cpus("3\n"), Some(2));
+        assert_eq!(rps_cpus("000000ff"), Some(8));
+        assert_eq!(rps_cpus("00000000,ffffffff"), Some(32));
+        assert_eq!(rps_cpus("ffffffff,ffffffff"), Some(64));
+        for refused in ["0", "1", "6", "5", "", "zz", "1,ffffffff,ffffffff"] {
+            assert_eq!(rps_cpus(refused), None, "{refused:?}");
+        }
     }
 
     #[test]

@@ -102,6 +102,9 @@ pub struct SessionConfig {
     pub udp_sinks: UdpSinkMode,
     /// `uring` path: let a kernel thread poll the submission queue (SQPOLL).
     pub uring_sqpoll: bool,
+    /// `kernel` path: spread the fan-out over the CPUs lo's RPS covers
+    /// ([`KernelSession::spread`]).
+    pub kernel_spread: bool,
     /// `shared`, `uring`, `kernel`: TCP/HTTP sinks are written at most once per this
     /// interval, everything pending in one vectored write (zero: at every packet).
     pub stream_flush: Duration,
@@ -787,6 +790,9 @@ impl Session {
                 })?;
             let mut k = fanout.open(addr).map_err(|e| std::io::Error::other(e.to_string()))?;
             k.set_codec(u32::from(self.inner.rtp_video.load(Ordering::Relaxed)));
+            if self.inner.cfg.kernel_spread {
+                k.spread().map_err(|e| std::io::Error::other(e.to_string()))?;
+            }
             *self.inner.kernel.lock() = Some(k);
         }
         *self.inner.source_kind.lock() = format!("udp {addr}");

@@ -423,6 +423,7 @@ impl Relay {
             failed_sinks: spec.failed_sinks,
             udp_sinks: spec.udp_sinks,
             uring_sqpoll: spec.uring_sqpoll,
+            kernel_spread: spec.kernel_spread,
             source_recv: spec.source_recv,
             stream_flush: Duration::from_millis(spec.stream_flush_ms.unwrap_or(self.cfg.stream_flush_ms)),
             pacing,

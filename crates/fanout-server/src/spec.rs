@@ -249,6 +249,11 @@ pub struct SessionSpec {
     /// need no system call while it is awake. Each sink group gets its own ring and thread.
     #[serde(default)]
     pub uring_sqpoll: bool,
+    /// `kernel` data path: spread the fan-out over the CPUs lo's receive steering (RPS)
+    /// covers, one shard of the sinks per CPU, instead of making every clone on the CPU the
+    /// datagram arrived on (see docs/config.md for what the host must set).
+    #[serde(default)]
+    pub kernel_spread: bool,
     /// TCP/HTTP sinks (`shared`, `uring`, `kernel`) are written at most once per this many
     /// milliseconds, all that is pending in one write (default: the server's; 0 = at once).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -336,6 +341,7 @@ impl SessionSpec {
             failed_sinks: FailurePolicy::default(),
             udp_sinks: UdpSinkMode::default(),
             uring_sqpoll: false,
+            kernel_spread: false,
             stream_flush_ms: None,
             sinks_per_group: None,
             source_recv: SourceRecv::default(),
@@ -365,6 +371,9 @@ impl SessionSpec {
         self.source.validate()?;
         if self.datapath == Some(DataPath::Kernel) && !self.source.kernel_capable() {
             return Err("datapath \"kernel\" needs an IPv4 udp or an rtsp source".into());
+        }
+        if self.kernel_spread && self.datapath.is_some_and(|d| d != DataPath::Kernel) {
+            return Err("kernel_spread spreads the kernel data path: it needs datapath \"kernel\"".into());
         }
         if let Some(ms) = self.stream_flush_ms.filter(|&ms| ms > MAX_STREAM_FLUSH_MS) {
             return Err(format!("stream_flush_ms {ms} is out of range 0..={MAX_STREAM_FLUSH_MS}"));

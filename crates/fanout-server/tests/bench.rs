@@ -149,8 +149,10 @@ fn every_bench_has_a_quick_mode_with_csv_and_png() {
 }
 
 /// `bench bulk --sinks wire` (root: a namespace, a veth and an eBPF counter) counts every
-/// delivery of the kernel and the shared path at the far end of the wire: nothing lost, and
-/// the kernel path really served its remote sinks (none handed to user space).
+/// delivery of the kernel path (on one CPU and spread over all), and the shared path, at the
+/// far end of the wire: nothing lost, and the kernel path really served its remote sinks
+/// (none handed to user space). A spread session whose shards for other CPUs went nowhere
+/// would lose half and more.
 #[test]
 fn bench_bulk_wire_sinks_count_both_paths_deliveries() {
     // SAFETY: geteuid has no preconditions.
@@ -167,7 +169,7 @@ fn bench_bulk_wire_sinks_count_both_paths_deliveries() {
         "--sinks",
         "wire",
         "--datapath",
-        "kernel,shared",
+        "kernel,kernel:spread,shared",
         "--transport",
         "udp",
         "--out",
@@ -176,7 +178,7 @@ fn bench_bulk_wire_sinks_count_both_paths_deliveries() {
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{log}");
     assert!(!log.contains("served from user space"), "the kernel path handed sinks over:\n{log}");
-    check_csv(&dir.join("bulk.csv"), 4, 3);
+    check_csv(&dir.join("bulk.csv"), 6, 3);
     let csv = std::fs::read_to_string(dir.join("bulk.csv")).unwrap();
     let head: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
     let col = |name: &str| head.iter().position(|h| *h == name).unwrap();

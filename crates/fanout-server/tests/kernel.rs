@@ -396,3 +396,73 @@ fn rtsp_clients_on_the_kernel_path_get_rtp_from_server_port() {
         sender.join().unwrap();
     });
 }
+
+/// A sysfs of this thread's network namespace, in a mount namespace of its own: lo's RPS
+/// can then be set without touching the machine's lo.
+fn private_sysfs() {
+    // SAFETY: unshare and mount with valid C strings; they affect this thread (and the
+    // processes it starts) only.
+    unsafe {
+        assert_eq!(libc::unshare(libc::CLONE_NEWNS), 0, "unshare(CLONE_NEWNS)");
+        let private = libc::MS_REC | libc::MS_PRIVATE;
+        assert_eq!(libc::mount(c"none".as_ptr(), c"/".as_ptr(), std::ptr::null(), private, std::ptr::null()), 0);
+        let sysfs = c"sysfs".as_ptr();
+        assert_eq!(libc::mount(sysfs, c"/sys".as_ptr(), sysfs, 0, std::ptr::null()), 0, "mounting sysfs");
+    }
+}
+
+fn lo_knob(knob: &str, on: bool) {
+    std::fs::write(format!("/proc/sys/net/ipv4/conf/lo/{knob}"), if on { "1" } else { "0" }).unwrap();
+}
+
+/// Spreading (issue 14): a session's sinks split into one shard per CPU, the other CPUs'
+/// shards reached by a copy steered through lo's RPS. Refused, with the command to run,
+/// while lo has no RPS or refuses a copy's clones to local sinks; then every sink gets
+/// every packet, in order, from the kernel.
+#[test]
+fn a_spread_session_serves_every_sink_from_every_cpu() {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()).min(64);
+    if cpus < 2 {
+        eprintln!("\n*** SKIPPED a_spread_session_serves_every_sink_from_every_cpu: one CPU ***\n");
+        return;
+    }
+    in_private_netns("a_spread_session_serves_every_sink_from_every_cpu", move || {
+        private_sysfs();
+        let rps = "/sys/class/net/lo/queues/rx-0/rps_cpus";
+        std::fs::write(rps, "0").unwrap();
+        let relay = Relay::start(&["--no-demo"]);
+        let rx: Vec<UdpSocket> = (0..6).map(|_| UdpSocket::bind("127.0.0.1:0").unwrap()).collect();
+        let sinks: Vec<Value> = rx.iter().map(|r| json!({"udp": r.local_addr().unwrap()})).collect();
+        let spec = json!({"name": "k", "source": {"udp": "127.0.0.1:0"}, "datapath": "kernel", "kernel_spread": true, "sinks": sinks});
+        let refused = |why: &str| {
+            let (code, v) = relay.call("POST", "/v1/sessions", Some(spec.clone()));
+            assert!(code >= 400 && v.to_string().contains(why), "{why}: {code} {v}");
+        };
+        refused("rps_cpus");
+        std::fs::write(rps, format!("{:x}", u64::MAX >> (64 - cpus))).unwrap();
+        refused("accept_local");
+        lo_knob("accept_local", true);
+        refused("route_localnet");
+        lo_knob("route_localnet", true);
+        let (code, v) = relay.call(
+            "POST",
+            "/v1/sessions",
+            Some(json!({"name": "n", "source": {"udp": "127.0.0.1:0"}, "datapath": "shared", "kernel_spread": true})),
+        );
+        assert_eq!(code, 400, "kernel_spread on shared: {v}");
+
+        let src = create_on_free_port(&relay, spec.clone());
+        send_paced(src, 100, 100, 500.0);
+        let mut buf = [0u8; 200];
+        for r in &rx {
+            r.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            for seq in 0..100 {
+                let n = r.recv(&mut buf).unwrap_or_else(|e| panic!("packet {seq}: {e}"));
+                assert_eq!(seq_of(&buf[..n]), seq);
+            }
+        }
+        let listed = relay.ok("GET", "/v1/sessions/k/sinks", None);
+        let listed = listed["sinks"].as_array().unwrap();
+        assert!(listed.iter().all(|s| s["path"] == "kernel" && s["packets_sent"] == 100), "{listed:?}");
+    });
+}

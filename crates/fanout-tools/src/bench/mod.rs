@@ -205,14 +205,20 @@ pub fn process_cpu_s(pid: u32) -> anyhow::Result<f64> {
     Ok(fanout_io::sys::ProcStat::read(Some(pid)).context("the relay is gone")?.cpu_s)
 }
 
-/// (busy, total) jiffies of the whole machine.
-pub fn machine_cpu() -> anyhow::Result<(u64, u64)> {
+/// Seconds all CPUs have been idle (idle + iowait), and the number of CPUs. Busy time is
+/// the wall time of all CPUs less this: with a tickless idle kernel, idle time is measured
+/// exactly, while the busy fields are sampled at ticks that an idle CPU woken to run a
+/// softirq (the spread kernel path's other CPU) never takes.
+pub fn machine_idle() -> anyhow::Result<(f64, usize)> {
     let stat = std::fs::read_to_string("/proc/stat")?;
     let line = stat.lines().next().context("empty /proc/stat")?;
     let v: Vec<u64> = line.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
-    let total: u64 = v.iter().take(8).sum();
     let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
-    Ok((total - idle, total))
+    let cpus =
+        stat.lines().filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit)).count();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Ok((idle as f64 / hz, cpus.max(1)))
 }
 
 /// A CPU meter over an interval: relay CPU seconds and machine busy share.
@@ -220,7 +226,7 @@ pub struct Meter {
     pid: u32,
     relay0: f64,
     softirqd0: f64,
-    machine0: (u64, u64),
+    machine0: (f64, usize),
     t0: Instant,
 }
 
@@ -235,6 +241,8 @@ pub struct Metered {
     pub path_cpu_pct: f64,
     /// Whole machine busy, percent of all cores.
     pub machine_pct: f64,
+    /// Whole machine busy, CPU seconds (all cores).
+    pub machine_busy_s: f64,
 }
 
 impl Meter {
@@ -243,7 +251,7 @@ impl Meter {
             pid,
             relay0: process_cpu_s(pid)?,
             softirqd0: softirqd_cpu_s(),
-            machine0: machine_cpu()?,
+            machine0: machine_idle()?,
             t0: Instant::now(),
         })
     }
@@ -251,15 +259,17 @@ impl Meter {
     pub fn stop(&self, sender_cpu_s: f64) -> anyhow::Result<Metered> {
         let relay = process_cpu_s(self.pid)? - self.relay0;
         let path = relay + sender_cpu_s + (softirqd_cpu_s() - self.softirqd0);
-        let (b, t) = machine_cpu()?;
+        let (idle, cpus) = machine_idle()?;
         let seconds = self.t0.elapsed().as_secs_f64();
-        let (db, dt) = (b - self.machine0.0, (t - self.machine0.1).max(1));
+        let wall = seconds * cpus as f64;
+        let busy = (wall - (idle - self.machine0.0)).clamp(0.0, wall);
         Ok(Metered {
             relay_cpu_s: relay,
             relay_cpu_pct: 100.0 * relay / seconds,
             path_cpu_s: path,
             path_cpu_pct: 100.0 * path / seconds,
-            machine_pct: 100.0 * db as f64 / dt as f64,
+            machine_pct: 100.0 * busy / wall.max(1e-9),
+            machine_busy_s: busy,
         })
     }
 }
@@ -432,7 +442,7 @@ pub fn ensure_dir(p: &Path) -> anyhow::Result<()> {
 /// `flush=MS` (the stream sinks' write interval), `recv=uring|recvmmsg` (UDP source receive),
 /// `pace=on|off` (paced egress, on by default), `link=own|shared` (`pace_link`), `rate=KBPS`
 /// (`rate_kbps`, the rate to pace by instead of the measured one), `group=N` (sinks per
-/// group task).
+/// group task), `spread` (`kernel_spread`: the kernel path's clones made on every CPU).
 pub fn datapath_fields(name: &str) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
     let mut parts = name.split(':');
     let mut m = serde_json::Map::new();
@@ -441,6 +451,7 @@ pub fn datapath_fields(name: &str) -> anyhow::Result<serde_json::Map<String, ser
         match o.split_once('=') {
             None if o == "connected" => m.insert("udp_sinks".into(), "connected".into()),
             None if o == "sqpoll" => m.insert("uring_sqpoll".into(), true.into()),
+            None if o == "spread" => m.insert("kernel_spread".into(), true.into()),
             Some(("recv", r)) => m.insert("source_recv".into(), r.into()),
             Some(("pace", p)) => m.insert("pacing".into(), p.into()),
             Some(("link", l)) => m.insert("pace_link".into(), l.into()),
@@ -448,7 +459,7 @@ pub fn datapath_fields(name: &str) -> anyhow::Result<serde_json::Map<String, ser
             Some(("group", n)) => m.insert("sinks_per_group".into(), n.parse::<u64>().context("group=N")?.into()),
             Some(("flush", ms)) => m.insert("stream_flush_ms".into(), ms.parse::<u64>().context("flush=MS")?.into()),
             _ => bail!(
-                "data path option {o:?}: expected connected, sqpoll, flush=MS, pace=on|off, link=own|shared, rate=KBPS, group=N or recv=uring|recvmmsg"
+                "data path option {o:?}: expected connected, sqpoll, spread, flush=MS, pace=on|off, link=own|shared, rate=KBPS, group=N or recv=uring|recvmmsg"
             ),
         };
     }
@@ -548,7 +559,14 @@ pub fn set_lo_rps(on: bool) -> anyhow::Result<()> {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()).min(64);
     let mask = if on { format!("{:x}", u64::MAX >> (64 - cpus)) } else { "0".into() };
     let path = "/sys/class/net/lo/queues/rx-0/rps_cpus";
-    std::fs::write(path, &mask).with_context(|| format!("writing {mask} to {path}"))
+    std::fs::write(path, &mask).with_context(|| format!("writing {mask} to {path}"))?;
+    // A spread session's copies for other CPUs lose the sender's route: their clones to
+    // local sinks are routed afresh, which lo refuses without these (the relay checks).
+    for knob in ["accept_local", "route_localnet"] {
+        let path = format!("/proc/sys/net/ipv4/conf/lo/{knob}");
+        std::fs::write(&path, if on { "1" } else { "0" }).with_context(|| format!("writing {path}"))?;
+    }
+    Ok(())
 }
 
 /// Raises a numeric sysctl to `to` if lower; returns it opened (here, in the machine's

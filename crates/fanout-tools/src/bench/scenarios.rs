@@ -132,8 +132,9 @@ fn run_step(
             Transport::Tcp => json!({ "tcp_listen": "127.0.0.1:0" }),
         };
         let mut body = json!({"name": s.name, "source": spec, "priority": s.priority, "ring": s.ring});
-        // `:rps`: lo's receive steering for this step (see `set_lo_rps`), not a session field.
-        let rps = s.datapath.split(':').any(|o| o == "rps");
+        // `:rps`: lo's receive steering for this step (see `set_lo_rps`), not a session field;
+        // `:spread` needs it too.
+        let rps = s.datapath.split(':').any(|o| o == "rps" || o == "spread");
         if rps || s.datapath.starts_with("kernel") {
             super::set_lo_rps(rps)?;
         }
@@ -358,7 +359,7 @@ pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
     let (mut csv, csv_path) = csv_file(
         &a.out,
         "bulk.csv",
-        "datapath,transport,subscribers,relay_cpu_pct,machine_cpu_pct,cpu_us_per_delivery,deliveries_per_s,loss_pct,latency_p50_us,latency_p99_us,jitter_ms,path_cpu_pct,path_us_per_delivery,sub_busy_pct,sub_rcvbuf_drops,backlog_drops,sinks",
+        "datapath,transport,subscribers,relay_cpu_pct,machine_cpu_pct,cpu_us_per_delivery,deliveries_per_s,loss_pct,latency_p50_us,latency_p99_us,jitter_ms,path_cpu_pct,path_us_per_delivery,sub_busy_pct,sub_rcvbuf_drops,backlog_drops,machine_us_per_delivery,sinks",
     )?;
     // The kernel path clones datagrams: it has no TCP form (its TCP sinks are `shared`'s).
     let combos: Vec<(String, Transport)> = a
@@ -371,10 +372,12 @@ pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
     let mut cpu_series = Vec::new();
     let mut per_series = Vec::new();
     let mut path_series = Vec::new();
+    let mut machine_series = Vec::new();
     let mut loss_series = Vec::new();
     let mut capacity = Vec::new();
     for (k, (dp, t)) in combos.iter().enumerate() {
         let (mut cpu, mut per, mut path_per, mut losses) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut machine_per = Vec::new();
         let mut cap = 0;
         for (i, &n) in a.steps.iter().enumerate() {
             pb.set_message(format!("{dp}/{t} {n} subscribers{}", if wire.is_some() { " (wire)" } else { "" }));
@@ -398,7 +401,7 @@ pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
             let loss = r.loss_pct();
             writeln!(
                 csv,
-                "{dp},{t},{n},{:.2},{:.2},{:.3},{:.0},{:.3},{},{},{:.3},{:.2},{:.3},{:.0},{},{},{}",
+                "{dp},{t},{n},{:.2},{:.2},{:.3},{:.0},{:.3},{},{},{:.3},{:.2},{:.3},{:.0},{},{},{:.3},{}",
                 r.meter.relay_cpu_pct,
                 r.meter.machine_pct,
                 r.us_per_delivery(),
@@ -412,12 +415,15 @@ pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
                 r.sub_busy_pct,
                 r.rcvbuf_errors,
                 r.backlog_drops,
+                r.meter.machine_busy_s * 1e6 / r.deliveries.max(1) as f64,
                 if wire.is_some() { "wire" } else { "sockets" },
             )?;
             pb.println(format!(
-                "{dp}/{t} {n}: loss {loss:.3}%, relay CPU {:.1}%, path {:.3} µs per delivery; drops at full backlogs {}, at subscribers' receive buffers {} (sub's busiest thread {:.0}%)",
+                "{dp}/{t} {n}: loss {loss:.3}%, relay CPU {:.1}%, path {:.3} µs per delivery, machine {:.0}% busy ({:.3} µs per delivery); drops at full backlogs {}, at subscribers' receive buffers {} (sub's busiest thread {:.0}%)",
                 r.meter.relay_cpu_pct,
                 r.path_us_per_delivery(),
+                r.meter.machine_pct,
+                r.meter.machine_busy_s * 1e6 / r.deliveries.max(1) as f64,
                 r.backlog_drops,
                 r.rcvbuf_errors,
                 r.sub_busy_pct
@@ -429,6 +435,7 @@ pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
             cpu.push((n as f64, r.meter.relay_cpu_pct));
             per.push((n as f64, r.us_per_delivery()));
             path_per.push((n as f64, r.path_us_per_delivery()));
+            machine_per.push((n as f64, r.meter.machine_busy_s * 1e6 / r.deliveries.max(1) as f64));
             if loss > a.max_loss {
                 pb.println(format!("{dp}/{t}: {loss:.2}% loss at {n} subscribers: sweep stops"));
                 for _ in i + 1..a.steps.len() {
@@ -442,6 +449,7 @@ pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
         cpu_series.push((format!("{dp}/{t}"), cpu));
         per_series.push((format!("{dp}/{t}"), per));
         path_series.push((format!("{dp}/{t}"), path_per));
+        machine_series.push((format!("{dp}/{t}"), machine_per));
         loss_series.push((format!("{dp}/{t}"), losses));
     }
     pb.finish_and_clear();
@@ -455,6 +463,7 @@ pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
             Panel { y_label: "relay CPU (% of one core)", series: cpu_series },
             Panel { y_label: "relay CPU per delivered packet (µs)", series: per_series },
             Panel { y_label: "path CPU per delivered packet (µs, incl. softirq)", series: path_series },
+            Panel { y_label: "whole machine busy per delivered packet (µs)", series: machine_series },
             Panel { y_label: "loss (%)", series: loss_series },
         ],
     )?;
