@@ -430,6 +430,13 @@ pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
             ));
             if r.rcvbuf_errors > 0 || r.sub_busy_pct > 90.0 {
                 pb.println(format!("*** {dp}/{t} {n}: the load tool, not the relay, is the limit here ***"));
+            } else if r.meter.machine_pct > 95.0 {
+                // Receiving sockets cost their softirq work to whichever CPU: no thread of sub's
+                // shows it, the machine does.
+                pb.println(format!(
+                    "*** {dp}/{t} {n}: the machine is {:.0}% busy; the relay shares it with the load tools (--sinks wire leaves them out) ***",
+                    r.meter.machine_pct
+                ));
             }
             losses.push((n as f64, loss));
             cpu.push((n as f64, r.meter.relay_cpu_pct));
