@@ -234,10 +234,27 @@ fn run_step(
         let sent_per_stream = gen["packets"].as_u64().unwrap_or(0) / gen["streams"].as_u64().unwrap_or(1).max(1);
         let (mut groups, mut sub_busy_pct, mut rcvbuf_errors) = (Vec::new(), 0.0f64, 0);
         if let Some(w) = wire.as_deref() {
-            let c = w.read(n)?;
+            // Clones still queued at the knee arrive hundreds of ms late: read once the
+            // count stops growing.
+            let mut c = w.read(n)?;
+            for _ in 0..25 {
+                std::thread::sleep(Duration::from_millis(200));
+                let again = w.read(n)?;
+                let settled = again.received == c.received;
+                c = again;
+                if settled {
+                    break;
+                }
+            }
             let expected = sent_per_stream * n as u64;
             if c.stray > 0 {
                 eprintln!("wire sinks: {} datagrams reached the wire for no sink", c.stray);
+            }
+            if c.reordered > 0 || c.fewest < sent_per_stream {
+                eprintln!(
+                    "wire sinks: {} datagrams arrived out of order; the fewest one sink got: {} of {sent_per_stream}",
+                    c.reordered, c.fewest
+                );
             }
             groups.push(json!({
                 "received": c.received,
