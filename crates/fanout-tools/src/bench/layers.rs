@@ -12,7 +12,7 @@
 //! decided on the same reports. Writes `layers.csv` (selector samples), `layers-subs.csv`
 //! (subscriber seconds), `layers-summary.json` and `layers.png`.
 
-use super::{Proc, RelayProc};
+use super::{ip, Proc, RelayProc};
 use anyhow::{bail, Context};
 use clap::Args;
 use fanout_proto::adapt::within;
@@ -92,14 +92,6 @@ pub(super) struct Topology {
     relay: String,
     router: String,
     pub subs: Vec<String>,
-}
-
-fn ip(args: &[&str]) -> anyhow::Result<()> {
-    let out = Command::new("ip").args(args).output().context("running ip (iproute2)")?;
-    if !out.status.success() {
-        bail!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
-    }
-    Ok(())
 }
 
 /// Runs a command inside a namespace.

@@ -552,6 +552,15 @@ impl PrivateNetns {
     }
 }
 
+/// Runs `ip` (iproute2), failing with what it printed.
+pub(crate) fn ip(args: &[&str]) -> anyhow::Result<()> {
+    let out = Command::new("ip").args(args).output().context("running ip (iproute2)")?;
+    if !out.status.success() {
+        bail!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(())
+}
+
 /// Steers lo's received packets over every CPU by flow hash (RPS), or not: with it, the
 /// clones the `kernel` path sends through lo are delivered on all CPUs instead of the one
 /// that made them. Only inside [`PrivateNetns`], whose lo this is.

@@ -9,12 +9,12 @@
 //! destination (packets, reordering, one-way latency from the probe `gen` writes) at TC
 //! ingress. Only inside the bench's private network namespace.
 
+use super::ip;
 use anyhow::{bail, Context};
 use aya::maps::{Array, MapData, PerCpuArray};
 use aya::programs::{tc, SchedClassifier, TcAttachType};
 use aya::{Ebpf, EbpfLoader, Pod};
 use std::net::{Ipv4Addr, SocketAddrV4};
-use std::process::Command;
 
 static PROGRAM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/wire_sink.o"));
 
@@ -57,14 +57,6 @@ pub struct WireSinks {
     stray: PerCpuArray<MapData, u64>,
     /// Holds the attached program.
     _ebpf: Ebpf,
-}
-
-fn ip(args: &[&str]) -> anyhow::Result<()> {
-    let st = Command::new("ip").args(args).status().context("running ip")?;
-    if !st.success() {
-        bail!("ip {} failed ({st})", args.join(" "));
-    }
-    Ok(())
 }
 
 impl WireSinks {
@@ -121,11 +113,10 @@ impl WireSinks {
             self.counts.set(i, Count::default(), 0)?;
         }
         let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
-        for i in 0..self.latency.len() {
-            self.latency.set(i, aya::maps::PerCpuValues::try_from(vec![0u64; cpus])?, 0)?;
-        }
-        for i in 0..self.stray.len() {
-            self.stray.set(i, aya::maps::PerCpuValues::try_from(vec![0u64; cpus])?, 0)?;
+        for m in [&mut self.latency, &mut self.stray] {
+            for i in 0..m.len() {
+                m.set(i, aya::maps::PerCpuValues::try_from(vec![0u64; cpus])?, 0)?;
+            }
         }
         Ok(())
     }
