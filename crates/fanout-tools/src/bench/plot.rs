@@ -21,11 +21,14 @@ const COLORS: [RGBColor; 8] = [
 ];
 
 pub fn panels(path: &Path, title: &str, x_label: &str, log_x: bool, panels: &[Panel]) -> anyhow::Result<()> {
-    let w = 560 * panels.len().max(1) as u32;
-    let root = BitMapBackend::new(path, (w, 460)).into_drawing_area();
+    // Up to three panels a row, so that five or six stay readable.
+    let n = panels.len().max(1);
+    let cols = n.min(3);
+    let rows = n.div_ceil(cols);
+    let root = BitMapBackend::new(path, (560 * cols as u32, 460 * rows as u32)).into_drawing_area();
     root.fill(&WHITE)?;
     let root = root.titled(title, ("sans-serif", 20))?;
-    let areas = root.split_evenly((1, panels.len().max(1)));
+    let areas = root.split_evenly((rows, cols));
     for (area, p) in areas.iter().zip(panels) {
         let pts = p.series.iter().flat_map(|s| s.1.iter());
         let (mut x0, mut x1, mut y1) = (f64::MAX, f64::MIN, 0.0f64);

@@ -389,12 +389,12 @@ pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
     let mut cpu_series = Vec::new();
     let mut per_series = Vec::new();
     let mut path_series = Vec::new();
-    let mut machine_series = Vec::new();
+    let (mut machine_series, mut p99_series) = (Vec::new(), Vec::new());
     let mut loss_series = Vec::new();
     let mut capacity = Vec::new();
     for (k, (dp, t)) in combos.iter().enumerate() {
         let (mut cpu, mut per, mut path_per, mut losses) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let mut machine_per = Vec::new();
+        let (mut machine_per, mut p99) = (Vec::new(), Vec::new());
         let mut cap = 0;
         for (i, &n) in a.steps.iter().enumerate() {
             pb.set_message(format!("{dp}/{t} {n} subscribers{}", if wire.is_some() { " (wire)" } else { "" }));
@@ -460,6 +460,7 @@ pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
             per.push((n as f64, r.us_per_delivery()));
             path_per.push((n as f64, r.path_us_per_delivery()));
             machine_per.push((n as f64, r.meter.machine_busy_s * 1e6 / r.deliveries.max(1) as f64));
+            p99.push((n as f64, r.worst("latency_p99_us") / 1000.0));
             if loss > a.max_loss {
                 pb.println(format!("{dp}/{t}: {loss:.2}% loss at {n} subscribers: sweep stops"));
                 for _ in i + 1..a.steps.len() {
@@ -475,6 +476,7 @@ pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
         path_series.push((format!("{dp}/{t}"), path_per));
         machine_series.push((format!("{dp}/{t}"), machine_per));
         loss_series.push((format!("{dp}/{t}"), losses));
+        p99_series.push((format!("{dp}/{t}"), p99));
     }
     pb.finish_and_clear();
     let png = a.out.join("bulk.png");
@@ -489,6 +491,7 @@ pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
             Panel { y_label: "path CPU per delivered packet (µs, incl. softirq)", series: path_series },
             Panel { y_label: "whole machine busy per delivered packet (µs)", series: machine_series },
             Panel { y_label: "loss (%)", series: loss_series },
+            Panel { y_label: "latency p99 (ms, worst subscriber group)", series: p99_series },
         ],
     )?;
     for c in &capacity {
