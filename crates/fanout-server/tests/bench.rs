@@ -105,7 +105,8 @@ fn every_bench_has_a_quick_mode_with_csv_and_png() {
     let d = |s: &str| dir.join(s).to_str().unwrap().to_string();
     let peers = concat!(env!("CARGO_MANIFEST_DIR"), "/../../.peers");
     let runs: [(&[&str], &str, usize); 6] = [
-        (&["bench", "datapaths", "--quick", "--datapath", "copy,shared"], "datapaths/datapaths.csv", 2),
+        // The shared path fed paged datagrams (`:paged`, a NIC's kind) beside copy's linear ones.
+        (&["bench", "datapaths", "--quick", "--datapath", "copy,shared:paged"], "datapaths/datapaths.csv", 2),
         // One step per way of watching: TS over UDP, RTP, TS over HTTP, HLS.
         (&["bench", "http", "--quick"], "http/http.csv", 4),
         (&["bench", "splice", "--quick"], "splice/splice.csv", 2),
@@ -151,7 +152,7 @@ fn every_bench_has_a_quick_mode_with_csv_and_png() {
 /// `bench bulk --sinks wire` (root: a namespace, a veth and an eBPF counter) counts every
 /// delivery of the kernel path (on one CPU and spread over all), and the shared path, at the
 /// far end of the wire: nothing lost, and the kernel path really served its remote sinks
-/// (none handed to user space). A spread session whose shards for other CPUs went nowhere
+/// (none handed to user space), from linear and from paged (`:paged`) source datagrams alike. A spread session whose shards for other CPUs went nowhere
 /// would lose half and more.
 #[test]
 fn bench_bulk_wire_sinks_count_both_paths_deliveries() {
@@ -169,7 +170,7 @@ fn bench_bulk_wire_sinks_count_both_paths_deliveries() {
         "--sinks",
         "wire",
         "--datapath",
-        "kernel,kernel:spread,shared",
+        "kernel,kernel:spread,kernel:paged,shared",
         "--transport",
         "udp",
         "--out",
@@ -178,7 +179,7 @@ fn bench_bulk_wire_sinks_count_both_paths_deliveries() {
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{log}");
     assert!(!log.contains("served from user space"), "the kernel path handed sinks over:\n{log}");
-    check_csv(&dir.join("bulk.csv"), 6, 3);
+    check_csv(&dir.join("bulk.csv"), 8, 3);
     let csv = std::fs::read_to_string(dir.join("bulk.csv")).unwrap();
     let head: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
     let col = |name: &str| head.iter().position(|h| *h == name).unwrap();

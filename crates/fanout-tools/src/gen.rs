@@ -63,6 +63,10 @@ pub struct GenArgs {
     /// one aggregation packet (STAP-A / AP) where they fit.
     #[arg(long, requires = "file")]
     pub aggregate: bool,
+    /// Send each UDP datagram with its payload in page fragments, as a NIC's driver hands a
+    /// received one up, instead of the one linear buffer a local sender's datagram is.
+    #[arg(long, conflicts_with = "tcp")]
+    pub paged: bool,
     /// Write the report as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -124,7 +128,11 @@ pub fn generate(a: &GenArgs) -> anyhow::Result<GenReport> {
                 Ok(Out::Tcp(s))
             } else {
                 let bind: SocketAddr = if d.is_ipv4() { ([0, 0, 0, 0], 0).into() } else { ([0u16; 8], 0).into() };
-                Ok(Out::Udp(UdpSocket::bind(bind)?, d))
+                let s = UdpSocket::bind(bind)?;
+                if a.paged {
+                    super::send_paged(&s).context("asking for paged datagrams (UDP_SEGMENT)")?;
+                }
+                Ok(Out::Udp(s, d))
             }
         })
         .collect::<anyhow::Result<_>>()?;

@@ -33,3 +33,47 @@ pub const RTP_HZ: u64 = 90_000;
 pub fn rtp_ts(ns: u64) -> u32 {
     (ns as u128 * RTP_HZ as u128 / 1_000_000_000) as u32
 }
+
+/// Has the kernel build this socket's datagrams with the payload in page fragments: UDP
+/// segmentation offload does, and with the largest segment size it sends every datagram
+/// whole. A relay fed by a NIC sees such datagrams; one fed over loopback sees linear ones,
+/// whose every clone the `kernel` path's unclone step copies whole.
+pub fn send_paged(s: &std::net::UdpSocket) -> std::io::Result<()> {
+    let size = libc::c_int::from(u16::MAX);
+    // SAFETY: a valid socket and an int option of the size given.
+    let r = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(s),
+            libc::SOL_UDP,
+            libc::UDP_SEGMENT,
+            (&size as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::UdpSocket;
+
+    /// A paged socket still sends each datagram whole, however large, and its bytes intact.
+    #[test]
+    fn paged_datagrams_arrive_whole() {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        rx.set_read_timeout(Some(std::time::Duration::from_secs(2))).unwrap();
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        super::send_paged(&tx).unwrap();
+        let mut buf = vec![0u8; 65_536];
+        for len in [36, 1400, 9000, 60_000] {
+            let sent: Vec<u8> = (0..len).map(|i| (i * 7 + len) as u8).collect();
+            tx.send_to(&sent, rx.local_addr().unwrap()).unwrap();
+            let (n, _) = rx.recv_from(&mut buf).unwrap();
+            assert_eq!(&buf[..n], &sent[..], "a {len}-byte datagram");
+        }
+    }
+}

@@ -33,7 +33,9 @@ pub struct BenchArgs {
     /// a kernel submission-polling thread. A suffix `@all` or `@t0` sends a layered stream
     /// (SVC NAL units of temporal layers 0, 1, 2 in turn) with every sink capped through the
     /// API: `@all` at every layer (each packet renumbered, none dropped), `@t0` at the
-    /// temporal base (two in three dropped); `@none` is the same stream uncapped.
+    /// temporal base (two in three dropped); `@none` is the same stream uncapped. An option
+    /// `:paged` sends datagrams whose payload lies in page fragments, as a NIC's driver
+    /// hands a received one up, instead of the one linear buffer a local sender's is.
     #[arg(long, value_delimiter = ',', default_value = "daemon,copy,shared,shared:connected,uring,uring:sqpoll")]
     datapath: Vec<String>,
     /// UDP sinks of the session.
@@ -186,6 +188,8 @@ pub fn run(mut a: BenchArgs) -> anyhow::Result<()> {
                 Some((dp, cap)) => (dp, Some(cap)),
                 None => (name_dp.as_str(), None),
             };
+            let paged = dp.split(':').any(|o| o == "paged");
+            let dp = dp.split(':').filter(|o| *o != "paged").collect::<Vec<_>>().join(":");
             let pin = match cap {
                 None | Some("none") => None,
                 Some("all") => Some(json!({ "max": {} })),
@@ -196,7 +200,7 @@ pub fn run(mut a: BenchArgs) -> anyhow::Result<()> {
             let sinks: Vec<_> =
                 receivers.iter().map(|r| r.local_addr().map(|a| json!({ "udp": a }))).collect::<Result<_, _>>()?;
             let mut spec = json!({"name": name, "source": {"udp": "127.0.0.1:0"}, "sinks": sinks});
-            spec.as_object_mut().expect("an object").extend(super::datapath_fields(dp)?);
+            spec.as_object_mut().expect("an object").extend(super::datapath_fields(&dp)?);
             if cap.is_some() {
                 spec["video"] = json!("h264");
             }
@@ -225,6 +229,9 @@ pub fn run(mut a: BenchArgs) -> anyhow::Result<()> {
             let layered = cap.is_some();
             let sender = std::thread::spawn(move || -> std::io::Result<f64> {
                 let tx = UdpSocket::bind("127.0.0.1:0")?;
+                if paged {
+                    crate::send_paged(&tx)?;
+                }
                 let mut payload = vec![0x47u8; payload_len];
                 let cpu0 = thread_cpu_s();
                 let start = Instant::now();

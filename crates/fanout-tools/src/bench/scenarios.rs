@@ -138,7 +138,8 @@ fn run_step(
         if rps || s.datapath.starts_with("kernel") {
             super::set_lo_rps(rps)?;
         }
-        let dp: Vec<&str> = s.datapath.split(':').filter(|o| *o != "rps").collect();
+        // `:paged`: how `gen` sends (see `gen --paged`), not a session field either.
+        let dp: Vec<&str> = s.datapath.split(':').filter(|o| *o != "rps" && *o != "paged").collect();
         body.as_object_mut().expect("an object").extend(super::datapath_fields(&dp.join(":"))?);
         let v = api.call("POST", "/v1/sessions", Some(body))?;
         let src =
@@ -217,6 +218,9 @@ fn run_step(
         ]);
         if plan.transport == Transport::Tcp {
             gen_args.push("--tcp".into());
+        }
+        if plan.sessions.iter().any(|s| s.datapath.split(':').any(|o| o == "paged")) {
+            gen_args.push("--paged".into());
         }
         let gen_json = tmp.join("gen.json");
         gen_args.extend(["--json".into(), gen_json.display().to_string()]);
@@ -318,7 +322,9 @@ fn csv_file(out: &Path, name: &str, header: &str) -> anyhow::Result<(std::fs::Fi
 
 #[derive(Args)]
 pub struct BulkArgs {
-    /// Data paths to sweep.
+    /// Data paths to sweep, with the session options of `bench datapaths`; two more steer
+    /// the bench: `:rps` spreads lo's receive work over the CPUs, `:paged` has `gen` send
+    /// datagrams whose payload lies in page fragments (as a NIC hands them up).
     #[arg(long, value_delimiter = ',', default_value = "daemon,copy,shared")]
     datapath: Vec<String>,
     /// Transports to sweep: `udp` and `tcp` (source and sinks alike), `http` (a UDP source,
