@@ -151,6 +151,8 @@ struct Maps {
 /// The program's `MAX_SPREAD`.
 const MAX_SPREAD: u32 = 64;
 const LO_RPS: &str = "/sys/class/net/lo/queues/rx-0/rps_cpus";
+/// How often a spread session reads lo's settings again.
+const SPREAD_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
 struct State {
     ebpf: Ebpf,
@@ -250,6 +252,7 @@ impl KernelFanout {
             layers: HashMap::new(),
             seen_fallbacks: 0,
             holds: Default::default(),
+            spread: None,
         })
     }
 }
@@ -384,6 +387,9 @@ pub struct KernelSession {
     seen_fallbacks: u64,
     /// Held sinks (cold video) and when their hold is lifted regardless, oldest first.
     holds: std::collections::VecDeque<(u64, Instant)>,
+    /// Spreading asked for: the CPUs it runs on now (1: back on the arriving CPU because lo
+    /// no longer allows it), and when lo's settings were last read.
+    spread: Option<(u32, Instant)>,
 }
 
 impl KernelSession {
@@ -465,24 +471,7 @@ impl KernelSession {
     /// route, and its clones to local sinks are routed afresh, which lo refuses without them.
     /// Sessions with a video codec stay on one CPU. Returns the CPUs.
     pub fn spread(&mut self) -> Result<u32, KernelError> {
-        let mask = std::fs::read_to_string(LO_RPS).map_err(|e| setup(&format!("reading {LO_RPS}"), e))?;
-        let cpus = rps_cpus(&mask).ok_or_else(|| {
-            let n = std::thread::available_parallelism().map_or(2, |n| n.get()).min(MAX_SPREAD as usize);
-            let all = if n >= 64 { u64::MAX } else { (1u64 << n) - 1 };
-            setup(
-                "kernel_spread needs lo's receive steering (RPS) over CPUs 0..n-1, n ≥ 2, e.g. all of them",
-                format!("echo {all:x} > {LO_RPS} (it is {:?})", mask.trim()),
-            )
-        })?;
-        for knob in ["accept_local", "route_localnet"] {
-            let path = format!("/proc/sys/net/ipv4/conf/lo/{knob}");
-            if !std::fs::read_to_string(&path).is_ok_and(|v| v.trim() == "1") {
-                return Err(setup(
-                    "kernel_spread: another CPU's clones to local sinks are routed afresh, which lo refuses without",
-                    format!("sysctl -w net.ipv4.conf.lo.{knob}=1"),
-                ));
-            }
-        }
+        let cpus = lo_allows_spreading()?;
         let mut st = self.fanout.state.lock();
         // The copies for other CPUs come in through lo.
         if !self.ifaces.iter().any(|i| i == "lo") {
@@ -490,8 +479,37 @@ impl KernelSession {
             self.ifaces.push("lo".into());
         }
         st.maps.spread.set(self.index, cpus, 0).map_err(|e| setup("SPREAD", e))?;
+        self.spread = Some((cpus, Instant::now()));
         tracing::info!(session = self.index, cpus, "kernel fan-out spread over CPUs");
         Ok(cpus)
+    }
+
+    /// Follows lo's settings after `spread`, reading them at most once a `SPREAD_RECHECK`:
+    /// were RPS, `accept_local` or `route_localnet` turned off, the other CPUs' clones to
+    /// local sinks would be dropped without a word, so the fan-out goes back to the arriving
+    /// CPU until they are restored (over as many CPUs as RPS then covers).
+    fn follow_lo(&mut self, now: Instant) {
+        let Some((current, checked)) = self.spread else { return };
+        if now.duration_since(checked) < SPREAD_RECHECK {
+            return;
+        }
+        self.spread = Some((current, now));
+        let allowed = lo_allows_spreading();
+        let cpus = allowed.as_ref().map_or(1, |&n| n);
+        if cpus == current {
+            return;
+        }
+        if let Err(e) = self.fanout.state.lock().maps.spread.set(self.index, cpus, 0) {
+            tracing::error!(session = self.index, "setting the kernel fan-out's CPUs: {e}");
+            return;
+        }
+        self.spread = Some((cpus, now));
+        match allowed {
+            Ok(cpus) => {
+                tracing::info!(session = self.index, cpus, "lo allows spreading again: kernel fan-out spread over CPUs")
+            }
+            Err(e) => tracing::warn!(session = self.index, "kernel fan-out back on one CPU until lo is set again: {e}"),
+        }
     }
 
     /// A sink's entry and slot.
@@ -603,7 +621,9 @@ impl KernelSession {
     }
 
     pub fn take_fallbacks(&mut self) -> Vec<Fallback> {
-        self.lift_stale_holds(Instant::now());
+        let now = Instant::now();
+        self.lift_stale_holds(now);
+        self.follow_lo(now);
         let found: Vec<(u64, BpfSink)> = {
             let st = self.fanout.state.lock();
             let n = st.maps.stats.get(&self.index, 0).map(|s| s.fallbacks).unwrap_or(0);
@@ -651,6 +671,31 @@ impl Drop for KernelSession {
         }
         st.free_sessions.push(self.index);
     }
+}
+
+/// The CPUs lo lets a session's fan-out spread over: its RPS covers CPUs 0..n-1 (n ≥ 2),
+/// and `accept_local` and `route_localnet` let a copy's clones reach local sinks. Else why
+/// not, with the command that fixes it.
+fn lo_allows_spreading() -> Result<u32, KernelError> {
+    let mask = std::fs::read_to_string(LO_RPS).map_err(|e| setup(&format!("reading {LO_RPS}"), e))?;
+    let cpus = rps_cpus(&mask).ok_or_else(|| {
+        let n = std::thread::available_parallelism().map_or(2, |n| n.get()).min(MAX_SPREAD as usize);
+        let all = if n >= 64 { u64::MAX } else { (1u64 << n) - 1 };
+        setup(
+            "kernel_spread needs lo's receive steering (RPS) over CPUs 0..n-1, n ≥ 2, e.g. all of them",
+            format!("echo {all:x} > {LO_RPS} (it is {:?})", mask.trim()),
+        )
+    })?;
+    for knob in ["accept_local", "route_localnet"] {
+        let path = format!("/proc/sys/net/ipv4/conf/lo/{knob}");
+        if !std::fs::read_to_string(&path).is_ok_and(|v| v.trim() == "1") {
+            return Err(setup(
+                "kernel_spread: another CPU's clones to local sinks are routed afresh, which lo refuses without",
+                format!("sysctl -w net.ipv4.conf.lo.{knob}=1"),
+            ));
+        }
+    }
+    Ok(cpus)
 }
 
 /// The number of CPUs an RPS mask (hex, comma-separated 32-bit words) names if they are

@@ -418,7 +418,7 @@ fn lo_knob(knob: &str, on: bool) {
 /// Spreading (issue 14): a session's sinks split into one shard per CPU, the other CPUs'
 /// shards reached by a copy steered through lo's RPS. Refused, with the command to run,
 /// while lo has no RPS or refuses a copy's clones to local sinks; then every sink gets
-/// every packet, in order, from the kernel.
+/// every packet, in order, from the kernel, and still does once lo is set against it.
 #[test]
 fn a_spread_session_serves_every_sink_from_every_cpu() {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()).min(64);
@@ -464,5 +464,23 @@ fn a_spread_session_serves_every_sink_from_every_cpu() {
         let listed = relay.ok("GET", "/v1/sessions/k/sinks", None);
         let listed = listed["sinks"].as_array().unwrap();
         assert!(listed.iter().all(|s| s["path"] == "kernel" && s["packets_sent"] == 100), "{listed:?}");
+
+        // lo turned against spreading under the running session: within a second the
+        // fan-out is back on the arriving CPU, and every sink gets every packet again
+        // (spread on, the other CPU's half of the sinks would get nothing).
+        lo_knob("route_localnet", false);
+        send_paced(src, 60, 100, 40.0);
+        for r in &rx {
+            r.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+            while r.recv(&mut buf).is_ok() {}
+            r.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        }
+        send_paced(src, 100, 100, 500.0);
+        for (k, r) in rx.iter().enumerate() {
+            for seq in 0..100 {
+                let n = r.recv(&mut buf).unwrap_or_else(|e| panic!("sink {k}, packet {seq} after lo changed: {e}"));
+                assert_eq!(seq_of(&buf[..n]), seq, "sink {k}");
+            }
+        }
     });
 }
