@@ -152,8 +152,9 @@ fn every_bench_has_a_quick_mode_with_csv_and_png() {
 /// `bench bulk --sinks wire` (root: a namespace, a veth and an eBPF counter) counts every
 /// delivery of the kernel path (on one CPU and spread over all), and the shared path, at the
 /// far end of the wire: nothing lost, and the kernel path really served its remote sinks
-/// (none handed to user space), from linear and from paged (`:paged`) source datagrams alike. A spread session whose shards for other CPUs went nowhere
-/// would lose half and more.
+/// (none handed to user space), from linear and from paged (`:paged`) source datagrams
+/// alike. A spread session whose shards for other CPUs went nowhere would lose half and
+/// more.
 #[test]
 fn bench_bulk_wire_sinks_count_both_paths_deliveries() {
     // SAFETY: geteuid has no preconditions.
