@@ -2,6 +2,8 @@
 //! binary of its own: the overload scenario's busy processes would disturb timing-sensitive
 //! tests running beside it.
 
+mod common;
+
 use std::process::{Command, Output};
 
 fn fanout(args: &[&str]) -> Output {
@@ -157,10 +159,7 @@ fn every_bench_has_a_quick_mode_with_csv_and_png() {
 /// more.
 #[test]
 fn bench_bulk_wire_sinks_count_both_paths_deliveries() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        assert!(std::env::var_os("CI").is_none(), "CI runs as root: bench bulk --sinks wire must run");
-        eprintln!("\n*** SKIPPED bench bulk --sinks wire: needs root (network namespace, veth, eBPF) ***\n");
+    if !common::root_or_skip("bench bulk --sinks wire", "network namespace, veth, eBPF") {
         return;
     }
     let dir = tmpdir("bench-wire");
@@ -200,10 +199,7 @@ fn bench_bulk_wire_sinks_count_both_paths_deliveries() {
 /// less with pacing than without (generous: not more).
 #[test]
 fn bench_pacing_quick_runs_and_pacing_cuts_the_loss_at_joining() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        assert!(std::env::var_os("CI").is_none(), "CI runs as root: bench pacing must run");
-        eprintln!("\n*** SKIPPED bench pacing --quick: needs root (network namespaces, tc) ***\n");
+    if !common::root_or_skip("bench pacing --quick", "network namespaces, tc") {
         return;
     }
     let dir = tmpdir("bench-pacing");
@@ -232,10 +228,7 @@ fn bench_pacing_quick_runs_and_pacing_cuts_the_loss_at_joining() {
 /// class more than the top one (generous margins).
 #[test]
 fn bench_egress_quick_runs_and_the_top_class_is_kept() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        assert!(std::env::var_os("CI").is_none(), "CI runs as root: bench egress must run");
-        eprintln!("\n*** SKIPPED bench egress --quick: needs root (network namespaces, tc) ***\n");
+    if !common::root_or_skip("bench egress --quick", "network namespaces, tc") {
         return;
     }
     let dir = tmpdir("bench-egress");

@@ -35,10 +35,7 @@ fn constrained_links(datapath: &str) -> serde_json::Value {
 /// path, whose program applies the selector's allowance.
 #[test]
 fn subscribers_behind_constrained_links_adapt_without_loss() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        assert!(std::env::var_os("CI").is_none(), "CI runs the tests as root");
-        eprintln!("\n*** SKIPPED subscribers_behind_constrained_links_adapt_without_loss: needs root for namespaces and tc ***\n");
+    if !common::root_or_skip("subscribers_behind_constrained_links_adapt_without_loss", "namespaces and tc") {
         return;
     }
     if !have_ffmpeg() {

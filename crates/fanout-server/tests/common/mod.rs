@@ -165,6 +165,18 @@ impl Relay {
     }
 }
 
+/// Whether this test runs as root. Without root it prints a loud SKIPPED line naming `what`
+/// and why it `needs` root, and returns `false`; on CI, which runs as root, that is an error.
+pub fn root_or_skip(what: &str, needs: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    assert!(std::env::var_os("CI").is_none(), "CI runs the tests as root: {what} must run");
+    eprintln!("\n*** SKIPPED {what}: needs root ({needs}) ***\n");
+    false
+}
+
 /// Runs `f` on a thread inside a new network namespace with its own `lo` up, so eBPF
 /// programs and qdiscs never touch the machine's interfaces. Without root it prints a loud
 /// SKIPPED line and returns `false` (on CI as root, failing to make one is an error).
