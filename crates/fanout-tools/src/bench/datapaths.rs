@@ -188,8 +188,8 @@ pub fn run(mut a: BenchArgs) -> anyhow::Result<()> {
                 Some((dp, cap)) => (dp, Some(cap)),
                 None => (name_dp.as_str(), None),
             };
-            let paged = dp.split(':').any(|o| o == "paged");
-            let dp = dp.split(':').filter(|o| *o != "paged").collect::<Vec<_>>().join(":");
+            let paged = super::has_option(dp, "paged");
+            let dp = super::without_options(dp, &["paged"]);
             let pin = match cap {
                 None | Some("none") => None,
                 Some("all") => Some(json!({ "max": {} })),

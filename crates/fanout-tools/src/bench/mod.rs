@@ -466,6 +466,22 @@ pub fn datapath_fields(name: &str) -> anyhow::Result<serde_json::Map<String, ser
     Ok(m)
 }
 
+/// Whether a data path name (`path:opt:opt…`) carries the option `opt`.
+pub(crate) fn has_option(name: &str, opt: &str) -> bool {
+    name.split(':').skip(1).any(|o| o == opt)
+}
+
+/// A data path name without the options a bench reads itself (`rps`, `paged`), for
+/// [`datapath_fields`].
+pub(crate) fn without_options(name: &str, bench_own: &[&str]) -> String {
+    name.split(':')
+        .enumerate()
+        .filter(|(i, o)| *i == 0 || !bench_own.contains(o))
+        .map(|(_, o)| o)
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
 /// CPU seconds the kernel's softirq threads (`ksoftirqd/N`) have used: packet work the
 /// kernel defers there is nobody's process time.
 pub fn softirqd_cpu_s() -> f64 {
@@ -666,4 +682,19 @@ fn context_switches(pid: u32) -> u64 {
                 .collect::<Vec<_>>()
         })
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bench_options_are_read_and_left_out_of_the_session() {
+        assert!(has_option("kernel:spread:paged", "paged"));
+        assert!(!has_option("paged", "paged"), "a path name is not an option");
+        assert_eq!(without_options("kernel:rps:spread:paged", &["rps", "paged"]), "kernel:spread");
+        let m = datapath_fields(&without_options("shared:paged:group=8", &["paged"])).unwrap();
+        assert_eq!((m["datapath"].as_str(), m["sinks_per_group"].as_u64()), (Some("shared"), Some(8)));
+        assert!(datapath_fields("shared:paged").is_err(), "paged is the bench's, not a session field");
+    }
 }

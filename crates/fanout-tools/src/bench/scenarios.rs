@@ -134,13 +134,13 @@ fn run_step(
         let mut body = json!({"name": s.name, "source": spec, "priority": s.priority, "ring": s.ring});
         // `:rps`: lo's receive steering for this step (see `set_lo_rps`), not a session field;
         // `:spread` needs it too.
-        let rps = s.datapath.split(':').any(|o| o == "rps" || o == "spread");
+        let rps = super::has_option(&s.datapath, "rps") || super::has_option(&s.datapath, "spread");
         if rps || s.datapath.starts_with("kernel") {
             super::set_lo_rps(rps)?;
         }
         // `:paged`: how `gen` sends (see `gen --paged`), not a session field either.
-        let dp: Vec<&str> = s.datapath.split(':').filter(|o| *o != "rps" && *o != "paged").collect();
-        body.as_object_mut().expect("an object").extend(super::datapath_fields(&dp.join(":"))?);
+        let dp = super::without_options(&s.datapath, &["rps", "paged"]);
+        body.as_object_mut().expect("an object").extend(super::datapath_fields(&dp)?);
         let v = api.call("POST", "/v1/sessions", Some(body))?;
         let src =
             v["source"]["addr"].as_str().and_then(|a| a.parse().ok()).context("the relay did not say its address")?;
@@ -219,7 +219,7 @@ fn run_step(
         if plan.transport == Transport::Tcp {
             gen_args.push("--tcp".into());
         }
-        if plan.sessions.iter().any(|s| s.datapath.split(':').any(|o| o == "paged")) {
+        if plan.sessions.iter().any(|s| super::has_option(&s.datapath, "paged")) {
             gen_args.push("--paged".into());
         }
         let gen_json = tmp.join("gen.json");
@@ -373,7 +373,7 @@ pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
     let most = a.steps.iter().max().copied().unwrap_or(0);
     // Before the relay starts, so it and every tool live in the namespace.
     // `:rps` changes lo's steering: only ever inside the private namespace.
-    let _netns = match wire || a.datapath.iter().any(|d| d.starts_with("kernel") || d.split(':').any(|o| o == "rps")) {
+    let _netns = match wire || a.datapath.iter().any(|d| d.starts_with("kernel") || super::has_option(d, "rps")) {
         true => Some(PrivateNetns::enter((most as u64 * 2).max(10_000))?),
         false => None,
     };
