@@ -139,8 +139,10 @@ const DECREASE: f64 = 0.85;
 /// AIMD: growth per loss-free report, as a fraction of the estimate (at least 20 kbit/s).
 const INCREASE: f64 = 0.08;
 /// AIMD: a rise is on trial for this many reports; loss above `TRIAL_LOSS` in them fails
-/// it (a probe is told by less loss than congestion, so it costs little). Congestion fails
-/// it until it has lasted `PROVEN` reports (a queue may take a while to overflow).
+/// it (a probe is told by less loss than congestion, so it costs little), and no further
+/// rise is taken meanwhile, so that a loss has one rise to blame. Congestion fails the
+/// newest rise that has not yet lasted `PROVEN` reports (a queue may take a while to
+/// overflow).
 const RISE_TRIAL: u32 = 2;
 const TRIAL_LOSS: f64 = 0.005;
 const PROVEN: u32 = 64;
@@ -163,8 +165,9 @@ pub struct LayerSelector {
     estimate_bps: Option<f64>,
     /// Reports so far.
     reports: u32,
-    /// AIMD: the last rise (to which point, at which report), on trial.
-    rise: Option<(Layer, u32)>,
+    /// AIMD: the rises not yet proven (to which point, at which report), oldest first;
+    /// the newest is the highest point in effect.
+    rises: Vec<(Layer, u32)>,
     /// AIMD: points whose rise failed: failures in a row, and the report they may be tried
     /// again at.
     holds: BTreeMap<Layer, (u32, u32)>,
@@ -179,7 +182,7 @@ impl LayerSelector {
             pin: None,
             estimate_bps: None,
             reports: 0,
-            rise: None,
+            rises: Vec::new(),
             holds: BTreeMap::new(),
         }
     }
@@ -255,23 +258,27 @@ impl LayerSelector {
             }
             Mode::Aimd => {
                 self.reports += 1;
-                let congested = iv.loss_fraction() > LOSS_THRESHOLD;
-                // The last rise: loss above TRIAL_LOSS in its first reports, or congestion
-                // while it lasts, fails it and holds the point off; it is proven after
-                // PROVEN reports.
-                let mut failed = false;
-                if let Some((to, at)) = self.rise {
-                    let on_trial = self.reports <= at + RISE_TRIAL;
-                    failed = iv.loss_fraction() > TRIAL_LOSS && on_trial || congested;
-                    if failed {
+                let loss = iv.loss_fraction();
+                let congested = loss > LOSS_THRESHOLD;
+                // The newest unproven rise: loss above TRIAL_LOSS on its trial, or
+                // congestion, fails it and holds its point off.
+                let failed = match self.rises.last() {
+                    Some(&(to, at)) if congested || loss > TRIAL_LOSS && self.reports <= at + RISE_TRIAL => {
                         let fails = self.holds.get(&to).map_or(0, |h| h.0) + 1;
                         self.holds.insert(to, (fails, self.reports + (1 << (2 * fails + 1).min(MAX_HOLD_SHIFT))));
-                        self.rise = None;
-                    } else if self.reports > at + PROVEN {
-                        self.holds.remove(&to);
-                        self.rise = None;
+                        self.rises.pop();
+                        true
                     }
-                }
+                    _ => false,
+                };
+                let reports = self.reports;
+                self.rises.retain(|&(to, at)| {
+                    let proven = reports > at + PROVEN;
+                    if proven {
+                        self.holds.remove(&to);
+                    }
+                    !proven
+                });
                 let held = ladder.iter().position(|l| self.holds.get(l).is_some_and(|h| h.1 > self.reports));
                 let e = match (self.estimate_bps, congested || failed) {
                     (_, true) => got * DECREASE,
@@ -291,12 +298,13 @@ impl LayerSelector {
                 if let Some(h) = held {
                     fits = fits.min(h.saturating_sub(1));
                 }
-                // Up one step at most.
-                if fits > cur {
-                    self.rise = Some((ladder[cur + 1], self.reports));
+                // Up one step at most, once the last rise is through its trial.
+                let trial_over = self.rises.last().is_none_or(|&(_, at)| self.reports > at + RISE_TRIAL);
+                if fits > cur && trial_over {
+                    self.rises.push((ladder[cur + 1], self.reports));
                     cur + 1
                 } else {
-                    fits
+                    fits.min(cur)
                 }
             }
         };
@@ -306,6 +314,9 @@ impl LayerSelector {
                 want = ladder.iter().rev().find(|l| within(**l, pin)).copied().unwrap_or(ladder[0]);
             }
         }
+        // Rises above where it is heading are no longer in effect, so no loss is theirs.
+        let to = ladder.iter().position(|l| *l == want);
+        self.rises.retain(|(r, _)| ladder.iter().position(|l| l == r) <= to);
         match self.allowance {
             // Down (or the first report): at once. Up: at the next switch point.
             Some(a) if !within(want, a) => self.pending_up = Some(want),
@@ -500,6 +511,83 @@ mod tests {
         // Early on the estimate's regrowth sets the pace; then the holds, doubling.
         assert!(gaps.windows(2).all(|g| g[1] >= g[0]), "the waits never shrink: {tries:?}");
         assert!(gaps[gaps.len() - 1] >= 4 * gaps[0], "and grow: {tries:?}");
+    }
+
+    /// Three points: 120k (base and parameter sets), 320k (d1 t0) and 520k (d1 t1).
+    fn three() -> LayerRates {
+        let mut r = steady();
+        for ms in (20_000..40_000).step_by(10) {
+            r.record(media(0, 0), 125, ms);
+            r.record(media(1, 0), 250, ms);
+            r.record(media(1, 1), 250, ms);
+            if ms % 100 == 0 {
+                r.record(PacketLayer::NotLayered, 250, ms);
+            }
+        }
+        r.roll(40_000);
+        r
+    }
+
+    /// A 1 s report interval of 100 packets in which `kbps` were sent and `lost` were lost.
+    fn sent(kbps: u64, lost: u64) -> Interval {
+        Interval {
+            seconds: 1.0,
+            bytes_sent: kbps * 1000 / 8,
+            packets_sent: 100,
+            packets_lost: lost,
+            packets_dropped: 0,
+        }
+    }
+
+    #[test]
+    fn a_rise_waits_for_the_last_one_to_pass_its_trial() {
+        let rates = three();
+        assert_eq!(rates.ladder(), vec![l(0, 0), l(1, 0), l(1, 1)]);
+        let mut s = LayerSelector::new(Mode::Aimd);
+        assert_eq!(s.on_report(&sent(120, 30), &rates), Some(l(0, 0)));
+        // A burst that seems to say the link carries everything at once.
+        let mut rises = Vec::new();
+        for report in 0..10 {
+            let before = s.target();
+            s.on_report(&sent(900, 0), &rates);
+            s.commit();
+            if s.target() != before {
+                rises.push(report);
+            }
+        }
+        assert_eq!(rises.len(), 2, "{rises:?}");
+        assert!(rises[1] - rises[0] > RISE_TRIAL as i32, "the second rise came on the first's trial: {rises:?}");
+        assert_eq!(s.allowance(), Some(l(1, 1)));
+    }
+
+    #[test]
+    fn congestion_is_blamed_on_the_rise_in_effect_after_a_higher_one_failed() {
+        let rates = three();
+        let mut s = LayerSelector::new(Mode::Aimd);
+        s.on_report(&sent(120, 30), &rates);
+        let climb = |s: &mut LayerSelector, to: Layer| {
+            for _ in 0..20 {
+                s.on_report(&sent(600, 0), &rates);
+                s.commit();
+                if s.allowance() == Some(to) {
+                    return;
+                }
+            }
+            panic!("never rose to {to:?}: {s:?}");
+        };
+        climb(&mut s, l(1, 0));
+        climb(&mut s, l(1, 1));
+        // The top point loses a little on its trial: it fails, and d1 t0 stays, unproven.
+        assert_eq!(s.on_report(&sent(500, 1), &rates), Some(l(1, 0)));
+        // d1 t0 itself congests the link a few reports later: its rise fails too, so it is
+        // held off, not retried as soon as the estimate regrows.
+        s.on_report(&sent(350, 0), &rates);
+        assert_eq!(s.on_report(&sent(300, 10), &rates), Some(l(0, 0)));
+        let back = (0..40).position(|_| {
+            s.on_report(&sent(120, 0), &rates);
+            s.target() == Some(l(1, 0))
+        });
+        assert!(back.is_some_and(|r| r >= 7), "d1 t0 was retried after {back:?} reports");
     }
 
     proptest! {
