@@ -283,7 +283,6 @@ fn project(costs: &[(f64, f64)], edge_cap: f64, out: &Path) -> anyhow::Result<St
             placed += level;
             depth += 1;
         }
-        let _ = level;
         // Every relay but the root hangs from a full (or the last) internal one.
         let leaves = n - (n - 1).div_ceil(fanout as u64);
         let subs = leaves as f64 * per_edge;
