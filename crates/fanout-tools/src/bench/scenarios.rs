@@ -606,7 +606,8 @@ pub struct OverloadArgs {
     #[arg(long, default_value = "shared")]
     datapath: String,
     /// Relay setups, side by side at every level: `default` (as shipped), `noshed` (no
-    /// overload shedding), `nice:N`, `realtime:N` or `slice:US` (the relay's threads at that priority or time slice);
+    /// overload shedding), `nice:N`, `realtime:N` or `slice:US` (the relay's threads at that priority or time slice),
+    /// `top:DATAPATH` (the top class's session on that data path, e.g. `top:kernel`);
     /// join several with `+` (`noshed+realtime:10`).
     #[arg(long, value_delimiter = ',', default_value = "default,realtime:10")]
     setups: Vec<String>,
@@ -645,20 +646,31 @@ pub struct OverloadArgs {
     out: PathBuf,
 }
 
-/// The relay's command-line flags for a setup of `bench overload`.
-fn setup_flags(setup: &str) -> anyhow::Result<Vec<String>> {
-    let mut flags = Vec::new();
-    for part in setup.split('+') {
-        match part {
-            "default" => {}
-            "noshed" => flags.extend(["--shed-after-ms".into(), "0".into()]),
-            p if p.parse::<fanout_io::ThreadPriority>().is_ok() => {
-                flags.extend(["--worker-priority".into(), p.to_string()])
+/// A setup of `bench overload`: the relay's command-line flags, and the top class's data
+/// path where it is not the bench's `--datapath`.
+struct Setup {
+    flags: Vec<String>,
+    top_datapath: Option<String>,
+}
+
+impl Setup {
+    fn parse(setup: &str) -> anyhow::Result<Self> {
+        let mut s = Setup { flags: Vec::new(), top_datapath: None };
+        for part in setup.split('+') {
+            match part {
+                "default" => {}
+                "noshed" => s.flags.extend(["--shed-after-ms".into(), "0".into()]),
+                p if p.starts_with("top:") => s.top_datapath = Some(p["top:".len()..].to_string()),
+                p if p.parse::<fanout_io::ThreadPriority>().is_ok() => {
+                    s.flags.extend(["--worker-priority".into(), p.to_string()])
+                }
+                p => {
+                    anyhow::bail!("setup {p:?}: expected default, noshed, nice:N, realtime:N, slice:US or top:DATAPATH")
+                }
             }
-            p => anyhow::bail!("setup {p:?}: expected default, noshed, nice:N or realtime:N"),
         }
+        Ok(s)
     }
-    Ok(flags)
 }
 
 pub fn overload(mut a: OverloadArgs) -> anyhow::Result<()> {
@@ -679,10 +691,15 @@ pub fn overload(mut a: OverloadArgs) -> anyhow::Result<()> {
     );
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     super::set_tools_nice(a.tools_nice);
-    let relays = a
-        .setups
+    let setups = a.setups.iter().map(|s| Setup::parse(s)).collect::<anyhow::Result<Vec<_>>>()?;
+    // The kernel path attaches to lo: a private namespace's, entered before the relays start.
+    let kernel = std::iter::once(&a.datapath)
+        .chain(setups.iter().filter_map(|s| s.top_datapath.as_ref()))
+        .any(|d| d.starts_with("kernel"));
+    let _netns = if kernel { Some(super::PrivateNetns::enter(10_000)?) } else { None };
+    let relays = setups
         .iter()
-        .map(|s| RelayProc::start(&setup_flags(s)?.iter().map(String::as_str).collect::<Vec<_>>()))
+        .map(|s| RelayProc::start(&s.flags.iter().map(String::as_str).collect::<Vec<_>>()))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let (mut csv, csv_path) = csv_file(
         &a.out,
@@ -710,7 +727,10 @@ pub fn overload(mut a: OverloadArgs) -> anyhow::Result<()> {
                     .iter()
                     .map(|&c| SessionPlan {
                         name: format!("ov{i}c{c}"),
-                        datapath: a.datapath.clone(),
+                        datapath: match &setups[si].top_datapath {
+                            Some(dp) if c == 3 => dp.clone(),
+                            _ => a.datapath.clone(),
+                        },
                         priority: c,
                         ring: Some(a.ring),
                     })
@@ -726,9 +746,13 @@ pub fn overload(mut a: OverloadArgs) -> anyhow::Result<()> {
             let r = run_step(relay, &plan, &a.out, None)?;
             let shed: Vec<u64> = r.status.iter().map(|s| s["source"]["shed"].as_u64().unwrap_or(0)).collect();
             pb.inc(1);
-            let need = *top_need[si].get_or_insert_with(|| {
-                let top = r.groups.get(2).and_then(|g| g["received"].as_f64()).unwrap_or(0.0);
-                r.meter.relay_cpu_pct * top / (r.deliveries.max(1) as f64)
+            // (A top class on a data path of its own costs the relay's workers nothing.)
+            let need = *top_need[si].get_or_insert_with(|| match setups[si].top_datapath {
+                Some(_) => 0.0,
+                None => {
+                    let top = r.groups.get(2).and_then(|g| g["received"].as_f64()).unwrap_or(0.0);
+                    r.meter.relay_cpu_pct * top / (r.deliveries.max(1) as f64)
+                }
             });
             let losses: Vec<f64> = (0..classes.len()).map(|k| r.sent_loss_pct(k, a.subscribers)).collect();
             // Whenever a class loses, the lower ones lose more. Equal losses pass only when
@@ -794,4 +818,20 @@ pub fn overload(mut a: OverloadArgs) -> anyhow::Result<()> {
     }
     println!("CSV: {}\nPNG: {}", csv_path.display(), png.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Setup;
+
+    #[test]
+    fn overload_setups_join_relay_flags_and_a_top_class_data_path() {
+        let s = Setup::parse("noshed+realtime:10+top:kernel").unwrap();
+        assert_eq!(s.flags, ["--shed-after-ms", "0", "--worker-priority", "realtime:10"]);
+        assert_eq!(s.top_datapath.as_deref(), Some("kernel"));
+        let d = Setup::parse("default").unwrap();
+        assert!(d.flags.is_empty() && d.top_datapath.is_none());
+        let e = Setup::parse("default+fast").err().unwrap().to_string();
+        assert!(e.contains("\"fast\"") && e.contains("top:DATAPATH"), "{e}");
+    }
 }
