@@ -28,17 +28,7 @@ pub fn bind_udp_source(addr: SocketAddr, iface: Option<Ipv4Addr>) -> io::Result<
     sock.set_reuse_address(addr.ip().is_multicast())?;
     // Room for bursts while the workers are busy; the force variant needs CAP_NET_ADMIN.
     let size: libc::c_int = 8 << 20;
-    // SAFETY: plain setsockopt with an int.
-    let forced = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUFFORCE,
-            (&raw const size).cast(),
-            std::mem::size_of::<libc::c_int>() as _,
-        )
-    };
-    if forced != 0 {
+    if sys::set_int_option(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, size).is_err() {
         let _ = sock.set_recv_buffer_size(size as usize);
     }
     if addr.ip().is_multicast() {

@@ -151,18 +151,22 @@ pub fn recv_datagrams(
     }
 }
 
-/// Asks the kernel to queue ICMP errors with the destination they concern, so a socket
-/// shared by many sinks can tell which sink failed.
-pub fn enable_recv_err(fd: RawFd, v6: bool) -> io::Result<()> {
-    let on: libc::c_int = 1;
-    let (level, name) =
-        if v6 { (libc::IPPROTO_IPV6, libc::IPV6_RECVERR) } else { (libc::IPPROTO_IP, libc::IP_RECVERR) };
-    // SAFETY: plain setsockopt with an int.
-    let r = unsafe { libc::setsockopt(fd, level, name, (&raw const on).cast(), size_of::<libc::c_int>() as _) };
+/// Sets a socket option whose value is an int.
+pub fn set_int_option(fd: RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> io::Result<()> {
+    // SAFETY: plain setsockopt with an int of the size given.
+    let r = unsafe { libc::setsockopt(fd, level, name, (&raw const value).cast(), size_of::<libc::c_int>() as _) };
     if r < 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// Asks the kernel to queue ICMP errors with the destination they concern, so a socket
+/// shared by many sinks can tell which sink failed.
+pub fn enable_recv_err(fd: RawFd, v6: bool) -> io::Result<()> {
+    let (level, name) =
+        if v6 { (libc::IPPROTO_IPV6, libc::IPV6_RECVERR) } else { (libc::IPPROTO_IP, libc::IP_RECVERR) };
+    set_int_option(fd, level, name, 1)
 }
 
 /// Takes one queued ICMP error: the destination it concerns and the error.
@@ -281,21 +285,7 @@ pub fn iovec(buf: &[u8]) -> libc::iovec {
 /// Asks the kernel to stamp each datagram `fd` receives with its arrival time
 /// (`SO_TIMESTAMPNS`, the real-time clock), read by [`recv_stamped`].
 pub fn enable_rx_timestamps(fd: RawFd) -> io::Result<()> {
-    let on: libc::c_int = 1;
-    // SAFETY: a valid option value of the right size.
-    let r = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_TIMESTAMPNS,
-            (&on as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    set_int_option(fd, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)
 }
 
 /// Receives one datagram (non-blocking sockets: `WouldBlock` when none) with the kernel's

@@ -39,22 +39,8 @@ pub fn rtp_ts(ns: u64) -> u32 {
 /// whole. A relay fed by a NIC sees such datagrams; one fed over loopback sees linear ones,
 /// whose every clone the `kernel` path's unclone step copies whole.
 pub fn send_paged(s: &std::net::UdpSocket) -> std::io::Result<()> {
-    let size = libc::c_int::from(u16::MAX);
-    // SAFETY: a valid socket and an int option of the size given.
-    let r = unsafe {
-        libc::setsockopt(
-            std::os::fd::AsRawFd::as_raw_fd(s),
-            libc::SOL_UDP,
-            libc::UDP_SEGMENT,
-            (&size as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+    let fd = std::os::fd::AsRawFd::as_raw_fd(s);
+    fanout_io::sys::set_int_option(fd, libc::SOL_UDP, libc::UDP_SEGMENT, libc::c_int::from(u16::MAX))
 }
 
 #[cfg(test)]
