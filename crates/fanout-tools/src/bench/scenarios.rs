@@ -657,10 +657,13 @@ impl Setup {
     fn parse(setup: &str) -> anyhow::Result<Self> {
         let mut s = Setup { flags: Vec::new(), top_datapath: None };
         for part in setup.split('+') {
+            if let Some(dp) = part.strip_prefix("top:") {
+                s.top_datapath = Some(dp.to_string());
+                continue;
+            }
             match part {
                 "default" => {}
                 "noshed" => s.flags.extend(["--shed-after-ms".into(), "0".into()]),
-                p if p.starts_with("top:") => s.top_datapath = Some(p["top:".len()..].to_string()),
                 p if p.parse::<fanout_io::ThreadPriority>().is_ok() => {
                     s.flags.extend(["--worker-priority".into(), p.to_string()])
                 }
@@ -746,10 +749,10 @@ pub fn overload(mut a: OverloadArgs) -> anyhow::Result<()> {
             let r = run_step(relay, &plan, &a.out, None)?;
             let shed: Vec<u64> = r.status.iter().map(|s| s["source"]["shed"].as_u64().unwrap_or(0)).collect();
             pb.inc(1);
-            // (A top class on a data path of its own costs the relay's workers nothing.)
-            let need = *top_need[si].get_or_insert_with(|| match setups[si].top_datapath {
-                Some(_) => 0.0,
-                None => {
+            // (A top class on the kernel path costs the relay's threads nothing: softirq serves it.)
+            let need = *top_need[si].get_or_insert_with(|| match &setups[si].top_datapath {
+                Some(dp) if dp.starts_with("kernel") => 0.0,
+                _ => {
                     let top = r.groups.get(2).and_then(|g| g["received"].as_f64()).unwrap_or(0.0);
                     r.meter.relay_cpu_pct * top / (r.deliveries.max(1) as f64)
                 }
