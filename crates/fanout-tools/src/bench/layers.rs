@@ -390,11 +390,14 @@ fn write_outputs(a: &LayersArgs, samples: &[Sample], subs: &[Vec<Second>]) -> an
         let layers: BTreeSet<(u8, u8, u8)> = after.iter().flat_map(|s| s.layers.iter().copied()).collect();
         let kbps = after.iter().map(|s| s.bits as f64).sum::<f64>() / 1000.0 / after.len().max(1) as f64;
         let last_sample = samples.iter().rev().find(|s| s.link == i);
+        // When it last lost a packet: a failed probe of a higher layer, or the start.
+        let last_loss = secs.windows(2).rev().find(|w| w[1].lost > w[0].lost).map(|w| w[1].t);
         summary.push(json!({
             "link_kbps": a.links[i],
             "received_kbps_after": kbps,
             "loss_after": if expected > 0 { lost as f64 / expected as f64 } else { 0.0 },
             "expected_after": expected,
+            "last_loss_s": last_loss,
             "layers_after": layers,
             "aimd_allowance": last_sample.map(|s| name(s.aimd)),
             "sink_path": last_sample.map(|s| s.path.clone()),
@@ -407,10 +410,11 @@ fn write_outputs(a: &LayersArgs, samples: &[Sample], subs: &[Vec<Second>]) -> an
     std::fs::write(a.out.join("layers-summary.json"), serde_json::to_string_pretty(&summary)?)?;
     for l in summary["links"].as_array().into_iter().flatten() {
         println!(
-            "link {:>4} kbit/s: received {:6.1} kbit/s after adaptation, loss {:.2}%, layers {}, AIMD {} / thesis {}",
+            "link {:>4} kbit/s: received {:6.1} kbit/s after adaptation, loss {:.2}% (last at {} s), layers {}, AIMD {} / thesis {}",
             l["link_kbps"],
             l["received_kbps_after"].as_f64().unwrap_or(0.0),
             100.0 * l["loss_after"].as_f64().unwrap_or(0.0),
+            l["last_loss_s"].as_f64().map_or("-".into(), |t| format!("{t:.0}")),
             l["layers_after"],
             l["aimd_allowance"],
             l["thesis_allowance"],
@@ -450,7 +454,7 @@ fn plot(png: &Path, a: &LayersArgs, samples: &[Sample], subs: &[Vec<Second>]) ->
                 let end = samples.last().map_or(a.seconds, |s| s.t);
                 series.push(("link (L2)".to_string(), vec![(0.0, f64::from(kbps)), (end, f64::from(kbps))]));
             }
-            super::plot::Panel { y_label: &labels[i], series }
+            super::plot::Panel { y_label: &labels[i], series, log_y: false }
         })
         .collect();
     super::plot::panels(
