@@ -26,9 +26,9 @@ pub struct ClusterArgs {
     latency_subscribers: usize,
     #[command(flatten)]
     load: super::Load,
-    /// The projection's ceiling on subscribers per edge, whatever its CPU allows: the largest
-    /// clean run of one relay (`bench bulk`, docs/BENCHMARKS.md: 10,000 UDP subscribers;
-    /// past it one CPU's softirq backlog drops).
+    /// The projection's ceiling on subscribers per edge, whatever its CPU allows. 10,000 is
+    /// conservative: one relay's kernel path served 30,000 wire subscribers clean on one
+    /// CPU and 40,000 spread over two (`bench bulk --sinks wire`, docs/BENCHMARKS.md).
     #[arg(long, default_value_t = 10_000.0)]
     edge_cap: f64,
     /// A short run (2 steps, 3 s) that checks the tools work; CI runs it.
@@ -227,9 +227,9 @@ pub fn run(mut a: ClusterArgs) -> anyhow::Result<()> {
         "subscribers (all edges)",
         false,
         &[
-            Panel { y_label: "origin CPU (% of one core)", series: origin_series },
-            Panel { y_label: "edges' CPU together (% of one core)", series: edge_series },
-            Panel { y_label: "loss (%)", series: loss_series },
+            Panel { y_label: "origin CPU (% of one core)", series: origin_series, log_y: false },
+            Panel { y_label: "edges' CPU together (% of one core)", series: edge_series, log_y: false },
+            Panel { y_label: "loss (%)", series: loss_series, log_y: false },
         ],
     )?;
     let lat_png = a.out.join("cluster-latency.png");
@@ -244,6 +244,7 @@ pub fn run(mut a: ClusterArgs) -> anyhow::Result<()> {
                 ("p50".into(), tiers.iter().map(|t| (t.0, t.1)).collect()),
                 ("p99".into(), tiers.iter().map(|t| (t.0, t.2)).collect()),
             ],
+            log_y: false,
         }],
     )?;
     let proj = project(&costs, a.edge_cap, &a.out)?;
@@ -294,7 +295,7 @@ fn project(costs: &[(f64, f64)], edge_cap: f64, out: &Path) -> anyhow::Result<St
         &format!("Projected: subscribers of a tree of N two-core relays ({per_edge:.0} per edge, {fanout:.0} pulls per relay)"),
         "relays (log scale)",
         true,
-        &[Panel { y_label: "subscribers", series: vec![("projected".into(), series)] }],
+        &[Panel { y_label: "subscribers", series: vec![("projected".into(), series)], log_y: false }],
     )?;
     Ok(format!(
         "projection: {per_edge:.0} subscribers per edge ({by_cpu:.0} by CPU at {us_per_delivery:.2} µs per delivery, \

@@ -367,8 +367,8 @@ pub fn run(mut a: BenchArgs) -> anyhow::Result<()> {
         "round",
         false,
         &[
-            super::plot::Panel { y_label: "relay µs per delivery", series: series(false) },
-            super::plot::Panel { y_label: "path µs per delivery", series: series(true) },
+            super::plot::Panel { y_label: "relay µs per delivery", series: series(false), log_y: false },
+            super::plot::Panel { y_label: "path µs per delivery", series: series(true), log_y: false },
         ],
     )?;
     let lat_png = a.out.join("latency.png");
@@ -378,7 +378,9 @@ pub fn run(mut a: BenchArgs) -> anyhow::Result<()> {
         "sink",
         false,
         &[super::plot::Panel {
-            y_label: "mean latency µs (kernel receive stamp − send time)", series: last_latency
+            y_label: "mean latency µs (kernel receive stamp − send time)",
+            series: last_latency,
+            log_y: false,
         }],
     )?;
     println!("\nCSV: {}\nPNG: {}\n     {}", csv_path.display(), png.display(), lat_png.display());

@@ -141,6 +141,7 @@ pub fn run(mut a: EgressArgs) -> anyhow::Result<()> {
                 ("egress_kbps: the relay shares".into(), series("egress")),
                 ("due: reservation, then class".into(), due),
             ],
+            log_y: false,
         }],
     )?;
     println!("wrote {} and {}", csv.display(), png.display());

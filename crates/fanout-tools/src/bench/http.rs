@@ -287,8 +287,8 @@ pub fn run(mut a: HttpArgs) -> anyhow::Result<()> {
         "subscribers",
         false,
         &[
-            super::plot::Panel { y_label: "% of a core per 1000 subscribers", series: series(false) },
-            super::plot::Panel { y_label: "CPU ms per delivered MB", series: series(true) },
+            super::plot::Panel { y_label: "% of a core per 1000 subscribers", series: series(false), log_y: false },
+            super::plot::Panel { y_label: "CPU ms per delivered MB", series: series(true), log_y: false },
         ],
     )?;
     println!("\nCSV: {}\nPNG: {}", csv_path.display(), png.display());

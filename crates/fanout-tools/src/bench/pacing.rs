@@ -415,8 +415,8 @@ fn plot(png: &Path, rounds: &[Round]) -> anyhow::Result<()> {
         "ms after the first packet (left) / subscriber (right: the shared link's first)",
         false,
         &[
-            super::plot::Panel { y_label: "packets received since joining (mean)", series: arrivals },
-            super::plot::Panel { y_label: "loss %", series: losses },
+            super::plot::Panel { y_label: "packets received since joining (mean)", series: arrivals, log_y: false },
+            super::plot::Panel { y_label: "loss %", series: losses, log_y: false },
         ],
     )
 }

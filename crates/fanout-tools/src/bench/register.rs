@@ -159,8 +159,8 @@ pub fn run(a: RegisterArgs) -> anyhow::Result<()> {
         "sinks in the session",
         false,
         &[
-            super::plot::Panel { y_label: "seconds so far", series: total_series },
-            super::plot::Panel { y_label: "ms per thousand sinks", series: per_series },
+            super::plot::Panel { y_label: "seconds so far", series: total_series, log_y: false },
+            super::plot::Panel { y_label: "ms per thousand sinks", series: per_series, log_y: false },
         ],
     )?;
     println!("CSV: {}\nPNG: {}", csv_path.display(), png.display());
@@ -172,8 +172,8 @@ pub fn run(a: RegisterArgs) -> anyhow::Result<()> {
             "round",
             false,
             &[
-                super::plot::Panel { y_label: "relay resident memory (MiB)", series: churn_rss },
-                super::plot::Panel { y_label: "relay open files", series: churn_fds },
+                super::plot::Panel { y_label: "relay resident memory (MiB)", series: churn_rss, log_y: false },
+                super::plot::Panel { y_label: "relay open files", series: churn_fds, log_y: false },
             ],
         )?;
         println!("PNG: {}", png.display());

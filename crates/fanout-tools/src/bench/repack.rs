@@ -132,7 +132,7 @@ pub fn run(a: RepackArgs) -> anyhow::Result<()> {
         &format!("Repackaging RTP ({pps:.0} pkt/s): CPU per packet"),
         "round",
         false,
-        &[plot::Panel { y_label: "ns per RTP packet", series: series.clone() }],
+        &[plot::Panel { y_label: "ns per RTP packet", series: series.clone(), log_y: false }],
     )?;
     let mut wait_csv = String::from("published,units,mean_ms,median_ms,max_ms\n");
     for ((delays, _), what) in waits.iter_mut().zip(["2 s segment", "0.5 s part"]) {

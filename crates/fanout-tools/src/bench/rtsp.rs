@@ -564,8 +564,8 @@ pub fn run(mut a: RtspArgs) -> anyhow::Result<()> {
         "RTSP clients (UDP)",
         false,
         &[
-            super::plot::Panel { y_label: "CPU µs per packet", series: series(false) },
-            super::plot::Panel { y_label: "CPU ms per MB", series: series(true) },
+            super::plot::Panel { y_label: "CPU µs per packet", series: series(false), log_y: false },
+            super::plot::Panel { y_label: "CPU ms per MB", series: series(true), log_y: false },
         ],
     )?;
     println!("\nCSV: {}\nPNG: {}", csv_path.display(), png.display());

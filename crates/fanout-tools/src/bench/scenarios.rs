@@ -492,12 +492,12 @@ pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
         "subscribers",
         false,
         &[
-            Panel { y_label: "relay CPU (% of one core)", series: cpu_series },
-            Panel { y_label: "relay CPU per delivered packet (µs)", series: per_series },
-            Panel { y_label: "path CPU per delivered packet (µs, incl. softirq)", series: path_series },
-            Panel { y_label: "whole machine busy per delivered packet (µs)", series: machine_series },
-            Panel { y_label: "loss (%)", series: loss_series },
-            Panel { y_label: "latency p99 (ms, worst subscriber group)", series: p99_series },
+            Panel { y_label: "relay CPU (% of one core)", series: cpu_series, log_y: false },
+            Panel { y_label: "relay CPU per delivered packet (µs)", series: per_series, log_y: false },
+            Panel { y_label: "path CPU per delivered packet (µs, incl. softirq)", series: path_series, log_y: false },
+            Panel { y_label: "whole machine busy per delivered packet (µs)", series: machine_series, log_y: false },
+            Panel { y_label: "loss (%)", series: loss_series, log_y: false },
+            Panel { y_label: "latency p99 (ms, worst group, log scale)", series: p99_series, log_y: true },
         ],
     )?;
     for c in &capacity {
@@ -592,8 +592,8 @@ pub fn payload(mut a: PayloadArgs) -> anyhow::Result<()> {
         "payload (bytes, log scale)",
         true,
         &[
-            Panel { y_label: "relay CPU (% of one core)", series: cpu_series },
-            Panel { y_label: "relay CPU per delivered packet (µs)", series: per_series },
+            Panel { y_label: "relay CPU (% of one core)", series: cpu_series, log_y: false },
+            Panel { y_label: "relay CPU per delivered packet (µs)", series: per_series, log_y: false },
         ],
     )?;
     println!("CSV: {}\nPNG: {}", csv_path.display(), png.display());
@@ -804,8 +804,8 @@ pub fn overload(mut a: OverloadArgs) -> anyhow::Result<()> {
     let png = a.out.join("overload.png");
     let titles: Vec<String> = a.setups.iter().map(|s| format!("loss (%), relay {s}")).collect();
     let mut panels: Vec<Panel> =
-        loss.into_iter().zip(&titles).map(|(series, t)| Panel { y_label: t, series }).collect();
-    panels.push(Panel { y_label: "class 3 latency p99 (ms)", series: top_p99 });
+        loss.into_iter().zip(&titles).map(|(series, t)| Panel { y_label: t, series, log_y: false }).collect();
+    panels.push(Panel { y_label: "class 3 latency p99 (ms, log scale)", series: top_p99, log_y: true });
     plot::panels(
         &png,
         &format!(

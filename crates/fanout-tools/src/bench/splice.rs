@@ -249,7 +249,7 @@ pub fn run(mut a: SpliceArgs) -> anyhow::Result<()> {
         &format!("TCP fan-out to {} sinks: read + write against splice/tee", a.sinks),
         "stream kbit/s",
         a.rate_kbps.len() > 1,
-        &[super::plot::Panel { y_label: "µs per sink and chunk", series }],
+        &[super::plot::Panel { y_label: "µs per sink and chunk", series, log_y: false }],
     )?;
     println!("\nCSV: {}\nPNG: {}", csv_path.display(), png.display());
     Ok(())
