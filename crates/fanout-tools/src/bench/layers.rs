@@ -410,11 +410,11 @@ fn write_outputs(a: &LayersArgs, samples: &[Sample], subs: &[Vec<Second>]) -> an
     std::fs::write(a.out.join("layers-summary.json"), serde_json::to_string_pretty(&summary)?)?;
     for l in summary["links"].as_array().into_iter().flatten() {
         println!(
-            "link {:>4} kbit/s: received {:6.1} kbit/s after adaptation, loss {:.2}% (last at {} s), layers {}, AIMD {} / thesis {}",
+            "link {:>4} kbit/s: received {:6.1} kbit/s after adaptation, loss {:.2}% (last lost at {}), layers {}, AIMD {} / thesis {}",
             l["link_kbps"],
             l["received_kbps_after"].as_f64().unwrap_or(0.0),
             100.0 * l["loss_after"].as_f64().unwrap_or(0.0),
-            l["last_loss_s"].as_f64().map_or("-".into(), |t| format!("{t:.0}")),
+            l["last_loss_s"].as_f64().map_or("no time".into(), |t| format!("{t:.0} s")),
             l["layers_after"],
             l["aimd_allowance"],
             l["thesis_allowance"],

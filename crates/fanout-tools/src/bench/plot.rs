@@ -85,7 +85,6 @@ where
     for (i, (name, s)) in p.series.iter().enumerate() {
         let col = COLORS[i % COLORS.len()];
         let s: Vec<(f64, f64)> = s.iter().copied().filter(|&(_, y)| !p.log_y || y > 0.0).collect();
-        let s = &s;
         c.draw_series(LineSeries::new(s.iter().copied(), col.stroke_width(2)))?
             .label(name.as_str())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], col.stroke_width(2)));
