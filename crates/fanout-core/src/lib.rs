@@ -8,11 +8,13 @@
 //! - [`pace`]: a virtual clock per sink (Yau & Lam's KT): no sink is sent faster than its
 //!   rate plus a burst allowance.
 //! - [`shed`]: which low classes to stop serving while the relay cannot serve them all.
+//! - [`players`]: HLS players, which hold no connection, counted by their requests.
 //! - [`Priority`]: a session's class, 0–7, higher served first.
 
 pub mod classq;
 pub mod egress;
 pub mod pace;
+pub mod players;
 pub mod ring;
 pub mod shed;
 pub mod slots;

@@ -36,7 +36,7 @@ pub struct NodeInfo {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Load {
     pub sessions: u64,
-    /// Sinks and RTSP clients of all sessions.
+    /// Sinks and RTSP clients of all sessions (not a repackaging's own), and HLS players.
     pub subscribers: u64,
     /// The process's CPU use, in cores (1.0 = one core busy).
     pub cpu: f64,

@@ -414,6 +414,34 @@ impl Segmenter {
         Some(self.tracks.as_ref()?.iter().map(Fmp4Track::codec).collect::<Vec<_>>().join(","))
     }
 
+    /// A multivariant playlist whose one variant is the media playlist at `uri` (RFC 8216
+    /// §4.3.4.2): BANDWIDTH is the peak of the segments' bit rates, CODECS the tracks'.
+    /// A player reloads the variant's URI, so a name put in it stays with the player.
+    pub fn multivariant(&self, uri: &str) -> Option<String> {
+        let codecs = self.codecs()?;
+        let peak = self
+            .segments
+            .iter()
+            .filter(|s| s.duration > 0.0)
+            .map(|s| s.data.len() as f64 * 8.0 / s.duration)
+            .fold(0.0, f64::max);
+        let mean = {
+            let (bytes, secs) =
+                self.segments.iter().fold((0.0, 0.0), |(b, d), s| (b + s.data.len() as f64, d + s.duration));
+            if secs > 0.0 {
+                bytes * 8.0 / secs
+            } else {
+                0.0
+            }
+        };
+        Some(format!(
+            "#EXTM3U\n#EXT-X-VERSION:7\n#EXT-X-INDEPENDENT-SEGMENTS\n\
+             #EXT-X-STREAM-INF:BANDWIDTH={},AVERAGE-BANDWIDTH={},CODECS=\"{codecs}\"\n{uri}\n",
+            peak.ceil().max(1.0) as u64,
+            mean.ceil().max(1.0) as u64,
+        ))
+    }
+
     /// The media playlist, its URIs followed by `query` (e.g. `?token=…`, or ""). With parts:
     /// those of the segments less than three target durations from the live end, the
     /// segment in progress's, and a hint of the next part (which a client may request
@@ -533,6 +561,16 @@ mod tests {
         assert_eq!(s.codecs().as_deref(), Some("avc1.640015,mp4a.40.2"));
         let p = s.playlist("?token=x").unwrap();
         assert!(p.contains("#EXT-X-MAP:URI=\"init.mp4?token=x\"") && p.contains("\n1.m4s?token=x\n"), "{p}");
+        // The multivariant playlist names the media playlist, with the rate the segments
+        // measure: the demo's H.264 + AAC are about 0.5–2 Mbit/s at their peak.
+        let m = s.multivariant("index.m3u8?player=p1").unwrap();
+        assert!(m.starts_with("#EXTM3U\n") && m.ends_with("\nindex.m3u8?player=p1\n"), "{m}");
+        let attr = |k: &str| -> u64 {
+            m.split([',', ':', '\n']).find_map(|a| a.strip_prefix(k)?.strip_prefix('=')?.parse().ok()).unwrap()
+        };
+        let (peak, mean) = (attr("BANDWIDTH"), attr("AVERAGE-BANDWIDTH"));
+        assert!(mean <= peak && (100_000..5_000_000).contains(&peak), "{m}");
+        assert!(m.contains("CODECS=\"avc1.640015,mp4a.40.2\""), "{m}");
         assert!(p.contains("#EXTINF:2.000,"), "{p}");
         let seg = s.segment(1).unwrap();
         assert_eq!(&seg.data[4..8], b"moof");

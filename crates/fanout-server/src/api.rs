@@ -127,24 +127,59 @@ async fn any_origin(mut r: Response) -> Response {
     r
 }
 
+/// A new HLS player's name: 16 random hex digits.
+fn new_player_id() -> String {
+    let mut b = [0u8; 8];
+    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b);
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
 /// `GET /v1/sessions/{name}/hls/{index.m3u8 | init.mp4 | N.m4s}`: HLS with fMP4 segments,
 /// from the session's repackaging (started by the request, kept while requests come).
+///
+/// A new player's `index.m3u8` is a multivariant playlist that names the player in its
+/// media playlist's URL (`index.m3u8?player=ID`), which it reloads, and which passes the
+/// name on to every file: the session counts its HLS players by their names. A cluster node
+/// at its subscriber cap sends a new player, not a playing one, to a node with room.
 async fn hls_file(
     State(relay): State<Arc<Relay>>,
     Path((name, file)): Path<(String, String)>,
     axum::extract::RawQuery(query): axum::extract::RawQuery,
 ) -> ApiResult<Response> {
+    let param = |k: &str| {
+        let q = query.as_deref().unwrap_or("");
+        q.split('&').find_map(|kv| kv.strip_prefix(k)?.strip_prefix('=')).map(str::to_string)
+    };
+    let player = param("player");
+    if player.as_deref().is_some_and(|p| !fanout_core::players::valid_id(p)) {
+        let why = format!("player: 1 to {} letters, digits, - or _", fanout_core::players::MAX_ID);
+        return Err(ApiError(StatusCode::BAD_REQUEST, why));
+    }
+    // What the files' URLs carry on: the player's name and the token.
+    let mut carried: Vec<String> = Vec::new();
+    carried.extend(param("token").map(|t| format!("token={t}")));
+    let new_player = file == "index.m3u8" && player.is_none() && param("_HLS_msn").is_none();
+    if new_player {
+        if let Some(c) = &relay.cluster {
+            if let Some(to) = c.redirect_hls(&name).await {
+                tracing::info!(session = name, %to, "at the subscriber cap: HLS player redirected");
+                let to = if carried.is_empty() { to } else { format!("{to}?{}", carried.join("&")) };
+                return Ok((StatusCode::FOUND, [(header::LOCATION, to)]).into_response());
+            }
+        }
+    }
     let r = relay.repack(&name).await?;
     let Some(hls) = r.hls.clone() else {
         let why = format!("session {name:?} carries {}: HLS here takes H.264, H.265 and AAC", r.describes);
         return Err(ApiError(StatusCode::UNSUPPORTED_MEDIA_TYPE, why));
     };
     hls.touch();
+    if let Some(p) = &player {
+        hls.player_seen(p);
+        carried.insert(0, format!("player={p}"));
+    }
+    let suffix = if carried.is_empty() { String::new() } else { format!("?{}", carried.join("&")) };
     let target = Duration::from_millis(u64::from(crate::repack::HLS_TARGET_MS));
-    let param = |k: &str| {
-        let q = query.as_deref().unwrap_or("");
-        q.split('&').find_map(|kv| kv.strip_prefix(k)?.strip_prefix('=')).map(str::to_string)
-    };
     // The first segment takes a keyframe and a target duration to come.
     if !hls.wait_first(3 * target + Duration::from_secs(2)).await {
         return Err(ApiError(
@@ -168,10 +203,14 @@ async fn hls_file(
             }
             hls.wait_for(msn, part, wait).await;
         }
-        let token = param("token").map(|t| format!("?token={t}")).unwrap_or_default();
-        let text = hls.with(|s| s.playlist(&token)).unwrap_or_default();
+        let text = if new_player {
+            carried.insert(0, format!("player={}", new_player_id()));
+            hls.with(|s| s.multivariant(&format!("index.m3u8?{}", carried.join("&"))))
+        } else {
+            hls.with(|s| s.playlist(&suffix))
+        };
         let headers = [(header::CONTENT_TYPE, "application/vnd.apple.mpegurl"), cache("no-cache")];
-        return Ok((headers, text).into_response());
+        return Ok((headers, text.unwrap_or_default()).into_response());
     }
     if file == "init.mp4" {
         let init = hls.with(|s| s.init()).unwrap_or_default();
@@ -296,7 +335,10 @@ fn session_json(relay: &Relay, s: &fanout_io::Session) -> serde_json::Value {
             let st = ts.status();
             json!({ "session": ts.name(), "sinks": st.sinks, "datagrams": st.source.packets })
         });
-        let hls = r.hls.as_ref().map(|h| h.with(|s| json!({ "segments": s.last(), "codecs": s.codecs() })));
+        let hls = r.hls.as_ref().map(|h| {
+            let players = h.players();
+            h.with(|s| json!({ "segments": s.last(), "codecs": s.codecs(), "players": players }))
+        });
         v["repackaging"] = json!({ "from": r.describes, "ts": ts, "hls": hls });
     }
     v

@@ -893,6 +893,12 @@ impl crate::cluster::Local for Relay {
             .values()
             .map(|s| s.status())
             .fold((0, 0), |(n, b), st| (n + st.sinks as u64, b + st.delivered_bytes_total));
-        (sessions.len() as u64, subscribers, bytes)
+        // A repackaging's sinks on its tracks are the relay's own; HLS players hold no sink
+        // and count by their requests.
+        let (own, players) =
+            self.repacks.lock().values().filter(|r| r.is_running()).fold((0, 0), |(o, p), r| {
+                (o + r.track_sinks as u64, p + r.hls.as_ref().map_or(0, |h| h.players() as u64))
+            });
+        (sessions.len() as u64, subscribers.saturating_sub(own) + players, bytes)
     }
 }

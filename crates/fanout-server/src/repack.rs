@@ -35,12 +35,32 @@ pub struct Hls {
     /// The progress before anything was published.
     start: Progress,
     last_request: Mutex<Instant>,
+    /// Its players, by the name each got in its media playlist's URL; times in ms since
+    /// `born`.
+    players: Mutex<fanout_core::players::Players>,
+    born: Instant,
 }
+
+/// A player that asked for nothing for this long has stopped: players reload the playlist
+/// every target duration (or hold a blocking reload for about one).
+const PLAYER_WINDOW_MS: u64 = 5 * HLS_TARGET_MS as u64;
+/// Players counted per session at most (names are the clients' to invent).
+const MAX_PLAYERS: usize = 100_000;
 
 impl Hls {
     /// Notes a client's request: the repackaging lingers from the last one.
     pub fn touch(&self) {
         *self.last_request.lock() = Instant::now();
+    }
+
+    /// A request from the player named `id` (see [`fanout_core::players`]).
+    pub fn player_seen(&self, id: &str) {
+        self.players.lock().seen(id, self.born.elapsed().as_millis() as u64);
+    }
+
+    /// Players that asked for something within the last `PLAYER_WINDOW_MS`.
+    pub fn players(&self) -> usize {
+        self.players.lock().active(self.born.elapsed().as_millis() as u64)
     }
 
     /// Waits (at most `limit`) until part `part` of segment `sequence` (`None`: the whole
@@ -77,6 +97,8 @@ pub struct Repack {
     pub hls: Option<Arc<Hls>>,
     /// What it carries, for the status: "H.264 + AAC".
     pub describes: String,
+    /// The sinks it holds on the tracks it reads: the relay's own, not subscribers.
+    pub track_sinks: usize,
     task: tokio::task::AbortHandle,
 }
 
@@ -124,6 +146,8 @@ impl Repack {
                 newest: tokio::sync::watch::channel(start).0,
                 start,
                 last_request: Mutex::new(Instant::now()),
+                players: Mutex::new(fanout_core::players::Players::new(PLAYER_WINDOW_MS, MAX_PLAYERS)),
+                born: Instant::now(),
             })
         });
         let describes = repack
@@ -136,6 +160,7 @@ impl Repack {
             })
             .collect::<Vec<_>>()
             .join(" + ");
+        let track_sinks = inputs.iter().filter(|i| i.info.is_some()).count();
         let out = Outputs { ts: ts.clone(), ts_mux: TsPackager::new(repack.streams()), hls: hls.clone() };
         let run = run(name.to_string(), repack, inputs, out, clock_maps, linger);
         let task = tokio::spawn(async move {
@@ -145,7 +170,7 @@ impl Repack {
             on_stop();
         })
         .abort_handle();
-        Ok(Arc::new(Self { ts: ts.map(|t| t.0), hls, describes, task }))
+        Ok(Arc::new(Self { ts: ts.map(|t| t.0), hls, describes, track_sinks, task }))
     }
 
     pub fn is_running(&self) -> bool {

@@ -255,6 +255,25 @@ fn tree() {
             head.starts_with("HTTP/1.1 302") && head.contains("Location: http://10.77.0.") && !head.contains(".22:"),
             "an HTTP player of e2 at its cap: {head}"
         );
+        // A new HLS player too (its first playlist request); one already playing at e2 (its
+        // media playlist names it) stays.
+        let get_head = |path: &str| {
+            use std::io::Write;
+            let mut s = std::net::TcpStream::connect((nodes[e2].ip.as_str(), 7070)).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+            write!(s, "GET {path} HTTP/1.1\r\nHost: e2\r\n\r\n").unwrap();
+            common::read_head(&mut s)
+        };
+        let head = get_head("/v1/sessions/demo/hls/index.m3u8").to_ascii_lowercase();
+        assert!(
+            head.starts_with("http/1.1 302")
+                && head.contains("location: http://10.77.0.")
+                && head.contains("/v1/sessions/demo/hls/index.m3u8")
+                && !head.contains(".22:"),
+            "a new HLS player of e2 at its cap: {head}"
+        );
+        let head = get_head("/v1/sessions/demo/hls/index.m3u8?player=p1");
+        assert!(!head.starts_with("HTTP/1.1 302"), "a playing HLS player stays: {head}");
         let (ok, log) = nodes[e2].ffmpeg("demo", 2);
         assert!(ok && decoded_frames(&log) > 20, "a player redirected by e2: {log}");
         // One pull per edge: the tier-1 edges from an origin, e3 from a tier-1 edge.
@@ -289,6 +308,10 @@ fn tree() {
     });
 
     // --- A channel with one origin: killing the origin ends it on the edge, cleanly.
+    // e2 has room again once its players ended: the named HLS player counts for 10 s after
+    // its last request.
+    let room = wait_for(Duration::from_secs(20), || nodes[e2].cluster()["node"]["load"]["subscribers"] == 0);
+    assert!(room, "e2 is still at its cap: {}", nodes[e2].cluster()["node"]);
     std::thread::scope(|s| {
         let player = s.spawn(|| {
             let t0 = Instant::now();

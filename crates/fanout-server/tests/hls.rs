@@ -49,14 +49,32 @@ fn the_demo_plays_over_hls() {
     codecs.dedup();
     assert_eq!(codecs, ["aac", "h264"]);
 
-    // The playlist is not cached, a segment is for good.
+    // A new player gets a multivariant playlist that names it in its media playlist's URL.
     let (status, h, body) = get(&relay, "/v1/sessions/demo/hls/index.m3u8", &["content-type", "cache-control"]);
-    let playlist = String::from_utf8(body).unwrap();
+    let multivariant = String::from_utf8(body).unwrap();
     assert_eq!(
         (status, h[0].as_deref(), h[1].as_deref()),
         (200, Some("application/vnd.apple.mpegurl"), Some("no-cache"))
     );
-    let last: u64 = playlist.lines().filter_map(|l| l.strip_suffix(".m4s")).next_back().unwrap().parse().unwrap();
+    assert!(
+        multivariant.contains("#EXT-X-STREAM-INF:BANDWIDTH=")
+            && multivariant.contains("CODECS=\"avc1.640015,mp4a.40.2\"")
+    );
+    let media = multivariant.lines().find(|l| l.starts_with("index.m3u8?player=")).expect("a media playlist URI");
+    let me = media.strip_prefix("index.m3u8?").unwrap();
+    // That playlist passes the name on to every file. The playlist is not cached, a
+    // segment is for good.
+    let (status, h, body) = get(&relay, &format!("/v1/sessions/demo/hls/{media}"), &["cache-control"]);
+    let playlist = String::from_utf8(body).unwrap();
+    assert_eq!((status, h[0].as_deref()), (200, Some("no-cache")));
+    assert!(playlist.contains(&format!("#EXT-X-MAP:URI=\"init.mp4?{me}\"")), "{playlist}");
+    let last: u64 = playlist
+        .lines()
+        .filter_map(|l| l.strip_suffix(&format!(".m4s?{me}")))
+        .next_back()
+        .expect("segments named for the player")
+        .parse()
+        .unwrap();
     let (status, h, seg) = get(&relay, &format!("/v1/sessions/demo/hls/{last}.m4s"), &["cache-control", "etag"]);
     assert_eq!((status, h[0].as_deref()), (200, Some("public, max-age=3600, immutable")), "{playlist}");
     assert!(h[1].is_some() && &seg[4..8] == b"moof");
@@ -77,12 +95,12 @@ fn the_demo_plays_over_hls() {
     assert_eq!(status, 400);
     // Low-Latency HLS: the playlist lists parts and hints the next one, which a player may
     // ask for before it exists: the request is held until it does (at most a part later).
-    let (_, _, body) = get(&relay, "/v1/sessions/demo/hls/index.m3u8", &[]);
+    let (_, _, body) = get(&relay, "/v1/sessions/demo/hls/index.m3u8?player=ll", &[]);
     let playlist = String::from_utf8(body).unwrap();
     assert!(playlist.contains("#EXT-X-PART-INF:PART-TARGET=0.500\n"), "{playlist}");
     assert!(playlist.contains("CAN-BLOCK-RELOAD=YES"), "{playlist}");
     let hint = playlist.lines().find_map(|l| l.strip_prefix("#EXT-X-PRELOAD-HINT:TYPE=PART,URI=\"")).expect("a hint");
-    let hint = hint.trim_end_matches('"').to_string();
+    let hint = hint.trim_end_matches('"').strip_suffix("?player=ll").expect("named for the player").to_string();
     let t = Instant::now();
     let (status, h, part) = get(&relay, &format!("/v1/sessions/demo/hls/{hint}"), &["cache-control"]);
     let waited = t.elapsed();
@@ -97,9 +115,16 @@ fn the_demo_plays_over_hls() {
     let next_listed =
         playlist.contains(&format!("URI=\"{seq}.{}.m4s\"", k + 1)) || playlist.contains(&format!("\n{seq}.m4s\n"));
     assert!(status == 200 && next_listed, "{playlist}");
-    // The status shows the HLS side of the repackaging.
+    // The status shows the HLS side of the repackaging, with its players: the two named
+    // here ("ll" and the multivariant's), and ffmpeg's and ffprobe's if they asked for
+    // something within the last 10 s.
     let st = relay.ok("GET", "/v1/sessions/demo", None);
     assert_eq!(st["repackaging"]["hls"]["codecs"], "avc1.640015,mp4a.40.2", "{st}");
+    let players = st["repackaging"]["hls"]["players"].as_u64().unwrap();
+    assert!((2..=4).contains(&players), "{st}");
+    // A name that could not go back into a URL is refused.
+    let (status, _, _) = get(&relay, "/v1/sessions/demo/hls/index.m3u8?player=a%20b", &[]);
+    assert_eq!(status, 400);
 }
 
 /// HLS asks for the token like the stream URL, and its playlist passes it on to the files.
@@ -109,9 +134,14 @@ fn hls_takes_the_token_in_the_url() {
     let (status, _, _) = get(&relay, "/v1/sessions/demo/hls/index.m3u8", &[]);
     assert_eq!(status, 401);
     let (status, _, body) = get(&relay, "/v1/sessions/demo/hls/index.m3u8?token=s3cret", &[]);
+    let multivariant = String::from_utf8(body).unwrap();
+    assert_eq!(status, 200, "{multivariant}");
+    let media = multivariant.lines().find(|l| l.starts_with("index.m3u8?player=")).expect("a media playlist URI");
+    assert!(media.ends_with("&token=s3cret"), "{multivariant}");
+    let (status, _, body) = get(&relay, &format!("/v1/sessions/demo/hls/{media}"), &[]);
     let playlist = String::from_utf8(body).unwrap();
     assert_eq!(status, 200, "{playlist}");
-    assert!(playlist.contains("init.mp4?token=s3cret") && playlist.contains(".m4s?token=s3cret\n"), "{playlist}");
+    assert!(playlist.contains("init.mp4?player=") && playlist.contains("&token=s3cret\n"), "{playlist}");
 }
 
 /// A session of unknown datagrams has nothing to segment: 415, saying why.

@@ -201,8 +201,12 @@ const sleep = (ms) => new Promise((ok) => setTimeout(ok, ms));
 
 async function play(video, name, say) {
   const base = `/v1/sessions/${encodeURIComponent(name)}/hls/`;
-  // The first playlist starts the repackaging and waits for a segment.
-  const playlist = await get(base + 'index.m3u8' + q(), 'text');
+  // The first playlist starts the repackaging and waits for a segment. It names this
+  // player: the media playlist's URL carries the name (and the token) on to every file.
+  const variant = (await get(base + 'index.m3u8' + q(), 'text')).split('\n').find((l) => l && !l.startsWith('#'));
+  if (!variant || !variant.includes('?')) throw new Error('the playlist names no media playlist');
+  const mine = variant.slice(variant.indexOf('?'));
+  const playlist = await get(base + variant, 'text');
   const st = await api(`/v1/sessions/${encodeURIComponent(name)}`);
   const codecs = st.repackaging && st.repackaging.hls && st.repackaging.hls.codecs;
   const type = `video/mp4; codecs="${codecs}"`;
@@ -216,7 +220,7 @@ async function play(video, name, say) {
     sb.addEventListener('error', fail, { once: true });
     sb.appendBuffer(buf);
   });
-  await append(await get(base + 'init.mp4' + q()));
+  await append(await get(base + 'init.mp4' + mine));
   // From the newest part a decoder can start at, part after part, a part behind live. A
   // blocking playlist reload for the part after this one returns once it exists or its
   // segment ended without it (then the next segment's first part comes).
@@ -227,16 +231,16 @@ async function play(video, name, say) {
   while (!video.dataset.stop && video.isConnected) {
     let data;
     try {
-      data = await get(`${base}${at[0]}.${at[1]}.m4s${q()}`);
+      data = await get(`${base}${at[0]}.${at[1]}.m4s${mine}`);
     } catch (e) {
       // Gone (the preview fell behind) or not coming: start again from the newest.
       await sleep(300);
-      at = newest(await get(base + 'index.m3u8' + q(), 'text')) || at;
+      at = newest(await get(base + variant, 'text')) || at;
       continue;
     }
     await append(data);
     const [n, k] = at;
-    const text = await get(`${base}index.m3u8${q() ? q() + '&' : '?'}_HLS_msn=${n}&_HLS_part=${k + 1}`, 'text');
+    const text = await get(`${base}${variant}&_HLS_msn=${n}&_HLS_part=${k + 1}`, 'text');
     at = text.includes(`"${n}.${k + 1}.m4s`) ? [n, k + 1] : [n + 1, 0];
     if (!started && sb.buffered.length) {
       video.currentTime = sb.buffered.start(0);

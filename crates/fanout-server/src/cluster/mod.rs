@@ -284,8 +284,17 @@ impl Cluster {
     /// The stream URL a new HTTP client of `channel` is redirected to, if any (a node that
     /// published its `api_url`).
     pub async fn redirect_http(&self, channel: &str) -> Option<String> {
+        self.redirect_api(channel, "stream").await
+    }
+
+    /// The playlist URL a new HLS player of `channel` is redirected to, if any.
+    pub async fn redirect_hls(&self, channel: &str) -> Option<String> {
+        self.redirect_api(channel, "hls/index.m3u8").await
+    }
+
+    async fn redirect_api(&self, channel: &str, file: &str) -> Option<String> {
         let n = self.redirect_to(channel).await?;
-        Some(format!("{}/v1/sessions/{channel}/stream", n.api_url?.trim_end_matches('/')))
+        Some(format!("{}/v1/sessions/{channel}/{file}", n.api_url?.trim_end_matches('/')))
     }
 
     /// Records a new pull (the session is being created).

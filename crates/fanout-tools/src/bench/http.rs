@@ -53,9 +53,22 @@ pub struct HlsLoadArgs {
     threads: usize,
 }
 
-/// One player: the newest segment number it has.
+/// One player: its media playlist's URL (named for it by the relay's multivariant playlist)
+/// and the newest segment number it has.
 struct Player {
+    media: Option<String>,
     have: Option<u64>,
+}
+
+/// The media playlist a playlist at `url` leads to: its variant's URI, resolved, or `url`
+/// itself when it is a media playlist.
+fn media_playlist(agent: &ureq::Agent, url: &str, base: &str) -> anyhow::Result<String> {
+    let list = agent.get(url).call().context("playlist")?.into_string()?;
+    if !list.contains("#EXT-X-STREAM-INF") {
+        return Ok(url.to_string());
+    }
+    let uri = list.lines().find(|l| !l.is_empty() && !l.starts_with('#')).context("a variant in the playlist")?;
+    Ok(if uri.contains("://") { uri.to_string() } else { format!("{base}/{uri}") })
 }
 
 pub fn hls_load(a: HlsLoadArgs) -> anyhow::Result<()> {
@@ -76,7 +89,7 @@ pub fn hls_load(a: HlsLoadArgs) -> anyhow::Result<()> {
             let n = per.min(a.players.saturating_sub(t * per));
             std::thread::spawn(move || -> anyhow::Result<(u64, u64, u64)> {
                 let agent = ureq::agent();
-                let mut players: Vec<Player> = (0..n).map(|_| Player { have: None }).collect();
+                let mut players: Vec<Player> = (0..n).map(|_| Player { media: None, have: None }).collect();
                 let (mut requests, mut segments, mut bytes) = (0u64, 0u64, 0u64);
                 // Each player polls once a second, the thread's players spread over it.
                 let gap = Duration::from_secs_f64(1.0 / n.max(1) as f64);
@@ -86,17 +99,27 @@ pub fn hls_load(a: HlsLoadArgs) -> anyhow::Result<()> {
                         if Instant::now() >= end {
                             break 'run;
                         }
-                        let list = agent.get(&url).call().context("playlist")?.into_string()?;
+                        if p.media.is_none() {
+                            p.media = Some(media_playlist(&agent, &url, &base)?);
+                            requests += 1;
+                        }
+                        let media = p.media.as_deref().unwrap_or(&url);
+                        let list = agent.get(media).call().context("playlist")?.into_string()?;
                         requests += 1;
                         bytes += list.len() as u64;
-                        let listed: Vec<u64> = list
+                        // Segment URIs, `N.m4s` with the player's query after it.
+                        let listed: Vec<(u64, &str)> = list
                             .lines()
-                            .filter_map(|l| l.strip_suffix(".m4s")?.rsplit('/').next()?.parse().ok())
+                            .filter(|l| !l.starts_with('#'))
+                            .filter_map(|l| {
+                                let (file, _) = l.split_once('?').unwrap_or((l, ""));
+                                Some((file.strip_suffix(".m4s")?.rsplit('/').next()?.parse().ok()?, l))
+                            })
                             .collect();
-                        let newest = listed.iter().copied().max();
+                        let newest = listed.iter().map(|s| s.0).max();
                         let from = p.have.map_or(newest, |h| Some(h + 1));
-                        for seg in listed.iter().filter(|&&s| from.is_some_and(|f| s >= f)) {
-                            let r = agent.get(&format!("{base}/{seg}.m4s")).call().context("segment")?;
+                        for (seg, uri) in listed.iter().filter(|s| from.is_some_and(|f| s.0 >= f)) {
+                            let r = agent.get(&format!("{base}/{uri}")).call().context("segment")?;
                             let mut body = Vec::new();
                             std::io::Read::read_to_end(&mut r.into_reader(), &mut body)?;
                             requests += 1;
