@@ -138,9 +138,11 @@ fn new_player_id() -> String {
 /// from the session's repackaging (started by the request, kept while requests come).
 ///
 /// A new player's `index.m3u8` is a multivariant playlist that names the player in its
-/// media playlist's URL (`index.m3u8?player=ID`), which it reloads, and which passes the
-/// name on to every file: the session counts its HLS players by their names. A cluster node
-/// at its subscriber cap sends a new player, not a playing one, to a node with room.
+/// media playlist's URL (`index.m3u8?player=ID`), which it reloads every target duration:
+/// the session counts its HLS players by the names on those reloads. The segments' URLs do
+/// not carry the name, so every player asks for the same URLs and a cache in front serves
+/// them all. A cluster node at its subscriber cap sends a new player, not a playing one,
+/// to a node with room.
 async fn hls_file(
     State(relay): State<Arc<Relay>>,
     Path((name, file)): Path<(String, String)>,
@@ -155,15 +157,14 @@ async fn hls_file(
         let why = format!("player: 1 to {} letters, digits, - or _", fanout_core::players::MAX_ID);
         return Err(ApiError(StatusCode::BAD_REQUEST, why));
     }
-    // What the files' URLs carry on: the player's name and the token.
-    let mut carried: Vec<String> = Vec::new();
-    carried.extend(param("token").map(|t| format!("token={t}")));
+    // What the files' URLs carry on: the token.
+    let token = param("token").map(|t| format!("token={t}"));
     let new_player = file == "index.m3u8" && player.is_none() && param("_HLS_msn").is_none();
     if new_player {
         if let Some(c) = &relay.cluster {
             if let Some(to) = c.redirect_hls(&name).await {
                 tracing::info!(session = name, %to, "at the subscriber cap: HLS player redirected");
-                let to = if carried.is_empty() { to } else { format!("{to}?{}", carried.join("&")) };
+                let to = token.as_ref().map_or(to.clone(), |t| format!("{to}?{t}"));
                 return Ok((StatusCode::FOUND, [(header::LOCATION, to)]).into_response());
             }
         }
@@ -176,9 +177,7 @@ async fn hls_file(
     hls.touch();
     if let Some(p) = &player {
         hls.player_seen(p);
-        carried.insert(0, format!("player={p}"));
     }
-    let suffix = if carried.is_empty() { String::new() } else { format!("?{}", carried.join("&")) };
     let target = Duration::from_millis(u64::from(crate::repack::HLS_TARGET_MS));
     // The first segment takes a keyframe and a target duration to come.
     if !hls.wait_first(3 * target + Duration::from_secs(2)).await {
@@ -204,10 +203,13 @@ async fn hls_file(
             hls.wait_for(msn, part, wait).await;
         }
         let text = if new_player {
-            carried.insert(0, format!("player={}", new_player_id()));
-            hls.with(|s| s.multivariant(&format!("index.m3u8?{}", carried.join("&"))))
+            let mut uri = format!("index.m3u8?player={}", new_player_id());
+            if let Some(t) = &token {
+                uri = format!("{uri}&{t}");
+            }
+            hls.with(|s| s.multivariant(&uri))
         } else {
-            hls.with(|s| s.playlist(&suffix))
+            hls.with(|s| s.playlist(&token.as_ref().map_or(String::new(), |t| format!("?{t}"))))
         };
         let headers = [(header::CONTENT_TYPE, "application/vnd.apple.mpegurl"), cache("no-cache")];
         return Ok((headers, text.unwrap_or_default()).into_response());

@@ -202,10 +202,9 @@ const sleep = (ms) => new Promise((ok) => setTimeout(ok, ms));
 async function play(video, name, say) {
   const base = `/v1/sessions/${encodeURIComponent(name)}/hls/`;
   // The first playlist starts the repackaging and waits for a segment. It names this
-  // player: the media playlist's URL carries the name (and the token) on to every file.
+  // player in the media playlist's URL, which it reloads.
   const variant = (await get(base + 'index.m3u8' + q(), 'text')).split('\n').find((l) => l && !l.startsWith('#'));
   if (!variant || !variant.includes('?')) throw new Error('the playlist names no media playlist');
-  const mine = variant.slice(variant.indexOf('?'));
   const playlist = await get(base + variant, 'text');
   const st = await api(`/v1/sessions/${encodeURIComponent(name)}`);
   const codecs = st.repackaging && st.repackaging.hls && st.repackaging.hls.codecs;
@@ -220,7 +219,7 @@ async function play(video, name, say) {
     sb.addEventListener('error', fail, { once: true });
     sb.appendBuffer(buf);
   });
-  await append(await get(base + 'init.mp4' + mine));
+  await append(await get(base + 'init.mp4' + q()));
   // From the newest part a decoder can start at, part after part, a part behind live. A
   // blocking playlist reload for the part after this one returns once it exists or its
   // segment ended without it (then the next segment's first part comes).
@@ -231,7 +230,7 @@ async function play(video, name, say) {
   while (!video.dataset.stop && video.isConnected) {
     let data;
     try {
-      data = await get(`${base}${at[0]}.${at[1]}.m4s${mine}`);
+      data = await get(`${base}${at[0]}.${at[1]}.m4s${q()}`);
     } catch (e) {
       // Gone (the preview fell behind) or not coming: start again from the newest.
       await sleep(300);

@@ -107,7 +107,7 @@ pub fn hls_load(a: HlsLoadArgs) -> anyhow::Result<()> {
                         let list = agent.get(media).call().context("playlist")?.into_string()?;
                         requests += 1;
                         bytes += list.len() as u64;
-                        // Segment URIs, `N.m4s` with the player's query after it.
+                        // Segment URIs: `N.m4s`, with a query after it where the relay wants a token.
                         let listed: Vec<(u64, &str)> = list
                             .lines()
                             .filter(|l| !l.starts_with('#'))
