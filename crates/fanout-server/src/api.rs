@@ -644,6 +644,12 @@ async fn metrics(State(relay): State<Arc<Relay>>) -> impl IntoResponse {
         let playing = clients.iter().filter(|c| c.playing).map(|c| c.sinks.len() as u64).sum();
         family(&mut m, "fanout_rtsp_tracks_playing", "gauge", "RTSP tracks being played.", [(String::new(), playing)]);
     }
+    let players = sessions.iter().filter_map(|s| {
+        let hls = relay.repack_running(s.name())?.hls.clone()?;
+        Some((format!("{{session=\"{}\"}}", label(s.name())), hls.players() as u64))
+    });
+    let help = "HLS players of the session: names with a playlist request in the last 10 s.";
+    family(&mut m, "fanout_hls_players", "gauge", help, players);
     process_metrics(&mut m);
     if let Some(c) = &relay.cluster {
         cluster_metrics(&mut m, c);

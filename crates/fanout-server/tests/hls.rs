@@ -115,6 +115,12 @@ fn the_demo_plays_over_hls() {
     assert_eq!(st["repackaging"]["hls"]["codecs"], "avc1.640015,mp4a.40.2", "{st}");
     let players = st["repackaging"]["hls"]["players"].as_u64().unwrap();
     assert!((2..=4).contains(&players), "{st}");
+    // And so do the metrics.
+    let (_, _, metrics) = get(&relay, "/metrics", &[]);
+    let metrics = String::from_utf8(metrics).unwrap();
+    let line = metrics.lines().find(|l| l.starts_with("fanout_hls_players{session=\"demo\"} ")).expect("a gauge");
+    let gauge: u64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!((2..=4).contains(&gauge), "{line}");
     // A name that could not go back into a URL is refused.
     let (status, _, _) = get(&relay, "/v1/sessions/demo/hls/index.m3u8?player=a%20b", &[]);
     assert_eq!(status, 400);
