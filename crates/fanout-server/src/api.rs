@@ -164,7 +164,10 @@ async fn hls_file(
         if let Some(c) = &relay.cluster {
             if let Some(to) = c.redirect_hls(&name).await {
                 tracing::info!(session = name, %to, "at the subscriber cap: HLS player redirected");
-                let to = token.as_ref().map_or(to.clone(), |t| format!("{to}?{t}"));
+                let to = match &token {
+                    Some(t) => format!("{to}?{t}"),
+                    None => to,
+                };
                 return Ok((StatusCode::FOUND, [(header::LOCATION, to)]).into_response());
             }
         }

@@ -99,11 +99,13 @@ pub fn hls_load(a: HlsLoadArgs) -> anyhow::Result<()> {
                         if Instant::now() >= end {
                             break 'run;
                         }
-                        if p.media.is_none() {
-                            p.media = Some(media_playlist(&agent, &url, &base)?);
-                            requests += 1;
-                        }
-                        let media = p.media.as_deref().unwrap_or(&url);
+                        let media: &str = match p.media {
+                            Some(ref m) => m,
+                            None => {
+                                requests += 1;
+                                p.media.insert(media_playlist(&agent, &url, &base)?)
+                            }
+                        };
                         let list = agent.get(media).call().context("playlist")?.into_string()?;
                         requests += 1;
                         bytes += list.len() as u64;

@@ -654,6 +654,11 @@ struct Setup {
 }
 
 impl Setup {
+    /// Whether the top class is served by the kernel path (in softirq, not the relay's threads).
+    fn top_on_kernel(&self) -> bool {
+        self.top_datapath.as_deref().is_some_and(|d| d.starts_with("kernel"))
+    }
+
     fn parse(setup: &str) -> anyhow::Result<Self> {
         let mut s = Setup { flags: Vec::new(), top_datapath: None };
         for part in setup.split('+') {
@@ -696,9 +701,7 @@ pub fn overload(mut a: OverloadArgs) -> anyhow::Result<()> {
     super::set_tools_nice(a.tools_nice);
     let setups = a.setups.iter().map(|s| Setup::parse(s)).collect::<anyhow::Result<Vec<_>>>()?;
     // The kernel path attaches to lo: a private namespace's, entered before the relays start.
-    let kernel = std::iter::once(&a.datapath)
-        .chain(setups.iter().filter_map(|s| s.top_datapath.as_ref()))
-        .any(|d| d.starts_with("kernel"));
+    let kernel = a.datapath.starts_with("kernel") || setups.iter().any(Setup::top_on_kernel);
     let _netns = if kernel { Some(super::PrivateNetns::enter(10_000)?) } else { None };
     let relays = setups
         .iter()
@@ -750,12 +753,12 @@ pub fn overload(mut a: OverloadArgs) -> anyhow::Result<()> {
             let shed: Vec<u64> = r.status.iter().map(|s| s["source"]["shed"].as_u64().unwrap_or(0)).collect();
             pb.inc(1);
             // (A top class on the kernel path costs the relay's threads nothing: softirq serves it.)
-            let need = *top_need[si].get_or_insert_with(|| match &setups[si].top_datapath {
-                Some(dp) if dp.starts_with("kernel") => 0.0,
-                _ => {
-                    let top = r.groups.get(2).and_then(|g| g["received"].as_f64()).unwrap_or(0.0);
-                    r.meter.relay_cpu_pct * top / (r.deliveries.max(1) as f64)
+            let need = *top_need[si].get_or_insert_with(|| {
+                if setups[si].top_on_kernel() {
+                    return 0.0;
                 }
+                let top = r.groups.get(2).and_then(|g| g["received"].as_f64()).unwrap_or(0.0);
+                r.meter.relay_cpu_pct * top / (r.deliveries.max(1) as f64)
             });
             let losses: Vec<f64> = (0..classes.len()).map(|k| r.sent_loss_pct(k, a.subscribers)).collect();
             // Whenever a class loses, the lower ones lose more. Equal losses pass only when
