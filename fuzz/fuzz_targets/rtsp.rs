@@ -1,6 +1,6 @@
 //! The RTSP connection parser on arbitrary bytes: never a panic, never a message longer
 //! than its input, and a parsed request or response writes back to bytes that parse to it.
-//! Parsed requests go on into the server state machine, bodies into the SDP parser; the
+//! Parsed requests go on into the server state machines (open, and with a user), bodies into the SDP parser; the
 //! whole input is also tried as RTCP.
 #![no_main]
 use fanout_proto::rtsp::{parse, parse_session, parse_transport, Limits, Message};
@@ -23,7 +23,10 @@ fn lookup(name: &str) -> Option<Resource> {
 
 fuzz_target!(|data: &[u8]| {
     let limits = Limits { max_head: 2048, max_headers: 32, max_body: 4096 };
-    let mut server = Server::new(Config { max_sessions: 4, ..Config::default() }, 1);
+    let mut server = Server::new(Config { max_sessions: 4, ..Config::default() }, [1; 32]);
+    // The same requests to a server with a user (Basic `u:p` is `dTpw`; Digest answers too).
+    let users = vec![("u".to_string(), "p".to_string())];
+    let mut guarded = Server::new(Config { max_sessions: 4, users, ..Config::default() }, [2; 32]);
     let mut now = 0;
     let mut rest = data;
     // Responses also go to an upstream client, walked through its phases.
@@ -44,8 +47,11 @@ fuzz_target!(|data: &[u8]| {
         }
         if let Message::Request(r) = &msg {
             now += 1000;
-            let _ = server.handle(r, 1, now, &lookup);
+            // Requests come on one of three connections (sessions belong to theirs).
+            let conn = u64::from(r.headers.cseq().unwrap_or(0) % 3);
+            let _ = server.handle(r, conn, now, &lookup);
             let _ = server.expire(now);
+            let _ = guarded.handle(r, conn, now, &lookup);
             if let Ok(text) = std::str::from_utf8(&r.body) {
                 if let Ok(sdp) = Sdp::parse(text) {
                     let _ = sdp.for_clients("x", 1).write();

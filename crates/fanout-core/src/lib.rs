@@ -9,8 +9,11 @@
 //!   rate plus a burst allowance.
 //! - [`shed`]: which low classes to stop serving while the relay cannot serve them all.
 //! - [`players`]: HLS players, which hold no connection, counted by their requests.
+//! - [`admit`]: a cap on connections per client address, and refusals counted and logged
+//!   once per interval.
 //! - [`Priority`]: a session's class, 0–7, higher served first.
 
+pub mod admit;
 pub mod classq;
 pub mod egress;
 pub mod pace;

@@ -276,6 +276,25 @@ pub fn digest_response(user: &str, realm: &str, pass: &str, nonce: &str, method:
     h(format!("{ha1}:{nonce}:{ha2}"))
 }
 
+/// RFC 2617 §3.2.2.1 `response` with `qop=auth`: MD5(HA1:nonce:nc:cnonce:auth:HA2), `nc`
+/// as 8 hex digits.
+#[allow(clippy::too_many_arguments)]
+pub fn digest_response_qop(
+    user: &str,
+    realm: &str,
+    pass: &str,
+    nonce: &str,
+    nc: u32,
+    cnonce: &str,
+    method: &str,
+    uri: &str,
+) -> String {
+    use md5::Digest as _;
+    let h = |s: String| hex(&md5::Md5::digest(s.as_bytes()));
+    let (ha1, ha2) = (h(format!("{user}:{realm}:{pass}")), h(format!("{method}:{uri}")));
+    h(format!("{ha1}:{nonce}:{nc:08x}:{cnonce}:auth:{ha2}"))
+}
+
 pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -10,12 +10,17 @@
 //! Publishing (RFC 2326 §10.11, §10.11): ANNOUNCE gives a publishable resource its
 //! description, SETUP with `mode=record` (RTP interleaved on the connection) takes its
 //! tracks, RECORD starts it ([`Action::Record`]). One publisher per resource at a time.
+//!
+//! A session belongs to who made it: requests naming it are served on the connection that
+//! set it up, or, for a client taking RTP over UDP (RFC 2326 §3.4 lets it control its session
+//! from a new connection), from the same address as the same user. Anyone else is told 454
+//! as if it did not exist. Ids are unpredictable ([`IdGen`]).
 
-use crate::rtsp::{digest_params, digest_response, hex, parse_session, parse_transport, Lower, Request, Response};
+use crate::rtsp::{digest_params, digest_response, parse_session, parse_transport, Lower, Request, Response};
 use crate::sdp::{track_of, Sdp};
-use crate::secret::ct_eq;
-use md5::Digest as _;
-use std::collections::HashMap;
+use crate::secret::{ct_eq, IdGen, NonceCheck, Nonces};
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, Ipv4Addr};
 
 /// What a resource (a relay session) offers its clients right now.
 #[derive(Debug, Clone)]
@@ -45,6 +50,12 @@ pub enum Action {
         srtp: bool,
         /// The key of the client's own SRTCP, where its SETUP carried one (`KeyMgmt`).
         client_key: Option<crate::mikey::Mikey>,
+    },
+    /// A request from connection `conn` named session `session`, which is not its own: it was
+    /// answered 454. Given once per connection, for the log.
+    Foreign {
+        session: String,
+        conn: u64,
     },
     Play {
         session: String,
@@ -79,6 +90,9 @@ struct RtspSession {
     state: State,
     last_ms: u64,
     conn: u64,
+    /// The address and the authenticated user that made it.
+    ip: IpAddr,
+    user: Option<String>,
     /// A publisher's session (SETUP with `mode=record`).
     record: bool,
 }
@@ -116,21 +130,28 @@ pub const METHODS: &str =
     "OPTIONS, DESCRIBE, SETUP, PLAY, PAUSE, TEARDOWN, GET_PARAMETER, SET_PARAMETER, ANNOUNCE, RECORD";
 
 /// The proxy's RTSP sessions, across connections.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Server {
     cfg: Config,
     sessions: HashMap<String, RtspSession>,
-    /// Seed of session ids (the I/O layer mixes in randomness; ids must not be guessable
-    /// across restarts, and are unique within one).
-    next_id: u64,
-    /// Secret of the Digest nonces.
-    seed: u64,
+    ids: IdGen,
+    nonces: Nonces,
     /// Descriptions announced per resource, by connection, not yet recording.
     announced: HashMap<String, (u64, Sdp)>,
     /// Connections over TLS (RTSPS), and whether their descriptions carry SRTP keys: their
     /// media must stay encrypted, so plain RTP over UDP is refused on them (461); they take
     /// RTP interleaved on the connection, or SRTP (`RTP/SAVP`) over UDP where keyed.
     secure: HashMap<u64, bool>,
+    /// Each open connection's peer address (given by [`Server::connection_opened`]).
+    peers: HashMap<u64, IpAddr>,
+    /// Connections already reported for naming a session not their own.
+    foreign: HashSet<u64>,
+}
+
+/// Who sent a request: its connection, and the user it authenticated as.
+struct Asker {
+    conn: u64,
+    user: Option<String>,
 }
 
 /// The resource name and the rest of a request URL: `rtsp://host[:port]/name[/rest]`, or an
@@ -152,15 +173,38 @@ fn error(status: u16, cseq: Option<u32>) -> Response {
 }
 
 impl Server {
-    pub fn new(cfg: Config, id_seed: u64) -> Self {
+    /// `secret`: 32 bytes from a CSPRNG, the keys of session ids and Digest nonces.
+    pub fn new(cfg: Config, secret: [u8; 32]) -> Self {
+        let (ids, nonces) = secret.split_at(16);
         Self {
             cfg,
             sessions: HashMap::new(),
-            next_id: id_seed,
-            seed: id_seed.rotate_left(17) ^ 0x5eed,
+            ids: IdGen::new(ids.try_into().expect("16 bytes")),
+            nonces: Nonces::new(nonces.try_into().expect("16 bytes")),
             announced: HashMap::new(),
             secure: Default::default(),
+            peers: HashMap::new(),
+            foreign: HashSet::new(),
         }
+    }
+
+    /// A connection from `ip` opened: sessions it makes belong to that address.
+    pub fn connection_opened(&mut self, conn: u64, ip: IpAddr) {
+        self.peers.insert(conn, ip);
+    }
+
+    fn peer(&self, conn: u64) -> IpAddr {
+        self.peers.get(&conn).copied().unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
+    }
+
+    /// Whether `asker` may act on session `s`: its own connection, or for a client of RTP
+    /// over UDP, the same address and the same user on another connection.
+    fn owns(&self, s: &RtspSession, asker: &Asker) -> bool {
+        if s.conn == asker.conn {
+            return true;
+        }
+        let udp_only = !s.record && s.tracks.iter().all(|(_, l)| matches!(l, Lower::Udp { .. }));
+        udp_only && s.ip == self.peer(asker.conn) && s.user == asker.user
     }
 
     /// Marks a connection as RTSPS (until it closes); `srtp`: its descriptions give SRTP
@@ -178,17 +222,29 @@ impl Server {
     }
 
     fn new_id(&mut self) -> String {
-        // splitmix64: a well-spread sequence from the seed, as 16 hex digits.
         loop {
-            self.next_id = self.next_id.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = self.next_id;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            let id = format!("{:016X}", z ^ (z >> 31));
+            let id = self.ids.next_hex();
             if !self.sessions.contains_key(&id) {
                 return id;
             }
         }
+    }
+
+    /// A new session of `asker`'s for `resource`.
+    fn new_session(&mut self, asker: &Asker, resource: &str, now_ms: u64, record: bool) -> String {
+        let id = self.new_id();
+        let s = RtspSession {
+            resource: resource.to_string(),
+            tracks: Vec::new(),
+            state: State::Ready,
+            last_ms: now_ms,
+            conn: asker.conn,
+            ip: self.peer(asker.conn),
+            user: asker.user.clone(),
+            record,
+        };
+        self.sessions.insert(id.clone(), s);
+        id
     }
 
     /// Handles one request from connection `conn` at `now_ms`; `lookup` names what a
@@ -201,21 +257,38 @@ impl Server {
         lookup: &dyn Fn(&str) -> Option<Resource>,
     ) -> (Response, Vec<Action>) {
         let Some(cseq) = req.headers.cseq() else { return (error(400, None), Vec::new()) };
-        if req.method != "OPTIONS" && !self.authorized(req, now_ms) {
-            let mut r = error(401, Some(cseq));
-            let nonce = self.nonce(now_ms);
-            r.headers
-                .0
-                .push(("WWW-Authenticate".into(), format!("Digest realm=\"{}\", nonce=\"{nonce}\"", self.cfg.realm)));
-            r.headers.0.push(("WWW-Authenticate".into(), format!("Basic realm=\"{}\"", self.cfg.realm)));
-            return (r, Vec::new());
-        }
+        let user = match req.method.as_str() {
+            "OPTIONS" => None,
+            _ => match self.authorized(req, conn, now_ms) {
+                Ok(user) => user,
+                Err(stale) => {
+                    let mut r = error(401, Some(cseq));
+                    let nonce = self.nonces.issue(now_ms, conn);
+                    let stale = if stale { ", stale=true" } else { "" };
+                    let realm = &self.cfg.realm;
+                    let digest = format!("Digest realm=\"{realm}\", nonce=\"{nonce}\", qop=\"auth\"{stale}");
+                    r.headers.0.push(("WWW-Authenticate".into(), digest));
+                    r.headers.0.push(("WWW-Authenticate".into(), format!("Basic realm=\"{realm}\"")));
+                    return (r, Vec::new());
+                }
+            },
+        };
+        let asker = Asker { conn, user };
         let session_hdr = req.headers.get("Session").map(|v| parse_session(v).0);
+        let mut actions = Vec::new();
+        // A session that is not the asker's is answered as if it did not exist.
+        if let Some(id) = &session_hdr {
+            if self.sessions.get(id).is_some_and(|s| !self.owns(s, &asker)) {
+                if self.foreign.insert(conn) {
+                    actions.push(Action::Foreign { session: id.clone(), conn });
+                }
+                return (error(454, Some(cseq)), actions);
+            }
+        }
         // Any request naming a live session keeps it alive.
         if let Some(s) = session_hdr.as_ref().and_then(|id| self.sessions.get_mut(id)) {
             s.last_ms = now_ms;
         }
-        let mut actions = Vec::new();
         let mut resp = match req.method.as_str() {
             "OPTIONS" => {
                 let mut r = Response::new(200, Some(cseq));
@@ -227,7 +300,7 @@ impl Server {
                 _ => Response::new(200, Some(cseq)),
             },
             "DESCRIBE" => self.describe(req, cseq, lookup),
-            "SETUP" => self.setup(req, cseq, conn, now_ms, session_hdr.as_deref(), lookup, &mut actions),
+            "SETUP" => self.setup(req, cseq, &asker, now_ms, session_hdr.as_deref(), lookup, &mut actions),
             "PLAY" | "PAUSE" | "TEARDOWN" => self.control(req, cseq, session_hdr.as_deref(), lookup, &mut actions),
             "ANNOUNCE" => self.announce(req, cseq, conn, lookup),
             "RECORD" => self.record(req, cseq, session_hdr.as_deref(), &mut actions),
@@ -279,11 +352,12 @@ impl Server {
         cseq: u32,
         name: &str,
         rest: &str,
-        conn: u64,
+        asker: &Asker,
         now_ms: u64,
         session: Option<&str>,
         lower: Option<Lower>,
     ) -> Response {
+        let conn = asker.conn;
         // Publishers send over their RTSP connection (RTP over UDP into the relay: not yet).
         let Some(Lower::Interleaved { rtp, rtcp }) = lower else { return error(461, Some(cseq)) };
         let Some((by, sdp)) = self.announced.get(name) else { return error(455, Some(cseq)) };
@@ -309,17 +383,7 @@ impl Server {
                 if self.sessions.len() >= self.cfg.max_sessions {
                     return error(503, Some(cseq));
                 }
-                let id = self.new_id();
-                let s = RtspSession {
-                    resource: name.to_string(),
-                    tracks: Vec::new(),
-                    state: State::Ready,
-                    last_ms: now_ms,
-                    conn,
-                    record: true,
-                };
-                self.sessions.insert(id.clone(), s);
-                id
+                self.new_session(asker, name, now_ms, true)
             }
         };
         let s = self.sessions.get_mut(&id).expect("present");
@@ -382,18 +446,19 @@ impl Server {
         &mut self,
         req: &Request,
         cseq: u32,
-        conn: u64,
+        asker: &Asker,
         now_ms: u64,
         session: Option<&str>,
         lookup: &dyn Fn(&str) -> Option<Resource>,
         actions: &mut Vec<Action>,
     ) -> Response {
+        let conn = asker.conn;
         let Some((name, rest)) = split_url(&req.uri) else { return error(400, Some(cseq)) };
         let transport = req.headers.get("Transport").unwrap_or("");
         let specs = parse_transport(transport);
         if transport.to_ascii_lowercase().replace('"', "").contains("mode=record") {
             let lower = specs.iter().find_map(|s| s.lower.filter(|l| matches!(l, Lower::Interleaved { .. })));
-            return self.setup_record(cseq, name, rest, conn, now_ms, session, lower);
+            return self.setup_record(cseq, name, rest, asker, now_ms, session, lower);
         }
         let Some(res) = lookup(name) else { return error(404, Some(cseq)) };
         let Some(track) = track_of(if rest.is_empty() { name } else { rest }, res.sdp.media.len()) else {
@@ -454,19 +519,7 @@ impl Server {
                 if self.sessions.len() >= self.cfg.max_sessions {
                     return error(503, Some(cseq));
                 }
-                let id = self.new_id();
-                self.sessions.insert(
-                    id.clone(),
-                    RtspSession {
-                        resource: name.to_string(),
-                        tracks: Vec::new(),
-                        state: State::Ready,
-                        last_ms: now_ms,
-                        conn,
-                        record: false,
-                    },
-                );
-                id
+                self.new_session(asker, name, now_ms, false)
             }
         };
         let s = self.sessions.get_mut(&id).expect("present");
@@ -549,51 +602,68 @@ impl Server {
         }
     }
 
-    /// A Digest nonce: fresh per minute, bound to this server's secret seed.
-    fn nonce(&self, now_ms: u64) -> String {
-        let h = md5::Md5::digest(format!("{}:{}", self.seed, now_ms / 60_000).as_bytes());
-        hex(&h)
-    }
-
-    fn nonce_ok(&self, nonce: &str, now_ms: u64) -> bool {
-        // This minute's or the last one's, so a request at a minute's edge still passes.
-        nonce == self.nonce(now_ms) || nonce == self.nonce(now_ms.saturating_sub(60_000))
-    }
-
-    fn authorized(&self, req: &Request, now_ms: u64) -> bool {
+    /// The user a request authenticates as (`None` where no users are configured), or why
+    /// not: `Err(true)` for a Digest answer to a stale nonce (the challenge says so, and the
+    /// client answers the new one without asking its user).
+    fn authorized(&mut self, req: &Request, conn: u64, now_ms: u64) -> Result<Option<String>, bool> {
         if self.cfg.users.is_empty() {
-            return true;
+            return Ok(None);
         }
-        let Some(auth) = req.headers.get("Authorization") else { return false };
+        let Some(auth) = req.headers.get("Authorization") else { return Err(false) };
         let (scheme, rest) = auth.split_once(' ').unwrap_or((auth, ""));
         if scheme.eq_ignore_ascii_case("Basic") {
             use base64::Engine as _;
-            let Ok(raw) = base64::engine::general_purpose::STANDARD.decode(rest.trim()) else { return false };
-            let Ok(text) = String::from_utf8(raw) else { return false };
-            let Some((u, p)) = text.split_once(':') else { return false };
+            let Ok(raw) = base64::engine::general_purpose::STANDARD.decode(rest.trim()) else { return Err(false) };
+            let Ok(text) = String::from_utf8(raw) else { return Err(false) };
+            let Some((u, p)) = text.split_once(':') else { return Err(false) };
             // Every user is compared, so the time does not tell which names exist.
-            return self.cfg.users.iter().fold(false, |ok, (user, pass)| {
+            let ok = self.cfg.users.iter().fold(false, |ok, (user, pass)| {
                 ok | (ct_eq(user.as_bytes(), u.as_bytes()) & ct_eq(pass.as_bytes(), p.as_bytes()))
             });
+            return if ok { Ok(Some(u.to_string())) } else { Err(false) };
         }
         if !scheme.eq_ignore_ascii_case("Digest") {
-            return false;
+            return Err(false);
         }
         let params = digest_params(rest);
         let get = |k: &str| params.iter().find(|(n, _)| n.eq_ignore_ascii_case(k)).map(|(_, v)| v.as_str());
         let (Some(user), Some(realm), Some(nonce), Some(uri), Some(response)) =
             (get("username"), get("realm"), get("nonce"), get("uri"), get("response"))
         else {
-            return false;
+            return Err(false);
         };
         // The response signs `uri`: it must be this request's (RFC 2617 §3.2.2.5), or an
         // answer captured for one resource would open another.
-        if realm != self.cfg.realm || !self.nonce_ok(nonce, now_ms) || !same_resource(uri, &req.uri) {
-            return false;
+        if realm != self.cfg.realm || !same_resource(uri, &req.uri) {
+            return Err(false);
         }
-        let Some((_, pass)) = self.cfg.users.iter().find(|(u, _)| u == user) else { return false };
-        let want = digest_response(user, realm, pass, nonce, &req.method, uri);
-        ct_eq(want.as_bytes(), response.to_ascii_lowercase().as_bytes())
+        let Some((_, pass)) = self.cfg.users.iter().find(|(u, _)| u == user) else { return Err(false) };
+        // With `qop=auth` the answer signs a count and the client's nonce too (§3.2.2.1).
+        let qop = match get("qop") {
+            None => None,
+            Some(q) if q.eq_ignore_ascii_case("auth") => {
+                let nc = get("nc").filter(|n| n.len() == 8).and_then(|n| u32::from_str_radix(n, 16).ok());
+                match (nc, get("cnonce")) {
+                    (Some(nc), Some(cnonce)) => Some((nc, cnonce)),
+                    _ => return Err(false),
+                }
+            }
+            Some(_) => return Err(false),
+        };
+        let want = match qop {
+            None => digest_response(user, realm, pass, nonce, &req.method, uri),
+            Some((nc, cnonce)) => {
+                crate::rtsp::digest_response_qop(user, realm, pass, nonce, nc, cnonce, &req.method, uri)
+            }
+        };
+        if !ct_eq(want.as_bytes(), response.to_ascii_lowercase().as_bytes()) {
+            return Err(false);
+        }
+        match self.nonces.check(nonce, now_ms, conn, qop.map(|q| q.0)) {
+            NonceCheck::Fresh => Ok(Some(user.to_string())),
+            NonceCheck::Stale => Err(true),
+            NonceCheck::Invalid => Err(false),
+        }
     }
 
     /// Sessions silent for longer than the timeout, torn down.
@@ -626,6 +696,8 @@ impl Server {
     pub fn connection_closed(&mut self, conn: u64) -> Vec<Action> {
         self.announced.retain(|_, (c, _)| *c != conn);
         self.secure.remove(&conn);
+        self.peers.remove(&conn);
+        self.foreign.remove(&conn);
         self.end_where(|s| s.conn == conn && s.tracks.iter().any(|(_, l)| matches!(l, Lower::Interleaved { .. })))
     }
 }
@@ -651,7 +723,8 @@ fn base_url(uri: &str, name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rtsp::Headers;
+    use crate::rtsp::{hex, Headers};
+    use md5::Digest as _;
 
     fn req(method: &str, uri: &str, cseq: u32, headers: &[(&str, &str)]) -> Request {
         let mut h = Headers::default();
@@ -682,7 +755,7 @@ mod tests {
     /// second publisher, UDP, a play resource and a second RECORD are refused.
     #[test]
     fn a_publisher_announces_sets_up_and_records() {
-        let mut s = Server::new(Config::default(), 7);
+        let mut s = Server::new(Config::default(), [7; 32]);
         let url = "rtsp://127.0.0.1:8554/pub";
         let sdp = "v=0\r\ns=x\r\nm=video 0 RTP/AVP 96\r\na=rtpmap:96 H264/90000\r\na=control:streamid=0\r\n\
                    m=audio 0 RTP/AVP 97\r\na=rtpmap:97 MPEG4-GENERIC/48000/2\r\na=control:streamid=1\r\n";
@@ -738,7 +811,7 @@ mod tests {
     /// A second track asking for channels the first one has gets free ones; port 0 is 461.
     #[test]
     fn colliding_channels_are_reassigned_and_port_zero_refused() {
-        let mut s = Server::new(Config { interleaved: true, ..Config::default() }, 1);
+        let mut s = Server::new(Config { interleaved: true, ..Config::default() }, [1; 32]);
         let setup = |s: &mut Server, track: u32, t: &str, session: Option<&str>, cseq: u32| {
             let mut h = vec![("Transport", t.to_string())];
             if let Some(id) = session {
@@ -767,7 +840,7 @@ mod tests {
     /// on a plain connection (keys in clear) is refused; closing forgets it.
     #[test]
     fn secure_connections_take_interleaved_or_keyed_srtp_only() {
-        let mut s = Server::new(Config { server_ports: (6970, 6971), ..Config::default() }, 3);
+        let mut s = Server::new(Config { server_ports: (6970, 6971), ..Config::default() }, [3; 32]);
         s.set_secure(1, false);
         s.set_secure(3, true);
         let setup = |s: &mut Server, conn: u64, t: &str| {
@@ -794,7 +867,7 @@ mod tests {
     /// that is not a MIKEY message we read is answered 463; a plain client's is not looked at.
     #[test]
     fn an_srtp_clients_own_key_comes_with_its_setup() {
-        let mut s = Server::new(Config::default(), 4);
+        let mut s = Server::new(Config::default(), [4; 32]);
         s.set_secure(3, true);
         let key = crate::mikey::Mikey {
             csb_id: 1,
@@ -821,7 +894,7 @@ mod tests {
 
     #[test]
     fn a_whole_client_exchange() {
-        let mut s = Server::new(Config { server_ports: (6970, 6971), ..Config::default() }, 7);
+        let mut s = Server::new(Config { server_ports: (6970, 6971), ..Config::default() }, [7; 32]);
         let (r, _) = go(&mut s, &req("OPTIONS", URL, 1, &[]), 0);
         assert_eq!((r.status, r.headers.get("Public")), (200, Some(METHODS)));
         let (r, _) = go(&mut s, &req("DESCRIBE", URL, 2, &[("Accept", "application/sdp")]), 0);
@@ -873,7 +946,7 @@ mod tests {
 
     #[test]
     fn errors_carry_the_codes_real_servers_use() {
-        let mut s = Server::new(Config::default(), 1);
+        let mut s = Server::new(Config::default(), [1; 32]);
         let status = |s: &mut Server, r: Request| go(s, &r, 0).0.status;
         let mut no_cseq = req("OPTIONS", URL, 1, &[]);
         no_cseq.headers.0.clear();
@@ -905,7 +978,7 @@ mod tests {
 
     #[test]
     fn silent_sessions_expire_and_closed_connections_end_their_interleaved_sessions() {
-        let mut s = Server::new(Config { timeout_s: 10, ..Config::default() }, 3);
+        let mut s = Server::new(Config { timeout_s: 10, ..Config::default() }, [3; 32]);
         let udp = [("Transport", "RTP/AVP;unicast;client_port=5000-5001")];
         let tcp = [("Transport", "RTP/AVP/TCP;unicast;interleaved=0-1")];
         let track = format!("{URL}/trackID=0");
@@ -923,7 +996,7 @@ mod tests {
     #[test]
     fn basic_and_digest_authentication() {
         let users = vec![("alice".to_string(), "s3cret".to_string())];
-        let mut s = Server::new(Config { users, ..Config::default() }, 5);
+        let mut s = Server::new(Config { users, ..Config::default() }, [5; 32]);
         let d = |h: &[(&str, &str)]| req("DESCRIBE", URL, 1, h);
         // OPTIONS is open; everything else asks, offering both schemes.
         assert_eq!(go(&mut s, &req("OPTIONS", URL, 1, &[]), 0).0.status, 200);
@@ -934,7 +1007,8 @@ mod tests {
         assert!(
             challenges[0].starts_with("Digest realm=\"fanout\", nonce=\"") && challenges[1] == "Basic realm=\"fanout\""
         );
-        let nonce = challenges[0].split("nonce=\"").nth(1).unwrap().trim_end_matches('"').to_string();
+        let nonce = nonce_of(challenges[0]);
+        assert!(challenges[0].contains("qop=\"auth\"") && !challenges[0].contains("stale"));
 
         // Basic: base64("alice:s3cret").
         assert_eq!(go(&mut s, &d(&[("Authorization", "Basic YWxpY2U6czNjcmV0")]), 1).0.status, 200);
@@ -948,8 +1022,11 @@ mod tests {
         };
         assert_eq!(go(&mut s, &d(&[("Authorization", &digest("s3cret", &nonce))]), 1000).0.status, 200);
         assert_eq!(go(&mut s, &d(&[("Authorization", &digest("wrong", &nonce))]), 1000).0.status, 401);
-        // A nonce two minutes old is stale.
-        assert_eq!(go(&mut s, &d(&[("Authorization", &digest("s3cret", &nonce))]), 180_000).0.status, 401);
+        // An expired nonce is stale: the challenge says so.
+        let (r, _) =
+            go(&mut s, &d(&[("Authorization", &digest("s3cret", &nonce))]), crate::secret::NONCE_LIFETIME_MS + 1001);
+        assert_eq!(r.status, 401);
+        assert!(r.headers.get("WWW-Authenticate").unwrap().ends_with("stale=true"));
         assert_eq!(go(&mut s, &d(&[("Authorization", "Bearer x")]), 1).0.status, 401);
         // Schemes are case-insensitive (RFC 7235 §2.1).
         assert_eq!(go(&mut s, &d(&[("Authorization", "basic YWxpY2U6czNjcmV0")]), 1).0.status, 200);
@@ -962,17 +1039,9 @@ mod tests {
     #[test]
     fn digest_checks_the_uri_it_signs() {
         let users = vec![("alice".to_string(), "s3cret".to_string())];
-        let mut s = Server::new(Config { users, ..Config::default() }, 5);
+        let mut s = Server::new(Config { users, ..Config::default() }, [5; 32]);
         let (r, _) = go(&mut s, &req("DESCRIBE", URL, 1, &[]), 0);
-        let nonce = r
-            .headers
-            .get("WWW-Authenticate")
-            .unwrap()
-            .split("nonce=\"")
-            .nth(1)
-            .unwrap()
-            .trim_end_matches('"')
-            .to_string();
+        let nonce = nonce_of(r.headers.get("WWW-Authenticate").unwrap());
         let answer = |uri: &str| {
             let response = digest_response("alice", "fanout", "s3cret", &nonce, "DESCRIBE", uri);
             format!("Digest username=\"alice\", realm=\"fanout\", nonce=\"{nonce}\", uri=\"{uri}\", response=\"{response}\"")
@@ -984,6 +1053,98 @@ mod tests {
         assert_eq!(with("/demo", &mut s), 200);
         assert_eq!(with("rtsp://127.0.0.1:8554/other", &mut s), 401);
         assert_eq!(with("/other", &mut s), 401);
+    }
+
+    fn nonce_of(challenge: &str) -> String {
+        challenge.split("nonce=\"").nth(1).unwrap().split('"').next().unwrap().to_string()
+    }
+
+    /// A captured Digest header does not open anything on another connection (without
+    /// `qop`), nor a second time (with `qop`: the count must rise); a right answer with a
+    /// count that did not rise is told `stale=true`.
+    #[test]
+    fn a_captured_digest_answer_does_not_replay() {
+        let users = vec![("alice".to_string(), "s3cret".to_string())];
+        let mut s = Server::new(Config { users, ..Config::default() }, [5; 32]);
+        let d = |h: &[(&str, &str)]| req("DESCRIBE", URL, 1, h);
+        let nonce = nonce_of(s.handle(&d(&[]), 1, 0, &demo).0.headers.get("WWW-Authenticate").unwrap());
+        let legacy = {
+            let response = digest_response("alice", "fanout", "s3cret", &nonce, "DESCRIBE", URL);
+            format!("Digest username=\"alice\", realm=\"fanout\", nonce=\"{nonce}\", uri=\"{URL}\", response=\"{response}\"")
+        };
+        assert_eq!(s.handle(&d(&[("Authorization", &legacy)]), 1, 10, &demo).0.status, 200);
+        let (r, _) = s.handle(&d(&[("Authorization", &legacy)]), 2, 20, &demo);
+        assert_eq!(r.status, 401, "replayed on another connection");
+        assert!(r.headers.get("WWW-Authenticate").unwrap().contains("stale=true"));
+        let qop = |nc: u32| {
+            let response =
+                crate::rtsp::digest_response_qop("alice", "fanout", "s3cret", &nonce, nc, "c0ffee", "DESCRIBE", URL);
+            format!(
+                "Digest username=\"alice\", realm=\"fanout\", nonce=\"{nonce}\", uri=\"{URL}\", qop=auth, nc={nc:08x}, cnonce=\"c0ffee\", response=\"{response}\""
+            )
+        };
+        assert_eq!(s.handle(&d(&[("Authorization", &qop(1))]), 3, 30, &demo).0.status, 200);
+        assert_eq!(s.handle(&d(&[("Authorization", &qop(1))]), 4, 40, &demo).0.status, 401, "the same count again");
+        assert_eq!(s.handle(&d(&[("Authorization", &qop(2))]), 3, 50, &demo).0.status, 200);
+        // A wrong password with a fresh count is no stale nonce, and burns no count.
+        let wrong = qop(3).replace("s3cret", "x");
+        let mut bad = wrong.clone();
+        bad.replace_range(bad.len() - 3..bad.len() - 1, "00");
+        let (r, _) = s.handle(&d(&[("Authorization", &bad)]), 3, 60, &demo);
+        assert!(r.status == 401 && !r.headers.get("WWW-Authenticate").unwrap().contains("stale"));
+        assert_eq!(s.handle(&d(&[("Authorization", &qop(3))]), 3, 70, &demo).0.status, 200);
+    }
+
+    /// Sessions belong to who made them: another connection (another address, another user,
+    /// or an interleaved client's or a publisher's session from anywhere but its connection)
+    /// gets 454 for every method, reported once; a UDP client's own address and user may
+    /// control it from a new connection (RFC 2326).
+    #[test]
+    fn nobody_controls_another_ones_session() {
+        let users = vec![("alice".to_string(), "a".to_string()), ("bob".to_string(), "b".to_string())];
+        let mut s = Server::new(Config { users, ..Config::default() }, [9; 32]);
+        let (alice, bob) = ("Basic YWxpY2U6YQ==", "Basic Ym9iOmI=");
+        let ip = |n: u8| IpAddr::V4(Ipv4Addr::new(10, 0, 0, n));
+        s.connection_opened(1, ip(1)); // alice, UDP
+        s.connection_opened(2, ip(1)); // alice again, a new connection from the same address
+        s.connection_opened(3, ip(1)); // bob from the same address
+        s.connection_opened(4, ip(2)); // alice from elsewhere
+        s.connection_opened(5, ip(1)); // alice, interleaved
+        let track = format!("{URL}/trackID=0");
+        let setup = |s: &mut Server, conn: u64, t: &str| {
+            let r = s.handle(&req("SETUP", &track, 1, &[("Transport", t), ("Authorization", alice)]), conn, 0, &demo).0;
+            parse_session(r.headers.get("Session").unwrap()).0
+        };
+        let udp = setup(&mut s, 1, "RTP/AVP;unicast;client_port=5000-5001");
+        let tcp = setup(&mut s, 5, "RTP/AVP/TCP;unicast;interleaved=0-1");
+        let ask = |s: &mut Server, m: &str, id: &str, conn: u64, who: &str| {
+            s.handle(&req(m, URL, 2, &[("Session", id), ("Authorization", who)]), conn, 1, &demo)
+        };
+        for m in ["PLAY", "PAUSE", "TEARDOWN", "GET_PARAMETER", "SET_PARAMETER", "RECORD", "SETUP"] {
+            assert_eq!(ask(&mut s, m, &udp, 3, bob).0.status, 454, "{m} by another user");
+            assert_eq!(ask(&mut s, m, &udp, 4, alice).0.status, 454, "{m} from another address");
+            assert_eq!(ask(&mut s, m, &tcp, 2, alice).0.status, 454, "{m} of an interleaved session elsewhere");
+        }
+        // Reported once per connection.
+        let mut s2 = Server::new(Config::default(), [9; 32]);
+        let id = parse_session(
+            s2.handle(&req("SETUP", &track, 1, &[("Transport", "RTP/AVP/TCP;interleaved=0-1")]), 1, 0, &demo)
+                .0
+                .headers
+                .get("Session")
+                .unwrap(),
+        )
+        .0;
+        let foreign = |s2: &mut Server| s2.handle(&req("TEARDOWN", URL, 3, &[("Session", &id)]), 7, 1, &demo).1;
+        assert_eq!(foreign(&mut s2), vec![Action::Foreign { session: id.clone(), conn: 7 }]);
+        assert_eq!(foreign(&mut s2), vec![]);
+        assert_eq!(s2.sessions(), 1);
+        // Both sessions still there, untouched.
+        assert_eq!((s.state(&udp), s.state(&tcp)), (Some(State::Ready), Some(State::Ready)));
+        // The owner, from its own connection and (UDP) from a new one of the same address.
+        assert_eq!(ask(&mut s, "PLAY", &udp, 2, alice).0.status, 200);
+        assert_eq!(ask(&mut s, "PLAY", &tcp, 5, alice).0.status, 200);
+        assert_eq!(ask(&mut s, "TEARDOWN", &udp, 1, alice).0.status, 200);
     }
 
     #[test]
@@ -1006,7 +1167,7 @@ mod tests {
             let methods = ["OPTIONS", "DESCRIBE", "SETUP", "PLAY", "PAUSE", "TEARDOWN", "GET_PARAMETER", "ANNOUNCE", "X"];
             let urls = [URL.to_string(), format!("{URL}/trackID=0"), format!("{URL}/trackID=1"), "rtsp://h/none".into(), "*".into()];
             let transports = ["RTP/AVP;unicast;client_port=5000-5001", "RTP/AVP/TCP;interleaved=0-1", "RTP/AVP;multicast", "", "junk"];
-            let mut s = Server::new(Config { max_sessions: 3, timeout_s: 5, ..Config::default() }, 11);
+            let mut s = Server::new(Config { max_sessions: 3, timeout_s: 5, ..Config::default() }, [11; 32]);
             let mut ids: Vec<String> = vec!["BOGUS".into()];
             let mut live = std::collections::HashSet::new();
             let mut now = 0;

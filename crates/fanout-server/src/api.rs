@@ -69,6 +69,7 @@ pub fn router(relay: Arc<Relay>) -> Router {
         .layer(middleware::from_fn_with_state(relay.clone(), auth))
         .layer(middleware::map_response(json_errors))
         .layer(DefaultBodyLimit::max(max_body))
+        .layer(middleware::from_fn_with_state(relay.clone(), whole_body))
         .with_state(relay)
 }
 
@@ -277,13 +278,44 @@ async fn auth(State(relay): State<Arc<Relay>>, req: Request, next: Next) -> Resp
     if crate::ui::is_ui(path) {
         return next.run(req).await;
     }
-    let query = (path.contains("/hls/") || path == "/v1/events").then(|| req.uri().query()).flatten();
+    let query = (path.contains("/hls/") || path == "/v1/events" || path.ends_with("/stream"))
+        .then(|| req.uri().query())
+        .flatten();
     if authorized(relay.cfg.token.as_deref(), h, query) {
         next.run(req).await
     } else {
         let mut r = ApiError(StatusCode::UNAUTHORIZED, "missing or wrong bearer token".into()).into_response();
         r.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
         r
+    }
+}
+
+/// A request's body arrives whole within `request_timeout_s` of its head, or the request is
+/// answered 408 and its connection closed: a body that trickles a byte at a time does not
+/// hold an API slot (hyper's own timeout covers the head only).
+async fn whole_body(State(relay): State<Arc<Relay>>, req: Request, next: Next) -> Response {
+    let h = req.headers();
+    let has_body = h.contains_key(header::TRANSFER_ENCODING)
+        || h.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).is_some_and(|v| v.trim() != "0");
+    if !has_body {
+        return next.run(req).await;
+    }
+    let deadline = Duration::from_secs_f64(relay.cfg.request_timeout_s);
+    let (parts, body) = req.into_parts();
+    // One byte over the limit tells a body too large from one that fits.
+    match tokio::time::timeout(deadline, axum::body::to_bytes(body, relay.cfg.max_body + 1)).await {
+        Ok(Ok(bytes)) => next.run(Request::from_parts(parts, axum::body::Body::from(bytes))).await,
+        Ok(Err(_)) => {
+            ApiError(StatusCode::PAYLOAD_TOO_LARGE, format!("body over max_body ({} bytes)", relay.cfg.max_body))
+                .into_response()
+        }
+        Err(_) => {
+            tracing::info!(path = %parts.uri.path(), "request body incomplete after {deadline:?}: 408");
+            let mut r = ApiError(StatusCode::REQUEST_TIMEOUT, format!("request body incomplete after {deadline:?}"))
+                .into_response();
+            r.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+            r
+        }
     }
 }
 
@@ -628,6 +660,13 @@ async fn metrics(State(relay): State<Arc<Relay>>) -> impl IntoResponse {
         [(String::new(), u64::from(relay.engine.shed().0))],
     );
     family(&mut m, "fanout_sessions", "gauge", "Sessions configured.", [(String::new(), sessions.len() as u64)]);
+    family(
+        &mut m,
+        "fanout_connections_refused_total",
+        "counter",
+        "Connections refused at accept, by reason (a cap per address or per listener).",
+        relay.books.totals().into_iter().map(|(why, n)| (format!("{{reason=\"{}\"}}", label(why)), n)),
+    );
     family(
         &mut m,
         "fanout_build_info",

@@ -26,6 +26,10 @@ pub struct Config {
     pub request_timeout_s: f64,
     /// API/HTTP connections open at once.
     pub api_max_connections: usize,
+    /// Connections one client address may hold at once on each listener (RTSP with RTSPS,
+    /// and the API/HTTP port), so that one address cannot take every slot; 0 = no cap.
+    /// Loopback is not exempt: a load tool on the relay's host sets 0.
+    pub max_connections_per_ip: usize,
     /// RTSP clients must authenticate with the API token (user `token`).
     pub rtsp_require_token: bool,
     /// Serve the API or RTSP on a non-loopback address without authentication.
@@ -238,6 +242,7 @@ pub const CONFIG_FIELDS: &[&str] = &[
     "rtsp_idle_s",
     "request_timeout_s",
     "api_max_connections",
+    "max_connections_per_ip",
     "rtsp_require_token",
     "allow_unauthenticated",
     "token",
@@ -275,6 +280,7 @@ impl Default for Config {
             rtsp_idle_s: 60.0,
             request_timeout_s: 10.0,
             api_max_connections: 1024,
+            max_connections_per_ip: 64,
             rtsp_require_token: false,
             allow_unauthenticated: false,
             token: None,

@@ -19,6 +19,11 @@ pub async fn serve(listener: TcpListener, relay: Arc<Relay>, router: axum::Route
     let max = relay.cfg.api_max_connections;
     let head_timeout = Duration::from_secs_f64(relay.cfg.request_timeout_s);
     let limit = Arc::new(tokio::sync::Semaphore::new(max));
+    let gate = crate::admit::Gate::new(
+        relay.cfg.max_connections_per_ip,
+        "HTTP per-address cap (max_connections_per_ip)",
+        relay.books.clone(),
+    );
     let mut warned = false;
     loop {
         // At the cap, further connections wait in the kernel's accept queue (then are refused
@@ -32,7 +37,7 @@ pub async fn serve(listener: TcpListener, relay: Arc<Relay>, router: axum::Route
                 limit.clone().acquire_owned().await.expect("never closed")
             }
         };
-        let (stream, _) = match listener.accept().await {
+        let (stream, peer) = match listener.accept().await {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!("accept failed: {e}");
@@ -40,9 +45,16 @@ pub async fn serve(listener: TcpListener, relay: Arc<Relay>, router: axum::Route
                 continue;
             }
         };
+        // One address at its cap is answered at once if its socket takes it, and closed; the
+        // slot goes back for the others.
+        let Some(pass) = gate.admit(peer.ip()) else {
+            let _ =
+                stream.try_write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+            continue;
+        };
         let (relay, router, tls) = (relay.clone(), router.clone(), tls.clone());
         tokio::spawn(async move {
-            let _permit = permit;
+            let _held = (permit, pass);
             match tls {
                 Some(tls) => serve_tls(stream, &relay, router, &tls, head_timeout).await,
                 None => serve_plain(stream, &relay, router, head_timeout).await,

@@ -1,5 +1,6 @@
 //! `fanout`: a live media relay. One binary, several subcommands.
 
+mod admit;
 mod api;
 mod cluster;
 mod config;
@@ -95,6 +96,10 @@ struct ServeArgs {
     /// Address for RTSPS clients (overrides [tls] rtsps; port 0 picks a free one).
     #[arg(long)]
     rtsps: Option<std::net::SocketAddr>,
+    /// Connections one client address may hold on each listener; 0 = no cap (a load tool
+    /// on the relay's own host needs it) (overrides the config).
+    #[arg(long)]
+    max_connections_per_ip: Option<usize>,
 }
 
 /// A line on stdout for scripts and people; a reader that went away is not an error.
@@ -176,6 +181,9 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
     if a.allow_unauthenticated {
         cfg.allow_unauthenticated = true;
     }
+    if let Some(n) = a.max_connections_per_ip {
+        cfg.max_connections_per_ip = n;
+    }
     let tls_source = if a.self_signed {
         let cert = std::env::temp_dir().join(format!("fanout-self-signed-{}.pem", std::process::id()));
         Some(tls::Source::SelfSigned { cert })
@@ -203,6 +211,9 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
 }
 
 async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>) -> anyhow::Result<()> {
+    // Taken before anything is printed: a SIGHUP right after the start must not end it.
+    let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .map_err(|e| anyhow::anyhow!("installing a SIGHUP handler: {e}"))?;
     let listener = tokio::net::TcpListener::bind(cfg.api)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {} for the API: {e}", cfg.api))?;
@@ -246,16 +257,20 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>) -> 
     if let Some(c) = &relay.cluster {
         say!("fanout: cluster node {:?} (tier {}), pulled from at {}", c.cfg.node, c.cfg.tier, c.me().rtsp_url);
     }
-    let token = relay.cfg.token.as_deref().map(percent_encode);
-    // The dashboard asks for the token itself, or takes it from its URL.
+    // The token is never printed (consoles end up in journals and screenshots): URLs show
+    // where it goes, and the dashboard asks for it.
+    let token = relay.cfg.token.as_ref().map(|_| "TOKEN".to_string());
     let q = token.as_ref().map(|t| format!("?token={t}")).unwrap_or_default();
-    say!("fanout: dashboard {http}://{api}/{q}  (open it in a browser)");
-    if let Some(t) = &token {
-        say!("fanout: API calls need the token: curl -H 'Authorization: Bearer {t}' {http}://{api}/v1/sessions");
+    say!(
+        "fanout: dashboard {http}://{api}/  (open it in a browser{})",
+        if token.is_some() { "; it asks for the token" } else { "" }
+    );
+    if token.is_some() {
+        say!("fanout: API calls need the token (TOKEN below: the one configured, not printed): curl -H 'Authorization: Bearer TOKEN' {http}://{api}/v1/sessions");
     }
     if demo {
-        let q = token.as_ref().map(|t| format!("?token={t}")).unwrap_or_default();
         say!("fanout: demo stream {http}://{api}/v1/sessions/demo/stream{q}  (try: ffplay '{http}://{api}/v1/sessions/demo/stream{q}')");
+        say!("fanout: demo over HLS {http}://{api}/v1/sessions/demo/hls/index.m3u8{q}  (try: ffplay '{http}://{api}/v1/sessions/demo/hls/index.m3u8{q}')");
     }
     let rtsp_task = rtsp.map(|(listeners, state)| {
         let who = match (&token, relay.cfg.rtsp_require_token, relay.cfg.rtsp_users.first()) {
@@ -275,19 +290,24 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>) -> 
         }
         tokio::spawn(rtsp::serve(listeners, relay.clone(), state))
     });
-    // SIGHUP re-reads the certificate and key: connections open keep theirs.
-    if let Some(t) = tls.clone().filter(|t| t.self_signed_file().is_none()) {
-        tokio::spawn(async move {
-            use tokio::signal::unix::{signal, SignalKind};
-            let Ok(mut hup) = signal(SignalKind::hangup()) else { return };
-            while hup.recv().await.is_some() {
-                match t.reload() {
-                    Ok(()) => tracing::info!("TLS certificate reloaded: SHA-256 {}", t.fingerprint()),
-                    Err(e) => tracing::error!("TLS reload failed, still serving the old certificate: {e:#}"),
-                }
+    // SIGHUP (`systemctl reload`, an operator's habit) is always taken, never fatal: it
+    // re-reads the certificate and key (connections open keep theirs) and says what it did.
+    let files = tls.clone().filter(|t| t.self_signed_file().is_none());
+    tokio::spawn(async move {
+        let mut hup = hup;
+        while hup.recv().await.is_some() {
+            match &files {
+                Some(t) => match t.reload() {
+                    Ok(()) => tracing::info!("SIGHUP: TLS certificate reloaded: SHA-256 {}", t.fingerprint()),
+                    Err(e) => tracing::error!("SIGHUP: TLS reload failed, still serving the old certificate: {e:#}"),
+                },
+                None => tracing::info!(
+                    "SIGHUP: nothing to re-read (no [tls] certificate files); the configuration is read at start only"
+                ),
             }
-        });
-    }
+        }
+    });
+    tokio::spawn(relay.books.clone().tell());
     let https = tls.filter(|_| relay.cfg.https());
     let server = tokio::spawn(http::serve(listener, relay.clone(), router, https));
     shutdown_signal().await;

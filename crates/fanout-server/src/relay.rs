@@ -67,6 +67,8 @@ pub struct Relay {
     pub srtp: crate::srtp_out::SrtpOut,
     /// This relay as a node of a cluster (`[cluster]`).
     pub cluster: Option<Arc<crate::cluster::Cluster>>,
+    /// Connections refused (caps), by reason.
+    pub books: Arc<crate::admit::Books>,
 }
 
 /// What RTSP clients of a session get instead of the session's own RTP.
@@ -83,6 +85,7 @@ impl Relay {
         let cluster = cfg.cluster.clone().map(|c| crate::cluster::Cluster::new(c, cfg.rtsp)).transpose()?;
         Ok(Arc::new(Self {
             cluster,
+            books: Default::default(),
             engine,
             cfg,
             sessions: RwLock::new(BTreeMap::new()),

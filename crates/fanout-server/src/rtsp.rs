@@ -215,11 +215,13 @@ impl Rtsp {
     ) -> std::io::Result<Arc<Self>> {
         let rtcp = fanout_io::sys::port_pair_with(ip, true)?;
         let ports = (rtcp.0.local_addr()?.port(), rtcp.1.local_addr()?.port());
-        let seed =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
+        // The keys of session ids and Digest nonces: nothing a client sees tells another's.
+        let mut secret = [0u8; 32];
+        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut secret)
+            .map_err(|_| std::io::Error::other("no system randomness for RTSP session ids"))?;
         let cfg = Config { server_ports: ports, interleaved: true, users, ..Config::default() };
         Ok(Arc::new(Self {
-            server: Mutex::new(Server::new(cfg, seed ^ u64::from(std::process::id()))),
+            server: Mutex::new(Server::new(cfg, secret)),
             clients: Mutex::new(HashMap::new()),
             started: Instant::now(),
             _rtp_port: rtcp.0,
@@ -532,6 +534,9 @@ impl Rtsp {
                         tracing::warn!(%resource, "cannot start the RTSP publisher: {e}");
                     }
                 }
+                Action::Foreign { session, conn } => {
+                    tracing::warn!(%peer, conn, rtsp_session = %session, "RTSP request for a session of another connection: 454 (logged once per connection)");
+                }
                 // A publisher's end; for a client, Teardown also drops it below, once the state
                 // machine forgot it.
                 Action::Teardown { session } if self.stop_publisher(relay, &session) => {}
@@ -619,12 +624,19 @@ pub async fn serve(
             }
         })
     });
+    // RTSP and RTSPS share their caps: the connections open, and those per address.
     let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let next_conn = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let gate = crate::admit::Gate::new(
+        relay.cfg.max_connections_per_ip,
+        "RTSP per-address cap (max_connections_per_ip)",
+        relay.books.clone(),
+    );
     let loops: Vec<_> = listeners
         .into_iter()
         .map(|(l, tls)| {
-            AbortOnDrop(tokio::spawn(accept(l, tls, relay.clone(), rtsp.clone(), open.clone(), next_conn.clone())))
+            let counts = Counts { open: open.clone(), next_conn: next_conn.clone(), gate: gate.clone() };
+            AbortOnDrop(tokio::spawn(accept(l, tls, relay.clone(), rtsp.clone(), counts)))
         })
         .collect();
     // Until aborted; the loops go with it.
@@ -649,19 +661,33 @@ impl RtspIo for tokio_rustls::server::TlsStream<TcpStream> {
     }
 }
 
+/// What the RTSP listeners count together.
+struct Counts {
+    open: Arc<std::sync::atomic::AtomicUsize>,
+    next_conn: Arc<std::sync::atomic::AtomicU64>,
+    gate: Arc<crate::admit::Gate>,
+}
+
+/// A refused connection gets a real server's answer if its socket takes it at once, then is
+/// closed: no task and no wait per refusal, however many come.
+fn refuse(stream: TcpStream) {
+    let mut out = Vec::new();
+    Response::new(503, None).write(&mut out);
+    let _ = stream.try_write(&out);
+}
+
 /// Accepts connections on one listener (with `tls`: RTSPS) until aborted.
 async fn accept(
     listener: TcpListener,
     tls: Option<tokio_rustls::TlsAcceptor>,
     relay: Arc<Relay>,
     rtsp: Arc<Rtsp>,
-    open: Arc<std::sync::atomic::AtomicUsize>,
-    next_conn: Arc<std::sync::atomic::AtomicU64>,
+    Counts { open, next_conn, gate }: Counts,
 ) {
     let (max, idle) = (relay.cfg.rtsp_max_connections, Duration::from_secs_f64(relay.cfg.rtsp_idle_s.max(0.1)));
     let head_timeout = Duration::from_secs_f64(relay.cfg.request_timeout_s);
     loop {
-        let (mut stream, peer) = match listener.accept().await {
+        let (stream, peer) = match listener.accept().await {
             Ok(x) => x,
             Err(e) => {
                 tracing::warn!("rtsp accept: {e}");
@@ -670,19 +696,20 @@ async fn accept(
             }
         };
         use std::sync::atomic::Ordering::Relaxed;
+        // The address's own cap first: one address at it cannot take the slots left.
+        let Some(pass) = gate.admit(peer.ip()) else {
+            refuse(stream);
+            continue;
+        };
         if open.load(Relaxed) >= max {
-            // Over the limit: a real server's answer, then close (without blocking accept).
-            tracing::warn!(%peer, "RTSP connection refused: {max} open (rtsp_max_connections)");
-            tokio::spawn(async move {
-                let mut out = Vec::new();
-                Response::new(503, None).write(&mut out);
-                let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&out)).await;
-            });
+            relay.books.refuse("RTSP connection cap (rtsp_max_connections)", peer.ip());
+            refuse(stream);
             continue;
         }
         open.fetch_add(1, Relaxed);
         let conn = next_conn.fetch_add(1, Relaxed) + 1;
         let (relay, rtsp, open, tls) = (relay.clone(), rtsp.clone(), open.clone(), tls.clone());
+        rtsp.server.lock().connection_opened(conn, peer.ip());
         tokio::spawn(async move {
             let timeouts = (idle, head_timeout);
             let r = match tls {
@@ -699,6 +726,7 @@ async fn accept(
                 tracing::debug!(%peer, "rtsp connection: {e}");
             }
             open.fetch_sub(1, Relaxed);
+            drop(pass);
             let actions = rtsp.server.lock().connection_closed(conn);
             rtsp.apply(&relay, peer.ip(), actions);
         });

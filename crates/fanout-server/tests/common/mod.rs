@@ -12,6 +12,7 @@ pub struct Relay {
     pub api: SocketAddr,
     pub token: Option<String>,
     stderr: std::sync::Arc<std::sync::Mutex<String>>,
+    stdout: std::sync::Arc<std::sync::Mutex<String>>,
 }
 
 impl Relay {
@@ -87,9 +88,17 @@ impl Relay {
             return Err(format!("unexpected first line {line:?}; stderr: {}", stderr.lock().unwrap()));
         };
         let api = addr.parse().unwrap();
-        std::thread::spawn(move || for _ in out.lines() {});
+        let stdout = std::sync::Arc::new(std::sync::Mutex::new(line.clone()));
+        let said = stdout.clone();
+        std::thread::spawn(move || {
+            for l in out.lines().map_while(Result::ok) {
+                let mut s = said.lock().unwrap();
+                s.push_str(&l);
+                s.push('\n');
+            }
+        });
         let token = extra.iter().position(|a| *a == "--token").map(|i| extra[i + 1].to_string());
-        Ok(Relay { child, api, token, stderr })
+        Ok(Relay { child, api, token, stderr, stdout })
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -124,6 +133,11 @@ impl Relay {
 
     pub fn stderr(&self) -> String {
         self.stderr.lock().unwrap().clone()
+    }
+
+    /// What it printed on stdout (the banner).
+    pub fn stdout(&self) -> String {
+        self.stdout.lock().unwrap().clone()
     }
 
     pub fn running(&mut self) -> bool {

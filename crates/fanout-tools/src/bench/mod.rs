@@ -155,7 +155,8 @@ impl RelayProc {
         // its 8554.
         let rtsp: &[&str] = if extra.contains(&"--rtsp") { &[] } else { &["--rtsp", "127.0.0.1:0"] };
         let mut child = Command::new(std::env::current_exe()?)
-            .args(["serve", "--no-demo", "--api", "127.0.0.1:0"])
+            // The load comes from this host's one address: no per-address cap.
+            .args(["serve", "--no-demo", "--api", "127.0.0.1:0", "--max-connections-per-ip", "0"])
             .args(rtsp)
             .args(extra)
             .env("FANOUT_LOG", "warn")
