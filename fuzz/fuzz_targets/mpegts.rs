@@ -1,5 +1,5 @@
-//! TS header parsing, schedule building, demuxing and joining recordings into a playlist
-//! never panic; schedules are monotonic; a demuxed PES payload is never larger than the
+//! TS header parsing, schedule building, demuxing, joining recordings into a playlist and
+//! trimming a clip to its lap never panic; schedules are monotonic; a demuxed PES payload is never larger than the
 //! bytes fed in.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
@@ -24,4 +24,11 @@ fuzz_target!(|data: &[u8]| {
     let (a, b) = data.split_at(data.len() / 376 * 188);
     let list = [("a".to_string(), a.to_vec()), ("b".to_string(), b.to_vec())];
     let _ = fanout_proto::playlist::concat(&list);
+    // Trimmed to a lap (1 s, and one taken from the input): the same size, whatever it cuts.
+    let lap = u64::from(data.first().copied().unwrap_or(0)) * 9_000;
+    for lap in [90_000, lap] {
+        if let Some(t) = fanout_proto::mpegts::trimmed_to_lap(data, lap) {
+            assert_eq!(t.len(), data.len());
+        }
+    }
 });

@@ -119,7 +119,7 @@ impl GroupState {
         self.errors_pending |= !self.reaped.is_empty();
         for (id, e) in self.reaped.drain(..) {
             if let Some(sink) = self.sinks.iter_mut().find(|k| k.id == id) {
-                sink.fail(describe(&e), reactor, policy);
+                sink.fail_io(&e, reactor, policy);
             }
         }
         if !self.errors_pending && now.duration_since(self.errors_read) < ERRORS_READ_EVERY {
@@ -130,7 +130,7 @@ impl GroupState {
         for fd in fds.into_iter().flatten() {
             while let Some((addr, err)) = sys::recv_error(fd) {
                 for sink in self.sinks.iter_mut().filter(|k| k.target == SinkTarget::Udp(addr)) {
-                    sink.fail(describe(&err), reactor, policy);
+                    sink.fail_io(&err, reactor, policy);
                 }
             }
         }
@@ -347,7 +347,7 @@ impl Job for GroupJob {
         sender.send(&mut batch, ctx, failed);
         *errors_pending |= std::mem::take(&mut ctx.send_error) || !failed.is_empty();
         for (i, e) in failed.drain(..) {
-            sinks[i].fail(describe(&e), reactor, policy);
+            sinks[i].fail_io(&e, reactor, policy);
         }
         if let Err(e) = sender.flush() {
             tracing::warn!(session = %s.cfg.name, "io_uring submit failed: {e}");

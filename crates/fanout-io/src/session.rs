@@ -51,7 +51,9 @@ pub enum PayloadMode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum FailurePolicy {
-    /// Keep it listed as failed, with the reason, until it is deleted.
+    /// Keep it listed as failed, with the reason, until it is deleted. A UDP sink is not
+    /// failed by an ICMP error (its receiver may be rebooting): it is sent to on, with its
+    /// errors counted and the last one shown.
     #[default]
     Keep,
     /// Remove it at once.
@@ -1088,7 +1090,21 @@ impl Session {
         let (seq, next) = if key > ring.oldest() { (key - 1, false) } else { (head.checked_sub(1)?, true) };
         let p = ring.get(seq)?;
         let v = fanout_proto::rtp::RtpView::parse(p.data()).ok()?;
-        Some((v.payload_type(), v.sequence_number().wrapping_add(u16::from(next)), v.timestamp()))
+        let mut ts = v.timestamp();
+        // The next packet's time, where it is not here yet: for a stream that is not video
+        // (audio: a frame a packet), the last step again, so RTP-Info names what comes.
+        if next && self.inner.video_codec().is_none() {
+            let prev = seq.checked_sub(1).and_then(|s| ring.get(s));
+            let prev =
+                prev.and_then(|p| fanout_proto::rtp::RtpView::parse(p.data()).ok().map(|v| (v.ssrc(), v.timestamp())));
+            if let Some((_, t)) = prev.filter(|(ssrc, _)| *ssrc == v.ssrc()) {
+                let step = ts.wrapping_sub(t);
+                if step > 0 && step <= 90_000 {
+                    ts = ts.wrapping_add(step);
+                }
+            }
+        }
+        Some((v.payload_type(), v.sequence_number().wrapping_add(u16::from(next)), ts))
     }
 
     /// The newest packet's RTP `(ssrc, timestamp)` and how long ago it arrived (ms), for

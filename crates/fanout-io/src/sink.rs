@@ -240,10 +240,27 @@ impl Sink {
             self.last_error = Some(why);
             return;
         }
-        tracing::info!(sink = self.id, target = ?self.target, "sink failed: {why}");
+        // (An HTTP subscriber leaving is no failure: its removal says so.)
+        if !matches!(self.target, SinkTarget::Http(_)) {
+            tracing::info!(sink = self.id, target = ?self.target, "sink failed: {why}");
+        }
         self.failed = Some(why);
         self.retrying = retry && matches!(self.target, SinkTarget::Tcp(_));
         self.shut(reactor);
+    }
+
+    /// A send to the sink failed with `e`. An ICMP port unreachable at a UDP sink is its
+    /// receiver gone for now (a set-top box rebooting): unless the policy is `remove`, it is
+    /// counted and shown, and the sink is sent to on, so the receiver gets its stream back.
+    /// Anything else fails it as the policy says.
+    pub fn fail_io(&mut self, e: &io::Error, reactor: &Reactor, policy: FailurePolicy) {
+        let refused = e.raw_os_error() == Some(libc::ECONNREFUSED);
+        if refused && policy != FailurePolicy::Remove && matches!(self.target, SinkTarget::Udp(_)) {
+            self.errors += 1;
+            self.last_error = Some(describe(e));
+            return;
+        }
+        self.fail(describe(e), reactor, policy);
     }
 
     /// A retrying TCP sink's new connection: what it missed while away counts as skipped.

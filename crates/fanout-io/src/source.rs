@@ -338,10 +338,15 @@ pub struct DemoClip {
 
 impl DemoClip {
     pub fn new(ts: impl Into<Arc<[u8]>>) -> Result<Self, fanout_proto::mpegts::TsError> {
-        let ts = ts.into();
+        let mut ts = ts.into();
         let mut schedule = TsSchedule::new(&ts)?;
         if let Some(span) = fanout_proto::tsdemux::media_span_90k(&ts) {
             schedule.fit_to_media(span);
+        }
+        // What runs past one lap (the audio's last frame) would repeat the next lap's first
+        // timestamp: it goes, so the loop is seamless on every face.
+        if let Some(trimmed) = fanout_proto::mpegts::trimmed_to_lap(&ts, schedule.loop_ticks() / 300) {
+            ts = trimmed.into();
         }
         let schedule = Arc::new(schedule);
         Ok(Self { ts, schedule, once: false })
@@ -621,5 +626,59 @@ pub(crate) fn demo_source(session: Weak<Inner>, clip: DemoClip) {
         let next = Duration::from_nanos(next * 1000 / (PCR_HZ / 1_000_000));
         drop(s);
         std::thread::sleep(next.saturating_sub(start.elapsed()).min(Duration::from_millis(100)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 30 item 10: the demo looped five times has strictly rising timestamps on every
+    /// face: its RTSP tracks (audio each packet, video each picture), and the TS that HTTP
+    /// and UDP get (each stream's PES, as a player's demuxer reads them).
+    #[test]
+    fn the_demo_loops_with_rising_timestamps() {
+        let clip = DemoClip::new(crate::DEMO_TS).unwrap();
+        let (tracks, _) = clip.rtp_tracks();
+        assert_eq!(tracks.len(), 2);
+        for t in &tracks {
+            let laps = (0..5u64)
+                .flat_map(|lap| t.packets.iter().map(move |p| p.1 + lap * t.lap_90k * u64::from(t.clock) / 90_000));
+            let ts: Vec<u64> = laps.collect();
+            let (kind, rising) = match t.codec {
+                None => ("audio", ts.windows(2).all(|w| w[0] < w[1])),
+                // A picture's packets share its time; pictures are in decoding order, so
+                // only the laps' seams are checked here: the next lap starts after the last.
+                Some(_) => ("video", (1..5).all(|k| ts[k * t.packets.len()] > ts[k * t.packets.len() - 1])),
+            };
+            assert!(rising, "{kind}: a timestamp did not rise across laps");
+        }
+        // The TS: five laps through the restamper, demuxed.
+        let mut restamper = fanout_proto::mpegts::Restamper::default();
+        let per_lap = clip.schedule.len() as u64;
+        let mut demux = fanout_proto::tsdemux::Demux::default();
+        let mut pes = Vec::new();
+        for n in 0..5 * per_lap {
+            if n.is_multiple_of(per_lap) {
+                restamper.set_offset((n / per_lap) * clip.schedule.loop_ticks() / 300);
+            }
+            let (off, len, _) = clip.schedule.datagram(n);
+            let mut d = clip.ts[off..off + len].to_vec();
+            restamper.restamp(&mut d);
+            pes.extend(d.chunks(fanout_proto::mpegts::PACKET_LEN).filter_map(|p| demux.push(p)));
+        }
+        // Each ADTS frame's time (a PES holds several: 1024 samples at 48 kHz apart).
+        let audio: Vec<u64> = pes
+            .iter()
+            .filter(|p| p.stream_type == 0x0f)
+            .flat_map(|p| {
+                let n = fanout_proto::aac::adts_frames(&p.data).len() as u64;
+                (0..n).map(move |k| p.pts.unwrap_or(0) + k * 1920)
+            })
+            .collect();
+        let video: Vec<u64> = pes.iter().filter(|p| p.stream_type != 0x0f).filter_map(|p| p.dts.or(p.pts)).collect();
+        assert!(audio.len() > 4 * 370 && video.len() > 4 * 190, "{} {}", audio.len(), video.len());
+        assert!(audio.windows(2).all(|w| w[0] < w[1]), "TS audio frames' times did not rise");
+        assert!(video.windows(2).all(|w| w[0] < w[1]), "TS video DTS did not rise");
     }
 }

@@ -103,6 +103,109 @@ fn write_pes_ts(b: &mut [u8], v: u64) {
     b[4] = ((v & 0x7f) as u8) << 1 | 1;
 }
 
+/// A looped clip whose every stream ends within one lap. A clip's audio often runs a frame
+/// past its video's span (the demo: 376 AAC frames of 21.3 ms against 200 pictures of 40 ms),
+/// and that frame would carry the next lap's first timestamp, which players report as a
+/// timestamp that did not rise. So each PES that starts `lap_90k` or more after its stream's
+/// first is nulled, and the ADTS frames of one that starts before but runs past are cut from
+/// it (the PES written again into the same packets). Null packets keep the bytes and so the
+/// PCR pacing as they were; the [`Restamper`] numbers the stream's continuity counters past
+/// them. `None` when nothing reaches that far, or when a packet to change carries a PCR.
+pub fn trimmed_to_lap(ts: &[u8], lap_90k: u64) -> Option<Vec<u8>> {
+    /// Where a packet's payload starts, if it has one.
+    fn payload_at(p: &[u8]) -> Option<usize> {
+        let at = if p[3] & 0x20 != 0 { 5 + usize::from(p[4]) } else { 4 };
+        (p[3] & 0x10 != 0 && at < PACKET_LEN).then_some(at)
+    }
+    let has_pcr = |p: &[u8]| p[3] & 0x20 != 0 && p[4] >= 7 && p[5] & 0x10 != 0;
+    // Each PID's PES units: the packets from a unit start to the next.
+    let mut units: Vec<(u16, Vec<usize>)> = Vec::new();
+    let mut open = std::collections::HashMap::<u16, usize>::new();
+    for (i, p) in ts.chunks_exact(PACKET_LEN).enumerate() {
+        let pid = u16::from_be_bytes([p[1] & 0x1f, p[2]]);
+        if p[0] != SYNC_BYTE || payload_at(p).is_none() || pid == 0x1fff {
+            continue;
+        }
+        if p[1] & 0x40 != 0 {
+            units.push((pid, vec![i]));
+            open.insert(pid, units.len() - 1);
+        } else if let Some(&u) = open.get(&pid) {
+            units[u].1.push(i);
+        }
+    }
+    let mut first = std::collections::HashMap::<u16, u64>::new();
+    let mut out: Option<Vec<u8>> = None;
+    for (pid, packets) in &units {
+        let packet = |i: usize| &ts[i * PACKET_LEN..(i + 1) * PACKET_LEN];
+        let pes: Vec<u8> =
+            packets.iter().flat_map(|&i| &packet(i)[payload_at(packet(i)).expect("kept")..]).copied().collect();
+        if pes.len() < 14 || pes[..3] != [0, 0, 1] || pes[7] & 0x80 == 0 {
+            continue;
+        }
+        let pts = read_pes_ts(&pes[9..14]);
+        let f = *first.entry(*pid).or_insert(pts);
+        let Some(end) = pts.checked_sub(f).map(|_| f + lap_90k) else { continue };
+        // How much of the PES stays: none, or up to its first ADTS frame due at the end.
+        let keep = if pts >= end {
+            0
+        } else {
+            let mut at = 9 + usize::from(pes[8]);
+            let rate = crate::aac::adts_frames(&pes[at.min(pes.len())..]).first().and_then(|f| f.sample_rate());
+            let Some(rate) = rate else { continue };
+            let mut k = 0u64;
+            while at + 7 <= pes.len() && pes[at] == 0xff && pes[at + 1] & 0xf6 == 0xf0 {
+                if pts + k * 1024 * 90_000 / u64::from(rate) >= end {
+                    break;
+                }
+                at +=
+                    usize::from(pes[at + 3] & 3) << 11 | usize::from(pes[at + 4]) << 3 | usize::from(pes[at + 5] >> 5);
+                k += 1;
+            }
+            if at >= pes.len() {
+                continue;
+            }
+            at
+        };
+        if packets.iter().any(|&i| has_pcr(packet(i))) {
+            return None;
+        }
+        let o = out.get_or_insert_with(|| ts.to_vec());
+        let mut pes = pes[..keep].to_vec();
+        if pes.len() >= 6 && (pes[4], pes[5]) != (0, 0) {
+            let len = u16::try_from(pes.len() - 6).expect("shorter than it was");
+            pes[4..6].copy_from_slice(&len.to_be_bytes());
+        }
+        // The kept bytes into the unit's packets (stuffing in the last one's adaptation
+        // field), null packets after them.
+        let mut rest = &pes[..];
+        for &i in packets {
+            let p = &mut o[i * PACKET_LEN..(i + 1) * PACKET_LEN];
+            if rest.is_empty() {
+                p.fill(0xff);
+                p[..4].copy_from_slice(&[SYNC_BYTE, 0x1f, 0xff, 0x10]);
+                continue;
+            }
+            let n = rest.len().min(PACKET_LEN - 4);
+            let start = p[1] & 0x40;
+            p[1] = start | (p[1] & 0x1f);
+            if n < PACKET_LEN - 4 {
+                p[3] = (p[3] & 0x0f) | 0x30;
+                let afl = PACKET_LEN - 5 - n;
+                p[4] = afl as u8;
+                if afl > 0 {
+                    p[5] = 0;
+                    p[6..5 + afl].fill(0xff);
+                }
+            } else {
+                p[3] = (p[3] & 0x0f) | 0x10;
+            }
+            p[PACKET_LEN - n..].copy_from_slice(&rest[..n]);
+            rest = &rest[n..];
+        }
+    }
+    out
+}
+
 /// Makes a looped recording one continuous stream: shifts PCR, PTS and DTS by a loop
 /// offset and renumbers continuity counters per PID, so a player sees neither a timestamp
 /// jump nor a continuity error where the clip starts again.
@@ -280,6 +383,28 @@ impl TsSchedule {
 pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// The demo's audio runs one frame past its 8 s of video: that frame is nulled, nothing
+    /// else, and the clip keeps its size (so its pacing); a clip within its lap is left alone.
+    #[test]
+    fn what_runs_past_a_lap_is_nulled() {
+        let ts = include_bytes!("../../../assets/demo.ts");
+        // ADTS frames and pictures, as a demuxer reads them.
+        let count = |ts: &[u8]| {
+            let mut d = crate::tsdemux::Demux::default();
+            let mut pes: Vec<_> = ts.chunks(PACKET_LEN).filter_map(|p| d.push(p)).collect();
+            pes.extend(d.flush());
+            let audio = pes.iter().filter(|p| p.stream_type == 0x0f);
+            let frames: usize = audio.clone().map(|p| crate::aac::adts_frames(&p.data).len()).sum();
+            (frames, pes.len() - audio.count())
+        };
+        assert_eq!(count(ts), (376, 200));
+        let trimmed = trimmed_to_lap(ts, 720_000).expect("the audio's last frame");
+        assert_eq!((trimmed.len(), count(&trimmed)), (ts.len(), (375, 200)));
+        assert_eq!(trimmed_to_lap(ts, 730_000), None);
+        // Cut at 4 s, the video's packets that carry the PCRs would go: left alone.
+        assert_eq!(trimmed_to_lap(ts, 360_000), None);
+    }
 
     /// A TS packet on `pid`, with a PCR when given.
     pub fn packet(pid: u16, pcr: Option<u64>) -> [u8; PACKET_LEN] {

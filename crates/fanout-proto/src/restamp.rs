@@ -62,9 +62,12 @@ impl Restamp {
         self.out_ssrc
     }
 
-    /// Maps an upstream RTP timestamp to the clients' timeline (for sender reports).
-    pub fn map_ts(&self, ts: u32) -> u32 {
-        ts.wrapping_add(self.ts_off)
+    /// Maps RTP time `ts` of the stream `ssrc` onto the clients' timeline (for sender
+    /// reports): only for the stream being joined now, once its first packet set the map. A
+    /// new publisher's report that comes before its first packet (or another stream's) would
+    /// be mapped with the last stream's offset, hours off: `None`.
+    pub fn map_ts(&self, ssrc: u32, ts: u32) -> Option<u32> {
+        (self.out_ssrc.is_some() && !self.broken && ssrc == self.in_ssrc).then(|| ts.wrapping_add(self.ts_off))
     }
 
     /// Rewrites `pkt` in place. `now_ms` is any monotonic clock in milliseconds.
@@ -113,6 +116,21 @@ mod tests {
         p[4..8].copy_from_slice(&ts.to_be_bytes());
         p[8..12].copy_from_slice(&ssrc.to_be_bytes());
         p
+    }
+
+    /// A sender report maps only for the stream being joined, after its first packet.
+    #[test]
+    fn reports_map_only_for_the_stream_in_place() {
+        let mut r = Restamp::new(90_000, (100, 1000));
+        assert_eq!(r.map_ts(7, 50), None, "no packet yet");
+        r.apply(&mut pkt(7, 1, 50), 0).unwrap();
+        assert_eq!(r.map_ts(7, 60), Some(1010));
+        r.discontinuity();
+        assert_eq!(r.map_ts(7, 60), None, "a new publisher, before its first packet");
+        assert_eq!(r.map_ts(9, 60), None);
+        r.apply(&mut pkt(9, 500, 5_000_000), 1000).unwrap();
+        assert_eq!(r.map_ts(7, 60), None, "the old stream's");
+        assert_eq!(r.map_ts(9, 5_000_000), Some(1000 + 90_000));
     }
 
     fn out(p: &[u8]) -> (u32, u16, u32) {

@@ -128,6 +128,39 @@ pub fn ntp_from_unix(since_epoch: std::time::Duration) -> u64 {
     (secs << 32) | frac
 }
 
+/// A track's map from wall clock to its RTP time, one for the track's whole life, across
+/// the sources that feed it in turn (publishers, upstream sessions, failovers). Each source's
+/// sender reports are read against the relay's own wall clock: the first report of a source
+/// fixes how its clock stands to ours (the arrival time), so a source whose clock is hours off
+/// (one publisher's NTP said 12,355 s before another's) moves nothing. Sans-IO: the caller
+/// passes the relay's NTP time of arrival.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ClockMap {
+    /// Our NTP time minus the current source's, from its first report.
+    offset: Option<u64>,
+    /// (our NTP time, the track's RTP time then).
+    map: Option<(u64, u32)>,
+}
+
+impl ClockMap {
+    /// A new source feeds the track: the map stands until its first report.
+    pub fn new_source(&mut self) {
+        self.offset = None;
+    }
+
+    /// A sender report: the source's NTP time `sr_ntp` was the track's RTP time `rtp`
+    /// (already mapped onto the track's one timeline); it arrived at our `now_ntp`.
+    pub fn report(&mut self, sr_ntp: u64, rtp: u32, now_ntp: u64) {
+        let offset = *self.offset.get_or_insert(now_ntp.wrapping_sub(sr_ntp));
+        self.map = Some((sr_ntp.wrapping_add(offset), rtp));
+    }
+
+    /// (our NTP time, RTP time), once a report came.
+    pub fn get(&self) -> Option<(u64, u32)> {
+        self.map
+    }
+}
+
 /// The middle 32 bits of an NTP timestamp: what LSR carries.
 pub fn ntp_mid32(ntp: u64) -> u32 {
     (ntp >> 16) as u32
@@ -148,6 +181,31 @@ pub fn write_receiver_report(out: &mut Vec<u8>, reporter: u32, b: &ReportBlock) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 30 item 9: a second source whose clock is hours behind the first's moves the
+    /// map by nothing; reports of one source keep their spacing (its own clock's rate).
+    #[test]
+    fn one_clock_map_across_sources() {
+        let sec = 1u64 << 32;
+        let ours = 4_000_000_000 * sec;
+        let mut m = ClockMap::default();
+        let theirs = 20_000 * sec;
+        m.report(theirs, 90_000, ours);
+        assert_eq!(m.get(), Some((ours, 90_000)));
+        m.report(theirs + 5 * sec, 540_000, ours + 5 * sec + sec / 100);
+        assert_eq!(m.get(), Some((ours + 5 * sec, 540_000)), "the source's own spacing");
+        // A new publisher, its clock 12,355 s behind; the track's timeline continues (the
+        // restamper joined it) at 10 s.
+        m.new_source();
+        assert_eq!(m.get(), Some((ours + 5 * sec, 540_000)), "kept until it reports");
+        m.report(theirs + 10 * sec - 12_355 * sec, 990_000, ours + 10 * sec);
+        let (ntp, rtp) = m.get().unwrap();
+        assert_eq!((ntp, rtp), (ours + 10 * sec, 990_000));
+        // RTP time now from the map, 1 s later: exactly one second on.
+        let now = ours + 11 * sec;
+        let rtp_now = rtp as u64 + (now - ntp) * 90_000 / sec;
+        assert_eq!(rtp_now, 1_080_000);
+    }
     use proptest::prelude::*;
 
     fn block() -> impl Strategy<Value = ReportBlock> {

@@ -259,18 +259,9 @@ impl Server {
         let Some(cseq) = req.headers.cseq() else { return (error(400, None), Vec::new()) };
         let user = match req.method.as_str() {
             "OPTIONS" => None,
-            _ => match self.authorized(req, conn, now_ms) {
+            _ => match self.authorized(req, conn, now_ms, true) {
                 Ok(user) => user,
-                Err(stale) => {
-                    let mut r = error(401, Some(cseq));
-                    let nonce = self.nonces.issue(now_ms, conn);
-                    let stale = if stale { ", stale=true" } else { "" };
-                    let realm = &self.cfg.realm;
-                    let digest = format!("Digest realm=\"{realm}\", nonce=\"{nonce}\", qop=\"auth\"{stale}");
-                    r.headers.0.push(("WWW-Authenticate".into(), digest));
-                    r.headers.0.push(("WWW-Authenticate".into(), format!("Basic realm=\"{realm}\"")));
-                    return (r, Vec::new());
-                }
+                Err(stale) => return (self.unauthorized(cseq, conn, now_ms, stale), Vec::new()),
             },
         };
         let asker = Asker { conn, user };
@@ -317,6 +308,30 @@ impl Server {
             }
         }
         (resp, actions)
+    }
+
+    /// The 401 for a request that did not authenticate: a Digest challenge (with `stale`
+    /// where the nonce had expired) and Basic.
+    fn unauthorized(&mut self, cseq: u32, conn: u64, now_ms: u64, stale: bool) -> Response {
+        let mut r = error(401, Some(cseq));
+        let nonce = self.nonces.issue(now_ms, conn);
+        let stale = if stale { ", stale=true" } else { "" };
+        let realm = &self.cfg.realm;
+        let digest = format!("Digest realm=\"{realm}\", nonce=\"{nonce}\", qop=\"auth\"{stale}");
+        r.headers.0.push(("WWW-Authenticate".into(), digest));
+        r.headers.0.push(("WWW-Authenticate".into(), format!("Basic realm=\"{realm}\"")));
+        r
+    }
+
+    /// The 401 `req` will get, if it does not authenticate, without serving it (nothing is
+    /// recorded: [`Server::handle`] checks it again). The I/O layer asks this before work a
+    /// request would set off for anyone (a cluster pull for an unknown name).
+    pub fn challenge(&mut self, req: &Request, conn: u64, now_ms: u64) -> Option<Response> {
+        let cseq = req.headers.cseq()?;
+        match self.authorized(req, conn, now_ms, false) {
+            Err(stale) if req.method != "OPTIONS" => Some(self.unauthorized(cseq, conn, now_ms, stale)),
+            _ => None,
+        }
     }
 
     /// ANNOUNCE: a publisher's description for a publishable resource nobody publishes to.
@@ -605,7 +620,8 @@ impl Server {
     /// The user a request authenticates as (`None` where no users are configured), or why
     /// not: `Err(true)` for a Digest answer to a stale nonce (the challenge says so, and the
     /// client answers the new one without asking its user).
-    fn authorized(&mut self, req: &Request, conn: u64, now_ms: u64) -> Result<Option<String>, bool> {
+    /// `commit`: record a Digest count as used (`false` to check without serving).
+    fn authorized(&mut self, req: &Request, conn: u64, now_ms: u64, commit: bool) -> Result<Option<String>, bool> {
         if self.cfg.users.is_empty() {
             return Ok(None);
         }
@@ -659,7 +675,10 @@ impl Server {
         if !ct_eq(want.as_bytes(), response.to_ascii_lowercase().as_bytes()) {
             return Err(false);
         }
-        match self.nonces.check(nonce, now_ms, conn, qop.map(|q| q.0)) {
+        let nc = qop.map(|q| q.0);
+        let fresh =
+            if commit { self.nonces.check(nonce, now_ms, conn, nc) } else { self.nonces.peek(nonce, now_ms, conn, nc) };
+        match fresh {
             NonceCheck::Fresh => Ok(Some(user.to_string())),
             NonceCheck::Stale => Err(true),
             NonceCheck::Invalid => Err(false),
@@ -1083,6 +1102,9 @@ mod tests {
                 "Digest username=\"alice\", realm=\"fanout\", nonce=\"{nonce}\", uri=\"{URL}\", qop=auth, nc={nc:08x}, cnonce=\"c0ffee\", response=\"{response}\""
             )
         };
+        // A challenge asked first (before a cluster pull) does not spend the count.
+        assert!(s.challenge(&d(&[("Authorization", &qop(1))]), 3, 25).is_none());
+        assert_eq!(s.challenge(&d(&[]), 3, 25).map(|r| r.status), Some(401));
         assert_eq!(s.handle(&d(&[("Authorization", &qop(1))]), 3, 30, &demo).0.status, 200);
         assert_eq!(s.handle(&d(&[("Authorization", &qop(1))]), 4, 40, &demo).0.status, 401, "the same count again");
         assert_eq!(s.handle(&d(&[("Authorization", &qop(2))]), 3, 50, &demo).0.status, 200);

@@ -129,6 +129,16 @@ impl Nonces {
     /// Checks a nonce an answer used, whose response was already found right: `nc` is the
     /// answer's count with `qop=auth`, `None` without `qop`. A fresh count is recorded.
     pub fn check(&mut self, nonce: &str, now_ms: u64, conn: u64, nc: Option<u32>) -> NonceCheck {
+        self.check_and(nonce, now_ms, conn, nc, true)
+    }
+
+    /// [`Nonces::check`] without recording the count: the same request is checked again
+    /// (and its count recorded) when it is served.
+    pub fn peek(&mut self, nonce: &str, now_ms: u64, conn: u64, nc: Option<u32>) -> NonceCheck {
+        self.check_and(nonce, now_ms, conn, nc, false)
+    }
+
+    fn check_and(&mut self, nonce: &str, now_ms: u64, conn: u64, nc: Option<u32>, commit: bool) -> NonceCheck {
         let Some((issued, by, serial)) = self.open(nonce) else { return NonceCheck::Invalid };
         if issued > now_ms || now_ms - issued > NONCE_LIFETIME_MS {
             return NonceCheck::Stale;
@@ -146,7 +156,9 @@ impl Nonces {
                 return NonceCheck::Stale;
             }
         }
-        self.counts.insert(serial, (issued, nc));
+        if commit {
+            self.counts.insert(serial, (issued, nc));
+        }
         NonceCheck::Fresh
     }
 }
@@ -185,6 +197,8 @@ mod tests {
         assert_eq!(n.check(&a, 2_000, 6, None), NonceCheck::Stale, "without qop, only on its connection");
         assert_eq!(n.check(&a, 1_000 + NONCE_LIFETIME_MS + 1, 5, None), NonceCheck::Stale);
         // With qop: any connection, but every count only once, rising.
+        assert_eq!(n.peek(&a, 3_000, 9, Some(1)), NonceCheck::Fresh);
+        assert_eq!(n.peek(&a, 3_000, 9, Some(1)), NonceCheck::Fresh, "a peek records nothing");
         assert_eq!(n.check(&a, 3_000, 9, Some(1)), NonceCheck::Fresh);
         assert_eq!(n.check(&a, 3_000, 9, Some(1)), NonceCheck::Stale, "a replayed count");
         assert_eq!(n.check(&a, 3_000, 5, Some(2)), NonceCheck::Fresh);

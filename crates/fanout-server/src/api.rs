@@ -34,6 +34,7 @@ impl From<RelayError> for ApiError {
             RelayError::Unavailable(_) => StatusCode::NOT_IMPLEMENTED,
             RelayError::Unsupported(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             RelayError::Down(_) => StatusCode::SERVICE_UNAVAILABLE,
+            RelayError::Forbidden(_) => StatusCode::FORBIDDEN,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError(code, e.to_string())

@@ -69,6 +69,13 @@ pub struct Config {
     pub demo: bool,
     /// Largest API request body in bytes.
     pub max_body: usize,
+    /// Seconds a publisher's session waits for a publisher to come back before it tells its
+    /// players the stream ended (RTCP BYE and close, the end of HTTP streams).
+    pub publisher_grace_s: f64,
+    /// Directories (or files) a `file` source may be read from, after `..` and links are
+    /// resolved; the files the config's own `[[session]]`s name are allowed too. None by
+    /// default: an API client cannot make the relay open a file of its choosing.
+    pub file_roots: Vec<std::path::PathBuf>,
     /// Static sessions, created at start.
     #[serde(rename = "session")]
     pub sessions: Vec<SessionSpec>,
@@ -258,6 +265,8 @@ pub const CONFIG_FIELDS: &[&str] = &[
     "datapath",
     "demo",
     "max_body",
+    "publisher_grace_s",
+    "file_roots",
     "session",
     "tls",
     "cluster",
@@ -297,6 +306,8 @@ impl Default for Config {
             stream_flush_ms: DEFAULT_STREAM_FLUSH_MS,
             demo: true,
             max_body: 1024 * 1024,
+            publisher_grace_s: 5.0,
+            file_roots: Vec::new(),
             sessions: Vec::new(),
             tls: None,
             cluster: None,
@@ -448,6 +459,11 @@ impl Config {
             (1.0..=86_400.0).contains(&self.rtsp_idle_s),
             "rtsp_idle_s",
             format!("rtsp_idle_s {} is out of range 1..=86400", self.rtsp_idle_s),
+        );
+        check(
+            (0.0..=86_400.0).contains(&self.publisher_grace_s),
+            "publisher_grace_s",
+            format!("publisher_grace_s {} is out of range 0..=86400", self.publisher_grace_s),
         );
         check(
             (0.5..=600.0).contains(&self.request_timeout_s),

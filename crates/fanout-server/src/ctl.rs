@@ -7,6 +7,15 @@ use fanout_tools::client::ApiClient;
 use serde_json::Value;
 use std::net::SocketAddr;
 
+/// `HOST:PORT` as an address: an IP literal, or a name resolved here (IPv4 first), so
+/// `localhost:6000` works as people type it.
+fn resolve(s: &str) -> Result<SocketAddr, String> {
+    use std::net::ToSocketAddrs as _;
+    let all: Vec<SocketAddr> =
+        s.to_socket_addrs().map_err(|e| format!("{s:?}: give HOST:PORT, e.g. 127.0.0.1:6000 ({e})"))?.collect();
+    all.iter().find(|a| a.is_ipv4()).or(all.first()).copied().ok_or_else(|| format!("{s:?}: no address"))
+}
+
 #[derive(Args)]
 pub struct CtlArgs {
     /// The relay's API: `http://HOST:PORT`, `https://HOST:PORT` (or just `HOST:PORT`).
@@ -44,8 +53,8 @@ enum CtlCmd {
         /// Listen here for one TCP publisher at a time.
         #[arg(long)]
         tcp_listen: Option<SocketAddr>,
-        /// Connect out to a TCP publisher (reconnects with backoff).
-        #[arg(long)]
+        /// Connect out to a TCP publisher (reconnects with backoff); HOST:PORT.
+        #[arg(long, value_parser = resolve)]
         tcp_connect: Option<SocketAddr>,
         /// The built-in test pattern.
         #[arg(long)]
@@ -53,8 +62,9 @@ enum CtlCmd {
         /// Pull from an RTSP server (rtsp://[user:pass@]host[:port]/path).
         #[arg(long)]
         rtsp: Option<String>,
-        /// Play a recorded MPEG-TS file, looped (a path on the relay's machine; a relative
-        /// one is made absolute here).
+        /// Play a recording, looped: MPEG-TS or MP4 (H.264/H.265 + AAC), or a directory of
+        /// them as a playlist. A path on the relay's machine under its `file_roots`; a
+        /// relative one is made absolute here.
         #[arg(long)]
         file: Option<std::path::PathBuf>,
         /// With --file: play it once instead of looping.
@@ -84,11 +94,11 @@ enum CtlCmd {
     /// Add a sink (OMSS ADD_SINK). Give --udp or --tcp.
     AddSink {
         session: String,
-        /// Send each datagram to this UDP address.
-        #[arg(long)]
+        /// Send each datagram to this UDP address (HOST:PORT; a name is resolved here).
+        #[arg(long, value_parser = resolve)]
         udp: Option<SocketAddr>,
-        /// Connect to this TCP address and push the byte stream.
-        #[arg(long)]
+        /// Connect to this TCP address and push the byte stream (HOST:PORT).
+        #[arg(long, value_parser = resolve)]
         tcp: Option<SocketAddr>,
     },
     /// Show one sink (OMSS GET_STATUS).

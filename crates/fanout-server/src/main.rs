@@ -96,6 +96,10 @@ struct ServeArgs {
     /// Address for RTSPS clients (overrides [tls] rtsps; port 0 picks a free one).
     #[arg(long)]
     rtsps: Option<std::net::SocketAddr>,
+    /// A directory (or file) `file` sources may be read from (repeat it for more; adds to
+    /// the config's file_roots).
+    #[arg(long)]
+    file_root: Vec<PathBuf>,
     /// Connections one client address may hold on each listener; 0 = no cap (a load tool
     /// on the relay's own host needs it) (overrides the config).
     #[arg(long)]
@@ -181,6 +185,7 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
     if a.allow_unauthenticated {
         cfg.allow_unauthenticated = true;
     }
+    cfg.file_roots.extend(a.file_root);
     if let Some(n) = a.max_connections_per_ip {
         cfg.max_connections_per_ip = n;
     }
@@ -219,6 +224,8 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>) -> 
         .map_err(|e| anyhow::anyhow!("cannot listen on {} for the API: {e}", cfg.api))?;
     cfg.api = listener.local_addr()?;
     let statics = std::mem::take(&mut cfg.sessions);
+    // What the config's own sessions name is the operator's choice: allowed.
+    cfg.file_roots.extend(statics.iter().filter_map(|s| s.source.file.clone()));
     let demo = cfg.demo;
     let relay = relay::Relay::new(cfg)?;
     let api = relay.cfg.api;

@@ -20,7 +20,7 @@ struct Track {
     into: SocketAddr,
     clock: u32,
     restamp: Restamp,
-    clock_map: Option<(u64, u32)>,
+    clock_map: fanout_proto::rtcp::ClockMap,
     packets: u64,
     dropped: u64,
 }
@@ -87,7 +87,7 @@ impl Publisher {
         let st = self.state.lock();
         st.tracks
             .iter()
-            .map(|t| TrackRef { session: t.session.clone(), clock: t.clock, clock_map: t.clock_map })
+            .map(|t| TrackRef { session: t.session.clone(), clock: t.clock, clock_map: t.clock_map.get() })
             .collect()
     }
 
@@ -132,7 +132,7 @@ impl Publisher {
                     into,
                     clock,
                     restamp: Restamp::new(clock, random_start()),
-                    clock_map: None,
+                    clock_map: Default::default(),
                     packets: 0,
                     dropped: 0,
                 });
@@ -142,9 +142,10 @@ impl Publisher {
                 t.restamp = Restamp::new(clock, random_start());
             }
             t.clock = clock;
-            // A new publisher: a new SSRC and numbering, joined into the one the clients have.
+            // A new publisher: a new SSRC, numbering and wall clock, joined into the ones the
+            // clients have.
             t.restamp.discontinuity();
-            t.clock_map = None;
+            t.clock_map.new_source();
             t.session.set_rtp_video(video);
         }
         let map = channels.iter().flat_map(|&(t, ch)| [(ch, (t, false)), (ch.wrapping_add(1), (t, true))]).collect();
@@ -153,6 +154,12 @@ impl Publisher {
         st.active = Some(Active { rtsp_session, conn, peer, channels: map, since: Instant::now() });
         tracing::info!(session = %self.name, %peer, tracks = channels.len(), "RTSP publisher started");
         Ok(())
+    }
+
+    /// A publisher was here and left (none publishes now).
+    pub fn ended(&self) -> bool {
+        let st = self.state.lock();
+        st.active.is_none() && st.publishes > 0
     }
 
     /// Whether connection `conn` publishes here.
@@ -176,11 +183,14 @@ impl Publisher {
         let Some(t) = st.tracks.get_mut(i) else { return };
         if rtcp {
             // A sender report: the publisher's wall clock against its RTP time.
-            let sender = fanout_proto::rtcp::parse_reports(data).is_ok_and(|r| r.first().is_some_and(|r| r.sender));
-            if sender && data.len() >= 20 && t.restamp.ssrc().is_some() {
+            let reports = fanout_proto::rtcp::parse_reports(data);
+            let sender = reports.ok().and_then(|r| r.first().filter(|r| r.sender).map(|r| r.reporter));
+            if let (Some(ssrc), true) = (sender, data.len() >= 20) {
                 let ntp = u64::from_be_bytes(data[8..16].try_into().expect("8 bytes"));
                 let rtp = u32::from_be_bytes(data[16..20].try_into().expect("4 bytes"));
-                t.clock_map = Some((ntp, t.restamp.map_ts(rtp)));
+                if let Some(rtp) = t.restamp.map_ts(ssrc, rtp) {
+                    t.clock_map.report(ntp, rtp, crate::rtsp::ntp_now());
+                }
             }
             return;
         }

@@ -9,6 +9,7 @@ use fanout_core::Priority;
 use fanout_io::{bind_udp_source, DataPath, DemoClip, Engine, Session, SessionConfig};
 use parking_lot::RwLock;
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::AbortHandle;
@@ -34,6 +35,9 @@ pub enum RelayError {
     /// A service the request depends on is down (the cluster directory): 503.
     #[error("{0}")]
     Down(String),
+    /// Not this asker's to ask for (a file outside `file_roots`): 403.
+    #[error("{0}")]
+    Forbidden(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -158,6 +162,25 @@ impl Relay {
     /// The publisher side of a session with a `publish` source.
     pub fn publisher(&self, name: &str) -> Option<Arc<crate::publish::Publisher>> {
         self.publishers.read().get(name).cloned()
+    }
+
+    /// The stream of `name` ended (a file played once, a publisher gone past its grace):
+    /// RTSP clients get an RTCP BYE and their connections close, HTTP stream subscribers'
+    /// connections close (the end of the stream). The session stays (a publisher may come
+    /// back; the file's status says it ended).
+    pub fn end_players(&self, name: &str) {
+        let rtsp = self.rtsp.lock().clone();
+        if let Some(r) = rtsp {
+            r.end_resource(self, name);
+        }
+        let ts = self.repack_running(name).and_then(|r| r.ts.clone());
+        let mut http = 0;
+        for s in self.session(name).ok().into_iter().chain(ts) {
+            for k in s.sinks().into_iter().filter(|k| matches!(k.target, fanout_io::SinkTarget::Http(_))) {
+                http += usize::from(s.remove_sink(k.id));
+            }
+        }
+        tracing::info!(session = name, http, "the stream ended: its players were told");
     }
 
     /// The upstream of a session with an `rtsp://` source.
@@ -518,7 +541,7 @@ impl Relay {
                 })
                 .map_err(|e| RelayError::Internal(format!("publish source: {e}")))
         } else if let Some(path) = &src.file {
-            read_clip(path, src.looped.unwrap_or(true)).await.and_then(|c| {
+            read_clip(path, &self.cfg.file_roots, src.looped.unwrap_or(true)).await.and_then(|c| {
                 view = demo_view(&spec.name, session.config(), &c, &self.engine)?;
                 session
                     .attach_clip(c, &format!("{} {}", if path.is_dir() { "playlist" } else { "file" }, path.display()))
@@ -547,6 +570,11 @@ impl Relay {
             }
         }
         let name = spec.name.clone();
+        // A file played once and a publisher's session can end: their players are told.
+        if (src.file.is_some() && src.looped == Some(false)) || src.publish == Some(true) {
+            let file = src.file.is_some();
+            tasks.push(tokio::spawn(end_when_over(Arc::downgrade(self), name.clone(), file)).abort_handle());
+        }
         let inserted = {
             let mut map = self.sessions.write();
             let free = !map.contains_key(&name);
@@ -589,7 +617,7 @@ impl Relay {
         let up = self.upstreams.write().remove(name);
         let rtsp = self.rtsp.lock().clone();
         if let Some(r) = rtsp {
-            r.end_resource(name);
+            r.end_resource(self, name);
         }
         let publisher = self.publishers.write().remove(name);
         if let Some(p) = publisher {
@@ -637,6 +665,36 @@ impl Relay {
     }
 }
 
+/// Watches a session that can end (`file`: a file played once; else a publisher's) and
+/// tells its players when it does: a file 1 s after its last packet (the ring's last
+/// packets go out first), a publisher's after `publisher_grace_s` without one. A publisher
+/// who comes back in time changes nothing for the players.
+async fn end_when_over(relay: std::sync::Weak<Relay>, name: String, file: bool) {
+    let mut over_since: Option<std::time::Instant> = None;
+    let mut told = false;
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let Some(relay) = relay.upgrade() else { return };
+        let over = match file {
+            true => relay.session(&name).is_ok_and(|s| s.source_state() == fanout_io::SourceState::Closed),
+            false => relay.publisher(&name).is_some_and(|p| p.ended()),
+        };
+        if !over {
+            (over_since, told) = (None, false);
+            continue;
+        }
+        let since = *over_since.get_or_insert_with(std::time::Instant::now);
+        let wait = if file { Duration::from_secs(1) } else { Duration::from_secs_f64(relay.cfg.publisher_grace_s) };
+        if !told && since.elapsed() >= wait {
+            relay.end_players(&name);
+            told = true;
+            if file {
+                return;
+            }
+        }
+    }
+}
+
 /// Files larger than this are refused (a `file` source is held in memory); a directory's
 /// files together, too.
 const MAX_FILE: u64 = 1 << 30;
@@ -645,16 +703,18 @@ const MAX_FILE: u64 = 1 << 30;
 /// MP4 (remuxed to MPEG-TS here, once, paced by its samples' times). A directory is a
 /// playlist: its recordings (`.ts`, `.m2ts`, `.mp4`, `.m4v`, `.mov`) in the order of their
 /// names, joined into one stream.
-async fn read_clip(path: &std::path::Path, looped: bool) -> Result<DemoClip, RelayError> {
+async fn read_clip(path: &std::path::Path, roots: &[PathBuf], looped: bool) -> Result<DemoClip, RelayError> {
     let bad = |why: String| RelayError::BadRequest(format!("source file {}: {why}", path.display()));
+    let path = &allowed_file(path, roots)?;
     let ts = if tokio::fs::metadata(path).await.is_ok_and(|m| m.is_dir()) {
         let mut names = Vec::new();
         let mut dir = tokio::fs::read_dir(path).await.map_err(|e| bad(e.to_string()))?;
         while let Some(e) = dir.next_entry().await.map_err(|e| bad(e.to_string()))? {
             let p = e.path();
             let ext = p.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
+            // (A link in the directory is followed only where it stays under a root.)
             if ["ts", "m2ts", "mp4", "m4v", "mov"].contains(&ext.as_str()) && p.is_file() {
-                names.push(p);
+                names.push(allowed_file(&p, roots)?);
             }
         }
         names.sort();
@@ -676,6 +736,40 @@ async fn read_clip(path: &std::path::Path, looped: bool) -> Result<DemoClip, Rel
     };
     let clip = DemoClip::new(ts).map_err(|e| bad(format!("not a playable MPEG-TS or MP4 ({e})")))?;
     Ok(if looped { clip } else { clip.once() })
+}
+
+/// A `file` source's path, resolved, if it lies under one of `roots` (`file_roots`, and the
+/// files the config's own sessions name) both as written (with `.` and `..` taken out) and
+/// as it resolves (a link may lead out of a root). Outside them, the answer is the same
+/// whether the file exists or not, and nothing is opened: the API tells a token holder
+/// nothing of the host's other files.
+fn allowed_file(path: &Path, roots: &[PathBuf]) -> Result<PathBuf, RelayError> {
+    let refused = || RelayError::Forbidden(format!("source file {}: not allowed (outside file_roots)", path.display()));
+    let lexical = |p: &Path| -> Option<PathBuf> {
+        let mut out = PathBuf::new();
+        for c in std::path::absolute(p).ok()?.components() {
+            match c {
+                std::path::Component::ParentDir => {
+                    out.pop();
+                }
+                std::path::Component::CurDir => {}
+                c => out.push(c),
+            }
+        }
+        Some(out)
+    };
+    let named = lexical(path).ok_or_else(refused)?;
+    let roots: Vec<PathBuf> = roots.iter().filter_map(|r| lexical(r)).collect();
+    if !roots.iter().any(|r| named.starts_with(r)) {
+        return Err(refused());
+    }
+    // (A path under a root by name that does not resolve reaches nothing either: the reads
+    // after this say what is wrong with it.)
+    let Ok(real) = std::fs::canonicalize(&named) else { return Ok(named) };
+    if !roots.iter().filter_map(|r| std::fs::canonicalize(r).ok()).any(|r| real.starts_with(r)) {
+        return Err(refused());
+    }
+    Ok(real)
 }
 
 /// One recording as MPEG-TS (an MP4 remuxed), at most `max` bytes of it.

@@ -111,6 +111,8 @@ pub struct Rtsp {
     /// RTCP (read by `serve`).
     _rtp_port: std::net::UdpSocket,
     rtcp: Mutex<Option<std::net::UdpSocket>>,
+    /// The same socket once `serve` runs it, for RTCP BYE.
+    rtcp_out: Mutex<Option<Arc<tokio::net::UdpSocket>>>,
     conns: Mutex<HashMap<u64, Arc<Conn>>>,
     /// RTSPS clients get SRTP (keys in the description), sharing keys or not.
     srtp: Option<crate::config::SrtpKeys>,
@@ -160,6 +162,12 @@ enum ReportTo {
 /// The description of a relay session for RTSP clients: an upstream's media, else one
 /// track from the session's RTP payload type.
 fn describe(relay: &Relay, name: &str) -> Option<Resource> {
+    // A file played out has nothing more to give: 404, not a description of silence.
+    let over = relay.spec(name).is_some_and(|s| s.source.file.is_some())
+        && relay.session(name).is_ok_and(|s| s.source_state() == fanout_io::SourceState::Closed);
+    if over {
+        return None;
+    }
     if let Some(v) = relay.rtsp_view(name) {
         let next_rtp = v.tracks.iter().map(|t| t.session.rtp_start().map(|(_, seq, ts)| (seq, ts))).collect();
         return Some(Resource { sdp: v.sdp.for_clients(name, 1), next_rtp, publishable: false });
@@ -188,7 +196,8 @@ fn describe(relay: &Relay, name: &str) -> Option<Resource> {
     Some(Resource { sdp: sdp.for_clients(name, 1), next_rtp: vec![Some((seq, ts))], publishable: false })
 }
 
-fn ntp_now() -> u64 {
+/// The relay's wall clock as an NTP timestamp.
+pub(crate) fn ntp_now() -> u64 {
     fanout_proto::rtcp::ntp_from_unix(
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default(),
     )
@@ -226,15 +235,52 @@ impl Rtsp {
             started: Instant::now(),
             _rtp_port: rtcp.0,
             rtcp: Mutex::new(Some(rtcp.1)),
+            rtcp_out: Mutex::new(None),
             conns: Mutex::new(HashMap::new()),
             srtp,
         }))
     }
 
-    /// Closes the connections of every client of a resource (its session was deleted): a
-    /// player sees the end of the stream instead of silence.
-    pub fn end_resource(&self, name: &str) {
-        let conns: Vec<u64> = self.clients.lock().values().filter(|c| c.resource == name).map(|c| c.conn).collect();
+    /// Ends the stream for every client of a resource (its session was deleted, its file
+    /// played out, its publisher gone): each playing track gets an RTCP BYE (RFC 3550 §6.6,
+    /// behind an empty receiver report, as a compound packet must start), over UDP or on its
+    /// connection, and the connections close: a player sees the end instead of silence.
+    pub fn end_resource(&self, relay: &Relay, name: &str) {
+        let mut byes = Vec::new();
+        let conns: Vec<u64> = {
+            let clients = self.clients.lock();
+            let tracks = relay.tracks(name);
+            for c in clients.values().filter(|c| c.resource == name) {
+                for p in &c.sinks {
+                    let Some(ssrc) = tracks.get(p.track).and_then(|t| t.session.rtp_latest()).map(|l| l.0) else {
+                        continue;
+                    };
+                    let mut bye = Vec::with_capacity(16);
+                    bye.extend_from_slice(&[0x80, 201, 0, 1]);
+                    bye.extend_from_slice(&ssrc.to_be_bytes());
+                    bye.extend_from_slice(&[0x81, 203, 0, 1]);
+                    bye.extend_from_slice(&ssrc.to_be_bytes());
+                    if let Some(epoch) = &p.srtp {
+                        epoch.protect_rtcp(&mut bye);
+                    }
+                    match c.tracks.iter().find(|x| x.0 == p.track).map(|x| x.1) {
+                        Some(Lower::Udp { client_rtcp, .. }) => byes.push((SocketAddr::new(c.peer, client_rtcp), bye)),
+                        Some(Lower::Interleaved { rtcp, .. }) => {
+                            if let Some(conn) = self.conns.lock().get(&c.conn) {
+                                conn.control.lock().push((rtcp, bye));
+                            }
+                        }
+                        None => {}
+                    }
+                }
+            }
+            clients.values().filter(|c| c.resource == name).map(|c| c.conn).collect()
+        };
+        if let Some(sock) = self.rtcp_out.lock().as_ref() {
+            for (to, bye) in &byes {
+                let _ = sock.try_send_to(bye, *to);
+            }
+        }
         let open = self.conns.lock();
         for c in conns.iter().filter_map(|id| open.get(id)) {
             c.ended.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -436,6 +482,19 @@ impl Rtsp {
         Some(res)
     }
 
+    /// `res` with the next packet's numbers of the key epochs an SRTP client on `conn` joins
+    /// at PLAY (an epoch numbers its packets from its own start, not as the track does).
+    fn epoch_numbers(&self, relay: &Relay, conn: u64, name: &str, mut res: Resource) -> Resource {
+        for (next, t) in res.next_rtp.iter_mut().zip(relay.tracks(name)) {
+            *next = self
+                .epoch_for(relay, conn, &t.session)
+                .ok()
+                .and_then(|e| e.session.rtp_start())
+                .map(|(_, s, ts)| (s, ts));
+        }
+        res
+    }
+
     fn shared_keys(&self) -> bool {
         self.srtp != Some(crate::config::SrtpKeys::PerClient)
     }
@@ -591,6 +650,7 @@ pub async fn serve(
         s.set_nonblocking(true).ok()?;
         tokio::net::UdpSocket::from_std(s).ok().map(Arc::new)
     });
+    *rtsp.rtcp_out.lock() = sock.clone();
     let _rtcp = AbortOnDrop({
         let (relay, rtsp, sock) = (relay.clone(), rtsp.clone(), sock.clone());
         tokio::spawn(async move {
@@ -840,7 +900,15 @@ async fn connection(
                         Message::Response(_) => continue,
                     };
                     // A channel this node does not have is pulled from the cluster first;
-                    // with the directory down the client learns why (503).
+                    // with the directory down the client learns why (503). Only for a
+                    // client that authenticates: nobody else sets a pull off.
+                    if req.method == "DESCRIBE" && relay.cluster.is_some() {
+                        let refused = rtsp.server.lock().challenge(&req, conn, rtsp.now_ms());
+                        if let Some(resp) = refused {
+                            stream.write_all(&answer(resp)).await?;
+                            continue;
+                        }
+                    }
                     if req.method == "DESCRIBE" {
                         let name = fanout_proto::rtsp_server::split_url(&req.uri).map(|(n, _)| n.to_string());
                         // At its cap, a node sends new players elsewhere (not other nodes'
@@ -878,6 +946,17 @@ async fn connection(
                         // A fresh view track (the demo's, just started) gets a moment for its
                         // first packet, so RTP-Info can name it. (An upstream's tracks plan
                         // their first numbers, and a wait would lose the client packets.)
+                        // Likewise the SRTP key epochs an RTSPS client's description gave it
+                        // (a new epoch numbers its own packets from its first).
+                        if req.method == "PLAY" && secure && rtsp.srtp.is_some() {
+                            let epochs: Vec<_> = me.keys.lock().values().cloned().collect();
+                            let t0 = Instant::now();
+                            while epochs.iter().any(|e| e.running() && e.session.rtp_start().is_none())
+                                && t0.elapsed() < FIRST_PACKET_WAIT
+                            {
+                                tokio::time::sleep(Duration::from_millis(20)).await;
+                            }
+                        }
                         if req.method == "PLAY" {
                             let view =
                                 fanout_proto::rtsp_server::split_url(&req.uri).and_then(|(n, _)| relay.rtsp_view(n));
@@ -892,9 +971,16 @@ async fn connection(
                         }
                     }
                     let (resp, actions) = {
-                        let keyed = secure && rtsp.srtp.is_some() && req.method == "DESCRIBE";
+                        let srtp = secure && rtsp.srtp.is_some();
+                        let method = req.method.as_str();
                         let lookup = |name: &str| match describe(relay, name) {
-                            Some(res) if keyed && !res.publishable => rtsp.keyed(relay, conn, name, res),
+                            Some(res) if srtp && method == "DESCRIBE" && !res.publishable => {
+                                rtsp.keyed(relay, conn, name, res)
+                            }
+                            // RTP-Info in the numbers of the epochs the client will join.
+                            Some(res) if srtp && method == "PLAY" && !res.publishable => {
+                                Some(rtsp.epoch_numbers(relay, conn, name, res))
+                            }
                             other => other,
                         };
                         rtsp.server.lock().handle(&req, conn, rtsp.now_ms(), &lookup)
@@ -938,7 +1024,13 @@ async fn connection(
             }
             _ = me.notify.notified() => {
                 if me.ended.load(std::sync::atomic::Ordering::Relaxed) {
-                    tracing::info!(%peer, "RTSP connection closed: its session ended");
+                    // Its BYEs first, then the close.
+                    frames.clear();
+                    for (channel, rtcp) in me.control.lock().drain(..) {
+                        rtsp::write_interleaved(&mut frames, channel, &rtcp);
+                    }
+                    let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&frames)).await;
+                    tracing::info!(%peer, "RTSP connection closed: its stream ended");
                     return Ok(());
                 }
                 // The interleaved tracks' packets, `$`-framed, in one write: this task is the

@@ -109,8 +109,8 @@ struct Track {
     last_rr: (u64, u64),
     /// The upstream's last sender report: its SSRC, NTP middle 32 bits, when.
     last_sr: Option<(u32, u32, Instant)>,
-    /// Its wall clock against RTP time, on the clients' timeline: (NTP, RTP).
-    clock_map: Option<(u64, u32)>,
+    /// Our wall clock against RTP time, on the clients' timeline, across upstream sessions.
+    clock_map: fanout_proto::rtcp::ClockMap,
 }
 
 /// A track as the RTSP server side sees it.
@@ -234,7 +234,7 @@ impl Upstream {
         let st = self.state.lock();
         st.tracks
             .iter()
-            .map(|t| TrackRef { session: t.session.clone(), clock: t.clock, clock_map: t.clock_map })
+            .map(|t| TrackRef { session: t.session.clone(), clock: t.clock, clock_map: t.clock_map.get() })
             .collect()
     }
 
@@ -375,8 +375,8 @@ impl Upstream {
             let ntp = u64::from_be_bytes(data[8..16].try_into().expect("8 bytes"));
             let rtp = u32::from_be_bytes(data[16..20].try_into().expect("4 bytes"));
             t.last_sr = Some((reports[0].reporter, fanout_proto::rtcp::ntp_mid32(ntp), Instant::now()));
-            if t.restamp.ssrc().is_some() {
-                t.clock_map = Some((ntp, t.restamp.map_ts(rtp)));
+            if let Some(rtp) = t.restamp.map_ts(reports[0].reporter, rtp) {
+                t.clock_map.report(ntp, rtp, crate::rtsp::ntp_now());
             }
         }
     }
@@ -422,7 +422,7 @@ impl Upstream {
             t.stats = RecvStats::default();
             t.last_rr = (0, 0);
             t.last_sr = None;
-            t.clock_map = None;
+            t.clock_map.new_source();
         }
     }
 
@@ -471,7 +471,7 @@ impl Track {
             dropped: 0,
             last_rr: (0, 0),
             last_sr: None,
-            clock_map: None,
+            clock_map: Default::default(),
         }
     }
 }

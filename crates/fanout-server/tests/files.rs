@@ -8,13 +8,28 @@ use std::time::Duration;
 
 const CLIP: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/demo.ts");
 
+/// A relay that may read the clip and the test's own files (`file_roots`).
+fn relay(extra: &[&str]) -> Relay {
+    let tmp = std::env::temp_dir();
+    let mut args = vec![
+        "--file-root",
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets"),
+        "--file-root",
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata"),
+        "--file-root",
+    ];
+    args.push(tmp.to_str().unwrap());
+    args.extend_from_slice(extra);
+    Relay::start(&args)
+}
+
 /// 10 s of a looped 8 s file over HTTP: every picture 40 ms after the last, across the loop.
 #[test]
 fn a_looped_file_plays_without_a_seam() {
     if !have_ffmpeg() {
         return;
     }
-    let relay = Relay::start(&["--no-demo"]);
+    let relay = relay(&["--no-demo"]);
     plays_without_a_seam(&relay, "clip", CLIP, "file ", "8.0 s", 10);
 }
 
@@ -34,7 +49,7 @@ fn an_mp4_file_plays_like_its_ts() {
         .status()
         .unwrap();
     assert!(ok.success());
-    let relay = Relay::start(&["--no-demo", "--rtsp", "127.0.0.1:0"]);
+    let relay = relay(&["--no-demo", "--rtsp", "127.0.0.1:0"]);
     plays_without_a_seam(&relay, "clip", mp4.to_str().unwrap(), "file ", "8.0 s", 10);
     let probe = std::process::Command::new("timeout")
         .args(["20", "ffprobe", "-v", "error", "-show_entries", "stream=codec_name", "-of", "csv=p=0"])
@@ -53,7 +68,7 @@ fn an_hevc_mp4_file_plays_over_http_rtsp_and_hls() {
     if !have_ffmpeg() {
         return;
     }
-    let relay = Relay::start(&["--no-demo", "--rtsp", "127.0.0.1:0"]);
+    let relay = relay(&["--no-demo", "--rtsp", "127.0.0.1:0"]);
     let file = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/video/hevc/demo-2s-hevc.mp4");
     let created = relay.ok("POST", "/v1/sessions", Some(json!({"name": "hevc", "source": {"file": file}})));
     assert!(created["source"]["kind"].as_str().unwrap().contains("2.0 s, looped"), "{created}");
@@ -96,7 +111,7 @@ fn a_directory_plays_as_a_playlist_without_a_seam() {
         .unwrap();
     assert!(ok.success());
     std::fs::write(dir.join("notes.txt"), "not a recording: left out").unwrap();
-    let relay = Relay::start(&["--no-demo"]);
+    let relay = relay(&["--no-demo"]);
     plays_without_a_seam(&relay, "list", dir.to_str().unwrap(), "playlist ", "16.0 s", 20);
     // With a recording of other tracks (video only) in it, the directory is refused, saying why.
     let ok = std::process::Command::new("ffmpeg")
@@ -146,7 +161,7 @@ fn plays_without_a_seam(relay: &Relay, name: &str, file: &str, kind: &str, span:
 /// `loop = false`: the file plays once (8 s), then the source is closed.
 #[test]
 fn a_file_played_once_ends() {
-    let relay = Relay::start(&["--no-demo"]);
+    let relay = relay(&["--no-demo"]);
     let spec = json!({"name": "once", "source": {"file": CLIP, "loop": false}});
     let created = relay.ok("POST", "/v1/sessions", Some(spec));
     assert!(created["source"]["kind"].as_str().unwrap().contains("once"), "{created}");
@@ -163,21 +178,65 @@ fn a_file_played_once_ends() {
     assert!(packets.abs_diff(lap) <= 2, "{packets} datagrams, a lap is {lap}");
 }
 
+/// Issue 30 item 11: players of a file played once are told it ended: ffmpeg over RTSP (UDP
+/// and interleaved, by the RTCP BYE and the close) and over HTTP (the stream's end) exits by
+/// itself, and a DESCRIBE afterwards is 404 instead of a description of silence.
+#[test]
+fn players_of_a_file_played_once_get_its_end() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let relay = relay(&["--no-demo", "--rtsp", "127.0.0.1:0"]);
+    relay.ok("POST", "/v1/sessions", Some(json!({"name": "once", "source": {"file": CLIP, "loop": false}})));
+    let rtsp = format!("rtsp://{}/once", rtsp_addr(&relay));
+    let http = relay.url("/v1/sessions/once/stream");
+    std::thread::sleep(Duration::from_secs(1));
+    let play = |args: &[&str]| {
+        std::process::Command::new("timeout")
+            .args(["30", "ffmpeg", "-nostdin", "-v", "error"])
+            .args(args)
+            .args(["-f", "null", "-"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let t0 = std::time::Instant::now();
+    let players = [
+        ("RTSP over UDP", play(&["-rtsp_transport", "udp", "-i", &rtsp])),
+        ("RTSP interleaved", play(&["-rtsp_transport", "tcp", "-i", &rtsp])),
+        ("HTTP", play(&["-i", &http])),
+    ];
+    for (what, mut p) in players {
+        let st = p.wait().unwrap();
+        // `timeout` says 124 when it had to stop a player that hung.
+        assert_ne!(st.code(), Some(124), "{what}: still playing 30 s after an 8 s file");
+        assert!(t0.elapsed() < Duration::from_secs(20), "{what}: ended only after {:?}", t0.elapsed());
+    }
+    let (ok, log) = ffmpeg_decode(&rtsp, &[], 1);
+    assert!(!ok && log.contains("404"), "a DESCRIBE after the end: {log}");
+}
+
 /// What cannot be played is refused at once, with why.
 #[test]
 fn files_it_cannot_play_are_refused() {
-    let relay = Relay::start(&["--no-demo"]);
-    let not_ts = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
+    let relay = relay(&["--no-demo"]);
+    let not_ts = std::env::temp_dir().join(format!("fanout-not-{}.ts", std::process::id()));
+    std::fs::write(&not_ts, b"not a transport stream").unwrap();
+    let not_ts = not_ts.to_str().unwrap().to_string();
     // An MP4 by its first box, broken after it.
     let not_mp4 = std::env::temp_dir().join(format!("fanout-not-{}.mp4", std::process::id()));
     std::fs::write(&not_mp4, b"\0\0\0\x18ftypisom\0\0\x02\0isomavc1\0\0\x01\0moovjunk").unwrap();
     let not_mp4 = not_mp4.to_str().unwrap().to_string();
+    let missing = std::env::temp_dir().join("fanout-no-such-file.ts");
+    let empty_dir = std::env::temp_dir().join(format!("fanout-empty-{}", std::process::id()));
+    std::fs::create_dir_all(&empty_dir).unwrap();
     for (file, why) in [
-        ("/no/such/file.ts", "No such file"),
+        (missing.to_str().unwrap(), "No such file"),
         ("/tmp/clip.mkv", "ffmpeg -i /tmp/clip.mkv -c copy -f mpegts"),
-        (not_ts, "not a playable MPEG-TS"),
+        (&not_ts, "not a playable MPEG-TS"),
         (&not_mp4, "not an MP4 file that can be read"),
-        ("/", "a directory with no recording in it"),
+        (empty_dir.to_str().unwrap(), "a directory with no recording in it"),
     ] {
         let (code, body) = relay.call("POST", "/v1/sessions", Some(json!({"name": "f", "source": {"file": file}})));
         assert_eq!(code, 400, "{file}: {body}");
@@ -188,4 +247,6 @@ fn files_it_cannot_play_are_refused() {
     assert!(code == 400 && body["error"].as_str().unwrap().contains("only applies"), "{body}");
     assert_eq!(relay.ok("GET", "/v1/sessions", None)["sessions"], json!([]));
     let _ = std::fs::remove_file(&not_mp4);
+    let _ = std::fs::remove_file(&not_ts);
+    let _ = std::fs::remove_dir(&empty_dir);
 }

@@ -262,3 +262,55 @@ fn publishers_are_refused_where_they_do_not_belong() {
     drop(s);
     assert!(wait_for(Duration::from_secs(5), || publisher(&relay)["state"] == "waiting"), "{}", publisher(&relay));
 }
+
+/// Issue 30 item 11: when the publisher leaves and none comes back within
+/// `publisher_grace_s`, players are told the stream ended: ffmpeg over RTSP (interleaved and
+/// UDP) and over HTTP exits by itself. A publisher back within the grace changes nothing.
+#[test]
+fn players_get_the_end_when_the_publisher_leaves() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let clip = clip();
+    let relay = Relay::with_config(&format!("publisher_grace_s = 4\n{CONFIG}"), &["--no-demo"]);
+    let url = format!("rtsp://{}/pub", rtsp_addr(&relay));
+    let first = publish(&clip, &url, Some("tcp"));
+    assert!(wait_for(Duration::from_secs(10), || publisher(&relay)["state"] == "publishing"));
+    let play = |args: &[&str]| {
+        Kill(
+            Command::new("timeout")
+                .args(["40", "ffmpeg", "-nostdin", "-v", "error"])
+                .args(args)
+                .args(["-f", "null", "-"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let http = relay.url("/v1/sessions/pub/stream");
+    let mut players = [
+        ("RTSP interleaved", play(&["-rtsp_transport", "tcp", "-i", &url])),
+        ("RTSP over UDP", play(&["-rtsp_transport", "udp", "-i", &url])),
+        ("HTTP", play(&["-i", &http])),
+    ];
+    std::thread::sleep(Duration::from_secs(4));
+    // A publisher that comes back within the grace: the players play on.
+    drop(first);
+    assert!(wait_for(Duration::from_secs(10), || publisher(&relay)["state"] == "waiting"));
+    let second = publish(&clip, &url, Some("tcp"));
+    assert!(wait_for(Duration::from_secs(10), || publisher(&relay)["state"] == "publishing"));
+    std::thread::sleep(Duration::from_secs(3));
+    for (what, p) in players.iter_mut() {
+        assert!(p.0.try_wait().unwrap().is_none(), "{what} ended though the publisher came back");
+    }
+    // The publisher goes for good: each player ends by itself, soon after the grace.
+    drop(second);
+    let t0 = std::time::Instant::now();
+    for (what, p) in players.iter_mut() {
+        let st = p.0.wait().unwrap();
+        assert_ne!(st.code(), Some(124), "{what} hung after the publisher left");
+        assert!(t0.elapsed() < Duration::from_secs(15), "{what} ended only after {:?}", t0.elapsed());
+    }
+    let _ = std::fs::remove_file(&clip);
+}

@@ -263,3 +263,82 @@ fn sighup_is_never_fatal() {
     assert!(relay.running(), "SIGHUP ended the relay");
     relay.ok("GET", "/v1/sessions", None);
 }
+
+/// Item 6: a `file` source is read only under `file_roots`. Outside them (a file that
+/// exists, one that does not, a `..` way out, a link out of a root) the answer is the same
+/// 403, telling nothing of the file; inside, the clip plays. Without roots, nothing is read.
+#[test]
+fn file_sources_only_under_their_roots() {
+    let dir = std::env::temp_dir().join(format!("fanout-roots-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let clip = dir.join("clip.ts");
+    std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/demo.ts"), &clip).unwrap();
+    let link = dir.join("out.ts");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink("/etc/passwd", &link).unwrap();
+    let d = dir.to_str().unwrap();
+    let relay = Relay::start(&["--no-demo", "--file-root", d]);
+    let outside = [
+        "/etc/shadow".to_string(),
+        "/nonexistent/x.ts".into(),
+        format!("{d}/../../etc/passwd"),
+        link.display().to_string(),
+    ];
+    for (i, f) in outside.iter().enumerate() {
+        let (code, body) = relay.call(
+            "POST",
+            "/v1/sessions",
+            Some(serde_json::json!({"name": format!("f{i}"), "source": {"file": f}})),
+        );
+        let why = body["error"].as_str().unwrap_or("");
+        assert_eq!(code, 403, "{f}: {body}");
+        assert!(why.ends_with("not allowed (outside file_roots)"), "{f}: {why}");
+    }
+    let (code, body) =
+        relay.call("POST", "/v1/sessions", Some(serde_json::json!({"name": "ok", "source": {"file": clip}})));
+    assert_eq!(code, 201, "{body}");
+    let none = Relay::start(&["--no-demo"]);
+    let (code, _) = none.call("POST", "/v1/sessions", Some(serde_json::json!({"name": "x", "source": {"file": clip}})));
+    assert_eq!(code, 403, "no roots: no files");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Item 19: a cluster node checks a DESCRIBE's credentials before it looks the name up and
+/// pulls it: an unauthenticated one is answered 401 at once and sets nothing off upstream;
+/// the same with credentials does pull (so the parent below would have seen the first).
+#[test]
+fn a_cluster_node_authenticates_before_it_pulls() {
+    let parent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = parent.local_addr().unwrap().port();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let log = seen.clone();
+    std::thread::spawn(move || {
+        for c in parent.incoming().take(50) {
+            let Ok(mut c) = c else { return };
+            let log = log.clone();
+            std::thread::spawn(move || {
+                c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+                let mut b = [0u8; 4096];
+                while let Ok(n) = c.read(&mut b) {
+                    if n == 0 {
+                        break;
+                    }
+                    log.lock().unwrap().push_str(&String::from_utf8_lossy(&b[..n]));
+                }
+            });
+        }
+    });
+    let cfg = format!("{USERS}[cluster]\nnode = \"n1\"\nparents = [\"rtsp://127.0.0.1:{port}\"]\n");
+    let relay = Relay::with_config(&cfg, &["--no-demo"]);
+    let a = rtsp_addr(&relay);
+    let mut c = TcpStream::connect(a).unwrap();
+    let t0 = Instant::now();
+    let (st, _) = ask(&mut c, &format!("DESCRIBE rtsp://{a}/chan RTSP/1.0\r\nCSeq: 1\r\n\r\n"));
+    assert_eq!(st, 401);
+    assert!(t0.elapsed() < Duration::from_secs(1), "answered after {:?}", t0.elapsed());
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!seen.lock().unwrap().contains("/chan"), "pulled for an unauthenticated client: {}", seen.lock().unwrap());
+    // With credentials the node does ask its parent for the channel.
+    c.write_all(format!("DESCRIBE rtsp://{a}/chan RTSP/1.0\r\nCSeq: 2\r\n{ALICE}\r\n").as_bytes()).unwrap();
+    assert!(wait_for(Duration::from_secs(8), || seen.lock().unwrap().contains("/chan")), "{}", seen.lock().unwrap());
+}

@@ -48,7 +48,7 @@ const fmt = (x) => (x >= 100 ? x.toFixed(0) : x >= 10 ? x.toFixed(1) : x.toFixed
 function render(snap) {
   const e = snap.engine;
   document.getElementById('engine').textContent =
-    `${e.workers} workers · ${e.queued_tasks} queued · RTSP ${e.rtsp || 'off'} · ${snap.sessions.length} sessions`;
+    `${e.workers} workers · ${e.queued_tasks} queued · RTSP ${e.rtsp || 'off'} · ${snap.sessions.length} session${snap.sessions.length === 1 ? '' : 's'}`;
   document.getElementById('empty').hidden = snap.sessions.length > 0;
   const seen = new Set();
   for (const s of snap.sessions) {

@@ -62,6 +62,12 @@ impl ApiClient {
                 let body: Value = resp.into_json().unwrap_or(Value::Null);
                 bail!("{code}: {}", body["error"].as_str().unwrap_or("(no error message)"))
             }
+            // A relay that answered with a certificate we do not trust is running: say so.
+            Err(e) if e.to_string().to_ascii_lowercase().contains("certificate") => bail!(
+                "the relay at {} answered with a TLS certificate this client does not trust ({e}): \
+                 pass --cacert FILE (the relay prints the file or fingerprint at start)",
+                self.base
+            ),
             Err(e) => bail!("cannot reach the relay at {}: {e} (is `fanout serve` running?)", self.base),
         }
     }

@@ -260,7 +260,7 @@ pub fn run(mut a: HttpArgs) -> anyhow::Result<()> {
             for kind in &a.kinds {
                 pb.set_message(format!("{kind}, {n} subscribers, round {}", round + 1));
                 // A fresh relay per step: nothing of the last step's subscribers lingers.
-                let relay = RelayProc::start(&[])?;
+                let relay = RelayProc::start(&["--file-root", &tmp.to_string_lossy()])?;
                 let spec = serde_json::json!({ "name": "clip", "source": { "file": clip } });
                 relay.client().call("POST", "/v1/sessions", Some(spec))?;
                 if kind == "hls" {
