@@ -314,3 +314,54 @@ fn players_get_the_end_when_the_publisher_leaves() {
     }
     let _ = std::fs::remove_file(&clip);
 }
+
+/// Issue 30 item 9: across a publisher change, the sender reports a client gets keep one
+/// clock: each report's RTP time against its wall clock follows from the first report's at
+/// the video's 90 kHz (a new publisher's first report, mapped with the last one's offset, had
+/// jumped by hours).
+#[test]
+fn sender_reports_keep_one_clock_across_publishers() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let clip = clip();
+    let relay = Relay::with_config(&format!("publisher_grace_s = 60\n{CONFIG}"), &["--no-demo"]);
+    let addr = rtsp_addr(&relay);
+    let url = format!("rtsp://{addr}/pub");
+    let first = publish(&clip, &url, Some("tcp"));
+    assert!(wait_for(Duration::from_secs(10), || publisher(&relay)["state"] == "publishing"));
+    let rtcp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    rtcp.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+    let play = rtsp_play(addr, "pub", Some(rtcp.local_addr().unwrap().port()));
+    // (NTP seconds, RTP) of each sender report for the video track.
+    let mut reports: Vec<(f64, u32)> = Vec::new();
+    let mut collect = |until: std::time::Instant| {
+        let mut b = [0u8; 1500];
+        while std::time::Instant::now() < until {
+            let Ok(n) = rtcp.recv(&mut b) else { continue };
+            if n >= 20 && b[1] == 200 {
+                let ntp = u64::from_be_bytes(b[8..16].try_into().unwrap());
+                let rtp = u32::from_be_bytes(b[16..20].try_into().unwrap());
+                reports.push((ntp as f64 / 4_294_967_296.0, rtp));
+            }
+        }
+    };
+    collect(std::time::Instant::now() + Duration::from_secs(6));
+    drop(first);
+    assert!(wait_for(Duration::from_secs(10), || publisher(&relay)["state"] == "waiting"));
+    let _second = publish(&clip, &url, Some("tcp"));
+    assert!(wait_for(Duration::from_secs(10), || publisher(&relay)["state"] == "publishing"));
+    collect(std::time::Instant::now() + Duration::from_secs(12));
+    drop(play);
+    assert!(reports.len() >= 3, "{} sender reports: {reports:?}", reports.len());
+    let (t0, r0) = reports[0];
+    for &(t, r) in &reports[1..] {
+        let by_rtp = f64::from(r.wrapping_sub(r0)) / 90_000.0;
+        assert!(
+            (by_rtp - (t - t0)).abs() < 0.5,
+            "a report {:.1} s on by its wall clock, {by_rtp:.1} s by its RTP time: {reports:?}",
+            t - t0
+        );
+    }
+    let _ = std::fs::remove_file(&clip);
+}
