@@ -335,6 +335,68 @@ pub const MIN_BODY: usize = 1024;
 /// Where in the file a span is: its line, and the message to show with it.
 type LineOf<'a> = dyn Fn(Option<std::ops::Range<usize>>, &str) -> (usize, String) + 'a;
 
+/// A field's message that names its key (serde's type errors do not).
+fn named(key: &str, msg: &str) -> String {
+    if msg.contains(key) {
+        msg.to_string()
+    } else {
+        format!("{key}: {msg}")
+    }
+}
+
+/// A parser's message, with what a person should write instead where it is not plain.
+fn explain(msg: &str) -> String {
+    if msg.contains("invalid socket address syntax") {
+        return format!("{msg}: expected \"IP:PORT\", e.g. \"127.0.0.1:5000\" or \"[::1]:5000\"");
+    }
+    if msg.contains("invalid float") || msg.contains("invalid integer") || msg.contains("invalid number") {
+        return format!(
+            "{msg} (an address, a URL or a name is a string: put it in quotes, e.g. api = \"127.0.0.1:7070\")"
+        );
+    }
+    msg.to_string()
+}
+
+/// Every field error of one `[[session]]`: each of its keys deserialized on its own, beside
+/// a name and a source that are right, so that a typo in its source does not hide a
+/// misspelt key after it.
+fn session_field_errors(s: &toml::Spanned<toml::de::DeValue<'_>>, at: &LineOf<'_>) -> Vec<(usize, String)> {
+    // A session that is right but for the key tried: its name and source where it lacks them.
+    const STAND_IN: &str = "name = \"x\"\nsource = { demo = true }\n";
+    let Some(table) = s.get_ref().as_table() else {
+        let e = SessionSpec::deserialize(toml::de::ValueDeserializer::from(s.clone())).err();
+        return e.map(|e| at(e.span().or(Some(s.span())), e.message())).into_iter().collect();
+    };
+    let stand_in = DeTable::parse(STAND_IN).expect("a constant").into_inner();
+    let mut errors = Vec::new();
+    for (key, value) in table.iter() {
+        let mut one = stand_in.clone();
+        one.remove(key.get_ref().as_ref());
+        one.insert(key.clone(), value.clone());
+        let de = toml::de::Deserializer::from(toml::Spanned::new(value.span(), one));
+        if let Err(e) = SessionSpec::deserialize(de) {
+            errors.push(at(e.span().or(Some(key.span())), &named(key.get_ref(), e.message())));
+        }
+    }
+    // Its name checked too (the rest of it waits for its fields to be mended).
+    if let Some((key, name)) = table.iter().find(|(k, _)| k.get_ref().as_ref() == "name") {
+        let mut one = stand_in.clone();
+        one.remove("name");
+        one.insert(key.clone(), name.clone());
+        let de = toml::de::Deserializer::from(toml::Spanned::new(name.span(), one));
+        if let Err(why) = SessionSpec::deserialize(de).map(|spec| spec.validate()).unwrap_or(Ok(())) {
+            errors.push(at(Some(key.span()), &why));
+        }
+    }
+    if errors.is_empty() {
+        // Wrong only as a whole (a key missing): say that.
+        if let Err(e) = SessionSpec::deserialize(toml::de::ValueDeserializer::from(s.clone())) {
+            errors.push(at(e.span().or(Some(s.span())), e.message()));
+        }
+    }
+    errors
+}
+
 impl Config {
     /// Reads and checks a config file; every problem is reported, each with the file and the
     /// line it is on.
@@ -347,56 +409,72 @@ impl Config {
     }
 
     /// Parses and checks a config; on failure, every problem found as `line N: what`, in
-    /// order of line.
+    /// order of line: syntax, then each key's type (each key of each session on its own),
+    /// then the ranges of everything else, so one pass shows them all.
     pub fn parse(text: &str) -> Result<Self, Vec<String>> {
         let line = |offset: usize| text[..offset.min(text.len())].bytes().filter(|b| *b == b'\n').count() + 1;
         let at = |span: Option<std::ops::Range<usize>>, msg: &str| match span {
-            Some(s) => (line(s.start), msg.trim().to_string()),
-            None => (0, msg.trim().to_string()),
+            Some(s) => (line(s.start), explain(msg.trim())),
+            None => (0, explain(msg.trim())),
         };
         let (doc, syntax) = DeTable::parse_recoverable(text);
         let mut errors: Vec<(usize, String)> = syntax.iter().map(|e| at(e.span(), e.message())).collect();
-        if errors.is_empty() {
-            errors = Self::field_errors(doc.get_ref(), &at);
+        // One syntax error a line: the one that says what is wrong ("invalid …") over what
+        // followed from it ("number overflowed").
+        let said: Vec<usize> = errors.iter().filter(|(_, m)| m.starts_with("invalid")).map(|(l, _)| *l).collect();
+        errors.retain(|(l, m)| m.starts_with("invalid") || !said.contains(l));
+        let (fields, good) = Self::field_errors(doc.get_ref(), &at);
+        // (A value the syntax error already named is not told of again.)
+        let syntax_lines: Vec<usize> = errors.iter().map(|(l, _)| *l).collect();
+        errors.extend(fields.into_iter().filter(|(l, _)| !syntax_lines.contains(l)));
+        // The keys (and sessions) that deserialize, checked for their ranges.
+        let de = toml::de::Deserializer::from(toml::Spanned::new(0..text.len(), good.clone()));
+        match Config::deserialize(de) {
+            Ok(cfg) => errors.extend(cfg.range_errors(&good, &line)),
+            Err(e) => errors.push(at(e.span(), e.message())),
         }
         if errors.is_empty() {
-            match toml::from_str::<Config>(text) {
-                Ok(cfg) => errors = cfg.range_errors(doc.get_ref(), &line),
-                Err(e) => errors.push(at(e.span(), e.message())),
-            }
-            if errors.is_empty() {
-                return Ok(toml::from_str(text).expect("parsed above"));
-            }
+            return Ok(toml::from_str(text).expect("parsed above"));
         }
         errors.sort();
         errors.dedup();
         Err(errors.into_iter().map(|(l, m)| if l > 0 { format!("line {l}: {m}") } else { m }).collect())
     }
 
-    /// Type and unknown-field errors, each top-level key (and each session) deserialized on
-    /// its own so that one bad field does not hide the next.
-    fn field_errors(doc: &DeTable, at: &LineOf<'_>) -> Vec<(usize, String)> {
+    /// Type and unknown-field errors, each top-level key and each key of each session
+    /// deserialized on its own so that one bad field does not hide the next; and the document
+    /// without the keys and sessions that had one.
+    fn field_errors<'i>(doc: &DeTable<'i>, at: &LineOf<'_>) -> (Vec<(usize, String)>, DeTable<'i>) {
         let mut errors = Vec::new();
+        let mut good = DeTable::new();
         for (key, value) in doc.iter() {
             if key.get_ref().as_ref() == "session" {
                 if let Some(sessions) = value.get_ref().as_array() {
-                    for s in sessions {
+                    let mut kept = toml::de::DeArray::new();
+                    for s in sessions.iter() {
                         let de = toml::de::ValueDeserializer::from(s.clone());
-                        if let Err(e) = SessionSpec::deserialize(de) {
-                            errors.push(at(e.span().or(Some(s.span())), e.message()));
+                        if SessionSpec::deserialize(de).is_ok() {
+                            kept.push(s.clone());
+                        } else {
+                            errors.extend(session_field_errors(s, at));
                         }
                     }
+                    let span = value.span();
+                    good.insert(key.clone(), toml::Spanned::new(span, toml::de::DeValue::Array(kept)));
                     continue;
                 }
             }
             let mut one = DeTable::new();
             one.insert(key.clone(), value.clone());
             let de = toml::de::Deserializer::from(toml::Spanned::new(value.span(), one));
-            if let Err(e) = Config::deserialize(de) {
-                errors.push(at(e.span().or(Some(key.span())), e.message()));
+            match Config::deserialize(de) {
+                Ok(_) => {
+                    good.insert(key.clone(), value.clone());
+                }
+                Err(e) => errors.push(at(e.span().or(Some(key.span())), &named(key.get_ref(), e.message()))),
             }
         }
-        errors
+        (errors, good)
     }
 
     /// Values of the right type but out of their range, each at the line of its key.
@@ -713,6 +791,28 @@ mod tests {
         assert!(e[1].starts_with("line 4: max_datagram 9"), "{e:#?}");
         assert!(e[2].starts_with("line 9: session \"a\"") && e[2].contains("priority"), "{e:#?}");
         assert!(e[3].starts_with("line 14: session \"b\": stream_flush_ms 5000"), "{e:#?}");
+    }
+
+    /// Issue 30 item 15: nine mistakes of one file in one report, each at its line, naming
+    /// the key and what is expected.
+    #[test]
+    fn nine_mistakes_in_one_report() {
+        let text = "api = 127.0.0.1:7170\nring = 1\nworkers = \"two\"\nmax_datagram = 9\n\
+                    [[session]]\nname = \"bad name!\"\npriorty = 2\nsource = { udp = \"127.0.0.1\", lop = true }\n\
+                    [[session]]\nname = \"ok\"\nsource = { demo = true }\nstream_flush_ms = 5000\n";
+        let e = Config::parse(text).unwrap_err();
+        let has = |line: usize, words: &[&str]| {
+            e.iter().any(|m| m.starts_with(&format!("line {line}:")) && words.iter().all(|w| m.contains(w)))
+        };
+        assert!(has(1, &["in quotes", "api = \"127.0.0.1:7070\""]), "{e:#?}");
+        assert!(has(2, &["ring 1"]), "{e:#?}");
+        assert!(has(3, &["workers"]), "{e:#?}");
+        assert!(has(4, &["max_datagram 9"]), "{e:#?}");
+        assert!(has(6, &["bad name!"]), "{e:#?}");
+        assert!(has(7, &["priorty"]), "{e:#?}");
+        assert!(has(8, &["IP:PORT"]) || has(8, &["lop"]), "{e:#?}");
+        assert!(has(12, &["stream_flush_ms 5000"]), "{e:#?}");
+        assert!(e.len() >= 8, "{e:#?}");
     }
 
     #[test]
