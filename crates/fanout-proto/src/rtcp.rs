@@ -166,6 +166,15 @@ pub fn ntp_mid32(ntp: u64) -> u32 {
     (ntp >> 16) as u32
 }
 
+/// Writes the end of a stream for a receiver: an empty receiver report (a compound packet
+/// starts with a report, RFC 3550 §6.1) and a BYE for `ssrc` (§6.6).
+pub fn write_bye(out: &mut Vec<u8>, ssrc: u32) {
+    out.extend_from_slice(&[0x80, 201, 0, 1]);
+    out.extend_from_slice(&ssrc.to_be_bytes());
+    out.extend_from_slice(&[0x81, 203, 0, 1]);
+    out.extend_from_slice(&ssrc.to_be_bytes());
+}
+
 /// Writes a receiver report with one block (for tests and the upstream side).
 pub fn write_receiver_report(out: &mut Vec<u8>, reporter: u32, b: &ReportBlock) {
     out.extend_from_slice(&[0x81, 201, 0, 7]);
@@ -181,6 +190,19 @@ pub fn write_receiver_report(out: &mut Vec<u8>, reporter: u32, b: &ReportBlock) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A BYE parses as a compound packet of a report with no blocks, then the BYE.
+    #[test]
+    fn a_bye_is_a_valid_compound_packet() {
+        let mut b = Vec::new();
+        write_bye(&mut b, 0xfa0e);
+        assert_eq!(b.len(), 16);
+        let reports = parse_reports(&b).unwrap();
+        assert!(
+            reports.len() == 1 && !reports[0].sender && reports[0].blocks.is_empty() && reports[0].reporter == 0xfa0e
+        );
+        assert_eq!((b[8] & 0x1f, b[9], &b[12..]), (1, 203, &0xfa0eu32.to_be_bytes()[..]));
+    }
 
     /// Issue 30 item 9: a second source whose clock is hours behind the first's moves the
     /// map by nothing; reports of one source keep their spacing (its own clock's rate).

@@ -256,10 +256,7 @@ impl Rtsp {
                         continue;
                     };
                     let mut bye = Vec::with_capacity(16);
-                    bye.extend_from_slice(&[0x80, 201, 0, 1]);
-                    bye.extend_from_slice(&ssrc.to_be_bytes());
-                    bye.extend_from_slice(&[0x81, 203, 0, 1]);
-                    bye.extend_from_slice(&ssrc.to_be_bytes());
+                    fanout_proto::rtcp::write_bye(&mut bye, ssrc);
                     if let Some(epoch) = &p.srtp {
                         epoch.protect_rtcp(&mut bye);
                     }
