@@ -67,12 +67,15 @@ pub enum Action {
     Teardown {
         session: String,
     },
-    /// A publisher starts: `tracks` are (track, interleaved RTP channel) of `sdp`'s media.
+    /// A publisher starts: `tracks` are (track, interleaved RTP channel) of `sdp`'s media,
+    /// `udp` (track, the publisher's RTP port, its RTCP port) for those it sends over UDP
+    /// to `record_ports`.
     Record {
         session: String,
         resource: String,
         sdp: Sdp,
         tracks: Vec<(usize, u8)>,
+        udp: Vec<(usize, u16, u16)>,
         conn: u64,
     },
 }
@@ -103,6 +106,9 @@ pub struct Config {
     pub timeout_s: u64,
     /// The ports the proxy sends RTP and RTCP from (for `server_port`).
     pub server_ports: (u16, u16),
+    /// The ports publishers send RTP and RTCP over UDP to; (0, 0): publishers must send
+    /// interleaved on their connection.
+    pub record_ports: (u16, u16),
     /// Sessions the server holds at most.
     pub max_sessions: usize,
     /// Whether RTP over the RTSP connection (`RTP/AVP/TCP`) is offered.
@@ -118,6 +124,7 @@ impl Default for Config {
         Self {
             timeout_s: 60,
             server_ports: (0, 0),
+            record_ports: (0, 0),
             max_sessions: 10_000,
             interleaved: true,
             users: Vec::new(),
@@ -360,7 +367,7 @@ impl Server {
     }
 
     /// SETUP with `mode=record`: a track of the description this connection announced,
-    /// interleaved on the connection.
+    /// interleaved on the connection or over UDP to `record_ports`.
     #[allow(clippy::too_many_arguments)]
     fn setup_record(
         &mut self,
@@ -373,8 +380,7 @@ impl Server {
         lower: Option<Lower>,
     ) -> Response {
         let conn = asker.conn;
-        // Publishers send over their RTSP connection (RTP over UDP into the relay: not yet).
-        let Some(Lower::Interleaved { rtp, rtcp }) = lower else { return error(461, Some(cseq)) };
+        let Some(lower) = lower else { return error(461, Some(cseq)) };
         let Some((by, sdp)) = self.announced.get(name) else { return error(455, Some(cseq)) };
         if *by != conn {
             return error(455, Some(cseq));
@@ -403,9 +409,16 @@ impl Server {
         };
         let s = self.sessions.get_mut(&id).expect("present");
         s.tracks.retain(|(t, _)| *t != track);
-        s.tracks.push((track, Lower::Interleaved { rtp, rtcp }));
+        s.tracks.push((track, lower));
         let mut r = Response::new(200, Some(cseq));
-        r.headers.set("Transport", format!("RTP/AVP/TCP;unicast;interleaved={rtp}-{rtcp};mode=record"));
+        let transport = match lower {
+            Lower::Interleaved { rtp, rtcp } => format!("RTP/AVP/TCP;unicast;interleaved={rtp}-{rtcp};mode=record"),
+            Lower::Udp { client_rtp, client_rtcp } => {
+                let (a, b) = self.cfg.record_ports;
+                format!("RTP/AVP;unicast;client_port={client_rtp}-{client_rtcp};server_port={a}-{b};mode=record")
+            }
+        };
+        r.headers.set("Transport", transport);
         r.headers.set("Session", format!("{id};timeout={}", self.cfg.timeout_s));
         r
     }
@@ -427,11 +440,20 @@ impl Server {
                 Lower::Udp { .. } => None,
             })
             .collect();
+        let udp = s
+            .tracks
+            .iter()
+            .filter_map(|(t, l)| match *l {
+                Lower::Udp { client_rtp, client_rtcp } => Some((*t, client_rtp, client_rtcp)),
+                Lower::Interleaved { .. } => None,
+            })
+            .collect();
         actions.push(Action::Record {
             session: id.to_string(),
             resource: s.resource.clone(),
             sdp,
             tracks,
+            udp,
             conn: s.conn,
         });
         Response::new(200, Some(cseq))
@@ -472,7 +494,13 @@ impl Server {
         let transport = req.headers.get("Transport").unwrap_or("");
         let specs = parse_transport(transport);
         if transport.to_ascii_lowercase().replace('"', "").contains("mode=record") {
-            let lower = specs.iter().find_map(|s| s.lower.filter(|l| matches!(l, Lower::Interleaved { .. })));
+            // The first the publisher offers that we take: interleaved, or RTP over UDP where
+            // record ports are open and the connection is not RTSPS (its media would leave
+            // the TLS).
+            let udp_ok = self.cfg.record_ports != (0, 0) && !self.secure.contains_key(&asker.conn);
+            let lower = specs
+                .iter()
+                .find_map(|s| s.lower.filter(|l| !s.savp && (matches!(l, Lower::Interleaved { .. }) || udp_ok)));
             return self.setup_record(cseq, name, rest, asker, now_ms, session, lower);
         }
         let Some(res) = lookup(name) else { return error(404, Some(cseq)) };
@@ -717,7 +745,10 @@ impl Server {
         self.secure.remove(&conn);
         self.peers.remove(&conn);
         self.foreign.remove(&conn);
-        self.end_where(|s| s.conn == conn && s.tracks.iter().any(|(_, l)| matches!(l, Lower::Interleaved { .. })))
+        // (A publisher's session ends with its connection, whatever carries its media.)
+        self.end_where(|s| {
+            s.conn == conn && (s.record || s.tracks.iter().any(|(_, l)| matches!(l, Lower::Interleaved { .. })))
+        })
     }
 }
 
@@ -819,6 +850,39 @@ mod tests {
         // Its connection closes: the session ends, and the resource is free again.
         assert_eq!(s.connection_closed(1), vec![Action::Teardown { session: id }]);
         assert_eq!(s.handle(&announce, 2, 0, &with_pub).0.status, 200);
+    }
+
+    /// Issue 30 item 12: with record ports open, a publisher's SETUP of RTP over UDP (ffmpeg's
+    /// default) is taken: the answer names the record ports, RECORD gives the publisher's
+    /// ports; on RTSPS it stays 461 (the media would leave the TLS); its connection closing
+    /// ends it.
+    #[test]
+    fn a_publisher_may_send_over_udp() {
+        let cfg = Config { record_ports: (7000, 7001), ..Config::default() };
+        let mut s = Server::new(cfg, [3; 32]);
+        let url = "rtsp://127.0.0.1:8554/pub";
+        let sdp = "v=0\r\ns=x\r\nm=video 0 RTP/AVP 96\r\na=rtpmap:96 H264/90000\r\na=control:streamid=0\r\n";
+        let mut announce = req("ANNOUNCE", url, 1, &[("Content-Type", "application/sdp")]);
+        announce.body = sdp.as_bytes().to_vec();
+        assert_eq!(s.handle(&announce, 1, 0, &with_pub).0.status, 200);
+        let t = [("Transport", "RTP/AVP/UDP;unicast;client_port=5000-5001;mode=record")];
+        let (r, _) = s.handle(&req("SETUP", &format!("{url}/streamid=0"), 2, &t), 1, 0, &with_pub);
+        assert_eq!(r.status, 200);
+        assert_eq!(
+            r.headers.get("Transport"),
+            Some("RTP/AVP;unicast;client_port=5000-5001;server_port=7000-7001;mode=record")
+        );
+        let id = parse_session(r.headers.get("Session").unwrap()).0;
+        let (r, a) = s.handle(&req("RECORD", url, 3, &[("Session", &id)]), 1, 0, &with_pub);
+        assert_eq!(r.status, 200);
+        let Some(Action::Record { tracks, udp, .. }) = a.first() else { panic!("{a:?}") };
+        assert_eq!((tracks.len(), udp.as_slice()), (0, &[(0, 5000, 5001)][..]));
+        assert_eq!(s.connection_closed(1), vec![Action::Teardown { session: id }]);
+        // RTSPS: not over UDP.
+        s.set_secure(2, true);
+        announce.uri = url.into();
+        assert_eq!(s.handle(&announce, 2, 0, &with_pub).0.status, 200);
+        assert_eq!(s.handle(&req("SETUP", &format!("{url}/streamid=0"), 2, &t), 2, 0, &with_pub).0.status, 461);
     }
 
     const URL: &str = "rtsp://127.0.0.1:8554/demo";

@@ -32,6 +32,9 @@ struct Active {
     peer: std::net::IpAddr,
     /// Interleaved channel → (track, is RTCP).
     channels: HashMap<u8, (usize, bool)>,
+    /// Where its RTP and RTCP over UDP come from (its address, the ports its SETUP named) →
+    /// (track, is RTCP): nothing from elsewhere is taken.
+    udp: HashMap<SocketAddr, (usize, bool)>,
     since: Instant,
 }
 
@@ -48,6 +51,8 @@ pub struct PublisherStatus {
     /// `publishing` or `waiting`.
     pub state: &'static str,
     pub peer: Option<std::net::IpAddr>,
+    /// How the publisher sends: `interleaved` on its RTSP connection, or `udp`.
+    pub transport: Option<&'static str>,
     pub publishing_s: Option<f64>,
     /// Publishers so far.
     pub publishes: u64,
@@ -100,8 +105,10 @@ impl Publisher {
             .collect()
     }
 
-    /// A publisher's RECORD: its description, and its (track, RTP channel) pairs. Tracks of
-    /// an earlier publisher are reused in order, continuing their numbering.
+    /// A publisher's RECORD: its description, its (track, RTP channel) pairs, and its
+    /// (track, RTP port, RTCP port) over UDP. Tracks of an earlier publisher are reused in
+    /// order, continuing their numbering.
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         &self,
         rtsp_session: String,
@@ -109,6 +116,7 @@ impl Publisher {
         peer: std::net::IpAddr,
         sdp: Sdp,
         channels: &[(usize, u8)],
+        udp: &[(usize, u16, u16)],
         engine: &fanout_io::Engine,
     ) -> std::io::Result<()> {
         let mut st = self.state.lock();
@@ -149,10 +157,14 @@ impl Publisher {
             t.session.set_rtp_video(video);
         }
         let map = channels.iter().flat_map(|&(t, ch)| [(ch, (t, false)), (ch.wrapping_add(1), (t, true))]).collect();
+        let from = |port| SocketAddr::new(peer, port);
+        let udp_map =
+            udp.iter().flat_map(|&(t, rtp, rtcp)| [(from(rtp), (t, false)), (from(rtcp), (t, true))]).collect();
         st.sdp = Some(sdp);
         st.publishes += 1;
-        st.active = Some(Active { rtsp_session, conn, peer, channels: map, since: Instant::now() });
-        tracing::info!(session = %self.name, %peer, tracks = channels.len(), "RTSP publisher started");
+        st.active = Some(Active { rtsp_session, conn, peer, channels: map, udp: udp_map, since: Instant::now() });
+        let how = if udp.is_empty() { "interleaved" } else { "udp" };
+        tracing::info!(session = %self.name, %peer, tracks = channels.len() + udp.len(), how, "RTSP publisher started");
         Ok(())
     }
 
@@ -174,12 +186,27 @@ impl Publisher {
 
     /// An interleaved frame from the publisher's connection (restamped in place).
     pub fn feed(&self, conn: u64, channel: u8, data: &mut [u8]) {
-        let now = self.started.elapsed().as_millis() as u64;
         let mut st = self.state.lock();
         let Some(&(i, rtcp)) = st.active.as_ref().filter(|a| a.conn == conn).and_then(|a| a.channels.get(&channel))
         else {
             return;
         };
+        self.feed_track(&mut st, i, rtcp, data);
+    }
+
+    /// A datagram to the record ports from `from`: the publisher's RTP or RTCP over UDP
+    /// (restamped in place), and then its RTSP session; `None` when it is not from this
+    /// publisher's ports.
+    pub fn feed_udp(&self, from: SocketAddr, data: &mut [u8]) -> Option<String> {
+        let mut st = self.state.lock();
+        let a = st.active.as_ref()?;
+        let (&(i, rtcp), session) = (a.udp.get(&from)?, a.rtsp_session.clone());
+        self.feed_track(&mut st, i, rtcp, data);
+        Some(session)
+    }
+
+    fn feed_track(&self, st: &mut State, i: usize, rtcp: bool, data: &mut [u8]) {
+        let now = self.started.elapsed().as_millis() as u64;
         let Some(t) = st.tracks.get_mut(i) else { return };
         if rtcp {
             // A sender report: the publisher's wall clock against its RTP time.
@@ -222,6 +249,7 @@ impl Publisher {
         PublisherStatus {
             state: if a.is_some() { "publishing" } else { "waiting" },
             peer: a.map(|a| a.peer),
+            transport: a.map(|a| if a.udp.is_empty() { "interleaved" } else { "udp" }),
             publishing_s: a.map(|a| a.since.elapsed().as_secs_f64()),
             publishes: st.publishes,
             tracks: st

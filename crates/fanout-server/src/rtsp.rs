@@ -113,6 +113,8 @@ pub struct Rtsp {
     rtcp: Mutex<Option<std::net::UdpSocket>>,
     /// The same socket once `serve` runs it, for RTCP BYE.
     rtcp_out: Mutex<Option<Arc<tokio::net::UdpSocket>>>,
+    /// Where publishers send RTP and RTCP over UDP (`record_ports`), until `serve` reads them.
+    record: Mutex<Option<(std::net::UdpSocket, std::net::UdpSocket)>>,
     conns: Mutex<HashMap<u64, Arc<Conn>>>,
     /// RTSPS clients get SRTP (keys in the description), sharing keys or not.
     srtp: Option<crate::config::SrtpKeys>,
@@ -224,11 +226,15 @@ impl Rtsp {
     ) -> std::io::Result<Arc<Self>> {
         let rtcp = fanout_io::sys::port_pair_with(ip, true)?;
         let ports = (rtcp.0.local_addr()?.port(), rtcp.1.local_addr()?.port());
+        // Publishers' UDP comes to a pair of its own: the RTP port above is shared with the
+        // engine's sending sockets, which would take a share of what arrives there.
+        let record = fanout_io::sys::port_pair_with(ip, false)?;
+        let record_ports = (record.0.local_addr()?.port(), record.1.local_addr()?.port());
         // The keys of session ids and Digest nonces: nothing a client sees tells another's.
         let mut secret = [0u8; 32];
         ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut secret)
             .map_err(|_| std::io::Error::other("no system randomness for RTSP session ids"))?;
-        let cfg = Config { server_ports: ports, interleaved: true, users, ..Config::default() };
+        let cfg = Config { server_ports: ports, record_ports, interleaved: true, users, ..Config::default() };
         Ok(Arc::new(Self {
             server: Mutex::new(Server::new(cfg, secret)),
             clients: Mutex::new(HashMap::new()),
@@ -236,6 +242,7 @@ impl Rtsp {
             _rtp_port: rtcp.0,
             rtcp: Mutex::new(Some(rtcp.1)),
             rtcp_out: Mutex::new(None),
+            record: Mutex::new(Some(record)),
             conns: Mutex::new(HashMap::new()),
             srtp,
         }))
@@ -582,10 +589,10 @@ impl Rtsp {
                         }
                     }
                 }
-                Action::Record { session, resource, sdp, tracks, conn } => {
+                Action::Record { session, resource, sdp, tracks, udp, conn } => {
                     let started = relay
                         .publisher(&resource)
-                        .map(|p| p.start(session.clone(), conn, peer, sdp, &tracks, &relay.engine));
+                        .map(|p| p.start(session.clone(), conn, peer, sdp, &tracks, &udp, &relay.engine));
                     if let Some(Err(e)) = started {
                         tracing::warn!(%resource, "cannot start the RTSP publisher: {e}");
                     }
@@ -658,6 +665,29 @@ pub async fn serve(
             }
         })
     });
+    // Publishers' RTP and RTCP over UDP, each datagram taken only from the ports its
+    // publisher's SETUP named; their media keeps their RTSP sessions alive.
+    let record = rtsp.record.lock().take();
+    let _record: Vec<AbortOnDrop> = record
+        .into_iter()
+        .flat_map(|(a, b)| [a, b])
+        .filter_map(|s| {
+            s.set_nonblocking(true).ok()?;
+            let sock = tokio::net::UdpSocket::from_std(s).ok()?;
+            let (relay, rtsp) = (relay.clone(), rtsp.clone());
+            Some(AbortOnDrop(tokio::spawn(async move {
+                let mut buf = vec![0u8; 65_536];
+                let mut touched = Instant::now();
+                while let Ok((n, from)) = sock.recv_from(&mut buf).await {
+                    let session = relay.publishers().iter().find_map(|p| p.feed_udp(from, &mut buf[..n]));
+                    if let Some(id) = session.filter(|_| touched.elapsed() >= Duration::from_secs(1)) {
+                        touched = Instant::now();
+                        rtsp.server.lock().touch(&id, rtsp.now_ms());
+                    }
+                }
+            })))
+        })
+        .collect();
     let _reports = AbortOnDrop({
         let (relay, rtsp) = (relay.clone(), rtsp.clone());
         tokio::spawn(async move {

@@ -79,9 +79,10 @@ fn ffmpeg_publishes_and_another_ffmpeg_plays_it_back() {
     let (ok, _) = ffmpeg_decode(&url, &[], 1);
     assert!(!ok);
 
-    // ffmpeg's default transport: UDP first, refused (461), then TCP by itself.
+    // ffmpeg's default transport, RTP over UDP, is taken (issue 30 item 12: it was 461).
     let first = publish(&clip, &url, None);
     assert!(wait_for(Duration::from_secs(10), || publisher(&relay)["state"] == "publishing"), "{}", publisher(&relay));
+    assert_eq!(publisher(&relay)["transport"], "udp", "{}", publisher(&relay));
     // Played back through the relay: 100 pictures, each one of the clip's, in order.
     let want = pictures(&["-i", clip.to_str().unwrap()]);
     assert_eq!(want.len(), 200, "8 s at 25 fps");
