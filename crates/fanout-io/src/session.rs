@@ -1107,6 +1107,17 @@ impl Session {
         Some((v.payload_type(), v.sequence_number().wrapping_add(u16::from(next)), ts))
     }
 
+    /// The first payload byte of each RTP packet the ring holds, newest last (at most `n`):
+    /// what the control plane looks at to tell a codec nobody named.
+    pub fn rtp_payload_heads(&self, n: usize) -> Vec<u8> {
+        let ring = self.inner.ring.lock();
+        let from = ring.head().saturating_sub(n as u64).max(ring.oldest());
+        (from..ring.head())
+            .filter_map(|i| ring.get(i))
+            .filter_map(|p| fanout_proto::rtp::RtpView::parse(p.data()).ok().and_then(|v| v.payload().first().copied()))
+            .collect()
+    }
+
     /// The newest packet's RTP `(ssrc, timestamp)` and how long ago it arrived (ms), for
     /// sender reports. `None` before the first packet, or if the source is not RTP.
     pub fn rtp_latest(&self) -> Option<(u32, u32, u64)> {

@@ -11,6 +11,16 @@ pub enum Codec {
 }
 
 /// NAL units of an Annex B byte stream (start codes and trailing zero bytes removed).
+/// Whether RTP payloads that begin with these bytes can be H.264 (RFC 6184, SVC's RFC 6190):
+/// each a NAL unit header with the forbidden bit clear and a type that is not reserved (1–15,
+/// 19–21, and the RTP aggregates and fragments 24–31).
+/// For a dynamic payload type nobody named, so that a relay describes as H.264 only what
+/// looks like it (VP8's descriptor, Opus, or a PCM stream mostly do not, on every packet).
+pub fn looks_like_h264_rtp(first_bytes: &[u8]) -> bool {
+    let carried = |t: u8| matches!(t, 1..=15 | 19..=21 | 24..=31);
+    !first_bytes.is_empty() && first_bytes.iter().all(|b| b & 0x80 == 0 && carried(b & 0x1f))
+}
+
 pub fn nal_units(stream: &[u8]) -> impl Iterator<Item = &[u8]> {
     let mut pos = find_start(stream, 0);
     std::iter::from_fn(move || {
@@ -198,6 +208,18 @@ impl Depacketizer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_looks_like_h264_over_rtp() {
+        // An IDR slice, SPS, STAP-A, FU-A: H.264.
+        assert!(looks_like_h264_rtp(&[0x65, 0x67, 0x78, 0x7c, 0x41, 0x6e, 0x7e]));
+        // VP8's descriptor (S bit: 0x10 is NAL type 16, reserved), a set forbidden bit, a
+        // payload of zeros, nothing at all: not.
+        assert!(!looks_like_h264_rtp(&[0x10]));
+        assert!(!looks_like_h264_rtp(&[0x90]));
+        assert!(!looks_like_h264_rtp(&[0x65, 0x00]));
+        assert!(!looks_like_h264_rtp(&[]));
+    }
     use proptest::prelude::*;
 
     const SVC: &[u8] = include_bytes!("../../../testdata/video/h264-svc/mediasoup_naluInfo.264");

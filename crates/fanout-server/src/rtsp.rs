@@ -164,6 +164,8 @@ enum ReportTo {
 /// The description of a relay session for RTSP clients: an upstream's media, else one
 /// track from the session's RTP payload type.
 fn describe(relay: &Relay, name: &str) -> Option<Resource> {
+    let h264 =
+        |pt: u8| format!("m=video 0 RTP/AVP {pt}\r\na=rtpmap:{pt} H264/90000\r\na=fmtp:{pt} packetization-mode=1\r\n");
     // A file played out has nothing more to give: 404, not a description of silence.
     let over = relay.spec(name).is_some_and(|s| s.source.file.is_some())
         && relay.session(name).is_ok_and(|s| s.source_state() == fanout_io::SourceState::Closed);
@@ -187,11 +189,22 @@ fn describe(relay: &Relay, name: &str) -> Option<Resource> {
     let (pt, seq, ts) = session.rtp_start()?;
     let media = match pt {
         33 => "m=video 0 RTP/AVP 33\r\na=rtpmap:33 MP2T/90000\r\n".to_string(),
-        // A dynamic type: the session's `video` codec, else H.264 (RFC 6184) as a guess.
-        96..=127 => match relay.spec(name).and_then(|s| s.video) {
-            Some(crate::spec::VideoCodec::H265) => format!("m=video 0 RTP/AVP {pt}\r\na=rtpmap:{pt} H265/90000\r\n"),
-            _ => format!("m=video 0 RTP/AVP {pt}\r\na=rtpmap:{pt} H264/90000\r\na=fmtp:{pt} packetization-mode=1\r\n"),
-        },
+        // A dynamic type: the session's `video` codec, else H.264 (RFC 6184) where its
+        // packets look like it; anything else is not described (a puller would wait for
+        // keyframes that never come).
+        96..=127 => {
+            match relay.spec(name).and_then(|s| s.video) {
+                Some(crate::spec::VideoCodec::H265) => {
+                    format!("m=video 0 RTP/AVP {pt}\r\na=rtpmap:{pt} H265/90000\r\n")
+                }
+                Some(_) => h264(pt),
+                None if fanout_proto::annexb::looks_like_h264_rtp(&session.rtp_payload_heads(64)) => h264(pt),
+                None => {
+                    tracing::info!(session = name, pt, "not described over RTSP: payload type {pt} is not H.264 and the session names no `video` codec");
+                    return None;
+                }
+            }
+        }
         _ => return None,
     };
     let sdp = Sdp::parse(&format!("v=0\r\ns={name}\r\n{media}")).ok()?;

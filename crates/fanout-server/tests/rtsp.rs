@@ -339,3 +339,33 @@ fn twenty_clients_get_what_rtp_info_announced_and_every_packet() {
         wait_for(Duration::from_secs(5), || relay.ok("GET", "/v1/sessions/demo", None)["rtsp_tracks"][0]["sinks"] == 0)
     );
 }
+
+/// Issue 30 item 21: a UDP session of payload type 96 whose config names no codec is
+/// described as H.264 only where its packets look like H.264: VP8 (its payload descriptor
+/// first) is not described (404), so a puller does not wait for keyframes that never come.
+#[test]
+fn a_dynamic_payload_type_is_described_only_as_what_it_is() {
+    let relay = Relay::start(&["--no-demo", "--rtsp", "127.0.0.1:0"]);
+    let addr = rtsp_addr(&relay);
+    for (name, first, want) in [("vp8", 0x90u8, 404), ("avc", 0x65, 200)] {
+        let spec = serde_json::json!({"name": name, "source": {"udp": "127.0.0.1:0"}});
+        let src = create_on_free_port(&relay, spec);
+        let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        for seq in 0..20u16 {
+            let mut p = vec![0x80, 96];
+            p.extend_from_slice(&seq.to_be_bytes());
+            p.extend_from_slice(&(u32::from(seq) * 3000).to_be_bytes());
+            p.extend_from_slice(&9u32.to_be_bytes());
+            p.extend_from_slice(&[first, 0x11, 0x22, 0x33]);
+            tx.send_to(&p, src).unwrap();
+        }
+        assert!(wait_for(Duration::from_secs(3), || {
+            relay.ok("GET", &format!("/v1/sessions/{name}"), None)["source"]["packets"] == 20
+        }));
+        let mut c = TcpStream::connect(addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        write!(c, "DESCRIBE rtsp://{addr}/{name} RTSP/1.0\r\nCSeq: 1\r\n\r\n").unwrap();
+        let head = read_head(&mut c);
+        assert!(head.starts_with(&format!("RTSP/1.0 {want} ")), "{name}: {head}");
+    }
+}
