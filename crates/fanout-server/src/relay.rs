@@ -108,8 +108,14 @@ impl Relay {
     /// cluster node, the channel is looked up and pulled from the node that serves it best.
     pub async fn ensure(self: &Arc<Self>, name: &str) -> Result<(), RelayError> {
         use crate::cluster::LookupError;
-        if self.sessions.read().contains_key(name) {
-            return Ok(());
+        let here = self.sessions.read().get(name).map(|e| e.session.clone());
+        if let Some(s) = here {
+            // A pull that just ended (linger) is about to go: it goes now, and a new pull
+            // serves the one who asked, instead of a session deleted under it.
+            if !self.upstream(name).is_some_and(|u| u.finished()) {
+                return Ok(());
+            }
+            self.delete_exact(name, &s).await;
         }
         let Some(cluster) = &self.cluster else {
             return Err(RelayError::NotFound(format!("no session named {name:?}")));
@@ -494,13 +500,14 @@ impl Relay {
                     Upstream::new(&spec.name, o, session.clone(), into)
                         .map(|up| {
                             let run = crate::upstream::run(up.clone(), session.config().clone(), Arc::downgrade(self));
-                            let (weak, name) = (Arc::downgrade(self), spec.name.clone());
+                            let (weak, name, mine) = (Arc::downgrade(self), spec.name.clone(), session.clone());
                             let run = async move {
                                 run.await;
                                 // A pull ended: the session goes (on a task of its own, as
-                                // deleting it aborts this one).
+                                // deleting it aborts this one); this session, not a newer
+                                // pull of the same name a subscriber set off meanwhile.
                                 if let Some(relay) = weak.upgrade().filter(|_| pulled) {
-                                    tokio::spawn(async move { relay.delete(&name).await });
+                                    tokio::spawn(async move { relay.delete_exact(&name, &mine).await });
                                 }
                             };
                             tasks.push(tokio::spawn(run).abort_handle());
@@ -602,6 +609,14 @@ impl Relay {
         }
         tracing::info!(session = %name, datapath = ?datapath, "session created");
         Ok(session)
+    }
+
+    /// Deletes session `name` if it is still `session` (the generation that asked), not a
+    /// newer one of the same name.
+    pub async fn delete_exact(&self, name: &str, session: &Session) {
+        if self.sessions.read().get(name).is_some_and(|e| e.session.is(session)) {
+            let _ = self.delete(name).await;
+        }
     }
 
     pub async fn delete(&self, name: &str) -> Result<(), RelayError> {

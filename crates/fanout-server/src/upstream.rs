@@ -444,6 +444,12 @@ impl Upstream {
         }
     }
 
+    /// Its run ended (a cluster pull whose origin went or that nobody watched): the session
+    /// is about to go.
+    pub fn finished(&self) -> bool {
+        self.finished.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     fn closing(&self) -> bool {
         self.closing.load(std::sync::atomic::Ordering::Relaxed)
     }
