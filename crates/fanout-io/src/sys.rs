@@ -46,6 +46,13 @@ impl RawAddr {
 }
 
 /// `sendto` of one buffer.
+/// The wall clock as an NTP timestamp (sender reports, and reading a source's reports
+/// against our own clock).
+pub fn ntp_now() -> u64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    fanout_proto::rtcp::ntp_from_unix(since)
+}
+
 pub fn send_to(fd: RawFd, buf: &[u8], to: &RawAddr) -> io::Result<usize> {
     // SAFETY: buf and the address outlive the call.
     retry(|| unsafe {

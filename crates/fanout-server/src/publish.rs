@@ -216,7 +216,7 @@ impl Publisher {
                 let ntp = u64::from_be_bytes(data[8..16].try_into().expect("8 bytes"));
                 let rtp = u32::from_be_bytes(data[16..20].try_into().expect("4 bytes"));
                 if let Some(rtp) = t.restamp.map_ts(ssrc, rtp) {
-                    t.clock_map.report(ntp, rtp, crate::rtsp::ntp_now());
+                    t.clock_map.report(ntp, rtp, fanout_io::sys::ntp_now());
                 }
             }
             return;

@@ -14,6 +14,7 @@
 //! client's track is a sink of that track's session.
 
 use crate::relay::Relay;
+use fanout_io::sys::ntp_now;
 use fanout_proto::rtsp::{self, Limits, Lower, Message, Response};
 use fanout_proto::rtsp_server::{Action, Config, Resource, Server};
 use fanout_proto::sdp::Sdp;
@@ -209,13 +210,6 @@ fn describe(relay: &Relay, name: &str) -> Option<Resource> {
     };
     let sdp = Sdp::parse(&format!("v=0\r\ns={name}\r\n{media}")).ok()?;
     Some(Resource { sdp: sdp.for_clients(name, 1), next_rtp: vec![Some((seq, ts))], publishable: false })
-}
-
-/// The relay's wall clock as an NTP timestamp.
-pub(crate) fn ntp_now() -> u64 {
-    fanout_proto::rtcp::ntp_from_unix(
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default(),
-    )
 }
 
 /// A response as it goes out: with our `Server` header, in bytes.

@@ -376,7 +376,7 @@ impl Upstream {
             let rtp = u32::from_be_bytes(data[16..20].try_into().expect("4 bytes"));
             t.last_sr = Some((reports[0].reporter, fanout_proto::rtcp::ntp_mid32(ntp), Instant::now()));
             if let Some(rtp) = t.restamp.map_ts(reports[0].reporter, rtp) {
-                t.clock_map.report(ntp, rtp, crate::rtsp::ntp_now());
+                t.clock_map.report(ntp, rtp, fanout_io::sys::ntp_now());
             }
         }
     }
