@@ -108,6 +108,8 @@ pub struct Segmenter {
     has_video: bool,
     /// Segments dropped for want of a keyframe.
     pub dropped: u64,
+    /// The stream ended ([`Segmenter::finish`]): the playlist says so.
+    ended: bool,
 }
 
 impl Segmenter {
@@ -172,11 +174,14 @@ impl Segmenter {
             next: first.max(1),
             has_video,
             dropped: 0,
+            ended: false,
         })
     }
 
     /// Takes one unit; returns whether it completed a part or a segment.
     pub fn push(&mut self, u: &Unit) -> bool {
+        // (A stream that goes on after its end, a publisher back late, is live again.)
+        self.ended = false;
         let Some(input) = self.inputs.get(u.stream).cloned() else { return false };
         let (track, video) = match input {
             Input::Video(t, codec) => (t, Some(codec)),
@@ -376,6 +381,23 @@ impl Segmenter {
         true
     }
 
+    /// The stream has ended: what is gathered becomes the last segment (its last picture
+    /// lasting one frame), and the playlist ends with `#EXT-X-ENDLIST`, so that players
+    /// play to the end and stop instead of reloading for ever.
+    pub fn finish(&mut self) -> bool {
+        if self.ended {
+            return false;
+        }
+        let last = self.pending.iter().flatten().map(|p| p.0).max();
+        if let Some(last) = last {
+            let step = if self.frame_gap > 0 { self.frame_gap } else { 3000 };
+            self.cut(last + step);
+        }
+        self.parts.clear();
+        self.ended = true;
+        true
+    }
+
     /// The initialization segment, once the first keyframe came.
     pub fn init(&self) -> Option<Bytes> {
         self.init.clone()
@@ -493,7 +515,9 @@ impl Segmenter {
             }
             p.push_str(&format!("#EXTINF:{:.3},\n{}.m4s{query}\n", s.duration, s.sequence));
         }
-        if self.part_target > 0 {
+        if self.ended {
+            p.push_str("#EXT-X-ENDLIST\n");
+        } else if self.part_target > 0 {
             for (k, part) in self.parts.iter().enumerate() {
                 part_line(&mut p, self.next, k, part);
             }
@@ -583,6 +607,31 @@ mod tests {
             }
         }
         assert_eq!(s.segments.len(), WINDOW);
+    }
+
+    /// A stream's end (issue 30 item 11): the open segment is closed, the playlist lists it
+    /// last and ends with `#EXT-X-ENDLIST`, with no part to wait for; more media makes it
+    /// live again.
+    #[test]
+    fn an_ended_stream_has_a_last_segment_and_an_endlist() {
+        let mut s = Segmenter::with_parts(&streams(), 2000, 500, 1).unwrap();
+        let units = demo_units();
+        for u in &units {
+            s.push(u);
+        }
+        let live = s.playlist("").unwrap();
+        assert!(!live.contains("#EXT-X-ENDLIST") && live.contains("#EXT-X-PRELOAD-HINT"), "{live}");
+        let before = s.progress().last;
+        assert!(s.finish());
+        assert!(!s.finish(), "once");
+        assert_eq!(s.progress().last, before + 1, "the open segment is the last one");
+        let done = s.playlist("").unwrap();
+        assert!(done.ends_with(&format!("\n{}.m4s\n#EXT-X-ENDLIST\n", before + 1)), "{done}");
+        assert!(!done.contains("PRELOAD-HINT"), "{done}");
+        let last = s.segment(before + 1).unwrap();
+        assert!(last.duration > 0.0 && last.duration <= 2.1, "{}", last.duration);
+        s.push(&Unit { time: units.last().unwrap().time + 90_000, ..units[0].clone() });
+        assert!(!s.playlist("").unwrap().contains("#EXT-X-ENDLIST"));
     }
 
     /// The first `trun` of a media segment (the video's): per sample its duration and

@@ -338,7 +338,7 @@ fn session_json(relay: &Relay, s: &fanout_io::Session) -> serde_json::Value {
                 *url = u.request_url();
             }
         }
-        v["spec"] = json!({ "source": spec.source });
+        v["spec"] = json!({ "source": spec.source, "payload": spec.payload, "failed_sinks": spec.failed_sinks });
     }
     if let Some(up) = relay.upstream(s.name()) {
         v["upstream"] = json!(up.status());

@@ -37,6 +37,8 @@ pub struct CtlArgs {
 
 #[derive(Subcommand)]
 enum CtlCmd {
+    /// The server as a whole: workers, queued tasks, load shedding, RTSP addresses, egress.
+    Status,
     /// List sessions.
     Sessions,
     /// Show one session's status and its sinks.
@@ -67,15 +69,30 @@ enum CtlCmd {
         /// relative one is made absolute here.
         #[arg(long)]
         file: Option<std::path::PathBuf>,
-        /// With --file: play it once instead of looping.
-        #[arg(long, requires = "file")]
+        /// With --file: play it once instead of looping (the same as `--loop false`).
+        #[arg(long, requires = "file", conflicts_with = "looped")]
         once: bool,
+        /// With --file: `true` (default) loops it, `false` plays it once.
+        #[arg(long = "loop", id = "looped", requires = "file", value_name = "BOOL")]
+        looped: Option<bool>,
         /// Take the stream from RTSP publishers (ANNOUNCE/RECORD to rtsp://relay/NAME).
         #[arg(long)]
         publish: bool,
         /// With --rtsp: udp, tcp or auto.
-        #[arg(long)]
+        #[arg(long, requires = "rtsp")]
         rtsp_transport: Option<String>,
+        /// With --rtsp: `true` (default) connects only while someone watches, `false` always.
+        #[arg(long, requires = "rtsp", value_name = "BOOL")]
+        on_demand: Option<bool>,
+        /// With --rtsp on demand: seconds the upstream stays after the last client left.
+        #[arg(long, requires = "rtsp", value_name = "SECONDS")]
+        linger_s: Option<f64>,
+        /// keep (default), remove or retry: what becomes of a sink that failed.
+        #[arg(long)]
+        failed_sinks: Option<String>,
+        /// auto (default: strip RTP headers for HTTP subscribers), rtp or raw.
+        #[arg(long)]
+        payload: Option<String>,
         /// Priority class 0-7 (higher is served first).
         #[arg(long, default_value_t = 0)]
         priority: i64,
@@ -138,6 +155,7 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let c = ApiClient::parse(&a.api, a.token, a.cacert.as_deref())?;
     let out = match a.cmd {
+        CtlCmd::Status => c.call("GET", "/v1/engine", None)?,
         CtlCmd::Sessions => c.call("GET", "/v1/sessions", None)?,
         CtlCmd::Session { name } => {
             let mut s = c.call("GET", &format!("/v1/sessions/{name}"), None)?;
@@ -154,19 +172,33 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
             rtsp,
             file,
             once,
+            looped,
             publish,
             rtsp_transport,
+            on_demand,
+            linger_s,
+            failed_sinks,
+            payload,
             priority,
             datapath,
             ring,
             video,
         } => {
-            let rtsp_transport = rtsp_transport
-                .map(|t| {
-                    serde_json::from_value(Value::String(t.clone()))
-                        .with_context(|| format!("--rtsp-transport {t:?}: expected udp, tcp or auto"))
-                })
-                .transpose()?;
+            let sources = [
+                udp.is_some(),
+                tcp_listen.is_some(),
+                tcp_connect.is_some(),
+                demo,
+                rtsp.is_some(),
+                file.is_some(),
+                publish,
+            ];
+            if sources.iter().filter(|b| **b).count() != 1 {
+                anyhow::bail!(
+                    "give exactly one source: --udp ADDR, --tcp-listen ADDR, --tcp-connect HOST:PORT, \
+                     --rtsp URL, --file PATH, --demo or --publish (see `fanout ctl create --help`)"
+                );
+            }
             let source = SourceSpec {
                 udp,
                 interface,
@@ -175,27 +207,20 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
                 demo: demo.then_some(true),
                 rtsp,
                 file: file.map(|f| std::fs::canonicalize(&f).unwrap_or(f)),
-                looped: once.then_some(false),
+                looped: if once { Some(false) } else { looped },
                 publish: publish.then_some(true),
-                rtsp_transport,
+                rtsp_transport: word("--rtsp-transport", rtsp_transport, "udp, tcp or auto")?,
+                on_demand,
+                linger_s,
                 ..Default::default()
             };
             let spec = SessionSpec {
                 priority,
-                datapath: datapath
-                    .map(|d| {
-                        serde_json::from_value(Value::String(d.clone())).with_context(|| {
-                            format!("--datapath {d:?}: expected daemon, copy, shared, uring or kernel")
-                        })
-                    })
-                    .transpose()?,
+                datapath: word("--datapath", datapath, "daemon, copy, shared, uring or kernel")?,
                 ring,
-                video: video
-                    .map(|v| {
-                        serde_json::from_value(Value::String(v.clone()))
-                            .with_context(|| format!("--video {v:?}: expected h264 or h265"))
-                    })
-                    .transpose()?,
+                video: word("--video", video, "h264 or h265")?,
+                failed_sinks: word("--failed-sinks", failed_sinks, "keep, remove or retry")?.unwrap_or_default(),
+                payload: word("--payload", payload, "auto, rtp or raw")?.unwrap_or_default(),
                 ..SessionSpec::new(name, source)
             };
             c.call("POST", "/v1/sessions", Some(serde_json::to_value(spec)?))?
@@ -243,6 +268,14 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A flag whose value is one of the API's lower-case words, read as the API reads it.
+fn word<T: serde::de::DeserializeOwned>(flag: &str, v: Option<String>, expected: &str) -> anyhow::Result<Option<T>> {
+    v.map(|w| {
+        serde_json::from_value(Value::String(w.clone())).with_context(|| format!("{flag} {w:?}: expected {expected}"))
+    })
+    .transpose()
+}
+
 /// A call that answers nothing (204) prints "ok".
 fn ok(v: Value) -> Value {
     if v.is_null() {
@@ -268,6 +301,8 @@ fn print_human(v: &Value) {
         if v["layers"].is_object() {
             println!("\nlayers: pinned at {}, gets {}", layer(&v["layers"]["pin"]), layer(&v["layers"]["allowance"]));
         }
+    } else if v["workers"].is_number() {
+        print_engine(v);
     } else if v["directory"].is_object() {
         print_cluster(v);
     } else if let Some(clients) = v["clients"].as_array() {
@@ -284,6 +319,23 @@ fn print_human(v: &Value) {
         println!("{s}");
     } else {
         println!("{v:#}");
+    }
+}
+
+fn print_engine(v: &Value) {
+    println!("workers        {}", s(&v["workers"]));
+    println!("queued tasks   {}", s(&v["queued_tasks"]));
+    println!("task runs      {}", s(&v["task_runs"]));
+    let shed = match v["shed_below_class"].as_u64() {
+        Some(0) | None => "no".to_string(),
+        Some(c) => format!("classes below {c}"),
+    };
+    println!("shedding       {shed} ({} changes)", s(&v["shed_changes"]));
+    println!("rtsp           {}", s(&v["rtsp"]));
+    println!("rtsps          {}", s(&v["rtsps"]));
+    let e = &v["egress"];
+    if e.is_object() {
+        println!("egress         {} kbit/s, {} reserved", s(&e["rate_kbps"]), s(&e["reserved_kbps"]));
     }
 }
 

@@ -179,7 +179,11 @@ impl Relay {
         if let Some(r) = rtsp {
             r.end_resource(self, name);
         }
-        let ts = self.repack_running(name).and_then(|r| r.ts.clone());
+        let repack = self.repack_running(name);
+        if let Some(hls) = repack.as_ref().and_then(|r| r.hls.clone()) {
+            hls.finish();
+        }
+        let ts = repack.and_then(|r| r.ts.clone());
         let mut http = 0;
         for s in self.session(name).ok().into_iter().chain(ts) {
             for k in s.sinks().into_iter().filter(|k| matches!(k.target, fanout_io::SinkTarget::Http(_))) {

@@ -80,6 +80,14 @@ impl Hls {
         tokio::time::timeout(limit, rx.wait_for(done)).await.is_ok_and(|r| r.is_ok())
     }
 
+    /// The stream ended: its last segment is closed and the playlist ends (`#EXT-X-ENDLIST`).
+    pub fn finish(&self) {
+        let mut seg = self.seg.lock();
+        if seg.finish() {
+            self.newest.send_replace(seg.progress());
+        }
+    }
+
     /// Segments complete and parts of the next.
     pub fn progress(&self) -> Progress {
         *self.newest.borrow()

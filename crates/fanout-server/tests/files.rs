@@ -180,7 +180,8 @@ fn a_file_played_once_ends() {
 
 /// Issue 30 item 11: players of a file played once are told it ended: ffmpeg over RTSP (UDP
 /// and interleaved, by the RTCP BYE and the close) and over HTTP (the stream's end) exits by
-/// itself, and a DESCRIBE afterwards is 404 instead of a description of silence.
+/// itself, and so does an HLS player (the playlist's `#EXT-X-ENDLIST`); a DESCRIBE afterwards
+/// is 404 instead of a description of silence.
 #[test]
 fn players_of_a_file_played_once_get_its_end() {
     if !have_ffmpeg() {
@@ -190,6 +191,7 @@ fn players_of_a_file_played_once_get_its_end() {
     relay.ok("POST", "/v1/sessions", Some(json!({"name": "once", "source": {"file": CLIP, "loop": false}})));
     let rtsp = format!("rtsp://{}/once", rtsp_addr(&relay));
     let http = relay.url("/v1/sessions/once/stream");
+    let hls = relay.url("/v1/sessions/once/hls/index.m3u8");
     std::thread::sleep(Duration::from_secs(1));
     let play = |args: &[&str]| {
         std::process::Command::new("timeout")
@@ -206,6 +208,7 @@ fn players_of_a_file_played_once_get_its_end() {
         ("RTSP over UDP", play(&["-rtsp_transport", "udp", "-i", &rtsp])),
         ("RTSP interleaved", play(&["-rtsp_transport", "tcp", "-i", &rtsp])),
         ("HTTP", play(&["-i", &http])),
+        ("HLS", play(&["-i", &hls])),
     ];
     for (what, mut p) in players {
         let st = p.wait().unwrap();
@@ -215,6 +218,8 @@ fn players_of_a_file_played_once_get_its_end() {
     }
     let (ok, log) = ffmpeg_decode(&rtsp, &[], 1);
     assert!(!ok && log.contains("404"), "a DESCRIBE after the end: {log}");
+    let playlist = ureq::get(&format!("{hls}?player=p")).call().unwrap().into_string().unwrap();
+    assert!(playlist.ends_with("#EXT-X-ENDLIST\n"), "{playlist}");
 }
 
 /// What cannot be played is refused at once, with why.

@@ -229,6 +229,35 @@ fn ctl_behaves_like_a_unix_tool() {
     assert!(pin.status.success() && shown.contains("pinned at did<=0 tid<=1"), "{pin:?}");
     let rtsp = ctl(&["--api", &url, "rtsp"]);
     assert!(String::from_utf8_lossy(&rtsp.stdout).starts_with("RTSP SESSION"), "{rtsp:?}");
+    // Issue 30 item 16: no source names the flags; the rest of the session keys have flags;
+    // the server as a whole has a status.
+    let none = ctl(&["--api", &url, "create", "x"]);
+    let err = String::from_utf8_lossy(&none.stderr);
+    assert!(!none.status.success() && err.contains("--udp ADDR") && err.contains("--demo"), "{none:?}");
+    let made = ctl(&[
+        "--api",
+        &url,
+        "--json",
+        "create",
+        "flags",
+        "--udp",
+        "127.0.0.1:0",
+        "--failed-sinks",
+        "retry",
+        "--payload",
+        "raw",
+    ]);
+    assert!(made.status.success(), "{made:?}");
+    let made: serde_json::Value = serde_json::from_slice(&made.stdout).unwrap();
+    let spec = &made["spec"];
+    assert_eq!((spec["failed_sinks"].as_str(), spec["payload"].as_str()), (Some("retry"), Some("raw")), "{made}");
+    let bad = ctl(&["--api", &url, "create", "y", "--udp", "127.0.0.1:0", "--payload", "bytes"]);
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("expected auto, rtp or raw"), "{bad:?}");
+    let orphan = ctl(&["--api", &url, "create", "z", "--udp", "127.0.0.1:0", "--linger-s", "3"]);
+    assert!(!orphan.status.success() && String::from_utf8_lossy(&orphan.stderr).contains("--rtsp"), "{orphan:?}");
+    let status = ctl(&["--api", &url, "status"]);
+    let shown = String::from_utf8_lossy(&status.stdout);
+    assert!(status.status.success() && shown.contains("workers") && shown.contains("shedding"), "{status:?}");
 }
 
 /// Item 16: delivered totals outlive the sinks that received them; build and process
