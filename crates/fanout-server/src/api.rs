@@ -256,6 +256,7 @@ async fn hls_file(
                 (header::CACHE_CONTROL, "public, max-age=3600, immutable".to_string()),
                 (header::ETAG, etag),
             ];
+            hls.served(data.len());
             // (A reference to the segmenter's bytes, not a copy per player.)
             Ok((headers, data).into_response())
         }
@@ -325,7 +326,10 @@ async fn create_session(
     body: Result<Json<SessionSpec>, JsonRejection>,
 ) -> ApiResult<impl IntoResponse> {
     let Json(spec) = body?;
-    let s = relay.create(spec).await?;
+    let s = relay.create(spec.clone()).await?;
+    if let Some(st) = &relay.state {
+        st.session_made(&spec);
+    }
     Ok((StatusCode::CREATED, Json(session_json(&relay, &s))))
 }
 
@@ -371,11 +375,14 @@ fn session_json(relay: &Relay, s: &fanout_io::Session) -> serde_json::Value {
     if let Some(r) = relay.repack_running(s.name()) {
         let ts = r.ts.as_ref().map(|ts| {
             let st = ts.status();
-            json!({ "session": ts.name(), "sinks": st.sinks, "datagrams": st.source.packets })
+            json!({ "session": ts.name(), "sinks": st.sinks, "datagrams": st.source.packets, "bytes_sent": st.bytes_sent })
         });
         let hls = r.hls.as_ref().map(|h| {
             let players = h.players();
-            h.with(|s| json!({ "segments": s.last(), "codecs": s.codecs(), "players": players }))
+            let served = h.bytes_served();
+            h.with(
+                |s| json!({ "segments": s.last(), "codecs": s.codecs(), "players": players, "bytes_served": served }),
+            )
         });
         v["repackaging"] = json!({ "from": r.describes, "ts": ts, "hls": hls });
     }
@@ -404,6 +411,9 @@ async fn get_session(State(relay): State<Arc<Relay>>, Path(name): Path<String>) 
 
 async fn delete_session(State(relay): State<Arc<Relay>>, Path(name): Path<String>) -> ApiResult<StatusCode> {
     relay.delete(&name).await?;
+    if let Some(st) = &relay.state {
+        st.session_deleted(&name);
+    }
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -414,6 +424,9 @@ async fn add_sink(
 ) -> ApiResult<impl IntoResponse> {
     let Json(spec) = body?;
     let id = relay.add_sink(&name, &spec).await?;
+    if let Some(st) = &relay.state {
+        st.sink_added(&name, id, &spec);
+    }
     let s = relay.session(&name)?;
     Ok((StatusCode::CREATED, Json(json!({ "id": id, "sink": s.sink_status(id) }))))
 }
@@ -424,6 +437,9 @@ async fn list_sinks(State(relay): State<Arc<Relay>>, Path(name): Path<String>) -
 
 async fn flush_sinks(State(relay): State<Arc<Relay>>, Path(name): Path<String>) -> ApiResult<Json<serde_json::Value>> {
     let removed = relay.session(&name)?.remove_all_sinks();
+    if let Some(st) = &relay.state {
+        st.sinks_flushed(&name);
+    }
     tracing::info!(session = %name, removed, "sinks flushed");
     Ok(Json(json!({ "removed": removed })))
 }
@@ -450,6 +466,9 @@ async fn remove_sink(
 ) -> ApiResult<StatusCode> {
     let id = parse_id(&id)?;
     if relay.session(&name)?.remove_sink(id) {
+        if let Some(st) = &relay.state {
+            st.sink_removed(&name, id);
+        }
         tracing::info!(session = %name, sink = id, "sink removed");
         Ok(StatusCode::NO_CONTENT)
     } else {

@@ -76,6 +76,11 @@ pub struct Config {
     /// resolved; the files the config's own `[[session]]`s name are allowed too. None by
     /// default: an API client cannot make the relay open a file of its choosing.
     pub file_roots: Vec<std::path::PathBuf>,
+    /// Where the sessions made through the API (and the sinks added to them) are kept, so
+    /// that a restart brings them back; `""` keeps none. Default: `$STATE_DIRECTORY`
+    /// (systemd), else `$XDG_STATE_HOME/fanout`, else `~/.local/state/fanout`, with
+    /// `sessions.json` in it.
+    pub state_file: Option<std::path::PathBuf>,
     /// Static sessions, created at start.
     #[serde(rename = "session")]
     pub sessions: Vec<SessionSpec>,
@@ -267,6 +272,7 @@ pub const CONFIG_FIELDS: &[&str] = &[
     "max_body",
     "publisher_grace_s",
     "file_roots",
+    "state_file",
     "session",
     "tls",
     "cluster",
@@ -308,6 +314,7 @@ impl Default for Config {
             max_body: 1024 * 1024,
             publisher_grace_s: 5.0,
             file_roots: Vec::new(),
+            state_file: crate::state::default_path(),
             sessions: Vec::new(),
             tls: None,
             cluster: None,

@@ -12,6 +12,7 @@ mod repack;
 mod rtsp;
 mod spec;
 mod srtp_out;
+mod state;
 mod tls;
 mod ui;
 mod upstream;
@@ -100,6 +101,10 @@ struct ServeArgs {
     /// the config's file_roots).
     #[arg(long)]
     file_root: Vec<PathBuf>,
+    /// Where the sessions made through the API are kept across restarts; '' keeps none
+    /// (overrides the config's state_file).
+    #[arg(long, env = "FANOUT_STATE_FILE", value_name = "PATH")]
+    state_file: Option<String>,
     /// Connections one client address may hold on each listener; 0 = no cap (a load tool
     /// on the relay's own host needs it) (overrides the config).
     #[arg(long)]
@@ -186,6 +191,9 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
         cfg.allow_unauthenticated = true;
     }
     cfg.file_roots.extend(a.file_root);
+    if let Some(f) = a.state_file {
+        cfg.state_file = Some(f.into());
+    }
     if let Some(n) = a.max_connections_per_ip {
         cfg.max_connections_per_ip = n;
     }
@@ -245,6 +253,7 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>) -> 
         let name = s.name.clone();
         relay.create(s).await.map_err(|e| anyhow::anyhow!("session {name:?} from the config: {e}"))?;
     }
+    let restored = relay.restore().await;
     let router = api::router(relay.clone());
     let http = if relay.cfg.https() { "https" } else { "http" };
     tracing::info!(
@@ -260,6 +269,9 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>) -> 
         if let Some(f) = t.self_signed_file() {
             say!("fanout: self-signed: trust it with curl --cacert {}", f.display());
         }
+    }
+    if let Some(st) = &relay.state {
+        say!("fanout: API sessions kept in {} ({restored} made again)", st.path().display());
     }
     if let Some(c) = &relay.cluster {
         say!("fanout: cluster node {:?} (tier {}), pulled from at {}", c.cfg.node, c.cfg.tier, c.me().rtsp_url);

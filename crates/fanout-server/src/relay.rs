@@ -73,6 +73,8 @@ pub struct Relay {
     pub cluster: Option<Arc<crate::cluster::Cluster>>,
     /// Connections refused (caps), by reason.
     pub books: Arc<crate::admit::Books>,
+    /// The sessions made through the API, kept across restarts (`state_file`).
+    pub state: Option<crate::state::StateFile>,
 }
 
 /// What RTSP clients of a session get instead of the session's own RTP.
@@ -87,7 +89,12 @@ impl Relay {
         let engine = Engine::start(cfg.engine_options()?)?;
         engine.set_kernel_sinks(cfg.kernel_sinks);
         let cluster = cfg.cluster.clone().map(|c| crate::cluster::Cluster::new(c, cfg.rtsp)).transpose()?;
+        let state = match cfg.state_file.as_deref().filter(|p| !p.as_os_str().is_empty()) {
+            Some(p) => crate::state::StateFile::open(p)?,
+            None => None,
+        };
         Ok(Arc::new(Self {
+            state,
             cluster,
             books: Default::default(),
             engine,
@@ -673,6 +680,37 @@ impl Relay {
         let id = add_sink(&session, spec).await?;
         tracing::info!(session = name, sink = id, udp = ?spec.udp, tcp = ?spec.tcp, "sink added");
         Ok(id)
+    }
+
+    /// Makes again the sessions the state file kept (after the config's: a name the config
+    /// now gives is the config's), with their sinks; returns how many. One that cannot be
+    /// made again (its file gone, its port taken) is logged with its spec, and not kept.
+    pub async fn restore(self: &Arc<Self>) -> usize {
+        let Some(state) = &self.state else { return 0 };
+        let mut made = 0;
+        for k in state.take() {
+            let name = k.spec.name.clone();
+            let spec = serde_json::to_string(&k.spec).unwrap_or_default();
+            if self.session(&name).is_ok() {
+                tracing::warn!(session = name, "a kept session is not made again: the config has one of that name");
+                continue;
+            }
+            if let Err(e) = self.create(k.spec.clone()).await {
+                tracing::warn!(session = name, spec, "a kept session could not be made again, and is dropped: {e}");
+                continue;
+            }
+            state.session_made(&k.spec);
+            made += 1;
+            for sink in k.sinks.values() {
+                match self.add_sink(&name, sink).await {
+                    Ok(id) => state.sink_added(&name, id, sink),
+                    Err(e) => {
+                        tracing::warn!(session = name, udp = ?sink.udp, tcp = ?sink.tcp, "a kept sink could not be added again: {e}")
+                    }
+                }
+            }
+        }
+        made
     }
 
     pub async fn shutdown(&self) {

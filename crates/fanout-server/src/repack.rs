@@ -39,6 +39,8 @@ pub struct Hls {
     /// `born`.
     players: Mutex<fanout_core::players::Players>,
     born: Instant,
+    /// Bytes of segments and parts served, for the status's out rate.
+    served: std::sync::atomic::AtomicU64,
 }
 
 /// A player that asked for nothing for this long has stopped: players reload the playlist
@@ -56,6 +58,15 @@ impl Hls {
     /// A request from the player named `id` (see [`fanout_core::players`]).
     pub fn player_seen(&self, id: &str) {
         self.players.lock().seen(id, self.born.elapsed().as_millis() as u64);
+    }
+
+    /// A segment or part of `n` bytes went to a player.
+    pub fn served(&self, n: usize) {
+        self.served.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn bytes_served(&self) -> u64 {
+        self.served.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Players that asked for something within the last `PLAYER_WINDOW_MS`.
@@ -156,6 +167,7 @@ impl Repack {
                 last_request: Mutex::new(Instant::now()),
                 players: Mutex::new(fanout_core::players::Players::new(PLAYER_WINDOW_MS, MAX_PLAYERS)),
                 born: Instant::now(),
+                served: Default::default(),
             })
         });
         let describes = repack

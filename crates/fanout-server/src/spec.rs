@@ -220,7 +220,7 @@ impl SinkSpec {
 }
 
 /// A relay session: the OMSS SET_SOURCE call, and a `[[session]]` table in the config.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct SessionSpec {
     /// Unique name: 1–64 of `A-Z a-z 0-9 _ - .`; the stream URL is `/v1/sessions/{name}/stream`.

@@ -166,3 +166,57 @@ fn api_port_in_use_is_a_clear_error() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot listen on"), "{out:?}");
 }
+
+/// Issue 30 item 17: the sessions made through the API, with their sinks, come back after a
+/// restart (the state file); a deleted one, a removed sink and the config's own sessions are
+/// not written there; a second relay on the same file runs without it.
+#[test]
+fn api_sessions_survive_a_restart() {
+    let dir = std::env::temp_dir().join(format!("fanout-state-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let state = dir.join("sessions.json");
+    let _ = std::fs::remove_file(&state);
+    let cfg = dir.join("fanout.toml");
+    std::fs::write(&cfg, "[[session]]\nname = \"fromcfg\"\nsource = { udp = \"127.0.0.1:0\" }\n").unwrap();
+    let args = ["--no-demo", "--config", cfg.to_str().unwrap(), "--state-file", state.to_str().unwrap()];
+    let relay = Relay::start(&args);
+    let make = |name: &str| {
+        relay.ok(
+            "POST",
+            "/v1/sessions",
+            Some(serde_json::json!({"name": name, "source": {"udp": "127.0.0.1:0"}, "priority": 2, "payload": "raw"})),
+        )
+    };
+    make("kept");
+    make("gone");
+    let sink =
+        |to: &str| relay.ok("POST", "/v1/sessions/kept/sinks", Some(serde_json::json!({ "udp": to })))["id"].clone();
+    sink("127.0.0.1:6010");
+    let removed = sink("127.0.0.1:6011");
+    relay.ok("DELETE", &format!("/v1/sessions/kept/sinks/{removed}"), None);
+    relay.ok("DELETE", "/v1/sessions/gone", None);
+
+    // A second relay on the same file while the first runs: it starts, without the state.
+    let second = Relay::start(&["--no-demo", "--state-file", state.to_str().unwrap()]);
+    assert_eq!(second.ok("GET", "/v1/sessions", None)["sessions"].as_array().unwrap().len(), 0);
+    drop(second);
+    drop(relay);
+
+    let relay = Relay::start(&args);
+    let names: Vec<String> = relay.ok("GET", "/v1/sessions", None)["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names, ["fromcfg", "kept"]);
+    let kept = relay.ok("GET", "/v1/sessions/kept", None);
+    assert_eq!((kept["priority"].as_u64(), kept["spec"]["payload"].as_str()), (Some(2), Some("raw")), "{kept}");
+    let sinks = relay.ok("GET", "/v1/sessions/kept/sinks", None);
+    let to: Vec<&str> = sinks["sinks"].as_array().unwrap().iter().filter_map(|s| s["udp"].as_str()).collect();
+    assert_eq!(to, ["127.0.0.1:6010"], "{sinks}");
+    let text = std::fs::read_to_string(&state).unwrap();
+    assert!(text.contains("\"kept\"") && !text.contains("fromcfg") && !text.contains("\"gone\""), "{text}");
+    drop(relay);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

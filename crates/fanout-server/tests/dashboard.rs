@@ -108,8 +108,8 @@ fn the_dashboard_shows_live_sessions_and_plays_a_preview() {
     std::thread::sleep(Duration::from_millis(2500));
     assert_ne!(plot(), before, "the rate plot did not move");
 
-    // The preview plays: the video's time advances.
-    d.js("document.querySelector('[data-session=demo] .play').click();");
+    // The preview of the first session that sends plays by itself (issue 30 item 17): the
+    // video's time advances.
     let time =
         || d.js("return document.querySelector('[data-session=demo] video').currentTime;").as_f64().unwrap_or(0.0);
     let why = || d.js("return document.querySelector('[data-session=demo] .why').textContent;");
@@ -118,6 +118,17 @@ fn the_dashboard_shows_live_sessions_and_plays_a_preview() {
     std::thread::sleep(Duration::from_secs(3));
     let t1 = time();
     assert!(t1 - t0 > 2.0, "the preview stalled: {t0} then {t1}: {:?}", why());
+    // While it plays, the card counts it: one HLS player, and what it is sent.
+    let number = |k: &str| {
+        d.js(&format!("return document.querySelector('[data-session=demo] .{k}').textContent;"))
+            .as_str()
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    assert!(wait_for(Duration::from_secs(10), || number("hls") >= 1.0), "HLS players: {}", number("hls"));
+    assert!(wait_for(Duration::from_secs(5), || number("out") > 50.0), "kbit/s out: {}", number("out"));
+    let engine = d.js("return document.getElementById('engine').textContent;");
+    assert!(engine.as_str().is_some_and(|e| e.contains("2 sessions")), "{engine}");
 
     if let Some(path) = std::env::var_os("FANOUT_UI_SCREENSHOT") {
         let png: Value = ureq::get(&format!("{}/screenshot", d.url)).call().unwrap().into_json().unwrap();

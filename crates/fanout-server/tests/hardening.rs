@@ -291,7 +291,7 @@ fn metrics_outlive_sinks_and_logs_are_plain() {
     // Info logs, as a service manager would capture them (stderr a pipe).
     use std::io::BufRead;
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_fanout"))
-        .args(["serve", "--api", "127.0.0.1:0", "--rtsp", "127.0.0.1:0", "--no-demo"])
+        .args(["serve", "--api", "127.0.0.1:0", "--rtsp", "127.0.0.1:0", "--no-demo", "--state-file", ""])
         .env("FANOUT_LOG", "info")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())

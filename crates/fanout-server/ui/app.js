@@ -8,6 +8,8 @@ let token = params.get('token') || localStorage.getItem('fanout-token') || '';
 const q = () => (token ? `?token=${encodeURIComponent(token)}` : '');
 const HISTORY = 120;
 const cards = new Map(); // session name -> { el, last, hist }
+// The first session seen sending plays its preview by itself, once per page.
+let autoPreviewed = false;
 
 function $(root, sel) { return root.querySelector(sel); }
 
@@ -83,7 +85,10 @@ function update(c, s, now, rtspClients) {
   $(el, '.source').textContent = s.source.kind + (s.source.error ? ` — ${s.source.error}` : '') +
     (s.repackaging ? ` · repackaged: ${s.repackaging.from}` : '');
   const lost = (s.upstream ? s.upstream.tracks.reduce((a, t) => a + t.lost, 0) : 0);
-  const cur = { t: now, in: s.source.bytes, out: s.bytes_sent, skipped: s.packets_skipped, lost };
+  // Out: the session's sinks, and what its repackaging sends (HTTP TS subscribers, HLS).
+  const r = s.repackaging || {};
+  const out = s.bytes_sent + ((r.ts && r.ts.bytes_sent) || 0) + ((r.hls && r.hls.bytes_served) || 0);
+  const cur = { t: now, in: s.source.bytes, out, skipped: s.packets_skipped, lost };
   if (c.last) {
     const dt = (cur.t - c.last.t) / 1000;
     const rin = kbps(cur.in - c.last.in, dt);
@@ -98,7 +103,12 @@ function update(c, s, now, rtspClients) {
     plot($(el, '.plot-loss'), c.hist.loss, '#f85149');
   }
   c.last = cur;
-  $(el, '.sinks').textContent = s.sinks;
+  $(el, '.sinks').textContent = s.sinks + ((r.ts && r.ts.sinks) || 0);
+  $(el, '.hls').textContent = (r.hls && r.hls.players) || 0;
+  if (!autoPreviewed && s.source.state === 'active' && window.MediaSource) {
+    autoPreviewed = true;
+    togglePreview(el, s.name);
+  }
   $(el, '.rtsp').textContent = rtspClients;
   $(el, '.loss').textContent = lost;
   links(el, s);

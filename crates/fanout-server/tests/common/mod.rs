@@ -58,6 +58,8 @@ impl Relay {
             .args(["serve", "--api", api])
             .args(extra)
             .env("FANOUT_LOG", "warn")
+            // Each test's relay keeps no state (a test that does names its file).
+            .env("FANOUT_STATE_FILE", "")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

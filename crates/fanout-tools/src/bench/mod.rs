@@ -159,6 +159,8 @@ impl RelayProc {
             .args(["serve", "--no-demo", "--api", "127.0.0.1:0", "--max-connections-per-ip", "0"])
             .args(rtsp)
             .args(extra)
+            // A measured relay keeps no state: nothing from before, nothing after.
+            .args(["--state-file", ""])
             .env("FANOUT_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
