@@ -641,9 +641,102 @@ pub struct OverloadArgs {
     /// A short run (no load, then full load, 4 s each, the first setup only); CI runs it.
     #[arg(long)]
     quick: bool,
+    /// Measure nothing: draw the PNG again from the CSV an earlier run left in `--out`
+    /// (give the run's `--subscribers`, `--rate-kbps` and `--burners-per-core` for the title).
+    #[arg(long)]
+    replot: bool,
     /// Folder for the CSV and PNG.
     #[arg(long, default_value = "bench-out/overload")]
     out: PathBuf,
+}
+
+/// One line of `overload.csv`, as much of it as the plot shows.
+struct OverloadPoint {
+    setup: String,
+    level: f64,
+    burners: usize,
+    class: u8,
+    loss_pct: f64,
+    p99_us: f64,
+}
+
+/// Reads the points of an `overload.csv` (by its header's names, so columns may be added).
+fn read_overload_csv(path: &Path) -> anyhow::Result<Vec<OverloadPoint>> {
+    use anyhow::Context as _;
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut lines = text.lines();
+    let head: Vec<&str> = lines.next().unwrap_or("").split(',').collect();
+    let col = |name: &str| {
+        head.iter().position(|h| *h == name).with_context(|| format!("{}: no column {name:?}", path.display()))
+    };
+    let (setup, level, burners, class, loss, p99) = (
+        col("setup")?,
+        col("background_pct")?,
+        col("burners")?,
+        col("class")?,
+        col("loss_pct")?,
+        col("latency_p99_us")?,
+    );
+    let mut points = Vec::new();
+    for (n, line) in lines.enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let f: Vec<&str> = line.split(',').collect();
+        let bad = || format!("{} line {}: {line:?}", path.display(), n + 2);
+        let get = |k: usize| f.get(k).copied().with_context(bad);
+        points.push(OverloadPoint {
+            setup: get(setup)?.to_string(),
+            level: get(level)?.parse().with_context(bad)?,
+            burners: get(burners)?.parse().with_context(bad)?,
+            class: get(class)?.parse().with_context(bad)?,
+            loss_pct: get(loss)?.parse().with_context(bad)?,
+            p99_us: get(p99)?.parse().with_context(bad)?,
+        });
+    }
+    anyhow::ensure!(!points.is_empty(), "{}: no measurements in it", path.display());
+    Ok(points)
+}
+
+/// The overload plot: per setup, each class's loss by background level; then the top
+/// class's p99 of every setup on a log scale.
+fn plot_overload(a: &OverloadArgs, points: &[OverloadPoint]) -> anyhow::Result<PathBuf> {
+    let mut setups: Vec<&str> = Vec::new();
+    for p in points {
+        if !setups.contains(&p.setup.as_str()) {
+            setups.push(&p.setup);
+        }
+    }
+    let series = |f: &dyn Fn(&OverloadPoint) -> bool, y: &dyn Fn(&OverloadPoint) -> f64| -> Vec<(f64, f64)> {
+        points.iter().filter(|p| f(p)).map(|p| (p.level, y(p))).collect()
+    };
+    let titles: Vec<String> = setups.iter().map(|s| format!("loss (%), relay {s}")).collect();
+    let mut panels: Vec<Panel> = setups
+        .iter()
+        .zip(&titles)
+        .map(|(s, t)| Panel {
+            y_label: t,
+            series: [1u8, 2, 3]
+                .iter()
+                .map(|&c| (format!("class {c}"), series(&|p| p.setup == *s && p.class == c, &|p| p.loss_pct)))
+                .collect(),
+            log_y: false,
+        })
+        .collect();
+    let top_p99 = setups
+        .iter()
+        .map(|s| (s.to_string(), series(&|p| p.setup == *s && p.class == 3, &|p| p.p99_us / 1000.0)))
+        .collect();
+    panels.push(Panel { y_label: "class 3 latency p99 (ms, log scale)", series: top_p99, log_y: true });
+    let png = a.out.join("overload.png");
+    plot::panels(
+        &png,
+        &format!(
+            "Overload: 3 × 1-to-{} sessions at {} kbit/s, {} busy processes per core",
+            a.subscribers, a.rate_kbps, a.burners_per_core
+        ),
+        &format!("busy share of each of {} background processes (%)", points[0].burners),
+        false,
+        &panels,
+    )?;
+    Ok(png)
 }
 
 /// A setup of `bench overload`: the relay's command-line flags, and the top class's data
@@ -682,6 +775,11 @@ impl Setup {
 }
 
 pub fn overload(mut a: OverloadArgs) -> anyhow::Result<()> {
+    if a.replot {
+        let png = plot_overload(&a, &read_overload_csv(&a.out.join("overload.csv"))?)?;
+        println!("PNG: {}", png.display());
+        return Ok(());
+    }
     if a.quick {
         // Still a real overload (CI asserts the classes lose in order), but short.
         a.levels = vec![0.0, 100.0];
@@ -717,14 +815,8 @@ pub fn overload(mut a: OverloadArgs) -> anyhow::Result<()> {
     // deliveries times the relay's CPU there (the first level is 0%: all delivered).
     let mut top_need: Vec<Option<f64>> = vec![None; relays.len()];
     let classes = [1u8, 2, 3];
-    type Series = Vec<(String, Vec<(f64, f64)>)>;
-    let mut loss: Vec<Series> = vec![Vec::new(); relays.len()];
-    let mut top_p99: Series = Vec::new();
+    let mut points = Vec::new();
     let mut order_broken = 0;
-    for (si, setup) in a.setups.iter().enumerate() {
-        loss[si] = classes.iter().map(|c| (format!("class {c}"), Vec::new())).collect();
-        top_p99.push((setup.clone(), Vec::new()));
-    }
     for (i, &level) in a.levels.iter().enumerate() {
         for (si, (setup, relay)) in a.setups.iter().zip(&relays).enumerate() {
             pb.set_message(format!("background {level}%, {setup}"));
@@ -798,27 +890,19 @@ pub fn overload(mut a: OverloadArgs) -> anyhow::Result<()> {
                     shed.get(k).copied().unwrap_or(0),
                     r.rcvbuf_errors
                 )?;
-                loss[si][k].1.push((level, l));
+                points.push(OverloadPoint {
+                    setup: setup.clone(),
+                    level,
+                    burners: plan.burners,
+                    class: classes[k],
+                    loss_pct: l,
+                    p99_us: p99,
+                });
             }
-            top_p99[si].1.push((level, p99_ms));
         }
     }
     pb.finish_and_clear();
-    let png = a.out.join("overload.png");
-    let titles: Vec<String> = a.setups.iter().map(|s| format!("loss (%), relay {s}")).collect();
-    let mut panels: Vec<Panel> =
-        loss.into_iter().zip(&titles).map(|(series, t)| Panel { y_label: t, series, log_y: false }).collect();
-    panels.push(Panel { y_label: "class 3 latency p99 (ms, log scale)", series: top_p99, log_y: true });
-    plot::panels(
-        &png,
-        &format!(
-            "Overload: 3 × 1-to-{} sessions at {} kbit/s, {} busy processes per core",
-            a.subscribers, a.rate_kbps, a.burners_per_core
-        ),
-        &format!("busy share of each of {} background processes (%)", a.burners_per_core * cores),
-        false,
-        &panels,
-    )?;
+    let png = plot_overload(&a, &points)?;
     if order_broken > 0 {
         println!("{order_broken} step(s) lost out of class order (see above)");
     }
@@ -828,7 +912,31 @@ pub fn overload(mut a: OverloadArgs) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::Setup;
+    use super::{read_overload_csv, Setup};
+
+    /// `--replot` reads a run's CSV by column name, and says which line is bad.
+    #[test]
+    fn overload_csv_is_read_back_by_column() {
+        let dir = std::env::temp_dir().join(format!("fanout-replot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let csv = dir.join("overload.csv");
+        std::fs::write(
+            &csv,
+            "setup,background_pct,burners,class,subscribers,loss_pct,latency_p50_us,latency_p99_us\n\
+             default,0,16,3,150,0.000,380,906\ndefault,100,16,1,150,99.5,380,1400000\n",
+        )
+        .unwrap();
+        let p = read_overload_csv(&csv).unwrap();
+        assert_eq!(p.len(), 2);
+        assert_eq!((p[1].setup.as_str(), p[1].level, p[1].class, p[1].loss_pct), ("default", 100.0, 1, 99.5));
+        assert_eq!((p[0].burners, p[0].p99_us), (16, 906.0));
+        std::fs::write(&csv, "setup,background_pct,burners,class,loss_pct,latency_p99_us\nx,zero,1,1,0,0\n").unwrap();
+        let e = format!("{:#}", read_overload_csv(&csv).err().unwrap());
+        assert!(e.contains("line 2"), "{e}");
+        std::fs::write(&csv, "setup,class\n").unwrap();
+        assert!(format!("{:#}", read_overload_csv(&csv).err().unwrap()).contains("background_pct"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn overload_setups_join_relay_flags_and_a_top_class_data_path() {
