@@ -441,6 +441,35 @@ fn an_edge_pulls_from_the_first_parent_that_is_up() {
     assert_eq!(origin.call("GET", "/v1/cluster", None).0, 404);
 }
 
+/// Issue 30 item 9, after a failover: an edge's RTSP client keeps one clock in its sender
+/// reports when the edge's parent dies and it pulls the channel from another (a relay of its
+/// own clock, RTP times and SSRC), and it goes on receiving.
+#[test]
+fn sender_reports_keep_one_clock_across_a_failover() {
+    let first = Relay::with_config("", &[]);
+    let second = Relay::with_config("", &[]);
+    let (a, b) = (common::rtsp_addr(&first), common::rtsp_addr(&second));
+    let toml = format!(
+        "demo = false\n[cluster]\nnode = \"edge\"\ntier = 1\nlinger_s = 5\nparents = [\"rtsp://{a}\", \"rtsp://{b}\"]\n"
+    );
+    let edge = Relay::with_config(&toml, &[]);
+    let rtcp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let play = common::rtsp_play(common::rtsp_addr(&edge), "demo", Some(rtcp.local_addr().unwrap().port()));
+    let mut reports = common::sender_reports(&rtcp, Instant::now() + Duration::from_secs(6));
+    drop(first);
+    let switched = wait_for(Duration::from_secs(20), || {
+        edge.ok("GET", "/v1/cluster", None)["pulls"][0]["from"].as_str().is_some_and(|f| f.contains(&b.to_string()))
+    });
+    assert!(switched, "no failover: {}", edge.ok("GET", "/v1/cluster", None));
+    let after = common::sender_reports(&rtcp, Instant::now() + Duration::from_secs(10));
+    assert!(after.len() >= 2, "sender reports after the failover: {after:?}");
+    reports.extend(after);
+    common::assert_one_clock(&reports, 90_000.0);
+    // The client still gets the stream.
+    play.rtp.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    assert!(play.rtp.recv(&mut [0u8; 2048]).is_ok(), "no RTP after the failover");
+}
+
 /// Relay to relay over RTSPS: an edge whose parent is an `rtsps://` origin (its certificate
 /// checked against the CA in `[cluster] tls_ca`) pulls SRTP over UDP, keyed in the TLS
 /// connection, and gives the origin a key of its own for its reports, which the origin

@@ -457,3 +457,34 @@ pub fn read_head(s: &mut impl Read) -> String {
     }
     String::from_utf8(head).unwrap()
 }
+
+/// The sender reports (NTP seconds, RTP time) that arrive on `rtcp` until `until`.
+pub fn sender_reports(rtcp: &std::net::UdpSocket, until: Instant) -> Vec<(f64, u32)> {
+    rtcp.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+    let mut reports = Vec::new();
+    let mut b = [0u8; 1500];
+    while Instant::now() < until {
+        let Ok(n) = rtcp.recv(&mut b) else { continue };
+        if n >= 20 && b[1] == 200 {
+            let ntp = u64::from_be_bytes(b[8..16].try_into().unwrap());
+            let rtp = u32::from_be_bytes(b[16..20].try_into().unwrap());
+            reports.push((ntp as f64 / 4_294_967_296.0, rtp));
+        }
+    }
+    reports
+}
+
+/// Every report's RTP time against its wall clock follows from the first report's at
+/// `rate` Hz, within half a second: one clock, whatever happened upstream.
+pub fn assert_one_clock(reports: &[(f64, u32)], rate: f64) {
+    assert!(reports.len() >= 3, "{} sender reports: {reports:?}", reports.len());
+    let (t0, r0) = reports[0];
+    for &(t, r) in &reports[1..] {
+        let by_rtp = f64::from(r.wrapping_sub(r0)) / rate;
+        assert!(
+            (by_rtp - (t - t0)).abs() < 0.5,
+            "a report {:.1} s on by its wall clock, {by_rtp:.1} s by its RTP time: {reports:?}",
+            t - t0
+        );
+    }
+}
