@@ -314,7 +314,7 @@ impl Default for Config {
             max_body: 1024 * 1024,
             publisher_grace_s: 5.0,
             file_roots: Vec::new(),
-            state_file: crate::state::default_path(),
+            state_file: default_state_file(),
             sessions: Vec::new(),
             tls: None,
             cluster: None,
@@ -329,13 +329,23 @@ pub struct RtspUser {
     pub password: String,
 }
 
+/// Where the state is kept when the config does not say: systemd's `StateDirectory`, else
+/// `$XDG_STATE_HOME/fanout`, else `~/.local/state/fanout`; `sessions.json` in it.
+fn default_state_file() -> Option<std::path::PathBuf> {
+    use std::path::PathBuf;
+    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let dir = env("STATE_DIRECTORY")
+        .or_else(|| env("XDG_STATE_HOME").map(|d| d.join("fanout")))
+        .or_else(|| env("HOME").map(|h| h.join(".local/state/fanout")))?;
+    Some(dir.join("sessions.json"))
+}
+
 /// See `docs/BENCHMARKS.md` (overload): the top class's p99 stays under 50 ms.
 pub const DEFAULT_SHED_AFTER_MS: u64 = 20;
 pub const MAX_SHED_AFTER_MS: u64 = 10_000;
 
 /// The limits of the server-wide numbers (also in docs/config.md).
 pub const MAX_WORKERS: usize = 256;
-pub const MAX_SINKS_PER_GROUP: usize = 4096;
 pub const KERNEL_SINKS: std::ops::RangeInclusive<usize> = 256..=(1 << 20);
 pub const MIN_BODY: usize = 1024;
 
@@ -507,9 +517,13 @@ impl Config {
             format!("max_datagram {} is out of range 188..={max_dg}", self.max_datagram),
         );
         check(
-            (1..=MAX_SINKS_PER_GROUP).contains(&self.sinks_per_group),
+            (1..=crate::spec::MAX_SINKS_PER_GROUP).contains(&self.sinks_per_group),
             "sinks_per_group",
-            format!("sinks_per_group {} is out of range 1..={MAX_SINKS_PER_GROUP}", self.sinks_per_group),
+            format!(
+                "sinks_per_group {} is out of range 1..={}",
+                self.sinks_per_group,
+                crate::spec::MAX_SINKS_PER_GROUP
+            ),
         );
         check(
             KERNEL_SINKS.contains(&self.kernel_sinks),

@@ -321,6 +321,7 @@ pub enum Pacing {
 }
 
 pub const MAX_RING: usize = 1 << 20;
+pub const MAX_SINKS_PER_GROUP: usize = 4096;
 pub const RATE_KBPS: std::ops::RangeInclusive<u64> = 8..=10_000_000;
 pub const PACE_CATCHUP: std::ops::RangeInclusive<f64> = 1.0..=8.0;
 pub const DEFAULT_PACE_CATCHUP: f64 = 1.5;
@@ -378,8 +379,8 @@ impl SessionSpec {
         if let Some(ms) = self.stream_flush_ms.filter(|&ms| ms > MAX_STREAM_FLUSH_MS) {
             return Err(format!("stream_flush_ms {ms} is out of range 0..={MAX_STREAM_FLUSH_MS}"));
         }
-        if let Some(n) = self.sinks_per_group.filter(|n| !(1..=crate::config::MAX_SINKS_PER_GROUP).contains(n)) {
-            return Err(format!("sinks_per_group {n} is out of range 1..={}", crate::config::MAX_SINKS_PER_GROUP));
+        if let Some(n) = self.sinks_per_group.filter(|n| !(1..=MAX_SINKS_PER_GROUP).contains(n)) {
+            return Err(format!("sinks_per_group {n} is out of range 1..={}", MAX_SINKS_PER_GROUP));
         }
         if let Some(r) = self.ring {
             if !(2..=MAX_RING).contains(&r) {

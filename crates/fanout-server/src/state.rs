@@ -40,16 +40,6 @@ pub struct StateFile {
     kept: parking_lot::Mutex<BTreeMap<String, Kept>>,
 }
 
-/// Where the state is kept when the config does not say: systemd's `StateDirectory`, else
-/// `$XDG_STATE_HOME/fanout`, else `~/.local/state/fanout`; `sessions.json` in it.
-pub fn default_path() -> Option<PathBuf> {
-    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
-    let dir = env("STATE_DIRECTORY")
-        .or_else(|| env("XDG_STATE_HOME").map(|d| d.join("fanout")))
-        .or_else(|| env("HOME").map(|h| h.join(".local/state/fanout")))?;
-    Some(dir.join("sessions.json"))
-}
-
 impl StateFile {
     /// Opens (or starts) the state at `path` and locks it; what it holds is read with
     /// [`StateFile::take`]. `None` when another relay holds it (logged). An unreadable or
