@@ -60,6 +60,12 @@ impl Runner {
     }
 }
 
+impl crate::reactor::Wake for Task {
+    fn wake(self: Arc<Self>) {
+        self.schedule();
+    }
+}
+
 pub struct Task {
     state: AtomicU8,
     /// When it was last queued, ns since the engine started.

@@ -1,7 +1,6 @@
 //! The reactor: one thread waiting on socket readiness (epoll through mio, edge-triggered)
 //! and turning it into ready tasks. It never reads or writes a socket itself.
 
-use crate::engine::Task;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use parking_lot::Mutex;
@@ -14,6 +13,14 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 const WAKER: Token = Token(usize::MAX);
+
+/// What the reactor wakes when its socket is ready or its time has come: the engine's tasks
+/// (the engine, above this module, implements it).
+pub trait Wake: Send + Sync {
+    fn wake(self: Arc<Self>);
+}
+
+type Task = dyn Wake;
 
 /// Readiness flags a sink group reads when it runs.
 #[derive(Debug, Default)]
@@ -169,7 +176,7 @@ impl Reactor {
             // Schedule outside the lock: pushing takes the queue lock.
             for h in ready.drain(..) {
                 match h {
-                    Handler::Ready(t) | Handler::Sink(t, _) => t.schedule(),
+                    Handler::Ready(t) | Handler::Sink(t, _) => t.wake(),
                 }
             }
         }
