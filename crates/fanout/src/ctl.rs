@@ -1,8 +1,8 @@
 //! `fanout ctl`: every control-API call from the shell, as readable tables or `--json`.
 
-use crate::spec::{SessionSpec, SinkSpec, SourceSpec};
 use anyhow::Context;
 use clap::{Args, Subcommand};
+use fanout_server::spec::{SessionSpec, SinkSpec, SourceSpec};
 use fanout_tools::client::ApiClient;
 use serde_json::Value;
 use std::net::SocketAddr;

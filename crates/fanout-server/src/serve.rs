@@ -1,54 +1,11 @@
-//! `fanout`: a live media relay. One binary, several subcommands.
+//! `fanout serve`: the relay as a process: its flags, the config they override, the
+//! listeners, the start-up banner, signals and shutdown.
 
-mod admit;
-mod api;
-mod cluster;
-mod config;
-mod ctl;
-mod http;
-mod publish;
-mod relay;
-mod repack;
-mod rtsp;
-mod spec;
-mod srtp_out;
-mod state;
-mod tls;
-mod ui;
-mod upstream;
-
-use clap::{Parser, Subcommand};
-use fanout_tools::{bench, gen, sub};
+use crate::{api, cluster, config, http, relay, rtsp, spec, tls};
 use std::path::PathBuf;
 
-#[derive(Parser)]
-#[command(name = "fanout", version, about = "Live media relay: receive a stream once, deliver it to many subscribers.")]
-struct Cli {
-    #[command(subcommand)]
-    cmd: Cmd,
-}
-
-#[derive(Subcommand)]
-enum Cmd {
-    /// Run the relay: control API, HTTP streams, and the built-in `demo` session.
-    ///
-    /// With no config it listens on 127.0.0.1:7070 and plays a test pattern at
-    /// http://127.0.0.1:7070/v1/sessions/demo/stream (try ffplay on it).
-    Serve(ServeArgs),
-    /// Talk to a running relay's control API.
-    Ctl(ctl::CtlArgs),
-    /// Media server emulator: K paced RTP streams, or a TS/H.264/HEVC file, to a relay.
-    Gen(gen::GenArgs),
-    /// Media client emulator: many subscribers in one process, with loss, latency, jitter.
-    Sub(sub::SubArgs),
-    /// Measure the relay: the OMSS evaluation (bulk, payload, overload) and data-path
-    /// comparisons, each writing CSV + PNG.
-    #[command(subcommand)]
-    Bench(bench::BenchCmd),
-}
-
 #[derive(clap::Args)]
-struct ServeArgs {
+pub struct ServeArgs {
     /// TOML config file (see docs/config.md); every field is optional.
     #[arg(long, short)]
     config: Option<PathBuf>,
@@ -119,25 +76,8 @@ macro_rules! say {
     }};
 }
 
-fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
-    let r = match cli.cmd {
-        Cmd::Serve(a) => serve(a),
-        Cmd::Ctl(a) => ctl::run(a),
-        Cmd::Gen(a) => gen::run(a),
-        Cmd::Sub(a) => sub::run(a),
-        Cmd::Bench(c) => bench::run(c),
-    };
-    match r {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("fanout: {e:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
-}
-
-fn serve(a: ServeArgs) -> anyhow::Result<()> {
+/// Runs the relay until SIGTERM or Ctrl-C.
+pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
     use std::io::IsTerminal as _;
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("FANOUT_LOG").unwrap_or_else(|_| "info".into()))

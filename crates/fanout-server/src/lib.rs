@@ -1,0 +1,20 @@
+//! The fanout relay as a library: what `fanout serve` runs (config, control API, RTSP and
+//! RTSPS, HTTP streams and their repackaging, TLS and SRTP, the cluster, metrics). The
+//! `fanout` binary (crate `fanout`) puts it beside the control client and the tools.
+
+mod admit;
+mod api;
+mod cluster;
+mod config;
+mod http;
+mod publish;
+mod relay;
+mod repack;
+mod rtsp;
+pub mod serve;
+pub mod spec;
+mod srtp_out;
+mod state;
+mod tls;
+mod ui;
+mod upstream;
