@@ -9,7 +9,7 @@ fuzz_target!(|data: &[u8]| {
     // by design, must not count. A panic of ours still escapes the target and aborts.
     static QUIET: std::sync::Once = std::sync::Once::new();
     QUIET.call_once(|| std::panic::set_hook(Box::new(|_| {})));
-    if let Ok(ts) = fanout_proto::mp4ts::remux(data) {
+    if let Ok(ts) = fanout_proto::container::mp4ts::remux(data) {
         assert_eq!(ts.len() % 188, 0);
     }
 });

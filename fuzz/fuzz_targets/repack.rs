@@ -2,7 +2,7 @@
 //! comes out as TS is whole transport packets that demux without an error. An HEVC SPS
 //! reader takes the same bytes.
 #![no_main]
-use fanout_proto::repack::{Repackager, TrackInfo, TsPackager};
+use fanout_proto::container::repack::{Repackager, TrackInfo, TsPackager};
 use libfuzzer_sys::fuzz_target;
 
 const SDP: &str = "v=0\r\ns=x\r\nt=0 0\r\n\
@@ -12,13 +12,13 @@ const SDP: &str = "v=0\r\ns=x\r\nt=0 0\r\n\
     a=fmtp:97 mode=AAC-hbr;sizelength=13;indexlength=3;indexdeltalength=3;config=1190\r\n";
 
 fuzz_target!(|data: &[u8]| {
-    let sdp = fanout_proto::sdp::Sdp::parse(SDP).expect("a valid description");
+    let sdp = fanout_proto::rtsp::sdp::Sdp::parse(SDP).expect("a valid description");
     let mut r = Repackager::new(sdp.media.iter().map(|m| TrackInfo::from_sdp(m).ok()).collect());
     let mut ts = TsPackager::new(r.streams());
     // The units also go into HLS segments and parts (an HEVC keyframe's SPS is read for its
     // hvcC).
     let mut hls =
-        fanout_proto::hls::Segmenter::with_parts(r.streams(), 100, 30, 1).expect("H.264, H.265 and AAC segment");
+        fanout_proto::container::hls::Segmenter::with_parts(r.streams(), 100, 30, 1).expect("H.264, H.265 and AAC segment");
     let (mut units, mut out) = (Vec::new(), Vec::new());
     // Packets: a track byte and a length byte, then that many bytes.
     let (mut rest, mut now) = (data, 0u64);
@@ -36,7 +36,7 @@ fuzz_target!(|data: &[u8]| {
         now += 7;
     }
     assert_eq!(out.len() % 188, 0);
-    let mut d = fanout_proto::tsdemux::Demux::default();
+    let mut d = fanout_proto::container::tsdemux::Demux::default();
     out.chunks(188).for_each(|p| drop(d.push(p)));
     d.flush();
     assert_eq!(d.errors, 0);
@@ -50,7 +50,7 @@ fuzz_target!(|data: &[u8]| {
         assert!(p.starts_with("#EXTM3U\n") && p.contains("#EXT-X-PRELOAD-HINT"));
     }
     // Any bytes as an HEVC SPS: read or refused, never a panic.
-    if let Some(info) = fanout_proto::hevc::parse_sps(data) {
+    if let Some(info) = fanout_proto::codec::hevc::parse_sps(data) {
         let _ = (info.codec(), info.hvcc(&[], data, &[]));
     }
 });

@@ -8,23 +8,23 @@ fuzz_target!(|data: &[u8]| {
         let r = v.payload_range();
         assert!(r.start <= r.end && r.end <= data.len());
         // The layer of its payload, as H.264/SVC and as HEVC, twice (state carries over).
-        let mut layers = fanout_proto::layers::LayerParser::default();
-        for codec in [fanout_proto::annexb::Codec::H264, fanout_proto::annexb::Codec::H265] {
+        let mut layers = fanout_proto::codec::layers::LayerParser::default();
+        for codec in [fanout_proto::codec::annexb::Codec::H264, fanout_proto::codec::annexb::Codec::H265] {
             let _ = layers.packet(codec, &data[r.clone()]);
             let _ = layers.packet(codec, &data[r.clone()]);
             // Reassembly (aggregates, a lone fragment) yields only bytes of the payload.
-            let mut d = fanout_proto::annexb::Depacketizer::default();
+            let mut d = fanout_proto::codec::annexb::Depacketizer::default();
             d.push_all(codec, &data[r.clone()], |nal| assert!(nal.len() <= data.len()));
             // An aggregate rebuilt for a capped sink only ever loses NAL units.
-            if let Some(out) = fanout_proto::layers::filter_aggregate(codec, &data[r.clone()], |l| l.tid == 0) {
+            if let Some(out) = fanout_proto::codec::layers::filter_aggregate(codec, &data[r.clone()], |l| l.tid == 0) {
                 assert!(out.len() < r.len());
             }
         }
         let _ = (v.sequence_number(), v.timestamp(), v.ssrc(), v.marker(), v.payload_type());
     }
-    assert!(fanout_proto::classify::payload_offset(data) <= data.len());
+    assert!(fanout_proto::rtp::classify::payload_offset(data) <= data.len());
     // Restamping rewrites a valid packet in place, refuses anything else untouched.
-    let mut r = fanout_proto::restamp::Restamp::new(90_000, (1, 2));
+    let mut r = fanout_proto::rtp::restamp::Restamp::new(90_000, (1, 2));
     let mut copy = data.to_vec();
     match r.apply(&mut copy, 5) {
         Ok(()) => assert_eq!(copy[12..], data[12..]),

@@ -4,8 +4,8 @@
 //! whole input is also tried as RTCP.
 #![no_main]
 use fanout_proto::rtsp::{parse, parse_session, parse_transport, Limits, Message};
-use fanout_proto::rtsp_server::{Config, Resource, Server};
-use fanout_proto::sdp::Sdp;
+use fanout_proto::rtsp::server::{Config, Resource, Server};
+use fanout_proto::rtsp::sdp::Sdp;
 use libfuzzer_sys::fuzz_target;
 
 /// `demo` to play, `pub` to publish to (ANNOUNCE, SETUP with mode=record, RECORD).
@@ -30,14 +30,14 @@ fuzz_target!(|data: &[u8]| {
     let mut now = 0;
     let mut rest = data;
     // Responses also go to an upstream client, walked through its phases.
-    let url = fanout_proto::rtsp_client::Url::parse("rtsp://u:p@h:554/cam").unwrap();
-    let mut client = fanout_proto::rtsp_client::Client::new(url, "fuzz");
+    let url = fanout_proto::rtsp::client::Url::parse("rtsp://u:p@h:554/cam").unwrap();
+    let mut client = fanout_proto::rtsp::client::Client::new(url, "fuzz");
     client.start(0);
     while let Ok(Some((msg, used))) = parse(rest, &limits) {
         if let Message::Response(r) = &msg {
             let mut r = r.clone();
             r.headers.0.retain(|(n, _)| !n.eq_ignore_ascii_case("CSeq")); // answers whatever is pending
-            if let Ok(fanout_proto::rtsp_client::Step::Described(sdp)) = client.on_response(&r, now) {
+            if let Ok(fanout_proto::rtsp::client::Step::Described(sdp)) = client.on_response(&r, now) {
                 let lowers = (0..sdp.media.len())
                     .map(|i| fanout_proto::rtsp::Lower::Interleaved { rtp: 2 * i as u8, rtcp: 2 * i as u8 + 1 })
                     .collect();
@@ -72,9 +72,9 @@ fuzz_target!(|data: &[u8]| {
         rest = &rest[used..];
     }
     // The same bytes as RTCP (clients' receiver reports).
-    if let Ok(reports) = fanout_proto::rtcp::parse_reports(data) {
+    if let Ok(reports) = fanout_proto::rtp::rtcp::parse_reports(data) {
         for b in reports.iter().flat_map(|r| &r.blocks) {
-            let _ = fanout_proto::rtcp::round_trip(b, 0x1234_5678);
+            let _ = fanout_proto::rtp::rtcp::round_trip(b, 0x1234_5678);
         }
     }
     let text = String::from_utf8_lossy(data);

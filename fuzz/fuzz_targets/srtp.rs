@@ -2,7 +2,7 @@
 //! bytes; a packet whose tag checks decrypts to the same length minus the tag; and what a
 //! context protects from these bytes (when they are RTP) unprotects to them again.
 #![no_main]
-use fanout_proto::srtp::{Context, Crypto, MasterKey, Suite};
+use fanout_proto::rtp::srtp::{Context, Crypto, MasterKey, Suite};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -22,16 +22,16 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     // MIKEY: whatever parses writes back to a message that parses the same.
-    if let Ok(m) = fanout_proto::mikey::Mikey::parse(data) {
-        assert_eq!(fanout_proto::mikey::Mikey::parse(&m.write([0; 16], 0)), Ok(m));
+    if let Ok(m) = fanout_proto::rtp::mikey::Mikey::parse(data) {
+        assert_eq!(fanout_proto::rtp::mikey::Mikey::parse(&m.write([0; 16], 0)), Ok(m));
     }
     if let Ok(s) = std::str::from_utf8(data) {
         if let Ok(c) = Crypto::parse(s) {
             assert_eq!(Crypto::parse(&c.to_value()), Ok(c));
         }
         // A client's KeyMgmt header: its message, when it reads, is one MIKEY reads too.
-        if let Ok(m) = fanout_proto::mikey::parse_key_mgmt(s) {
-            assert_eq!(fanout_proto::mikey::Mikey::parse(&m.write([0; 16], 0)), Ok(m));
+        if let Ok(m) = fanout_proto::rtp::mikey::parse_key_mgmt(s) {
+            assert_eq!(fanout_proto::rtp::mikey::Mikey::parse(&m.write([0; 16], 0)), Ok(m));
         }
     }
 });

@@ -20,8 +20,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::layered::{SinkLayerStatus, SinkLayers};
-use fanout_proto::adapt::LayerRates;
-use fanout_proto::layers::Layer;
+use fanout_proto::codec::layers::Layer;
+use fanout_proto::rtp::adapt::LayerRates;
 
 static PROGRAM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fanout_fwd.o"));
 const PROGRAM_NAME: &str = "fanout_fwd";
@@ -606,7 +606,7 @@ impl KernelSession {
     fn lift_stale_holds(&mut self, now: Instant) {
         while let Some(&(id, _)) = self.holds.front().filter(|(_, due)| *due <= now) {
             self.holds.pop_front();
-            let want = self.layers.get_mut(&id).and_then(|l| l.settle()).unwrap_or(fanout_proto::adapt::ALL);
+            let want = self.layers.get_mut(&id).and_then(|l| l.settle()).unwrap_or(fanout_proto::rtp::adapt::ALL);
             let mut st = self.fanout.state.lock();
             let Some((slot, _)) = self.entry(&st, id).filter(|(_, v)| v.allow & LAYER_HOLD != 0) else { continue };
             tracing::info!(

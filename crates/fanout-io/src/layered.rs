@@ -1,10 +1,10 @@
 //! A sink's share of layer adaptation (issue 6): which packets it gets and the sequence
-//! numbers it sees. The decisions are `fanout_proto::adapt`'s (sans-IO); this keeps their
+//! numbers it sees. The decisions are `fanout_proto::rtp::adapt`'s (sans-IO); this keeps their
 //! per-sink state beside the sink and turns a receiver report into the interval they need.
 
 use crate::packet::Packet;
-use fanout_proto::adapt::{Interval, LayerRates, LayerSelector, Mode, SeqRewriter};
-use fanout_proto::layers::Layer;
+use fanout_proto::codec::layers::Layer;
+use fanout_proto::rtp::adapt::{Interval, LayerRates, LayerSelector, Mode, SeqRewriter};
 use std::time::Instant;
 
 /// What the sink's last receiver report was measured against.
@@ -95,15 +95,16 @@ impl SinkLayers {
     pub fn rebuild(&self, p: &Packet) -> Option<std::sync::Arc<Packet>> {
         let codec = p.aggregate()?;
         let allow = self.sel.allowance()?;
-        let payload =
-            fanout_proto::layers::filter_aggregate(codec, p.payload(), |l| fanout_proto::adapt::within(l, allow))?;
+        let payload = fanout_proto::codec::layers::filter_aggregate(codec, p.payload(), |l| {
+            fanout_proto::rtp::adapt::within(l, allow)
+        })?;
         Some(std::sync::Arc::new(p.with_payload(&payload)))
     }
 
     /// Goes on from the kernel program's renumbering of this sink (its `seq_delta`): the
     /// subscriber sees no jump when the sink moves to user space.
     pub fn continue_numbering(&mut self, kernel_seq_delta: u16) {
-        self.seq = fanout_proto::adapt::SeqRewriter::continuing(kernel_seq_delta);
+        self.seq = fanout_proto::rtp::adapt::SeqRewriter::continuing(kernel_seq_delta);
     }
 
     /// What [`SinkLayers::decide`] changes, to take its decisions again from here.
@@ -182,7 +183,7 @@ impl SinkLayers {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fanout_proto::layers::PacketLayer;
+    use fanout_proto::codec::layers::PacketLayer;
 
     /// An RTP packet with sequence number `seq` of temporal layer `tid`.
     fn packet(seq: u16, tid: u8) -> Packet {

@@ -3,8 +3,8 @@
 //! user count). Buffers come back to the source's pool when the ring replaces them and no
 //! sink holds them any more, so steady-state relaying allocates nothing.
 
-use fanout_proto::annexb::Codec;
-use fanout_proto::layers::PacketLayer;
+use fanout_proto::codec::annexb::Codec;
+use fanout_proto::codec::layers::PacketLayer;
 use std::sync::Arc;
 
 #[derive(Debug)]
@@ -58,8 +58,8 @@ impl Packet {
         self.layer = PacketLayer::NotLayered;
         self.aggregate = None;
         let payload = &self.buf[self.payload_off..self.len];
-        self.keyframe = payload.first() == Some(&fanout_proto::mpegts::SYNC_BYTE)
-            && fanout_proto::mpegts::starts_video_keyframe(payload);
+        self.keyframe = payload.first() == Some(&fanout_proto::container::mpegts::SYNC_BYTE)
+            && fanout_proto::container::mpegts::starts_video_keyframe(payload);
     }
 
     pub fn is_keyframe(&self) -> bool {
@@ -73,7 +73,7 @@ impl Packet {
         let (a, b) = (self.data(), next.data());
         self.is_rtp()
             && next.is_rtp()
-            && next.payload().first() != Some(&fanout_proto::mpegts::SYNC_BYTE)
+            && next.payload().first() != Some(&fanout_proto::container::mpegts::SYNC_BYTE)
             && a[1] & 0x80 == 0
             && a[4..12] == b[4..12]
     }

@@ -7,7 +7,7 @@ use crate::packet::{Packet, PacketPool};
 use crate::reactor::{Reactor, Registration};
 use crate::sink::Sink;
 use fanout_core::{Priority, SessionRing};
-use fanout_proto::layers::Layer;
+use fanout_proto::codec::layers::Layer;
 use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 use std::net::{SocketAddr, TcpStream, UdpSocket};
@@ -349,7 +349,7 @@ pub(crate) struct Inner {
     ingest: Mutex<Option<IngestFn>>,
     saw_parameter_sets: AtomicBool,
     /// Each packet's scalable layer, and the moving average rate per layer.
-    layers: Mutex<(fanout_proto::layers::LayerParser, fanout_proto::adapt::LayerRates)>,
+    layers: Mutex<(fanout_proto::codec::layers::LayerParser, fanout_proto::rtp::adapt::LayerRates)>,
     /// The source's rate and largest picture, and the pace they make (sessions that pace,
     /// once the rate is known).
     meter: Mutex<(fanout_core::StreamMeter, Option<fanout_core::Pace>)>,
@@ -579,7 +579,7 @@ impl Inner {
         let data = &p.buf_mut()[..len];
         let off = match self.cfg.payload {
             PayloadMode::Raw => 0,
-            PayloadMode::Auto => fanout_proto::classify::payload_offset(data),
+            PayloadMode::Auto => fanout_proto::rtp::classify::payload_offset(data),
             PayloadMode::Rtp => match fanout_proto::rtp::RtpView::parse(data) {
                 Ok(v) => v.payload_range().start,
                 Err(_) => {
@@ -606,9 +606,9 @@ impl Inner {
     /// first packet does only in streams that never carry parameter sets in band (their
     /// players take them from the SDP).
     pub(crate) fn mark_video_start(&self, p: &mut Packet) {
-        use fanout_proto::classify::{video_start, VideoStart};
+        use fanout_proto::rtp::classify::{video_start, VideoStart};
         let Some(codec) = self.video_codec() else { return };
-        if p.payload().first() == Some(&fanout_proto::mpegts::SYNC_BYTE) {
+        if p.payload().first() == Some(&fanout_proto::container::mpegts::SYNC_BYTE) {
             return;
         }
         match video_start(codec, p.payload()) {
@@ -626,8 +626,8 @@ impl Inner {
         l.1.record(pl, p.len(), now);
         p.set_layer(pl);
         let aggregate = match (codec, p.payload()) {
-            (fanout_proto::annexb::Codec::H264, [b0, ..]) => b0 & 0x1f == 24,
-            (fanout_proto::annexb::Codec::H265, [b0, _, ..]) => (b0 >> 1) & 0x3f == 48,
+            (fanout_proto::codec::annexb::Codec::H264, [b0, ..]) => b0 & 0x1f == 24,
+            (fanout_proto::codec::annexb::Codec::H265, [b0, _, ..]) => (b0 >> 1) & 0x3f == 48,
             _ => false,
         };
         if aggregate {
@@ -636,10 +636,10 @@ impl Inner {
     }
 
     /// The video codec of the session's RTP, if known.
-    fn video_codec(&self) -> Option<fanout_proto::annexb::Codec> {
+    fn video_codec(&self) -> Option<fanout_proto::codec::annexb::Codec> {
         match self.rtp_video.load(Ordering::Relaxed) {
-            1 => Some(fanout_proto::annexb::Codec::H264),
-            2 => Some(fanout_proto::annexb::Codec::H265),
+            1 => Some(fanout_proto::codec::annexb::Codec::H264),
+            2 => Some(fanout_proto::codec::annexb::Codec::H265),
             _ => None,
         }
     }
@@ -740,15 +740,15 @@ impl Session {
     }
 
     /// The codec of the session's RTP video, if known.
-    pub fn rtp_video(&self) -> Option<fanout_proto::annexb::Codec> {
+    pub fn rtp_video(&self) -> Option<fanout_proto::codec::annexb::Codec> {
         self.inner.video_codec()
     }
 
-    pub fn set_rtp_video(&self, codec: Option<fanout_proto::annexb::Codec>) {
+    pub fn set_rtp_video(&self, codec: Option<fanout_proto::codec::annexb::Codec>) {
         let v = match codec {
             None => 0,
-            Some(fanout_proto::annexb::Codec::H264) => 1,
-            Some(fanout_proto::annexb::Codec::H265) => 2,
+            Some(fanout_proto::codec::annexb::Codec::H264) => 1,
+            Some(fanout_proto::codec::annexb::Codec::H265) => 2,
         };
         if self.inner.rtp_video.swap(v, Ordering::Relaxed) != v {
             self.inner.saw_parameter_sets.store(false, Ordering::Relaxed);
@@ -1197,8 +1197,8 @@ impl Session {
 
     fn layer_status(&self) -> Option<LayerStatus> {
         let codec = match self.inner.video_codec()? {
-            fanout_proto::annexb::Codec::H264 => "h264",
-            fanout_proto::annexb::Codec::H265 => "h265",
+            fanout_proto::codec::annexb::Codec::H264 => "h264",
+            fanout_proto::codec::annexb::Codec::H265 => "h265",
         };
         let mut l = self.inner.layers.lock();
         l.1.roll(self.inner.now_ms());

@@ -4,7 +4,7 @@ use crate::engine::{Job, WorkerCtx};
 use crate::packet::{Packet, PacketPool};
 use crate::session::{Inner, SourceState};
 use crate::sys;
-use fanout_proto::mpegts::{Restamper, TsSchedule, PCR_HZ};
+use fanout_proto::container::mpegts::{Restamper, TsSchedule, PCR_HZ};
 use parking_lot::Mutex;
 use socket2::{Domain, Protocol, Socket, Type};
 use std::io::{self, ErrorKind, Read};
@@ -337,15 +337,15 @@ pub struct DemoClip {
 }
 
 impl DemoClip {
-    pub fn new(ts: impl Into<Arc<[u8]>>) -> Result<Self, fanout_proto::mpegts::TsError> {
+    pub fn new(ts: impl Into<Arc<[u8]>>) -> Result<Self, fanout_proto::container::mpegts::TsError> {
         let mut ts = ts.into();
         let mut schedule = TsSchedule::new(&ts)?;
-        if let Some(span) = fanout_proto::tsdemux::media_span_90k(&ts) {
+        if let Some(span) = fanout_proto::container::tsdemux::media_span_90k(&ts) {
             schedule.fit_to_media(span);
         }
         // What runs past one lap (the audio's last frame) would repeat the next lap's first
         // timestamp: it goes, so the loop is seamless on every face.
-        if let Some(trimmed) = fanout_proto::mpegts::trimmed_to_lap(&ts, schedule.loop_ticks() / 300) {
+        if let Some(trimmed) = fanout_proto::container::mpegts::trimmed_to_lap(&ts, schedule.loop_ticks() / 300) {
             ts = trimmed.into();
         }
         let schedule = Arc::new(schedule);
@@ -377,7 +377,7 @@ pub struct DemoTrack {
     pub media: String,
     pub clock: u32,
     /// The video's codec (`None`: the audio track).
-    pub codec: Option<fanout_proto::annexb::Codec>,
+    pub codec: Option<fanout_proto::codec::annexb::Codec>,
     pt: u8,
     packets: Arc<Vec<DemoPacket>>,
     /// One lap of the clip, 90 kHz (its PCR span), so laps continue each other's time.
@@ -397,9 +397,10 @@ impl DemoClip {
     /// the media time (90 kHz) their due times count from.
     pub fn rtp_tracks(&self) -> (Vec<DemoTrack>, u64) {
         use annexb::Codec;
-        use fanout_proto::{aac, annexb, tsdemux};
+        use fanout_proto::{codec::aac, codec::annexb, container::tsdemux};
         let mut d = tsdemux::Demux::default();
-        let mut pes: Vec<_> = self.ts.chunks(fanout_proto::mpegts::PACKET_LEN).filter_map(|p| d.push(p)).collect();
+        let mut pes: Vec<_> =
+            self.ts.chunks(fanout_proto::container::mpegts::PACKET_LEN).filter_map(|p| d.push(p)).collect();
         pes.extend(d.flush());
         let lap_90k = self.schedule.loop_ticks() / 300;
         let codec_of = |stream_type| match stream_type {
@@ -445,8 +446,8 @@ impl DemoClip {
             }
             let pt = DEMO_VIDEO_PAYLOAD_TYPE;
             let (name, fmtp) = match codec {
-                Codec::H264 => ("H264", fanout_proto::sdp::h264_fmtp(sets[0], sets[1])),
-                Codec::H265 => ("H265", fanout_proto::sdp::h265_fmtp(sets[0], sets[1], sets[2])),
+                Codec::H264 => ("H264", fanout_proto::rtsp::sdp::h264_fmtp(sets[0], sets[1])),
+                Codec::H265 => ("H265", fanout_proto::rtsp::sdp::h265_fmtp(sets[0], sets[1], sets[2])),
             };
             let media = format!("m=video 0 RTP/AVP {pt}\r\na=rtpmap:{pt} {name}/90000\r\na=fmtp:{pt} {fmtp}\r\n");
             tracks.push(DemoTrack {
@@ -654,9 +655,9 @@ mod tests {
             assert!(rising, "{kind}: a timestamp did not rise across laps");
         }
         // The TS: five laps through the restamper, demuxed.
-        let mut restamper = fanout_proto::mpegts::Restamper::default();
+        let mut restamper = fanout_proto::container::mpegts::Restamper::default();
         let per_lap = clip.schedule.len() as u64;
-        let mut demux = fanout_proto::tsdemux::Demux::default();
+        let mut demux = fanout_proto::container::tsdemux::Demux::default();
         let mut pes = Vec::new();
         for n in 0..5 * per_lap {
             if n.is_multiple_of(per_lap) {
@@ -665,14 +666,14 @@ mod tests {
             let (off, len, _) = clip.schedule.datagram(n);
             let mut d = clip.ts[off..off + len].to_vec();
             restamper.restamp(&mut d);
-            pes.extend(d.chunks(fanout_proto::mpegts::PACKET_LEN).filter_map(|p| demux.push(p)));
+            pes.extend(d.chunks(fanout_proto::container::mpegts::PACKET_LEN).filter_map(|p| demux.push(p)));
         }
         // Each ADTS frame's time (a PES holds several: 1024 samples at 48 kHz apart).
         let audio: Vec<u64> = pes
             .iter()
             .filter(|p| p.stream_type == 0x0f)
             .flat_map(|p| {
-                let n = fanout_proto::aac::adts_frames(&p.data).len() as u64;
+                let n = fanout_proto::codec::aac::adts_frames(&p.data).len() as u64;
                 (0..n).map(move |k| p.pts.unwrap_or(0) + k * 1920)
             })
             .collect();

@@ -50,7 +50,7 @@ impl RawAddr {
 /// against our own clock).
 pub fn ntp_now() -> u64 {
     let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    fanout_proto::rtcp::ntp_from_unix(since)
+    fanout_proto::rtp::rtcp::ntp_from_unix(since)
 }
 
 pub fn send_to(fd: RawFd, buf: &[u8], to: &RawAddr) -> io::Result<usize> {

@@ -87,7 +87,7 @@ pub fn authorized(token: Option<&str>, auth_header: Option<&str>, query: Option<
         || query.is_some_and(|q| {
             q.split('&')
                 .filter_map(|kv| kv.strip_prefix("token="))
-                .any(|v| eq(&fanout_proto::rtsp_client::percent_decode(v)))
+                .any(|v| eq(&fanout_proto::rtsp::client::percent_decode(v)))
         })
 }
 
@@ -338,7 +338,7 @@ fn session_json(relay: &Relay, s: &fanout_io::Session) -> serde_json::Value {
     if let Some(mut spec) = relay.spec(s.name()) {
         // Upstream credentials stay in the config: the API shows the URL without them.
         if let Some(url) = spec.source.rtsp.as_mut() {
-            if let Ok(u) = fanout_proto::rtsp_client::Url::parse(url) {
+            if let Ok(u) = fanout_proto::rtsp::client::Url::parse(url) {
                 *url = u.request_url();
             }
         }
@@ -489,13 +489,13 @@ struct MaxLayer {
 }
 
 fn all_did() -> u8 {
-    fanout_proto::adapt::ALL.did
+    fanout_proto::rtp::adapt::ALL.did
 }
 fn all_qid() -> u8 {
-    fanout_proto::adapt::ALL.qid
+    fanout_proto::rtp::adapt::ALL.qid
 }
 fn all_tid() -> u8 {
-    fanout_proto::adapt::ALL.tid
+    fanout_proto::rtp::adapt::ALL.tid
 }
 
 #[derive(serde::Deserialize)]
@@ -515,7 +515,7 @@ async fn pin_layers(
 ) -> ApiResult<Json<fanout_io::SinkStatus>> {
     let id = parse_id(&id)?;
     let Json(req) = body?;
-    let pin = req.max.map(|m| fanout_proto::layers::Layer { did: m.did, qid: m.qid, tid: m.tid });
+    let pin = req.max.map(|m| fanout_proto::codec::layers::Layer { did: m.did, qid: m.qid, tid: m.tid });
     if pin.is_some_and(|l| l.did > 7 || l.qid > 15 || l.tid > 7) {
         return Err(ApiError(StatusCode::BAD_REQUEST, "did is 0-7, qid 0-15, tid 0-7".into()));
     }

@@ -163,7 +163,7 @@ impl ClusterConfig {
             return Err("[cluster] needs `etcd` endpoints, `parents`, or both".into());
         }
         for p in self.parents.iter().chain(&self.rtsp_url) {
-            let u = fanout_proto::rtsp_client::Url::parse(p).map_err(|e| format!("[cluster] {p:?}: {e}"))?;
+            let u = fanout_proto::rtsp::client::Url::parse(p).map_err(|e| format!("[cluster] {p:?}: {e}"))?;
             if u.path != "/" {
                 return Err(format!("[cluster] {p:?}: give the relay's base URL (rtsp://host:port), no path"));
             }

@@ -6,8 +6,8 @@
 
 use crate::upstream::{random_start, track_format, TrackRef};
 use fanout_io::{bind_udp_source, Session};
-use fanout_proto::restamp::Restamp;
-use fanout_proto::sdp::Sdp;
+use fanout_proto::rtp::restamp::Restamp;
+use fanout_proto::rtsp::sdp::Sdp;
 use parking_lot::Mutex;
 use serde::Serialize;
 use std::collections::HashMap;
@@ -20,7 +20,7 @@ struct Track {
     into: SocketAddr,
     clock: u32,
     restamp: Restamp,
-    clock_map: fanout_proto::rtcp::ClockMap,
+    clock_map: fanout_proto::rtp::rtcp::ClockMap,
     packets: u64,
     dropped: u64,
 }
@@ -210,7 +210,7 @@ impl Publisher {
         let Some(t) = st.tracks.get_mut(i) else { return };
         if rtcp {
             // A sender report: the publisher's wall clock against its RTP time.
-            let reports = fanout_proto::rtcp::parse_reports(data);
+            let reports = fanout_proto::rtp::rtcp::parse_reports(data);
             let sender = reports.ok().and_then(|r| r.first().filter(|r| r.sender).map(|r| r.reporter));
             if let (Some(ssrc), true) = (sender, data.len() >= 20) {
                 let ntp = u64::from_be_bytes(data[8..16].try_into().expect("8 bytes"));

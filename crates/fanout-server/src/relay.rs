@@ -80,7 +80,7 @@ pub struct Relay {
 /// What RTSP clients of a session get instead of the session's own RTP.
 #[derive(Clone)]
 pub struct RtspView {
-    pub sdp: fanout_proto::sdp::Sdp,
+    pub sdp: fanout_proto::rtsp::sdp::Sdp,
     pub tracks: Vec<crate::upstream::TrackRef>,
 }
 
@@ -213,7 +213,7 @@ impl Relay {
         &self,
         name: &str,
         id: u64,
-        pin: Option<fanout_proto::layers::Layer>,
+        pin: Option<fanout_proto::codec::layers::Layer>,
     ) -> Result<fanout_io::SinkStatus, RelayError> {
         use fanout_io::session::LayerError;
         let mut sessions = vec![self.session(name)?];
@@ -280,8 +280,8 @@ impl Relay {
         let spec = self.spec(name).ok_or_else(|| RelayError::NotFound(format!("no session named {name:?}")))?;
         let mut inputs = Vec::new();
         let mut why = Vec::new();
-        let mut add = |m: &fanout_proto::sdp::Media, t: crate::upstream::TrackRef| {
-            let info = fanout_proto::repack::TrackInfo::from_sdp(m).map_err(|e| why.push(e)).ok();
+        let mut add = |m: &fanout_proto::rtsp::sdp::Media, t: crate::upstream::TrackRef| {
+            let info = fanout_proto::container::repack::TrackInfo::from_sdp(m).map_err(|e| why.push(e)).ok();
             inputs.push(crate::repack::Input { session: t.session, info, clock_map: t.clock_map });
         };
         if let Some(view) = self.rtsp_view(name) {
@@ -300,8 +300,8 @@ impl Relay {
             };
             sdp.media.iter().zip(p.tracks()).for_each(|(m, t)| add(m, t));
         } else if let Some(video) = spec.video {
-            let codec = fanout_proto::repack::TrackCodec::Video { codec: video.codec(), params: Vec::new() };
-            let info = Some(fanout_proto::repack::TrackInfo { codec, clock: 90_000 });
+            let codec = fanout_proto::container::repack::TrackCodec::Video { codec: video.codec(), params: Vec::new() };
+            let info = Some(fanout_proto::container::repack::TrackInfo { codec, clock: 90_000 });
             inputs.push(crate::repack::Input { session: session.clone(), info, clock_map: None });
         } else {
             return Err(RelayError::Unsupported(format!(
@@ -443,7 +443,7 @@ impl Relay {
         let pacing = spec.pace_config(max_datagram).map_err(RelayError::BadRequest)?;
         // An rtsps:// source's certificate check, set up now: a CA file that does not load is
         // the creator's error, not a retry loop's.
-        let upstream_tls = match spec.source.rtsp.as_deref().map(fanout_proto::rtsp_client::Url::parse) {
+        let upstream_tls = match spec.source.rtsp.as_deref().map(fanout_proto::rtsp::client::Url::parse) {
             Some(Ok(u)) if u.tls => {
                 let v = spec.source.upstream_verify().map_err(RelayError::BadRequest)?;
                 if v == crate::tls::Verify::Off {
@@ -488,7 +488,7 @@ impl Relay {
         let mut view = None;
         let started = if let Some(url) = &src.rtsp {
             // Invariant: validate() parsed the URL.
-            let url = fanout_proto::rtsp_client::Url::parse(url).expect("validated");
+            let url = fanout_proto::rtsp::client::Url::parse(url).expect("validated");
             let loopback = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
             let bound = bind_udp_source(loopback, None).and_then(|s| {
                 let at = s.local_addr()?;
@@ -784,7 +784,7 @@ async fn read_clip(path: &std::path::Path, roots: &[PathBuf], looped: bool) -> R
             total += ts.len() as u64;
             list.push((p.file_name().unwrap_or_default().to_string_lossy().into_owned(), ts));
         }
-        tokio::task::spawn_blocking(move || fanout_proto::playlist::concat(&list))
+        tokio::task::spawn_blocking(move || fanout_proto::container::playlist::concat(&list))
             .await
             .map_err(|e| RelayError::Internal(e.to_string()))?
             .map_err(|e| bad(e.to_string()))?
@@ -848,7 +848,7 @@ async fn read_recording(path: &std::path::Path, max: u64) -> Result<Vec<u8>, Rel
     if bytes.get(4..8) != Some(b"ftyp") {
         return Ok(bytes);
     }
-    tokio::task::spawn_blocking(move || fanout_proto::mp4ts::remux(&bytes))
+    tokio::task::spawn_blocking(move || fanout_proto::container::mp4ts::remux(&bytes))
         .await
         .map_err(|e| RelayError::Internal(e.to_string()))?
         .map_err(|e| bad(e.to_string()))
@@ -869,9 +869,9 @@ fn demo_view(
     }
     let mut text = format!("v=0\r\ns={name}\r\nt=0 0\r\n");
     tracks.iter().for_each(|t| text.push_str(&t.media));
-    let sdp = fanout_proto::sdp::Sdp::parse(&text).map_err(|e| RelayError::Internal(format!("demo SDP: {e}")))?;
+    let sdp = fanout_proto::rtsp::sdp::Sdp::parse(&text).map_err(|e| RelayError::Internal(format!("demo SDP: {e}")))?;
     let start = std::time::Instant::now();
-    let ntp_start = fanout_proto::rtcp::ntp_from_unix(
+    let ntp_start = fanout_proto::rtp::rtcp::ntp_from_unix(
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default(),
     );
     let mut refs = Vec::new();

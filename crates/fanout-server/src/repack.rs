@@ -1,12 +1,12 @@
 //! Repackaging for HTTP players: one task per session subscribes to its RTP tracks like any
-//! UDP sink would, turns them into access units ([`fanout_proto::repack`]) and from them
+//! UDP sink would, turns them into access units ([`fanout_proto::container::repack`]) and from them
 //! MPEG-TS, fed into a relay session of its own (`{name}/ts`) that every HTTP subscriber
-//! shares, and HLS segments ([`fanout_proto::hls`]) that every HLS client shares. It starts
+//! shares, and HLS segments ([`fanout_proto::container::hls`]) that every HLS client shares. It starts
 //! with the first subscriber or playlist request and stops a linger after the last.
 
 use fanout_io::{bind_udp_source, DataPath, Session, SessionConfig};
-use fanout_proto::hls::{Progress, Segmenter};
-use fanout_proto::repack::{Repackager, TrackInfo, TsPackager, Unit};
+use fanout_proto::container::hls::{Progress, Segmenter};
+use fanout_proto::container::repack::{Repackager, TrackInfo, TsPackager, Unit};
 use parking_lot::Mutex;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -174,9 +174,12 @@ impl Repack {
             .streams()
             .iter()
             .map(|i| match &i.codec {
-                fanout_proto::repack::TrackCodec::Video { codec: fanout_proto::annexb::Codec::H264, .. } => "H.264",
-                fanout_proto::repack::TrackCodec::Video { .. } => "H.265",
-                fanout_proto::repack::TrackCodec::Aac { .. } => "AAC",
+                fanout_proto::container::repack::TrackCodec::Video {
+                    codec: fanout_proto::codec::annexb::Codec::H264,
+                    ..
+                } => "H.264",
+                fanout_proto::container::repack::TrackCodec::Video { .. } => "H.265",
+                fanout_proto::container::repack::TrackCodec::Aac { .. } => "AAC",
             })
             .collect::<Vec<_>>()
             .join(" + ");
@@ -291,7 +294,7 @@ async fn run(
                         if !out.ts_mux.write(&u, &mut bytes) {
                             unframed += 1;
                         }
-                        for d in bytes.chunks(PACKETS_PER_DATAGRAM * fanout_proto::mpegts::PACKET_LEN) {
+                        for d in bytes.chunks(PACKETS_PER_DATAGRAM * fanout_proto::container::mpegts::PACKET_LEN) {
                             // Loopback into the engine: a failure here is the engine's to count.
                             let _ = feeder.send_to(d, into).await;
                         }

@@ -1,5 +1,5 @@
 //! RTSP for clients: every RTP relay session is `rtsp://HOST:PORT/{session}`. The protocol
-//! is `fanout_proto::rtsp_server`'s state machine; this module only moves bytes and turns
+//! is `fanout_proto::rtsp::server`'s state machine; this module only moves bytes and turns
 //! its actions into sinks of the session: a UDP client's RTP port (sent from `server_port`),
 //! or, for RTP interleaved on the connection, a channel sink this connection's task drains
 //! and frames. RTSP clients share the relay's data paths with every other sink.
@@ -15,9 +15,9 @@
 
 use crate::relay::Relay;
 use fanout_io::sys::ntp_now;
+use fanout_proto::rtsp::sdp::Sdp;
+use fanout_proto::rtsp::server::{Action, Config, Resource, Server};
 use fanout_proto::rtsp::{self, Limits, Lower, Message, Response};
-use fanout_proto::rtsp_server::{Action, Config, Resource, Server};
-use fanout_proto::sdp::Sdp;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -39,11 +39,11 @@ struct Client {
     /// It gets SRTP (set up on an RTSPS connection whose description carried keys).
     srtp: bool,
     /// Per track, the key of its SRTCP, where its SETUP gave one (`KeyMgmt`).
-    srtcp_in: Vec<(usize, fanout_proto::srtp::Context)>,
+    srtcp_in: Vec<(usize, fanout_proto::rtp::srtp::Context)>,
     /// Its SRTCP that failed the check under that key: dropped.
     srtcp_dropped: u64,
     reports: u64,
-    last_report: Option<(fanout_proto::rtcp::ReportBlock, Instant)>,
+    last_report: Option<(fanout_proto::rtp::rtcp::ReportBlock, Instant)>,
     rtt: Option<Duration>,
     /// Report blocks about a source it is not sent (an unknown SSRC): ignored, counted.
     foreign_blocks: u64,
@@ -199,7 +199,7 @@ fn describe(relay: &Relay, name: &str) -> Option<Resource> {
                     format!("m=video 0 RTP/AVP {pt}\r\na=rtpmap:{pt} H265/90000\r\n")
                 }
                 Some(_) => h264(pt),
-                None if fanout_proto::annexb::looks_like_h264_rtp(&session.rtp_payload_heads(64)) => h264(pt),
+                None if fanout_proto::codec::annexb::looks_like_h264_rtp(&session.rtp_payload_heads(64)) => h264(pt),
                 None => {
                     tracing::info!(session = name, pt, "not described over RTSP: payload type {pt} is not H.264 and the session names no `video` codec");
                     return None;
@@ -270,7 +270,7 @@ impl Rtsp {
                         continue;
                     };
                     let mut bye = Vec::with_capacity(16);
-                    fanout_proto::rtcp::write_bye(&mut bye, ssrc);
+                    fanout_proto::rtp::rtcp::write_bye(&mut bye, ssrc);
                     if let Some(epoch) = &p.srtp {
                         epoch.protect_rtcp(&mut bye);
                     }
@@ -311,7 +311,7 @@ impl Rtsp {
                 peer: c.peer,
                 rtp_port: c.tracks.iter().find_map(|t| udp_ports(&t.1)).map(|p| p.0),
                 interleaved: c.tracks.iter().any(|t| udp_ports(&t.1).is_none()),
-                playing: server.state(id) == Some(fanout_proto::rtsp_server::State::Playing),
+                playing: server.state(id) == Some(fanout_proto::rtsp::server::State::Playing),
                 rtcp_reports: c.reports,
                 fraction_lost: c.last_report.map(|(b, _)| f64::from(b.fraction_lost) / 256.0),
                 cumulative_lost: c.last_report.map(|(b, _)| b.cumulative_lost),
@@ -367,7 +367,7 @@ impl Rtsp {
                     };
                     let sink = p.session.sink_status(id)?;
                     let mut sr = Vec::with_capacity(28);
-                    fanout_proto::rtcp::write_sender_report(
+                    fanout_proto::rtp::rtcp::write_sender_report(
                         &mut sr,
                         ssrc,
                         ntp,
@@ -417,7 +417,7 @@ impl Rtsp {
             None => data.into(),
         };
         let keyed = matches!(plain, std::borrow::Cow::Owned(_));
-        let Ok(reports) = fanout_proto::rtcp::parse_reports(&plain) else { return };
+        let Ok(reports) = fanout_proto::rtp::rtcp::parse_reports(&plain) else { return };
         c.reports += 1;
         let tracks = relay.tracks(&c.resource);
         let blocks = if c.srtp && !keyed { &[][..] } else { &reports[..] };
@@ -432,7 +432,7 @@ impl Rtsp {
             };
             session.sink_report(sink, b.cumulative_lost);
             c.last_report = Some((*b, Instant::now()));
-            if let Some(rtt) = fanout_proto::rtcp::round_trip(b, fanout_proto::rtcp::ntp_mid32(ntp_now())) {
+            if let Some(rtt) = fanout_proto::rtp::rtcp::round_trip(b, fanout_proto::rtp::rtcp::ntp_mid32(ntp_now())) {
                 c.rtt = Some(rtt);
             }
         }
@@ -944,7 +944,7 @@ async fn connection(
                         }
                     }
                     if req.method == "DESCRIBE" {
-                        let name = fanout_proto::rtsp_server::split_url(&req.uri).map(|(n, _)| n.to_string());
+                        let name = fanout_proto::rtsp::server::split_url(&req.uri).map(|(n, _)| n.to_string());
                         // At its cap, a node sends new players elsewhere (not other nodes'
                         // pulls: the tree's own links are not subscribers).
                         let puller = req.headers.get("User-Agent").is_some_and(|a| a.starts_with("fanout/"));
@@ -973,7 +973,7 @@ async fn connection(
                     }
                     // An RTSP upstream connects (on demand) before its description is given.
                     if matches!(req.method.as_str(), "DESCRIBE" | "SETUP" | "PLAY") {
-                        let up = fanout_proto::rtsp_server::split_url(&req.uri).and_then(|(n, _)| relay.upstream(n));
+                        let up = fanout_proto::rtsp::server::split_url(&req.uri).and_then(|(n, _)| relay.upstream(n));
                         if let Some(up) = up {
                             up.demand(UPSTREAM_WAIT).await;
                         }
@@ -993,7 +993,7 @@ async fn connection(
                         }
                         if req.method == "PLAY" {
                             let view =
-                                fanout_proto::rtsp_server::split_url(&req.uri).and_then(|(n, _)| relay.rtsp_view(n));
+                                fanout_proto::rtsp::server::split_url(&req.uri).and_then(|(n, _)| relay.rtsp_view(n));
                             if let Some(view) = view {
                                 let t0 = Instant::now();
                                 while view.tracks.iter().any(|t| t.session.rtp_start().is_none())

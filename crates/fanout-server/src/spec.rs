@@ -97,10 +97,10 @@ pub enum VideoCodec {
 }
 
 impl VideoCodec {
-    pub fn codec(self) -> fanout_proto::annexb::Codec {
+    pub fn codec(self) -> fanout_proto::codec::annexb::Codec {
         match self {
-            VideoCodec::H264 => fanout_proto::annexb::Codec::H264,
-            VideoCodec::H265 => fanout_proto::annexb::Codec::H265,
+            VideoCodec::H264 => fanout_proto::codec::annexb::Codec::H264,
+            VideoCodec::H265 => fanout_proto::codec::annexb::Codec::H265,
         }
     }
 }
@@ -160,7 +160,7 @@ impl SourceSpec {
         let tls_keys = self.tls_ca.is_some() || self.tls_fingerprint.is_some() || self.tls_verify.is_some();
         match &self.rtsp {
             Some(url) => {
-                let u = fanout_proto::rtsp_client::Url::parse(url).map_err(|e| format!("source \"rtsp\": {e}"))?;
+                let u = fanout_proto::rtsp::client::Url::parse(url).map_err(|e| format!("source \"rtsp\": {e}"))?;
                 if tls_keys && !u.tls {
                     return Err(
                         "source \"tls_ca\", \"tls_fingerprint\" and \"tls_verify\" apply to an rtsps:// source".into(),

@@ -4,7 +4,7 @@
 //! like any UDP sink and feeds its packets into a relay session of its own
 //! (`{track}/srtp-N`), whose sinks are the clients. That session judges each packet as
 //! plaintext (keyframes, so a client starts at one) and then encrypts it in place, once
-//! ([`fanout_proto::srtp`], through `Session::set_ingest`): the data paths send the same
+//! ([`fanout_proto::rtp::srtp`], through `Session::set_ingest`): the data paths send the same
 //! ciphertext to all of its sinks, as they send plain RTP. On the kernel path the task
 //! encrypts before it feeds the session, and the program clones the ciphertext.
 //!
@@ -18,7 +18,7 @@
 //! epochs end a linger after their last client.
 
 use fanout_io::{bind_udp_source, Session};
-use fanout_proto::srtp::{Context, Crypto, MasterKey, Suite};
+use fanout_proto::rtp::srtp::{Context, Crypto, MasterKey, Suite};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -93,10 +93,10 @@ pub struct SrtpOut {
 pub(crate) fn mikey_base64(suite: Suite, key: &MasterKey, ssrc: u32) -> String {
     let mut r = [0u8; 20];
     let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut r);
-    let ntp = fanout_proto::rtcp::ntp_from_unix(
+    let ntp = fanout_proto::rtp::rtcp::ntp_from_unix(
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default(),
     );
-    fanout_proto::mikey::Mikey::announce(suite, key, ssrc, r, ntp)
+    fanout_proto::rtp::mikey::Mikey::announce(suite, key, ssrc, r, ntp)
 }
 
 pub(crate) fn random_key() -> std::io::Result<MasterKey> {

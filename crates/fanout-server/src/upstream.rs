@@ -1,6 +1,6 @@
 //! A session whose source is an RTSP server: one upstream RTSP session, however many clients.
 //!
-//! The protocol is `fanout_proto::rtsp_client`'s state machine; this module moves its bytes,
+//! The protocol is `fanout_proto::rtsp::client`'s state machine; this module moves its bytes,
 //! owns the UDP ports, and feeds what arrives into the relay. Each media section of the
 //! upstream is a relay session (the first is the session itself, the others are created when
 //! the description arrives) whose source is a loopback UDP socket. Every upstream RTP packet
@@ -18,11 +18,11 @@
 
 use crate::spec::RtspTransport;
 use fanout_io::{bind_udp_source, Session};
-use fanout_proto::restamp::Restamp;
-use fanout_proto::rtpstats::RecvStats;
+use fanout_proto::rtp::restamp::Restamp;
+use fanout_proto::rtp::stats::RecvStats;
+use fanout_proto::rtsp::client::{Client, Step, Url};
+use fanout_proto::rtsp::sdp::Sdp;
 use fanout_proto::rtsp::{self, Limits, Lower, Message};
-use fanout_proto::rtsp_client::{Client, Step, Url};
-use fanout_proto::sdp::Sdp;
 use parking_lot::Mutex;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::sync::Arc;
@@ -110,7 +110,7 @@ struct Track {
     /// The upstream's last sender report: its SSRC, NTP middle 32 bits, when.
     last_sr: Option<(u32, u32, Instant)>,
     /// Our wall clock against RTP time, on the clients' timeline, across upstream sessions.
-    clock_map: fanout_proto::rtcp::ClockMap,
+    clock_map: fanout_proto::rtp::rtcp::ClockMap,
 }
 
 /// A track as the RTSP server side sees it.
@@ -351,7 +351,7 @@ impl Upstream {
     /// An RTCP datagram of track `i` from the upstream: its sender reports feed our RRs.
     /// SRTP (`rtp`) or SRTCP from the upstream: decrypted, then fed as plain; what fails
     /// its check is dropped and counted.
-    fn feed_srtp(&self, i: usize, rtp: bool, ctx: &mut fanout_proto::srtp::Context, data: &mut [u8]) {
+    fn feed_srtp(&self, i: usize, rtp: bool, ctx: &mut fanout_proto::rtp::srtp::Context, data: &mut [u8]) {
         let n = if rtp { ctx.unprotect_rtp_in(data) } else { ctx.unprotect_rtcp_in(data) };
         match n {
             Ok(n) if rtp => self.feed_rtp(i, &mut data[..n]),
@@ -367,14 +367,14 @@ impl Upstream {
     }
 
     fn feed_rtcp(&self, i: usize, data: &[u8]) {
-        let Ok(reports) = fanout_proto::rtcp::parse_reports(data) else { return };
+        let Ok(reports) = fanout_proto::rtp::rtcp::parse_reports(data) else { return };
         let mut st = self.state.lock();
         let Some(t) = st.tracks.get_mut(i) else { return };
         // A sender report's NTP and RTP times sit at bytes 8..20 of the first packet.
         if reports.first().is_some_and(|r| r.sender) && data.len() >= 20 {
             let ntp = u64::from_be_bytes(data[8..16].try_into().expect("8 bytes"));
             let rtp = u32::from_be_bytes(data[16..20].try_into().expect("4 bytes"));
-            t.last_sr = Some((reports[0].reporter, fanout_proto::rtcp::ntp_mid32(ntp), Instant::now()));
+            t.last_sr = Some((reports[0].reporter, fanout_proto::rtp::rtcp::ntp_mid32(ntp), Instant::now()));
             if let Some(rtp) = t.restamp.map_ts(reports[0].reporter, rtp) {
                 t.clock_map.report(ntp, rtp, fanout_io::sys::ntp_now());
             }
@@ -395,7 +395,7 @@ impl Upstream {
                 };
                 let block = t.stats.report_block(&mut t.last_rr, src, lsr, dlsr);
                 let mut out = Vec::with_capacity(32);
-                fanout_proto::rtcp::write_receiver_report(&mut out, reporter, &block);
+                fanout_proto::rtp::rtcp::write_receiver_report(&mut out, reporter, &block);
                 (i, out)
             })
             .collect()
@@ -484,11 +484,11 @@ impl Track {
 
 /// A media section's RTP clock rate (90 kHz where it names none) and video codec, if
 /// H.264 or HEVC: what a track's relay session needs to know.
-pub(crate) fn track_format(m: &fanout_proto::sdp::Media) -> (u32, Option<fanout_proto::annexb::Codec>) {
+pub(crate) fn track_format(m: &fanout_proto::rtsp::sdp::Media) -> (u32, Option<fanout_proto::codec::annexb::Codec>) {
     let rtpmap = m.formats.first().and_then(|f| m.rtpmap(f));
     let video = match rtpmap.map(|(enc, _)| enc.to_ascii_uppercase()) {
-        Some(e) if e == "H264" => Some(fanout_proto::annexb::Codec::H264),
-        Some(e) if e == "H265" => Some(fanout_proto::annexb::Codec::H265),
+        Some(e) if e == "H264" => Some(fanout_proto::codec::annexb::Codec::H264),
+        Some(e) if e == "H265" => Some(fanout_proto::codec::annexb::Codec::H265),
         _ => None,
     };
     (rtpmap.map_or(90_000, |(_, c)| c), video)
@@ -636,9 +636,9 @@ async fn connect_once(
     };
     // SRTP from the upstream: the keys its description gave, per track (decrypted once here,
     // for every client of the session).
-    let mut srtp: Vec<Option<fanout_proto::srtp::Context>> = Vec::new();
+    let mut srtp: Vec<Option<fanout_proto::rtp::srtp::Context>> = Vec::new();
     // Our own key per track for the SRTCP we send back, told to the upstream in SETUP.
-    let mut srtcp_out: Vec<fanout_proto::srtp::Context> = Vec::new();
+    let mut srtcp_out: Vec<fanout_proto::rtp::srtp::Context> = Vec::new();
     let mut client = Client::new(url.clone(), concat!("fanout/", env!("CARGO_PKG_VERSION")));
     stream.write_all(&client.start(up.now_ms())).await.map_err(|e| e.to_string())?;
     let limits = Limits { max_body: 1 << 20, ..Limits::default() };
@@ -852,7 +852,7 @@ impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
 
 /// Per media section, an SRTP context where the description gives it `RTP/SAVP` with an
 /// SDES or MIKEY key; an error where it is SRTP with no key we can read.
-fn srtp_contexts(sdp: &fanout_proto::sdp::Sdp) -> Result<Vec<Option<fanout_proto::srtp::Context>>, String> {
+fn srtp_contexts(sdp: &fanout_proto::rtsp::sdp::Sdp) -> Result<Vec<Option<fanout_proto::rtp::srtp::Context>>, String> {
     sdp.media
         .iter()
         .map(|m| {
@@ -862,11 +862,11 @@ fn srtp_contexts(sdp: &fanout_proto::sdp::Sdp) -> Result<Vec<Option<fanout_proto
             let attr = |name: &str| m.lines.iter().filter(|(k, _)| *k == 'a').find_map(|(_, v)| v.strip_prefix(name));
             // SDES first (its key is the stream's as is), else MIKEY.
             match (attr("crypto:"), attr("key-mgmt:").and_then(|v| v.trim().strip_prefix("mikey "))) {
-                (Some(c), _) => match fanout_proto::srtp::Crypto::parse(c) {
-                    Ok(c) => Ok(Some(fanout_proto::srtp::Context::new(c.suite, &c.key))),
+                (Some(c), _) => match fanout_proto::rtp::srtp::Crypto::parse(c) {
+                    Ok(c) => Ok(Some(fanout_proto::rtp::srtp::Context::new(c.suite, &c.key))),
                     Err(e) => Err(format!("the upstream's SRTP key (a=crypto): {e}")),
                 },
-                (None, Some(b64)) => match fanout_proto::mikey::Mikey::parse_base64(b64) {
+                (None, Some(b64)) => match fanout_proto::rtp::mikey::Mikey::parse_base64(b64) {
                     // (A stream that ran before we came starts at the ROC the message says.)
                     Ok(k) => Ok(Some(k.context())),
                     Err(e) => Err(format!("the upstream's SRTP key (a=key-mgmt): {e}")),
@@ -879,13 +879,16 @@ fn srtp_contexts(sdp: &fanout_proto::sdp::Sdp) -> Result<Vec<Option<fanout_proto
 
 /// Per track, our SRTCP key: its context, and the MIKEY message (base64) that tells it to
 /// the upstream (`KeyMgmt` in SETUP, RFC 4567), its crypto session our reporter SSRC.
-fn own_srtcp_keys(tracks: usize, reporter: u32) -> std::io::Result<(Vec<fanout_proto::srtp::Context>, Vec<String>)> {
-    let suite = fanout_proto::srtp::Suite::AesCm128HmacSha1_80;
+fn own_srtcp_keys(
+    tracks: usize,
+    reporter: u32,
+) -> std::io::Result<(Vec<fanout_proto::rtp::srtp::Context>, Vec<String>)> {
+    let suite = fanout_proto::rtp::srtp::Suite::AesCm128HmacSha1_80;
     let mut keys = (Vec::new(), Vec::new());
     for _ in 0..tracks {
         let key = crate::srtp_out::random_key()?;
         keys.1.push(crate::srtp_out::mikey_base64(suite, &key, reporter));
-        keys.0.push(fanout_proto::srtp::Context::new(suite, &key));
+        keys.0.push(fanout_proto::rtp::srtp::Context::new(suite, &key));
     }
     Ok(keys)
 }
@@ -906,7 +909,7 @@ fn reporter_ssrc(up: &Upstream) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fanout_proto::srtp::{Context, Crypto, MasterKey, Suite};
+    use fanout_proto::rtp::srtp::{Context, Crypto, MasterKey, Suite};
 
     /// An upstream's SRTP keys: SDES, else MIKEY; SAVP without a usable key is an error that
     /// says which.
@@ -914,7 +917,7 @@ mod tests {
     fn srtp_keys_come_from_sdes_or_mikey() {
         let key = MasterKey { key: [5; 16], salt: [6; 14] };
         let suite = Suite::AesCm128HmacSha1_80;
-        let mikey = fanout_proto::mikey::Mikey { csb_id: 1, sessions: vec![(7, 0)], suite, key: key.clone() };
+        let mikey = fanout_proto::rtp::mikey::Mikey { csb_id: 1, sessions: vec![(7, 0)], suite, key: key.clone() };
         let mikey = mikey.write_base64([0; 16], 0);
         let sdes = Crypto { tag: 1, suite, key: key.clone() }.to_value();
         let sdp = |attrs: &str| {

@@ -5,8 +5,8 @@
 use super::{mono_ns, rtp_ts, RTP_HZ};
 use anyhow::{bail, Context};
 use clap::Args;
-use fanout_proto::annexb::{self, Codec};
-use fanout_proto::mpegts::{TsSchedule, PCR_HZ};
+use fanout_proto::codec::annexb::{self, Codec};
+use fanout_proto::container::mpegts::{TsSchedule, PCR_HZ};
 use fanout_proto::probe::Probe;
 use fanout_proto::rtp;
 use serde::Serialize;

@@ -22,7 +22,7 @@ fn ffmpeg_decodes_frames_from_the_demo_stream_over_http() {
     let mut http = relay.http_subscribe("demo");
     let mut first = vec![0u8; 1316];
     std::io::Read::read_exact(&mut http, &mut first).unwrap();
-    assert!(fanout_proto::mpegts::starts_video_keyframe(&first), "an HTTP subscriber starts at a keyframe");
+    assert!(fanout_proto::container::mpegts::starts_video_keyframe(&first), "an HTTP subscriber starts at a keyframe");
     let st = relay.ok("GET", "/v1/sessions/demo", None);
     assert!(st["source"]["packets"].as_u64().unwrap() > 50, "{st}");
 }

@@ -5,9 +5,9 @@
 
 mod common;
 use common::*;
-use fanout_proto::adapt::within;
-use fanout_proto::annexb::{nal_units, Codec, Depacketizer};
-use fanout_proto::layers::{Layer, LayerParser, PacketLayer};
+use fanout_proto::codec::annexb::{nal_units, Codec, Depacketizer};
+use fanout_proto::codec::layers::{Layer, LayerParser, PacketLayer};
+use fanout_proto::rtp::adapt::within;
 use serde_json::json;
 use std::net::UdpSocket;
 use std::process::Command;
@@ -135,7 +135,7 @@ fn decodable_after_dropping(datapath: &str, file: &str, aggregate: bool, caps: &
     let path = format!("{DATA}{file}");
     let codec = if file.ends_with(".265") { Codec::H265 } else { Codec::H264 };
     let stream = std::fs::read(&path).unwrap();
-    let aus = fanout_proto::annexb::access_units(codec, &stream).len();
+    let aus = fanout_proto::codec::annexb::access_units(codec, &stream).len();
     let relay = Relay::start(&["--no-demo"]);
     let video = if codec == Codec::H265 { "h265" } else { "h264" };
     let src = create_on_free_port(
@@ -179,7 +179,7 @@ fn decodable_after_dropping(datapath: &str, file: &str, aggregate: bool, caps: &
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let mut got: Vec<(Vec<u8>, usize)> = readers.into_iter().map(|r| r.join().unwrap()).collect();
     let (whole, sent) = got.pop().unwrap();
-    let offline = filter_offline(codec, &stream, fanout_proto::adapt::ALL);
+    let offline = filter_offline(codec, &stream, fanout_proto::rtp::adapt::ALL);
     let first_diff = whole.iter().zip(&offline).position(|(a, b)| a != b);
     assert!(
         whole == offline,
@@ -298,7 +298,7 @@ fn receiver_reports_drive_the_rtsp_clients_selector_and_bad_ones_are_counted() {
     let n = play.rtp.recv(&mut buf).unwrap();
     let ssrc = fanout_proto::rtp::RtpView::parse(&buf[..n]).unwrap().ssrc();
     let report = |ssrc: u32, cumulative_lost: i32| {
-        let block = fanout_proto::rtcp::ReportBlock {
+        let block = fanout_proto::rtp::rtcp::ReportBlock {
             ssrc,
             fraction_lost: 0,
             cumulative_lost,
@@ -308,7 +308,7 @@ fn receiver_reports_drive_the_rtsp_clients_selector_and_bad_ones_are_counted() {
             dlsr: 0,
         };
         let mut rr = Vec::new();
-        fanout_proto::rtcp::write_receiver_report(&mut rr, 0x1234, &block);
+        fanout_proto::rtp::rtcp::write_receiver_report(&mut rr, 0x1234, &block);
         rtcp.send_to(&rr, ("127.0.0.1", server_rtcp)).unwrap();
     };
     let client = || relay.ok("GET", "/v1/rtsp", None)["clients"][0].clone();

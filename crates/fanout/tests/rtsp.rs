@@ -127,7 +127,7 @@ fn interleaved_frames_carry_the_stream_without_a_gap() {
             }
             fanout_proto::rtsp::Message::Interleaved { channel: 4, .. } => {}
             fanout_proto::rtsp::Message::Interleaved { channel: 5, data } => {
-                let r = fanout_proto::rtcp::parse_reports(&data).expect("RTCP on the RTCP channel");
+                let r = fanout_proto::rtp::rtcp::parse_reports(&data).expect("RTCP on the RTCP channel");
                 sender_report |= r[0].sender && r[0].reporter == 0x4641_4e4f;
             }
             m => panic!("unexpected {m:?}"),
@@ -261,7 +261,7 @@ fn receiver_reports_are_read_per_client() {
     let RtspPlay { conn: _c, session, transport, .. } =
         rtsp_play(addr, "demo", Some(rtcp.local_addr().unwrap().port()));
     let server_rtcp: u16 = transport.split("server_port=").nth(1).unwrap().split('-').nth(1).unwrap().parse().unwrap();
-    let block = fanout_proto::rtcp::ReportBlock {
+    let block = fanout_proto::rtp::rtcp::ReportBlock {
         ssrc: 0x4641_4e4f,
         fraction_lost: 64,
         cumulative_lost: 3,
@@ -271,7 +271,7 @@ fn receiver_reports_are_read_per_client() {
         dlsr: 0,
     };
     let mut rr = Vec::new();
-    fanout_proto::rtcp::write_receiver_report(&mut rr, 99, &block);
+    fanout_proto::rtp::rtcp::write_receiver_report(&mut rr, 99, &block);
     rtcp.send_to(&rr, ("127.0.0.1", server_rtcp)).unwrap();
     let seen =
         wait_for(Duration::from_secs(5), || relay.ok("GET", "/v1/rtsp", None)["clients"][0]["rtcp_reports"] == 1);
@@ -288,12 +288,13 @@ fn receiver_reports_are_read_per_client() {
     rtcp.set_read_timeout(Some(Duration::from_secs(8))).unwrap();
     let mut buf = [0u8; 512];
     let n = rtcp.recv(&mut buf).expect("a sender report");
-    let sr = fanout_proto::rtcp::parse_reports(&buf[..n]).unwrap();
+    let sr = fanout_proto::rtp::rtcp::parse_reports(&buf[..n]).unwrap();
     assert!(sr[0].sender && sr[0].reporter == 0x4641_4e4f, "{sr:?}");
     let ntp = u64::from_be_bytes(buf[8..16].try_into().unwrap());
-    let answer = fanout_proto::rtcp::ReportBlock { lsr: fanout_proto::rtcp::ntp_mid32(ntp), dlsr: 0, ..block };
+    let answer =
+        fanout_proto::rtp::rtcp::ReportBlock { lsr: fanout_proto::rtp::rtcp::ntp_mid32(ntp), dlsr: 0, ..block };
     let mut rr = Vec::new();
-    fanout_proto::rtcp::write_receiver_report(&mut rr, 99, &answer);
+    fanout_proto::rtp::rtcp::write_receiver_report(&mut rr, 99, &answer);
     rtcp.send_to(&rr, ("127.0.0.1", server_rtcp)).unwrap();
     assert!(wait_for(Duration::from_secs(5), || relay.ok("GET", "/v1/rtsp", None)["clients"][0]["rtcp_reports"] == 2));
     let rtt = relay.ok("GET", "/v1/rtsp", None)["clients"][0]["rtt_ms"].as_f64().expect("a round trip");

@@ -395,7 +395,8 @@ fn srtp_over_udp(kernel: bool) {
     );
     let video = &sdp[sdp.find("m=video").unwrap()..sdp.find("m=audio").unwrap_or(sdp.len())];
     let inline = video.split("inline:").nth(1).unwrap().split_whitespace().next().unwrap();
-    let key = fanout_proto::srtp::Crypto::parse(&format!("1 AES_CM_128_HMAC_SHA1_80 inline:{inline}")).unwrap().key;
+    let key =
+        fanout_proto::rtp::srtp::Crypto::parse(&format!("1 AES_CM_128_HMAC_SHA1_80 inline:{inline}")).unwrap().key;
     // Plain RTP over UDP is refused on RTSPS; SRTP over UDP is taken.
     let track = format!("{url}/trackID=0");
     let plain =
@@ -463,7 +464,7 @@ fn srtp_over_udp(kernel: bool) {
     for seq in &common {
         assert_eq!(got[0][seq], got[1][seq], "packet {seq}: one ciphertext for both");
     }
-    let mut rx = fanout_proto::srtp::Context::new(fanout_proto::srtp::Suite::AesCm128HmacSha1_80, &key);
+    let mut rx = fanout_proto::rtp::srtp::Context::new(fanout_proto::rtp::srtp::Suite::AesCm128HmacSha1_80, &key);
     let mut seqs: Vec<u16> = got[0].keys().copied().collect();
     seqs.sort();
     // The epoch numbers its packets from 0 (whatever the track's numbers), so its index

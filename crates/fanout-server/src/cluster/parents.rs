@@ -97,7 +97,7 @@ impl Parents {
 }
 
 async fn check(url: &str) -> Result<(), String> {
-    let u = fanout_proto::rtsp_client::Url::parse(url)?;
+    let u = fanout_proto::rtsp::client::Url::parse(url)?;
     match tokio::time::timeout(CHECK_TIMEOUT, tokio::net::TcpStream::connect((u.host.as_str(), u.port))).await {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(e)) => Err(format!("cannot connect: {e}")),

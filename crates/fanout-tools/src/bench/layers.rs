@@ -15,12 +15,12 @@
 use super::{ip, Proc, RelayProc};
 use anyhow::{bail, Context};
 use clap::Args;
-use fanout_proto::adapt::within;
-use fanout_proto::annexb::Codec;
-use fanout_proto::layers::{Layer, LayerParser, PacketLayer};
+use fanout_proto::codec::annexb::Codec;
+use fanout_proto::codec::layers::{Layer, LayerParser, PacketLayer};
+use fanout_proto::rtp::adapt::within;
+use fanout_proto::rtp::stats::RecvStats;
 use fanout_proto::rtp::RtpView;
-use fanout_proto::rtpstats::RecvStats;
-use fanout_proto::rtsp_client::Url;
+use fanout_proto::rtsp::client::Url;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -505,7 +505,7 @@ pub fn sub(a: SubArgs) -> anyhow::Result<()> {
             next_report += report_every;
             let block = stats.report_block(&mut last_rr, ssrc, 0, 0);
             let mut rr = Vec::with_capacity(32);
-            fanout_proto::rtcp::write_receiver_report(&mut rr, 0x6c61_7972, &block);
+            fanout_proto::rtp::rtcp::write_receiver_report(&mut rr, 0x6c61_7972, &block);
             let _ = c.rtcp[0].send_to(&rr, rtcp_to);
         }
         if now.duration_since(t0).as_secs_f64() >= cur.t {

@@ -7,8 +7,8 @@
 use super::{plot, thread_cpu_s};
 use anyhow::Context;
 use clap::Args;
-use fanout_proto::hls::Segmenter;
-use fanout_proto::repack::{Repackager, TrackInfo, TsPackager};
+use fanout_proto::container::hls::Segmenter;
+use fanout_proto::container::repack::{Repackager, TrackInfo, TsPackager};
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -51,7 +51,7 @@ pub fn run(a: RepackArgs) -> anyhow::Result<()> {
     let clip = fanout_io::DemoClip::new(fanout_io::DEMO_TS).map_err(|e| anyhow::anyhow!("demo clip: {e}"))?;
     let (tracks, _) = clip.rtp_tracks();
     let sdp = format!("v=0\r\ns=x\r\nt=0 0\r\n{}", tracks.iter().map(|t| t.media.as_str()).collect::<String>());
-    let sdp = fanout_proto::sdp::Sdp::parse(&sdp).map_err(|e| anyhow::anyhow!("demo SDP: {e}"))?;
+    let sdp = fanout_proto::rtsp::sdp::Sdp::parse(&sdp).map_err(|e| anyhow::anyhow!("demo SDP: {e}"))?;
     let infos: Vec<Option<TrackInfo>> = sdp.media.iter().map(|m| TrackInfo::from_sdp(m).ok()).collect();
     // One lap of both tracks in arrival order: (due 90 kHz, track, packet).
     let mut lap: Vec<(u64, usize, Vec<u8>)> = tracks

@@ -10,8 +10,8 @@
 use super::{process_cpu_s, softirqd_cpu_s, Proc, RelayProc};
 use anyhow::{bail, Context};
 use clap::Args;
+use fanout_proto::rtsp::client::{Client, Step, Url};
 use fanout_proto::rtsp::{self, Limits, Lower, Message};
-use fanout_proto::rtsp_client::{Client, Step, Url};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -156,12 +156,13 @@ fn own_mikey() -> anyhow::Result<String> {
         .secure_random
         .fill(&mut b)
         .map_err(|_| anyhow::anyhow!("no system randomness"))?;
-    let key = fanout_proto::srtp::MasterKey::from_concat(&b[..30]).context("30 bytes")?;
+    let key = fanout_proto::rtp::srtp::MasterKey::from_concat(&b[..30]).context("30 bytes")?;
     let rand: [u8; 20] = b[30..50].try_into().context("20 bytes")?;
     let ssrc = u32::from_be_bytes([b[50], b[51], b[52], b[53]]);
-    let ntp = fanout_proto::rtcp::ntp_from_unix(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?);
-    let suite = fanout_proto::srtp::Suite::AesCm128HmacSha1_80;
-    Ok(fanout_proto::mikey::Mikey::announce(suite, &key, ssrc, rand, ntp))
+    let ntp =
+        fanout_proto::rtp::rtcp::ntp_from_unix(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?);
+    let suite = fanout_proto::rtp::srtp::Suite::AesCm128HmacSha1_80;
+    Ok(fanout_proto::rtp::mikey::Mikey::announce(suite, &key, ssrc, rand, ntp))
 }
 
 /// A one-client player: plays `url` over UDP and hands over its first track's RTP socket,

@@ -1,14 +1,14 @@
 //! RTP in, access units out: the tracks of a session (H.264 or HEVC per RFC 6184 / RFC 7798,
 //! AAC per RFC 3640) are depacketized into access units on one 90 kHz timeline, for MPEG-TS
-//! ([`TsPackager`], [`crate::tsmux`]) and fragmented MP4 ([`crate::fmp4`]), so that a session
+//! ([`TsPackager`], [`crate::container::tsmux`]) and fragmented MP4 ([`crate::container::fmp4`]), so that a session
 //! fed by a camera can be played over HTTP by any player. Done once per session; sans-IO
 //! (packets and arrival times in, units out).
 
-use crate::annexb::{Codec, Depacketizer};
-use crate::dts::DecodingTimes;
+use crate::codec::annexb::{Codec, Depacketizer};
+use crate::codec::dts::DecodingTimes;
+use crate::container::tsmux::{adts_header, AccessUnit, StreamKind, TsMuxer};
 use crate::rtp::RtpView;
-use crate::sdp::Media;
-use crate::tsmux::{adts_header, AccessUnit, StreamKind, TsMuxer};
+use crate::rtsp::sdp::Media;
 
 use base64::Engine as _;
 
@@ -320,7 +320,8 @@ impl Repackager {
             Codec::H264 => &[0, 0, 0, 1, 0x09, 0xf0],
             Codec::H265 => &[0, 0, 0, 1, 0x46, 0x01, 0x50],
         });
-        let carries_params = crate::annexb::nal_units(&nals).any(|n| matches!(nal_type(codec, n), NalType::Params(_)));
+        let carries_params =
+            crate::codec::annexb::nal_units(&nals).any(|n| matches!(nal_type(codec, n), NalType::Params(_)));
         if key && !carries_params {
             for p in &t.params {
                 data.extend_from_slice(&[0, 0, 0, 1]);
@@ -449,7 +450,7 @@ impl TsPackager {
 /// A session time as the muxer takes it: unsigned, modulo 2^33, with the PCR lead that keeps
 /// every PES on time.
 fn ts_time(time: i64) -> u64 {
-    (time + crate::tsmux::PCR_LEAD_90K as i64).rem_euclid(1 << 33) as u64
+    (time + crate::container::tsmux::PCR_LEAD_90K as i64).rem_euclid(1 << 33) as u64
 }
 
 enum NalType {
@@ -506,8 +507,8 @@ fn au_sizes(p: &[u8], size_bits: u8, index_bits: u8, delta_bits: u8) -> Option<A
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mpegts::PACKET_LEN;
-    use crate::tsdemux::{Demux, Pes};
+    use crate::container::mpegts::PACKET_LEN;
+    use crate::container::tsdemux::{Demux, Pes};
     use proptest::prelude::*;
 
     const SDP: &str = "v=0\r\ns=x\r\nt=0 0\r\n\
@@ -518,7 +519,7 @@ mod tests {
         m=audio 0 RTP/AVP 0\r\na=rtpmap:0 PCMU/8000\r\n";
 
     fn tracks() -> Vec<Result<TrackInfo, String>> {
-        crate::sdp::Sdp::parse(SDP).unwrap().media.iter().map(TrackInfo::from_sdp).collect()
+        crate::rtsp::sdp::Sdp::parse(SDP).unwrap().media.iter().map(TrackInfo::from_sdp).collect()
     }
 
     fn rtp(marker: bool, seq: u16, ts: u32, payload: &[u8]) -> Vec<u8> {
@@ -597,13 +598,15 @@ mod tests {
                 vec![0x41, frame as u8, 1, 2]
             };
             let mut pkts = Vec::new();
-            crate::annexb::packetize(Codec::H264, &nal, 1200, &mut scratch, |p, last| pkts.push((p.to_vec(), last)));
+            crate::codec::annexb::packetize(Codec::H264, &nal, 1200, &mut scratch, |p, last| {
+                pkts.push((p.to_vec(), last))
+            });
             for (p, last) in pkts {
                 seq += 1;
                 r.push_rtp(0, &rtp(last, seq, ts, &p), now, &mut out);
             }
             // One AAC frame per 40 ms of RTP time (48 kHz).
-            let a = crate::aac::rtp_payload(&[frame as u8; 200]).unwrap();
+            let a = crate::codec::aac::rtp_payload(&[frame as u8; 200]).unwrap();
             r.push_rtp(1, &rtp(true, seq, 77 + frame * 1920, &a), now, &mut out);
             r.push_rtp(2, &rtp(true, seq, 0, &[0; 160]), now, &mut out); // PCMU: left out
         }
@@ -611,14 +614,14 @@ mod tests {
         let video: Vec<&Pes> = pes.iter().filter(|p| p.stream_type == 0x1b).collect();
         // (The last four are held while the stream's reordering is learned.)
         assert_eq!(video.len(), 9, "frames 1..=9");
-        let nals: Vec<u8> = crate::annexb::nal_units(&video[0].data).map(|n| n[0] & 0x1f).collect();
+        let nals: Vec<u8> = crate::codec::annexb::nal_units(&video[0].data).map(|n| n[0] & 0x1f).collect();
         assert_eq!(nals, [9, 7, 8, 5], "AUD, SPS, PPS, IDR");
-        assert_eq!(crate::annexb::nal_units(&video[0].data).last().unwrap().len(), 3001);
+        assert_eq!(crate::codec::annexb::nal_units(&video[0].data).last().unwrap().len(), 3001);
         let steps: Vec<u64> = video.windows(2).map(|w| w[1].pts.unwrap() - w[0].pts.unwrap()).collect();
         assert!(steps.iter().all(|s| *s == 3600), "{steps:?}");
         let audio: Vec<&Pes> = pes.iter().filter(|p| p.stream_type == 0x0f).collect();
         assert_eq!(audio.len(), 13, "from the keyframe on");
-        let frames = crate::aac::adts_frames(&audio[0].data);
+        let frames = crate::codec::aac::adts_frames(&audio[0].data);
         assert_eq!((frames.len(), frames[0].au), (1, &[1u8; 200][..]));
         // Both started at the same arrival time: the audio of frame 1 is at the video's time.
         assert_eq!(audio[0].pts, video[0].pts);
@@ -656,7 +659,7 @@ mod tests {
         let mut out = Vec::new();
         r.push_rtp(0, &rtp(true, 1, 90_000, &[0x65, 1]), 0, &mut out);
         // Audio for half a second later arrives 3 s later.
-        let a = crate::aac::rtp_payload(&[1; 20]).unwrap();
+        let a = crate::codec::aac::rtp_payload(&[1; 20]).unwrap();
         r.push_rtp(1, &rtp(true, 1, 72_000, &a), 3_000, &mut out);
         // (Pictures that let the first out of the reordering.)
         for k in 1..5u16 {

@@ -10,11 +10,11 @@
 //! want, so what most HEVC MP4s carry): for HEVC the `hvcC` is found here. Samples of all tracks go out in decoding
 //! order; the composition offsets (B-frames) become PTS apart from DTS.
 
-use crate::tsmux::{adts_header, AccessUnit, StreamKind, TsMuxer};
+use crate::container::tsmux::{adts_header, AccessUnit, StreamKind, TsMuxer};
 use std::io::Cursor;
 
 /// Where the first sample lands on the 90 kHz timeline: the PCR runs
-/// [`crate::tsmux::PCR_LEAD_90K`] behind, which must not go below zero.
+/// [`crate::container::tsmux::PCR_LEAD_90K`] behind, which must not go below zero.
 const START_90K: u64 = 90_000;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -302,7 +302,7 @@ fn annexb(mut b: &[u8], len: usize, out: &mut Vec<u8>) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tsdemux::Demux;
+    use crate::container::tsdemux::Demux;
     use proptest::prelude::*;
 
     const SPS: &[u8] = &[0x67, 0x42, 0xc0, 0x1e, 0xda, 0x02, 0x80, 0xbf, 0xe5, 0x84, 0x00];
@@ -414,10 +414,10 @@ mod tests {
 
     /// Two seconds of the demo in H.265 (B-frames, a keyframe a second) and its AAC, in MP4
     /// with `hvc1` (testdata/video/PROVENANCE.md).
-    const HEVC_MP4: &[u8] = include_bytes!("../../../testdata/video/hevc/demo-2s-hevc.mp4");
+    const HEVC_MP4: &[u8] = include_bytes!("../../../../testdata/video/hevc/demo-2s-hevc.mp4");
 
     fn hevc_nal_types(au: &[u8]) -> Vec<u8> {
-        crate::annexb::nal_units(au).map(|n| (n[0] >> 1) & 0x3f).collect()
+        crate::codec::annexb::nal_units(au).map(|n| (n[0] >> 1) & 0x3f).collect()
     }
 
     /// Both sample entries HEVC comes in: `hvc1` (which the reader does not know) and `hev1`
@@ -436,7 +436,7 @@ mod tests {
             let mut all: Vec<_> = ts.chunks(188).filter_map(|p| d.push(p)).collect();
             all.extend(d.flush());
             assert_eq!(all.iter().filter(|p| p.stream_type == 0x0f).count(), 94, "{name}: every AAC frame");
-            all.retain(|p| p.stream_type == crate::tsdemux::STREAM_TYPE_H265);
+            all.retain(|p| p.stream_type == crate::container::tsdemux::STREAM_TYPE_H265);
             assert_eq!(all.len(), 50, "{name}: every access unit");
             let mut keys = 0;
             for (i, p) in all.iter().enumerate() {

@@ -8,8 +8,8 @@
 //! same tracks (the same video codec, audio or not): a player cannot follow a stream whose
 //! tracks change under it. What is neither H.264, H.265 nor AAC is left out.
 
-use crate::tsdemux::{Demux, Pes, STREAM_TYPE_H264, STREAM_TYPE_H265};
-use crate::tsmux::{AccessUnit, StreamKind, TsMuxer};
+use crate::container::tsdemux::{Demux, Pes, STREAM_TYPE_H264, STREAM_TYPE_H265};
+use crate::container::tsmux::{AccessUnit, StreamKind, TsMuxer};
 
 /// Where the first access unit lands on the 90 kHz timeline (the PCR runs behind it).
 const START_90K: u64 = 90_000;
@@ -43,7 +43,7 @@ fn describe(r: &Recording) -> String {
 
 fn read(ts: &[u8]) -> Recording {
     let mut d = Demux::default();
-    let mut pes: Vec<Pes> = ts.chunks(crate::mpegts::PACKET_LEN).filter_map(|p| d.push(p)).collect();
+    let mut pes: Vec<Pes> = ts.chunks(crate::container::mpegts::PACKET_LEN).filter_map(|p| d.push(p)).collect();
     pes.extend(d.flush());
     pes.retain(|p| p.pts.is_some() && !p.data.is_empty());
     // The first video stream (by the first of its access units), and the first AAC one.
@@ -92,7 +92,7 @@ fn times(pes: &[Pes], base: u64, default_step: i64) -> (Vec<i64>, Option<i64>) {
 
 /// Whether a video access unit starts a picture a decoder can begin at (IDR, IRAP).
 fn is_key(kind: StreamKind, au: &[u8]) -> bool {
-    crate::annexb::nal_units(au).any(|n| match (kind, n.first()) {
+    crate::codec::annexb::nal_units(au).any(|n| match (kind, n.first()) {
         (StreamKind::H265, Some(b)) => (16..=23).contains(&((b >> 1) & 0x3f)),
         (_, Some(b)) => b & 0x1f == 5,
         _ => false,
@@ -183,7 +183,7 @@ mod tests {
             let t = t0 + i * 3600;
             mux.push(&AccessUnit { stream: 0, pts: t, dts: t, key, data: &data }, &mut out);
             if audio {
-                let adts = crate::tsmux::adts_header(&[0x11, 0x90], 2).unwrap();
+                let adts = crate::container::tsmux::adts_header(&[0x11, 0x90], 2).unwrap();
                 let mut a = adts.to_vec();
                 a.extend_from_slice(&[0x21, i as u8]);
                 // Roughly two audio frames per picture (1920 of 3600 ticks each).
@@ -231,7 +231,7 @@ mod tests {
     fn with_audio_tail(frames: u64, t0: u64, tail: u64) -> Vec<u8> {
         let mut mux = TsMuxer::new(&[StreamKind::H264, StreamKind::AacAdts]);
         let mut out = Vec::new();
-        let mut a = crate::tsmux::adts_header(&[0x11, 0x90], 2).unwrap().to_vec();
+        let mut a = crate::container::tsmux::adts_header(&[0x11, 0x90], 2).unwrap().to_vec();
         a.extend_from_slice(&[0x21, 0]);
         let audio_frames = frames * 3600 / 1920 + tail;
         let (mut v, mut k) = (0, 0);

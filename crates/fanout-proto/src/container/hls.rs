@@ -5,8 +5,8 @@
 //! soon as it is complete, so a player can be a part's length behind instead of a segment's.
 //! Sans-IO: units in, segments, parts and playlist text out.
 
-use crate::fmp4::{avcc_sample, init_segment, media_segment, Fmp4Track, Sample};
-use crate::repack::{TrackCodec, TrackInfo, Unit};
+use crate::container::fmp4::{avcc_sample, init_segment, media_segment, Fmp4Track, Sample};
+use crate::container::repack::{TrackCodec, TrackInfo, Unit};
 use bytes::Bytes;
 use std::collections::VecDeque;
 
@@ -57,7 +57,7 @@ impl Progress {
 #[derive(Debug, Clone)]
 enum Input {
     /// An H.264 or H.265 track: its index among the file's tracks, and the codec.
-    Video(usize, crate::annexb::Codec),
+    Video(usize, crate::codec::annexb::Codec),
     Audio {
         track: usize,
         config: Vec<u8>,
@@ -135,7 +135,7 @@ impl Segmenter {
                 TrackCodec::Video { codec, .. } => Input::Video(next(), *codec),
                 TrackCodec::Aac { config, .. } => {
                     let c = u16::from_be_bytes([config[0], config.get(1).copied().unwrap_or(0)]);
-                    let rate = crate::aac::sample_rate(((c >> 7) & 0x0f) as u8);
+                    let rate = crate::codec::aac::sample_rate(((c >> 7) & 0x0f) as u8);
                     match rate {
                         Some(sample_rate) if (1..=4).contains(&(c >> 11)) => Input::Audio {
                             track: next(),
@@ -259,15 +259,15 @@ impl Segmenter {
         let mut tracks = Vec::new();
         for input in &self.inputs {
             match input {
-                Input::Video(_, crate::annexb::Codec::H265) => {
-                    let nals: Vec<&[u8]> = crate::annexb::nal_units(&u.data).collect();
+                Input::Video(_, crate::codec::annexb::Codec::H265) => {
+                    let nals: Vec<&[u8]> = crate::codec::annexb::nal_units(&u.data).collect();
                     let find = |t: u8| nals.iter().find(|n| n.first().is_some_and(|b| (b >> 1) & 0x3f == t));
                     let (Some(vps), Some(sps), Some(pps)) = (find(32), find(33), find(34)) else { return false };
-                    let Some(info) = crate::hevc::parse_sps(sps) else { return false };
+                    let Some(info) = crate::codec::hevc::parse_sps(sps) else { return false };
                     tracks.push(Fmp4Track::H265 { vps: vps.to_vec(), sps: sps.to_vec(), pps: pps.to_vec(), info });
                 }
                 Input::Video(..) => {
-                    let nals: Vec<&[u8]> = crate::annexb::nal_units(&u.data).collect();
+                    let nals: Vec<&[u8]> = crate::codec::annexb::nal_units(&u.data).collect();
                     let find = |t: u8| nals.iter().find(|n| n.first().is_some_and(|b| b & 0x1f == t));
                     let (Some(sps), Some(pps)) = (find(7), find(8)) else { return false };
                     let (width, height) = sps_dimensions(sps).unwrap_or((0, 0));
@@ -545,7 +545,10 @@ mod tests {
 
     fn streams() -> Vec<TrackInfo> {
         vec![
-            TrackInfo { codec: TrackCodec::Video { codec: crate::annexb::Codec::H264, params: vec![] }, clock: 90_000 },
+            TrackInfo {
+                codec: TrackCodec::Video { codec: crate::codec::annexb::Codec::H264, params: vec![] },
+                clock: 90_000,
+            },
             TrackInfo {
                 codec: TrackCodec::Aac { config: vec![0x11, 0x90], size_bits: 13, index_bits: 3, delta_bits: 3 },
                 clock: 48_000,
@@ -555,18 +558,18 @@ mod tests {
 
     /// The demo clip's H.264 and AAC, taken out of its TS, as units at their own times.
     fn demo_units() -> Vec<Unit> {
-        let ts = include_bytes!("../../../assets/demo.ts");
-        let mut d = crate::tsdemux::Demux::default();
-        let mut pes: Vec<crate::tsdemux::Pes> = ts.chunks(188).filter_map(|p| d.push(p)).collect();
+        let ts = include_bytes!("../../../../assets/demo.ts");
+        let mut d = crate::container::tsdemux::Demux::default();
+        let mut pes: Vec<crate::container::tsdemux::Pes> = ts.chunks(188).filter_map(|p| d.push(p)).collect();
         pes.extend(d.flush());
         let mut units = Vec::new();
         for p in pes {
             let time = p.pts.unwrap() as i64;
-            if p.stream_type == crate::tsdemux::STREAM_TYPE_H264 {
-                let key = crate::annexb::nal_units(&p.data).any(|n| n[0] & 0x1f == 5);
+            if p.stream_type == crate::container::tsdemux::STREAM_TYPE_H264 {
+                let key = crate::codec::annexb::nal_units(&p.data).any(|n| n[0] & 0x1f == 5);
                 units.push(Unit { stream: 0, time, key, data: p.data });
             } else {
-                for (k, f) in crate::aac::adts_frames(&p.data).iter().enumerate() {
+                for (k, f) in crate::codec::aac::adts_frames(&p.data).iter().enumerate() {
                     units.push(Unit { stream: 1, time: time + k as i64 * 1920, key: false, data: f.au.to_vec() });
                 }
             }
@@ -765,10 +768,10 @@ mod tests {
 
     #[test]
     fn hevc_goes_into_hvc1_segments() {
-        use crate::annexb::{access_units, Codec};
+        use crate::codec::annexb::{access_units, Codec};
         let hevc = TrackInfo { codec: TrackCodec::Video { codec: Codec::H265, params: vec![] }, clock: 90_000 };
         let mut s = Segmenter::new(&[hevc], 1000, 1).unwrap();
-        let clip = include_bytes!("../../../testdata/video/hevc/x265_temporal_320x192.265");
+        let clip = include_bytes!("../../../../testdata/video/hevc/x265_temporal_320x192.265");
         let aus = access_units(Codec::H265, clip);
         assert!(aus.len() > 10, "{} pictures", aus.len());
         // Looped (as `gen` sends it), so that keyframes come again and segments are cut.

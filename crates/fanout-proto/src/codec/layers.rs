@@ -17,7 +17,7 @@
 //! whose start was lost, a truncated header) are `Unknown`: the caller forwards them and
 //! counts them (docs/layers.md).
 
-use crate::annexb::Codec;
+use crate::codec::annexb::Codec;
 
 /// A scalable layer: spatial/dependency, quality, temporal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
@@ -246,7 +246,7 @@ pub fn filter_aggregate(codec: Codec, payload: &[u8], keeps: impl Fn(Layer) -> b
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::annexb::{nal_units, packetize};
+    use crate::codec::annexb::{nal_units, packetize};
     use proptest::prelude::*;
 
     const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/video/");

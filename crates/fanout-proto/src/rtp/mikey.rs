@@ -4,7 +4,7 @@
 //! protects it), with one crypto session per SSRC, a timestamp, a RAND, an SRTP security
 //! policy and the TEK + salt.
 
-use crate::srtp::{MasterKey, Suite, MASTER_KEY_LEN, MASTER_SALT_LEN};
+use crate::rtp::srtp::{MasterKey, Suite, MASTER_KEY_LEN, MASTER_SALT_LEN};
 
 // Payload types (RFC 3830 §6.1).
 const LAST: u8 = 0;
@@ -104,8 +104,8 @@ impl Mikey {
 
     /// An SRTP context under this message's key, each of its streams starting at the
     /// rollover counter the message gives (a stream that ran before the receiver came).
-    pub fn context(&self) -> crate::srtp::Context {
-        let mut ctx = crate::srtp::Context::new(self.suite, &self.key);
+    pub fn context(&self) -> crate::rtp::srtp::Context {
+        let mut ctx = crate::rtp::srtp::Context::new(self.suite, &self.key);
         for &(ssrc, roc) in &self.sessions {
             ctx.set_roc(ssrc, roc);
         }
@@ -339,7 +339,7 @@ mod tests {
         let m = Mikey::parse_base64(&b64).unwrap();
         assert_eq!((m.csb_id, m.sessions.clone(), m.key.clone()), (0x0505_0505, vec![(7, 0)], key.clone()));
         let with_roc = Mikey { sessions: vec![(7, 2)], ..m };
-        let mut tx = crate::srtp::Context::new(Suite::AesCm128HmacSha1_80, &key);
+        let mut tx = crate::rtp::srtp::Context::new(Suite::AesCm128HmacSha1_80, &key);
         tx.set_roc(7, 2);
         let mut p = vec![0x80, 96, 0, 5, 0, 0, 0, 1, 0, 0, 0, 7, 1, 2, 3];
         tx.protect_rtp(&mut p).unwrap();

@@ -176,8 +176,8 @@ mod tests {
 
     /// The SPS of the repo's HEVC test clip (x265, 320×192, Main, temporal layers).
     fn clip_sps() -> Vec<u8> {
-        let clip = include_bytes!("../../../testdata/video/hevc/x265_temporal_320x192.265");
-        crate::annexb::nal_units(clip).find(|n| n.len() > 2 && (n[0] >> 1) & 0x3f == 33).unwrap().to_vec()
+        let clip = include_bytes!("../../../../testdata/video/hevc/x265_temporal_320x192.265");
+        crate::codec::annexb::nal_units(clip).find(|n| n.len() > 2 && (n[0] >> 1) & 0x3f == 33).unwrap().to_vec()
     }
 
     #[test]

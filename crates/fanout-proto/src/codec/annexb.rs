@@ -222,9 +222,9 @@ mod tests {
     }
     use proptest::prelude::*;
 
-    const SVC: &[u8] = include_bytes!("../../../testdata/video/h264-svc/mediasoup_naluInfo.264");
-    const S2T3: &[u8] = include_bytes!("../../../testdata/video/h264-svc/openh264_2S3T_320x192.264");
-    const HEVC: &[u8] = include_bytes!("../../../testdata/video/hevc/x265_temporal_320x192.265");
+    const SVC: &[u8] = include_bytes!("../../../../testdata/video/h264-svc/mediasoup_naluInfo.264");
+    const S2T3: &[u8] = include_bytes!("../../../../testdata/video/h264-svc/openh264_2S3T_320x192.264");
+    const HEVC: &[u8] = include_bytes!("../../../../testdata/video/hevc/x265_temporal_320x192.265");
 
     #[test]
     fn splits_at_3_and_4_byte_start_codes() {
@@ -240,7 +240,7 @@ mod tests {
         assert_eq!(access_units(Codec::H264, S2T3).len(), 32);
         assert_eq!(access_units(Codec::H265, HEVC).len(), 32);
         // mediasoup's CSV lists every NAL unit: the split must agree with its count.
-        let csv = include_str!("../../../testdata/video/h264-svc/mediasoup_naluInfo.csv");
+        let csv = include_str!("../../../../testdata/video/h264-svc/mediasoup_naluInfo.csv");
         let rows = csv.lines().skip(1).filter(|l| !l.trim().is_empty()).count();
         assert_eq!(nal_units(SVC).count(), rows);
     }

@@ -140,12 +140,12 @@ impl RecvStats {
     /// A receiver report block about source `ssrc` (RFC 3550 §6.4.1). `last`: expected and
     /// received at the previous report (updated), for the fraction lost since; `lsr`/`dlsr`:
     /// the last sender report's middle NTP bits and the delay since it (0 without one).
-    pub fn report_block(&self, last: &mut (u64, u64), ssrc: u32, lsr: u32, dlsr: u32) -> crate::rtcp::ReportBlock {
+    pub fn report_block(&self, last: &mut (u64, u64), ssrc: u32, lsr: u32, dlsr: u32) -> crate::rtp::rtcp::ReportBlock {
         let (expected, received) = (self.expected(), self.received);
         let (de, dr) = (expected.saturating_sub(last.0), received.saturating_sub(last.1));
         *last = (expected, received);
         let fraction = if de == 0 || dr >= de { 0 } else { ((de - dr) * 256 / de).min(255) as u8 };
-        crate::rtcp::ReportBlock {
+        crate::rtp::rtcp::ReportBlock {
             ssrc,
             fraction_lost: fraction,
             cumulative_lost: self.lost().min(0x7f_ffff) as i32,

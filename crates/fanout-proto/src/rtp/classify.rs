@@ -1,7 +1,7 @@
 //! What a received datagram carries, decided once when it enters the session ring, so that
 //! every HTTP subscriber can be served the bare payload without parsing it again.
 
-use crate::{mpegts, rtp::RtpView};
+use crate::{container::mpegts, rtp::RtpView};
 
 /// Offset of the media payload inside a datagram.
 ///
@@ -34,8 +34,8 @@ pub enum VideoStart {
 
 /// Classifies an RTP payload of H.264 (RFC 6184: single NAL unit, STAP-A, FU-A) or HEVC
 /// (RFC 7798: single, AP, FU). Aggregates are looked into; fragments count at their start.
-pub fn video_start(codec: crate::annexb::Codec, payload: &[u8]) -> VideoStart {
-    use crate::annexb::Codec;
+pub fn video_start(codec: crate::codec::annexb::Codec, payload: &[u8]) -> VideoStart {
+    use crate::codec::annexb::Codec;
     let kind = |t: u8| match (codec, t) {
         (Codec::H264, 7) | (Codec::H265, 32) => VideoStart::ParameterSets,
         (Codec::H264, 5) | (Codec::H265, 16..=21) => VideoStart::Idr,
@@ -82,7 +82,7 @@ fn aggregated(mut b: &[u8], kind: impl Fn(&[u8]) -> VideoStart) -> VideoStart {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::annexb::Codec;
+    use crate::codec::annexb::Codec;
     use crate::rtp::write_header;
 
     #[test]

@@ -114,8 +114,8 @@ mod tests {
 
     #[test]
     fn the_demo_clips_audio() {
-        let ts = include_bytes!("../../../assets/demo.ts");
-        let mut d = crate::tsdemux::Demux::default();
+        let ts = include_bytes!("../../../../assets/demo.ts");
+        let mut d = crate::container::tsdemux::Demux::default();
         let mut pes: Vec<_> = ts.chunks(188).filter_map(|p| d.push(p)).collect();
         pes.extend(d.flush());
         let frames: usize = pes.iter().filter(|p| p.stream_type == 0x0f).map(|p| adts_frames(&p.data).len()).sum();

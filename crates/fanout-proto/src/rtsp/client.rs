@@ -6,8 +6,8 @@
 //! from the URL. The caller owns the connection, the clock and the UDP ports: it feeds every
 //! response to [`Client::on_response`] and sends what comes back.
 
+use crate::rtsp::sdp::Sdp;
 use crate::rtsp::{parse_session, Headers, Lower, Request, Response};
-use crate::sdp::Sdp;
 
 /// An `rtsp://[user[:pass]@]host[:port]/path` URL, or `rtsps://` (RTSP over TLS).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -534,8 +534,8 @@ mod tests {
     #[test]
     fn replays_a_captured_mediamtx_exchange() {
         let c = replay(
-            include_bytes!("../fixtures/rtsp/mediamtx-client.txt"),
-            include_bytes!("../fixtures/rtsp/mediamtx-server.txt"),
+            include_bytes!("../../fixtures/rtsp/mediamtx-client.txt"),
+            include_bytes!("../../fixtures/rtsp/mediamtx-server.txt"),
             "rtsp://127.0.0.1:28700/live",
         );
         assert_eq!(c.tracks.len(), 2);
@@ -549,8 +549,8 @@ mod tests {
     #[test]
     fn replays_a_captured_live555_exchange() {
         let c = replay(
-            include_bytes!("../fixtures/rtsp/live555-client.txt"),
-            include_bytes!("../fixtures/rtsp/live555-server.txt"),
+            include_bytes!("../../fixtures/rtsp/live555-client.txt"),
+            include_bytes!("../../fixtures/rtsp/live555-server.txt"),
             "rtsp://127.0.0.1:28701/cam",
         );
         // live555 names its tracks track1/track2 under a Content-Base on its own port.

@@ -11,7 +11,7 @@
 //! - [`SeqRewriter`]: sequence numbers with the deliberately dropped packets taken out, so
 //!   a subscriber neither reports them as lost nor waits for them.
 
-use crate::layers::{Layer, PacketLayer};
+use crate::codec::layers::{Layer, PacketLayer};
 use std::collections::BTreeMap;
 
 /// The thesis's window.

@@ -9,7 +9,7 @@ pub enum Fmp4Track {
     /// H.264 with its SPS and PPS (NAL units without start codes).
     H264 { sps: Vec<u8>, pps: Vec<u8>, width: u16, height: u16 },
     /// H.265 with its VPS, SPS and PPS (NAL units without start codes) and what the SPS says.
-    H265 { vps: Vec<u8>, sps: Vec<u8>, pps: Vec<u8>, info: crate::hevc::SpsInfo },
+    H265 { vps: Vec<u8>, sps: Vec<u8>, pps: Vec<u8>, info: crate::codec::hevc::SpsInfo },
     /// AAC with its AudioSpecificConfig.
     Aac { config: Vec<u8>, sample_rate: u32, channels: u16 },
 }
@@ -257,11 +257,11 @@ pub fn media_segment(sequence: u32, tracks: &[(u64, Vec<Sample>)]) -> Vec<u8> {
 
 /// Annex B to the 4-byte-length form of MP4 samples, leaving out access unit delimiters
 /// and parameter sets (the `avcC` or `hvcC` has them).
-pub fn avcc_sample(annexb: &[u8], codec: crate::annexb::Codec) -> Vec<u8> {
+pub fn avcc_sample(annexb: &[u8], codec: crate::codec::annexb::Codec) -> Vec<u8> {
     let mut out = Vec::with_capacity(annexb.len() + 16);
-    for nal in crate::annexb::nal_units(annexb) {
+    for nal in crate::codec::annexb::nal_units(annexb) {
         let header = match codec {
-            crate::annexb::Codec::H265 => nal.first().is_some_and(|b| matches!((b >> 1) & 0x3f, 32..=35)),
+            crate::codec::annexb::Codec::H265 => nal.first().is_some_and(|b| matches!((b >> 1) & 0x3f, 32..=35)),
             _ => nal.first().is_some_and(|b| matches!(b & 0x1f, 7..=9)),
         };
         if nal.is_empty() || header {
@@ -327,11 +327,11 @@ mod tests {
     #[test]
     fn samples_leave_out_delimiters_and_parameter_sets() {
         let au = [0, 0, 0, 1, 9, 0xf0, 0, 0, 0, 1, 0x67, 1, 0, 0, 1, 0x68, 2, 0, 0, 0, 1, 0x65, 7, 7];
-        assert_eq!(avcc_sample(&au, crate::annexb::Codec::H264), [0, 0, 0, 3, 0x65, 7, 7]);
+        assert_eq!(avcc_sample(&au, crate::codec::annexb::Codec::H264), [0, 0, 0, 3, 0x65, 7, 7]);
         // HEVC: AUD (35), VPS (32), SPS (33), PPS (34) out; an IDR slice (19) in.
         let au = [
             0, 0, 1, 0x46, 1, 0x50, 0, 0, 1, 0x40, 1, 9, 0, 0, 1, 0x42, 1, 9, 0, 0, 1, 0x44, 1, 9, 0, 0, 1, 0x26, 1, 7,
         ];
-        assert_eq!(avcc_sample(&au, crate::annexb::Codec::H265), [0, 0, 0, 3, 0x26, 1, 7]);
+        assert_eq!(avcc_sample(&au, crate::codec::annexb::Codec::H265), [0, 0, 0, 3, 0x26, 1, 7]);
     }
 }

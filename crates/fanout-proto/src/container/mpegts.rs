@@ -150,7 +150,7 @@ pub fn trimmed_to_lap(ts: &[u8], lap_90k: u64) -> Option<Vec<u8>> {
             0
         } else {
             let mut at = 9 + usize::from(pes[8]);
-            let rate = crate::aac::adts_frames(&pes[at.min(pes.len())..]).first().and_then(|f| f.sample_rate());
+            let rate = crate::codec::aac::adts_frames(&pes[at.min(pes.len())..]).first().and_then(|f| f.sample_rate());
             let Some(rate) = rate else { continue };
             let mut k = 0u64;
             while at + 7 <= pes.len() && pes[at] == 0xff && pes[at + 1] & 0xf6 == 0xf0 {
@@ -363,7 +363,7 @@ impl TsSchedule {
         self.loop_ticks
     }
     /// Makes one loop as long as the media (`span_90k`, see
-    /// [`crate::tsdemux::media_span_90k`]) where that is within 5% of what the byte rate
+    /// [`crate::container::tsdemux::media_span_90k`]) where that is within 5% of what the byte rate
     /// between the PCRs says: the next lap's pictures then follow the last one's at their own
     /// step, whatever the packets at the clip's ends.
     pub fn fit_to_media(&mut self, span_90k: u64) {
@@ -388,14 +388,14 @@ pub(crate) mod tests {
     /// else, and the clip keeps its size (so its pacing); a clip within its lap is left alone.
     #[test]
     fn what_runs_past_a_lap_is_nulled() {
-        let ts = include_bytes!("../../../assets/demo.ts");
+        let ts = include_bytes!("../../../../assets/demo.ts");
         // ADTS frames and pictures, as a demuxer reads them.
         let count = |ts: &[u8]| {
-            let mut d = crate::tsdemux::Demux::default();
+            let mut d = crate::container::tsdemux::Demux::default();
             let mut pes: Vec<_> = ts.chunks(PACKET_LEN).filter_map(|p| d.push(p)).collect();
             pes.extend(d.flush());
             let audio = pes.iter().filter(|p| p.stream_type == 0x0f);
-            let frames: usize = audio.clone().map(|p| crate::aac::adts_frames(&p.data).len()).sum();
+            let frames: usize = audio.clone().map(|p| crate::codec::aac::adts_frames(&p.data).len()).sum();
             (frames, pes.len() - audio.count())
         };
         assert_eq!(count(ts), (376, 200));
@@ -430,7 +430,7 @@ pub(crate) mod tests {
 
     #[test]
     fn finds_video_keyframes_in_the_demo_clip() {
-        let ts = include_bytes!("../../../assets/demo.ts");
+        let ts = include_bytes!("../../../../assets/demo.ts");
         let keys = ts.chunks(DATAGRAM_LEN).filter(|d| starts_video_keyframe(d)).count();
         // 8 s at 25 fps with a keyframe every 25 frames (and the encoder may add scene cuts).
         assert!((8..=10).contains(&keys), "{keys}");
@@ -439,7 +439,7 @@ pub(crate) mod tests {
 
     #[test]
     fn restamped_loops_of_the_demo_clip_are_continuous() {
-        let clip = include_bytes!("../../../assets/demo.ts");
+        let clip = include_bytes!("../../../../assets/demo.ts");
         let sched = TsSchedule::new(clip).unwrap();
         let mut r = Restamper::default();
         let (mut last_pcr, mut cc) = (None::<u64>, std::collections::HashMap::new());

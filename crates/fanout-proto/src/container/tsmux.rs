@@ -4,10 +4,10 @@
 //!
 //! Made for live repackaging: the tables are repeated in front of every video keyframe,
 //! which starts a fresh output chunk and carries the random access indicator, so a player
-//! (or the relay choosing where a new subscriber begins, [`crate::mpegts::starts_video_keyframe`])
+//! (or the relay choosing where a new subscriber begins, [`crate::container::mpegts::starts_video_keyframe`])
 //! can start there.
 
-use crate::mpegts::{PACKET_LEN, SYNC_BYTE};
+use crate::container::mpegts::{PACKET_LEN, SYNC_BYTE};
 
 /// What one elementary stream carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,8 +22,8 @@ pub enum StreamKind {
 impl StreamKind {
     pub fn stream_type(self) -> u8 {
         match self {
-            StreamKind::H264 => crate::tsdemux::STREAM_TYPE_H264,
-            StreamKind::H265 => crate::tsdemux::STREAM_TYPE_H265,
+            StreamKind::H264 => crate::container::tsdemux::STREAM_TYPE_H264,
+            StreamKind::H265 => crate::container::tsdemux::STREAM_TYPE_H265,
             StreamKind::AacAdts => 0x0f,
         }
     }
@@ -273,10 +273,10 @@ pub fn adts_header(config: &[u8], len: usize) -> Option<[u8; 7]> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tsdemux::Demux;
+    use crate::container::tsdemux::Demux;
     use proptest::prelude::*;
 
-    fn demux(ts: &[u8]) -> (Vec<crate::tsdemux::Pes>, u64) {
+    fn demux(ts: &[u8]) -> (Vec<crate::container::tsdemux::Pes>, u64) {
         let mut d = Demux::default();
         let mut out: Vec<_> = ts.chunks(PACKET_LEN).filter_map(|p| d.push(p)).collect();
         out.extend(d.flush());
@@ -286,7 +286,7 @@ mod tests {
     #[test]
     fn the_crc_is_the_one_real_muxers_write() {
         // The demo clip's PAT (made by ffmpeg): its last four section bytes are the CRC.
-        let ts = include_bytes!("../../../assets/demo.ts");
+        let ts = include_bytes!("../../../../assets/demo.ts");
         let pat = ts.chunks(PACKET_LEN).find(|p| p[1] & 0x1f == 0 && p[2] == 0).unwrap();
         let s = &pat[5..];
         let len = 3 + usize::from(u16::from_be_bytes([s[1] & 0x0f, s[2]]));
@@ -302,7 +302,7 @@ mod tests {
         let au = [7u8; 300];
         let mut frame = adts_header(&[0x11, 0x90], au.len()).unwrap().to_vec();
         frame.extend_from_slice(&au);
-        let frames = crate::aac::adts_frames(&frame);
+        let frames = crate::codec::aac::adts_frames(&frame);
         assert_eq!(frames.len(), 1);
         assert_eq!((frames[0].au, frames[0].sample_rate(), frames[0].channels), (&au[..], Some(48_000), 2));
         assert_eq!(frames[0].audio_specific_config(), [0x11, 0x90]);
@@ -320,10 +320,10 @@ mod tests {
         let key = &out[at..];
         assert_eq!(key.len(), 3 * PACKET_LEN, "PAT, PMT, one PES packet");
         assert_eq!((key[1] & 0x1f, key[2]), (0, 0));
-        assert!(crate::mpegts::starts_video_keyframe(key));
-        assert!(!crate::mpegts::starts_video_keyframe(&out[..at]), "audio is no video keyframe");
+        assert!(crate::container::mpegts::starts_video_keyframe(key));
+        assert!(!crate::container::mpegts::starts_video_keyframe(&out[..at]), "audio is no video keyframe");
         // The PCR is on the video PID, behind its DTS.
-        let h = crate::mpegts::parse_header(&key[2 * PACKET_LEN..], 0).unwrap();
+        let h = crate::container::mpegts::parse_header(&key[2 * PACKET_LEN..], 0).unwrap();
         assert_eq!(h.pcr, Some((3000 + WRAP - PCR_LEAD_90K) * 300));
     }
 
@@ -355,7 +355,7 @@ mod tests {
             prop_assert_eq!(out.len() % PACKET_LEN, 0);
             let mut cc: std::collections::HashMap<u16, u8> = Default::default();
             for p in out.chunks(PACKET_LEN) {
-                let h = crate::mpegts::parse_header(p, 0).unwrap();
+                let h = crate::container::mpegts::parse_header(p, 0).unwrap();
                 if let Some(prev) = cc.insert(h.pid, h.continuity_counter) {
                     prop_assert_eq!(h.continuity_counter, (prev + 1) & 0x0f, "pid {}", h.pid);
                 }

@@ -3,7 +3,7 @@
 //! PID with their PTS/DTS. Enough to take the H.264 out of a transport stream and send it
 //! as RTP (RFC 6184) instead of RTP/MP2T; sans-IO, bounded, and fuzzed.
 
-use crate::mpegts::{read_pes_ts, PACKET_LEN, SYNC_BYTE};
+use crate::container::mpegts::{read_pes_ts, PACKET_LEN, SYNC_BYTE};
 use std::collections::HashMap;
 
 /// ISO/IEC 13818-1 stream types this crate knows by name.
@@ -169,7 +169,7 @@ fn parse_pes(pid: u16, stream_type: u8, b: &[u8]) -> Option<Pes> {
 /// there is no video. What a loop must be long for the next lap to follow without a seam.
 pub fn media_span_90k(ts: &[u8]) -> Option<u64> {
     let mut d = Demux::default();
-    let mut pes: Vec<Pes> = ts.chunks(crate::mpegts::PACKET_LEN).filter_map(|p| d.push(p)).collect();
+    let mut pes: Vec<Pes> = ts.chunks(crate::container::mpegts::PACKET_LEN).filter_map(|p| d.push(p)).collect();
     pes.extend(d.flush());
     let video = |st| st == STREAM_TYPE_H264 || st == STREAM_TYPE_H265;
     let pid = pes.iter().find(|p| video(p.stream_type)).or(pes.iter().find(|p| p.stream_type == 0x0f))?.pid;
@@ -197,11 +197,11 @@ mod tests {
     /// schedule takes it.
     #[test]
     fn the_media_span_is_what_a_loop_lasts() {
-        let ts = include_bytes!("../../../assets/demo.ts");
+        let ts = include_bytes!("../../../../assets/demo.ts");
         assert_eq!(media_span_90k(ts), Some(8 * 90_000));
-        let remuxed = crate::playlist::concat(&[("demo".into(), ts.to_vec())]).unwrap();
+        let remuxed = crate::container::playlist::concat(&[("demo".into(), ts.to_vec())]).unwrap();
         assert_eq!(media_span_90k(&remuxed), Some(8 * 90_000));
-        let mut s = crate::mpegts::TsSchedule::new(&remuxed).unwrap();
+        let mut s = crate::container::mpegts::TsSchedule::new(&remuxed).unwrap();
         assert!(s.loop_ticks().abs_diff(8 * 27_000_000) > 27_000_000 / 100, "the byte rate's estimate is off");
         s.fit_to_media(8 * 90_000);
         assert_eq!(s.loop_ticks(), 8 * 27_000_000);
@@ -213,7 +213,7 @@ mod tests {
 
     #[test]
     fn takes_the_h264_out_of_the_demo_clip() {
-        let ts = include_bytes!("../../../assets/demo.ts");
+        let ts = include_bytes!("../../../../assets/demo.ts");
         let (pes, d) = demux_all(ts);
         assert_eq!(d.errors, 0);
         let video: Vec<&Pes> = pes.iter().filter(|p| p.stream_type == STREAM_TYPE_H264).collect();
@@ -221,7 +221,7 @@ mod tests {
         assert!((195..=205).contains(&video.len()), "{} video PES", video.len());
         assert!(video.iter().all(|p| p.pts.is_some()));
         // Every one is an access unit in Annex B; the first has SPS, PPS and an IDR slice.
-        let first: Vec<u8> = crate::annexb::nal_units(&video[0].data).map(|n| n[0] & 0x1f).collect();
+        let first: Vec<u8> = crate::codec::annexb::nal_units(&video[0].data).map(|n| n[0] & 0x1f).collect();
         assert!(first.contains(&7) && first.contains(&8) && first.contains(&5), "{first:?}");
         // Audio (AAC, stream type 0x0f) comes out too.
         assert!(pes.iter().any(|p| p.stream_type == 0x0f));
@@ -232,7 +232,7 @@ mod tests {
         /// fields, PES headers): no panic, and PES payloads stay within the cap.
         #[test]
         fn corrupted_streams_never_panic(hits in proptest::collection::vec((0usize..300 * PACKET_LEN, any::<u8>()), 0..64)) {
-            let mut ts = include_bytes!("../../../assets/demo.ts")[..300 * PACKET_LEN].to_vec();
+            let mut ts = include_bytes!("../../../../assets/demo.ts")[..300 * PACKET_LEN].to_vec();
             for (at, v) in hits {
                 ts[at] = v;
             }

@@ -1,4 +1,20 @@
-//! RTP fixed header (RFC 3550 §5.1), parsed once and viewed without copying.
+//! RTP and what rides with it. Here: the RTP fixed header (RFC 3550 §5.1), parsed once and
+//! viewed without copying. Beside it:
+//!
+//! - [`rtcp`]: sender and receiver reports: loss, jitter, round-trip time; BYE.
+//! - [`srtp`]: SRTP and SRTCP (RFC 3711), and [`mikey`], the keys RTSP carries for them.
+//! - [`stats`]: receiver statistics for one stream (RFC 3550 §6.4.1, appendix A).
+//! - [`restamp`]: one continuous stream (SSRC, sequence, timestamps) across sources.
+//! - [`adapt`]: per-subscriber layer adaptation from layer rates and reports.
+//! - [`classify`]: what a received datagram carries, decided once when it enters the ring.
+
+pub mod adapt;
+pub mod classify;
+pub mod mikey;
+pub mod restamp;
+pub mod rtcp;
+pub mod srtp;
+pub mod stats;
 
 use thiserror::Error;
 

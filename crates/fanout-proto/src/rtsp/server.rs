@@ -16,8 +16,8 @@
 //! from a new connection), from the same address as the same user. Anyone else is told 454
 //! as if it did not exist. Ids are unpredictable ([`IdGen`]).
 
+use crate::rtsp::sdp::{track_of, Sdp};
 use crate::rtsp::{digest_params, digest_response, parse_session, parse_transport, Lower, Request, Response};
-use crate::sdp::{track_of, Sdp};
 use crate::secret::{ct_eq, IdGen, NonceCheck, Nonces};
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr};
@@ -49,7 +49,7 @@ pub enum Action {
         /// the keys), over UDP or interleaved.
         srtp: bool,
         /// The key of the client's own SRTCP, where its SETUP carried one (`KeyMgmt`).
-        client_key: Option<crate::mikey::Mikey>,
+        client_key: Option<crate::rtp::mikey::Mikey>,
     },
     /// A request from connection `conn` named session `session`, which is not its own: it was
     /// answered 454. Given once per connection, for the log.
@@ -387,7 +387,7 @@ impl Server {
         }
         // The track its control attribute names (`streamid=1`, as ffmpeg writes), else
         // `trackID=N` or the only one.
-        let control = |m: &crate::sdp::Media| m.attr("control").map(|c| c.trim_end_matches('/').to_string());
+        let control = |m: &crate::rtsp::sdp::Media| m.attr("control").map(|c| c.trim_end_matches('/').to_string());
         let named = sdp.media.iter().position(|m| {
             control(m).is_some_and(|c| !rest.is_empty() && (c == rest || c.ends_with(&format!("/{rest}"))))
         });
@@ -523,7 +523,7 @@ impl Server {
         // An SRTP client's own key for its reports (RFC 4567): one we cannot read is a key
         // management failure, answered as such.
         let client_key = match req.headers.get("KeyMgmt").filter(|_| srtp) {
-            Some(h) => match crate::mikey::parse_key_mgmt(h) {
+            Some(h) => match crate::rtp::mikey::parse_key_mgmt(h) {
                 Ok(m) => Some(m),
                 Err(_) => return error(463, Some(cseq)),
             },
@@ -952,11 +952,11 @@ mod tests {
     fn an_srtp_clients_own_key_comes_with_its_setup() {
         let mut s = Server::new(Config::default(), [4; 32]);
         s.set_secure(3, true);
-        let key = crate::mikey::Mikey {
+        let key = crate::rtp::mikey::Mikey {
             csb_id: 1,
             sessions: vec![(0xabcd, 0)],
-            suite: crate::srtp::Suite::AesCm128HmacSha1_80,
-            key: crate::srtp::MasterKey { key: [3; 16], salt: [4; 14] },
+            suite: crate::rtp::srtp::Suite::AesCm128HmacSha1_80,
+            key: crate::rtp::srtp::MasterKey { key: [3; 16], salt: [4; 14] },
         };
         let setup = |s: &mut Server, conn: u64, t: &str, km: &str| {
             let h = [("Transport", t), ("KeyMgmt", km)];

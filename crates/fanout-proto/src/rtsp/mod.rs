@@ -4,6 +4,13 @@
 //!
 //! The parser never reads past the limits it is given: an oversized head or body is an
 //! error with the status code a server answers (431 / 413), not a growing buffer.
+//!
+//! Beside the messages: [`server`], the relay's RTSP server as a state machine; [`client`],
+//! its client to an upstream; [`sdp`], session descriptions read and written.
+
+pub mod client;
+pub mod sdp;
+pub mod server;
 
 use std::fmt::Write as _;
 
@@ -437,7 +444,7 @@ mod tests {
     #[test]
     fn parses_what_ffmpeg_sends() {
         // Captured from ffprobe 5.1 (fixtures/rtsp/README.md): OPTIONS then DESCRIBE.
-        let captured = include_bytes!("../fixtures/rtsp/ffprobe-tcp.txt");
+        let captured = include_bytes!("../../fixtures/rtsp/ffprobe-tcp.txt");
         let l = Limits::default();
         let (a, n) = parse(captured, &l).unwrap().unwrap();
         let (b, m) = parse(&captured[n..], &l).unwrap().unwrap();

@@ -1,0 +1,14 @@
+//! Codecs, as a relay needs them: where pictures and layers start and what they are, never
+//! decoding.
+//!
+//! - [`annexb`]: H.264/HEVC byte streams: NAL units, access units, RTP packetization.
+//! - [`hevc`]: what an HEVC sequence parameter set says that an MP4 sample entry needs.
+//! - [`aac`]: ADTS frames and the MPEG4-GENERIC (RFC 3640) RTP payload.
+//! - [`layers`]: the scalable layer (H.264, SVC, HEVC) of an RTP packet, for layer dropping.
+//! - [`dts`]: decoding times for video that comes with presentation times only.
+
+pub mod aac;
+pub mod annexb;
+pub mod dts;
+pub mod hevc;
+pub mod layers;
