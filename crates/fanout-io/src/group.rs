@@ -8,9 +8,9 @@
 //! [`Sender`](crate::send::Sender).
 
 use crate::engine::{Job, WorkerCtx};
+use crate::model::{FailurePolicy, SessionConfig, SinkTarget};
 use crate::reactor::Reactor;
 use crate::send::{self, Batch, GroupFds, Offer, Sender};
-use crate::session::{FailurePolicy, Inner, SessionConfig, SinkTarget};
 use crate::sink::{describe, send_socket, Await, Sink, SinkIo};
 use crate::sys;
 use fanout_core::Pace;
@@ -139,8 +139,8 @@ impl GroupState {
     /// Snapshots what the sinks that can send now still need; sinks the ring lapped skip to
     /// its oldest packet and, in a stream with keyframes, wait for the next one. Returns the
     /// ring's head and the snapshot's first sequence number.
-    fn snapshot(&mut self, s: &Inner, now: Instant) -> (u64, u64) {
-        let ring = s.ring.lock();
+    fn snapshot(&mut self, s: &dyn Host, now: Instant) -> (u64, u64) {
+        let ring = s.ring().lock();
         let (head, oldest) = (ring.head(), ring.oldest());
         let min = self.sinks.iter().filter(|k| k.ready()).map(|k| k.cursor.next()).min();
         let start = min.unwrap_or(head).max(oldest);
@@ -313,28 +313,48 @@ fn access_unit_start(pending: &[Arc<crate::packet::Packet>], mut i: usize) -> us
     i
 }
 
+/// What a sink group needs of its session. The session implements it, so that this module
+/// (below the session) does not import it.
+pub(crate) trait Host: Send + Sync {
+    fn cfg(&self) -> &SessionConfig;
+    fn ring(&self) -> &Mutex<fanout_core::SessionRing<Arc<crate::packet::Packet>>>;
+    fn is_closed(&self) -> bool;
+    /// Whether the stream's keyframes are known (a lapped sink then resumes at one).
+    fn has_keyframes(&self) -> bool;
+    fn reactor(&self) -> &Reactor;
+    fn pace(&self) -> Option<(fanout_core::Pace, Instant)>;
+    fn pace_shared_link(&self) -> bool;
+    fn egress(&self) -> Option<&crate::engine::EgressSeat>;
+    /// A sink leaves the session: its totals are kept.
+    fn retire(&self, sink: &Sink);
+    /// TCP sinks that failed under `retry`: the control plane is asked to reconnect them.
+    /// Whether anyone was there to ask.
+    fn ask_retry(&self, sinks: &[(u64, std::net::SocketAddr)]) -> bool;
+}
+
 pub(crate) struct GroupJob {
-    pub session: Weak<Inner>,
+    pub session: Weak<dyn Host>,
     pub state: Arc<Mutex<GroupState>>,
 }
 
 impl Job for GroupJob {
     fn run(&self, ctx: &mut WorkerCtx) -> bool {
         let Some(s) = self.session.upgrade() else { return false };
-        if s.closed.load(Ordering::Acquire) {
+        if s.is_closed() {
             return false;
         }
+        let s = &*s;
         let mut guard = self.state.lock();
         let g = &mut *guard;
-        let (reactor, policy) = (&s.reactor, s.cfg.failed_sinks);
+        let (reactor, policy) = (s.reactor(), s.cfg().failed_sinks);
         let now = Instant::now();
 
         g.take_errors(reactor, policy, now);
-        let (head, start) = g.snapshot(&s, now);
+        let (head, start) = g.snapshot(s, now);
         g.skip_to_awaited(start, now);
-        let write_streams = stream_flush_now(g, &s.cfg, head, reactor);
+        let write_streams = stream_flush_now(g, s.cfg(), head, reactor);
         let pace = (s.pace(), s.pace_shared_link());
-        let wake = g.offer(start, head, s.cfg.ring_capacity, write_streams, pace, s.egress.as_ref(), now);
+        let wake = g.offer(start, head, s.cfg().ring_capacity, write_streams, pace, s.egress(), now);
         if let Some(at) = wake.filter(|&at| g.pace_due.is_none_or(|due| due <= now || at < due)) {
             g.pace_due = Some(at);
             if let Some(task) = g.task.upgrade() {
@@ -350,10 +370,10 @@ impl Job for GroupJob {
             sinks[i].fail_io(&e, reactor, policy);
         }
         if let Err(e) = sender.flush() {
-            tracing::warn!(session = %s.cfg.name, "io_uring submit failed: {e}");
+            tracing::warn!(session = %s.cfg().name, "io_uring submit failed: {e}");
         }
         snapshot.clear();
-        g.retire_failed(&s, policy);
+        g.retire_failed(s, policy);
         false
     }
 }
@@ -361,7 +381,7 @@ impl Job for GroupJob {
 impl GroupState {
     /// Drops the sinks that failed for good; asks the control plane to reconnect the TCP
     /// sinks that just failed under `retry`.
-    fn retire_failed(&mut self, s: &Inner, policy: FailurePolicy) {
+    fn retire_failed(&mut self, s: &dyn Host, policy: FailurePolicy) {
         // An HTTP subscriber that went away cannot come back on the same connection.
         let keep_failed = policy != FailurePolicy::Remove;
         self.sinks.retain(|k| {
@@ -371,22 +391,24 @@ impl GroupState {
                 let why = k.failed.as_deref().unwrap_or("");
                 match &k.target {
                     SinkTarget::Http(peer) => {
-                        tracing::info!(session = %s.cfg.name, sink = k.id, ?peer, why, "HTTP subscriber left")
+                        tracing::info!(session = %s.cfg().name, sink = k.id, ?peer, why, "HTTP subscriber left")
                     }
-                    t => tracing::info!(session = %s.cfg.name, sink = k.id, target = ?t, why, "failed sink removed"),
+                    t => tracing::info!(session = %s.cfg().name, sink = k.id, target = ?t, why, "failed sink removed"),
                 }
             }
             keep
         });
-        if self.sinks.iter().any(|k| k.retrying && !k.retry_asked) {
-            if let Some(cb) = s.on_sink_failed.lock().as_ref() {
-                for k in self.sinks.iter_mut().filter(|k| k.retrying && !k.retry_asked) {
-                    k.retry_asked = true;
-                    if let SinkTarget::Tcp(addr) = k.target {
-                        cb(k.id, addr);
-                    }
-                }
-            }
+        let ask: Vec<(u64, std::net::SocketAddr)> = self
+            .sinks
+            .iter()
+            .filter(|k| k.retrying && !k.retry_asked)
+            .filter_map(|k| match k.target {
+                SinkTarget::Tcp(addr) => Some((k.id, addr)),
+                _ => None,
+            })
+            .collect();
+        if !ask.is_empty() && s.ask_retry(&ask) {
+            self.sinks.iter_mut().filter(|k| k.retrying).for_each(|k| k.retry_asked = true);
         }
     }
 }
@@ -411,7 +433,7 @@ fn check_peer(io: &SinkIo) -> Option<String> {
 /// carries every packet that came meanwhile: fewer, larger writes (and TCP segments) for a
 /// bounded delay. Whether to write them in this run; arms the group's timer if not.
 fn stream_flush_now(g: &mut GroupState, cfg: &SessionConfig, head: u64, reactor: &Reactor) -> bool {
-    use crate::session::DataPath;
+    use crate::model::DataPath;
     /// Held packets that force a write before the interval is up.
     const HOLD_MAX: u64 = 32;
     if cfg.stream_flush.is_zero() || matches!(cfg.datapath, DataPath::Daemon | DataPath::Copy) {

@@ -28,6 +28,7 @@ pub mod engine;
 mod group;
 pub mod kernel;
 pub mod layered;
+pub mod model;
 pub mod packet;
 pub mod reactor;
 mod send;

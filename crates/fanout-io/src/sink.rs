@@ -2,9 +2,9 @@
 //! to it.
 
 use crate::layered::SinkLayers;
+use crate::model::{FailurePolicy, SinkStatus, SinkTarget};
 use crate::packet::Packet;
 use crate::reactor::{IoFlags, Reactor, Registration};
-use crate::session::{FailurePolicy, SinkStatus, SinkTarget};
 use crate::sys::RawAddr;
 use fanout_core::{Cursor, VirtualClock};
 use std::io;

@@ -1,8 +1,8 @@
 //! Sources: where a session's packets come from.
 
 use crate::engine::{Job, WorkerCtx};
+use crate::model::{SessionConfig, SourceState};
 use crate::packet::{Packet, PacketPool};
-use crate::session::{Inner, SourceState};
 use crate::sys;
 use fanout_proto::container::mpegts::{Restamper, TsSchedule, PCR_HZ};
 use parking_lot::Mutex;
@@ -10,9 +10,28 @@ use socket2::{Domain, Protocol, Socket, Type};
 use std::io::{self, ErrorKind, Read};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
+
+/// What a source needs of its session: where its packets go and what it reports. The session
+/// implements it, so that this module (below the session) does not import it.
+pub(crate) trait Feed: Send + Sync {
+    fn cfg(&self) -> &SessionConfig;
+    fn is_closed(&self) -> bool;
+    /// The engine sheds the session's class now (overload): what arrives is dropped.
+    fn is_shed(&self) -> bool;
+    fn count_oversized(&self);
+    fn count_shed(&self, n: u64);
+    /// Judges a received datagram of `len` bytes (RTP or not, keyframe, layer) and rewrites
+    /// it as the session's ingest says; whether it goes into the ring.
+    fn accept(&self, p: &mut Packet, len: usize) -> bool;
+    /// Hands received packets to the session's ring (the vector is emptied; buffers the
+    /// ring lets go of return to `pool`).
+    fn publish(&self, packets: &mut Vec<Arc<Packet>>, pool: &mut PacketPool);
+    fn source_closed(&self, state: SourceState, error: Option<String>);
+    /// Marks a video packet that starts a keyframe (an in-process track source's).
+    fn mark_video_start(&self, p: &mut Packet);
+}
 
 /// Datagrams taken per `recvmmsg`.
 const BATCH: usize = 32;
@@ -82,15 +101,15 @@ unsafe impl Send for Scratch {}
 
 /// Engine source task: drains the socket in batches into pool buffers and publishes them.
 pub(crate) struct SourceJob {
-    session: Weak<Inner>,
+    session: Weak<dyn Feed>,
     io: SourceIo,
     scratch: Mutex<Scratch>,
 }
 
 impl SourceJob {
-    pub fn new(session: Weak<Inner>, io: SourceIo) -> Self {
-        let (buf, ring) = session.upgrade().map_or((2048, 1024), |s| (s.cfg.max_datagram, s.cfg.ring_capacity));
-        let want_uring = session.upgrade().is_some_and(|s| s.cfg.source_recv == crate::SourceRecv::Uring);
+    pub fn new(session: Weak<dyn Feed>, io: SourceIo) -> Self {
+        let (buf, ring) = session.upgrade().map_or((2048, 1024), |s| (s.cfg().max_datagram, s.cfg().ring_capacity));
+        let want_uring = session.upgrade().is_some_and(|s| s.cfg().source_recv == crate::SourceRecv::Uring);
         let uring = match &io {
             SourceIo::Udp(sock) if want_uring => {
                 match crate::uring::UringReceiver::new(sock.as_raw_fd(), 256, buf + 1) {
@@ -134,14 +153,14 @@ impl SourceJob {
 impl Job for SourceJob {
     fn run(&self, _ctx: &mut WorkerCtx) -> bool {
         let Some(s) = self.session.upgrade() else { return false };
-        if s.closed.load(Ordering::Acquire) {
+        if s.is_closed() {
             return false;
         }
         let mut guard = self.scratch.lock();
         let sc = &mut *guard;
         // A class served again after shedding first drops what queued in the socket while
         // it was shed: a live relay drops stale media rather than sending it seconds late.
-        let shed = s.runner.is_shed(s.cfg.priority);
+        let shed = s.is_shed();
         let drain = std::mem::replace(&mut sc.was_shed, shed)
             && !shed
             && sc.uring.is_none()
@@ -155,7 +174,7 @@ impl Job for SourceJob {
                     let u = uring.as_mut().expect("checked");
                     let r = u.recv(BATCH, |data, truncated| {
                         if truncated {
-                            s.src.oversized.fetch_add(1, Ordering::Relaxed);
+                            s.count_oversized();
                             return;
                         }
                         let mut p = pool.take();
@@ -172,7 +191,7 @@ impl Job for SourceJob {
                         Ok(n) if n < BATCH => return false,
                         Ok(_) => {}
                         Err(e) => {
-                            tracing::warn!(session = %s.cfg.name, "io_uring receive failed: {e}");
+                            tracing::warn!(session = %s.cfg().name, "io_uring receive failed: {e}");
                             return false;
                         }
                     }
@@ -193,13 +212,13 @@ impl Job for SourceJob {
                     let n = match r {
                         Ok(n) => n,
                         Err(e) => {
-                            tracing::warn!(session = %s.cfg.name, "receive failed: {e}");
+                            tracing::warn!(session = %s.cfg().name, "receive failed: {e}");
                             return false;
                         }
                     };
                     if drain {
                         // The buffers stay taken for the next call.
-                        s.src.shed.fetch_add(n as u64, Ordering::Relaxed);
+                        s.count_shed(n as u64);
                         if n < BATCH {
                             return false;
                         }
@@ -210,7 +229,7 @@ impl Job for SourceJob {
                     for (mut p, got) in sc.taken.drain(..n).zip(sc.got.iter()) {
                         let pm = Arc::get_mut(&mut p).expect("pool buffers are unique");
                         if got.truncated {
-                            s.src.oversized.fetch_add(1, Ordering::Relaxed);
+                            s.count_oversized();
                             sc.pool.give(p);
                         } else if s.accept(pm, got.len) {
                             sc.ready.push(p);
@@ -255,9 +274,9 @@ impl Job for SourceJob {
 }
 
 /// The `daemon` baseline's receive thread: one blocking receive per packet.
-pub(crate) fn daemon_receiver(session: Weak<Inner>, io: SourceIo) {
+pub(crate) fn daemon_receiver(session: Weak<dyn Feed>, io: SourceIo) {
     let (buf, ring) = match session.upgrade() {
-        Some(s) => (s.cfg.max_datagram, s.cfg.ring_capacity),
+        Some(s) => (s.cfg().max_datagram, s.cfg().ring_capacity),
         None => return,
     };
     let mut pool = PacketPool::new(buf, ring + 4);
@@ -271,7 +290,7 @@ pub(crate) fn daemon_receiver(session: Weak<Inner>, io: SourceIo) {
     };
     loop {
         let Some(s) = session.upgrade() else { return };
-        if s.closed.load(Ordering::Acquire) {
+        if s.is_closed() {
             return;
         }
         let mut p = pool.take();
@@ -285,7 +304,7 @@ pub(crate) fn daemon_receiver(session: Weak<Inner>, io: SourceIo) {
                 if n < 0 {
                     Err(io::Error::last_os_error())
                 } else if n as usize > b.len() {
-                    s.src.oversized.fetch_add(1, Ordering::Relaxed);
+                    s.count_oversized();
                     Err(io::Error::from(ErrorKind::Interrupted))
                 } else {
                     Ok(n as usize)
@@ -520,7 +539,7 @@ impl DemoTrack {
 
 /// A demo RTSP track's thread: publishes each packet when it is due (`start` is shared by
 /// the clip's tracks, so they stay in sync), lap after lap.
-pub(crate) fn demo_track_source(session: Weak<Inner>, track: DemoTrack, start: Instant) {
+pub(crate) fn demo_track_source(session: Weak<dyn Feed>, track: DemoTrack, start: Instant) {
     let mut pool = PacketPool::new(1500, 256);
     let mut ready = Vec::with_capacity(64);
     let n_packets = track.packets.len() as u64;
@@ -545,7 +564,7 @@ pub(crate) fn demo_track_source(session: Weak<Inner>, track: DemoTrack, start: I
         // most 100 ms, so a closed session is noticed.
         loop {
             let Some(s) = session.upgrade() else { return };
-            if s.closed.load(Ordering::Acquire) {
+            if s.is_closed() {
                 return;
             }
             let wait = due.saturating_sub(start.elapsed());
@@ -577,8 +596,8 @@ pub(crate) fn demo_track_source(session: Weak<Inner>, track: DemoTrack, start: I
 pub const DEMO_PAYLOAD_TYPE: u8 = 33;
 pub const DEMO_SSRC: u32 = 0x4641_4e4f; // "FANO"
 
-pub(crate) fn demo_source(session: Weak<Inner>, clip: DemoClip) {
-    let buf = session.upgrade().map_or(2048, |s| s.cfg.max_datagram.max(1316 + 12));
+pub(crate) fn demo_source(session: Weak<dyn Feed>, clip: DemoClip) {
+    let buf = session.upgrade().map_or(2048, |s| s.cfg().max_datagram.max(1316 + 12));
     let mut pool = PacketPool::new(buf, 64);
     let mut ready = Vec::with_capacity(8);
     // Each lap's PCR/PTS/DTS continue from the last one's, and continuity counters run on.
@@ -588,7 +607,7 @@ pub(crate) fn demo_source(session: Weak<Inner>, clip: DemoClip) {
     let mut n: u64 = 0;
     loop {
         let Some(s) = session.upgrade() else { return };
-        if s.closed.load(Ordering::Acquire) {
+        if s.is_closed() {
             return;
         }
         // Publish everything due, then sleep until the next datagram (at most 100 ms, so a

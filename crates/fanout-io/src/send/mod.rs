@@ -13,8 +13,8 @@ mod shared;
 mod uring;
 
 use crate::engine::WorkerCtx;
+use crate::model::{DataPath, SessionConfig};
 use crate::packet::Packet;
-use crate::session::{DataPath, SessionConfig};
 use crate::sink::{Sink, SinkIo};
 use crate::sys::RawAddr;
 use std::io;

@@ -4,8 +4,8 @@
 
 use super::{GroupFds, Sender};
 use crate::engine::WorkerCtx;
+use crate::model::SessionConfig;
 use crate::packet::Packet;
-use crate::session::SessionConfig;
 use crate::sink::{Sink, SinkIo};
 use crate::uring::UringSender;
 use std::io;
