@@ -782,7 +782,7 @@ async fn metrics(State(relay): State<Arc<Relay>>) -> impl IntoResponse {
     }
     let rtsp = relay.rtsp.lock().as_ref().map(|r| r.clients()).unwrap_or_default();
     family(&mut m, "fanout_rtsp_clients", "gauge", "RTSP client sessions.", [(String::new(), rtsp.len() as u64)]);
-    type ClientFn = fn(&crate::rtsp::ClientStatus) -> Option<u64>;
+    type ClientFn = fn(&crate::clients::ClientStatus) -> Option<u64>;
     let per_client: [(&str, &str, &str, ClientFn); 3] = [
         ("fanout_rtsp_rtcp_reports_total", "counter", "RTCP reports from the client.", |c| Some(c.rtcp_reports)),
         ("fanout_rtsp_cumulative_lost", "gauge", "Packets the client reports lost since it started.", |c| {

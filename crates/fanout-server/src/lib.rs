@@ -4,6 +4,7 @@
 
 mod admit;
 mod api;
+mod clients;
 mod cluster;
 mod config;
 mod http;

@@ -57,7 +57,7 @@ pub struct Relay {
     /// Where RTSPS listens, once bound.
     pub rtsps_addr: parking_lot::Mutex<Option<std::net::SocketAddr>>,
     /// The RTSP side, once listening.
-    pub rtsp: parking_lot::Mutex<Option<Arc<crate::rtsp::Rtsp>>>,
+    pub rtsp: parking_lot::Mutex<Option<Arc<dyn RtspFront>>>,
     /// Sessions with an `rtsp://` source.
     upstreams: RwLock<BTreeMap<String, Arc<Upstream>>>,
     /// Sessions RTSP publishers push to.
@@ -75,6 +75,22 @@ pub struct Relay {
     pub books: Arc<crate::admit::Books>,
     /// The sessions made through the API, kept across restarts (`state_file`).
     pub state: Option<crate::state::StateFile>,
+}
+
+/// The RTSP server as the relay and the API see it. It sits above the relay (it asks the
+/// relay for sessions) and implements this, so the relay does not import it.
+pub trait RtspFront: Send + Sync {
+    /// Ends the stream for every client of `name`: an RTCP BYE on each track, then the
+    /// connection closes.
+    fn end_resource(&self, relay: &Relay, name: &str);
+    /// Its clients, as `GET /v1/rtsp` shows them.
+    fn clients(&self) -> Vec<crate::clients::ClientStatus>;
+}
+
+impl crate::upstream::Host for Relay {
+    fn engine(&self) -> &Engine {
+        &self.engine
+    }
 }
 
 /// What RTSP clients of a session get instead of the session's own RTP.
@@ -510,7 +526,8 @@ impl Relay {
                     };
                     Upstream::new(&spec.name, o, session.clone(), into)
                         .map(|up| {
-                            let run = crate::upstream::run(up.clone(), session.config().clone(), Arc::downgrade(self));
+                            let run =
+                                crate::upstream::run(up.clone(), session.config().clone(), Arc::downgrade(self) as _);
                             let (weak, name, mine) = (Arc::downgrade(self), spec.name.clone(), session.clone());
                             let run = async move {
                                 run.await;

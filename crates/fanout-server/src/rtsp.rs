@@ -13,6 +13,7 @@
 //! section, each a relay session, and the demo has a view of its own (H.264 + AAC); a
 //! client's track is a sink of that track's session.
 
+use crate::clients::{ClientSink, ClientStatus};
 use crate::relay::Relay;
 use fanout_io::sys::ntp_now;
 use fanout_proto::rtsp::sdp::Sdp;
@@ -58,50 +59,13 @@ struct Placed {
     srtp: Option<Arc<crate::srtp_out::Epoch>>,
 }
 
-/// A client as `GET /v1/rtsp` shows it.
-#[derive(serde::Serialize)]
-pub struct ClientStatus {
-    pub session: String,
-    pub resource: String,
-    pub peer: IpAddr,
-    pub rtp_port: Option<u16>,
-    /// RTP on its RTSP connection.
-    pub interleaved: bool,
-    pub playing: bool,
-    pub rtcp_reports: u64,
-    /// From its last receiver report.
-    pub fraction_lost: Option<f64>,
-    pub cumulative_lost: Option<i32>,
-    pub highest_seq: Option<u32>,
-    pub jitter: Option<u32>,
-    pub last_report_ms_ago: Option<u64>,
-    /// From the report's LSR/DLSR against our sender reports.
-    pub rtt_ms: Option<f64>,
-    /// Report blocks about an SSRC it is not sent: ignored.
-    pub foreign_report_blocks: u64,
-    /// It gets SRTP (RTSPS with keys in the description).
-    pub srtp: bool,
-    /// Its reports are SRTCP under a key it gave us (`KeyMgmt`): read like plain ones.
-    pub srtcp_keyed: bool,
-    /// Its SRTCP that failed the check: dropped.
-    pub srtcp_dropped: u64,
-    /// Its sinks while playing: the track (media section) and the sink id in that track's
-    /// session (for `PUT /v1/sessions/{name}/sinks/{id}/layers`).
-    pub sinks: Vec<ClientSink>,
-}
-
-#[derive(serde::Serialize)]
-pub struct ClientSink {
-    pub track: usize,
-    pub sink: u64,
-    /// The relay session the sink is in: the track's, or its SRTP epoch's.
-    pub session: String,
-    pub packets_sent: Option<u64>,
-    /// Who sends to it: `kernel` (the eBPF program) or `user` (the engine's workers).
-    pub path: Option<&'static str>,
-    /// Its layer adaptation (layered video tracks, once a report or pin started it).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub layers: Option<fanout_io::layered::SinkLayerStatus>,
+impl crate::relay::RtspFront for Rtsp {
+    fn end_resource(&self, relay: &Relay, name: &str) {
+        Rtsp::end_resource(self, relay, name)
+    }
+    fn clients(&self) -> Vec<ClientStatus> {
+        Rtsp::clients(self)
+    }
 }
 
 pub struct Rtsp {

@@ -313,7 +313,7 @@ async fn listen_rtsp(
         let slot = if tls.is_some() { &relay.rtsps_addr } else { &relay.rtsp_addr };
         *slot.lock() = l.local_addr().ok();
     }
-    *relay.rtsp.lock() = Some(state.clone());
+    *relay.rtsp.lock() = Some(state.clone() as _);
     Ok(Some((listeners, state)))
 }
 

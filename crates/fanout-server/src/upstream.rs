@@ -504,10 +504,16 @@ enum Ended {
     Closed,
 }
 
+/// What an upstream needs of the relay it feeds: the engine its track sessions run on. The
+/// relay implements it, so this module (below the relay) does not import it.
+pub trait Host: Send + Sync {
+    fn engine(&self) -> &fanout_io::Engine;
+}
+
 /// Runs the upstream for the relay session's lifetime (the task is aborted with it). A
 /// cluster pull returns when its origin is gone or nobody watched for `linger`; the caller
 /// then ends the session.
-pub async fn run(up: Arc<Upstream>, template: fanout_io::SessionConfig, relay: std::sync::Weak<crate::relay::Relay>) {
+pub async fn run(up: Arc<Upstream>, template: fanout_io::SessionConfig, relay: std::sync::Weak<dyn Host>) {
     struct CloseTracks(Arc<Upstream>);
     impl Drop for CloseTracks {
         fn drop(&mut self) {
@@ -552,7 +558,7 @@ pub async fn run(up: Arc<Upstream>, template: fanout_io::SessionConfig, relay: s
         up.state.lock().connects += 1;
         let Some(r) = relay.upgrade() else { return };
         let url = up.url.lock().request_url();
-        match connect_once(&up, tcp, &template, &r.engine).await {
+        match connect_once(&up, tcp, &template, r.engine()).await {
             Ok(Ended::Closed) => return,
             Ok(Ended::Idle) => {
                 tracing::info!(session = %up.name, "upstream torn down: no clients for {:?}", up.linger);
