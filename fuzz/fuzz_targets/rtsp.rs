@@ -76,6 +76,8 @@ fuzz_target!(|data: &[u8]| {
         for b in reports.iter().flat_map(|r| &r.blocks) {
             let _ = fanout_proto::rtp::rtcp::round_trip(b, 0x1234_5678);
         }
+        // A sender report, and only one, has sender info.
+        assert!(reports.iter().all(|r| r.sender == r.info.is_some()));
     }
     let text = String::from_utf8_lossy(data);
     let _ = parse_transport(&text);

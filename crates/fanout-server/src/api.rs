@@ -26,17 +26,7 @@ impl IntoResponse for ApiError {
 
 impl From<RelayError> for ApiError {
     fn from(e: RelayError) -> Self {
-        let code = match &e {
-            RelayError::BadRequest(_) => StatusCode::BAD_REQUEST,
-            RelayError::NotFound(_) => StatusCode::NOT_FOUND,
-            RelayError::Conflict(_) => StatusCode::CONFLICT,
-            RelayError::Peer(_) => StatusCode::BAD_GATEWAY,
-            RelayError::Unavailable(_) => StatusCode::NOT_IMPLEMENTED,
-            RelayError::Unsupported(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            RelayError::Down(_) => StatusCode::SERVICE_UNAVAILABLE,
-            RelayError::Forbidden(_) => StatusCode::FORBIDDEN,
-            _ => StatusCode::INTERNAL_SERVER_ERROR,
-        };
+        let code = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         ApiError(code, e.to_string())
     }
 }

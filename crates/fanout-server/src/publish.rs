@@ -4,26 +4,15 @@
 //! unbroken sequence numbers across publishers). A publisher that leaves is an upstream
 //! loss: the session waits, its clients stay, and the next publisher continues the stream.
 
-use crate::upstream::{random_start, track_format, TrackRef};
+use crate::track::{TrackFeed, TrackRef};
+use crate::upstream::track_format;
 use fanout_io::{bind_udp_source, Session};
-use fanout_proto::rtp::restamp::Restamp;
 use fanout_proto::rtsp::sdp::Sdp;
 use parking_lot::Mutex;
 use serde::Serialize;
 use std::collections::HashMap;
 use std::net::{SocketAddr, UdpSocket};
 use std::time::Instant;
-
-struct Track {
-    session: Session,
-    /// The engine's source socket for this track.
-    into: SocketAddr,
-    clock: u32,
-    restamp: Restamp,
-    clock_map: fanout_proto::rtp::rtcp::ClockMap,
-    packets: u64,
-    dropped: u64,
-}
 
 /// Who publishes now.
 struct Active {
@@ -41,7 +30,7 @@ struct Active {
 #[derive(Default)]
 struct State {
     sdp: Option<Sdp>,
-    tracks: Vec<Track>,
+    tracks: Vec<TrackFeed>,
     active: Option<Active>,
     publishes: u64,
 }
@@ -90,19 +79,13 @@ impl Publisher {
 
     pub fn tracks(&self) -> Vec<TrackRef> {
         let st = self.state.lock();
-        st.tracks
-            .iter()
-            .map(|t| TrackRef { session: t.session.clone(), clock: t.clock, clock_map: t.clock_map.get() })
-            .collect()
+        st.tracks.iter().map(|t| t.track_ref()).collect()
     }
 
     /// Per track, the RTP numbers a client joining now gets first.
     pub fn next_rtp(&self) -> Vec<Option<(u16, u32)>> {
         let st = self.state.lock();
-        st.tracks
-            .iter()
-            .map(|t| t.session.rtp_start().map(|(_, seq, ts)| (seq, ts)).or(t.restamp.planned_start()))
-            .collect()
+        st.tracks.iter().map(|t| t.next_rtp()).collect()
     }
 
     /// A publisher's RECORD: its description, its (track, RTP channel) pairs, and its
@@ -135,25 +118,13 @@ impl Publisher {
                     session.set_source_kind(format!("track {i} of the RTSP publisher of {}", self.name));
                     (session, into)
                 };
-                st.tracks.push(Track {
-                    session,
-                    into,
-                    clock,
-                    restamp: Restamp::new(clock, random_start()),
-                    clock_map: Default::default(),
-                    packets: 0,
-                    dropped: 0,
-                });
+                st.tracks.push(TrackFeed::new(session, into, clock));
             }
             let t = &mut st.tracks[i];
-            if t.clock != clock && t.packets == 0 {
-                t.restamp = Restamp::new(clock, random_start());
-            }
-            t.clock = clock;
+            t.set_clock(clock);
             // A new publisher: a new SSRC, numbering and wall clock, joined into the ones the
             // clients have.
-            t.restamp.discontinuity();
-            t.clock_map.new_source();
+            t.new_source();
             t.session.set_rtp_video(video);
         }
         let map = channels.iter().flat_map(|&(t, ch)| [(ch, (t, false)), (ch.wrapping_add(1), (t, true))]).collect();
@@ -210,25 +181,13 @@ impl Publisher {
         let Some(t) = st.tracks.get_mut(i) else { return };
         if rtcp {
             // A sender report: the publisher's wall clock against its RTP time.
-            let reports = fanout_proto::rtp::rtcp::parse_reports(data);
-            let sender = reports.ok().and_then(|r| r.first().filter(|r| r.sender).map(|r| r.reporter));
-            if let (Some(ssrc), true) = (sender, data.len() >= 20) {
-                let ntp = u64::from_be_bytes(data[8..16].try_into().expect("8 bytes"));
-                let rtp = u32::from_be_bytes(data[16..20].try_into().expect("4 bytes"));
-                if let Some(rtp) = t.restamp.map_ts(ssrc, rtp) {
-                    t.clock_map.report(ntp, rtp, fanout_io::sys::ntp_now());
-                }
+            let reports = fanout_proto::rtp::rtcp::parse_reports(data).unwrap_or_default();
+            if let Some((ssrc, info)) = reports.first().and_then(|r| r.sender_info()) {
+                t.sender_report(ssrc, info, fanout_io::sys::ntp_now());
             }
             return;
         }
-        if t.restamp.apply(data, now).is_err() {
-            t.dropped += 1;
-            return;
-        }
-        t.packets += 1;
-        if self.feeder.send_to(data, t.into).is_err() {
-            t.dropped += 1;
-        }
+        t.rtp(data, now, &self.feeder);
     }
 
     /// The publisher of RTSP session `rtsp_session` left (TEARDOWN, its connection closed,

@@ -14,33 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::AbortHandle;
 
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum RelayError {
-    #[error("{0}")]
-    BadRequest(String),
-    #[error("{0}")]
-    NotFound(String),
-    #[error("{0}")]
-    Conflict(String),
-    /// What the request needs is not available on this machine (e.g. eBPF without root).
-    #[error("{0}")]
-    Unavailable(String),
-    /// A peer we had to reach (a TCP sink, an upstream) could not be reached.
-    #[error("{0}")]
-    Peer(String),
-    /// The session's media cannot be given in the form asked for (HTTP: 415).
-    #[error("{0}")]
-    Unsupported(String),
-    /// A service the request depends on is down (the cluster directory): 503.
-    #[error("{0}")]
-    Down(String),
-    /// Not this asker's to ask for (a file outside `file_roots`): 403.
-    #[error("{0}")]
-    Forbidden(String),
-    #[error("{0}")]
-    Internal(String),
-}
+pub use crate::error::RelayError;
 
 struct Entry {
     session: Session,
@@ -97,7 +71,7 @@ impl crate::upstream::Host for Relay {
 #[derive(Clone)]
 pub struct RtspView {
     pub sdp: fanout_proto::rtsp::sdp::Sdp,
-    pub tracks: Vec<crate::upstream::TrackRef>,
+    pub tracks: Vec<crate::track::TrackRef>,
 }
 
 impl Relay {
@@ -249,7 +223,7 @@ impl Relay {
         })
     }
 
-    pub fn tracks(&self, name: &str) -> Vec<crate::upstream::TrackRef> {
+    pub fn tracks(&self, name: &str) -> Vec<crate::track::TrackRef> {
         if let Some(v) = self.rtsp_view(name) {
             return v.tracks;
         }
@@ -260,7 +234,7 @@ impl Relay {
             Some(up) => up.tracks(),
             None => self
                 .session(name)
-                .map(|session| vec![crate::upstream::TrackRef { session, clock: 90_000, clock_map: None }])
+                .map(|session| vec![crate::track::TrackRef { session, clock: 90_000, clock_map: None }])
                 .unwrap_or_default(),
         }
     }
@@ -296,7 +270,7 @@ impl Relay {
         let spec = self.spec(name).ok_or_else(|| RelayError::NotFound(format!("no session named {name:?}")))?;
         let mut inputs = Vec::new();
         let mut why = Vec::new();
-        let mut add = |m: &fanout_proto::rtsp::sdp::Media, t: crate::upstream::TrackRef| {
+        let mut add = |m: &fanout_proto::rtsp::sdp::Media, t: crate::track::TrackRef| {
             let info = fanout_proto::container::repack::TrackInfo::from_sdp(m).map_err(|e| why.push(e)).ok();
             inputs.push(crate::repack::Input { session: t.session, info, clock_map: t.clock_map });
         };
@@ -900,7 +874,7 @@ fn demo_view(
         session.attach_demo_track(t, start).map_err(|e| RelayError::Internal(e.to_string()))?;
         // Wall clock against RTP time is known exactly: the clip's origin at `start`.
         let rtp_at_start = (origin_90k * u64::from(clock) / 90_000) as u32;
-        refs.push(crate::upstream::TrackRef { session, clock, clock_map: Some((ntp_start, rtp_at_start)) });
+        refs.push(crate::track::TrackRef { session, clock, clock_map: Some((ntp_start, rtp_at_start)) });
     }
     Ok(Some(RtspView { sdp, tracks: refs }))
 }

@@ -923,13 +923,16 @@ async fn connection(
                             stream.write_all(&answer(resp)).await?;
                             continue;
                         }
-                        if let Some(Err(crate::relay::RelayError::Down(why))) = match name {
-                            Some(n) if relay.cluster.is_some() => Some(relay.ensure(&n).await),
+                        // (A name found nowhere is the RTSP server's own 404.)
+                        let failed = match name {
+                            Some(n) if relay.cluster.is_some() => relay.ensure(&n).await.err(),
                             _ => None,
-                        } {
-                            tracing::warn!(%peer, uri = %req.uri, "DESCRIBE answered 503: {why}");
-                            let mut resp = Response::new(503, req.headers.cseq());
-                            resp.body = why.into_bytes();
+                        };
+                        if let Some(e) = failed.filter(|e| !matches!(e, crate::relay::RelayError::NotFound(_))) {
+                            let status = e.rtsp_status();
+                            tracing::warn!(%peer, uri = %req.uri, "DESCRIBE answered {status}: {e}");
+                            let mut resp = Response::new(status, req.headers.cseq());
+                            resp.body = e.to_string().into_bytes();
                             resp.headers.set("Content-Type", "text/plain");
                             stream.write_all(&answer(resp)).await?;
                             continue;

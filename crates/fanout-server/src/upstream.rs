@@ -16,9 +16,10 @@
 //! 30 s) when the upstream drops or goes silent (`timeout_s`, 10 s); TEARDOWN `linger_s`
 //! after the last client.
 
+use crate::error::UpstreamError;
 use crate::spec::RtspTransport;
+use crate::track::{TrackFeed, TrackRef};
 use fanout_io::{bind_udp_source, Session};
-use fanout_proto::rtp::restamp::Restamp;
 use fanout_proto::rtp::stats::RecvStats;
 use fanout_proto::rtsp::client::{Client, Step, Url};
 use fanout_proto::rtsp::sdp::Sdp;
@@ -74,6 +75,8 @@ pub struct UpstreamStatus {
     pub transport: Option<&'static str>,
     pub connects: u64,
     pub last_error: Option<String>,
+    /// Where the last error came from: connect, tls, auth, protocol, describe or io.
+    pub last_error_origin: Option<&'static str>,
     /// `rtsps://`: the connection is TLS.
     pub tls: bool,
     /// SRTP/SRTCP packets from the upstream that failed their check: dropped.
@@ -95,32 +98,14 @@ pub struct TrackStatus {
 }
 
 struct Track {
-    session: Session,
-    /// The engine's source socket for this track.
-    into: SocketAddr,
+    feed: TrackFeed,
     media: String,
-    clock: u32,
     pt: Option<u8>,
-    restamp: Restamp,
     stats: RecvStats,
-    packets: u64,
-    dropped: u64,
     /// Expected/received at the last receiver report (for its fraction lost).
     last_rr: (u64, u64),
     /// The upstream's last sender report: its SSRC, NTP middle 32 bits, when.
     last_sr: Option<(u32, u32, Instant)>,
-    /// Our wall clock against RTP time, on the clients' timeline, across upstream sessions.
-    clock_map: fanout_proto::rtp::rtcp::ClockMap,
-}
-
-/// A track as the RTSP server side sees it.
-#[derive(Clone)]
-pub struct TrackRef {
-    pub session: Session,
-    pub clock: u32,
-    /// The upstream's NTP/RTP mapping (from its sender reports), so the proxy's own sender
-    /// reports keep audio and video in sync as the upstream had them.
-    pub clock_map: Option<(u64, u32)>,
 }
 
 struct State {
@@ -130,6 +115,7 @@ struct State {
     transport: Option<&'static str>,
     connects: u64,
     last_error: Option<String>,
+    last_error_origin: Option<&'static str>,
     /// Until when someone wants the stream without being a sink yet (a DESCRIBE).
     wanted_until: Option<Instant>,
     /// SRTP/SRTCP packets from the upstream that failed their check (or were replays).
@@ -185,6 +171,7 @@ impl Upstream {
                 transport: None,
                 connects: 0,
                 last_error: None,
+                last_error_origin: None,
                 wanted_until: None,
                 srtp_dropped: 0,
             }),
@@ -211,18 +198,19 @@ impl Upstream {
             transport: st.transport,
             connects: st.connects,
             last_error: st.last_error.clone(),
+            last_error_origin: st.last_error_origin,
             tls: url.tls,
             srtp_dropped: st.srtp_dropped,
             tracks: st
                 .tracks
                 .iter()
                 .map(|t| TrackStatus {
-                    session: t.session.name().to_string(),
+                    session: t.feed.session.name().to_string(),
                     media: t.media.clone(),
-                    clock_rate: t.clock,
-                    packets: t.packets,
-                    dropped: t.dropped,
-                    breaks: t.restamp.breaks,
+                    clock_rate: t.feed.clock,
+                    packets: t.feed.packets,
+                    dropped: t.feed.dropped,
+                    breaks: t.feed.breaks(),
                     lost: t.stats.lost(),
                 })
                 .collect(),
@@ -232,20 +220,14 @@ impl Upstream {
     /// The tracks in media order.
     pub fn tracks(&self) -> Vec<TrackRef> {
         let st = self.state.lock();
-        st.tracks
-            .iter()
-            .map(|t| TrackRef { session: t.session.clone(), clock: t.clock, clock_map: t.clock_map.get() })
-            .collect()
+        st.tracks.iter().map(|t| t.feed.track_ref()).collect()
     }
 
     /// Per track, the RTP sequence number and timestamp a client joining now gets first:
     /// the session's next packet, or the planned start before any packet arrived.
     pub fn next_rtp(&self) -> Vec<Option<(u16, u32)>> {
         let st = self.state.lock();
-        st.tracks
-            .iter()
-            .map(|t| t.session.rtp_start().map(|(_, seq, ts)| (seq, ts)).or(t.restamp.planned_start()))
-            .collect()
+        st.tracks.iter().map(|t| t.feed.next_rtp()).collect()
     }
 
     /// The upstream's description, once known.
@@ -277,7 +259,7 @@ impl Upstream {
         let st = self.state.lock();
         !self.on_demand
             || st.wanted_until.is_some_and(|t| t > Instant::now())
-            || st.tracks.iter().any(|t| !t.session.sinks().is_empty())
+            || st.tracks.iter().any(|t| !t.feed.session.sinks().is_empty())
     }
 
     fn set_state(&self, state: &'static str) {
@@ -305,11 +287,9 @@ impl Upstream {
                 st.tracks.push(Track::new(session, into, m.kind.clone(), clock, pt));
             } else {
                 let t = &mut st.tracks[i];
-                if t.clock != clock && t.packets == 0 {
-                    t.restamp = Restamp::new(clock, random_start());
-                }
-                (t.media, t.clock, t.pt) = (m.kind.clone(), clock, pt);
-                t.session.set_rtp_video(video);
+                t.feed.set_clock(clock);
+                (t.media, t.pt) = (m.kind.clone(), pt);
+                t.feed.session.set_rtp_video(video);
             }
         }
         // Our clients get what we decrypted: plain RTP, and no upstream keys.
@@ -332,20 +312,13 @@ impl Upstream {
         let (seq, ts) = match fanout_proto::rtp::RtpView::parse(data) {
             Ok(v) if t.pt.is_none_or(|pt| v.payload_type() == pt) => (v.sequence_number(), v.timestamp()),
             _ => {
-                t.dropped += 1;
+                t.feed.dropped += 1;
                 return;
             }
         };
-        if t.restamp.apply(data, now).is_err() {
-            t.dropped += 1;
-            return;
-        }
-        let arrival = (now.wrapping_mul(u64::from(t.clock)) / 1000) as u32;
+        let arrival = (now.wrapping_mul(u64::from(t.feed.clock)) / 1000) as u32;
         t.stats.record(seq, ts, arrival, now * 1_000_000);
-        t.packets += 1;
-        if self.feeder.send_to(data, t.into).is_err() {
-            t.dropped += 1;
-        }
+        t.feed.rtp(data, now, &self.feeder);
     }
 
     /// An RTCP datagram of track `i` from the upstream: its sender reports feed our RRs.
@@ -370,14 +343,9 @@ impl Upstream {
         let Ok(reports) = fanout_proto::rtp::rtcp::parse_reports(data) else { return };
         let mut st = self.state.lock();
         let Some(t) = st.tracks.get_mut(i) else { return };
-        // A sender report's NTP and RTP times sit at bytes 8..20 of the first packet.
-        if reports.first().is_some_and(|r| r.sender) && data.len() >= 20 {
-            let ntp = u64::from_be_bytes(data[8..16].try_into().expect("8 bytes"));
-            let rtp = u32::from_be_bytes(data[16..20].try_into().expect("4 bytes"));
-            t.last_sr = Some((reports[0].reporter, fanout_proto::rtp::rtcp::ntp_mid32(ntp), Instant::now()));
-            if let Some(rtp) = t.restamp.map_ts(reports[0].reporter, rtp) {
-                t.clock_map.report(ntp, rtp, fanout_io::sys::ntp_now());
-            }
+        if let Some((ssrc, info)) = reports.first().and_then(|r| r.sender_info()) {
+            t.last_sr = Some((ssrc, fanout_proto::rtp::rtcp::ntp_mid32(info.ntp), Instant::now()));
+            t.feed.sender_report(ssrc, info, fanout_io::sys::ntp_now());
         }
     }
 
@@ -387,7 +355,7 @@ impl Upstream {
         st.tracks
             .iter_mut()
             .enumerate()
-            .filter(|(_, t)| t.packets > 0)
+            .filter(|(_, t)| t.feed.packets > 0)
             .map(|(i, t)| {
                 let (src, lsr, dlsr) = match t.last_sr {
                     Some((ssrc, mid, at)) => (ssrc, mid, (at.elapsed().as_secs_f64() * 65536.0) as u32),
@@ -418,16 +386,15 @@ impl Upstream {
     /// Every track's stream restarts with the next packet (a new upstream session).
     fn discontinuity(&self) {
         for t in self.state.lock().tracks.iter_mut() {
-            t.restamp.discontinuity();
+            t.feed.new_source();
             t.stats = RecvStats::default();
             t.last_rr = (0, 0);
             t.last_sr = None;
-            t.clock_map.new_source();
         }
     }
 
     fn packets(&self) -> u64 {
-        self.state.lock().tracks.iter().map(|t| t.packets).sum()
+        self.state.lock().tracks.iter().map(|t| t.feed.packets).sum()
     }
 
     /// Ends the upstream session politely: a TEARDOWN, so that the server stops sending
@@ -456,7 +423,7 @@ impl Upstream {
 
     /// Closes the sessions of the tracks past the first (the first belongs to the relay).
     pub fn close_tracks(&self) {
-        let extra: Vec<Session> = self.state.lock().tracks.drain(1..).map(|t| t.session).collect();
+        let extra: Vec<Session> = self.state.lock().tracks.drain(1..).map(|t| t.feed.session).collect();
         for s in extra {
             s.close();
         }
@@ -466,18 +433,12 @@ impl Upstream {
 impl Track {
     fn new(session: Session, into: SocketAddr, media: String, clock: u32, pt: Option<u8>) -> Self {
         Self {
-            session,
-            into,
+            feed: TrackFeed::new(session, into, clock),
             media,
-            clock,
             pt,
-            restamp: Restamp::new(clock, random_start()),
             stats: RecvStats::default(),
-            packets: 0,
-            dropped: 0,
             last_rr: (0, 0),
             last_sr: None,
-            clock_map: Default::default(),
         }
     }
 }
@@ -578,7 +539,8 @@ pub async fn run(up: Arc<Upstream>, template: fanout_io::SessionConfig, relay: s
                 tracing::warn!(session = %up.name, %url, "upstream: {e}; retrying");
                 {
                     let mut st = up.state.lock();
-                    st.last_error = Some(e);
+                    st.last_error = Some(e.to_string());
+                    st.last_error_origin = Some(e.origin());
                     st.state = "retrying";
                 }
                 up.ready.send_modify(|g| *g += 1); // waiting DESCRIBEs learn it failed
@@ -615,28 +577,29 @@ async fn connect_once(
     tcp: bool,
     template: &fanout_io::SessionConfig,
     engine: &fanout_io::Engine,
-) -> Result<Ended, String> {
+) -> Result<Ended, UpstreamError> {
+    use UpstreamError as E;
     let url = up.url.lock().clone();
     let addr = (url.host.as_str(), url.port);
     let tcp_stream = tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(addr))
         .await
-        .map_err(|_| "connect timed out after 5 s".to_string())?
-        .map_err(|e| format!("cannot connect: {e}"))?;
+        .map_err(|_| E::Connect("timed out after 5 s".into()))?
+        .map_err(|e| E::Connect(e.to_string()))?;
     let _ = tcp_stream.set_nodelay(true);
-    let local = tcp_stream.local_addr().map_err(|e| e.to_string())?.ip();
-    let peer = tcp_stream.peer_addr().map_err(|e| e.to_string())?.ip();
+    let local = tcp_stream.local_addr().map_err(|e| E::Connect(e.to_string()))?.ip();
+    let peer = tcp_stream.peer_addr().map_err(|e| E::Connect(e.to_string()))?.ip();
     // rtsps://: the TLS handshake and the certificate check, before any RTSP.
     let mut stream: Box<dyn Io> = match (&up.tls, url.tls) {
         (_, false) => Box::new(tcp_stream),
-        (None, true) => return Err("rtsps:// but no TLS settings for this upstream".into()),
+        (None, true) => return Err(E::Tls("rtsps:// but no TLS settings for this upstream".into())),
         (Some(cfg), true) => {
             let name = rustls::pki_types::ServerName::try_from(url.host.clone())
-                .map_err(|e| format!("TLS: {:?} is no server name: {e}", url.host))?;
+                .map_err(|e| E::Tls(format!("{:?} is no server name: {e}", url.host)))?;
             let tls = tokio_rustls::TlsConnector::from(cfg.clone());
             let s = tokio::time::timeout(Duration::from_secs(5), tls.connect(name, tcp_stream))
                 .await
-                .map_err(|_| "TLS handshake timed out after 5 s".to_string())?
-                .map_err(|e| format!("TLS: {e}"))?;
+                .map_err(|_| E::Tls("the handshake timed out after 5 s".into()))?
+                .map_err(|e| E::Tls(e.to_string()))?;
             Box::new(s)
         }
     };
@@ -646,7 +609,8 @@ async fn connect_once(
     // Our own key per track for the SRTCP we send back, told to the upstream in SETUP.
     let mut srtcp_out: Vec<fanout_proto::rtp::srtp::Context> = Vec::new();
     let mut client = Client::new(url.clone(), concat!("fanout/", env!("CARGO_PKG_VERSION")));
-    stream.write_all(&client.start(up.now_ms())).await.map_err(|e| e.to_string())?;
+    let io = |e: std::io::Error| E::Io(format!("upstream connection: {e}"));
+    stream.write_all(&client.start(up.now_ms())).await.map_err(io)?;
     let limits = Limits { max_body: 1 << 20, ..Limits::default() };
     let mut buf: Vec<u8> = Vec::with_capacity(8192);
     let mut chunk = vec![0u8; 65536];
@@ -663,7 +627,7 @@ async fn connect_once(
     loop {
         // Every complete message in the buffer.
         loop {
-            let parsed = rtsp::parse(&buf, &limits).map_err(|e| format!("upstream sent garbage: {e}"))?;
+            let parsed = rtsp::parse(&buf, &limits).map_err(|e| E::Protocol(format!("upstream sent garbage: {e}")))?;
             let Some((msg, used)) = parsed else { break };
             buf.drain(..used);
             match msg {
@@ -691,24 +655,25 @@ async fn connect_once(
                         Err(e) if e.status == Some(461) && !tcp && up.mode == RtspTransport::Auto => {
                             return Ok(Ended::UseTcp("the upstream refused UDP (461)"));
                         }
-                        Err(e) => return Err(e.to_string()),
+                        Err(e) => return Err(E::answered(e.status, e.to_string())),
                     };
                     match step {
-                        Step::Send(b) => stream.write_all(&b).await.map_err(|e| e.to_string())?,
+                        Step::Send(b) => stream.write_all(&b).await.map_err(io)?,
                         Step::Described(sdp) => {
-                            srtp = srtp_contexts(&sdp)?;
+                            srtp = srtp_contexts(&sdp).map_err(E::Describe)?;
                             client.savp = srtp.iter().any(Option::is_some);
                             if client.savp {
-                                (srtcp_out, client.key_mgmt) =
-                                    own_srtcp_keys(sdp.media.len(), reporter).map_err(|e| e.to_string())?;
+                                (srtcp_out, client.key_mgmt) = own_srtcp_keys(sdp.media.len(), reporter)
+                                    .map_err(|e| E::Describe(e.to_string()))?;
                             }
-                            up.adopt(&sdp, template, engine).map_err(|e| format!("cannot open the tracks: {e}"))?;
+                            up.adopt(&sdp, template, engine)
+                                .map_err(|e| E::Describe(format!("cannot open the tracks: {e}")))?;
                             let lowers: Vec<Lower> = if tcp {
                                 (0..sdp.media.len())
                                     .map(|i| Lower::Interleaved { rtp: (2 * i) as u8, rtcp: (2 * i + 1) as u8 })
                                     .collect()
                             } else {
-                                udp = udp_pairs(local, sdp.media.len()).map_err(|e| e.to_string())?;
+                                udp = udp_pairs(local, sdp.media.len()).map_err(|e| E::Io(e.to_string()))?;
                                 udp.iter()
                                     .map(|(a, b)| Lower::Udp {
                                         client_rtp: a.local_addr().map_or(0, |x| x.port()),
@@ -716,8 +681,9 @@ async fn connect_once(
                                     })
                                     .collect()
                             };
-                            let b = client.setup(lowers, up.now_ms()).map_err(|e| e.to_string())?;
-                            stream.write_all(&b).await.map_err(|e| e.to_string())?;
+                            let b =
+                                client.setup(lowers, up.now_ms()).map_err(|e| E::answered(e.status, e.to_string()))?;
+                            stream.write_all(&b).await.map_err(io)?;
                         }
                         Step::Playing => {
                             let transport = if tcp { "tcp" } else { "udp" };
@@ -778,9 +744,9 @@ async fn connect_once(
         }
         tokio::select! {
             r = stream.read(&mut chunk) => {
-                let n = r.map_err(|e| format!("upstream connection: {e}"))?;
+                let n = r.map_err(io)?;
                 if n == 0 {
-                    return Err("the upstream closed the connection".into());
+                    return Err(E::Io("the upstream closed the connection".into()));
                 }
                 buf.extend_from_slice(&chunk[..n]);
             }
@@ -791,7 +757,7 @@ async fn connect_once(
                     return Ok(Ended::Closed);
                 }
                 if let Some(k) = client.keepalive(up.now_ms()) {
-                    stream.write_all(&k).await.map_err(|e| e.to_string())?;
+                    stream.write_all(&k).await.map_err(io)?;
                 }
                 if let Some(since) = playing_since {
                     let count = up.packets();
@@ -806,7 +772,7 @@ async fn connect_once(
                     }
                     // (While UDP is on probation, its grace decides, not the silence timeout.)
                     if !udp_probe && now - last_count.1 > up.silence {
-                        return Err(format!("no RTP from the upstream for {:?}", up.silence));
+                        return Err(E::Io(format!("no RTP from the upstream for {:?}", up.silence)));
                     }
                     if tokio::time::Instant::now() >= next_report {
                         next_report += REPORT_EVERY;
@@ -821,7 +787,7 @@ async fn connect_once(
                                 if let Lower::Interleaved { rtcp, .. } = client.tracks[i].lower {
                                     let mut out = Vec::with_capacity(rr.len() + 4);
                                     rtsp::write_interleaved(&mut out, rtcp, &rr);
-                                    stream.write_all(&out).await.map_err(|e| e.to_string())?;
+                                    stream.write_all(&out).await.map_err(io)?;
                                 }
                             } else {
                                 up.send_udp_rr(i, &rr);
@@ -829,7 +795,7 @@ async fn connect_once(
                         }
                     }
                 } else if connected_at.elapsed() > Duration::from_secs(10) {
-                    return Err("the upstream did not answer within 10 s".into());
+                    return Err(E::Protocol("the upstream did not answer within 10 s".into()));
                 }
                 if up.wanted() {
                     idle_since = None;
@@ -897,13 +863,6 @@ fn own_srtcp_keys(
         keys.0.push(fanout_proto::rtp::srtp::Context::new(suite, &key));
     }
     Ok(keys)
-}
-
-/// A random-enough RTP start (RFC 3550 §5.1): clock nanoseconds mixed with the process id.
-pub(crate) fn random_start() -> (u16, u32) {
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
-    let x = (t ^ u64::from(std::process::id()) << 32).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    ((x >> 48) as u16, (x >> 8) as u32)
 }
 
 /// A reporter SSRC for our receiver reports: differs per process and connection.

@@ -257,6 +257,7 @@ fn a_silent_upstream_is_reconnected() {
     assert_eq!(got.iter().map(|x| x.1).collect::<Vec<_>>(), want);
     assert!(up["connects"].as_u64() >= Some(2), "{up}");
     assert!(up["last_error"].as_str().is_some_and(|e| e.contains("no RTP")), "{up}");
+    assert_eq!(up["last_error_origin"], "io", "{up}");
 }
 
 /// An upstream that wants Digest credentials gets them from the URL (percent-encoded
@@ -277,6 +278,14 @@ fn upstream_credentials_from_the_url() {
     let shown = status.to_string();
     assert!(!shown.contains("p%40ss") && !shown.contains("p@ss"), "credentials leak into the API: {shown}");
     assert_eq!(status["spec"]["source"]["rtsp"], format!("rtsp://{}/cam", fake.addr));
+    // A wrong password: the status says the upstream refused it, as an auth error.
+    let url = format!("rtsp://cam:wrong@{}/cam", fake.addr);
+    let spec = json!({ "name": "bad", "source": { "rtsp": url, "rtsp_transport": "tcp", "on_demand": false } });
+    relay.ok("POST", "/v1/sessions", Some(spec));
+    let refused = wait_for(Duration::from_secs(10), || {
+        relay.ok("GET", "/v1/sessions/bad", None)["upstream"]["last_error_origin"] == "auth"
+    });
+    assert!(refused, "{}", relay.ok("GET", "/v1/sessions/bad", None)["upstream"]);
 }
 
 /// `auto` transport: an upstream that refuses UDP (461), and one that accepts it but sends

@@ -648,6 +648,7 @@ fn an_rtsps_upstream_is_checked_and_its_srtp_decrypted_once() {
     pull(&edge, "unchecked", &url, serde_json::json!({ "tls_verify": false, "rtsp_transport": "tcp" }), true);
     let up = pull(&edge, "wrong-ca", &url, serde_json::json!({ "tls_ca": other.cert }), false);
     assert!(up["last_error"].as_str().unwrap().contains("certificate"), "{up}");
+    assert_eq!(up["last_error_origin"], "tls", "{up}");
     let wrong: String = sha256(&other.der).iter().map(|b| format!("{b:02x}")).collect();
     let up = pull(&edge, "wrong-pin", &url, serde_json::json!({ "tls_fingerprint": wrong }), false);
     assert!(up["last_error"].as_str().unwrap().contains("not the pinned one"), "{up}");

@@ -33,12 +33,32 @@ pub struct ReportBlock {
     pub dlsr: u32,
 }
 
-/// A receiver report (PT 201) or the report part of a sender report (PT 200).
+/// A receiver report (PT 201) or a sender report (PT 200).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Report {
     pub reporter: u32,
     pub sender: bool,
+    /// A sender report's sender info: its wall clock against its RTP time.
+    pub info: Option<SenderInfo>,
     pub blocks: Vec<ReportBlock>,
+}
+
+/// The sender info of a sender report (RFC 3550 §6.4.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SenderInfo {
+    /// NTP timestamp (64 bits: seconds since 1900, fraction).
+    pub ntp: u64,
+    /// The same instant on the stream's RTP clock.
+    pub rtp: u32,
+    pub packets: u32,
+    pub octets: u32,
+}
+
+impl Report {
+    /// A sender report's reporter and sender info.
+    pub fn sender_info(&self) -> Option<(u32, SenderInfo)> {
+        self.info.map(|i| (self.reporter, i))
+    }
 }
 
 fn be32(b: &[u8]) -> u32 {
@@ -90,7 +110,13 @@ pub fn parse_reports(mut buf: &[u8]) -> Result<Vec<Report>, RtcpError> {
                     }
                 })
                 .collect();
-            out.push(Report { reporter: be32(&pkt[4..8]), sender: pt == 200, blocks });
+            let info = (pt == 200).then(|| SenderInfo {
+                ntp: u64::from(be32(&pkt[8..12])) << 32 | u64::from(be32(&pkt[12..16])),
+                rtp: be32(&pkt[16..20]),
+                packets: be32(&pkt[20..24]),
+                octets: be32(&pkt[24..28]),
+            });
+            out.push(Report { reporter: be32(&pkt[4..8]), sender: pt == 200, info, blocks });
         }
         buf = &buf[len..];
     }
@@ -259,7 +285,7 @@ mod tests {
         // SDES with a CNAME, as ffmpeg appends: skipped by its length.
         buf.extend_from_slice(&[0x81, 202, 0, 3, 0, 0, 0, 7, 1, 2, b'h', b'i', 0, 0, 0, 0]);
         let r = parse_reports(&buf).unwrap();
-        assert_eq!(r, vec![Report { reporter: 7, sender: false, blocks: vec![b] }]);
+        assert_eq!(r, vec![Report { reporter: 7, sender: false, info: None, blocks: vec![b] }]);
         // LSR + DLSR (1 s) + 250 ms later: a 250 ms round trip.
         let rtt = round_trip(&b, 0x1234_5678 + 65_536 + 16_384).unwrap();
         assert_eq!(rtt.as_millis(), 250);
@@ -283,7 +309,10 @@ mod tests {
         let mut buf = Vec::new();
         write_sender_report(&mut buf, 5, ntp, 90_000, 10, 13_160);
         assert_eq!(buf.len(), 28);
-        assert_eq!(parse_reports(&buf).unwrap(), vec![Report { reporter: 5, sender: true, blocks: vec![] }]);
+        let info = SenderInfo { ntp, rtp: 90_000, packets: 10, octets: 13_160 };
+        let parsed = parse_reports(&buf).unwrap();
+        assert_eq!(parsed, vec![Report { reporter: 5, sender: true, info: Some(info), blocks: vec![] }]);
+        assert_eq!(parsed[0].sender_info(), Some((5, info)), "the sender info reads back as written");
         // A receiver that got it 1 s after and answers at once: one second later, ~0 RTT.
         let b = ReportBlock {
             ssrc: 5,
@@ -302,7 +331,16 @@ mod tests {
         fn written_reports_parse_back(reporter in any::<u32>(), b in block()) {
             let mut buf = Vec::new();
             write_receiver_report(&mut buf, reporter, &b);
-            prop_assert_eq!(parse_reports(&buf).unwrap(), vec![Report { reporter, sender: false, blocks: vec![b] }]);
+            prop_assert_eq!(parse_reports(&buf).unwrap(), vec![Report { reporter, sender: false, info: None, blocks: vec![b] }]);
+        }
+
+        /// Whatever a sender report says, its sender info reads back as written.
+        #[test]
+        fn sender_info_round_trips(ssrc: u32, ntp: u64, rtp: u32, packets: u32, octets: u32) {
+            let mut buf = Vec::new();
+            write_sender_report(&mut buf, ssrc, ntp, rtp, packets, octets);
+            let r = parse_reports(&buf).unwrap();
+            prop_assert_eq!(r[0].sender_info(), Some((ssrc, SenderInfo { ntp, rtp, packets, octets })));
         }
 
         #[test]

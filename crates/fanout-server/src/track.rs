@@ -1,0 +1,107 @@
+//! One track of a stream that arrives as RTP from a source that comes and goes (an RTSP
+//! upstream, an RTSP publisher): written once for both. Each packet is rewritten into one
+//! continuous RTP stream for the track's whole life (the SSRC, sequence numbers and
+//! timestamps its clients saw first: [`Restamp`]), the source's sender reports are mapped
+//! onto that stream's clock ([`ClockMap`], kept across sources, so a publisher change or a
+//! failover does not move the clients' clock), and the packet is handed to the track's relay
+//! session.
+
+use fanout_io::Session;
+use fanout_proto::rtp::restamp::Restamp;
+use fanout_proto::rtp::rtcp::{ClockMap, SenderInfo};
+use std::net::{SocketAddr, UdpSocket};
+
+/// A track as the RTSP server side sees it.
+#[derive(Clone)]
+pub struct TrackRef {
+    pub session: Session,
+    pub clock: u32,
+    /// The source's NTP/RTP mapping (from its sender reports), on the track's own RTP
+    /// clock: our sender reports keep audio and video in sync as the source had them.
+    pub clock_map: Option<(u64, u32)>,
+}
+
+pub struct TrackFeed {
+    pub session: Session,
+    /// Where the track's session receives (its source socket on loopback).
+    into: SocketAddr,
+    pub clock: u32,
+    restamp: Restamp,
+    clock_map: ClockMap,
+    pub packets: u64,
+    pub dropped: u64,
+}
+
+impl TrackFeed {
+    pub fn new(session: Session, into: SocketAddr, clock: u32) -> Self {
+        Self {
+            session,
+            into,
+            clock,
+            restamp: Restamp::new(clock, random_start()),
+            clock_map: ClockMap::default(),
+            packets: 0,
+            dropped: 0,
+        }
+    }
+
+    /// The source describes the track anew: a clock rate that changed before any packet
+    /// came restarts the numbering at that rate (after packets, the clients keep theirs).
+    pub fn set_clock(&mut self, clock: u32) {
+        if self.clock != clock && self.packets == 0 {
+            self.restamp = Restamp::new(clock, random_start());
+        }
+        self.clock = clock;
+    }
+
+    /// A new source (another publisher, a new upstream session): a new SSRC, numbering and
+    /// wall clock, joined onto the ones the clients have.
+    pub fn new_source(&mut self) {
+        self.restamp.discontinuity();
+        self.clock_map.new_source();
+    }
+
+    /// An RTP packet of the source, at `now_ms`: rewritten in place and handed to the
+    /// track's session (through `feeder`); whether it went.
+    pub fn rtp(&mut self, data: &mut [u8], now_ms: u64, feeder: &UdpSocket) -> bool {
+        if self.restamp.apply(data, now_ms).is_err() {
+            self.dropped += 1;
+            return false;
+        }
+        self.packets += 1;
+        if feeder.send_to(data, self.into).is_err() {
+            self.dropped += 1;
+            return false;
+        }
+        true
+    }
+
+    /// A sender report of the source's SSRC `ssrc`, received at `now_ntp`.
+    pub fn sender_report(&mut self, ssrc: u32, info: SenderInfo, now_ntp: u64) {
+        if let Some(rtp) = self.restamp.map_ts(ssrc, info.rtp) {
+            self.clock_map.report(info.ntp, rtp, now_ntp);
+        }
+    }
+
+    /// Restamping breaks: packets whose numbers jumped and were joined on.
+    pub fn breaks(&self) -> u64 {
+        self.restamp.breaks
+    }
+
+    pub fn track_ref(&self) -> TrackRef {
+        TrackRef { session: self.session.clone(), clock: self.clock, clock_map: self.clock_map.get() }
+    }
+
+    /// The RTP sequence number and timestamp a client joining now gets first: the session's
+    /// next packet, or the planned start before any packet arrived.
+    pub fn next_rtp(&self) -> Option<(u16, u32)> {
+        self.session.rtp_start().map(|(_, seq, ts)| (seq, ts)).or(self.restamp.planned_start())
+    }
+}
+
+/// A random-enough RTP start (RFC 3550 §5.1): clock nanoseconds mixed with the process id.
+pub fn random_start() -> (u16, u32) {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let x = (t ^ u64::from(std::process::id()) << 32).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    ((x >> 48) as u16, (x >> 8) as u32)
+}
