@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use std::net::{Ipv4Addr, SocketAddr};
 
 /// Where a session's packets come from. Exactly one of `udp`, `tcp_listen`, `tcp_connect`,
-/// `demo` must be given.
+/// `rtsp`, `file`, `demo = true`, `publish = true` must be given; the other keys qualify it.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct SourceSpec {
