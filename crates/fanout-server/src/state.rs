@@ -151,10 +151,12 @@ fn render(kept: &BTreeMap<String, Kept>) -> Vec<u8> {
     out
 }
 
-/// Whole or not at all: a crash mid-write leaves the old file.
+/// Whole or not at all: a crash mid-write leaves the old file. Readable by the relay's user
+/// only: a pull's URL may carry its credentials.
 fn write(path: &Path, kept: &BTreeMap<String, Kept>) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt as _;
     let tmp = path.with_extension("json.tmp");
-    let mut f = File::create(&tmp)?;
+    let mut f = File::options().create(true).truncate(true).write(true).mode(0o600).open(&tmp)?;
     f.write_all(&render(kept))?;
     f.sync_all()?;
     std::fs::rename(&tmp, path)
@@ -189,6 +191,8 @@ mod tests {
         }
         let s = StateFile::open(&path).unwrap().unwrap();
         let kept = s.take();
+        use std::os::unix::fs::PermissionsExt as _;
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600, "the owner's only");
         assert_eq!(kept.len(), 1);
         assert_eq!(kept[0].spec, spec("a"));
         assert_eq!(kept[0].sinks.keys().copied().collect::<Vec<_>>(), vec![8]);
