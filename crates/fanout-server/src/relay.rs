@@ -701,6 +701,7 @@ impl Relay {
                 }
             }
         }
+        state.save();
         made
     }
 

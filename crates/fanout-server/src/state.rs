@@ -85,6 +85,14 @@ impl StateFile {
         std::mem::take(&mut *self.kept.lock()).into_values().collect()
     }
 
+    /// Writes what is kept now: after a restore, what could not be made again is gone from
+    /// the file too, as the log says.
+    pub fn save(&self) {
+        if let Err(e) = write(&self.path, &self.kept.lock()) {
+            tracing::warn!(file = %self.path.display(), "could not write the state file: {e}");
+        }
+    }
+
     pub fn session_made(&self, spec: &SessionSpec) {
         self.change(|k| {
             k.insert(spec.name.clone(), Kept { spec: spec.clone(), sinks: BTreeMap::new() });
@@ -191,11 +199,16 @@ mod tests {
         }
         let s = StateFile::open(&path).unwrap().unwrap();
         let kept = s.take();
+        // Nothing made again: the file says so once saved.
+        s.save();
         use std::os::unix::fs::PermissionsExt as _;
         assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600, "the owner's only");
         assert_eq!(kept.len(), 1);
         assert_eq!(kept[0].spec, spec("a"));
         assert_eq!(kept[0].sinks.keys().copied().collect::<Vec<_>>(), vec![8]);
+        drop(s);
+        let s = StateFile::open(&path).unwrap().unwrap();
+        assert!(s.take().is_empty(), "what was not made again is gone from the file");
         drop(s);
         std::fs::write(&path, b"{\"version\": 9, \"sessions\": []}").unwrap();
         let e = format!("{:#}", StateFile::open(&path).err().unwrap());
