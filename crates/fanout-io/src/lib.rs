@@ -26,6 +26,7 @@
 pub mod channel;
 pub mod engine;
 mod group;
+pub mod inlet;
 pub mod kernel;
 pub mod layered;
 pub mod model;
@@ -39,6 +40,7 @@ pub mod sys;
 mod uring;
 
 pub use engine::{Engine, EngineOptions};
+pub use inlet::Inlet;
 pub use session::{
     DataPath, FailurePolicy, LayerRate, LayerStatus, PaceConfig, PayloadMode, Session, SessionConfig, SessionStatus,
     SinkStatus, SinkTarget, SourceRecv, SourceState, SourceStatus, UdpSinkMode,

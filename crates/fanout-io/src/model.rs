@@ -235,6 +235,8 @@ pub enum SinkTarget {
     Udp(SocketAddr),
     Tcp(SocketAddr),
     Http(SocketAddr),
+    /// An in-process subscriber: a repackaging, an SRTP key epoch (what it is).
+    Local(&'static str),
 }
 
 #[derive(Debug, Clone, Serialize)]

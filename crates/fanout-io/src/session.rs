@@ -533,6 +533,10 @@ impl Session {
     }
 
     /// Whether `other` is this very session (not another of the same name made later).
+    pub(crate) fn inner(&self) -> &Arc<Inner> {
+        &self.inner
+    }
+
     pub fn is(&self, other: &Session) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
@@ -779,6 +783,13 @@ impl Session {
     ) -> std::io::Result<u64> {
         let target = if http { SinkTarget::Http(peer) } else { SinkTarget::Tcp(peer) };
         self.add_sink(target, crate::sink::SinkIo::Channel(queue), false)
+    }
+
+    /// Adds an in-process subscriber (`what` names it in the status) whose packets go into
+    /// `queue`: an output that transforms the stream reads the ring this way, sharing its
+    /// buffers, with no socket between.
+    pub fn add_local_sink(&self, what: &'static str, queue: Arc<crate::channel::ChannelQueue>) -> std::io::Result<u64> {
+        self.add_sink(SinkTarget::Local(what), crate::sink::SinkIo::Channel(queue), false)
     }
 
     fn add_sink(&self, target: SinkTarget, io: crate::sink::SinkIo, strip: bool) -> std::io::Result<u64> {

@@ -6,12 +6,12 @@
 
 use crate::track::{TrackFeed, TrackRef};
 use crate::upstream::track_format;
-use fanout_io::{bind_udp_source, Session};
+use fanout_io::{Inlet, Session};
 use fanout_proto::rtsp::sdp::Sdp;
 use parking_lot::Mutex;
 use serde::Serialize;
 use std::collections::HashMap;
-use std::net::{SocketAddr, UdpSocket};
+use std::net::SocketAddr;
 use std::time::Instant;
 
 /// Who publishes now.
@@ -51,22 +51,20 @@ pub struct PublisherStatus {
 pub struct Publisher {
     name: String,
     first: Session,
-    first_into: SocketAddr,
+    /// The first track's inlet, until its track is made.
+    first_inlet: Mutex<Option<Inlet>>,
     state: Mutex<State>,
-    feeder: UdpSocket,
     started: Instant,
 }
 
 impl Publisher {
-    /// The publisher side of session `first`, which receives on `first_into`.
-    pub fn new(name: &str, first: Session, first_into: SocketAddr) -> std::io::Result<Self> {
-        let feeder = UdpSocket::bind("127.0.0.1:0")?;
+    /// The publisher side of session `first` (its first track).
+    pub fn new(name: &str, first: Session) -> std::io::Result<Self> {
         Ok(Self {
             name: name.to_string(),
+            first_inlet: Mutex::new(Some(Inlet::open(&first)?)),
             first,
-            first_into,
             state: Mutex::new(State::default()),
-            feeder,
             started: Instant::now(),
         })
     }
@@ -106,19 +104,17 @@ impl Publisher {
         for (i, m) in sdp.media.iter().enumerate() {
             let (clock, video) = track_format(m);
             if i >= st.tracks.len() {
-                let (session, into) = if i == 0 {
-                    (self.first.clone(), self.first_into)
-                } else {
-                    let mut cfg = self.first.config().clone();
-                    cfg.name = format!("{}/{i}", self.name);
-                    let session = Session::new(cfg, engine);
-                    let sock = bind_udp_source(SocketAddr::from(([127, 0, 0, 1], 0)), None)?;
-                    let into = sock.local_addr()?;
-                    session.attach_udp(sock)?;
-                    session.set_source_kind(format!("track {i} of the RTSP publisher of {}", self.name));
-                    (session, into)
+                let inlet = match self.first_inlet.lock().take() {
+                    Some(first) if i == 0 => first,
+                    _ => {
+                        let mut cfg = self.first.config().clone();
+                        cfg.name = format!("{}/{i}", self.name);
+                        let session = Session::new(cfg, engine);
+                        session.set_source_kind(format!("track {i} of the RTSP publisher of {}", self.name));
+                        Inlet::open(&session)?
+                    }
                 };
-                st.tracks.push(TrackFeed::new(session, into, clock));
+                st.tracks.push(TrackFeed::new(inlet, clock));
             }
             let t = &mut st.tracks[i];
             t.set_clock(clock);
@@ -187,7 +183,7 @@ impl Publisher {
             }
             return;
         }
-        t.rtp(data, now, &self.feeder);
+        t.rtp(data, now);
     }
 
     /// The publisher of RTSP session `rtsp_session` left (TEARDOWN, its connection closed,

@@ -479,46 +479,34 @@ impl Relay {
         let started = if let Some(url) = &src.rtsp {
             // Invariant: validate() parsed the URL.
             let url = fanout_proto::rtsp::client::Url::parse(url).expect("validated");
-            let loopback = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
-            let bound = bind_udp_source(loopback, None).and_then(|s| {
-                let at = s.local_addr()?;
-                session.attach_udp(s)?;
-                Ok(at)
-            });
-            match bound {
-                Ok(into) => {
-                    session.set_source_kind(format!("rtsp {}", url.request_url()));
-                    let pulled = origin.is_some();
-                    let o = crate::upstream::UpstreamOptions {
-                        tls: upstream_tls,
-                        url,
-                        origin,
-                        mode: src.rtsp_transport.unwrap_or_default(),
-                        on_demand: src.on_demand.unwrap_or(true),
-                        linger: Duration::from_secs_f64(src.linger_s.unwrap_or(10.0)),
-                        silence: Duration::from_secs_f64(src.timeout_s.unwrap_or(10.0)),
+            session.set_source_kind(format!("rtsp {}", url.request_url()));
+            let pulled = origin.is_some();
+            let o = crate::upstream::UpstreamOptions {
+                tls: upstream_tls,
+                url,
+                origin,
+                mode: src.rtsp_transport.unwrap_or_default(),
+                on_demand: src.on_demand.unwrap_or(true),
+                linger: Duration::from_secs_f64(src.linger_s.unwrap_or(10.0)),
+                silence: Duration::from_secs_f64(src.timeout_s.unwrap_or(10.0)),
+            };
+            Upstream::new(&spec.name, o, &session)
+                .map(|up| {
+                    let run = crate::upstream::run(up.clone(), session.config().clone(), Arc::downgrade(self) as _);
+                    let (weak, name, mine) = (Arc::downgrade(self), spec.name.clone(), session.clone());
+                    let run = async move {
+                        run.await;
+                        // A pull ended: the session goes (on a task of its own, as deleting
+                        // it aborts this one); this session, not a newer pull of the same
+                        // name a subscriber set off meanwhile.
+                        if let Some(relay) = weak.upgrade().filter(|_| pulled) {
+                            tokio::spawn(async move { relay.delete_exact(&name, &mine).await });
+                        }
                     };
-                    Upstream::new(&spec.name, o, session.clone(), into)
-                        .map(|up| {
-                            let run =
-                                crate::upstream::run(up.clone(), session.config().clone(), Arc::downgrade(self) as _);
-                            let (weak, name, mine) = (Arc::downgrade(self), spec.name.clone(), session.clone());
-                            let run = async move {
-                                run.await;
-                                // A pull ended: the session goes (on a task of its own, as
-                                // deleting it aborts this one); this session, not a newer
-                                // pull of the same name a subscriber set off meanwhile.
-                                if let Some(relay) = weak.upgrade().filter(|_| pulled) {
-                                    tokio::spawn(async move { relay.delete_exact(&name, &mine).await });
-                                }
-                            };
-                            tasks.push(tokio::spawn(run).abort_handle());
-                            upstream = Some(up);
-                        })
-                        .map_err(|e| RelayError::Internal(format!("rtsp source: {e}")))
-                }
-                Err(e) => Err(RelayError::Internal(format!("rtsp source: cannot bind its loopback socket: {e}"))),
-            }
+                    tasks.push(tokio::spawn(run).abort_handle());
+                    upstream = Some(up);
+                })
+                .map_err(|e| RelayError::Internal(format!("rtsp source: {e}")))
         } else if let Some(addr) = src.udp {
             bind_udp_source(addr, src.interface)
                 .and_then(|s| session.attach_udp(s))
@@ -539,15 +527,9 @@ impl Relay {
             tasks.push(tokio::spawn(connect_publisher(addr, session.clone())).abort_handle());
             Ok(())
         } else if src.publish == Some(true) {
-            let loopback = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
-            bind_udp_source(loopback, None)
-                .and_then(|sock| {
-                    let into = sock.local_addr()?;
-                    session.attach_udp(sock)?;
-                    session.set_source_kind("rtsp publish (ANNOUNCE/RECORD)".into());
-                    publisher = Some(Arc::new(crate::publish::Publisher::new(&spec.name, session.clone(), into)?));
-                    Ok(())
-                })
+            session.set_source_kind("rtsp publish (ANNOUNCE/RECORD)".into());
+            crate::publish::Publisher::new(&spec.name, session.clone())
+                .map(|p| publisher = Some(Arc::new(p)))
                 .map_err(|e| RelayError::Internal(format!("publish source: {e}")))
         } else if let Some(path) = &src.file {
             read_clip(path, &self.cfg.file_roots, src.looped.unwrap_or(true)).await.and_then(|c| {

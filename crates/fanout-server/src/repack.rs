@@ -1,17 +1,17 @@
-//! Repackaging for HTTP players: one task per session subscribes to its RTP tracks like any
-//! UDP sink would, turns them into access units ([`fanout_proto::container::repack`]) and from them
-//! MPEG-TS, fed into a relay session of its own (`{name}/ts`) that every HTTP subscriber
-//! shares, and HLS segments ([`fanout_proto::container::hls`]) that every HLS client shares. It starts
-//! with the first subscriber or playlist request and stops a linger after the last.
+//! Repackaging for HTTP players: one task per session reads its RTP tracks' rings as an
+//! in-process subscriber of each (the ring's own buffers, no socket), turns them into access
+//! units ([`fanout_proto::container::repack`]) and from them MPEG-TS, handed into a relay
+//! session of its own (`{name}/ts`, through an [`Inlet`]) that every HTTP subscriber shares,
+//! and HLS segments ([`fanout_proto::container::hls`]) that every HLS client shares. It
+//! starts with the first subscriber or playlist request and stops a linger after the last.
 
-use fanout_io::{bind_udp_source, DataPath, Session, SessionConfig};
+use fanout_io::channel::ChannelQueue;
+use fanout_io::{DataPath, Inlet, Session, SessionConfig};
 use fanout_proto::container::hls::{Progress, Segmenter};
 use fanout_proto::container::repack::{Repackager, TrackInfo, TsPackager, Unit};
 use parking_lot::Mutex;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::net::UdpSocket;
 
 /// TS packets per datagram into the TS session, as IPTV sends them.
 const PACKETS_PER_DATAGRAM: usize = 7;
@@ -145,11 +145,8 @@ impl Repack {
                 cfg.datapath = DataPath::Shared;
             }
             let session = Session::new(cfg, engine);
-            let sock = bind_udp_source(SocketAddr::from(([127, 0, 0, 1], 0)), None)?;
-            let into = sock.local_addr()?;
-            session.attach_udp(sock)?;
             session.set_source_kind(format!("MPEG-TS repackaged from {name}"));
-            Some((session, into))
+            Some(Inlet::open(&session)?)
         } else {
             None
         };
@@ -184,7 +181,8 @@ impl Repack {
             .collect::<Vec<_>>()
             .join(" + ");
         let track_sinks = inputs.iter().filter(|i| i.info.is_some()).count();
-        let out = Outputs { ts: ts.clone(), ts_mux: TsPackager::new(repack.streams()), hls: hls.clone() };
+        let ts_session = ts.as_ref().map(|i| i.session().clone());
+        let out = Outputs { ts, ts_mux: TsPackager::new(repack.streams()), hls: hls.clone() };
         let run = run(name.to_string(), repack, inputs, out, clock_maps, linger);
         let task = tokio::spawn(async move {
             if let Err(e) = run.await {
@@ -193,7 +191,7 @@ impl Repack {
             on_stop();
         })
         .abort_handle();
-        Ok(Arc::new(Self { ts: ts.map(|t| t.0), hls, describes, track_sinks, task }))
+        Ok(Arc::new(Self { ts: ts_session, hls, describes, track_sinks, task }))
     }
 
     pub fn is_running(&self) -> bool {
@@ -207,8 +205,8 @@ impl Repack {
 }
 
 struct Outputs {
-    /// The TS session and its source address.
-    ts: Option<(Session, SocketAddr)>,
+    /// Into the TS session.
+    ts: Option<Inlet>,
     ts_mux: TsPackager,
     hls: Option<Arc<Hls>>,
 }
@@ -216,7 +214,7 @@ struct Outputs {
 impl Outputs {
     /// Whether anyone still wants the output.
     fn wanted(&self, linger: Duration) -> bool {
-        self.ts.as_ref().is_some_and(|(s, _)| !s.sinks().is_empty())
+        self.ts.as_ref().is_some_and(|i| !i.session().sinks().is_empty())
             || self.hls.as_ref().is_some_and(|h| h.last_request.lock().elapsed() < linger)
     }
 }
@@ -236,9 +234,10 @@ async fn run(
             repack.set_clock_map(k, ntp, rtp);
         }
     }
-    // One socket per repackaged track, subscribed as a UDP sink of its session.
-    let mut subs: Vec<(usize, Arc<UdpSocket>, Session, u64)> = Vec::new();
-    let unsubscribe = |subs: &[(usize, Arc<UdpSocket>, Session, u64)]| {
+    // One in-process subscriber per repackaged track: a queue of the ring's packets.
+    let wake = Arc::new(tokio::sync::Notify::new());
+    let mut subs: Vec<(usize, Arc<ChannelQueue>, Session, u64)> = Vec::new();
+    let unsubscribe = |subs: &[(usize, Arc<ChannelQueue>, Session, u64)]| {
         for (_, _, session, id) in subs {
             session.remove_sink(*id);
         }
@@ -247,13 +246,11 @@ async fn run(
         if i.info.is_none() {
             continue;
         }
-        let sock = std::net::UdpSocket::bind("127.0.0.1:0")?;
-        // A second of a few Mbit/s: the repackaging is never the one that loses packets.
-        let _ = socket2::SockRef::from(&sock).set_recv_buffer_size(4 << 20);
-        sock.set_nonblocking(true)?;
-        let at = sock.local_addr()?;
-        match i.session.add_udp_sink(at) {
-            Ok(id) => subs.push((k, Arc::new(UdpSocket::from_std(sock)?), i.session.clone(), id)),
+        let w = wake.clone();
+        // Half the ring: a repackaging that falls that far behind resumes at a keyframe.
+        let queue = ChannelQueue::new(i.session.config().ring_capacity / 2, move || w.notify_one());
+        match i.session.add_local_sink("repackaging", queue.clone()) {
+            Ok(id) => subs.push((k, queue, i.session.clone(), id)),
             Err(e) => {
                 unsubscribe(&subs);
                 return Err(e);
@@ -261,42 +258,29 @@ async fn run(
         }
     }
     tracing::info!(session = %name, tracks = subs.len(), ts = out.ts.is_some(), hls = out.hls.is_some(), "repackaging started");
-    let feeder = UdpSocket::bind("127.0.0.1:0").await?;
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<(usize, Vec<u8>, u64)>(1024);
     let started = Instant::now();
-    let readers: Vec<_> = subs
-        .iter()
-        .map(|(k, sock, _, _)| {
-            let (k, sock, tx) = (*k, sock.clone(), tx.clone());
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 65_536];
-                while let Ok(n) = sock.recv(&mut buf).await {
-                    let now = started.elapsed().as_millis() as u64;
-                    if tx.send((k, buf[..n].to_vec(), now)).await.is_err() {
-                        return;
-                    }
-                }
-            })
-        })
-        .collect();
-    drop(tx);
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut idle_since: Option<Instant> = None;
-    let (mut units, mut bytes): (Vec<Unit>, Vec<u8>) = (Vec::new(), Vec::new());
+    let (mut units, mut bytes, mut frames): (Vec<Unit>, Vec<u8>, Vec<_>) = (Vec::new(), Vec::new(), Vec::new());
     let mut unframed = 0u64;
     loop {
         tokio::select! {
-            got = rx.recv() => {
-                let Some((k, pkt, now)) = got else { break };
-                repack.push_rtp(k, &pkt, now, &mut units);
+            _ = wake.notified() => {
+                let now = started.elapsed().as_millis() as u64;
+                for (k, queue, _, _) in &subs {
+                    queue.drain(&mut frames);
+                    for (p, _) in frames.drain(..) {
+                        repack.push_rtp(*k, p.data(), now, &mut units);
+                    }
+                }
                 for u in units.drain(..) {
-                    if let Some(&(_, into)) = out.ts.as_ref() {
+                    if let Some(inlet) = out.ts.as_mut() {
                         if !out.ts_mux.write(&u, &mut bytes) {
                             unframed += 1;
                         }
                         for d in bytes.chunks(PACKETS_PER_DATAGRAM * fanout_proto::container::mpegts::PACKET_LEN) {
-                            // Loopback into the engine: a failure here is the engine's to count.
-                            let _ = feeder.send_to(d, into).await;
+                            // What the session refuses it counts.
+                            inlet.hold(d);
                         }
                         bytes.clear();
                     }
@@ -306,6 +290,9 @@ async fn run(
                             h.newest.send_replace(seg.progress());
                         }
                     }
+                }
+                if let Some(inlet) = out.ts.as_mut() {
+                    inlet.flush();
                 }
             }
             _ = tick.tick() => {
@@ -321,9 +308,6 @@ async fn run(
                 }
             }
         }
-    }
-    for r in readers {
-        r.abort();
     }
     unsubscribe(&subs);
     let s = repack.stats;

@@ -430,8 +430,8 @@ impl Rtsp {
     }
 
     /// A description for an SRTP connection: each track `RTP/SAVP`, with its epoch's key
-    /// (SDES, RFC 4568), remembered for the connection's PLAY; `RTP-Info` in the epoch's own
-    /// numbers.
+    /// (SDES, RFC 4568), remembered for the connection's PLAY; `RTP-Info` as the epoch
+    /// session places a client (the track's numbers).
     fn keyed(&self, relay: &Relay, conn: u64, name: &str, mut res: Resource) -> Option<Resource> {
         let tracks = relay.tracks(name);
         let me = self.conns.lock().get(&conn).cloned()?;
@@ -457,8 +457,8 @@ impl Rtsp {
         Some(res)
     }
 
-    /// `res` with the next packet's numbers of the key epochs an SRTP client on `conn` joins
-    /// at PLAY (an epoch numbers its packets from its own start, not as the track does).
+    /// `res` with the first packet's numbers of the key epochs an SRTP client on `conn` joins
+    /// at PLAY: the track's numbers, at the keyframe the epoch's ring holds.
     fn epoch_numbers(&self, relay: &Relay, conn: u64, name: &str, mut res: Resource) -> Resource {
         for (next, t) in res.next_rtp.iter_mut().zip(relay.tracks(name)) {
             *next = self
@@ -948,7 +948,7 @@ async fn connection(
                         // first packet, so RTP-Info can name it. (An upstream's tracks plan
                         // their first numbers, and a wait would lose the client packets.)
                         // Likewise the SRTP key epochs an RTSPS client's description gave it
-                        // (a new epoch numbers its own packets from its first).
+                        // (a new epoch's ring fills from the track's last keyframe).
                         if req.method == "PLAY" && secure && rtsp.srtp.is_some() {
                             let epochs: Vec<_> = me.keys.lock().values().cloned().collect();
                             let t0 = Instant::now();
@@ -978,7 +978,7 @@ async fn connection(
                             Some(res) if srtp && method == "DESCRIBE" && !res.publishable => {
                                 rtsp.keyed(relay, conn, name, res)
                             }
-                            // RTP-Info in the numbers of the epochs the client will join.
+                            // RTP-Info where the epochs the client joins will place it.
                             Some(res) if srtp && method == "PLAY" && !res.publishable => {
                                 Some(rtsp.epoch_numbers(relay, conn, name, res))
                             }

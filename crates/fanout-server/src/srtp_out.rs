@@ -1,27 +1,30 @@
 //! SRTP toward RTSPS clients, encrypted once per packet for many clients (issue 15).
 //!
-//! A track's SRTP clients share a key: an *epoch*. A task subscribes to the track's session
-//! like any UDP sink and feeds its packets into a relay session of its own
-//! (`{track}/srtp-N`), whose sinks are the clients. That session judges each packet as
-//! plaintext (keyframes, so a client starts at one) and then encrypts it in place, once
-//! ([`fanout_proto::rtp::srtp`], through `Session::set_ingest`): the data paths send the same
-//! ciphertext to all of its sinks, as they send plain RTP. On the kernel path the task
-//! encrypts before it feeds the session, and the program clones the ciphertext.
+//! A track's SRTP clients share a key: an *epoch*. A task reads the track's ring as an
+//! in-process subscriber and hands its packets into a relay session of its own
+//! (`{track}/srtp-N`, through an [`Inlet`]), whose sinks are the clients. That session
+//! judges each packet as plaintext (keyframes, so a client starts at one) and then encrypts
+//! it in place, once ([`fanout_proto::rtp::srtp`], through `Session::set_ingest`): the data
+//! paths send the same ciphertext to all of its sinks, as they send plain RTP. On the kernel
+//! path the task encrypts before it hands the packet in (its inlet is the session's socket,
+//! where the program clones), and the session sees ciphertext.
 //!
-//! Why epochs and not one key per track: SDES carries no rollover counter, so a client
-//! starts counting at ROC 0 from its first packet (RFC 3711 §3.3.1). An epoch numbers its
-//! packets itself, from 0 at its first (the track's numbers, shifted): its index space starts
-//! there, and a client may join it only while that epoch has not wrapped its sequence
-//! numbers, some 61,000 packets. (Numbered as the track, an epoch begun near the track's
-//! wrap would have had no room for joiners: each new client got an epoch of its own.) Later joiners get a new epoch, with a new key and its own index
-//! space. So the ciphertext is shared within an epoch, each (key, index) is used once, and
-//! epochs end a linger after their last client.
+//! An epoch keeps the track's SSRC and sequence numbers: an SRTP client's `RTP-Info` is the
+//! track's, as a plain client's is. Why epochs and not one key per track: SDES carries no
+//! rollover counter, so a client starts counting at ROC 0 from its first packet (RFC 3711
+//! §3.3.1), and so does the epoch's own context from its first packet. A client may join an
+//! epoch only while the track's numbers have not wrapped since that epoch began (and have
+//! [`JOIN_MARGIN`] packets of room left); later joiners get a new epoch, with a new key and
+//! its own index space. So the ciphertext is shared within an epoch, each (key, index) is
+//! used once, and epochs end a linger after their last client. The price of the track's
+//! numbers: in the last `JOIN_MARGIN` packets before each wrap of the track's numbers (6% of
+//! them), a joiner's new epoch takes no other joiner.
 
-use fanout_io::{bind_udp_source, Session};
+use fanout_io::channel::ChannelQueue;
+use fanout_io::{Inlet, Session};
 use fanout_proto::rtp::srtp::{Context, Crypto, MasterKey, Suite};
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -41,14 +44,13 @@ pub struct Epoch {
     task: tokio::task::AbortHandle,
 }
 
-/// What the encryption saw: packets, the newest sequence number (the epoch's own), and
-/// whether the numbers wrapped since the first; the track's number of the first packet.
+/// What the encryption saw: packets, the newest sequence number (the track's), and whether
+/// the numbers wrapped since the first.
 #[derive(Default)]
 struct Counts {
     packets: AtomicU32,
     last_seq: AtomicU32,
     wrapped: AtomicBool,
-    base: AtomicU32,
 }
 
 impl Epoch {
@@ -166,19 +168,16 @@ fn start(track: &Session, engine: &fanout_io::Engine, n: u32) -> std::io::Result
         session.set_ingest(move |buf, len| enc.apply(buf, len));
         None
     };
-    let source = bind_udp_source(SocketAddr::from(([127, 0, 0, 1], 0)), None)?;
-    let into = source.local_addr()?;
-    session.attach_udp(source)?;
     session.set_source_kind(format!("SRTP of {}", track.name()));
-    let sock = std::net::UdpSocket::bind("127.0.0.1:0")?;
-    // A second of a few Mbit/s: the relay hop is never the one that loses packets.
-    let _ = socket2::SockRef::from(&sock).set_recv_buffer_size(4 << 20);
-    sock.set_nonblocking(true)?;
-    let input = track.add_udp_sink(sock.local_addr()?)?;
-    let sock = tokio::net::UdpSocket::from_std(sock)?;
+    let inlet = Inlet::open(&session)?;
+    let wake = Arc::new(tokio::sync::Notify::new());
+    let w = wake.clone();
+    // Half the ring: an epoch that falls that far behind resumes at a keyframe.
+    let queue = ChannelQueue::new(track.config().ring_capacity / 2, move || w.notify_one());
+    let input = track.add_local_sink("SRTP key epoch", queue.clone())?;
     let (track_run, out) = (track.clone(), session.clone());
     let task = tokio::spawn(async move {
-        run(sock, into, &out, feed_enc).await;
+        run(&wake, &queue, inlet, feed_enc).await;
         track_run.remove_sink(input);
         tokio::task::spawn_blocking(move || out.close());
     })
@@ -187,8 +186,7 @@ fn start(track: &Session, engine: &fanout_io::Engine, n: u32) -> std::io::Result
     Ok(Arc::new(Epoch { crypto, session, ctx: enc.ctx, counts: enc.counts, task }))
 }
 
-/// An epoch's encryption: the track's packets renumbered into the epoch's own numbers and
-/// protected in place, once each.
+/// An epoch's encryption: the track's packets protected in place, once each.
 #[derive(Clone)]
 struct Encrypt {
     ctx: Arc<Mutex<Context>>,
@@ -202,13 +200,8 @@ impl Encrypt {
             return None;
         }
         let counts = &self.counts;
-        let track_seq = u16::from_be_bytes([buf[2], buf[3]]);
+        let seq = u16::from_be_bytes([buf[2], buf[3]]);
         let first = counts.packets.fetch_add(1, Relaxed) == 0;
-        if first {
-            counts.base.store(u32::from(track_seq), Relaxed);
-        }
-        let seq = track_seq.wrapping_sub(counts.base.load(Relaxed) as u16);
-        buf[2..4].copy_from_slice(&seq.to_be_bytes());
         let last = counts.last_seq.swap(u32::from(seq), Relaxed) as u16;
         if !first && seq < last && last - seq > 0x8000 {
             counts.wrapped.store(true, Relaxed);
@@ -217,32 +210,33 @@ impl Encrypt {
     }
 }
 
-/// Feeds the track's packets to the epoch's session (encrypted first with `enc`) until it
+/// Hands the track's packets to the epoch's session (encrypted first with `enc`) until it
 /// has had no client for `LINGER`.
-async fn run(sock: tokio::net::UdpSocket, into: SocketAddr, out: &Session, enc: Option<Encrypt>) {
-    let feeder = match tokio::net::UdpSocket::bind("127.0.0.1:0").await {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!("SRTP encryption: {e}");
-            return;
-        }
-    };
-    let mut buf = vec![0u8; 65_536];
+async fn run(wake: &tokio::sync::Notify, queue: &ChannelQueue, mut inlet: Inlet, enc: Option<Encrypt>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut idle_since: Option<Instant> = None;
+    let (mut frames, mut buf) = (Vec::new(), vec![0u8; 65_536]);
     loop {
         tokio::select! {
-            r = sock.recv(&mut buf) => {
-                let Ok(mut n) = r else { break };
-                if let Some(enc) = &enc {
-                    let Some(m) = enc.apply(&mut buf, n) else { continue };
-                    n = m;
+            _ = wake.notified() => {
+                queue.drain(&mut frames);
+                for (p, _) in frames.drain(..) {
+                    let data = p.data();
+                    // What the session refuses it counts.
+                    match &enc {
+                        Some(enc) => {
+                            buf[..data.len()].copy_from_slice(data);
+                            if let Some(n) = enc.apply(&mut buf, data.len()) {
+                                inlet.hold(&buf[..n]);
+                            }
+                        }
+                        None => _ = inlet.hold(data),
+                    }
                 }
-                // Loopback into the engine: a failure here is the engine's to count.
-                let _ = feeder.send_to(&buf[..n], into).await;
+                inlet.flush();
             }
             _ = tick.tick() => {
-                if !out.sinks().is_empty() {
+                if !inlet.session().sinks().is_empty() {
                     idle_since = None;
                 } else if idle_since.get_or_insert_with(Instant::now).elapsed() >= LINGER {
                     break;
@@ -250,5 +244,6 @@ async fn run(sock: tokio::net::UdpSocket, into: SocketAddr, out: &Session, enc: 
             }
         }
     }
+    let out = inlet.session();
     tracing::info!(session = out.name(), "SRTP encryption stopped");
 }

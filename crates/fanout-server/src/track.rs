@@ -4,12 +4,11 @@
 //! timestamps its clients saw first: [`Restamp`]), the source's sender reports are mapped
 //! onto that stream's clock ([`ClockMap`], kept across sources, so a publisher change or a
 //! failover does not move the clients' clock), and the packet is handed to the track's relay
-//! session.
+//! session through its [`Inlet`] (into its ring, on the caller's thread).
 
-use fanout_io::Session;
+use fanout_io::{Inlet, Session};
 use fanout_proto::rtp::restamp::Restamp;
 use fanout_proto::rtp::rtcp::{ClockMap, SenderInfo};
-use std::net::{SocketAddr, UdpSocket};
 
 /// A track as the RTSP server side sees it.
 #[derive(Clone)]
@@ -23,8 +22,7 @@ pub struct TrackRef {
 
 pub struct TrackFeed {
     pub session: Session,
-    /// Where the track's session receives (its source socket on loopback).
-    into: SocketAddr,
+    inlet: Inlet,
     pub clock: u32,
     restamp: Restamp,
     clock_map: ClockMap,
@@ -33,10 +31,11 @@ pub struct TrackFeed {
 }
 
 impl TrackFeed {
-    pub fn new(session: Session, into: SocketAddr, clock: u32) -> Self {
+    /// The feeder of `inlet`'s session, whose numbers start on a random RTP clock of `clock` Hz.
+    pub fn new(inlet: Inlet, clock: u32) -> Self {
         Self {
-            session,
-            into,
+            session: inlet.session().clone(),
+            inlet,
             clock,
             restamp: Restamp::new(clock, random_start()),
             clock_map: ClockMap::default(),
@@ -62,14 +61,14 @@ impl TrackFeed {
     }
 
     /// An RTP packet of the source, at `now_ms`: rewritten in place and handed to the
-    /// track's session (through `feeder`); whether it went.
-    pub fn rtp(&mut self, data: &mut [u8], now_ms: u64, feeder: &UdpSocket) -> bool {
+    /// track's session; whether it went.
+    pub fn rtp(&mut self, data: &mut [u8], now_ms: u64) -> bool {
         if self.restamp.apply(data, now_ms).is_err() {
             self.dropped += 1;
             return false;
         }
         self.packets += 1;
-        if feeder.send_to(data, self.into).is_err() {
+        if !self.inlet.send(data) {
             self.dropped += 1;
             return false;
         }

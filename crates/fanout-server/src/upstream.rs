@@ -19,13 +19,13 @@
 use crate::error::UpstreamError;
 use crate::spec::RtspTransport;
 use crate::track::{TrackFeed, TrackRef};
-use fanout_io::{bind_udp_source, Session};
+use fanout_io::{Inlet, Session};
 use fanout_proto::rtp::stats::RecvStats;
 use fanout_proto::rtsp::client::{Client, Step, Url};
 use fanout_proto::rtsp::sdp::Sdp;
 use fanout_proto::rtsp::{self, Limits, Lower, Message};
 use parking_lot::Mutex;
-use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -136,8 +136,6 @@ pub struct Upstream {
     /// Bumped when a description is available (and at every PLAY).
     ready: tokio::sync::watch::Sender<u64>,
     wake: tokio::sync::Notify,
-    /// Sends into the tracks' engine sockets.
-    feeder: UdpSocket,
     /// UDP upstreams: per track, the RTCP socket and the server's RTCP address.
     rtcp_out: Mutex<Vec<Option<RtcpOut>>>,
     started: Instant,
@@ -148,13 +146,10 @@ pub struct Upstream {
 }
 
 impl Upstream {
-    /// `first` is the relay session that carries the first media section; its source is
-    /// already bound on loopback at `into`.
-    pub fn new(name: &str, o: UpstreamOptions, first: Session, into: SocketAddr) -> std::io::Result<Arc<Self>> {
+    /// `first` is the relay session that carries the first media section.
+    pub fn new(name: &str, o: UpstreamOptions, first: &Session) -> std::io::Result<Arc<Self>> {
         let UpstreamOptions { url, origin, tls, mode, on_demand, linger, silence } = o;
-        let feeder = UdpSocket::bind((IpAddr::from([127, 0, 0, 1]), 0))?;
-        feeder.set_nonblocking(true)?;
-        let track = Track::new(first, into, "video".into(), 90_000, None);
+        let track = Track::new(Inlet::open(first)?, "video".into(), 90_000, None);
         Ok(Arc::new(Self {
             name: name.to_string(),
             url: Mutex::new(url),
@@ -177,7 +172,6 @@ impl Upstream {
             }),
             ready: tokio::sync::watch::channel(0).0,
             wake: tokio::sync::Notify::new(),
-            feeder,
             rtcp_out: Mutex::new(Vec::new()),
             started: Instant::now(),
             closing: Default::default(),
@@ -280,11 +274,9 @@ impl Upstream {
                 let mut cfg = template.clone();
                 cfg.name = format!("{}/{}", self.name, i);
                 let session = Session::new(cfg, engine);
-                let sock = bind_udp_source(SocketAddr::from(([127, 0, 0, 1], 0)), None)?;
-                let into = sock.local_addr()?;
-                session.attach_udp(sock)?;
+                session.set_source_kind(format!("track {i} of {}", self.url.lock().request_url()));
                 session.set_rtp_video(video);
-                st.tracks.push(Track::new(session, into, m.kind.clone(), clock, pt));
+                st.tracks.push(Track::new(Inlet::open(&session)?, m.kind.clone(), clock, pt));
             } else {
                 let t = &mut st.tracks[i];
                 t.feed.set_clock(clock);
@@ -318,7 +310,7 @@ impl Upstream {
         };
         let arrival = (now.wrapping_mul(u64::from(t.feed.clock)) / 1000) as u32;
         t.stats.record(seq, ts, arrival, now * 1_000_000);
-        t.feed.rtp(data, now, &self.feeder);
+        t.feed.rtp(data, now);
     }
 
     /// An RTCP datagram of track `i` from the upstream: its sender reports feed our RRs.
@@ -431,9 +423,9 @@ impl Upstream {
 }
 
 impl Track {
-    fn new(session: Session, into: SocketAddr, media: String, clock: u32, pt: Option<u8>) -> Self {
+    fn new(inlet: Inlet, media: String, clock: u32, pt: Option<u8>) -> Self {
         Self {
-            feed: TrackFeed::new(session, into, clock),
+            feed: TrackFeed::new(inlet, clock),
             media,
             pt,
             stats: RecvStats::default(),

@@ -157,7 +157,7 @@ function links(el, s) {
 function sinks(el, s) {
   const body = $(el, '.sinks-table tbody');
   const rows = (s.sinks_list || []).map((k) => {
-    const to = k.udp || k.tcp || k.http || k.peer || k.to || '';
+    const to = k.udp || k.tcp || k.http || (k.local && 'in-process: ' + k.local) || k.peer || k.to || '';
     const layers = k.layers ? JSON.stringify(k.layers) : '';
     return `<tr><td>${k.id}</td><td>${esc(to)}</td><td>${esc(k.path || '')}</td><td>${esc(k.state || '')}</td>` +
       `<td>${k.packets_sent}</td><td>${k.lag ?? ''}</td><td>${k.packets_skipped ?? ''}</td><td>${esc(layers)}</td></tr>`;

@@ -471,7 +471,7 @@ fn session_row(v: &Value) -> Vec<String> {
 }
 
 fn sink_row(v: &Value) -> Vec<String> {
-    let target = ["udp", "tcp", "http"].iter().find_map(|k| v[k].as_str().map(|a| format!("{k} {a}")));
+    let target = ["udp", "tcp", "http", "local"].iter().find_map(|k| v[k].as_str().map(|a| format!("{k} {a}")));
     vec![
         s(&v["id"]),
         target.unwrap_or_default(),

@@ -6,6 +6,7 @@ pub mod cluster;
 pub mod datapaths;
 pub mod egress;
 pub mod http;
+pub mod ingest;
 pub mod layers;
 pub mod pacing;
 mod plot;
@@ -58,6 +59,9 @@ pub enum BenchCmd {
     /// One session's subscribers by how they watch (TS over UDP, RTP, TS over HTTP, HLS):
     /// relay CPU per subscriber.
     Http(http::HttpArgs),
+    /// What a packet costs on its way in (an RTSP publisher's, an RTSP upstream's), nobody
+    /// watching; `--baseline` measures another build beside this one.
+    Ingest(ingest::IngestArgs),
     /// (internal) N HLS players: playlist polls and segment fetches.
     #[command(hide = true)]
     HlsLoad(http::HlsLoadArgs),
@@ -93,6 +97,7 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Cluster(a) => cluster::run(a),
         BenchCmd::Repack(a) => repack::run(a),
         BenchCmd::Http(a) => http::run(a),
+        BenchCmd::Ingest(a) => ingest::run(a),
         BenchCmd::HlsLoad(a) => http::hls_load(a),
         BenchCmd::PacingSub(a) => pacing::sub(a),
         BenchCmd::Rtsp(a) => rtsp::run(a),
@@ -151,10 +156,15 @@ pub struct RelayProc {
 
 impl RelayProc {
     pub fn start(extra: &[&str]) -> anyhow::Result<Self> {
+        Self::start_bin(&std::env::current_exe()?, extra)
+    }
+
+    /// A relay of the build at `bin` (another commit's, to compare with).
+    pub fn start_bin(bin: &Path, extra: &[&str]) -> anyhow::Result<Self> {
         // RTSP on a free port unless asked otherwise: a relay running beside the bench keeps
         // its 8554.
         let rtsp: &[&str] = if extra.contains(&"--rtsp") { &[] } else { &["--rtsp", "127.0.0.1:0"] };
-        let mut child = Command::new(std::env::current_exe()?)
+        let mut child = Command::new(bin)
             // The load comes from this host's one address: no per-address cap.
             .args(["serve", "--no-demo", "--api", "127.0.0.1:0", "--max-connections-per-ip", "0"])
             .args(rtsp)
