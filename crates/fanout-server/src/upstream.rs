@@ -557,6 +557,9 @@ fn udp_pairs(ip: IpAddr, n: usize) -> std::io::Result<Vec<(tokio::net::UdpSocket
     (0..n)
         .map(|_| {
             let (a, b) = fanout_io::sys::port_pair(ip)?;
+            // RTP: a few Mbit/s for a second, so a busy moment of the task that reads it
+            // loses nothing (the default holds some 150 packets: 8 ms at 20,000 a second).
+            let _ = socket2::SockRef::from(&a).set_recv_buffer_size(4 << 20);
             a.set_nonblocking(true)?;
             b.set_nonblocking(true)?;
             Ok((tokio::net::UdpSocket::from_std(a)?, tokio::net::UdpSocket::from_std(b)?))
