@@ -313,9 +313,10 @@ async fn whole_body(State(relay): State<Arc<Relay>>, req: Request, next: Next) -
 
 async fn create_session(
     State(relay): State<Arc<Relay>>,
-    body: Result<Json<SessionSpec>, JsonRejection>,
+    body: Result<Json<serde_json::Value>, JsonRejection>,
 ) -> ApiResult<impl IntoResponse> {
-    let Json(spec) = body?;
+    let Json(v) = body?;
+    let spec = read_spec(v)?;
     let s = relay.create(spec.clone()).await?;
     if let Some(st) = &relay.state {
         st.session_made(&spec);
@@ -323,26 +324,43 @@ async fn create_session(
     Ok((StatusCode::CREATED, Json(session_json(&relay, &s))))
 }
 
+/// A session spec from its JSON. A source whose keys parse but do not make one kind with
+/// its own settings is a bad request (400), as a value out of range is; what does not
+/// parse at all (an unknown field, a bad address) is 422, as the JSON extractor answers.
+fn read_spec(v: serde_json::Value) -> ApiResult<SessionSpec> {
+    use crate::spec::{SourceFields, SourceSpec};
+    if let Some(Ok(fields)) = v.get("source").map(|s| serde_json::from_value::<SourceFields>(s.clone())) {
+        SourceSpec::try_from(fields).map_err(|why| ApiError(StatusCode::BAD_REQUEST, why))?;
+    }
+    // The field's path in the message, as the extractor gives it (`pace_link: unknown variant`).
+    serde_path_to_error::deserialize(v).map_err(|e| {
+        ApiError(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("Failed to deserialize the JSON body into the target type: {e}"),
+        )
+    })
+}
+
 fn session_json(relay: &Relay, s: &fanout_io::Session) -> serde_json::Value {
     let mut v = serde_json::to_value(s.status()).unwrap_or_default();
-    if let Some(mut spec) = relay.spec(s.name()) {
-        // Upstream credentials stay in the config: the API shows the URL without them.
-        if let Some(url) = spec.source.rtsp.as_mut() {
-            if let Ok(u) = fanout_proto::rtsp::client::Url::parse(url) {
-                *url = u.request_url();
-            }
+    let Some(path) = relay.path(s.name()) else { return v };
+    let mut spec = path.spec.clone();
+    // Upstream credentials stay in the config: the API shows the URL without them.
+    if let crate::spec::SourceSpec::Rtsp(r) = &mut spec.source {
+        if let Ok(u) = r.parsed_url() {
+            r.url = u.request_url();
         }
-        v["spec"] = json!({ "source": spec.source, "payload": spec.payload, "failed_sinks": spec.failed_sinks });
     }
-    if let Some(up) = relay.upstream(s.name()) {
+    v["spec"] = json!({ "source": spec.source, "payload": spec.payload, "failed_sinks": spec.failed_sinks });
+    if let Some(up) = path.upstream() {
         v["upstream"] = json!(up.status());
     }
-    if let Some(p) = relay.publisher(s.name()) {
+    if let Some(p) = path.publisher() {
         v["publisher"] = json!(p.status());
     }
     // Where its RTSP clients are sinks, when that is not (only) the session itself: the
     // tracks of an RTSP upstream, the demo's H.264.
-    let tracks = relay.tracks(s.name());
+    let tracks = path.tracks();
     if tracks.iter().any(|t| t.session.name() != s.name()) {
         v["rtsp_tracks"] = json!(tracks
             .iter()
@@ -361,8 +379,8 @@ fn session_json(relay: &Relay, s: &fanout_io::Session) -> serde_json::Value {
     }
     let http = if relay.cfg.https() { "https" } else { "http" };
     v["stream_url"] = json!(format!("{http}://{}/v1/sessions/{}/stream", relay.cfg.api, s.name()));
-    v["stream_format"] = json!(stream_format(relay, s.name()));
-    if let Some(r) = relay.repack_running(s.name()) {
+    v["stream_format"] = json!(stream_format(&path));
+    if let Some(r) = path.repack_running() {
         let ts = r.ts.as_ref().map(|ts| {
             let st = ts.status();
             json!({ "session": ts.name(), "sinks": st.sinks, "datagrams": st.source.packets, "bytes_sent": st.bytes_sent })
@@ -380,10 +398,10 @@ fn session_json(relay: &Relay, s: &fanout_io::Session) -> serde_json::Value {
 }
 
 /// What the stream URL delivers.
-fn stream_format(relay: &Relay, name: &str) -> &'static str {
-    if relay.rtsp_view(name).is_some() {
+fn stream_format(path: &crate::path::Path) -> &'static str {
+    if path.view().is_some() {
         "mpegts"
-    } else if relay.upstream(name).is_some() || relay.spec(name).is_some_and(|s| s.video.is_some()) {
+    } else if path.is_rtp_media() {
         "mpegts (repackaged from its RTP video and audio)"
     } else {
         "payload (each datagram's, as received: MPEG-TS from an MPEG-TS source)"
@@ -515,9 +533,9 @@ async fn pin_layers(
 async fn rtsp_clients(State(relay): State<Arc<Relay>>) -> Json<serde_json::Value> {
     let clients = relay.rtsp.lock().as_ref().map(|r| r.clients()).unwrap_or_default();
     let epochs: Vec<_> = relay
-        .srtp
-        .status()
-        .into_iter()
+        .paths()
+        .iter()
+        .flat_map(|p| p.srtp.status())
         .map(|(track, clients, packets)| json!({ "track": track, "clients": clients, "packets_encrypted": packets }))
         .collect();
     Json(json!({
@@ -697,7 +715,7 @@ async fn metrics(State(relay): State<Arc<Relay>>) -> impl IntoResponse {
         family(&mut m, "fanout_rtsp_tracks_playing", "gauge", "RTSP tracks being played.", [(String::new(), playing)]);
     }
     let players = sessions.iter().filter_map(|s| {
-        let hls = relay.repack_running(s.name())?.hls.clone()?;
+        let hls = relay.path(s.name())?.repack_running()?.hls.clone()?;
         Some((format!("{{session=\"{}\"}}", label(s.name())), hls.players() as u64))
     });
     let help = "HLS players of the session: names with a playlist request in the last 10 s.";

@@ -856,8 +856,7 @@ mod tests {
     #[test]
     fn every_field_is_documented() {
         let doc = include_str!("../../../docs/config.md");
-        let fields =
-            serde_json::to_value(crate::spec::SessionSpec::new("x", crate::spec::SourceSpec::default())).unwrap();
+        let fields = serde_json::to_value(crate::spec::SessionSpec::new("x", crate::spec::SourceSpec::Demo)).unwrap();
         let mut missing: Vec<String> = Vec::new();
         let mut need = |key: &str| {
             if !doc.contains(&format!("`{key}`")) {

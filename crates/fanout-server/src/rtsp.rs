@@ -132,25 +132,25 @@ fn describe(relay: &Relay, name: &str) -> Option<Resource> {
     let h264 =
         |pt: u8| format!("m=video 0 RTP/AVP {pt}\r\na=rtpmap:{pt} H264/90000\r\na=fmtp:{pt} packetization-mode=1\r\n");
     // A file played out has nothing more to give: 404, not a description of silence.
-    let over = relay.spec(name).is_some_and(|s| s.source.file.is_some())
-        && relay.session(name).is_ok_and(|s| s.source_state() == fanout_io::SourceState::Closed);
+    let path = relay.path(name)?;
+    let over = path.spec.source.is_file() && path.session.source_state() == fanout_io::SourceState::Closed;
     if over {
         return None;
     }
-    if let Some(v) = relay.rtsp_view(name) {
+    if let Some(v) = path.view() {
         let next_rtp = v.tracks.iter().map(|t| t.session.rtp_start().map(|(_, seq, ts)| (seq, ts))).collect();
         return Some(Resource { sdp: v.sdp.for_clients(name, 1), next_rtp, publishable: false });
     }
-    if let Some(up) = relay.upstream(name) {
+    if let Some(up) = path.upstream() {
         let sdp = up.sdp()?;
         return Some(Resource { sdp: sdp.for_clients(name, 1), next_rtp: up.next_rtp(), publishable: false });
     }
-    if let Some(p) = relay.publisher(name) {
+    if let Some(p) = path.publisher() {
         // Until someone publishes: no media (DESCRIBE answers 404), but ANNOUNCE is welcome.
         let sdp = p.sdp().map_or(Sdp { session: Vec::new(), media: Vec::new() }, |s| s.for_clients(name, 1));
         return Some(Resource { sdp, next_rtp: p.next_rtp(), publishable: true });
     }
-    let session = relay.session(name).ok()?;
+    let session = &path.session;
     let (pt, seq, ts) = session.rtp_start()?;
     let media = match pt {
         33 => "m=video 0 RTP/AVP 33\r\na=rtpmap:33 MP2T/90000\r\n".to_string(),
@@ -158,7 +158,7 @@ fn describe(relay: &Relay, name: &str) -> Option<Resource> {
         // packets look like it; anything else is not described (a puller would wait for
         // keyframes that never come).
         96..=127 => {
-            match relay.spec(name).and_then(|s| s.video) {
+            match path.spec.video {
                 Some(crate::spec::VideoCodec::H265) => {
                     format!("m=video 0 RTP/AVP {pt}\r\na=rtpmap:{pt} H265/90000\r\n")
                 }
@@ -420,12 +420,16 @@ impl Rtsp {
         &self,
         relay: &Relay,
         conn: u64,
+        name: &str,
         track: &fanout_io::Session,
     ) -> std::io::Result<Arc<crate::srtp_out::Epoch>> {
         let given = self.conns.lock().get(&conn).and_then(|c| c.keys.lock().get(track.name()).cloned());
         match given.filter(|e| e.running()) {
             Some(e) => Ok(e),
-            None => relay.srtp.epoch(track, &relay.engine, self.shared_keys()),
+            None => match relay.path(name) {
+                Some(p) => p.srtp.epoch(track, &relay.engine, self.shared_keys()),
+                None => Err(std::io::Error::other(format!("no session named {name:?}"))),
+            },
         }
     }
 
@@ -433,10 +437,10 @@ impl Rtsp {
     /// (SDES, RFC 4568), remembered for the connection's PLAY; `RTP-Info` as the epoch
     /// session places a client (the track's numbers).
     fn keyed(&self, relay: &Relay, conn: u64, name: &str, mut res: Resource) -> Option<Resource> {
-        let tracks = relay.tracks(name);
+        let path = relay.path(name)?;
         let me = self.conns.lock().get(&conn).cloned()?;
-        for (i, (m, t)) in res.sdp.media.iter_mut().zip(&tracks).enumerate() {
-            let epoch = match relay.srtp.epoch(&t.session, &relay.engine, self.shared_keys()) {
+        for (i, (m, t)) in res.sdp.media.iter_mut().zip(&path.tracks()).enumerate() {
+            let epoch = match path.srtp.epoch(&t.session, &relay.engine, self.shared_keys()) {
                 Ok(e) => e,
                 Err(e) => {
                     tracing::warn!(resource = name, "no SRTP key: {e}");
@@ -462,7 +466,7 @@ impl Rtsp {
     fn epoch_numbers(&self, relay: &Relay, conn: u64, name: &str, mut res: Resource) -> Resource {
         for (next, t) in res.next_rtp.iter_mut().zip(relay.tracks(name)) {
             *next = self
-                .epoch_for(relay, conn, &t.session)
+                .epoch_for(relay, conn, name, &t.session)
                 .ok()
                 .and_then(|e| e.session.rtp_start())
                 .map(|(_, s, ts)| (s, ts));
@@ -517,7 +521,7 @@ impl Rtsp {
                         let Some(tr) = tracks.get(t) else { continue };
                         // An SRTP client joins the key epoch its description gave it.
                         let epoch = match c.srtp {
-                            true => match self.epoch_for(relay, c.conn, &tr.session) {
+                            true => match self.epoch_for(relay, c.conn, &c.resource, &tr.session) {
                                 Ok(e) => Some(e),
                                 Err(e) => {
                                     tracing::warn!(rtsp_session = %session, "no SRTP for the client: {e}");
@@ -562,7 +566,8 @@ impl Rtsp {
                 }
                 Action::Record { session, resource, sdp, tracks, udp, conn } => {
                     let started = relay
-                        .publisher(&resource)
+                        .path(&resource)
+                        .and_then(|p| p.publisher().cloned())
                         .map(|p| p.start(session.clone(), conn, peer, sdp, &tracks, &udp, &relay.engine));
                     if let Some(Err(e)) = started {
                         tracing::warn!(%resource, "cannot start the RTSP publisher: {e}");
@@ -940,7 +945,9 @@ async fn connection(
                     }
                     // An RTSP upstream connects (on demand) before its description is given.
                     if matches!(req.method.as_str(), "DESCRIBE" | "SETUP" | "PLAY") {
-                        let up = fanout_proto::rtsp::server::split_url(&req.uri).and_then(|(n, _)| relay.upstream(n));
+                        let up = fanout_proto::rtsp::server::split_url(&req.uri)
+                            .and_then(|(n, _)| relay.path(n))
+                            .and_then(|p| p.upstream().cloned());
                         if let Some(up) = up {
                             up.demand(UPSTREAM_WAIT).await;
                         }
@@ -959,8 +966,9 @@ async fn connection(
                             }
                         }
                         if req.method == "PLAY" {
-                            let view =
-                                fanout_proto::rtsp::server::split_url(&req.uri).and_then(|(n, _)| relay.rtsp_view(n));
+                            let view = fanout_proto::rtsp::server::split_url(&req.uri)
+                                .and_then(|(n, _)| relay.path(n))
+                                .and_then(|p| p.view().cloned());
                             if let Some(view) = view {
                                 let t0 = Instant::now();
                                 while view.tracks.iter().any(|t| t.session.rtp_start().is_none())

@@ -173,7 +173,10 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>) -> 
     cfg.api = listener.local_addr()?;
     let statics = std::mem::take(&mut cfg.sessions);
     // What the config's own sessions name is the operator's choice: allowed.
-    cfg.file_roots.extend(statics.iter().filter_map(|s| s.source.file.clone()));
+    cfg.file_roots.extend(statics.iter().filter_map(|s| match &s.source {
+        spec::SourceSpec::File { path, .. } => Some(path.clone()),
+        _ => None,
+    }));
     let demo = cfg.demo;
     let relay = relay::Relay::new(cfg)?;
     let api = relay.cfg.api;
@@ -186,7 +189,7 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>) -> 
         c.start(local);
     }
     if demo {
-        let spec = spec::SessionSpec::new("demo", spec::SourceSpec { demo: Some(true), ..Default::default() });
+        let spec = spec::SessionSpec::new("demo", spec::SourceSpec::Demo);
         relay.create(spec).await.map_err(|e| anyhow::anyhow!("demo session: {e}"))?;
     }
     for s in statics {

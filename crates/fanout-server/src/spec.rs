@@ -5,11 +5,49 @@ use fanout_io::{DataPath, FailurePolicy, PayloadMode, SourceRecv, UdpSinkMode};
 use serde::{Deserialize, Serialize};
 use std::net::{Ipv4Addr, SocketAddr};
 
-/// Where a session's packets come from. Exactly one of `udp`, `tcp_listen`, `tcp_connect`,
-/// `rtsp`, `file`, `demo = true`, `publish = true` must be given; the other keys qualify it.
+/// Where a path's packets come from: one kind, with the settings that kind has. The API and
+/// the config spell it as one object whose key names the kind and whose other keys qualify
+/// it (`{"udp": "239.1.1.1:5000", "interface": "10.0.0.2"}`: [`SourceFields`]); it is read
+/// into this (checked: exactly one kind, and only its own qualifiers) and written back the
+/// same way. Each kind is started by its module in `crate::source`.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(try_from = "SourceFields", into = "SourceFields")]
+pub enum SourceSpec {
+    /// UDP datagrams on an address (a multicast group joined on `interface`).
+    Udp { addr: SocketAddr, interface: Option<Ipv4Addr> },
+    /// One TCP publisher at a time, accepted on an address.
+    TcpListen(SocketAddr),
+    /// The stream a TCP server sends, connected to (again on loss).
+    TcpConnect(SocketAddr),
+    /// The built-in looped test pattern.
+    Demo,
+    /// A recording (or a directory of them) played at its own rate.
+    File { path: std::path::PathBuf, looped: Option<bool> },
+    /// RTSP publishers (ANNOUNCE/RECORD), one at a time.
+    Publish,
+    /// An RTSP server pulled from.
+    Rtsp(RtspSource),
+}
+
+/// An `rtsp` source's settings (see [`SourceFields`] for each).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RtspSource {
+    pub url: String,
+    pub transport: Option<RtspTransport>,
+    pub on_demand: Option<bool>,
+    pub linger_s: Option<f64>,
+    pub timeout_s: Option<f64>,
+    pub tls_ca: Option<String>,
+    pub tls_fingerprint: Option<String>,
+    pub tls_verify: Option<bool>,
+}
+
+/// A source as the API and the config spell it. Exactly one of `udp`, `tcp_listen`,
+/// `tcp_connect`, `rtsp`, `file`, `demo = true`, `publish = true` must be given; the other
+/// keys qualify it.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
-pub struct SourceSpec {
+pub struct SourceFields {
     /// Receive UDP datagrams on this address (a multicast group address joins the group).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub udp: Option<SocketAddr>,
@@ -68,7 +106,7 @@ pub struct SourceSpec {
     pub tls_verify: Option<bool>,
 }
 
-/// The keys of [`SourceSpec`] (docs/config.md documents each; a test keeps the list whole).
+/// The keys of [`SourceFields`] (docs/config.md documents each; a test keeps the list whole).
 #[cfg(test)]
 pub const SOURCE_FIELDS: &[&str] = &[
     "udp",
@@ -114,7 +152,7 @@ pub enum RtspTransport {
     Tcp,
 }
 
-impl SourceSpec {
+impl RtspSource {
     /// How an `rtsps://` source checks its server: at most one of `tls_ca`,
     /// `tls_fingerprint`, `tls_verify = false`; the public roots when none.
     pub fn upstream_verify(&self) -> Result<crate::tls::Verify, String> {
@@ -130,21 +168,54 @@ impl SourceSpec {
         }
     }
 
+    /// The URL, parsed (a spec read from JSON or TOML was checked; one made in code, such
+    /// as a cluster pull's, is checked here).
+    pub fn parsed_url(&self) -> Result<fanout_proto::rtsp::client::Url, String> {
+        fanout_proto::rtsp::client::Url::parse(&self.url).map_err(|e| format!("source \"rtsp\": {e}"))
+    }
+}
+
+impl SourceSpec {
     /// Whether the `kernel` path can serve it: an IPv4 UDP source, or an RTSP upstream
-    /// (whose packets enter through a loopback UDP socket).
+    /// (whose packets enter the kernel path's loopback socket, `fanout_io::Inlet`).
     pub fn kernel_capable(&self) -> bool {
-        self.udp.is_some_and(|a| a.is_ipv4()) || self.rtsp.is_some()
+        match self {
+            SourceSpec::Udp { addr, .. } => addr.is_ipv4(),
+            SourceSpec::Rtsp(_) => true,
+            _ => false,
+        }
     }
 
-    pub fn validate(&self) -> Result<(), String> {
+    /// Seconds an output nobody wants any more stays (an `rtsp` source's `linger_s`).
+    pub fn linger_s(&self) -> f64 {
+        match self {
+            SourceSpec::Rtsp(r) => r.linger_s.unwrap_or(10.0),
+            _ => 10.0,
+        }
+    }
+
+    /// Whether its stream can end, its players then told: a file played once, a publisher's.
+    pub fn can_end(&self) -> bool {
+        matches!(self, SourceSpec::File { looped: Some(false), .. } | SourceSpec::Publish)
+    }
+
+    pub fn is_file(&self) -> bool {
+        matches!(self, SourceSpec::File { .. })
+    }
+}
+
+impl TryFrom<SourceFields> for SourceSpec {
+    type Error = String;
+
+    fn try_from(f: SourceFields) -> Result<Self, String> {
         let n = [
-            self.udp.is_some(),
-            self.tcp_listen.is_some(),
-            self.tcp_connect.is_some(),
-            self.demo == Some(true),
-            self.rtsp.is_some(),
-            self.file.is_some(),
-            self.publish == Some(true),
+            f.udp.is_some(),
+            f.tcp_listen.is_some(),
+            f.tcp_connect.is_some(),
+            f.demo == Some(true),
+            f.rtsp.is_some(),
+            f.file.is_some(),
+            f.publish == Some(true),
         ]
         .iter()
         .filter(|b| **b)
@@ -154,40 +225,84 @@ impl SourceSpec {
                 "source needs exactly one of \"udp\", \"tcp_listen\", \"tcp_connect\", \"rtsp\", \"file\", \"demo\": true, \"publish\": true (got {n})"
             ));
         }
-        if self.looped.is_some() && self.file.is_none() {
+        if f.looped.is_some() && f.file.is_none() {
             return Err("source \"loop\" only applies to a \"file\" source".into());
         }
-        let tls_keys = self.tls_ca.is_some() || self.tls_fingerprint.is_some() || self.tls_verify.is_some();
-        match &self.rtsp {
-            Some(url) => {
-                let u = fanout_proto::rtsp::client::Url::parse(url).map_err(|e| format!("source \"rtsp\": {e}"))?;
-                if tls_keys && !u.tls {
-                    return Err(
-                        "source \"tls_ca\", \"tls_fingerprint\" and \"tls_verify\" apply to an rtsps:// source".into(),
-                    );
-                }
-                self.upstream_verify()?;
-                if self.linger_s.is_some_and(|l| !(0.0..=86_400.0).contains(&l)) {
-                    return Err("source \"linger_s\" must be 0 to 86400".into());
-                }
-                if self.timeout_s.is_some_and(|t| !(0.1..=3600.0).contains(&t)) {
-                    return Err("source \"timeout_s\" must be 0.1 to 3600".into());
-                }
-            }
-            None if self.rtsp_transport.is_some()
-                || self.on_demand.is_some()
-                || self.linger_s.is_some()
-                || self.timeout_s.is_some()
-                || tls_keys =>
-            {
-                return Err("source \"rtsp_transport\", \"on_demand\", \"linger_s\", \"timeout_s\" and \"tls_*\" only apply to an \"rtsp\" source".into());
-            }
-            None => {}
+        let tls_keys = f.tls_ca.is_some() || f.tls_fingerprint.is_some() || f.tls_verify.is_some();
+        let rtsp_keys = f.rtsp_transport.is_some()
+            || f.on_demand.is_some()
+            || f.linger_s.is_some()
+            || f.timeout_s.is_some()
+            || tls_keys;
+        if rtsp_keys && f.rtsp.is_none() {
+            return Err("source \"rtsp_transport\", \"on_demand\", \"linger_s\", \"timeout_s\" and \"tls_*\" only apply to an \"rtsp\" source".into());
         }
-        if self.interface.is_some() && !self.udp.is_some_and(|a| a.ip().is_multicast()) {
+        if f.interface.is_some() && !f.udp.is_some_and(|a| a.ip().is_multicast()) {
             return Err("source \"interface\" only applies to a multicast \"udp\" address".into());
         }
-        Ok(())
+        Ok(if let Some(addr) = f.udp {
+            SourceSpec::Udp { addr, interface: f.interface }
+        } else if let Some(a) = f.tcp_listen {
+            SourceSpec::TcpListen(a)
+        } else if let Some(a) = f.tcp_connect {
+            SourceSpec::TcpConnect(a)
+        } else if let Some(path) = f.file {
+            SourceSpec::File { path, looped: f.looped }
+        } else if f.publish == Some(true) {
+            SourceSpec::Publish
+        } else if let Some(url) = f.rtsp {
+            let u = fanout_proto::rtsp::client::Url::parse(&url).map_err(|e| format!("source \"rtsp\": {e}"))?;
+            if tls_keys && !u.tls {
+                return Err(
+                    "source \"tls_ca\", \"tls_fingerprint\" and \"tls_verify\" apply to an rtsps:// source".into()
+                );
+            }
+            if f.linger_s.is_some_and(|l| !(0.0..=86_400.0).contains(&l)) {
+                return Err("source \"linger_s\" must be 0 to 86400".into());
+            }
+            if f.timeout_s.is_some_and(|t| !(0.1..=3600.0).contains(&t)) {
+                return Err("source \"timeout_s\" must be 0.1 to 3600".into());
+            }
+            let r = RtspSource {
+                url,
+                transport: f.rtsp_transport,
+                on_demand: f.on_demand,
+                linger_s: f.linger_s,
+                timeout_s: f.timeout_s,
+                tls_ca: f.tls_ca,
+                tls_fingerprint: f.tls_fingerprint,
+                tls_verify: f.tls_verify,
+            };
+            r.upstream_verify()?;
+            SourceSpec::Rtsp(r)
+        } else {
+            SourceSpec::Demo
+        })
+    }
+}
+
+impl From<SourceSpec> for SourceFields {
+    fn from(s: SourceSpec) -> Self {
+        let mut f = SourceFields::default();
+        match s {
+            SourceSpec::Udp { addr, interface } => (f.udp, f.interface) = (Some(addr), interface),
+            SourceSpec::TcpListen(a) => f.tcp_listen = Some(a),
+            SourceSpec::TcpConnect(a) => f.tcp_connect = Some(a),
+            SourceSpec::Demo => f.demo = Some(true),
+            SourceSpec::File { path, looped } => (f.file, f.looped) = (Some(path), looped),
+            SourceSpec::Publish => f.publish = Some(true),
+            SourceSpec::Rtsp(r) => {
+                f.rtsp = Some(r.url);
+                f.rtsp_transport = r.transport;
+                f.on_demand = r.on_demand;
+                f.linger_s = r.linger_s;
+                f.timeout_s = r.timeout_s;
+                f.tls_ca = r.tls_ca;
+                f.tls_fingerprint = r.tls_fingerprint;
+                f.tls_verify = r.tls_verify;
+            }
+        }
+        f
     }
 }
 
@@ -369,7 +484,6 @@ impl SessionSpec {
             return Err(format!("session name {:?} cannot be addressed in a URL", self.name));
         }
         fanout_core::Priority::new(self.priority).map_err(|e| e.to_string())?;
-        self.source.validate()?;
         if self.datapath == Some(DataPath::Kernel) && !self.source.kernel_capable() {
             return Err("datapath \"kernel\" needs an IPv4 udp or an rtsp source".into());
         }
@@ -459,7 +573,7 @@ mod tests {
 
     #[test]
     fn source_fields_list_is_complete() {
-        let e = serde_json::from_str::<SourceSpec>(r#"{"nope":1}"#).unwrap_err().to_string();
+        let e = serde_json::from_str::<SourceFields>(r#"{"nope":1}"#).unwrap_err().to_string();
         for key in SOURCE_FIELDS {
             assert!(e.contains(&format!("`{key}`")), "{key}: {e}");
         }
@@ -485,6 +599,119 @@ mod tests {
         for (j, want) in cases {
             let e = parse(j).unwrap_err();
             assert!(e.contains(want), "{j}: {e}");
+        }
+    }
+
+    use proptest::prelude::*;
+
+    fn any_addr() -> impl Strategy<Value = SocketAddr> + Clone {
+        (any::<[u8; 4]>(), 1u16..).prop_map(|(ip, port)| SocketAddr::from((ip, port)))
+    }
+
+    /// Every kind, with settings it may have.
+    fn any_source() -> impl Strategy<Value = SourceSpec> {
+        let udp = (any_addr(), any::<[u8; 4]>()).prop_map(|(addr, i)| SourceSpec::Udp {
+            addr,
+            interface: addr.ip().is_multicast().then(|| Ipv4Addr::from(i)),
+        });
+        let file = ("[a-z/]{1,12}", proptest::option::of(any::<bool>()))
+            .prop_map(|(p, looped)| SourceSpec::File { path: p.into(), looped });
+        let rtsp = (
+            any::<bool>(),
+            "[a-z]{1,8}",
+            proptest::option::of(prop_oneof![
+                Just(RtspTransport::Auto),
+                Just(RtspTransport::Udp),
+                Just(RtspTransport::Tcp)
+            ]),
+            proptest::option::of(any::<bool>()),
+            // Settings as people write them (tenths of seconds): serde_json's float reading
+            // may differ from the written one in the last bit of other values.
+            proptest::option::of((0..864_000u32).prop_map(|d| f64::from(d) / 10.0)),
+            proptest::option::of((1..36_000u32).prop_map(|d| f64::from(d) / 10.0)),
+        )
+            .prop_map(|(tls, path, transport, on_demand, linger_s, timeout_s)| {
+                SourceSpec::Rtsp(RtspSource {
+                    url: format!("{}://cam.example:8554/{path}", if tls { "rtsps" } else { "rtsp" }),
+                    transport,
+                    on_demand,
+                    linger_s,
+                    timeout_s,
+                    tls_verify: tls.then_some(true),
+                    ..Default::default()
+                })
+            });
+        prop_oneof![
+            udp,
+            any_addr().prop_map(SourceSpec::TcpListen),
+            any_addr().prop_map(SourceSpec::TcpConnect),
+            Just(SourceSpec::Demo),
+            file,
+            Just(SourceSpec::Publish),
+            rtsp,
+        ]
+    }
+
+    /// Any object of source keys, sensible or not.
+    fn any_fields() -> impl Strategy<Value = SourceFields> {
+        let addr = proptest::option::of(any_addr());
+        (
+            (addr.clone(), proptest::option::of(any::<[u8; 4]>()), addr.clone(), addr),
+            (
+                proptest::option::of(any::<bool>()),
+                proptest::option::of("[a-z]{1,4}"),
+                proptest::option::of(any::<bool>()),
+            ),
+            (proptest::option::of(any::<bool>()), proptest::option::of("(rtsps?://h/p|nope|rtsp://)")),
+            (
+                proptest::option::of(any::<bool>()),
+                proptest::option::of(-10.0..100_000.0f64),
+                proptest::option::of(any::<bool>()),
+            ),
+        )
+            .prop_map(
+                |(
+                    (udp, interface, tcp_listen, tcp_connect),
+                    (demo, file, looped),
+                    (publish, rtsp),
+                    (on_demand, linger_s, tls_verify),
+                )| {
+                    SourceFields {
+                        udp,
+                        interface: interface.map(Ipv4Addr::from),
+                        tcp_listen,
+                        tcp_connect,
+                        demo,
+                        file: file.map(Into::into),
+                        looped,
+                        publish,
+                        rtsp,
+                        on_demand,
+                        linger_s,
+                        tls_verify,
+                        ..Default::default()
+                    }
+                },
+            )
+    }
+
+    proptest! {
+        /// What the API and the state file write is read back as the same source.
+        #[test]
+        fn every_source_reads_back_as_written(s in any_source()) {
+            let json = serde_json::to_string(&s).unwrap();
+            let back: SourceSpec = serde_json::from_str(&json).map_err(|e| TestCaseError::fail(format!("{json}: {e}")))?;
+            prop_assert_eq!(back, s);
+        }
+
+        /// Any combination of keys is read as exactly one kind, or refused with a reason
+        /// that names a key; never a panic.
+        #[test]
+        fn any_keys_make_one_kind_or_a_reason(f in any_fields()) {
+            match SourceSpec::try_from(f.clone()) {
+                Ok(s) => prop_assert_eq!(SourceSpec::try_from(SourceFields::from(s.clone())), Ok(s)),
+                Err(why) => prop_assert!(why.starts_with("source"), "{why} for {f:?}"),
+            }
         }
     }
 }

@@ -176,7 +176,7 @@ mod tests {
     use crate::spec::SourceSpec;
 
     fn spec(name: &str) -> SessionSpec {
-        SessionSpec::new(name, SourceSpec { udp: Some("127.0.0.1:5000".parse().unwrap()), ..Default::default() })
+        SessionSpec::new(name, SourceSpec::Udp { addr: "127.0.0.1:5000".parse().unwrap(), interface: None })
     }
 
     #[test]

@@ -20,6 +20,14 @@ pub struct TrackRef {
     pub clock_map: Option<(u64, u32)>,
 }
 
+/// What RTSP clients of a path get instead of its first session's own RTP (a clip: its
+/// H.264 as RFC 6184 while HTTP gets the TS), and what its repackaging reads.
+#[derive(Clone)]
+pub struct RtspView {
+    pub sdp: fanout_proto::rtsp::sdp::Sdp,
+    pub tracks: Vec<TrackRef>,
+}
+
 pub struct TrackFeed {
     pub session: Session,
     inlet: Inlet,

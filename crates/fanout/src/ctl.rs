@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use fanout_server::spec::{SessionSpec, SinkSpec, SourceSpec};
+use fanout_server::spec::{SessionSpec, SinkSpec, SourceFields, SourceSpec};
 use fanout_tools::client::ApiClient;
 use serde_json::Value;
 use std::net::SocketAddr;
@@ -199,7 +199,7 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
                      --rtsp URL, --file PATH, --demo or --publish (see `fanout ctl create --help`)"
                 );
             }
-            let source = SourceSpec {
+            let source = SourceFields {
                 udp,
                 interface,
                 tcp_listen,
@@ -214,6 +214,8 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
                 linger_s,
                 ..Default::default()
             };
+            // Checked here as the relay checks it: the same message, before any request.
+            let source = SourceSpec::try_from(source).map_err(anyhow::Error::msg)?;
             let spec = SessionSpec {
                 priority,
                 datapath: word("--datapath", datapath, "daemon, copy, shared, uring or kernel")?,

@@ -1,0 +1,143 @@
+//! A path: everything the relay has for one stream name. Its source (the spec's
+//! [`SourceSpec`], started by `crate::source`), its tracks (one relay session each; the
+//! first is the path's own session, where UDP and TCP sinks go and HTTP subscribers of a
+//! TS source join), its outputs (RTSP/RTSPS clients as sinks of the tracks, each track's
+//! SRTP key epochs, the repackaging into MPEG-TS and HLS), its settings and its status. The
+//! relay holds one map of paths; the API, RTSP, HTTP and the cluster ask the path.
+
+use crate::publish::Publisher;
+use crate::repack::Repack;
+use crate::source::Feeder;
+use crate::spec::SessionSpec;
+use crate::srtp_out::SrtpOut;
+use crate::track::{RtspView, TrackRef};
+use crate::upstream::Upstream;
+use fanout_io::Session;
+use fanout_proto::rtsp::sdp::Sdp;
+use parking_lot::Mutex;
+use std::sync::Arc;
+use tokio::task::AbortHandle;
+
+pub struct Path {
+    pub name: String,
+    pub spec: SessionSpec,
+    /// Its first track's session: the stream's own.
+    pub session: Session,
+    /// What else its source made (an upstream, a publisher's side, a clip's RTP tracks).
+    pub feeder: Feeder,
+    /// The tasks its source and its sinks run.
+    tasks: Vec<AbortHandle>,
+    /// The repackaging for HTTP players, while any play.
+    repack: Mutex<Option<Arc<Repack>>>,
+    /// SRTP toward RTSPS clients: each track's key epochs.
+    pub srtp: SrtpOut,
+}
+
+impl Path {
+    pub fn new(spec: SessionSpec, session: Session, feeder: Feeder, tasks: Vec<AbortHandle>) -> Self {
+        Self {
+            name: spec.name.clone(),
+            spec,
+            session,
+            feeder,
+            tasks,
+            repack: Mutex::new(None),
+            srtp: SrtpOut::default(),
+        }
+    }
+
+    pub fn upstream(&self) -> Option<&Arc<Upstream>> {
+        match &self.feeder {
+            Feeder::Upstream(up) => Some(up),
+            _ => None,
+        }
+    }
+
+    pub fn publisher(&self) -> Option<&Arc<Publisher>> {
+        match &self.feeder {
+            Feeder::Publisher(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// What RTSP clients get instead of the first session's RTP (a clip's tracks).
+    pub fn view(&self) -> Option<&RtspView> {
+        match &self.feeder {
+            Feeder::Clip(v) => v.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// Its tracks, one relay session each: the source's, or the first session alone (as
+    /// 90 kHz RTP).
+    pub fn tracks(&self) -> Vec<TrackRef> {
+        self.feeder
+            .tracks()
+            .unwrap_or_else(|| vec![TrackRef { session: self.session.clone(), clock: 90_000, clock_map: None }])
+    }
+
+    /// Its description, where its source gives one.
+    pub fn sdp(&self) -> Option<Sdp> {
+        match &self.feeder {
+            Feeder::Upstream(up) => up.sdp(),
+            Feeder::Publisher(p) => p.sdp(),
+            Feeder::Clip(v) => v.as_ref().map(|v| v.sdp.clone()),
+            Feeder::Plain => None,
+        }
+    }
+
+    /// Whether its media is RTP video/audio of known tracks (an RTSP upstream or publisher,
+    /// or a source with `video` set), which HTTP players get repackaged.
+    pub fn is_rtp_media(&self) -> bool {
+        matches!(self.feeder, Feeder::Upstream(_) | Feeder::Publisher(_)) || self.spec.video.is_some()
+    }
+
+    /// Its running repackaging, if any.
+    pub fn repack_running(&self) -> Option<Arc<Repack>> {
+        self.repack.lock().as_ref().filter(|r| r.is_running()).cloned()
+    }
+
+    /// Its running repackaging, or the one `start` makes now (under the lock: two players
+    /// asking at once start one).
+    pub fn keep_repack<E>(&self, start: impl FnOnce() -> Result<Arc<Repack>, E>) -> Result<Arc<Repack>, E> {
+        let mut kept = self.repack.lock();
+        if let Some(running) = kept.as_ref().filter(|k| k.is_running()) {
+            return Ok(running.clone());
+        }
+        let r = start()?;
+        *kept = Some(r.clone());
+        Ok(r)
+    }
+
+    /// The repackaging stopped: forgotten, its TS session closed.
+    pub fn repack_stopped(&self) {
+        let gone = self.repack.lock().take();
+        if let Some(ts) = gone.and_then(|r| r.ts.clone()) {
+            tokio::task::spawn_blocking(move || ts.close());
+        }
+    }
+
+    /// Stops everything it started: its outputs, its source, its sessions (after the
+    /// source, so nothing is fed into a closed session).
+    pub async fn close(&self) {
+        self.srtp.stop_all();
+        let repack = self.repack.lock().take();
+        if let Some(r) = repack {
+            r.stop();
+            if let Some(ts) = r.ts.clone() {
+                let _ = tokio::task::spawn_blocking(move || ts.close()).await;
+            }
+        }
+        // An upstream is torn down first (a TEARDOWN, a second at most), so its server stops
+        // sending to our ports now rather than at its own timeout.
+        if let Some(up) = self.upstream() {
+            up.close(std::time::Duration::from_secs(2)).await;
+        }
+        for t in &self.tasks {
+            t.abort();
+        }
+        self.feeder.close_tracks().await;
+        let s = self.session.clone();
+        let _ = tokio::task::spawn_blocking(move || s.close()).await;
+    }
+}
