@@ -55,13 +55,12 @@ struct Counts {
 
 impl Epoch {
     /// Whether a new client can start on this key: it runs, and its first ROC period has
-    /// room ahead.
-    fn joinable(&self) -> bool {
-        if self.counts.wrapped.load(Relaxed) || self.task.is_finished() {
-            return false;
-        }
-        // Packets left before the sequence numbers pass 65535.
-        65_535 - self.counts.last_seq.load(Relaxed) > JOIN_MARGIN
+    /// room ahead. `track_next` is the track's number a new epoch would start at (its
+    /// last keyframe's): where an epoch has had no packet yet, it will start there.
+    fn joinable(&self, track_next: Option<u16>) -> bool {
+        let c = &self.counts;
+        !self.task.is_finished()
+            && has_room(c.packets.load(Relaxed), c.last_seq.load(Relaxed) as u16, c.wrapped.load(Relaxed), track_next)
     }
 
     /// Protects a sender report for one of its clients (each gets its own SRTCP index).
@@ -81,6 +80,16 @@ impl Epoch {
     pub fn packets(&self) -> u32 {
         self.counts.packets.load(Relaxed)
     }
+}
+
+/// Whether an epoch that has encrypted `packets`, the newest numbered `last_seq` (the
+/// track's numbers), `wrapped` or not since its first, has room for a joiner: the first
+/// packet the joiner gets must be in the epoch's first ROC period, with [`JOIN_MARGIN`]
+/// packets to spare for its DESCRIBE → PLAY. An epoch with no packet yet starts at
+/// `track_next`.
+fn has_room(packets: u32, last_seq: u16, wrapped: bool, track_next: Option<u16>) -> bool {
+    let newest = if packets == 0 { track_next.unwrap_or(0) } else { last_seq };
+    !wrapped && 65_535 - u32::from(newest) > JOIN_MARGIN
 }
 
 /// Every track's epochs.
@@ -115,7 +124,8 @@ impl SrtpOut {
         let mut all = self.epochs.lock();
         let list = all.entry(track.name().to_string()).or_default();
         list.retain(|e| e.running());
-        if let Some(e) = list.iter().rev().find(|e| shared && e.joinable()) {
+        let track_next = track.rtp_start().map(|(_, seq, _)| seq);
+        if let Some(e) = list.iter().rev().find(|e| shared && e.joinable(track_next)) {
             return Ok(e.clone());
         }
         let n = self.next.fetch_add(1, Relaxed);
@@ -246,4 +256,20 @@ async fn run(wake: &tokio::sync::Notify, queue: &ChannelQueue, mut inlet: Inlet,
     }
     let out = inlet.session();
     tracing::info!(session = out.name(), "SRTP encryption stopped");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_joiner_needs_room_before_the_tracks_numbers_wrap() {
+        assert!(has_room(10, 1000, false, None));
+        assert!(!has_room(10, 1000, true, None), "wrapped since its first packet: ROC 1");
+        assert!(!has_room(10, 65_000, false, None), "too close to the wrap");
+        assert!(has_room(10, 65_535 - JOIN_MARGIN as u16 - 1, false, None));
+        // An epoch with no packet yet starts where the track is, not at 0.
+        assert!(!has_room(0, 0, false, Some(64_000)));
+        assert!(has_room(0, 0, false, Some(100)));
+    }
 }
