@@ -38,6 +38,9 @@ pub struct IngestArgs {
     datapath: String,
     #[arg(long, default_value = "bench-out/ingest")]
     out: PathBuf,
+    /// Redraw the plot and the summary from `OUT/ingest.csv` without measuring.
+    #[arg(long)]
+    replot: bool,
 }
 
 /// An RTSP publisher of synthetic H.264 RTP (one track), interleaved on its connection.
@@ -207,61 +210,30 @@ fn step(bin: &std::path::Path, kind: &str, pps: u32, a: &IngestArgs) -> anyhow::
 
 pub fn run(a: IngestArgs) -> anyhow::Result<()> {
     super::ensure_dir(&a.out)?;
-    let this = std::env::current_exe()?;
-    let mut builds = vec![("this", this)];
-    if let Some(b) = &a.baseline {
-        if !b.is_file() {
-            bail!("--baseline {}: no such file", b.display());
-        }
-        builds.push(("baseline", b.clone()));
-    }
     let csv_path = a.out.join("ingest.csv");
-    let mut csv = std::fs::File::create(&csv_path)?;
-    writeln!(csv, "build,kind,pps,round,relay_cpu_s,packets_in,packets_sent,us_per_packet")?;
-    let steps = (a.rounds * a.pps.len() * a.kinds.len() * builds.len()) as u64;
-    let mut pb = progress(steps, "bench ingest");
-    let mut results: Vec<(&str, String, u32, f64)> = Vec::new();
-    for round in 0..a.rounds {
-        for &pps in &a.pps {
-            for kind in &a.kinds {
-                for (build, bin) in &builds {
-                    pb.set_message(format!("{build}: {kind} at {pps} packets/s, round {}", round + 1));
-                    let (cpu, taken, sent) = step(bin, kind, pps, &a).with_context(|| format!("{build} {kind}"))?;
-                    let us = 1e6 * cpu / taken.max(1) as f64;
-                    writeln!(csv, "{build},{kind},{pps},{round},{cpu:.3},{taken},{sent},{us:.3}")?;
-                    // Packets lost on the way (the pull's UDP hop) are reported, not hidden: the
-                    // figure is per packet taken in.
-                    let lost = 100.0 * (1.0 - taken as f64 / sent.max(1) as f64);
-                    pb.println(format!(
-                        "{build:>8} {kind:>7} {pps:>6}/s: {taken} packets in ({lost:.1}% of those sent lost), relay {cpu:.2} CPU-s, {us:.2} µs a packet"
-                    ));
-                    results.push((build, kind.clone(), pps, us));
-                    pb.inc(1);
-                }
-            }
-        }
-    }
-    pb.finish_and_clear();
+    let results = if a.replot { read_csv(&csv_path)? } else { measure(&a, &csv_path)? };
+    let has = |build: &str| results.iter().any(|r| r.0 == build);
+    let builds: Vec<&str> = ["this", "baseline"].into_iter().filter(|b| has(b)).collect();
     let mean = |build: &str, kind: &str, pps: u32| {
         let v: Vec<f64> = results.iter().filter(|r| r.0 == build && r.1 == kind && r.2 == pps).map(|r| r.3).collect();
         v.iter().sum::<f64>() / v.len().max(1) as f64
     };
-    println!("\nrelay CPU per packet taken in, µs (mean of {} rounds):", a.rounds);
+    println!("\nrelay CPU per packet taken in, µs (mean of the rounds):");
     for kind in &a.kinds {
         for &pps in &a.pps {
             let now = mean("this", kind, pps);
-            match a.baseline {
-                Some(_) => {
+            match has("baseline") {
+                true => {
                     let base = mean("baseline", kind, pps);
-                    println!("  {kind:>7} {pps:>6}/s: this {now:6.2}, baseline {base:6.2}, ratio {:.2}", now / base);
+                    println!("  {kind:>9} {pps:>6}/s: this {now:6.2}, baseline {base:6.2}, ratio {:.2}", now / base);
                 }
-                None => println!("  {kind:>7} {pps:>6}/s: {now:6.2}"),
+                false => println!("  {kind:>9} {pps:>6}/s: {now:6.2}"),
             }
         }
     }
     let series = builds
         .iter()
-        .flat_map(|(build, _)| a.kinds.iter().map(move |k| (*build, k)))
+        .flat_map(|build| a.kinds.iter().map(move |k| (*build, k)))
         .map(|(build, kind)| {
             let pts = a.pps.iter().map(|&p| (f64::from(p), mean(build, kind, p))).collect();
             (format!("{kind}, {build}"), pts)
@@ -270,11 +242,71 @@ pub fn run(a: IngestArgs) -> anyhow::Result<()> {
     let png = a.out.join("ingest.png");
     super::plot::panels(
         &png,
-        "Relay CPU per packet taken in (nobody watching)",
+        "Relay CPU per packet taken in (publish, pull: nobody watching; pull-http: one HTTP TS player)",
         "packets per second",
         false,
         &[super::plot::Panel { y_label: "µs per packet", series, log_y: false }],
     )?;
     println!("wrote {} and {}", csv_path.display(), png.display());
     Ok(())
+}
+
+/// (build, kind, packets per second, µs per packet) of each step.
+type Results = Vec<(String, String, u32, f64)>;
+
+fn measure(a: &IngestArgs, csv_path: &std::path::Path) -> anyhow::Result<Results> {
+    let this = std::env::current_exe()?;
+    let mut builds = vec![("this", this)];
+    if let Some(b) = &a.baseline {
+        if !b.is_file() {
+            bail!("--baseline {}: no such file", b.display());
+        }
+        builds.push(("baseline", b.clone()));
+    }
+    let mut csv = std::fs::File::create(csv_path)?;
+    writeln!(csv, "build,kind,pps,round,relay_cpu_s,packets_in,packets_sent,us_per_packet")?;
+    let steps = (a.rounds * a.pps.len() * a.kinds.len() * builds.len()) as u64;
+    let mut pb = progress(steps, "bench ingest");
+    let mut results = Results::new();
+    for round in 0..a.rounds {
+        for &pps in &a.pps {
+            for kind in &a.kinds {
+                for (build, bin) in &builds {
+                    pb.set_message(format!("{build}: {kind} at {pps} packets/s, round {}", round + 1));
+                    let (cpu, taken, sent) = step(bin, kind, pps, a).with_context(|| format!("{build} {kind}"))?;
+                    let us = 1e6 * cpu / taken.max(1) as f64;
+                    writeln!(csv, "{build},{kind},{pps},{round},{cpu:.3},{taken},{sent},{us:.3}")?;
+                    // Packets lost on the way (the pull's UDP hop) are reported, not hidden: the
+                    // figure is per packet taken in. (A window can take in a few more than were
+                    // sent in it: some of the second before arrive in it.)
+                    let lost = 100.0 * (1.0 - taken as f64 / sent.max(1) as f64);
+                    pb.println(format!(
+                        "{build:>8} {kind:>9} {pps:>6}/s: {taken} packets in ({lost:.1}% of those sent lost), relay {cpu:.2} CPU-s, {us:.2} µs a packet"
+                    ));
+                    results.push((build.to_string(), kind.clone(), pps, us));
+                    pb.inc(1);
+                }
+            }
+        }
+    }
+    pb.finish_and_clear();
+    Ok(results)
+}
+
+/// The steps of an earlier run, from its CSV.
+fn read_csv(path: &std::path::Path) -> anyhow::Result<Results> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("--replot: {}", path.display()))?;
+    text.lines()
+        .skip(1)
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            let bad = || anyhow::anyhow!("{}: odd line {l:?}", path.display());
+            Ok((
+                f.first().ok_or_else(bad)?.to_string(),
+                f.get(1).ok_or_else(bad)?.to_string(),
+                f.get(2).and_then(|p| p.parse().ok()).ok_or_else(bad)?,
+                f.get(7).and_then(|u| u.parse().ok()).ok_or_else(bad)?,
+            ))
+        })
+        .collect()
 }
