@@ -661,12 +661,17 @@ impl crate::cluster::Local for Relay {
             .values()
             .map(|s| s.status())
             .fold((0, 0), |(n, b), st| (n + st.sinks as u64, b + st.delivered_bytes_total));
-        // A repackaging's sinks on its tracks are the relay's own; HLS players hold no sink
-        // and count by their requests.
+        // A repackaging's and an SRTP epoch's sinks on their tracks are the relay's own;
+        // HLS players hold no sink and count by their requests, an epoch's clients are
+        // sinks of the epoch's session.
         let (own, players) = paths
             .iter()
             .filter_map(|p| p.repack_running())
             .fold((0, 0), |(o, p), r| (o + r.track_sinks as u64, p + r.hls.as_ref().map_or(0, |h| h.players() as u64)));
-        (paths.len() as u64, subscribers.saturating_sub(own) + players, bytes)
+        let (epochs, srtp) = paths
+            .iter()
+            .flat_map(|p| p.srtp.status())
+            .fold((0, 0), |(e, c), (_, clients, _)| (e + 1, c + clients as u64));
+        (paths.len() as u64, subscribers.saturating_sub(own + epochs) + players + srtp, bytes)
     }
 }
