@@ -532,11 +532,11 @@ impl Session {
         Self { inner }
     }
 
-    /// Whether `other` is this very session (not another of the same name made later).
     pub(crate) fn inner(&self) -> &Arc<Inner> {
         &self.inner
     }
 
+    /// Whether `other` is this very session (not another of the same name made later).
     pub fn is(&self, other: &Session) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
     }

@@ -83,7 +83,7 @@ impl Relay {
             self.delete_exact(name, &p.session).await;
         }
         let Some(cluster) = &self.cluster else {
-            return Err(RelayError::NotFound(format!("no session named {name:?}")));
+            return Err(no_such(name));
         };
         let choice = cluster.locate(name).await.map_err(|e| match e {
             LookupError::NotFound(why) => RelayError::NotFound(why),
@@ -118,11 +118,14 @@ impl Relay {
         self.paths.read().values().cloned().collect()
     }
 
+    /// The path of a stream name, or why not.
+    fn found(&self, name: &str) -> Result<Arc<Path>, RelayError> {
+        self.path(name).ok_or_else(|| no_such(name))
+    }
+
     /// A path's first session.
     pub fn session(&self, name: &str) -> Result<Session, RelayError> {
-        self.path(name)
-            .map(|p| p.session.clone())
-            .ok_or_else(|| RelayError::NotFound(format!("no session named {name:?}")))
+        self.found(name).map(|p| p.session.clone())
     }
 
     pub fn sessions(&self) -> Vec<Session> {
@@ -193,7 +196,7 @@ impl Relay {
     /// payloads go out as they came (an MPEG-TS source, or anything else, udpxy-style).
     pub async fn http_session(self: &Arc<Self>, name: &str) -> Result<Session, RelayError> {
         self.ensure(name).await?;
-        let path = self.path(name).ok_or_else(|| RelayError::NotFound(format!("no session named {name:?}")))?;
+        let path = self.found(name)?;
         if path.view().is_some() || !path.is_rtp_media() {
             return Ok(path.session.clone());
         }
@@ -204,7 +207,7 @@ impl Relay {
     /// its tracks allow), started if it is not running.
     pub async fn repack(self: &Arc<Self>, name: &str) -> Result<Arc<crate::repack::Repack>, RelayError> {
         self.ensure(name).await?;
-        let path = self.path(name).ok_or_else(|| RelayError::NotFound(format!("no session named {name:?}")))?;
+        let path = self.found(name)?;
         if let Some(r) = path.repack_running() {
             return Ok(r);
         }
@@ -457,11 +460,7 @@ impl Relay {
         if let Some(c) = &self.cluster {
             c.end_pull(name);
         }
-        let path = self
-            .paths
-            .write()
-            .remove(name)
-            .ok_or_else(|| RelayError::NotFound(format!("no session named {name:?}")))?;
+        let path = self.paths.write().remove(name).ok_or_else(|| no_such(name))?;
         let rtsp = self.rtsp.lock().clone();
         if let Some(r) = rtsp {
             r.end_resource(self, name);
@@ -547,6 +546,10 @@ async fn end_when_over(relay: std::sync::Weak<Relay>, name: String, file: bool) 
             }
         }
     }
+}
+
+fn no_such(name: &str) -> RelayError {
+    RelayError::NotFound(format!("no session named {name:?}"))
 }
 
 fn abort(tasks: &[tokio::task::AbortHandle]) {
