@@ -704,19 +704,15 @@ fn gstreamer_plays_srtp_keyed_by_mikey() {
     // jitterbuffer drop every packet as "before seqnum-base" (no pictures below).
     std::thread::sleep(Duration::from_secs(8));
     for transport in ["udp", "tcp"] {
-        let gst = Command::new("timeout")
-            .args(["-s", "INT", "9", "gst-launch-1.0", "-v"])
-            .args(
-                format!(
-                    "rtspsrc location={url} protocols={transport} tls-validation-flags=0 name=s \
-                     s. ! rtph264depay ! h264parse ! openh264dec ! fakesink silent=false name=v s. ! fakesink"
-                )
-                .split_whitespace(),
+        let mut gst = Command::new("timeout");
+        gst.args(["-s", "INT", "9", "gst-launch-1.0", "-v"]).args(
+            format!(
+                "rtspsrc location={url} protocols={transport} tls-validation-flags=0 name=s \
+                 s. ! rtph264depay ! h264parse ! openh264dec ! fakesink silent=false name=v s. ! fakesink"
             )
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+            .split_whitespace(),
+        );
+        let gst = Gst::spawn(gst);
         // While it plays: GStreamer gave its own key in SETUP (KeyMgmt), and its receiver
         // reports, SRTCP under that key, are read (their loss figures show), none dropped.
         let keyed = wait_for(Duration::from_secs(8), || {
@@ -726,17 +722,13 @@ fn gstreamer_plays_srtp_keyed_by_mikey() {
             })
         });
         let clients = get(&relay, &pair, "/v1/rtsp");
-        let out = gst.wait_with_output().unwrap();
-        let log = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+        let log = gst.log();
         assert!(keyed, "GStreamer over {transport}: its SRTCP was not read: {clients}");
         // Decoded pictures reached the video sink; nothing failed (a key it could not use
         // would show as no pictures: srtpdec drops what fails its check).
         let pictures = log.lines().filter(|l| l.contains("(v:sink)") && l.contains("chain")).count();
         assert!(pictures > 30, "GStreamer over {transport}: {pictures} pictures: {log}");
-        // While it played, that is: once `timeout` interrupts it, rtspsrc's TEARDOWN may
-        // race the connection's close (seen once in CI under load, never alone).
-        let playing = log.split("handling interrupt").next().unwrap_or_default();
-        let errors: Vec<&str> = playing.lines().filter(|l| l.contains("ERROR")).collect();
+        let errors = gst_errors_while_playing(&log);
         assert!(errors.is_empty(), "GStreamer over {transport}: {errors:#?}\n{log}");
     }
     let _ = std::fs::remove_dir_all(&dir);

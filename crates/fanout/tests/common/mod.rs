@@ -447,6 +447,44 @@ pub fn have_gstreamer() -> bool {
     ok
 }
 
+/// A running `gst-launch-1.0` whose stdout and stderr share one pipe, read as it writes (a
+/// verbose pipeline writes more than a pipe holds), so the log keeps GStreamer's own order
+/// (`g_print` flushes every line).
+pub struct Gst {
+    child: Child,
+    log: std::thread::JoinHandle<String>,
+}
+
+impl Gst {
+    pub fn spawn(mut cmd: Command) -> Gst {
+        let (mut r, w) = std::io::pipe().unwrap();
+        cmd.stdout(w.try_clone().unwrap()).stderr(w);
+        let child = cmd.spawn().unwrap();
+        // The command keeps copies of the write end: drop them, or the reader never sees EOF.
+        drop(cmd);
+        let log = std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = r.read_to_end(&mut buf);
+            String::from_utf8_lossy(&buf).into_owned()
+        });
+        Gst { child, log }
+    }
+
+    /// Waits for it to end and gives its whole log.
+    pub fn log(mut self) -> String {
+        let _ = self.child.wait();
+        self.log.join().unwrap()
+    }
+}
+
+/// GStreamer's errors while it played. Once `timeout -s INT` interrupts it, rtspsrc's PAUSE and
+/// TEARDOWN may race its own flush of the connection ("Operation was cancelled", then "Could
+/// not send message"): that is the player's shutdown, not the stream, so it is not counted.
+pub fn gst_errors_while_playing(log: &str) -> Vec<&str> {
+    let playing = log.split("handling interrupt").next().unwrap_or_default();
+    playing.lines().filter(|l| l.contains("ERROR")).collect()
+}
+
 /// Reads a response head (HTTP or RTSP) byte by byte, through its blank line.
 pub fn read_head(s: &mut impl Read) -> String {
     let mut head = Vec::new();
