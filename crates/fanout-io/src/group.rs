@@ -7,13 +7,13 @@
 //! changes each run, so no sink is always last), and hands that to its data path's
 //! [`Sender`](crate::send::Sender).
 
+use crate::due;
 use crate::engine::{Job, WorkerCtx};
-use crate::model::{FailurePolicy, SessionConfig, SinkTarget};
+use crate::model::{FailurePolicy, LayerError, SessionConfig, SinkStatus, SinkTarget};
 use crate::reactor::Reactor;
 use crate::send::{self, Batch, GroupFds, Offer, Sender};
-use crate::sink::{describe, send_socket, Await, Sink, SinkIo};
+use crate::sink::{describe, send_socket, Sink, SinkIo};
 use crate::sys;
-use fanout_core::Pace;
 use parking_lot::Mutex;
 use std::io::{self, ErrorKind};
 use std::net::UdpSocket;
@@ -22,10 +22,104 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-/// How long a sink that was lapped waits for a keyframe before it is sent whatever comes.
-const RESYNC_WAIT: Duration = Duration::from_secs(5);
 /// How often a group reads its sockets' error queues when no send has reported an error.
 const ERRORS_READ_EVERY: Duration = Duration::from_secs(1);
+
+/// A group of a session's sinks in user space: its task and its state.
+pub(crate) struct Group {
+    pub task: Arc<crate::engine::Task>,
+    pub state: Arc<Mutex<GroupState>>,
+}
+
+/// A session's user-space sinks: its groups (placement is the session's, which knows its
+/// workers and sending ports).
+pub(crate) struct UserGroups {
+    list: parking_lot::RwLock<Vec<Group>>,
+    reactor: Arc<Reactor>,
+}
+
+impl UserGroups {
+    pub fn new(reactor: Arc<Reactor>) -> Self {
+        Self { list: parking_lot::RwLock::new(Vec::new()), reactor }
+    }
+
+    pub fn read(&self) -> parking_lot::RwLockReadGuard<'_, Vec<Group>> {
+        self.list.read()
+    }
+
+    pub fn write(&self) -> parking_lot::RwLockWriteGuard<'_, Vec<Group>> {
+        self.list.write()
+    }
+
+    /// Runs `f` on sink `id`, if it is here.
+    pub fn with_sink<R>(&self, id: u64, f: impl FnOnce(&mut Sink) -> R) -> Option<R> {
+        for g in self.read().iter() {
+            if let Some(sink) = g.state.lock().sinks.iter_mut().find(|s| s.id == id) {
+                return Some(f(sink));
+            }
+        }
+        None
+    }
+}
+
+impl crate::sinkset::SinkSet for UserGroups {
+    fn remove(&self, id: u64) -> Option<(u64, u64)> {
+        for g in self.read().iter() {
+            let mut st = g.state.lock();
+            if let Some(i) = st.sinks.iter().position(|s| s.id == id) {
+                let s = st.sinks.swap_remove(i);
+                let sent = (s.packets_sent(), s.bytes_sent());
+                s.close(&self.reactor);
+                return Some(sent);
+            }
+        }
+        None
+    }
+
+    fn clear(&self) -> (usize, u64, u64) {
+        let (mut n, mut packets, mut bytes) = (0, 0, 0);
+        for g in self.read().iter() {
+            for s in g.state.lock().sinks.drain(..) {
+                (n, packets, bytes) = (n + 1, packets + s.packets_sent(), bytes + s.bytes_sent());
+                s.close(&self.reactor);
+            }
+        }
+        (n, packets, bytes)
+    }
+
+    fn pin(&self, id: u64, pin: Option<fanout_proto::codec::layers::Layer>) -> Option<Result<(), LayerError>> {
+        self.with_sink(id, |sink| match sink.adapt() {
+            Some(l) => {
+                l.set_pin(pin);
+                Ok(())
+            }
+            None => Err(LayerError::NotRtp),
+        })
+    }
+
+    fn report(
+        &self,
+        id: u64,
+        cumulative_lost: i32,
+        rates: &fanout_proto::rtp::adapt::LayerRates,
+        now: Instant,
+    ) -> Option<bool> {
+        self.with_sink(id, |sink| {
+            let (sent, bytes) = (sink.packets_sent(), sink.bytes_sent());
+            sink.adapt().map(|l| l.on_report(cumulative_lost, sent, bytes, rates, now)).is_some()
+        })
+    }
+
+    fn status(&self, id: u64, head: u64) -> Option<SinkStatus> {
+        self.read().iter().find_map(|g| g.state.lock().sinks.iter().find(|s| s.id == id).map(|s| s.status(head)))
+    }
+
+    fn statuses(&self, head: u64, out: &mut Vec<SinkStatus>) {
+        for g in self.read().iter() {
+            out.extend(g.state.lock().sinks.iter().map(|s| s.status(head)));
+        }
+    }
+}
 
 pub(crate) struct GroupState {
     pub sinks: Vec<Sink>,
@@ -142,175 +236,13 @@ impl GroupState {
     fn snapshot(&mut self, s: &dyn Host, now: Instant) -> (u64, u64) {
         let ring = s.ring().lock();
         let (head, oldest) = (ring.head(), ring.oldest());
-        let min = self.sinks.iter().filter(|k| k.ready()).map(|k| k.cursor.next()).min();
-        let start = min.unwrap_or(head).max(oldest);
+        let start = due::snapshot_start(&self.sinks, head, oldest);
         self.snapshot.clear();
         // Invariant: oldest <= start <= seq < head, so the ring holds every seq here.
         self.snapshot.extend((start..head).map(|seq| ring.get(seq).expect("held by the ring").clone()));
-        let keyed = s.has_keyframes();
-        for k in self.sinks.iter_mut() {
-            if k.cursor.catch_up(oldest) > 0 && keyed && k.awaiting.is_none() {
-                // Resume at a picture the decoder can start from, not mid-GOP.
-                k.awaiting = Some((Await::KeyframeAfterLap, now + RESYNC_WAIT));
-            }
-        }
+        due::catch_up(&mut self.sinks, oldest, s.has_keyframes(), now);
         (head, start)
     }
-
-    /// Sinks waiting for their first packet pass over what comes before it.
-    fn skip_to_awaited(&mut self, start: u64, now: Instant) {
-        for k in self.sinks.iter_mut() {
-            let Some((what, until)) = k.awaiting else { continue };
-            // A sink that cannot take anything now (not in the snapshot) looks when it can,
-            // and its wait starts over then: a player stalled for longer than the wait must
-            // still resume at a keyframe, not at whatever comes when it reads again.
-            if !k.ready() || k.cursor.next() < start {
-                k.awaiting = Some((what, now + RESYNC_WAIT));
-                continue;
-            }
-            let pending = &self.snapshot[(k.cursor.next() - start) as usize..];
-            let first = match what {
-                Await::Keyframe | Await::KeyframeAfterLap => {
-                    pending.iter().position(|p| p.is_keyframe()).map(|i| access_unit_start(pending, i))
-                }
-                Await::RtpSeq(n) => pending.iter().position(|p| p.is_rtp() && p.data()[2..4] == n.to_be_bytes()),
-            };
-            let n = match (first, what) {
-                (Some(i), _) => i,
-                // The unfinished access unit at the end may still turn out to be a keyframe
-                // (its delimiter came, its parameter sets have not): it waits in the ring.
-                (None, Await::Keyframe | Await::KeyframeAfterLap) => match pending.last() {
-                    Some(p) if !p.ends_access_unit() => access_unit_start(pending, pending.len() - 1),
-                    _ => pending.len(),
-                },
-                (None, Await::RtpSeq(_)) => pending.len(),
-            } as u64;
-            match what {
-                Await::Keyframe => k.cursor.withhold(n),
-                Await::KeyframeAfterLap => k.cursor.skip(n),
-                Await::RtpSeq(_) => k.cursor.pass(n), // the kernel sent those
-            }
-            if first.is_some() || now >= until {
-                k.awaiting = None;
-            }
-        }
-    }
-
-    /// This run's offers, from a sink that changes each run ([`fanout_core::rotation`]);
-    /// returns when the first packet a sink's clock held back may leave.
-    /// A sink more than half a ring behind is sent all it can take: pacing must never be
-    /// what gets a sink lapped.
-    /// With `shared_link`, the group's sinks also share one clock at the sum of the rates of
-    /// those with something to send (and one sink's burst): together they never send faster
-    /// than that, as if behind one link, and each packet's copies leave spread over its
-    /// interval.
-    /// With `egress`, what each sink may take is then what is left of the session's place on
-    /// the egress the sessions share (its reservation, then spare capacity by class).
-    #[allow(clippy::too_many_arguments)]
-    fn offer(
-        &mut self,
-        start: u64,
-        head: u64,
-        ring: usize,
-        write_streams: bool,
-        (pace, shared_link): (Option<(Pace, Instant)>, bool),
-        egress: Option<&crate::engine::EgressSeat>,
-        now: Instant,
-    ) -> Option<Instant> {
-        self.offers.clear();
-        let n = self.sinks.len();
-        if n == 0 {
-            return None;
-        }
-        self.runs += 1;
-        let turn = fanout_core::rotation(self.runs, n);
-        // The link's rate: the sum of the rates of the sinks that have something to send
-        // (the others, caught up, leave the link to them).
-        let group_pace = pace.filter(|_| shared_link).and_then(|(p, _)| {
-            let active = self.sinks.iter().filter(|k| k.ready() && k.cursor.next() < head).count().max(1);
-            Pace::new(p.rate().saturating_mul(active as u64), p.burst(), 0).ok()
-        });
-        let mut wake: Option<Instant> = None;
-        let mut egress = egress.map(|seat| {
-            let t = now.saturating_duration_since(seat.egress.epoch).as_nanos() as u64;
-            (seat.egress.link.lock(), seat, t)
-        });
-        for i in (turn..n).chain(0..turn) {
-            let k = &mut self.sinks[i];
-            if !k.ready() || (k.cursor.next() >= head && k.partial.is_none()) {
-                continue;
-            }
-            if matches!(k.io, SinkIo::Stream(_)) && !write_streams && k.partial.is_none() {
-                continue; // held for the next flush
-            }
-            // A sink still waiting for a keyframe has nothing to send yet (but the rest of a
-            // partial write).
-            let pending = match k.awaiting {
-                Some(_) => &[][..],
-                None => &self.snapshot[(k.cursor.next() - start) as usize..],
-            };
-            let clocks = (k.clock, self.group_clock);
-            let mut count = match &pace {
-                Some(_) if pending.len() > ring / 2 => pending.len(),
-                None => pending.len(),
-                Some((pace, epoch)) => {
-                    let t = now.saturating_duration_since(*epoch).as_nanos() as u64;
-                    let lens = pending.iter().map(|p| p.len());
-                    let before = k.clock;
-                    let a = k.clock.admit(pace, t, lens.clone());
-                    let (mut count, mut next) = (a.count, a.next_at);
-                    if let Some(gp) = &group_pace {
-                        let g = self.group_clock.admit(gp, t, lens.clone().take(count));
-                        if g.count < count {
-                            // The link's clock holds some back: the sink's own takes only what goes.
-                            k.clock = before;
-                            k.clock.admit(pace, t, lens.take(g.count));
-                            (count, next) = (g.count, g.next_at);
-                        }
-                    }
-                    if let Some(at) = next {
-                        let at = *epoch + Duration::from_nanos(at);
-                        wake = Some(wake.map_or(at, |w| w.min(at)));
-                    }
-                    count
-                }
-            };
-            if let Some((link, seat, t)) = egress.as_mut().filter(|_| count > 0) {
-                let a = link.admit(seat.slot, *t, pending[..count].iter().map(|p| p.len()));
-                if a.count < count {
-                    count = a.count;
-                    if let Some((pace, epoch)) = &pace {
-                        // The clocks count only what leaves.
-                        let t = now.saturating_duration_since(*epoch).as_nanos() as u64;
-                        (k.clock, self.group_clock) = clocks;
-                        let lens = pending[..count].iter().map(|p| p.len());
-                        k.clock.admit(pace, t, lens.clone());
-                        if let Some(gp) = &group_pace {
-                            self.group_clock.admit(gp, t, lens);
-                        }
-                    }
-                    if let Some(at) = a.next_at {
-                        let at = seat.egress.epoch + Duration::from_nanos(at);
-                        wake = Some(wake.map_or(at, |w| w.min(at)));
-                    }
-                }
-            }
-            if count > 0 || k.partial.is_some() {
-                self.offers.push(Offer { sink: i, count });
-            }
-        }
-        wake
-    }
-}
-
-/// The first packet of the access unit `pending[i]` belongs to (a keyframe is marked at its
-/// parameter sets, which may follow a delimiter): a sink that starts there gets the picture
-/// whole, and a player's parser never takes it for the rest of an earlier one.
-fn access_unit_start(pending: &[Arc<crate::packet::Packet>], mut i: usize) -> usize {
-    while i > 0 && pending[i - 1].same_access_unit(&pending[i]) {
-        i -= 1;
-    }
-    i
 }
 
 /// What a sink group needs of its session. The session implements it, so that this module
@@ -351,10 +283,21 @@ impl Job for GroupJob {
 
         g.take_errors(reactor, policy, now);
         let (head, start) = g.snapshot(s, now);
-        g.skip_to_awaited(start, now);
-        let write_streams = stream_flush_now(g, s.cfg(), head, reactor);
-        let pace = (s.pace(), s.pace_shared_link());
-        let wake = g.offer(start, head, s.cfg().ring_capacity, write_streams, pace, s.egress(), now);
+        due::skip_to_awaited(&mut g.sinks, &g.snapshot, start, now);
+        let write_streams = stream_flush_now(g, s.cfg(), head, reactor, now);
+        g.runs += 1;
+        let run = due::Run {
+            start,
+            head,
+            ring: s.cfg().ring_capacity,
+            write_streams,
+            pace: s.pace(),
+            shared_link: s.pace_shared_link(),
+            egress: s.egress(),
+            turn: fanout_core::rotation(g.runs, g.sinks.len().max(1)),
+            now,
+        };
+        let wake = due::offer(&mut g.sinks, &g.snapshot, &mut g.group_clock, &run, &mut g.offers);
         if let Some(at) = wake.filter(|&at| g.pace_due.is_none_or(|due| due <= now || at < due)) {
             g.pace_due = Some(at);
             if let Some(task) = g.task.upgrade() {
@@ -429,13 +372,10 @@ fn check_peer(io: &SinkIo) -> Option<String> {
     None
 }
 
-/// Stream sinks of the sharing paths are written once per `stream_flush`, so each write
-/// carries every packet that came meanwhile: fewer, larger writes (and TCP segments) for a
-/// bounded delay. Whether to write them in this run; arms the group's timer if not.
-fn stream_flush_now(g: &mut GroupState, cfg: &SessionConfig, head: u64, reactor: &Reactor) -> bool {
+/// Stream sinks of the sharing paths are written once per `stream_flush`
+/// ([`due::stream_flush`]). Whether to write them in this run; arms the group's timer if not.
+fn stream_flush_now(g: &mut GroupState, cfg: &SessionConfig, head: u64, reactor: &Reactor, now: Instant) -> bool {
     use crate::model::DataPath;
-    /// Held packets that force a write before the interval is up.
-    const HOLD_MAX: u64 = 32;
     if cfg.stream_flush.is_zero() || matches!(cfg.datapath, DataPath::Daemon | DataPath::Copy) {
         return true;
     }
@@ -443,26 +383,14 @@ fn stream_flush_now(g: &mut GroupState, cfg: &SessionConfig, head: u64, reactor:
         .sinks
         .iter()
         .filter(|k| matches!(k.io, SinkIo::Stream(_)) && k.ready())
-        .map(|k| head.saturating_sub(k.cursor.next()))
+        .map(|k| head.saturating_sub(k.due.cursor.next()))
         .max()
         .unwrap_or(0);
-    let now = Instant::now();
-    match g.flush_due {
-        _ if waiting == 0 => true,
-        Some(due) if now >= due => {
-            g.flush_due = None;
-            true
-        }
-        _ if waiting >= HOLD_MAX => {
-            g.flush_due = None;
-            true
-        }
-        Some(_) => false,
-        None => {
-            let due = now + cfg.stream_flush;
-            g.flush_due = Some(due);
-            if let Some(task) = g.task.upgrade() {
-                reactor.schedule_at(task, due);
+    match due::stream_flush(waiting, &mut g.flush_due, cfg.stream_flush, now) {
+        due::Flush::Now => true,
+        due::Flush::Hold(arm) => {
+            if let Some((at, task)) = arm.zip(g.task.upgrade()) {
+                reactor.schedule_at(task, at);
             }
             false
         }

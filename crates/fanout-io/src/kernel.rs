@@ -660,6 +660,69 @@ impl KernelSession {
     }
 }
 
+/// A session's part of the kernel path once its source is bound (none before, and on every
+/// other data path: then it holds no sink and the session's asks pass on to user space).
+#[derive(Default)]
+pub(crate) struct KernelSinks {
+    session: Mutex<Option<KernelSession>>,
+    /// Whether `session` is set: the publish path looks without taking the lock.
+    attached: std::sync::atomic::AtomicBool,
+}
+
+impl KernelSinks {
+    pub fn attach(&self, k: KernelSession) {
+        *self.session.lock() = Some(k);
+        self.attached.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Detaches the session from the program (and the program from idle interfaces).
+    pub fn detach(&self) {
+        self.attached.store(false, std::sync::atomic::Ordering::Release);
+        drop(self.session.lock().take());
+    }
+
+    /// Offers the program a UDP sink: `None` if it does not serve that address (or the
+    /// session is not on the kernel path), else whether it took it.
+    pub fn offer(
+        &self,
+        id: u64,
+        to: SocketAddr,
+        from: Option<SocketAddr>,
+        hold: bool,
+    ) -> Option<Result<(), KernelError>> {
+        let mut k = self.session.lock();
+        Some(k.as_mut().filter(|_| KernelSession::serves(to))?.add(id, to, from, hold))
+    }
+
+    /// The sinks the program gave up on (see [`KernelSession::take_fallbacks`]).
+    pub fn take_fallbacks(&self) -> Vec<Fallback> {
+        if !self.attached.load(std::sync::atomic::Ordering::Acquire) {
+            return Vec::new(); // no lock on the publish path of other sessions
+        }
+        self.session.lock().as_mut().map(|k| k.take_fallbacks()).unwrap_or_default()
+    }
+
+    pub fn set_codec(&self, codec: u32) {
+        if let Some(k) = self.session.lock().as_mut() {
+            k.set_codec(codec);
+        }
+    }
+
+    pub fn stats(&self) -> Option<KernelSessionStats> {
+        self.session.lock().as_ref().map(|k| k.stats())
+    }
+
+    /// Runs `f` on the kernel session, if the session has one.
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut KernelSession) -> R) -> Option<R> {
+        self.session.lock().as_mut().map(f)
+    }
+
+    /// Runs `f` on the kernel session if it serves sink `id`.
+    pub(crate) fn with_sink<R>(&self, id: u64, f: impl FnOnce(&mut KernelSession) -> R) -> Option<R> {
+        self.session.lock().as_mut().filter(|k| k.contains(id)).map(f)
+    }
+}
+
 impl Drop for KernelSession {
     fn drop(&mut self) {
         let mut st = self.fanout.state.lock();

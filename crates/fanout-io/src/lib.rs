@@ -24,6 +24,7 @@
 //! on one worker at a time; lock order is group → ring; the reactor never does I/O.
 
 pub mod channel;
+mod due;
 pub mod engine;
 mod group;
 pub mod inlet;
@@ -35,6 +36,7 @@ pub mod reactor;
 mod send;
 pub mod session;
 mod sink;
+mod sinkset;
 mod source;
 pub mod sys;
 mod uring;

@@ -1,14 +1,15 @@
 //! A relay session (OMSS): one source, any number of sinks, a ring, a class and a data path.
 
 use crate::engine::{Engine, Runner, Signal, Task, WorkerCtx};
-use crate::group::{GroupJob, GroupState};
-use crate::kernel::{KernelFanout, KernelSession};
+use crate::group::{Group, GroupJob, GroupState, UserGroups};
+use crate::kernel::{KernelFanout, KernelSinks};
 use crate::packet::{Packet, PacketPool};
 use crate::reactor::{Reactor, Registration};
 use crate::sink::Sink;
+use crate::sinkset::SinkSet;
 use fanout_core::SessionRing;
 use fanout_proto::codec::layers::Layer;
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
@@ -38,11 +39,6 @@ pub(crate) struct SourceStats {
 
 pub(crate) type SinkFailedFn = Box<dyn Fn(u64, SocketAddr) + Send + Sync>;
 
-pub(crate) struct Group {
-    pub task: Arc<Task>,
-    pub state: Arc<Mutex<GroupState>>,
-}
-
 /// How long a new sink of a video session waits for a keyframe before it is sent whatever
 /// comes (a stream whose keyframes are not recognised must still play).
 const KEYFRAME_WAIT: Duration = Duration::from_secs(5);
@@ -60,7 +56,8 @@ pub(crate) struct Inner {
     me: Weak<Inner>,
     pub cfg: SessionConfig,
     pub ring: Mutex<SessionRing<Arc<Packet>>>,
-    pub groups: RwLock<Vec<Group>>,
+    /// Its sinks in user space.
+    pub groups: UserGroups,
     pub src: SourceStats,
     pub source_kind: Mutex<String>,
     source_addr: Mutex<Option<SocketAddr>>,
@@ -84,10 +81,10 @@ pub(crate) struct Inner {
     on_source_closed: Mutex<Option<Box<dyn Fn() + Send + Sync>>>,
     /// Called with a TCP sink's id and address when it fails under `failed_sinks = "retry"`.
     pub on_sink_failed: Mutex<Option<SinkFailedFn>>,
-    /// The `kernel` path: the engine's program, and this session's part of it once the
-    /// source is bound.
+    /// The `kernel` path: the engine's program, and this session's part of it (its sinks
+    /// there) once the source is bound.
     kernel_fanout: Option<Arc<KernelFanout>>,
-    kernel: Mutex<Option<KernelSession>>,
+    kernel: KernelSinks,
     /// RTP video codec for keyframe marks and layer statistics: 0 none, 1 H.264, 2 HEVC.
     rtp_video: std::sync::atomic::AtomicU8,
     /// Rewrites each received packet in place after it was judged (keyframe, layer): the
@@ -229,14 +226,8 @@ impl Inner {
     /// that revealed them is published, so they start with it: nothing is lost (a packet of
     /// the batch the kernel already sent them may arrive twice).
     fn take_kernel_fallbacks(&self) {
-        if self.kernel_fanout.is_none() {
-            return; // not a kernel session: no lock on the publish path
-        }
-        let Some(me) = self.me.upgrade() else { return };
-        let found = match self.kernel.lock().as_mut() {
-            Some(k) => k.take_fallbacks(),
-            None => return,
-        };
+        let found = self.kernel.take_fallbacks();
+        let Some(me) = self.me.upgrade().filter(|_| !found.is_empty()) else { return };
         for f in found {
             tracing::warn!(session = %self.cfg.name, sink = %f.addr, "{}", f.reason);
             let io = crate::sink::SinkIo::Unconnected(crate::sys::RawAddr::new(f.addr));
@@ -302,12 +293,12 @@ impl Inner {
         // Video with no keyframe held (an upstream just connected): hold the sink's media
         // until one comes, so its decoder never starts on delta frames.
         if start == Start::Keyframe && !key_held && self.video_codec().is_some() {
-            sink.await_first(crate::sink::Await::Keyframe, Instant::now() + KEYFRAME_WAIT);
+            sink.await_first(crate::due::Await::Keyframe, Instant::now() + KEYFRAME_WAIT);
         }
         if let Start::RtpSeq(n) = start {
             // Taken over from the kernel: from the first packet the program did not send
             // (its datagram may still be on its way through the source socket).
-            sink.await_first(crate::sink::Await::RtpSeq(n), Instant::now() + HANDOFF_WAIT);
+            sink.await_first(crate::due::Await::RtpSeq(n), Instant::now() + HANDOFF_WAIT);
         }
         init(&mut sink);
         st.ensure_udp6(&sink)?;
@@ -487,7 +478,7 @@ impl Session {
             me: me.clone(),
             ring: Mutex::new(SessionRing::with_capacity(cfg.ring_capacity.max(1))),
             cfg,
-            groups: RwLock::new(Vec::new()),
+            groups: UserGroups::new(engine.reactor().clone()),
             src: SourceStats::default(),
             source_kind: Mutex::new("none".into()),
             source_addr: Mutex::new(None),
@@ -507,7 +498,7 @@ impl Session {
                 DataPath::Kernel => engine.kernel().ok(),
                 _ => None,
             },
-            kernel: Mutex::new(None),
+            kernel: KernelSinks::default(),
             rtp_video: std::sync::atomic::AtomicU8::new(0),
             ingest: Mutex::new(None),
             saw_parameter_sets: AtomicBool::new(false),
@@ -573,9 +564,7 @@ impl Session {
         };
         if self.inner.rtp_video.swap(v, Ordering::Relaxed) != v {
             self.inner.saw_parameter_sets.store(false, Ordering::Relaxed);
-            if let Some(k) = self.inner.kernel.lock().as_mut() {
-                k.set_codec(u32::from(v));
-            }
+            self.inner.kernel.set_codec(u32::from(v));
         }
     }
 
@@ -621,7 +610,7 @@ impl Session {
             if self.inner.cfg.kernel_spread {
                 k.spread().map_err(|e| std::io::Error::other(e.to_string()))?;
             }
-            *self.inner.kernel.lock() = Some(k);
+            self.inner.kernel.attach(k);
         }
         *self.inner.source_kind.lock() = format!("udp {addr}");
         *self.inner.source_addr.lock() = Some(addr);
@@ -722,17 +711,12 @@ impl Session {
 
     fn add_udp_sink_from(&self, to: SocketAddr, shared_port: bool) -> std::io::Result<u64> {
         let from = shared_port.then(crate::sink::udp_source).flatten().filter(|a| a.port() != 0);
-        let refused = match self.inner.kernel.lock().as_mut().filter(|_| KernelSession::serves(to)) {
-            Some(k) => {
-                let id = self.inner.next_sink.fetch_add(1, Ordering::Relaxed);
-                match k.add(id, to, from, self.inner.cold_video()) {
-                    Ok(()) => return Ok(id),
-                    Err(e) => Some((id, e)),
-                }
-            }
-            None => None,
-        };
-        if let Some((id, e)) = refused {
+        let id = self.inner.next_sink.fetch_add(1, Ordering::Relaxed);
+        let offered = self.inner.kernel.offer(id, to, from, self.inner.cold_video());
+        if let Some(Ok(())) = offered {
+            return Ok(id);
+        }
+        if let Some(Err(e)) = offered {
             // Full maps (or a failed map write): this sink is served from user space.
             let why = format!("served from user space: {e}");
             tracing::warn!(session = %self.inner.cfg.name, sink = %to, "{why}");
@@ -742,17 +726,16 @@ impl Session {
                 .inner
                 .add_sink_with(id, SinkTarget::Udp(to), io, how, |s| s.carry(0, 0, 0, Instant::now(), why));
         }
-        self.add_user_udp_sink(to, shared_port)
+        self.add_user_udp_sink(id, to, shared_port)
     }
 
-    fn add_user_udp_sink(&self, to: SocketAddr, shared_port: bool) -> std::io::Result<u64> {
+    fn add_user_udp_sink(&self, id: u64, to: SocketAddr, shared_port: bool) -> std::io::Result<u64> {
         let sink_io = match (self.inner.cfg.datapath, self.inner.cfg.udp_sinks) {
             (DataPath::Shared, UdpSinkMode::Connected) | (DataPath::Uring, _) => {
                 crate::sink::SinkIo::connected_udp(to, shared_port)?
             }
             _ => crate::sink::SinkIo::Unconnected(crate::sys::RawAddr::new(to)),
         };
-        let id = self.inner.next_sink.fetch_add(1, Ordering::Relaxed);
         self.inner.add_sink_with(id, SinkTarget::Udp(to), sink_io, Placement::udp(Start::Keyframe, shared_port), |_| {})
     }
 
@@ -800,51 +783,30 @@ impl Session {
         self.inner.add_sink_with(id, target, io, how, |_| {})
     }
 
+    /// Where the session's sinks are: the kernel program's first (a sink it serves is not in
+    /// user space), then the user-space groups.
+    fn sink_sets(&self) -> [&dyn SinkSet; 2] {
+        [&self.inner.kernel, &self.inner.groups]
+    }
+
     /// Removes one sink. Returns whether it existed.
     pub fn remove_sink(&self, id: u64) -> bool {
-        if let Some(k) = self.inner.kernel.lock().as_mut() {
-            if let Some((packets, bytes)) = k.remove(id) {
-                self.inner.retired.0.fetch_add(packets, Ordering::Relaxed);
-                self.inner.retired.1.fetch_add(bytes, Ordering::Relaxed);
-                return true;
-            }
-        }
-        for g in self.inner.groups.read().iter() {
-            let mut st = g.state.lock();
-            if let Some(i) = st.sinks.iter().position(|s| s.id == id) {
-                let s = st.sinks.swap_remove(i);
-                self.inner.retire(&s);
-                s.close(&self.inner.reactor);
-                return true;
-            }
-        }
-        false
+        let Some((packets, bytes)) = self.sink_sets().iter().find_map(|set| set.remove(id)) else { return false };
+        self.inner.retired.0.fetch_add(packets, Ordering::Relaxed);
+        self.inner.retired.1.fetch_add(bytes, Ordering::Relaxed);
+        true
     }
 
     /// Removes every sink (the Oslo proxy's Flush). Returns how many.
     pub fn remove_all_sinks(&self) -> usize {
-        let (mut n, packets, bytes) = self.inner.kernel.lock().as_mut().map_or((0, 0, 0), |k| k.clear());
-        self.inner.retired.0.fetch_add(packets, Ordering::Relaxed);
-        self.inner.retired.1.fetch_add(bytes, Ordering::Relaxed);
-        for g in self.inner.groups.read().iter() {
-            for s in g.state.lock().sinks.drain(..) {
-                self.inner.retire(&s);
-                s.close(&self.inner.reactor);
-                n += 1;
-            }
+        let mut removed = 0;
+        for set in self.sink_sets() {
+            let (n, packets, bytes) = set.clear();
+            self.inner.retired.0.fetch_add(packets, Ordering::Relaxed);
+            self.inner.retired.1.fetch_add(bytes, Ordering::Relaxed);
+            removed += n;
         }
-        n
-    }
-
-    /// Runs `f` on a user-space sink; `None` if there is no such sink in user space.
-    fn with_user_sink<R>(&self, id: u64, f: impl FnOnce(&mut crate::sink::Sink) -> R) -> Option<R> {
-        for g in self.inner.groups.read().iter() {
-            let mut st = g.state.lock();
-            if let Some(sink) = st.sinks.iter_mut().find(|s| s.id == id) {
-                return Some(f(sink));
-            }
-        }
-        None
+        removed
     }
 
     /// Caps the scalable layers a sink gets (`None` lifts the cap): a phone that wants the
@@ -854,17 +816,7 @@ impl Session {
         if self.inner.video_codec().is_none() {
             return Err(LayerError::NotLayered);
         }
-        if let Some(k) = self.inner.kernel.lock().as_mut().filter(|k| k.contains(id)) {
-            return k.set_pin(id, pin).map_err(|e| LayerError::Kernel(e.to_string()));
-        }
-        self.with_user_sink(id, |sink| match sink.adapt() {
-            Some(l) => {
-                l.set_pin(pin);
-                Ok(())
-            }
-            None => Err(LayerError::NotRtp),
-        })
-        .unwrap_or(Err(LayerError::NoSink))
+        self.sink_sets().iter().find_map(|set| set.pin(id, pin)).unwrap_or(Err(LayerError::NoSink))
     }
 
     /// A receiver report block about this session's stream from the subscriber of sink
@@ -877,36 +829,19 @@ impl Session {
         let now = Instant::now();
         // A copy: the source thread takes this lock for every packet.
         let rates = self.inner.layers.lock().1.clone();
-        if let Some(k) = self.inner.kernel.lock().as_mut().filter(|k| k.contains(id)) {
-            return k.report(id, cumulative_lost, &rates, now);
-        }
-        self.with_user_sink(id, |sink| {
-            let (sent, bytes) = (sink.packets_sent(), sink.bytes_sent());
-            sink.adapt().map(|l| l.on_report(cumulative_lost, sent, bytes, &rates, now)).is_some()
-        })
-        .unwrap_or(false)
+        self.sink_sets().iter().find_map(|set| set.report(id, cumulative_lost, &rates, now)).unwrap_or(false)
     }
 
     pub fn sink_status(&self, id: u64) -> Option<SinkStatus> {
-        if let Some(k) = self.inner.kernel.lock().as_ref().filter(|k| k.contains(id)) {
-            return k.sink(id).map(kernel_sink_status);
-        }
         let head = self.inner.ring.lock().head();
-        self.inner
-            .groups
-            .read()
-            .iter()
-            .find_map(|g| g.state.lock().sinks.iter().find(|s| s.id == id).map(|s| s.status(head)))
+        self.sink_sets().iter().find_map(|set| set.status(id, head))
     }
 
     pub fn sinks(&self) -> Vec<SinkStatus> {
         let head = self.inner.ring.lock().head();
-        let mut v: Vec<SinkStatus> = match self.inner.kernel.lock().as_ref() {
-            Some(k) => k.sinks().into_iter().map(kernel_sink_status).collect(),
-            None => Vec::new(),
-        };
-        for g in self.inner.groups.read().iter() {
-            v.extend(g.state.lock().sinks.iter().map(|s| s.status(head)));
+        let mut v = Vec::new();
+        for set in self.sink_sets() {
+            set.statuses(head, &mut v);
         }
         v.sort_by_key(|s| s.id);
         v
@@ -1017,7 +952,7 @@ impl Session {
             delivered_bytes_total: sinks.iter().map(|s| s.bytes_sent).sum::<u64>()
                 + inner.retired.1.load(Ordering::Relaxed),
             packets_skipped: sinks.iter().map(|s| s.packets_skipped).sum(),
-            kernel: inner.kernel.lock().as_ref().map(|k| k.stats()),
+            kernel: inner.kernel.stats(),
             layers: self.layer_status(),
             pacing: self.inner.pace().map(|(p, _)| PaceStatus { sink_rate_bps: p.rate() * 8, burst_bytes: p.burst() }),
         }
@@ -1049,8 +984,7 @@ impl Session {
             inner.reactor.deregister(reg);
         }
         self.remove_all_sinks();
-        // Detaches the session from the program (and the program from idle interfaces).
-        drop(inner.kernel.lock().take());
+        inner.kernel.detach();
         if let Runner::Thread(sig) = &inner.runner {
             sig.raise();
         }
@@ -1084,24 +1018,6 @@ struct Placement {
 impl Placement {
     fn udp(start: Start, shared_port: bool) -> Self {
         Self { strip: false, start, shared_port }
-    }
-}
-
-fn kernel_sink_status(k: crate::kernel::KernelSinkStats) -> SinkStatus {
-    SinkStatus {
-        packets_before_keyframe: 0,
-        id: k.id,
-        target: SinkTarget::Udp(k.addr),
-        packets_sent: k.packets,
-        bytes_sent: k.bytes,
-        packets_skipped: 0,
-        lag: 0,
-        state: "active",
-        reason: None,
-        errors: k.errors,
-        age_ms: k.added.elapsed().as_millis() as u64,
-        path: "kernel",
-        layers: k.layers,
     }
 }
 

@@ -1,12 +1,13 @@
 //! A sink: one subscriber, its socket (or queue), its place in the ring and what happened
 //! to it.
 
+use crate::due::{Await, Due};
 use crate::layered::SinkLayers;
 use crate::model::{FailurePolicy, SinkStatus, SinkTarget};
 use crate::packet::Packet;
 use crate::reactor::{IoFlags, Reactor, Registration};
 use crate::sys::RawAddr;
-use fanout_core::{Cursor, VirtualClock};
+use fanout_core::Cursor;
 use std::io;
 use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
@@ -74,22 +75,12 @@ impl SinkIo {
     }
 }
 
-/// A new sink's first packet.
-#[derive(Debug, Clone, Copy)]
-pub enum Await {
-    /// A video keyframe (a cold start): what comes before it is withheld.
-    Keyframe,
-    /// A video keyframe after the ring lapped the sink: what comes before it is skipped.
-    KeyframeAfterLap,
-    /// The packet with this RTP sequence number: where the kernel program stopped serving it.
-    RtpSeq(u16),
-}
-
 pub(crate) struct Sink {
     pub id: u64,
     pub target: SinkTarget,
     pub io: SinkIo,
-    pub cursor: Cursor,
+    /// Its place in the ring, what it waits for, its pacing.
+    pub due: Due,
     pub bytes: u64,
     pub failed: Option<String>,
     /// Failed, and being reconnected by the control plane (`failed_sinks = "retry"`).
@@ -109,10 +100,6 @@ pub(crate) struct Sink {
     added: Instant,
     /// Layer adaptation, once a pin or a receiver report asked for it.
     pub layers: Option<Box<SinkLayers>>,
-    /// What it waits for before it is sent anything, and until when at most.
-    pub awaiting: Option<(Await, Instant)>,
-    /// Its pacing (used when the session paces).
-    pub clock: VirtualClock,
 }
 
 impl Sink {
@@ -121,7 +108,7 @@ impl Sink {
             id,
             target,
             io,
-            cursor,
+            due: Due { cursor, ..Due::default() },
             bytes: 0,
             failed: None,
             retrying: false,
@@ -135,14 +122,12 @@ impl Sink {
             strip_rtp,
             added: Instant::now(),
             layers: None,
-            awaiting: None,
-            clock: VirtualClock::default(),
         }
     }
 
     /// Takes over what the kernel path counted for this sink before it moved to user space.
     pub fn carry(&mut self, packets: u64, bytes: u64, errors: u64, added: Instant, why: String) {
-        self.cursor.received += packets;
+        self.due.cursor.received += packets;
         self.bytes += bytes;
         self.errors += errors;
         self.added = added;
@@ -158,12 +143,12 @@ impl Sink {
 
     /// Holds its media until a keyframe comes, or `until`.
     pub fn await_first(&mut self, what: Await, until: Instant) {
-        self.awaiting = Some((what, until));
+        self.due.awaiting = Some((what, until));
     }
 
     /// Packets sent: taken from the ring, less the ones its layer allowance dropped.
     pub fn packets_sent(&self) -> u64 {
-        self.cursor.received - self.layers.as_ref().map_or(0, |l| l.dropped)
+        self.due.cursor.received - self.layers.as_ref().map_or(0, |l| l.dropped)
     }
 
     pub fn bytes_sent(&self) -> u64 {
@@ -200,9 +185,9 @@ impl Sink {
             target: self.target.clone(),
             packets_sent: self.packets_sent(),
             bytes_sent: self.bytes,
-            packets_skipped: self.cursor.skipped,
-            packets_before_keyframe: self.cursor.withheld,
-            lag: if self.failed.is_some() { 0 } else { self.cursor.lag(head) },
+            packets_skipped: self.due.cursor.skipped,
+            packets_before_keyframe: self.due.cursor.withheld,
+            lag: if self.failed.is_some() { 0 } else { self.due.cursor.lag(head) },
             state: match (&self.failed, self.retrying) {
                 (None, _) => "active",
                 (Some(_), true) => "retrying",
@@ -276,7 +261,7 @@ impl Sink {
         }
         self.reg = Some(reactor.register_sink(stream.as_raw_fd(), task.clone(), self.flags.clone())?);
         self.io = SinkIo::Stream(stream);
-        self.cursor.catch_up(head);
+        self.due.cursor.catch_up(head);
         self.last_error = self.failed.take();
         self.retrying = false;
         self.retry_asked = false;
@@ -300,5 +285,23 @@ pub(crate) fn describe(e: &io::Error) -> String {
         Some(libc::EPIPE) | Some(libc::ECONNRESET) => "connection reset by peer".into(),
         Some(libc::EHOSTUNREACH) | Some(libc::ENETUNREACH) => format!("ICMP unreachable: {e}"),
         _ => e.to_string(),
+    }
+}
+
+impl crate::due::Seat for Sink {
+    fn due(&self) -> &Due {
+        &self.due
+    }
+    fn due_mut(&mut self) -> &mut Due {
+        &mut self.due
+    }
+    fn ready(&self) -> bool {
+        Sink::ready(self)
+    }
+    fn mid_write(&self) -> bool {
+        self.partial.is_some()
+    }
+    fn is_stream(&self) -> bool {
+        matches!(self.io, SinkIo::Stream(_))
     }
 }

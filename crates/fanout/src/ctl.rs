@@ -35,6 +35,8 @@ pub struct CtlArgs {
     cmd: CtlCmd,
 }
 
+// Parsed once per run: the size of `Create` costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum CtlCmd {
     /// The server as a whole: workers, queued tasks, load shedding, RTSP addresses, egress.

@@ -30,7 +30,7 @@ pub(super) fn send_alike(
         };
         return Some(r.map(|(n, bytes)| {
             sink.bytes += bytes;
-            sink.cursor.advance(n as u64);
+            sink.due.cursor.advance(n as u64);
         }));
     }
     if let SinkIo::Channel(q) = &sink.io {

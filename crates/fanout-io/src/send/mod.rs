@@ -12,6 +12,7 @@ mod layered;
 mod shared;
 mod uring;
 
+pub(crate) use crate::due::Offer;
 use crate::engine::WorkerCtx;
 use crate::model::{DataPath, SessionConfig};
 use crate::packet::Packet;
@@ -21,14 +22,6 @@ use std::io;
 use std::net::UdpSocket;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
-
-/// One sink's share of a run: `count` packets from its cursor on.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Offer {
-    /// Its index in the group's sinks.
-    pub sink: usize,
-    pub count: usize,
-}
 
 /// What a group run asks its sender to send.
 pub(crate) struct Batch<'a> {
@@ -65,7 +58,7 @@ impl GroupFds {
 
 /// The packets an offer gives its sink.
 fn offered<'a>(snapshot: &'a [Arc<Packet>], start: u64, sink: &Sink, count: usize) -> &'a [Arc<Packet>] {
-    let from = (sink.cursor.next() - start) as usize;
+    let from = (sink.due.cursor.next() - start) as usize;
     &snapshot[from..from + count]
 }
 
@@ -133,7 +126,7 @@ impl Sink {
     /// Records that the first `n` of `pending` went.
     pub(crate) fn sent(&mut self, pending: &[Arc<Packet>], n: usize) {
         self.bytes += pending[..n].iter().map(|p| p.len() as u64).sum::<u64>();
-        self.cursor.advance(n as u64);
+        self.due.cursor.advance(n as u64);
     }
 }
 
@@ -164,7 +157,7 @@ fn account_stream(sink: &mut Sink, pending: &[Arc<Packet>], mut written: usize, 
             break;
         }
     }
-    sink.cursor.advance(started);
+    sink.due.cursor.advance(started);
     complete
 }
 

@@ -220,12 +220,12 @@ fn send_udp_group(
                 }
             }
         };
-        sink.cursor.advance(consumed as u64);
+        sink.due.cursor.advance(consumed as u64);
     }
     // A refused sink (kept under `retry`): what it could not be sent counts as skipped.
     let head = start + snapshot.len() as u64;
     for (i, _) in &refused[refused_before..] {
-        sinks[*i].cursor.catch_up(head);
+        sinks[*i].due.cursor.catch_up(head);
     }
 }
 
@@ -242,7 +242,7 @@ fn send_stream_vectored(sink: &mut Sink, pending: &[Arc<Packet>], ctx: &mut Work
     ctx.iov.extend(pending.iter().map(|p| sys::iovec(sink.bytes_of(p))));
     let offered: usize = ctx.iov.iter().map(|v| v.iov_len).sum();
     if offered == 0 {
-        sink.cursor.advance(pending.len() as u64);
+        sink.due.cursor.advance(pending.len() as u64);
         return Ok(());
     }
     match sys::send_vectored(fd, &ctx.iov) {
