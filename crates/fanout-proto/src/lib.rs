@@ -10,8 +10,11 @@
 //!   sources, per-subscriber layer adaptation, and what a received datagram carries.
 //! - [`codec`]: H.264/HEVC byte streams and parameter sets, AAC, scalable layers, decoding
 //!   times.
-//! - [`container`]: MPEG-TS (packets, PCR pacing, demuxer, muxer), MP4 in, fragmented MP4
-//!   and HLS out, playlists of recordings, and the RTP-to-access-unit repackaging.
+//! - [`rtmp`]: RTMP: AMF0, the chunk stream, a connection's server side, and a publisher's
+//!   FLV as RTP tracks.
+//! - [`container`]: MPEG-TS (packets, PCR pacing, demuxer, muxer), MP4 in, FLV tags,
+//!   fragmented MP4 and HLS out, playlists of recordings, and the RTP-to-access-unit
+//!   repackaging.
 //! - [`directory`]: the cluster's directory and where to pull a channel from.
 //! - [`http`]: recognising an HTTP stream request from its head.
 //! - [`secret`]: secrets on the wire: constant-time comparison, session ids, Digest nonces.
@@ -22,6 +25,7 @@ pub mod container;
 pub mod directory;
 pub mod http;
 pub mod probe;
+pub mod rtmp;
 pub mod rtp;
 pub mod rtsp;
 pub mod secret;

@@ -5,11 +5,13 @@
 //! - [`tsdemux`]: elementary streams (with PTS/DTS) out of an MPEG-TS.
 //! - [`tsmux`]: access units of H.264, HEVC and AAC into MPEG-TS.
 //! - [`mp4ts`]: an MP4 recording remuxed into MPEG-TS.
+//! - [`flv`]: FLV audio and video tag bodies (as RTMP carries them, Enhanced RTMP too).
 //! - [`playlist`]: recordings one after the other as one MPEG-TS.
 //! - [`repack`]: RTP H.264/HEVC/AAC tracks to access units on one timeline.
 //! - [`fmp4`]: fragmented MP4 initialization and media segments.
 //! - [`hls`]: HLS (and Low-Latency HLS) segments, parts and playlists.
 
+pub mod flv;
 pub mod fmp4;
 pub mod hls;
 pub mod mp4ts;

@@ -1,0 +1,261 @@
+//! FLV audio and video tag bodies, as RTMP carries them (FLV 10.1 §E.4.2–3), with Enhanced
+//! RTMP's FourCC video header (v1/v2: `hvc1`, `av01`, `vp09`, `avc1`): the codec, whether a
+//! body is its decoder configuration or coded frames, and the frames' NAL units.
+
+use crate::codec::annexb::Codec;
+use thiserror::Error;
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum FlvError {
+    #[error("FLV tag cut short")]
+    Short,
+    #[error("a decoder configuration record that does not parse")]
+    BadConfig,
+    #[error("a NAL unit length past the end of the frame")]
+    BadLength,
+}
+
+/// A video codec FLV can name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VideoCodec {
+    Avc,
+    Hevc,
+    Av1,
+    Vp9,
+    /// Another codec id or FourCC (Sorenson, VP6, ...): carried by no face of the relay.
+    Other(u32),
+}
+
+impl VideoCodec {
+    /// The byte-stream codec of the relay's tracks, where it is one.
+    pub fn annexb(self) -> Option<Codec> {
+        match self {
+            VideoCodec::Avc => Some(Codec::H264),
+            VideoCodec::Hevc => Some(Codec::H265),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Video<'a> {
+    /// The decoder configuration record (AVC/HEVC: the parameter sets).
+    Config { codec: VideoCodec, record: &'a [u8] },
+    /// Coded frames: `cts` is the composition time offset (ms), `data` length-prefixed NAL
+    /// units (AVC/HEVC).
+    Frames { codec: VideoCodec, keyframe: bool, cts: i32, data: &'a [u8] },
+    /// The end of the sequence, a command frame, or a packet type not handled here.
+    Other,
+}
+
+fn si24(b: &[u8]) -> i32 {
+    (i32::from_be_bytes([b[0], b[1], b[2], 0])) >> 8
+}
+
+/// Parses a video message's body.
+pub fn video(body: &[u8]) -> Result<Video<'_>, FlvError> {
+    let b0 = *body.first().ok_or(FlvError::Short)?;
+    let frame_type = (b0 >> 4) & 0x07;
+    let keyframe = frame_type == 1;
+    if frame_type == 5 {
+        return Ok(Video::Other); // a video info/command frame
+    }
+    if b0 & 0x80 != 0 {
+        // Enhanced RTMP: the packet type in the low nibble, then a FourCC.
+        let packet_type = b0 & 0x0f;
+        let fourcc = body.get(1..5).ok_or(FlvError::Short)?;
+        let codec = match fourcc {
+            b"avc1" => VideoCodec::Avc,
+            b"hvc1" => VideoCodec::Hevc,
+            b"av01" => VideoCodec::Av1,
+            b"vp09" => VideoCodec::Vp9,
+            f => VideoCodec::Other(u32::from_be_bytes([f[0], f[1], f[2], f[3]])),
+        };
+        let rest = &body[5..];
+        return Ok(match packet_type {
+            0 => Video::Config { codec, record: rest },
+            // CodedFrames: AVC and HEVC carry a composition time first.
+            1 if matches!(codec, VideoCodec::Avc | VideoCodec::Hevc) => {
+                let cts = si24(rest.get(..3).ok_or(FlvError::Short)?);
+                Video::Frames { codec, keyframe, cts, data: &rest[3..] }
+            }
+            1 => Video::Frames { codec, keyframe, cts: 0, data: rest },
+            // CodedFramesX: no composition time.
+            3 => Video::Frames { codec, keyframe, cts: 0, data: rest },
+            _ => Video::Other,
+        });
+    }
+    let codec = match b0 & 0x0f {
+        7 => VideoCodec::Avc,
+        12 => VideoCodec::Hevc, // the id some servers and encoders use for HEVC in plain FLV
+        id => VideoCodec::Other(u32::from(id)),
+    };
+    if codec.annexb().is_none() {
+        return Ok(Video::Other);
+    }
+    let h = body.get(1..5).ok_or(FlvError::Short)?;
+    Ok(match h[0] {
+        0 => Video::Config { codec, record: &body[5..] },
+        1 => Video::Frames { codec, keyframe, cts: si24(&h[1..4]), data: &body[5..] },
+        _ => Video::Other,
+    })
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Audio<'a> {
+    /// AAC's AudioSpecificConfig.
+    AacConfig(&'a [u8]),
+    /// One raw AAC frame.
+    AacFrame(&'a [u8]),
+    /// Another sound format (MP3, Speex, G.711, ...), by its FLV id.
+    Other(u8),
+}
+
+/// Parses an audio message's body.
+pub fn audio(body: &[u8]) -> Result<Audio<'_>, FlvError> {
+    let b0 = *body.first().ok_or(FlvError::Short)?;
+    let format = b0 >> 4;
+    if format != 10 {
+        return Ok(Audio::Other(format));
+    }
+    match *body.get(1).ok_or(FlvError::Short)? {
+        0 => Ok(Audio::AacConfig(&body[2..])),
+        _ => Ok(Audio::AacFrame(&body[2..])),
+    }
+}
+
+/// The parameter sets of an AVC or HEVC decoder configuration record (VPS, SPS, PPS in that
+/// order), and the size of the NAL unit length fields of the frames that follow.
+pub fn parameter_sets(codec: Codec, record: &[u8]) -> Result<(Vec<&[u8]>, usize), FlvError> {
+    let mut sets = Vec::new();
+    let mut pos;
+    let take = |pos: &mut usize, n: usize| -> Result<&[u8], FlvError> {
+        let s = record.get(*pos..*pos + n).ok_or(FlvError::BadConfig)?;
+        *pos += n;
+        Ok(s)
+    };
+    let u16_at = |s: &[u8]| usize::from(u16::from_be_bytes([s[0], s[1]]));
+    let length_size;
+    match codec {
+        Codec::H264 => {
+            let h = record.get(..6).ok_or(FlvError::BadConfig)?;
+            length_size = usize::from(h[4] & 0x03) + 1;
+            pos = 6;
+            let n_sps = usize::from(h[5] & 0x1f);
+            for _ in 0..n_sps {
+                let n = u16_at(take(&mut pos, 2)?);
+                sets.push(take(&mut pos, n)?);
+            }
+            let n_pps = usize::from(take(&mut pos, 1)?[0]);
+            for _ in 0..n_pps {
+                let n = u16_at(take(&mut pos, 2)?);
+                sets.push(take(&mut pos, n)?);
+            }
+        }
+        Codec::H265 => {
+            let h = record.get(..23).ok_or(FlvError::BadConfig)?;
+            length_size = usize::from(h[21] & 0x03) + 1;
+            pos = 23;
+            let mut by_type: Vec<(u8, &[u8])> = Vec::new();
+            for _ in 0..h[22] {
+                let t = take(&mut pos, 1)?[0] & 0x3f;
+                let count = u16_at(take(&mut pos, 2)?);
+                for _ in 0..count {
+                    let n = u16_at(take(&mut pos, 2)?);
+                    by_type.push((t, take(&mut pos, n)?));
+                }
+            }
+            by_type.sort_by_key(|(t, _)| *t); // VPS (32), SPS (33), PPS (34), then SEI
+            sets.extend(by_type.into_iter().filter(|(t, _)| (32..=34).contains(t)).map(|(_, s)| s));
+        }
+    }
+    if length_size == 3 {
+        return Err(FlvError::BadConfig); // not a size the format allows
+    }
+    Ok((sets, length_size))
+}
+
+/// The NAL units of length-prefixed frames (`length_size` bytes of length each).
+pub fn nal_units(data: &[u8], length_size: usize) -> Result<Vec<&[u8]>, FlvError> {
+    let mut out = Vec::new();
+    let mut pos = 0;
+    while pos < data.len() {
+        let l = data.get(pos..pos + length_size).ok_or(FlvError::BadLength)?;
+        let n = l.iter().fold(0usize, |n, &b| n << 8 | usize::from(b));
+        pos += length_size;
+        out.push(data.get(pos..pos + n).ok_or(FlvError::BadLength)?);
+        pos += n;
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn an_avc_sequence_header_and_a_keyframe() {
+        let sps = [0x67, 0x64, 0x00, 0x1f, 0xac];
+        let pps = [0x68, 0xee, 0x3c, 0x80];
+        let mut record = vec![1, 0x64, 0, 0x1f, 0xff, 0xe1, 0, sps.len() as u8];
+        record.extend_from_slice(&sps);
+        record.extend_from_slice(&[1, 0, pps.len() as u8]);
+        record.extend_from_slice(&pps);
+        let mut tag = vec![0x17, 0, 0, 0, 0];
+        tag.extend_from_slice(&record);
+        let Video::Config { codec, record } = video(&tag).unwrap() else { panic!("a config") };
+        assert_eq!(codec, VideoCodec::Avc);
+        let (sets, len) = parameter_sets(Codec::H264, record).unwrap();
+        assert_eq!((sets, len), (vec![&sps[..], &pps[..]], 4));
+
+        let frame = [0x17, 1, 0, 0, 80, 0, 0, 0, 2, 0x65, 0x88, 0, 0, 0, 1, 0x06];
+        let Video::Frames { keyframe, cts, data, .. } = video(&frame).unwrap() else { panic!("frames") };
+        assert_eq!((keyframe, cts), (true, 80));
+        assert_eq!(nal_units(data, 4).unwrap(), vec![&[0x65, 0x88][..], &[0x06][..]]);
+        // A negative composition offset.
+        let frame = [0x27, 1, 0xff, 0xff, 0xd8];
+        assert!(matches!(video(&frame).unwrap(), Video::Frames { keyframe: false, cts: -40, .. }));
+    }
+
+    #[test]
+    fn enhanced_rtmp_hevc() {
+        let mut config = vec![0x80 | 0x10, b'h', b'v', b'c', b'1'];
+        let mut record = vec![0u8; 23];
+        record[21] = 0x03;
+        record[22] = 3;
+        for (t, nal) in [(33u8, &[0x42, 0x01][..]), (32, &[0x40, 0x01]), (34, &[0x44, 0x01])] {
+            record.extend_from_slice(&[t, 0, 1, 0, nal.len() as u8]);
+            record.extend_from_slice(nal);
+        }
+        config.extend_from_slice(&record);
+        let Video::Config { codec, record } = video(&config).unwrap() else { panic!() };
+        assert_eq!(codec, VideoCodec::Hevc);
+        let (sets, _) = parameter_sets(Codec::H265, record).unwrap();
+        assert_eq!(sets, vec![&[0x40, 0x01][..], &[0x42, 0x01], &[0x44, 0x01]], "VPS, SPS, PPS");
+        // CodedFramesX: no composition time.
+        let frames = [0x80 | 0x10 | 3, b'h', b'v', b'c', b'1', 0, 0, 0, 1, 0x26];
+        assert!(matches!(video(&frames).unwrap(), Video::Frames { codec: VideoCodec::Hevc, cts: 0, .. }));
+    }
+
+    #[test]
+    fn aac_and_other_audio() {
+        assert_eq!(audio(&[0xaf, 0, 0x12, 0x10]).unwrap(), Audio::AacConfig(&[0x12, 0x10]));
+        assert_eq!(audio(&[0xaf, 1, 0x21]).unwrap(), Audio::AacFrame(&[0x21]));
+        assert_eq!(audio(&[0x2f, 1]).unwrap(), Audio::Other(2));
+        assert_eq!(audio(&[]), Err(FlvError::Short));
+    }
+
+    proptest! {
+        #[test]
+        fn any_tag_parses_or_fails_without_panic(b in proptest::collection::vec(any::<u8>(), 0..64), size in 1usize..5) {
+            if let Ok(Video::Config { codec, record }) = video(&b) {
+                if let Some(c) = codec.annexb() {
+                    let _ = parameter_sets(c, record);
+                }
+            }
+            let _ = audio(&b);
+            let _ = nal_units(&b, size);
+        }
+    }
+}
