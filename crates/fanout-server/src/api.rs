@@ -377,6 +377,10 @@ fn session_json(relay: &Relay, s: &fanout_io::Session) -> serde_json::Value {
     if let Some(rtsps) = *relay.rtsps_addr.lock() {
         v["rtsps_url"] = json!(format!("rtsps://{rtsps}/{}", s.name()));
     }
+    // Where an encoder publishes it over RTMP.
+    if let Some(rtmp) = path.publisher().and(*relay.rtmp_addr.lock()) {
+        v["rtmp_publish_url"] = json!(format!("rtmp://{rtmp}/{}", s.name()));
+    }
     let http = if relay.cfg.https() { "https" } else { "http" };
     v["stream_url"] = json!(format!("{http}://{}/v1/sessions/{}/stream", relay.cfg.api, s.name()));
     v["stream_format"] = json!(stream_format(&path));
@@ -570,6 +574,7 @@ fn engine_json(relay: &Relay) -> serde_json::Value {
         "shed_changes": shed_changes,
         "rtsp": *relay.rtsp_addr.lock(),
         "rtsps": *relay.rtsps_addr.lock(),
+        "rtmp": *relay.rtmp_addr.lock(),
         "egress": relay.engine.egress().map(|e| {
             let link = e.link.lock();
             json!({ "rate_kbps": link.rate() * 8 / 1000, "reserved_kbps": link.reserved() * 8 / 1000 })

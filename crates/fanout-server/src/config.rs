@@ -14,6 +14,9 @@ pub struct Config {
     pub api: SocketAddr,
     /// Address for RTSP clients (`rtsp://HOST:PORT/{session}`); none = no RTSP.
     pub rtsp: Option<SocketAddr>,
+    /// Address for RTMP publishers (`rtmp://HOST:PORT/{path}`); `"off"` = no RTMP.
+    #[serde(deserialize_with = "addr_or_off")]
+    pub rtmp: Option<SocketAddr>,
     /// RTSP clients must authenticate (Basic or Digest) as one of these; none = open.
     #[serde(rename = "rtsp_user")]
     pub rtsp_users: Vec<RtspUser>,
@@ -241,6 +244,18 @@ pub enum Encryption {
     Strict,
 }
 
+/// RTMP's port.
+pub const RTMP_PORT: u16 = 1935;
+
+/// An address, or `"off"`.
+fn addr_or_off<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
+    let s = String::deserialize(d)?;
+    match s.as_str() {
+        "off" => Ok(None),
+        a => a.parse().map(Some).map_err(|e| serde::de::Error::custom(format!("{a:?}: {e} (an address, or \"off\")"))),
+    }
+}
+
 /// The RTSPS port when `[tls]` names none (MediaMTX's).
 pub const RTSPS_PORT: u16 = 8322;
 
@@ -249,6 +264,7 @@ pub const RTSPS_PORT: u16 = 8322;
 pub const CONFIG_FIELDS: &[&str] = &[
     "api",
     "rtsp",
+    "rtmp",
     "rtsp_user",
     "rtsp_max_connections",
     "rtsp_idle_s",
@@ -290,6 +306,7 @@ impl Default for Config {
         Self {
             api: ([127, 0, 0, 1], 7070).into(),
             rtsp: Some(([127, 0, 0, 1], 8554).into()),
+            rtmp: Some(([127, 0, 0, 1], RTMP_PORT).into()),
             rtsp_users: Vec::new(),
             rtsp_max_connections: 1024,
             rtsp_idle_s: 60.0,
@@ -643,6 +660,10 @@ impl Config {
             if !r.ip().is_loopback() && !rtsp_auth {
                 open.push(format!("RTSP on {r} has no rtsp_user and no rtsp_require_token"));
             }
+        }
+        // RTMP publishers authenticate as RTSP's users.
+        if let Some(r) = self.rtmp.filter(|r| !r.ip().is_loopback() && !rtsp_auth) {
+            open.push(format!("RTMP on {r} has no rtsp_user and no rtsp_require_token"));
         }
         if !open.is_empty() && !self.allow_unauthenticated {
             return Err(format!(

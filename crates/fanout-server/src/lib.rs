@@ -1,5 +1,5 @@
 //! The fanout relay as a library: what `fanout serve` runs (config, control API, RTSP and
-//! RTSPS, HTTP streams and their repackaging, TLS and SRTP, the cluster, metrics). The
+//! RTSPS, RTMP publishing, HTTP streams and their repackaging, TLS and SRTP, the cluster, metrics). The
 //! `fanout` binary (crate `fanout`) puts it beside the control client and the tools.
 
 mod admit;
@@ -13,6 +13,7 @@ mod path;
 mod publish;
 mod relay;
 mod repack;
+mod rtmp;
 mod rtsp;
 pub mod serve;
 mod source;

@@ -1,6 +1,7 @@
-//! RTSP publishing into a session (`source = { publish = true }`): a publisher's ANNOUNCE
-//! gives the tracks, its RTP arrives interleaved on its RTSP connection and is fed into the
-//! tracks' relay sessions like an upstream's (restamped, so clients see one SSRC and
+//! Publishing into a session (`source = { publish = true }`), over RTSP or RTMP: an RTSP
+//! publisher's ANNOUNCE gives the tracks, its RTP arrives interleaved on its RTSP connection
+//! (or over UDP); an RTMP publisher's FLV is made RTP tracks by `fanout_proto::rtmp::ingest`.
+//! Either is fed into the tracks' relay sessions like an upstream's (restamped, so clients see one SSRC and
 //! unbroken sequence numbers across publishers). A publisher that leaves is an upstream
 //! loss: the session waits, its clients stay, and the next publisher continues the stream.
 
@@ -24,6 +25,8 @@ struct Active {
     /// Where its RTP and RTCP over UDP come from (its address, the ports its SETUP named) →
     /// (track, is RTCP): nothing from elsewhere is taken.
     udp: HashMap<SocketAddr, (usize, bool)>,
+    /// `interleaved`, `udp` (RTSP) or `rtmp`.
+    transport: &'static str,
     since: Instant,
 }
 
@@ -40,7 +43,7 @@ pub struct PublisherStatus {
     /// `publishing` or `waiting`.
     pub state: &'static str,
     pub peer: Option<std::net::IpAddr>,
-    /// How the publisher sends: `interleaved` on its RTSP connection, or `udp`.
+    /// How the publisher sends: `interleaved` on its RTSP connection, `udp`, or `rtmp`.
     pub transport: Option<&'static str>,
     pub publishing_s: Option<f64>,
     /// Publishers so far.
@@ -100,7 +103,46 @@ impl Publisher {
         udp: &[(usize, u16, u16)],
         engine: &fanout_io::Engine,
     ) -> std::io::Result<()> {
+        let map = channels.iter().flat_map(|&(t, ch)| [(ch, (t, false)), (ch.wrapping_add(1), (t, true))]).collect();
+        let from = |port| SocketAddr::new(peer, port);
+        let udp_map =
+            udp.iter().flat_map(|&(t, rtp, rtcp)| [(from(rtp), (t, false)), (from(rtcp), (t, true))]).collect();
+        let transport = if udp.is_empty() { "interleaved" } else { "udp" };
+        let a = Active { rtsp_session, conn, peer, channels: map, udp: udp_map, transport, since: Instant::now() };
+        self.begin(a, sdp, engine)
+    }
+
+    /// An RTMP publisher's tracks, described (`label` names it as an RTSP session would): it
+    /// then feeds them with [`Publisher::feed_rtp`].
+    pub fn start_rtmp(
+        &self,
+        label: String,
+        conn: u64,
+        peer: std::net::IpAddr,
+        sdp: Sdp,
+        engine: &fanout_io::Engine,
+    ) -> std::io::Result<()> {
+        let a = Active {
+            rtsp_session: label,
+            conn,
+            peer,
+            channels: HashMap::new(),
+            udp: HashMap::new(),
+            transport: "rtmp",
+            since: Instant::now(),
+        };
+        self.begin(a, sdp, engine)
+    }
+
+    /// Makes `a` the publisher: one at a time, whatever protocol each speaks.
+    fn begin(&self, a: Active, sdp: Sdp, engine: &fanout_io::Engine) -> std::io::Result<()> {
         let mut st = self.state.lock();
+        if let Some(other) = st.active.as_ref().filter(|o| o.conn != a.conn) {
+            return Err(std::io::Error::other(format!(
+                "{} is being published (over {} from {})",
+                self.name, other.transport, other.peer
+            )));
+        }
         for (i, m) in sdp.media.iter().enumerate() {
             let (clock, video) = track_format(m);
             if i >= st.tracks.len() {
@@ -110,7 +152,7 @@ impl Publisher {
                         let mut cfg = self.first.config().clone();
                         cfg.name = format!("{}/{i}", self.name);
                         let session = Session::new(cfg, engine);
-                        session.set_source_kind(format!("track {i} of the RTSP publisher of {}", self.name));
+                        session.set_source_kind(format!("track {i} of the publisher of {}", self.name));
                         Inlet::open(&session)?
                     }
                 };
@@ -123,16 +165,26 @@ impl Publisher {
             t.new_source();
             t.session.set_rtp_video(video);
         }
-        let map = channels.iter().flat_map(|&(t, ch)| [(ch, (t, false)), (ch.wrapping_add(1), (t, true))]).collect();
-        let from = |port| SocketAddr::new(peer, port);
-        let udp_map =
-            udp.iter().flat_map(|&(t, rtp, rtcp)| [(from(rtp), (t, false)), (from(rtcp), (t, true))]).collect();
+        let (peer, how, tracks) = (a.peer, a.transport, sdp.media.len());
         st.sdp = Some(sdp);
         st.publishes += 1;
-        st.active = Some(Active { rtsp_session, conn, peer, channels: map, udp: udp_map, since: Instant::now() });
-        let how = if udp.is_empty() { "interleaved" } else { "udp" };
-        tracing::info!(session = %self.name, %peer, tracks = channels.len() + udp.len(), how, "RTSP publisher started");
+        st.active = Some(a);
+        tracing::info!(session = %self.name, %peer, tracks, how, "publisher started");
         Ok(())
+    }
+
+    /// Whether someone publishes now.
+    pub fn is_active(&self) -> bool {
+        self.state.lock().active.is_some()
+    }
+
+    /// An RTP packet of track `track` from the publisher on connection `conn` (an RTMP
+    /// publisher's, made by its ingest), restamped in place.
+    pub fn feed_rtp(&self, conn: u64, track: usize, data: &mut [u8]) {
+        let mut st = self.state.lock();
+        if st.active.as_ref().is_some_and(|a| a.conn == conn) {
+            self.feed_track(&mut st, track, false, data);
+        }
     }
 
     /// A publisher was here and left (none publishes now).
@@ -194,7 +246,7 @@ impl Publisher {
             return false;
         }
         let a = st.active.take().expect("checked");
-        tracing::info!(session = %self.name, peer = %a.peer, after_s = a.since.elapsed().as_secs_f64(), "RTSP publisher left");
+        tracing::info!(session = %self.name, peer = %a.peer, how = a.transport, after_s = a.since.elapsed().as_secs_f64(), "publisher left");
         true
     }
 
@@ -204,7 +256,7 @@ impl Publisher {
         PublisherStatus {
             state: if a.is_some() { "publishing" } else { "waiting" },
             peer: a.map(|a| a.peer),
-            transport: a.map(|a| if a.udp.is_empty() { "interleaved" } else { "udp" }),
+            transport: a.map(|a| a.transport),
             publishing_s: a.map(|a| a.since.elapsed().as_secs_f64()),
             publishes: st.publishes,
             tracks: st

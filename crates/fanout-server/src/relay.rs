@@ -22,6 +22,8 @@ pub struct Relay {
     pub rtsp_addr: parking_lot::Mutex<Option<std::net::SocketAddr>>,
     /// Where RTSPS listens, once bound.
     pub rtsps_addr: parking_lot::Mutex<Option<std::net::SocketAddr>>,
+    /// Where RTMP publishers connect, once bound.
+    pub rtmp_addr: parking_lot::Mutex<Option<std::net::SocketAddr>>,
     /// The RTSP side, once listening.
     pub rtsp: parking_lot::Mutex<Option<Arc<dyn RtspFront>>>,
     /// This relay as a node of a cluster (`[cluster]`).
@@ -66,6 +68,7 @@ impl Relay {
             paths: RwLock::new(BTreeMap::new()),
             rtsp_addr: Default::default(),
             rtsps_addr: Default::default(),
+            rtmp_addr: Default::default(),
             rtsp: Default::default(),
         }))
     }

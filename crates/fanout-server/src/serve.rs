@@ -35,6 +35,9 @@ pub struct ServeArgs {
     /// Address for RTSP clients (overrides the config; port 0 picks a free one).
     #[arg(long)]
     rtsp: Option<std::net::SocketAddr>,
+    /// Address for RTMP publishers, or `off` (overrides the config; port 0 picks a free one).
+    #[arg(long, env = "FANOUT_RTMP", value_parser = parse_rtmp)]
+    rtmp: Option<RtmpAddr>,
     /// Do not create the built-in `demo` session.
     #[arg(long)]
     no_demo: bool,
@@ -123,6 +126,9 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
     }
     if let Some(x) = a.rtsp {
         cfg.rtsp = Some(x);
+    }
+    if let Some(RtmpAddr(x)) = a.rtmp {
+        cfg.rtmp = x;
     }
     if a.no_demo {
         cfg.demo = false;
@@ -269,6 +275,25 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>) -> 
             }
         }
     });
+    // RTMP: a port taken is not fatal, as for plain RTSP (a second relay on one host).
+    let rtmp_task = match relay.cfg.rtmp {
+        Some(addr) => {
+            match tokio::net::TcpListener::bind(addr).await {
+                Ok(l) => {
+                    if let Ok(bound) = l.local_addr() {
+                        *relay.rtmp_addr.lock() = Some(bound);
+                        say!("fanout: RTMP publishers rtmp://{bound}/{{path}}  (a path with source = {{ publish = true }})");
+                    }
+                    Some(tokio::spawn(crate::rtmp::serve(l, relay.clone())))
+                }
+                Err(e) => {
+                    tracing::warn!("cannot listen on {addr} for RTMP, serving without it: {e}");
+                    None
+                }
+            }
+        }
+        None => None,
+    };
     tokio::spawn(relay.books.clone().tell());
     let https = tls.filter(|_| relay.cfg.https());
     let server = tokio::spawn(http::serve(listener, relay.clone(), router, https));
@@ -278,11 +303,25 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>) -> 
     if let Some(t) = rtsp_task {
         t.abort();
     }
+    if let Some(t) = rtmp_task {
+        t.abort();
+    }
     if let Some(c) = &relay.cluster {
         c.leave().await;
     }
     relay.shutdown().await;
     Ok(())
+}
+
+/// `--rtmp`: an address, or `off`.
+#[derive(Clone)]
+struct RtmpAddr(Option<std::net::SocketAddr>);
+
+fn parse_rtmp(s: &str) -> Result<RtmpAddr, String> {
+    match s {
+        "off" => Ok(RtmpAddr(None)),
+        a => a.parse().map(|a| RtmpAddr(Some(a))).map_err(|e| format!("{e} (an address, or off)")),
+    }
 }
 
 type RtspListeners = (Vec<(tokio::net::TcpListener, Option<tokio_rustls::TlsAcceptor>)>, std::sync::Arc<rtsp::Rtsp>);

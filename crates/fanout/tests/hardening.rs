@@ -175,6 +175,7 @@ fn auth_token_rules() {
 
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_fanout"))
         .args(["serve", "--api", "0.0.0.0:0", "--rtsp", "127.0.0.1:0", "--no-demo"])
+        .env("FANOUT_RTMP", "off")
         .env_remove("FANOUT_TOKEN")
         .output()
         .unwrap();
@@ -292,6 +293,7 @@ fn metrics_outlive_sinks_and_logs_are_plain() {
     use std::io::BufRead;
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_fanout"))
         .args(["serve", "--api", "127.0.0.1:0", "--rtsp", "127.0.0.1:0", "--no-demo", "--state-file", ""])
+        .env("FANOUT_RTMP", "off")
         .env("FANOUT_LOG", "info")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())

@@ -37,15 +37,30 @@ pub enum RtmpError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
     /// The client connected to an application (`rtmp://host/APP`), as its tcUrl names it.
-    Connect { app: String, tc_url: String },
+    Connect {
+        app: String,
+        tc_url: String,
+    },
     /// The client asks to publish `name` (with its `?query`, if any) on a message stream:
     /// answer with [`Server::accept_publish`] or [`Server::refuse`].
-    Publish { stream_id: u32, name: String },
+    Publish {
+        stream_id: u32,
+        name: String,
+    },
     /// The client asks to play `name`: answer with [`Server::refuse`] (playing is not served).
-    Play { stream_id: u32, name: String },
+    Play {
+        stream_id: u32,
+        name: String,
+    },
     /// An FLV video or audio tag body of the published stream, at `timestamp` ms.
-    Video { timestamp: u32, body: Vec<u8> },
-    Audio { timestamp: u32, body: Vec<u8> },
+    Video {
+        timestamp: u32,
+        body: Vec<u8>,
+    },
+    Audio {
+        timestamp: u32,
+        body: Vec<u8>,
+    },
     /// The publisher stopped (deleteStream, FCUnpublish, closeStream).
     Unpublish,
 }
@@ -247,7 +262,8 @@ impl Server {
                 self.send(CSID_CONTROL, kind::SET_PEER_BANDWIDTH, 0, &bw);
                 self.send(CSID_CONTROL, kind::SET_CHUNK_SIZE, 0, &(OUT_CHUNK_SIZE as u32).to_be_bytes());
                 self.out_chunk = OUT_CHUNK_SIZE;
-                let props = Amf::object([("fmsVer", Amf::string("FMS/3,0,1,123")), ("capabilities", Amf::Number(31.0))]);
+                let props =
+                    Amf::object([("fmsVer", Amf::string("FMS/3,0,1,123")), ("capabilities", Amf::Number(31.0))]);
                 let info = Amf::object([
                     ("level", Amf::string("status")),
                     ("code", Amf::string("NetConnection.Connect.Success")),
@@ -331,7 +347,11 @@ pub(crate) mod tests {
         s.input(&out[1..1 + HANDSHAKE_LEN]).unwrap(); // C2
         let mut c = Client { reader: ChunkReader::default() };
         let connect = Client::command(
-            &[Amf::string("connect"), Amf::Number(1.0), Amf::object([("app", Amf::string("live")), ("tcUrl", Amf::string("rtmp://h/live"))])],
+            &[
+                Amf::string("connect"),
+                Amf::Number(1.0),
+                Amf::object([("app", Amf::string("live")), ("tcUrl", Amf::string("rtmp://h/live"))]),
+            ],
             0,
         );
         s.input(&connect).unwrap();
@@ -342,8 +362,7 @@ pub(crate) mod tests {
         s.input(&Client::command(&[Amf::string("createStream"), Amf::Number(4.0), Amf::Null], 0)).unwrap();
         let got = c.commands(&s.take_output());
         assert_eq!(got[0].1, vec![Amf::Number(4.0), Amf::Null, Amf::Number(1.0)]);
-        let publish =
-            [Amf::string("publish"), Amf::Number(5.0), Amf::Null, Amf::string(name), Amf::string("live")];
+        let publish = [Amf::string("publish"), Amf::Number(5.0), Amf::Null, Amf::string(name), Amf::string("live")];
         s.input(&Client::command(&publish, STREAM_ID)).unwrap();
         assert_eq!(s.poll_event(), Some(Event::Publish { stream_id: STREAM_ID, name: name.into() }));
         (s, c)
@@ -404,8 +423,7 @@ pub(crate) mod tests {
         let mut w = Vec::new();
         chunk::write_message(&mut w, 2, kind::WINDOW_ACK_SIZE, 0, 0, &1000u32.to_be_bytes(), 128);
         s.input(&w).unwrap();
-        s.input(&Client::command(&[Amf::string("noop"), Amf::Number(0.0), Amf::string(&"x".repeat(1200))], 0))
-            .unwrap();
+        s.input(&Client::command(&[Amf::string("noop"), Amf::Number(0.0), Amf::string(&"x".repeat(1200))], 0)).unwrap();
         let mut r = ChunkReader::default();
         r.set_chunk_size(OUT_CHUNK_SIZE as u32).unwrap();
         r.push(&s.take_output());

@@ -171,6 +171,7 @@ impl RelayProc {
             .args(extra)
             // A measured relay keeps no state: nothing from before, nothing after.
             .args(["--state-file", ""])
+            .env("FANOUT_RTMP", "off")
             .env("FANOUT_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

@@ -60,6 +60,8 @@ impl Relay {
             .env("FANOUT_LOG", "warn")
             // Each test's relay keeps no state (a test that does names its file).
             .env("FANOUT_STATE_FILE", "")
+            // RTMP on a free port (`--rtmp` overrides it): tests run side by side.
+            .env("FANOUT_RTMP", "127.0.0.1:0")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

@@ -1,0 +1,220 @@
+//! RTMP publishing (issue 32): ffmpeg publishes the demo clip over RTMP into a `publish`
+//! path, and plays it back over RTSP picture for picture, and as MPEG-TS and HLS; a second
+//! publisher, a path that takes none, a player and bad credentials are refused; a publisher
+//! that leaves is followed by the next one, RTSP or RTMP.
+
+mod common;
+use common::*;
+use serde_json::Value;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+const CONFIG: &str = "[[session]]\nname = \"cam\"\nsource = { publish = true }\n";
+
+struct Kill(Child);
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+const DEMO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/demo.ts");
+
+/// ffmpeg publishing the demo clip looped to `url` as FLV over RTMP (30 s at most).
+fn publish(url: &str) -> Kill {
+    let mut c = Command::new("ffmpeg");
+    c.args(["-nostdin", "-loglevel", "error", "-re", "-stream_loop", "-1", "-i", DEMO]);
+    c.args(["-t", "30", "-c", "copy", "-f", "flv", url]);
+    Kill(c.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap())
+}
+
+/// ffmpeg publishing for a moment: whether it was let in, and what it said.
+fn try_publish(url: &str) -> (bool, String) {
+    let out = Command::new("timeout")
+        .args(["20", "ffmpeg", "-nostdin", "-loglevel", "error", "-re", "-i", DEMO, "-t", "2"])
+        .args(["-c", "copy", "-f", "flv", url])
+        .output()
+        .unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// `framemd5` hashes of decoded video.
+fn pictures(args: &[&str]) -> Vec<String> {
+    let out = Command::new("timeout")
+        .args(["40", "ffmpeg", "-nostdin", "-loglevel", "error"])
+        .args(args)
+        .args(["-map", "0:v", "-f", "framemd5", "-"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split(',').nth(5).map(|m| m.trim().to_string()))
+        .collect()
+}
+
+fn rtmp_addr(relay: &Relay) -> String {
+    relay.ok("GET", "/v1/engine", None)["rtmp"].as_str().expect("the relay listens for RTMP").to_string()
+}
+
+fn publisher(relay: &Relay) -> Value {
+    relay.ok("GET", "/v1/sessions/cam", None)["publisher"].clone()
+}
+
+#[test]
+fn ffmpeg_publishes_over_rtmp_and_plays_back_over_rtsp_http_and_hls() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let relay = Relay::with_config(CONFIG, &["--no-demo"]);
+    let rtmp = rtmp_addr(&relay);
+    let session = relay.ok("GET", "/v1/sessions/cam", None);
+    assert_eq!(session["rtmp_publish_url"], format!("rtmp://{rtmp}/cam"), "{session}");
+    // OBS's form: the app as "Server", the path as "Stream Key".
+    let first = publish(&format!("rtmp://{rtmp}/live/cam"));
+    assert!(wait_for(Duration::from_secs(10), || publisher(&relay)["state"] == "publishing"), "{}", publisher(&relay));
+    assert_eq!(publisher(&relay)["transport"], "rtmp", "{}", publisher(&relay));
+
+    // Played back over RTSP: 100 pictures, each the clip's, in order.
+    let url = format!("rtsp://{}/cam", rtsp_addr(&relay));
+    let want = pictures(&["-i", DEMO]);
+    assert_eq!(want.len(), 200, "8 s at 25 fps");
+    let got = pictures(&["-rtsp_transport", "tcp", "-i", &url, "-frames:v", "100"]);
+    assert_eq!(got.len(), 100);
+    let looped: Vec<String> = want.iter().chain(&want).cloned().collect();
+    assert!(
+        looped.windows(got.len()).any(|w| w == got.as_slice()),
+        "the pictures played back are not a run of the clip's"
+    );
+    // As MPEG-TS over HTTP and as HLS, with its audio.
+    for path in ["/v1/sessions/cam/stream", "/v1/sessions/cam/hls/index.m3u8"] {
+        let probe = Command::new("timeout")
+            .args(["30", "ffprobe", "-v", "error", "-show_entries", "stream=codec_name", "-of", "csv=p=0"])
+            .arg(relay.url(path))
+            .output()
+            .unwrap();
+        let codecs = String::from_utf8_lossy(&probe.stdout).to_string();
+        assert!(codecs.contains("h264") && codecs.contains("aac"), "{path}: {codecs}");
+        let (ok, log) = ffmpeg_decode(&relay.url(path), &[], 3);
+        assert!(ok && decoded_frames(&log) >= 65, "{path}: {log}");
+        assert!(!log.contains("[h264 @"), "{path}: decode errors: {log}");
+    }
+
+    // A second publisher of the path, one of a path that takes none, and a player: refused.
+    let (ok, log) = try_publish(&format!("rtmp://{rtmp}/cam"));
+    assert!(!ok, "a second publisher was let in: {log}");
+    let (ok, _) = try_publish(&format!("rtmp://{rtmp}/nosuch"));
+    assert!(!ok, "a path that does not exist took a publisher");
+    let play = Command::new("timeout")
+        .args(["20", "ffmpeg", "-nostdin", "-loglevel", "error", "-i", &format!("rtmp://{rtmp}/cam")])
+        .args(["-t", "1", "-f", "null", "-"])
+        .output()
+        .unwrap();
+    assert!(!play.status.success(), "RTMP play is not served yet, and says so");
+    assert_eq!(publisher(&relay)["publishes"], 1, "{}", publisher(&relay));
+
+    // It leaves; the next publisher continues the same tracks.
+    drop(first);
+    assert!(wait_for(Duration::from_secs(10), || publisher(&relay)["state"] == "waiting"), "{}", publisher(&relay));
+    let second = publish(&format!("rtmp://{rtmp}/cam"));
+    assert!(wait_for(Duration::from_secs(10), || publisher(&relay)["state"] == "publishing"));
+    assert_eq!(publisher(&relay)["publishes"], 2);
+    let (ok, log) = ffmpeg_decode(&url, &["-rtsp_transport", "tcp"], 2);
+    assert!(ok && decoded_frames(&log) >= 45, "{log}");
+    drop(second);
+}
+
+#[test]
+fn rtmp_publishers_authenticate_as_rtsp_users() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let config = format!("{CONFIG}[[rtsp_user]]\nname = \"enc\"\npassword = \"s3cret\"\n");
+    let relay = Relay::with_config(&config, &["--no-demo"]);
+    let rtmp = rtmp_addr(&relay);
+    for bad in ["cam", "cam?user=enc&pass=wrong", "cam?user=other&pass=s3cret"] {
+        let (ok, _) = try_publish(&format!("rtmp://{rtmp}/{bad}"));
+        assert!(!ok, "{bad}: let in");
+    }
+    assert!(!relay.stderr().contains("s3cret") && !relay.stderr().contains("wrong"), "a secret in the log");
+    let _p = publish(&format!("rtmp://{rtmp}/cam?user=enc&pass=s3cret"));
+    assert!(wait_for(Duration::from_secs(10), || publisher(&relay)["state"] == "publishing"), "{}", publisher(&relay));
+}
+
+/// GStreamer's `rtmp2sink` publishes the demo clip (flvmux of its H.264 and AAC), and
+/// ffmpeg plays it back over RTSP.
+#[test]
+fn gstreamer_publishes_over_rtmp_and_ffmpeg_plays_it_back() {
+    if !have_ffmpeg() || !have_gstreamer() {
+        return;
+    }
+    let relay = Relay::with_config(CONFIG, &["--no-demo"]);
+    let location = format!("location=rtmp://{}/live/cam", rtmp_addr(&relay));
+    let pipeline = format!(
+        "filesrc location={DEMO} ! tsdemux name=d d. ! queue ! h264parse ! flvmux name=m streamable=true ! \
+         rtmp2sink {location} d. ! queue ! aacparse ! m."
+    );
+    let _gst = Kill(
+        Command::new("timeout")
+            .args(["-s", "INT", "20", "gst-launch-1.0", "-q"])
+            .args(pipeline.split_whitespace())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    assert!(wait_for(Duration::from_secs(10), || publisher(&relay)["state"] == "publishing"), "{}", publisher(&relay));
+    let url = format!("rtsp://{}/cam", rtsp_addr(&relay));
+    let (ok, log) = ffmpeg_decode(&url, &["-rtsp_transport", "tcp"], 2);
+    assert!(ok && decoded_frames(&log) >= 45, "{log}");
+    assert!(!log.contains("[h264 @"), "decode errors: {log}");
+}
+
+/// A connection that trickles its handshake is closed after `request_timeout_s`, and one
+/// address holds at most `max_connections_per_ip` RTMP connections at once.
+#[test]
+fn rtmp_slowloris_and_per_address_cap() {
+    use std::io::{ErrorKind, Read, Write};
+    let config = format!("request_timeout_s = 2\nmax_connections_per_ip = 4\n{CONFIG}");
+    let relay = Relay::with_config(&config, &["--no-demo"]);
+    let rtmp: std::net::SocketAddr = rtmp_addr(&relay).parse().unwrap();
+    // Whether the relay closed `s` (EOF or reset), waiting at most `wait` for it.
+    let closed = |s: &mut std::net::TcpStream, wait: Duration| {
+        s.set_read_timeout(Some(wait)).unwrap();
+        match s.read(&mut [0u8; 4096]) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => !matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut),
+        }
+    };
+    // A byte of C0/C1 every 300 ms: still closed once the 2 s are up.
+    let t0 = std::time::Instant::now();
+    let mut slow = std::net::TcpStream::connect(rtmp).unwrap();
+    let mut gone = false;
+    while !gone && t0.elapsed() < Duration::from_secs(8) {
+        let _ = slow.write_all(&[3]);
+        gone = closed(&mut slow, Duration::from_millis(300));
+    }
+    let took = t0.elapsed();
+    assert!(
+        gone && took >= Duration::from_millis(1800) && took < Duration::from_secs(4),
+        "closed: {gone} after {took:?}"
+    );
+    // Four held from one address: a fifth is closed at once; once they go, one is served.
+    let held: Vec<_> = (0..4).map(|_| std::net::TcpStream::connect(rtmp).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut fifth = std::net::TcpStream::connect(rtmp).unwrap();
+    assert!(closed(&mut fifth, Duration::from_secs(1)), "a fifth connection from one address stayed");
+    drop(held);
+    std::thread::sleep(Duration::from_millis(200));
+    let mut again = std::net::TcpStream::connect(rtmp).unwrap();
+    let mut hello = vec![3u8];
+    hello.extend(std::iter::repeat_n(0u8, 1536));
+    again.write_all(&hello).unwrap();
+    again.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut s0 = [0u8; 1];
+    again.read_exact(&mut s0).unwrap();
+    assert_eq!(s0[0], 3, "the handshake's S0");
+}
