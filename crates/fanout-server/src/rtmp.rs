@@ -105,13 +105,17 @@ impl Conn<'_> {
                         if let Err(e) = self.ingest.video(timestamp, &body, &mut packets) {
                             tracing::debug!(peer = %self.peer, "RTMP video tag: {e}");
                         }
-                        self.feed(&mut packets);
+                        if let Err(why) = self.feed(&mut packets) {
+                            close = Some(why);
+                        }
                     }
                     Event::Audio { timestamp, body } => {
                         if let Err(e) = self.ingest.audio(timestamp, &body, &mut packets) {
                             tracing::debug!(peer = %self.peer, "RTMP audio tag: {e}");
                         }
-                        self.feed(&mut packets);
+                        if let Err(why) = self.feed(&mut packets) {
+                            close = Some(why);
+                        }
                     }
                     Event::Unpublish => self.stop(),
                 }
@@ -177,35 +181,35 @@ impl Conn<'_> {
         })
     }
 
-    /// Hands the ingest's packets to the path, describing its tracks at the first.
-    fn feed(&mut self, packets: &mut Vec<fanout_proto::rtmp::ingest::RtpPacket>) {
+    /// Hands the ingest's packets to the path, describing its tracks at the first; an error
+    /// ends the connection (its tracks cannot start).
+    fn feed(&mut self, packets: &mut Vec<fanout_proto::rtmp::ingest::RtpPacket>) -> Result<(), String> {
         let Some((name, publisher)) = &self.publishing else {
             packets.clear();
-            return;
+            return Ok(());
         };
         if !self.started {
             let Some(sdp) = self.ingest.sdp() else {
                 packets.clear();
-                return;
-            };
-            let sdp = match fanout_proto::rtsp::sdp::Sdp::parse(&sdp) {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::error!(path = %name, "the RTMP publisher's description: {e}");
-                    return;
-                }
+                return Ok(());
             };
             let label = format!("rtmp-{}", self.conn & !CONN_BASE);
-            if let Err(e) = publisher.start_rtmp(label, self.conn, self.peer.ip(), sdp, &self.relay.engine) {
+            let started = fanout_proto::rtsp::sdp::Sdp::parse(&sdp)
+                .map_err(|e| format!("its description: {e}"))
+                .and_then(|sdp| {
+                    publisher.start_rtmp(label, self.conn, self.peer.ip(), sdp, &self.relay.engine).map_err(|e| e.to_string())
+                });
+            if let Err(e) = started {
                 tracing::warn!(path = %name, peer = %self.peer, "RTMP publisher not started: {e}");
                 packets.clear();
-                return;
+                return Err(e);
             }
             self.started = true;
         }
         for mut p in packets.drain(..) {
             publisher.feed_rtp(self.conn, p.track, &mut p.data);
         }
+        Ok(())
     }
 
     /// The publisher stopped or went away: the path waits for the next one.

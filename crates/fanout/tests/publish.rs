@@ -7,18 +7,10 @@ mod common;
 use common::*;
 use serde_json::Value;
 use std::io::{Read, Write};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 const CONFIG: &str = "[[session]]\nname = \"pub\"\nsource = { publish = true }\n";
-
-struct Kill(Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// The demo clip as MP4 (ffmpeg's RTSP muxer wants AAC with its global header, which TS
 /// does not carry).
@@ -44,22 +36,6 @@ fn publish(clip: &std::path::Path, url: &str, transport: Option<&str>) -> Kill {
         c.args(["-rtsp_transport", t]);
     }
     Kill(c.arg(url).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap())
-}
-
-/// `framemd5` lines of decoded video: the pictures' hashes.
-fn pictures(args: &[&str]) -> Vec<String> {
-    let out = Command::new("timeout")
-        .args(["40", "ffmpeg", "-nostdin", "-loglevel", "error"])
-        .args(args)
-        .args(["-map", "0:v", "-f", "framemd5", "-"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| l.split(',').nth(5).map(|m| m.trim().to_string()))
-        .collect()
 }
 
 fn publisher(relay: &Relay) -> Value {

@@ -6,18 +6,10 @@
 mod common;
 use common::*;
 use serde_json::Value;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 const CONFIG: &str = "[[session]]\nname = \"cam\"\nsource = { publish = true }\n";
-
-struct Kill(Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 const DEMO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/demo.ts");
 
@@ -37,22 +29,6 @@ fn try_publish(url: &str) -> (bool, String) {
         .output()
         .unwrap();
     (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
-}
-
-/// `framemd5` hashes of decoded video.
-fn pictures(args: &[&str]) -> Vec<String> {
-    let out = Command::new("timeout")
-        .args(["40", "ffmpeg", "-nostdin", "-loglevel", "error"])
-        .args(args)
-        .args(["-map", "0:v", "-f", "framemd5", "-"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| l.split(',').nth(5).map(|m| m.trim().to_string()))
-        .collect()
 }
 
 fn rtmp_addr(relay: &Relay) -> String {

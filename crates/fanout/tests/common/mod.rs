@@ -487,6 +487,33 @@ pub fn gst_errors_while_playing(log: &str) -> Vec<&str> {
     playing.lines().filter(|l| l.contains("ERROR")).collect()
 }
 
+/// A child process killed (and reaped) when the test lets go of it, however it ends.
+pub struct Kill(pub Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `framemd5` hashes of the video ffmpeg decodes with `args` (its input and options), in
+/// order: what a test compares picture for picture.
+pub fn pictures(args: &[&str]) -> Vec<String> {
+    let out = Command::new("timeout")
+        .args(["40", "ffmpeg", "-nostdin", "-loglevel", "error"])
+        .args(args)
+        .args(["-map", "0:v", "-f", "framemd5", "-"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split(',').nth(5).map(|m| m.trim().to_string()))
+        .collect()
+}
+
 /// Reads a response head (HTTP or RTSP) byte by byte, through its blank line.
 pub fn read_head(s: &mut impl Read) -> String {
     let mut head = Vec::new();
