@@ -107,8 +107,21 @@ fn every_bench_has_a_quick_mode_with_csv_and_png() {
     let d = |s: &str| dir.join(s).to_str().unwrap().to_string();
     let peers = concat!(env!("CARGO_MANIFEST_DIR"), "/../../.peers");
     let runs: [(&[&str], &str, usize); 6] = [
-        // The shared path fed paged datagrams (`:paged`, a NIC's kind) beside copy's linear ones.
-        (&["bench", "datapaths", "--quick", "--datapath", "copy,shared:paged"], "datapaths/datapaths.csv", 2),
+        // The shared path fed paged datagrams (`:paged`, a NIC's kind) beside copy's linear
+        // ones, each also on a `--baseline` build (this one again): four rows a round.
+        (
+            &[
+                "bench",
+                "datapaths",
+                "--quick",
+                "--datapath",
+                "copy,shared:paged",
+                "--baseline",
+                env!("CARGO_BIN_EXE_fanout"),
+            ],
+            "datapaths/datapaths.csv",
+            4,
+        ),
         // One step per way of watching: TS over UDP, RTP, TS over HTTP, HLS.
         (&["bench", "http", "--quick"], "http/http.csv", 4),
         (&["bench", "splice", "--quick"], "splice/splice.csv", 2),

@@ -52,7 +52,14 @@ pub struct BenchArgs {
     /// Folder for the CSV and PNG.
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
+    /// Another build of `fanout` to measure beside this one: each data path runs on both,
+    /// alternating, its rows labelled `… (baseline)`.
+    #[arg(long)]
+    baseline: Option<PathBuf>,
 }
+
+/// What a baseline build's rows are labelled with.
+const BASELINE: &str = " (baseline)";
 
 /// Where a packet carries its send time: after the RTP header and SVC prefix of a layered
 /// one, and at the same place in a plain one.
@@ -129,7 +136,16 @@ pub fn run(mut a: BenchArgs) -> anyhow::Result<()> {
         false => None,
     };
     let relay = RelayProc::start(&[])?;
-    let (api, pid) = (relay.client(), relay.pid());
+    let base = match &a.baseline {
+        Some(b) if !b.is_file() => bail!("--baseline {}: no such file", b.display()),
+        Some(b) => Some(RelayProc::start_bin(b, &[])?),
+        None => None,
+    };
+    // Each data path on this build, then on the baseline's, in every round.
+    let builds: Vec<(&str, &RelayProc)> =
+        std::iter::once(("", &relay)).chain(base.iter().map(|b| (BASELINE, b))).collect();
+    let labels: Vec<String> =
+        a.datapath.iter().flat_map(|dp| builds.iter().map(move |(suffix, _)| format!("{dp}{suffix}"))).collect();
 
     let receivers: Arc<Vec<UdpSocket>> = Arc::new(
         (0..a.sinks)
@@ -183,10 +199,13 @@ pub fn run(mut a: BenchArgs) -> anyhow::Result<()> {
     // Per data path, each sink's mean latency in the last round.
     let mut last_latency: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
     for round in 1..=a.rounds {
-        for (i, name_dp) in a.datapath.iter().enumerate() {
-            let (dp, cap) = match name_dp.split_once('@') {
+        for (i, name_dp) in labels.iter().enumerate() {
+            let on = builds[i % builds.len()].1;
+            let (api, pid) = (on.client(), on.pid());
+            let bare = name_dp.trim_end_matches(BASELINE);
+            let (dp, cap) = match bare.split_once('@') {
                 Some((dp, cap)) => (dp, Some(cap)),
-                None => (name_dp.as_str(), None),
+                None => (bare, None),
             };
             let paged = super::has_option(dp, "paged");
             let dp = super::without_options(dp, &["paged"]);
@@ -274,7 +293,9 @@ pub fn run(mut a: BenchArgs) -> anyhow::Result<()> {
             let spread = Spread::of(&before_lat, &after_lat);
             if round == a.rounds {
                 // Each sink's mean latency in the last round, in the order the sinks were added.
-                let mut f = std::fs::File::create(a.out.join(format!("latency-{}.csv", name_dp.replace(':', "_"))))?;
+                let mut f = std::fs::File::create(
+                    a.out.join(format!("latency-{}.csv", name_dp.replace([':', ' ', '(', ')'], "_"))),
+                )?;
                 writeln!(f, "sink,mean_latency_us")?;
                 let mut pts = Vec::new();
                 for (k, (b, x)) in before_lat.iter().zip(&after_lat).enumerate().filter(|(_, (b, x))| x.1 > b.1) {
@@ -302,7 +323,7 @@ pub fn run(mut a: BenchArgs) -> anyhow::Result<()> {
     stop.store(true, Ordering::Relaxed);
     let _ = drain.join();
     println!(
-        "\n{:>16}  {:>22}  {:>9}  {:>21}  {:>9}  {:>17}  {:>14}",
+        "\n{:>26}  {:>22}  {:>9}  {:>21}  {:>9}  {:>17}  {:>14}",
         "datapath",
         "relay µs per delivery",
         "vs first",
@@ -316,7 +337,7 @@ pub fn run(mut a: BenchArgs) -> anyhow::Result<()> {
     let ratio = |x: f64, base: f64| if base > 0.0 { format!("{:.2}x", x / base) } else { "-".into() };
     // CPU time comes in 10 ms ticks: below MIN_TICKS a figure would be the tick, not the path.
     let (mut short, mut rows) = (false, Vec::new());
-    for dp in &a.datapath {
+    for dp in &labels {
         let mine: Vec<_> = results.iter().filter(|r| &r.0 == dp).collect();
         let (cpu, path, del) = mine.iter().fold((0.0, 0.0, 0.0), |acc, r| (acc.0 + r.1, acc.1 + r.2, acc.2 + r.3));
         let calls: Option<u64> = mine.iter().map(|r| r.4).sum();
@@ -333,12 +354,26 @@ pub fn run(mut a: BenchArgs) -> anyhow::Result<()> {
         let (b, bp) = *first.get_or_insert((per.unwrap_or(0.0), path_per.unwrap_or(0.0)));
         let r = |v: Option<f64>, base| v.map_or("-".into(), |v| ratio(v, base));
         println!(
-            "{dp:>16}  {:>22}  {:>9}  {:>21}  {:>9}  {calls:>17}  {switches:>14.0}",
+            "{dp:>26}  {:>22}  {:>9}  {:>21}  {:>9}  {calls:>17}  {switches:>14.0}",
             fig(per),
             r(per, b),
             fig(path_per),
             r(path_per, bp)
         );
+    }
+    if base.is_some() {
+        // This build against the baseline, per data path: the figure the run is for.
+        let per = |label: &str| {
+            let mine: Vec<_> = results.iter().filter(|r| r.0 == label).collect();
+            let (cpu, del) = mine.iter().fold((0.0, 0.0), |acc, r| (acc.0 + r.1, acc.1 + r.3));
+            (cpu * 100.0 >= MIN_TICKS).then(|| cpu * 1e6 / del.max(1.0))
+        };
+        println!();
+        for dp in &a.datapath {
+            if let (Some(now), Some(was)) = (per(dp), per(&format!("{dp}{BASELINE}"))) {
+                println!("{dp:>26}: relay µs per delivery {now:.3} here, {was:.3} on the baseline: {:.2}x", now / was);
+            }
+        }
     }
     if short {
         println!(
@@ -347,7 +382,7 @@ pub fn run(mut a: BenchArgs) -> anyhow::Result<()> {
     }
     // Each data path's cost per round, relay and whole path side by side.
     let series = |path: bool| -> Vec<(String, Vec<(f64, f64)>)> {
-        a.datapath
+        labels
             .iter()
             .map(|dp| {
                 let pts = results
@@ -384,6 +419,6 @@ pub fn run(mut a: BenchArgs) -> anyhow::Result<()> {
         }],
     )?;
     println!("\nCSV: {}\nPNG: {}\n     {}", csv_path.display(), png.display(), lat_png.display());
-    drop(relay);
+    drop((relay, base));
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! `fanout bench ingest`: what a packet costs the relay on its way in, with nobody watching:
 //! an RTSP publisher's RTP (interleaved on its TCP connection, ANNOUNCE/RECORD into a
-//! `publish` session) and an RTSP upstream's (the relay pulls over UDP from an origin relay
+//! `publish` session), an RTMP publisher's FLV (`rtmp`: H.264 pictures the relay makes ten
+//! RTP packets each, counted as those packets) and an RTSP upstream's (the relay pulls over UDP from an origin relay
 //! that the bench publishes into), and that pull with one HTTP MPEG-TS subscriber
 //! (`pull-http`: the repackaging's way, RTP tracks to a TS session). The figure is the
 //! measured relay process's own CPU per packet its session took in. `--baseline BIN` measures another build beside this one
@@ -27,7 +28,8 @@ pub struct IngestArgs {
     seconds: f64,
     #[arg(long, default_value_t = 3)]
     rounds: usize,
-    /// Ways in: publish, pull, pull-http.
+    /// Ways in: publish, rtmp, pull, pull-http (`rtmp` on builds that serve RTMP: not on a
+    /// baseline from before it).
     #[arg(long, value_delimiter = ',', default_value = "publish,pull,pull-http")]
     kinds: Vec<String>,
     /// Another relay binary to measure beside this one (a build of an earlier commit).
@@ -72,6 +74,137 @@ fn exchange(tcp: &mut TcpStream, req: &str) -> anyhow::Result<String> {
         .context("Content-Length")?;
     tcp.read_exact(&mut vec![0u8; len])?;
     Ok(head)
+}
+
+/// What pushes the load: `sent` packets so far (RTP packets, as the relay counts them in).
+trait Push {
+    fn send(&mut self, pps: u32, payload: usize, seconds: f64) -> anyhow::Result<()>;
+    fn sent(&self) -> u64;
+}
+
+impl Push for Publisher {
+    fn send(&mut self, pps: u32, payload: usize, seconds: f64) -> anyhow::Result<()> {
+        Publisher::send(self, pps, payload, seconds)
+    }
+    fn sent(&self) -> u64 {
+        self.sent
+    }
+}
+
+/// An RTMP publisher of synthetic H.264 (FLV AVC): pictures of one NAL unit that the relay's
+/// ingest cuts into exactly [`RTMP_PACKETS_PER_PICTURE`] RTP packets.
+struct RtmpPublisher {
+    tcp: TcpStream,
+    pictures: u64,
+}
+
+const RTMP_PACKETS_PER_PICTURE: u64 = 10;
+/// FU-A body bytes per RTP packet of the relay's ingest (1400 less the two FU bytes).
+const FU_BODY: usize = 1398;
+
+impl RtmpPublisher {
+    fn connect(rtmp: SocketAddr, name: &str) -> anyhow::Result<Self> {
+        use fanout_proto::rtmp::amf::{encode_all, Amf};
+        use fanout_proto::rtmp::chunk::{kind, write_message, ChunkReader};
+        let mut tcp = TcpStream::connect(rtmp).context("the relay's RTMP port")?;
+        tcp.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let mut hello = vec![3u8];
+        hello.resize(1 + 1536, 0);
+        tcp.write_all(&hello)?;
+        tcp.read_exact(&mut vec![0u8; 1 + 2 * 1536])?;
+        let mut out = vec![0u8; 1536]; // C2
+        let command = |out: &mut Vec<u8>, stream: u32, v: &[Amf]| {
+            write_message(out, 3, kind::COMMAND_AMF0, stream, 0, &encode_all(v), 128)
+        };
+        let tc_url = format!("rtmp://{rtmp}/bench");
+        let app = Amf::object([("app", Amf::string("bench")), ("tcUrl", Amf::string(&tc_url))]);
+        command(&mut out, 0, &[Amf::string("connect"), Amf::Number(1.0), app]);
+        command(&mut out, 0, &[Amf::string("createStream"), Amf::Number(2.0), Amf::Null]);
+        command(
+            &mut out,
+            1,
+            &[Amf::string("publish"), Amf::Number(3.0), Amf::Null, Amf::string(name), Amf::string("live")],
+        );
+        // Our chunks from now on: one per picture.
+        write_message(&mut out, 2, kind::SET_CHUNK_SIZE, 0, 0, &(1u32 << 20).to_be_bytes(), 128);
+        tcp.write_all(&out)?;
+        // Until the relay says the publish started.
+        let mut r = ChunkReader::default();
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = tcp.read(&mut buf)?;
+            if n == 0 {
+                bail!("the relay closed the RTMP connection before the publish started");
+            }
+            r.push(&buf[..n]);
+            while let Some(m) = r.next_message()? {
+                if m.kind == kind::SET_CHUNK_SIZE && m.payload.len() >= 4 {
+                    r.set_chunk_size(u32::from_be_bytes([m.payload[0], m.payload[1], m.payload[2], m.payload[3]]))?;
+                }
+                if m.kind == kind::COMMAND_AMF0 {
+                    let v = fanout_proto::rtmp::amf::decode_all(&m.payload)?;
+                    let code = v.get(3).and_then(|i| i.get("code")).and_then(Amf::str).unwrap_or_default();
+                    if code == "NetStream.Publish.Start" {
+                        let mut p = Self { tcp, pictures: 0 };
+                        // The AVC decoder configuration: a made-up SPS and PPS.
+                        let config = [
+                            0x17, 0, 0, 0, 0, 1, 0x42, 0xc0, 0x1e, 0xff, 0xe1, 0, 4, 0x67, 0x42, 0xc0, 0x1e, 1, 0, 2,
+                            0x68, 0xce,
+                        ];
+                        p.video(0, &config)?;
+                        return Ok(p);
+                    }
+                    if code.starts_with("NetStream.Publish.") {
+                        bail!("the relay refused the RTMP publish: {code}");
+                    }
+                }
+            }
+        }
+    }
+
+    fn video(&mut self, ts: u32, body: &[u8]) -> anyhow::Result<()> {
+        let mut out = Vec::with_capacity(body.len() + 32);
+        fanout_proto::rtmp::chunk::write_message(
+            &mut out,
+            6,
+            fanout_proto::rtmp::chunk::kind::VIDEO,
+            1,
+            ts,
+            body,
+            1 << 20,
+        );
+        self.tcp.write_all(&out)?;
+        Ok(())
+    }
+}
+
+impl Push for RtmpPublisher {
+    /// Pictures at `pps / 10` a second (a keyframe every 30), a batch a millisecond.
+    fn send(&mut self, pps: u32, _payload: usize, seconds: f64) -> anyhow::Result<()> {
+        let rate = f64::from(pps) / RTMP_PACKETS_PER_PICTURE as f64;
+        let nal_len = 1 + RTMP_PACKETS_PER_PICTURE as usize * FU_BODY;
+        let (start, until) = (Instant::now(), Duration::from_secs_f64(seconds));
+        let first = self.pictures;
+        while start.elapsed() < until {
+            let due = first + (start.elapsed().as_secs_f64() * rate) as u64;
+            while self.pictures < due {
+                let key = self.pictures.is_multiple_of(30);
+                let mut body = vec![if key { 0x17 } else { 0x27 }, 1, 0, 0, 0];
+                body.extend_from_slice(&(nal_len as u32).to_be_bytes());
+                body.push(if key { 0x65 } else { 0x41 });
+                body.resize(body.len() + nal_len - 1, 0x5a);
+                let ts = (self.pictures as f64 * 1000.0 / rate) as u32;
+                self.video(ts, &body)?;
+                self.pictures += 1;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
+    }
+    fn sent(&self) -> u64 {
+        // A keyframe also carries the SPS and PPS in-band: two packets more.
+        self.pictures * RTMP_PACKETS_PER_PICTURE + 2 * self.pictures.div_ceil(30)
+    }
 }
 
 impl Publisher {
@@ -143,6 +276,15 @@ impl Publisher {
     }
 }
 
+fn rtmp_addr(relay: &RelayProc) -> anyhow::Result<SocketAddr> {
+    let v = relay.client().call("GET", "/v1/engine", None)?;
+    v["rtmp"]
+        .as_str()
+        .context("the relay serves no RTMP (a build from before it?)")?
+        .parse()
+        .context("its RTMP address")
+}
+
 fn rtsp_addr(relay: &RelayProc) -> anyhow::Result<SocketAddr> {
     let v = relay.client().call("GET", "/v1/engine", None)?;
     v["rtsp"].as_str().context("the relay has no RTSP port")?.parse().context("its RTSP address")
@@ -158,14 +300,18 @@ fn step(bin: &std::path::Path, kind: &str, pps: u32, a: &IngestArgs) -> anyhow::
     // The origin of a pull is this build whatever is measured: it is the load, not the
     // subject. It goes after the relay (a relay that loses its upstream retries, noisily).
     let origin = if kind.starts_with("pull") { Some(RelayProc::start(&[])?) } else { None };
-    let relay = RelayProc::start_bin(bin, &[])?;
+    let extra: &[&str] = if kind == "rtmp" { &["--rtmp", "127.0.0.1:0"] } else { &[] };
+    let relay = RelayProc::start_bin(bin, extra)?;
     let mut fields = super::datapath_fields(&a.datapath)?;
-    let (mut publisher, name) = match (kind, &origin) {
-        ("publish", _) => {
+    let (mut publisher, name): (Box<dyn Push>, &str) = match (kind, &origin) {
+        ("publish" | "rtmp", _) => {
             fields.insert("name".into(), "pub".into());
             fields.insert("source".into(), serde_json::json!({ "publish": true }));
             relay.client().call("POST", "/v1/sessions", Some(fields.into()))?;
-            (Publisher::connect(rtsp_addr(&relay)?, "pub")?, "pub")
+            match kind {
+                "rtmp" => (Box::new(RtmpPublisher::connect(rtmp_addr(&relay)?, "pub")?), "pub"),
+                _ => (Box::new(Publisher::connect(rtsp_addr(&relay)?, "pub")?), "pub"),
+            }
         }
         ("pull" | "pull-http", Some(origin)) => {
             let spec = serde_json::json!({ "name": "src", "source": { "publish": true } });
@@ -181,9 +327,9 @@ fn step(bin: &std::path::Path, kind: &str, pps: u32, a: &IngestArgs) -> anyhow::
             let mut p = publisher;
             p.send(pps, a.payload, 0.5)?;
             relay.client().call("POST", "/v1/sessions", Some(fields.into()))?;
-            (p, "up")
+            (Box::new(p), "up")
         }
-        _ => bail!("kind {kind:?}: expected publish, pull or pull-http"),
+        _ => bail!("kind {kind:?}: expected publish, rtmp, pull or pull-http"),
     };
     // One HTTP subscriber of the pull's MPEG-TS, for as long as the step runs.
     let mut sub = match kind {
@@ -199,13 +345,13 @@ fn step(bin: &std::path::Path, kind: &str, pps: u32, a: &IngestArgs) -> anyhow::
     };
     // A second to settle (the pull connects, the first buffers are taken).
     publisher.send(pps, a.payload, 1.0)?;
-    let (cpu0, in0, sent0) = (process_cpu_s(relay.pid())?, packets_in(&relay, name)?, publisher.sent);
+    let (cpu0, in0, sent0) = (process_cpu_s(relay.pid())?, packets_in(&relay, name)?, publisher.sent());
     publisher.send(pps, a.payload, a.seconds)?;
     let (cpu1, in1) = (process_cpu_s(relay.pid())?, packets_in(&relay, name)?);
     if let Some(sub) = sub.as_mut() {
         wait(sub, Duration::from_secs(30))?;
     }
-    Ok((cpu1 - cpu0, in1 - in0, publisher.sent - sent0))
+    Ok((cpu1 - cpu0, in1 - in0, publisher.sent() - sent0))
 }
 
 pub fn run(a: IngestArgs) -> anyhow::Result<()> {
@@ -242,7 +388,8 @@ pub fn run(a: IngestArgs) -> anyhow::Result<()> {
     let png = a.out.join("ingest.png");
     super::plot::panels(
         &png,
-        "Relay CPU per packet taken in (publish, pull: nobody watching; pull-http: one HTTP TS player)",
+        // (Who watches: nobody, but one HTTP TS player for pull-http; the module says more.)
+        "Relay CPU per packet taken in, by way in",
         "packets per second",
         false,
         &[super::plot::Panel { y_label: "µs per packet", series, log_y: false }],
@@ -265,13 +412,17 @@ fn measure(a: &IngestArgs, csv_path: &std::path::Path) -> anyhow::Result<Results
     }
     let mut csv = std::fs::File::create(csv_path)?;
     writeln!(csv, "build,kind,pps,round,relay_cpu_s,packets_in,packets_sent,us_per_packet")?;
-    let steps = (a.rounds * a.pps.len() * a.kinds.len() * builds.len()) as u64;
+    let runs_on = |k: &String| if k == "rtmp" { 1 } else { builds.len() };
+    let steps = (a.rounds * a.pps.len() * a.kinds.iter().map(runs_on).sum::<usize>()) as u64;
     let mut pb = progress(steps, "bench ingest");
     let mut results = Results::new();
     for round in 0..a.rounds {
         for &pps in &a.pps {
             for kind in &a.kinds {
                 for (build, bin) in &builds {
+                    if kind == "rtmp" && *build == "baseline" {
+                        continue; // a build from before RTMP (its kinds are compared on this one)
+                    }
                     pb.set_message(format!("{build}: {kind} at {pps} packets/s, round {}", round + 1));
                     let (cpu, taken, sent) = step(bin, kind, pps, a).with_context(|| format!("{build} {kind}"))?;
                     let us = 1e6 * cpu / taken.max(1) as f64;
