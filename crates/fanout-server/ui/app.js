@@ -80,7 +80,10 @@ function update(c, s, now, rtspClients) {
   const el = c.el;
   $(el, '.path').textContent = s.datapath;
   const st = $(el, '.state');
-  st.textContent = s.upstream ? `upstream ${s.upstream.state}` : s.source.state;
+  // A publish session says who publishes, and over what (RTSP or RTMP).
+  const pub = s.publisher && (s.publisher.state === 'publishing'
+    ? `published over ${s.publisher.transport === 'rtmp' ? 'RTMP' : 'RTSP'}` : 'waiting for a publisher');
+  st.textContent = s.upstream ? `upstream ${s.upstream.state}` : (pub || s.source.state);
   st.className = `badge state ${s.upstream ? (s.upstream.state === 'playing' ? 'active' : 'waiting') : s.source.state}`;
   $(el, '.source').textContent = s.source.kind + (s.source.error ? ` — ${s.source.error}` : '') +
     (s.repackaging ? ` · repackaged: ${s.repackaging.from}` : '');
