@@ -725,6 +725,16 @@ async fn metrics(State(relay): State<Arc<Relay>>) -> impl IntoResponse {
     });
     let help = "HLS players of the session: names with a playlist request in the last 10 s.";
     family(&mut m, "fanout_hls_players", "gauge", help, players);
+    // Publish sessions: who publishes now, over what; how many have.
+    let pubs: Vec<_> = relay.paths().iter().filter_map(|p| Some((p.name.clone(), p.publisher()?.status()))).collect();
+    let publishing = pubs.iter().filter(|(_, st)| st.state == "publishing").map(|(n, st)| {
+        let protocol = if st.transport == Some("rtmp") { "rtmp" } else { "rtsp" };
+        (format!("{{session=\"{}\",protocol=\"{protocol}\"}}", label(n)), 1)
+    });
+    let help = "1 while the session's publisher publishes, by protocol (rtsp, rtmp).";
+    family(&mut m, "fanout_publishing", "gauge", help, publishing);
+    let publishes = pubs.iter().map(|(n, st)| (format!("{{session=\"{}\"}}", label(n)), st.publishes));
+    family(&mut m, "fanout_publishes_total", "counter", "Publishers the session has had.", publishes);
     process_metrics(&mut m);
     if let Some(c) = &relay.cluster {
         cluster_metrics(&mut m, c);

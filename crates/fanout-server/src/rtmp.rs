@@ -197,7 +197,9 @@ impl Conn<'_> {
             let started = fanout_proto::rtsp::sdp::Sdp::parse(&sdp)
                 .map_err(|e| format!("its description: {e}"))
                 .and_then(|sdp| {
-                    publisher.start_rtmp(label, self.conn, self.peer.ip(), sdp, &self.relay.engine).map_err(|e| e.to_string())
+                    publisher
+                        .start_rtmp(label, self.conn, self.peer.ip(), sdp, &self.relay.engine)
+                        .map_err(|e| e.to_string())
                 });
             if let Err(e) = started {
                 tracing::warn!(path = %name, peer = %self.peer, "RTMP publisher not started: {e}");

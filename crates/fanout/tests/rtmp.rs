@@ -35,6 +35,11 @@ fn rtmp_addr(relay: &Relay) -> String {
     relay.ok("GET", "/v1/engine", None)["rtmp"].as_str().expect("the relay listens for RTMP").to_string()
 }
 
+fn metrics(relay: &Relay) -> String {
+    let out = Command::new("curl").args(["-s", &relay.url("/metrics")]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 fn publisher(relay: &Relay) -> Value {
     relay.ok("GET", "/v1/sessions/cam", None)["publisher"].clone()
 }
@@ -52,6 +57,9 @@ fn ffmpeg_publishes_over_rtmp_and_plays_back_over_rtsp_http_and_hls() {
     let first = publish(&format!("rtmp://{rtmp}/live/cam"));
     assert!(wait_for(Duration::from_secs(10), || publisher(&relay)["state"] == "publishing"), "{}", publisher(&relay));
     assert_eq!(publisher(&relay)["transport"], "rtmp", "{}", publisher(&relay));
+    let metrics = metrics(&relay);
+    assert!(metrics.contains("fanout_publishing{session=\"cam\",protocol=\"rtmp\"} 1"), "{metrics}");
+    assert!(metrics.contains("fanout_publishes_total{session=\"cam\"} 1"), "{metrics}");
 
     // Played back over RTSP: 100 pictures, each the clip's, in order.
     let url = format!("rtsp://{}/cam", rtsp_addr(&relay));
