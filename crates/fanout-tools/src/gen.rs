@@ -19,8 +19,12 @@ use std::time::Duration;
 pub struct GenArgs {
     /// Destination of each stream (repeat, or give one with --sources K to use K
     /// consecutive ports from it).
-    #[arg(long, required = true)]
+    #[arg(long, required_unless_present = "rtmp")]
     pub to: Vec<SocketAddr>,
+    /// Publish --file over RTMP instead, as an encoder does (`rtmp://host:port/app/name`):
+    /// H.264, or H.265 in Enhanced RTMP, with AAC, looped at its own pace for --duration.
+    #[arg(long, requires = "file", conflicts_with_all = ["to", "tcp"])]
+    pub rtmp: Option<String>,
     /// Number of streams when one --to is given: ports to, to+1, …
     #[arg(long, default_value_t = 1)]
     pub sources: usize,
@@ -94,6 +98,9 @@ enum Out {
 }
 
 pub fn run(a: GenArgs) -> anyhow::Result<()> {
+    if let (Some(url), Some(file)) = (&a.rtmp, &a.file) {
+        return crate::rtmp::run(url, file, a.duration);
+    }
     let r = generate(&a)?;
     eprintln!(
         "gen: {} streams, {} packets in {:.2} s: {:.1} pkt/s per stream (target {:.1}), {:.1} kbit/s per stream, latest send {} µs late, {} send errors",

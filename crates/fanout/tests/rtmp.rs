@@ -202,3 +202,40 @@ fn rtmp_slowloris_and_per_address_cap() {
     again.read_exact(&mut s0).unwrap();
     assert_eq!(s0[0], 3, "the handshake's S0");
 }
+
+/// H.265 over Enhanced RTMP (the `hvc1` FourCC, which ffmpeg 5.1 cannot send), published by
+/// the project's own `gen --rtmp`: played back over RTSP and HLS, decoded by ffmpeg.
+#[test]
+fn h265_over_enhanced_rtmp_plays_over_rtsp_and_hls() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let relay = Relay::with_config(CONFIG, &["--no-demo"]);
+    let file = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/video/hevc/demo-2s-hevc.mp4");
+    let url = format!("rtmp://{}/live/cam", rtmp_addr(&relay));
+    let _gen = Kill(
+        Command::new(env!("CARGO_BIN_EXE_fanout"))
+            .args(["gen", "--rtmp", &url, "--file", file, "--duration", "25"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    assert!(wait_for(Duration::from_secs(10), || publisher(&relay)["state"] == "publishing"), "{}", publisher(&relay));
+    let rtsp = format!("rtsp://{}/cam", rtsp_addr(&relay));
+    for (url, input) in
+        [(rtsp.as_str(), &["-rtsp_transport", "tcp"][..]), (&relay.url("/v1/sessions/cam/hls/index.m3u8"), &[])]
+    {
+        let probe = Command::new("timeout")
+            .args(["30", "ffprobe", "-v", "error", "-show_entries", "stream=codec_name", "-of", "csv=p=0"])
+            .args(input)
+            .arg(url)
+            .output()
+            .unwrap();
+        let codecs = String::from_utf8_lossy(&probe.stdout).to_string();
+        assert!(codecs.contains("hevc") && codecs.contains("aac"), "{url}: {codecs}");
+        let (ok, log) = ffmpeg_decode(url, input, 3);
+        assert!(ok && decoded_frames(&log) >= 65, "{url}: {log}");
+        assert!(!log.contains("[hevc @"), "{url}: decode errors: {log}");
+    }
+}

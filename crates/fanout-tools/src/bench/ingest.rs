@@ -94,7 +94,7 @@ impl Push for Publisher {
 /// An RTMP publisher of synthetic H.264 (FLV AVC): pictures of one NAL unit that the relay's
 /// ingest cuts into exactly [`RTMP_PACKETS_PER_PICTURE`] RTP packets.
 struct RtmpPublisher {
-    tcp: TcpStream,
+    client: crate::rtmp::Client,
     pictures: u64,
 }
 
@@ -104,77 +104,12 @@ const FU_BODY: usize = 1398;
 
 impl RtmpPublisher {
     fn connect(rtmp: SocketAddr, name: &str) -> anyhow::Result<Self> {
-        use fanout_proto::rtmp::amf::{encode_all, Amf};
-        use fanout_proto::rtmp::chunk::{kind, write_message, ChunkReader};
-        let mut tcp = TcpStream::connect(rtmp).context("the relay's RTMP port")?;
-        tcp.set_read_timeout(Some(Duration::from_secs(5)))?;
-        let mut hello = vec![3u8];
-        hello.resize(1 + 1536, 0);
-        tcp.write_all(&hello)?;
-        tcp.read_exact(&mut vec![0u8; 1 + 2 * 1536])?;
-        let mut out = vec![0u8; 1536]; // C2
-        let command = |out: &mut Vec<u8>, stream: u32, v: &[Amf]| {
-            write_message(out, 3, kind::COMMAND_AMF0, stream, 0, &encode_all(v), 128)
-        };
-        let tc_url = format!("rtmp://{rtmp}/bench");
-        let app = Amf::object([("app", Amf::string("bench")), ("tcUrl", Amf::string(&tc_url))]);
-        command(&mut out, 0, &[Amf::string("connect"), Amf::Number(1.0), app]);
-        command(&mut out, 0, &[Amf::string("createStream"), Amf::Number(2.0), Amf::Null]);
-        command(
-            &mut out,
-            1,
-            &[Amf::string("publish"), Amf::Number(3.0), Amf::Null, Amf::string(name), Amf::string("live")],
-        );
-        // Our chunks from now on: one per picture.
-        write_message(&mut out, 2, kind::SET_CHUNK_SIZE, 0, 0, &(1u32 << 20).to_be_bytes(), 128);
-        tcp.write_all(&out)?;
-        // Until the relay says the publish started.
-        let mut r = ChunkReader::default();
-        let mut buf = [0u8; 4096];
-        loop {
-            let n = tcp.read(&mut buf)?;
-            if n == 0 {
-                bail!("the relay closed the RTMP connection before the publish started");
-            }
-            r.push(&buf[..n]);
-            while let Some(m) = r.next_message()? {
-                if m.kind == kind::SET_CHUNK_SIZE && m.payload.len() >= 4 {
-                    r.set_chunk_size(u32::from_be_bytes([m.payload[0], m.payload[1], m.payload[2], m.payload[3]]))?;
-                }
-                if m.kind == kind::COMMAND_AMF0 {
-                    let v = fanout_proto::rtmp::amf::decode_all(&m.payload)?;
-                    let code = v.get(3).and_then(|i| i.get("code")).and_then(Amf::str).unwrap_or_default();
-                    if code == "NetStream.Publish.Start" {
-                        let mut p = Self { tcp, pictures: 0 };
-                        // The AVC decoder configuration: a made-up SPS and PPS.
-                        let config = [
-                            0x17, 0, 0, 0, 0, 1, 0x42, 0xc0, 0x1e, 0xff, 0xe1, 0, 4, 0x67, 0x42, 0xc0, 0x1e, 1, 0, 2,
-                            0x68, 0xce,
-                        ];
-                        p.video(0, &config)?;
-                        return Ok(p);
-                    }
-                    if code.starts_with("NetStream.Publish.") {
-                        bail!("the relay refused the RTMP publish: {code}");
-                    }
-                }
-            }
-        }
-    }
-
-    fn video(&mut self, ts: u32, body: &[u8]) -> anyhow::Result<()> {
-        let mut out = Vec::with_capacity(body.len() + 32);
-        fanout_proto::rtmp::chunk::write_message(
-            &mut out,
-            6,
-            fanout_proto::rtmp::chunk::kind::VIDEO,
-            1,
-            ts,
-            body,
-            1 << 20,
-        );
-        self.tcp.write_all(&out)?;
-        Ok(())
+        let mut client = crate::rtmp::Client::publish(rtmp, "bench", name)?;
+        // The AVC decoder configuration: a made-up SPS and PPS.
+        let config =
+            [0x17, 0, 0, 0, 0, 1, 0x42, 0xc0, 0x1e, 0xff, 0xe1, 0, 4, 0x67, 0x42, 0xc0, 0x1e, 1, 0, 2, 0x68, 0xce];
+        client.send(true, 0, &config)?;
+        Ok(Self { client, pictures: 0 })
     }
 }
 
@@ -194,7 +129,7 @@ impl Push for RtmpPublisher {
                 body.push(if key { 0x65 } else { 0x41 });
                 body.resize(body.len() + nal_len - 1, 0x5a);
                 let ts = (self.pictures as f64 * 1000.0 / rate) as u32;
-                self.video(ts, &body)?;
+                self.client.send(true, ts, &body)?;
                 self.pictures += 1;
             }
             std::thread::sleep(Duration::from_millis(1));
