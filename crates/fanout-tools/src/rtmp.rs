@@ -142,7 +142,7 @@ fn tags(file: &Path) -> anyhow::Result<(Vec<Tag>, Vec<Tag>, u64)> {
                 let sets: Option<Vec<&[u8]>> =
                     want.iter().map(|t| nals.iter().find(|n| kind(n) == *t).copied()).collect();
                 if let Some(sets) = sets {
-                    config.push((true, ms(dts), video_config_tag(codec, &sets)));
+                    config.push((true, ms(dts), fanout_proto::container::flv::video_config(codec, &sets)));
                     video_config = true;
                 }
             }
@@ -186,41 +186,6 @@ fn tags(file: &Path) -> anyhow::Result<(Vec<Tag>, Vec<Tag>, u64)> {
     Ok((config, frames, lap))
 }
 
-/// An AVC or HEVC decoder configuration record's tag, from the parameter sets (SPS, PPS; or
-/// VPS, SPS, PPS).
-fn video_config_tag(codec: annexb::Codec, sets: &[&[u8]]) -> Vec<u8> {
-    let mut t = Vec::new();
-    match codec {
-        annexb::Codec::H264 => {
-            let (sps, pps) = (sets[0], sets[1]);
-            t.extend_from_slice(&[0x17, 0, 0, 0, 0, 1, sps[1], sps[2], sps[3], 0xff, 0xe1]);
-            t.extend_from_slice(&(sps.len() as u16).to_be_bytes());
-            t.extend_from_slice(sps);
-            t.push(1);
-            t.extend_from_slice(&(pps.len() as u16).to_be_bytes());
-            t.extend_from_slice(pps);
-        }
-        annexb::Codec::H265 => {
-            t.push(0x80 | 0x10); // Enhanced RTMP, a keyframe's, packet type 0 (sequence start)
-            t.extend_from_slice(b"hvc1");
-            // HEVCDecoderConfigurationRecord: version 1, the SPS's profile, tier and level
-            // (its bytes after the NAL header and the first byte), and 4-byte NAL lengths.
-            let sps = sets[1];
-            let ptl = sps.get(3..15).unwrap_or(&[0; 12]);
-            t.push(1);
-            t.extend_from_slice(ptl);
-            t.extend_from_slice(&[0xf0, 0x00, 0xfc, 0xfd, 0xf8, 0xf8, 0, 0, 0x0f, sets.len() as u8]);
-            for (set, nal_type) in sets.iter().zip([32u8, 33, 34]) {
-                t.push(0x80 | nal_type);
-                t.extend_from_slice(&1u16.to_be_bytes());
-                t.extend_from_slice(&(set.len() as u16).to_be_bytes());
-                t.extend_from_slice(set);
-            }
-        }
-    }
-    t
-}
-
 /// Publishes `file` to `url`, looped, for `seconds`.
 pub fn run(url: &str, file: &Path, seconds: f64) -> anyhow::Result<()> {
     let (configs, frames, lap) = tags(file)?;
@@ -251,21 +216,13 @@ pub fn run(url: &str, file: &Path, seconds: f64) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fanout_proto::container::flv;
 
     #[test]
-    fn the_relay_reads_the_configurations_it_writes() {
-        let (vps, sps, pps) =
-            ([0x40, 1, 0x0c], [0x42, 1, 1, 1, 0x60, 0, 0, 0, 0x90, 0, 0, 0, 0, 0, 0x5d], [0x44, 1, 0xc1]);
-        let tag = video_config_tag(annexb::Codec::H265, &[&vps, &sps, &pps]);
-        let flv::Video::Config { codec, record } = flv::video(&tag).unwrap() else { panic!("a config") };
-        assert_eq!(codec, flv::VideoCodec::Hevc);
-        let (sets, len) = flv::parameter_sets(annexb::Codec::H265, record).unwrap();
-        assert_eq!((sets, len), (vec![&vps[..], &sps[..], &pps[..]], 4));
-        let tag = video_config_tag(annexb::Codec::H264, &[&[0x67, 0x42, 0xc0, 0x1e], &[0x68, 0xce]]);
-        let flv::Video::Config { record, .. } = flv::video(&tag).unwrap() else { panic!("a config") };
-        assert_eq!(flv::parameter_sets(annexb::Codec::H264, record).unwrap().0.len(), 2);
+    fn urls_name_the_app_and_the_path() {
         assert_eq!(parse_url("rtmp://127.0.0.1:1935/live/cam").unwrap().1, "live");
+        assert_eq!(parse_url("rtmp://127.0.0.1:1935/live/cam").unwrap().2, "cam");
+        assert_eq!(parse_url("rtmp://127.0.0.1/cam").unwrap().0.port(), 1935);
         assert_eq!(parse_url("rtmp://127.0.0.1/cam").unwrap().2, "cam");
+        assert!(parse_url("http://h/x").is_err() && parse_url("rtmp://h").is_err());
     }
 }

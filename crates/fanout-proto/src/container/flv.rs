@@ -1,6 +1,7 @@
 //! FLV audio and video tag bodies, as RTMP carries them (FLV 10.1 §E.4.2–3), with Enhanced
 //! RTMP's FourCC video header (v1/v2: `hvc1`, `av01`, `vp09`, `avc1`): the codec, whether a
-//! body is its decoder configuration or coded frames, and the frames' NAL units.
+//! body is its decoder configuration or coded frames, and the frames' NAL units; and the
+//! decoder configuration tag written from parameter sets.
 
 use crate::codec::annexb::Codec;
 use thiserror::Error;
@@ -189,6 +190,45 @@ pub fn nal_units(data: &[u8], length_size: usize) -> Result<Vec<&[u8]>, FlvError
     Ok(out)
 }
 
+/// A video tag carrying the decoder configuration record of the parameter sets (AVC: SPS,
+/// PPS; HEVC, in Enhanced RTMP's `hvc1` SequenceStart: VPS, SPS, PPS), with 4-byte NAL unit
+/// lengths in the frames that follow; what [`video`] and [`parameter_sets`] read.
+pub fn video_config(codec: Codec, sets: &[&[u8]]) -> Vec<u8> {
+    let mut t = Vec::new();
+    match codec {
+        Codec::H264 => {
+            let set = |i: usize| sets.get(i).copied().unwrap_or_default();
+            let (sps, pps) = (set(0), set(1));
+            // Profile, compatibility and level as the SPS says (Baseline 3.0 if it is short).
+            let plc = sps.get(1..4).unwrap_or(&[0x42, 0xc0, 0x1e]);
+            t.extend_from_slice(&[0x17, 0, 0, 0, 0, 1, plc[0], plc[1], plc[2], 0xff, 0xe1]);
+            t.extend_from_slice(&(sps.len() as u16).to_be_bytes());
+            t.extend_from_slice(sps);
+            t.push(1);
+            t.extend_from_slice(&(pps.len() as u16).to_be_bytes());
+            t.extend_from_slice(pps);
+        }
+        Codec::H265 => {
+            t.push(0x80 | 0x10); // Enhanced RTMP, a keyframe's, packet type 0 (sequence start)
+            t.extend_from_slice(b"hvc1");
+            // HEVCDecoderConfigurationRecord: version 1, the SPS's profile, tier and level
+            // (its bytes after the NAL header and the first byte), and 4-byte NAL lengths.
+            let sps = sets.get(1).copied().unwrap_or_default();
+            let ptl = sps.get(3..15).unwrap_or(&[0; 12]);
+            t.push(1);
+            t.extend_from_slice(ptl);
+            t.extend_from_slice(&[0xf0, 0x00, 0xfc, 0xfd, 0xf8, 0xf8, 0, 0, 0x0f, sets.len() as u8]);
+            for (set, nal_type) in sets.iter().zip([32u8, 33, 34]) {
+                t.push(0x80 | nal_type);
+                t.extend_from_slice(&1u16.to_be_bytes());
+                t.extend_from_slice(&(set.len() as u16).to_be_bytes());
+                t.extend_from_slice(set);
+            }
+        }
+    }
+    t
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -244,6 +284,21 @@ mod tests {
         assert_eq!(audio(&[0xaf, 1, 0x21]).unwrap(), Audio::AacFrame(&[0x21]));
         assert_eq!(audio(&[0x2f, 1]).unwrap(), Audio::Other(2));
         assert_eq!(audio(&[]), Err(FlvError::Short));
+    }
+
+    #[test]
+    fn the_configurations_written_read_back() {
+        let (vps, sps, pps) =
+            ([0x40, 1, 0x0c], [0x42, 1, 1, 1, 0x60, 0, 0, 0, 0x90, 0, 0, 0, 0, 0, 0x5d], [0x44, 1, 0xc1]);
+        let tag = video_config(Codec::H265, &[&vps, &sps, &pps]);
+        let Video::Config { codec, record } = video(&tag).unwrap() else { panic!("a config") };
+        assert_eq!(codec, VideoCodec::Hevc);
+        assert_eq!(parameter_sets(Codec::H265, record).unwrap(), (vec![&vps[..], &sps[..], &pps[..]], 4));
+        let (sps, pps) = ([0x67, 0x42, 0xc0, 0x1e], [0x68, 0xce]);
+        let tag = video_config(Codec::H264, &[&sps, &pps]);
+        let Video::Config { codec, record } = video(&tag).unwrap() else { panic!("a config") };
+        assert_eq!(codec, VideoCodec::Avc);
+        assert_eq!(parameter_sets(Codec::H264, record).unwrap(), (vec![&sps[..], &pps[..]], 4));
     }
 
     proptest! {
