@@ -396,7 +396,9 @@ fn session_json(relay: &Relay, s: &fanout_io::Session) -> serde_json::Value {
                 |s| json!({ "segments": s.last(), "codecs": s.codecs(), "players": players, "bytes_served": served }),
             )
         });
-        v["repackaging"] = json!({ "from": r.describes, "ts": ts, "hls": hls });
+        // RTMP players read its FLV.
+        let rtmp = r.flv.as_ref().map(|f| json!({ "players": f.tags.receiver_count() }));
+        v["repackaging"] = json!({ "from": r.describes, "ts": ts, "hls": hls, "rtmp": rtmp });
     }
     v
 }
@@ -725,6 +727,11 @@ async fn metrics(State(relay): State<Arc<Relay>>) -> impl IntoResponse {
     });
     let help = "HLS players of the session: names with a playlist request in the last 10 s.";
     family(&mut m, "fanout_hls_players", "gauge", help, players);
+    let players = sessions.iter().filter_map(|s| {
+        let flv = relay.path(s.name())?.repack_running()?.flv.clone()?;
+        Some((format!("{{session=\"{}\"}}", label(s.name())), flv.tags.receiver_count() as u64))
+    });
+    family(&mut m, "fanout_rtmp_players", "gauge", "RTMP players of the session.", players);
     // Publish sessions: who publishes now, over what; how many have.
     let pubs: Vec<_> = relay.paths().iter().filter_map(|p| Some((p.name.clone(), p.publisher()?.status()))).collect();
     let publishing = pubs.iter().filter(|(_, st)| st.state == "publishing").map(|(n, st)| {

@@ -109,11 +109,51 @@ impl Hls {
     }
 }
 
+/// The FLV side, for RTMP players: the decoder configurations every player gets first, and
+/// the tags as they are made (a player that falls behind the channel resumes at a keyframe).
+pub struct Flv {
+    pub config: Vec<(bool, Vec<u8>)>,
+    pub tags: tokio::sync::broadcast::Sender<FlvTag>,
+}
+
+/// One FLV tag of the stream: video or audio, a keyframe's, its decoding time in ms.
+#[derive(Clone)]
+pub struct FlvTag {
+    pub video: bool,
+    pub key: bool,
+    pub ms: u32,
+    pub body: Arc<Vec<u8>>,
+}
+
+/// Tags an RTMP player may be behind before it skips to the next keyframe.
+const FLV_BACKLOG: usize = 1024;
+
+impl Flv {
+    /// The FLV of `streams`, if FLV carries their codecs (H.264, H.265, AAC) and the video's
+    /// parameter sets are known.
+    fn of(streams: &[TrackInfo]) -> Option<Self> {
+        use fanout_proto::container::{flv, repack::TrackCodec};
+        let config: Option<Vec<(bool, Vec<u8>)>> = streams
+            .iter()
+            .map(|s| match &s.codec {
+                TrackCodec::Video { params, .. } if params.is_empty() => None,
+                TrackCodec::Video { codec, params } => {
+                    let sets: Vec<&[u8]> = params.iter().map(Vec::as_slice).collect();
+                    Some((true, flv::video_config(*codec, &sets)))
+                }
+                TrackCodec::Aac { config, .. } => Some((false, flv::aac_config(config))),
+            })
+            .collect();
+        Some(Self { config: config.filter(|c| !c.is_empty())?, tags: tokio::sync::broadcast::channel(FLV_BACKLOG).0 })
+    }
+}
+
 /// A running repackaging.
 pub struct Repack {
     /// The MPEG-TS session HTTP subscribers join, where the session's stream URL is ours.
     pub ts: Option<Session>,
     pub hls: Option<Arc<Hls>>,
+    pub flv: Option<Arc<Flv>>,
     /// What it carries, for the status: "H.264 + AAC".
     pub describes: String,
     /// The sinks it holds on the tracks it reads: the relay's own, not subscribers.
@@ -182,7 +222,10 @@ impl Repack {
             .join(" + ");
         let track_sinks = inputs.iter().filter(|i| i.info.is_some()).count();
         let ts_session = ts.as_ref().map(|i| i.session().clone());
-        let out = Outputs { ts, ts_mux: TsPackager::new(repack.streams()), hls: hls.clone() };
+        let flv = Flv::of(repack.streams()).map(Arc::new);
+        let flv_times = repack.streams().iter().map(|_| fanout_proto::codec::dts::DecodingTimes::default()).collect();
+        let out =
+            Outputs { ts, ts_mux: TsPackager::new(repack.streams()), hls: hls.clone(), flv: flv.clone(), flv_times };
         let run = run(name.to_string(), repack, inputs, out, clock_maps, linger);
         let task = tokio::spawn(async move {
             if let Err(e) = run.await {
@@ -191,7 +234,7 @@ impl Repack {
             on_stop();
         })
         .abort_handle();
-        Ok(Arc::new(Self { ts: ts_session, hls, describes, track_sinks, task }))
+        Ok(Arc::new(Self { ts: ts_session, hls, flv, describes, track_sinks, task }))
     }
 
     pub fn is_running(&self) -> bool {
@@ -209,6 +252,9 @@ struct Outputs {
     ts: Option<Inlet>,
     ts_mux: TsPackager,
     hls: Option<Arc<Hls>>,
+    flv: Option<Arc<Flv>>,
+    /// Per stream, the decoding times of its pictures (RTP gives presentation times only).
+    flv_times: Vec<fanout_proto::codec::dts::DecodingTimes<(bool, Vec<u8>)>>,
 }
 
 impl Outputs {
@@ -216,6 +262,27 @@ impl Outputs {
     fn wanted(&self, linger: Duration) -> bool {
         self.ts.as_ref().is_some_and(|i| !i.session().sinks().is_empty())
             || self.hls.as_ref().is_some_and(|h| h.last_request.lock().elapsed() < linger)
+            || self.flv.as_ref().is_some_and(|f| f.tags.receiver_count() > 0)
+    }
+
+    /// Unit `u` as FLV for the RTMP players, if any.
+    fn flv(&mut self, u: &Unit, codecs: &[TrackInfo]) {
+        use fanout_proto::container::{flv, repack::TrackCodec};
+        let Some(f) = self.flv.as_ref().filter(|f| f.tags.receiver_count() > 0) else { return };
+        let ms = |t: i64| (t.max(0) / 90) as u32;
+        match &codecs[u.stream].codec {
+            TrackCodec::Video { codec, .. } => {
+                let codec = *codec;
+                self.flv_times[u.stream].push(u.time, (u.key, u.data.clone()), |pts, dts, (key, data)| {
+                    let body = flv::video_frame(codec, key, ((pts - dts) / 90) as i32, &data);
+                    let _ = f.tags.send(FlvTag { video: true, key, ms: ms(dts), body: Arc::new(body) });
+                });
+            }
+            TrackCodec::Aac { .. } => {
+                let body = Arc::new(flv::aac_frame(&u.data));
+                let _ = f.tags.send(FlvTag { video: false, key: false, ms: ms(u.time), body });
+            }
+        }
     }
 }
 
@@ -274,6 +341,7 @@ async fn run(
                     }
                 }
                 for u in units.drain(..) {
+                    out.flv(&u, repack.streams());
                     if let Some(inlet) = out.ts.as_mut() {
                         if !out.ts_mux.write(&u, &mut bytes) {
                             unframed += 1;

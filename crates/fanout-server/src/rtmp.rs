@@ -1,12 +1,15 @@
-//! RTMP publishers: OBS, ffmpeg and hardware encoders publish `rtmp://HOST:1935/NAME`, or
-//! `rtmp://HOST:1935/APP/NAME` (OBS's "Server" `rtmp://HOST/APP` and "Stream Key" `NAME`),
-//! into the path `NAME` if its source is `publish`, as an RTSP publisher would: one
-//! publisher at a time, the same tracks and clock map across publishers, the same grace.
-//! The app is not part of the path's name. Credentials, where RTSP has users or needs the
-//! token, come in the query of the stream key or the app: `?user=U&pass=P` or `?token=T`.
+//! RTMP publishers and players. OBS, ffmpeg and hardware encoders publish
+//! `rtmp://HOST:1935/NAME`, or `rtmp://HOST:1935/APP/NAME` (OBS's "Server" `rtmp://HOST/APP`
+//! and "Stream Key" `NAME`), into the path `NAME` if its source is `publish`, as an RTSP
+//! publisher would: one publisher at a time, the same tracks and clock map across
+//! publishers, the same grace. Players of `rtmp://HOST:1935/[APP/]NAME` get any path whose
+//! codecs FLV carries (H.264, H.265 in Enhanced RTMP, AAC), from its repackaging, starting
+//! at a keyframe. The app is not part of the path's name. Credentials, where RTSP has users
+//! or needs the token, come in the query of the stream key or the app: `?user=U&pass=P` or
+//! `?token=T`.
 //!
 //! The protocol is `fanout_proto::rtmp` (sans-IO); this module holds the sockets, the
-//! deadlines and the decisions: who may publish where.
+//! deadlines and the decisions: who may publish or play what.
 
 use crate::relay::Relay;
 use fanout_proto::rtmp::ingest::Ingest;
@@ -44,7 +47,15 @@ pub async fn serve(listener: TcpListener, relay: Arc<Relay>) {
         tokio::spawn(async move {
             let _pass = pass;
             let _ = stream.set_nodelay(true);
-            let mut c = Conn { relay: &relay, peer, conn, publishing: None, ingest: Ingest::default(), started: false };
+            let mut c = Conn {
+                relay: &relay,
+                peer,
+                conn,
+                publishing: None,
+                ingest: Ingest::default(),
+                started: false,
+                playing: None,
+            };
             let end = c.run(stream).await;
             c.stop();
             match end {
@@ -64,6 +75,31 @@ struct Conn<'a> {
     ingest: Ingest,
     /// Its tracks are described to the path.
     started: bool,
+    /// What it plays, once accepted.
+    playing: Option<Player>,
+}
+
+/// An RTMP player: the path's FLV tags as they come, from a keyframe on.
+struct Player {
+    tags: tokio::sync::broadcast::Receiver<crate::repack::FlvTag>,
+    /// Waiting for a keyframe (at the start, and after it fell behind the channel).
+    at_key: bool,
+    /// Whether the stream has video (an audio-only one starts at any tag).
+    video: bool,
+    /// The first tag's time: the player's timeline starts at 0.
+    base: Option<u32>,
+    /// The repackaging, held while it plays.
+    _repack: Arc<crate::repack::Repack>,
+}
+
+/// The next tag for `player`, or never if there is none.
+async fn next_tag(
+    player: &mut Option<Player>,
+) -> Result<crate::repack::FlvTag, tokio::sync::broadcast::error::RecvError> {
+    match player {
+        Some(p) => p.tags.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 impl Conn<'_> {
@@ -77,14 +113,27 @@ impl Conn<'_> {
         let idle = Duration::from_secs_f64(self.relay.cfg.rtsp_idle_s.max(1.0));
         let mut packets = Vec::new();
         loop {
-            // Until it publishes, the whole setup has one deadline (a slow trickle does not
-            // hold a slot); then silence for the idle time ends it.
-            let until = if self.publishing.is_some() { tokio::time::Instant::now() + idle } else { setup_until };
-            let n = match tokio::time::timeout_at(until, stream.read(&mut buf)).await {
-                Err(_) => return Err("timed out".into()),
-                Ok(Err(e)) => return Err(e.to_string()),
-                Ok(Ok(0)) => return Ok(()),
-                Ok(Ok(n)) => n,
+            // Until it publishes or plays, the whole setup has one deadline (a slow trickle
+            // does not hold a slot); then a publisher's silence for the idle time ends it (a
+            // player may be silent: it only acknowledges now and then).
+            let until = match (&self.publishing, &self.playing) {
+                (Some(_), _) => tokio::time::Instant::now() + idle,
+                (_, Some(_)) => tokio::time::Instant::now() + Duration::from_secs(86_400),
+                _ => setup_until,
+            };
+            let n = tokio::select! {
+                read = tokio::time::timeout_at(until, stream.read(&mut buf)) => match read {
+                    Err(_) => return Err("timed out".into()),
+                    Ok(Err(e)) => return Err(e.to_string()),
+                    Ok(Ok(0)) => return Ok(()),
+                    Ok(Ok(n)) => n,
+                },
+                tag = next_tag(&mut self.playing) => {
+                    self.play_tag(&mut server, tag)?;
+                    let out = server.take_output();
+                    stream.write_all(&out).await.map_err(|e| e.to_string())?;
+                    continue;
+                }
             };
             let r = server.input(&buf[..n]);
             let mut close = r.as_ref().err().map(|e| e.to_string());
@@ -97,9 +146,9 @@ impl Conn<'_> {
                         }
                     }
                     Event::Play { stream_id, name } => {
-                        let why = "playing over RTMP is not served (yet): play over RTSP, HLS or HTTP";
-                        server.refuse(stream_id, "NetStream.Play.StreamNotFound", why);
-                        close = Some(format!("asked to play {name}: refused"));
+                        if let Err(why) = self.play(&mut server, stream_id, &app, &name).await {
+                            close = Some(why);
+                        }
                     }
                     Event::Video { timestamp, body } => {
                         if let Err(e) = self.ingest.video(timestamp, &body, &mut packets) {
@@ -158,6 +207,70 @@ impl Conn<'_> {
         server.accept_publish(stream_id, path_name);
         tracing::info!(peer = %self.peer, path = %path_name, "RTMP publisher connected");
         self.publishing = Some((path_name.to_string(), publisher));
+        Ok(())
+    }
+
+    /// Decides on a play of `name` under app `app`: the path's FLV, from its repackaging.
+    async fn play(&mut self, server: &mut Server, stream_id: u32, app: &str, name: &str) -> Result<(), String> {
+        let (key, key_query) = split_query(name);
+        let (app, app_query) = split_query(app);
+        let path_name = if key.is_empty() { app } else { key };
+        let query = if key_query.is_empty() { app_query } else { key_query };
+        let mut refuse = |code: &str, why: String| {
+            tracing::warn!(peer = %self.peer, path = %path_name, "RTMP play refused: {why}");
+            server.refuse(stream_id, code, &why);
+            Err(why)
+        };
+        if self.playing.is_some() || self.publishing.is_some() {
+            return refuse("NetStream.Play.Failed", "one stream per connection".into());
+        }
+        if !self.authorized(query) {
+            return refuse("NetStream.Play.Unauthorized", "bad or missing credentials".into());
+        }
+        let repack = match self.relay.repack(path_name).await {
+            Ok(r) => r,
+            Err(e) => return refuse("NetStream.Play.StreamNotFound", e.to_string()),
+        };
+        let Some(flv) = repack.flv.clone() else {
+            let why = format!("{path_name}'s tracks do not go in FLV ({}; parameter sets unknown?)", repack.describes);
+            return refuse("NetStream.Play.StreamNotFound", why);
+        };
+        server.accept_play(stream_id, path_name);
+        for (video, body) in &flv.config {
+            server.media(*video, 0, body);
+        }
+        let video = flv.config.iter().any(|(v, _)| *v);
+        tracing::info!(peer = %self.peer, path = %path_name, "RTMP player playing");
+        self.playing = Some(Player { tags: flv.tags.subscribe(), at_key: video, video, base: None, _repack: repack });
+        Ok(())
+    }
+
+    /// A tag for the player: sent from a keyframe on, its time from the first one sent.
+    fn play_tag(
+        &mut self,
+        server: &mut Server,
+        tag: Result<crate::repack::FlvTag, tokio::sync::broadcast::error::RecvError>,
+    ) -> Result<(), String> {
+        use tokio::sync::broadcast::error::RecvError;
+        let Some(p) = self.playing.as_mut() else { return Ok(()) };
+        let tag = match tag {
+            Ok(t) => t,
+            // It fell a channel behind: on at the next keyframe, its picture whole.
+            Err(RecvError::Lagged(n)) => {
+                tracing::debug!(peer = %self.peer, skipped = n, "RTMP player fell behind");
+                p.at_key = p.video;
+                return Ok(());
+            }
+            Err(RecvError::Closed) => return Err("the stream ended".into()),
+        };
+        if p.at_key {
+            if !(tag.video && tag.key) {
+                return Ok(());
+            }
+            p.at_key = false;
+        }
+        let base = *p.base.get_or_insert(tag.ms);
+        server.media(tag.video, tag.ms.saturating_sub(base), &tag.body);
         Ok(())
     }
 

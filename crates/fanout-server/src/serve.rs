@@ -277,21 +277,19 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>) -> 
     });
     // RTMP: a port taken is not fatal, as for plain RTSP (a second relay on one host).
     let rtmp_task = match relay.cfg.rtmp {
-        Some(addr) => {
-            match tokio::net::TcpListener::bind(addr).await {
-                Ok(l) => {
-                    if let Ok(bound) = l.local_addr() {
-                        *relay.rtmp_addr.lock() = Some(bound);
-                        say!("fanout: RTMP publishers rtmp://{bound}/{{path}}  (a path with source = {{ publish = true }})");
-                    }
-                    Some(tokio::spawn(crate::rtmp::serve(l, relay.clone())))
+        Some(addr) => match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => {
+                if let Ok(bound) = l.local_addr() {
+                    *relay.rtmp_addr.lock() = Some(bound);
+                    say!("fanout: RTMP rtmp://{bound}/{{path}}  (play any path; publish one with source = {{ publish = true }})");
                 }
-                Err(e) => {
-                    tracing::warn!("cannot listen on {addr} for RTMP, serving without it: {e}");
-                    None
-                }
+                Some(tokio::spawn(crate::rtmp::serve(l, relay.clone())))
             }
-        }
+            Err(e) => {
+                tracing::warn!("cannot listen on {addr} for RTMP, serving without it: {e}");
+                None
+            }
+        },
         None => None,
     };
     tokio::spawn(relay.books.clone().tell());

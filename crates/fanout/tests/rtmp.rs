@@ -1,7 +1,7 @@
-//! RTMP publishing (issue 32): ffmpeg publishes the demo clip over RTMP into a `publish`
-//! path, and plays it back over RTSP picture for picture, and as MPEG-TS and HLS; a second
-//! publisher, a path that takes none, a player and bad credentials are refused; a publisher
-//! that leaves is followed by the next one, RTSP or RTMP.
+//! RTMP (issue 32): ffmpeg publishes the demo clip over RTMP into a `publish` path, and plays
+//! it back over RTSP and RTMP picture for picture, and as MPEG-TS and HLS; a second
+//! publisher, a path that takes none and bad credentials are refused; a publisher that
+//! leaves is followed by the next one; a path pulled over RTSP plays over RTMP.
 
 mod common;
 use common::*;
@@ -57,9 +57,9 @@ fn ffmpeg_publishes_over_rtmp_and_plays_back_over_rtsp_http_and_hls() {
     let first = publish(&format!("rtmp://{rtmp}/live/cam"));
     assert!(wait_for(Duration::from_secs(10), || publisher(&relay)["state"] == "publishing"), "{}", publisher(&relay));
     assert_eq!(publisher(&relay)["transport"], "rtmp", "{}", publisher(&relay));
-    let metrics = metrics(&relay);
-    assert!(metrics.contains("fanout_publishing{session=\"cam\",protocol=\"rtmp\"} 1"), "{metrics}");
-    assert!(metrics.contains("fanout_publishes_total{session=\"cam\"} 1"), "{metrics}");
+    let m = metrics(&relay);
+    assert!(m.contains("fanout_publishing{session=\"cam\",protocol=\"rtmp\"} 1"), "{m}");
+    assert!(m.contains("fanout_publishes_total{session=\"cam\"} 1"), "{m}");
 
     // Played back over RTSP: 100 pictures, each the clip's, in order.
     let url = format!("rtsp://{}/cam", rtsp_addr(&relay));
@@ -91,13 +91,26 @@ fn ffmpeg_publishes_over_rtmp_and_plays_back_over_rtsp_http_and_hls() {
     assert!(!ok, "a second publisher was let in: {log}");
     let (ok, _) = try_publish(&format!("rtmp://{rtmp}/nosuch"));
     assert!(!ok, "a path that does not exist took a publisher");
-    let play = Command::new("timeout")
-        .args(["20", "ffmpeg", "-nostdin", "-loglevel", "error", "-i", &format!("rtmp://{rtmp}/cam")])
-        .args(["-t", "1", "-f", "null", "-"])
-        .output()
-        .unwrap();
-    assert!(!play.status.success(), "RTMP play is not served yet, and says so");
     assert_eq!(publisher(&relay)["publishes"], 1, "{}", publisher(&relay));
+    // Played back over RTMP too: a run of the clip's pictures.
+    let player = Kill(
+        Command::new("timeout")
+            .args(["20", "ffmpeg", "-nostdin", "-loglevel", "error", "-i", &format!("rtmp://{rtmp}/cam")])
+            .args(["-t", "15", "-f", "null", "-"])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let players = || relay.ok("GET", "/v1/sessions/cam", None)["repackaging"]["rtmp"]["players"].clone();
+    assert!(wait_for(Duration::from_secs(10), || players() == 1), "{}", players());
+    assert!(metrics(&relay).contains("fanout_rtmp_players{session=\"cam\"} 1"));
+    drop(player);
+    let got = pictures(&["-i", &format!("rtmp://{rtmp}/live/cam"), "-frames:v", "50"]);
+    assert_eq!(got.len(), 50);
+    assert!(
+        looped.windows(got.len()).any(|w| w == got.as_slice()),
+        "the pictures played over RTMP are not a run of the clip's"
+    );
 
     // It leaves; the next publisher continues the same tracks.
     drop(first);
@@ -237,5 +250,41 @@ fn h265_over_enhanced_rtmp_plays_over_rtsp_and_hls() {
         let (ok, log) = ffmpeg_decode(url, input, 3);
         assert!(ok && decoded_frames(&log) >= 65, "{url}: {log}");
         assert!(!log.contains("[hevc @"), "{url}: decode errors: {log}");
+    }
+}
+
+/// A path that came in over RTSP (the relay pulling its own demo) plays over RTMP: ffmpeg
+/// decodes it without an error; a path that does not exist is refused; GStreamer's
+/// `rtmp2src` plays the demo.
+#[test]
+fn ffmpeg_plays_over_rtmp_a_path_pulled_over_rtsp() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let relay = Relay::start(&[]);
+    let demo = format!("rtsp://{}/demo", rtsp_addr(&relay));
+    relay.ok("POST", "/v1/sessions", Some(serde_json::json!({ "name": "cam2", "source": { "rtsp": demo } })));
+    let url = format!("rtmp://{}/cam2", rtmp_addr(&relay));
+    let (ok, log) = ffmpeg_decode(&url, &[], 3);
+    assert!(ok && decoded_frames(&log) >= 65, "{log}");
+    assert!(!log.contains("[h264 @"), "decode errors: {log}");
+    let (ok, _) = ffmpeg_decode(&format!("rtmp://{}/nosuch", rtmp_addr(&relay)), &[], 1);
+    assert!(!ok, "a path that does not exist played");
+    // GStreamer's rtmp2src reads the demo: its H.264 reaches the sink, nothing fails.
+    if have_gstreamer() {
+        let mut gst = Command::new("timeout");
+        gst.args(["-s", "INT", "6", "gst-launch-1.0", "-v"]).args(
+            format!(
+                "rtmp2src location=rtmp://{}/live/demo ! flvdemux name=d d.video ! queue ! h264parse ! \
+                 fakesink silent=false name=v",
+                rtmp_addr(&relay)
+            )
+            .split_whitespace(),
+        );
+        let log = Gst::spawn(gst).log();
+        let units = log.lines().filter(|l| l.contains("(v:sink)") && l.contains("chain")).count();
+        assert!(units > 60, "GStreamer got {units} H.264 units: {log}");
+        let errors = gst_errors_while_playing(&log);
+        assert!(errors.is_empty(), "GStreamer: {errors:#?}\n{log}");
     }
 }

@@ -229,6 +229,40 @@ pub fn video_config(codec: Codec, sets: &[&[u8]]) -> Vec<u8> {
     t
 }
 
+/// A video tag of one picture: `annexb` (start codes) as length-prefixed NAL units, access
+/// unit delimiters left out; `cts` the composition offset in ms. AVC in a plain tag, HEVC in
+/// Enhanced RTMP's `hvc1` CodedFrames.
+pub fn video_frame(codec: Codec, key: bool, cts: i32, annexb: &[u8]) -> Vec<u8> {
+    let mut t = match codec {
+        Codec::H264 => vec![if key { 0x17 } else { 0x27 }, 1],
+        Codec::H265 => {
+            let mut b = vec![0x80 | if key { 0x10 } else { 0x20 } | 1];
+            b.extend_from_slice(b"hvc1");
+            b
+        }
+    };
+    t.extend_from_slice(&cts.to_be_bytes()[1..]);
+    let aud = |n: &[u8]| match codec {
+        Codec::H264 => n.first().is_some_and(|b| b & 0x1f == 9),
+        Codec::H265 => n.first().is_some_and(|b| (b >> 1) & 0x3f == 35),
+    };
+    for n in crate::codec::annexb::nal_units(annexb).filter(|n| !n.is_empty() && !aud(n)) {
+        t.extend_from_slice(&(n.len() as u32).to_be_bytes());
+        t.extend_from_slice(n);
+    }
+    t
+}
+
+/// An audio tag of AAC's AudioSpecificConfig.
+pub fn aac_config(asc: &[u8]) -> Vec<u8> {
+    [&[0xaf, 0][..], asc].concat()
+}
+
+/// An audio tag of one raw AAC frame.
+pub fn aac_frame(au: &[u8]) -> Vec<u8> {
+    [&[0xaf, 1][..], au].concat()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -299,6 +333,22 @@ mod tests {
         let Video::Config { codec, record } = video(&tag).unwrap() else { panic!("a config") };
         assert_eq!(codec, VideoCodec::Avc);
         assert_eq!(parameter_sets(Codec::H264, record).unwrap(), (vec![&sps[..], &pps[..]], 4));
+    }
+
+    #[test]
+    fn a_picture_written_reads_back_without_its_delimiter() {
+        let annexb = [0, 0, 0, 1, 0x09, 0xf0, 0, 0, 0, 1, 0x65, 0x88, 0x84, 0, 0, 1, 0x06, 0x05];
+        let tag = video_frame(Codec::H264, true, 40, &annexb);
+        let Video::Frames { keyframe, cts, data, .. } = video(&tag).unwrap() else { panic!("frames") };
+        assert_eq!((keyframe, cts), (true, 40));
+        assert_eq!(nal_units(data, 4).unwrap(), vec![&[0x65, 0x88, 0x84][..], &[0x06, 0x05][..]]);
+        let tag = video_frame(Codec::H265, false, -80, &[0, 0, 1, 0x02, 0x01, 0xd0]);
+        assert!(matches!(
+            video(&tag).unwrap(),
+            Video::Frames { codec: VideoCodec::Hevc, keyframe: false, cts: -80, .. }
+        ));
+        assert_eq!(audio(&aac_config(&[0x11, 0x90])).unwrap(), Audio::AacConfig(&[0x11, 0x90]));
+        assert_eq!(audio(&aac_frame(&[1, 2])).unwrap(), Audio::AacFrame(&[1, 2]));
     }
 
     proptest! {

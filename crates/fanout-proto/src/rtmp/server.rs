@@ -21,6 +21,8 @@ pub const STREAM_ID: u32 = 1;
 const CSID_CONTROL: u8 = 2;
 const CSID_COMMAND: u8 = 3;
 const CSID_STATUS: u8 = 5;
+const CSID_AUDIO: u8 = 4;
+const CSID_VIDEO: u8 = 6;
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum RtmpError {
@@ -47,7 +49,8 @@ pub enum Event {
         stream_id: u32,
         name: String,
     },
-    /// The client asks to play `name`: answer with [`Server::refuse`] (playing is not served).
+    /// The client asks to play `name`: answer with [`Server::accept_play`] and then
+    /// [`Server::media`], or [`Server::refuse`].
     Play {
         stream_id: u32,
         name: String,
@@ -86,6 +89,8 @@ pub struct Server {
     acked: u64,
     peer_window: u32,
     publishing: Option<u32>,
+    /// The message stream a player plays on, once accepted.
+    playing: Option<u32>,
     seed: u64,
 }
 
@@ -103,6 +108,7 @@ impl Server {
             acked: 0,
             peer_window: 0,
             publishing: None,
+            playing: None,
             seed,
         }
     }
@@ -182,6 +188,28 @@ impl Server {
         self.publishing = Some(stream_id);
         let description = format!("{name} is now published");
         self.status(stream_id, "status", "NetStream.Publish.Start", &description);
+    }
+
+    /// Lets the client's play go on: the stream begins, and [`Server::media`] sends it.
+    pub fn accept_play(&mut self, stream_id: u32, name: &str) {
+        self.playing = Some(stream_id);
+        let mut begin = vec![0, 0]; // StreamBegin
+        begin.extend_from_slice(&stream_id.to_be_bytes());
+        self.send(CSID_CONTROL, kind::USER_CONTROL, 0, &begin);
+        self.status(stream_id, "status", "NetStream.Play.Reset", &format!("playing and resetting {name}"));
+        self.status(stream_id, "status", "NetStream.Play.Start", &format!("started playing {name}"));
+    }
+
+    /// One FLV video (`video`) or audio tag body for the playing client, at `timestamp` ms.
+    pub fn media(&mut self, video: bool, timestamp: u32, body: &[u8]) {
+        let Some(stream_id) = self.playing else { return };
+        let (csid, k) = if video { (CSID_VIDEO, kind::VIDEO) } else { (CSID_AUDIO, kind::AUDIO) };
+        chunk::write_message(&mut self.out, csid, k, stream_id, timestamp, body, self.out_chunk);
+    }
+
+    /// Bytes waiting to be sent (a player that does not read lets them grow).
+    pub fn pending_output(&self) -> usize {
+        self.out.len()
     }
 
     /// Refuses a publish or play with an onStatus error (`code` such as
@@ -402,6 +430,41 @@ pub(crate) mod tests {
         r.push(&s.take_output());
         let m = r.next_message().unwrap().unwrap();
         assert_eq!((m.kind, m.payload), (kind::USER_CONTROL, vec![0, 7, 0, 0, 1, 2]));
+    }
+
+    #[test]
+    fn a_player_is_told_the_stream_began_and_gets_media() {
+        let mut s = Server::new(3);
+        s.input(&Client::hello()).unwrap();
+        s.input(&[0; HANDSHAKE_LEN]).unwrap();
+        s.take_output();
+        let mut c = Client { reader: ChunkReader::default() };
+        s.input(&Client::command(&[Amf::string("connect"), Amf::Number(1.0), Amf::object([])], 0)).unwrap();
+        c.commands(&s.take_output());
+        s.input(&Client::command(&[Amf::string("play"), Amf::Number(0.0), Amf::Null, Amf::string("cam")], STREAM_ID))
+            .unwrap();
+        assert!(matches!(s.poll_event(), Some(Event::Connect { .. })));
+        assert_eq!(s.poll_event(), Some(Event::Play { stream_id: STREAM_ID, name: "cam".into() }));
+        s.media(true, 0, b"not yet");
+        assert_eq!(s.pending_output(), 0, "no media before the play is accepted");
+        s.accept_play(STREAM_ID, "cam");
+        s.media(true, 40, &[0x17, 1, 0, 0, 0]);
+        let out = s.take_output();
+        let codes: Vec<String> = c
+            .commands(&out)
+            .iter()
+            .filter_map(|(_, v)| v.get(2).and_then(|i| i.get("code")).and_then(Amf::str).map(String::from))
+            .collect();
+        assert_eq!(codes, ["NetStream.Play.Reset", "NetStream.Play.Start"]);
+        let mut r = ChunkReader::default();
+        r.set_chunk_size(OUT_CHUNK_SIZE as u32).unwrap();
+        r.push(&out);
+        let mut kinds = Vec::new();
+        while let Some(m) = r.next_message().unwrap() {
+            kinds.push((m.kind, m.stream_id, m.timestamp));
+        }
+        assert_eq!(kinds.first(), Some(&(kind::USER_CONTROL, 0, 0)), "StreamBegin first");
+        assert_eq!(kinds.last(), Some(&(kind::VIDEO, STREAM_ID, 40)));
     }
 
     #[test]
