@@ -1,7 +1,8 @@
 //! RTMP on arbitrary bytes: a server connection fed them as they come (raw, and after a good
-//! handshake, so the chunk stream and the commands are reached), everything it accepts as
-//! media through the FLV-to-RTP ingest, and the bytes alone as AMF0 and as FLV tags. Never a
-//! panic; AMF0 that decodes encodes back to the same bytes again; every RTP packet parses.
+//! handshake, so the chunk stream and the commands are reached; a publish or play it asks
+//! for is accepted), everything it accepts as media through the FLV-to-RTP ingest, and the
+//! bytes alone as AMF0 and as FLV tags. Never a panic; AMF0 that decodes encodes back to the
+//! same bytes again; every RTP packet parses.
 #![no_main]
 use fanout_proto::rtmp::{amf, ingest::Ingest, server::{Event, Server}};
 use libfuzzer_sys::fuzz_target;
@@ -17,6 +18,10 @@ fn run(server: &mut Server, data: &[u8]) {
         while let Some(e) = server.poll_event() {
             match e {
                 Event::Publish { stream_id, name } => server.accept_publish(stream_id, &name),
+                Event::Play { stream_id, name } => {
+                    server.accept_play(stream_id, &name);
+                    server.media(true, 0, name.as_bytes());
+                }
                 Event::Video { timestamp, body } => {
                     let _ = ingest.video(timestamp, &body, &mut out);
                 }
