@@ -15,8 +15,9 @@ fn lookup(name: &str) -> Option<Resource> {
             sdp: Sdp::parse("v=0\r\ns=x\r\nm=video 0 RTP/AVP 96\r\na=rtpmap:96 H264/90000\r\n").unwrap().for_clients("demo", 1),
             next_rtp: vec![Some((1, 2))],
             publishable: false,
+            busy: false,
         }),
-        "pub" => Some(Resource { sdp: Sdp { session: vec![], media: vec![] }, next_rtp: vec![], publishable: true }),
+        "pub" => Some(Resource { sdp: Sdp { session: vec![], media: vec![] }, next_rtp: vec![], publishable: true, busy: false }),
         _ => None,
     }
 }

@@ -178,6 +178,11 @@ impl Publisher {
         self.state.lock().active.is_some()
     }
 
+    /// How the publisher sends now (`interleaved`, `udp`, `rtmp`), if one publishes.
+    pub fn transport(&self) -> Option<&'static str> {
+        self.state.lock().active.as_ref().map(|a| a.transport)
+    }
+
     /// An RTP packet of track `track` from the publisher on connection `conn` (an RTMP
     /// publisher's, made by its ingest), restamped in place.
     pub fn feed_rtp(&self, conn: u64, track: usize, data: &mut [u8]) {

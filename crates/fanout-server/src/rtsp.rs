@@ -139,16 +139,23 @@ fn describe(relay: &Relay, name: &str) -> Option<Resource> {
     }
     if let Some(v) = path.view() {
         let next_rtp = v.tracks.iter().map(|t| t.session.rtp_start().map(|(_, seq, ts)| (seq, ts))).collect();
-        return Some(Resource { sdp: v.sdp.for_clients(name, 1), next_rtp, publishable: false });
+        return Some(Resource { sdp: v.sdp.for_clients(name, 1), next_rtp, publishable: false, busy: false });
     }
     if let Some(up) = path.upstream() {
         let sdp = up.sdp()?;
-        return Some(Resource { sdp: sdp.for_clients(name, 1), next_rtp: up.next_rtp(), publishable: false });
+        return Some(Resource {
+            sdp: sdp.for_clients(name, 1),
+            next_rtp: up.next_rtp(),
+            publishable: false,
+            busy: false,
+        });
     }
     if let Some(p) = path.publisher() {
         // Until someone publishes: no media (DESCRIBE answers 404), but ANNOUNCE is welcome.
         let sdp = p.sdp().map_or(Sdp { session: Vec::new(), media: Vec::new() }, |s| s.for_clients(name, 1));
-        return Some(Resource { sdp, next_rtp: p.next_rtp(), publishable: true });
+        // An RTMP publisher is one this RTSP server does not know of: a second one is refused.
+        let busy = p.transport() == Some("rtmp");
+        return Some(Resource { sdp, next_rtp: p.next_rtp(), publishable: true, busy });
     }
     let session = &path.session;
     let (pt, seq, ts) = session.rtp_start()?;
@@ -173,7 +180,7 @@ fn describe(relay: &Relay, name: &str) -> Option<Resource> {
         _ => return None,
     };
     let sdp = Sdp::parse(&format!("v=0\r\ns={name}\r\n{media}")).ok()?;
-    Some(Resource { sdp: sdp.for_clients(name, 1), next_rtp: vec![Some((seq, ts))], publishable: false })
+    Some(Resource { sdp: sdp.for_clients(name, 1), next_rtp: vec![Some((seq, ts))], publishable: false, busy: false })
 }
 
 /// A response as it goes out: with our `Server` header, in bytes.

@@ -89,6 +89,14 @@ fn ffmpeg_publishes_over_rtmp_and_plays_back_over_rtsp_http_and_hls() {
     // A second publisher of the path, one of a path that takes none, and a player: refused.
     let (ok, log) = try_publish(&format!("rtmp://{rtmp}/cam"));
     assert!(!ok, "a second publisher was let in: {log}");
+    // Nor may an RTSP publisher take the path meanwhile (455 at its ANNOUNCE).
+    let rtsp_pub = Command::new("timeout")
+        .args(["20", "ffmpeg", "-nostdin", "-loglevel", "error", "-re", "-i", DEMO, "-t", "2", "-an", "-c", "copy"])
+        .args(["-f", "rtsp", "-rtsp_transport", "tcp", &url])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&rtsp_pub.stderr);
+    assert!(!rtsp_pub.status.success() && said.contains("455"), "an RTSP publisher beside the RTMP one: {said}");
     let (ok, _) = try_publish(&format!("rtmp://{rtmp}/nosuch"));
     assert!(!ok, "a path that does not exist took a publisher");
     assert_eq!(publisher(&relay)["publishes"], 1, "{}", publisher(&relay));

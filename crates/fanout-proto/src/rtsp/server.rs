@@ -33,6 +33,9 @@ pub struct Resource {
     /// A publisher may ANNOUNCE to it. Until one does, its description has no media, and
     /// DESCRIBE answers 404.
     pub publishable: bool,
+    /// Someone this state machine does not know publishes it (over another protocol):
+    /// ANNOUNCE answers 455, as for a second RTSP publisher.
+    pub busy: bool,
 }
 
 /// What the data path must do.
@@ -350,7 +353,7 @@ impl Server {
             r.headers.set("Allow", "OPTIONS, DESCRIBE, SETUP, PLAY, PAUSE, TEARDOWN, GET_PARAMETER, SET_PARAMETER");
             return r;
         }
-        if self.sessions.values().any(|s| s.record && s.resource == name) {
+        if res.busy || self.sessions.values().any(|s| s.record && s.resource == name) {
             return error(455, Some(cseq)); // someone is publishing already
         }
         let is_sdp = req.headers.get("Content-Type").is_some_and(|t| t.trim().eq_ignore_ascii_case("application/sdp"));
@@ -792,13 +795,16 @@ mod tests {
                 .for_clients("demo", 1),
             next_rtp: vec![Some((1000, 90_000)), None],
             publishable: false,
+            busy: false,
         })
     }
 
     /// `demo`, and `pub`: publishable, nothing announced yet.
     fn with_pub(name: &str) -> Option<Resource> {
         let empty = Sdp { session: Vec::new(), media: Vec::new() };
-        demo(name).or_else(|| (name == "pub").then(|| Resource { sdp: empty, next_rtp: vec![], publishable: true }))
+        demo(name).or_else(|| {
+            (name == "pub").then(|| Resource { sdp: empty, next_rtp: vec![], publishable: true, busy: false })
+        })
     }
 
     /// ANNOUNCE, SETUP with mode=record, RECORD: one action with the tracks' channels. A
