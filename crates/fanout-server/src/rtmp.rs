@@ -92,6 +92,13 @@ struct Player {
     _repack: Arc<crate::repack::Repack>,
 }
 
+/// The path a publish or play names, and the query its credentials come in: the stream key
+/// (`name`) names the path, else the app; the key's query, else the app's.
+fn target<'a>(app: &'a str, name: &'a str) -> (&'a str, &'a str) {
+    let ((key, key_query), (app, app_query)) = (split_query(name), split_query(app));
+    (if key.is_empty() { app } else { key }, if key_query.is_empty() { app_query } else { key_query })
+}
+
 /// The next tag for `player`, or never if there is none.
 async fn next_tag(
     player: &mut Option<Player>,
@@ -181,10 +188,7 @@ impl Conn<'_> {
 
     /// Decides on a publish of `name` (stream key, with its query) under app `app`.
     fn publish(&mut self, server: &mut Server, stream_id: u32, app: &str, name: &str) -> Result<(), String> {
-        let (key, key_query) = split_query(name);
-        let (app, app_query) = split_query(app);
-        let path_name = if key.is_empty() { app } else { key };
-        let query = if key_query.is_empty() { app_query } else { key_query };
+        let (path_name, query) = target(app, name);
         let refuse = |server: &mut Server, code: &str, why: String| {
             server.refuse(stream_id, code, &why);
             Err(why)
@@ -212,10 +216,7 @@ impl Conn<'_> {
 
     /// Decides on a play of `name` under app `app`: the path's FLV, from its repackaging.
     async fn play(&mut self, server: &mut Server, stream_id: u32, app: &str, name: &str) -> Result<(), String> {
-        let (key, key_query) = split_query(name);
-        let (app, app_query) = split_query(app);
-        let path_name = if key.is_empty() { app } else { key };
-        let query = if key_query.is_empty() { app_query } else { key_query };
+        let (path_name, query) = target(app, name);
         let mut refuse = |code: &str, why: String| {
             tracing::warn!(peer = %self.peer, path = %path_name, "RTMP play refused: {why}");
             server.refuse(stream_id, code, &why);

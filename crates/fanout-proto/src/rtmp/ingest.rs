@@ -114,15 +114,6 @@ impl Ingest {
         tracks.iter().position(|x| *x == t)
     }
 
-    fn rtp(&mut self, track: usize, pt: u8, ts: u32, marker: bool, payload: &[u8], out: &mut Vec<RtpPacket>) {
-        let mut data = vec![0u8; 12 + payload.len()];
-        let seq = self.seq[track.min(1)];
-        self.seq[track.min(1)] = seq.wrapping_add(1);
-        let h = crate::rtp::write_header(&mut data, marker, pt, seq, ts, SSRC);
-        data[h..].copy_from_slice(payload);
-        out.push(RtpPacket { track, data });
-    }
-
     /// A video message's body at `timestamp` ms: its RTP packets into `out`.
     pub fn video(&mut self, timestamp: u32, body: &[u8], out: &mut Vec<RtpPacket>) -> Result<(), FlvError> {
         match flv::video(body)? {
@@ -140,14 +131,13 @@ impl Ingest {
                 }
             }
             Video::Frames { codec, keyframe, cts, data } => {
-                let Some(v) = self.video.clone().filter(|v| Some(v.codec) == codec.annexb()) else {
+                // (A frame without its configuration fixes no track.)
+                let fits = self.video.as_ref().is_some_and(|v| Some(v.codec) == codec.annexb());
+                let Some(track) = fits.then(|| self.index(Track::Video)).flatten() else {
                     self.ignored += 1;
                     return Ok(());
                 };
-                let Some(track) = self.index(Track::Video) else {
-                    self.ignored += 1;
-                    return Ok(());
-                };
+                let Self { video: Some(v), seq, scratch, .. } = self else { return Ok(()) };
                 let nals = flv::nal_units(data, v.length_size)?;
                 let nal_type = |n: &[u8]| match v.codec {
                     Codec::H264 => n.first().map(|b| b & 0x1f),
@@ -158,16 +148,12 @@ impl Ingest {
                 let sets: Vec<&[u8]> = if inband { v.sets.iter().map(Vec::as_slice).collect() } else { Vec::new() };
                 let all: Vec<&[u8]> = sets.into_iter().chain(nals).filter(|n| !n.is_empty()).collect();
                 let ts = (i64::from(timestamp) + i64::from(cts)).wrapping_mul(90) as u32;
-                let mut scratch = std::mem::take(&mut self.scratch);
-                let mut payloads: Vec<(Vec<u8>, bool)> = Vec::new();
+                // Each payload straight into its RTP packet: one copy of the picture's bytes.
                 for (i, n) in all.iter().enumerate() {
-                    crate::codec::annexb::packetize(v.codec, n, MAX_PAYLOAD, &mut scratch, |p, last| {
-                        payloads.push((p.to_vec(), last && i + 1 == all.len()));
+                    crate::codec::annexb::packetize(v.codec, n, MAX_PAYLOAD, scratch, |p, last| {
+                        let marker = last && i + 1 == all.len();
+                        out.push(rtp(track, &mut seq[track], VIDEO_PAYLOAD_TYPE, ts, marker, p));
                     });
-                }
-                self.scratch = scratch;
-                for (p, marker) in payloads {
-                    self.rtp(track, VIDEO_PAYLOAD_TYPE, ts, marker, &p, out);
                 }
             }
             Video::Other => {}
@@ -201,12 +187,21 @@ impl Ingest {
                     _ => said,
                 };
                 self.audio_next = Some(next + 1024);
-                self.rtp(track, AUDIO_PAYLOAD_TYPE, next as u32, true, &payload, out);
+                out.push(rtp(track, &mut self.seq[track], AUDIO_PAYLOAD_TYPE, next as u32, true, &payload));
             }
             Audio::Other(_) => self.ignored += 1,
         }
         Ok(())
     }
+}
+
+/// One RTP packet of `track` carrying `payload`, numbered by `seq` (counted on).
+fn rtp(track: usize, seq: &mut u16, pt: u8, ts: u32, marker: bool, payload: &[u8]) -> RtpPacket {
+    let mut data = vec![0u8; 12 + payload.len()];
+    let h = crate::rtp::write_header(&mut data, marker, pt, *seq, ts, SSRC);
+    data[h..].copy_from_slice(payload);
+    *seq = seq.wrapping_add(1);
+    RtpPacket { track, data }
 }
 
 #[cfg(test)]
@@ -268,6 +263,17 @@ mod tests {
         out.clear();
         g.audio(10_000, &[0xaf, 1, 9], &mut out).unwrap();
         assert_eq!(RtpView::parse(&out[0].data).unwrap().timestamp(), 480_000);
+    }
+
+    #[test]
+    fn frames_before_their_configuration_fix_no_track() {
+        let mut g = Ingest::default();
+        let mut out = Vec::new();
+        g.video(0, &frame(true, 0, &[&[0x65, 1]]), &mut out).unwrap();
+        assert!(out.is_empty() && g.sdp().is_none() && g.ignored == 1);
+        g.video(0, &avc_config(), &mut out).unwrap();
+        g.video(40, &frame(true, 0, &[&[0x65, 1]]), &mut out).unwrap();
+        assert!(g.sdp().unwrap().contains("m=video"), "the configuration that came next still counts");
     }
 
     #[test]
