@@ -443,15 +443,16 @@ impl Rtsp {
     /// A description for an SRTP connection: each track `RTP/SAVP`, with its epoch's key
     /// (SDES, RFC 4568), remembered for the connection's PLAY; `RTP-Info` as the epoch
     /// session places a client (the track's numbers).
-    fn keyed(&self, relay: &Relay, conn: u64, name: &str, mut res: Resource) -> Option<Resource> {
-        let path = relay.path(name)?;
-        let me = self.conns.lock().get(&conn).cloned()?;
+    /// `Ok(None)`: no such path (404); an error: no epoch could be had now (503).
+    fn keyed(&self, relay: &Relay, conn: u64, name: &str, mut res: Resource) -> std::io::Result<Option<Resource>> {
+        let Some(path) = relay.path(name) else { return Ok(None) };
+        let Some(me) = self.conns.lock().get(&conn).cloned() else { return Ok(None) };
         for (i, (m, t)) in res.sdp.media.iter_mut().zip(&path.tracks()).enumerate() {
             let epoch = match path.srtp.epoch(&t.session, &relay.engine, self.shared_keys()) {
                 Ok(e) => e,
                 Err(e) => {
-                    tracing::warn!(resource = name, "no SRTP key: {e}");
-                    return None;
+                    tracing::warn!(resource = name, conn, "no SRTP key: {e}");
+                    return Err(e);
                 }
             };
             m.proto = "RTP/SAVP".into();
@@ -465,7 +466,7 @@ impl Rtsp {
             }
             me.keys.lock().insert(t.session.name().to_string(), epoch);
         }
-        Some(res)
+        Ok(Some(res))
     }
 
     /// `res` with the first packet's numbers of the key epochs an SRTP client on `conn` joins
@@ -989,9 +990,14 @@ async fn connection(
                     let (resp, actions) = {
                         let srtp = secure && rtsp.srtp.is_some();
                         let method = req.method.as_str();
+                        // Why no key could be given, for a 503 instead of the 404.
+                        let unkeyed = std::cell::Cell::new(None);
                         let lookup = |name: &str| match describe(relay, name) {
                             Some(res) if srtp && method == "DESCRIBE" && !res.publishable => {
-                                rtsp.keyed(relay, conn, name, res)
+                                rtsp.keyed(relay, conn, name, res).unwrap_or_else(|e| {
+                                    unkeyed.set(Some(e));
+                                    None
+                                })
                             }
                             // RTP-Info where the epochs the client joins will place it.
                             Some(res) if srtp && method == "PLAY" && !res.publishable => {
@@ -999,7 +1005,14 @@ async fn connection(
                             }
                             other => other,
                         };
-                        rtsp.server.lock().handle(&req, conn, rtsp.now_ms(), &lookup)
+                        let (mut resp, actions) = rtsp.server.lock().handle(&req, conn, rtsp.now_ms(), &lookup);
+                        if let Some(e) = unkeyed.take().filter(|_| resp.status == 404) {
+                            resp = Response::new(503, req.headers.cseq());
+                            resp.headers.set("Retry-After", "2");
+                            resp.headers.set("Content-Type", "text/plain");
+                            resp.body = format!("no SRTP key now: {e}").into_bytes();
+                        }
+                        (resp, actions)
                     };
                     rtsp.apply(relay, peer.ip(), actions);
                     stream.write_all(&answer(resp)).await?;

@@ -34,6 +34,12 @@ use std::time::{Duration, Instant};
 const JOIN_MARGIN: u32 = 4096;
 /// An epoch without clients stops after this long (a DESCRIBE is followed by a PLAY).
 const LINGER: Duration = Duration::from_secs(10);
+/// At most this many epochs of a track without a client at once. Each is a relay session
+/// (on the kernel path, one of the program's 256); a DESCRIBE makes one wherever no
+/// epoch can be joined (per-client keys, or near a wrap), so without a bound a client that
+/// only DESCRIBEs could fill the machine. Past it the oldest such epoch ends: honest
+/// joiners PLAY within milliseconds of their DESCRIBE, a flood's own epochs go first.
+pub const MAX_UNPLAYED: usize = 64;
 
 pub struct Epoch {
     pub crypto: Crypto,
@@ -73,6 +79,12 @@ impl Epoch {
         mikey_base64(self.crypto.suite, &self.crypto.key, ssrc)
     }
 
+    fn stop(&self) {
+        self.task.abort();
+        let s = self.session.clone();
+        tokio::task::spawn_blocking(move || s.close());
+    }
+
     pub fn running(&self) -> bool {
         !self.task.is_finished()
     }
@@ -90,6 +102,24 @@ impl Epoch {
 fn has_room(packets: u32, last_seq: u16, wrapped: bool, track_next: Option<u16>) -> bool {
     let newest = if packets == 0 { track_next.unwrap_or(0) } else { last_seq };
     !wrapped && 65_535 - u32::from(newest) > JOIN_MARGIN
+}
+
+/// What a joiner gets: the newest epoch it can join, else a new one, which past
+/// [`MAX_UNPLAYED`] takes the place of the oldest epoch without a client.
+#[derive(Debug, PartialEq)]
+enum Choice {
+    Join(usize),
+    New,
+    Replace(usize),
+}
+
+/// `unplayed`: the epochs without a client, oldest first.
+fn choose(joinable: Option<usize>, unplayed: &[usize]) -> Choice {
+    match (joinable, unplayed.first()) {
+        (Some(i), _) => Choice::Join(i),
+        (None, Some(&oldest)) if unplayed.len() >= MAX_UNPLAYED => Choice::Replace(oldest),
+        _ => Choice::New,
+    }
 }
 
 /// Every track's epochs.
@@ -125,8 +155,19 @@ impl SrtpOut {
         let list = all.entry(track.name().to_string()).or_default();
         list.retain(|e| e.running());
         let track_next = track.rtp_start().map(|(_, seq, _)| seq);
-        if let Some(e) = list.iter().rev().find(|e| shared && e.joinable(track_next)) {
-            return Ok(e.clone());
+        let joinable = list.iter().rposition(|e| shared && e.joinable(track_next));
+        let unplayed: Vec<usize> = (0..list.len()).filter(|&i| list[i].session.sinks().is_empty()).collect();
+        match choose(joinable, &unplayed) {
+            Choice::Join(i) => return Ok(list[i].clone()),
+            Choice::Replace(i) => {
+                let old = list.remove(i);
+                tracing::warn!(
+                    session = old.session.name(),
+                    "{MAX_UNPLAYED} SRTP key epochs without a client: the oldest ends"
+                );
+                old.stop();
+            }
+            Choice::New => {}
         }
         let n = self.next.fetch_add(1, Relaxed);
         let e = start(track, engine, n)?;
@@ -137,9 +178,7 @@ impl SrtpOut {
     /// Stops every epoch (at shutdown).
     pub fn stop_all(&self) {
         for e in self.epochs.lock().drain().flat_map(|(_, v)| v) {
-            e.task.abort();
-            let s = e.session.clone();
-            tokio::task::spawn_blocking(move || s.close());
+            e.stop();
         }
     }
 
@@ -271,5 +310,14 @@ mod tests {
         // An epoch with no packet yet starts where the track is, not at 0.
         assert!(!has_room(0, 0, false, Some(64_000)));
         assert!(has_room(0, 0, false, Some(100)));
+    }
+
+    #[test]
+    fn epochs_without_clients_are_bounded_but_joining_never_is() {
+        let waiting: Vec<usize> = (2..2 + MAX_UNPLAYED).collect();
+        assert_eq!(choose(None, &[]), Choice::New);
+        assert_eq!(choose(None, &waiting[..MAX_UNPLAYED - 1]), Choice::New);
+        assert_eq!(choose(None, &waiting), Choice::Replace(2), "a DESCRIBE flood replaces its own oldest");
+        assert_eq!(choose(Some(7), &waiting), Choice::Join(7), "sharing costs nothing");
     }
 }

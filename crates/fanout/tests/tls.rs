@@ -390,13 +390,18 @@ fn srtp_over_udp(kernel: bool) {
     // Joiners in the last JOIN_MARGIN packets before the track's numbers wrap each get an
     // epoch of their own (srtp_out.rs): with a random start that is 6% of the time, and then
     // two clients share no ciphertext. Wait until two DESCRIBEs name one key (at most the
-    // margin's 20 s of the demo).
+    // margin's 20 s of the demo), slowly: each lone epoch lingers 10 s, and they are bounded.
     let key_of = || {
         let mut c = connect(rtsps, &client);
-        let (_, sdp) = rtsp_exchange(&mut c, &format!("DESCRIBE {url} RTSP/1.0\r\nCSeq: 1\r\n\r\n"));
-        sdp.split("inline:").nth(1).and_then(|k| k.split_whitespace().next()).map(str::to_string)
+        let (head, sdp) = rtsp_exchange(&mut c, &format!("DESCRIBE {url} RTSP/1.0\r\nCSeq: 1\r\n\r\n"));
+        assert!(head.starts_with("RTSP/1.0 200"), "{head}");
+        sdp.split("inline:").nth(1).unwrap().split_whitespace().next().unwrap().to_string()
     };
-    assert!(wait_for(Duration::from_secs(40), || key_of() == key_of()), "joiners never shared an epoch");
+    let shared = wait_for(Duration::from_secs(40), || {
+        std::thread::sleep(Duration::from_millis(500));
+        key_of() == key_of()
+    });
+    assert!(shared, "joiners never shared an epoch");
     let mut t = connect(rtsps, &client);
     let (head, sdp) = rtsp_exchange(&mut t, &format!("DESCRIBE {url} RTSP/1.0\r\nCSeq: 1\r\n\r\n"));
     assert!(head.starts_with("RTSP/1.0 200"), "{head}");
@@ -594,6 +599,39 @@ fn without_srtp_rtsps_clients_take_plain_rtp_in_the_tls() {
         "SETUP {url}/trackID=0 RTSP/1.0\r\nCSeq: 2\r\nTransport: RTP/SAVP;unicast;client_port=5000-5001\r\n\r\n"
     );
     assert!(rtsp_request(&mut t, &savp).starts_with("RTSP/1.0 461"), "no keys were given");
+    decodes(&url, &pair.cert, 60);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A client that only DESCRIBEs makes a key epoch each time where none can be shared
+/// (per-client keys here, near a wrap with shared ones): a flood of them is bounded per
+/// track, its own oldest epochs giving way, and an honest client still plays.
+#[test]
+fn a_describe_flood_cannot_fill_the_relay_with_key_epochs() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let dir = temp_dir("flood");
+    let pair = make_pair(&dir, "server");
+    let relay = Relay::with_config(&tls_config(&pair, "srtp_keys = \"per-client\"\n"), &[]);
+    let url = get(&relay, &pair, "/v1/sessions/demo")["rtsps_url"].as_str().unwrap().to_string();
+    let rtsps: SocketAddr = url.trim_start_matches("rtsps://").trim_end_matches("/demo").parse().unwrap();
+    let client = rustls_client(&[&pair.der]);
+    let mut keys = std::collections::HashSet::new();
+    for _ in 0..150 {
+        let mut c = connect(rtsps, &client);
+        let (head, sdp) = rtsp_exchange(&mut c, &format!("DESCRIBE {url} RTSP/1.0\r\nCSeq: 1\r\n\r\n"));
+        assert!(head.starts_with("RTSP/1.0 200"), "{head}");
+        keys.insert(sdp.split("inline:").nth(1).unwrap().split_whitespace().next().unwrap().to_string());
+    }
+    assert_eq!(keys.len(), 150, "per-client keys: every DESCRIBE its own");
+    let epochs = get(&relay, &pair, "/v1/rtsp")["srtp_epochs"].clone();
+    let list = epochs.as_array().unwrap();
+    for track in ["demo/video", "demo/audio"] {
+        let n = list.iter().filter(|e| e["track"] == track).count();
+        assert_eq!(n, 64, "epochs of {track}: {epochs}");
+    }
+    wait_for_log(&relay, "SRTP key epochs without a client: the oldest ends");
     decodes(&url, &pair.cert, 60);
     let _ = std::fs::remove_dir_all(&dir);
 }
