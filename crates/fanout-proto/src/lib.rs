@@ -12,7 +12,8 @@
 //!   times.
 //! - [`rtmp`]: RTMP: AMF0, the chunk stream, a connection's server side, and a publisher's
 //!   FLV as RTP tracks.
-//! - [`container`]: MPEG-TS (packets, PCR pacing, demuxer, muxer), MP4 in, FLV tags,
+//! - [`srt`]: what an SRT caller's stream id asks for (mode, path, credentials).
+//! - [`container`]: MPEG-TS (packets, PCR pacing, demuxer, an encoder's TS as RTP tracks, muxer), MP4 in, FLV tags,
 //!   fragmented MP4 and HLS out, playlists of recordings, and the RTP-to-access-unit
 //!   repackaging.
 //! - [`directory`]: the cluster's directory and where to pull a channel from.
@@ -29,3 +30,4 @@ pub mod rtmp;
 pub mod rtp;
 pub mod rtsp;
 pub mod secret;
+pub mod srt;

@@ -381,6 +381,15 @@ fn session_json(relay: &Relay, s: &fanout_io::Session) -> serde_json::Value {
     if let Some(rtmp) = path.publisher().and(*relay.rtmp_addr.lock()) {
         v["rtmp_publish_url"] = json!(format!("rtmp://{rtmp}/{}", s.name()));
     }
+    // Over SRT: where to publish and read it, and who does now.
+    if let Some(srt) = *relay.srt_addr.lock() {
+        if path.publisher().is_some() {
+            v["srt_publish_url"] = json!(format!("srt://{srt}?streamid=publish:{}", s.name()));
+        }
+        v["srt_read_url"] = json!(format!("srt://{srt}?streamid=read:{}", s.name()));
+        let links: Vec<_> = relay.srt_links.lock().iter().filter(|l| l.path == s.name()).map(|l| l.status()).collect();
+        v["srt"] = json!(links);
+    }
     let http = if relay.cfg.https() { "https" } else { "http" };
     v["stream_url"] = json!(format!("{http}://{}/v1/sessions/{}/stream", relay.cfg.api, s.name()));
     v["stream_format"] = json!(stream_format(&path));
@@ -577,6 +586,7 @@ fn engine_json(relay: &Relay) -> serde_json::Value {
         "rtsp": *relay.rtsp_addr.lock(),
         "rtsps": *relay.rtsps_addr.lock(),
         "rtmp": *relay.rtmp_addr.lock(),
+        "srt": *relay.srt_addr.lock(),
         "egress": relay.engine.egress().map(|e| {
             let link = e.link.lock();
             json!({ "rate_kbps": link.rate() * 8 / 1000, "reserved_kbps": link.reserved() * 8 / 1000 })
@@ -732,13 +742,18 @@ async fn metrics(State(relay): State<Arc<Relay>>) -> impl IntoResponse {
         Some((format!("{{session=\"{}\"}}", label(s.name())), flv.tags.receiver_count() as u64))
     });
     family(&mut m, "fanout_rtmp_players", "gauge", "RTMP players of the session.", players);
+    let readers = sessions.iter().map(|s| {
+        let n = relay.srt_links.lock().iter().filter(|l| l.mode == "read" && l.path == s.name()).count();
+        (format!("{{session=\"{}\"}}", label(s.name())), n as u64)
+    });
+    family(&mut m, "fanout_srt_readers", "gauge", "SRT readers of the session.", readers);
     // Publish sessions: who publishes now, over what; how many have.
     let pubs: Vec<_> = relay.paths().iter().filter_map(|p| Some((p.name.clone(), p.publisher()?.status()))).collect();
     let publishing = pubs.iter().filter(|(_, st)| st.state == "publishing").map(|(n, st)| {
-        let protocol = if st.transport == Some("rtmp") { "rtmp" } else { "rtsp" };
+        let protocol = st.transport.filter(|t| matches!(*t, "rtmp" | "srt")).unwrap_or("rtsp");
         (format!("{{session=\"{}\",protocol=\"{protocol}\"}}", label(n)), 1)
     });
-    let help = "1 while the session's publisher publishes, by protocol (rtsp, rtmp).";
+    let help = "1 while the session's publisher publishes, by protocol (rtsp, rtmp, srt).";
     family(&mut m, "fanout_publishing", "gauge", help, publishing);
     let publishes = pubs.iter().map(|(n, st)| (format!("{{session=\"{}\"}}", label(n)), st.publishes));
     family(&mut m, "fanout_publishes_total", "counter", "Publishers the session has had.", publishes);

@@ -48,3 +48,32 @@ pub struct ClientSink {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub layers: Option<fanout_io::layered::SinkLayerStatus>,
 }
+
+/// An SRT connection, publishing or reading, as the API shows it: the SRT side registers
+/// it, the API asks its socket for libsrt's counters.
+pub struct SrtLink {
+    pub path: String,
+    /// `publish` or `read`.
+    pub mode: &'static str,
+    pub peer: Option<std::net::SocketAddr>,
+    pub since: std::time::Instant,
+    pub socket: std::sync::Arc<fanout_srt::Socket>,
+}
+
+impl SrtLink {
+    pub fn status(&self) -> serde_json::Value {
+        let s = self.socket.stats().unwrap_or_default();
+        serde_json::json!({
+            "mode": self.mode,
+            "peer": self.peer,
+            "connected_s": self.since.elapsed().as_secs_f64(),
+            "packets_received": s.packets_received,
+            "packets_sent": s.packets_sent,
+            "lost": s.lost,
+            "retransmitted": s.retransmitted,
+            "dropped": s.dropped,
+            "undecrypted": s.undecrypted,
+            "rtt_ms": s.rtt_ms,
+        })
+    }
+}

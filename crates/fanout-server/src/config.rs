@@ -17,6 +17,16 @@ pub struct Config {
     /// Address for RTMP publishers (`rtmp://HOST:PORT/{path}`); `"off"` = no RTMP.
     #[serde(deserialize_with = "addr_or_off")]
     pub rtmp: Option<SocketAddr>,
+    /// UDP address for SRT callers (`srt://HOST:PORT?streamid=publish:NAME`); `"off"` = no SRT.
+    #[serde(deserialize_with = "addr_or_off")]
+    pub srt: Option<SocketAddr>,
+    /// SRT's AES passphrase (10 to 79 characters): callers must give the same one; none =
+    /// unencrypted SRT.
+    pub srt_passphrase: Option<String>,
+    /// SRT's AES key length in bytes with a passphrase: 16, 24 or 32.
+    pub srt_pbkeylen: u32,
+    /// SRT's latency (ms): how long a receiver waits for a retransmission before it gives up.
+    pub srt_latency_ms: u32,
     /// RTSP clients must authenticate (Basic or Digest) as one of these; none = open.
     #[serde(rename = "rtsp_user")]
     pub rtsp_users: Vec<RtspUser>,
@@ -246,6 +256,8 @@ pub enum Encryption {
 
 /// RTMP's port.
 pub const RTMP_PORT: u16 = 1935;
+/// SRT's port (UDP), MediaMTX's.
+pub const SRT_PORT: u16 = 8890;
 
 /// An address, or `"off"`.
 fn addr_or_off<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
@@ -265,6 +277,10 @@ pub const CONFIG_FIELDS: &[&str] = &[
     "api",
     "rtsp",
     "rtmp",
+    "srt",
+    "srt_passphrase",
+    "srt_pbkeylen",
+    "srt_latency_ms",
     "rtsp_user",
     "rtsp_max_connections",
     "rtsp_idle_s",
@@ -307,6 +323,10 @@ impl Default for Config {
             api: ([127, 0, 0, 1], 7070).into(),
             rtsp: Some(([127, 0, 0, 1], 8554).into()),
             rtmp: Some(([127, 0, 0, 1], RTMP_PORT).into()),
+            srt: Some(([127, 0, 0, 1], SRT_PORT).into()),
+            srt_passphrase: None,
+            srt_pbkeylen: 16,
+            srt_latency_ms: 120,
             rtsp_users: Vec::new(),
             rtsp_max_connections: 1024,
             rtsp_idle_s: 60.0,
@@ -576,6 +596,22 @@ impl Config {
             "rtsp_idle_s",
             format!("rtsp_idle_s {} is out of range 1..=86400", self.rtsp_idle_s),
         );
+        let pass_len = self.srt_passphrase.as_ref().map_or(10, |p| p.chars().count());
+        check(
+            (10..=79).contains(&pass_len),
+            "srt_passphrase",
+            format!("srt_passphrase has {pass_len} characters: SRT takes 10 to 79"),
+        );
+        check(
+            matches!(self.srt_pbkeylen, 16 | 24 | 32),
+            "srt_pbkeylen",
+            format!("srt_pbkeylen {}: 16, 24 or 32 (AES-128, -192, -256)", self.srt_pbkeylen),
+        );
+        check(
+            (20..=10_000).contains(&self.srt_latency_ms),
+            "srt_latency_ms",
+            format!("srt_latency_ms {} is out of range 20..=10000", self.srt_latency_ms),
+        );
         check(
             (0.0..=86_400.0).contains(&self.publisher_grace_s),
             "publisher_grace_s",
@@ -664,6 +700,9 @@ impl Config {
         // RTMP publishers authenticate as RTSP's users.
         if let Some(r) = self.rtmp.filter(|r| !r.ip().is_loopback() && !rtsp_auth) {
             open.push(format!("RTMP on {r} has no rtsp_user and no rtsp_require_token"));
+        }
+        if let Some(r) = self.srt.filter(|r| !r.ip().is_loopback() && !rtsp_auth) {
+            open.push(format!("SRT on {r} has no rtsp_user and no rtsp_require_token"));
         }
         if !open.is_empty() && !self.allow_unauthenticated {
             return Err(format!(

@@ -18,6 +18,7 @@ mod rtsp;
 pub mod serve;
 mod source;
 pub mod spec;
+mod srt;
 mod srtp_out;
 mod state;
 mod tls;

@@ -1,6 +1,7 @@
-//! Publishing into a session (`source = { publish = true }`), over RTSP or RTMP: an RTSP
-//! publisher's ANNOUNCE gives the tracks, its RTP arrives interleaved on its RTSP connection
-//! (or over UDP); an RTMP publisher's FLV is made RTP tracks by `fanout_proto::rtmp::ingest`.
+//! Publishing into a session (`source = { publish = true }`), over RTSP, RTMP or SRT: an
+//! RTSP publisher's ANNOUNCE gives the tracks, its RTP arrives interleaved on its RTSP
+//! connection (or over UDP); an RTMP publisher's FLV and an SRT publisher's MPEG-TS are made
+//! RTP tracks by `fanout_proto::rtmp::ingest` and `fanout_proto::container::tsingest`.
 //! Either is fed into the tracks' relay sessions like an upstream's (restamped, so clients see one SSRC and
 //! unbroken sequence numbers across publishers). A publisher that leaves is an upstream
 //! loss: the session waits, its clients stay, and the next publisher continues the stream.
@@ -25,7 +26,7 @@ struct Active {
     /// Where its RTP and RTCP over UDP come from (its address, the ports its SETUP named) →
     /// (track, is RTCP): nothing from elsewhere is taken.
     udp: HashMap<SocketAddr, (usize, bool)>,
-    /// `interleaved`, `udp` (RTSP) or `rtmp`.
+    /// `interleaved`, `udp` (RTSP), `rtmp` or `srt`.
     transport: &'static str,
     since: Instant,
 }
@@ -43,7 +44,7 @@ pub struct PublisherStatus {
     /// `publishing` or `waiting`.
     pub state: &'static str,
     pub peer: Option<std::net::IpAddr>,
-    /// How the publisher sends: `interleaved` on its RTSP connection, `udp`, or `rtmp`.
+    /// How the publisher sends: `interleaved` on its RTSP connection, `udp`, `rtmp` or `srt`.
     pub transport: Option<&'static str>,
     pub publishing_s: Option<f64>,
     /// Publishers so far.
@@ -114,8 +115,11 @@ impl Publisher {
 
     /// An RTMP publisher's tracks, described (`label` names it as an RTSP session would): it
     /// then feeds them with [`Publisher::feed_rtp`].
-    pub fn start_rtmp(
+    /// A publisher on its own connection (`rtmp` or `srt`), whose container the caller made
+    /// RTP tracks described by `sdp`; its packets come by [`Self::feed_rtp`].
+    pub fn start_stream(
         &self,
+        transport: &'static str,
         label: String,
         conn: u64,
         peer: std::net::IpAddr,
@@ -128,7 +132,7 @@ impl Publisher {
             peer,
             channels: HashMap::new(),
             udp: HashMap::new(),
-            transport: "rtmp",
+            transport,
             since: Instant::now(),
         };
         self.begin(a, sdp, engine)
@@ -178,13 +182,13 @@ impl Publisher {
         self.state.lock().active.is_some()
     }
 
-    /// How the publisher sends now (`interleaved`, `udp`, `rtmp`), if one publishes.
+    /// How the publisher sends now (`interleaved`, `udp`, `rtmp`, `srt`), if one publishes.
     pub fn transport(&self) -> Option<&'static str> {
         self.state.lock().active.as_ref().map(|a| a.transport)
     }
 
-    /// An RTP packet of track `track` from the publisher on connection `conn` (an RTMP
-    /// publisher's, made by its ingest), restamped in place.
+    /// An RTP packet of track `track` from the publisher on connection `conn` (an RTMP or
+    /// SRT publisher's, made from its container), restamped in place.
     pub fn feed_rtp(&self, conn: u64, track: usize, data: &mut [u8]) {
         let mut st = self.state.lock();
         if st.active.as_ref().is_some_and(|a| a.conn == conn) {

@@ -24,6 +24,9 @@ pub struct Relay {
     pub rtsps_addr: parking_lot::Mutex<Option<std::net::SocketAddr>>,
     /// Where RTMP publishers connect, once bound.
     pub rtmp_addr: parking_lot::Mutex<Option<std::net::SocketAddr>>,
+    pub srt_addr: parking_lot::Mutex<Option<std::net::SocketAddr>>,
+    /// SRT publishers and readers connected now.
+    pub srt_links: parking_lot::Mutex<Vec<Arc<crate::clients::SrtLink>>>,
     /// The RTSP side, once listening.
     pub rtsp: parking_lot::Mutex<Option<Arc<dyn RtspFront>>>,
     /// This relay as a node of a cluster (`[cluster]`).
@@ -69,6 +72,8 @@ impl Relay {
             rtsp_addr: Default::default(),
             rtsps_addr: Default::default(),
             rtmp_addr: Default::default(),
+            srt_addr: Default::default(),
+            srt_links: Default::default(),
             rtsp: Default::default(),
         }))
     }
@@ -186,6 +191,23 @@ impl Relay {
         Err(match not_layered {
             true => RelayError::BadRequest(format!("sink {id}: {}", LayerError::NotLayered)),
             false => RelayError::NotFound(format!("session {name:?} has no sink {id}")),
+        })
+    }
+
+    /// Whether a publisher or player of RTMP or SRT, which name their credentials in the
+    /// URL or stream id, may go on: anyone where RTSP is open, else one of RTSP's users (or
+    /// `token` with the API token where RTSP requires it).
+    pub fn stream_login_ok(&self, user: Option<&str>, pass: Option<&str>) -> bool {
+        let users = self.cfg.rtsp_credentials();
+        if users.is_empty() {
+            return true;
+        }
+        let (Some(user), Some(pass)) = (user, pass) else { return false };
+        // Every user is compared, so the time taken does not tell which names exist.
+        users.iter().fold(false, |ok, (u, p)| {
+            let hit = fanout_proto::secret::ct_eq(u.as_bytes(), user.as_bytes())
+                & fanout_proto::secret::ct_eq(p.as_bytes(), pass.as_bytes());
+            ok | hit
         })
     }
 

@@ -99,6 +99,16 @@ fn target<'a>(app: &'a str, name: &'a str) -> (&'a str, &'a str) {
     (if key.is_empty() { app } else { key }, if key_query.is_empty() { app_query } else { key_query })
 }
 
+/// The credentials in a query: `user=U&pass=P`, or `token=T` (the user `token`).
+pub(crate) fn query_credentials(query: &str) -> (Option<&str>, Option<&str>) {
+    let param = |k: &str| query.split('&').find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='));
+    match (param("user"), param("pass"), param("token")) {
+        (Some(u), Some(p), _) => (Some(u), Some(p)),
+        (_, _, Some(t)) => (Some("token"), Some(t)),
+        _ => (None, None),
+    }
+}
+
 /// The next tag for `player`, or never if there is none.
 async fn next_tag(
     player: &mut Option<Player>,
@@ -277,22 +287,8 @@ impl Conn<'_> {
 
     /// Whether `query` carries credentials RTSP would take (anyone, where RTSP is open).
     fn authorized(&self, query: &str) -> bool {
-        let users = self.relay.cfg.rtsp_credentials();
-        if users.is_empty() {
-            return true;
-        }
-        let param = |k: &str| query.split('&').find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='));
-        let (user, pass) = match (param("user"), param("pass"), param("token")) {
-            (Some(u), Some(p), _) => (u, p),
-            (_, _, Some(t)) => ("token", t),
-            _ => return false,
-        };
-        // Every user is compared, so the time taken does not tell which names exist.
-        users.iter().fold(false, |ok, (u, p)| {
-            let hit = fanout_proto::secret::ct_eq(u.as_bytes(), user.as_bytes())
-                & fanout_proto::secret::ct_eq(p.as_bytes(), pass.as_bytes());
-            ok | hit
-        })
+        let (user, pass) = query_credentials(query);
+        self.relay.stream_login_ok(user, pass)
     }
 
     /// Hands the ingest's packets to the path, describing its tracks at the first; an error
@@ -312,7 +308,7 @@ impl Conn<'_> {
                 .map_err(|e| format!("its description: {e}"))
                 .and_then(|sdp| {
                     publisher
-                        .start_rtmp(label, self.conn, self.peer.ip(), sdp, &self.relay.engine)
+                        .start_stream("rtmp", label, self.conn, self.peer.ip(), sdp, &self.relay.engine)
                         .map_err(|e| e.to_string())
                 });
             if let Err(e) = started {

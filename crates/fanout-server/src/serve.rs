@@ -38,6 +38,9 @@ pub struct ServeArgs {
     /// Address for RTMP publishers, or `off` (overrides the config; port 0 picks a free one).
     #[arg(long, env = "FANOUT_RTMP", value_parser = parse_rtmp)]
     rtmp: Option<RtmpAddr>,
+    /// UDP address for SRT callers, or `off` (overrides the config; port 0 picks a free one).
+    #[arg(long, env = "FANOUT_SRT", value_parser = parse_rtmp)]
+    srt: Option<RtmpAddr>,
     /// Do not create the built-in `demo` session.
     #[arg(long)]
     no_demo: bool,
@@ -129,6 +132,9 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
     }
     if let Some(RtmpAddr(x)) = a.rtmp {
         cfg.rtmp = x;
+    }
+    if let Some(RtmpAddr(x)) = a.srt {
+        cfg.srt = x;
     }
     if a.no_demo {
         cfg.demo = false;
@@ -292,6 +298,22 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>) -> 
         },
         None => None,
     };
+    // SRT: without libsrt, or with its port taken, the rest serves on.
+    let srt = relay.cfg.srt.and_then(|addr| match crate::srt::serve(addr, relay.clone()) {
+        Ok(s) => {
+            *relay.srt_addr.lock() = Some(s.addr);
+            say!(
+                "fanout: SRT srt://{}?streamid=read:{{path}}  (publish one with streamid=publish:{{path}}; libsrt {})",
+                s.addr,
+                s.version
+            );
+            Some(s)
+        }
+        Err(e) => {
+            tracing::warn!("no SRT on {addr}, serving without it: {e}");
+            None
+        }
+    });
     tokio::spawn(relay.books.clone().tell());
     let https = tls.filter(|_| relay.cfg.https());
     let server = tokio::spawn(http::serve(listener, relay.clone(), router, https));
@@ -304,6 +326,9 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>) -> 
     if let Some(t) = rtmp_task {
         t.abort();
     }
+    if let Some(s) = srt {
+        s.stop();
+    }
     if let Some(c) = &relay.cluster {
         c.leave().await;
     }
@@ -311,7 +336,7 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>) -> 
     Ok(())
 }
 
-/// `--rtmp`: an address, or `off`.
+/// `--rtmp`, `--srt`: an address, or `off`.
 #[derive(Clone)]
 struct RtmpAddr(Option<std::net::SocketAddr>);
 

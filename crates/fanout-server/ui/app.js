@@ -80,9 +80,9 @@ function update(c, s, now, rtspClients) {
   const el = c.el;
   $(el, '.path').textContent = s.datapath;
   const st = $(el, '.state');
-  // A publish session says who publishes, and over what (RTSP or RTMP).
-  const pub = s.publisher && (s.publisher.state === 'publishing'
-    ? `published over ${s.publisher.transport === 'rtmp' ? 'RTMP' : 'RTSP'}` : 'waiting for a publisher');
+  // A publish session says who publishes, and over what (RTSP, RTMP or SRT).
+  const over = { rtmp: 'RTMP', srt: 'SRT' }[s.publisher && s.publisher.transport] || 'RTSP';
+  const pub = s.publisher && (s.publisher.state === 'publishing' ? `published over ${over}` : 'waiting for a publisher');
   st.textContent = s.upstream ? `upstream ${s.upstream.state}` : (pub || s.source.state);
   st.className = `badge state ${s.upstream ? (s.upstream.state === 'playing' ? 'active' : 'waiting') : s.source.state}`;
   $(el, '.source').textContent = s.source.kind + (s.source.error ? ` — ${s.source.error}` : '') +
@@ -108,6 +108,8 @@ function update(c, s, now, rtspClients) {
   c.last = cur;
   $(el, '.sinks').textContent = s.sinks + ((r.ts && r.ts.sinks) || 0);
   $(el, '.hls').textContent = (r.hls && r.hls.players) || 0;
+  const srtReaders = (s.srt || []).filter((l) => l.mode === 'read').length;
+  $(el, '.rtmp').textContent = `${(r.rtmp && r.rtmp.players) || 0} / ${srtReaders}`;
   if (!autoPreviewed && s.source.state === 'active' && window.MediaSource) {
     autoPreviewed = true;
     togglePreview(el, s.name);

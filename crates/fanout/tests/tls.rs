@@ -261,6 +261,7 @@ fn a_bad_or_mismatched_pair_stops_the_start_naming_the_files() {
         let out = Command::new(env!("CARGO_BIN_EXE_fanout"))
             .args(["serve", "--api", "127.0.0.1:0", "--rtsp", "127.0.0.1:0", "--config"])
             .env("FANOUT_RTMP", "off")
+            .env("FANOUT_SRT", "off")
             .arg(&cfg)
             .output()
             .unwrap();

@@ -3,6 +3,7 @@
 //!
 //! - [`mpegts`]: packet headers, PCRs, and the schedule that paces a recording at its rate.
 //! - [`tsdemux`]: elementary streams (with PTS/DTS) out of an MPEG-TS.
+//! - [`tsingest`]: an encoder's MPEG-TS (SRT's payload) as RTP tracks.
 //! - [`tsmux`]: access units of H.264, HEVC and AAC into MPEG-TS.
 //! - [`mp4ts`]: an MP4 recording remuxed into MPEG-TS.
 //! - [`flv`]: FLV audio and video tag bodies (as RTMP carries them, Enhanced RTMP too).
@@ -19,4 +20,5 @@ pub mod mpegts;
 pub mod playlist;
 pub mod repack;
 pub mod tsdemux;
+pub mod tsingest;
 pub mod tsmux;

@@ -9,6 +9,8 @@ use std::collections::HashMap;
 /// ISO/IEC 13818-1 stream types this crate knows by name.
 pub const STREAM_TYPE_H264: u8 = 0x1b;
 pub const STREAM_TYPE_H265: u8 = 0x24;
+/// AAC in ADTS (ISO/IEC 13818-7).
+pub const STREAM_TYPE_AAC: u8 = 0x0f;
 
 /// A PES packet payload larger than this is dropped (a broken stream, not a picture).
 const MAX_PES: usize = 4 << 20;
@@ -85,6 +87,11 @@ impl Demux {
             }
         }
         done
+    }
+
+    /// The elementary streams the PMT names: (PID, stream type).
+    pub fn streams(&self) -> impl Iterator<Item = (u16, u8)> + '_ {
+        self.streams.iter().map(|(p, t)| (*p, *t))
     }
 
     /// The PES packets still being gathered (at the end of a stream).

@@ -7,6 +7,7 @@
 //! - [`restamp`]: one continuous stream (SSRC, sequence, timestamps) across sources.
 //! - [`adapt`]: per-subscriber layer adaptation from layer rates and reports.
 //! - [`classify`]: what a received datagram carries, decided once when it enters the ring.
+//! - [`tracks`]: coded frames from a container (FLV, MPEG-TS) as RTP tracks and their SDP.
 
 pub mod adapt;
 pub mod classify;
@@ -15,6 +16,7 @@ pub mod restamp;
 pub mod rtcp;
 pub mod srtp;
 pub mod stats;
+pub mod tracks;
 
 use thiserror::Error;
 

@@ -172,6 +172,7 @@ impl RelayProc {
             // A measured relay keeps no state: nothing from before, nothing after.
             .args(["--state-file", ""])
             .env("FANOUT_RTMP", "off")
+            .env("FANOUT_SRT", "off")
             .env("FANOUT_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

@@ -62,6 +62,7 @@ impl Relay {
             .env("FANOUT_STATE_FILE", "")
             // RTMP on a free port (`--rtmp` overrides it): tests run side by side.
             .env("FANOUT_RTMP", "127.0.0.1:0")
+            .env("FANOUT_SRT", "127.0.0.1:0")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
