@@ -543,7 +543,7 @@ struct PerfMon {
     pkt_snd_drop_total: c_int,
     pkt_rcv_drop_total: c_int,
     pkt_rcv_undecrypt_total: c_int,
-    byte_totals: [u64; 8],
+    byte_totals: [u64; 7],
     pkt_sent: i64,
     pkt_recv: i64,
     local_ints: [c_int; 8],

@@ -248,3 +248,102 @@ fn gstreamer_and_srt_live_transmit_publish_and_read() {
     let frames: u64 = said.trim().rsplit(',').next().and_then(|n| n.parse().ok()).unwrap_or(0);
     assert!(said.starts_with("h264") && frames >= 100, "srt-live-transmit's copy: {said}");
 }
+
+/// A lossy, slow link between an SRT caller and the relay: datagrams either way are dropped
+/// with probability `loss` and delayed by `delay`. (This kernel has no `netem`: the
+/// impairment is done here, in user space, on loopback.) Stops when dropped.
+struct Impair {
+    addr: std::net::SocketAddr,
+    dropped: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    passed: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Impair {
+    fn new(to: std::net::SocketAddr, loss: f64, delay: Duration) -> Impair {
+        use std::net::UdpSocket;
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+        use std::sync::Arc;
+        let front = Arc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
+        let back = Arc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
+        back.connect(to).unwrap();
+        let (dropped, passed, stop) =
+            (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
+        let caller: Arc<std::sync::Mutex<Option<std::net::SocketAddr>>> = Arc::default();
+        // One direction: receive, drop or hold for `delay`, send on (a constant delay keeps
+        // the order, so one queue per direction).
+        let direction = |from: Arc<UdpSocket>, to: Arc<UdpSocket>, forward: bool, seed: u64| {
+            let (dropped, passed, stop, caller) = (dropped.clone(), passed.clone(), stop.clone(), caller.clone());
+            let (tx, rx) = std::sync::mpsc::channel::<(std::time::Instant, Vec<u8>)>();
+            let (stop2, caller2) = (stop.clone(), caller.clone());
+            std::thread::spawn(move || {
+                while let Ok((due, data)) = rx.recv() {
+                    std::thread::sleep(due.saturating_duration_since(std::time::Instant::now()));
+                    if stop2.load(Relaxed) {
+                        return;
+                    }
+                    let _ = if forward { to.send(&data) } else { to.send_to(&data, caller2.lock().unwrap().unwrap()) };
+                }
+            });
+            std::thread::spawn(move || {
+                from.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+                let mut rng = seed;
+                let mut buf = [0u8; 2048];
+                while !stop.load(Relaxed) {
+                    let Ok((n, src)) = from.recv_from(&mut buf) else { continue };
+                    if forward {
+                        *caller.lock().unwrap() = Some(src);
+                    }
+                    // xorshift: the same losses every run.
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    if (rng % 10_000) as f64 / 10_000.0 < loss {
+                        dropped.fetch_add(1, Relaxed);
+                        continue;
+                    }
+                    passed.fetch_add(1, Relaxed);
+                    let _ = tx.send((std::time::Instant::now() + delay, buf[..n].to_vec()));
+                }
+            });
+        };
+        direction(front.clone(), back.clone(), true, 0x9e37_79b9_7f4a_7c15);
+        direction(back, front.clone(), false, 0x2545_f491_4f6c_dd1d);
+        Impair { addr: front.local_addr().unwrap(), dropped, passed, stop }
+    }
+}
+
+impl Drop for Impair {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Over a link that loses 5% of datagrams each way and delays each by 50 ms, a publisher
+/// with a latency of a second reaches the relay whole: libsrt found packets missing and had
+/// them sent again, gave up on none, and the relay's copy plays back as a run of the clip's
+/// pictures.
+#[test]
+fn srt_under_loss_and_delay_arrives_whole() {
+    if !have_srt() {
+        return;
+    }
+    let relay = Relay::with_config(&format!("srt_latency_ms = 1000\n{CONFIG}"), &["--no-demo"]);
+    let link = Impair::new(srt_addr(&relay).parse().unwrap(), 0.05, Duration::from_millis(50));
+    // ffmpeg's SRT latency is in microseconds.
+    let _p = publish(&format!("srt://{}?streamid=publish:cam&latency=1000000", link.addr));
+    assert!(wait_for(Duration::from_secs(15), || publisher(&relay)["state"] == "publishing"), "{}", publisher(&relay));
+    let url = format!("rtsp://{}/cam", rtsp_addr(&relay));
+    let got = pictures(&["-rtsp_transport", "tcp", "-i", &url, "-frames:v", "150"]);
+    assert_eq!(got.len(), 150);
+    assert!(is_run_of(&looped_clip(), &got), "pictures played back after the lossy link are not a run of the clip's");
+    let links = relay.ok("GET", "/v1/sessions/cam", None)["srt"].clone();
+    let p = links.as_array().unwrap().iter().find(|l| l["mode"] == "publish").cloned().unwrap();
+    let dropped = link.dropped.load(std::sync::atomic::Ordering::Relaxed);
+    let passed = link.passed.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!("link: {dropped} dropped, {passed} passed; the relay's SRT link: {p}");
+    assert!(dropped * 100 >= passed * 3, "the link lost too little to test anything: {dropped} of {passed}");
+    assert!(p["lost"].as_u64().unwrap() > 0, "libsrt saw no loss: {p}");
+    assert_eq!(p["dropped"], 0, "packets given up on within the latency: {p}");
+    assert!(p["rtt_ms"].as_f64().unwrap() >= 90.0, "the round trip is two delays: {p}");
+}
