@@ -1,4 +1,5 @@
-//! What an SRT caller sends the relay's code: its stream id (text of its choosing, up to
+//! What an SRT caller sends the relay's code, and what a user configures: its stream id,
+//! a source URL, (text of its choosing, up to
 //! SRT's 512 bytes) and, once publishing, MPEG-TS datagrams for the TS-to-RTP ingest (the
 //! SRT protocol itself, handshake and control packets, is libsrt's). Never a panic; a
 //! stream id that parses names a path; every RTP packet parses and is of a known track.
@@ -11,6 +12,9 @@ fuzz_target!(|data: &[u8]| {
     let id = String::from_utf8_lossy(&data[..data.len().min(600)]);
     if let Ok(s) = fanout_proto::srt::parse(&id) {
         assert!(!s.path.is_empty());
+    }
+    if let Ok(u) = fanout_proto::srt::parse_url(&id) {
+        assert!(u.port != 0 && !u.host.is_empty());
     }
     let mut ingest = TsIngest::default();
     let mut out = Vec::new();

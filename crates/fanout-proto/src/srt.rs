@@ -9,6 +9,8 @@
 //! - a bare `NAME` (reading), as plain `srt://host:port?streamid=NAME` players send.
 //!
 //! A path may carry RTMP's query (`NAME?token=T`, `NAME?user=U&pass=P`) instead.
+//!
+//! And [`parse_url`]: a remote SRT source the relay pulls, `srt://HOST:PORT?streamid=…`.
 
 /// What the caller does with the path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,10 +102,106 @@ pub fn parse(id: &str) -> Result<StreamId, StreamIdError> {
     Ok(s)
 }
 
+/// A remote SRT source as a user writes it, libsrt's URI form (what srt-live-transmit
+/// takes): `srt://HOST:PORT?streamid=…&passphrase=…&pbkeylen=16&latency=MS`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SrtUrl {
+    pub host: String,
+    pub port: u16,
+    pub streamid: Option<String>,
+    pub passphrase: Option<String>,
+    pub pbkeylen: Option<u32>,
+    /// Milliseconds (libsrt's unit; ffmpeg's `latency` is in microseconds).
+    pub latency_ms: Option<u32>,
+}
+
+/// `%XX` escapes decoded (a stream id's `#` is sent as `%23` by careful users, raw by others).
+fn unescape(v: &str) -> Result<String, String> {
+    let b = v.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = v.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(h, 16).ok());
+            out.push(hex.ok_or_else(|| format!("a bad %-escape in {v:?}"))?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| format!("{v:?} is not UTF-8 once unescaped"))
+}
+
+pub fn parse_url(url: &str) -> Result<SrtUrl, String> {
+    let rest = url.strip_prefix("srt://").ok_or("an SRT source starts with srt://")?;
+    // The query starts at the first '?'; a '#' after it belongs to the stream id.
+    let (authority, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let authority = authority.trim_end_matches('/');
+    let (host, port) = authority.rsplit_once(':').ok_or("srt://HOST:PORT: the port is missing")?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() {
+        return Err("srt://HOST:PORT: the host is missing".into());
+    }
+    let port: u16 = port.parse().ok().filter(|p| *p != 0).ok_or_else(|| format!("{port:?} is not a port"))?;
+    let mut u =
+        SrtUrl { host: host.to_string(), port, streamid: None, passphrase: None, pbkeylen: None, latency_ms: None };
+    for kv in query.split('&').filter(|kv| !kv.is_empty()) {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        let v = unescape(v)?;
+        match k {
+            "streamid" => {
+                parse(&v).map_err(|e| format!("streamid {v:?}: {e}"))?;
+                u.streamid = Some(v);
+            }
+            "passphrase" if (10..=79).contains(&v.chars().count()) => u.passphrase = Some(v),
+            "passphrase" => return Err("passphrase: SRT takes 10 to 79 characters".into()),
+            "pbkeylen" => {
+                u.pbkeylen = Some(v.parse().ok().filter(|k| matches!(k, 16 | 24 | 32)).ok_or("pbkeylen: 16, 24 or 32")?)
+            }
+            "latency" => {
+                u.latency_ms =
+                    Some(v.parse().ok().filter(|l| (20..=10_000).contains(l)).ok_or("latency: 20 to 10000 ms")?)
+            }
+            // The relay always calls.
+            "mode" if v == "caller" => {}
+            _ => return Err(format!("{k:?}: an SRT source takes streamid, passphrase, pbkeylen, latency (ms)")),
+        }
+    }
+    Ok(u)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn source_urls() {
+        let u = parse_url("srt://cam.example:9000?streamid=read:live&passphrase=0123456789&pbkeylen=32&latency=500")
+            .unwrap();
+        assert_eq!((u.host.as_str(), u.port), ("cam.example", 9000));
+        assert_eq!(u.streamid.as_deref(), Some("read:live"));
+        assert_eq!((u.passphrase.as_deref(), u.pbkeylen, u.latency_ms), (Some("0123456789"), Some(32), Some(500)));
+        let u = parse_url("srt://[::1]:8890/?streamid=%23!::r=cam,m=request").unwrap();
+        assert_eq!((u.host.as_str(), u.streamid.as_deref()), ("::1", Some("#!::r=cam,m=request")));
+        assert_eq!(parse_url("srt://h:1?streamid=#!::r=cam").unwrap().streamid.as_deref(), Some("#!::r=cam"));
+        assert!(parse_url("srt://h:1").unwrap().streamid.is_none());
+        for bad in [
+            "rtsp://h:1",
+            "srt://h",
+            "srt://:5",
+            "srt://h:0",
+            "srt://h:1?latency=5",
+            "srt://h:1?pbkeylen=8",
+            "srt://h:1?passphrase=short",
+            "srt://h:1?streamid=",
+            "srt://h:1?mode=listener",
+            "srt://h:1?streamid=%zz",
+        ] {
+            assert!(parse_url(bad).is_err(), "{bad}");
+        }
+    }
 
     fn id(mode: Mode, path: &str, user: Option<&str>, pass: Option<&str>) -> StreamId {
         StreamId { mode, path: path.into(), user: user.map(Into::into), pass: pass.map(Into::into) }
@@ -134,6 +232,11 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn any_url_is_parsed_or_refused(s in "srt://.{0,200}") {
+            let _ = parse_url(&s);
+        }
+
         #[test]
         fn any_text_is_parsed_or_refused(s in ".{0,600}") {
             if let Ok(p) = parse(&s) {

@@ -378,12 +378,13 @@ fn session_json(relay: &Relay, s: &fanout_io::Session) -> serde_json::Value {
         v["rtsps_url"] = json!(format!("rtsps://{rtsps}/{}", s.name()));
     }
     // Where an encoder publishes it over RTMP.
-    if let Some(rtmp) = path.publisher().and(*relay.rtmp_addr.lock()) {
+    let open = path.publisher().filter(|p| p.takes_publishers());
+    if let Some(rtmp) = open.and(*relay.rtmp_addr.lock()) {
         v["rtmp_publish_url"] = json!(format!("rtmp://{rtmp}/{}", s.name()));
     }
     // Over SRT: where to publish and read it, and who does now.
     if let Some(srt) = *relay.srt_addr.lock() {
-        if path.publisher().is_some() {
+        if open.is_some() {
             v["srt_publish_url"] = json!(format!("srt://{srt}?streamid=publish:{}", s.name()));
         }
         v["srt_read_url"] = json!(format!("srt://{srt}?streamid=read:{}", s.name()));

@@ -49,6 +49,9 @@ pub struct PublisherStatus {
     pub publishing_s: Option<f64>,
     /// Publishers so far.
     pub publishes: u64,
+    /// An SRT pull that is not publishing: why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pull_error: Option<String>,
     pub tracks: Vec<serde_json::Value>,
 }
 
@@ -59,6 +62,10 @@ pub struct Publisher {
     first_inlet: Mutex<Option<Inlet>>,
     state: Mutex<State>,
     started: Instant,
+    /// Whether anyone may publish; not where the relay itself feeds it (an SRT pull).
+    open: bool,
+    /// Why the relay's own feed (an SRT pull) is not publishing, if it is not.
+    pull_error: Mutex<Option<String>>,
 }
 
 impl Publisher {
@@ -70,7 +77,82 @@ impl Publisher {
             first,
             state: Mutex::new(State::default()),
             started: Instant::now(),
+            open: true,
+            pull_error: Mutex::new(None),
         })
+    }
+
+    /// The publisher side of a path the relay feeds itself (an SRT pull): the same tracks,
+    /// clock map and restamping across reconnections, and no publisher from outside.
+    pub fn pulled(name: &str, first: Session) -> std::io::Result<Self> {
+        Ok(Self { open: false, ..Self::new(name, first)? })
+    }
+
+    /// Whether RTSP, RTMP and SRT publishers may publish here.
+    pub fn takes_publishers(&self) -> bool {
+        self.open
+    }
+
+    /// Notes why the relay's own feed is not publishing (`None`: it is again).
+    pub fn set_pull_error(&self, e: Option<String>) {
+        *self.pull_error.lock() = e;
+    }
+
+    /// Feeds an MPEG-TS arriving on SRT `socket` into the tracks, as publisher `label` on
+    /// connection `conn`, until the peer goes, stays silent for `idle`, or `stop` is set;
+    /// why it ended.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_ts(
+        &self,
+        socket: &fanout_srt::Socket,
+        label: &str,
+        conn: u64,
+        peer: std::net::IpAddr,
+        engine: &fanout_io::Engine,
+        idle: std::time::Duration,
+        stop: &std::sync::atomic::AtomicBool,
+    ) -> String {
+        // Short waits, so that `stop` is seen within a second.
+        if let Err(e) = socket.set_recv_timeout(1000) {
+            return e.to_string();
+        }
+        let mut ingest = fanout_proto::container::tsingest::TsIngest::default();
+        let (mut packets, mut buf) = (Vec::new(), vec![0u8; 1500]);
+        let (mut started, mut heard) = (false, Instant::now());
+        let why = loop {
+            if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                break "stopped".to_string();
+            }
+            let n = match socket.recv(&mut buf) {
+                Ok(n) => n,
+                Err(e) if e.is_timeout() && heard.elapsed() < idle => continue,
+                Err(e) if e.is_timeout() => break format!("silent for {:.0} s", idle.as_secs_f64()),
+                Err(e) => break e.to_string(),
+            };
+            heard = Instant::now();
+            ingest.push(&buf[..n], &mut packets);
+            if !started {
+                let Some(sdp) = ingest.sdp() else {
+                    packets.clear();
+                    continue;
+                };
+                let begun = Sdp::parse(&sdp).map_err(|e| format!("its description: {e}")).and_then(|sdp| {
+                    self.start_stream("srt", label.into(), conn, peer, sdp, engine).map_err(|e| e.to_string())
+                });
+                if let Err(e) = begun {
+                    tracing::warn!(session = %self.name, %peer, "SRT publisher not started: {e}");
+                    return e;
+                }
+                started = true;
+            }
+            for mut p in packets.drain(..) {
+                self.feed_rtp(conn, p.track, &mut p.data);
+            }
+        };
+        if started {
+            self.stop(label);
+        }
+        format!("{why} (TS errors {}, frames not carried {})", ingest.errors(), ingest.ignored())
     }
 
     /// The current description, while someone publishes.
@@ -113,8 +195,6 @@ impl Publisher {
         self.begin(a, sdp, engine)
     }
 
-    /// An RTMP publisher's tracks, described (`label` names it as an RTSP session would): it
-    /// then feeds them with [`Publisher::feed_rtp`].
     /// A publisher on its own connection (`rtmp` or `srt`), whose container the caller made
     /// RTP tracks described by `sdp`; its packets come by [`Self::feed_rtp`].
     pub fn start_stream(
@@ -263,6 +343,7 @@ impl Publisher {
         let st = self.state.lock();
         let a = st.active.as_ref();
         PublisherStatus {
+            pull_error: self.pull_error.lock().clone(),
             state: if a.is_some() { "publishing" } else { "waiting" },
             peer: a.map(|a| a.peer),
             transport: a.map(|a| a.transport),

@@ -207,7 +207,8 @@ impl Conn<'_> {
             tracing::warn!(peer = %self.peer, path = %path_name, "RTMP publish refused: bad or missing credentials");
             return refuse(server, "NetStream.Publish.Unauthorized", "bad or missing credentials".into());
         }
-        let publisher = self.relay.path(path_name).and_then(|p| p.publisher().cloned());
+        let publisher =
+            self.relay.path(path_name).and_then(|p| p.publisher().cloned()).filter(|p| p.takes_publishers());
         let Some(publisher) = publisher else {
             let why = format!("no path {path_name:?} takes publishers (create it with source = {{ publish = true }})");
             tracing::warn!(peer = %self.peer, "RTMP publish refused: {why}");

@@ -154,8 +154,8 @@ fn describe(relay: &Relay, name: &str) -> Option<Resource> {
         // Until someone publishes: no media (DESCRIBE answers 404), but ANNOUNCE is welcome.
         let sdp = p.sdp().map_or(Sdp { session: Vec::new(), media: Vec::new() }, |s| s.for_clients(name, 1));
         // An RTMP publisher is one this RTSP server does not know of: a second one is refused.
-        let busy = p.transport() == Some("rtmp");
-        return Some(Resource { sdp, next_rtp: p.next_rtp(), publishable: true, busy });
+        let busy = matches!(p.transport(), Some("rtmp" | "srt"));
+        return Some(Resource { sdp, next_rtp: p.next_rtp(), publishable: p.takes_publishers(), busy });
     }
     let session = &path.session;
     let (pt, seq, ts) = session.rtp_start()?;

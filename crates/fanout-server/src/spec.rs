@@ -27,6 +27,8 @@ pub enum SourceSpec {
     Publish,
     /// An RTSP server pulled from.
     Rtsp(RtspSource),
+    /// An SRT listener called and read (its URL, checked).
+    Srt(String),
 }
 
 /// An `rtsp` source's settings (see [`SourceFields`] for each).
@@ -78,6 +80,10 @@ pub struct SourceFields {
     /// becomes a track; RTSP clients of this session share one upstream session.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rtsp: Option<String>,
+    /// Pull from an SRT listener: `srt://host:port?streamid=…[&passphrase=…&pbkeylen=…&latency=MS]`;
+    /// its MPEG-TS (H.264/H.265, AAC) becomes the path's tracks, reconnected with backoff.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub srt: Option<String>,
     /// With `rtsp`: `udp`, `tcp` (interleaved), or `auto` (UDP, then TCP when UDP brings
     /// nothing in 3 s). Default `auto`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -118,6 +124,7 @@ pub const SOURCE_FIELDS: &[&str] = &[
     "loop",
     "publish",
     "rtsp",
+    "srt",
     "rtsp_transport",
     "on_demand",
     "linger_s",
@@ -214,6 +221,7 @@ impl TryFrom<SourceFields> for SourceSpec {
             f.tcp_connect.is_some(),
             f.demo == Some(true),
             f.rtsp.is_some(),
+            f.srt.is_some(),
             f.file.is_some(),
             f.publish == Some(true),
         ]
@@ -222,7 +230,7 @@ impl TryFrom<SourceFields> for SourceSpec {
         .count();
         if n != 1 {
             return Err(format!(
-                "source needs exactly one of \"udp\", \"tcp_listen\", \"tcp_connect\", \"rtsp\", \"file\", \"demo\": true, \"publish\": true (got {n})"
+                "source needs exactly one of \"udp\", \"tcp_listen\", \"tcp_connect\", \"rtsp\", \"srt\", \"file\", \"demo\": true, \"publish\": true (got {n})"
             ));
         }
         if f.looped.is_some() && f.file.is_none() {
@@ -250,6 +258,9 @@ impl TryFrom<SourceFields> for SourceSpec {
             SourceSpec::File { path, looped: f.looped }
         } else if f.publish == Some(true) {
             SourceSpec::Publish
+        } else if let Some(url) = f.srt {
+            fanout_proto::srt::parse_url(&url).map_err(|e| format!("source \"srt\": {e}"))?;
+            SourceSpec::Srt(url)
         } else if let Some(url) = f.rtsp {
             let u = fanout_proto::rtsp::client::Url::parse(&url).map_err(|e| format!("source \"rtsp\": {e}"))?;
             if tls_keys && !u.tls {
@@ -291,6 +302,7 @@ impl From<SourceSpec> for SourceFields {
             SourceSpec::Demo => f.demo = Some(true),
             SourceSpec::File { path, looped } => (f.file, f.looped) = (Some(path), looped),
             SourceSpec::Publish => f.publish = Some(true),
+            SourceSpec::Srt(url) => f.srt = Some(url),
             SourceSpec::Rtsp(r) => {
                 f.rtsp = Some(r.url);
                 f.rtsp_transport = r.transport;

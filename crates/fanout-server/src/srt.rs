@@ -13,7 +13,6 @@
 use crate::clients::SrtLink;
 use crate::relay::Relay;
 use fanout_io::channel::ChannelQueue;
-use fanout_proto::container::tsingest::TsIngest;
 use fanout_proto::srt::{Mode, StreamId};
 use fanout_srt::{reject, Listener, Settings, Socket};
 use std::net::SocketAddr;
@@ -177,49 +176,11 @@ fn publish(socket: &Socket, conn: u64, path: &str, relay: &Relay) -> String {
     let Some(publisher) = relay.path(path).and_then(|p| p.publisher().cloned()) else {
         return format!("the path {path} went away");
     };
-    let idle_ms = (relay.cfg.rtsp_idle_s * 1000.0) as u32;
-    if let Err(e) = socket.set_recv_timeout(idle_ms) {
-        return e.to_string();
-    }
-    let label = format!("srt-{}", conn & !CONN_BASE);
     let ip = socket.peer_addr().map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |p| p.ip());
     tracing::info!(peer = %ip, path, "SRT publisher connected");
-    let (mut ingest, mut packets, mut buf) = (TsIngest::default(), Vec::new(), vec![0u8; 1500]);
-    let mut started = false;
-    let why = loop {
-        let n = match socket.recv(&mut buf) {
-            Ok(n) => n,
-            Err(e) if e.is_timeout() => break format!("silent for {idle_ms} ms"),
-            Err(e) => break e.to_string(),
-        };
-        ingest.push(&buf[..n], &mut packets);
-        if !started {
-            let Some(sdp) = ingest.sdp() else {
-                packets.clear();
-                continue;
-            };
-            let begun = fanout_proto::rtsp::sdp::Sdp::parse(&sdp)
-                .map_err(|e| format!("its description: {e}"))
-                .and_then(|sdp| {
-                    publisher
-                        .start_stream("srt", label.clone(), conn, ip, sdp, &relay.engine)
-                        .map_err(|e| e.to_string())
-                });
-            if let Err(e) = begun {
-                tracing::warn!(path, peer = %ip, "SRT publisher not started: {e}");
-                return e;
-            }
-            started = true;
-        }
-        for mut p in packets.drain(..) {
-            publisher.feed_rtp(conn, p.track, &mut p.data);
-        }
-    };
-    if started {
-        publisher.stop(&label);
-    }
-    let (errors, ignored) = (ingest.errors(), ingest.ignored());
-    format!("{why} (TS errors {errors}, frames not carried {ignored})")
+    let idle = Duration::from_secs_f64(relay.cfg.rtsp_idle_s);
+    let label = format!("srt-{}", conn & !CONN_BASE);
+    publisher.run_ts(socket, &label, conn, ip, &relay.engine, idle, &std::sync::atomic::AtomicBool::new(false))
 }
 
 /// Sends the path's MPEG-TS to a reader until it goes; why it ended.

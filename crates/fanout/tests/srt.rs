@@ -347,3 +347,39 @@ fn srt_under_loss_and_delay_arrives_whole() {
     assert_eq!(p["dropped"], 0, "packets given up on within the latency: {p}");
     assert!(p["rtt_ms"].as_f64().unwrap() >= 90.0, "the round trip is two delays: {p}");
 }
+
+/// A path pulled from an SRT listener (here the relay's own, reading the demo): its MPEG-TS
+/// becomes tracks that play over RTSP picture for picture; nobody else may publish it; a
+/// pull that cannot connect says why.
+#[test]
+fn a_path_pulls_an_srt_source() {
+    if !have_srt() {
+        return;
+    }
+    let relay = Relay::start(&[]);
+    let srt = srt_addr(&relay);
+    let spec = serde_json::json!({ "name": "pulled", "source": { "srt": format!("srt://{srt}?streamid=read:demo&latency=200") } });
+    relay.ok("POST", "/v1/sessions", Some(spec));
+    let pub_state = || relay.ok("GET", "/v1/sessions/pulled", None)["publisher"].clone();
+    assert!(wait_for(Duration::from_secs(15), || pub_state()["state"] == "publishing"), "{}", pub_state());
+    let s = relay.ok("GET", "/v1/sessions/pulled", None);
+    assert!(s.get("srt_publish_url").is_none() && s.get("rtmp_publish_url").is_none(), "{s}");
+    let url = format!("rtsp://{}/pulled", rtsp_addr(&relay));
+    let got = pictures(&["-rtsp_transport", "tcp", "-i", &url, "-frames:v", "100"]);
+    assert!(is_run_of(&looped_clip(), &got), "{} pictures pulled over SRT, not a run of the clip's", got.len());
+    // Not a path anyone publishes to.
+    let (ok, _) = try_publish(&format!("srt://{srt}?streamid=publish:pulled"));
+    assert!(!ok, "an SRT publisher took a pulled path");
+    // A pull of nothing: retried, and the reason shown.
+    let spec = serde_json::json!({ "name": "nowhere", "source": { "srt": "srt://127.0.0.1:9?streamid=read:x" } });
+    relay.ok("POST", "/v1/sessions", Some(spec));
+    let why = || relay.ok("GET", "/v1/sessions/nowhere", None)["publisher"]["pull_error"].clone();
+    assert!(wait_for(Duration::from_secs(10), || why().is_string()), "{}", why());
+    let (code, body) = relay.call(
+        "POST",
+        "/v1/sessions",
+        Some(serde_json::json!({ "name": "bad", "source": { "srt": "srt://127.0.0.1:9?latency=5" } })),
+    );
+    assert_eq!(code, 400, "{body}");
+    assert!(body.to_string().contains("latency"), "{body}");
+}

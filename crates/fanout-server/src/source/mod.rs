@@ -8,6 +8,7 @@
 mod clip;
 mod publish;
 mod rtsp;
+mod srt;
 mod tcp;
 mod udp;
 
@@ -104,5 +105,6 @@ pub async fn start(spec: &SourceSpec, cx: Ctx<'_>) -> Result<Started, RelayError
         SourceSpec::File { path, looped } => clip::file(path, looped.unwrap_or(true), &cx).await,
         SourceSpec::Publish => publish::start(&cx),
         SourceSpec::Rtsp(r) => rtsp::start(r, cx),
+        SourceSpec::Srt(url) => srt::start(url, &cx),
     }
 }
