@@ -382,6 +382,9 @@ fn session_json(relay: &Relay, s: &fanout_io::Session) -> serde_json::Value {
     if let Some(rtmp) = open.and(*relay.rtmp_addr.lock()) {
         v["rtmp_publish_url"] = json!(format!("rtmp://{rtmp}/{}", s.name()));
     }
+    if let Some(rtmps) = open.and(*relay.rtmps_addr.lock()) {
+        v["rtmps_publish_url"] = json!(format!("rtmps://{rtmps}/{}", s.name()));
+    }
     // Over SRT: where to publish and read it, and who does now.
     if let Some(srt) = *relay.srt_addr.lock() {
         if open.is_some() {
@@ -587,6 +590,7 @@ fn engine_json(relay: &Relay) -> serde_json::Value {
         "rtsp": *relay.rtsp_addr.lock(),
         "rtsps": *relay.rtsps_addr.lock(),
         "rtmp": *relay.rtmp_addr.lock(),
+        "rtmps": *relay.rtmps_addr.lock(),
         "srt": *relay.srt_addr.lock(),
         "egress": relay.engine.egress().map(|e| {
             let link = e.link.lock();

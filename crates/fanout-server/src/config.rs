@@ -207,6 +207,10 @@ pub struct TlsConfig {
     /// RTSP over TLS (`rtsps://`); default: the RTSP address's host, port 8322.
     #[serde(default)]
     pub rtsps: Option<SocketAddr>,
+    /// RTMP over TLS (`rtmps://`); default: the RTMP address's host, port 1936 (none where
+    /// RTMP is off).
+    #[serde(default)]
+    pub rtmps: Option<SocketAddr>,
     /// `optional`: plain RTSP beside RTSPS; `strict`: RTSPS only (no plain RTSP listener).
     #[serde(default)]
     pub encryption: Encryption,
@@ -239,6 +243,7 @@ impl TlsConfig {
             key,
             https: true,
             rtsps: None,
+            rtmps: None,
             encryption: Encryption::Optional,
             srtp: true,
             srtp_keys: SrtpKeys::Shared,
@@ -256,6 +261,8 @@ pub enum Encryption {
 
 /// RTMP's port.
 pub const RTMP_PORT: u16 = 1935;
+/// The RTMPS port when `[tls]` names none (MediaMTX's).
+pub const RTMPS_PORT: u16 = 1936;
 /// SRT's port (UDP), MediaMTX's.
 pub const SRT_PORT: u16 = 8890;
 
@@ -701,6 +708,9 @@ impl Config {
         if let Some(r) = self.rtmp.filter(|r| !r.ip().is_loopback() && !rtsp_auth) {
             open.push(format!("RTMP on {r} has no rtsp_user and no rtsp_require_token"));
         }
+        if let Some(r) = self.rtmps().filter(|r| !r.ip().is_loopback() && !rtsp_auth) {
+            open.push(format!("RTMPS on {r} has no rtsp_user and no rtsp_require_token"));
+        }
         if let Some(r) = self.srt.filter(|r| !r.ip().is_loopback() && !rtsp_auth) {
             open.push(format!("SRT on {r} has no rtsp_user and no rtsp_require_token"));
         }
@@ -735,6 +745,13 @@ impl Config {
     pub fn rtsps(&self) -> Option<SocketAddr> {
         let t = self.tls.as_ref()?;
         t.rtsps.or_else(|| Some(SocketAddr::new(self.rtsp.map_or(self.api.ip(), |r| r.ip()), RTSPS_PORT)))
+    }
+
+    /// Where RTMPS listens: `[tls] rtmps`, else the RTMP host on port 1936; none without TLS
+    /// or where RTMP is off and no `rtmps` is named.
+    pub fn rtmps(&self) -> Option<SocketAddr> {
+        let t = self.tls.as_ref()?;
+        t.rtmps.or_else(|| self.rtmp.map(|r| SocketAddr::new(r.ip(), RTMPS_PORT)))
     }
 
     /// How RTSPS clients get SRTP, if they do.

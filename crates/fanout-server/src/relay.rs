@@ -24,6 +24,7 @@ pub struct Relay {
     pub rtsps_addr: parking_lot::Mutex<Option<std::net::SocketAddr>>,
     /// Where RTMP publishers connect, once bound.
     pub rtmp_addr: parking_lot::Mutex<Option<std::net::SocketAddr>>,
+    pub rtmps_addr: parking_lot::Mutex<Option<std::net::SocketAddr>>,
     pub srt_addr: parking_lot::Mutex<Option<std::net::SocketAddr>>,
     /// SRT publishers and readers connected now.
     pub srt_links: parking_lot::Mutex<Vec<Arc<crate::clients::SrtLink>>>,
@@ -72,6 +73,7 @@ impl Relay {
             rtsp_addr: Default::default(),
             rtsps_addr: Default::default(),
             rtmp_addr: Default::default(),
+            rtmps_addr: Default::default(),
             srt_addr: Default::default(),
             srt_links: Default::default(),
             rtsp: Default::default(),

@@ -8,6 +8,8 @@
 //! or needs the token, come in the query of the stream key or the app: `?user=U&pass=P` or
 //! `?token=T`.
 //!
+//! RTMPS is the same over TLS (the relay's certificate), on its own port.
+//!
 //! The protocol is `fanout_proto::rtmp` (sans-IO); this module holds the sockets, the
 //! deadlines and the decisions: who may publish or play what.
 
@@ -19,31 +21,32 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
 /// RTMP connection ids, apart from RTSP's (a publisher is known by its connection).
 const CONN_BASE: u64 = 1 << 62;
 
-/// Accepts RTMP connections until aborted.
-pub async fn serve(listener: TcpListener, relay: Arc<Relay>) {
-    let gate = crate::admit::Gate::new(
-        relay.cfg.max_connections_per_ip,
-        "RTMP per-address cap (max_connections_per_ip)",
-        relay.books.clone(),
-    );
+/// Accepts RTMP connections until aborted; RTMPS where `tls` is given (its handshake within
+/// `request_timeout_s`).
+pub async fn serve(listener: TcpListener, relay: Arc<Relay>, tls: Option<tokio_rustls::TlsAcceptor>) {
+    let (what, reason) = match tls {
+        Some(_) => ("RTMPS", "RTMPS per-address cap (max_connections_per_ip)"),
+        None => ("RTMP", "RTMP per-address cap (max_connections_per_ip)"),
+    };
+    let gate = crate::admit::Gate::new(relay.cfg.max_connections_per_ip, reason, relay.books.clone());
     let next = AtomicU64::new(0);
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(x) => x,
             Err(e) => {
-                tracing::warn!("RTMP accept: {e}");
+                tracing::warn!("{what} accept: {e}");
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
         };
         let Some(pass) = gate.admit(peer.ip()) else { continue };
         let conn = CONN_BASE | next.fetch_add(1, Ordering::Relaxed);
-        let relay = relay.clone();
+        let (relay, tls) = (relay.clone(), tls.clone());
         tokio::spawn(async move {
             let _pass = pass;
             let _ = stream.set_nodelay(true);
@@ -56,11 +59,21 @@ pub async fn serve(listener: TcpListener, relay: Arc<Relay>) {
                 started: false,
                 playing: None,
             };
-            let end = c.run(stream).await;
+            let end = match tls {
+                None => c.run(stream).await,
+                Some(tls) => {
+                    let limit = Duration::from_secs_f64(relay.cfg.request_timeout_s.max(0.1));
+                    match tokio::time::timeout(limit, tls.accept(stream)).await {
+                        Ok(Ok(s)) => c.run(s).await,
+                        Ok(Err(e)) => Err(format!("TLS handshake: {e}")),
+                        Err(_) => Err(format!("TLS handshake incomplete after {limit:?}")),
+                    }
+                }
+            };
             c.stop();
             match end {
-                Ok(()) => tracing::debug!(%peer, "RTMP connection closed"),
-                Err(e) => tracing::info!(%peer, "RTMP connection ended: {e}"),
+                Ok(()) => tracing::debug!(%peer, "{what} connection closed"),
+                Err(e) => tracing::info!(%peer, "{what} connection ended: {e}"),
             }
         });
     }
@@ -120,7 +133,10 @@ async fn next_tag(
 }
 
 impl Conn<'_> {
-    async fn run(&mut self, mut stream: TcpStream) -> Result<(), String> {
+    async fn run(
+        &mut self,
+        mut stream: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    ) -> Result<(), String> {
         let mut server = Server::new(self.conn ^ u64::from(self.peer.port()) << 32);
         let mut app = String::new();
         let mut buf = vec![0u8; 64 << 10];

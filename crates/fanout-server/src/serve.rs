@@ -289,7 +289,7 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>) -> 
                     *relay.rtmp_addr.lock() = Some(bound);
                     say!("fanout: RTMP rtmp://{bound}/{{path}}  (play any path; publish one with source = {{ publish = true }})");
                 }
-                Some(tokio::spawn(crate::rtmp::serve(l, relay.clone())))
+                Some(tokio::spawn(crate::rtmp::serve(l, relay.clone(), None)))
             }
             Err(e) => {
                 tracing::warn!("cannot listen on {addr} for RTMP, serving without it: {e}");
@@ -297,6 +297,23 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>) -> 
             }
         },
         None => None,
+    };
+    // RTMPS, with the relay's certificate: a port taken is not fatal either.
+    let rtmps_task = match (relay.cfg.rtmps(), tls.as_ref()) {
+        (Some(addr), Some(t)) => match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => {
+                if let Ok(bound) = l.local_addr() {
+                    *relay.rtmps_addr.lock() = Some(bound);
+                    say!("fanout: RTMPS rtmps://{bound}/{{path}}");
+                }
+                Some(tokio::spawn(crate::rtmp::serve(l, relay.clone(), Some(t.acceptor().clone()))))
+            }
+            Err(e) => {
+                tracing::warn!("cannot listen on {addr} for RTMPS, serving without it: {e}");
+                None
+            }
+        },
+        _ => None,
     };
     // SRT: without libsrt, or with its port taken, the rest serves on.
     let srt = relay.cfg.srt.and_then(|addr| match crate::srt::serve(addr, relay.clone()) {
@@ -323,7 +340,7 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>) -> 
     if let Some(t) = rtsp_task {
         t.abort();
     }
-    if let Some(t) = rtmp_task {
+    for t in [rtmp_task, rtmps_task].into_iter().flatten() {
         t.abort();
     }
     if let Some(s) = srt {

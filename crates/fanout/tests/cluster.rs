@@ -483,7 +483,9 @@ fn an_edge_pulls_from_an_rtsps_parent_over_srtp() {
     std::fs::write(&cert, ck.cert.pem()).unwrap();
     std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
     let origin = Relay::with_config(
-        &format!("[tls]\ncert = {cert:?}\nkey = {key:?}\nhttps = false\nrtsps = \"127.0.0.1:0\"\n"),
+        &format!(
+            "[tls]\ncert = {cert:?}\nkey = {key:?}\nhttps = false\nrtsps = \"127.0.0.1:0\"\nrtmps = \"127.0.0.1:0\"\n"
+        ),
         &[],
     );
     let rtsps = origin.ok("GET", "/v1/engine", None)["rtsps"].as_str().unwrap().to_string();

@@ -34,7 +34,7 @@ fn make_pair(dir: &Path, name: &str) -> Pair {
 }
 
 fn tls_config(p: &Pair, extra: &str) -> String {
-    format!("[tls]\ncert = {:?}\nkey = {:?}\nrtsps = \"127.0.0.1:0\"\n{extra}", p.cert, p.key)
+    format!("[tls]\ncert = {:?}\nkey = {:?}\nrtsps = \"127.0.0.1:0\"\nrtmps = \"127.0.0.1:0\"\n{extra}", p.cert, p.key)
 }
 
 fn curl(args: &[&str]) -> (i32, String) {
@@ -634,6 +634,45 @@ fn a_describe_flood_cannot_fill_the_relay_with_key_epochs() {
     }
     wait_for_log(&relay, "SRTP key epochs without a client: the oldest ends");
     decodes(&url, &pair.cert, 60);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// RTMPS: ffmpeg publishes over RTMP in TLS with the relay's certificate and plays it back
+/// over RTMPS, picture for picture; plain RTMP on the RTMPS port gets nowhere.
+#[test]
+fn ffmpeg_publishes_and_plays_over_rtmps() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let dir = temp_dir("rtmps");
+    let pair = make_pair(&dir, "server");
+    let config = format!("{}\n[[session]]\nname = \"cam\"\nsource = {{ publish = true }}\n", tls_config(&pair, ""));
+    let relay = Relay::with_config(&config, &["--no-demo"]);
+    let rtmps = get(&relay, &pair, "/v1/engine")["rtmps"].as_str().unwrap().to_string();
+    let s = get(&relay, &pair, "/v1/sessions/cam");
+    assert_eq!(s["rtmps_publish_url"], format!("rtmps://{rtmps}/cam"), "{s}");
+    let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/demo.ts");
+    let _publisher = Kill(
+        Command::new("ffmpeg")
+            .args(["-nostdin", "-loglevel", "error", "-re", "-stream_loop", "-1", "-i", demo, "-t", "30"])
+            .args(["-c", "copy", "-f", "flv", &format!("rtmps://{rtmps}/live/cam")])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let publishing = || get(&relay, &pair, "/v1/sessions/cam")["publisher"]["state"] == "publishing";
+    assert!(wait_for(Duration::from_secs(10), publishing), "{}", get(&relay, &pair, "/v1/sessions/cam"));
+    let clip = pictures(&["-i", demo]);
+    let looped: Vec<String> = clip.iter().chain(&clip).cloned().collect();
+    let got = pictures(&["-i", &format!("rtmps://{rtmps}/cam"), "-frames:v", "50"]);
+    assert_eq!(got.len(), 50);
+    assert!(
+        looped.windows(50).any(|w| w == got.as_slice()),
+        "the pictures played over RTMPS are not a run of the clip's"
+    );
+    let (ok, _) = ffmpeg_decode(&format!("rtmp://{rtmps}/cam"), &[], 1);
+    assert!(!ok, "plain RTMP played on the RTMPS port");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
