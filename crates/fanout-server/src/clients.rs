@@ -58,9 +58,19 @@ pub struct SrtLink {
     pub peer: Option<std::net::SocketAddr>,
     pub since: std::time::Instant,
     pub socket: std::sync::Arc<fanout_srt::Socket>,
+    /// Set when the path's stream ended: a reader is then closed.
+    pub ended: std::sync::atomic::AtomicBool,
 }
 
 impl SrtLink {
+    pub fn end(&self) {
+        self.ended.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn has_ended(&self) -> bool {
+        self.ended.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     pub fn status(&self) -> serde_json::Value {
         let s = self.socket.stats().unwrap_or_default();
         serde_json::json!({

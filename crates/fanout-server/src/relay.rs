@@ -160,6 +160,12 @@ impl Relay {
         if let Some(hls) = repack.as_ref().and_then(|r| r.hls.clone()) {
             hls.finish();
         }
+        if let Some(flv) = repack.as_ref().and_then(|r| r.flv.clone()) {
+            let _ = flv.tags.send(crate::repack::FlvTag::end());
+        }
+        for l in self.srt_links.lock().iter().filter(|l| l.path == name && l.mode == "read") {
+            l.end();
+        }
         let ts = repack.and_then(|r| r.ts.clone());
         let mut http = 0;
         for s in self.session(name).ok().into_iter().chain(ts) {
@@ -167,7 +173,7 @@ impl Relay {
                 http += usize::from(s.remove_sink(k.id));
             }
         }
-        tracing::info!(session = name, http, "the stream ended: its players were told");
+        tracing::info!(session = name, http, "the stream ended: its players were told (RTSP, HTTP, HLS, RTMP, SRT)");
     }
 
     /// Caps a sink's layers (see `fanout_io::Session::pin_sink_layers`). The sink is looked

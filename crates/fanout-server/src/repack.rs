@@ -123,6 +123,14 @@ pub struct FlvTag {
     pub key: bool,
     pub ms: u32,
     pub body: Arc<Vec<u8>>,
+    /// Not a tag: the stream ended (its publisher left for good); players are told and closed.
+    pub end: bool,
+}
+
+impl FlvTag {
+    pub fn end() -> Self {
+        Self { video: false, key: false, ms: 0, body: Arc::default(), end: true }
+    }
 }
 
 /// Tags an RTMP player may be behind before it skips to the next keyframe.
@@ -275,12 +283,12 @@ impl Outputs {
                 let codec = *codec;
                 self.flv_times[u.stream].push(u.time, (u.key, u.data.clone()), |pts, dts, (key, data)| {
                     let body = flv::video_frame(codec, key, ((pts - dts) / 90) as i32, &data);
-                    let _ = f.tags.send(FlvTag { video: true, key, ms: ms(dts), body: Arc::new(body) });
+                    let _ = f.tags.send(FlvTag { video: true, key, ms: ms(dts), body: Arc::new(body), end: false });
                 });
             }
             TrackCodec::Aac { .. } => {
                 let body = Arc::new(flv::aac_frame(&u.data));
-                let _ = f.tags.send(FlvTag { video: false, key: false, ms: ms(u.time), body });
+                let _ = f.tags.send(FlvTag { video: false, key: false, ms: ms(u.time), body, end: false });
             }
         }
     }

@@ -122,6 +122,30 @@ pub(crate) fn query_credentials(query: &str) -> (Option<&str>, Option<&str>) {
     }
 }
 
+/// Output a held write may gather before it goes at once.
+const FLUSH_BYTES: usize = 64 << 10;
+
+/// Sleeps until `at`, or forever where there is nothing to flush.
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A tag already waiting for the player, as `recv` would give it; `None` if none is.
+fn try_next_tag(
+    rx: &mut tokio::sync::broadcast::Receiver<crate::repack::FlvTag>,
+) -> Option<Result<crate::repack::FlvTag, tokio::sync::broadcast::error::RecvError>> {
+    use tokio::sync::broadcast::error::{RecvError, TryRecvError};
+    match rx.try_recv() {
+        Ok(t) => Some(Ok(t)),
+        Err(TryRecvError::Lagged(n)) => Some(Err(RecvError::Lagged(n))),
+        Err(TryRecvError::Closed) => Some(Err(RecvError::Closed)),
+        Err(TryRecvError::Empty) => None,
+    }
+}
+
 /// The next tag for `player`, or never if there is none.
 async fn next_tag(
     player: &mut Option<Player>,
@@ -145,26 +169,54 @@ impl Conn<'_> {
         let setup_until = tokio::time::Instant::now() + setup;
         let idle = Duration::from_secs_f64(self.relay.cfg.rtsp_idle_s.max(1.0));
         let mut packets = Vec::new();
+        let flush_every = Duration::from_millis(self.relay.cfg.stream_flush_ms);
+        let mut flush_at: Option<tokio::time::Instant> = None;
         loop {
             // Until it publishes or plays, the whole setup has one deadline (a slow trickle
             // does not hold a slot); then a publisher's silence for the idle time ends it (a
             // player may be silent: it only acknowledges now and then).
+            // (A player's reads need no timer: one per read was a good part of its cost.)
             let until = match (&self.publishing, &self.playing) {
-                (Some(_), _) => tokio::time::Instant::now() + idle,
-                (_, Some(_)) => tokio::time::Instant::now() + Duration::from_secs(86_400),
-                _ => setup_until,
+                (Some(_), _) => Some(tokio::time::Instant::now() + idle),
+                (_, Some(_)) => None,
+                _ => Some(setup_until),
+            };
+            let read = async {
+                match until {
+                    Some(u) => tokio::time::timeout_at(u, stream.read(&mut buf)).await,
+                    None => Ok(stream.read(&mut buf).await),
+                }
             };
             let n = tokio::select! {
-                read = tokio::time::timeout_at(until, stream.read(&mut buf)) => match read {
+                read = read => match read {
                     Err(_) => return Err("timed out".into()),
                     Ok(Err(e)) => return Err(e.to_string()),
                     Ok(Ok(0)) => return Ok(()),
                     Ok(Ok(n)) => n,
                 },
                 tag = next_tag(&mut self.playing) => {
-                    self.play_tag(&mut server, tag)?;
+                    // Every tag waiting goes into one write, and writes are held up to
+                    // `stream_flush_ms` to gather more (as for HTTP TS subscribers): fewer,
+                    // fuller writes. What the player is told goes out before an end closes it.
+                    let mut played = self.play_tag(&mut server, tag);
+                    while played.is_ok() {
+                        let Some(more) = self.playing.as_mut().and_then(|p| try_next_tag(&mut p.tags)) else { break };
+                        played = self.play_tag(&mut server, more);
+                    }
+                    if played.is_err() || flush_every.is_zero() || server.pending_output() >= FLUSH_BYTES {
+                        let out = server.take_output();
+                        stream.write_all(&out).await.map_err(|e| e.to_string())?;
+                        flush_at = None;
+                    } else if flush_at.is_none() {
+                        flush_at = Some(tokio::time::Instant::now() + flush_every);
+                    }
+                    played?;
+                    continue;
+                }
+                _ = sleep_until(flush_at) => {
                     let out = server.take_output();
                     stream.write_all(&out).await.map_err(|e| e.to_string())?;
+                    flush_at = None;
                     continue;
                 }
             };
@@ -291,6 +343,10 @@ impl Conn<'_> {
             }
             Err(RecvError::Closed) => return Err("the stream ended".into()),
         };
+        if tag.end {
+            server.end_play("the stream ended: its publisher left");
+            return Err("the stream ended".into());
+        }
         if p.at_key {
             if !(tag.video && tag.key) {
                 return Ok(());

@@ -7,8 +7,9 @@
 //!
 //! A publisher's MPEG-TS becomes the path's RTP tracks (`tsingest`), as an RTMP publisher's
 //! FLV does; a reader gets the path's MPEG-TS, the same session HTTP TS players share
-//! (the path's own where its source is TS, else its repackaging), through an in-process
-//! subscriber queue. libsrt's sockets block: each connection has a thread.
+//! (the path's own where its source is TS, else its repackaging), through one in-process
+//! subscriber queue per path whose thread sends to all of the path's readers. libsrt's
+//! sockets block: each connection has a thread (a reader's only waits for its end).
 
 use crate::clients::SrtLink;
 use crate::relay::Relay;
@@ -115,6 +116,7 @@ fn accept(listener: &Listener, relay: &Arc<Relay>, runtime: &tokio::runtime::Han
         relay.books.clone(),
     );
     let next = AtomicU64::new(0);
+    let groups = Groups::default();
     loop {
         let socket = match listener.accept() {
             Ok(s) => s,
@@ -130,11 +132,12 @@ fn accept(listener: &Listener, relay: &Arc<Relay>, runtime: &tokio::runtime::Han
             _ => continue, // over the cap (booked and logged by the gate): dropped, closed
         };
         let n = next.fetch_add(1, Ordering::Relaxed);
-        let (relay, runtime) = (relay.clone(), runtime.clone());
-        let spawned = std::thread::Builder::new().name(format!("srt-{n}")).spawn(move || {
+        let (relay, runtime, groups) = (relay.clone(), runtime.clone(), groups.clone());
+        // A reader's thread only waits for its end: a small stack.
+        let spawned = std::thread::Builder::new().name(format!("srt-{n}")).stack_size(512 << 10).spawn(move || {
             let _pass = pass;
             let _in_runtime = runtime.enter();
-            connection(Arc::new(socket), peer, CONN_BASE | n, &relay, &runtime);
+            connection(Arc::new(socket), peer, CONN_BASE | n, &relay, &runtime, &groups);
         });
         if let Err(e) = spawned {
             tracing::warn!("SRT connection thread: {e}");
@@ -148,6 +151,7 @@ fn connection(
     conn: u64,
     relay: &Arc<Relay>,
     runtime: &tokio::runtime::Handle,
+    groups: &Groups,
 ) {
     // The handshake already judged it; read again what it asked for.
     let Ok(id) = fanout_proto::srt::parse(&socket.streamid()) else { return };
@@ -158,12 +162,13 @@ fn connection(
         peer,
         since: Instant::now(),
         socket: socket.clone(),
+        ended: Default::default(),
     });
     relay.srt_links.lock().push(link.clone());
     let peer_s = peer.map_or_else(|| "?".to_string(), |p| p.to_string());
     let ended = match id.mode {
         Mode::Publish => publish(&socket, conn, path, relay),
-        Mode::Read => read(&socket, path, relay, runtime),
+        Mode::Read => read(&socket, &link, relay, runtime, groups),
     };
     relay.srt_links.lock().retain(|l| !Arc::ptr_eq(l, &link));
     let s = socket.stats().unwrap_or_default();
@@ -183,38 +188,112 @@ fn publish(socket: &Socket, conn: u64, path: &str, relay: &Relay) -> String {
     publisher.run_ts(socket, &label, conn, ip, &relay.engine, idle, &std::sync::atomic::AtomicBool::new(false))
 }
 
+/// A reader of a path's SRT group: its socket, and where to say why it ended.
+struct Member {
+    socket: Arc<Socket>,
+    link: Arc<SrtLink>,
+    done: std::sync::mpsc::Sender<String>,
+}
+
+/// The SRT readers of each path: one thread per path sends the path's MPEG-TS to all of its
+/// readers, every `stream_flush_ms` (5 to 50 ms), rather than a thread woken per datagram
+/// per reader (the context switches were most of a reader's cost).
+type Groups = Arc<parking_lot::Mutex<std::collections::HashMap<String, Arc<parking_lot::Mutex<Vec<Member>>>>>>;
+
 /// Sends the path's MPEG-TS to a reader until it goes; why it ended.
-fn read(socket: &Socket, path: &str, relay: &Arc<Relay>, runtime: &tokio::runtime::Handle) -> String {
+fn read(
+    socket: &Arc<Socket>,
+    link: &Arc<SrtLink>,
+    relay: &Arc<Relay>,
+    runtime: &tokio::runtime::Handle,
+    groups: &Groups,
+) -> String {
+    let path = link.path.as_str();
+    // (Started here, outside the groups' lock: the repackaging may take a moment.)
     let session = match runtime.block_on(relay.http_session(path)) {
         Ok(s) => s,
         Err(e) => return format!("nothing to read: {e}"),
     };
-    // A reader that cannot take the stream for a second is cut off (the queue keeps the rest).
-    if let Err(e) = socket.set_send_timeout(1000) {
+    // A reader whose send buffer is full is behind by all of it: it is cut off, never waited for.
+    if let Err(e) = socket.set_nonblocking_send() {
         return e.to_string();
     }
-    let me = std::thread::current();
-    let queue = ChannelQueue::new(session.config().ring_capacity / 2, move || me.unpark());
-    let sink = match session.add_local_sink("SRT reader", queue.clone()) {
-        Ok(id) => id,
-        Err(e) => return e.to_string(),
-    };
-    tracing::info!(peer = ?socket.peer_addr(), path, "SRT reader reading");
-    let mut frames = Vec::new();
-    let why = 'out: loop {
-        std::thread::park_timeout(Duration::from_millis(200));
-        queue.drain(&mut frames);
-        for (p, _) in frames.drain(..) {
-            for chunk in p.data().chunks(PAYLOAD) {
-                if let Err(e) = socket.send(chunk) {
-                    break 'out e.to_string();
+    let (done, ended) = std::sync::mpsc::channel();
+    let member = Member { socket: socket.clone(), link: link.clone(), done };
+    {
+        let mut g = groups.lock();
+        match g.get(path) {
+            Some(members) => members.lock().push(member),
+            None => {
+                let members = Arc::new(parking_lot::Mutex::new(vec![member]));
+                g.insert(path.to_string(), members.clone());
+                let tick = Duration::from_millis(relay.cfg.stream_flush_ms.clamp(5, 50));
+                let (path, groups) = (path.to_string(), groups.clone());
+                let spawned = std::thread::Builder::new()
+                    .name(format!("srt-readers-{path}"))
+                    .spawn(move || send_to_readers(&path, &session, &members, &groups, tick));
+                if let Err(e) = spawned {
+                    g.remove(link.path.as_str());
+                    return e.to_string();
                 }
             }
         }
-        if socket.state() != fanout_srt::State::Connected {
-            break "the reader left".to_string();
+    }
+    tracing::info!(peer = ?socket.peer_addr(), path, "SRT reader reading");
+    ended.recv().unwrap_or_else(|_| "the relay stopped".into())
+}
+
+/// A path's readers' thread: the TS session's packets to every reader, until none is left.
+fn send_to_readers(
+    path: &str,
+    session: &fanout_io::Session,
+    members: &parking_lot::Mutex<Vec<Member>>,
+    groups: &Groups,
+    tick: Duration,
+) {
+    let queue = ChannelQueue::new(session.config().ring_capacity / 2, || {});
+    let sink = match session.add_local_sink("SRT readers", queue.clone()) {
+        Ok(id) => id,
+        Err(e) => {
+            groups.lock().remove(path);
+            for m in members.lock().drain(..) {
+                let _ = m.done.send(e.to_string());
+            }
+            return;
         }
     };
+    let mut frames = Vec::new();
+    loop {
+        std::thread::sleep(tick);
+        queue.drain(&mut frames);
+        let mut ms = members.lock();
+        ms.retain(|m| {
+            let why = if m.link.has_ended() {
+                Some("the stream ended: its publisher left".to_string())
+            } else if m.socket.state() != fanout_srt::State::Connected {
+                Some("the reader left".to_string())
+            } else {
+                let mut chunks = frames.iter().flat_map(|(p, _)| p.data().chunks(PAYLOAD));
+                chunks.find_map(|c| m.socket.send(c).err()).map(|e| format!("it fell behind or went: {e}"))
+            };
+            match why {
+                Some(w) => {
+                    let _ = m.done.send(w);
+                    false
+                }
+                None => true,
+            }
+        });
+        frames.clear();
+        if ms.is_empty() {
+            drop(ms);
+            // Gone for good only under the groups' lock: a reader joining now waits for it.
+            let mut g = groups.lock();
+            if members.lock().is_empty() {
+                g.remove(path);
+                break;
+            }
+        }
+    }
     session.remove_sink(sink);
-    why
 }

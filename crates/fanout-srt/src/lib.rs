@@ -150,8 +150,9 @@ fn bind_api(lib: libloading::Library) -> Result<Api, libloading::Error> {
     // SAFETY: no arguments; idempotent (reference counted).
     unsafe {
         (api.startup)();
-        // LOG_ERR (3): libsrt's own notices stay out of the relay's log.
-        (api.setloglevel)(3);
+        // LOG_CRIT (2): libsrt's own notices stay out of the relay's log (an accept on a
+        // listener closed at shutdown is one); what fails reaches us as an error.
+        (api.setloglevel)(2);
     }
     Ok(api)
 }

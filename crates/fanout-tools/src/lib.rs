@@ -7,6 +7,7 @@
 pub mod bench;
 pub mod client;
 pub mod gen;
+mod read;
 pub mod rtmp;
 pub mod sub;
 mod tls;

@@ -1,7 +1,8 @@
 //! An RTMP publisher, as an encoder is one: `fanout gen --rtmp URL --file F` publishes a
 //! recording (MPEG-TS or MP4) looped at its own pace, H.264 in FLV's AVC tags or H.265 in
 //! Enhanced RTMP's `hvc1` ones (which ffmpeg 5.1 cannot send), with its AAC; `bench ingest`
-//! publishes synthetic pictures through the same client.
+//! publishes synthetic pictures through the same client, and `fanout sub --read` plays
+//! through it (many players in one process, for `bench peers`).
 
 use anyhow::{bail, Context};
 use fanout_proto::codec::{aac, annexb};
@@ -25,6 +26,13 @@ pub struct Client {
 impl Client {
     /// Connects to `addr` under `app` and publishes `name`, until the relay says it started.
     pub fn publish(addr: SocketAddr, app: &str, name: &str) -> anyhow::Result<Self> {
+        let publish = [Amf::string("publish"), Amf::Number(3.0), Amf::Null, Amf::string(name), Amf::string("live")];
+        Self::open(addr, app, &publish, "NetStream.Publish.Start")
+    }
+
+    /// The handshake, `connect`, `createStream`, then `command` on the stream, until the
+    /// server answers `started`.
+    fn open(addr: SocketAddr, app: &str, command_on_stream: &[Amf], started: &str) -> anyhow::Result<Self> {
         let mut tcp = TcpStream::connect(addr).with_context(|| format!("RTMP {addr}"))?;
         tcp.set_read_timeout(Some(Duration::from_secs(5)))?;
         let _ = tcp.set_nodelay(true);
@@ -44,16 +52,15 @@ impl Client {
         ]);
         command(&mut out, 0, &[Amf::string("connect"), Amf::Number(1.0), obj]);
         command(&mut out, 0, &[Amf::string("createStream"), Amf::Number(2.0), Amf::Null]);
-        let publish = [Amf::string("publish"), Amf::Number(3.0), Amf::Null, Amf::string(name), Amf::string("live")];
-        command(&mut out, 1, &publish);
+        command(&mut out, 1, command_on_stream);
         write_message(&mut out, 2, kind::SET_CHUNK_SIZE, 0, 0, &(CHUNK as u32).to_be_bytes(), 128);
         tcp.write_all(&out)?;
         let mut r = ChunkReader::default();
         let mut buf = [0u8; 4096];
         loop {
-            let n = tcp.read(&mut buf).context("waiting for the publish to start")?;
+            let n = tcp.read(&mut buf).context("waiting for the server to start the stream")?;
             if n == 0 {
-                bail!("the relay closed the RTMP connection before the publish started");
+                bail!("the server closed the RTMP connection before the stream started");
             }
             r.push(&buf[..n]);
             while let Some(m) = r.next_message()? {
@@ -66,15 +73,54 @@ impl Client {
                 let v = amf::decode_all(&m.payload)?;
                 let info = v.get(3);
                 let code = info.and_then(|i| i.get("code")).and_then(Amf::str).unwrap_or_default();
-                if code == "NetStream.Publish.Start" {
+                if code == started {
                     return Ok(Self { tcp, out: Vec::new() });
                 }
-                if code.starts_with("NetStream.") {
+                if code.ends_with("Failed")
+                    || code.ends_with("Unauthorized")
+                    || code.ends_with("BadName")
+                    || code.ends_with("NotFound")
+                {
                     let why = info.and_then(|i| i.get("description")).and_then(Amf::str).unwrap_or_default();
-                    bail!("the relay refused the publish: {code}: {why}");
+                    bail!("the server refused: {code}: {why}");
                 }
             }
         }
+    }
+
+    /// Connects to `addr` under `app` and plays `name`, until the server says it started;
+    /// then [`Client::read_all`] takes what it sends.
+    pub fn play(addr: SocketAddr, app: &str, name: &str) -> anyhow::Result<Self> {
+        Self::open(
+            addr,
+            app,
+            &[Amf::string("play"), Amf::Number(3.0), Amf::Null, Amf::string(name)],
+            "NetStream.Play.Start",
+        )
+    }
+
+    /// Reads (and drops) what the server sends until `until`, acknowledging as RTMP asks
+    /// (every window of bytes); the bytes read.
+    pub fn read_all(&mut self, until: Instant) -> anyhow::Result<u64> {
+        let mut buf = vec![0u8; 64 << 10];
+        let (mut total, mut acked) = (0u64, 0u64);
+        self.tcp.set_read_timeout(Some(Duration::from_millis(200)))?;
+        while Instant::now() < until {
+            match self.tcp.read(&mut buf) {
+                Ok(0) => bail!("the server closed the RTMP connection"),
+                Ok(n) => total += n as u64,
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                Err(e) => return Err(e.into()),
+            }
+            // Half the usual 2.5 MB window: servers that wait for acknowledgements never do.
+            if total - acked >= 1_250_000 {
+                acked = total;
+                self.out.clear();
+                write_message(&mut self.out, 2, kind::ACK, 0, 0, &(total as u32).to_be_bytes(), 128);
+                self.tcp.write_all(&self.out)?;
+            }
+        }
+        Ok(total)
     }
 
     /// Sends one video (`video`) or audio tag body at `ts` ms.

@@ -22,6 +22,13 @@ use std::time::Duration;
 
 #[derive(Args, Debug, Clone)]
 pub struct SubArgs {
+    /// Play this RTMP or SRT URL with --count players instead (rtmp://HOST/APP/NAME,
+    /// srt://HOST:PORT?streamid=read:NAME), each its own thread, for --duration seconds.
+    #[arg(long)]
+    pub read: Option<String>,
+    /// With --read: how many players.
+    #[arg(long, default_value_t = 1)]
+    pub count: usize,
     /// UDP subscribers per session.
     #[arg(long, default_value_t = 0)]
     pub udp: usize,
@@ -168,6 +175,9 @@ impl SubReport {
 }
 
 pub fn run(a: SubArgs) -> anyhow::Result<()> {
+    if let Some(url) = &a.read {
+        return crate::read::run(url, a.count, a.duration);
+    }
     let report = subscribe(&a, || println!("sub: ready"))?;
     print_summary(&report);
     if let Some(p) = &a.json {

@@ -383,3 +383,74 @@ fn a_path_pulls_an_srt_source() {
     assert_eq!(code, 400, "{body}");
     assert!(body.to_string().contains("latency"), "{body}");
 }
+
+/// When the publisher leaves for good (past `publisher_grace_s`), RTMP players and SRT
+/// readers are told and closed, as RTSP and HTTP players are: none waits for its timeout.
+#[test]
+fn the_end_of_a_published_stream_reaches_rtmp_and_srt_players() {
+    if !have_srt() {
+        return;
+    }
+    let relay = Relay::with_config(&format!("publisher_grace_s = 1\n{CONFIG}"), &["--no-demo"]);
+    let srt = srt_addr(&relay);
+    let rtmp = relay.ok("GET", "/v1/engine", None)["rtmp"].as_str().unwrap().to_string();
+    let mut c = Command::new("ffmpeg");
+    c.args(["-nostdin", "-loglevel", "error", "-re", "-stream_loop", "-1", "-i", DEMO, "-t", "8", "-c", "copy"]);
+    c.args(["-f", "mpegts", &format!("srt://{srt}?streamid=publish:cam")]);
+    let _p = Kill(c.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap());
+    assert!(wait_for(Duration::from_secs(10), || publisher(&relay)["state"] == "publishing"), "{}", publisher(&relay));
+    let player = |url: String| {
+        Command::new("timeout")
+            .args(["40", "ffmpeg", "-nostdin", "-loglevel", "error", "-i", &url, "-f", "null", "-"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let started = std::time::Instant::now();
+    let players = [player(format!("rtmp://{rtmp}/cam")), player(format!("srt://{srt}?streamid=read:cam"))];
+    for (mut p, what) in players.into_iter().zip(["RTMP", "SRT"]) {
+        let status = p.wait().unwrap();
+        assert_ne!(status.code(), Some(124), "the {what} player was not told the stream ended");
+    }
+    assert!(started.elapsed() < Duration::from_secs(25), "the players took {:?} to end", started.elapsed());
+}
+
+/// Malformed handshakes and garbage on the SRT port (truncated and corrupted induction and
+/// conclusion packets, random datagrams, from many ports) change nothing: a real caller is
+/// served right after.
+#[test]
+fn garbage_on_the_srt_port_harms_nobody() {
+    if !have_srt() {
+        return;
+    }
+    let relay = Relay::with_config(CONFIG, &["--no-demo"]);
+    let srt: std::net::SocketAddr = srt_addr(&relay).parse().unwrap();
+    // An SRT control packet: the control bit, a type, then whatever follows.
+    let handshake = |version: u32, kind: u32, len: usize, fill: u8| {
+        let mut p = vec![0x80, 0x00, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        p.extend_from_slice(&version.to_be_bytes());
+        p.extend_from_slice(&[0, 0, 0, 2]);
+        p.extend_from_slice(&kind.to_be_bytes());
+        p.resize(len, fill);
+        p
+    };
+    let mut rng = 0x1234_5678_9abc_def0u64;
+    for i in 0..2000u32 {
+        let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let p = match i % 4 {
+            0 => handshake(4, 1, 64, 0),                                   // induction, short
+            1 => handshake(5, 0xffff_ffff, 48 + (i as usize % 200), 0xff), // conclusion, bad extensions
+            2 => handshake(rng as u32, rng as u32 >> 3, (rng % 1500) as usize, rng as u8),
+            _ => (0..(rng % 1400) as usize).map(|k| (rng >> (k % 56)) as u8).collect(),
+        };
+        let _ = s.send_to(&p, srt);
+    }
+    let _p = publish(&format!("srt://{srt}?streamid=publish:cam"));
+    assert!(wait_for(Duration::from_secs(10), || publisher(&relay)["state"] == "publishing"), "{}", publisher(&relay));
+    let got = pictures(&["-i", &format!("srt://{srt}?streamid=read:cam"), "-frames:v", "25"]);
+    assert_eq!(got.len(), 25, "a reader after the garbage");
+}

@@ -207,6 +207,17 @@ impl Server {
         chunk::write_message(&mut self.out, csid, k, stream_id, timestamp, body, self.out_chunk);
     }
 
+    /// Tells the player its stream ended (StreamEOF, `NetStream.Play.UnpublishNotify`,
+    /// `NetStream.Play.Stop`); the caller closes the connection after sending it.
+    pub fn end_play(&mut self, description: &str) {
+        let Some(stream_id) = self.playing.take() else { return };
+        let mut eof = vec![0, 1]; // StreamEOF
+        eof.extend_from_slice(&stream_id.to_be_bytes());
+        self.send(CSID_CONTROL, kind::USER_CONTROL, 0, &eof);
+        self.status(stream_id, "status", "NetStream.Play.UnpublishNotify", description);
+        self.status(stream_id, "status", "NetStream.Play.Stop", description);
+    }
+
     /// Bytes waiting to be sent (a player that does not read lets them grow).
     pub fn pending_output(&self) -> usize {
         self.out.len()
@@ -465,6 +476,22 @@ pub(crate) mod tests {
         }
         assert_eq!(kinds.first(), Some(&(kind::USER_CONTROL, 0, 0)), "StreamBegin first");
         assert_eq!(kinds.last(), Some(&(kind::VIDEO, STREAM_ID, 40)));
+        // The end: StreamEOF, then the player is told why, and gets no more media.
+        s.end_play("the stream ended");
+        s.media(true, 80, &[0x27, 1, 0, 0, 0]);
+        let out = s.take_output();
+        let mut r = ChunkReader::default();
+        r.set_chunk_size(OUT_CHUNK_SIZE as u32).unwrap();
+        r.push(&out);
+        let first = r.next_message().unwrap().unwrap();
+        assert_eq!((first.kind, &first.payload[..2]), (kind::USER_CONTROL, &[0u8, 1][..]), "StreamEOF");
+        let codes: Vec<String> = c
+            .commands(&out)
+            .iter()
+            .filter_map(|(_, v)| v.get(2).and_then(|i| i.get("code")).and_then(Amf::str).map(String::from))
+            .collect();
+        assert_eq!(codes, ["NetStream.Play.UnpublishNotify", "NetStream.Play.Stop"]);
+        assert!(!out.windows(5).any(|w| w == [0x27, 1, 0, 0, 0]), "no media after the end");
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod http;
 pub mod ingest;
 pub mod layers;
 pub mod pacing;
+pub mod peers;
 mod plot;
 pub mod register;
 pub mod repack;
@@ -42,6 +43,8 @@ pub enum BenchCmd {
     Splice(splice::SpliceArgs),
     /// N RTSP clients of one upstream through fanout, MediaMTX and the live555 proxy.
     Rtsp(rtsp::RtspArgs),
+    /// fanout against MediaMTX: ingest over RTSP, RTMP, SRT; RTMP and SRT readers per core.
+    Peers(peers::PeersArgs),
     /// Layer adaptation behind tc-shaped links: AIMD against the thesis's rule (needs root).
     Layers(layers::LayersArgs),
     /// Subscribers joining behind thin links, pacing off and on (needs root).
@@ -101,6 +104,7 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::HlsLoad(a) => http::hls_load(a),
         BenchCmd::PacingSub(a) => pacing::sub(a),
         BenchCmd::Rtsp(a) => rtsp::run(a),
+        BenchCmd::Peers(a) => peers::run(a),
         BenchCmd::RtspLoad(a) => rtsp::load(a),
         BenchCmd::Layers(a) => layers::run(a),
         BenchCmd::LayersSub(a) => layers::sub(a),
