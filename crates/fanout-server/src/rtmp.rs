@@ -122,7 +122,7 @@ pub(crate) fn query_credentials(query: &str) -> (Option<&str>, Option<&str>) {
     }
 }
 
-/// Output a held write may gather before it goes at once.
+/// Output one write gathers at most (the rest waits for the next).
 const FLUSH_BYTES: usize = 64 << 10;
 
 /// Sleeps until `at`, or forever where there is nothing to flush.
@@ -194,29 +194,29 @@ impl Conn<'_> {
                     Ok(Ok(0)) => return Ok(()),
                     Ok(Ok(n)) => n,
                 },
-                tag = next_tag(&mut self.playing) => {
-                    // Every tag waiting goes into one write, and writes are held up to
-                    // `stream_flush_ms` to gather more (as for HTTP TS subscribers): fewer,
-                    // fuller writes. What the player is told goes out before an end closes it.
-                    let mut played = self.play_tag(&mut server, tag);
-                    while played.is_ok() {
-                        let Some(more) = self.playing.as_mut().and_then(|p| try_next_tag(&mut p.tags)) else { break };
-                        played = self.play_tag(&mut server, more);
-                    }
-                    if played.is_err() || flush_every.is_zero() || server.pending_output() >= FLUSH_BYTES {
+                // Writes are held up to `stream_flush_ms` (as for HTTP TS subscribers), and
+                // meanwhile the player is not woken per tag: at the flush, every tag waiting
+                // goes into one write. What the player is told goes out before an end closes it.
+                tag = next_tag(&mut self.playing), if flush_at.is_none() => {
+                    let played = self.play_waiting(&mut server, tag);
+                    if played.is_err() || flush_every.is_zero() {
                         let out = server.take_output();
                         stream.write_all(&out).await.map_err(|e| e.to_string())?;
-                        flush_at = None;
-                    } else if flush_at.is_none() {
+                    } else {
                         flush_at = Some(tokio::time::Instant::now() + flush_every);
                     }
                     played?;
                     continue;
                 }
                 _ = sleep_until(flush_at) => {
+                    flush_at = None;
+                    let played = match self.playing.as_mut().and_then(|p| try_next_tag(&mut p.tags)) {
+                        Some(tag) => self.play_waiting(&mut server, tag),
+                        None => Ok(()),
+                    };
                     let out = server.take_output();
                     stream.write_all(&out).await.map_err(|e| e.to_string())?;
-                    flush_at = None;
+                    played?;
                     continue;
                 }
             };
@@ -322,6 +322,21 @@ impl Conn<'_> {
         let video = flv.config.iter().any(|(v, _)| *v);
         tracing::info!(peer = %self.peer, path = %path_name, "RTMP player playing");
         self.playing = Some(Player { tags: flv.tags.subscribe(), at_key: video, video, base: None, _repack: repack });
+        Ok(())
+    }
+
+    /// `tag` and every tag waiting behind it (at most [`FLUSH_BYTES`] of output), for the
+    /// player.
+    fn play_waiting(
+        &mut self,
+        server: &mut Server,
+        tag: Result<crate::repack::FlvTag, tokio::sync::broadcast::error::RecvError>,
+    ) -> Result<(), String> {
+        self.play_tag(server, tag)?;
+        while server.pending_output() < FLUSH_BYTES {
+            let Some(more) = self.playing.as_mut().and_then(|p| try_next_tag(&mut p.tags)) else { break };
+            self.play_tag(server, more)?;
+        }
         Ok(())
     }
 
