@@ -11,33 +11,10 @@ use std::time::Duration;
 
 const CONFIG: &str = "[[session]]\nname = \"cam\"\nsource = { publish = true }\n";
 
-const DEMO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/demo.ts");
-
-/// ffmpeg publishing the demo clip looped to `url` as FLV over RTMP (30 s at most).
-fn publish(url: &str) -> Kill {
-    let mut c = Command::new("ffmpeg");
-    c.args(["-nostdin", "-loglevel", "error", "-re", "-stream_loop", "-1", "-i", DEMO]);
-    c.args(["-t", "30", "-c", "copy", "-f", "flv", url]);
-    Kill(c.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap())
-}
-
-/// ffmpeg publishing for a moment: whether it was let in, and what it said.
-fn try_publish(url: &str) -> (bool, String) {
-    let out = Command::new("timeout")
-        .args(["20", "ffmpeg", "-nostdin", "-loglevel", "error", "-re", "-i", DEMO, "-t", "2"])
-        .args(["-c", "copy", "-f", "flv", url])
-        .output()
-        .unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
-}
+const DEMO: &str = DEMO_TS;
 
 fn rtmp_addr(relay: &Relay) -> String {
     relay.ok("GET", "/v1/engine", None)["rtmp"].as_str().expect("the relay listens for RTMP").to_string()
-}
-
-fn metrics(relay: &Relay) -> String {
-    let out = Command::new("curl").args(["-s", &relay.url("/metrics")]).output().unwrap();
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn publisher(relay: &Relay) -> Value {
@@ -295,4 +272,12 @@ fn ffmpeg_plays_over_rtmp_a_path_pulled_over_rtsp() {
         let errors = gst_errors_while_playing(&log);
         assert!(errors.is_empty(), "GStreamer: {errors:#?}\n{log}");
     }
+}
+
+fn publish(url: &str) -> Kill {
+    ffmpeg_publish("flv", url)
+}
+
+fn try_publish(url: &str) -> (bool, String) {
+    ffmpeg_try_publish("flv", url)
 }

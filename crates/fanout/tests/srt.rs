@@ -12,7 +12,7 @@ use std::time::Duration;
 
 const CONFIG: &str = "[[session]]\nname = \"cam\"\nsource = { publish = true }\n";
 
-const DEMO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/demo.ts");
+const DEMO: &str = DEMO_TS;
 
 /// Whether this machine has libsrt and ffmpeg with SRT (CI installs both: there, a lack fails).
 fn have_srt() -> bool {
@@ -41,31 +41,8 @@ fn srt_addr(relay: &Relay) -> String {
     relay.ok("GET", "/v1/engine", None)["srt"].as_str().expect("the relay listens for SRT").to_string()
 }
 
-/// ffmpeg publishing the demo clip looped as MPEG-TS over SRT (30 s at most).
-fn publish(url: &str) -> Kill {
-    let mut c = Command::new("ffmpeg");
-    c.args(["-nostdin", "-loglevel", "error", "-re", "-stream_loop", "-1", "-i", DEMO]);
-    c.args(["-t", "30", "-c", "copy", "-f", "mpegts", url]);
-    Kill(c.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap())
-}
-
-/// ffmpeg publishing for a moment: whether it was let in, and what it said.
-fn try_publish(url: &str) -> (bool, String) {
-    let out = Command::new("timeout")
-        .args(["20", "ffmpeg", "-nostdin", "-loglevel", "error", "-re", "-i", DEMO, "-t", "2"])
-        .args(["-c", "copy", "-f", "mpegts", url])
-        .output()
-        .unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
-}
-
 fn publisher(relay: &Relay) -> Value {
     relay.ok("GET", "/v1/sessions/cam", None)["publisher"].clone()
-}
-
-fn metrics(relay: &Relay) -> String {
-    let out = Command::new("curl").args(["-s", &relay.url("/metrics")]).output().unwrap();
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// The clip's pictures twice over: any run of pictures played back is a window of it.
@@ -453,4 +430,12 @@ fn garbage_on_the_srt_port_harms_nobody() {
     assert!(wait_for(Duration::from_secs(10), || publisher(&relay)["state"] == "publishing"), "{}", publisher(&relay));
     let got = pictures(&["-i", &format!("srt://{srt}?streamid=read:cam"), "-frames:v", "25"]);
     assert_eq!(got.len(), 25, "a reader after the garbage");
+}
+
+fn publish(url: &str) -> Kill {
+    ffmpeg_publish("mpegts", url)
+}
+
+fn try_publish(url: &str) -> (bool, String) {
+    ffmpeg_try_publish("mpegts", url)
 }

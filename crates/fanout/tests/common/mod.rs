@@ -556,3 +556,31 @@ pub fn assert_one_clock(reports: &[(f64, u32)], rate: f64) {
         );
     }
 }
+
+/// The demo clip (H.264 + AAC, 8 s), as encoders in the tests publish it.
+pub const DEMO_TS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/demo.ts");
+
+/// ffmpeg publishing the demo clip looped to `url` in container `format` (`flv` for RTMP,
+/// `mpegts` for SRT), 30 s at most.
+pub fn ffmpeg_publish(format: &str, url: &str) -> Kill {
+    let mut c = Command::new("ffmpeg");
+    c.args(["-nostdin", "-loglevel", "error", "-re", "-stream_loop", "-1", "-i", DEMO_TS]);
+    c.args(["-t", "30", "-c", "copy", "-f", format, url]);
+    Kill(c.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap())
+}
+
+/// ffmpeg publishing for a moment: whether it was let in, and what it said.
+pub fn ffmpeg_try_publish(format: &str, url: &str) -> (bool, String) {
+    let out = Command::new("timeout")
+        .args(["20", "ffmpeg", "-nostdin", "-loglevel", "error", "-re", "-i", DEMO_TS, "-t", "2"])
+        .args(["-c", "copy", "-f", format, url])
+        .output()
+        .unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// The relay's `/metrics` text.
+pub fn metrics(relay: &Relay) -> String {
+    let out = Command::new("curl").args(["-s", &relay.url("/metrics")]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
