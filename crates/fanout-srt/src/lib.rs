@@ -25,7 +25,6 @@ enum Opt {
     SndSyn = 1,
     RcvSyn = 2,
     RcvTimeo = 14,
-    SndTimeo = 13,
     Latency = 23,
     Passphrase = 26,
     PbKeyLen = 27,
@@ -53,9 +52,7 @@ pub enum State {
 pub mod reject {
     pub const BAD_REQUEST: i32 = 1400;
     pub const UNAUTHORIZED: i32 = 1401;
-    pub const OVERLOAD: i32 = 1402;
     pub const NOT_FOUND: i32 = 1404;
-    pub const BAD_MODE: i32 = 1405;
     pub const CONFLICT: i32 = 1409;
 }
 
@@ -358,11 +355,6 @@ impl Socket {
     pub fn set_recv_timeout(&self, ms: u32) -> Result<(), Error> {
         self.set_bool(Opt::RcvSyn, true)?;
         self.set_int(Opt::RcvTimeo, ms as i32)
-    }
-
-    /// Sets how long a send may wait, ms.
-    pub fn set_send_timeout(&self, ms: u32) -> Result<(), Error> {
-        self.set_int(Opt::SndTimeo, ms as i32)
     }
 
     /// The stream id the caller gave (on an accepted socket).
