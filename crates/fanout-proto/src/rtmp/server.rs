@@ -122,11 +122,13 @@ impl Server {
                     let n = (1 + HANDSHAKE_LEN - self.hello.len()).min(bytes.len());
                     self.hello.extend_from_slice(&bytes[..n]);
                     bytes = &bytes[n..];
+                    // The version byte is judged as soon as it comes (an HTTP or TLS client
+                    // on this port is told at its first byte, not after 1,537).
+                    if self.hello.first().is_some_and(|v| *v != 3) {
+                        return Err(RtmpError::Version(self.hello[0]));
+                    }
                     if self.hello.len() < 1 + HANDSHAKE_LEN {
                         return Ok(());
-                    }
-                    if self.hello[0] != 3 {
-                        return Err(RtmpError::Version(self.hello[0]));
                     }
                     self.out.push(3);
                     // S1: time, zero, random bytes.
@@ -504,6 +506,43 @@ pub(crate) mod tests {
         s.input(&Client::hello()).unwrap();
         s.input(&[0; HANDSHAKE_LEN]).unwrap();
         assert!(s.input(&[0xc9, 1, 2, 3]).is_err(), "a chunk stream that never started");
+    }
+
+    /// A corpus of malformed handshakes and first chunks, each fed whole and byte by byte:
+    /// refused with an error or waiting for more, never a panic, never an event, and a
+    /// refused connection stays refused.
+    #[test]
+    fn malformed_handshakes_are_refused_or_wait() {
+        let hello = Client::hello();
+        let mut good = hello.clone();
+        good.extend_from_slice(&[0; HANDSHAKE_LEN]);
+        let with = |tail: &[u8]| [good.as_slice(), tail].concat();
+        let corpus: Vec<(&str, Vec<u8>, bool)> = vec![
+            ("empty", vec![], false),
+            ("C0 alone", vec![3], false),
+            ("C0C1 cut short", hello[..700].to_vec(), false),
+            ("RTMPE (version 6)", [&[6u8][..], &hello[1..]].concat(), true),
+            ("version 0", [&[0u8][..], &hello[1..]].concat(), true),
+            ("version 255 with no C1", vec![255], true),
+            ("an HTTP request", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(), true),
+            ("a TLS ClientHello", [&[0x16u8, 3, 1, 0, 200][..], &[0; 200][..]].concat(), true),
+            ("a chunk of stream 0 type 3 first", with(&[0xc0, 0, 0]), true),
+            ("a chunk continuing nothing", with(&[0xc9, 1, 2, 3]), true),
+            ("a message of 16 MB", with(&[0x03, 0, 0, 0, 0xff, 0xff, 0xff, 20, 0, 0, 0, 0]), true),
+            ("a chunk size of 0", with(&[0x02, 0, 0, 0, 0, 0, 4, 1, 0, 0, 0, 0, 0, 0, 0, 0]), true),
+            ("a command that is not AMF", with(&[0x03, 0, 0, 0, 0, 0, 3, 20, 0, 0, 0, 0, 0xff, 0xff, 0xff]), true),
+        ];
+        for (what, bytes, refused) in corpus {
+            for pieces in [bytes.len().max(1), 1] {
+                let mut s = Server::new(1);
+                let r: Result<(), RtmpError> = bytes.chunks(pieces).try_for_each(|p| s.input(p));
+                assert_eq!(r.is_err(), refused, "{what} in pieces of {pieces}: {r:?}");
+                assert!(
+                    !matches!(s.poll_event(), Some(Event::Publish { .. } | Event::Play { .. })),
+                    "{what}: an event"
+                );
+            }
+        }
     }
 
     #[test]
