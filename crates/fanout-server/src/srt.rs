@@ -94,7 +94,8 @@ fn decide(relay: &Relay, peer: Option<SocketAddr>, streamid: &str) -> Result<(),
         return refuse(reject::UNAUTHORIZED, "bad or missing credentials".into());
     }
     match id.mode {
-        Mode::Publish => match relay.path(path).and_then(|p| p.publisher().cloned()) {
+        // (A path the relay pulls itself takes no publisher, connected or not.)
+        Mode::Publish => match relay.path(path).and_then(|p| p.publisher().cloned()).filter(|p| p.takes_publishers()) {
             None => {
                 refuse(reject::NOT_FOUND, format!("no path {path:?} takes publishers (source = {{ publish = true }})"))
             }
@@ -178,7 +179,7 @@ fn connection(
 
 /// Feeds a publisher's MPEG-TS into the path until it stops or falls silent; why it ended.
 fn publish(socket: &Socket, conn: u64, path: &str, relay: &Relay) -> String {
-    let Some(publisher) = relay.path(path).and_then(|p| p.publisher().cloned()) else {
+    let Some(publisher) = relay.path(path).and_then(|p| p.publisher().cloned()).filter(|p| p.takes_publishers()) else {
         return format!("the path {path} went away");
     };
     let ip = socket.peer_addr().map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |p| p.ip());

@@ -352,6 +352,9 @@ fn a_path_pulls_an_srt_source() {
     relay.ok("POST", "/v1/sessions", Some(spec));
     let why = || relay.ok("GET", "/v1/sessions/nowhere", None)["publisher"]["pull_error"].clone();
     assert!(wait_for(Duration::from_secs(10), || why().is_string()), "{}", why());
+    // Nor while its pull is not connected.
+    let (ok, _) = try_publish(&format!("srt://{srt}?streamid=publish:nowhere"));
+    assert!(!ok, "an SRT publisher took a pulled path whose pull is down");
     let (code, body) = relay.call(
         "POST",
         "/v1/sessions",
