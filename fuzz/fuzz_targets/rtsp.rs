@@ -16,8 +16,9 @@ fn lookup(name: &str) -> Option<Resource> {
             next_rtp: vec![Some((1, 2))],
             publishable: false,
             busy: false,
+            takeover: false,
         }),
-        "pub" => Some(Resource { sdp: Sdp { session: vec![], media: vec![] }, next_rtp: vec![], publishable: true, busy: false }),
+        "pub" => Some(Resource { sdp: Sdp { session: vec![], media: vec![] }, next_rtp: vec![], publishable: true, busy: false, takeover: false }),
         _ => None,
     }
 }

@@ -21,7 +21,7 @@ fuzz_target!(|data: &[u8]| {
     // In SRT-sized messages, and in odd ones (a sender that cuts packets).
     for cut in [1316, 333] {
         for piece in data.chunks(cut) {
-            ingest.push(piece, &mut out);
+            ingest.push(piece, 0, &mut out);
         }
     }
     let _ = ingest.sdp();

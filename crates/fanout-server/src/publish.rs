@@ -29,6 +29,9 @@ struct Active {
     /// `interleaved`, `udp` (RTSP), `rtmp` or `srt`.
     transport: &'static str,
     since: Instant,
+    /// Told when a newer publisher takes over (an RTSP publisher's connection is closed by
+    /// it; RTMP and SRT publishers learn it from [`Publisher::feed_rtp`]).
+    displaced: Option<Box<dyn FnOnce() + Send>>,
 }
 
 #[derive(Default)]
@@ -37,6 +40,7 @@ struct State {
     tracks: Vec<TrackFeed>,
     active: Option<Active>,
     publishes: u64,
+    takeovers: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -49,6 +53,10 @@ pub struct PublisherStatus {
     pub publishing_s: Option<f64>,
     /// Publishers so far.
     pub publishes: u64,
+    /// Whether a new publisher replaces the one publishing (`takeover`).
+    pub takeover: bool,
+    /// Publishers replaced by a newer one.
+    pub takeovers: u64,
     /// An SRT pull that is not publishing: why.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pull_error: Option<String>,
@@ -66,11 +74,13 @@ pub struct Publisher {
     open: bool,
     /// Why the relay's own feed (an SRT pull) is not publishing, if it is not.
     pull_error: Mutex<Option<String>>,
+    /// A new publisher replaces the one publishing, instead of being refused.
+    takeover: bool,
 }
 
 impl Publisher {
     /// The publisher side of session `first` (its first track).
-    pub fn new(name: &str, first: Session) -> std::io::Result<Self> {
+    pub fn new(name: &str, first: Session, takeover: bool) -> std::io::Result<Self> {
         Ok(Self {
             name: name.to_string(),
             first_inlet: Mutex::new(Some(Inlet::open(&first)?)),
@@ -79,18 +89,33 @@ impl Publisher {
             started: Instant::now(),
             open: true,
             pull_error: Mutex::new(None),
+            takeover,
         })
     }
 
     /// The publisher side of a path the relay feeds itself (an SRT pull): the same tracks,
     /// clock map and restamping across reconnections, and no publisher from outside.
     pub fn pulled(name: &str, first: Session) -> std::io::Result<Self> {
-        Ok(Self { open: false, ..Self::new(name, first)? })
+        Ok(Self { open: false, ..Self::new(name, first, false)? })
     }
 
     /// Whether RTSP, RTMP and SRT publishers may publish here.
     pub fn takes_publishers(&self) -> bool {
         self.open
+    }
+
+    /// Whether a new publisher replaces the one publishing.
+    pub fn takes_over(&self) -> bool {
+        self.takeover
+    }
+
+    /// Why a new publisher would be refused now: someone publishes, and the path does not
+    /// let a newcomer take over.
+    pub fn refusal(&self) -> Option<String> {
+        let st = self.state.lock();
+        let a = st.active.as_ref().filter(|_| !self.takeover)?;
+        // (Not from where: the newcomer is told this.)
+        Some(format!("{} is being published (over {})", self.name, a.transport))
     }
 
     /// Notes why the relay's own feed is not publishing (`None`: it is again).
@@ -130,7 +155,7 @@ impl Publisher {
                 Err(e) => break e.to_string(),
             };
             heard = Instant::now();
-            ingest.push(&buf[..n], &mut packets);
+            ingest.push(&buf[..n], self.started.elapsed().as_millis() as u64, &mut packets);
             if !started {
                 let Some(sdp) = ingest.sdp() else {
                     packets.clear();
@@ -145,8 +170,8 @@ impl Publisher {
                 }
                 started = true;
             }
-            for mut p in packets.drain(..) {
-                self.feed_rtp(conn, p.track, &mut p.data);
+            if !packets.drain(..).all(|mut p| self.feed_rtp(conn, p.track, &mut p.data, p.waited_ms)) {
+                break "taken over by a new publisher".to_string();
             }
         };
         if started {
@@ -174,7 +199,8 @@ impl Publisher {
 
     /// A publisher's RECORD: its description, its (track, RTP channel) pairs, and its
     /// (track, RTP port, RTCP port) over UDP. Tracks of an earlier publisher are reused in
-    /// order, continuing their numbering.
+    /// order, continuing their numbering. `displaced` is called if a newer publisher takes
+    /// over.
     #[allow(clippy::too_many_arguments)]
     pub fn start(
         &self,
@@ -185,13 +211,23 @@ impl Publisher {
         channels: &[(usize, u8)],
         udp: &[(usize, u16, u16)],
         engine: &fanout_io::Engine,
+        displaced: Box<dyn FnOnce() + Send>,
     ) -> std::io::Result<()> {
         let map = channels.iter().flat_map(|&(t, ch)| [(ch, (t, false)), (ch.wrapping_add(1), (t, true))]).collect();
         let from = |port| SocketAddr::new(peer, port);
         let udp_map =
             udp.iter().flat_map(|&(t, rtp, rtcp)| [(from(rtp), (t, false)), (from(rtcp), (t, true))]).collect();
         let transport = if udp.is_empty() { "interleaved" } else { "udp" };
-        let a = Active { rtsp_session, conn, peer, channels: map, udp: udp_map, transport, since: Instant::now() };
+        let a = Active {
+            rtsp_session,
+            conn,
+            peer,
+            channels: map,
+            udp: udp_map,
+            transport,
+            since: Instant::now(),
+            displaced: Some(displaced),
+        };
         self.begin(a, sdp, engine)
     }
 
@@ -214,18 +250,27 @@ impl Publisher {
             udp: HashMap::new(),
             transport,
             since: Instant::now(),
+            displaced: None,
         };
         self.begin(a, sdp, engine)
     }
 
-    /// Makes `a` the publisher: one at a time, whatever protocol each speaks.
+    /// Makes `a` the publisher: one at a time, whatever protocol each speaks; with
+    /// `takeover`, the one publishing gives way (and is told), else `a` is refused.
     fn begin(&self, a: Active, sdp: Sdp, engine: &fanout_io::Engine) -> std::io::Result<()> {
         let mut st = self.state.lock();
-        if let Some(other) = st.active.as_ref().filter(|o| o.conn != a.conn) {
-            return Err(std::io::Error::other(format!(
-                "{} is being published (over {} from {})",
-                self.name, other.transport, other.peer
-            )));
+        if st.active.as_ref().is_some_and(|o| o.conn != a.conn) {
+            if !self.takeover {
+                drop(st);
+                return Err(std::io::Error::other(self.refusal().unwrap_or_else(|| "a publisher came first".into())));
+            }
+            let mut old = st.active.take().expect("checked");
+            st.takeovers += 1;
+            tracing::info!(session = %self.name, peer = %old.peer, how = old.transport, by = %a.peer, by_how = a.transport,
+                           after_s = old.since.elapsed().as_secs_f64(), "publisher taken over");
+            if let Some(tell) = old.displaced.take() {
+                tell();
+            }
         }
         for (i, m) in sdp.media.iter().enumerate() {
             let (clock, video) = track_format(m);
@@ -257,23 +302,22 @@ impl Publisher {
         Ok(())
     }
 
-    /// Whether someone publishes now.
-    pub fn is_active(&self) -> bool {
-        self.state.lock().active.is_some()
-    }
-
     /// How the publisher sends now (`interleaved`, `udp`, `rtmp`, `srt`), if one publishes.
     pub fn transport(&self) -> Option<&'static str> {
         self.state.lock().active.as_ref().map(|a| a.transport)
     }
 
     /// An RTP packet of track `track` from the publisher on connection `conn` (an RTMP or
-    /// SRT publisher's, made from its container), restamped in place.
-    pub fn feed_rtp(&self, conn: u64, track: usize, data: &mut [u8]) {
+    /// SRT publisher's, made from its container, after it waited `waited_ms` there),
+    /// restamped in place; `false`: `conn` does not publish here (any more: a newer publisher
+    /// took over).
+    pub fn feed_rtp(&self, conn: u64, track: usize, data: &mut [u8], waited_ms: u64) -> bool {
         let mut st = self.state.lock();
-        if st.active.as_ref().is_some_and(|a| a.conn == conn) {
-            self.feed_track(&mut st, track, false, data);
+        let ours = st.active.as_ref().is_some_and(|a| a.conn == conn);
+        if ours {
+            self.feed_track(&mut st, track, false, data, waited_ms);
         }
+        ours
     }
 
     /// A publisher was here and left (none publishes now).
@@ -299,7 +343,7 @@ impl Publisher {
         else {
             return;
         };
-        self.feed_track(&mut st, i, rtcp, data);
+        self.feed_track(&mut st, i, rtcp, data, 0);
     }
 
     /// A datagram to the record ports from `from`: the publisher's RTP or RTCP over UDP
@@ -309,12 +353,14 @@ impl Publisher {
         let mut st = self.state.lock();
         let a = st.active.as_ref()?;
         let (&(i, rtcp), session) = (a.udp.get(&from)?, a.rtsp_session.clone());
-        self.feed_track(&mut st, i, rtcp, data);
+        self.feed_track(&mut st, i, rtcp, data, 0);
         Some(session)
     }
 
-    fn feed_track(&self, st: &mut State, i: usize, rtcp: bool, data: &mut [u8]) {
-        let now = self.started.elapsed().as_millis() as u64;
+    /// A packet of track `i`; `waited_ms`: how long it waited since it arrived (the track
+    /// joins a new publisher's stream by arrival time).
+    fn feed_track(&self, st: &mut State, i: usize, rtcp: bool, data: &mut [u8], waited_ms: u64) {
+        let now = (self.started.elapsed().as_millis() as u64).saturating_sub(waited_ms);
         let Some(t) = st.tracks.get_mut(i) else { return };
         if rtcp {
             // A sender report: the publisher's wall clock against its RTP time.
@@ -349,6 +395,8 @@ impl Publisher {
             transport: a.map(|a| a.transport),
             publishing_s: a.map(|a| a.since.elapsed().as_secs_f64()),
             publishes: st.publishes,
+            takeover: self.takeover,
+            takeovers: st.takeovers,
             tracks: st
                 .tracks
                 .iter()

@@ -282,8 +282,7 @@ impl Conn<'_> {
             tracing::warn!(peer = %self.peer, "RTMP publish refused: {why}");
             return refuse(server, "NetStream.Publish.BadName", why);
         };
-        if publisher.is_active() {
-            let why = format!("{path_name} is being published");
+        if let Some(why) = publisher.refusal() {
             tracing::warn!(peer = %self.peer, "RTMP publish refused: {why}");
             return refuse(server, "NetStream.Publish.BadName", why);
         }
@@ -406,8 +405,9 @@ impl Conn<'_> {
             }
             self.started = true;
         }
-        for mut p in packets.drain(..) {
-            publisher.feed_rtp(self.conn, p.track, &mut p.data);
+        if !packets.drain(..).all(|mut p| publisher.feed_rtp(self.conn, p.track, &mut p.data, p.waited_ms)) {
+            tracing::info!(path = %name, peer = %self.peer, "RTMP publisher taken over by a new one: closed");
+            return Err("taken over by a new publisher".into());
         }
         Ok(())
     }

@@ -117,6 +117,8 @@ struct Conn {
     keys: Mutex<HashMap<String, Arc<crate::srtp_out::Epoch>>>,
     /// Its session was deleted: the connection is closed at the next wake-up.
     ended: std::sync::atomic::AtomicBool,
+    /// It published, and a newer publisher took over: closed at the next wake-up.
+    displaced: std::sync::atomic::AtomicBool,
 }
 
 /// Where a sender report goes: a UDP client's RTCP port, or an interleaved client's RTCP
@@ -139,7 +141,13 @@ fn describe(relay: &Relay, name: &str) -> Option<Resource> {
     }
     if let Some(v) = path.view() {
         let next_rtp = v.tracks.iter().map(|t| t.session.rtp_start().map(|(_, seq, ts)| (seq, ts))).collect();
-        return Some(Resource { sdp: v.sdp.for_clients(name, 1), next_rtp, publishable: false, busy: false });
+        return Some(Resource {
+            sdp: v.sdp.for_clients(name, 1),
+            next_rtp,
+            publishable: false,
+            busy: false,
+            takeover: false,
+        });
     }
     if let Some(up) = path.upstream() {
         let sdp = up.sdp()?;
@@ -148,14 +156,22 @@ fn describe(relay: &Relay, name: &str) -> Option<Resource> {
             next_rtp: up.next_rtp(),
             publishable: false,
             busy: false,
+            takeover: false,
         });
     }
     if let Some(p) = path.publisher() {
         // Until someone publishes: no media (DESCRIBE answers 404), but ANNOUNCE is welcome.
         let sdp = p.sdp().map_or(Sdp { session: Vec::new(), media: Vec::new() }, |s| s.for_clients(name, 1));
-        // An RTMP publisher is one this RTSP server does not know of: a second one is refused.
+        // An RTMP publisher is one this RTSP server does not know of: a second one is refused
+        // (unless the path lets a newcomer take over).
         let busy = matches!(p.transport(), Some("rtmp" | "srt"));
-        return Some(Resource { sdp, next_rtp: p.next_rtp(), publishable: p.takes_publishers(), busy });
+        return Some(Resource {
+            sdp,
+            next_rtp: p.next_rtp(),
+            publishable: p.takes_publishers(),
+            busy,
+            takeover: p.takes_over(),
+        });
     }
     let session = &path.session;
     let (pt, seq, ts) = session.rtp_start()?;
@@ -180,7 +196,13 @@ fn describe(relay: &Relay, name: &str) -> Option<Resource> {
         _ => return None,
     };
     let sdp = Sdp::parse(&format!("v=0\r\ns={name}\r\n{media}")).ok()?;
-    Some(Resource { sdp: sdp.for_clients(name, 1), next_rtp: vec![Some((seq, ts))], publishable: false, busy: false })
+    Some(Resource {
+        sdp: sdp.for_clients(name, 1),
+        next_rtp: vec![Some((seq, ts))],
+        publishable: false,
+        busy: false,
+        takeover: false,
+    })
 }
 
 /// A response as it goes out: with our `Server` header, in bytes.
@@ -573,10 +595,18 @@ impl Rtsp {
                     }
                 }
                 Action::Record { session, resource, sdp, tracks, udp, conn } => {
+                    // Taken over: its connection is closed, which ends its RTSP session.
+                    let me = self.conns.lock().get(&conn).map(Arc::downgrade);
+                    let displaced = Box::new(move || {
+                        if let Some(c) = me.and_then(|c| c.upgrade()) {
+                            c.displaced.store(true, std::sync::atomic::Ordering::Relaxed);
+                            c.notify.notify_one();
+                        }
+                    });
                     let started = relay
                         .path(&resource)
                         .and_then(|p| p.publisher().cloned())
-                        .map(|p| p.start(session.clone(), conn, peer, sdp, &tracks, &udp, &relay.engine));
+                        .map(|p| p.start(session.clone(), conn, peer, sdp, &tracks, &udp, &relay.engine, displaced));
                     if let Some(Err(e)) = started {
                         tracing::warn!(%resource, "cannot start the RTSP publisher: {e}");
                     }
@@ -1052,6 +1082,10 @@ async fn connection(
                 buf.extend_from_slice(&chunk[..n]);
             }
             _ = me.notify.notified() => {
+                if me.displaced.load(std::sync::atomic::Ordering::Relaxed) {
+                    tracing::info!(%peer, "RTSP publisher taken over by a new one: closed");
+                    return Ok(());
+                }
                 if me.ended.load(std::sync::atomic::Ordering::Relaxed) {
                     // Its BYEs first, then the close.
                     frames.clear();

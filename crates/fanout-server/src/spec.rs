@@ -23,8 +23,9 @@ pub enum SourceSpec {
     Demo,
     /// A recording (or a directory of them) played at its own rate.
     File { path: std::path::PathBuf, looped: Option<bool> },
-    /// RTSP publishers (ANNOUNCE/RECORD), one at a time.
-    Publish,
+    /// Publishers (RTSP, RTMP, SRT), one at a time; with `takeover` a new one replaces the
+    /// one publishing (whose connection is closed), else it is refused.
+    Publish { takeover: bool },
     /// An RTSP server pulled from.
     Rtsp(RtspSource),
     /// An SRT listener called and read (its URL, checked).
@@ -76,6 +77,10 @@ pub struct SourceFields {
     /// `rtsp://relay/{name}` with ANNOUNCE and RECORD, one at a time, authenticated like
     /// RTSP clients.
     pub publish: Option<bool>,
+    /// With `publish`: a new publisher takes the path over from the one publishing, whose
+    /// connection is closed (default `false`: the newcomer is refused while one publishes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub takeover: Option<bool>,
     /// Pull from an RTSP server: `rtsp://[user:pass@]host[:port]/path`. Every media section
     /// becomes a track; RTSP clients of this session share one upstream session.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -123,6 +128,7 @@ pub const SOURCE_FIELDS: &[&str] = &[
     "file",
     "loop",
     "publish",
+    "takeover",
     "rtsp",
     "srt",
     "rtsp_transport",
@@ -203,7 +209,7 @@ impl SourceSpec {
 
     /// Whether its stream can end, its players then told: a file played once, a publisher's.
     pub fn can_end(&self) -> bool {
-        matches!(self, SourceSpec::File { looped: Some(false), .. } | SourceSpec::Publish)
+        matches!(self, SourceSpec::File { looped: Some(false), .. } | SourceSpec::Publish { .. })
     }
 
     pub fn is_file(&self) -> bool {
@@ -233,6 +239,9 @@ impl TryFrom<SourceFields> for SourceSpec {
                 "source needs exactly one of \"udp\", \"tcp_listen\", \"tcp_connect\", \"rtsp\", \"srt\", \"file\", \"demo\": true, \"publish\": true (got {n})"
             ));
         }
+        if f.takeover.is_some() && f.publish != Some(true) {
+            return Err("source \"takeover\" only applies to a \"publish\" source".into());
+        }
         if f.looped.is_some() && f.file.is_none() {
             return Err("source \"loop\" only applies to a \"file\" source".into());
         }
@@ -257,7 +266,7 @@ impl TryFrom<SourceFields> for SourceSpec {
         } else if let Some(path) = f.file {
             SourceSpec::File { path, looped: f.looped }
         } else if f.publish == Some(true) {
-            SourceSpec::Publish
+            SourceSpec::Publish { takeover: f.takeover == Some(true) }
         } else if let Some(url) = f.srt {
             fanout_proto::srt::parse_url(&url).map_err(|e| format!("source \"srt\": {e}"))?;
             SourceSpec::Srt(url)
@@ -301,7 +310,7 @@ impl From<SourceSpec> for SourceFields {
             SourceSpec::TcpConnect(a) => f.tcp_connect = Some(a),
             SourceSpec::Demo => f.demo = Some(true),
             SourceSpec::File { path, looped } => (f.file, f.looped) = (Some(path), looped),
-            SourceSpec::Publish => f.publish = Some(true),
+            SourceSpec::Publish { takeover } => (f.publish, f.takeover) = (Some(true), takeover.then_some(true)),
             SourceSpec::Srt(url) => f.srt = Some(url),
             SourceSpec::Rtsp(r) => {
                 f.rtsp = Some(r.url);
@@ -659,7 +668,7 @@ mod tests {
             any_addr().prop_map(SourceSpec::TcpConnect),
             Just(SourceSpec::Demo),
             file,
-            Just(SourceSpec::Publish),
+            any::<bool>().prop_map(|takeover| SourceSpec::Publish { takeover }),
             rtsp,
         ]
     }
@@ -674,7 +683,11 @@ mod tests {
                 proptest::option::of("[a-z]{1,4}"),
                 proptest::option::of(any::<bool>()),
             ),
-            (proptest::option::of(any::<bool>()), proptest::option::of("(rtsps?://h/p|nope|rtsp://)")),
+            (
+                proptest::option::of(any::<bool>()),
+                proptest::option::of("(rtsps?://h/p|nope|rtsp://)"),
+                proptest::option::of(any::<bool>()),
+            ),
             (
                 proptest::option::of(any::<bool>()),
                 proptest::option::of(-10.0..100_000.0f64),
@@ -685,7 +698,7 @@ mod tests {
                 |(
                     (udp, interface, tcp_listen, tcp_connect),
                     (demo, file, looped),
-                    (publish, rtsp),
+                    (publish, rtsp, takeover),
                     (on_demand, linger_s, tls_verify),
                 )| {
                     SourceFields {
@@ -697,6 +710,7 @@ mod tests {
                         file: file.map(Into::into),
                         looped,
                         publish,
+                        takeover,
                         rtsp,
                         on_demand,
                         linger_s,

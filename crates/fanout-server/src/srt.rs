@@ -99,8 +99,7 @@ fn decide(relay: &Relay, peer: Option<SocketAddr>, streamid: &str) -> Result<(),
             None => {
                 refuse(reject::NOT_FOUND, format!("no path {path:?} takes publishers (source = {{ publish = true }})"))
             }
-            Some(p) if p.is_active() => refuse(reject::CONFLICT, format!("{path} is being published")),
-            Some(_) => Ok(()),
+            Some(p) => p.refusal().map_or(Ok(()), |why| refuse(reject::CONFLICT, why)),
         },
         // A cluster may pull a path it does not have yet: that is found after the handshake.
         Mode::Read if relay.path(path).is_none() && relay.cluster.is_none() => {

@@ -77,9 +77,13 @@ enum CtlCmd {
         /// With --file: `true` (default) loops it, `false` plays it once.
         #[arg(long = "loop", id = "looped", requires = "file", value_name = "BOOL")]
         looped: Option<bool>,
-        /// Take the stream from RTSP publishers (ANNOUNCE/RECORD to rtsp://relay/NAME).
+        /// Take the stream from publishers: RTSP (ANNOUNCE/RECORD to rtsp://relay/NAME), RTMP
+        /// (rtmp://relay/NAME) or SRT (streamid=publish:NAME), one at a time.
         #[arg(long)]
         publish: bool,
+        /// With --publish: a new publisher replaces the one publishing (else it is refused).
+        #[arg(long, requires = "publish")]
+        takeover: bool,
         /// With --rtsp: udp, tcp or auto.
         #[arg(long, requires = "rtsp")]
         rtsp_transport: Option<String>,
@@ -176,6 +180,7 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
             once,
             looped,
             publish,
+            takeover,
             rtsp_transport,
             on_demand,
             linger_s,
@@ -211,6 +216,7 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
                 file: file.map(|f| std::fs::canonicalize(&f).unwrap_or(f)),
                 looped: if once { Some(false) } else { looped },
                 publish: publish.then_some(true),
+                takeover: takeover.then_some(true),
                 rtsp_transport: word("--rtsp-transport", rtsp_transport, "udp, tcp or auto")?,
                 on_demand,
                 linger_s,

@@ -442,3 +442,106 @@ fn publish(url: &str) -> Kill {
 fn try_publish(url: &str) -> (bool, String) {
     ffmpeg_try_publish("mpegts", url)
 }
+
+/// Issue 32: where the path says `takeover = true`, a new publisher replaces the one
+/// publishing, whatever protocol either speaks (RTSP → RTMP → SRT → RTSP), and the one
+/// replaced is closed (its ffmpeg exits); an RTSP reader stays through all of it and sees one
+/// stream: one SSRC, no sequence number missing, its RTP time keeping to the wall clock; the
+/// status counts the takeovers.
+#[test]
+fn a_new_publisher_takes_over_where_the_path_says_so() {
+    if !have_srt() {
+        return;
+    }
+    // ffmpeg's RTSP muxer wants AAC with its global header: the clip as MP4.
+    let mp4 = std::env::temp_dir().join(format!("fanout-takeover-{}.mp4", std::process::id()));
+    let made = Command::new("ffmpeg")
+        .args(["-nostdin", "-loglevel", "error", "-y", "-i", DEMO, "-c", "copy", "-bsf:a", "aac_adtstoasc"])
+        .arg(&mp4)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    // (From the MP4 over every protocol: the TS clip's audio starts late, and ffmpeg sends
+    // its first second at once when it muxes it again, a jump ahead no relay can undo.)
+    let publish = |format: &str, url: &str| {
+        let mut c = Command::new("ffmpeg");
+        c.args(["-nostdin", "-loglevel", "error", "-re", "-stream_loop", "-1", "-i"]).arg(&mp4);
+        c.args(["-t", "40", "-c", "copy", "-f", format]);
+        if format == "rtsp" {
+            c.args(["-rtsp_transport", "tcp"]);
+        }
+        Kill(c.arg(url).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap())
+    };
+    let config = "[[session]]\nname = \"cam\"\nsource = { publish = true, takeover = true }\n";
+    let relay = Relay::with_config(&format!("publisher_grace_s = 60\n{config}"), &["--no-demo"]);
+    let addr = rtsp_addr(&relay);
+    let rtsp_url = format!("rtsp://{addr}/cam");
+    let rtmp = relay.ok("GET", "/v1/engine", None)["rtmp"].as_str().unwrap().to_string();
+    let srt_url = format!("srt://{}?streamid=publish:cam", srt_addr(&relay));
+    let now_over = |how: &str, takeovers: u64| {
+        wait_for(Duration::from_secs(10), || {
+            let p = publisher(&relay);
+            p["transport"] == how && p["takeovers"] == takeovers
+        })
+    };
+    let exits = |k: &mut Kill| wait_for(Duration::from_secs(10), || k.0.try_wait().unwrap().is_some());
+
+    let mut first = publish("rtsp", &rtsp_url);
+    assert!(now_over("interleaved", 0), "{}", publisher(&relay));
+    assert_eq!(publisher(&relay)["takeover"], true);
+    // A reader over RTSP (UDP): (arrival, SSRC, sequence number, RTP time) of every packet.
+    let play = rtsp_play(addr, "cam", None);
+    let rtp = play.rtp.try_clone().unwrap();
+    let until = std::time::Instant::now() + Duration::from_secs(22);
+    let packets = std::thread::spawn(move || {
+        rtp.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        let (mut got, mut b) = (Vec::new(), [0u8; 2048]);
+        while std::time::Instant::now() < until {
+            let Ok(n) = rtp.recv(&mut b) else { continue };
+            if n >= 12 {
+                let word = |i: usize| u32::from_be_bytes(b[i..i + 4].try_into().unwrap());
+                got.push((std::time::Instant::now(), word(8), u16::from_be_bytes([b[2], b[3]]), word(4)));
+            }
+        }
+        got
+    });
+    std::thread::sleep(Duration::from_secs(4));
+
+    let mut second = publish("flv", &format!("rtmp://{rtmp}/cam"));
+    assert!(now_over("rtmp", 1), "{}", publisher(&relay));
+    assert!(exits(&mut first), "the RTSP publisher taken over was not closed");
+    std::thread::sleep(Duration::from_secs(4));
+
+    let mut third = publish("mpegts", &srt_url);
+    assert!(now_over("srt", 2), "{}", publisher(&relay));
+    assert!(exits(&mut second), "the RTMP publisher taken over was not closed");
+    std::thread::sleep(Duration::from_secs(4));
+
+    let _fourth = publish("rtsp", &rtsp_url);
+    assert!(now_over("interleaved", 3), "{}", publisher(&relay));
+    assert!(exits(&mut third), "the SRT publisher taken over was not closed");
+    assert_eq!(publisher(&relay)["publishes"], 4);
+
+    let packets = packets.join().unwrap();
+    drop(play);
+    assert!(packets.len() > 1000, "{} packets", packets.len());
+    let (t0, ssrc, seq0, ts0) = packets[0];
+    assert!(packets.iter().all(|p| p.1 == ssrc), "the SSRC changed");
+    let last = packets.last().unwrap().2;
+    let missing = usize::from(last.wrapping_sub(seq0)) + 1 - packets.len();
+    assert_eq!(missing, 0, "sequence numbers missing");
+    // Its RTP time never runs back, and keeps to the wall clock: a takeover may put it ahead
+    // by what the new publisher sent before its tracks were known (ffmpeg's TS holds the
+    // first audio ~0.7 s, and the pictures meanwhile wait for it), no more.
+    assert!(packets.windows(2).all(|w| w[1].3.wrapping_sub(w[0].3) as i32 >= 0), "RTP time ran back");
+    let ahead: Vec<f64> = packets
+        .iter()
+        .map(|&(t, _, _, ts)| f64::from(ts.wrapping_sub(ts0)) / 90_000.0 - (t - t0).as_secs_f64())
+        .collect();
+    let (lo, hi) = ahead.iter().fold((f64::MAX, f64::MIN), |(l, h), &a| (l.min(a), h.max(a)));
+    eprintln!("RTP time ahead of the wall clock: {lo:.2} s to {hi:.2} s");
+    assert!(hi - lo < 1.0, "the reader's RTP time moved against the wall clock by {lo:.2}..{hi:.2} s");
+    let (ok, log) = ffmpeg_decode(&rtsp_url, &["-rtsp_transport", "tcp"], 2);
+    assert!(ok && decoded_frames(&log) >= 45, "{log}");
+    let _ = std::fs::remove_file(&mp4);
+}

@@ -22,7 +22,8 @@ pub struct TsIngest {
     tracks: Tracks,
     /// The start of a TS packet cut by the end of a datagram.
     rest: Vec<u8>,
-    waiting: VecDeque<Pes>,
+    /// PES packets held, with the time each completed.
+    waiting: VecDeque<(Pes, u64)>,
     /// Bytes skipped to find the next sync byte.
     pub resyncs: u64,
 }
@@ -58,9 +59,10 @@ impl TsIngest {
         self.tracks.ignored
     }
 
-    /// A datagram of TS packets (SRT sends seven a message): the RTP packets it completes
-    /// into `out`.
-    pub fn push(&mut self, mut data: &[u8], out: &mut Vec<RtpPacket>) {
+    /// A datagram of TS packets (SRT sends seven a message), arrived at `now_ms` (any
+    /// monotonic clock): the RTP packets it completes into `out`, each with the time its
+    /// frame waited here.
+    pub fn push(&mut self, mut data: &[u8], now_ms: u64, out: &mut Vec<RtpPacket>) {
         if !self.rest.is_empty() {
             let need = PACKET_LEN - self.rest.len();
             let take = need.min(data.len());
@@ -70,7 +72,7 @@ impl TsIngest {
                 return;
             }
             let pkt = std::mem::take(&mut self.rest);
-            self.packet(&pkt, out);
+            self.packet(&pkt, now_ms, out);
         }
         while !data.is_empty() {
             if data[0] != SYNC_BYTE {
@@ -83,25 +85,29 @@ impl TsIngest {
                 self.rest = data.to_vec();
                 return;
             }
-            self.packet(&data[..PACKET_LEN], out);
+            self.packet(&data[..PACKET_LEN], now_ms, out);
             data = &data[PACKET_LEN..];
         }
     }
 
-    fn packet(&mut self, pkt: &[u8], out: &mut Vec<RtpPacket>) {
+    fn packet(&mut self, pkt: &[u8], now_ms: u64, out: &mut Vec<RtpPacket>) {
         if let Some(pes) = self.demux.push(pkt) {
-            self.pes(pes, out);
+            self.pes(pes, now_ms, out);
         }
     }
 
-    fn pes(&mut self, pes: Pes, out: &mut Vec<RtpPacket>) {
+    fn pes(&mut self, pes: Pes, now_ms: u64, out: &mut Vec<RtpPacket>) {
         self.configure(&pes);
-        self.waiting.push_back(pes);
+        self.waiting.push_back((pes, now_ms));
         if !self.tracks.fixed() && !self.ready() && self.waiting.len() < MAX_WAITING {
             return;
         }
-        while let Some(p) = self.waiting.pop_front() {
+        while let Some((p, at)) = self.waiting.pop_front() {
+            let from = out.len();
             self.emit(&p, out);
+            for r in &mut out[from..] {
+                r.waited_ms = now_ms.saturating_sub(at);
+            }
         }
     }
 
@@ -176,8 +182,8 @@ mod tests {
     fn ingest(ts: &[u8], chunk: usize) -> (TsIngest, Vec<RtpPacket>) {
         let mut g = TsIngest::default();
         let mut out = Vec::new();
-        for c in ts.chunks(chunk) {
-            g.push(c, &mut out);
+        for (i, c) in ts.chunks(chunk).enumerate() {
+            g.push(c, i as u64, &mut out);
         }
         (g, out)
     }
@@ -203,13 +209,18 @@ mod tests {
             out.iter().filter(|p| p.track == 1).map(|p| RtpView::parse(&p.data).unwrap().timestamp()).collect();
         assert!(audio.len() > 300 && audio.windows(2).all(|w| w[1].wrapping_sub(w[0]) == 1024));
         let (_, odd) = ingest(DEMO, 1000);
-        assert_eq!(odd, out, "datagrams that cut TS packets change nothing");
+        let data = |v: &[RtpPacket]| v.iter().map(|p| (p.track, p.data.clone())).collect::<Vec<_>>();
+        assert_eq!(data(&odd), data(&out), "datagrams that cut TS packets change nothing");
     }
 
-    /// Audio that completes before the first keyframe waits for it, and is not lost.
+    /// Audio that completes before the first keyframe waits for it, and is not lost; what
+    /// waited says for how long (a TS packet a millisecond here), what did not, nothing.
     #[test]
     fn nothing_before_the_configurations_is_lost() {
         let (_, out) = ingest(DEMO, 188);
+        assert!(out[0].waited_ms > 0, "the first picture waited for the audio's header");
+        assert!(out[0].waited_ms > out[out.len() / 2].waited_ms);
+        assert_eq!(out.last().unwrap().waited_ms, 0);
         let first_audio = out.iter().position(|p| p.track == 1).unwrap();
         assert!(first_audio > 0, "the video's first picture fixed nothing before the audio had its header");
         let audio_ts = RtpView::parse(&out[first_audio].data).unwrap().timestamp();

@@ -40,6 +40,10 @@ enum Kind {
 pub struct RtpPacket {
     pub track: usize,
     pub data: Vec<u8>,
+    /// How long its frame waited in the ingest before it was made (a TS ingest holds the
+    /// first frames until every track is configured): a receiver that joins streams by
+    /// arrival time dates it back by this much.
+    pub waited_ms: u64,
 }
 
 /// Why an audio configuration was not taken.
@@ -209,5 +213,5 @@ fn rtp(track: usize, seq: &mut u16, pt: u8, ts: u32, marker: bool, payload: &[u8
     let h = crate::rtp::write_header(&mut data, marker, pt, *seq, ts, SSRC);
     data[h..].copy_from_slice(payload);
     *seq = seq.wrapping_add(1);
-    RtpPacket { track, data }
+    RtpPacket { track, data, waited_ms: 0 }
 }

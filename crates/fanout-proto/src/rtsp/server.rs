@@ -36,6 +36,9 @@ pub struct Resource {
     /// Someone this state machine does not know publishes it (over another protocol):
     /// ANNOUNCE answers 455, as for a second RTSP publisher.
     pub busy: bool,
+    /// A new publisher takes the resource over from the one publishing (whose connection the
+    /// I/O layer closes): ANNOUNCE is not refused for being second.
+    pub takeover: bool,
 }
 
 /// What the data path must do.
@@ -353,7 +356,7 @@ impl Server {
             r.headers.set("Allow", "OPTIONS, DESCRIBE, SETUP, PLAY, PAUSE, TEARDOWN, GET_PARAMETER, SET_PARAMETER");
             return r;
         }
-        if res.busy || self.sessions.values().any(|s| s.record && s.resource == name) {
+        if !res.takeover && (res.busy || self.sessions.values().any(|s| s.record && s.resource == name)) {
             return error(455, Some(cseq)); // someone is publishing already
         }
         let is_sdp = req.headers.get("Content-Type").is_some_and(|t| t.trim().eq_ignore_ascii_case("application/sdp"));
@@ -796,6 +799,7 @@ mod tests {
             next_rtp: vec![Some((1000, 90_000)), None],
             publishable: false,
             busy: false,
+            takeover: false,
         })
     }
 
@@ -803,7 +807,13 @@ mod tests {
     fn with_pub(name: &str) -> Option<Resource> {
         let empty = Sdp { session: Vec::new(), media: Vec::new() };
         demo(name).or_else(|| {
-            (name == "pub").then(|| Resource { sdp: empty, next_rtp: vec![], publishable: true, busy: false })
+            (name == "pub").then(|| Resource {
+                sdp: empty,
+                next_rtp: vec![],
+                publishable: true,
+                busy: false,
+                takeover: false,
+            })
         })
     }
 
@@ -856,6 +866,48 @@ mod tests {
         // Its connection closes: the session ends, and the resource is free again.
         assert_eq!(s.connection_closed(1), vec![Action::Teardown { session: id }]);
         assert_eq!(s.handle(&announce, 2, 0, &with_pub).0.status, 200);
+    }
+
+    /// Where the resource takes over (`takeover`): a second connection's ANNOUNCE, SETUP
+    /// and RECORD go through while the first still records (the I/O layer then closes the
+    /// first, whose session ends with its connection); even a resource another protocol
+    /// publishes (`busy`) takes an ANNOUNCE.
+    #[test]
+    fn a_publisher_takes_over_where_the_resource_allows() {
+        let mut s = Server::new(Config::default(), [9; 32]);
+        let url = "rtsp://127.0.0.1:8554/pub";
+        let open = |name: &str| {
+            (name == "pub").then(|| Resource {
+                sdp: Sdp { session: Vec::new(), media: Vec::new() },
+                next_rtp: vec![],
+                publishable: true,
+                busy: true,
+                takeover: true,
+            })
+        };
+        let sdp = "v=0\r\ns=x\r\nm=video 0 RTP/AVP 96\r\na=rtpmap:96 H264/90000\r\na=control:streamid=0\r\n";
+        let mut announce = req("ANNOUNCE", url, 1, &[("Content-Type", "application/sdp")]);
+        announce.body = sdp.as_bytes().to_vec();
+        let t = [("Transport", "RTP/AVP/TCP;unicast;interleaved=0-1;mode=record")];
+        let record = |s: &mut Server, conn: u64| {
+            assert_eq!(s.handle(&announce, conn, 0, &open).0.status, 200);
+            let (r, _) = s.handle(&req("SETUP", &format!("{url}/streamid=0"), 2, &t), conn, 0, &open);
+            assert_eq!(r.status, 200);
+            let id = r.headers.get("Session").unwrap().split(';').next().unwrap().to_string();
+            let (r, a) = s.handle(&req("RECORD", url, 3, &[("Session", &id)]), conn, 0, &open);
+            assert_eq!(r.status, 200);
+            assert!(matches!(a.first(), Some(Action::Record { conn: c, .. }) if *c == conn), "{a:?}");
+            id
+        };
+        let first = record(&mut s, 1);
+        let second = record(&mut s, 2);
+        assert_ne!(first, second);
+        assert_eq!(s.connection_closed(1), vec![Action::Teardown { session: first }]);
+        assert_eq!(s.sessions(), 1);
+        // Without takeover the same second ANNOUNCE is 455.
+        let closed = |name: &str| open(name).map(|r| Resource { takeover: false, ..r });
+        announce.headers.set("CSeq", "9");
+        assert_eq!(s.handle(&announce, 3, 0, &closed).0.status, 455);
     }
 
     /// Issue 30 item 12: with record ports open, a publisher's SETUP of RTP over UDP (ffmpeg's

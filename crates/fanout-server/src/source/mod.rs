@@ -103,7 +103,7 @@ pub async fn start(spec: &SourceSpec, cx: Ctx<'_>) -> Result<Started, RelayError
         SourceSpec::TcpConnect(addr) => Ok(tcp::connect(*addr, &cx)),
         SourceSpec::Demo => clip::demo(&cx),
         SourceSpec::File { path, looped } => clip::file(path, looped.unwrap_or(true), &cx).await,
-        SourceSpec::Publish => publish::start(&cx),
+        SourceSpec::Publish { takeover } => publish::start(&cx, *takeover),
         SourceSpec::Rtsp(r) => rtsp::start(r, cx),
         SourceSpec::Srt(url) => srt::start(url, &cx),
     }
