@@ -239,6 +239,10 @@ impl Conn<'_> {
                         if let Err(e) = self.ingest.video(timestamp, &body, &mut packets) {
                             tracing::debug!(peer = %self.peer, "RTMP video tag: {e}");
                         }
+                        if let Some(c) = self.ingest.newly_uncarried() {
+                            let path = self.publishing.as_ref().map_or("", |p| p.0.as_str());
+                            tracing::warn!(peer = %self.peer, path, "RTMP publisher's video is {}: not carried (H.264 and H.265 are), dropped; the path gets its audio only", c.name());
+                        }
                         if let Err(why) = self.feed(&mut packets) {
                             close = Some(why);
                         }

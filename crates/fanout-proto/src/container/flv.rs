@@ -28,6 +28,20 @@ pub enum VideoCodec {
 }
 
 impl VideoCodec {
+    /// Its name, for a log line.
+    pub fn name(self) -> String {
+        match self {
+            VideoCodec::Avc => "H.264".into(),
+            VideoCodec::Hevc => "H.265".into(),
+            VideoCodec::Av1 => "AV1".into(),
+            VideoCodec::Vp9 => "VP9".into(),
+            VideoCodec::Other(id) if id > 0xff => {
+                format!("FourCC {:?}", String::from_utf8_lossy(&id.to_be_bytes()))
+            }
+            VideoCodec::Other(id) => format!("FLV codec id {id}"),
+        }
+    }
+
     /// The byte-stream codec of the relay's tracks, where it is one.
     pub fn annexb(self) -> Option<Codec> {
         match self {
@@ -47,6 +61,8 @@ pub enum Video<'a> {
     Frames { codec: VideoCodec, keyframe: bool, cts: i32, data: &'a [u8] },
     /// The end of the sequence, a command frame, or a packet type not handled here.
     Other,
+    /// A plain-FLV codec id that is neither AVC nor HEVC (Sorenson, VP6, ...).
+    Unsupported(VideoCodec),
 }
 
 fn si24(b: &[u8]) -> i32 {
@@ -92,7 +108,7 @@ pub fn video(body: &[u8]) -> Result<Video<'_>, FlvError> {
         id => VideoCodec::Other(u32::from(id)),
     };
     if codec.annexb().is_none() {
-        return Ok(Video::Other);
+        return Ok(Video::Unsupported(codec));
     }
     let h = body.get(1..5).ok_or(FlvError::Short)?;
     Ok(match h[0] {

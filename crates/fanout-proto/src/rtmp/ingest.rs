@@ -11,6 +11,10 @@ pub struct Ingest {
     tracks: Tracks,
     /// The length prefix of the video's NAL units (from its configuration record).
     length_size: usize,
+    /// A video codec the publisher sends that the relay does not carry (AV1, VP9, ...), and
+    /// whether it is yet to be told.
+    uncarried: Option<flv::VideoCodec>,
+    untold: bool,
 }
 
 impl Ingest {
@@ -34,7 +38,7 @@ impl Ingest {
         match flv::video(body)? {
             Video::Config { codec, record } => {
                 let Some(c) = codec.annexb() else {
-                    self.tracks.ignored += 1;
+                    self.not_carried(codec);
                     return Ok(());
                 };
                 let (sets, length_size) = flv::parameter_sets(c, record)?;
@@ -45,16 +49,33 @@ impl Ingest {
             }
             Video::Frames { codec, keyframe, cts, data } => {
                 let Some(c) = codec.annexb().filter(|c| self.tracks.configured_video() == Some(*c)) else {
-                    self.tracks.ignored += 1;
+                    match codec.annexb() {
+                        None => self.not_carried(codec),
+                        Some(_) => self.tracks.ignored += 1,
+                    }
                     return Ok(());
                 };
                 let nals = flv::nal_units(data, self.length_size)?;
                 let ts = (i64::from(timestamp) + i64::from(cts)).wrapping_mul(90) as u32;
                 self.tracks.video_frame(c, ts, keyframe, &nals, out);
             }
+            Video::Unsupported(codec) => self.not_carried(codec),
             Video::Other => {}
         }
         Ok(())
+    }
+
+    /// A video codec the relay does not carry, once for each it meets: what the publisher's
+    /// connection should say (its frames are dropped, the path keeps its audio).
+    pub fn newly_uncarried(&mut self) -> Option<flv::VideoCodec> {
+        std::mem::take(&mut self.untold).then_some(self.uncarried).flatten()
+    }
+
+    fn not_carried(&mut self, codec: flv::VideoCodec) {
+        if self.uncarried != Some(codec) {
+            (self.uncarried, self.untold) = (Some(codec), true);
+        }
+        self.tracks.ignored += 1;
     }
 
     /// An audio message's body at `timestamp` ms: its RTP packet into `out`.
@@ -78,6 +99,25 @@ impl Ingest {
 mod tests {
     use super::*;
     use crate::rtp::RtpView;
+
+    /// AV1 in Enhanced RTMP (`av01`) and VP6 in plain FLV: dropped, counted, and named once
+    /// each for the publisher's log line.
+    #[test]
+    fn a_video_codec_not_carried_is_named_once() {
+        let mut g = Ingest::default();
+        let mut out = Vec::new();
+        let av1_config = [0x90, b'a', b'v', b'0', b'1', 0x81, 0, 0, 0];
+        let av1_frame = [0x93, b'a', b'v', b'0', b'1', 0x12, 0, 0x0a];
+        g.video(0, &av1_config, &mut out).unwrap();
+        assert_eq!(g.newly_uncarried().map(|c| c.name()), Some("AV1".to_string()));
+        g.video(40, &av1_frame, &mut out).unwrap();
+        assert_eq!(g.newly_uncarried(), None, "told once");
+        g.video(80, &[0x14, 0, 1, 2], &mut out).unwrap();
+        assert_eq!(g.newly_uncarried().map(|c| c.name()), Some("FLV codec id 4".to_string()));
+        assert!(out.is_empty());
+        assert_eq!(g.ignored(), 3);
+        assert_eq!(g.video_codec(), None);
+    }
 
     const SPS: [u8; 4] = [0x67, 0x42, 0xc0, 0x1e];
     const PPS: [u8; 3] = [0x68, 0xce, 0x3c];
