@@ -13,6 +13,7 @@
 //! - [`rtmp`]: RTMP: AMF0, the chunk stream, a connection's server side, and a publisher's
 //!   FLV as RTP tracks.
 //! - [`srt`]: what an SRT caller's stream id asks for (mode, path, credentials).
+//! - [`whep`]: which of a path's tracks a WebRTC viewer takes, by the negotiated answer.
 //! - [`container`]: MPEG-TS (packets, PCR pacing, demuxer, an encoder's TS as RTP tracks, muxer), MP4 in, FLV tags,
 //!   fragmented MP4 and HLS out, playlists of recordings, and the RTP-to-access-unit
 //!   repackaging.
@@ -31,3 +32,4 @@ pub mod rtp;
 pub mod rtsp;
 pub mod secret;
 pub mod srt;
+pub mod whep;

@@ -56,6 +56,7 @@ pub fn router(relay: Arc<Relay>) -> Router {
         .route("/v1/cluster", get(cluster_view))
         .route("/metrics", get(metrics))
         .merge(crate::ui::routes())
+        .merge(crate::webrtc::routes())
         .fallback(|| async { ApiError(StatusCode::NOT_FOUND, "no such API path; see docs/openapi.yaml".into()) })
         .layer(middleware::from_fn_with_state(relay.clone(), auth))
         .layer(middleware::map_response(json_errors))
@@ -119,8 +120,8 @@ async fn any_origin(mut r: Response) -> Response {
     r
 }
 
-/// A new HLS player's name: 16 random hex digits.
-fn new_player_id() -> String {
+/// A new name (an HLS player's, a WebRTC viewer's): 16 random hex digits.
+pub fn random_id() -> String {
     let mut b = [0u8; 8];
     let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b);
     b.iter().map(|x| format!("{x:02x}")).collect()
@@ -198,7 +199,7 @@ async fn hls_file(
             hls.wait_for(msn, part, wait).await;
         }
         let text = if new_player {
-            let mut uri = format!("index.m3u8?player={}", new_player_id());
+            let mut uri = format!("index.m3u8?player={}", random_id());
             if let Some(t) = &token {
                 uri = format!("{uri}&{t}");
             }
@@ -267,7 +268,8 @@ async fn auth(State(relay): State<Arc<Relay>>, req: Request, next: Next) -> Resp
     // URLs, HLS and the event stream (docs/config.md), which players and browsers' event
     // sources cannot send a header with; API calls send the header.
     let path = req.uri().path();
-    if crate::ui::is_ui(path) {
+    // (A browser's CORS preflight never carries credentials; it is answered with no data.)
+    if crate::ui::is_ui(path) || (req.method() == axum::http::Method::OPTIONS && path.contains("/whep")) {
         return next.run(req).await;
     }
     let query = (path.contains("/hls/") || path == "/v1/events" || path.ends_with("/stream"))
@@ -395,6 +397,11 @@ fn session_json(relay: &Relay, s: &fanout_io::Session) -> serde_json::Value {
         v["srt"] = json!(links);
     }
     let http = if relay.cfg.https() { "https" } else { "http" };
+    // Over WebRTC: where to POST a WHEP offer, and who watches now.
+    if let Some(w) = relay.webrtc.lock().clone() {
+        v["whep_url"] = json!(format!("{http}://{}/{}/whep", relay.cfg.api, s.name()));
+        v["webrtc"] = json!(w.viewers(Some(s.name())));
+    }
     v["stream_url"] = json!(format!("{http}://{}/v1/sessions/{}/stream", relay.cfg.api, s.name()));
     v["stream_format"] = json!(stream_format(&path));
     if let Some(r) = path.repack_running() {
@@ -592,6 +599,7 @@ fn engine_json(relay: &Relay) -> serde_json::Value {
         "rtmp": *relay.rtmp_addr.lock(),
         "rtmps": *relay.rtmps_addr.lock(),
         "srt": *relay.srt_addr.lock(),
+        "webrtc": relay.webrtc.lock().as_ref().map(|w| w.addr),
         "egress": relay.engine.egress().map(|e| {
             let link = e.link.lock();
             json!({ "rate_kbps": link.rate() * 8 / 1000, "reserved_kbps": link.reserved() * 8 / 1000 })
@@ -752,6 +760,12 @@ async fn metrics(State(relay): State<Arc<Relay>>) -> impl IntoResponse {
         (format!("{{session=\"{}\"}}", label(s.name())), n as u64)
     });
     family(&mut m, "fanout_srt_readers", "gauge", "SRT readers of the session.", readers);
+    let webrtc = relay.webrtc.lock().clone();
+    let viewers = sessions.iter().map(|s| {
+        let n = webrtc.as_ref().map_or(0, |w| w.viewers(Some(s.name())).len());
+        (format!("{{session=\"{}\"}}", label(s.name())), n as u64)
+    });
+    family(&mut m, "fanout_webrtc_viewers", "gauge", "WebRTC (WHEP) viewers of the session.", viewers);
     // Publish sessions: who publishes now, over what; how many have.
     let pubs: Vec<_> = relay.paths().iter().filter_map(|p| Some((p.name.clone(), p.publisher()?.status()))).collect();
     let publishing = pubs.iter().filter(|(_, st)| st.state == "publishing").map(|(n, st)| {

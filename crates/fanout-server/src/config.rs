@@ -27,6 +27,13 @@ pub struct Config {
     pub srt_pbkeylen: u32,
     /// SRT's latency (ms): how long a receiver waits for a retransmission before it gives up.
     pub srt_latency_ms: u32,
+    /// UDP address for all WebRTC media (ICE-lite, one port for every viewer); `"off"` = no
+    /// WebRTC. Its IP is the candidate offered to viewers unless it is unspecified.
+    #[serde(deserialize_with = "addr_or_off")]
+    pub webrtc: Option<SocketAddr>,
+    /// More addresses to offer WebRTC viewers as candidates, on the `webrtc` port (a public
+    /// or LAN address in front of the relay).
+    pub webrtc_additional_hosts: Vec<std::net::IpAddr>,
     /// RTSP clients must authenticate (Basic or Digest) as one of these; none = open.
     #[serde(rename = "rtsp_user")]
     pub rtsp_users: Vec<RtspUser>,
@@ -266,6 +273,9 @@ pub const RTMPS_PORT: u16 = 1936;
 /// SRT's port (UDP), MediaMTX's.
 pub const SRT_PORT: u16 = 8890;
 
+/// The WebRTC media port when the config names none (MediaMTX's).
+pub const WEBRTC_PORT: u16 = 8189;
+
 /// An address, or `"off"`.
 fn addr_or_off<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
     let s = String::deserialize(d)?;
@@ -288,6 +298,8 @@ pub const CONFIG_FIELDS: &[&str] = &[
     "srt_passphrase",
     "srt_pbkeylen",
     "srt_latency_ms",
+    "webrtc",
+    "webrtc_additional_hosts",
     "rtsp_user",
     "rtsp_max_connections",
     "rtsp_idle_s",
@@ -334,6 +346,8 @@ impl Default for Config {
             srt_passphrase: None,
             srt_pbkeylen: 16,
             srt_latency_ms: 120,
+            webrtc: Some(([127, 0, 0, 1], WEBRTC_PORT).into()),
+            webrtc_additional_hosts: Vec::new(),
             rtsp_users: Vec::new(),
             rtsp_max_connections: 1024,
             rtsp_idle_s: 60.0,

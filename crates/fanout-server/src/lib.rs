@@ -1,5 +1,5 @@
 //! The fanout relay as a library: what `fanout serve` runs (config, control API, RTSP and
-//! RTSPS, RTMP publishing, HTTP streams and their repackaging, TLS and SRTP, the cluster, metrics). The
+//! RTSPS, RTMP and SRT, WebRTC playback, HTTP streams and their repackaging, TLS and SRTP, the cluster, metrics). The
 //! `fanout` binary (crate `fanout`) puts it beside the control client and the tools.
 
 mod admit;
@@ -25,3 +25,4 @@ mod tls;
 mod track;
 mod ui;
 mod upstream;
+mod webrtc;

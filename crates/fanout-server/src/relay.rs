@@ -28,6 +28,8 @@ pub struct Relay {
     pub srt_addr: parking_lot::Mutex<Option<std::net::SocketAddr>>,
     /// SRT publishers and readers connected now.
     pub srt_links: parking_lot::Mutex<Vec<Arc<crate::clients::SrtLink>>>,
+    /// The WebRTC face, once its port is bound.
+    pub webrtc: parking_lot::Mutex<Option<Arc<crate::webrtc::WebRtc>>>,
     /// The RTSP side, once listening.
     pub rtsp: parking_lot::Mutex<Option<Arc<dyn RtspFront>>>,
     /// This relay as a node of a cluster (`[cluster]`).
@@ -76,6 +78,7 @@ impl Relay {
             rtmps_addr: Default::default(),
             srt_addr: Default::default(),
             srt_links: Default::default(),
+            webrtc: Default::default(),
             rtsp: Default::default(),
         }))
     }

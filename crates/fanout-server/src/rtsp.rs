@@ -130,7 +130,7 @@ enum ReportTo {
 
 /// The description of a relay session for RTSP clients: an upstream's media, else one
 /// track from the session's RTP payload type.
-fn describe(relay: &Relay, name: &str) -> Option<Resource> {
+pub(crate) fn describe(relay: &Relay, name: &str) -> Option<Resource> {
     let h264 =
         |pt: u8| format!("m=video 0 RTP/AVP {pt}\r\na=rtpmap:{pt} H264/90000\r\na=fmtp:{pt} packetization-mode=1\r\n");
     // A file played out has nothing more to give: 404, not a description of silence.

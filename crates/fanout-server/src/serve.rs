@@ -41,6 +41,9 @@ pub struct ServeArgs {
     /// UDP address for SRT callers, or `off` (overrides the config; port 0 picks a free one).
     #[arg(long, env = "FANOUT_SRT", value_parser = parse_rtmp)]
     srt: Option<RtmpAddr>,
+    /// UDP address for WebRTC media, or `off` (overrides the config; port 0 picks a free one).
+    #[arg(long, env = "FANOUT_WEBRTC", value_parser = parse_rtmp)]
+    webrtc: Option<RtmpAddr>,
     /// Do not create the built-in `demo` session.
     #[arg(long)]
     no_demo: bool,
@@ -135,6 +138,9 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
     }
     if let Some(RtmpAddr(x)) = a.srt {
         cfg.srt = x;
+    }
+    if let Some(RtmpAddr(x)) = a.webrtc {
+        cfg.webrtc = x;
     }
     if a.no_demo {
         cfg.demo = false;
@@ -331,6 +337,16 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>) -> 
             None
         }
     });
+    // WebRTC: with its port taken, the rest serves on.
+    if let Some(addr) = relay.cfg.webrtc {
+        match crate::webrtc::WebRtc::start(addr, &relay.cfg.webrtc_additional_hosts) {
+            Ok(w) => {
+                say!("fanout: WebRTC (WHEP) {http}://{api}/{{path}}/whep  (media on udp {})", w.addr);
+                *relay.webrtc.lock() = Some(w);
+            }
+            Err(e) => tracing::warn!("no WebRTC on {addr}, serving without it: {e}"),
+        }
+    }
     tokio::spawn(relay.books.clone().tell());
     let https = tls.filter(|_| relay.cfg.https());
     let server = tokio::spawn(http::serve(listener, relay.clone(), router, https));
@@ -345,6 +361,9 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>) -> 
     }
     if let Some(s) = srt {
         s.stop();
+    }
+    if let Some(w) = relay.webrtc.lock().take() {
+        w.stop();
     }
     if let Some(c) = &relay.cluster {
         c.leave().await;

@@ -1,6 +1,8 @@
 //! Starts the real `fanout` binary on a free port and talks to it through its API.
 #![allow(dead_code)]
 
+pub mod browser;
+
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
@@ -63,6 +65,7 @@ impl Relay {
             // RTMP on a free port (`--rtmp` overrides it): tests run side by side.
             .env("FANOUT_RTMP", "127.0.0.1:0")
             .env("FANOUT_SRT", "127.0.0.1:0")
+            .env("FANOUT_WEBRTC", "127.0.0.1:0")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

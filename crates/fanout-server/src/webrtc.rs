@@ -1,0 +1,483 @@
+//! WebRTC playback (WHEP): a browser POSTs an SDP offer for a path and gets the path's H.264
+//! (and Opus) over DTLS-SRTP, in a quarter of a second.
+//!
+//! Every viewer's media leaves one UDP port (`webrtc`, ICE-lite: the browser makes the
+//! checks, the relay answers them), told apart by the ICE username of its first check and
+//! then by its address. The WebRTC stack is `str0m`, sans-IO: one task owns the socket and
+//! every viewer's `Rtc`, feeds it datagrams and time, and sends what it returns. A viewer's
+//! tracks are sinks of the path's relay sessions like an RTSP client's (starting at the
+//! ring's last keyframe), drained into `str0m` as RTP (renumbered per viewer, encrypted
+//! with the viewer's own keys). Which track goes on which media section is
+//! `fanout_proto::whep::plan`.
+
+use crate::relay::Relay;
+use fanout_io::channel::{ChannelQueue, Frame};
+use fanout_io::Session;
+use fanout_proto::rtp::RtpView;
+use fanout_proto::rtsp::sdp::Sdp;
+use parking_lot::Mutex;
+use serde::Serialize;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use str0m::change::SdpOffer;
+use str0m::media::Mid;
+use str0m::net::{Protocol, Receive};
+use str0m::rtp::{RtpWrite, SeqNo};
+use str0m::{Candidate, Event, IceConnectionState, Input, Output, Rtc};
+use tokio::sync::{mpsc, Notify};
+
+/// A viewer whose ICE and DTLS are not done by then is dropped.
+const CONNECT_WITHIN: Duration = Duration::from_secs(15);
+/// Viewers connecting (ICE, DTLS) at once; more offers are 503.
+const MAX_CONNECTING: usize = 256;
+/// Packets queued for a viewer before the ring holds the rest for it (slowest-sink-drop).
+const QUEUE: usize = 1024;
+
+/// A viewer as the status shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ViewerStatus {
+    pub id: String,
+    pub path: String,
+    /// Where its media goes, once its first ICE check came.
+    pub peer: Option<SocketAddr>,
+    /// `connecting` (ICE, DTLS) or `playing`.
+    pub state: &'static str,
+    pub since_s: f64,
+    /// What it gets: `video H264 (pt 102)`, ...
+    pub tracks: Vec<String>,
+    /// Tracks of the path it does not get, and why.
+    pub left_out: Vec<String>,
+    pub packets: u64,
+    /// The newest video picture sent: its RTP time and when (Unix ms), by which a player
+    /// that knows when it showed that RTP time measures how far behind it plays.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_picture: Option<LastPicture>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct LastPicture {
+    pub rtp: u32,
+    pub unix_ms: f64,
+}
+
+struct Shared {
+    /// Viewers by id, for the status and DELETE.
+    viewers: Mutex<HashMap<String, ViewerStatus>>,
+}
+
+/// The WebRTC face: its UDP port and the task that serves it.
+pub struct WebRtc {
+    pub addr: SocketAddr,
+    /// The candidates offered to viewers.
+    hosts: Vec<SocketAddr>,
+    cmds: mpsc::UnboundedSender<Cmd>,
+    shared: Arc<Shared>,
+    /// Wakes the task when a viewer's queue gets packets.
+    wake: Arc<Notify>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+enum Cmd {
+    Add(Box<Viewer>),
+    Remove(String),
+}
+
+struct Out {
+    mid: Mid,
+    pt: u8,
+    video: bool,
+    session: Session,
+    queue: Arc<ChannelQueue>,
+    sink: Option<u64>,
+    /// The viewer's own numbering: the next sequence number (extended) and the offset from
+    /// the relay's.
+    next_seq: u64,
+}
+
+struct Viewer {
+    id: String,
+    rtc: Rtc,
+    outs: Vec<Out>,
+    /// Where its checks come from, once one did.
+    from: Option<SocketAddr>,
+    connected: bool,
+    since: Instant,
+    wake_at: Instant,
+    packets: u64,
+    last_picture: Option<LastPicture>,
+}
+
+/// Why a WHEP request is refused: the HTTP status and the message.
+pub struct Refused(pub u16, pub String);
+
+impl WebRtc {
+    /// Binds `addr` (UDP) and starts serving; `extra_hosts` are offered to viewers too.
+    pub fn start(addr: SocketAddr, extra_hosts: &[IpAddr]) -> std::io::Result<Arc<Self>> {
+        let socket = std::net::UdpSocket::bind(addr)?;
+        socket.set_nonblocking(true)?;
+        let bound = socket.local_addr()?;
+        let socket = tokio::net::UdpSocket::from_std(socket)?;
+        let mut hosts: Vec<SocketAddr> = Some(bound.ip())
+            .filter(|ip| !ip.is_unspecified())
+            .map(|ip| SocketAddr::new(ip, bound.port()))
+            .into_iter()
+            .collect();
+        hosts.extend(extra_hosts.iter().map(|ip| SocketAddr::new(*ip, bound.port())));
+        if hosts.is_empty() {
+            hosts.push(SocketAddr::new([127, 0, 0, 1].into(), bound.port()));
+            tracing::warn!("webrtc listens on {bound}: name the addresses viewers reach in webrtc_additional_hosts (offering 127.0.0.1 only)");
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared { viewers: Mutex::new(HashMap::new()) });
+        let wake = Arc::new(Notify::new());
+        let task = tokio::spawn(run(socket, rx, shared.clone(), wake.clone()));
+        Ok(Arc::new(Self { addr: bound, hosts, cmds: tx, shared, wake, task }))
+    }
+
+    pub fn stop(&self) {
+        self.task.abort();
+    }
+
+    /// The viewers now, of `path` or of all.
+    pub fn viewers(&self, path: Option<&str>) -> Vec<ViewerStatus> {
+        let mut v: Vec<ViewerStatus> =
+            self.shared.viewers.lock().values().filter(|v| path.is_none_or(|p| v.path == p)).cloned().collect();
+        v.sort_by(|a, b| a.id.cmp(&b.id));
+        v
+    }
+
+    /// A WHEP offer for `path`: the answer and the viewer's id.
+    pub async fn offer(&self, relay: &Arc<Relay>, path: &str, offer: &str) -> Result<(String, String), Refused> {
+        // Each offer costs a DTLS identity and holds state until it connects or times out:
+        // a flood of offers that never connect is capped.
+        let connecting = self.shared.viewers.lock().values().filter(|v| v.state == "connecting").count();
+        if connecting >= MAX_CONNECTING {
+            return Err(Refused(503, format!("{connecting} WebRTC viewers are still connecting: try again")));
+        }
+        relay.ensure(path).await.map_err(|e| Refused(404, e.to_string()))?;
+        let p = relay.path(path).ok_or_else(|| Refused(404, format!("no path {path:?}")))?;
+        if let Some(up) = p.upstream().cloned() {
+            up.demand(Duration::from_secs(10)).await;
+        }
+        let described = crate::rtsp::describe(relay, path)
+            .map(|r| r.sdp)
+            .filter(|s| !s.media.is_empty())
+            .ok_or_else(|| Refused(404, format!("{path} has nothing to play yet")))?;
+        let offer = SdpOffer::from_sdp_string(offer).map_err(|e| Refused(400, format!("the offer: {e}")))?;
+        let now = Instant::now();
+        let mut rtc = Rtc::builder()
+            .set_ice_lite(true)
+            .set_rtp_mode(true)
+            .clear_codecs()
+            .enable_h264(true)
+            .enable_opus(true, false)
+            .set_crypto_provider(Arc::new(str0m::crypto::from_feature_flags()))
+            .build(now);
+        for h in &self.hosts {
+            if let Ok(c) = Candidate::host(*h, "udp") {
+                rtc.add_local_candidate(c);
+            }
+        }
+        let answer = rtc.sdp_api().accept_offer(offer).map_err(|e| Refused(400, format!("the offer: {e}")))?;
+        let answer = answer.to_sdp_string();
+        let parsed = Sdp::parse(&answer).map_err(|e| Refused(500, format!("our answer: {e}")))?;
+        let plan = fanout_proto::whep::plan(&described, &parsed);
+        if plan.routes.is_empty() {
+            return Err(Refused(
+                400,
+                format!("nothing of {path} can be sent to this viewer: {}", plan.left_out.join("; ")),
+            ));
+        }
+        let tracks = relay.tracks(path);
+        let id = crate::api::random_id();
+        let first_seq = u64::from(crate::track::random_start().0) + 1;
+        let mut outs = Vec::new();
+        let mut names = Vec::new();
+        for r in &plan.routes {
+            let Some(t) = tracks.get(r.track) else { continue };
+            let wake = self.wake.clone();
+            let queue = ChannelQueue::new(QUEUE, move || wake.notify_one());
+            outs.push(Out {
+                mid: Mid::from(r.mid.as_str()),
+                pt: r.pt,
+                video: r.video,
+                session: t.session.clone(),
+                queue,
+                sink: None,
+                next_seq: first_seq,
+            });
+            let m = &described.media[r.track];
+            let codec = m.formats.first().and_then(|f| m.rtpmap(f)).map_or("?", |c| c.0);
+            names.push(format!("{} {codec} (pt {})", m.kind, r.pt));
+        }
+        let status = ViewerStatus {
+            id: id.clone(),
+            path: path.to_string(),
+            peer: None,
+            state: "connecting",
+            since_s: 0.0,
+            tracks: names,
+            left_out: plan.left_out.clone(),
+            packets: 0,
+            last_picture: None,
+        };
+        self.shared.viewers.lock().insert(id.clone(), status);
+        let v = Viewer {
+            id: id.clone(),
+            rtc,
+            outs,
+            from: None,
+            connected: false,
+            since: now,
+            wake_at: now,
+            packets: 0,
+            last_picture: None,
+        };
+        if self.cmds.send(Cmd::Add(Box::new(v))).is_err() {
+            self.shared.viewers.lock().remove(&id);
+            return Err(Refused(503, "WebRTC is stopping".into()));
+        }
+        tracing::info!(path, viewer = %id, left_out = ?plan.left_out, "WebRTC viewer offered");
+        Ok((answer, id))
+    }
+
+    /// Ends viewer `id` of `path` (WHEP's DELETE); whether it was there.
+    pub fn end(&self, path: &str, id: &str) -> bool {
+        let found = self.shared.viewers.lock().get(id).is_some_and(|v| v.path == path);
+        if found {
+            let _ = self.cmds.send(Cmd::Remove(id.to_string()));
+        }
+        found
+    }
+}
+
+async fn run(
+    socket: tokio::net::UdpSocket,
+    mut cmds: mpsc::UnboundedReceiver<Cmd>,
+    shared: Arc<Shared>,
+    wake: Arc<Notify>,
+) {
+    let local = socket.local_addr().expect("bound");
+    let mut viewers: Vec<Viewer> = Vec::new();
+    let mut by_addr: HashMap<SocketAddr, String> = HashMap::new();
+    let mut buf = vec![0u8; 2048];
+    let mut frames: Vec<Frame> = Vec::new();
+    loop {
+        // Every viewer's output: datagrams to send, events, and when it next wants time.
+        let now = Instant::now();
+        let mut gone = Vec::new();
+        for v in &mut viewers {
+            if now >= v.wake_at {
+                let _ = v.rtc.handle_input(Input::Timeout(now));
+            }
+            if !drive(v, &socket).await || (!v.connected && v.since.elapsed() > CONNECT_WITHIN) {
+                gone.push(v.id.clone());
+            }
+        }
+        for id in gone {
+            remove(&mut viewers, &mut by_addr, &shared, &id);
+        }
+        // Status, cheaply: the states and counts as they stand.
+        {
+            let mut s = shared.viewers.lock();
+            for v in &viewers {
+                if let Some(st) = s.get_mut(&v.id) {
+                    st.state = if v.connected { "playing" } else { "connecting" };
+                    st.since_s = v.since.elapsed().as_secs_f64();
+                    st.packets = v.packets;
+                    st.peer = v.from;
+                    st.last_picture = v.last_picture;
+                }
+            }
+        }
+        let next = viewers.iter().map(|v| v.wake_at).min().unwrap_or(now + Duration::from_secs(1));
+        tokio::select! {
+            got = socket.recv_from(&mut buf) => {
+                let Ok((n, from)) = got else { continue };
+                let Ok(contents) = buf[..n].try_into() else { continue };
+                let input = Input::Receive(Instant::now(), Receive { proto: Protocol::Udp, source: from, destination: local, contents });
+                let known = by_addr.get(&from).and_then(|id| viewers.iter().position(|v| &v.id == id));
+                let at = known.or_else(|| viewers.iter().position(|v| v.rtc.accepts(&input)));
+                if let Some(i) = at {
+                    let v = &mut viewers[i];
+                    if v.from != Some(from) {
+                        v.from = Some(from);
+                        by_addr.insert(from, v.id.clone());
+                    }
+                    let _ = v.rtc.handle_input(input);
+                    v.wake_at = Instant::now();
+                }
+            }
+            cmd = cmds.recv() => match cmd {
+                Some(Cmd::Add(v)) => viewers.push(*v),
+                Some(Cmd::Remove(id)) => remove(&mut viewers, &mut by_addr, &shared, &id),
+                None => return,
+            },
+            _ = wake.notified() => {
+                let now = Instant::now();
+                for v in viewers.iter_mut().filter(|v| v.connected) {
+                    pump(v, &mut frames, now);
+                }
+            }
+            _ = tokio::time::sleep_until(next.into()) => {}
+        }
+    }
+}
+
+/// Polls viewer `v`'s output until it wants time or input: sends its datagrams, handles
+/// its events. `false`: it is over.
+async fn drive(v: &mut Viewer, socket: &tokio::net::UdpSocket) -> bool {
+    loop {
+        match v.rtc.poll_output() {
+            Ok(Output::Timeout(t)) => {
+                v.wake_at = t;
+                return v.rtc.is_alive();
+            }
+            Ok(Output::Transmit(t)) => {
+                let _ = socket.send_to(&t.contents, t.destination).await;
+            }
+            Ok(Output::Event(Event::Connected)) => {
+                v.connected = true;
+                // Its sinks join the path's sessions now, at the ring's last keyframe.
+                for o in &mut v.outs {
+                    let peer = v.from.unwrap_or_else(|| SocketAddr::new([0, 0, 0, 0].into(), 0));
+                    match o.session.add_channel_sink(peer, o.queue.clone(), false) {
+                        Ok(id) => o.sink = Some(id),
+                        Err(e) => tracing::warn!(viewer = %v.id, "cannot add the WebRTC viewer's sink: {e}"),
+                    }
+                }
+                tracing::info!(viewer = %v.id, peer = ?v.from, "WebRTC viewer connected");
+            }
+            Ok(Output::Event(Event::IceConnectionStateChange(IceConnectionState::Disconnected))) => return false,
+            Ok(Output::Event(_)) => {}
+            Err(e) => {
+                tracing::info!(viewer = %v.id, "WebRTC viewer ended: {e}");
+                return false;
+            }
+        }
+    }
+}
+
+/// Moves what viewer `v`'s queues hold into its `Rtc`, renumbered as its own stream.
+fn pump(v: &mut Viewer, frames: &mut Vec<Frame>, now: Instant) {
+    for o in &mut v.outs {
+        o.queue.drain(frames);
+        for (p, _) in frames.drain(..) {
+            let Ok(rtp) = RtpView::parse(p.data()) else { continue };
+            let w = RtpWrite::new(o.pt.into(), SeqNo::from(o.next_seq), rtp.timestamp(), now, rtp.payload())
+                .marker(rtp.marker())
+                .nackable(o.video);
+            let mut api = v.rtc.direct_api();
+            let Some(stream) = api.stream_tx_by_mid(o.mid, None) else { continue };
+            stream.write_rtp(w);
+            o.next_seq += 1;
+            v.packets += 1;
+            if o.video && rtp.marker() {
+                let unix_ms = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0.0, |d| d.as_secs_f64() * 1000.0);
+                v.last_picture = Some(LastPicture { rtp: rtp.timestamp(), unix_ms });
+            }
+        }
+    }
+    v.wake_at = now;
+}
+
+fn remove(viewers: &mut Vec<Viewer>, by_addr: &mut HashMap<SocketAddr, String>, shared: &Shared, id: &str) {
+    let Some(i) = viewers.iter().position(|v| v.id == id) else { return };
+    let mut v = viewers.swap_remove(i);
+    for o in &v.outs {
+        if let Some(s) = o.sink {
+            o.session.remove_sink(s);
+        }
+    }
+    v.rtc.disconnect();
+    by_addr.retain(|_, x| x != id);
+    shared.viewers.lock().remove(id);
+    tracing::info!(viewer = %id, after_s = v.since.elapsed().as_secs_f64(), packets = v.packets, "WebRTC viewer left");
+}
+
+/// WHEP's routes: `POST` an offer to `/v1/sessions/{name}/whep` (or `/{name}/whep`, as
+/// MediaMTX has it), `PATCH` (trickle ICE: the relay is ICE-lite and needs none of the
+/// browser's candidates, so it takes and ignores them) and `DELETE` its resource; CORS for
+/// pages of any origin.
+pub fn routes() -> axum::Router<Arc<Relay>> {
+    use axum::routing::post;
+    let resource = || post(|| async { StatusCode::METHOD_NOT_ALLOWED }).patch(patch).delete(delete).options(preflight);
+    axum::Router::new()
+        .route("/v1/sessions/{name}/whep", post(offer).options(preflight))
+        .route("/v1/sessions/{name}/whep/{id}", resource())
+        .route("/{name}/whep", post(offer).options(preflight))
+        .route("/{name}/whep/{id}", resource())
+        .route_layer(axum::middleware::map_response(cors))
+}
+
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+async fn cors(mut r: Response) -> Response {
+    let h = r.headers_mut();
+    h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, header::HeaderValue::from_static("*"));
+    h.insert(header::ACCESS_CONTROL_EXPOSE_HEADERS, header::HeaderValue::from_static("Location, ETag"));
+    r
+}
+
+async fn preflight() -> Response {
+    let headers = [
+        (header::ACCESS_CONTROL_ALLOW_METHODS, "POST, PATCH, DELETE, OPTIONS"),
+        (header::ACCESS_CONTROL_ALLOW_HEADERS, "Authorization, Content-Type, If-Match"),
+        (header::ACCESS_CONTROL_MAX_AGE, "600"),
+    ];
+    (StatusCode::NO_CONTENT, headers).into_response()
+}
+
+fn text(status: u16, why: String) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, [(header::CONTENT_TYPE, "text/plain")], why).into_response()
+}
+
+async fn offer(
+    State(relay): State<Arc<Relay>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: String,
+) -> Response {
+    let Some(w) = relay.webrtc.lock().clone() else {
+        return text(503, "WebRTC is off on this relay (webrtc = \"off\", or its port was taken)".into());
+    };
+    let sdp = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.starts_with("application/sdp"));
+    if !sdp {
+        return text(415, "a WHEP offer is Content-Type: application/sdp".into());
+    }
+    match w.offer(&relay, &name, &body).await {
+        Ok((answer, id)) => {
+            let location = format!("/v1/sessions/{name}/whep/{id}");
+            let headers = [(header::CONTENT_TYPE, "application/sdp".to_string()), (header::LOCATION, location)];
+            (StatusCode::CREATED, headers, answer).into_response()
+        }
+        Err(Refused(status, why)) => {
+            tracing::info!(path = %name, "WHEP offer refused ({status}): {why}");
+            text(status, why)
+        }
+    }
+}
+
+async fn patch(State(relay): State<Arc<Relay>>, Path((name, id)): Path<(String, String)>) -> Response {
+    match relay.webrtc.lock().clone().filter(|w| w.viewers(Some(&name)).iter().any(|v| v.id == id)) {
+        Some(_) => StatusCode::NO_CONTENT.into_response(),
+        None => text(404, format!("no WebRTC viewer {id} of {name}")),
+    }
+}
+
+async fn delete(State(relay): State<Arc<Relay>>, Path((name, id)): Path<(String, String)>) -> Response {
+    match relay.webrtc.lock().clone().filter(|w| w.end(&name, &id)) {
+        Some(_) => StatusCode::OK.into_response(),
+        None => text(404, format!("no WebRTC viewer {id} of {name}")),
+    }
+}

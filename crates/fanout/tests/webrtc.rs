@@ -1,0 +1,181 @@
+//! WebRTC (issue 33): headless Chromium, from a page of another origin, plays the demo over
+//! WHEP (`POST /{path}/whep`): its frames decode without a freeze or a lost packet, each
+//! decoded milliseconds after the relay sent it, the status lists the viewer (and why the AAC
+//! audio is left out), and `DELETE` of its resource ends it.
+
+mod common;
+use common::browser::{have_chromium, Driver};
+use common::*;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+/// Starts a WHEP viewer of `arguments[0]` in the page (video and audio offered, as a player
+/// would); `window.whep` tells how it goes, `window.stats` its inbound video every 250 ms.
+const WHEP: &str = r#"
+const url = arguments[0];
+window.whep = { state: 'starting' };
+window.stats = {};
+(async () => {
+  try {
+    const pc = new RTCPeerConnection();
+    window.pc = pc;
+    pc.addTransceiver('video', { direction: 'recvonly' });
+    pc.addTransceiver('audio', { direction: 'recvonly' });
+    const v = document.createElement('video');
+    v.muted = true; v.autoplay = true; document.body.appendChild(v);
+    pc.ontrack = e => { if (e.track.kind === 'video') v.srcObject = new MediaStream([e.track]); };
+    await pc.setLocalDescription(await pc.createOffer());
+    const r = await fetch(url, { method: 'POST', headers: { 'Content-Type': 'application/sdp' }, body: pc.localDescription.sdp });
+    window.whep.status = r.status;
+    window.whep.location = r.headers.get('Location');
+    const body = await r.text();
+    if (r.status !== 201) { window.whep.state = 'refused: ' + body; return; }
+    await pc.setRemoteDescription({ type: 'answer', sdp: body });
+    window.whep.state = 'answered';
+    setInterval(async () => {
+      const all = await pc.getStats();
+      all.forEach(s => {
+        if (s.type === 'inbound-rtp' && s.kind === 'video') window.stats = s;
+      });
+      // The newest picture received: its RTP time, and when (Unix ms).
+      const video = pc.getReceivers().find(r => r.track.kind === 'video');
+      const src = video && video.getSynchronizationSources()[0];
+      if (src) window.shown = { rtp: src.rtpTimestamp, unix_ms: src.timestamp };
+      window.whep.ice = pc.iceConnectionState;
+    }, 250);
+  } catch (e) { window.whep.state = 'error: ' + e; }
+})();
+return true;
+"#;
+
+#[test]
+fn chromium_plays_the_demo_over_whep() {
+    if !have_chromium() {
+        return;
+    }
+    let relay = Relay::start(&[]);
+    let engine = relay.ok("GET", "/v1/engine", None);
+    assert!(engine["webrtc"].is_string(), "the relay serves WebRTC: {engine}");
+    let whep = relay.url("/demo/whep");
+    // CORS: a page of another origin may POST an SDP body (a preflighted request).
+    let pre = ureq::request("OPTIONS", &whep).set("Origin", "https://player.example").call().unwrap();
+    assert_eq!(pre.status(), 204);
+    assert!(pre.header("access-control-allow-methods").unwrap_or("").contains("POST"));
+    // Not an SDP offer: refused with the reason.
+    let bad = ureq::post(&whep).set("Content-Type", "application/sdp").send_string("v=0\r\nnonsense");
+    assert!(matches!(bad, Err(ureq::Error::Status(400, _))), "{bad:?}");
+
+    // The player's page, on another origin (another port), as a site embedding it would be.
+    let site = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let page = format!("http://localhost:{}/", site.local_addr().unwrap().port());
+    std::thread::spawn(move || {
+        for mut c in site.incoming().flatten() {
+            let _ = std::io::Read::read(&mut c, &mut [0u8; 2048]);
+            let body = "<!doctype html><title>viewer</title>";
+            let head = format!("HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\n\r\n", body.len());
+            let _ = std::io::Write::write_all(&mut c, (head + body).as_bytes());
+        }
+    });
+    let d = Driver::start();
+    d.post("url", json!({ "url": page }));
+    d.post("execute/sync", json!({ "script": WHEP, "args": [whep] }));
+    let stat = |k: &str| d.js(&format!("return window.stats['{k}'] ?? null;"));
+    let decoded = || stat("framesDecoded").as_u64().unwrap_or(0);
+    assert!(
+        wait_for(Duration::from_secs(20), || decoded() > 10),
+        "no frames decoded: {} / {}",
+        d.js("return window.whep;"),
+        relay.ok("GET", "/v1/sessions/demo", None)["webrtc"]
+    );
+    let whep_state = d.js("return window.whep;");
+    assert_eq!(whep_state["status"], 201, "{whep_state}");
+    let location = whep_state["location"].as_str().unwrap().to_string();
+
+    // The status lists the viewer, playing H.264, the AAC audio left out with the reason.
+    let status = relay.ok("GET", "/v1/sessions/demo", None);
+    let viewers = status["webrtc"].as_array().unwrap();
+    assert_eq!(viewers.len(), 1, "{status}");
+    assert_eq!(viewers[0]["state"], "playing");
+    assert!(viewers[0]["tracks"][0].as_str().unwrap().starts_with("video H264"), "{}", viewers[0]);
+    assert!(viewers[0]["left_out"][0].as_str().unwrap().contains("MPEG4-GENERIC"), "{}", viewers[0]);
+    assert!(metrics(&relay).contains("fanout_webrtc_viewers{session=\"demo\"} 1"));
+
+    // 30 s of play: every frame of the 25 fps demo decoded, no freeze, no packet lost.
+    let (f0, t0) = (decoded(), std::time::Instant::now());
+    let mut latencies = Vec::new();
+    while t0.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_secs(1));
+        // The relay's newest picture sent, and the browser's newest received: how long after
+        // the relay sent an RTP time the browser had it (one machine, one clock).
+        let sent = relay.ok("GET", "/v1/sessions/demo", None)["webrtc"][0]["last_picture"].clone();
+        let shown = d.js("return window.shown ?? null;");
+        let (Some(rs), Some(ts), Some(rb), Some(tb)) =
+            (sent["rtp"].as_u64(), sent["unix_ms"].as_f64(), shown["rtp"].as_u64(), shown["unix_ms"].as_f64())
+        else {
+            continue;
+        };
+        let ahead_ms = f64::from((rb as u32).wrapping_sub(rs as u32) as i32) / 90.0;
+        latencies.push(tb - (ts + ahead_ms));
+    }
+    let s = d.js("return window.stats;");
+    let frames = decoded() - f0;
+    let secs = t0.elapsed().as_secs_f64();
+    eprintln!("WebRTC: {frames} frames in {secs:.1} s, {s}");
+    assert!(frames as f64 >= 0.9 * 25.0 * secs, "{frames} frames decoded in {secs:.1} s");
+    assert_eq!(s["freezeCount"].as_u64().unwrap_or(0), 0, "freezes: {s}");
+    assert_eq!(s["packetsLost"].as_i64().unwrap_or(0), 0, "packets lost: {s}");
+    // Then its jitter buffer, assembly and decoding (Chromium's totalProcessingDelay: from a
+    // frame's first packet to its decoded picture).
+    latencies.sort_by(f64::total_cmp);
+    assert!(!latencies.is_empty(), "no picture times: {s}");
+    let arrival = latencies[latencies.len() / 2];
+    let processing = 1000.0 * s["totalProcessingDelay"].as_f64().unwrap() / s["framesDecoded"].as_f64().unwrap();
+    let behind = arrival + processing;
+    eprintln!(
+        "WebRTC: a picture is decoded {behind:.0} ms after the relay sends it ({arrival:.0} ms to arrive, median of {}; {processing:.0} ms in the browser)",
+        latencies.len()
+    );
+    assert!(behind < 500.0, "{behind} ms behind");
+
+    // DELETE ends it: gone from the status, frames stop.
+    let del = ureq::delete(&relay.url(&location)).call().unwrap();
+    assert_eq!(del.status(), 200);
+    assert!(wait_for(Duration::from_secs(5), || relay.ok("GET", "/v1/sessions/demo", None)["webrtc"] == json!([])));
+    std::thread::sleep(Duration::from_secs(1));
+    let stopped = decoded();
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(decoded() - stopped < 5, "frames still coming after DELETE");
+    let again = ureq::delete(&relay.url(&location)).call();
+    assert!(matches!(again, Err(ureq::Error::Status(404, _))));
+    let log = d.post("se/log", json!({ "type": "browser" }));
+    let bad: Vec<&Value> = log.as_array().unwrap().iter().filter(|e| e["level"] == "SEVERE").collect();
+    assert!(bad.is_empty(), "console: {bad:#?}");
+}
+
+/// With a token, a WHEP offer needs it (`Authorization: Bearer`), a browser's CORS
+/// preflight does not (it never carries one) and gets no data; a path that does not exist is
+/// 404, and a body that is not SDP 415, each with the reason.
+#[test]
+fn whep_takes_the_token_and_refuses_with_reasons() {
+    let relay = Relay::start(&["--token", "s3cret"]);
+    let whep = relay.url("/v1/sessions/demo/whep");
+    let pre = ureq::request("OPTIONS", &whep).set("Origin", "https://player.example").call().unwrap();
+    assert_eq!(pre.status(), 204);
+    assert_eq!(pre.header("access-control-allow-origin"), Some("*"));
+    let offer = "v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\n";
+    let denied = ureq::post(&whep).set("Content-Type", "application/sdp").send_string(offer);
+    assert!(matches!(denied, Err(ureq::Error::Status(401, _))), "{denied:?}");
+    let auth = |r: ureq::Request| r.set("Authorization", "Bearer s3cret").set("Content-Type", "application/sdp");
+    let why = |r: Result<ureq::Response, ureq::Error>| match r {
+        Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+        other => panic!("{other:?}"),
+    };
+    let (code, text) = why(auth(ureq::post(&relay.url("/nosuch/whep"))).send_string(offer));
+    assert_eq!(code, 404, "{text}");
+    assert!(text.contains("nosuch"), "{text}");
+    let (code, text) = why(auth(ureq::post(&whep)).set("Content-Type", "text/plain").send_string(offer));
+    assert_eq!((code, text.contains("application/sdp")), (415, true), "{text}");
+    // An offer with no media: nothing to send it.
+    let (code, text) = why(auth(ureq::post(&whep)).send_string(offer));
+    assert_eq!(code, 400, "{text}");
+}
