@@ -1,6 +1,8 @@
-//! WebRTC playback (WHEP, RFC 9725): which of a path's tracks a viewer can take, and with
-//! which payload type, from the path's description and the SDP answer negotiated with the
-//! viewer. The WebRTC stack (ICE, DTLS, SRTP) is `str0m`'s; this is only the matching.
+//! WebRTC playback (WHEP, draft-ietf-wish-whep) and publishing (WHIP, RFC 9725): which of a
+//! path's tracks a viewer can take, and with which payload type, from the path's
+//! description and the SDP answer negotiated with the viewer; what a publisher's answer
+//! makes of the path's tracks. The WebRTC stack (ICE, DTLS, SRTP) is `str0m`'s; this is
+//! only the matching.
 
 use crate::rtsp::sdp::{Media, Sdp};
 
@@ -84,6 +86,41 @@ pub fn plan(path: &Sdp, answer: &Sdp) -> Plan {
     plan
 }
 
+/// What a WHIP publisher's negotiated answer makes of the path: its description (a video
+/// track of H.264, an audio track of Opus, as the answer took them) and which incoming
+/// payload type feeds which track.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ingest {
+    pub sdp: String,
+    /// (payload type, track)
+    pub pts: Vec<(u8, usize)>,
+}
+
+/// The publisher's tracks from `answer`: each receiving media section with H.264 (mode 1)
+/// or Opus becomes a track, in order; `None` when there is none.
+pub fn ingest(answer: &Sdp) -> Option<Ingest> {
+    let mut sdp = String::from("v=0\r\no=- 0 0 IN IP4 0.0.0.0\r\ns=WHIP publisher\r\nt=0 0\r\n");
+    let mut pts = Vec::new();
+    for m in &answer.media {
+        let receives = m.attr("recvonly").is_some() || m.attr("sendrecv").is_some();
+        let (codec, line) = match m.kind.as_str() {
+            "video" => ("H264", "H264/90000\r\na=fmtp:96 packetization-mode=1"),
+            "audio" => ("OPUS", "opus/48000/2"),
+            _ => continue,
+        };
+        let taken = answer_pts(m, codec);
+        if !receives || taken.is_empty() {
+            continue;
+        }
+        let track = pts.iter().map(|(_, t)| *t + 1).max().unwrap_or(0);
+        let pt = 96 + track;
+        sdp +=
+            &format!("m={} 0 RTP/AVP {pt}\r\na=rtpmap:{pt} {}\r\n", m.kind, line.replace(":96 ", &format!(":{pt} ")));
+        pts.extend(taken.into_iter().map(|p| (p, track)));
+    }
+    (!pts.is_empty()).then_some(Ingest { sdp, pts })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -117,6 +154,25 @@ mod tests {
         let plan = plan(&Sdp::parse(path).unwrap(), &Sdp::parse(answer).unwrap());
         assert_eq!(plan.routes, vec![Route { track: 0, mid: "a".into(), pt: 111, video: false }]);
         assert_eq!(plan.left_out, vec!["video (H264): the viewer's offer takes none"]);
+    }
+
+    /// Chromium publishing a canvas (H.264) and a microphone (Opus), as str0m answers it:
+    /// a video and an audio track; every H.264 mode-1 type feeds the video, Opus the audio.
+    #[test]
+    fn a_whip_answer_makes_h264_and_opus_tracks() {
+        let answer = "v=0\r\ns=-\r\nm=video 9 UDP/TLS/RTP/SAVPF 102 108\r\na=mid:0\r\na=recvonly\r\n\
+            a=rtpmap:102 H264/90000\r\na=fmtp:102 packetization-mode=1;profile-level-id=42001f\r\n\
+            a=rtpmap:108 H264/90000\r\na=fmtp:108 packetization-mode=1;profile-level-id=42e01f\r\n\
+            m=audio 9 UDP/TLS/RTP/SAVPF 111\r\na=mid:1\r\na=recvonly\r\na=rtpmap:111 opus/48000/2\r\n";
+        let got = ingest(&Sdp::parse(answer).unwrap()).unwrap();
+        assert_eq!(got.pts, vec![(102, 0), (108, 0), (111, 1)]);
+        let sdp = Sdp::parse(&got.sdp).unwrap();
+        assert_eq!(sdp.media.len(), 2);
+        assert_eq!(sdp.media[0].rtpmap("96"), Some(("H264", 90_000)));
+        assert!(got.sdp.contains("a=fmtp:96 packetization-mode=1"), "{}", got.sdp);
+        assert_eq!(sdp.media[1].rtpmap("97"), Some(("opus", 48_000)));
+        // A section that only sends (a viewer's) makes no track.
+        assert_eq!(ingest(&Sdp::parse(&answer.replace("recvonly", "sendonly")).unwrap()), None);
     }
 
     proptest! {

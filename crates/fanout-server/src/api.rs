@@ -769,7 +769,7 @@ async fn metrics(State(relay): State<Arc<Relay>>) -> impl IntoResponse {
     // Publish sessions: who publishes now, over what; how many have.
     let pubs: Vec<_> = relay.paths().iter().filter_map(|p| Some((p.name.clone(), p.publisher()?.status()))).collect();
     let publishing = pubs.iter().filter(|(_, st)| st.state == "publishing").map(|(n, st)| {
-        let protocol = st.transport.filter(|t| matches!(*t, "rtmp" | "srt")).unwrap_or("rtsp");
+        let protocol = st.transport.filter(|t| matches!(*t, "rtmp" | "srt" | "webrtc")).unwrap_or("rtsp");
         (format!("{{session=\"{}\",protocol=\"{protocol}\"}}", label(n)), 1)
     });
     let help = "1 while the session's publisher publishes, by protocol (rtsp, rtmp, srt).";

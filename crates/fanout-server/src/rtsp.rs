@@ -164,7 +164,7 @@ pub(crate) fn describe(relay: &Relay, name: &str) -> Option<Resource> {
         let sdp = p.sdp().map_or(Sdp { session: Vec::new(), media: Vec::new() }, |s| s.for_clients(name, 1));
         // An RTMP publisher is one this RTSP server does not know of: a second one is refused
         // (unless the path lets a newcomer take over).
-        let busy = matches!(p.transport(), Some("rtmp" | "srt"));
+        let busy = matches!(p.transport(), Some("rtmp" | "srt" | "webrtc"));
         return Some(Resource {
             sdp,
             next_rtp: p.next_rtp(),

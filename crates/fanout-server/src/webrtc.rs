@@ -1,5 +1,6 @@
-//! WebRTC playback (WHEP): a browser POSTs an SDP offer for a path and gets the path's H.264
-//! (and Opus) over DTLS-SRTP, in a quarter of a second.
+//! WebRTC: playback (WHEP: a browser POSTs an SDP offer for a path and gets the path's H.264
+//! and Opus over DTLS-SRTP, milliseconds behind the relay) and publishing (WHIP: an encoder's
+//! H.264 and Opus become a `publish` path's tracks).
 //!
 //! Every viewer's media leaves one UDP port (`webrtc`, ICE-lite: the browser makes the
 //! checks, the relay answers them), told apart by the ICE username of its first check and
@@ -40,7 +41,9 @@ const QUEUE: usize = 1024;
 pub struct ViewerStatus {
     pub id: String,
     pub path: String,
-    /// Where its media goes, once its first ICE check came.
+    /// `viewer` (WHEP) or `publisher` (WHIP).
+    pub role: &'static str,
+    /// Where its media goes (or comes from), once its first ICE check came.
     pub peer: Option<SocketAddr>,
     /// `connecting` (ICE, DTLS) or `playing`.
     pub state: &'static str,
@@ -107,7 +110,30 @@ struct Viewer {
     wake_at: Instant,
     packets: u64,
     last_picture: Option<LastPicture>,
+    /// A WHIP publisher's side (it has no outs).
+    publish: Option<Publishing>,
 }
+
+/// A WHIP publisher: its RTP, by payload type, feeds the path's tracks.
+struct Publishing {
+    relay: std::sync::Weak<Relay>,
+    publisher: Arc<crate::publish::Publisher>,
+    sdp: Sdp,
+    pts: Vec<(u8, usize)>,
+    conn: u64,
+    started: bool,
+    video_ssrc: Option<str0m::rtp::Ssrc>,
+    /// Keyframes are asked for every `KEYFRAME_EVERY` (a browser sends one at the start and
+    /// on request only), so players joining later start within that.
+    asked: Instant,
+}
+
+/// How often a WHIP publisher is asked for a keyframe (PLI).
+const KEYFRAME_EVERY: Duration = Duration::from_secs(2);
+
+/// WHIP publishers' connection ids, apart from RTSP's, RTMP's and SRT's.
+const CONN_BASE: u64 = 5 << 56;
+static NEXT_CONN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Why a WHEP request is refused: the HTTP status and the message.
 pub struct Refused(pub u16, pub String);
@@ -150,12 +176,6 @@ impl WebRtc {
 
     /// A WHEP offer for `path`: the answer and the viewer's id.
     pub async fn offer(&self, relay: &Arc<Relay>, path: &str, offer: &str) -> Result<(String, String), Refused> {
-        // Each offer costs a DTLS identity and holds state until it connects or times out:
-        // a flood of offers that never connect is capped.
-        let connecting = self.shared.viewers.lock().values().filter(|v| v.state == "connecting").count();
-        if connecting >= MAX_CONNECTING {
-            return Err(Refused(503, format!("{connecting} WebRTC viewers are still connecting: try again")));
-        }
         relay.ensure(path).await.map_err(|e| Refused(404, e.to_string()))?;
         let p = relay.path(path).ok_or_else(|| Refused(404, format!("no path {path:?}")))?;
         if let Some(up) = p.upstream().cloned() {
@@ -165,23 +185,7 @@ impl WebRtc {
             .map(|r| r.sdp)
             .filter(|s| !s.media.is_empty())
             .ok_or_else(|| Refused(404, format!("{path} has nothing to play yet")))?;
-        let offer = SdpOffer::from_sdp_string(offer).map_err(|e| Refused(400, format!("the offer: {e}")))?;
-        let now = Instant::now();
-        let mut rtc = Rtc::builder()
-            .set_ice_lite(true)
-            .set_rtp_mode(true)
-            .clear_codecs()
-            .enable_h264(true)
-            .enable_opus(true, false)
-            .set_crypto_provider(Arc::new(str0m::crypto::from_feature_flags()))
-            .build(now);
-        for h in &self.hosts {
-            if let Ok(c) = Candidate::host(*h, "udp") {
-                rtc.add_local_candidate(c);
-            }
-        }
-        let answer = rtc.sdp_api().accept_offer(offer).map_err(|e| Refused(400, format!("the offer: {e}")))?;
-        let answer = answer.to_sdp_string();
+        let (rtc, answer) = self.negotiate(offer)?;
         let parsed = Sdp::parse(&answer).map_err(|e| Refused(500, format!("our answer: {e}")))?;
         let plan = fanout_proto::whep::plan(&described, &parsed);
         if plan.routes.is_empty() {
@@ -215,6 +219,7 @@ impl WebRtc {
         let status = ViewerStatus {
             id: id.clone(),
             path: path.to_string(),
+            role: "viewer",
             peer: None,
             state: "connecting",
             since_s: 0.0,
@@ -223,7 +228,48 @@ impl WebRtc {
             packets: 0,
             last_picture: None,
         };
+        self.admit(status, rtc, outs, None)?;
+        tracing::info!(path, viewer = %id, left_out = ?plan.left_out, "WebRTC viewer offered");
+        Ok((answer, id))
+    }
+
+    /// An `Rtc` for a peer's offer (ICE-lite on the relay's candidates, RTP mode, H.264 and
+    /// Opus), and its answer. Each costs a DTLS identity and holds state until it connects
+    /// or times out: a flood of offers that never connect is capped.
+    fn negotiate(&self, offer: &str) -> Result<(Rtc, String), Refused> {
+        let connecting = self.shared.viewers.lock().values().filter(|v| v.state == "connecting").count();
+        if connecting >= MAX_CONNECTING {
+            return Err(Refused(503, format!("{connecting} WebRTC peers are still connecting: try again")));
+        }
+        let offer = SdpOffer::from_sdp_string(offer).map_err(|e| Refused(400, format!("the offer: {e}")))?;
+        let mut rtc = Rtc::builder()
+            .set_ice_lite(true)
+            .set_rtp_mode(true)
+            .clear_codecs()
+            .enable_h264(true)
+            .enable_opus(true, false)
+            .set_crypto_provider(Arc::new(str0m::crypto::from_feature_flags()))
+            .build(Instant::now());
+        for h in &self.hosts {
+            if let Ok(c) = Candidate::host(*h, "udp") {
+                rtc.add_local_candidate(c);
+            }
+        }
+        let answer = rtc.sdp_api().accept_offer(offer).map_err(|e| Refused(400, format!("the offer: {e}")))?;
+        Ok((rtc, answer.to_sdp_string()))
+    }
+
+    /// Hands a negotiated peer to the task, and lists it.
+    fn admit(
+        &self,
+        status: ViewerStatus,
+        rtc: Rtc,
+        outs: Vec<Out>,
+        publish: Option<Publishing>,
+    ) -> Result<(), Refused> {
+        let id = status.id.clone();
         self.shared.viewers.lock().insert(id.clone(), status);
+        let now = Instant::now();
         let v = Viewer {
             id: id.clone(),
             rtc,
@@ -234,12 +280,59 @@ impl WebRtc {
             wake_at: now,
             packets: 0,
             last_picture: None,
+            publish,
         };
         if self.cmds.send(Cmd::Add(Box::new(v))).is_err() {
             self.shared.viewers.lock().remove(&id);
             return Err(Refused(503, "WebRTC is stopping".into()));
         }
-        tracing::info!(path, viewer = %id, left_out = ?plan.left_out, "WebRTC viewer offered");
+        Ok(())
+    }
+
+    /// A WHIP offer to publish `path`: the answer and the publisher's id.
+    pub async fn publish(&self, relay: &Arc<Relay>, path: &str, offer: &str) -> Result<(String, String), Refused> {
+        let publisher =
+            relay.path(path).and_then(|p| p.publisher().cloned()).filter(|p| p.takes_publishers()).ok_or_else(
+                || Refused(404, format!("no path {path:?} takes publishers (source = {{ publish = true }})")),
+            )?;
+        if let Some(why) = publisher.refusal() {
+            return Err(Refused(409, why));
+        }
+        let (rtc, answer) = self.negotiate(offer)?;
+        let parsed = Sdp::parse(&answer).map_err(|e| Refused(500, format!("our answer: {e}")))?;
+        let ingest = fanout_proto::whep::ingest(&parsed)
+            .ok_or_else(|| Refused(400, "the offer sends no H.264 (packetization mode 1) or Opus".into()))?;
+        let sdp = Sdp::parse(&ingest.sdp).map_err(|e| Refused(500, format!("the path's description: {e}")))?;
+        let id = crate::api::random_id();
+        let status = ViewerStatus {
+            id: id.clone(),
+            path: path.to_string(),
+            role: "publisher",
+            peer: None,
+            state: "connecting",
+            since_s: 0.0,
+            tracks: sdp
+                .media
+                .iter()
+                .map(|m| format!("{} {}", m.kind, m.rtpmap(&m.formats[0]).map_or("?", |c| c.0)))
+                .collect(),
+            left_out: Vec::new(),
+            packets: 0,
+            last_picture: None,
+        };
+        let conn = CONN_BASE | NEXT_CONN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let publish = Publishing {
+            relay: Arc::downgrade(relay),
+            publisher,
+            sdp,
+            pts: ingest.pts,
+            conn,
+            started: false,
+            video_ssrc: None,
+            asked: Instant::now(),
+        };
+        self.admit(status, rtc, Vec::new(), Some(publish))?;
+        tracing::info!(path, publisher = %id, "WHIP publisher offered");
         Ok((answer, id))
     }
 
@@ -338,6 +431,19 @@ async fn drive(v: &mut Viewer, socket: &tokio::net::UdpSocket) -> bool {
             Ok(Output::Transmit(t)) => {
                 let _ = socket.send_to(&t.contents, t.destination).await;
             }
+            Ok(Output::Event(Event::Connected)) if v.publish.is_some() => {
+                v.connected = true;
+                if let Err(why) = start_publishing(v) {
+                    tracing::warn!(publisher = %v.id, "WHIP publisher not started: {why}");
+                    return false;
+                }
+            }
+            Ok(Output::Event(Event::RtpPacket(p))) => {
+                if !publish_rtp(v, &p) {
+                    tracing::info!(publisher = %v.id, "WHIP publisher taken over by a new one: closed");
+                    return false;
+                }
+            }
             Ok(Output::Event(Event::Connected)) => {
                 v.connected = true;
                 // Its sinks join the path's sessions now, at the ring's last keyframe.
@@ -358,6 +464,48 @@ async fn drive(v: &mut Viewer, socket: &tokio::net::UdpSocket) -> bool {
             }
         }
     }
+}
+
+/// A WHIP publisher is connected: it becomes the path's publisher (or is refused, as any).
+fn start_publishing(v: &mut Viewer) -> Result<(), String> {
+    let peer = v.from.map_or(IpAddr::from([0, 0, 0, 0]), |a| a.ip());
+    let p = v.publish.as_mut().expect("a publisher");
+    let relay = p.relay.upgrade().ok_or("the relay is stopping")?;
+    p.publisher
+        .start_stream("webrtc", v.id.clone(), p.conn, peer, p.sdp.clone(), &relay.engine)
+        .map_err(|e| e.to_string())?;
+    p.started = true;
+    tracing::info!(publisher = %v.id, ?peer, "WHIP publisher connected");
+    Ok(())
+}
+
+/// An RTP packet from a WHIP publisher into its track; `false`: it no longer publishes
+/// (taken over). Asks it for a keyframe every `KEYFRAME_EVERY`.
+fn publish_rtp(v: &mut Viewer, pkt: &str0m::rtp::RtpPacket) -> bool {
+    let Some(p) = v.publish.as_mut().filter(|p| p.started) else { return true };
+    let pt = *pkt.header.payload_type;
+    let Some(&(_, track)) = p.pts.iter().find(|(x, _)| *x == pt) else { return true };
+    if track == 0 && p.sdp.media.first().is_some_and(|m| m.kind == "video") {
+        p.video_ssrc = Some(pkt.header.ssrc);
+    }
+    let h = &pkt.header;
+    let mut data = vec![0u8; 12 + pkt.payload.len()];
+    let n =
+        fanout_proto::rtp::write_header(&mut data, h.marker, 96 + track as u8, h.sequence_number, h.timestamp, *h.ssrc);
+    data[n..].copy_from_slice(&pkt.payload);
+    v.packets += 1;
+    if !p.publisher.feed_rtp(p.conn, track, &mut data, 0) {
+        return false;
+    }
+    if p.asked.elapsed() >= KEYFRAME_EVERY {
+        p.asked = Instant::now();
+        if let Some(ssrc) = p.video_ssrc {
+            if let Some(rx) = v.rtc.direct_api().stream_rx(&ssrc) {
+                rx.request_keyframe(str0m::media::KeyframeRequestKind::Pli);
+            }
+        }
+    }
+    true
 }
 
 /// Moves what viewer `v`'s queues hold into its `Rtc`, renumbered as its own stream.
@@ -394,6 +542,9 @@ fn remove(viewers: &mut Vec<Viewer>, by_addr: &mut HashMap<SocketAddr, String>, 
         }
     }
     v.rtc.disconnect();
+    if let Some(p) = v.publish.as_ref().filter(|p| p.started) {
+        p.publisher.stop(&v.id);
+    }
     by_addr.retain(|_, x| x != id);
     shared.viewers.lock().remove(id);
     tracing::info!(viewer = %id, after_s = v.since.elapsed().as_secs_f64(), packets = v.packets, "WebRTC viewer left");
@@ -411,6 +562,10 @@ pub fn routes() -> axum::Router<Arc<Relay>> {
         .route("/v1/sessions/{name}/whep/{id}", resource())
         .route("/{name}/whep", post(offer).options(preflight))
         .route("/{name}/whep/{id}", resource())
+        .route("/v1/sessions/{name}/whip", post(whip).options(preflight))
+        .route("/v1/sessions/{name}/whip/{id}", resource())
+        .route("/{name}/whip", post(whip).options(preflight))
+        .route("/{name}/whip/{id}", resource())
         .route_layer(axum::middleware::map_response(cors))
 }
 
@@ -445,6 +600,16 @@ async fn offer(
     headers: HeaderMap,
     body: String,
 ) -> Response {
+    negotiated(relay, name, headers, body, "whep").await
+}
+
+async fn whip(State(relay): State<Arc<Relay>>, Path(name): Path<String>, headers: HeaderMap, body: String) -> Response {
+    negotiated(relay, name, headers, body, "whip").await
+}
+
+/// A WHEP (`whep`) or WHIP (`whip`) offer: `201` with the answer and the peer's resource,
+/// or the refusal with its reason.
+async fn negotiated(relay: Arc<Relay>, name: String, headers: HeaderMap, body: String, what: &str) -> Response {
     let Some(w) = relay.webrtc.lock().clone() else {
         return text(503, "WebRTC is off on this relay (webrtc = \"off\", or its port was taken)".into());
     };
@@ -453,16 +618,20 @@ async fn offer(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|t| t.starts_with("application/sdp"));
     if !sdp {
-        return text(415, "a WHEP offer is Content-Type: application/sdp".into());
+        return text(415, format!("a {} offer is Content-Type: application/sdp", what.to_uppercase()));
     }
-    match w.offer(&relay, &name, &body).await {
+    let done = match what {
+        "whip" => w.publish(&relay, &name, &body).await,
+        _ => w.offer(&relay, &name, &body).await,
+    };
+    match done {
         Ok((answer, id)) => {
-            let location = format!("/v1/sessions/{name}/whep/{id}");
+            let location = format!("/v1/sessions/{name}/{what}/{id}");
             let headers = [(header::CONTENT_TYPE, "application/sdp".to_string()), (header::LOCATION, location)];
             (StatusCode::CREATED, headers, answer).into_response()
         }
         Err(Refused(status, why)) => {
-            tracing::info!(path = %name, "WHEP offer refused ({status}): {why}");
+            tracing::info!(path = %name, "{} offer refused ({status}): {why}", what.to_uppercase());
             text(status, why)
         }
     }

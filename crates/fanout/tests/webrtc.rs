@@ -48,6 +48,21 @@ window.stats = {};
 return true;
 "#;
 
+/// An empty page on another origin (another port), as a site embedding a player would be.
+fn page_elsewhere() -> String {
+    let site = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let page = format!("http://localhost:{}/", site.local_addr().unwrap().port());
+    std::thread::spawn(move || {
+        for mut c in site.incoming().flatten() {
+            let _ = std::io::Read::read(&mut c, &mut [0u8; 2048]);
+            let body = "<!doctype html><title>player</title>";
+            let head = format!("HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\n\r\n", body.len());
+            let _ = std::io::Write::write_all(&mut c, (head + body).as_bytes());
+        }
+    });
+    page
+}
+
 #[test]
 fn chromium_plays_the_demo_over_whep() {
     if !have_chromium() {
@@ -65,19 +80,8 @@ fn chromium_plays_the_demo_over_whep() {
     let bad = ureq::post(&whep).set("Content-Type", "application/sdp").send_string("v=0\r\nnonsense");
     assert!(matches!(bad, Err(ureq::Error::Status(400, _))), "{bad:?}");
 
-    // The player's page, on another origin (another port), as a site embedding it would be.
-    let site = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let page = format!("http://localhost:{}/", site.local_addr().unwrap().port());
-    std::thread::spawn(move || {
-        for mut c in site.incoming().flatten() {
-            let _ = std::io::Read::read(&mut c, &mut [0u8; 2048]);
-            let body = "<!doctype html><title>viewer</title>";
-            let head = format!("HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\n\r\n", body.len());
-            let _ = std::io::Write::write_all(&mut c, (head + body).as_bytes());
-        }
-    });
     let d = Driver::start();
-    d.post("url", json!({ "url": page }));
+    d.post("url", json!({ "url": page_elsewhere() }));
     d.post("execute/sync", json!({ "script": WHEP, "args": [whep] }));
     let stat = |k: &str| d.js(&format!("return window.stats['{k}'] ?? null;"));
     let decoded = || stat("framesDecoded").as_u64().unwrap_or(0);
@@ -178,4 +182,74 @@ fn whep_takes_the_token_and_refuses_with_reasons() {
     // An offer with no media: nothing to send it.
     let (code, text) = why(auth(ureq::post(&whep)).send_string(offer));
     assert_eq!(code, 400, "{text}");
+}
+
+/// Publishes a canvas that changes every frame over WHIP to `arguments[0]`, H.264 at 25 fps;
+/// `window.whip` tells how it goes.
+const WHIP: &str = r#"
+const url = arguments[0];
+window.whip = { state: 'starting' };
+(async () => {
+  try {
+    const c = document.createElement('canvas'); c.width = 320; c.height = 240;
+    document.body.appendChild(c);
+    const g = c.getContext('2d'); let n = 0;
+    setInterval(() => { n++; g.fillStyle = `hsl(${(n * 7) % 360} 80% 50%)`; g.fillRect(0, 0, 320, 240);
+                        g.fillStyle = '#fff'; g.font = '48px sans-serif'; g.fillText(String(n), 20, 140); }, 40);
+    const stream = c.captureStream(25);
+    const pc = new RTCPeerConnection();
+    window.pc = pc;
+    pc.addTransceiver(stream.getVideoTracks()[0], { direction: 'sendonly', streams: [stream] });
+    await pc.setLocalDescription(await pc.createOffer());
+    const r = await fetch(url, { method: 'POST', headers: { 'Content-Type': 'application/sdp' }, body: pc.localDescription.sdp });
+    window.whip.status = r.status;
+    window.whip.location = r.headers.get('Location');
+    const body = await r.text();
+    if (r.status !== 201) { window.whip.state = 'refused: ' + body; return; }
+    await pc.setRemoteDescription({ type: 'answer', sdp: body });
+    window.whip.state = 'answered';
+    pc.oniceconnectionstatechange = () => { window.whip.ice = pc.iceConnectionState; };
+  } catch (e) { window.whip.state = 'error: ' + e; }
+})();
+return true;
+"#;
+
+/// Chromium publishes over WHIP into a `publish` path: the path's publisher says `webrtc`,
+/// ffmpeg decodes it over RTSP and HTTP TS without an error (the relay asks the browser for
+/// a keyframe every 2 s, so a player joining late starts at once), a second WHIP publisher is
+/// refused (409), and DELETE of the resource ends the publishing.
+#[test]
+fn chromium_publishes_over_whip_and_ffmpeg_plays_it() {
+    if !have_chromium() || !have_ffmpeg() {
+        return;
+    }
+    let relay = Relay::with_config("[[session]]\nname = \"cam\"\nsource = { publish = true }\n", &["--no-demo"]);
+    let whip = relay.url("/cam/whip");
+    let d = Driver::start();
+    d.post("url", json!({ "url": page_elsewhere() }));
+    d.post("execute/sync", json!({ "script": WHIP, "args": [whip] }));
+    let publisher = || relay.ok("GET", "/v1/sessions/cam", None)["publisher"].clone();
+    assert!(
+        wait_for(Duration::from_secs(20), || publisher()["transport"] == "webrtc"),
+        "not publishing: {} / {}",
+        d.js("return window.whip;"),
+        publisher()
+    );
+    let status = relay.ok("GET", "/v1/sessions/cam", None);
+    assert_eq!(status["webrtc"][0]["role"], "publisher", "{status}");
+    // A player that joins now: its first picture within ~2 s (the keyframe asked for),
+    // decoded without an error, over RTSP and over HTTP TS.
+    let rtsp = format!("rtsp://{}/cam", rtsp_addr(&relay));
+    let (ok, log) = ffmpeg_decode(&rtsp, &["-rtsp_transport", "tcp"], 4);
+    assert!(ok && decoded_frames(&log) >= 60, "{log}");
+    let (ok, log) = ffmpeg_decode(&relay.url("/v1/sessions/cam/stream"), &[], 4);
+    assert!(ok && decoded_frames(&log) >= 60, "{log}");
+    // A second publisher is refused while the first publishes.
+    let offer = "v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\n";
+    let second = ureq::post(&whip).set("Content-Type", "application/sdp").send_string(offer);
+    assert!(matches!(second, Err(ureq::Error::Status(409, _))), "{second:?}");
+    // DELETE ends it: the path waits for the next publisher.
+    let location = d.js("return window.whip.location;").as_str().unwrap().to_string();
+    assert_eq!(ureq::delete(&relay.url(&location)).call().unwrap().status(), 200);
+    assert!(wait_for(Duration::from_secs(5), || publisher()["state"] == "waiting"), "{}", publisher());
 }
