@@ -169,6 +169,9 @@ impl Relay {
         for l in self.srt_links.lock().iter().filter(|l| l.path == name && l.mode == "read") {
             l.end();
         }
+        if let Some(w) = self.webrtc.lock().clone() {
+            w.end_path(name, false);
+        }
         let ts = repack.and_then(|r| r.ts.clone());
         let mut http = 0;
         for s in self.session(name).ok().into_iter().chain(ts) {
@@ -176,7 +179,11 @@ impl Relay {
                 http += usize::from(s.remove_sink(k.id));
             }
         }
-        tracing::info!(session = name, http, "the stream ended: its players were told (RTSP, HTTP, HLS, RTMP, SRT)");
+        tracing::info!(
+            session = name,
+            http,
+            "the stream ended: its players were told (RTSP, HTTP, HLS, RTMP, SRT, WebRTC)"
+        );
     }
 
     /// Caps a sink's layers (see `fanout_io::Session::pin_sink_layers`). The sink is looked
@@ -500,6 +507,9 @@ impl Relay {
         let rtsp = self.rtsp.lock().clone();
         if let Some(r) = rtsp {
             r.end_resource(self, name);
+        }
+        if let Some(w) = self.webrtc.lock().clone() {
+            w.end_path(name, true);
         }
         path.close().await;
         Ok(())

@@ -336,6 +336,22 @@ impl WebRtc {
         Ok((answer, id))
     }
 
+    /// Ends the viewers of `path` (its stream ended), and its publishers too if `all` (the
+    /// path is gone).
+    pub fn end_path(&self, path: &str, all: bool) {
+        let ids: Vec<String> = self
+            .shared
+            .viewers
+            .lock()
+            .values()
+            .filter(|v| v.path == path && (all || v.role == "viewer"))
+            .map(|v| v.id.clone())
+            .collect();
+        for id in ids {
+            let _ = self.cmds.send(Cmd::Remove(id));
+        }
+    }
+
     /// Ends viewer `id` of `path` (WHEP's DELETE); whether it was there.
     pub fn end(&self, path: &str, id: &str) -> bool {
         let found = self.shared.viewers.lock().get(id).is_some_and(|v| v.path == path);

@@ -217,13 +217,15 @@ return true;
 /// Chromium publishes over WHIP into a `publish` path: the path's publisher says `webrtc`,
 /// ffmpeg decodes it over RTSP and HTTP TS without an error (the relay asks the browser for
 /// a keyframe every 2 s, so a player joining late starts at once), a second WHIP publisher is
-/// refused (409), and DELETE of the resource ends the publishing.
+/// refused (409), a WHEP viewer in the same page plays it, and DELETE of the resource ends
+/// the publishing and, past the grace, the viewer.
 #[test]
 fn chromium_publishes_over_whip_and_ffmpeg_plays_it() {
     if !have_chromium() || !have_ffmpeg() {
         return;
     }
-    let relay = Relay::with_config("[[session]]\nname = \"cam\"\nsource = { publish = true }\n", &["--no-demo"]);
+    let config = "publisher_grace_s = 1\n[[session]]\nname = \"cam\"\nsource = { publish = true }\n";
+    let relay = Relay::with_config(config, &["--no-demo"]);
     let whip = relay.url("/cam/whip");
     let d = Driver::start();
     d.post("url", json!({ "url": page_elsewhere() }));
@@ -248,8 +250,15 @@ fn chromium_publishes_over_whip_and_ffmpeg_plays_it() {
     let offer = "v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\n";
     let second = ureq::post(&whip).set("Content-Type", "application/sdp").send_string(offer);
     assert!(matches!(second, Err(ureq::Error::Status(409, _))), "{second:?}");
-    // DELETE ends it: the path waits for the next publisher.
+    // A WebRTC viewer of it, in the same page: WebRTC in and out.
+    d.post("execute/sync", json!({ "script": WHEP, "args": [relay.url("/cam/whep")] }));
+    let decoded = || d.js("return window.stats.framesDecoded ?? 0;").as_u64().unwrap_or(0);
+    assert!(wait_for(Duration::from_secs(15), || decoded() > 25), "the viewer: {}", d.js("return window.whep;"));
+    // DELETE ends it: the path waits for the next publisher; past the grace its viewers are
+    // told the stream ended (their peer connection closed).
     let location = d.js("return window.whip.location;").as_str().unwrap().to_string();
     assert_eq!(ureq::delete(&relay.url(&location)).call().unwrap().status(), 200);
     assert!(wait_for(Duration::from_secs(5), || publisher()["state"] == "waiting"), "{}", publisher());
+    let viewers = || relay.ok("GET", "/v1/sessions/cam", None)["webrtc"].as_array().map_or(0, Vec::len);
+    assert!(wait_for(Duration::from_secs(10), || viewers() == 0), "{}", relay.ok("GET", "/v1/sessions/cam", None));
 }
