@@ -369,29 +369,37 @@ async fn run(
     wake: Arc<Notify>,
 ) {
     let local = socket.local_addr().expect("bound");
-    let mut viewers: Vec<Viewer> = Vec::new();
+    let mut viewers: HashMap<String, Viewer> = HashMap::new();
     let mut by_addr: HashMap<SocketAddr, String> = HashMap::new();
     let mut buf = vec![0u8; 2048];
     let mut frames: Vec<Frame> = Vec::new();
+    // The peers with something to do (input, media, their time): only they are polled.
+    let mut busy: Vec<String> = Vec::new();
+    let mut tick = Instant::now();
     loop {
-        // Every viewer's output: datagrams to send, events, and when it next wants time.
         let now = Instant::now();
+        for (id, v) in viewers.iter_mut().filter(|(_, v)| now >= v.wake_at) {
+            let _ = v.rtc.handle_input(Input::Timeout(now));
+            busy.push(id.clone());
+        }
+        busy.sort_unstable();
+        busy.dedup();
         let mut gone = Vec::new();
-        for v in &mut viewers {
-            if now >= v.wake_at {
-                let _ = v.rtc.handle_input(Input::Timeout(now));
-            }
-            if !drive(v, &socket).await || (!v.connected && v.since.elapsed() > CONNECT_WITHIN) {
-                gone.push(v.id.clone());
+        for id in busy.drain(..) {
+            if let Some(v) = viewers.get_mut(&id) {
+                if !drive(v, &socket).await {
+                    gone.push(id);
+                }
             }
         }
-        for id in gone {
-            remove(&mut viewers, &mut by_addr, &shared, &id);
-        }
-        // Status, cheaply: the states and counts as they stand.
-        {
+        // Twice a second: the status, and peers that never connected.
+        if tick.elapsed() >= Duration::from_millis(500) {
+            tick = Instant::now();
+            gone.extend(
+                viewers.values().filter(|v| !v.connected && v.since.elapsed() > CONNECT_WITHIN).map(|v| v.id.clone()),
+            );
             let mut s = shared.viewers.lock();
-            for v in &viewers {
+            for v in viewers.values() {
                 if let Some(st) = s.get_mut(&v.id) {
                     st.state = if v.connected { "playing" } else { "connecting" };
                     st.since_s = v.since.elapsed().as_secs_f64();
@@ -401,33 +409,43 @@ async fn run(
                 }
             }
         }
-        let next = viewers.iter().map(|v| v.wake_at).min().unwrap_or(now + Duration::from_secs(1));
+        for id in gone {
+            remove(&mut viewers, &mut by_addr, &shared, &id);
+        }
+        let next = viewers.values().map(|v| v.wake_at).min().unwrap_or(now + Duration::from_millis(500));
+        let next = next.min(tick + Duration::from_millis(500));
         tokio::select! {
             got = socket.recv_from(&mut buf) => {
                 let Ok((n, from)) = got else { continue };
                 let Ok(contents) = buf[..n].try_into() else { continue };
                 let input = Input::Receive(Instant::now(), Receive { proto: Protocol::Udp, source: from, destination: local, contents });
-                let known = by_addr.get(&from).and_then(|id| viewers.iter().position(|v| &v.id == id));
-                let at = known.or_else(|| viewers.iter().position(|v| v.rtc.accepts(&input)));
-                if let Some(i) = at {
-                    let v = &mut viewers[i];
+                // Known by its address, else by the ICE username of its check.
+                let id = match by_addr.get(&from) {
+                    Some(id) => Some(id.clone()),
+                    None => viewers.values().find(|v| v.rtc.accepts(&input)).map(|v| v.id.clone()),
+                };
+                if let Some(v) = id.and_then(|id| viewers.get_mut(&id)) {
                     if v.from != Some(from) {
                         v.from = Some(from);
                         by_addr.insert(from, v.id.clone());
                     }
                     let _ = v.rtc.handle_input(input);
-                    v.wake_at = Instant::now();
+                    busy.push(v.id.clone());
                 }
             }
             cmd = cmds.recv() => match cmd {
-                Some(Cmd::Add(v)) => viewers.push(*v),
+                Some(Cmd::Add(v)) => {
+                    busy.push(v.id.clone());
+                    viewers.insert(v.id.clone(), *v);
+                }
                 Some(Cmd::Remove(id)) => remove(&mut viewers, &mut by_addr, &shared, &id),
                 None => return,
             },
             _ = wake.notified() => {
                 let now = Instant::now();
-                for v in viewers.iter_mut().filter(|v| v.connected) {
+                for v in viewers.values_mut().filter(|v| v.connected && v.publish.is_none()) {
                     pump(v, &mut frames, now);
+                    busy.push(v.id.clone());
                 }
             }
             _ = tokio::time::sleep_until(next.into()) => {}
@@ -549,9 +567,8 @@ fn pump(v: &mut Viewer, frames: &mut Vec<Frame>, now: Instant) {
     v.wake_at = now;
 }
 
-fn remove(viewers: &mut Vec<Viewer>, by_addr: &mut HashMap<SocketAddr, String>, shared: &Shared, id: &str) {
-    let Some(i) = viewers.iter().position(|v| v.id == id) else { return };
-    let mut v = viewers.swap_remove(i);
+fn remove(viewers: &mut HashMap<String, Viewer>, by_addr: &mut HashMap<SocketAddr, String>, shared: &Shared, id: &str) {
+    let Some(mut v) = viewers.remove(id) else { return };
     for o in &v.outs {
         if let Some(s) = o.sink {
             o.session.remove_sink(s);

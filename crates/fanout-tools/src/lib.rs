@@ -11,6 +11,7 @@ mod read;
 pub mod rtmp;
 pub mod sub;
 mod tls;
+mod whep;
 
 /// Nanoseconds on the system-wide monotonic clock: comparable between processes on one host.
 pub fn mono_ns() -> u64 {

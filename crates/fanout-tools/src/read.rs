@@ -1,6 +1,7 @@
-//! `fanout sub --read URL --count N`: N players of one RTMP or SRT stream in one process, a
-//! thread each (what a bench puts on a server apart from the server's own CPU). RTMP players
-//! play and acknowledge; SRT readers call with the URL's stream id. Prints `sub: ready`
+//! `fanout sub --read URL --count N`: N players of one RTMP, SRT or WebRTC (WHEP) stream in
+//! one process, a thread each (what a bench puts on a server apart from the server's own
+//! CPU). RTMP players play and acknowledge; SRT readers call with the URL's stream id; WebRTC
+//! viewers offer, connect and receive H.264 (`whep`). Prints `sub: ready`
 //! once all are playing (one that cannot is an error), then a JSON line: players, bytes
 //! (total, least).
 
@@ -11,6 +12,7 @@ use std::time::{Duration, Instant};
 enum Target {
     Rtmp { addr: std::net::SocketAddr, app: String, name: String },
     Srt { addr: std::net::SocketAddr, settings: fanout_srt::Settings },
+    Whep { url: String },
 }
 
 fn target(url: &str) -> anyhow::Result<Target> {
@@ -30,7 +32,10 @@ fn target(url: &str) -> anyhow::Result<Target> {
         };
         return Ok(Target::Srt { addr, settings });
     }
-    bail!("{url:?}: --read takes rtmp:// or srt://")
+    if (url.starts_with("http://") || url.starts_with("https://")) && url.ends_with("/whep") {
+        return Ok(Target::Whep { url: url.to_string() });
+    }
+    bail!("{url:?}: --read takes rtmp://, srt:// or a WHEP URL (http://…/whep)")
 }
 
 /// One player: connects, says so, reads until `until`; its bytes.
@@ -66,6 +71,7 @@ fn play(t: &Target, ready: std::sync::mpsc::Sender<Result<(), String>>, until: I
                 0
             }
         },
+        Target::Whep { url } => crate::whep::play(url, &ready, until),
     }
 }
 

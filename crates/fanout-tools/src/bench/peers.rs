@@ -5,8 +5,9 @@
 //!   by ffmpeg) over RTSP, RTMP and SRT, nobody watching; the figure is the server's CPU per
 //!   megabyte it took in, and per RTP packet of the stream (the packets fanout's tracks
 //!   counted of the same clip at the same rate).
-//! - **readers**: ffmpeg publishes a 200 kbit/s clip over RTSP; N RTMP players, or N SRT
-//!   readers, all in one load process (`fanout sub --read`); the figure is how many such
+//! - **readers**: ffmpeg publishes a 200 kbit/s clip over RTSP; N RTMP players, N SRT
+//!   readers or N WebRTC viewers (WHEP, H.264 only), all in one load process (`fanout sub
+//!   --read`); the figure is how many such
 //!   readers one core of the server serves: N over the CPU the readers add to the server
 //!   (its CPU with the publisher alone is measured in the same round and taken off).
 //!
@@ -32,8 +33,8 @@ pub struct PeersArgs {
     /// "max recorded size exceeded").
     #[arg(long, default_value_t = 8_000)]
     ingest_kbps: u32,
-    /// Ways out to measure readers on: rtmp, srt.
-    #[arg(long, value_delimiter = ',', default_value = "rtmp,srt")]
+    /// Ways out to measure readers on: rtmp, srt, whep (WebRTC viewers).
+    #[arg(long, value_delimiter = ',', default_value = "rtmp,srt,whep")]
     over: Vec<String>,
     /// Readers per step.
     #[arg(long, value_delimiter = ',', default_value = "50,200")]
@@ -58,6 +59,8 @@ struct Server {
     rtsp: SocketAddr,
     rtmp: SocketAddr,
     srt: SocketAddr,
+    /// The path's WHEP URL.
+    whep: String,
     /// MediaMTX names a path by RTMP's app and key together; fanout by the key.
     path: &'static str,
     /// fanout's API, for its counters.
@@ -74,16 +77,34 @@ fn free_udp() -> anyhow::Result<SocketAddr> {
 }
 
 fn start_server(name: &str, peers: &Path, dir: &Path) -> anyhow::Result<Server> {
-    let (rtsp, rtmp, srt) = (free_tcp()?, free_tcp()?, free_udp()?);
+    let (rtsp, rtmp, srt, media) = (free_tcp()?, free_tcp()?, free_udp()?, free_udp()?);
     if name == "fanout" {
-        let relay =
-            RelayProc::start(&["--rtsp", &rtsp.to_string(), "--rtmp", &rtmp.to_string(), "--srt", &srt.to_string()])?;
+        let relay = RelayProc::start(&[
+            "--rtsp",
+            &rtsp.to_string(),
+            "--rtmp",
+            &rtmp.to_string(),
+            "--srt",
+            &srt.to_string(),
+            "--webrtc",
+            &media.to_string(),
+        ])?;
         relay.client().call(
             "POST",
             "/v1/sessions",
             Some(serde_json::json!({ "name": "bench", "source": { "publish": true } })),
         )?;
-        return Ok(Server { pid: relay.pid(), rtsp, rtmp, srt, path: "bench", relay: Some(relay), _procs: Vec::new() });
+        let whep = format!("http://{}/bench/whep", relay.api);
+        return Ok(Server {
+            pid: relay.pid(),
+            rtsp,
+            rtmp,
+            srt,
+            whep,
+            path: "bench",
+            relay: Some(relay),
+            _procs: Vec::new(),
+        });
     }
     let bin = peers.join("mediamtx");
     if !bin.exists() {
@@ -92,10 +113,13 @@ fn start_server(name: &str, peers: &Path, dir: &Path) -> anyhow::Result<Server> 
     let (pair, _b) = fanout_io::sys::port_pair(std::net::IpAddr::from([127, 0, 0, 1]))?;
     let pair = pair.local_addr()?.port();
     drop(_b);
+    let http = free_tcp()?;
     let cfg = format!(
         "logLevel: error\napi: no\nrtspAddress: {rtsp}\nrtspTransports: [tcp]\nrtpAddress: 127.0.0.1:{pair}\n\
          rtcpAddress: 127.0.0.1:{}\nrtmp: yes\nrtmpAddress: {rtmp}\nsrt: yes\nsrtAddress: {srt}\nhls: no\n\
-         webrtc: no\nmetrics: no\npprof: no\nplayback: no\npaths:\n  all_others:\n",
+         webrtc: yes\nwebrtcAddress: {http}\nwebrtcLocalUDPAddress: {media}\nwebrtcLocalTCPAddress: ''\n\
+         webrtcIPsFromInterfaces: no\nwebrtcAdditionalHosts: [127.0.0.1]\n\
+         metrics: no\npprof: no\nplayback: no\npaths:\n  all_others:\n",
         pair + 1
     );
     let yml = dir.join("mediamtx.yml");
@@ -108,7 +132,8 @@ fn start_server(name: &str, peers: &Path, dir: &Path) -> anyhow::Result<Server> 
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    Ok(Server { pid: p.0.id(), rtsp, rtmp, srt, path: "live/bench", relay: None, _procs: vec![p] })
+    let whep = format!("http://{http}/live/bench/whep");
+    Ok(Server { pid: p.0.id(), rtsp, rtmp, srt, whep, path: "live/bench", relay: None, _procs: vec![p] })
 }
 
 /// ffmpeg publishing `clip` looped to `s` over `how` (rtsp, rtmp, srt).
@@ -128,8 +153,8 @@ fn publish(s: &Server, how: &str, clip: &Path) -> anyhow::Result<Proc> {
     Ok(Proc(c.arg(url).stdout(Stdio::null()).spawn().context("ffmpeg")?))
 }
 
-/// A clip made once by ffmpeg: test pattern and tone, `kbps` in all, MP4 (every muxer
-/// takes it with `-c copy`).
+/// A clip made once by ffmpeg: test pattern and tone, `kbps` in all, H.264 without B-frames
+/// and AAC in MP4 (every muxer takes it with `-c copy`).
 fn clip(dir: &Path, kbps: u32, size: &str) -> anyhow::Result<PathBuf> {
     let path = dir.join(format!("clip-{kbps}k.mp4"));
     if path.exists() {
@@ -140,7 +165,8 @@ fn clip(dir: &Path, kbps: u32, size: &str) -> anyhow::Result<PathBuf> {
         .args(["-nostdin", "-loglevel", "error", "-y", "-f", "lavfi", "-i"])
         .arg(format!("testsrc2=size={size}:rate=25"))
         .args(["-f", "lavfi", "-i", "sine=frequency=440:sample_rate=48000", "-t", "10"])
-        .args(["-c:v", "libx264", "-preset", "veryfast", "-g", "50", "-b:v", &format!("{video}k")])
+        // No B-frames: a live encoder's stream, and what WebRTC players take.
+        .args(["-c:v", "libx264", "-preset", "veryfast", "-bf", "0", "-g", "50", "-b:v", &format!("{video}k")])
         .args(["-maxrate", &format!("{video}k"), "-bufsize", &format!("{}k", video * 2)])
         .args(["-c:a", "aac", "-b:a", "64k"])
         .arg(&path)
@@ -189,7 +215,8 @@ fn readers_step(server: &str, how: &str, n: usize, clip: &Path, a: &PeersArgs, d
     let url = match how {
         "rtmp" => format!("rtmp://{}/live/bench", s.rtmp),
         "srt" => format!("srt://{}?streamid=read:{}", s.srt, s.path),
-        _ => bail!("{how:?}: rtmp or srt"),
+        "whep" => s.whep.clone(),
+        _ => bail!("{how:?}: rtmp, srt or whep"),
     };
     let mut sub = None;
     if n > 0 {
