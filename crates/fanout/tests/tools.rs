@@ -166,3 +166,29 @@ fn sub_counts_a_stream_without_probes() {
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(table.contains("GARBLED") && table.contains("http"), "{table}");
 }
+
+/// `sub --read` of a WHEP URL: WebRTC viewers (a str0m peer each, as `bench peers` runs
+/// them) connect to the relay's demo, are listed while they play, and count its H.264.
+#[test]
+fn sub_reads_over_webrtc() {
+    let relay = Relay::start(&[]);
+    let url = relay.url("/demo/whep");
+    let relay_ref = &relay;
+    let listed = std::thread::scope(|s| {
+        let seen = s.spawn(move || {
+            wait_for(std::time::Duration::from_secs(20), || {
+                relay_ref.ok("GET", "/v1/sessions/demo", None)["webrtc"].as_array().is_some_and(|v| v.len() == 3)
+            })
+        });
+        let out = fanout(&["sub", "--read", &url, "--count", "3", "--duration", "2"]);
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+        assert!(text.contains("sub: ready"), "{text}");
+        let last: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+        assert_eq!(last["players"], 3);
+        // 2 s and more of the demo's video (about 300 kbit/s) each.
+        assert!(last["least_bytes"].as_u64().unwrap() > 40_000, "{last}");
+        seen.join().unwrap()
+    });
+    assert!(listed, "the relay did not list 3 WebRTC viewers");
+}
