@@ -1,6 +1,7 @@
 // The fanout dashboard: live session status from /v1/events (server-sent, once a second),
-// small plots of the last two minutes, and a preview player (MSE fed with the session's
-// HLS fMP4 segments). Plain JavaScript, no library.
+// small plots of the last two minutes, and a preview player: MSE fed with the session's
+// HLS fMP4 parts, or WebRTC (WHEP), each with how far behind it plays. Plain JavaScript, no
+// library.
 'use strict';
 
 const params = new URLSearchParams(location.search);
@@ -81,7 +82,7 @@ function update(c, s, now, rtspClients) {
   $(el, '.path').textContent = s.datapath;
   const st = $(el, '.state');
   // A publish session says who publishes, and over what (RTSP, RTMP or SRT).
-  const over = { rtmp: 'RTMP', srt: 'SRT' }[s.publisher && s.publisher.transport] || 'RTSP';
+  const over = { rtmp: 'RTMP', srt: 'SRT', webrtc: 'WebRTC' }[s.publisher && s.publisher.transport] || 'RTSP';
   const pub = s.publisher && (s.publisher.state === 'publishing' ? `published over ${over}` : 'waiting for a publisher');
   st.textContent = s.upstream ? `upstream ${s.upstream.state}` : (pub || s.source.state);
   st.className = `badge state ${s.upstream ? (s.upstream.state === 'playing' ? 'active' : 'waiting') : s.source.state}`;
@@ -110,6 +111,8 @@ function update(c, s, now, rtspClients) {
   $(el, '.hls').textContent = (r.hls && r.hls.players) || 0;
   const srtReaders = (s.srt || []).filter((l) => l.mode === 'read').length;
   $(el, '.rtmp').textContent = `${(r.rtmp && r.rtmp.players) || 0} / ${srtReaders}`;
+  $(el, '.webrtc').textContent = (s.webrtc || []).filter((v) => v.role === 'viewer').length;
+  $(el, '.how').disabled = !s.webrtc;
   if (!autoPreviewed && s.source.state === 'active' && window.MediaSource) {
     autoPreviewed = true;
     togglePreview(el, s.name);
@@ -184,19 +187,79 @@ async function togglePreview(el, name) {
   const video = $(box, 'video');
   if (!box.hidden) {
     box.hidden = true;
-    video.dataset.stop = '1';
-    video.removeAttribute('src');
-    video.load();
+    stopPreview(video);
     return;
   }
   box.hidden = false;
-  delete video.dataset.stop;
+  // Each preview has its generation: one stopped (or replaced) says and does no more.
+  const gen = (video.gen = (video.gen || 0) + 1);
+  const live = () => video.gen === gen && video.isConnected;
   $(box, '.why').textContent = 'starting…';
+  $(box, '.latency').textContent = '';
+  const say = (m) => { if (live()) $(box, '.why').textContent = m; };
+  const latency = (m) => { if (live()) $(box, '.latency').textContent = m; };
   try {
-    await play(video, name, (m) => { $(box, '.why').textContent = m; });
+    if ($(el, '.how').value === 'webrtc') await playWebRtc(video, name, say, latency);
+    else await play(video, name, say, latency, live);
   } catch (e) {
-    $(box, '.why').textContent = `no preview: ${e.message}`;
+    say(`no preview: ${e.message}`);
   }
+}
+
+function stopPreview(video) {
+  video.gen = (video.gen || 0) + 1;
+  if (video.pc) {
+    // The resource first: the peer connection closed first would end it on the relay's
+    // side before the DELETE came.
+    const pc = video.pc;
+    const gone = video.whep ? fetch(video.whep, { method: 'DELETE', headers: auth() }) : Promise.resolve();
+    gone.catch(() => {}).finally(() => pc.close());
+    video.pc = null;
+    video.whep = null;
+  }
+  clearInterval(video.timer);
+  video.srcObject = null;
+  video.removeAttribute('src');
+  video.load();
+}
+
+const auth = () => (token ? { Authorization: `Bearer ${token}` } : {});
+
+// --- the preview over WebRTC: a WHEP offer, the answer, the picture ---------------------
+
+async function playWebRtc(video, name, say, latency) {
+  const pc = new RTCPeerConnection();
+  video.pc = pc;
+  pc.addTransceiver('video', { direction: 'recvonly' });
+  pc.addTransceiver('audio', { direction: 'recvonly' });
+  pc.ontrack = (e) => { if (e.track.kind === 'video') video.srcObject = new MediaStream([e.track]); };
+  await pc.setLocalDescription(await pc.createOffer());
+  const r = await fetch(`/${encodeURIComponent(name)}/whep`, {
+    method: 'POST', headers: { 'Content-Type': 'application/sdp', ...auth() }, body: pc.localDescription.sdp,
+  });
+  const body = await r.text();
+  if (r.status !== 201) throw new Error(`${r.status} ${body}`);
+  video.whep = r.headers.get('Location');
+  await pc.setRemoteDescription({ type: 'answer', sdp: body });
+  video.play().catch(() => {});
+  say('');
+  // How far behind: the relay's newest picture sent (its status) against the newest this
+  // browser received, plus what its jitter buffer and decoder took per frame.
+  const id = video.whep.split('/').pop();
+  video.timer = setInterval(async () => {
+    if (!video.pc) return;
+    const st = await api(`/v1/sessions/${encodeURIComponent(name)}`).catch(() => null);
+    const me = st && (st.webrtc || []).find((v) => v.id === id);
+    const recv = pc.getReceivers().find((x) => x.track.kind === 'video');
+    const src = recv && recv.getSynchronizationSources()[0];
+    let inbound = null;
+    (await pc.getStats()).forEach((s) => { if (s.type === 'inbound-rtp' && s.kind === 'video') inbound = s; });
+    if (!me || !me.last_picture || !src || !inbound || !inbound.framesDecoded) return;
+    const ahead = (((src.rtpTimestamp - me.last_picture.rtp) | 0)) / 90;
+    const arrival = src.timestamp - (me.last_picture.unix_ms + ahead);
+    const browser = 1000 * inbound.totalProcessingDelay / inbound.framesDecoded;
+    latency(`WebRTC: decoded ${Math.max(0, arrival + browser).toFixed(0)} ms after the relay sent it`);
+  }, 1000);
 }
 
 async function get(url, kind) {
@@ -214,7 +277,7 @@ const startsOf = (playlist) => [...playlist.matchAll(/#EXT-X-PART:[^\n]*URI="(\d
   .map((m) => [parseInt(m[1], 10), parseInt(m[2], 10)]);
 const sleep = (ms) => new Promise((ok) => setTimeout(ok, ms));
 
-async function play(video, name, say) {
+async function play(video, name, say, latency, live) {
   const base = `/v1/sessions/${encodeURIComponent(name)}/hls/`;
   // The first playlist starts the repackaging and waits for a segment. It names this
   // player in the media playlist's URL, which it reloads.
@@ -242,7 +305,7 @@ async function play(video, name, say) {
   let at = newest(playlist);
   if (!at) throw new Error('the playlist lists no parts');
   let started = false;
-  while (!video.dataset.stop && video.isConnected) {
+  while (live()) {
     let data;
     try {
       data = await get(`${base}${at[0]}.${at[1]}.m4s${q()}`);
@@ -252,6 +315,7 @@ async function play(video, name, say) {
       at = newest(await get(base + variant, 'text')) || at;
       continue;
     }
+    if (!live()) return;
     await append(data);
     const [n, k] = at;
     const text = await get(`${base}${variant}&_HLS_msn=${n}&_HLS_part=${k + 1}`, 'text');
@@ -261,6 +325,10 @@ async function play(video, name, say) {
       started = true;
       video.play().catch(() => {});
       say('');
+    }
+    if (started && sb.buffered.length) {
+      const behind = sb.buffered.end(sb.buffered.length - 1) - video.currentTime;
+      latency(`HLS: ${behind.toFixed(1)} s behind the newest part it has`);
     }
     // Keep half a minute behind the playhead.
     if (sb.buffered.length && video.currentTime - sb.buffered.start(0) > 40) {

@@ -59,6 +59,26 @@ fn the_dashboard_shows_live_sessions_and_plays_a_preview() {
     assert!(wait_for(Duration::from_secs(5), || number("out") > 50.0), "kbit/s out: {}", number("out"));
     let engine = d.js("return document.getElementById('engine').textContent;");
     assert!(engine.as_str().is_some_and(|e| e.contains("2 sessions")), "{engine}");
+    let latency = || d.js("return document.querySelector('[data-session=demo] .latency').textContent;");
+    assert!(wait_for(Duration::from_secs(5), || latency().as_str().is_some_and(|l| l.starts_with("HLS: "))));
+
+    // The switch beside it: the same preview over WebRTC, how far behind it says, the card
+    // counts the viewer; stopped, the viewer is gone.
+    let toggle = "document.querySelector('[data-session=demo] .play').click(); return true;";
+    d.js(toggle);
+    d.js("document.querySelector('[data-session=demo] .how').value = 'webrtc'; return true;");
+    d.js(toggle);
+    let t0 = time();
+    assert!(wait_for(Duration::from_secs(15), || time() > t0 + 2.0), "the WebRTC preview did not play: {:?}", why());
+    assert!(wait_for(Duration::from_secs(10), || number("webrtc") >= 1.0), "WebRTC viewers: {}", number("webrtc"));
+    assert!(
+        wait_for(Duration::from_secs(10), || latency().as_str().is_some_and(|l| l.starts_with("WebRTC: decoded"))),
+        "{:?}",
+        latency()
+    );
+    eprintln!("dashboard: {} / {}", latency(), why());
+    d.js(toggle);
+    assert!(wait_for(Duration::from_secs(10), || relay.ok("GET", "/v1/sessions/demo", None)["webrtc"] == json!([])));
 
     if let Some(path) = std::env::var_os("FANOUT_UI_SCREENSHOT") {
         let png: Value = ureq::get(&format!("{}/screenshot", d.url)).call().unwrap().into_json().unwrap();
