@@ -1,8 +1,8 @@
-//! Publishing into a session (`source = { publish = true }`), over RTSP, RTMP or SRT: an
-//! RTSP publisher's ANNOUNCE gives the tracks, its RTP arrives interleaved on its RTSP
-//! connection (or over UDP); an RTMP publisher's FLV and an SRT publisher's MPEG-TS are made
-//! RTP tracks by `fanout_proto::rtmp::ingest` and `fanout_proto::container::tsingest`.
-//! Either is fed into the tracks' relay sessions like an upstream's (restamped, so clients see one SSRC and
+//! Publishing into a session (`source = { publish = true }`), over RTSP, RTMP, SRT or
+//! WebRTC: an RTSP publisher's ANNOUNCE gives the tracks, its RTP arrives interleaved on its
+//! RTSP connection (or over UDP); an RTMP publisher's FLV and an SRT publisher's MPEG-TS are
+//! made RTP tracks by `fanout_proto::rtmp::ingest` and `fanout_proto::container::tsingest`; a
+//! WHIP publisher's RTP comes through `crate::webrtc`. Each is fed into the tracks' relay sessions like an upstream's (restamped, so clients see one SSRC and
 //! unbroken sequence numbers across publishers). A publisher that leaves is an upstream
 //! loss: the session waits, its clients stay, and the next publisher continues the stream.
 
@@ -26,7 +26,7 @@ struct Active {
     /// Where its RTP and RTCP over UDP come from (its address, the ports its SETUP named) →
     /// (track, is RTCP): nothing from elsewhere is taken.
     udp: HashMap<SocketAddr, (usize, bool)>,
-    /// `interleaved`, `udp` (RTSP), `rtmp` or `srt`.
+    /// `interleaved`, `udp` (RTSP), `rtmp`, `srt` or `webrtc`.
     transport: &'static str,
     since: Instant,
     /// Told when a newer publisher takes over (an RTSP publisher's connection is closed by
@@ -48,7 +48,8 @@ pub struct PublisherStatus {
     /// `publishing` or `waiting`.
     pub state: &'static str,
     pub peer: Option<std::net::IpAddr>,
-    /// How the publisher sends: `interleaved` on its RTSP connection, `udp`, `rtmp` or `srt`.
+    /// How the publisher sends: `interleaved` on its RTSP connection, `udp`, `rtmp`, `srt` or
+    /// `webrtc`.
     pub transport: Option<&'static str>,
     pub publishing_s: Option<f64>,
     /// Publishers so far.
@@ -99,7 +100,7 @@ impl Publisher {
         Ok(Self { open: false, ..Self::new(name, first, false)? })
     }
 
-    /// Whether RTSP, RTMP and SRT publishers may publish here.
+    /// Whether RTSP, RTMP, SRT and WebRTC publishers may publish here.
     pub fn takes_publishers(&self) -> bool {
         self.open
     }
@@ -302,7 +303,8 @@ impl Publisher {
         Ok(())
     }
 
-    /// How the publisher sends now (`interleaved`, `udp`, `rtmp`, `srt`), if one publishes.
+    /// How the publisher sends now (`interleaved`, `udp`, `rtmp`, `srt`, `webrtc`), if one
+    /// publishes.
     pub fn transport(&self) -> Option<&'static str> {
         self.state.lock().active.as_ref().map(|a| a.transport)
     }
