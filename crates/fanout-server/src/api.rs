@@ -39,7 +39,9 @@ impl From<JsonRejection> for ApiError {
 
 type ApiResult<T> = Result<T, ApiError>;
 
-pub fn router(relay: Arc<Relay>) -> Router {
+/// The API's routes, with `faces`' (the faces above the relay that answer on the API's
+/// port: WHEP and WHIP) behind the same token, limits and error bodies.
+pub fn router(relay: Arc<Relay>, faces: Router<Arc<Relay>>) -> Router {
     let max_body = relay.cfg.max_body;
     Router::new()
         .route("/v1/sessions", post(create_session).get(list_sessions))
@@ -56,7 +58,7 @@ pub fn router(relay: Arc<Relay>) -> Router {
         .route("/v1/cluster", get(cluster_view))
         .route("/metrics", get(metrics))
         .merge(crate::ui::routes())
-        .merge(crate::webrtc::routes())
+        .merge(faces)
         .fallback(|| async { ApiError(StatusCode::NOT_FOUND, "no such API path; see docs/openapi.yaml".into()) })
         .layer(middleware::from_fn_with_state(relay.clone(), auth))
         .layer(middleware::map_response(json_errors))
@@ -118,13 +120,6 @@ async fn stream_head(State(relay): State<Arc<Relay>>, Path(name): Path<String>) 
 async fn any_origin(mut r: Response) -> Response {
     r.headers_mut().insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, header::HeaderValue::from_static("*"));
     r
-}
-
-/// A new name (an HLS player's, a WebRTC viewer's): 16 random hex digits.
-pub fn random_id() -> String {
-    let mut b = [0u8; 8];
-    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b);
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// `GET /v1/sessions/{name}/hls/{index.m3u8 | init.mp4 | N.m4s}`: HLS with fMP4 segments,
@@ -199,7 +194,7 @@ async fn hls_file(
             hls.wait_for(msn, part, wait).await;
         }
         let text = if new_player {
-            let mut uri = format!("index.m3u8?player={}", random_id());
+            let mut uri = format!("index.m3u8?player={}", crate::clients::random_id());
             if let Some(t) = &token {
                 uri = format!("{uri}&{t}");
             }
@@ -599,7 +594,7 @@ fn engine_json(relay: &Relay) -> serde_json::Value {
         "rtmp": *relay.rtmp_addr.lock(),
         "rtmps": *relay.rtmps_addr.lock(),
         "srt": *relay.srt_addr.lock(),
-        "webrtc": relay.webrtc.lock().as_ref().map(|w| w.addr),
+        "webrtc": relay.webrtc.lock().as_ref().map(|w| w.addr()),
         "egress": relay.engine.egress().map(|e| {
             let link = e.link.lock();
             json!({ "rate_kbps": link.rate() * 8 / 1000, "reserved_kbps": link.reserved() * 8 / 1000 })

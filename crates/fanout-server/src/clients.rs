@@ -1,7 +1,9 @@
-//! What the API shows of the RTSP server's clients: the RTSP side fills it in, the relay
-//! and the API pass it on.
+//! What the API shows of the RTSP server's clients, SRT links and WebRTC peers: the faces
+//! fill it in, the relay and the API pass it on (the faces live above the relay; these
+//! types and the `WebRtcFace` trait let the relay hold them without importing them).
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 /// A client as `GET /v1/rtsp` shows it.
 #[derive(serde::Serialize)]
@@ -86,4 +88,52 @@ impl SrtLink {
             "rtt_ms": s.rtt_ms,
         })
     }
+}
+
+/// A viewer as the status shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ViewerStatus {
+    pub id: String,
+    pub path: String,
+    /// `viewer` (WHEP) or `publisher` (WHIP).
+    pub role: &'static str,
+    /// Where its media goes (or comes from), once its first ICE check came.
+    pub peer: Option<SocketAddr>,
+    /// `connecting` (ICE, DTLS) or `playing`.
+    pub state: &'static str,
+    pub since_s: f64,
+    /// What it gets: `video H264 (pt 102)`, ...
+    pub tracks: Vec<String>,
+    /// Tracks of the path it does not get, and why.
+    pub left_out: Vec<String>,
+    pub packets: u64,
+    /// The newest video picture sent: its RTP time and when (Unix ms), by which a player
+    /// that knows when it showed that RTP time measures how far behind it plays.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_picture: Option<LastPicture>,
+}
+
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct LastPicture {
+    pub rtp: u32,
+    pub unix_ms: f64,
+}
+
+/// The WebRTC face (`crate::webrtc`) as the relay and the API see it.
+pub trait WebRtcFace: Send + Sync {
+    /// Its UDP port for media.
+    fn addr(&self) -> SocketAddr;
+    /// Its peers, of `path` or of all.
+    fn viewers(&self, path: Option<&str>) -> Vec<ViewerStatus>;
+    /// Ends the viewers of `path` (its stream ended), and its publishers if `all`.
+    fn end_path(&self, path: &str, all: bool);
+    /// Itself, for its own module to take back as its type.
+    fn as_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync>;
+}
+
+/// A new name (an HLS player's, a WebRTC peer's): 16 random hex digits.
+pub fn random_id() -> String {
+    let mut b = [0u8; 8];
+    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b);
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }

@@ -29,7 +29,7 @@ pub struct Relay {
     /// SRT publishers and readers connected now.
     pub srt_links: parking_lot::Mutex<Vec<Arc<crate::clients::SrtLink>>>,
     /// The WebRTC face, once its port is bound.
-    pub webrtc: parking_lot::Mutex<Option<Arc<crate::webrtc::WebRtc>>>,
+    pub webrtc: parking_lot::Mutex<Option<Arc<dyn crate::clients::WebRtcFace>>>,
     /// The RTSP side, once listening.
     pub rtsp: parking_lot::Mutex<Option<Arc<dyn RtspFront>>>,
     /// This relay as a node of a cluster (`[cluster]`).

@@ -215,7 +215,7 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>) -> 
         relay.create(s).await.map_err(|e| anyhow::anyhow!("session {name:?} from the config: {e}"))?;
     }
     let restored = relay.restore().await;
-    let router = api::router(relay.clone());
+    let router = api::router(relay.clone(), crate::webrtc::routes());
     let http = if relay.cfg.https() { "https" } else { "http" };
     tracing::info!(
         "fanout {} listening on {http}://{api} ({} workers)",
@@ -338,11 +338,13 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>) -> 
         }
     });
     // WebRTC: with its port taken, the rest serves on.
+    let mut webrtc = None;
     if let Some(addr) = relay.cfg.webrtc {
         match crate::webrtc::WebRtc::start(addr, &relay.cfg.webrtc_additional_hosts) {
             Ok(w) => {
                 say!("fanout: WebRTC (WHEP) {http}://{api}/{{path}}/whep  (media on udp {})", w.addr);
-                *relay.webrtc.lock() = Some(w);
+                *relay.webrtc.lock() = Some(w.clone());
+                webrtc = Some(w);
             }
             Err(e) => tracing::warn!("no WebRTC on {addr}, serving without it: {e}"),
         }
@@ -362,7 +364,8 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>) -> 
     if let Some(s) = srt {
         s.stop();
     }
-    if let Some(w) = relay.webrtc.lock().take() {
+    if let Some(w) = webrtc {
+        relay.webrtc.lock().take();
         w.stop();
     }
     if let Some(c) = &relay.cluster {

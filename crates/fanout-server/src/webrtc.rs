@@ -11,13 +11,13 @@
 //! with the viewer's own keys). Which track goes on which media section is
 //! `fanout_proto::whep::plan`.
 
+use crate::clients::{LastPicture, ViewerStatus, WebRtcFace};
 use crate::relay::Relay;
 use fanout_io::channel::{ChannelQueue, Frame};
 use fanout_io::Session;
 use fanout_proto::rtp::RtpView;
 use fanout_proto::rtsp::sdp::Sdp;
 use parking_lot::Mutex;
-use serde::Serialize;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -35,35 +35,6 @@ const CONNECT_WITHIN: Duration = Duration::from_secs(15);
 const MAX_CONNECTING: usize = 256;
 /// Packets queued for a viewer before the ring holds the rest for it (slowest-sink-drop).
 const QUEUE: usize = 1024;
-
-/// A viewer as the status shows it.
-#[derive(Debug, Clone, Serialize)]
-pub struct ViewerStatus {
-    pub id: String,
-    pub path: String,
-    /// `viewer` (WHEP) or `publisher` (WHIP).
-    pub role: &'static str,
-    /// Where its media goes (or comes from), once its first ICE check came.
-    pub peer: Option<SocketAddr>,
-    /// `connecting` (ICE, DTLS) or `playing`.
-    pub state: &'static str,
-    pub since_s: f64,
-    /// What it gets: `video H264 (pt 102)`, ...
-    pub tracks: Vec<String>,
-    /// Tracks of the path it does not get, and why.
-    pub left_out: Vec<String>,
-    pub packets: u64,
-    /// The newest video picture sent: its RTP time and when (Unix ms), by which a player
-    /// that knows when it showed that RTP time measures how far behind it plays.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub last_picture: Option<LastPicture>,
-}
-
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct LastPicture {
-    pub rtp: u32,
-    pub unix_ms: f64,
-}
 
 struct Shared {
     /// Viewers by id, for the status and DELETE.
@@ -135,6 +106,29 @@ const KEYFRAME_EVERY: Duration = Duration::from_secs(2);
 const CONN_BASE: u64 = 5 << 56;
 static NEXT_CONN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+impl WebRtcFace for WebRtc {
+    fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    fn viewers(&self, path: Option<&str>) -> Vec<ViewerStatus> {
+        WebRtc::viewers(self, path)
+    }
+
+    fn end_path(&self, path: &str, all: bool) {
+        WebRtc::end_path(self, path, all)
+    }
+
+    fn as_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
+        self
+    }
+}
+
+/// The relay's WebRTC face, as this module's own type.
+fn face(relay: &Relay) -> Option<Arc<WebRtc>> {
+    relay.webrtc.lock().clone()?.as_any().downcast::<WebRtc>().ok()
+}
+
 /// Why a WHEP request is refused: the HTTP status and the message.
 pub struct Refused(pub u16, pub String);
 
@@ -195,7 +189,7 @@ impl WebRtc {
             ));
         }
         let tracks = relay.tracks(path);
-        let id = crate::api::random_id();
+        let id = crate::clients::random_id();
         let first_seq = u64::from(crate::track::random_start().0) + 1;
         let mut outs = Vec::new();
         let mut names = Vec::new();
@@ -303,7 +297,7 @@ impl WebRtc {
         let ingest = fanout_proto::whep::ingest(&parsed)
             .ok_or_else(|| Refused(400, "the offer sends no H.264 (packetization mode 1) or Opus".into()))?;
         let sdp = Sdp::parse(&ingest.sdp).map_err(|e| Refused(500, format!("the path's description: {e}")))?;
-        let id = crate::api::random_id();
+        let id = crate::clients::random_id();
         let status = ViewerStatus {
             id: id.clone(),
             path: path.to_string(),
@@ -643,7 +637,7 @@ async fn whip(State(relay): State<Arc<Relay>>, Path(name): Path<String>, headers
 /// A WHEP (`whep`) or WHIP (`whip`) offer: `201` with the answer and the peer's resource,
 /// or the refusal with its reason.
 async fn negotiated(relay: Arc<Relay>, name: String, headers: HeaderMap, body: String, what: &str) -> Response {
-    let Some(w) = relay.webrtc.lock().clone() else {
+    let Some(w) = face(&relay) else {
         return text(503, "WebRTC is off on this relay (webrtc = \"off\", or its port was taken)".into());
     };
     let sdp = headers
@@ -671,14 +665,14 @@ async fn negotiated(relay: Arc<Relay>, name: String, headers: HeaderMap, body: S
 }
 
 async fn patch(State(relay): State<Arc<Relay>>, Path((name, id)): Path<(String, String)>) -> Response {
-    match relay.webrtc.lock().clone().filter(|w| w.viewers(Some(&name)).iter().any(|v| v.id == id)) {
+    match face(&relay).filter(|w| w.viewers(Some(&name)).iter().any(|v| v.id == id)) {
         Some(_) => StatusCode::NO_CONTENT.into_response(),
         None => text(404, format!("no WebRTC viewer {id} of {name}")),
     }
 }
 
 async fn delete(State(relay): State<Arc<Relay>>, Path((name, id)): Path<(String, String)>) -> Response {
-    match relay.webrtc.lock().clone().filter(|w| w.end(&name, &id)) {
+    match face(&relay).filter(|w| w.end(&name, &id)) {
         Some(_) => StatusCode::OK.into_response(),
         None => text(404, format!("no WebRTC viewer {id} of {name}")),
     }
