@@ -69,15 +69,23 @@ async fn serve_plain(stream: TcpStream, relay: &Arc<Relay>, router: axum::Router
             start_stream(stream, relay, &name, auth.as_deref(), query.as_deref(), head_len).await
         }
         Some(Err(())) => {}
-        None => serve_api(stream, router, head_timeout).await,
+        None => {
+            let peer = stream.peer_addr().ok();
+            serve_api(stream, peer, router, head_timeout).await
+        }
     }
 }
 
-/// Hands a connection to hyper and the API's router.
-async fn serve_api<S>(io: S, router: axum::Router, head_timeout: Duration)
+/// Hands a connection to hyper and the API's router; handlers that count per address (WHEP)
+/// find `peer` as `ConnectInfo`.
+async fn serve_api<S>(io: S, peer: Option<std::net::SocketAddr>, router: axum::Router, head_timeout: Duration)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
+    let router = match peer {
+        Some(p) => router.layer(axum::Extension(axum::extract::ConnectInfo(p))),
+        None => router,
+    };
     let svc = TowerToHyperService::new(router);
     // Every request head, the first and each kept-alive one, must arrive whole within the
     // timeout: a trickle of bytes does not hold the connection.
@@ -129,7 +137,7 @@ async fn serve_tls(stream: TcpStream, relay: &Arc<Relay>, router: axum::Router, 
                 return;
             }
             Head::Api => {
-                return serve_api(Prefixed { head: buf, at: 0, io: tls_stream }, router, head_timeout).await;
+                return serve_api(Prefixed { head: buf, at: 0, io: tls_stream }, peer, router, head_timeout).await;
             }
             Head::Reject(status, why) => {
                 let _ = tokio::time::timeout(Duration::from_secs(1), reject_on(&mut tls_stream, status, why)).await;

@@ -340,7 +340,15 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>) -> 
     // WebRTC: with its port taken, the rest serves on.
     let mut webrtc = None;
     if let Some(addr) = relay.cfg.webrtc {
-        match crate::webrtc::WebRtc::start(addr, &relay.cfg.webrtc_additional_hosts) {
+        match crate::webrtc::WebRtc::start(
+            addr,
+            &relay.cfg.webrtc_additional_hosts,
+            crate::admit::Gate::new(
+                relay.cfg.max_connections_per_ip,
+                "WebRTC per-address cap (max_connections_per_ip)",
+                relay.books.clone(),
+            ),
+        ) {
             Ok(w) => {
                 say!("fanout: WebRTC (WHEP) {http}://{api}/{{path}}/whep  (media on udp {})", w.addr);
                 *relay.webrtc.lock() = Some(w.clone());

@@ -11,6 +11,7 @@
 //! with the viewer's own keys). Which track goes on which media section is
 //! `fanout_proto::whep::plan`.
 
+use crate::admit::{Gate, Pass};
 use crate::clients::{LastPicture, ViewerStatus, WebRtcFace};
 use crate::relay::Relay;
 use fanout_io::channel::{ChannelQueue, Frame};
@@ -50,6 +51,9 @@ pub struct WebRtc {
     shared: Arc<Shared>,
     /// Wakes the task when a viewer's queue gets packets.
     wake: Arc<Notify>,
+    /// Peers per address (`max_connections_per_ip`), connecting or connected: one address
+    /// cannot take every slot.
+    gate: Arc<Gate>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -83,6 +87,8 @@ struct Viewer {
     last_picture: Option<LastPicture>,
     /// A WHIP publisher's side (it has no outs).
     publish: Option<Publishing>,
+    /// Its place in its address's count, given back when it goes.
+    _pass: Option<Pass>,
 }
 
 /// A WHIP publisher: its RTP, by payload type, feeds the path's tracks.
@@ -133,8 +139,9 @@ fn face(relay: &Relay) -> Option<Arc<WebRtc>> {
 pub struct Refused(pub u16, pub String);
 
 impl WebRtc {
-    /// Binds `addr` (UDP) and starts serving; `extra_hosts` are offered to viewers too.
-    pub fn start(addr: SocketAddr, extra_hosts: &[IpAddr]) -> std::io::Result<Arc<Self>> {
+    /// Binds `addr` (UDP) and starts serving; `extra_hosts` are offered to viewers too; `gate`
+    /// counts the peers of each address.
+    pub fn start(addr: SocketAddr, extra_hosts: &[IpAddr], gate: Arc<Gate>) -> std::io::Result<Arc<Self>> {
         let socket = std::net::UdpSocket::bind(addr)?;
         socket.set_nonblocking(true)?;
         let bound = socket.local_addr()?;
@@ -153,7 +160,7 @@ impl WebRtc {
         let shared = Arc::new(Shared { viewers: Mutex::new(HashMap::new()) });
         let wake = Arc::new(Notify::new());
         let task = tokio::spawn(run(socket, rx, shared.clone(), wake.clone()));
-        Ok(Arc::new(Self { addr: bound, hosts, cmds: tx, shared, wake, task }))
+        Ok(Arc::new(Self { addr: bound, hosts, cmds: tx, shared, wake, gate, task }))
     }
 
     pub fn stop(&self) {
@@ -169,7 +176,14 @@ impl WebRtc {
     }
 
     /// A WHEP offer for `path`: the answer and the viewer's id.
-    pub async fn offer(&self, relay: &Arc<Relay>, path: &str, offer: &str) -> Result<(String, String), Refused> {
+    pub async fn offer(
+        &self,
+        relay: &Arc<Relay>,
+        path: &str,
+        offer: &str,
+        client: Option<IpAddr>,
+    ) -> Result<(String, String), Refused> {
+        let pass = self.pass(client)?;
         relay.ensure(path).await.map_err(|e| Refused(404, e.to_string()))?;
         let p = relay.path(path).ok_or_else(|| Refused(404, format!("no path {path:?}")))?;
         if let Some(up) = p.upstream().cloned() {
@@ -222,9 +236,21 @@ impl WebRtc {
             packets: 0,
             last_picture: None,
         };
-        self.admit(status, rtc, outs, None)?;
+        self.admit(status, rtc, outs, None, pass)?;
         tracing::info!(path, viewer = %id, left_out = ?plan.left_out, "WebRTC viewer offered");
         Ok((answer, id))
+    }
+
+    /// A place for one more peer of `client` (`None`: an in-process caller, not counted), or
+    /// 429: that address has `max_connections_per_ip` peers already.
+    fn pass(&self, client: Option<IpAddr>) -> Result<Option<Pass>, Refused> {
+        let Some(ip) = client else { return Ok(None) };
+        match self.gate.admit(ip) {
+            Some(p) => Ok(Some(p)),
+            None => {
+                Err(Refused(429, format!("{ip} has as many WebRTC peers as one address may (max_connections_per_ip)")))
+            }
+        }
     }
 
     /// An `Rtc` for a peer's offer (ICE-lite on the relay's candidates, RTP mode, H.264 and
@@ -260,6 +286,7 @@ impl WebRtc {
         rtc: Rtc,
         outs: Vec<Out>,
         publish: Option<Publishing>,
+        pass: Option<Pass>,
     ) -> Result<(), Refused> {
         let id = status.id.clone();
         self.shared.viewers.lock().insert(id.clone(), status);
@@ -275,6 +302,7 @@ impl WebRtc {
             packets: 0,
             last_picture: None,
             publish,
+            _pass: pass,
         };
         if self.cmds.send(Cmd::Add(Box::new(v))).is_err() {
             self.shared.viewers.lock().remove(&id);
@@ -284,7 +312,14 @@ impl WebRtc {
     }
 
     /// A WHIP offer to publish `path`: the answer and the publisher's id.
-    pub async fn publish(&self, relay: &Arc<Relay>, path: &str, offer: &str) -> Result<(String, String), Refused> {
+    pub async fn publish(
+        &self,
+        relay: &Arc<Relay>,
+        path: &str,
+        offer: &str,
+        client: Option<IpAddr>,
+    ) -> Result<(String, String), Refused> {
+        let pass = self.pass(client)?;
         let publisher =
             relay.path(path).and_then(|p| p.publisher().cloned()).filter(|p| p.takes_publishers()).ok_or_else(
                 || Refused(404, format!("no path {path:?} takes publishers (source = {{ publish = true }})")),
@@ -325,7 +360,7 @@ impl WebRtc {
             video_ssrc: None,
             asked: Instant::now(),
         };
-        self.admit(status, rtc, Vec::new(), Some(publish))?;
+        self.admit(status, rtc, Vec::new(), Some(publish), pass)?;
         tracing::info!(path, publisher = %id, "WHIP publisher offered");
         Ok((answer, id))
     }
@@ -596,9 +631,10 @@ pub fn routes() -> axum::Router<Arc<Relay>> {
         .route_layer(axum::middleware::map_response(cors))
 }
 
-use axum::extract::{Path, State};
+use axum::extract::{ConnectInfo, Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 
 async fn cors(mut r: Response) -> Response {
     let h = r.headers_mut();
@@ -621,22 +657,39 @@ fn text(status: u16, why: String) -> Response {
     (status, [(header::CONTENT_TYPE, "text/plain")], why).into_response()
 }
 
+/// The client's address, where the HTTP listener gave it.
+type Client = Option<Extension<ConnectInfo<SocketAddr>>>;
+
 async fn offer(
     State(relay): State<Arc<Relay>>,
     Path(name): Path<String>,
+    client: Client,
     headers: HeaderMap,
     body: String,
 ) -> Response {
-    negotiated(relay, name, headers, body, "whep").await
+    negotiated(relay, name, client.map(|c| c.0 .0.ip()), headers, body, "whep").await
 }
 
-async fn whip(State(relay): State<Arc<Relay>>, Path(name): Path<String>, headers: HeaderMap, body: String) -> Response {
-    negotiated(relay, name, headers, body, "whip").await
+async fn whip(
+    State(relay): State<Arc<Relay>>,
+    Path(name): Path<String>,
+    client: Client,
+    headers: HeaderMap,
+    body: String,
+) -> Response {
+    negotiated(relay, name, client.map(|c| c.0 .0.ip()), headers, body, "whip").await
 }
 
 /// A WHEP (`whep`) or WHIP (`whip`) offer: `201` with the answer and the peer's resource,
 /// or the refusal with its reason.
-async fn negotiated(relay: Arc<Relay>, name: String, headers: HeaderMap, body: String, what: &str) -> Response {
+async fn negotiated(
+    relay: Arc<Relay>,
+    name: String,
+    client: Option<IpAddr>,
+    headers: HeaderMap,
+    body: String,
+    what: &str,
+) -> Response {
     let Some(w) = face(&relay) else {
         return text(503, "WebRTC is off on this relay (webrtc = \"off\", or its port was taken)".into());
     };
@@ -648,8 +701,8 @@ async fn negotiated(relay: Arc<Relay>, name: String, headers: HeaderMap, body: S
         return text(415, format!("a {} offer is Content-Type: application/sdp", what.to_uppercase()));
     }
     let done = match what {
-        "whip" => w.publish(&relay, &name, &body).await,
-        _ => w.offer(&relay, &name, &body).await,
+        "whip" => w.publish(&relay, &name, &body, client).await,
+        _ => w.offer(&relay, &name, &body, client).await,
     };
     match done {
         Ok((answer, id)) => {
