@@ -9,27 +9,6 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-/// A program scripts/install-peers put in `.peers/`. Where install-peers could not build it on
-/// this machine it left `.peers/NAME.unavailable` with the reason: a loud skip. Otherwise its
-/// absence is a failure on CI and a loud skip elsewhere.
-fn peer(name: &str) -> Option<PathBuf> {
-    let peers = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.peers");
-    let p = peers.join(name);
-    if p.exists() {
-        return Some(p);
-    }
-    let top = name.split('/').next().unwrap_or(name);
-    if let Ok(why) = std::fs::read_to_string(peers.join(format!("{top}.unavailable"))) {
-        eprintln!("\n*** SKIPPED: {top} could not be installed here: {} ***\n", why.trim());
-        return None;
-    }
-    if std::env::var_os("CI").is_some() {
-        panic!("{} is missing: scripts/test installs it (scripts/install-peers)", p.display());
-    }
-    eprintln!("\n*** SKIPPED: {name} not installed; run scripts/install-peers ***\n");
-    None
-}
-
 /// Kills the child when dropped.
 struct Proc(Child);
 impl Drop for Proc {

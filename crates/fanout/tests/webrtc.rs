@@ -262,3 +262,210 @@ fn chromium_publishes_over_whip_and_ffmpeg_plays_it() {
     let viewers = || relay.ok("GET", "/v1/sessions/cam", None)["webrtc"].as_array().map_or(0, Vec::len);
     assert!(wait_for(Duration::from_secs(10), || viewers() == 0), "{}", relay.ok("GET", "/v1/sessions/cam", None));
 }
+
+/// A second WebRTC stack (pion, Go; scripts/install-peers builds `peers/pion`) as the player:
+/// `pion-peer whep` plays `url` for `seconds` (dropping the fraction `drop` of the video
+/// packets next to its network), writes the complete frames to `h264`, and reports.
+fn pion_play(
+    pion: &std::path::Path,
+    url: &str,
+    seconds: u32,
+    drop: f64,
+    h264: &std::path::Path,
+) -> std::process::Child {
+    std::process::Command::new(pion)
+        .args(["whep", url, "-seconds", &seconds.to_string(), "-drop", &drop.to_string(), "-h264"])
+        .arg(h264)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// A directory of this test's own, emptied first.
+fn tmpdir(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("fanout-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A pion-peer's JSON report, after it ends by itself.
+fn report(child: std::process::Child) -> Value {
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(text.trim())
+        .unwrap_or_else(|_| panic!("pion-peer: {text} / {}", String::from_utf8_lossy(&out.stderr)))
+}
+
+/// How many frames ffmpeg's decoder makes of an H.264 file.
+fn decodes(h264: &std::path::Path) -> u64 {
+    let out = std::process::Command::new("ffprobe")
+        .args([
+            "-v",
+            "error",
+            "-f",
+            "h264",
+            "-count_frames",
+            "-show_entries",
+            "stream=nb_read_frames",
+            "-of",
+            "csv=p=0",
+        ])
+        .arg(h264)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or(0)
+}
+
+/// Pion plays the demo over WHEP: it starts at a keyframe, loses no frame, and ffmpeg decodes
+/// every frame it assembled. A second pion drops 5% of the video packets on arrival, as a lossy
+/// link would: the relay resends them (RTX) when asked (NACK), so fewer than 0.5% of its frames
+/// are lost. A third is killed without a word: the relay drops it once its ICE checks stop
+/// (within the consent-freshness window, 30 s) and its sinks are gone.
+#[test]
+fn pion_plays_over_whep_and_lost_packets_are_resent() {
+    let Some(pion) = peer("pion-peer") else { return };
+    if !have_ffmpeg() {
+        return;
+    }
+    let relay = Relay::start(&[]);
+    let whep = relay.url("/demo/whep");
+    let dir = tmpdir("pion-whep");
+    let (clean_h264, lossy_h264) = (dir.join("clean.h264"), dir.join("lossy.h264"));
+    // The sinks on the path's tracks' sessions.
+    let sinks = || {
+        let s = relay.ok("GET", "/v1/sessions/demo", None);
+        s["rtsp_tracks"].as_array().unwrap().iter().map(|t| t["sinks"].as_u64().unwrap()).sum::<u64>()
+    };
+    let before = sinks();
+    let playing = || {
+        let s = relay.ok("GET", "/v1/sessions/demo", None);
+        s["webrtc"].as_array().map_or(0, |v| v.iter().filter(|v| v["state"] == "playing").count())
+    };
+    // The one to be killed first: its id, then no more of it.
+    let mut doomed = pion_play(&pion, &whep, 120, 0.0, &dir.join("doomed.h264"));
+    assert!(wait_for(Duration::from_secs(15), || playing() == 1), "{}", relay.ok("GET", "/v1/sessions/demo", None));
+    let id = relay.ok("GET", "/v1/sessions/demo", None)["webrtc"][0]["id"].as_str().unwrap().to_string();
+    doomed.kill().unwrap();
+    let _ = doomed.wait();
+    let status = relay.url("/v1/sessions/demo");
+    let gone = std::thread::spawn(move || {
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < Duration::from_secs(40) {
+            let s: Value = ureq::get(&status).call().unwrap().into_json().unwrap();
+            if !s["webrtc"].as_array().unwrap().iter().any(|v| v["id"] == id.as_str()) {
+                return t0.elapsed().as_secs_f64();
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        f64::INFINITY
+    });
+    let clean = pion_play(&pion, &whep, 12, 0.0, &clean_h264);
+    let lossy = pion_play(&pion, &whep, 20, 0.05, &lossy_h264);
+
+    let clean = report(clean);
+    eprintln!("pion, no loss: {clean}");
+    assert_eq!(clean["connected"], true, "{clean}");
+    assert_eq!(clean["starts_with_keyframe"], true, "{clean}");
+    let frames = clean["frames_complete"].as_u64().unwrap();
+    assert!(frames >= 250, "12 s at 25 fps: {clean}");
+    assert_eq!(clean["frames_lost"], 0, "{clean}");
+    assert_eq!(decodes(&clean_h264), frames, "ffmpeg decodes every frame pion assembled");
+
+    let lossy = report(lossy);
+    eprintln!("pion, 5% of video packets dropped: {lossy}");
+    let (packets, dropped) = (lossy["video_packets"].as_f64().unwrap(), lossy["dropped"].as_f64().unwrap());
+    assert!(dropped >= 0.03 * (packets + dropped), "the link lost packets: {lossy}");
+    assert!(lossy["nacks_sent"].as_u64().unwrap() > 0, "{lossy}");
+    assert!(lossy["frames_expected"].as_u64().unwrap() >= 450, "{lossy}");
+    assert!(lossy["lost_fraction"].as_f64().unwrap() < 0.005, "frames lost to the viewer: {lossy}");
+    assert_eq!(decodes(&lossy_h264), lossy["frames_complete"].as_u64().unwrap());
+
+    // The killed viewer: gone within the consent window; with the others ended, no sink is left.
+    let after = gone.join().unwrap();
+    eprintln!("a viewer that stopped answering was dropped {after:.1} s later");
+    assert!(after < 30.0, "{after:.1} s");
+    assert!(
+        wait_for(Duration::from_secs(5), || playing() == 0 && sinks() == before),
+        "{}",
+        relay.ok("GET", "/v1/sessions/demo", None)
+    );
+}
+
+/// Pion publishes the demo's H.264 over WHIP (8 s, 200 frames, a keyframe every 25); a pion
+/// viewer that joins a couple of seconds later starts at a keyframe from the ring and gets
+/// every frame from there to the publisher's last: 200 minus whole GOPs. The relay asked the
+/// publisher for keyframes (PLI) meanwhile.
+#[test]
+fn pion_publishes_over_whip_and_a_viewer_gets_every_frame() {
+    let Some(pion) = peer("pion-peer") else { return };
+    if !have_ffmpeg() {
+        return;
+    }
+    let config = "publisher_grace_s = 1\n[[session]]\nname = \"cam\"\nsource = { publish = true }\n";
+    let relay = Relay::with_config(config, &["--no-demo"]);
+    let dir = tmpdir("pion-whip");
+    let clip = dir.join("demo.h264");
+    let demo = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../assets/demo.ts");
+    let st = std::process::Command::new("ffmpeg")
+        .args(["-v", "error", "-y", "-i"])
+        .arg(&demo)
+        .args(["-an", "-c:v", "copy", "-f", "h264"])
+        .arg(&clip)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let publisher = std::process::Command::new(&pion)
+        .args(["whip", &relay.url("/cam/whip"), "-seconds", "8", "-h264"])
+        .arg(&clip)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let state = || relay.ok("GET", "/v1/sessions/cam", None)["publisher"].clone();
+    assert!(wait_for(Duration::from_secs(15), || state()["transport"] == "webrtc"), "{}", state());
+    std::thread::sleep(Duration::from_secs(2));
+    let got = dir.join("got.h264");
+    let viewer = pion_play(&pion, &relay.url("/cam/whep"), 25, 0.0, &got);
+    let sent = report(publisher);
+    let seen = report(viewer);
+    eprintln!("pion publisher: {sent}\npion viewer: {seen}");
+    assert_eq!(sent["frames_sent"], 200, "{sent}");
+    assert!(sent["plis"].as_u64().unwrap() >= 2, "the relay asks for keyframes: {sent}");
+    assert_ne!(seen["ended"], "time", "the viewer is ended with the stream: {seen}");
+    assert_eq!(seen["starts_with_keyframe"], true, "{seen}");
+    assert_eq!(seen["frames_lost"], 0, "{seen}");
+    let frames = seen["frames_complete"].as_u64().unwrap();
+    assert!(frames >= 50 && (200 - frames).is_multiple_of(25), "from a keyframe to the last frame: {frames} of 200");
+    assert_eq!(decodes(&got), frames);
+}
+
+/// A hand-made WHEP offer (H.264 only), as any client could send.
+const OFFER: &str = "v=0\r\no=- 1 2 IN IP4 127.0.0.1\r\ns=-\r\nt=0 0\r\na=group:BUNDLE 0\r\n\
+a=fingerprint:sha-256 5B:2A:1C:9E:44:07:31:6F:AD:18:90:C2:7B:E3:55:0D:12:34:56:78:9A:BC:DE:F0:01:23:45:67:89:AB:CD:EF\r\n\
+m=video 9 UDP/TLS/RTP/SAVPF 102\r\nc=IN IP4 0.0.0.0\r\na=mid:0\r\na=ice-ufrag:flood\r\n\
+a=ice-pwd:aaaaaaaaaaaaaaaaaaaaaaaa\r\na=setup:actpass\r\na=rtcp-mux\r\na=recvonly\r\n\
+a=rtpmap:102 H264/90000\r\na=fmtp:102 level-asymmetry-allowed=1;packetization-mode=1;profile-level-id=42e01f\r\n";
+
+/// One address cannot hold every WebRTC slot: past `max_connections_per_ip` peers (connecting
+/// or playing) its offers are 429 with the reason, and counted; a peer that goes gives its
+/// place back.
+#[test]
+fn one_address_cannot_take_every_webrtc_slot() {
+    let relay = Relay::with_config("max_connections_per_ip = 4\n", &[]);
+    let post = || match ureq::post(&relay.url("/demo/whep")).set("Content-Type", "application/sdp").send_string(OFFER) {
+        Ok(r) => (r.status(), r.header("location").unwrap_or("").to_string()),
+        Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+        Err(e) => panic!("{e}"),
+    };
+    let mine: Vec<_> = (0..4).map(|_| post()).collect();
+    assert!(mine.iter().all(|(code, _)| *code == 201), "{mine:?}");
+    let (code, why) = post();
+    assert_eq!(code, 429, "{why}");
+    assert!(why.contains("max_connections_per_ip"), "{why}");
+    assert_eq!(ureq::delete(&relay.url(&mine[0].1)).call().unwrap().status(), 200);
+    let (code, why) = post();
+    assert_eq!(code, 201, "a place came back: {why}");
+    assert!(metrics(&relay).contains("WebRTC per-address cap"), "the refusal is counted");
+}

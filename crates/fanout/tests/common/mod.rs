@@ -587,3 +587,24 @@ pub fn metrics(relay: &Relay) -> String {
     let out = Command::new("curl").args(["-s", &relay.url("/metrics")]).output().unwrap();
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// A program scripts/install-peers put in `.peers/`. Where install-peers could not build it on
+/// this machine it left `.peers/NAME.unavailable` with the reason: a loud skip. Otherwise its
+/// absence is a failure on CI and a loud skip elsewhere.
+pub fn peer(name: &str) -> Option<std::path::PathBuf> {
+    let peers = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.peers");
+    let p = peers.join(name);
+    if p.exists() {
+        return Some(p);
+    }
+    let top = name.split('/').next().unwrap_or(name);
+    if let Ok(why) = std::fs::read_to_string(peers.join(format!("{top}.unavailable"))) {
+        eprintln!("\n*** SKIPPED: {top} could not be installed here: {} ***\n", why.trim());
+        return None;
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!("{} is missing: scripts/test installs it (scripts/install-peers)", p.display());
+    }
+    eprintln!("\n*** SKIPPED: {name} not installed; run scripts/install-peers ***\n");
+    None
+}
