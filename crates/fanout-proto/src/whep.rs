@@ -14,6 +14,9 @@ pub struct Route {
     pub mid: String,
     pub pt: u8,
     pub video: bool,
+    /// H.264's parameter sets from the path's description (`sprop-parameter-sets`), for
+    /// [`InBandParams`].
+    pub params: Vec<Vec<u8>>,
 }
 
 /// What a viewer gets, and what it does not (for the status and the log).
@@ -78,12 +81,84 @@ pub fn plan(path: &Sdp, answer: &Sdp) -> Plan {
         match found {
             Some((i, mid, pt)) => {
                 used[i] = true;
-                plan.routes.push(Route { track, mid, pt, video: m.kind == "video" });
+                let params = match crate::container::repack::TrackInfo::from_sdp(m).map(|t| t.codec) {
+                    Ok(crate::container::repack::TrackCodec::Video { params, .. }) => params,
+                    _ => Vec::new(),
+                };
+                plan.routes.push(Route { track, mid, pt, video: m.kind == "video", params });
             }
             None => plan.left_out.push(format!("{} ({codec}): the viewer's offer takes none", m.kind)),
         }
     }
     plan
+}
+
+/// H.264 parameter sets in band for a WebRTC viewer. Many RTSP publishers (ffmpeg with
+/// libx264 among them) give the SPS and PPS only in the SDP, which a WebRTC viewer never
+/// sees, and a browser decodes nothing without them. Before the first packet of a keyframe
+/// (an IDR slice) that came without them, the viewer gets them as RTP payloads of their own,
+/// at the keyframe's time. Ones the stream carries replace those of the SDP.
+#[derive(Debug, Clone, Default)]
+pub struct InBandParams {
+    sps: Option<Vec<u8>>,
+    pps: Option<Vec<u8>>,
+    /// The RTP time of the last frame that had them.
+    had_at: Option<u32>,
+}
+
+impl InBandParams {
+    pub fn new(params: &[Vec<u8>]) -> Self {
+        let find = |t: u8| params.iter().find(|n| n.first().is_some_and(|b| b & 0x1f == t)).cloned();
+        Self { sps: find(7), pps: find(8), had_at: None }
+    }
+
+    /// What to send before `payload`, an H.264 RTP payload (RFC 6184) of time `ts`: the SPS
+    /// and PPS, or nothing.
+    pub fn before(&mut self, ts: u32, payload: &[u8]) -> Vec<Vec<u8>> {
+        let mut idr_starts = false;
+        for nal in nal_units(payload) {
+            match nal.first().map(|b| b & 0x1f) {
+                Some(7) => {
+                    self.sps = Some(nal.to_vec());
+                    self.had_at = Some(ts);
+                }
+                Some(8) => self.pps = Some(nal.to_vec()),
+                Some(5) => idr_starts = true,
+                _ => {}
+            }
+        }
+        // An FU-A's first fragment of an IDR slice.
+        if payload.len() >= 2 && payload[0] & 0x1f == 28 && payload[1] & 0x80 != 0 && payload[1] & 0x1f == 5 {
+            idr_starts = true;
+        }
+        match (&self.sps, &self.pps) {
+            (Some(sps), Some(pps)) if idr_starts && self.had_at != Some(ts) => {
+                self.had_at = Some(ts);
+                vec![sps.clone(), pps.clone()]
+            }
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// The whole NAL units of an H.264 RTP payload: itself (types 1–23) or those a STAP-A
+/// (24) aggregates; none for fragments and others.
+fn nal_units(payload: &[u8]) -> Vec<&[u8]> {
+    match payload.first().map(|b| b & 0x1f) {
+        Some(1..=23) => vec![payload],
+        Some(24) => {
+            let mut out = Vec::new();
+            let mut rest = &payload[1..];
+            while rest.len() >= 2 {
+                let n = usize::from(u16::from_be_bytes([rest[0], rest[1]]));
+                let Some(nal) = rest.get(2..2 + n) else { break };
+                out.push(nal);
+                rest = &rest[2 + n..];
+            }
+            out
+        }
+        _ => Vec::new(),
+    }
 }
 
 /// What a WHIP publisher's negotiated answer makes of the path: its description (a video
@@ -140,7 +215,7 @@ mod tests {
     #[test]
     fn h264_goes_as_the_first_mode_1_type_and_aac_is_left_out_with_the_reason() {
         let plan = plan(&Sdp::parse(PATH).unwrap(), &Sdp::parse(ANSWER).unwrap());
-        assert_eq!(plan.routes, vec![Route { track: 0, mid: "0".into(), pt: 102, video: true }]);
+        assert_eq!(plan.routes, vec![Route { track: 0, mid: "0".into(), pt: 102, video: true, params: vec![] }]);
         assert_eq!(plan.left_out, vec!["audio is MPEG4-GENERIC: WebRTC here carries H264 video and Opus audio"]);
     }
 
@@ -152,7 +227,7 @@ mod tests {
             a=rtpmap:111 opus/48000/2\r\nm=video 9 UDP/TLS/RTP/SAVPF 102\r\na=mid:v\r\na=recvonly\r\n\
             a=rtpmap:102 H264/90000\r\na=fmtp:102 packetization-mode=1\r\n";
         let plan = plan(&Sdp::parse(path).unwrap(), &Sdp::parse(answer).unwrap());
-        assert_eq!(plan.routes, vec![Route { track: 0, mid: "a".into(), pt: 111, video: false }]);
+        assert_eq!(plan.routes, vec![Route { track: 0, mid: "a".into(), pt: 111, video: false, params: vec![] }]);
         assert_eq!(plan.left_out, vec!["video (H264): the viewer's offer takes none"]);
     }
 
@@ -175,7 +250,45 @@ mod tests {
         assert_eq!(ingest(&Sdp::parse(&answer.replace("recvonly", "sendonly")).unwrap()), None);
     }
 
+    #[test]
+    fn parameter_sets_go_before_a_keyframe_that_lacks_them() {
+        let (sps, pps) = (vec![0x67, 0x42, 0xc0, 0x1e], vec![0x68, 0xce, 0x3c, 0x80]);
+        let mut p = InBandParams::new(&[sps.clone(), pps.clone()]);
+        // A P slice: nothing; an IDR slice's first FU-A fragment: the SPS and PPS, once.
+        assert!(p.before(0, &[0x41, 0x9a]).is_empty());
+        assert_eq!(p.before(3000, &[0x7c, 0x85, 0x88]), vec![sps.clone(), pps.clone()]);
+        assert!(p.before(3000, &[0x7c, 0x05, 0x88]).is_empty(), "a later fragment");
+        assert!(p.before(3000, &[0x65, 0x88]).is_empty(), "another slice of that keyframe");
+        // A keyframe with its own (new) ones in a STAP-A: they are kept, nothing added.
+        let new_sps = vec![0x67, 0x64, 0x00, 0x1f];
+        let mut stap = vec![0x78, 0, 4];
+        stap.extend(&new_sps);
+        stap.extend([0, 4]);
+        stap.extend(&pps);
+        assert!(p.before(6000, &stap).is_empty());
+        assert!(p.before(6000, &[0x65, 0x88]).is_empty());
+        // The next keyframe without them gets the stream's.
+        assert_eq!(p.before(9000, &[0x65, 0x88]), vec![new_sps, pps]);
+        // Nothing known: nothing sent.
+        assert!(InBandParams::new(&[]).before(0, &[0x65, 0x88]).is_empty());
+    }
+
+    #[test]
+    fn a_route_carries_the_paths_parameter_sets() {
+        let path = Sdp::parse("v=0\r\nm=video 0 RTP/AVP 96\r\na=rtpmap:96 H264/90000\r\na=fmtp:96 packetization-mode=1;sprop-parameter-sets=Z0LAHg==,aM48gA==\r\n").unwrap();
+        let answer = Sdp::parse("v=0\r\nm=video 9 UDP/TLS/RTP/SAVPF 102\r\na=mid:0\r\na=sendonly\r\na=rtpmap:102 H264/90000\r\na=fmtp:102 packetization-mode=1\r\n").unwrap();
+        let routes = plan(&path, &answer).routes;
+        assert_eq!(routes[0].params, vec![vec![0x67, 0x42, 0xc0, 0x1e], vec![0x68, 0xce, 0x3c, 0x80]]);
+    }
+
     proptest! {
+        /// Any payload: no panic, and never more than the two parameter sets.
+        #[test]
+        fn in_band_params_take_any_payload(ts: u32, payload in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let mut p = InBandParams::new(&[vec![0x67, 1], vec![0x68, 2]]);
+            prop_assert!(p.before(ts, &payload).len() <= 2);
+        }
+
         /// Any pair of descriptions: every route names a track and a section that exist,
         /// each section at most once; every track is routed or has a reason.
         #[test]

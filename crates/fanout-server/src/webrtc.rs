@@ -69,9 +69,10 @@ struct Out {
     session: Session,
     queue: Arc<ChannelQueue>,
     sink: Option<u64>,
-    /// The viewer's own numbering: the next sequence number (extended) and the offset from
-    /// the relay's.
+    /// The viewer's own numbering: the next sequence number (extended).
     next_seq: u64,
+    /// H.264: the parameter sets a keyframe that comes without them gets.
+    params: Option<fanout_proto::whep::InBandParams>,
 }
 
 struct Viewer {
@@ -219,6 +220,7 @@ impl WebRtc {
                 queue,
                 sink: None,
                 next_seq: first_seq,
+                params: (r.video && !r.params.is_empty()).then(|| fanout_proto::whep::InBandParams::new(&r.params)),
             });
             let m = &described.media[r.track];
             let codec = m.formats.first().and_then(|f| m.rtpmap(f)).map_or("?", |c| c.0);
@@ -577,11 +579,17 @@ fn pump(v: &mut Viewer, frames: &mut Vec<Frame>, now: Instant) {
         o.queue.drain(frames);
         for (p, _) in frames.drain(..) {
             let Ok(rtp) = RtpView::parse(p.data()) else { continue };
+            let mut api = v.rtc.direct_api();
+            let Some(stream) = api.stream_tx_by_mid(o.mid, None) else { continue };
+            let params = o.params.as_mut().map(|p| p.before(rtp.timestamp(), rtp.payload())).unwrap_or_default();
+            for nal in params {
+                let w = RtpWrite::new(o.pt.into(), SeqNo::from(o.next_seq), rtp.timestamp(), now, nal).nackable(true);
+                stream.write_rtp(w);
+                o.next_seq += 1;
+            }
             let w = RtpWrite::new(o.pt.into(), SeqNo::from(o.next_seq), rtp.timestamp(), now, rtp.payload())
                 .marker(rtp.marker())
                 .nackable(o.video);
-            let mut api = v.rtc.direct_api();
-            let Some(stream) = api.stream_tx_by_mid(o.mid, None) else { continue };
             stream.write_rtp(w);
             o.next_seq += 1;
             v.packets += 1;
