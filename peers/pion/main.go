@@ -1,11 +1,12 @@
 // pion-peer is a second WebRTC stack for fanout's tests: pion (Go), independent of the relay's
 // str0m, playing a path over WHEP and publishing one over WHIP.
 //
-//	pion-peer whep URL [-seconds N] [-drop P] [-h264 FILE]
+//	pion-peer whep URL [-seconds N] [-drop P] [-h264 FILE] [-pli MS]
 //	    Plays URL for N seconds (or until the relay ends the stream). Drops a fraction P of
 //	    the incoming video packets before pion's NACK generator sees them, as a lossy link
 //	    would, so repairs come from the relay. Writes the complete frames as Annex B H.264 to
-//	    FILE (for a decoder to count) and a JSON report to stdout.
+//	    FILE (for a decoder to count) and a JSON report to stdout. With -pli it asks for a
+//	    keyframe (PLI) every MS milliseconds, as a player that keeps losing pictures would.
 //	pion-peer whip URL -h264 FILE [-fps F] [-seconds N]
 //	    Publishes the Annex B H.264 FILE, looped, at F frames a second for N seconds, then
 //	    ends with DELETE; a JSON report to stdout.
@@ -45,12 +46,13 @@ func main() {
 	drop := fs.Float64("drop", 0, "fraction of incoming video packets to drop (whep)")
 	h264 := fs.String("h264", "", "Annex B H.264: written (whep) or sent (whip)")
 	fps := fs.Float64("fps", 25, "frames a second (whip)")
+	pli := fs.Int("pli", 0, "ask for a keyframe every this many ms (whep; 0: never)")
 	_ = fs.Parse(os.Args[3:])
 	d := time.Duration(*seconds * float64(time.Second))
 	var report any
 	switch mode {
 	case "whep":
-		report = play(target, d, *drop, *h264)
+		report = play(target, d, *drop, *h264, time.Duration(*pli)*time.Millisecond)
 	case "whip":
 		if *h264 == "" {
 			fail("whip needs -h264 FILE")
@@ -159,10 +161,11 @@ type playReport struct {
 	FramesLost     int     `json:"frames_lost"`
 	LostFraction   float64 `json:"lost_fraction"`
 	FirstKeyframe  bool    `json:"starts_with_keyframe"`
+	PlisSent       int     `json:"plis_sent"`
 	Ended          string  `json:"ended"`
 }
 
-func play(target string, d time.Duration, drop float64, out string) playReport {
+func play(target string, d time.Duration, drop float64, out string, pli time.Duration) playReport {
 	m := &webrtc.MediaEngine{}
 	if err := m.RegisterDefaultCodecs(); err != nil {
 		fail(err.Error())
@@ -204,6 +207,18 @@ func play(target string, d time.Duration, drop float64, out string) playReport {
 	})
 	pc.OnTrack(func(t *webrtc.TrackRemote, _ *webrtc.RTPReceiver) {
 		isVideo := t.Kind() == webrtc.RTPCodecTypeVideo
+		if isVideo && pli > 0 {
+			go func() {
+				for range time.Tick(pli) {
+					if pc.WriteRTCP([]rtcp.Packet{&rtcp.PictureLossIndication{MediaSSRC: uint32(t.SSRC())}}) != nil {
+						return
+					}
+					mu.Lock()
+					rep.PlisSent++
+					mu.Unlock()
+				}
+			}()
+		}
 		var ext uint64
 		var have bool
 		for {

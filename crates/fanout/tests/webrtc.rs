@@ -265,16 +265,19 @@ fn chromium_publishes_over_whip_and_ffmpeg_plays_it() {
 
 /// A second WebRTC stack (pion, Go; scripts/install-peers builds `peers/pion`) as the player:
 /// `pion-peer whep` plays `url` for `seconds` (dropping the fraction `drop` of the video
-/// packets next to its network), writes the complete frames to `h264`, and reports.
+/// packets next to its network, asking for a keyframe every `pli_ms` unless 0), writes the
+/// complete frames to `h264`, and reports.
 fn pion_play(
     pion: &std::path::Path,
     url: &str,
     seconds: u32,
     drop: f64,
     h264: &std::path::Path,
+    pli_ms: u32,
 ) -> std::process::Child {
     std::process::Command::new(pion)
-        .args(["whep", url, "-seconds", &seconds.to_string(), "-drop", &drop.to_string(), "-h264"])
+        .args(["whep", url, "-seconds", &seconds.to_string(), "-drop", &drop.to_string()])
+        .args(["-pli", &pli_ms.to_string(), "-h264"])
         .arg(h264)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -344,7 +347,7 @@ fn pion_plays_over_whep_and_lost_packets_are_resent() {
         s["webrtc"].as_array().map_or(0, |v| v.iter().filter(|v| v["state"] == "playing").count())
     };
     // The one to be killed first: its id, then no more of it.
-    let mut doomed = pion_play(&pion, &whep, 120, 0.0, &dir.join("doomed.h264"));
+    let mut doomed = pion_play(&pion, &whep, 120, 0.0, &dir.join("doomed.h264"), 0);
     assert!(wait_for(Duration::from_secs(15), || playing() == 1), "{}", relay.ok("GET", "/v1/sessions/demo", None));
     let id = relay.ok("GET", "/v1/sessions/demo", None)["webrtc"][0]["id"].as_str().unwrap().to_string();
     doomed.kill().unwrap();
@@ -361,8 +364,8 @@ fn pion_plays_over_whep_and_lost_packets_are_resent() {
         }
         f64::INFINITY
     });
-    let clean = pion_play(&pion, &whep, 12, 0.0, &clean_h264);
-    let lossy = pion_play(&pion, &whep, 20, 0.05, &lossy_h264);
+    let clean = pion_play(&pion, &whep, 12, 0.0, &clean_h264, 0);
+    let lossy = pion_play(&pion, &whep, 20, 0.05, &lossy_h264, 0);
 
     let clean = report(clean);
     eprintln!("pion, no loss: {clean}");
@@ -395,8 +398,9 @@ fn pion_plays_over_whep_and_lost_packets_are_resent() {
 
 /// Pion publishes the demo's H.264 over WHIP (8 s, 200 frames, a keyframe every 25); a pion
 /// viewer that joins a couple of seconds later starts at a keyframe from the ring and gets
-/// every frame from there to the publisher's last: 200 minus whole GOPs. The relay asked the
-/// publisher for keyframes (PLI) meanwhile.
+/// every frame from there to the publisher's last: 200 minus whole GOPs. A second viewer asks
+/// for a keyframe ten times a second: the publisher is asked for one at most twice a second
+/// (coalesced), besides the relay's own request every 2 s.
 #[test]
 fn pion_publishes_over_whip_and_a_viewer_gets_every_frame() {
     let Some(pion) = peer("pion-peer") else { return };
@@ -427,12 +431,17 @@ fn pion_publishes_over_whip_and_a_viewer_gets_every_frame() {
     assert!(wait_for(Duration::from_secs(15), || state()["transport"] == "webrtc"), "{}", state());
     std::thread::sleep(Duration::from_secs(2));
     let got = dir.join("got.h264");
-    let viewer = pion_play(&pion, &relay.url("/cam/whep"), 25, 0.0, &got);
+    let viewer = pion_play(&pion, &relay.url("/cam/whep"), 25, 0.0, &got, 0);
+    let asking = pion_play(&pion, &relay.url("/cam/whep"), 25, 0.0, &dir.join("asking.h264"), 100);
     let sent = report(publisher);
     let seen = report(viewer);
-    eprintln!("pion publisher: {sent}\npion viewer: {seen}");
+    let asked = report(asking);
+    eprintln!("pion publisher: {sent}\npion viewer: {seen}\npion viewer asking for keyframes: {asked}");
     assert_eq!(sent["frames_sent"], 200, "{sent}");
-    assert!(sent["plis"].as_u64().unwrap() >= 2, "the relay asks for keyframes: {sent}");
+    // The asking viewer played about 5 of the 8 s: ~50 requests, ~10 passed on.
+    assert!(asked["plis_sent"].as_u64().unwrap() >= 30, "{asked}");
+    let plis = sent["plis"].as_u64().unwrap();
+    assert!((8..=22).contains(&plis), "keyframe requests reaching the publisher: {plis}: {sent}");
     assert_ne!(seen["ended"], "time", "the viewer is ended with the stream: {seen}");
     assert_eq!(seen["starts_with_keyframe"], true, "{seen}");
     assert_eq!(seen["frames_lost"], 0, "{seen}");

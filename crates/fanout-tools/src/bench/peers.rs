@@ -5,7 +5,8 @@
 //!   by ffmpeg) over RTSP, RTMP and SRT, nobody watching; the figure is the server's CPU per
 //!   megabyte it took in, and per RTP packet of the stream (the packets fanout's tracks
 //!   counted of the same clip at the same rate).
-//! - **readers**: ffmpeg publishes a 200 kbit/s clip over RTSP; N RTMP players, N SRT
+//! - **readers**: ffmpeg publishes a clip over RTSP (`--readers-kbps`, 200 kbit/s unless
+//!   told); N RTMP players, N SRT
 //!   readers or N WebRTC viewers (WHEP, H.264 only), all in one load process (`fanout sub
 //!   --read`); the figure is how many such
 //!   readers one core of the server serves: N over the CPU the readers add to the server
@@ -39,6 +40,9 @@ pub struct PeersArgs {
     /// Readers per step.
     #[arg(long, value_delimiter = ',', default_value = "50,200")]
     readers: Vec<usize>,
+    /// The readers' clip's bit rate, kbit/s (a 480p stream at 1500).
+    #[arg(long, default_value_t = 200)]
+    readers_kbps: u32,
     /// Seconds measured per step.
     #[arg(long, default_value_t = 15.0)]
     seconds: f64,
@@ -253,7 +257,8 @@ fn measure(a: &PeersArgs, csv: &Path) -> anyhow::Result<Vec<Row>> {
     let dir = std::env::temp_dir().join(format!("fanout-bench-peers-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let big = clip(&dir, a.ingest_kbps, "1280x720")?;
-    let small = clip(&dir, 200, "426x240")?;
+    let size = if a.readers_kbps >= 1000 { "854x480" } else { "426x240" };
+    let small = clip(&dir, a.readers_kbps, size)?;
     let steps = a.rounds * SERVERS.len() * (a.ingest.len() + a.over.len() * (a.readers.len() + 1));
     let mut bar = progress(steps as u64, "bench peers");
     let mut rows = Vec::new();
@@ -327,7 +332,7 @@ fn report(a: &PeersArgs, rows: &[Row]) -> anyhow::Result<()> {
             f64::NAN
         }
     };
-    println!("\nreaders one core serves (200 kbit/s; mean of the rounds):");
+    println!("\nreaders one core serves ({} kbit/s; mean of the rounds):", a.readers_kbps);
     for how in &a.over {
         for &n in &a.readers {
             let (f, m) = (per_core("fanout", how, n), per_core("mediamtx", how, n));
