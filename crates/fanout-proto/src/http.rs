@@ -1,6 +1,7 @@
 //! Recognising an HTTP stream subscription (`GET /v1/sessions/{name}/stream`) from the head
 //! of a request, before any HTTP library sees it: the relay then hands the raw socket to its
-//! data plane. Everything else is left to the API server.
+//! data plane. Everything else is left to the API server. And HTTP Basic credentials, as the
+//! RTSP server and the WebRTC face read them.
 
 /// A stream request, if this request head is one.
 #[derive(Debug, PartialEq, Eq)]
@@ -23,6 +24,19 @@ pub enum Head<'a> {
     Api,
     /// Refused before parsing further: the status and why (a JSON error to send, then close).
     Reject(u16, &'static str),
+}
+
+/// The user and password of an `Authorization: Basic …` value (RFC 7617: the scheme in any
+/// case, base64 of `user:password`, the password may hold `:`); `None` for any other value.
+pub fn basic_credentials(authorization: &str) -> Option<(String, String)> {
+    use base64::Engine as _;
+    let (scheme, rest) = authorization.trim().split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("Basic") {
+        return None;
+    }
+    let raw = base64::engine::general_purpose::STANDARD.decode(rest.trim()).ok()?;
+    let (u, p) = String::from_utf8(raw).ok()?.split_once(':').map(|(u, p)| (u.to_string(), p.to_string()))?;
+    Some((u, p))
 }
 
 /// Longest request target accepted (414 beyond it).
@@ -80,7 +94,26 @@ mod tests {
 
     use proptest::prelude::*;
 
+    #[test]
+    fn basic_credentials_are_read_as_rfc_7617_has_them() {
+        // "Aladdin:open sesame", and a password with a colon.
+        assert_eq!(
+            basic_credentials("Basic QWxhZGRpbjpvcGVuIHNlc2FtZQ=="),
+            Some(("Aladdin".into(), "open sesame".into()))
+        );
+        assert_eq!(basic_credentials("basic dTpwOnE="), Some(("u".into(), "p:q".into())));
+        assert_eq!(basic_credentials("Bearer QWxhZGRpbjpvcGVuIHNlc2FtZQ=="), None);
+        assert_eq!(basic_credentials("Basic bm9jb2xvbg=="), None, "no colon");
+        assert_eq!(basic_credentials("Basic !!!"), None);
+    }
+
     proptest! {
+        #[test]
+        fn basic_credentials_take_any_value(v in ".{0,80}") {
+            let _ = basic_credentials(&v);
+        }
+
+
         #[test]
         fn never_panics_and_head_len_is_inside(buf in proptest::collection::vec(any::<u8>(), 0..300)) {
             match classify(&buf, 200) {

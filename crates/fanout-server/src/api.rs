@@ -263,8 +263,8 @@ async fn auth(State(relay): State<Arc<Relay>>, req: Request, next: Next) -> Resp
     // URLs, HLS and the event stream (docs/config.md), which players and browsers' event
     // sources cannot send a header with; API calls send the header.
     let path = req.uri().path();
-    // (A browser's CORS preflight never carries credentials; it is answered with no data.)
-    if crate::ui::is_ui(path) || (req.method() == axum::http::Method::OPTIONS && path.contains("/whep")) {
+    // WHEP and WHIP check their own credentials: the token, or the stream users (webrtc.rs).
+    if crate::ui::is_ui(path) || is_webrtc_route(path) {
         return next.run(req).await;
     }
     let query = (path.contains("/hls/") || path == "/v1/events" || path.ends_with("/stream"))
@@ -276,6 +276,20 @@ async fn auth(State(relay): State<Arc<Relay>>, req: Request, next: Next) -> Resp
         let mut r = ApiError(StatusCode::UNAUTHORIZED, "missing or wrong bearer token".into()).into_response();
         r.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
         r
+    }
+}
+
+/// A WHEP or WHIP route: `/{name}/whep`, `/v1/sessions/{name}/whep`, their resources
+/// (`…/whep/{id}`), and the same with `whip`. Matched by shape, not by a suffix: the status
+/// of a path named `whep` (`/v1/sessions/whep`) is not one.
+fn is_webrtc_route(path: &str) -> bool {
+    let s: Vec<&str> = path.split('/').collect();
+    let face = |i: usize| s.get(i).is_some_and(|x| *x == "whep" || *x == "whip");
+    let named = |i: usize| s.get(i).is_some_and(|x| !x.is_empty());
+    match s.len() {
+        3 | 4 => s[0].is_empty() && named(1) && face(2) && (s.len() == 3 || named(3)),
+        5 | 6 => s[..3] == ["", "v1", "sessions"] && named(3) && face(4) && (s.len() == 5 || named(5)),
+        _ => false,
     }
 }
 
@@ -862,6 +876,17 @@ async fn metrics(State(relay): State<Arc<Relay>>) -> impl IntoResponse {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn webrtc_routes_are_told_by_their_shape() {
+        use super::is_webrtc_route as w;
+        for yes in ["/cam/whep", "/cam/whip", "/cam/whep/abc", "/v1/sessions/cam/whep", "/v1/sessions/cam/whip/abc"] {
+            assert!(w(yes), "{yes}");
+        }
+        for no in ["/v1/sessions/whep", "/v1/sessions/whep/sinks", "/whep", "//whep", "/cam/whep/", "/a/b/whep"] {
+            assert!(!w(no), "{no}");
+        }
+    }
+
     use super::authorized;
 
     #[test]

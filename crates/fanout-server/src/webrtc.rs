@@ -679,7 +679,7 @@ pub fn routes() -> axum::Router<Arc<Relay>> {
         .route_layer(axum::middleware::map_response(cors))
 }
 
-use axum::extract::{ConnectInfo, Path, State};
+use axum::extract::{ConnectInfo, Path, RawQuery, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
@@ -712,32 +712,74 @@ async fn offer(
     State(relay): State<Arc<Relay>>,
     Path(name): Path<String>,
     client: Client,
+    RawQuery(query): RawQuery,
     headers: HeaderMap,
     body: String,
 ) -> Response {
-    negotiated(relay, name, client.map(|c| c.0 .0.ip()), headers, body, "whep").await
+    negotiated(relay, name, client.map(|c| c.0 .0.ip()), headers, query, body, "whep").await
 }
 
 async fn whip(
     State(relay): State<Arc<Relay>>,
     Path(name): Path<String>,
     client: Client,
+    RawQuery(query): RawQuery,
     headers: HeaderMap,
     body: String,
 ) -> Response {
-    negotiated(relay, name, client.map(|c| c.0 .0.ip()), headers, body, "whip").await
+    negotiated(relay, name, client.map(|c| c.0 .0.ip()), headers, query, body, "whip").await
 }
 
 /// A WHEP (`whep`) or WHIP (`whip`) offer: `201` with the answer and the peer's resource,
 /// or the refusal with its reason.
+/// Whether a WHEP/WHIP request may go on. WebRTC is a stream face on the API's port: it takes
+/// the API token (`Authorization: Bearer`, or `?token=` for players that cannot set a
+/// header) and the stream users RTSP, RTMP and SRT take (`rtsp_user`, the token as user
+/// `token` where `rtsp_require_token`), as HTTP Basic. With neither configured, it is open.
+fn allowed(relay: &Relay, headers: &HeaderMap, query: Option<&str>) -> bool {
+    let auth = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    let token = relay.cfg.token.as_deref();
+    let users = !relay.cfg.rtsp_credentials().is_empty();
+    if token.is_none() && !users {
+        return true;
+    }
+    let by_token = token.is_some() && crate::api::authorized(token, auth, query);
+    let by_user = users
+        && auth
+            .and_then(fanout_proto::http::basic_credentials)
+            .is_some_and(|(u, p)| relay.stream_login_ok(Some(&u), Some(&p)));
+    by_token || by_user
+}
+
+/// 401, with the schemes this relay takes.
+fn unauthorized(relay: &Relay) -> Response {
+    let mut schemes = Vec::new();
+    if relay.cfg.token.is_some() {
+        schemes.push("Bearer");
+    }
+    if !relay.cfg.rtsp_credentials().is_empty() {
+        schemes.push("Basic realm=\"fanout\"");
+    }
+    let mut r = text(401, "missing or wrong credentials (the API token as Bearer, or a stream user as Basic)".into());
+    if let Ok(v) = header::HeaderValue::from_str(&schemes.join(", ")) {
+        r.headers_mut().insert(header::WWW_AUTHENTICATE, v);
+    }
+    r
+}
+
 async fn negotiated(
     relay: Arc<Relay>,
     name: String,
     client: Option<IpAddr>,
     headers: HeaderMap,
+    query: Option<String>,
     body: String,
     what: &str,
 ) -> Response {
+    if !allowed(&relay, &headers, query.as_deref()) {
+        tracing::info!(path = %name, ?client, "{} offer refused (401): no valid credentials", what.to_uppercase());
+        return unauthorized(&relay);
+    }
     let Some(w) = face(&relay) else {
         return text(503, "WebRTC is off on this relay (webrtc = \"off\", or its port was taken)".into());
     };
@@ -765,14 +807,30 @@ async fn negotiated(
     }
 }
 
-async fn patch(State(relay): State<Arc<Relay>>, Path((name, id)): Path<(String, String)>) -> Response {
+async fn patch(
+    State(relay): State<Arc<Relay>>,
+    Path((name, id)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+) -> Response {
+    if !allowed(&relay, &headers, query.as_deref()) {
+        return unauthorized(&relay);
+    }
     match face(&relay).filter(|w| w.viewers(Some(&name)).iter().any(|v| v.id == id)) {
         Some(_) => StatusCode::NO_CONTENT.into_response(),
         None => text(404, format!("no WebRTC viewer {id} of {name}")),
     }
 }
 
-async fn delete(State(relay): State<Arc<Relay>>, Path((name, id)): Path<(String, String)>) -> Response {
+async fn delete(
+    State(relay): State<Arc<Relay>>,
+    Path((name, id)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+) -> Response {
+    if !allowed(&relay, &headers, query.as_deref()) {
+        return unauthorized(&relay);
+    }
     match face(&relay).filter(|w| w.end(&name, &id)) {
         Some(_) => StatusCode::OK.into_response(),
         None => text(404, format!("no WebRTC viewer {id} of {name}")),

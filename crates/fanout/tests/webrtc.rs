@@ -595,3 +595,56 @@ fn chromium_shows_a_webrtc_picture_within_half_a_second_of_its_source() {
     assert!(hls_ok as u64 * 2 >= 25 * PLAY_S, "the clock read back from LL-HLS's pictures: {hls_ok} of {hls_all}");
     assert!(hls_median > rtc_median, "LL-HLS {hls_median} ms, WebRTC {rtc_median} ms");
 }
+
+/// WHEP and WHIP take the stream users RTSP, RTMP and SRT take (HTTP Basic), as well as the
+/// API token: a path guarded by `rtsp_user` is not open over WebRTC. Without credentials,
+/// or with wrong ones, 401 with the schemes to use; a resource's DELETE needs them too.
+#[test]
+fn webrtc_takes_the_stream_users_as_every_stream_face_does() {
+    let users = "[[rtsp_user]]\nname = \"alice\"\npassword = \"wonder:land\"\n";
+    let relay = Relay::with_config(users, &[]);
+    let whep = relay.url("/demo/whep");
+    let basic = |user: &str, pass: &str| {
+        use base64::Engine as _;
+        format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}")))
+    };
+    let post = |auth: Option<String>| {
+        let mut r = ureq::post(&whep).set("Content-Type", "application/sdp");
+        if let Some(a) = auth {
+            r = r.set("Authorization", &a);
+        }
+        match r.send_string(OFFER) {
+            Ok(r) => (r.status(), r.header("location").unwrap_or("").to_string()),
+            Err(ureq::Error::Status(code, r)) => (code, r.header("www-authenticate").unwrap_or("").to_string()),
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let (code, challenge) = post(None);
+    assert_eq!((code, challenge.as_str()), (401, "Basic realm=\"fanout\""));
+    assert_eq!(post(Some(basic("alice", "wrong"))).0, 401);
+    assert_eq!(post(Some("Bearer wonder:land".into())).0, 401, "no token is configured");
+    let (code, location) = post(Some(basic("alice", "wonder:land")));
+    assert_eq!(code, 201, "{location}");
+    let delete = ureq::delete(&relay.url(&location)).call();
+    assert!(matches!(delete, Err(ureq::Error::Status(401, _))), "{delete:?}");
+    let delete = ureq::delete(&relay.url(&location)).set("Authorization", &basic("alice", "wonder:land")).call();
+    assert_eq!(delete.unwrap().status(), 200);
+    drop(relay);
+
+    // With a token too: either opens it.
+    let relay = Relay::with_config(&format!("token = \"s3cret\"\n{users}"), &[]);
+    let post = |auth: &str| {
+        let r = ureq::post(&relay.url("/demo/whep")).set("Content-Type", "application/sdp").set("Authorization", auth);
+        match r.send_string(OFFER) {
+            Ok(r) => r.status(),
+            Err(ureq::Error::Status(code, _)) => code,
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(post("Bearer s3cret"), 201);
+    assert_eq!(post(&basic("alice", "wonder:land")), 201);
+    assert_eq!(post("Bearer nope"), 401);
+    // The status of a path named like the face is the API's, behind the token as ever.
+    let status = ureq::get(&relay.url("/v1/sessions/whep")).call();
+    assert!(matches!(status, Err(ureq::Error::Status(401, _))), "{status:?}");
+}

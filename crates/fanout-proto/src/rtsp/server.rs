@@ -662,15 +662,12 @@ impl Server {
         let Some(auth) = req.headers.get("Authorization") else { return Err(false) };
         let (scheme, rest) = auth.split_once(' ').unwrap_or((auth, ""));
         if scheme.eq_ignore_ascii_case("Basic") {
-            use base64::Engine as _;
-            let Ok(raw) = base64::engine::general_purpose::STANDARD.decode(rest.trim()) else { return Err(false) };
-            let Ok(text) = String::from_utf8(raw) else { return Err(false) };
-            let Some((u, p)) = text.split_once(':') else { return Err(false) };
+            let Some((u, p)) = crate::http::basic_credentials(auth) else { return Err(false) };
             // Every user is compared, so the time does not tell which names exist.
             let ok = self.cfg.users.iter().fold(false, |ok, (user, pass)| {
                 ok | (ct_eq(user.as_bytes(), u.as_bytes()) & ct_eq(pass.as_bytes(), p.as_bytes()))
             });
-            return if ok { Ok(Some(u.to_string())) } else { Err(false) };
+            return if ok { Ok(Some(u)) } else { Err(false) };
         }
         if !scheme.eq_ignore_ascii_case("Digest") {
             return Err(false);
