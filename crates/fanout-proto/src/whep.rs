@@ -27,16 +27,29 @@ pub struct Plan {
     pub left_out: Vec<String>,
 }
 
-/// A track's codec as WebRTC names it, where it carries it: H.264 (packetization mode 1)
-/// and Opus.
+/// A format's encoding name: its rtpmap's, or for the static payload types of G.711 (RFC
+/// 3551: 0 PCMU, 8 PCMA, 8 kHz) that many cameras send without one, theirs.
+pub fn encoding<'a>(m: &'a Media, format: &str) -> Option<&'a str> {
+    match (m.rtpmap(format), format) {
+        (Some((name, _)), _) => Some(name),
+        (None, "0") => Some("PCMU"),
+        (None, "8") => Some("PCMA"),
+        _ => None,
+    }
+}
+
+/// A track's codec as WebRTC names it, where it carries it: H.264 (packetization mode 1),
+/// Opus, and G.711 (PCMU, PCMA: browsers take it, and many cameras' audio is G.711).
 fn webrtc_codec(m: &Media) -> Result<&'static str, String> {
     let format = m.formats.first().map(String::as_str).unwrap_or("");
-    let (name, _) = m.rtpmap(format).unwrap_or(("", 0));
+    let name = encoding(m, format).unwrap_or("");
     match (m.kind.as_str(), name.to_ascii_uppercase().as_str()) {
         ("video", "H264") => Ok("H264"),
         ("audio", "OPUS") => Ok("OPUS"),
+        ("audio", "PCMU") => Ok("PCMU"),
+        ("audio", "PCMA") => Ok("PCMA"),
         (kind, "") => Err(format!("{kind} has no rtpmap: not carried over WebRTC here")),
-        (kind, n) => Err(format!("{kind} is {n}: WebRTC here carries H264 video and Opus audio")),
+        (kind, n) => Err(format!("{kind} is {n}: WebRTC here carries H264 video and Opus or G.711 audio")),
     }
 }
 
@@ -45,7 +58,7 @@ fn webrtc_codec(m: &Media) -> Result<&'static str, String> {
 fn answer_pts(m: &Media, codec: &str) -> Vec<u8> {
     m.formats
         .iter()
-        .filter(|f| m.rtpmap(f).is_some_and(|(n, _)| n.eq_ignore_ascii_case(codec)))
+        .filter(|f| encoding(m, f).is_some_and(|n| n.eq_ignore_ascii_case(codec)))
         .filter(|f| codec != "H264" || fmtp(m, f).is_some_and(|p| p.contains("packetization-mode=1")))
         .filter_map(|f| f.parse().ok())
         .collect()
@@ -216,7 +229,10 @@ mod tests {
     fn h264_goes_as_the_first_mode_1_type_and_aac_is_left_out_with_the_reason() {
         let plan = plan(&Sdp::parse(PATH).unwrap(), &Sdp::parse(ANSWER).unwrap());
         assert_eq!(plan.routes, vec![Route { track: 0, mid: "0".into(), pt: 102, video: true, params: vec![] }]);
-        assert_eq!(plan.left_out, vec!["audio is MPEG4-GENERIC: WebRTC here carries H264 video and Opus audio"]);
+        assert_eq!(
+            plan.left_out,
+            vec!["audio is MPEG4-GENERIC: WebRTC here carries H264 video and Opus or G.711 audio"]
+        );
     }
 
     #[test]
@@ -271,6 +287,24 @@ mod tests {
         assert_eq!(p.before(9000, &[0x65, 0x88]), vec![new_sps, pps]);
         // Nothing known: nothing sent.
         assert!(InBandParams::new(&[]).before(0, &[0x65, 0x88]).is_empty());
+    }
+
+    #[test]
+    fn g711_goes_to_a_section_that_takes_it_even_without_an_rtpmap() {
+        // A camera's PCMU on static payload type 0, no rtpmap line; the answer takes PCMU.
+        let path = Sdp::parse("v=0\r\nm=audio 0 RTP/AVP 0\r\n").unwrap();
+        let answer = Sdp::parse("v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111 0\r\na=mid:1\r\na=sendonly\r\na=rtpmap:111 opus/48000/2\r\na=rtpmap:0 PCMU/8000\r\n").unwrap();
+        let p = plan(&path, &answer);
+        assert_eq!(p.routes.len(), 1, "{p:?}");
+        assert_eq!((p.routes[0].pt, p.routes[0].mid.as_str(), p.routes[0].video), (0, "1", false));
+        // PCMA where the answer has only Opus: left out, with the reason.
+        let path = Sdp::parse("v=0\r\nm=audio 0 RTP/AVP 8\r\n").unwrap();
+        let answer = Sdp::parse(
+            "v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\na=mid:1\r\na=sendonly\r\na=rtpmap:111 opus/48000/2\r\n",
+        )
+        .unwrap();
+        let p = plan(&path, &answer);
+        assert!(p.routes.is_empty() && p.left_out[0].contains("PCMA"), "{p:?}");
     }
 
     #[test]

@@ -226,7 +226,7 @@ impl WebRtc {
                 params: (r.video && !r.params.is_empty()).then(|| fanout_proto::whep::InBandParams::new(&r.params)),
             });
             let m = &described.media[r.track];
-            let codec = m.formats.first().and_then(|f| m.rtpmap(f)).map_or("?", |c| c.0);
+            let codec = m.formats.first().and_then(|f| fanout_proto::whep::encoding(m, f)).unwrap_or("?");
             names.push(format!("{} {codec} (pt {})", m.kind, r.pt));
         }
         let status = ViewerStatus {
@@ -287,6 +287,9 @@ impl WebRtc {
             .clear_codecs()
             .enable_h264(true)
             .enable_opus(true, false)
+            // G.711 to viewers only: a publisher's audio is taken as Opus.
+            .enable_pcmu(!publisher, false)
+            .enable_pcma(!publisher, false)
             .set_crypto_provider(Arc::new(str0m::crypto::from_feature_flags()))
             .build(Instant::now());
         for h in &self.hosts {

@@ -10,11 +10,13 @@ use serde_json::{json, Value};
 use std::time::Duration;
 
 /// Starts a WHEP viewer of `arguments[0]` in the page (video and audio offered, as a player
-/// would); `window.whep` tells how it goes, `window.stats` its inbound video every 250 ms.
+/// would); `window.whep` tells how it goes, `window.stats` and `window.audio` its inbound
+/// video and audio every 250 ms.
 const WHEP: &str = r#"
 const url = arguments[0];
 window.whep = { state: 'starting' };
 window.stats = {};
+window.audio = {};
 (async () => {
   try {
     const pc = new RTCPeerConnection();
@@ -23,7 +25,9 @@ window.stats = {};
     pc.addTransceiver('audio', { direction: 'recvonly' });
     const v = document.createElement('video');
     v.muted = true; v.autoplay = true; document.body.appendChild(v);
-    pc.ontrack = e => { if (e.track.kind === 'video') v.srcObject = new MediaStream([e.track]); };
+    // Audio plays only where an element renders it.
+    const a = document.createElement('audio'); a.autoplay = true; document.body.appendChild(a);
+    pc.ontrack = e => { (e.track.kind === 'video' ? v : a).srcObject = new MediaStream([e.track]); };
     await pc.setLocalDescription(await pc.createOffer());
     const r = await fetch(url, { method: 'POST', headers: { 'Content-Type': 'application/sdp' }, body: pc.localDescription.sdp });
     window.whep.status = r.status;
@@ -36,6 +40,7 @@ window.stats = {};
       const all = await pc.getStats();
       all.forEach(s => {
         if (s.type === 'inbound-rtp' && s.kind === 'video') window.stats = s;
+        if (s.type === 'inbound-rtp' && s.kind === 'audio') window.audio = s;
       });
       // The newest picture received: its RTP time, and when (Unix ms).
       const video = pc.getReceivers().find(r => r.track.kind === 'video');
@@ -647,4 +652,51 @@ fn webrtc_takes_the_stream_users_as_every_stream_face_does() {
     // The status of a path named like the face is the API's, behind the token as ever.
     let status = ureq::get(&relay.url("/v1/sessions/whep")).call();
     assert!(matches!(status, Err(ureq::Error::Status(401, _))), "{status:?}");
+}
+
+/// A camera's G.711: ffmpeg publishes H.264 and PCMU (8 kHz, the static payload type 0, 20 ms
+/// a packet) over RTSP; Chromium gets both over WHEP, the audio as PCMU, its samples played without
+/// concealment to speak of.
+#[test]
+fn chromium_hears_a_cameras_g711_over_whep() {
+    if !have_chromium() || !have_ffmpeg() {
+        return;
+    }
+    let config = "[[session]]\nname = \"cam\"\nsource = { publish = true }\n";
+    let relay = Relay::with_config(config, &["--no-demo"]);
+    let mut c = std::process::Command::new("ffmpeg");
+    c.args(["-nostdin", "-loglevel", "error", "-re", "-f", "lavfi", "-i", "testsrc2=size=320x240:rate=25"])
+        .args(["-f", "lavfi", "-i", "sine=frequency=440:sample_rate=8000:samples_per_frame=160", "-t", "40"])
+        .args(["-c:v", "libx264", "-preset", "ultrafast", "-tune", "zerolatency", "-g", "25", "-bf", "0"])
+        .args(["-pix_fmt", "yuv420p", "-c:a", "pcm_mulaw", "-ar", "8000", "-ac", "1"])
+        .args(["-f", "rtsp", "-rtsp_transport", "tcp", &format!("rtsp://{}/cam", rtsp_addr(&relay))]);
+    let _camera = Kill(c.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap());
+    let state = || relay.ok("GET", "/v1/sessions/cam", None)["publisher"]["state"].clone();
+    assert!(wait_for(Duration::from_secs(15), || state() == "publishing"), "{}", state());
+    let d = Driver::start();
+    d.post("url", json!({ "url": page_elsewhere() }));
+    d.post("execute/sync", json!({ "script": WHEP, "args": [relay.url("/cam/whep")] }));
+    let audio = |k: &str| d.js(&format!("return window.audio['{k}'] ?? 0;")).as_f64().unwrap_or(0.0);
+    assert!(
+        wait_for(Duration::from_secs(20), || audio("packetsReceived") > 100.0),
+        "no audio: {} / {}",
+        d.js("return window.whep;"),
+        relay.ok("GET", "/v1/sessions/cam", None)["webrtc"]
+    );
+    let viewer = relay.ok("GET", "/v1/sessions/cam", None)["webrtc"][0].clone();
+    assert!(
+        viewer["tracks"].as_array().unwrap().iter().any(|t| t.as_str().unwrap().starts_with("audio PCMU")),
+        "{viewer}"
+    );
+    assert_eq!(viewer["left_out"], json!([]), "{viewer}");
+    std::thread::sleep(Duration::from_secs(5));
+    let codec = d.js(
+        "const out = []; return window.pc.getStats().then(all => { all.forEach(s => { if (s.type === 'codec') out.push(s.mimeType); }); return out; });",
+    );
+    assert!(codec.as_array().unwrap().iter().any(|c| c == "audio/PCMU"), "{codec}");
+    let (samples, concealed) = (audio("totalSamplesReceived"), audio("concealedSamples"));
+    eprintln!("PCMU over WebRTC: {samples} samples, {concealed} concealed, {}", d.js("return window.audio;"));
+    assert!(samples > 8000.0 * 4.0, "{samples} samples");
+    assert!(concealed < 0.05 * samples, "{concealed} of {samples} samples concealed");
+    assert!(d.js("return window.stats.framesDecoded ?? 0;").as_u64().unwrap() > 100, "the video too");
 }
