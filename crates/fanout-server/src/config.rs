@@ -34,6 +34,10 @@ pub struct Config {
     /// More addresses to offer WebRTC viewers as candidates, on the `webrtc` port (a public
     /// or LAN address in front of the relay).
     pub webrtc_additional_hosts: Vec<std::net::IpAddr>,
+    /// STUN/TURN servers handed to WebRTC clients (`Link: <…>; rel="ice-server"` on the WHEP
+    /// and WHIP answers, RFC 9725): for clients behind NAT. The relay itself, ICE-lite, uses none.
+    #[serde(rename = "webrtc_ice_server")]
+    pub webrtc_ice_servers: Vec<IceServer>,
     /// RTSP clients must authenticate (Basic or Digest) as one of these; none = open.
     #[serde(rename = "rtsp_user")]
     pub rtsp_users: Vec<RtspUser>,
@@ -300,6 +304,7 @@ pub const CONFIG_FIELDS: &[&str] = &[
     "srt_latency_ms",
     "webrtc",
     "webrtc_additional_hosts",
+    "webrtc_ice_server",
     "rtsp_user",
     "rtsp_max_connections",
     "rtsp_idle_s",
@@ -348,6 +353,7 @@ impl Default for Config {
             srt_latency_ms: 120,
             webrtc: Some(([127, 0, 0, 1], WEBRTC_PORT).into()),
             webrtc_additional_hosts: Vec::new(),
+            webrtc_ice_servers: Vec::new(),
             rtsp_users: Vec::new(),
             rtsp_max_connections: 1024,
             rtsp_idle_s: 60.0,
@@ -378,6 +384,17 @@ impl Default for Config {
             cluster: None,
         }
     }
+}
+
+/// A STUN or TURN server for WebRTC clients.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IceServer {
+    /// `stun:host:port`, `turn:host:port?transport=udp`, `turns:…`.
+    pub url: String,
+    /// TURN's long-term credentials.
+    pub username: Option<String>,
+    pub credential: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -666,6 +683,22 @@ impl Config {
                 check(false, "cluster", e);
             }
         }
+        for ice in &self.webrtc_ice_servers {
+            let scheme = ice.url.split(':').next().unwrap_or("");
+            let quoted = |v: &Option<String>| v.as_deref().is_none_or(|v| !v.contains(['"', '\\', '\r', '\n']));
+            check(
+                matches!(scheme, "stun" | "stuns" | "turn" | "turns")
+                    && !ice.url.contains(['<', '>', ' ', '"', '\r', '\n'])
+                    && quoted(&ice.username)
+                    && quoted(&ice.credential)
+                    && (scheme.starts_with("turn") == (ice.username.is_some() && ice.credential.is_some())),
+                "webrtc_ice_server",
+                format!(
+                    "webrtc_ice_server {:?}: a stun:, stuns:, turn: or turns: URL (no spaces, quotes or angle brackets); a TURN server needs username and credential, a STUN server neither",
+                    ice.url
+                ),
+            );
+        }
         for u in &self.rtsp_users {
             check(
                 !u.name.is_empty() && !u.name.contains(':'),
@@ -866,6 +899,23 @@ mod tests {
         ] {
             let e = Config::parse(&format!("[cluster]\n{body}\n")).unwrap_err().join("\n");
             assert!(e.contains(why), "{body}: {e}");
+        }
+    }
+
+    #[test]
+    fn ice_servers_are_checked() {
+        let ok = "[[webrtc_ice_server]]\nurl = \"stun:stun.example.net:3478\"\n\
+                  [[webrtc_ice_server]]\nurl = \"turn:turn.example.net?transport=udp\"\nusername = \"u\"\ncredential = \"p\"\n";
+        assert_eq!(Config::parse(ok).unwrap().webrtc_ice_servers.len(), 2);
+        for bad in [
+            "url = \"http://x\"",
+            "url = \"turn:x\"",
+            "url = \"stun:x\"\nusername = \"u\"\ncredential = \"p\"",
+            "url = \"turn:x\"\nusername = \"u\\\"\"\ncredential = \"p\"",
+            "url = \"stun:x>; rel=evil\"",
+        ] {
+            let e = Config::parse(&format!("[[webrtc_ice_server]]\n{bad}\n")).unwrap_err().join("\n");
+            assert!(e.contains("webrtc_ice_server"), "{bad}: {e}");
         }
     }
 

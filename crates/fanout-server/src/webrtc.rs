@@ -690,7 +690,7 @@ use axum::Extension;
 async fn cors(mut r: Response) -> Response {
     let h = r.headers_mut();
     h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, header::HeaderValue::from_static("*"));
-    h.insert(header::ACCESS_CONTROL_EXPOSE_HEADERS, header::HeaderValue::from_static("Location, ETag"));
+    h.insert(header::ACCESS_CONTROL_EXPOSE_HEADERS, header::HeaderValue::from_static("Location, ETag, Link"));
     r
 }
 
@@ -735,6 +735,20 @@ async fn whip(
 
 /// A WHEP (`whep`) or WHIP (`whip`) offer: `201` with the answer and the peer's resource,
 /// or the refusal with its reason.
+/// The configured STUN/TURN servers as `Link` headers (RFC 9725 §4.6), for clients behind
+/// NAT; config validation keeps quotes and angle brackets out of them.
+fn ice_servers(relay: &Relay, h: &mut HeaderMap) {
+    for s in &relay.cfg.webrtc_ice_servers {
+        let mut link = format!("<{}>; rel=\"ice-server\"", s.url);
+        if let (Some(u), Some(c)) = (&s.username, &s.credential) {
+            link += &format!("; username=\"{u}\"; credential=\"{c}\"; credential-type=\"password\"");
+        }
+        if let Ok(v) = header::HeaderValue::from_str(&link) {
+            h.append(header::LINK, v);
+        }
+    }
+}
+
 /// Whether a WHEP/WHIP request may go on. WebRTC is a stream face on the API's port: it takes
 /// the API token (`Authorization: Bearer`, or `?token=` for players that cannot set a
 /// header) and the stream users RTSP, RTMP and SRT take (`rtsp_user`, the token as user
@@ -801,7 +815,9 @@ async fn negotiated(
         Ok((answer, id)) => {
             let location = format!("/v1/sessions/{name}/{what}/{id}");
             let headers = [(header::CONTENT_TYPE, "application/sdp".to_string()), (header::LOCATION, location)];
-            (StatusCode::CREATED, headers, answer).into_response()
+            let mut r = (StatusCode::CREATED, headers, answer).into_response();
+            ice_servers(&relay, r.headers_mut());
+            r
         }
         Err(Refused(status, why)) => {
             tracing::info!(path = %name, "{} offer refused ({status}): {why}", what.to_uppercase());

@@ -700,3 +700,26 @@ fn chromium_hears_a_cameras_g711_over_whep() {
     assert!(concealed < 0.05 * samples, "{concealed} of {samples} samples concealed");
     assert!(d.js("return window.stats.framesDecoded ?? 0;").as_u64().unwrap() > 100, "the video too");
 }
+
+/// The configured STUN/TURN servers reach a WHEP client as `Link: <…>; rel="ice-server"`
+/// headers on its answer (a page of another origin may read them), and the TURN credentials
+/// only there, not on the preflight that anyone may send.
+#[test]
+fn whep_hands_out_the_configured_ice_servers() {
+    let config = "[[webrtc_ice_server]]\nurl = \"stun:stun.example.net:3478\"\n\
+                  [[webrtc_ice_server]]\nurl = \"turn:turn.example.net:3478?transport=udp\"\nusername = \"u1\"\ncredential = \"c1\"\n";
+    let relay = Relay::with_config(config, &[]);
+    let r = ureq::post(&relay.url("/demo/whep")).set("Content-Type", "application/sdp").send_string(OFFER).unwrap();
+    assert_eq!(r.status(), 201);
+    let links = r.all("link");
+    assert_eq!(
+        links,
+        vec![
+            "<stun:stun.example.net:3478>; rel=\"ice-server\"",
+            "<turn:turn.example.net:3478?transport=udp>; rel=\"ice-server\"; username=\"u1\"; credential=\"c1\"; credential-type=\"password\""
+        ]
+    );
+    assert!(r.header("access-control-expose-headers").unwrap_or("").contains("Link"));
+    let pre = ureq::request("OPTIONS", &relay.url("/demo/whep")).call().unwrap();
+    assert!(pre.all("link").is_empty(), "no credentials before the client's were checked");
+}
