@@ -38,6 +38,8 @@ pub struct Config {
     /// and WHIP answers, RFC 9725): for clients behind NAT. The relay itself, ICE-lite, uses none.
     #[serde(rename = "webrtc_ice_server")]
     pub webrtc_ice_servers: Vec<IceServer>,
+    /// ICE-TCP (passive) on the `webrtc` address and port, for viewers whose networks block UDP.
+    pub webrtc_tcp: bool,
     /// RTSP clients must authenticate (Basic or Digest) as one of these; none = open.
     #[serde(rename = "rtsp_user")]
     pub rtsp_users: Vec<RtspUser>,
@@ -305,6 +307,7 @@ pub const CONFIG_FIELDS: &[&str] = &[
     "webrtc",
     "webrtc_additional_hosts",
     "webrtc_ice_server",
+    "webrtc_tcp",
     "rtsp_user",
     "rtsp_max_connections",
     "rtsp_idle_s",
@@ -354,6 +357,7 @@ impl Default for Config {
             webrtc: Some(([127, 0, 0, 1], WEBRTC_PORT).into()),
             webrtc_additional_hosts: Vec::new(),
             webrtc_ice_servers: Vec::new(),
+            webrtc_tcp: false,
             rtsp_users: Vec::new(),
             rtsp_max_connections: 1024,
             rtsp_idle_s: 60.0,

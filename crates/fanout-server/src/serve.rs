@@ -348,6 +348,7 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>) -> 
                 "WebRTC per-address cap (max_connections_per_ip)",
                 relay.books.clone(),
             ),
+            relay.cfg.webrtc_tcp,
         ) {
             Ok(w) => {
                 say!("fanout: WebRTC (WHEP) {http}://{api}/{{path}}/whep  (media on udp {})", w.addr);

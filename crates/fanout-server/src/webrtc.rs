@@ -47,6 +47,8 @@ pub struct WebRtc {
     pub addr: SocketAddr,
     /// The candidates offered to viewers.
     hosts: Vec<SocketAddr>,
+    /// Whether ICE-TCP listens too (on `addr`'s port): each host is offered over TCP as well.
+    tcp: bool,
     cmds: mpsc::UnboundedSender<Cmd>,
     shared: Arc<Shared>,
     /// Wakes the task when a viewer's queue gets packets.
@@ -55,6 +57,8 @@ pub struct WebRtc {
     /// cannot take every slot.
     gate: Arc<Gate>,
     task: tokio::task::JoinHandle<()>,
+    /// ICE-TCP's accept loop.
+    tcp_task: Option<tokio::task::JoinHandle<()>>,
 }
 
 enum Cmd {
@@ -145,7 +149,7 @@ pub struct Refused(pub u16, pub String);
 impl WebRtc {
     /// Binds `addr` (UDP) and starts serving; `extra_hosts` are offered to viewers too; `gate`
     /// counts the peers of each address.
-    pub fn start(addr: SocketAddr, extra_hosts: &[IpAddr], gate: Arc<Gate>) -> std::io::Result<Arc<Self>> {
+    pub fn start(addr: SocketAddr, extra_hosts: &[IpAddr], gate: Arc<Gate>, tcp: bool) -> std::io::Result<Arc<Self>> {
         let socket = std::net::UdpSocket::bind(addr)?;
         socket.set_nonblocking(true)?;
         let bound = socket.local_addr()?;
@@ -163,12 +167,34 @@ impl WebRtc {
         let (tx, rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared { viewers: Mutex::new(HashMap::new()) });
         let wake = Arc::new(Notify::new());
-        let task = tokio::spawn(run(socket, rx, shared.clone(), wake.clone()));
-        Ok(Arc::new(Self { addr: bound, hosts, cmds: tx, shared, wake, gate, task }))
+        // ICE-TCP on the same address and port number, where asked and where it binds.
+        let (tcp_tx, tcp_rx) = mpsc::channel(1024);
+        let tcp = if tcp {
+            match std::net::TcpListener::bind(bound).and_then(|l| l.set_nonblocking(true).map(|()| l)) {
+                Ok(l) => {
+                    let listener = tokio::net::TcpListener::from_std(l)?;
+                    let side = Arc::new(TcpSide { writers: Mutex::new(HashMap::new()), local: bound });
+                    let accept = tokio::spawn(tcp_accept(listener, side.clone(), tcp_tx, gate.clone()));
+                    Some((side, accept))
+                }
+                Err(e) => {
+                    tracing::warn!("no ICE-TCP on {bound}: {e}");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let (tcp_side, tcp_task) = tcp.unzip();
+        let task = tokio::spawn(run(socket, rx, tcp_side.clone(), tcp_rx, shared.clone(), wake.clone()));
+        Ok(Arc::new(Self { addr: bound, hosts, tcp: tcp_side.is_some(), cmds: tx, shared, wake, gate, task, tcp_task }))
     }
 
     pub fn stop(&self) {
         self.task.abort();
+        if let Some(t) = &self.tcp_task {
+            t.abort();
+        }
     }
 
     /// The viewers now, of `path` or of all.
@@ -296,6 +322,12 @@ impl WebRtc {
             if let Ok(c) = Candidate::host(*h, "udp") {
                 rtc.add_local_candidate(c);
             }
+            // A passive TCP candidate, of lower priority: used where UDP does not get through.
+            if self.tcp {
+                if let Ok(c) = Candidate::builder().tcp().host(*h).tcptype(str0m::net::TcpType::Passive).build() {
+                    rtc.add_local_candidate(c);
+                }
+            }
         }
         let answer = rtc.sdp_api().accept_offer(offer).map_err(|e| Refused(400, format!("the offer: {e}")))?;
         Ok((rtc, answer.to_sdp_string()))
@@ -418,9 +450,12 @@ impl WebRtc {
 async fn run(
     socket: tokio::net::UdpSocket,
     mut cmds: mpsc::UnboundedReceiver<Cmd>,
+    tcp: Option<Arc<TcpSide>>,
+    mut tcp_in: mpsc::Receiver<(SocketAddr, Vec<u8>)>,
     shared: Arc<Shared>,
     wake: Arc<Notify>,
 ) {
+    let out = Wire { udp: &socket, tcp: tcp.as_deref() };
     let local = socket.local_addr().expect("bound");
     let mut viewers: HashMap<String, Viewer> = HashMap::new();
     let mut by_addr: HashMap<SocketAddr, String> = HashMap::new();
@@ -442,7 +477,7 @@ async fn run(
         let mut gone = Vec::new();
         for id in busy.drain(..) {
             if let Some(v) = viewers.get_mut(&id) {
-                if !drive(v, &socket, &mut keyframes).await {
+                if !drive(v, &out, &mut keyframes).await {
                     gone.push(id);
                 }
             }
@@ -483,18 +518,16 @@ async fn run(
                 let Ok((n, from)) = got else { continue };
                 let Ok(contents) = buf[..n].try_into() else { continue };
                 let input = Input::Receive(Instant::now(), Receive { proto: Protocol::Udp, source: from, destination: local, contents });
-                // Known by its address, else by the ICE username of its check.
-                let id = match by_addr.get(&from) {
-                    Some(id) => Some(id.clone()),
-                    None => viewers.values().find(|v| v.rtc.accepts(&input)).map(|v| v.id.clone()),
-                };
-                if let Some(v) = id.and_then(|id| viewers.get_mut(&id)) {
-                    if v.from != Some(from) {
-                        v.from = Some(from);
-                        by_addr.insert(from, v.id.clone());
-                    }
-                    let _ = v.rtc.handle_input(input);
-                    busy.push(v.id.clone());
+                if let Some(id) = deliver(&mut viewers, &mut by_addr, from, input) {
+                    busy.push(id);
+                }
+            }
+            Some((from, data)) = tcp_in.recv() => {
+                let Some(t) = tcp.as_ref() else { continue };
+                let Ok(contents) = data.as_slice().try_into() else { continue };
+                let input = Input::Receive(Instant::now(), Receive { proto: Protocol::Tcp, source: from, destination: t.local, contents });
+                if let Some(id) = deliver(&mut viewers, &mut by_addr, from, input) {
+                    busy.push(id);
                 }
             }
             cmd = cmds.recv() => match cmd {
@@ -519,15 +552,20 @@ async fn run(
 
 /// Polls viewer `v`'s output until it wants time or input: sends its datagrams, handles
 /// its events. `false`: it is over.
-async fn drive(v: &mut Viewer, socket: &tokio::net::UdpSocket, keyframes: &mut Vec<String>) -> bool {
+async fn drive(v: &mut Viewer, out: &Wire<'_>, keyframes: &mut Vec<String>) -> bool {
     loop {
         match v.rtc.poll_output() {
             Ok(Output::Timeout(t)) => {
                 v.wake_at = t;
                 return v.rtc.is_alive();
             }
+            Ok(Output::Transmit(t)) if t.proto == Protocol::Tcp => {
+                if let Some(tcp) = out.tcp {
+                    tcp.send(t.destination, &t.contents);
+                }
+            }
             Ok(Output::Transmit(t)) => {
-                let _ = socket.send_to(&t.contents, t.destination).await;
+                let _ = out.udp.send_to(&t.contents, t.destination).await;
             }
             Ok(Output::Event(Event::Connected)) if v.publish.is_some() => {
                 v.connected = true;
@@ -566,6 +604,120 @@ async fn drive(v: &mut Viewer, socket: &tokio::net::UdpSocket, keyframes: &mut V
                 return false;
             }
         }
+    }
+}
+
+/// Hands a datagram from `from` to its peer: known by its address, else by the ICE
+/// username of its check. The peer's id, if there is one.
+fn deliver(
+    viewers: &mut HashMap<String, Viewer>,
+    by_addr: &mut HashMap<SocketAddr, String>,
+    from: SocketAddr,
+    input: Input<'_>,
+) -> Option<String> {
+    let id = match by_addr.get(&from) {
+        Some(id) => Some(id.clone()),
+        None => viewers.values().find(|v| v.rtc.accepts(&input)).map(|v| v.id.clone()),
+    };
+    let v = id.and_then(|id| viewers.get_mut(&id))?;
+    if v.from != Some(from) {
+        v.from = Some(from);
+        by_addr.insert(from, v.id.clone());
+    }
+    let _ = v.rtc.handle_input(input);
+    Some(v.id.clone())
+}
+
+/// Where the task's datagrams go: the UDP socket, or a viewer's ICE-TCP connection.
+struct Wire<'a> {
+    udp: &'a tokio::net::UdpSocket,
+    tcp: Option<&'a TcpSide>,
+}
+
+/// ICE-TCP (RFC 6544), passive, for networks that block UDP. Each connection carries RFC
+/// 4571 frames (a 2-byte length, then a STUN message or a DTLS/SRTP datagram); what it brings
+/// goes to the task as a datagram would, and what the task sends to its address goes back
+/// on it.
+struct TcpSide {
+    /// Each connection's outgoing frames, by its peer's address.
+    writers: Mutex<HashMap<SocketAddr, mpsc::Sender<Vec<u8>>>>,
+    local: SocketAddr,
+}
+
+/// Frames queued for one ICE-TCP connection; past them, frames are dropped (as UDP would).
+const TCP_QUEUE: usize = 512;
+/// An ICE-TCP connection silent this long is closed (ICE checks come every few seconds).
+const TCP_IDLE: Duration = Duration::from_secs(30);
+
+impl TcpSide {
+    fn send(&self, to: SocketAddr, data: &[u8]) {
+        let Ok(len) = u16::try_from(data.len()) else { return };
+        let mut frame = Vec::with_capacity(2 + data.len());
+        frame.extend_from_slice(&len.to_be_bytes());
+        frame.extend_from_slice(data);
+        if let Some(w) = self.writers.lock().get(&to) {
+            let _ = w.try_send(frame);
+        }
+    }
+}
+
+async fn tcp_accept(
+    listener: tokio::net::TcpListener,
+    side: Arc<TcpSide>,
+    to_task: mpsc::Sender<(SocketAddr, Vec<u8>)>,
+    gate: Arc<Gate>,
+) {
+    loop {
+        let Ok((stream, peer)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        // Counted with the address's other WebRTC peers.
+        let Some(pass) = gate.admit(peer.ip()) else { continue };
+        let _ = stream.set_nodelay(true);
+        let (tx, rx) = mpsc::channel(TCP_QUEUE);
+        side.writers.lock().insert(peer, tx);
+        let (side, to_task) = (side.clone(), to_task.clone());
+        tokio::spawn(async move {
+            let _pass = pass;
+            tcp_conn(stream, peer, rx, to_task).await;
+            side.writers.lock().remove(&peer);
+        });
+    }
+}
+
+/// One ICE-TCP connection: its frames in to the task, the task's frames out, until either
+/// side ends or it is silent for `TCP_IDLE`.
+async fn tcp_conn(
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    mut out: mpsc::Receiver<Vec<u8>>,
+    to_task: mpsc::Sender<(SocketAddr, Vec<u8>)>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut r, mut w) = stream.into_split();
+    let writer = async move {
+        while let Some(frame) = out.recv().await {
+            if w.write_all(&frame).await.is_err() {
+                break;
+            }
+        }
+    };
+    let reader = async move {
+        loop {
+            let Ok(Ok(len)) = tokio::time::timeout(TCP_IDLE, r.read_u16()).await else { break };
+            let mut data = vec![0u8; usize::from(len)];
+            if !matches!(tokio::time::timeout(TCP_IDLE, r.read_exact(&mut data)).await, Ok(Ok(_))) {
+                break;
+            }
+            if to_task.send((peer, data)).await.is_err() {
+                break;
+            }
+        }
+    };
+    tokio::select! {
+        _ = writer => {}
+        _ = reader => {}
     }
 }
 

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use std::time::Duration;
 
 /// Starts a WHEP viewer of `arguments[0]` in the page (video and audio offered, as a player
-/// would); `window.whep` tells how it goes, `window.stats` and `window.audio` its inbound
+/// would; over ICE-TCP only if `arguments[1]`); `window.whep` tells how it goes, `window.stats` and `window.audio` its inbound
 /// video and audio every 250 ms.
 const WHEP: &str = r#"
 const url = arguments[0];
@@ -32,8 +32,10 @@ window.audio = {};
     const r = await fetch(url, { method: 'POST', headers: { 'Content-Type': 'application/sdp' }, body: pc.localDescription.sdp });
     window.whep.status = r.status;
     window.whep.location = r.headers.get('Location');
-    const body = await r.text();
+    let body = await r.text();
     if (r.status !== 201) { window.whep.state = 'refused: ' + body; return; }
+    // arguments[1]: as if UDP were blocked, only the answer's TCP candidates are kept.
+    if (arguments[1]) body = body.split('\r\n').filter(l => !(l.startsWith('a=candidate') && / udp /i.test(l))).join('\r\n');
     await pc.setRemoteDescription({ type: 'answer', sdp: body });
     window.whep.state = 'answered';
     setInterval(async () => {
@@ -722,4 +724,27 @@ fn whep_hands_out_the_configured_ice_servers() {
     assert!(r.header("access-control-expose-headers").unwrap_or("").contains("Link"));
     let pre = ureq::request("OPTIONS", &relay.url("/demo/whep")).call().unwrap();
     assert!(pre.all("link").is_empty(), "no credentials before the client's were checked");
+}
+
+/// ICE-TCP for networks that block UDP: with `webrtc_tcp`, the answer offers a passive TCP
+/// candidate on the WebRTC port beside the UDP one; Chromium, given only the TCP candidate
+/// (as if UDP were blocked), connects over TCP and plays.
+#[test]
+fn chromium_plays_over_ice_tcp_where_udp_is_blocked() {
+    if !have_chromium() {
+        return;
+    }
+    let relay = Relay::with_config("webrtc_tcp = true\n", &[]);
+    let d = Driver::start();
+    d.post("url", json!({ "url": page_elsewhere() }));
+    d.post("execute/sync", json!({ "script": WHEP, "args": [relay.url("/demo/whep"), true] }));
+    let decoded = || d.js("return window.stats.framesDecoded ?? 0;").as_u64().unwrap_or(0);
+    assert!(wait_for(Duration::from_secs(20), || decoded() > 50), "over TCP: {}", d.js("return window.whep;"));
+    let protocol = d.js(
+        "return window.pc.getStats().then(all => { let pair = null; all.forEach(s => { if (s.type === 'candidate-pair' && s.nominated && s.state === 'succeeded') pair = s; }); \
+         return pair ? all.get(pair.remoteCandidateId).protocol : null; });",
+    );
+    assert_eq!(protocol, "tcp", "the pair in use");
+    let s = d.js("return window.stats;");
+    assert_eq!(s["packetsLost"].as_i64().unwrap_or(0), 0, "{s}");
 }
