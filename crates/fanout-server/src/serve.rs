@@ -9,6 +9,10 @@ pub struct ServeArgs {
     /// TOML config file (see docs/config.md); every field is optional.
     #[arg(long, short)]
     config: Option<PathBuf>,
+    /// Check the configuration (every problem, with its line; the TLS files) and exit:
+    /// 0 if it would start, 1 if not. Nothing is bound or served.
+    #[arg(long)]
+    check: bool,
     /// Address for the control API and HTTP streams (overrides the config).
     #[arg(long)]
     api: Option<std::net::SocketAddr>,
@@ -177,6 +181,16 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
     // A bad or mismatched pair stops the start, naming the files.
     let names: Vec<String> = [cfg.api.ip()].iter().filter(|ip| !ip.is_unspecified()).map(|ip| ip.to_string()).collect();
     let tls = tls_source.map(|s| tls::Tls::new(s, &names)).transpose()?;
+    if a.check {
+        let what = a.config.as_ref().map_or("the defaults".to_string(), |p| p.display().to_string());
+        println!(
+            "fanout: {what} is good: {} session(s), API on {}{}",
+            cfg.sessions.len(),
+            cfg.api,
+            if tls.is_some() { ", TLS certificate and key load" } else { "" }
+        );
+        return Ok(());
+    }
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     rt.block_on(run(cfg, tls))
 }
