@@ -70,6 +70,16 @@ func fail(why string) {
 	os.Exit(2)
 }
 
+// newPeer is a peer connection with these codecs and interceptors.
+func newPeer(m *webrtc.MediaEngine, ir *interceptor.Registry) *webrtc.PeerConnection {
+	api := webrtc.NewAPI(webrtc.WithMediaEngine(m), webrtc.WithInterceptorRegistry(ir))
+	pc, err := api.NewPeerConnection(webrtc.Configuration{})
+	if err != nil {
+		fail(err.Error())
+	}
+	return pc
+}
+
 // signal POSTs the offer and sets the answer; it returns the resource URL.
 func signal(pc *webrtc.PeerConnection, target string) string {
 	offer, err := pc.CreateOffer(nil)
@@ -179,11 +189,7 @@ func play(target string, d time.Duration, drop float64, out string, pli time.Dur
 	if err := webrtc.ConfigureRTCPReports(ir); err != nil {
 		fail(err.Error())
 	}
-	api := webrtc.NewAPI(webrtc.WithMediaEngine(m), webrtc.WithInterceptorRegistry(ir))
-	pc, err := api.NewPeerConnection(webrtc.Configuration{})
-	if err != nil {
-		fail(err.Error())
-	}
+	pc := newPeer(m, ir)
 	defer pc.Close()
 	for _, k := range []webrtc.RTPCodecType{webrtc.RTPCodecTypeVideo, webrtc.RTPCodecTypeAudio} {
 		if _, err := pc.AddTransceiverFromKind(k, webrtc.RTPTransceiverInit{Direction: webrtc.RTPTransceiverDirectionRecvonly}); err != nil {
@@ -397,11 +403,7 @@ func publish(target string, d time.Duration, file string, fps float64) publishRe
 	if err := webrtc.RegisterDefaultInterceptors(m, ir); err != nil {
 		fail(err.Error())
 	}
-	api := webrtc.NewAPI(webrtc.WithMediaEngine(m), webrtc.WithInterceptorRegistry(ir))
-	pc, err := api.NewPeerConnection(webrtc.Configuration{})
-	if err != nil {
-		fail(err.Error())
-	}
+	pc := newPeer(m, ir)
 	defer pc.Close()
 	track, err := webrtc.NewTrackLocalStaticSample(webrtc.RTPCodecCapability{
 		MimeType: webrtc.MimeTypeH264, ClockRate: 90000,

@@ -827,9 +827,9 @@ pub fn routes() -> axum::Router<Arc<Relay>> {
         .route("/v1/sessions/{name}/whep/{id}", resource())
         .route("/{name}/whep", post(offer).options(preflight))
         .route("/{name}/whep/{id}", resource())
-        .route("/v1/sessions/{name}/whip", post(whip).options(preflight))
+        .route("/v1/sessions/{name}/whip", post(offer).options(preflight))
         .route("/v1/sessions/{name}/whip/{id}", resource())
-        .route("/{name}/whip", post(whip).options(preflight))
+        .route("/{name}/whip", post(offer).options(preflight))
         .route("/{name}/whip/{id}", resource())
         .route_layer(axum::middleware::map_response(cors))
 }
@@ -863,30 +863,20 @@ fn text(status: u16, why: String) -> Response {
 /// The client's address, where the HTTP listener gave it.
 type Client = Option<Extension<ConnectInfo<SocketAddr>>>;
 
+/// A WHEP or WHIP offer (the route says which).
 async fn offer(
     State(relay): State<Arc<Relay>>,
     Path(name): Path<String>,
     client: Client,
     RawQuery(query): RawQuery,
+    uri: axum::http::Uri,
     headers: HeaderMap,
     body: String,
 ) -> Response {
-    negotiated(relay, name, client.map(|c| c.0 .0.ip()), headers, query, body, "whep").await
+    let what = if uri.path().ends_with("/whip") { "whip" } else { "whep" };
+    negotiated(relay, name, client.map(|c| c.0 .0.ip()), headers, query, body, what).await
 }
 
-async fn whip(
-    State(relay): State<Arc<Relay>>,
-    Path(name): Path<String>,
-    client: Client,
-    RawQuery(query): RawQuery,
-    headers: HeaderMap,
-    body: String,
-) -> Response {
-    negotiated(relay, name, client.map(|c| c.0 .0.ip()), headers, query, body, "whip").await
-}
-
-/// A WHEP (`whep`) or WHIP (`whip`) offer: `201` with the answer and the peer's resource,
-/// or the refusal with its reason.
 /// The configured STUN/TURN servers as `Link` headers (RFC 9725 §4.6), for clients behind
 /// NAT; config validation keeps quotes and angle brackets out of them.
 fn ice_servers(relay: &Relay, h: &mut HeaderMap) {
@@ -936,6 +926,8 @@ fn unauthorized(relay: &Relay) -> Response {
     r
 }
 
+/// A WHEP (`whep`) or WHIP (`whip`) offer: `201` with the answer and the peer's resource,
+/// or the refusal with its reason.
 async fn negotiated(
     relay: Arc<Relay>,
     name: String,
