@@ -132,10 +132,12 @@ impl InBandParams {
         for nal in nal_units(payload) {
             match nal.first().map(|b| b & 0x1f) {
                 Some(7) => {
-                    self.sps = Some(nal.to_vec());
+                    if self.sps.as_deref() != Some(nal) {
+                        self.sps = Some(nal.to_vec());
+                    }
                     self.had_at = Some(ts);
                 }
-                Some(8) => self.pps = Some(nal.to_vec()),
+                Some(8) if self.pps.as_deref() != Some(nal) => self.pps = Some(nal.to_vec()),
                 Some(5) => idr_starts = true,
                 _ => {}
             }
@@ -155,23 +157,20 @@ impl InBandParams {
 }
 
 /// The whole NAL units of an H.264 RTP payload: itself (types 1–23) or those a STAP-A
-/// (24) aggregates; none for fragments and others.
-fn nal_units(payload: &[u8]) -> Vec<&[u8]> {
-    match payload.first().map(|b| b & 0x1f) {
-        Some(1..=23) => vec![payload],
-        Some(24) => {
-            let mut out = Vec::new();
-            let mut rest = &payload[1..];
-            while rest.len() >= 2 {
-                let n = usize::from(u16::from_be_bytes([rest[0], rest[1]]));
-                let Some(nal) = rest.get(2..2 + n) else { break };
-                out.push(nal);
-                rest = &rest[2 + n..];
-            }
-            out
-        }
-        _ => Vec::new(),
-    }
+/// (24) aggregates; none for fragments and others. An iterator: this runs for every
+/// packet of every viewer, and allocates nothing.
+fn nal_units(payload: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let (mut rest, single) = match payload.first().map(|b| b & 0x1f) {
+        Some(1..=23) => (&[][..], Some(payload)),
+        Some(24) => (&payload[1..], None),
+        _ => (&[][..], None),
+    };
+    single.into_iter().chain(std::iter::from_fn(move || {
+        let n = usize::from(u16::from_be_bytes([*rest.first()?, *rest.get(1)?]));
+        let nal = rest.get(2..2 + n)?;
+        rest = &rest[2 + n..];
+        Some(nal)
+    }))
 }
 
 /// What a WHIP publisher's negotiated answer makes of the path: its description (a video
