@@ -21,6 +21,11 @@ impl PerAddress {
         Self { cap, open: HashMap::new() }
     }
 
+    /// A new cap (a reload): it applies to the next connections; those open stay.
+    pub fn set_cap(&mut self, cap: usize) {
+        self.cap = cap;
+    }
+
     /// Counts a new connection from `ip`, or `false` if that address is at its cap.
     pub fn try_open(&mut self, ip: IpAddr) -> bool {
         let n = self.open.entry(ip).or_insert(0);

@@ -2,27 +2,34 @@
 //! `max_connections_per_ip` connections from one address at once, counted from the accept,
 //! before any request deadline starts; the relay's refusals go into one book that logs the
 //! first at once and the rest as counts every 10 s, and shows the totals in `/metrics`.
-//! The policy is `fanout_core::admit`; this module holds its locks and the clock.
+//! The policy is `fanout_core::admit`; this module holds its locks and the clock. The cap
+//! is the relay's, in [`Books`], so a reload changes it for every listener at once.
 
 use fanout_core::admit::{PerAddress, Refusals};
 use parking_lot::Mutex;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The relay's refusals, by reason.
+/// The relay's per-address cap, and its refusals by reason.
 pub struct Books {
     refusals: Mutex<Refusals>,
     t0: Instant,
-}
-
-impl Default for Books {
-    fn default() -> Self {
-        Self { refusals: Mutex::default(), t0: Instant::now() }
-    }
+    /// `max_connections_per_ip` (0: no cap), as the running configuration says.
+    cap: AtomicUsize,
 }
 
 impl Books {
+    pub fn new(cap: usize) -> Self {
+        Self { refusals: Mutex::default(), t0: Instant::now(), cap: AtomicUsize::new(cap) }
+    }
+
+    /// A reload's new cap, for the next connections of every listener.
+    pub fn set_cap(&self, cap: usize) {
+        self.cap.store(cap, Relaxed);
+    }
+
     fn now_ms(&self) -> u64 {
         self.t0.elapsed().as_millis() as u64
     }
@@ -72,14 +79,16 @@ impl Drop for Pass {
 }
 
 impl Gate {
-    /// `cap`: connections per address (0: no cap); `reason`: how its refusals are told.
-    pub fn new(cap: usize, reason: &'static str, books: Arc<Books>) -> Arc<Self> {
-        Arc::new(Self { per_ip: Mutex::new(PerAddress::new(cap)), reason, books })
+    /// `reason`: how its refusals are told; the cap is the books'.
+    pub fn new(reason: &'static str, books: Arc<Books>) -> Arc<Self> {
+        Arc::new(Self { per_ip: Mutex::new(PerAddress::default()), reason, books })
     }
 
     /// Counts a connection from `ip`, or books a refusal: that address is at its cap.
     pub fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<Pass> {
-        if self.per_ip.lock().try_open(ip) {
+        let mut per_ip = self.per_ip.lock();
+        per_ip.set_cap(self.books.cap.load(Relaxed));
+        if per_ip.try_open(ip) {
             return Some(Pass { gate: self.clone(), ip });
         }
         self.books.refuse(self.reason, ip);

@@ -42,7 +42,7 @@ type ApiResult<T> = Result<T, ApiError>;
 /// The API's routes, with `faces`' (the faces above the relay that answer on the API's
 /// port: WHEP and WHIP) behind the same token, limits and error bodies.
 pub fn router(relay: Arc<Relay>, faces: Router<Arc<Relay>>) -> Router {
-    let max_body = relay.cfg.max_body;
+    let max_body = relay.cfg().max_body;
     Router::new()
         .route("/v1/sessions", post(create_session).get(list_sessions))
         .route("/v1/sessions/{name}", get(get_session).delete(delete_session))
@@ -54,6 +54,7 @@ pub fn router(relay: Arc<Relay>, faces: Router<Arc<Relay>>) -> Router {
         .route("/v1/sessions/{name}/hls/{file}", get(hls_file).layer(middleware::map_response(any_origin)))
         .route("/v1/events", get(events))
         .route("/v1/engine", get(engine_status))
+        .route("/v1/reload", post(reload))
         .route("/v1/rtsp", get(rtsp_clients))
         .route("/v1/cluster", get(cluster_view))
         .route("/metrics", get(metrics))
@@ -270,7 +271,7 @@ async fn auth(State(relay): State<Arc<Relay>>, req: Request, next: Next) -> Resp
     let query = (path.contains("/hls/") || path == "/v1/events" || path.ends_with("/stream"))
         .then(|| req.uri().query())
         .flatten();
-    if authorized(relay.cfg.token.as_deref(), h, query) {
+    if authorized(relay.cfg().token.as_deref(), h, query) {
         next.run(req).await
     } else {
         let mut r = ApiError(StatusCode::UNAUTHORIZED, "missing or wrong bearer token".into()).into_response();
@@ -303,13 +304,13 @@ async fn whole_body(State(relay): State<Arc<Relay>>, req: Request, next: Next) -
     if !has_body {
         return next.run(req).await;
     }
-    let deadline = Duration::from_secs_f64(relay.cfg.request_timeout_s);
+    let deadline = Duration::from_secs_f64(relay.cfg().request_timeout_s);
     let (parts, body) = req.into_parts();
     // One byte over the limit tells a body too large from one that fits.
-    match tokio::time::timeout(deadline, axum::body::to_bytes(body, relay.cfg.max_body + 1)).await {
+    match tokio::time::timeout(deadline, axum::body::to_bytes(body, relay.cfg().max_body + 1)).await {
         Ok(Ok(bytes)) => next.run(Request::from_parts(parts, axum::body::Body::from(bytes))).await,
         Ok(Err(_)) => {
-            ApiError(StatusCode::PAYLOAD_TOO_LARGE, format!("body over max_body ({} bytes)", relay.cfg.max_body))
+            ApiError(StatusCode::PAYLOAD_TOO_LARGE, format!("body over max_body ({} bytes)", relay.cfg().max_body))
                 .into_response()
         }
         Err(_) => {
@@ -355,7 +356,7 @@ fn read_spec(v: serde_json::Value) -> ApiResult<SessionSpec> {
 fn session_json(relay: &Relay, s: &fanout_io::Session) -> serde_json::Value {
     let mut v = serde_json::to_value(s.status()).unwrap_or_default();
     let Some(path) = relay.path(s.name()) else { return v };
-    let mut spec = path.spec.clone();
+    let mut spec = path.spec();
     // Upstream credentials stay in the config: the API shows the URL without them.
     if let crate::spec::SourceSpec::Rtsp(r) = &mut spec.source {
         if let Ok(u) = r.parsed_url() {
@@ -405,13 +406,13 @@ fn session_json(relay: &Relay, s: &fanout_io::Session) -> serde_json::Value {
         let links: Vec<_> = relay.srt_links.lock().iter().filter(|l| l.path == s.name()).map(|l| l.status()).collect();
         v["srt"] = json!(links);
     }
-    let http = if relay.cfg.https() { "https" } else { "http" };
+    let http = if relay.cfg().https() { "https" } else { "http" };
     // Over WebRTC: where to POST a WHEP offer, and who watches now.
     if let Some(w) = relay.webrtc.lock().clone() {
-        v["whep_url"] = json!(format!("{http}://{}/{}/whep", relay.cfg.api, s.name()));
+        v["whep_url"] = json!(format!("{http}://{}/{}/whep", relay.cfg().api, s.name()));
         v["webrtc"] = json!(w.viewers(Some(s.name())));
     }
-    v["stream_url"] = json!(format!("{http}://{}/v1/sessions/{}/stream", relay.cfg.api, s.name()));
+    v["stream_url"] = json!(format!("{http}://{}/v1/sessions/{}/stream", relay.cfg().api, s.name()));
     v["stream_format"] = json!(stream_format(&path));
     if let Some(r) = path.repack_running() {
         let ts = r.ts.as_ref().map(|ts| {
@@ -589,6 +590,12 @@ async fn cluster_view(State(relay): State<Arc<Relay>>) -> Result<Json<crate::clu
             Err(ApiError(StatusCode::NOT_FOUND, "this relay is not a cluster node (no [cluster] in its config)".into()))
         }
     }
+}
+
+/// Loads the config file again and applies the difference (`crate::reload`): what changed,
+/// or 400 with every problem where it is refused (and nothing changed).
+async fn reload(State(relay): State<Arc<Relay>>) -> ApiResult<Json<crate::reload::Plan>> {
+    crate::reload::reload(&relay).await.map(Json).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e))
 }
 
 async fn engine_status(State(relay): State<Arc<Relay>>) -> Json<serde_json::Value> {

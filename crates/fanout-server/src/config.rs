@@ -7,7 +7,15 @@ use std::net::SocketAddr;
 use std::path::Path;
 use toml::de::DeTable;
 
-#[derive(Debug, Clone, Deserialize)]
+/// The configuration as it was loaded (from the file and the flags over it) and how to load
+/// it again, for a reload (`crate::reload`).
+pub struct Loader {
+    pub loaded: Config,
+    /// Reads the file again and applies the same flags; every problem, one per line.
+    pub load: Box<dyn Fn() -> Result<Config, String> + Send + Sync>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Address of the control API and HTTP streams.
@@ -117,7 +125,7 @@ pub struct Config {
 }
 
 /// `[cluster]`: who this node is, where the directory is, where it pulls from.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterConfig {
     /// This node's name, unique in the cluster (letters, digits, `.`, `_`, `-`).
@@ -208,7 +216,7 @@ impl ClusterConfig {
 }
 
 /// `[tls]`: the certificate and where it is used.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TlsConfig {
     /// PEM certificate chain (the server's first) and PEM private key; re-read on SIGHUP.
@@ -391,7 +399,7 @@ impl Default for Config {
 }
 
 /// A STUN or TURN server for WebRTC clients.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct IceServer {
     /// `stun:host:port`, `turn:host:port?transport=udp`, `turns:…`.
@@ -401,7 +409,7 @@ pub struct IceServer {
     pub credential: Option<String>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RtspUser {
     pub name: String,
@@ -726,6 +734,13 @@ impl Config {
             });
             errors.push((l, format!("session {:?}: {e}", s.name)));
         }
+        // Names are what a reload tells sessions apart by: each once.
+        for (i, s) in self.sessions.iter().enumerate() {
+            if self.sessions[..i].iter().any(|o| o.name == s.name) {
+                let l = sessions.and_then(|a| a.get(i)).map_or(0, |t| line(t.span().start));
+                errors.push((l, format!("session {:?} is named twice", s.name)));
+            }
+        }
         errors
     }
 }
@@ -1021,6 +1036,13 @@ mod tests {
             need(key);
         }
         assert!(missing.is_empty(), "docs/config.md does not document: {missing:?}");
+    }
+
+    #[test]
+    fn a_session_named_twice_is_an_error_at_the_second() {
+        let text = "[[session]]\nname = \"a\"\nsource = { demo = true }\n\n[[session]]\nname = \"a\"\nsource = { demo = true }\n";
+        let e = Config::parse(text).unwrap_err();
+        assert_eq!(e, vec!["line 5: session \"a\" is named twice".to_string()]);
     }
 
     /// Keeps CONFIG_FIELDS in step with the struct: a config naming every listed field

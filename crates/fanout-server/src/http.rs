@@ -16,14 +16,10 @@ use tokio::net::{TcpListener, TcpStream};
 /// Largest request head we look at before deciding.
 const MAX_HEAD: usize = 8192;
 pub async fn serve(listener: TcpListener, relay: Arc<Relay>, router: axum::Router, tls: Option<Arc<Tls>>) {
-    let max = relay.cfg.api_max_connections;
-    let head_timeout = Duration::from_secs_f64(relay.cfg.request_timeout_s);
+    let max = relay.cfg().api_max_connections;
+    let head_timeout = Duration::from_secs_f64(relay.cfg().request_timeout_s);
     let limit = Arc::new(tokio::sync::Semaphore::new(max));
-    let gate = crate::admit::Gate::new(
-        relay.cfg.max_connections_per_ip,
-        "HTTP per-address cap (max_connections_per_ip)",
-        relay.books.clone(),
-    );
+    let gate = crate::admit::Gate::new("HTTP per-address cap (max_connections_per_ip)", relay.books.clone());
     let mut warned = false;
     loop {
         // At the cap, further connections wait in the kernel's accept queue (then are refused
@@ -298,7 +294,7 @@ async fn stream_session(
     auth: Option<&str>,
     query: Option<&str>,
 ) -> Result<fanout_io::Session, (u16, String)> {
-    if !authorized(relay.cfg.token.as_deref(), auth, query) {
+    if !authorized(relay.cfg().token.as_deref(), auth, query) {
         return Err((401, "missing or wrong bearer token".to_string()));
     }
     // At its cap, a cluster node sends new players to a node with room (the token with them).

@@ -12,6 +12,7 @@ mod http;
 mod path;
 mod publish;
 mod relay;
+mod reload;
 mod repack;
 mod rtmp;
 mod rtsp;

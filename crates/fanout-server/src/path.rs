@@ -20,7 +20,8 @@ use tokio::task::AbortHandle;
 
 pub struct Path {
     pub name: String,
-    pub spec: SessionSpec,
+    /// What made it; a reload that moves its upstream to another URL changes it in place.
+    spec: Mutex<SessionSpec>,
     /// Its first track's session: the stream's own.
     pub session: Session,
     /// What else its source made (an upstream, a publisher's side, a clip's RTP tracks).
@@ -37,13 +38,21 @@ impl Path {
     pub fn new(spec: SessionSpec, session: Session, feeder: Feeder, tasks: Vec<AbortHandle>) -> Self {
         Self {
             name: spec.name.clone(),
-            spec,
+            spec: Mutex::new(spec),
             session,
             feeder,
             tasks,
             repack: Mutex::new(None),
             srtp: SrtpOut::default(),
         }
+    }
+
+    pub fn spec(&self) -> SessionSpec {
+        self.spec.lock().clone()
+    }
+
+    pub fn set_spec(&self, spec: SessionSpec) {
+        *self.spec.lock() = spec;
     }
 
     pub fn upstream(&self) -> Option<&Arc<Upstream>> {
@@ -89,7 +98,7 @@ impl Path {
     /// Whether its media is RTP video/audio of known tracks (an RTSP upstream or publisher,
     /// or a source with `video` set), which HTTP players get repackaged.
     pub fn is_rtp_media(&self) -> bool {
-        matches!(self.feeder, Feeder::Upstream(_) | Feeder::Publisher(_)) || self.spec.video.is_some()
+        matches!(self.feeder, Feeder::Upstream(_) | Feeder::Publisher(_)) || self.spec.lock().video.is_some()
     }
 
     /// Its running repackaging, if any.

@@ -15,7 +15,13 @@ pub use crate::error::RelayError;
 
 pub struct Relay {
     pub engine: Engine,
-    pub cfg: Config,
+    /// The running configuration: a reload swaps it (`crate::reload`), so it is read where
+    /// it is used, through [`Relay::cfg`].
+    cfg: RwLock<Arc<Config>>,
+    /// The configuration as loaded (before the start filled in bound ports) and how to load
+    /// it again: what a reload compares the new file with (`serve` sets it; the lock keeps
+    /// reloads one at a time).
+    pub(crate) loader: tokio::sync::Mutex<Option<crate::config::Loader>>,
     /// Every stream, by name.
     paths: RwLock<BTreeMap<String, Arc<Path>>>,
     /// Where RTSP clients connect, once listening.
@@ -48,6 +54,8 @@ pub trait RtspFront: Send + Sync {
     fn end_resource(&self, relay: &Relay, name: &str);
     /// Its clients, as `GET /v1/rtsp` shows them.
     fn clients(&self) -> Vec<crate::clients::ClientStatus>;
+    /// The users requests are checked against from now on (a reload).
+    fn set_users(&self, users: Vec<(String, String)>);
 }
 
 impl crate::upstream::Host for Relay {
@@ -68,9 +76,10 @@ impl Relay {
         Ok(Arc::new(Self {
             state,
             cluster,
-            books: Default::default(),
+            books: Arc::new(crate::admit::Books::new(cfg.max_connections_per_ip)),
             engine,
-            cfg,
+            cfg: RwLock::new(Arc::new(cfg)),
+            loader: Default::default(),
             paths: RwLock::new(BTreeMap::new()),
             rtsp_addr: Default::default(),
             rtsps_addr: Default::default(),
@@ -81,6 +90,15 @@ impl Relay {
             webrtc: Default::default(),
             rtsp: Default::default(),
         }))
+    }
+
+    /// The running configuration.
+    pub fn cfg(&self) -> Arc<Config> {
+        self.cfg.read().clone()
+    }
+
+    pub(crate) fn set_cfg(&self, cfg: Config) {
+        *self.cfg.write() = Arc::new(cfg);
     }
 
     /// Makes sure a session named `name` exists: when it does not and this relay is a
@@ -216,7 +234,7 @@ impl Relay {
     /// URL or stream id, may go on: anyone where RTSP is open, else one of RTSP's users (or
     /// `token` with the API token where RTSP requires it).
     pub fn stream_login_ok(&self, user: Option<&str>, pass: Option<&str>) -> bool {
-        let users = self.cfg.rtsp_credentials();
+        let users = self.cfg().rtsp_credentials();
         if users.is_empty() {
             return true;
         }
@@ -276,7 +294,7 @@ impl Relay {
                 return Err(RelayError::Peer(format!("nothing is published to {name:?} now")));
             };
             sdp.media.iter().zip(p.tracks()).for_each(|(m, t)| add(m, t));
-        } else if let Some(video) = path.spec.video {
+        } else if let Some(video) = path.spec().video {
             let codec = fanout_proto::container::repack::TrackCodec::Video { codec: video.codec(), params: Vec::new() };
             let info = Some(fanout_proto::container::repack::TrackInfo { codec, clock: 90_000 });
             inputs.push(crate::repack::Input { session: session.clone(), info, clock_map: None });
@@ -292,7 +310,7 @@ impl Relay {
                 why.join("; ")
             )));
         }
-        let linger = Duration::from_secs_f64(path.spec.source.linger_s());
+        let linger = Duration::from_secs_f64(path.spec().source.linger_s());
         let tracks_of = {
             let path = Arc::downgrade(&path);
             move || path.upgrade().map(|p| p.tracks().iter().map(|t| t.clock_map).collect()).unwrap_or_default()
@@ -339,7 +357,7 @@ impl Relay {
                 Err(why) => Err(RelayError::Unavailable(why)),
             },
             Some(dp) => Ok(dp),
-            None if self.cfg.datapath != DataPath::Kernel => Ok(self.cfg.datapath),
+            None if self.cfg().datapath != DataPath::Kernel => Ok(self.cfg().datapath),
             None => {
                 let why = match self.engine.kernel() {
                     Ok(_) if shared_link => CLONES_UNPACED.to_string(),
@@ -400,23 +418,24 @@ impl Relay {
                 )));
             }
         }
-        let max_datagram = spec.max_datagram.unwrap_or(self.cfg.max_datagram);
+        let defaults = self.cfg();
+        let max_datagram = spec.max_datagram.unwrap_or(defaults.max_datagram);
         let pacing = spec.pace_config(max_datagram).map_err(RelayError::BadRequest)?;
         let cfg = SessionConfig {
             name: spec.name.clone(),
             // Invariant: validate() checked the range.
             priority: Priority::new(spec.priority).expect("validated"),
             datapath,
-            ring_capacity: spec.ring.unwrap_or(self.cfg.ring),
+            ring_capacity: spec.ring.unwrap_or(defaults.ring),
             max_datagram,
-            sinks_per_group: spec.sinks_per_group.unwrap_or(self.cfg.sinks_per_group),
+            sinks_per_group: spec.sinks_per_group.unwrap_or(defaults.sinks_per_group),
             payload: spec.payload,
             failed_sinks: spec.failed_sinks,
             udp_sinks: spec.udp_sinks,
             uring_sqpoll: spec.uring_sqpoll,
             kernel_spread: spec.kernel_spread,
             source_recv: spec.source_recv,
-            stream_flush: Duration::from_millis(spec.stream_flush_ms.unwrap_or(self.cfg.stream_flush_ms)),
+            stream_flush: Duration::from_millis(spec.stream_flush_ms.unwrap_or(defaults.stream_flush_ms)),
             pacing,
             reserve,
         };
@@ -444,7 +463,7 @@ impl Relay {
             name: &spec.name,
             session: &session,
             engine: &self.engine,
-            cfg: &self.cfg,
+            cfg: &defaults,
             host: Arc::downgrade(self) as _,
             origin,
             on_pull_end,
@@ -583,7 +602,7 @@ async fn end_when_over(relay: std::sync::Weak<Relay>, name: String, file: bool) 
             continue;
         }
         let since = *over_since.get_or_insert_with(std::time::Instant::now);
-        let wait = if file { Duration::from_secs(1) } else { Duration::from_secs_f64(relay.cfg.publisher_grace_s) };
+        let wait = if file { Duration::from_secs(1) } else { Duration::from_secs_f64(relay.cfg().publisher_grace_s) };
         if !told && since.elapsed() >= wait {
             relay.end_players(&name);
             told = true;
@@ -688,7 +707,7 @@ impl crate::cluster::Local for Relay {
                     .filter_map(|m| m.formats.first().and_then(|f| m.rtpmap(f)).map(|(e, c)| format!("{e}/{c}")))
                     .collect();
                 if codecs.is_empty() {
-                    codecs.extend(p.spec.video.map(|v| format!("{v:?}/90000").to_uppercase()));
+                    codecs.extend(p.spec().video.map(|v| format!("{v:?}/90000").to_uppercase()));
                 }
                 let playing = p.upstream().is_some_and(|u| u.status().state == "playing");
                 let bytes_in = p.session.status().source.bytes;

@@ -33,7 +33,7 @@ pub async fn serve(listener: TcpListener, relay: Arc<Relay>, tls: Option<tokio_r
         Some(_) => ("RTMPS", "RTMPS per-address cap (max_connections_per_ip)"),
         None => ("RTMP", "RTMP per-address cap (max_connections_per_ip)"),
     };
-    let gate = crate::admit::Gate::new(relay.cfg.max_connections_per_ip, reason, relay.books.clone());
+    let gate = crate::admit::Gate::new(reason, relay.books.clone());
     let next = AtomicU64::new(0);
     loop {
         let (stream, peer) = match listener.accept().await {
@@ -62,7 +62,7 @@ pub async fn serve(listener: TcpListener, relay: Arc<Relay>, tls: Option<tokio_r
             let end = match tls {
                 None => c.run(stream).await,
                 Some(tls) => {
-                    let limit = Duration::from_secs_f64(relay.cfg.request_timeout_s.max(0.1));
+                    let limit = Duration::from_secs_f64(relay.cfg().request_timeout_s.max(0.1));
                     match tokio::time::timeout(limit, tls.accept(stream)).await {
                         Ok(Ok(s)) => c.run(s).await,
                         Ok(Err(e)) => Err(format!("TLS handshake: {e}")),
@@ -165,11 +165,11 @@ impl Conn<'_> {
         let mut app = String::new();
         let mut buf = vec![0u8; 64 << 10];
         // The handshake and the commands up to publish: within `request_timeout_s`.
-        let setup = Duration::from_secs_f64(self.relay.cfg.request_timeout_s.max(0.1));
+        let setup = Duration::from_secs_f64(self.relay.cfg().request_timeout_s.max(0.1));
         let setup_until = tokio::time::Instant::now() + setup;
-        let idle = Duration::from_secs_f64(self.relay.cfg.rtsp_idle_s.max(1.0));
+        let idle = Duration::from_secs_f64(self.relay.cfg().rtsp_idle_s.max(1.0));
         let mut packets = Vec::new();
-        let flush_every = Duration::from_millis(self.relay.cfg.stream_flush_ms);
+        let flush_every = Duration::from_millis(self.relay.cfg().stream_flush_ms);
         let mut flush_at: Option<tokio::time::Instant> = None;
         loop {
             // Until it publishes or plays, the whole setup has one deadline (a slow trickle

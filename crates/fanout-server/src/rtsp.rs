@@ -66,6 +66,9 @@ impl crate::relay::RtspFront for Rtsp {
     fn clients(&self) -> Vec<ClientStatus> {
         Rtsp::clients(self)
     }
+    fn set_users(&self, users: Vec<(String, String)>) {
+        self.server.lock().set_users(users);
+    }
 }
 
 pub struct Rtsp {
@@ -135,7 +138,7 @@ pub(crate) fn describe(relay: &Relay, name: &str) -> Option<Resource> {
         |pt: u8| format!("m=video 0 RTP/AVP {pt}\r\na=rtpmap:{pt} H264/90000\r\na=fmtp:{pt} packetization-mode=1\r\n");
     // A file played out has nothing more to give: 404, not a description of silence.
     let path = relay.path(name)?;
-    let over = path.spec.source.is_file() && path.session.source_state() == fanout_io::SourceState::Closed;
+    let over = path.spec().source.is_file() && path.session.source_state() == fanout_io::SourceState::Closed;
     if over {
         return None;
     }
@@ -181,7 +184,7 @@ pub(crate) fn describe(relay: &Relay, name: &str) -> Option<Resource> {
         // packets look like it; anything else is not described (a puller would wait for
         // keyframes that never come).
         96..=127 => {
-            match path.spec.video {
+            match path.spec().video {
                 Some(crate::spec::VideoCodec::H265) => {
                     format!("m=video 0 RTP/AVP {pt}\r\na=rtpmap:{pt} H265/90000\r\n")
                 }
@@ -728,11 +731,7 @@ pub async fn serve(
     // RTSP and RTSPS share their caps: the connections open, and those per address.
     let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let next_conn = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let gate = crate::admit::Gate::new(
-        relay.cfg.max_connections_per_ip,
-        "RTSP per-address cap (max_connections_per_ip)",
-        relay.books.clone(),
-    );
+    let gate = crate::admit::Gate::new("RTSP per-address cap (max_connections_per_ip)", relay.books.clone());
     let loops: Vec<_> = listeners
         .into_iter()
         .map(|(l, tls)| {
@@ -785,8 +784,8 @@ async fn accept(
     rtsp: Arc<Rtsp>,
     Counts { open, next_conn, gate }: Counts,
 ) {
-    let (max, idle) = (relay.cfg.rtsp_max_connections, Duration::from_secs_f64(relay.cfg.rtsp_idle_s.max(0.1)));
-    let head_timeout = Duration::from_secs_f64(relay.cfg.request_timeout_s);
+    let (max, idle) = (relay.cfg().rtsp_max_connections, Duration::from_secs_f64(relay.cfg().rtsp_idle_s.max(0.1)));
+    let head_timeout = Duration::from_secs_f64(relay.cfg().request_timeout_s);
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(x) => x,

@@ -4,7 +4,7 @@
 use crate::{api, cluster, config, http, relay, rtsp, spec, tls};
 use std::path::PathBuf;
 
-#[derive(clap::Args)]
+#[derive(clap::Args, Clone)]
 pub struct ServeArgs {
     /// TOML config file (see docs/config.md); every field is optional.
     #[arg(long, short)]
@@ -98,6 +98,36 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         // Colour codes only for a person at a terminal, not in files and journals.
         .with_ansi(std::io::stderr().is_terminal())
         .init();
+    let cfg = configure(&a)?;
+    let tls_source = if a.self_signed {
+        let cert = std::env::temp_dir().join(format!("fanout-self-signed-{}.pem", std::process::id()));
+        Some(tls::Source::SelfSigned { cert })
+    } else {
+        cfg.tls.as_ref().map(|t| tls::Source::Files { cert: t.cert.clone(), key: t.key.clone() })
+    };
+    for w in cfg.exposure().map_err(|e| anyhow::anyhow!(e))? {
+        tracing::warn!("{w}");
+    }
+    // A bad or mismatched pair stops the start, naming the files.
+    let names: Vec<String> = [cfg.api.ip()].iter().filter(|ip| !ip.is_unspecified()).map(|ip| ip.to_string()).collect();
+    let tls = tls_source.map(|s| tls::Tls::new(s, &names)).transpose()?;
+    if a.check {
+        let what = a.config.as_ref().map_or("the defaults".to_string(), |p| p.display().to_string());
+        println!(
+            "fanout: {what} is good: {} session(s), API on {}{}",
+            cfg.sessions.len(),
+            cfg.api,
+            if tls.is_some() { ", TLS certificate and key load" } else { "" }
+        );
+        return Ok(());
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    rt.block_on(run(cfg, tls, a))
+}
+
+/// The configuration the flags make of the file (or of the defaults): at the start, and
+/// again at each reload.
+fn configure(a: &ServeArgs) -> anyhow::Result<config::Config> {
     let mut cfg = match &a.config {
         Some(p) => config::Config::load(p)?,
         None => config::Config::default(),
@@ -106,12 +136,12 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         cfg.api = x;
     }
     if a.token.is_some() {
-        cfg.token = a.token;
+        cfg.token = a.token.clone();
     }
     if let Some(w) = a.workers {
         cfg.workers = w;
     }
-    if let Some(p) = a.worker_priority {
+    if let Some(p) = &a.worker_priority {
         cfg.worker_priority = p.to_string();
     }
     if let Some(ms) = a.shed_after_ms {
@@ -152,50 +182,38 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
     if a.allow_unauthenticated {
         cfg.allow_unauthenticated = true;
     }
-    cfg.file_roots.extend(a.file_root);
-    if let Some(f) = a.state_file {
+    cfg.file_roots.extend(a.file_root.iter().cloned());
+    if let Some(f) = &a.state_file {
         cfg.state_file = Some(f.into());
     }
     if let Some(n) = a.max_connections_per_ip {
         cfg.max_connections_per_ip = n;
     }
-    let tls_source = if a.self_signed {
-        let cert = std::env::temp_dir().join(format!("fanout-self-signed-{}.pem", std::process::id()));
-        Some(tls::Source::SelfSigned { cert })
-    } else {
-        if let (Some(cert), Some(key)) = (a.tls_cert, a.tls_key) {
-            let t = cfg.tls.get_or_insert_with(|| config::TlsConfig::new(cert.clone(), key.clone()));
-            (t.cert, t.key) = (cert, key);
-        }
-        cfg.tls.as_ref().map(|t| tls::Source::Files { cert: t.cert.clone(), key: t.key.clone() })
-    };
+    if let (false, Some(cert), Some(key)) = (a.self_signed, &a.tls_cert, &a.tls_key) {
+        let t = cfg.tls.get_or_insert_with(|| config::TlsConfig::new(cert.clone(), key.clone()));
+        (t.cert, t.key) = (cert.clone(), key.clone());
+    }
     if a.self_signed && cfg.tls.is_none() {
         cfg.tls = Some(config::TlsConfig::new(PathBuf::new(), PathBuf::new()));
     }
     if let (Some(x), Some(t)) = (a.rtsps, cfg.tls.as_mut()) {
         t.rtsps = Some(x);
     }
-    for w in cfg.exposure().map_err(|e| anyhow::anyhow!(e))? {
-        tracing::warn!("{w}");
-    }
-    // A bad or mismatched pair stops the start, naming the files.
-    let names: Vec<String> = [cfg.api.ip()].iter().filter(|ip| !ip.is_unspecified()).map(|ip| ip.to_string()).collect();
-    let tls = tls_source.map(|s| tls::Tls::new(s, &names)).transpose()?;
-    if a.check {
-        let what = a.config.as_ref().map_or("the defaults".to_string(), |p| p.display().to_string());
-        println!(
-            "fanout: {what} is good: {} session(s), API on {}{}",
-            cfg.sessions.len(),
-            cfg.api,
-            if tls.is_some() { ", TLS certificate and key load" } else { "" }
-        );
-        return Ok(());
-    }
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
-    rt.block_on(run(cfg, tls))
+    // What the config's own sessions name is the operator's choice: allowed.
+    let files: Vec<PathBuf> = cfg
+        .sessions
+        .iter()
+        .filter_map(|s| match &s.source {
+            spec::SourceSpec::File { path, .. } => Some(path.clone()),
+            _ => None,
+        })
+        .collect();
+    cfg.file_roots.extend(files);
+    Ok(cfg)
 }
 
-async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>) -> anyhow::Result<()> {
+async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>, args: ServeArgs) -> anyhow::Result<()> {
+    let loaded = cfg.clone();
     // Taken before anything is printed: a SIGHUP right after the start must not end it.
     let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .map_err(|e| anyhow::anyhow!("installing a SIGHUP handler: {e}"))?;
@@ -203,15 +221,12 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>) -> 
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {} for the API: {e}", cfg.api))?;
     cfg.api = listener.local_addr()?;
-    let statics = std::mem::take(&mut cfg.sessions);
-    // What the config's own sessions name is the operator's choice: allowed.
-    cfg.file_roots.extend(statics.iter().filter_map(|s| match &s.source {
-        spec::SourceSpec::File { path, .. } => Some(path.clone()),
-        _ => None,
-    }));
+    let statics = cfg.sessions.clone();
     let demo = cfg.demo;
     let relay = relay::Relay::new(cfg)?;
-    let api = relay.cfg.api;
+    let load = Box::new(move || configure(&args).map_err(|e| format!("{e:#}")));
+    *relay.loader.lock().await = Some(config::Loader { loaded, load });
+    let api = relay.cfg().api;
     // RTSP first: its RTP port is where every UDP sink's packets come from (clients such as
     // retina accept RTP only from the server_port SETUP named), so it must be known before
     // any session sends.
@@ -230,7 +245,7 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>) -> 
     }
     let restored = relay.restore().await;
     let router = api::router(relay.clone(), crate::webrtc::routes());
-    let http = if relay.cfg.https() { "https" } else { "http" };
+    let http = if relay.cfg().https() { "https" } else { "http" };
     tracing::info!(
         "fanout {} listening on {http}://{api} ({} workers)",
         env!("CARGO_PKG_VERSION"),
@@ -253,7 +268,7 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>) -> 
     }
     // The token is never printed (consoles end up in journals and screenshots): URLs show
     // where it goes, and the dashboard asks for it.
-    let token = relay.cfg.token.as_ref().map(|_| "TOKEN".to_string());
+    let token = relay.cfg().token.as_ref().map(|_| "TOKEN".to_string());
     let q = token.as_ref().map(|t| format!("?token={t}")).unwrap_or_default();
     say!(
         "fanout: dashboard {http}://{api}/  (open it in a browser{})",
@@ -267,7 +282,7 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>) -> 
         say!("fanout: demo over HLS {http}://{api}/v1/sessions/demo/hls/index.m3u8{q}  (try: ffplay '{http}://{api}/v1/sessions/demo/hls/index.m3u8{q}')");
     }
     let rtsp_task = rtsp.map(|(listeners, state)| {
-        let who = match (&token, relay.cfg.rtsp_require_token, relay.cfg.rtsp_users.first()) {
+        let who = match (&token, relay.cfg().rtsp_require_token, relay.cfg().rtsp_users.first()) {
             (Some(t), true, _) => format!("token:{t}@"),
             (_, _, Some(u)) => format!("{}:PASSWORD@", percent_encode(&u.name)),
             _ => String::new(),
@@ -285,24 +300,27 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>) -> 
         tokio::spawn(rtsp::serve(listeners, relay.clone(), state))
     });
     // SIGHUP (`systemctl reload`, an operator's habit) is always taken, never fatal: it
-    // re-reads the certificate and key (connections open keep theirs) and says what it did.
+    // re-reads the certificate and key (connections open keep theirs), then the
+    // configuration (`crate::reload`), and says what it did.
     let files = tls.clone().filter(|t| t.self_signed_file().is_none());
+    let on_hup = std::sync::Arc::downgrade(&relay);
     tokio::spawn(async move {
         let mut hup = hup;
         while hup.recv().await.is_some() {
-            match &files {
-                Some(t) => match t.reload() {
+            if let Some(t) = &files {
+                match t.reload() {
                     Ok(()) => tracing::info!("SIGHUP: TLS certificate reloaded: SHA-256 {}", t.fingerprint()),
                     Err(e) => tracing::error!("SIGHUP: TLS reload failed, still serving the old certificate: {e:#}"),
-                },
-                None => tracing::info!(
-                    "SIGHUP: nothing to re-read (no [tls] certificate files); the configuration is read at start only"
-                ),
+                }
+            }
+            let Some(relay) = on_hup.upgrade() else { return };
+            if let Err(e) = crate::reload::reload(&relay).await {
+                tracing::error!("SIGHUP: the configuration is refused, the running one stays:\n{e}");
             }
         }
     });
     // RTMP: a port taken is not fatal, as for plain RTSP (a second relay on one host).
-    let rtmp_task = match relay.cfg.rtmp {
+    let rtmp_task = match relay.cfg().rtmp {
         Some(addr) => match tokio::net::TcpListener::bind(addr).await {
             Ok(l) => {
                 if let Ok(bound) = l.local_addr() {
@@ -319,7 +337,7 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>) -> 
         None => None,
     };
     // RTMPS, with the relay's certificate: a port taken is not fatal either.
-    let rtmps_task = match (relay.cfg.rtmps(), tls.as_ref()) {
+    let rtmps_task = match (relay.cfg().rtmps(), tls.as_ref()) {
         (Some(addr), Some(t)) => match tokio::net::TcpListener::bind(addr).await {
             Ok(l) => {
                 if let Ok(bound) = l.local_addr() {
@@ -336,7 +354,7 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>) -> 
         _ => None,
     };
     // SRT: without libsrt, or with its port taken, the rest serves on.
-    let srt = relay.cfg.srt.and_then(|addr| match crate::srt::serve(addr, relay.clone()) {
+    let srt = relay.cfg().srt.and_then(|addr| match crate::srt::serve(addr, relay.clone()) {
         Ok(s) => {
             *relay.srt_addr.lock() = Some(s.addr);
             say!(
@@ -353,16 +371,12 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>) -> 
     });
     // WebRTC: with its port taken, the rest serves on.
     let mut webrtc = None;
-    if let Some(addr) = relay.cfg.webrtc {
+    if let Some(addr) = relay.cfg().webrtc {
         match crate::webrtc::WebRtc::start(
             addr,
-            &relay.cfg.webrtc_additional_hosts,
-            crate::admit::Gate::new(
-                relay.cfg.max_connections_per_ip,
-                "WebRTC per-address cap (max_connections_per_ip)",
-                relay.books.clone(),
-            ),
-            relay.cfg.webrtc_tcp,
+            &relay.cfg().webrtc_additional_hosts,
+            crate::admit::Gate::new("WebRTC per-address cap (max_connections_per_ip)", relay.books.clone()),
+            relay.cfg().webrtc_tcp,
         ) {
             Ok(w) => {
                 say!("fanout: WebRTC (WHEP) {http}://{api}/{{path}}/whep  (media on udp {})", w.addr);
@@ -373,7 +387,7 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>) -> 
         }
     }
     tokio::spawn(relay.books.clone().tell());
-    let https = tls.filter(|_| relay.cfg.https());
+    let https = tls.filter(|_| relay.cfg().https());
     let server = tokio::spawn(http::serve(listener, relay.clone(), router, https));
     shutdown_signal().await;
     tracing::info!("shutting down");
@@ -421,20 +435,20 @@ async fn listen_rtsp(
     tls: Option<&tls::Tls>,
 ) -> anyhow::Result<Option<RtspListeners>> {
     let mut listeners = Vec::new();
-    if let Some(addr) = relay.cfg.rtsp_plain() {
+    if let Some(addr) = relay.cfg().rtsp_plain() {
         match tokio::net::TcpListener::bind(addr).await {
             Ok(l) => listeners.push((l, None)),
             Err(e) => tracing::warn!("cannot listen on {addr} for RTSP, serving without it: {e}"),
         }
     }
-    if let (Some(addr), Some(t)) = (relay.cfg.rtsps(), tls) {
+    if let (Some(addr), Some(t)) = (relay.cfg().rtsps(), tls) {
         let l = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen on {addr} for RTSPS: {e}"))?;
         listeners.push((l, Some(t.acceptor().clone())));
     }
     let Some(bound) = listeners.first().and_then(|(l, _)| l.local_addr().ok()) else { return Ok(None) };
-    let state = rtsp::Rtsp::new(bound.ip(), relay.cfg.rtsp_credentials(), relay.cfg.srtp())?;
+    let state = rtsp::Rtsp::new(bound.ip(), relay.cfg().rtsp_credentials(), relay.cfg().srtp())?;
     fanout_io::set_udp_source(std::net::SocketAddr::new(bound.ip(), state.rtp_port()));
     for (l, tls) in &listeners {
         let slot = if tls.is_some() { &relay.rtsps_addr } else { &relay.rtsp_addr };

@@ -58,9 +58,9 @@ fn split(id: &StreamId) -> (&str, Option<&str>, Option<&str>) {
 pub fn serve(addr: SocketAddr, relay: Arc<Relay>) -> Result<Srt, String> {
     let version = fanout_srt::version().map_err(|e| e.to_string())?;
     let settings = Settings {
-        latency_ms: Some(relay.cfg.srt_latency_ms),
-        passphrase: relay.cfg.srt_passphrase.clone(),
-        pbkeylen: Some(relay.cfg.srt_pbkeylen),
+        latency_ms: Some(relay.cfg().srt_latency_ms),
+        passphrase: relay.cfg().srt_passphrase.clone(),
+        pbkeylen: Some(relay.cfg().srt_pbkeylen),
         ..Settings::default()
     };
     let judge = relay.clone();
@@ -110,11 +110,7 @@ fn decide(relay: &Relay, peer: Option<SocketAddr>, streamid: &str) -> Result<(),
 }
 
 fn accept(listener: &Listener, relay: &Arc<Relay>, runtime: &tokio::runtime::Handle) {
-    let gate = crate::admit::Gate::new(
-        relay.cfg.max_connections_per_ip,
-        "SRT per-address cap (max_connections_per_ip)",
-        relay.books.clone(),
-    );
+    let gate = crate::admit::Gate::new("SRT per-address cap (max_connections_per_ip)", relay.books.clone());
     let next = AtomicU64::new(0);
     let groups = Groups::default();
     loop {
@@ -183,7 +179,7 @@ fn publish(socket: &Socket, conn: u64, path: &str, relay: &Relay) -> String {
     };
     let ip = socket.peer_addr().map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |p| p.ip());
     tracing::info!(peer = %ip, path, "SRT publisher connected");
-    let idle = Duration::from_secs_f64(relay.cfg.rtsp_idle_s);
+    let idle = Duration::from_secs_f64(relay.cfg().rtsp_idle_s);
     let label = format!("srt-{}", conn & !CONN_BASE);
     publisher.run_ts(socket, &label, conn, ip, &relay.engine, idle, &std::sync::atomic::AtomicBool::new(false))
 }
@@ -227,7 +223,7 @@ fn read(
             None => {
                 let members = Arc::new(parking_lot::Mutex::new(vec![member]));
                 g.insert(path.to_string(), members.clone());
-                let tick = Duration::from_millis(relay.cfg.stream_flush_ms.clamp(5, 50));
+                let tick = Duration::from_millis(relay.cfg().stream_flush_ms.clamp(5, 50));
                 let (path, groups) = (path.to_string(), groups.clone());
                 let spawned = std::thread::Builder::new()
                     .name(format!("srt-readers-{path}"))

@@ -143,6 +143,9 @@ pub struct Upstream {
     closing: std::sync::atomic::AtomicBool,
     /// The task returned.
     finished: std::sync::atomic::AtomicBool,
+    /// A reload changed the URL: the next connect goes there (a playing upstream is torn
+    /// down for it at once).
+    switch_to: Mutex<Option<Url>>,
 }
 
 impl Upstream {
@@ -176,6 +179,7 @@ impl Upstream {
             started: Instant::now(),
             closing: Default::default(),
             finished: Default::default(),
+            switch_to: Default::default(),
         }))
     }
 
@@ -413,6 +417,21 @@ impl Upstream {
         self.closing.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Moves to another URL under the same tracks (a reload): the connection ends and the
+    /// next is made at once, with the clock map kept as for any reconnect.
+    pub fn switch_url(&self, url: Url) {
+        *self.switch_to.lock() = Some(url);
+        self.wake.notify_waiters();
+    }
+
+    /// Takes a pending switch: whether there was one.
+    fn take_switch(&self) -> bool {
+        let Some(url) = self.switch_to.lock().take() else { return false };
+        tracing::info!(session = %self.name, url = %url.request_url(), "upstream switches to a new URL");
+        *self.url.lock() = url;
+        true
+    }
+
     /// Closes the sessions of the tracks past the first (the first belongs to the relay).
     pub fn close_tracks(&self) {
         let extra: Vec<Session> = self.state.lock().tracks.drain(1..).map(|t| t.feed.session).collect();
@@ -455,6 +474,8 @@ enum Ended {
     UseTcp(&'static str),
     /// Torn down: the session is being deleted.
     Closed,
+    /// Torn down: the URL changed.
+    Switched,
 }
 
 /// What an upstream needs of the relay it feeds: the engine its track sessions run on. The
@@ -483,6 +504,7 @@ pub async fn run(up: Arc<Upstream>, template: fanout_io::SessionConfig, relay: s
             if up.closing() {
                 return;
             }
+            up.take_switch();
             up.set_state("idle");
             let _ = tokio::time::timeout(Duration::from_millis(500), up.wake.notified()).await;
         }
@@ -506,13 +528,24 @@ pub async fn run(up: Arc<Upstream>, template: fanout_io::SessionConfig, relay: s
                 tcp = up.mode == RtspTransport::Tcp;
             }
         }
-        tokio::time::sleep(if failed { backoff } else { Duration::ZERO }).await;
+        // (A reload's new URL cuts a failed upstream's wait short.)
+        let wait = if failed { backoff } else { Duration::ZERO };
+        let _ = tokio::time::timeout(wait, async {
+            while up.switch_to.lock().is_none() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await;
+        if up.take_switch() {
+            (failed, backoff, tcp) = (false, Duration::from_secs(1), up.mode == RtspTransport::Tcp);
+        }
         up.set_state("connecting");
         up.state.lock().connects += 1;
         let Some(r) = relay.upgrade() else { return };
         let url = up.url.lock().request_url();
         match connect_once(&up, tcp, &template, r.engine()).await {
             Ok(Ended::Closed) => return,
+            Ok(Ended::Switched) => {}
             Ok(Ended::Idle) => {
                 tracing::info!(session = %up.name, "upstream torn down: no clients for {:?}", up.linger);
                 backoff = Duration::from_secs(1);
@@ -750,6 +783,10 @@ async fn connect_once(
                 if up.closing() {
                     teardown(&mut client, &mut stream, up).await;
                     return Ok(Ended::Closed);
+                }
+                if up.switch_to.lock().is_some() {
+                    teardown(&mut client, &mut stream, up).await;
+                    return Ok(Ended::Switched);
                 }
                 if let Some(k) = client.keepalive(up.now_ms()) {
                     stream.write_all(&k).await.map_err(io)?;

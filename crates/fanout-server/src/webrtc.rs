@@ -880,7 +880,7 @@ async fn offer(
 /// The configured STUN/TURN servers as `Link` headers (RFC 9725 §4.6), for clients behind
 /// NAT; config validation keeps quotes and angle brackets out of them.
 fn ice_servers(relay: &Relay, h: &mut HeaderMap) {
-    for s in &relay.cfg.webrtc_ice_servers {
+    for s in &relay.cfg().webrtc_ice_servers {
         let mut link = format!("<{}>; rel=\"ice-server\"", s.url);
         if let (Some(u), Some(c)) = (&s.username, &s.credential) {
             link += &format!("; username=\"{u}\"; credential=\"{c}\"; credential-type=\"password\"");
@@ -897,8 +897,9 @@ fn ice_servers(relay: &Relay, h: &mut HeaderMap) {
 /// `token` where `rtsp_require_token`), as HTTP Basic. With neither configured, it is open.
 fn allowed(relay: &Relay, headers: &HeaderMap, query: Option<&str>) -> bool {
     let auth = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    let token = relay.cfg.token.as_deref();
-    let users = !relay.cfg.rtsp_credentials().is_empty();
+    let cfg = relay.cfg();
+    let token = cfg.token.as_deref();
+    let users = !cfg.rtsp_credentials().is_empty();
     if token.is_none() && !users {
         return true;
     }
@@ -913,10 +914,10 @@ fn allowed(relay: &Relay, headers: &HeaderMap, query: Option<&str>) -> bool {
 /// 401, with the schemes this relay takes.
 fn unauthorized(relay: &Relay) -> Response {
     let mut schemes = Vec::new();
-    if relay.cfg.token.is_some() {
+    if relay.cfg().token.is_some() {
         schemes.push("Bearer");
     }
-    if !relay.cfg.rtsp_credentials().is_empty() {
+    if !relay.cfg().rtsp_credentials().is_empty() {
         schemes.push("Basic realm=\"fanout\"");
     }
     let mut r = text(401, "missing or wrong credentials (the API token as Bearer, or a stream user as Basic)".into());

@@ -201,6 +201,11 @@ impl Server {
         }
     }
 
+    /// New credentials (a reload): every request from now on is checked against them.
+    pub fn set_users(&mut self, users: Vec<(String, String)>) {
+        self.cfg.users = users;
+    }
+
     /// A connection from `ip` opened: sessions it makes belong to that address.
     pub fn connection_opened(&mut self, conn: u64, ip: IpAddr) {
         self.peers.insert(conn, ip);
@@ -1170,6 +1175,22 @@ mod tests {
         assert_eq!(go(&mut s, &d(&[("Authorization", "basic YWxpY2U6czNjcmV0")]), 1).0.status, 200);
         let lower = digest("s3cret", &nonce).replacen("Digest", "DIGEST", 1);
         assert_eq!(go(&mut s, &d(&[("Authorization", &lower)]), 1000).0.status, 200);
+    }
+
+    /// Credentials changed by a reload hold from the next request: the old password no
+    /// longer opens, the new one does, and with no users left everything is open.
+    #[test]
+    fn new_users_hold_from_the_next_request() {
+        let users = vec![("alice".to_string(), "s3cret".to_string())];
+        let mut s = Server::new(Config { users, ..Config::default() }, [5; 32]);
+        let d = |h: &[(&str, &str)]| req("DESCRIBE", URL, 1, h);
+        let (old, new) = ("Basic YWxpY2U6czNjcmV0", "Basic Ym9iOnB3"); // alice:s3cret, bob:pw
+        assert_eq!(go(&mut s, &d(&[("Authorization", old)]), 1).0.status, 200);
+        s.set_users(vec![("bob".to_string(), "pw".to_string())]);
+        assert_eq!(go(&mut s, &d(&[("Authorization", old)]), 2).0.status, 401);
+        assert_eq!(go(&mut s, &d(&[("Authorization", new)]), 3).0.status, 200);
+        s.set_users(Vec::new());
+        assert_eq!(go(&mut s, &d(&[]), 4).0.status, 200);
     }
 
     /// A Digest answer signs its `uri`: one made for another resource does not open this one,
