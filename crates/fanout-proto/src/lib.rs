@@ -19,9 +19,12 @@
 //!   repackaging.
 //! - [`directory`]: the cluster's directory and where to pull a channel from.
 //! - [`http`]: recognising an HTTP stream request from its head.
+//! - [`auth`]: external authentication: the question a face asks, an HTTP callback's body,
+//!   JWTs checked against a JWKS and the permissions they carry, the cache of answers.
 //! - [`secret`]: secrets on the wire: constant-time comparison, session ids, Digest nonces.
 //! - [`probe`]: the traffic tools' probe in each packet's payload.
 
+pub mod auth;
 pub mod codec;
 pub mod container;
 pub mod directory;

@@ -85,6 +85,57 @@ pub fn authorized(token: Option<&str>, auth_header: Option<&str>, query: Option<
         })
 }
 
+/// The question an HTTP request asks `[auth]`: its credentials (Basic user and password, a
+/// Bearer token or a `token` query parameter), where from, and the rest of its query.
+pub(crate) fn auth_request(
+    auth_header: Option<&str>,
+    query: Option<&str>,
+    ip: std::net::IpAddr,
+    action: fanout_proto::auth::Action,
+    path: &str,
+    protocol: &'static str,
+) -> fanout_proto::auth::Request {
+    let (mut user, mut password, mut token) = (String::new(), String::new(), String::new());
+    match auth_header.and_then(|h| h.trim().split_once(' ')) {
+        Some((scheme, v)) if scheme.eq_ignore_ascii_case("bearer") => token = v.trim().to_string(),
+        _ => {
+            if let Some((u, p)) = auth_header.and_then(fanout_proto::http::basic_credentials) {
+                (user, password) = (u, p);
+            }
+        }
+    }
+    let mut rest = Vec::new();
+    for kv in query.unwrap_or("").split('&').filter(|kv| !kv.is_empty()) {
+        match kv.strip_prefix("token=").or_else(|| kv.strip_prefix("jwt=")) {
+            Some(v) if token.is_empty() => token = fanout_proto::rtsp::client::percent_decode(v),
+            Some(_) => {}
+            None => rest.push(kv),
+        }
+    }
+    fanout_proto::auth::Request {
+        user,
+        password,
+        token,
+        ip,
+        action,
+        path: path.into(),
+        protocol,
+        query: rest.join("&"),
+    }
+}
+
+/// What a request under the API's port is, for `[auth]`: reading a path's HLS or its stream,
+/// or an API call.
+fn api_action(path: &str) -> (fanout_proto::auth::Action, String, &'static str) {
+    use fanout_proto::auth::Action;
+    let parts: Vec<&str> = path.split('/').collect();
+    match parts.as_slice() {
+        ["", "v1", "sessions", name, "hls", _] => (Action::Read, name.to_string(), "hls"),
+        ["", "v1", "sessions", name, "stream"] => (Action::Read, name.to_string(), "http"),
+        _ => (Action::Api, String::new(), "api"),
+    }
+}
+
 /// Every error answer carries the API's JSON body, also those axum makes itself (405 for a
 /// method a path does not take, 413, 415).
 async fn json_errors(r: Response) -> Response {
@@ -271,7 +322,15 @@ async fn auth(State(relay): State<Arc<Relay>>, req: Request, next: Next) -> Resp
     let query = (path.contains("/hls/") || path == "/v1/events" || path.ends_with("/stream"))
         .then(|| req.uri().query())
         .flatten();
-    if authorized(relay.cfg().token.as_deref(), h, query) {
+    let token = relay.cfg().token.clone();
+    let local = token.is_some().then(|| authorized(token.as_deref(), h, query));
+    let ip = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |c| c.0.ip());
+    let (action, name, protocol) = api_action(path);
+    let ask = auth_request(h, req.uri().query(), ip, action, &name, protocol);
+    if relay.permit(local, ask).await {
         next.run(req).await
     } else {
         let mut r = ApiError(StatusCode::UNAUTHORIZED, "missing or wrong bearer token".into()).into_response();

@@ -122,6 +122,85 @@ pub struct Config {
     pub tls: Option<TlsConfig>,
     /// This relay as a node of a tree of relays (see docs/cluster.md); none = alone.
     pub cluster: Option<ClusterConfig>,
+    /// External authentication (an HTTP service or JWTs), asked where the local token and
+    /// users do not match; none = the local ones alone.
+    pub auth: Option<AuthConfig>,
+}
+
+/// `[auth]`: who decides beyond the local token and users.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    pub method: AuthMethod,
+    /// `http`: the service each question is posted to (JSON); 2xx allows.
+    pub http_url: Option<String>,
+    /// `jwt`: where the keys are (RS256, ES256, EdDSA).
+    pub jwks_url: Option<String>,
+    /// `jwt`: the claim that lists the allowed actions and paths.
+    #[serde(default = "AuthConfig::default_claim")]
+    pub jwt_claim: String,
+    /// Seconds the service (or the JWKS URL) has to answer; past them, refused.
+    #[serde(default = "AuthConfig::default_timeout")]
+    pub timeout_s: f64,
+    /// Seconds an allowed answer is remembered (0: asked every time).
+    #[serde(default = "AuthConfig::default_cache")]
+    pub cache_s: f64,
+    /// Seconds before the JWKS is fetched again.
+    #[serde(default = "AuthConfig::default_refresh")]
+    pub jwks_refresh_s: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthMethod {
+    Http,
+    Jwt,
+}
+
+impl AuthConfig {
+    fn default_claim() -> String {
+        "fanout_permissions".into()
+    }
+    fn default_timeout() -> f64 {
+        2.0
+    }
+    fn default_cache() -> f64 {
+        10.0
+    }
+    fn default_refresh() -> f64 {
+        300.0
+    }
+
+    pub fn timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(self.timeout_s)
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        let url = |key: &str, v: &Option<String>| match v.as_deref() {
+            None => Err(format!("[auth] method {:?} needs {key}", self.method)),
+            Some(u) if !(u.starts_with("http://") || u.starts_with("https://")) => {
+                Err(format!("[auth] {key} {u:?}: an http:// or https:// URL"))
+            }
+            Some(_) => Ok(()),
+        };
+        match self.method {
+            AuthMethod::Http => url("http_url", &self.http_url)?,
+            AuthMethod::Jwt => url("jwks_url", &self.jwks_url)?,
+        }
+        if !(0.1..=30.0).contains(&self.timeout_s) {
+            return Err(format!("[auth] timeout_s {} is out of range 0.1..=30", self.timeout_s));
+        }
+        if !(0.0..=3600.0).contains(&self.cache_s) {
+            return Err(format!("[auth] cache_s {} is out of range 0..=3600", self.cache_s));
+        }
+        if !(1.0..=86_400.0).contains(&self.jwks_refresh_s) {
+            return Err(format!("[auth] jwks_refresh_s {} is out of range 1..=86400", self.jwks_refresh_s));
+        }
+        if self.jwt_claim.is_empty() {
+            return Err("[auth] jwt_claim must not be empty".into());
+        }
+        Ok(())
+    }
 }
 
 /// `[cluster]`: who this node is, where the directory is, where it pulls from.
@@ -343,6 +422,7 @@ pub const CONFIG_FIELDS: &[&str] = &[
     "session",
     "tls",
     "cluster",
+    "auth",
 ];
 
 /// The largest egress a relay may be told it has: 400 Gbit/s.
@@ -394,6 +474,7 @@ impl Default for Config {
             sessions: Vec::new(),
             tls: None,
             cluster: None,
+            auth: None,
         }
     }
 }
@@ -695,6 +776,11 @@ impl Config {
                 check(false, "cluster", e);
             }
         }
+        if let Some(a) = &self.auth {
+            if let Err(e) = a.validate() {
+                check(false, "auth", e);
+            }
+        }
         for ice in &self.webrtc_ice_servers {
             let scheme = ice.url.split(':').next().unwrap_or("");
             let quoted = |v: &Option<String>| v.as_deref().is_none_or(|v| !v.contains(['"', '\\', '\r', '\n']));
@@ -761,10 +847,12 @@ impl Config {
     /// the warnings to log at start.
     pub fn exposure(&self) -> Result<Vec<String>, String> {
         let mut open = Vec::new();
-        if !self.api.ip().is_loopback() && self.token.is_none() {
+        // ([auth] decides for every face.)
+        let external = self.auth.is_some();
+        if !self.api.ip().is_loopback() && self.token.is_none() && !external {
             open.push(format!("the API on {} has no token", self.api));
         }
-        let rtsp_auth = !self.rtsp_users.is_empty() || self.rtsp_require_token;
+        let rtsp_auth = !self.rtsp_users.is_empty() || self.rtsp_require_token || external;
         for r in [self.rtsp_plain(), self.rtsps()].into_iter().flatten() {
             if !r.ip().is_loopback() && !rtsp_auth {
                 open.push(format!("RTSP on {r} has no rtsp_user and no rtsp_require_token"));
@@ -831,6 +919,16 @@ impl Config {
     }
 
     /// The RTSP users, with `token` as user "token" when `rtsp_require_token` is set.
+    /// The users the RTSP server checks itself: none where `[auth]` decides (the RTSP face
+    /// then checks Basic credentials before the server sees the request).
+    pub fn rtsp_server_users(&self) -> Vec<(String, String)> {
+        if self.auth.is_some() {
+            Vec::new()
+        } else {
+            self.rtsp_credentials()
+        }
+    }
+
     pub fn rtsp_credentials(&self) -> Vec<(String, String)> {
         let mut users: Vec<(String, String)> =
             self.rtsp_users.iter().map(|u| (u.name.clone(), u.password.clone())).collect();

@@ -290,12 +290,16 @@ pub async fn linger_close(stream: &TcpStream) {
 /// The session a stream request is for, or the status and reason to refuse it with.
 async fn stream_session(
     relay: &Arc<Relay>,
+    peer: std::net::IpAddr,
     name: &str,
     auth: Option<&str>,
     query: Option<&str>,
 ) -> Result<fanout_io::Session, (u16, String)> {
-    if !authorized(relay.cfg().token.as_deref(), auth, query) {
-        return Err((401, "missing or wrong bearer token".to_string()));
+    let token = relay.cfg().token.clone();
+    let local = token.is_some().then(|| authorized(token.as_deref(), auth, query));
+    let ask = crate::api::auth_request(auth, query, peer, fanout_proto::auth::Action::Read, name, "http");
+    if !relay.permit(local, ask).await {
+        return Err((401, "missing or wrong credentials".to_string()));
     }
     // At its cap, a cluster node sends new players to a node with room (the token with them).
     if let Some(c) = &relay.cluster {
@@ -327,7 +331,8 @@ async fn start_stream(
     if stream.read_exact(&mut head).await.is_err() {
         return;
     }
-    let session = match stream_session(relay, name, auth, query).await {
+    let ip = stream.peer_addr().map_or(std::net::IpAddr::from([0, 0, 0, 0]), |a| a.ip());
+    let session = match stream_session(relay, ip, name, auth, query).await {
         Ok(s) => s,
         Err((status, why)) => {
             let _ = tokio::time::timeout(Duration::from_secs(1), reject(&stream, status, &why)).await;
@@ -357,7 +362,8 @@ async fn start_tls_stream(
     auth: Option<&str>,
     query: Option<&str>,
 ) {
-    let session = match stream_session(relay, name, auth, query).await {
+    let ip = io.get_ref().0.peer_addr().map_or(std::net::IpAddr::from([0, 0, 0, 0]), |a| a.ip());
+    let session = match stream_session(relay, ip, name, auth, query).await {
         Ok(s) => s,
         Err((status, why)) => {
             let _ = tokio::time::timeout(Duration::from_secs(1), reject_on(&mut io, status, &why)).await;

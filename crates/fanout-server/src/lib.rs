@@ -4,6 +4,7 @@
 
 mod admit;
 mod api;
+mod auth;
 mod clients;
 mod cluster;
 mod config;

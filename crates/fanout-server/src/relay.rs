@@ -42,6 +42,8 @@ pub struct Relay {
     pub cluster: Option<Arc<crate::cluster::Cluster>>,
     /// Connections refused (caps), by reason.
     pub books: Arc<crate::admit::Books>,
+    /// `[auth]`'s cached answers and keys.
+    pub auth: crate::auth::Auth,
     /// The sessions made through the API, kept across restarts (`state_file`).
     pub state: Option<crate::state::StateFile>,
 }
@@ -77,6 +79,7 @@ impl Relay {
             state,
             cluster,
             books: Arc::new(crate::admit::Books::new(cfg.max_connections_per_ip)),
+            auth: Default::default(),
             engine,
             cfg: RwLock::new(Arc::new(cfg)),
             loader: Default::default(),
@@ -230,21 +233,34 @@ impl Relay {
         })
     }
 
-    /// Whether a publisher or player of RTMP or SRT, which name their credentials in the
-    /// URL or stream id, may go on: anyone where RTSP is open, else one of RTSP's users (or
-    /// `token` with the API token where RTSP requires it).
-    pub fn stream_login_ok(&self, user: Option<&str>, pass: Option<&str>) -> bool {
-        let users = self.cfg().rtsp_credentials();
-        if users.is_empty() {
+    /// Whether a client may do what it asks. `local`: whether the face's own credentials
+    /// (the token, the stream users) matched, `None` where that face has none configured.
+    /// They are asked first; then `[auth]`, where configured; with neither, anyone may.
+    pub async fn permit(&self, local: Option<bool>, req: fanout_proto::auth::Request) -> bool {
+        if local == Some(true) {
             return true;
         }
-        let (Some(user), Some(pass)) = (user, pass) else { return false };
+        match &self.cfg().auth {
+            Some(a) => self.auth.check(a, &req).await,
+            None => local.is_none(),
+        }
+    }
+
+    /// Whether `user` and `pass` are one of the stream users (RTSP's, which RTMP, SRT and
+    /// WebRTC take too, with `token` and the API token where RTSP requires it); `None`
+    /// where there are none.
+    pub fn stream_login(&self, user: Option<&str>, pass: Option<&str>) -> Option<bool> {
+        let users = self.cfg().rtsp_credentials();
+        if users.is_empty() {
+            return None;
+        }
+        let (Some(user), Some(pass)) = (user, pass) else { return Some(false) };
         // Every user is compared, so the time taken does not tell which names exist.
-        users.iter().fold(false, |ok, (u, p)| {
+        Some(users.iter().fold(false, |ok, (u, p)| {
             let hit = fanout_proto::secret::ct_eq(u.as_bytes(), user.as_bytes())
                 & fanout_proto::secret::ct_eq(p.as_bytes(), pass.as_bytes());
             ok | hit
-        })
+        }))
     }
 
     /// A path's tracks (none if there is no such path).

@@ -1,7 +1,7 @@
 //! Reloading the configuration without dropping anyone (issue 34): `SIGHUP` and
 //! `POST /v1/reload` load the config file again, with the same flags over it. A config
 //! with errors is refused whole and the running one stays. Otherwise the difference is
-//! applied: credentials, tokens and limits at once; the config's sessions added, removed,
+//! applied: credentials, tokens, `[auth]` and limits at once; the config's sessions added, removed,
 //! or changed, where an RTSP source that only moved to another URL switches under the
 //! same tracks (its readers stay, the clock map is kept) and any other change makes that
 //! session again. Sessions whose settings did not change, and those made through the API,
@@ -120,6 +120,7 @@ fn differences(old: &Config, new: &Config) -> (Vec<&'static str>, Vec<&'static s
         sessions: _,
         tls,
         cluster,
+        auth,
     } = old;
     let (mut live, mut restart) = (Vec::new(), Vec::new());
     macro_rules! changed {
@@ -132,7 +133,7 @@ fn differences(old: &Config, new: &Config) -> (Vec<&'static str>, Vec<&'static s
         rtsp_require_token "rtsp_require_token", allow_unauthenticated "allow_unauthenticated", token "token",
         ring "ring", max_datagram "max_datagram", sinks_per_group "sinks_per_group",
         stream_flush_ms "stream_flush_ms", datapath "datapath", publisher_grace_s "publisher_grace_s",
-        file_roots "file_roots",
+        file_roots "file_roots", auth "auth",
     );
     changed!(restart:
         api "api", rtsp "rtsp", rtmp "rtmp", srt "srt", srt_passphrase "srt_passphrase", srt_pbkeylen "srt_pbkeylen",
@@ -163,6 +164,7 @@ fn running(old: &Config, new: &Config) -> Config {
     r.datapath = new.datapath;
     r.publisher_grace_s = new.publisher_grace_s;
     r.file_roots = new.file_roots.clone();
+    r.auth = new.auth.clone();
     r.sessions = new.sessions.clone();
     r
 }
@@ -181,7 +183,10 @@ pub async fn reload(relay: &Arc<Relay>) -> Result<Plan, String> {
     let mut plan = plan(&loader.loaded, &new);
     let cfg = running(&relay.cfg(), &new);
     relay.books.set_cap(cfg.max_connections_per_ip);
-    let users = cfg.rtsp_credentials();
+    if plan.applied.contains(&"auth") {
+        relay.auth.clear();
+    }
+    let users = cfg.rtsp_server_users();
     relay.set_cfg(cfg);
     if let Some(r) = relay.rtsp.lock().clone() {
         r.set_users(users);
@@ -297,9 +302,10 @@ mod tests {
              allow_unauthenticated = true\nring = 64\nmax_datagram = 1400\nsinks_per_group = 8\n\
              stream_flush_ms = 20\ndatapath = \"copy\"\npublisher_grace_s = 3\nfile_roots = [\"/srv\"]\n\
              [[rtsp_user]]\nname = \"u\"\npassword = \"p\"\n\
-             [[webrtc_ice_server]]\nurl = \"stun:stun.example.org:3478\"\n");
+             [[webrtc_ice_server]]\nurl = \"stun:stun.example.org:3478\"\n\
+             [auth]\nmethod = \"http\"\nhttp_url = \"http://127.0.0.1:9/auth\"\n");
         let (live, _) = differences(&old, &new);
-        assert_eq!(live.len(), 13, "{live:?}");
+        assert_eq!(live.len(), 14, "{live:?}");
         assert_eq!(differences(&running(&old, &new), &new), (vec![], vec![]));
     }
 }

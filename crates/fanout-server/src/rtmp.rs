@@ -226,7 +226,7 @@ impl Conn<'_> {
                 match e {
                     Event::Connect { app: a, .. } => app = a,
                     Event::Publish { stream_id, name } => {
-                        if let Err(why) = self.publish(&mut server, stream_id, &app, &name) {
+                        if let Err(why) = self.publish(&mut server, stream_id, &app, &name).await {
                             close = Some(why);
                         }
                     }
@@ -269,13 +269,13 @@ impl Conn<'_> {
     }
 
     /// Decides on a publish of `name` (stream key, with its query) under app `app`.
-    fn publish(&mut self, server: &mut Server, stream_id: u32, app: &str, name: &str) -> Result<(), String> {
+    async fn publish(&mut self, server: &mut Server, stream_id: u32, app: &str, name: &str) -> Result<(), String> {
         let (path_name, query) = target(app, name);
         let refuse = |server: &mut Server, code: &str, why: String| {
             server.refuse(stream_id, code, &why);
             Err(why)
         };
-        if !self.authorized(query) {
+        if !self.authorized(query, fanout_proto::auth::Action::Publish, path_name).await {
             tracing::warn!(peer = %self.peer, path = %path_name, "RTMP publish refused: bad or missing credentials");
             return refuse(server, "NetStream.Publish.Unauthorized", "bad or missing credentials".into());
         }
@@ -307,7 +307,7 @@ impl Conn<'_> {
         if self.playing.is_some() || self.publishing.is_some() {
             return refuse("NetStream.Play.Failed", "one stream per connection".into());
         }
-        if !self.authorized(query) {
+        if !self.authorized(query, fanout_proto::auth::Action::Read, path_name).await {
             return refuse("NetStream.Play.Unauthorized", "bad or missing credentials".into());
         }
         let repack = match self.relay.repack(path_name).await {
@@ -376,10 +376,32 @@ impl Conn<'_> {
         Ok(())
     }
 
-    /// Whether `query` carries credentials RTSP would take (anyone, where RTSP is open).
-    fn authorized(&self, query: &str) -> bool {
+    /// Whether `query` carries credentials RTSP would take (`user`/`pass`, or `token`), or
+    /// `[auth]` allows `action` on `path` (anyone, where neither is configured).
+    async fn authorized(&self, query: &str, action: fanout_proto::auth::Action, path: &str) -> bool {
         let (user, pass) = query_credentials(query);
-        self.relay.stream_login_ok(user, pass)
+        let local = self.relay.stream_login(user, pass);
+        let param = |k: &str| {
+            query
+                .split('&')
+                .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='))
+                .map(fanout_proto::rtsp::client::percent_decode)
+        };
+        let rest: Vec<&str> = query
+            .split('&')
+            .filter(|kv| !kv.is_empty() && !["user=", "pass=", "token=", "jwt="].iter().any(|k| kv.starts_with(k)))
+            .collect();
+        let ask = fanout_proto::auth::Request {
+            user: param("user").unwrap_or_default(),
+            password: param("pass").unwrap_or_default(),
+            token: param("token").or_else(|| param("jwt")).unwrap_or_default(),
+            ip: self.peer.ip(),
+            action,
+            path: path.to_string(),
+            protocol: "rtmp",
+            query: rest.join("&"),
+        };
+        self.relay.permit(local, ask).await
     }
 
     /// Hands the ingest's packets to the path, describing its tracks at the first; an error

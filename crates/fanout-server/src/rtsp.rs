@@ -208,6 +208,26 @@ pub(crate) fn describe(relay: &Relay, name: &str) -> Option<Resource> {
     })
 }
 
+/// Where `[auth]` is configured, whether it lets `req` on: `Some(401)` if not. The request's
+/// Basic credentials (the only kind that can be passed on) or its URL's `token` go to it;
+/// the stream users are tried first.
+async fn external_auth(relay: &Relay, req: &rtsp::Request, ip: IpAddr, secure: bool) -> Option<Response> {
+    relay.cfg().auth.as_ref()?;
+    let (action, name) = fanout_proto::rtsp::server::auth_action(req)?;
+    let basic = req.headers.get("Authorization").and_then(fanout_proto::http::basic_credentials);
+    let (user, pass) = basic.as_ref().map_or((None, None), |(u, p)| (Some(u.as_str()), Some(p.as_str())));
+    let local = relay.stream_login(user, pass);
+    let query = req.uri.split_once('?').map(|(_, q)| q);
+    let mut ask = crate::api::auth_request(None, query, ip, action, name, if secure { "rtsps" } else { "rtsp" });
+    (ask.user, ask.password) = (user.unwrap_or_default().into(), pass.unwrap_or_default().into());
+    if relay.permit(local, ask).await {
+        return None;
+    }
+    let mut resp = Response::new(401, req.headers.cseq());
+    resp.headers.set("WWW-Authenticate", "Basic realm=\"fanout\"");
+    Some(resp)
+}
+
 /// A response as it goes out: with our `Server` header, in bytes.
 fn answer(mut resp: Response) -> Vec<u8> {
     resp.headers.set("Server", concat!("fanout/", env!("CARGO_PKG_VERSION")));
@@ -939,6 +959,12 @@ async fn connection(
                         }
                         Message::Response(_) => continue,
                     };
+                    // `[auth]`: asked before the server sees the request (which then checks
+                    // no users itself: Config::rtsp_server_users).
+                    if let Some(refused) = external_auth(relay, &req, peer.ip(), secure).await {
+                        stream.write_all(&answer(refused)).await?;
+                        continue;
+                    }
                     // A channel this node does not have is pulled from the cluster first;
                     // with the directory down the client learns why (503). Only for a
                     // client that authenticates: nobody else sets a pull off.

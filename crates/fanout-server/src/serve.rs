@@ -448,7 +448,7 @@ async fn listen_rtsp(
         listeners.push((l, Some(t.acceptor().clone())));
     }
     let Some(bound) = listeners.first().and_then(|(l, _)| l.local_addr().ok()) else { return Ok(None) };
-    let state = rtsp::Rtsp::new(bound.ip(), relay.cfg().rtsp_credentials(), relay.cfg().srtp())?;
+    let state = rtsp::Rtsp::new(bound.ip(), relay.cfg().rtsp_server_users(), relay.cfg().srtp())?;
     fanout_io::set_udp_source(std::net::SocketAddr::new(bound.ip(), state.rtp_port()));
     for (l, tls) in &listeners {
         let slot = if tls.is_some() { &relay.rtsps_addr } else { &relay.rtsp_addr };

@@ -90,8 +90,13 @@ fn decide(relay: &Relay, peer: Option<SocketAddr>, streamid: &str) -> Result<(),
         tracing::warn!(%peer, path, mode, "SRT caller refused: {why}");
         Err(code)
     };
-    if !relay.stream_login_ok(user, pass) {
-        return refuse(reject::UNAUTHORIZED, "bad or missing credentials".into());
+    // `[auth]` is asked after the handshake (`connection`): a callback that takes its time
+    // must not hold the listener, which libsrt runs this on.
+    match relay.stream_login(user, pass) {
+        Some(false) if relay.cfg().auth.is_none() => {
+            return refuse(reject::UNAUTHORIZED, "bad or missing credentials".into());
+        }
+        _ => {}
     }
     match id.mode {
         // (A path the relay pulls itself takes no publisher, connected or not.)
@@ -151,7 +156,25 @@ fn connection(
 ) {
     // The handshake already judged it; read again what it asked for.
     let Ok(id) = fanout_proto::srt::parse(&socket.streamid()) else { return };
-    let (path, _, _) = split(&id);
+    let (path, user, pass) = split(&id);
+    let local = relay.stream_login(user, pass);
+    if local != Some(true) && relay.cfg().auth.is_some() {
+        use fanout_proto::auth::Action;
+        let ask = fanout_proto::auth::Request {
+            user: user.unwrap_or_default().to_string(),
+            password: pass.unwrap_or_default().to_string(),
+            token: String::new(),
+            ip: peer.map_or(std::net::IpAddr::from([0, 0, 0, 0]), |p| p.ip()),
+            action: if id.mode == Mode::Publish { Action::Publish } else { Action::Read },
+            path: path.to_string(),
+            protocol: "srt",
+            query: String::new(),
+        };
+        if !runtime.block_on(relay.permit(local, ask)) {
+            tracing::warn!(?peer, path, "SRT caller refused by [auth]: the connection is closed");
+            return;
+        }
+    }
     let link = Arc::new(SrtLink {
         path: path.to_string(),
         mode: if id.mode == Mode::Publish { "publish" } else { "read" },

@@ -894,21 +894,29 @@ fn ice_servers(relay: &Relay, h: &mut HeaderMap) {
 /// Whether a WHEP/WHIP request may go on. WebRTC is a stream face on the API's port: it takes
 /// the API token (`Authorization: Bearer`, or `?token=` for players that cannot set a
 /// header) and the stream users RTSP, RTMP and SRT take (`rtsp_user`, the token as user
-/// `token` where `rtsp_require_token`), as HTTP Basic. With neither configured, it is open.
-fn allowed(relay: &Relay, headers: &HeaderMap, query: Option<&str>) -> bool {
+/// `token` where `rtsp_require_token`), as HTTP Basic; then `[auth]` where configured. With
+/// none of them, it is open. `publish`: a WHIP request.
+async fn allowed(
+    relay: &Relay,
+    headers: &HeaderMap,
+    query: Option<&str>,
+    ip: Option<IpAddr>,
+    name: &str,
+    publish: bool,
+) -> bool {
     let auth = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    let cfg = relay.cfg();
-    let token = cfg.token.as_deref();
-    let users = !cfg.rtsp_credentials().is_empty();
-    if token.is_none() && !users {
-        return true;
-    }
-    let by_token = token.is_some() && crate::api::authorized(token, auth, query);
-    let by_user = users
-        && auth
-            .and_then(fanout_proto::http::basic_credentials)
-            .is_some_and(|(u, p)| relay.stream_login_ok(Some(&u), Some(&p)));
-    by_token || by_user
+    let token = relay.cfg().token.clone();
+    let by_token = token.as_ref().map(|_| crate::api::authorized(token.as_deref(), auth, query));
+    let basic = auth.and_then(fanout_proto::http::basic_credentials);
+    let by_user = relay.stream_login(basic.as_ref().map(|b| b.0.as_str()), basic.as_ref().map(|b| b.1.as_str()));
+    let local = match (by_token, by_user) {
+        (None, None) => None,
+        (a, b) => Some(a == Some(true) || b == Some(true)),
+    };
+    use fanout_proto::auth::Action;
+    let action = if publish { Action::Publish } else { Action::Read };
+    let ip = ip.unwrap_or(IpAddr::from([0, 0, 0, 0]));
+    relay.permit(local, crate::api::auth_request(auth, query, ip, action, name, "webrtc")).await
 }
 
 /// 401, with the schemes this relay takes.
@@ -938,7 +946,7 @@ async fn negotiated(
     body: String,
     what: &str,
 ) -> Response {
-    if !allowed(&relay, &headers, query.as_deref()) {
+    if !allowed(&relay, &headers, query.as_deref(), client, &name, what == "whip").await {
         tracing::info!(path = %name, ?client, "{} offer refused (401): no valid credentials", what.to_uppercase());
         return unauthorized(&relay);
     }
@@ -975,9 +983,13 @@ async fn patch(
     State(relay): State<Arc<Relay>>,
     Path((name, id)): Path<(String, String)>,
     RawQuery(query): RawQuery,
+    client: Client,
+    uri: axum::http::Uri,
     headers: HeaderMap,
 ) -> Response {
-    if !allowed(&relay, &headers, query.as_deref()) {
+    let ip = client.map(|c| c.0 .0.ip());
+    let publish = uri.path().contains("/whip/");
+    if !allowed(&relay, &headers, query.as_deref(), ip, &name, publish).await {
         return unauthorized(&relay);
     }
     match face(&relay).filter(|w| w.viewers(Some(&name)).iter().any(|v| v.id == id)) {
@@ -990,9 +1002,13 @@ async fn delete(
     State(relay): State<Arc<Relay>>,
     Path((name, id)): Path<(String, String)>,
     RawQuery(query): RawQuery,
+    client: Client,
+    uri: axum::http::Uri,
     headers: HeaderMap,
 ) -> Response {
-    if !allowed(&relay, &headers, query.as_deref()) {
+    let ip = client.map(|c| c.0 .0.ip());
+    let publish = uri.path().contains("/whip/");
+    if !allowed(&relay, &headers, query.as_deref(), ip, &name, publish).await {
         return unauthorized(&relay);
     }
     match face(&relay).filter(|w| w.end(&name, &id)) {

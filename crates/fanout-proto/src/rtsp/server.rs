@@ -181,6 +181,22 @@ pub fn split_url(uri: &str) -> Option<(&str, &str)> {
     (!name.is_empty()).then_some((name, rest))
 }
 
+/// What a request asks of the path it names, for an external check: `None` for those that
+/// ask nothing of a path (OPTIONS, GET_PARAMETER, TEARDOWN, …).
+pub fn auth_action(req: &Request) -> Option<(crate::auth::Action, &str)> {
+    use crate::auth::Action;
+    let (name, _) = split_url(&req.uri)?;
+    let record = || req.headers.get("Transport").is_some_and(|t| t.to_ascii_lowercase().contains("mode=record"));
+    let action = match req.method.as_str() {
+        "DESCRIBE" | "PLAY" => Action::Read,
+        "ANNOUNCE" | "RECORD" => Action::Publish,
+        "SETUP" if record() => Action::Publish,
+        "SETUP" => Action::Read,
+        _ => return None,
+    };
+    Some((action, name))
+}
+
 fn error(status: u16, cseq: Option<u32>) -> Response {
     Response::new(status, cseq)
 }
@@ -1175,6 +1191,24 @@ mod tests {
         assert_eq!(go(&mut s, &d(&[("Authorization", "basic YWxpY2U6czNjcmV0")]), 1).0.status, 200);
         let lower = digest("s3cret", &nonce).replacen("Digest", "DIGEST", 1);
         assert_eq!(go(&mut s, &d(&[("Authorization", &lower)]), 1000).0.status, 200);
+    }
+
+    #[test]
+    fn each_request_asks_to_read_or_to_publish() {
+        use crate::auth::Action;
+        let a = |m: &str, h: &[(&str, &str)]| {
+            auth_action(&req(m, "rtsp://h/cam1/trackID=0?x=1", 1, h)).map(|(a, n)| (a, n.to_string()))
+        };
+        let (read, publish) = (Some((Action::Read, "cam1".to_string())), Some((Action::Publish, "cam1".to_string())));
+        assert_eq!(a("DESCRIBE", &[]), read);
+        assert_eq!(a("PLAY", &[]), read);
+        assert_eq!(a("SETUP", &[("Transport", "RTP/AVP;unicast;client_port=5000-5001")]), read);
+        assert_eq!(a("SETUP", &[("Transport", "RTP/AVP/TCP;interleaved=0-1;Mode=RECORD")]), publish);
+        assert_eq!(a("ANNOUNCE", &[]), publish);
+        assert_eq!(a("RECORD", &[]), publish);
+        assert_eq!(a("OPTIONS", &[]), None);
+        assert_eq!(a("TEARDOWN", &[]), None);
+        assert!(auth_action(&req("DESCRIBE", "*", 1, &[])).is_none());
     }
 
     /// Credentials changed by a reload hold from the next request: the old password no
