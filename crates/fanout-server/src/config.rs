@@ -125,6 +125,54 @@ pub struct Config {
     /// External authentication (an HTTP service or JWTs), asked where the local token and
     /// users do not match; none = the local ones alone.
     pub auth: Option<AuthConfig>,
+    /// Paths made when a name no session has is asked for, by the first pattern it matches.
+    #[serde(rename = "pattern")]
+    pub patterns: Vec<PatternSpec>,
+}
+
+/// `[[pattern]]`: a path made on demand for the names that match.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PatternSpec {
+    /// A name, or `~regex` (anchor it to match the whole name).
+    #[serde(rename = "match")]
+    pub matches: String,
+    /// The path's source; `{name}` in its strings becomes the name asked for.
+    pub source: crate::spec::SourceSpec,
+    /// A command (`sh -c`) run while the path is wanted, with `FANOUT_PATH`,
+    /// `FANOUT_RTSP_URL` and `FANOUT_RTMP_URL` set: typically one that publishes to it.
+    pub run_on_demand: Option<String>,
+    /// Seconds the path stays after its last reader (then its command is stopped).
+    #[serde(default = "PatternSpec::default_linger")]
+    pub linger_s: f64,
+}
+
+impl PatternSpec {
+    fn default_linger() -> f64 {
+        10.0
+    }
+
+    pub fn rule(&self) -> Result<fanout_proto::auth::PathRule, String> {
+        fanout_proto::auth::PathRule::parse(Some(&self.matches))
+    }
+
+    /// The session for `name`: the source with `{name}` put in, checked.
+    pub fn session(&self, name: &str) -> Result<SessionSpec, String> {
+        fn put(v: &mut serde_json::Value, name: &str) {
+            match v {
+                serde_json::Value::String(s) => *s = s.replace("{name}", name),
+                serde_json::Value::Array(a) => a.iter_mut().for_each(|v| put(v, name)),
+                serde_json::Value::Object(o) => o.values_mut().for_each(|v| put(v, name)),
+                _ => {}
+            }
+        }
+        let mut v = serde_json::to_value(&self.source).map_err(|e| e.to_string())?;
+        put(&mut v, name);
+        let source = serde_json::from_value(v).map_err(|e| format!("pattern {:?}: {e}", self.matches))?;
+        let spec = SessionSpec::new(name, source);
+        spec.validate().map_err(|e| format!("pattern {:?} for {name:?}: {e}", self.matches))?;
+        Ok(spec)
+    }
 }
 
 /// `[auth]`: who decides beyond the local token and users.
@@ -423,6 +471,7 @@ pub const CONFIG_FIELDS: &[&str] = &[
     "tls",
     "cluster",
     "auth",
+    "pattern",
 ];
 
 /// The largest egress a relay may be told it has: 400 Gbit/s.
@@ -475,6 +524,7 @@ impl Default for Config {
             tls: None,
             cluster: None,
             auth: None,
+            patterns: Vec::new(),
         }
     }
 }
@@ -779,6 +829,20 @@ impl Config {
         if let Some(a) = &self.auth {
             if let Err(e) = a.validate() {
                 check(false, "auth", e);
+            }
+        }
+        for p in &self.patterns {
+            if let Err(e) = p.rule() {
+                check(false, "pattern", format!("pattern {e}"));
+            }
+            check(
+                (0.0..=3600.0).contains(&p.linger_s),
+                "pattern",
+                format!("pattern {:?}: linger_s {} is out of range 0..=3600", p.matches, p.linger_s),
+            );
+            // The template as a name would make it (the pattern's text as the name).
+            if let Err(e) = p.session("x") {
+                check(false, "pattern", e);
             }
         }
         for ice in &self.webrtc_ice_servers {
@@ -1134,6 +1198,26 @@ mod tests {
             need(key);
         }
         assert!(missing.is_empty(), "docs/config.md does not document: {missing:?}");
+    }
+
+    #[test]
+    fn a_pattern_puts_the_name_in_its_source_and_is_checked() {
+        let c = Config::parse(
+            "[[pattern]]\nmatch = \"~^cam[0-9]+$\"\nsource = { rtsp = \"rtsp://10.0.0.5/{name}\", on_demand = true }\n",
+        )
+        .unwrap();
+        let p = &c.patterns[0];
+        assert!(p.rule().unwrap().matches("cam12") && !p.rule().unwrap().matches("cam"));
+        let spec = p.session("cam12").unwrap();
+        assert_eq!(spec.name, "cam12");
+        let crate::spec::SourceSpec::Rtsp(r) = &spec.source else { panic!("{spec:?}") };
+        assert_eq!(r.url, "rtsp://10.0.0.5/cam12");
+        // A bad rule, a linger out of range: named.
+        let e = Config::parse("[[pattern]]\nmatch = \"~(\"\nsource = { demo = true }\nlinger_s = -1\n").unwrap_err();
+        assert!(
+            e.iter().any(|l| l.contains("pattern path \"~(\"")) && e.iter().any(|l| l.contains("linger_s -1")),
+            "{e:?}"
+        );
     }
 
     #[test]

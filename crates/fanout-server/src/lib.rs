@@ -9,6 +9,7 @@ mod clients;
 mod cluster;
 mod config;
 mod error;
+mod hook;
 mod http;
 mod path;
 mod publish;

@@ -104,8 +104,9 @@ impl Relay {
         *self.cfg.write() = Arc::new(cfg);
     }
 
-    /// Makes sure a session named `name` exists: when it does not and this relay is a
-    /// cluster node, the channel is looked up and pulled from the node that serves it best.
+    /// Makes sure a session named `name` exists: when it does not, the first `[[pattern]]`
+    /// it matches makes it; else, where this relay is a cluster node, the channel is looked
+    /// up and pulled from the node that serves it best.
     pub async fn ensure(self: &Arc<Self>, name: &str) -> Result<(), RelayError> {
         use crate::cluster::LookupError;
         if let Some(p) = self.path(name) {
@@ -115,6 +116,10 @@ impl Relay {
                 return Ok(());
             }
             self.delete_exact(name, &p.session).await;
+        }
+        let pattern = self.cfg().patterns.iter().find(|p| p.rule().is_ok_and(|r| r.matches(name))).cloned();
+        if let Some(p) = pattern {
+            return self.from_pattern(name, p).await;
         }
         let Some(cluster) = &self.cluster else {
             return Err(no_such(name));
@@ -141,6 +146,43 @@ impl Relay {
                 Err(e)
             }
         }
+    }
+
+    /// Makes `name`'s path from pattern `p`; starts its `run_on_demand` command, and waits
+    /// for the publisher that command starts (so that the one who asked gets a stream).
+    /// The path goes `linger_s` after its last reader, its command with it.
+    async fn from_pattern(self: &Arc<Self>, name: &str, p: crate::config::PatternSpec) -> Result<(), RelayError> {
+        let spec = p.session(name).map_err(RelayError::BadRequest)?;
+        let session = match self.create(spec).await {
+            Ok(s) => s,
+            Err(RelayError::Conflict(_)) => return Ok(()), // another request made it first
+            Err(e) => return Err(e),
+        };
+        tracing::info!(path = name, pattern = p.matches, "path made on demand");
+        let hook = match &p.run_on_demand {
+            Some(cmd) => {
+                let rtsp = self.rtsp_addr.lock().map(|a| format!("rtsp://{a}/{name}")).unwrap_or_default();
+                let rtmp = self.rtmp_addr.lock().map(|a| format!("rtmp://{a}/live/{name}")).unwrap_or_default();
+                let env = [("FANOUT_PATH", name.to_string()), ("FANOUT_RTSP_URL", rtsp), ("FANOUT_RTMP_URL", rtmp)];
+                match crate::hook::Hook::spawn(cmd, name, &env) {
+                    Ok(h) => Some(h),
+                    Err(e) => {
+                        self.delete_exact(name, &session).await;
+                        return Err(RelayError::Internal(format!("run_on_demand for {name:?}: {e}")));
+                    }
+                }
+            }
+            None => None,
+        };
+        if let (Some(_), Some(publisher)) = (&hook, self.path(name).and_then(|p| p.publisher().cloned())) {
+            let t0 = std::time::Instant::now();
+            while publisher.sdp().is_none() && t0.elapsed() < ON_DEMAND_START {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        let linger = Duration::from_secs_f64(p.linger_s);
+        tokio::spawn(end_unwatched(Arc::downgrade(self), name.to_string(), session, hook, linger));
+        Ok(())
     }
 
     /// The path of a stream name.
@@ -626,6 +668,44 @@ async fn end_when_over(relay: std::sync::Weak<Relay>, name: String, file: bool) 
                 return;
             }
         }
+    }
+}
+
+/// How long one who asked for an on-demand path waits for the publisher its command starts.
+const ON_DEMAND_START: Duration = Duration::from_secs(15);
+
+/// Watches a path a pattern made: once nobody has read it for `linger` (no sink on any of
+/// its tracks: RTSP clients, HTTP subscribers, the repackaging for HLS, RTMP and WebRTC
+/// while it runs), it is deleted and its command stopped; the command goes with the path
+/// whoever deletes it.
+async fn end_unwatched(
+    relay: std::sync::Weak<Relay>,
+    name: String,
+    session: Session,
+    mut hook: Option<crate::hook::Hook>,
+    linger: Duration,
+) {
+    let mut idle_since = std::time::Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let Some(relay) = relay.upgrade() else { break };
+        let Some(path) = relay.path(&name).filter(|p| p.session.is(&session)) else { break };
+        if let Some(h) = hook.as_mut() {
+            if !h.running() {
+                hook = None;
+            }
+        }
+        let readers: usize = path.tracks().iter().map(|t| t.session.sinks().len()).sum();
+        if readers > 0 {
+            idle_since = std::time::Instant::now();
+        } else if idle_since.elapsed() >= linger {
+            tracing::info!(path = name, "on-demand path ends: nobody read it for {linger:?}");
+            relay.delete_exact(&name, &session).await;
+            break;
+        }
+    }
+    if let Some(h) = hook {
+        h.stop().await;
     }
 }
 

@@ -121,6 +121,7 @@ fn differences(old: &Config, new: &Config) -> (Vec<&'static str>, Vec<&'static s
         tls,
         cluster,
         auth,
+        patterns,
     } = old;
     let (mut live, mut restart) = (Vec::new(), Vec::new());
     macro_rules! changed {
@@ -133,7 +134,7 @@ fn differences(old: &Config, new: &Config) -> (Vec<&'static str>, Vec<&'static s
         rtsp_require_token "rtsp_require_token", allow_unauthenticated "allow_unauthenticated", token "token",
         ring "ring", max_datagram "max_datagram", sinks_per_group "sinks_per_group",
         stream_flush_ms "stream_flush_ms", datapath "datapath", publisher_grace_s "publisher_grace_s",
-        file_roots "file_roots", auth "auth",
+        file_roots "file_roots", auth "auth", patterns "pattern",
     );
     changed!(restart:
         api "api", rtsp "rtsp", rtmp "rtmp", srt "srt", srt_passphrase "srt_passphrase", srt_pbkeylen "srt_pbkeylen",
@@ -165,6 +166,7 @@ fn running(old: &Config, new: &Config) -> Config {
     r.publisher_grace_s = new.publisher_grace_s;
     r.file_roots = new.file_roots.clone();
     r.auth = new.auth.clone();
+    r.patterns = new.patterns.clone();
     r.sessions = new.sessions.clone();
     r
 }
@@ -303,9 +305,10 @@ mod tests {
              stream_flush_ms = 20\ndatapath = \"copy\"\npublisher_grace_s = 3\nfile_roots = [\"/srv\"]\n\
              [[rtsp_user]]\nname = \"u\"\npassword = \"p\"\n\
              [[webrtc_ice_server]]\nurl = \"stun:stun.example.org:3478\"\n\
+             [[pattern]]\nmatch = \"~^cam\"\nsource = { rtsp = \"rtsp://10.0.0.5/{name}\" }\n\
              [auth]\nmethod = \"http\"\nhttp_url = \"http://127.0.0.1:9/auth\"\n");
         let (live, _) = differences(&old, &new);
-        assert_eq!(live.len(), 14, "{live:?}");
+        assert_eq!(live.len(), 15, "{live:?}");
         assert_eq!(differences(&running(&old, &new), &new), (vec![], vec![]));
     }
 }

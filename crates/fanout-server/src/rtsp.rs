@@ -992,8 +992,11 @@ async fn connection(
                             continue;
                         }
                         // (A name found nowhere is the RTSP server's own 404.)
+                        // (A name no path has may be a `[[pattern]]`'s, or a cluster's.)
                         let failed = match name {
-                            Some(n) if relay.cluster.is_some() => relay.ensure(&n).await.err(),
+                            Some(n) if relay.cluster.is_some() || relay.path(&n).is_none() => {
+                                relay.ensure(&n).await.err()
+                            }
                             _ => None,
                         };
                         if let Some(e) = failed.filter(|e| !matches!(e, crate::relay::RelayError::NotFound(_))) {

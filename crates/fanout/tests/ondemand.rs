@@ -1,0 +1,64 @@
+//! Paths by pattern (issue 34): a name no session has, asked for by a reader, is made by the
+//! first `[[pattern]]` it matches; its `run_on_demand` command (a real ffmpeg here) publishes
+//! to it and the reader that asked plays; nobody reading for `linger_s`, the path and its
+//! command end.
+
+mod common;
+use common::*;
+use std::time::Duration;
+
+/// The command writes its process id to `pid` (and then becomes ffmpeg).
+fn config(pid: &std::path::Path) -> String {
+    let pid = pid.display();
+    format!(
+        "[[pattern]]\nmatch = \"~^cam[0-9]+$\"\nsource = {{ publish = true }}\nlinger_s = 2\n\
+         run_on_demand = \"echo $$ > {pid}; exec ffmpeg -nostdin -loglevel error -re -stream_loop -1 -i {DEMO_TS} -c copy -f flv \\\"$FANOUT_RTMP_URL\\\"\"\n\n\
+         [[pattern]]\nmatch = \"~^test-\"\nsource = {{ demo = true }}\nlinger_s = 1\n"
+    )
+}
+
+#[test]
+fn a_pattern_makes_the_path_its_command_publishes_and_it_ends_unwatched() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let pid_file = std::env::temp_dir().join(format!("fanout-ondemand-{}.pid", std::process::id()));
+    let relay = Relay::with_config(&config(&pid_file), &["--no-demo"]);
+    let rtsp = rtsp_addr(&relay);
+    assert_eq!(relay.call("GET", "/v1/sessions/cam7", None).0, 404, "made before anyone asked");
+
+    // The reader that asks gets the stream the command publishes.
+    let (ok, log) = ffmpeg_decode(&format!("rtsp://{rtsp}/cam7"), &[], 3);
+    assert!(ok, "{log}\n{}", relay.stderr());
+    assert!(decoded_frames(&log) >= 50, "{log}");
+    let p = relay.ok("GET", "/v1/sessions/cam7", None);
+    assert_eq!(p["publisher"]["state"], "publishing", "{p}");
+    // Nobody reads: after linger_s (2 s) the path and the command end.
+    assert!(
+        wait_for(Duration::from_secs(10), || relay.call("GET", "/v1/sessions/cam7", None).0 == 404),
+        "the on-demand path stayed"
+    );
+    let pid = std::fs::read_to_string(&pid_file).unwrap().trim().to_string();
+    assert!(
+        wait_for(Duration::from_secs(5), || !std::path::Path::new(&format!("/proc/{pid}")).exists()),
+        "the command (pid {pid}) still runs (or was not reaped)"
+    );
+    // Asked again: made again.
+    let (ok, log) = ffmpeg_decode(&format!("rtsp://{rtsp}/cam7"), &[], 1);
+    assert!(ok, "{log}");
+
+    // A name no pattern matches is still 404.
+    let (ok, _) = ffmpeg_decode(&format!("rtsp://{rtsp}/cam7x"), &[], 1);
+    assert!(!ok);
+    assert_eq!(relay.call("GET", "/v1/sessions/cam7x", None).0, 404);
+
+    // Another pattern, over HTTP: the demo under any `test-` name, gone a second after.
+    let sub = relay.http_subscribe("test-a");
+    assert_eq!(relay.ok("GET", "/v1/sessions/test-a", None)["name"], "test-a");
+    drop(sub);
+    assert!(
+        wait_for(Duration::from_secs(10), || relay.call("GET", "/v1/sessions/test-a", None).0 == 404),
+        "the on-demand demo stayed"
+    );
+    let _ = std::fs::remove_file(&pid_file);
+}
