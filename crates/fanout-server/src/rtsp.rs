@@ -965,10 +965,11 @@ async fn connection(
                         stream.write_all(&answer(refused)).await?;
                         continue;
                     }
-                    // A channel this node does not have is pulled from the cluster first;
-                    // with the directory down the client learns why (503). Only for a
-                    // client that authenticates: nobody else sets a pull off.
-                    if req.method == "DESCRIBE" && relay.cluster.is_some() {
+                    // A channel this node does not have is pulled from the cluster, or made
+                    // by a `[[pattern]]` (which may start a command), first; with the
+                    // directory down the client learns why (503). Only for a client that
+                    // authenticates: nobody else sets a pull or a command off.
+                    if req.method == "DESCRIBE" {
                         let refused = rtsp.server.lock().challenge(&req, conn, rtsp.now_ms());
                         if let Some(resp) = refused {
                             stream.write_all(&answer(resp)).await?;

@@ -62,3 +62,25 @@ fn a_pattern_makes_the_path_its_command_publishes_and_it_ends_unwatched() {
     );
     let _ = std::fs::remove_file(&pid_file);
 }
+
+/// Only a client that authenticates makes a pattern's path (and starts its command): an RTSP
+/// DESCRIBE without the stream user's credentials is 401 and makes nothing.
+#[test]
+fn only_an_authenticated_reader_makes_a_pattern_path() {
+    let cfg = "[[rtsp_user]]\nname = \"u\"\npassword = \"p\"\n\n\
+               [[pattern]]\nmatch = \"~^test-\"\nsource = { demo = true }\nlinger_s = 1\n";
+    let relay = Relay::with_config(cfg, &["--no-demo"]);
+    let rtsp = rtsp_addr(&relay);
+    let describe = |auth: &str| {
+        use std::io::Write as _;
+        let mut c = std::net::TcpStream::connect(rtsp).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(c, "DESCRIBE rtsp://{rtsp}/test-a RTSP/1.0\r\nCSeq: 1\r\n{auth}\r\n").unwrap();
+        read_head(&mut c)
+    };
+    assert!(describe("").starts_with("RTSP/1.0 401"));
+    assert_eq!(relay.call("GET", "/v1/sessions/test-a", None).0, 404, "an unauthenticated DESCRIBE made the path");
+    // u:p
+    assert!(describe("Authorization: Basic dTpw\r\n").starts_with("RTSP/1.0 200"));
+    assert_eq!(relay.call("GET", "/v1/sessions/test-a", None).0, 200);
+}
