@@ -88,8 +88,53 @@ pub fn classify(buf: &[u8], max_head: usize) -> Head<'_> {
     Head::Stream(StreamRequest { session, query, authorization, head_len: end })
 }
 
+/// The byte range a `Range` header asks of a resource of `len` bytes (RFC 9110 §14.1.2):
+/// `Ok(None)` for the whole, `Ok(Some((first, last)))` (inclusive), `Err(())` when none of
+/// it can be served (416). One range only: a list of several is answered whole.
+#[allow(clippy::result_unit_err)]
+pub fn byte_range(header: Option<&str>, len: u64) -> Result<Option<(u64, u64)>, ()> {
+    let Some(spec) = header.and_then(|h| h.trim().strip_prefix("bytes=")) else { return Ok(None) };
+    if spec.contains(',') {
+        return Ok(None);
+    }
+    let Some((a, b)) = spec.split_once('-') else { return Ok(None) };
+    let num = |s: &str| if s.is_empty() { Ok(None) } else { s.trim().parse::<u64>().map(Some).map_err(|_| ()) };
+    let (Ok(a), Ok(b)) = (num(a), num(b)) else { return Ok(None) };
+    match (a, b) {
+        // The last `n` bytes.
+        (None, Some(n)) if n > 0 && len > 0 => Ok(Some((len.saturating_sub(n), len - 1))),
+        (Some(first), last) if first < len && last.is_none_or(|l| l >= first) => {
+            Ok(Some((first, last.map_or(len - 1, |l| l.min(len - 1)))))
+        }
+        (None, None) => Ok(None),
+        _ => Err(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn byte_ranges() {
+        assert_eq!(byte_range(None, 10), Ok(None));
+        assert_eq!(byte_range(Some("bytes=0-3"), 10), Ok(Some((0, 3))));
+        assert_eq!(byte_range(Some("bytes=4-"), 10), Ok(Some((4, 9))));
+        assert_eq!(byte_range(Some("bytes=-3"), 10), Ok(Some((7, 9))));
+        assert_eq!(byte_range(Some("bytes=5-100"), 10), Ok(Some((5, 9))));
+        assert_eq!(byte_range(Some("bytes=10-"), 10), Err(()));
+        assert_eq!(byte_range(Some("bytes=5-2"), 10), Err(()));
+        assert_eq!(byte_range(Some("bytes=0-1,4-5"), 10), Ok(None));
+        assert_eq!(byte_range(Some("items=0-1"), 10), Ok(None));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn a_byte_range_is_inside_the_resource(h in "(bytes=)?[0-9]{0,3}-?[0-9]{0,3}", len in 0u64..2000) {
+            if let Ok(Some((a, b))) = byte_range(Some(&h), len) {
+                proptest::prop_assert!(a <= b && b < len);
+            }
+        }
+    }
+
     use super::*;
 
     use proptest::prelude::*;

@@ -132,6 +132,7 @@ fn api_action(path: &str) -> (fanout_proto::auth::Action, String, &'static str) 
     match parts.as_slice() {
         ["", "v1", "sessions", name, "hls", _] => (Action::Read, name.to_string(), "hls"),
         ["", "v1", "sessions", name, "stream"] => (Action::Read, name.to_string(), "http"),
+        ["", "v1", "recordings", name, ..] => (Action::Playback, name.to_string(), "playback"),
         _ => (Action::Api, String::new(), "api"),
     }
 }
@@ -319,9 +320,12 @@ async fn auth(State(relay): State<Arc<Relay>>, req: Request, next: Next) -> Resp
     if crate::ui::is_ui(path) || is_webrtc_route(path) {
         return next.run(req).await;
     }
-    let query = (path.contains("/hls/") || path == "/v1/events" || path.ends_with("/stream"))
-        .then(|| req.uri().query())
-        .flatten();
+    let query = (path.contains("/hls/")
+        || path == "/v1/events"
+        || path.ends_with("/stream")
+        || path.starts_with("/v1/recordings/"))
+    .then(|| req.uri().query())
+    .flatten();
     let token = relay.cfg().token.clone();
     let local = token.is_some().then(|| authorized(token.as_deref(), h, query));
     let ip = req

@@ -115,6 +115,9 @@ pub struct Config {
     /// (systemd), else `$XDG_STATE_HOME/fanout`, else `~/.local/state/fanout`, with
     /// `sessions.json` in it.
     pub state_file: Option<std::path::PathBuf>,
+    /// Where recordings go (sessions with `record`): `%path` and the UTC `%Y %m %d %H %M %S
+    /// %f` of a file's start, all of them, in directories and a file name; `.mp4` is added.
+    pub record_path: String,
     /// Static sessions, created at start.
     #[serde(rename = "session")]
     pub sessions: Vec<SessionSpec>,
@@ -145,6 +148,8 @@ pub struct PatternSpec {
     /// Seconds the path stays after its last reader (then its command is stopped).
     #[serde(default = "PatternSpec::default_linger")]
     pub linger_s: f64,
+    /// Record the paths it makes, as a session's `record`.
+    pub record: Option<crate::spec::RecordSpec>,
 }
 
 impl PatternSpec {
@@ -169,7 +174,8 @@ impl PatternSpec {
         let mut v = serde_json::to_value(&self.source).map_err(|e| e.to_string())?;
         put(&mut v, name);
         let source = serde_json::from_value(v).map_err(|e| format!("pattern {:?}: {e}", self.matches))?;
-        let spec = SessionSpec::new(name, source);
+        let mut spec = SessionSpec::new(name, source);
+        spec.record = self.record.clone();
         spec.validate().map_err(|e| format!("pattern {:?} for {name:?}: {e}", self.matches))?;
         Ok(spec)
     }
@@ -466,6 +472,7 @@ pub const CONFIG_FIELDS: &[&str] = &[
     "max_body",
     "publisher_grace_s",
     "file_roots",
+    "record_path",
     "state_file",
     "session",
     "tls",
@@ -519,6 +526,7 @@ impl Default for Config {
             max_body: 1024 * 1024,
             publisher_grace_s: 5.0,
             file_roots: Vec::new(),
+            record_path: "recordings/%path/%Y-%m-%d_%H-%M-%S-%f".into(),
             state_file: default_state_file(),
             sessions: Vec::new(),
             tls: None,
@@ -798,6 +806,8 @@ impl Config {
             "publisher_grace_s",
             format!("publisher_grace_s {} is out of range 0..=86400", self.publisher_grace_s),
         );
+        let layout = fanout_proto::container::record::Layout::new(&self.record_path);
+        check(layout.is_ok(), "record_path", layout.err().unwrap_or_default());
         check(
             (0.5..=600.0).contains(&self.request_timeout_s),
             "request_timeout_s",

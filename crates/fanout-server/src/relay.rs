@@ -46,6 +46,8 @@ pub struct Relay {
     pub auth: crate::auth::Auth,
     /// The sessions made through the API, kept across restarts (`state_file`).
     pub state: Option<crate::state::StateFile>,
+    /// Recordings on disk (`record_path`).
+    pub recordings: Arc<crate::record::Store>,
 }
 
 /// The RTSP server as the relay and the API see it. It sits above the relay (it asks the
@@ -75,8 +77,10 @@ impl Relay {
             Some(p) => crate::state::StateFile::open(p)?,
             None => None,
         };
+        let layout = fanout_proto::container::record::Layout::new(&cfg.record_path).map_err(anyhow::Error::msg)?;
         Ok(Arc::new(Self {
             state,
+            recordings: Arc::new(crate::record::Store::new(layout)),
             cluster,
             books: Arc::new(crate::admit::Books::new(cfg.max_connections_per_ip)),
             auth: Default::default(),
@@ -229,6 +233,9 @@ impl Relay {
         if let Some(flv) = repack.as_ref().and_then(|r| r.flv.clone()) {
             let _ = flv.tags.send(crate::repack::FlvTag::end());
         }
+        if let Some(r) = repack.as_ref().and_then(|r| r.record.clone()) {
+            r.finish();
+        }
         for l in self.srt_links.lock().iter().filter(|l| l.path == name && l.mode == "read") {
             l.end();
         }
@@ -374,6 +381,7 @@ impl Relay {
             move || path.upgrade().map(|p| p.tracks().iter().map(|t| t.clock_map).collect()).unwrap_or_default()
         };
         let with_ts = path.view().is_none();
+        let record = path.spec().record;
         let weak = Arc::downgrade(&path);
         let on_stop = move || {
             if let Some(path) = weak.upgrade() {
@@ -387,6 +395,7 @@ impl Relay {
                 &self.engine,
                 inputs,
                 with_ts,
+                record.as_ref().map(|spec| (&self.recordings, spec)),
                 tracks_of,
                 linger,
                 on_stop,

@@ -162,6 +162,8 @@ pub struct Repack {
     pub ts: Option<Session>,
     pub hls: Option<Arc<Hls>>,
     pub flv: Option<Arc<Flv>>,
+    /// The path's recording, where it is recorded.
+    pub record: Option<Arc<crate::record::Recording>>,
     /// What it carries, for the status: "H.264 + AAC".
     pub describes: String,
     /// The sinks it holds on the tracks it reads: the relay's own, not subscribers.
@@ -172,7 +174,8 @@ pub struct Repack {
 impl Repack {
     /// Starts repackaging `inputs` of session `name`, into MPEG-TS (a new session named
     /// `{name}/ts`) if `with_ts`, and HLS where the tracks allow. `clock_maps` is asked once
-    /// a second for the tracks' wall clocks (they come with sender reports).
+    /// a second for the tracks' wall clocks (they come with sender reports). With `record`,
+    /// the path is recorded too, and the repackaging runs until it is stopped.
     #[allow(clippy::too_many_arguments)]
     pub fn start(
         name: &str,
@@ -180,6 +183,7 @@ impl Repack {
         engine: &fanout_io::Engine,
         inputs: Vec<Input>,
         with_ts: bool,
+        record: Option<(&Arc<crate::record::Store>, &crate::record::RecordSpec)>,
         clock_maps: impl Fn() -> Vec<Option<(u64, u32)>> + Send + 'static,
         linger: Duration,
         on_stop: impl FnOnce() + Send + 'static,
@@ -231,9 +235,18 @@ impl Repack {
         let track_sinks = inputs.iter().filter(|i| i.info.is_some()).count();
         let ts_session = ts.as_ref().map(|i| i.session().clone());
         let flv = Flv::of(repack.streams()).map(Arc::new);
+        let record = record
+            .and_then(|(store, spec)| crate::record::Recording::start(store, name, repack.streams(), spec))
+            .map(Arc::new);
         let flv_times = repack.streams().iter().map(|_| fanout_proto::codec::dts::DecodingTimes::default()).collect();
-        let out =
-            Outputs { ts, ts_mux: TsPackager::new(repack.streams()), hls: hls.clone(), flv: flv.clone(), flv_times };
+        let out = Outputs {
+            ts,
+            ts_mux: TsPackager::new(repack.streams()),
+            hls: hls.clone(),
+            flv: flv.clone(),
+            flv_times,
+            record: record.clone(),
+        };
         let run = run(name.to_string(), repack, inputs, out, clock_maps, linger);
         let task = tokio::spawn(async move {
             if let Err(e) = run.await {
@@ -242,15 +255,19 @@ impl Repack {
             on_stop();
         })
         .abort_handle();
-        Ok(Arc::new(Self { ts: ts_session, hls, flv, describes, track_sinks, task }))
+        Ok(Arc::new(Self { ts: ts_session, hls, flv, record, describes, track_sinks, task }))
     }
 
     pub fn is_running(&self) -> bool {
         !self.task.is_finished()
     }
 
-    /// Stops it; closing the TS session is the caller's (it joins threads).
+    /// Stops it (a recording's last fragment is written first); closing the TS session is
+    /// the caller's (it joins threads).
     pub fn stop(&self) {
+        if let Some(r) = &self.record {
+            r.finish();
+        }
         self.task.abort();
     }
 }
@@ -263,12 +280,14 @@ struct Outputs {
     flv: Option<Arc<Flv>>,
     /// Per stream, the decoding times of its pictures (RTP gives presentation times only).
     flv_times: Vec<fanout_proto::codec::dts::DecodingTimes<(bool, Vec<u8>)>>,
+    record: Option<Arc<crate::record::Recording>>,
 }
 
 impl Outputs {
-    /// Whether anyone still wants the output.
+    /// Whether anyone still wants the output (a recording always does).
     fn wanted(&self, linger: Duration) -> bool {
-        self.ts.as_ref().is_some_and(|i| !i.session().sinks().is_empty())
+        self.record.is_some()
+            || self.ts.as_ref().is_some_and(|i| !i.session().sinks().is_empty())
             || self.hls.as_ref().is_some_and(|h| h.last_request.lock().elapsed() < linger)
             || self.flv.as_ref().is_some_and(|f| f.tags.receiver_count() > 0)
     }
@@ -332,7 +351,14 @@ async fn run(
             }
         }
     }
-    tracing::info!(session = %name, tracks = subs.len(), ts = out.ts.is_some(), hls = out.hls.is_some(), "repackaging started");
+    tracing::info!(
+        session = %name,
+        tracks = subs.len(),
+        ts = out.ts.is_some(),
+        hls = out.hls.is_some(),
+        record = out.record.is_some(),
+        "repackaging started"
+    );
     let started = Instant::now();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut idle_since: Option<Instant> = None;
@@ -349,6 +375,9 @@ async fn run(
                     }
                 }
                 for u in units.drain(..) {
+                    if let Some(r) = &out.record {
+                        r.push(&u);
+                    }
                     out.flv(&u, repack.streams());
                     if let Some(inlet) = out.ts.as_mut() {
                         if !out.ts_mux.write(&u, &mut bytes) {

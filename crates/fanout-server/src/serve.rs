@@ -244,7 +244,7 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>, arg
         relay.create(s).await.map_err(|e| anyhow::anyhow!("session {name:?} from the config: {e}"))?;
     }
     let restored = relay.restore().await;
-    let router = api::router(relay.clone(), crate::webrtc::routes());
+    let router = api::router(relay.clone(), crate::webrtc::routes().merge(crate::playback::routes()));
     let http = if relay.cfg().https() { "https" } else { "http" };
     tracing::info!(
         "fanout {} listening on {http}://{api} ({} workers)",
@@ -387,6 +387,7 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>, arg
         }
     }
     tokio::spawn(relay.books.clone().tell());
+    tokio::spawn(crate::playback::keep_recording(relay.clone()));
     let https = tls.filter(|_| relay.cfg().https());
     let server = tokio::spawn(http::serve(listener, relay.clone(), router, https));
     shutdown_signal().await;

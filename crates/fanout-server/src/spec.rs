@@ -437,6 +437,9 @@ pub struct SessionSpec {
     /// Sinks to add at once (config files; the API takes them too).
     #[serde(default, rename = "sink", alias = "sinks", skip_serializing_if = "Vec::is_empty")]
     pub sinks: Vec<SinkSpec>,
+    /// Record the path to fragmented MP4 files (`record = {}` takes every default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub record: Option<RecordSpec>,
 }
 
 /// Whether a session's sinks are paced each alone or, as behind one link, together too.
@@ -490,6 +493,7 @@ impl SessionSpec {
             pace_link: None,
             reserve_kbps: None,
             sinks: Vec::new(),
+            record: None,
         }
     }
 
@@ -505,6 +509,9 @@ impl SessionSpec {
             return Err(format!("session name {:?} cannot be addressed in a URL", self.name));
         }
         fanout_core::Priority::new(self.priority).map_err(|e| e.to_string())?;
+        if let Some(r) = &self.record {
+            r.validate()?;
+        }
         if self.datapath == Some(DataPath::Kernel) && !self.source.kernel_capable() {
             return Err("datapath \"kernel\" needs an IPv4 udp or an rtsp source".into());
         }
@@ -739,5 +746,57 @@ mod tests {
                 Err(why) => prop_assert!(why.starts_with("source"), "{why} for {f:?}"),
             }
         }
+    }
+}
+
+/// A path's recording settings (`record = { … }` of a session).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecordSpec {
+    /// A file is closed at the first keyframe after this many seconds.
+    #[serde(default = "RecordSpec::default_segment")]
+    pub segment_s: u32,
+    /// Fragments are written at the first keyframe after this many milliseconds: what a
+    /// crash can lose, and the steps a playback range starts at.
+    #[serde(default = "RecordSpec::default_fragment")]
+    pub fragment_ms: u32,
+    /// Files last written longer ago than this are deleted (0: kept for ever).
+    #[serde(default = "RecordSpec::default_keep")]
+    pub keep_s: u64,
+    /// The oldest files are deleted while the path's recordings take more MiB (0: no cap).
+    #[serde(default)]
+    pub keep_mb: u64,
+}
+
+impl Default for RecordSpec {
+    fn default() -> Self {
+        Self {
+            segment_s: Self::default_segment(),
+            fragment_ms: Self::default_fragment(),
+            keep_s: Self::default_keep(),
+            keep_mb: 0,
+        }
+    }
+}
+
+impl RecordSpec {
+    fn default_segment() -> u32 {
+        600
+    }
+    fn default_fragment() -> u32 {
+        1000
+    }
+    fn default_keep() -> u64 {
+        86_400
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if !(1..=86_400).contains(&self.segment_s) {
+            return Err(format!("record.segment_s {} is out of range 1..=86400", self.segment_s));
+        }
+        if !(100..=60_000).contains(&self.fragment_ms) {
+            return Err(format!("record.fragment_ms {} is out of range 100..=60000", self.fragment_ms));
+        }
+        Ok(())
     }
 }

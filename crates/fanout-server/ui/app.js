@@ -1,7 +1,7 @@
 // The fanout dashboard: live session status from /v1/events (server-sent, once a second),
 // small plots of the last two minutes, and a preview player: MSE fed with the session's
-// HLS fMP4 parts, or WebRTC (WHEP), each with how far behind it plays. Plain JavaScript, no
-// library.
+// HLS fMP4 parts, or WebRTC (WHEP), each with how far behind it plays; and the recordings,
+// each stretch of recorded time playable and downloadable. Plain JavaScript, no library.
 'use strict';
 
 const params = new URLSearchParams(location.search);
@@ -338,4 +338,43 @@ async function play(video, name, say, latency, live) {
   }
 }
 
+// --- recordings: each path's stretches of recorded time, played as one fMP4 download -----
+
+const duration = (s) => (s >= 3600 ? `${(s / 3600).toFixed(1)} h` : s >= 60 ? `${(s / 60).toFixed(1)} min` : `${s.toFixed(1)} s`);
+
+async function recordings() {
+  const box = document.getElementById('recordings');
+  const list = await api('/v1/recordings').catch(() => null);
+  if (!list) return;
+  box.hidden = list.paths.length === 0;
+  const rows = [];
+  for (const p of list.paths) {
+    const one = await api(`/v1/recordings/${encodeURIComponent(p.name)}`).catch(() => null);
+    if (!one) continue;
+    for (const s of one.spans) rows.push({ name: p.name, files: one.files.length, ...s });
+  }
+  const body = $(box, 'tbody');
+  body.innerHTML = '';
+  for (const r of rows) {
+    const tr = document.createElement('tr');
+    const range = `start=${encodeURIComponent(r.start)}&duration=${r.duration_s.toFixed(3)}`;
+    const url = `/v1/recordings/${encodeURIComponent(r.name)}/get?${range}${token ? `&token=${encodeURIComponent(token)}` : ''}`;
+    tr.innerHTML = `<td>${esc(r.name)}</td><td>${esc(r.start.replace('T', ' ').replace(/\.\d+Z$/, ''))}</td>`
+      + `<td>${duration(r.duration_s)}</td><td>${r.files}</td>`
+      + `<td><button type="button" class="rec-play">▶ Play</button> <a class="rec-get" href="${esc(url)}" download>download</a></td>`;
+    $(tr, '.rec-play').onclick = () => {
+      const player = $(box, '.player');
+      const video = $(player, 'video');
+      player.hidden = false;
+      $(player, '.why').textContent = `${r.name} from ${r.start}`;
+      video.src = url;
+      video.play().catch(() => {});
+    };
+    body.appendChild(tr);
+  }
+}
+
+document.getElementById('rec-refresh').onclick = () => recordings();
+setInterval(recordings, 15000);
 connect();
+recordings();

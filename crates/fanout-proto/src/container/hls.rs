@@ -21,6 +21,8 @@ const MAX_PENDING: usize = 64 << 20;
 #[derive(Debug, Clone)]
 pub struct Segment {
     pub sequence: u64,
+    /// Where it starts on the source's 90 kHz timeline.
+    pub start: i64,
     /// Seconds.
     pub duration: f64,
     /// Its parts' fragments, one after another.
@@ -303,7 +305,7 @@ impl Segmenter {
             p.data = data.slice(at..at + p.data.len());
             at += p.data.len();
         }
-        self.segments.push_back(Segment { sequence, duration: (end - start) as f64 / 90_000.0, data, parts });
+        self.segments.push_back(Segment { sequence, start, duration: (end - start) as f64 / 90_000.0, data, parts });
         while self.segments.len() > WINDOW {
             self.segments.pop_front();
         }
@@ -540,10 +542,10 @@ fn sps_dimensions(sps: &[u8]) -> Option<(u16, u16)> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn streams() -> Vec<TrackInfo> {
+    pub(crate) fn streams() -> Vec<TrackInfo> {
         vec![
             TrackInfo {
                 codec: TrackCodec::Video { codec: crate::codec::annexb::Codec::H264, params: vec![] },
@@ -557,7 +559,7 @@ mod tests {
     }
 
     /// The demo clip's H.264 and AAC, taken out of its TS, as units at their own times.
-    fn demo_units() -> Vec<Unit> {
+    pub(crate) fn demo_units() -> Vec<Unit> {
         let ts = include_bytes!("../../../../assets/demo.ts");
         let mut d = crate::container::tsdemux::Demux::default();
         let mut pes: Vec<crate::container::tsdemux::Pes> = ts.chunks(188).filter_map(|p| d.push(p)).collect();

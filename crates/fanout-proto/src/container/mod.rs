@@ -11,6 +11,7 @@
 //! - [`repack`]: RTP H.264/HEVC/AAC tracks to access units on one timeline.
 //! - [`fmp4`]: fragmented MP4 initialization and media segments.
 //! - [`hls`]: HLS (and Low-Latency HLS) segments, parts and playlists.
+//! - [`record`]: recording into fragmented MP4 files, and reading them back for playback.
 
 pub mod flv;
 pub mod fmp4;
@@ -18,6 +19,7 @@ pub mod hls;
 pub mod mp4ts;
 pub mod mpegts;
 pub mod playlist;
+pub mod record;
 pub mod repack;
 pub mod tsdemux;
 pub mod tsingest;

@@ -1,0 +1,410 @@
+//! Recording and playback as a service: a task that keeps every path with `record`
+//! recording while it has a stream, retention on a timer, and the playback API (recordings
+//! by time, a time range as one fMP4 download or as an HLS VOD playlist, the files with byte
+//! ranges), behind the `playback` action.
+
+use crate::api::ApiError;
+use crate::record::{self, StoredFile};
+use crate::relay::Relay;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use fanout_proto::container::record::{
+    fragment, pick, rfc3339, spans, timescales, vod_playlist, FileIndex, Pick, Recording, Retimer,
+};
+use serde_json::json;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub fn routes() -> Router<Arc<Relay>> {
+    Router::new()
+        .route("/v1/recordings", get(list_paths))
+        .route("/v1/recordings/{name}", get(list_path))
+        .route("/v1/recordings/{name}/get", get(download))
+        .route("/v1/recordings/{name}/index.m3u8", get(playlist))
+        .route("/v1/recordings/{name}/fragment.m4s", get(fragment_of))
+        .route("/v1/recordings/{name}/files/{file}", get(file))
+}
+
+/// How often paths that record and have no recording running are looked at.
+const SUPERVISE: Duration = Duration::from_secs(1);
+/// How often retention runs.
+const RETENTION: Duration = Duration::from_secs(5);
+
+/// Keeps recording every path whose settings say so (its repackaging started, and started
+/// again after it stopped), and applies retention. Runs for the relay's life.
+pub async fn keep_recording(relay: Arc<Relay>) {
+    let mut tick = tokio::time::interval(SUPERVISE);
+    let mut last_retention = tokio::time::Instant::now() - RETENTION;
+    // Paths whose repackaging is being started (an upstream may take seconds to describe).
+    let starting: Arc<parking_lot::Mutex<std::collections::HashSet<String>>> = Default::default();
+    loop {
+        tick.tick().await;
+        let recorded: Vec<(String, record::RecordSpec)> =
+            relay.paths().into_iter().filter_map(|p| Some((p.session.name().to_string(), p.spec().record?))).collect();
+        for (name, _) in &recorded {
+            let running = relay.path(name).and_then(|p| p.repack_running()).is_some_and(|r| r.record.is_some());
+            if running || !starting.lock().insert(name.clone()) {
+                continue;
+            }
+            let (relay, starting, name) = (relay.clone(), starting.clone(), name.clone());
+            tokio::spawn(async move {
+                // Nothing published yet is the usual answer: asked again next second.
+                if let Err(e) = relay.repack(&name).await {
+                    tracing::debug!(path = name, "not recording yet: {e}");
+                }
+                starting.lock().remove(&name);
+            });
+        }
+        if last_retention.elapsed() >= RETENTION {
+            last_retention = tokio::time::Instant::now();
+            let store = relay.recordings.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                for (name, spec) in &recorded {
+                    for gone in store.expire(name, spec) {
+                        tracing::info!(path = name, file = gone, "retention deleted a recording");
+                    }
+                }
+            })
+            .await;
+        }
+    }
+}
+
+fn bad(why: impl Into<String>) -> ApiError {
+    ApiError(StatusCode::BAD_REQUEST, why.into())
+}
+
+fn param<'a>(query: &'a Option<String>, key: &str) -> Option<&'a str> {
+    query.as_deref()?.split('&').find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+}
+
+/// What the files' URLs in a playlist carry on: the token.
+fn token_query(query: &Option<String>) -> String {
+    param(query, "token").map_or(String::new(), |t| format!("?token={t}"))
+}
+
+/// A path's files that can be read, indexed, and those that cannot, with why (on the
+/// blocking pool: this reads the disk).
+type Indexed = (Vec<(StoredFile, FileIndex)>, Vec<(StoredFile, String)>);
+
+async fn indexed(relay: &Relay, name: &str) -> Result<Indexed, ApiError> {
+    let named = (1..=64).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
+        && !name.bytes().all(|b| b == b'.');
+    if !named {
+        return Err(bad(format!("{name:?} is not a path name")));
+    }
+    let store = relay.recordings.clone();
+    let name = name.to_string();
+    tokio::task::spawn_blocking(move || {
+        let (mut good, mut bad) = (Vec::new(), Vec::new());
+        for (_, f) in store.files(Some(&name)) {
+            match record::index(&f.name) {
+                Ok(ix) => good.push((f, ix)),
+                Err(e) => bad.push((f, e.to_string())),
+            }
+        }
+        (good, bad)
+    })
+    .await
+    .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
+}
+
+async fn list_paths(State(relay): State<Arc<Relay>>) -> Result<Json<serde_json::Value>, ApiError> {
+    let store = relay.recordings.clone();
+    let files = tokio::task::spawn_blocking(move || store.files(None))
+        .await
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    let mut paths: Vec<serde_json::Value> = Vec::new();
+    for group in files.chunk_by(|a, b| a.0 == b.0) {
+        let (first, last) = (&group[0].1, &group[group.len() - 1].1);
+        paths.push(json!({
+            "name": group[0].0,
+            "files": group.len(),
+            "bytes": group.iter().map(|f| f.1.bytes).sum::<u64>(),
+            "first": rfc3339(first.start_us),
+            "last_written": rfc3339(last.written_us),
+            "recording": relay.path(&group[0].0).is_some_and(|p| p.spec().record.is_some()),
+        }));
+    }
+    Ok(Json(json!({ "paths": paths })))
+}
+
+async fn list_path(
+    State(relay): State<Arc<Relay>>,
+    Path(name): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let (files, unreadable) = indexed(&relay, &name).await?;
+    let mut list: Vec<(i64, serde_json::Value)> = files
+        .iter()
+        .map(|(f, ix)| {
+            let v = json!({
+                "file": f.name,
+                "start": rfc3339(f.start_us),
+                "duration_s": ix.duration_us() as f64 / 1e6,
+                "fragments": ix.fragments.len(),
+                "bytes": f.bytes,
+                "writing": f.open,
+            });
+            (f.start_us, v)
+        })
+        .collect();
+    // Files that cannot be read are listed with why (and left out of playback).
+    list.extend(unreadable.iter().map(|(f, why)| {
+        let v =
+            json!({ "file": f.name, "start": rfc3339(f.start_us), "bytes": f.bytes, "writing": f.open, "error": why });
+        (f.start_us, v)
+    }));
+    list.sort_by_key(|l| l.0);
+    let list: Vec<serde_json::Value> = list.into_iter().map(|l| l.1).collect();
+    let times: Vec<(i64, i64)> = files.iter().map(|(f, ix)| (f.start_us, ix.duration_us())).collect();
+    let spans: Vec<serde_json::Value> =
+        spans(&times).into_iter().map(|(s, d)| json!({ "start": rfc3339(s), "duration_s": d as f64 / 1e6 })).collect();
+    Ok(Json(json!({
+        "name": name,
+        "recording": relay.path(&name).is_some_and(|p| p.spec().record.is_some()),
+        "files": list,
+        "spans": spans,
+    })))
+}
+
+/// The range a request asks for: `start` (RFC 3339; default: the first recording) and
+/// `duration` (seconds; default: to the end).
+fn range(query: &Option<String>, files: &[(StoredFile, FileIndex)]) -> Result<(i64, i64), ApiError> {
+    let start = match param(query, "start") {
+        Some(s) => {
+            let s = fanout_proto::rtsp::client::percent_decode(s);
+            fanout_proto::container::record::parse_rfc3339(&s)
+                .ok_or_else(|| bad(format!("start {s:?}: an RFC 3339 time, as 2026-11-27T10:00:00Z")))?
+        }
+        None => files.first().map_or(0, |f| f.0.start_us),
+    };
+    let to = match param(query, "duration") {
+        Some(d) => {
+            let d: f64 = d
+                .parse()
+                .ok()
+                .filter(|d: &f64| d.is_finite() && *d > 0.0)
+                .ok_or_else(|| bad(format!("duration {d:?}: seconds, more than 0")))?;
+            start.saturating_add((d * 1e6).min(1e15) as i64)
+        }
+        None => i64::MAX,
+    };
+    Ok((start, to))
+}
+
+fn picks(name: &str, files: &[(StoredFile, FileIndex)], from: i64, to: i64) -> Result<Vec<Pick>, ApiError> {
+    let recs: Vec<Recording> = files.iter().map(|(f, ix)| Recording { start_us: f.start_us, index: ix }).collect();
+    let picks = pick(&recs, from, to);
+    if picks.is_empty() {
+        return Err(ApiError(StatusCode::NOT_FOUND, format!("{name:?} has no recording from {}", rfc3339(from))));
+    }
+    Ok(picks)
+}
+
+/// `GET /v1/recordings/{name}/index.m3u8?start=…&duration=…`: the range as an HLS VOD
+/// playlist of byte ranges of the files.
+async fn playlist(
+    State(relay): State<Arc<Relay>>,
+    Path(name): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let (files, _) = indexed(&relay, &name).await?;
+    let (from, to) = range(&query, &files)?;
+    let picks = picks(&name, &files, from, to)?;
+    let recs: Vec<Recording> = files.iter().map(|(f, ix)| Recording { start_us: f.start_us, index: ix }).collect();
+    let token = token_query(&query);
+    let and_token = token.replacen('?', "&", 1);
+    let text = vod_playlist(
+        &recs,
+        &picks,
+        |k| format!("files/{}{token}", encode(&files[k].0.name)),
+        |p, at| {
+            let (f, ix) = &files[p.file];
+            let fr = &ix.fragments[p.fragment];
+            format!(
+                "fragment.m4s?file={}&init={}&offset={}&len={}&at={at}{and_token}",
+                encode(&f.name),
+                ix.init_len,
+                fr.offset,
+                fr.len
+            )
+        },
+    );
+    Ok(([(header::CONTENT_TYPE, "application/vnd.apple.mpegurl")], text).into_response())
+}
+
+/// `GET /v1/recordings/{name}/fragment.m4s?file=…&init=…&offset=…&len=…&at=…`: one
+/// fragment of a file (as a VOD playlist lists it), its times moved to start `at` µs into
+/// the playlist (a file's own times start at zero; a player wants one timeline).
+async fn fragment_of(
+    State(relay): State<Arc<Relay>>,
+    Path(name): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let file = param(&query, "file").map(fanout_proto::rtsp::client::percent_decode).unwrap_or_default();
+    if !relay.recordings.is_file_of(&name, &file) {
+        return Err(ApiError(StatusCode::NOT_FOUND, format!("{file:?} is not a recording of {name:?}")));
+    }
+    let num =
+        |k: &str| param(&query, k).and_then(|v| v.parse::<u64>().ok()).ok_or_else(|| bad(format!("{k}: a number")));
+    let (init, offset, len, at) = (num("init")?, num("offset")?, num("len")?, num("at")?);
+    if init > MAX_INIT || len > MAX_FRAGMENT {
+        return Err(bad("not a fragment of a recording"));
+    }
+    let read = tokio::task::spawn_blocking(move || -> std::io::Result<(Vec<u8>, Vec<u8>)> {
+        let mut f = std::fs::File::open(&file)?;
+        Ok((record::read_at(&mut f, 0, init as usize)?, record::read_at(&mut f, offset, len as usize)?))
+    })
+    .await
+    .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    let (init, mut bytes) = read.map_err(|e| ApiError(StatusCode::NOT_FOUND, format!("{e}")))?;
+    let Some(fr) = fragment(&bytes) else {
+        return Err(ApiError(StatusCode::NOT_FOUND, "no fragment there (the file changed?)".into()));
+    };
+    let scales = FileIndex { timescales: timescales(&init), ..FileIndex::default() };
+    Retimer::starting_at(0).retime(&mut bytes, &scales, &fr, at.min(i64::MAX as u64) as i64);
+    Ok(([(header::CONTENT_TYPE, "video/iso.segment")], bytes).into_response())
+}
+
+/// An initialization segment is a few KiB, a fragment at most this (a minute of video).
+const MAX_INIT: u64 = 1 << 20;
+const MAX_FRAGMENT: u64 = 64 << 20;
+
+/// A file name as one URL path segment.
+fn encode(name: &str) -> String {
+    name.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// `GET /v1/recordings/{name}/get?start=…&duration=…`: the range as one fragmented MP4,
+/// from the keyframe at or before `start`, on one timeline from zero. Fragments are read
+/// and sent one at a time; a range across recordings of different tracks ends where they
+/// change.
+async fn download(
+    State(relay): State<Arc<Relay>>,
+    Path(name): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let (files, _) = indexed(&relay, &name).await?;
+    let (from, to) = range(&query, &files)?;
+    let picks = picks(&name, &files, from, to)?;
+    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Vec<u8>>>(4);
+    tokio::task::spawn_blocking(move || {
+        let mut open: Option<(usize, std::fs::File)> = None;
+        let mut retimer = Retimer::default();
+        let mut init: Option<Vec<u8>> = None;
+        for p in picks {
+            let (f, ix) = &files[p.file];
+            let chunk = (|| {
+                if open.as_ref().is_none_or(|o| o.0 != p.file) {
+                    let mut file = std::fs::File::open(&f.name)?;
+                    let this_init = record::read_at(&mut file, 0, ix.init_len as usize)?;
+                    match &init {
+                        None => {
+                            init = Some(this_init.clone());
+                            tx.blocking_send(Ok(this_init)).map_err(std::io::Error::other)?;
+                        }
+                        // Other tracks than the download began with: it ends here.
+                        Some(i) if *i != this_init => return Ok(None),
+                        Some(_) => {}
+                    }
+                    open = Some((p.file, file));
+                }
+                let fr = &ix.fragments[p.fragment];
+                let file = &mut open.as_mut().expect("opened").1;
+                let mut bytes = record::read_at(file, fr.offset, fr.len as usize)?;
+                retimer.retime(&mut bytes, ix, fr, p.start_us);
+                Ok(Some(bytes))
+            })();
+            match chunk {
+                Ok(Some(b)) => {
+                    if tx.blocking_send(Ok(b)).is_err() {
+                        return;
+                    }
+                }
+                Ok(None) => return,
+                Err(e) => {
+                    let _ = tx.blocking_send(Err(e));
+                    return;
+                }
+            }
+        }
+    });
+    let body = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) });
+    let filename = format!("{name}-{}.mp4", rfc3339(from).replace(':', "-"));
+    Ok((
+        [
+            (header::CONTENT_TYPE, "video/mp4".to_string()),
+            (header::CONTENT_DISPOSITION, format!("attachment; filename=\"{filename}\"")),
+        ],
+        axum::body::Body::from_stream(body),
+    )
+        .into_response())
+}
+
+/// `GET /v1/recordings/{name}/files/{file}`: a recording file as it is, with byte ranges
+/// (what the VOD playlist's segments are). Only a name the layout gives `name` is served.
+async fn file(
+    State(relay): State<Arc<Relay>>,
+    Path((name, file)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    if !relay.recordings.is_file_of(&name, &file) {
+        return Err(ApiError(StatusCode::NOT_FOUND, format!("{file:?} is not a recording of {name:?}")));
+    }
+    let asked = headers.get(header::RANGE).and_then(|v| v.to_str().ok()).map(str::to_string);
+    // The file's length, the range read (none: not satisfiable) and its bytes.
+    type Read = (u64, Option<(u64, u64)>, Vec<u8>);
+    let read = tokio::task::spawn_blocking(move || -> std::io::Result<Read> {
+        let mut f = std::fs::File::open(&file)?;
+        let len = f.metadata()?.len();
+        match fanout_proto::http::byte_range(asked.as_deref(), len) {
+            Err(()) => Ok((len, None, Vec::new())),
+            Ok(Some((a, b))) if b - a < MAX_READ => {
+                Ok((len, Some((a, b)), record::read_at(&mut f, a, (b - a + 1) as usize)?))
+            }
+            Ok(_) if len <= MAX_READ => {
+                Ok((len, Some((0, len.saturating_sub(1))), record::read_at(&mut f, 0, len as usize)?))
+            }
+            Ok(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::FileTooLarge,
+                format!("ask for at most {MAX_READ} bytes at a time (Range)"),
+            )),
+        }
+    })
+    .await
+    .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    let (len, got, data) = read.map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => ApiError(StatusCode::NOT_FOUND, "no such recording (deleted?)".into()),
+        std::io::ErrorKind::FileTooLarge => ApiError(StatusCode::RANGE_NOT_SATISFIABLE, e.to_string()),
+        _ => ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    })?;
+    let Some((a, b)) = got else {
+        return Ok(
+            (StatusCode::RANGE_NOT_SATISFIABLE, [(header::CONTENT_RANGE, format!("bytes */{len}"))]).into_response()
+        );
+    };
+    let partial = a > 0 || b + 1 < len || headers.contains_key(header::RANGE);
+    let mut r = ([(header::CONTENT_TYPE, "video/mp4".to_string()), (header::ACCEPT_RANGES, "bytes".to_string())], data)
+        .into_response();
+    if partial {
+        *r.status_mut() = StatusCode::PARTIAL_CONTENT;
+        r.headers_mut().insert(
+            header::CONTENT_RANGE,
+            header::HeaderValue::from_str(&format!("bytes {a}-{b}/{len}")).expect("ascii"),
+        );
+    }
+    Ok(r)
+}
+
+/// Bytes one request reads at most: a VOD player asks for a fragment at a time; the whole
+/// of a range is the download's.
+const MAX_READ: u64 = 256 << 20;

@@ -1,0 +1,213 @@
+//! Recordings on disk: the writer a path's recorder hands its files to (a thread of its
+//! own, so the repackaging never waits on a disk), and the store that finds, indexes and
+//! expires the files a [`Layout`] names. The format and the decisions are
+//! [`fanout_proto::container::record`]'s; this is the file system.
+
+use fanout_proto::container::record::{self, FileIndex, Layout, Recorder, Write};
+use fanout_proto::container::repack::{TrackInfo, Unit};
+use parking_lot::Mutex;
+use std::collections::HashSet;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+pub use crate::spec::RecordSpec;
+
+/// Where recordings are, and which files are being written.
+pub struct Store {
+    pub layout: Layout,
+    open: Mutex<HashSet<PathBuf>>,
+}
+
+/// A recording file found on disk.
+#[derive(Debug, Clone)]
+pub struct StoredFile {
+    /// As the layout names it (the name the API uses).
+    pub name: String,
+    pub start_us: i64,
+    pub bytes: u64,
+    /// Its last write, µs since the epoch.
+    pub written_us: i64,
+    pub open: bool,
+}
+
+/// Directory levels walked below the layout's root.
+const MAX_DEPTH: usize = 12;
+/// Files listed per path at most.
+const MAX_FILES: usize = 100_000;
+
+fn micros(t: std::time::SystemTime) -> i64 {
+    t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64)
+}
+
+pub fn now_us() -> i64 {
+    micros(std::time::SystemTime::now())
+}
+
+impl Store {
+    pub fn new(layout: Layout) -> Self {
+        Self { layout, open: Mutex::new(HashSet::new()) }
+    }
+
+    /// The recordings of `path` (of every path: `None`), oldest first.
+    pub fn files(&self, path: Option<&str>) -> Vec<(String, StoredFile)> {
+        let root = self.layout.root().to_string();
+        let open = self.open.lock().clone();
+        let mut out = Vec::new();
+        let mut dirs = vec![(root.clone(), 0)];
+        while let Some((dir, depth)) = dirs.pop() {
+            let Ok(entries) = std::fs::read_dir(if dir.is_empty() { "." } else { &dir }) else { continue };
+            for e in entries.flatten() {
+                let Some(leaf) = e.file_name().to_str().map(String::from) else { continue };
+                let name = format!("{dir}{leaf}");
+                let Ok(meta) = e.metadata() else { continue };
+                if meta.is_dir() {
+                    if depth < MAX_DEPTH {
+                        dirs.push((name + "/", depth + 1));
+                    }
+                    continue;
+                }
+                let Some((of, start_us)) = self.layout.parse(&name) else { continue };
+                if path.is_some_and(|p| p != of) || out.len() >= MAX_FILES {
+                    continue;
+                }
+                let file = StoredFile {
+                    open: open.contains(&PathBuf::from(&name)),
+                    written_us: meta.modified().map_or(0, micros),
+                    bytes: meta.len(),
+                    start_us,
+                    name,
+                };
+                out.push((of, file));
+            }
+        }
+        out.sort_by(|a, b| (&a.0, a.1.start_us).cmp(&(&b.0, b.1.start_us)));
+        out
+    }
+
+    /// Whether `name` is a file of `path`'s recordings (a name from a request is taken only
+    /// when the layout names it so: no other file can be asked for).
+    pub fn is_file_of(&self, path: &str, name: &str) -> bool {
+        self.layout.parse(name).is_some_and(|(p, _)| p == path)
+    }
+
+    /// Deletes what `spec`'s retention says of `path`'s files; what it deleted.
+    pub fn expire(&self, path: &str, spec: &RecordSpec) -> Vec<String> {
+        let files: Vec<StoredFile> = self.files(Some(path)).into_iter().map(|f| f.1).collect();
+        let stored: Vec<record::Stored> = files
+            .iter()
+            .map(|f| record::Stored { start_us: f.start_us, written_us: f.written_us, bytes: f.bytes, open: f.open })
+            .collect();
+        let keep_us = (spec.keep_s > 0).then(|| spec.keep_s.saturating_mul(1_000_000) as i64);
+        let keep_bytes = (spec.keep_mb > 0).then(|| spec.keep_mb.saturating_mul(1 << 20));
+        let mut gone = Vec::new();
+        for k in record::expired(&stored, now_us(), keep_us, keep_bytes) {
+            match std::fs::remove_file(&files[k].name) {
+                Ok(()) => gone.push(files[k].name.clone()),
+                Err(e) => tracing::warn!(path, file = %files[k].name, "retention could not delete a recording: {e}"),
+            }
+        }
+        gone
+    }
+}
+
+/// The fragments of a recording file.
+pub fn index(name: &str) -> std::io::Result<FileIndex> {
+    let mut f = std::fs::File::open(name)?;
+    let len = f.metadata()?.len();
+    record::scan(len, |at, n| read_at(&mut f, at, n).ok())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{name}: {e}")))
+}
+
+/// Up to `n` bytes of `f` from `at` (fewer only at its end).
+pub fn read_at(f: &mut std::fs::File, at: u64, n: usize) -> std::io::Result<Vec<u8>> {
+    f.seek(SeekFrom::Start(at))?;
+    let mut buf = Vec::with_capacity(n);
+    f.take(n as u64).read_to_end(&mut buf)?;
+    Ok(buf)
+}
+
+/// A path's recorder, as its repackaging holds it: units go in; its writer thread writes.
+pub struct Recording {
+    rec: Mutex<(Recorder, Vec<Write>)>,
+    tx: std::sync::mpsc::Sender<Write>,
+}
+
+impl Recording {
+    /// Starts recording `path`'s `streams` into `store`; `None` where MP4 carries none of
+    /// them.
+    pub fn start(store: &Arc<Store>, path: &str, streams: &[TrackInfo], spec: &RecordSpec) -> Option<Self> {
+        let rec = Recorder::new(streams, spec.fragment_ms, spec.segment_s)?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (store, path) = (store.clone(), path.to_string());
+        std::thread::Builder::new().name("fanout-record".into()).spawn(move || write_files(&store, &path, rx)).ok()?;
+        Some(Self { rec: Mutex::new((rec, Vec::new())), tx })
+    }
+
+    pub fn push(&self, u: &Unit) {
+        let mut guard = self.rec.lock();
+        let (rec, out) = &mut *guard;
+        rec.push(u, now_us(), out);
+        for w in out.drain(..) {
+            let _ = self.tx.send(w);
+        }
+    }
+
+    /// The stream ended: the file is completed; the next publisher starts a new one.
+    pub fn finish(&self) {
+        let mut guard = self.rec.lock();
+        let (rec, out) = &mut *guard;
+        rec.finish(now_us(), out);
+        for w in out.drain(..) {
+            let _ = self.tx.send(w);
+        }
+    }
+}
+
+/// The writer: opens, appends to and closes the files `rx` asks for, until the recording
+/// is dropped. Each fragment is written whole with one call, so a file cut short by a
+/// crash holds whole fragments up to its last; a failing disk is logged once a file.
+fn write_files(store: &Store, path: &str, rx: std::sync::mpsc::Receiver<Write>) {
+    use std::io::Write as _;
+    let mut file: Option<(String, Option<std::fs::File>)> = None;
+    let close = |file: &mut Option<(String, Option<std::fs::File>)>| {
+        if let Some((name, _)) = file.take() {
+            store.open.lock().remove(&PathBuf::from(&name));
+            tracing::info!(path, file = %name, "recording file complete");
+        }
+    };
+    for w in rx {
+        match w {
+            Write::Open { start_us, init } => {
+                close(&mut file);
+                let name = store.layout.file(path, start_us);
+                let made = std::path::Path::new(&name)
+                    .parent()
+                    .filter(|d| !d.as_os_str().is_empty())
+                    .map_or(Ok(()), std::fs::create_dir_all)
+                    .and_then(|()| std::fs::OpenOptions::new().create_new(true).append(true).open(&name))
+                    .and_then(|mut f| f.write_all(&init).map(|()| f));
+                match made {
+                    Ok(f) => {
+                        store.open.lock().insert(PathBuf::from(&name));
+                        file = Some((name, Some(f)));
+                    }
+                    Err(e) => {
+                        tracing::warn!(path, file = %name, "cannot record: {e}");
+                        file = Some((name, None));
+                    }
+                }
+            }
+            Write::Append(data) => {
+                if let Some((name, Some(f))) = file.as_mut() {
+                    if let Err(e) = f.write_all(&data) {
+                        tracing::warn!(path, file = %name, "recording stopped writing this file: {e}");
+                        file.as_mut().expect("open").1 = None;
+                    }
+                }
+            }
+            Write::Close => close(&mut file),
+        }
+    }
+    close(&mut file);
+}

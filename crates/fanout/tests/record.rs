@@ -1,0 +1,337 @@
+//! Recording and playback (issue 34): a path recorded to fragmented MP4 files that ffprobe
+//! reads, whose durations tile the recorded time; a time range as one download starting at a
+//! keyframe and as an HLS VOD playlist ffmpeg plays; `kill -9` mid-write leaves files that
+//! play; retention deletes what it should and nothing else.
+
+mod common;
+use common::*;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+fn dir(test: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("fanout-rec-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn config(dir: &Path, sessions: &str) -> String {
+    format!("record_path = \"{}/%path/%Y-%m-%d_%H-%M-%S-%f\"\n\n{sessions}", dir.display())
+}
+
+/// Seconds of an RFC 3339 UTC time the API gives, from the start of its day (the tests run
+/// far less than a day; a wrap past midnight is taken into account by the caller's
+/// differences being small).
+fn seconds(t: &str) -> f64 {
+    let time = t.split('T').nth(1).unwrap().trim_end_matches('Z');
+    let mut p = time.split(':');
+    let (h, m, s): (f64, f64, f64) =
+        (p.next().unwrap().parse().unwrap(), p.next().unwrap().parse().unwrap(), p.next().unwrap().parse().unwrap());
+    h * 3600.0 + m * 60.0 + s
+}
+
+fn between(a: &str, b: &str) -> f64 {
+    let d = seconds(b) - seconds(a);
+    if d < -43_200.0 {
+        d + 86_400.0
+    } else {
+        d
+    }
+}
+
+/// ffprobe's view of a file: its duration, and the first video frame's key flag and time.
+fn probe(file: &str) -> (f64, bool, f64) {
+    let out = Command::new("timeout")
+        .args(["30", "ffprobe", "-v", "error", "-select_streams", "v:0", "-show_frames", "-read_intervals", "%+#1"])
+        .args(["-show_entries", "frame=key_frame,pts_time:format=duration", "-of", "json", file])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "ffprobe {file}: {}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let duration = v["format"]["duration"].as_str().unwrap_or("0").parse().unwrap();
+    let frame = &v["frames"][0];
+    let pts = frame["pts_time"].as_str().unwrap_or("-1").parse().unwrap();
+    (duration, frame["key_frame"] == 1, pts)
+}
+
+fn get_bytes(url: &str, range: Option<&str>) -> (u16, Vec<u8>) {
+    let mut req = ureq::get(url).timeout(Duration::from_secs(30));
+    if let Some(r) = range {
+        req = req.set("Range", r);
+    }
+    let resp = match req.call() {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("GET {url}: {e}"),
+    };
+    let code = resp.status();
+    let mut body = Vec::new();
+    std::io::Read::read_to_end(&mut resp.into_reader(), &mut body).unwrap();
+    (code, body)
+}
+
+/// The demo as a recorded path: 2 s files of 500 ms fragments.
+const CAM: &str =
+    "[[session]]\nname = \"cam\"\nsource = { demo = true }\nrecord = { segment_s = 2, fragment_ms = 500 }\n";
+
+#[test]
+fn a_recording_plays_file_by_file_as_a_range_and_after_kill_9() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let dir = dir("play");
+    let mut relay = Relay::with_config(&config(&dir, CAM), &["--no-demo", "--token", "rec-secret"]);
+    let complete = |v: &Value| v["files"].as_array().unwrap().iter().filter(|f| f["writing"] == false).count();
+    assert!(
+        wait_for(Duration::from_secs(40), || complete(&relay.ok("GET", "/v1/recordings/cam", None)) >= 4),
+        "no recordings: {}\n{}",
+        relay.ok("GET", "/v1/recordings/cam", None),
+        relay.stderr()
+    );
+    let list = relay.ok("GET", "/v1/recordings/cam", None);
+    assert_eq!(list["recording"], true);
+    let files: Vec<&Value> = list["files"].as_array().unwrap().iter().filter(|f| f["writing"] == false).collect();
+
+    // Every complete file: ffprobe reads it, it starts at a keyframe, and its duration is the
+    // listing's within a frame (25 fps); each starts where the last ended (no gap).
+    let frame = 0.040;
+    let mut total = 0.0;
+    for (k, f) in files.iter().enumerate() {
+        let name = f["file"].as_str().unwrap();
+        let (duration, key, _) = probe(name);
+        let listed = f["duration_s"].as_f64().unwrap();
+        assert!(key, "{name} does not start at a keyframe");
+        assert!(listed >= 2.0 - frame && listed < 6.0, "{name}: {listed} s for a 2 s segment");
+        assert!((duration - listed).abs() <= frame + 0.001, "{name}: ffprobe {duration} s, listed {listed} s");
+        if k > 0 {
+            let last = files[k - 1];
+            let gap = between(last["start"].as_str().unwrap(), f["start"].as_str().unwrap())
+                - last["duration_s"].as_f64().unwrap();
+            assert!(gap.abs() <= 0.002, "{gap} s between {} and {name}", last["file"]);
+        }
+        total += listed;
+    }
+    // The recording is one span: its duration is the files' sum.
+    let spans = list["spans"].as_array().unwrap();
+    assert_eq!(spans.len(), 1, "{list}");
+    let first = files[0]["start"].as_str().unwrap().to_string();
+    assert_eq!(spans[0]["start"], first.as_str());
+    assert!(spans[0]["duration_s"].as_f64().unwrap() >= total - frame);
+
+    // A range: 2 s from 2.3 s into the recording, one download, from a keyframe at or
+    // before the asked time, on a timeline from zero.
+    let start = {
+        let s = seconds(&first) + 2.3;
+        let day = &first[..first.find('T').unwrap()];
+        let (h, m, sec) = ((s / 3600.0) as u64, ((s % 3600.0) / 60.0) as u64, s % 60.0);
+        format!("{day}T{h:02}:{m:02}:{sec:09.6}Z")
+    };
+    let url = relay.url(&format!("/v1/recordings/cam/get?start={start}&duration=2&token=rec-secret"));
+    let (code, body) = get_bytes(&url, None);
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+    let got = dir.join("range.mp4");
+    std::fs::write(&got, &body).unwrap();
+    let (duration, key, pts) = probe(got.to_str().unwrap());
+    assert!(key, "the range does not start at a keyframe");
+    assert!(pts.abs() < 0.1, "the range starts at {pts} s, not at zero");
+    // It starts at or before the asked time, so it is at least as long as asked.
+    assert!((2.0 - frame..2.0 + 3.0).contains(&duration), "a 2 s range is {duration} s");
+
+    // The same as an HLS VOD playlist, which ffmpeg plays whole; its files' URLs carry the token.
+    let url = relay.url(&format!("/v1/recordings/cam/index.m3u8?start={start}&duration=2&token=rec-secret"));
+    let (code, text) = get_bytes(&url, None);
+    let text = String::from_utf8(text).unwrap();
+    assert_eq!(code, 200, "{text}");
+    assert!(
+        text.contains("#EXT-X-ENDLIST") && text.contains("fragment.m4s?") && text.contains("&token=rec-secret"),
+        "{text}"
+    );
+    assert!(text.contains(",BYTERANGE=\"") && text.contains(".mp4?token=rec-secret"), "{text}");
+    assert!(!text.contains("DISCONTINUITY"), "one run, one timeline: {text}");
+    let (ok, log) = ffmpeg_decode(&url, &[], 10);
+    assert!(ok, "{log}");
+    let frames = decoded_frames(&log) as f64;
+    assert!(frames >= 2.0 / frame - 2.0, "{frames} frames of a 2 s playlist\n{text}");
+    let whole = relay.url("/v1/recordings/cam/index.m3u8?token=rec-secret");
+    let (ok, log) = ffmpeg_decode(&whole, &[], 60);
+    assert!(ok, "{log}");
+    assert!(decoded_frames(&log) as f64 >= (total / frame) * 0.95, "{log}");
+
+    // Files: byte ranges of a recording of the path, nothing else.
+    let name = files[0]["file"].as_str().unwrap();
+    let enc: String =
+        name.bytes().map(|b| if b == b'/' { "%2F".to_string() } else { (b as char).to_string() }).collect();
+    let (code, part) =
+        get_bytes(&relay.url(&format!("/v1/recordings/cam/files/{enc}?token=rec-secret")), Some("bytes=0-99"));
+    assert_eq!((code, part.len()), (206, 100));
+    assert_eq!(&part[4..8], b"ftyp");
+    for other in ["%2Fetc%2Fpasswd", "..%2F..%2Fetc%2Fpasswd", &enc.replace("cam", "cam2")] {
+        let (code, _) = get_bytes(&relay.url(&format!("/v1/recordings/cam/files/{other}?token=rec-secret")), None);
+        assert_eq!(code, 404, "{other}");
+    }
+    // Playback is behind the token.
+    assert_eq!(get_bytes(&relay.url("/v1/recordings/cam"), None).0, 401);
+
+    // kill -9 while a file is being written: every file plays, the cut one up to its last
+    // whole fragment, and a relay started on the directory lists it.
+    relay.signal_and_wait(libc::SIGKILL).expect("the relay did not die");
+    let mut names: Vec<PathBuf> = std::fs::read_dir(dir.join("cam")).unwrap().map(|e| e.unwrap().path()).collect();
+    names.sort();
+    let cut = names.last().unwrap().clone();
+    for n in &names {
+        let (duration, key, _) = probe(n.to_str().unwrap());
+        assert!(key && duration > 0.0, "{} does not play after kill -9", n.display());
+    }
+    let again = Relay::with_config(&config(&dir, ""), &["--no-demo"]);
+    let list = again.ok("GET", "/v1/recordings/cam", None);
+    let last = list["files"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["file"], cut.to_str().unwrap());
+    assert!(last["duration_s"].as_f64().unwrap() > 0.0, "{last}");
+    assert_eq!(again.ok("GET", "/v1/recordings", None)["paths"][0]["name"], "cam");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Retention deletes the path's files last written longer ago than `keep_s`, and then the
+/// oldest beyond `keep_mb`; never the file being written, another path's files, or a file
+/// the layout does not name.
+#[test]
+fn retention_deletes_what_it_should_and_nothing_else() {
+    let dir = dir("retention");
+    let layout_name = |path: &str, day: &str| dir.join(path).join(format!("{day}_01-02-03-000000.mp4"));
+    let old = |p: &Path| {
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, vec![0u8; 400 << 10]).unwrap();
+        let st = Command::new("touch").args(["-d", "3 hours ago"]).arg(p).status().unwrap();
+        assert!(st.success());
+    };
+    let aged = [layout_name("cam", "2020-01-01"), layout_name("cam", "2020-01-02")];
+    let recent = layout_name("cam", "2020-01-03");
+    let others = [layout_name("other", "2020-01-01"), dir.join("cam").join("notes.txt")];
+    for p in aged.iter().chain(&others) {
+        old(p);
+    }
+    std::fs::write(&recent, vec![0u8; 400 << 10]).unwrap();
+    // Over the cap: the oldest of cam2's (all written now) go first.
+    let capped: Vec<PathBuf> = (1..=4).map(|d| layout_name("cam2", &format!("2020-02-0{d}"))).collect();
+    for p in &capped {
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, vec![0u8; 400 << 10]).unwrap();
+    }
+    let sessions = "[[session]]\nname = \"cam\"\nsource = { demo = true }\nrecord = { segment_s = 60, keep_s = 3600 }\n\n\
+                    [[session]]\nname = \"cam2\"\nsource = { demo = true }\nrecord = { segment_s = 60, keep_s = 0, keep_mb = 1 }\n";
+    let relay = Relay::with_config(&config(&dir, sessions), &["--no-demo"]);
+    assert!(
+        wait_for(Duration::from_secs(20), || aged.iter().all(|p| !p.exists()) && !capped[1].exists()),
+        "retention did not delete {aged:?} and {:?}: {}",
+        &capped[..2],
+        relay.stderr()
+    );
+    assert!(!capped[0].exists());
+    assert!(recent.exists(), "a file written within keep_s was deleted");
+    for p in &others {
+        assert!(p.exists(), "{} is not cam's recording, and was deleted", p.display());
+    }
+    // cam2: what is left fits in 1 MiB besides the file being written, which stays.
+    let writing = || {
+        relay.ok("GET", "/v1/recordings/cam2", None)["files"].as_array().unwrap().iter().any(|f| f["writing"] == true)
+    };
+    assert!(wait_for(Duration::from_secs(10), writing), "cam2 is not recorded");
+    let list = relay.ok("GET", "/v1/recordings/cam2", None);
+    // The files retention did not take, which are not recordings, are listed with why.
+    assert!(list["files"].as_array().unwrap().iter().any(|f| f["error"].is_string()), "{list}");
+    let files = list["files"].as_array().unwrap();
+    let writing: Vec<&Value> = files.iter().filter(|f| f["writing"] == true).collect();
+    assert_eq!(writing.len(), 1, "{list}");
+    let kept: u64 = files.iter().filter(|f| f["writing"] == false).map(|f| f["bytes"].as_u64().unwrap()).sum();
+    assert!(kept <= 1 << 20, "{kept} bytes kept over a 1 MiB cap: {list}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The dashboard lists the recordings and plays one in a real browser (headless Chromium):
+/// the video's time advances.
+#[test]
+fn the_dashboard_lists_recordings_and_plays_one() {
+    use common::browser::{have_chromium, Driver};
+    if !have_chromium() {
+        return;
+    }
+    let dir = dir("dashboard");
+    let relay = Relay::with_config(&config(&dir, CAM), &["--no-demo"]);
+    assert!(
+        wait_for(Duration::from_secs(30), || relay.ok("GET", "/v1/recordings/cam", None)["files"]
+            .as_array()
+            .is_some_and(|f| f.len() >= 3)),
+        "nothing recorded"
+    );
+    let d = Driver::start();
+    d.post("url", serde_json::json!({ "url": relay.url("/") }));
+    let rows = || d.js("return document.querySelectorAll('#recordings tbody tr').length;").as_u64().unwrap_or(0);
+    assert!(wait_for(Duration::from_secs(10), || rows() >= 1), "the dashboard lists no recording");
+    let path = d.js("return document.querySelector('#recordings tbody td').textContent;");
+    assert_eq!(path, "cam");
+    d.js("document.querySelector('#recordings .rec-play').click(); return null;");
+    let time = || d.js("return document.querySelector('#recordings video').currentTime;").as_f64().unwrap_or(0.0);
+    assert!(
+        wait_for(Duration::from_secs(20), || time() > 1.5),
+        "the recording did not play: {:?}",
+        d.js("const v = document.querySelector('#recordings video'); return [v.error && v.error.message, v.src];")
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A published path: each publisher's stream is its own run of files (the first closed when
+/// it leaves, with its last fragment), the two are two spans with a gap between, and a
+/// playlist over both plays with a discontinuity at the gap.
+#[test]
+fn each_publisher_starts_a_new_file_and_a_gap_stays_a_gap() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let dir = dir("publish");
+    let cfg = config(
+        &dir,
+        "publisher_grace_s = 0\n\n[[session]]\nname = \"live\"\nsource = { publish = true }\nrecord = { segment_s = 60 }\n",
+    );
+    let relay = Relay::with_config(&cfg, &["--no-demo"]);
+    let rtmp = relay.ok("GET", "/v1/engine", None)["rtmp"].as_str().unwrap().to_string();
+    let files = || relay.ok("GET", "/v1/recordings/live", None)["files"].as_array().cloned().unwrap_or_default();
+    for round in 1..=2 {
+        let (ok, log) = Command::new("timeout")
+            .args(["20", "ffmpeg", "-nostdin", "-loglevel", "error", "-re", "-i", DEMO_TS, "-t", "4"])
+            .args(["-c", "copy", "-f", "flv", &format!("rtmp://{rtmp}/live")])
+            .output()
+            .map(|o| (o.status.success(), String::from_utf8_lossy(&o.stderr).into_owned()))
+            .unwrap();
+        assert!(ok, "{log}");
+        // The publisher left: its file is complete (not being written).
+        assert!(
+            wait_for(Duration::from_secs(10), || {
+                let f = files();
+                f.len() == round && f.iter().all(|f| f["writing"] == false)
+            }),
+            "round {round}: {:?}\n{}",
+            files(),
+            relay.stderr()
+        );
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    let list = relay.ok("GET", "/v1/recordings/live", None);
+    for f in list["files"].as_array().unwrap() {
+        let d = f["duration_s"].as_f64().unwrap();
+        assert!((3.0..4.5).contains(&d), "a 4 s publish recorded as {d} s: {list}");
+        let (duration, key, _) = probe(f["file"].as_str().unwrap());
+        assert!(key && (duration - d).abs() < 0.05, "{f}: ffprobe {duration}");
+    }
+    assert_eq!(list["spans"].as_array().unwrap().len(), 2, "{list}");
+    let url = relay.url("/v1/recordings/live/index.m3u8");
+    let (code, text) = get_bytes(&url, None);
+    let text = String::from_utf8(text).unwrap();
+    assert_eq!(code, 200);
+    assert_eq!(text.matches("#EXT-X-DISCONTINUITY").count(), 1, "{text}");
+    let (ok, log) = ffmpeg_decode(&url, &[], 30);
+    assert!(ok, "{log}");
+    assert!(decoded_frames(&log) >= 150, "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
