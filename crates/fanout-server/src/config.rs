@@ -150,11 +150,19 @@ pub struct PatternSpec {
     pub linger_s: f64,
     /// Record the paths it makes, as a session's `record`.
     pub record: Option<crate::spec::RecordSpec>,
+    /// Paths it keeps at once, at most: each may run a command, and any reader allowed to
+    /// read can ask for a new name.
+    #[serde(default = "PatternSpec::default_max_paths")]
+    pub max_paths: usize,
 }
 
 impl PatternSpec {
     fn default_linger() -> f64 {
         10.0
+    }
+
+    fn default_max_paths() -> usize {
+        32
     }
 
     pub fn rule(&self) -> Result<fanout_proto::auth::PathRule, String> {
@@ -849,6 +857,11 @@ impl Config {
                 (0.0..=3600.0).contains(&p.linger_s),
                 "pattern",
                 format!("pattern {:?}: linger_s {} is out of range 0..=3600", p.matches, p.linger_s),
+            );
+            check(
+                (1..=10_000).contains(&p.max_paths),
+                "pattern",
+                format!("pattern {:?}: max_paths {} is out of range 1..=10000", p.matches, p.max_paths),
             );
             // The template as a name would make it (the pattern's text as the name).
             if let Err(e) = p.session("x") {

@@ -48,6 +48,17 @@ pub struct Relay {
     pub state: Option<crate::state::StateFile>,
     /// Recordings on disk (`record_path`).
     pub recordings: Arc<crate::record::Store>,
+    /// Per `[[pattern]]` (by its `match`), the paths it has now.
+    pattern_paths: parking_lot::Mutex<std::collections::HashMap<String, Arc<std::sync::atomic::AtomicUsize>>>,
+}
+
+/// One of a pattern's paths, counted while it lives.
+struct PatternSlot(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for PatternSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// The RTSP server as the relay and the API see it. It sits above the relay (it asks the
@@ -81,6 +92,7 @@ impl Relay {
         Ok(Arc::new(Self {
             state,
             recordings: Arc::new(crate::record::Store::new(layout)),
+            pattern_paths: Default::default(),
             cluster,
             books: Arc::new(crate::admit::Books::new(cfg.max_connections_per_ip)),
             auth: Default::default(),
@@ -157,6 +169,15 @@ impl Relay {
     /// The path goes `linger_s` after its last reader, its command with it.
     async fn from_pattern(self: &Arc<Self>, name: &str, p: crate::config::PatternSpec) -> Result<(), RelayError> {
         let spec = p.session(name).map_err(RelayError::BadRequest)?;
+        let count = self.pattern_paths.lock().entry(p.matches.clone()).or_default().clone();
+        use std::sync::atomic::Ordering::SeqCst;
+        if count.fetch_update(SeqCst, SeqCst, |n| (n < p.max_paths).then_some(n + 1)).is_err() {
+            return Err(RelayError::Down(format!(
+                "pattern {:?} has its max_paths ({}) paths now; {name:?} can be made when one ends",
+                p.matches, p.max_paths
+            )));
+        }
+        let slot = PatternSlot(count);
         let session = match self.create(spec).await {
             Ok(s) => s,
             Err(RelayError::Conflict(_)) => return Ok(()), // another request made it first
@@ -185,7 +206,7 @@ impl Relay {
             }
         }
         let linger = Duration::from_secs_f64(p.linger_s);
-        tokio::spawn(end_unwatched(Arc::downgrade(self), name.to_string(), session, hook, linger));
+        tokio::spawn(end_unwatched(Arc::downgrade(self), name.to_string(), session, hook, linger, slot));
         Ok(())
     }
 
@@ -693,6 +714,8 @@ async fn end_unwatched(
     session: Session,
     mut hook: Option<crate::hook::Hook>,
     linger: Duration,
+    // Held while the path lives: the pattern's count.
+    slot: PatternSlot,
 ) {
     let mut idle_since = std::time::Instant::now();
     loop {
@@ -713,6 +736,7 @@ async fn end_unwatched(
             break;
         }
     }
+    drop(slot);
     if let Some(h) = hook {
         h.stop().await;
     }

@@ -84,3 +84,39 @@ fn only_an_authenticated_reader_makes_a_pattern_path() {
     assert!(describe("Authorization: Basic dTpw\r\n").starts_with("RTSP/1.0 200"));
     assert_eq!(relay.call("GET", "/v1/sessions/test-a", None).0, 200);
 }
+
+/// A pattern keeps at most `max_paths` paths: a reader asking for one more name is refused
+/// (503, and nothing is made) until one of them ends.
+#[test]
+fn a_pattern_makes_at_most_max_paths_paths() {
+    let cfg = "[[pattern]]\nmatch = \"~^test-\"\nsource = { demo = true }\nlinger_s = 1\nmax_paths = 2\n";
+    let relay = Relay::with_config(cfg, &["--no-demo"]);
+    let ask = |name: &str| {
+        use std::io::Write as _;
+        let mut c = std::net::TcpStream::connect(relay.api).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(c, "GET /v1/sessions/{name}/stream HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        (read_head(&mut c), c)
+    };
+    let (a, _a) = ask("test-a");
+    let (b, b_conn) = ask("test-b");
+    assert!(a.starts_with("HTTP/1.1 200") && b.starts_with("HTTP/1.1 200"), "{a}\n{b}");
+    let (c, _) = ask("test-c");
+    assert!(c.starts_with("HTTP/1.1 503"), "{c}");
+    assert_eq!(relay.call("GET", "/v1/sessions/test-c", None).0, 404, "made beyond max_paths");
+    // One ends (its reader gone, past linger_s): a new name can be made.
+    drop(b_conn);
+    assert!(
+        wait_for(Duration::from_secs(10), || relay.call("GET", "/v1/sessions/test-b", None).0 == 404),
+        "test-b stayed"
+    );
+    let mut held = Vec::new();
+    assert!(
+        wait_for(Duration::from_secs(5), || {
+            let (c, conn) = ask("test-c");
+            held.push(conn);
+            c.starts_with("HTTP/1.1 200")
+        }),
+        "test-c is still refused"
+    );
+}
