@@ -150,6 +150,11 @@ pub struct PatternSpec {
     pub linger_s: f64,
     /// Record the paths it makes, as a session's `record`.
     pub record: Option<crate::spec::RecordSpec>,
+    /// The hooks of the paths it makes, as a session's.
+    pub run_on_ready: Option<String>,
+    pub run_on_not_ready: Option<String>,
+    pub run_on_read: Option<String>,
+    pub run_on_record_segment_complete: Option<String>,
     /// Paths it keeps at once, at most: each may run a command, and any reader allowed to
     /// read can ask for a new name.
     #[serde(default = "PatternSpec::default_max_paths")]
@@ -184,6 +189,10 @@ impl PatternSpec {
         let source = serde_json::from_value(v).map_err(|e| format!("pattern {:?}: {e}", self.matches))?;
         let mut spec = SessionSpec::new(name, source);
         spec.record = self.record.clone();
+        spec.run_on_ready = self.run_on_ready.clone();
+        spec.run_on_not_ready = self.run_on_not_ready.clone();
+        spec.run_on_read = self.run_on_read.clone();
+        spec.run_on_record_segment_complete = self.run_on_record_segment_complete.clone();
         spec.validate().map_err(|e| format!("pattern {:?} for {name:?}: {e}", self.matches))?;
         Ok(spec)
     }

@@ -1,6 +1,7 @@
-//! A command the relay runs for a path (`[[pattern]] run_on_demand`): `sh -c` with the
-//! path's names in its environment, its output logged line by line under the path, stopped
-//! (and reaped) when the path no longer wants it.
+//! A command the relay runs for a path (`run_on_demand`, `run_on_ready`, `run_on_read`, …):
+//! `sh -c` with the path's names in its environment, its output logged line by line under
+//! the path and the hook's name, stopped (and reaped) when the path no longer wants it, or
+//! waited for (a hook that runs once).
 
 use std::process::Stdio;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -8,11 +9,15 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 pub struct Hook {
     child: tokio::process::Child,
     path: String,
+    kind: &'static str,
 }
 
+/// A hook that runs once is stopped if it takes longer than this.
+const ONCE_LIMIT: std::time::Duration = std::time::Duration::from_secs(600);
+
 impl Hook {
-    /// Starts `cmd` for `path` with `env` set.
-    pub fn spawn(cmd: &str, path: &str, env: &[(&str, String)]) -> std::io::Result<Hook> {
+    /// Starts `cmd`, the hook `kind` of `path`, with `env` set.
+    pub fn spawn(kind: &'static str, cmd: &str, path: &str, env: &[(&str, String)]) -> std::io::Result<Hook> {
         let mut child = tokio::process::Command::new("sh")
             .arg("-c")
             .arg(cmd)
@@ -22,7 +27,7 @@ impl Hook {
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()?;
-        tracing::info!(path, pid = child.id(), "run_on_demand started: {cmd}");
+        tracing::info!(path, pid = child.id(), "{kind} started: {cmd}");
         let out = child.stdout.take().map(|o| Box::new(o) as Box<dyn tokio::io::AsyncRead + Send + Unpin>);
         let err = child.stderr.take().map(|e| Box::new(e) as Box<dyn tokio::io::AsyncRead + Send + Unpin>);
         for stream in [out, err].into_iter().flatten() {
@@ -30,11 +35,11 @@ impl Hook {
             tokio::spawn(async move {
                 let mut lines = BufReader::new(stream).lines();
                 while let Ok(Some(line)) = lines.next_line().await {
-                    tracing::info!(path, "run_on_demand: {line}");
+                    tracing::info!(path, "{kind}: {line}");
                 }
             });
         }
-        Ok(Hook { child, path: path.to_string() })
+        Ok(Hook { child, path: path.to_string(), kind })
     }
 
     /// Whether the command still runs (its exit, if it ended, is logged).
@@ -42,7 +47,7 @@ impl Hook {
         match self.child.try_wait() {
             Ok(None) => true,
             Ok(Some(status)) => {
-                tracing::warn!(path = self.path, "run_on_demand ended by itself: {status}");
+                tracing::warn!(path = self.path, "{} ended by itself: {status}", self.kind);
                 false
             }
             Err(_) => false,
@@ -52,6 +57,27 @@ impl Hook {
     /// Stops the command and waits for it.
     pub async fn stop(mut self) {
         let _ = self.child.kill().await;
-        tracing::info!(path = self.path, "run_on_demand stopped");
+        tracing::info!(path = self.path, "{} stopped", self.kind);
+    }
+
+    /// Runs `cmd` once, in the background: its exit is logged; one that runs past
+    /// `ONCE_LIMIT` is stopped. Must be called within the runtime.
+    pub fn once(kind: &'static str, cmd: &str, path: &str, env: &[(&str, String)]) {
+        match Hook::spawn(kind, cmd, path, env) {
+            Ok(mut h) => {
+                tokio::spawn(async move {
+                    match tokio::time::timeout(ONCE_LIMIT, h.child.wait()).await {
+                        Ok(Ok(status)) if status.success() => tracing::info!(path = h.path, "{kind} done"),
+                        Ok(Ok(status)) => tracing::warn!(path = h.path, "{kind} failed: {status}"),
+                        Ok(Err(e)) => tracing::warn!(path = h.path, "{kind}: {e}"),
+                        Err(_) => {
+                            tracing::warn!(path = h.path, "{kind} still ran after {ONCE_LIMIT:?}: stopped");
+                            h.stop().await;
+                        }
+                    }
+                });
+            }
+            Err(e) => tracing::warn!(path, "{kind} could not start: {e}"),
+        }
     }
 }

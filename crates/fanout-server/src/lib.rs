@@ -30,4 +30,5 @@ mod tls;
 mod track;
 mod ui;
 mod upstream;
+mod watch;
 mod webrtc;

@@ -101,6 +101,35 @@ impl Path {
         matches!(self.feeder, Feeder::Upstream(_) | Feeder::Publisher(_)) || self.spec.lock().video.is_some()
     }
 
+    /// Its sessions: its tracks', and its own where that is not one of them.
+    fn sessions(&self) -> Vec<fanout_io::Session> {
+        let mut all: Vec<fanout_io::Session> = self.tracks().into_iter().map(|t| t.session).collect();
+        if !all.iter().any(|s| s.is(&self.session)) {
+            all.push(self.session.clone());
+        }
+        all
+    }
+
+    /// Who reads it now: sinks on its sessions and its MPEG-TS repackaging's that are not
+    /// the relay's own (a repackaging's, an SRTP epoch's), HLS and RTMP players, RTSPS
+    /// clients.
+    pub fn readers(&self) -> usize {
+        let mut n: usize = self.sessions().iter().map(|s| s.sinks().len()).sum();
+        if let Some(r) = self.repack_running() {
+            n = n.saturating_sub(r.track_sinks);
+            n += r.ts.as_ref().map_or(0, |ts| ts.sinks().len());
+            n += r.hls.as_ref().map_or(0, |h| h.players());
+            n += r.flv.as_ref().map_or(0, |f| f.tags.receiver_count());
+        }
+        let (epochs, clients) = self.srtp.status().iter().fold((0, 0), |(e, c), (_, n, _)| (e + 1, c + n));
+        n.saturating_sub(epochs) + clients
+    }
+
+    /// Packets its source has brought in so far, all tracks together.
+    pub fn received(&self) -> u64 {
+        self.sessions().iter().map(|s| s.status().ring_head).sum()
+    }
+
     /// Its running repackaging, if any.
     pub fn repack_running(&self) -> Option<Arc<Repack>> {
         self.repack.lock().as_ref().filter(|r| r.is_running()).cloned()

@@ -127,6 +127,14 @@ pub fn read_at(f: &mut std::fs::File, at: u64, n: usize) -> std::io::Result<Vec<
     Ok(buf)
 }
 
+/// Where and how a path is recorded.
+pub struct RecordTo {
+    pub store: Arc<Store>,
+    pub spec: RecordSpec,
+    /// `run_on_record_segment_complete` and the path's hook environment.
+    pub on_complete: Option<(String, Vec<(&'static str, String)>)>,
+}
+
 /// A path's recorder, as its repackaging holds it: units go in; its writer thread writes.
 pub struct Recording {
     rec: Mutex<(Recorder, Vec<Write>)>,
@@ -134,13 +142,17 @@ pub struct Recording {
 }
 
 impl Recording {
-    /// Starts recording `path`'s `streams` into `store`; `None` where MP4 carries none of
-    /// them.
-    pub fn start(store: &Arc<Store>, path: &str, streams: &[TrackInfo], spec: &RecordSpec) -> Option<Self> {
-        let rec = Recorder::new(streams, spec.fragment_ms, spec.segment_s)?;
+    /// Starts recording `path`'s `streams` as `to` says; `None` where MP4 carries none of
+    /// them. Its `on_complete` command runs on the runtime this is called on.
+    pub fn start(to: RecordTo, path: &str, streams: &[TrackInfo]) -> Option<Self> {
+        let rec = Recorder::new(streams, to.spec.fragment_ms, to.spec.segment_s)?;
         let (tx, rx) = std::sync::mpsc::channel();
-        let (store, path) = (store.clone(), path.to_string());
-        std::thread::Builder::new().name("fanout-record".into()).spawn(move || write_files(&store, &path, rx)).ok()?;
+        let (store, path) = (to.store, path.to_string());
+        let hook = to.on_complete.map(|h| (h, tokio::runtime::Handle::current()));
+        std::thread::Builder::new()
+            .name("fanout-record".into())
+            .spawn(move || write_files(&store, &path, rx, hook))
+            .ok()?;
         Some(Self { rec: Mutex::new((rec, Vec::new())), tx })
     }
 
@@ -164,16 +176,28 @@ impl Recording {
     }
 }
 
+/// A command run for each completed file, its environment, and the runtime it runs on.
+type OnComplete = ((String, Vec<(&'static str, String)>), tokio::runtime::Handle);
+
 /// The writer: opens, appends to and closes the files `rx` asks for, until the recording
 /// is dropped. Each fragment is written whole with one call, so a file cut short by a
 /// crash holds whole fragments up to its last; a failing disk is logged once a file.
-fn write_files(store: &Store, path: &str, rx: std::sync::mpsc::Receiver<Write>) {
+fn write_files(store: &Store, path: &str, rx: std::sync::mpsc::Receiver<Write>, hook: Option<OnComplete>) {
     use std::io::Write as _;
     let mut file: Option<(String, Option<std::fs::File>)> = None;
     let close = |file: &mut Option<(String, Option<std::fs::File>)>| {
-        if let Some((name, _)) = file.take() {
-            store.open.lock().remove(&PathBuf::from(&name));
-            tracing::info!(path, file = %name, "recording file complete");
+        let Some((name, written)) = file.take() else { return };
+        store.open.lock().remove(&PathBuf::from(&name));
+        tracing::info!(path, file = %name, "recording file complete");
+        if let (Some(((cmd, env), rt)), Some(_)) = (&hook, written) {
+            let duration = index(&name).map_or(0.0, |ix| ix.duration_us() as f64 / 1e6);
+            let start = store.layout.parse(&name).map_or(0, |(_, s)| s);
+            let mut env = env.clone();
+            env.push(("FANOUT_SEGMENT_PATH", name.clone()));
+            env.push(("FANOUT_SEGMENT_START", record::rfc3339(start)));
+            env.push(("FANOUT_SEGMENT_DURATION", format!("{duration:.3}")));
+            let (cmd, path) = (cmd.clone(), path.to_string());
+            rt.spawn(async move { crate::hook::Hook::once("run_on_record_segment_complete", &cmd, &path, &env) });
         }
     };
     for w in rx {

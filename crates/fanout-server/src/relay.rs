@@ -185,18 +185,13 @@ impl Relay {
         };
         tracing::info!(path = name, pattern = p.matches, "path made on demand");
         let hook = match &p.run_on_demand {
-            Some(cmd) => {
-                let rtsp = self.rtsp_addr.lock().map(|a| format!("rtsp://{a}/{name}")).unwrap_or_default();
-                let rtmp = self.rtmp_addr.lock().map(|a| format!("rtmp://{a}/live/{name}")).unwrap_or_default();
-                let env = [("FANOUT_PATH", name.to_string()), ("FANOUT_RTSP_URL", rtsp), ("FANOUT_RTMP_URL", rtmp)];
-                match crate::hook::Hook::spawn(cmd, name, &env) {
-                    Ok(h) => Some(h),
-                    Err(e) => {
-                        self.delete_exact(name, &session).await;
-                        return Err(RelayError::Internal(format!("run_on_demand for {name:?}: {e}")));
-                    }
+            Some(cmd) => match crate::hook::Hook::spawn("run_on_demand", cmd, name, &self.hook_env(name)) {
+                Ok(h) => Some(h),
+                Err(e) => {
+                    self.delete_exact(name, &session).await;
+                    return Err(RelayError::Internal(format!("run_on_demand for {name:?}: {e}")));
                 }
-            }
+            },
             None => None,
         };
         if let (Some(_), Some(publisher)) = (&hook, self.path(name).and_then(|p| p.publisher().cloned())) {
@@ -208,6 +203,14 @@ impl Relay {
         let linger = Duration::from_secs_f64(p.linger_s);
         tokio::spawn(end_unwatched(Arc::downgrade(self), name.to_string(), session, hook, linger, slot));
         Ok(())
+    }
+
+    /// What a path's hooks find in their environment: its name, and where to publish it
+    /// or play it.
+    pub fn hook_env(&self, name: &str) -> Vec<(&'static str, String)> {
+        let rtsp = self.rtsp_addr.lock().map(|a| format!("rtsp://{a}/{name}")).unwrap_or_default();
+        let rtmp = self.rtmp_addr.lock().map(|a| format!("rtmp://{a}/live/{name}")).unwrap_or_default();
+        vec![("FANOUT_PATH", name.to_string()), ("FANOUT_RTSP_URL", rtsp), ("FANOUT_RTMP_URL", rtmp)]
     }
 
     /// The path of a stream name.
@@ -416,7 +419,11 @@ impl Relay {
                 &self.engine,
                 inputs,
                 with_ts,
-                record.as_ref().map(|spec| (&self.recordings, spec)),
+                record.map(|spec| crate::record::RecordTo {
+                    store: self.recordings.clone(),
+                    spec,
+                    on_complete: path.spec().run_on_record_segment_complete.map(|cmd| (cmd, self.hook_env(name))),
+                }),
                 tracks_of,
                 linger,
                 on_stop,

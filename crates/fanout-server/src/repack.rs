@@ -183,7 +183,7 @@ impl Repack {
         engine: &fanout_io::Engine,
         inputs: Vec<Input>,
         with_ts: bool,
-        record: Option<(&Arc<crate::record::Store>, &crate::record::RecordSpec)>,
+        record: Option<crate::record::RecordTo>,
         clock_maps: impl Fn() -> Vec<Option<(u64, u32)>> + Send + 'static,
         linger: Duration,
         on_stop: impl FnOnce() + Send + 'static,
@@ -235,9 +235,7 @@ impl Repack {
         let track_sinks = inputs.iter().filter(|i| i.info.is_some()).count();
         let ts_session = ts.as_ref().map(|i| i.session().clone());
         let flv = Flv::of(repack.streams()).map(Arc::new);
-        let record = record
-            .and_then(|(store, spec)| crate::record::Recording::start(store, name, repack.streams(), spec))
-            .map(Arc::new);
+        let record = record.and_then(|to| crate::record::Recording::start(to, name, repack.streams())).map(Arc::new);
         let flv_times = repack.streams().iter().map(|_| fanout_proto::codec::dts::DecodingTimes::default()).collect();
         let out = Outputs {
             ts,

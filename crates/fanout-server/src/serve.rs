@@ -388,6 +388,7 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>, arg
     }
     tokio::spawn(relay.books.clone().tell());
     tokio::spawn(crate::playback::keep_recording(relay.clone()));
+    tokio::spawn(crate::watch::run_hooks(relay.clone()));
     let https = tls.filter(|_| relay.cfg().https());
     let server = tokio::spawn(http::serve(listener, relay.clone(), router, https));
     shutdown_signal().await;

@@ -440,6 +440,17 @@ pub struct SessionSpec {
     /// Record the path to fragmented MP4 files (`record = {}` takes every default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub record: Option<RecordSpec>,
+    /// Commands (`sh -c`) run as the path's life goes (config files only, never the API):
+    /// while it has its stream, once when the stream goes, while anyone reads it, and once
+    /// per recording file completed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_on_ready: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_on_not_ready: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_on_read: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_on_record_segment_complete: Option<String>,
 }
 
 /// Whether a session's sinks are paced each alone or, as behind one link, together too.
@@ -494,7 +505,19 @@ impl SessionSpec {
             reserve_kbps: None,
             sinks: Vec::new(),
             record: None,
+            run_on_ready: None,
+            run_on_not_ready: None,
+            run_on_read: None,
+            run_on_record_segment_complete: None,
         }
+    }
+
+    /// Whether it runs any command (which only a config file may ask for).
+    pub fn has_hooks(&self) -> bool {
+        self.run_on_ready.is_some()
+            || self.run_on_not_ready.is_some()
+            || self.run_on_read.is_some()
+            || self.run_on_record_segment_complete.is_some()
     }
 
     pub fn validate(&self) -> Result<(), String> {

@@ -120,3 +120,73 @@ fn a_pattern_makes_at_most_max_paths_paths() {
         "test-c is still refused"
     );
 }
+
+/// The hooks of a path's life, with real processes: `run_on_ready` runs while a publisher
+/// (ffmpeg over RTMP) sends and is stopped when it leaves, `run_on_not_ready` runs then,
+/// `run_on_read` runs while an RTSP reader plays, `run_on_record_segment_complete` runs for
+/// each recording file with its name and length. The API cannot set them.
+#[test]
+fn hooks_run_as_the_path_gets_its_stream_readers_and_files() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("fanout-hooks-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (log, d) = (dir.join("log"), dir.display());
+    let l = log.display();
+    let cfg = format!(
+        "publisher_grace_s = 0\nrecord_path = \"{d}/%path/%Y-%m-%d_%H-%M-%S-%f\"\n\n\
+         [[session]]\nname = \"live\"\nsource = {{ publish = true }}\nrecord = {{ segment_s = 1 }}\n\
+         run_on_ready = \"echo $$ > {d}/ready.pid; echo ready $FANOUT_PATH >> {l}; exec sleep 600\"\n\
+         run_on_not_ready = \"echo not-ready $FANOUT_PATH >> {l}\"\n\
+         run_on_read = \"echo $$ > {d}/read.pid; echo read >> {l}; exec sleep 600\"\n\
+         run_on_record_segment_complete = \"echo segment $FANOUT_SEGMENT_PATH $FANOUT_SEGMENT_DURATION >> {l}\"\n"
+    );
+    let relay = Relay::with_config(&cfg, &["--no-demo"]);
+    let said = || std::fs::read_to_string(&log).unwrap_or_default();
+    let alive = |pid_file: &str| {
+        std::fs::read_to_string(dir.join(pid_file))
+            .is_ok_and(|p| std::path::Path::new(&format!("/proc/{}", p.trim())).exists())
+    };
+    assert!(!said().contains("ready"), "ready before anything was published");
+
+    let rtmp = relay.ok("GET", "/v1/engine", None)["rtmp"].as_str().unwrap().to_string();
+    let mut publisher = std::process::Command::new("ffmpeg")
+        .args(["-nostdin", "-loglevel", "error", "-re", "-stream_loop", "-1", "-i", DEMO_TS, "-t", "7"])
+        .args(["-c", "copy", "-f", "flv", &format!("rtmp://{rtmp}/live")])
+        .spawn()
+        .unwrap();
+    assert!(
+        wait_for(Duration::from_secs(10), || said().contains("ready live") && alive("ready.pid")),
+        "run_on_ready did not run: {}\n{}",
+        said(),
+        relay.stderr()
+    );
+    assert!(!said().contains("read\n"), "run_on_read ran with nobody reading");
+    let (ok, out) = ffmpeg_decode(&format!("rtsp://{}/live", rtsp_addr(&relay)), &[], 2);
+    assert!(ok, "{out}");
+    assert!(said().contains("read\n"), "run_on_read did not run: {}", said());
+    assert!(wait_for(Duration::from_secs(5), || !alive("read.pid")), "run_on_read still runs with nobody reading");
+
+    assert!(publisher.wait().unwrap().success());
+    assert!(
+        wait_for(Duration::from_secs(10), || said().contains("not-ready live") && !alive("ready.pid")),
+        "the stream went, but: {}",
+        said()
+    );
+    // Each completed file: its name and length.
+    let segments: Vec<String> = said().lines().filter(|l| l.starts_with("segment ")).map(String::from).collect();
+    assert!(!segments.is_empty(), "{}", said());
+    for s in &segments {
+        let mut p = s.split(' ').skip(1);
+        let (file, secs) = (p.next().unwrap(), p.next().unwrap().parse::<f64>().unwrap());
+        assert!(std::path::Path::new(file).exists() && secs > 0.5, "{s}");
+    }
+
+    // Only the config file runs commands.
+    let spec = serde_json::json!({"name": "x", "source": {"publish": true}, "run_on_ready": "touch /tmp/pwned"});
+    let (code, body) = relay.call("POST", "/v1/sessions", Some(spec));
+    assert_eq!(code, 403, "{body}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
