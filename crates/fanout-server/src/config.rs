@@ -115,6 +115,8 @@ pub struct Config {
     /// (systemd), else `$XDG_STATE_HOME/fanout`, else `~/.local/state/fanout`, with
     /// `sessions.json` in it.
     pub state_file: Option<std::path::PathBuf>,
+    /// Reload when the config file's contents change (as SIGHUP does).
+    pub watch_config: bool,
     /// Where recordings go (sessions with `record`): `%path` and the UTC `%Y %m %d %H %M %S
     /// %f` of a file's start, all of them, in directories and a file name; `.mp4` is added.
     pub record_path: String,
@@ -490,6 +492,7 @@ pub const CONFIG_FIELDS: &[&str] = &[
     "publisher_grace_s",
     "file_roots",
     "record_path",
+    "watch_config",
     "state_file",
     "session",
     "tls",
@@ -544,6 +547,7 @@ impl Default for Config {
             publisher_grace_s: 5.0,
             file_roots: Vec::new(),
             record_path: "recordings/%path/%Y-%m-%d_%H-%M-%S-%f".into(),
+            watch_config: false,
             state_file: default_state_file(),
             sessions: Vec::new(),
             tls: None,

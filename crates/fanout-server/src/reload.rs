@@ -118,6 +118,7 @@ fn differences(old: &Config, new: &Config) -> (Vec<&'static str>, Vec<&'static s
         file_roots,
         state_file,
         record_path,
+        watch_config,
         sessions: _,
         tls,
         cluster,
@@ -144,7 +145,7 @@ fn differences(old: &Config, new: &Config) -> (Vec<&'static str>, Vec<&'static s
         request_timeout_s "request_timeout_s", api_max_connections "api_max_connections", workers "workers",
         worker_priority "worker_priority", shed_after_ms "shed_after_ms", egress_kbps "egress_kbps",
         kernel_sinks "kernel_sinks", demo "demo", max_body "max_body", state_file "state_file", tls "tls",
-        cluster "cluster", record_path "record_path",
+        cluster "cluster", record_path "record_path", watch_config "watch_config",
     );
     (live, restart)
 }

@@ -224,6 +224,7 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>, arg
     let statics = cfg.sessions.clone();
     let demo = cfg.demo;
     let relay = relay::Relay::new(cfg)?;
+    let config_file = args.config.clone();
     let load = Box::new(move || configure(&args).map_err(|e| format!("{e:#}")));
     *relay.loader.lock().await = Some(config::Loader { loaded, load });
     let api = relay.cfg().api;
@@ -319,6 +320,10 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>, arg
             }
         }
     });
+    // watch_config: the file read again whenever its contents change, as SIGHUP does.
+    if let Some(file) = config_file.filter(|_| relay.cfg().watch_config) {
+        tokio::spawn(watch_config(file, std::sync::Arc::downgrade(&relay)));
+    }
     // RTMP: a port taken is not fatal, as for plain RTSP (a second relay on one host).
     let rtmp_task = match relay.cfg().rtmp {
         Some(addr) => match tokio::net::TcpListener::bind(addr).await {
@@ -476,5 +481,34 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
+    }
+}
+
+/// Reloads the configuration when `file`'s contents change (looked at once a second; a
+/// change must hold for 200 ms, so that a file being written is not read half done). Each
+/// version is tried once: one refused is logged and waits for the next edit.
+async fn watch_config(file: PathBuf, relay: std::sync::Weak<crate::relay::Relay>) {
+    let read = |f: &PathBuf| std::fs::read(f).ok();
+    let mut last = read(&file);
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let now = read(&file);
+        if now.is_none() || now == last {
+            continue;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        if read(&file) != now {
+            continue;
+        }
+        last = now;
+        let Some(relay) = relay.upgrade() else { return };
+        match crate::reload::reload(&relay).await {
+            Ok(_) => tracing::info!(file = %file.display(), "the config file changed: reloaded"),
+            Err(e) => tracing::error!(
+                file = %file.display(),
+                "the config file changed, and is refused; the running configuration stays:\n{e}"
+            ),
+        }
     }
 }

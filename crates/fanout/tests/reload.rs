@@ -432,3 +432,35 @@ fn credentials_and_limits_change_at_once_and_a_bad_config_changes_nothing() {
     );
     assert_eq!(relay.call("GET", "/v1/sessions/hup", None).0, 200, "a refused config removed a session");
 }
+
+/// `watch_config = true`: an edit of the file is applied within seconds, with no signal;
+/// an edit with errors is refused (logged), the running configuration stays, and the next
+/// good edit is applied.
+#[test]
+fn an_edited_config_file_is_applied_when_watched() {
+    let file = config_file("watch");
+    std::fs::write(&file, "watch_config = true\n").unwrap();
+    let relay = Relay::start(&["--config", file.to_str().unwrap(), "--no-demo"]);
+    assert_eq!(relay.call("GET", "/v1/sessions/w1", None).0, 404);
+    std::fs::write(&file, format!("watch_config = true\n{}", session("w1", "demo = true"))).unwrap();
+    assert!(
+        wait_for(Duration::from_secs(10), || relay.call("GET", "/v1/sessions/w1", None).0 == 200),
+        "the edit was not applied: {}",
+        relay.stderr()
+    );
+    std::fs::write(&file, format!("watch_config = true\nring = 1\n{}", session("w2", "demo = true"))).unwrap();
+    assert!(
+        wait_for(Duration::from_secs(10), || relay.stderr().contains("is refused")),
+        "a bad edit was not reported: {}",
+        relay.stderr()
+    );
+    assert_eq!(relay.call("GET", "/v1/sessions/w1", None).0, 200, "a refused edit removed a session");
+    assert_eq!(relay.call("GET", "/v1/sessions/w2", None).0, 404);
+    std::fs::write(&file, format!("watch_config = true\n{}", session("w2", "demo = true"))).unwrap();
+    assert!(
+        wait_for(Duration::from_secs(10), || relay.call("GET", "/v1/sessions/w2", None).0 == 200
+            && relay.call("GET", "/v1/sessions/w1", None).0 == 404),
+        "the next edit was not applied: {}",
+        relay.stderr()
+    );
+}
