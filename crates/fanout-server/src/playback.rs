@@ -196,26 +196,35 @@ fn range(query: &Option<String>, files: &[(StoredFile, FileIndex)]) -> Result<(i
     Ok((start, to))
 }
 
-fn picks(name: &str, files: &[(StoredFile, FileIndex)], from: i64, to: i64) -> Result<Vec<Pick>, ApiError> {
-    let recs: Vec<Recording> = files.iter().map(|(f, ix)| Recording { start_us: f.start_us, index: ix }).collect();
-    let picks = pick(&recs, from, to);
+fn recordings(files: &[(StoredFile, FileIndex)]) -> Vec<Recording<'_>> {
+    files.iter().map(|(f, ix)| Recording { start_us: f.start_us, index: ix }).collect()
+}
+
+/// A path's readable files, the fragments of the range `query` asks for, and its start.
+async fn ranged(
+    relay: &Relay,
+    name: &str,
+    query: &Option<String>,
+) -> Result<(Vec<(StoredFile, FileIndex)>, Vec<Pick>, i64), ApiError> {
+    let (files, _) = indexed(relay, name).await?;
+    let (from, to) = range(query, &files)?;
+    let picks = pick(&recordings(&files), from, to);
     if picks.is_empty() {
         return Err(ApiError(StatusCode::NOT_FOUND, format!("{name:?} has no recording from {}", rfc3339(from))));
     }
-    Ok(picks)
+    Ok((files, picks, from))
 }
 
 /// `GET /v1/recordings/{name}/index.m3u8?start=…&duration=…`: the range as an HLS VOD
-/// playlist of byte ranges of the files.
+/// playlist: each file's initialization segment a byte range of it, each fragment a
+/// `fragment.m4s` URL that serves it on the playlist's timeline.
 async fn playlist(
     State(relay): State<Arc<Relay>>,
     Path(name): Path<String>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    let (files, _) = indexed(&relay, &name).await?;
-    let (from, to) = range(&query, &files)?;
-    let picks = picks(&name, &files, from, to)?;
-    let recs: Vec<Recording> = files.iter().map(|(f, ix)| Recording { start_us: f.start_us, index: ix }).collect();
+    let (files, picks, _) = ranged(&relay, &name, &query).await?;
+    let recs = recordings(&files);
     let token = token_query(&query);
     let and_token = token.replacen('?', "&", 1);
     let text = vod_playlist(
@@ -293,9 +302,7 @@ async fn download(
     Path(name): Path<String>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    let (files, _) = indexed(&relay, &name).await?;
-    let (from, to) = range(&query, &files)?;
-    let picks = picks(&name, &files, from, to)?;
+    let (files, picks, from) = ranged(&relay, &name, &query).await?;
     let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Vec<u8>>>(4);
     tokio::task::spawn_blocking(move || {
         let mut open: Option<(usize, std::fs::File)> = None;

@@ -214,7 +214,7 @@ impl WebRtc {
         client: Option<IpAddr>,
     ) -> Result<(String, String), Refused> {
         let pass = self.pass(client)?;
-        relay.ensure(path).await.map_err(|e| Refused(404, e.to_string()))?;
+        relay.ensure(path).await.map_err(|e| Refused(e.http_status(), e.to_string()))?;
         let p = relay.path(path).ok_or_else(|| Refused(404, format!("no path {path:?}")))?;
         if let Some(up) = p.upstream().cloned() {
             up.demand(Duration::from_secs(10)).await;
