@@ -6,6 +6,7 @@
 use crate::api::ApiError;
 use crate::record::{self, StoredFile};
 use crate::relay::Relay;
+use crate::repack::describe;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -14,6 +15,7 @@ use axum::{Json, Router};
 use fanout_proto::container::record::{
     fragment, pick, rfc3339, spans, timescales, vod_playlist, FileIndex, Pick, Recording, Retimer,
 };
+use fanout_proto::container::repack::TrackInfo;
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,8 +47,25 @@ pub async fn keep_recording(relay: Arc<Relay>) {
         let recorded: Vec<(String, record::RecordSpec)> =
             relay.paths().into_iter().filter_map(|p| Some((p.session.name().to_string(), p.spec().record?))).collect();
         for (name, _) in &recorded {
-            let running = relay.path(name).and_then(|p| p.repack_running()).is_some_and(|r| r.record.is_some());
-            if running || !starting.lock().insert(name.clone()) {
+            let Some(path) = relay.path(name) else { continue };
+            let running = path.repack_running().filter(|r| r.record.is_some());
+            // A publisher that came back with other tracks: the repackaging (and the
+            // recording) starts again on them (its file is closed first).
+            if let (Some(r), Some(sdp)) = (&running, path.sdp()) {
+                let now: Vec<TrackInfo> = sdp.media.iter().filter_map(|m| TrackInfo::from_sdp(m).ok()).collect();
+                if !now.is_empty() && describe(&now) != r.describes {
+                    tracing::info!(
+                        path = name,
+                        was = r.describes,
+                        now = describe(&now),
+                        "other tracks: recording them"
+                    );
+                    r.stop();
+                    path.repack_stopped();
+                    continue;
+                }
+            }
+            if running.is_some() || !starting.lock().insert(name.clone()) {
                 continue;
             }
             let (relay, starting, name) = (relay.clone(), starting.clone(), name.clone());

@@ -156,6 +156,18 @@ impl Flv {
     }
 }
 
+/// What streams carry, for the status and to tell a publisher's new tracks: "H.264 + AAC".
+pub fn describe(streams: &[TrackInfo]) -> String {
+    use fanout_proto::codec::annexb::Codec;
+    use fanout_proto::container::repack::TrackCodec;
+    let name = |s: &TrackInfo| match &s.codec {
+        TrackCodec::Video { codec: Codec::H264, .. } => "H.264",
+        TrackCodec::Video { .. } => "H.265",
+        TrackCodec::Aac { .. } => "AAC",
+    };
+    streams.iter().map(name).collect::<Vec<_>>().join(" + ")
+}
+
 /// A running repackaging.
 pub struct Repack {
     /// The MPEG-TS session HTTP subscribers join, where the session's stream URL is ours.
@@ -219,19 +231,7 @@ impl Repack {
                 served: Default::default(),
             })
         });
-        let describes = repack
-            .streams()
-            .iter()
-            .map(|i| match &i.codec {
-                fanout_proto::container::repack::TrackCodec::Video {
-                    codec: fanout_proto::codec::annexb::Codec::H264,
-                    ..
-                } => "H.264",
-                fanout_proto::container::repack::TrackCodec::Video { .. } => "H.265",
-                fanout_proto::container::repack::TrackCodec::Aac { .. } => "AAC",
-            })
-            .collect::<Vec<_>>()
-            .join(" + ");
+        let describes = describe(repack.streams());
         let track_sinks = inputs.iter().filter(|i| i.info.is_some()).count();
         let ts_session = ts.as_ref().map(|i| i.session().clone());
         let flv = Flv::of(repack.streams()).map(Arc::new);

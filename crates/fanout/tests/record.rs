@@ -335,3 +335,46 @@ fn each_publisher_starts_a_new_file_and_a_gap_stays_a_gap() {
     assert!(decoded_frames(&log) >= 150, "{log}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A publisher that comes back with other tracks (video alone, then video and audio) is
+/// recorded with its own tracks: the recording starts again on them.
+#[test]
+fn a_publisher_with_other_tracks_is_recorded_with_them() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let dir = dir("tracks");
+    let sessions =
+        "publisher_grace_s = 0\n\n[[session]]\nname = \"live\"\nsource = { publish = true }\nrecord = { segment_s = 60 }\n";
+    let relay = Relay::with_config(&config(&dir, sessions), &["--no-demo"]);
+    let rtmp = relay.ok("GET", "/v1/engine", None)["rtmp"].as_str().unwrap().to_string();
+    let publish = |extra: &[&str]| {
+        let out = Command::new("timeout")
+            .args(["20", "ffmpeg", "-nostdin", "-loglevel", "error", "-re", "-i", DEMO_TS, "-t", "5"])
+            .args(extra)
+            .args(["-c", "copy", "-f", "flv", &format!("rtmp://{rtmp}/live")])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    };
+    let files = || relay.ok("GET", "/v1/recordings/live", None)["files"].as_array().cloned().unwrap_or_default();
+    let streams = |f: &str| {
+        let out = Command::new("ffprobe")
+            .args(["-v", "error", "-show_entries", "stream=codec_type", "-of", "csv=p=0", f])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).lines().map(String::from).collect::<Vec<_>>()
+    };
+    publish(&["-an"]);
+    assert!(wait_for(Duration::from_secs(10), || files().iter().any(|f| f["writing"] == false)), "{:?}", files());
+    assert_eq!(streams(files()[0]["file"].as_str().unwrap()), ["video"]);
+    std::thread::sleep(Duration::from_secs(1));
+    publish(&[]);
+    assert!(wait_for(Duration::from_secs(10), || files().iter().all(|f| f["writing"] == false)), "{:?}", files());
+    let all = files();
+    let last = all.last().unwrap();
+    assert_eq!(streams(last["file"].as_str().unwrap()), ["video", "audio"], "{all:?}\n{}", relay.stderr());
+    // (The first second or so of the new publisher goes to a file of the old tracks.)
+    assert!(last["duration_s"].as_f64().unwrap() >= 2.5, "{all:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
