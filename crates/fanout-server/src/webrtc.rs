@@ -475,11 +475,15 @@ async fn run(
         busy.sort_unstable();
         busy.dedup();
         let mut gone = Vec::new();
+        // A viewer that just connected shows as playing at once, not at the next tick.
+        let mut connected = false;
         for id in busy.drain(..) {
             if let Some(v) = viewers.get_mut(&id) {
+                let was = v.connected;
                 if !drive(v, &out, &mut keyframes).await {
                     gone.push(id);
                 }
+                connected |= v.connected && !was;
             }
         }
         // Viewers that want a keyframe: their path's WHIP publisher is asked, at most once
@@ -492,7 +496,7 @@ async fn run(
             keyframes.clear();
         }
         // Twice a second: the status, and peers that never connected.
-        if tick.elapsed() >= Duration::from_millis(500) {
+        if connected || tick.elapsed() >= Duration::from_millis(500) {
             tick = Instant::now();
             gone.extend(
                 viewers.values().filter(|v| !v.connected && v.since.elapsed() > CONNECT_WITHIN).map(|v| v.id.clone()),
