@@ -59,7 +59,8 @@ impl Relay {
         let mut child = cmd
             .args(["serve", "--api", api])
             .args(extra)
-            .env("FANOUT_LOG", "warn")
+            // (FANOUT_TEST_LOG=info shows more when a test is looked into.)
+            .env("FANOUT_LOG", std::env::var("FANOUT_TEST_LOG").unwrap_or_else(|_| "warn".into()))
             // Each test's relay keeps no state (a test that does names its file).
             .env("FANOUT_STATE_FILE", "")
             // RTMP on a free port (`--rtmp` overrides it): tests run side by side.
