@@ -18,16 +18,23 @@ pub struct Books {
     t0: Instant,
     /// `max_connections_per_ip` (0: no cap), as the running configuration says.
     cap: AtomicUsize,
+    /// Connections open now on every listener: what an upgrade's old process waits on.
+    open: AtomicUsize,
 }
 
 impl Books {
     pub fn new(cap: usize) -> Self {
-        Self { refusals: Mutex::default(), t0: Instant::now(), cap: AtomicUsize::new(cap) }
+        Self { refusals: Mutex::default(), t0: Instant::now(), cap: AtomicUsize::new(cap), open: AtomicUsize::new(0) }
     }
 
     /// A reload's new cap, for the next connections of every listener.
     pub fn set_cap(&self, cap: usize) {
         self.cap.store(cap, Relaxed);
+    }
+
+    /// Connections open now, on every listener together.
+    pub fn open(&self) -> usize {
+        self.open.load(Relaxed)
     }
 
     fn now_ms(&self) -> u64 {
@@ -75,6 +82,7 @@ pub struct Pass {
 impl Drop for Pass {
     fn drop(&mut self) {
         self.gate.per_ip.lock().close(self.ip);
+        self.gate.books.open.fetch_sub(1, Relaxed);
     }
 }
 
@@ -89,6 +97,7 @@ impl Gate {
         let mut per_ip = self.per_ip.lock();
         per_ip.set_cap(self.books.cap.load(Relaxed));
         if per_ip.try_open(ip) {
+            self.books.open.fetch_add(1, Relaxed);
             return Some(Pass { gate: self.clone(), ip });
         }
         self.books.refuse(self.reason, ip);

@@ -55,6 +55,7 @@ pub fn router(relay: Arc<Relay>, faces: Router<Arc<Relay>>) -> Router {
         .route("/v1/events", get(events))
         .route("/v1/engine", get(engine_status))
         .route("/v1/reload", post(reload))
+        .route("/v1/upgrade", post(upgrade))
         .route("/v1/rtsp", get(rtsp_clients))
         .route("/v1/cluster", get(cluster_view))
         .route("/metrics", get(metrics))
@@ -63,9 +64,21 @@ pub fn router(relay: Arc<Relay>, faces: Router<Arc<Relay>>) -> Router {
         .fallback(|| async { ApiError(StatusCode::NOT_FOUND, "no such API path; see docs/openapi.yaml".into()) })
         .layer(middleware::from_fn_with_state(relay.clone(), auth))
         .layer(middleware::map_response(json_errors))
+        .layer(middleware::map_response_with_state(relay.clone(), close_after_hand_over))
         .layer(DefaultBodyLimit::max(max_body))
         .layer(middleware::from_fn_with_state(relay.clone(), whole_body))
         .with_state(relay)
+}
+
+/// After an upgrade's hand-over, every answer closes its connection: the client's next
+/// request goes to the new process. (Closing idle connections at once instead would drop
+/// a request already on its way: clients resend only on a connection they had used.)
+async fn close_after_hand_over(State(relay): State<Arc<Relay>>, r: Response) -> Response {
+    let mut r = r;
+    if relay.handover.handed() {
+        r.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+    }
+    r
 }
 
 /// Whether a request carries the configured token: header `Authorization: Bearer T` (the
@@ -398,7 +411,7 @@ async fn create_session(
         return Err(ApiError(StatusCode::FORBIDDEN, why.into()));
     }
     let s = relay.create(spec.clone()).await?;
-    if let Some(st) = &relay.state {
+    if let Some(st) = relay.state.get() {
         st.session_made(&spec);
     }
     Ok((StatusCode::CREATED, Json(session_json(&relay, &s))))
@@ -523,7 +536,7 @@ async fn get_session(State(relay): State<Arc<Relay>>, Path(name): Path<String>) 
 
 async fn delete_session(State(relay): State<Arc<Relay>>, Path(name): Path<String>) -> ApiResult<StatusCode> {
     relay.delete(&name).await?;
-    if let Some(st) = &relay.state {
+    if let Some(st) = relay.state.get() {
         st.session_deleted(&name);
     }
     Ok(StatusCode::NO_CONTENT)
@@ -536,7 +549,7 @@ async fn add_sink(
 ) -> ApiResult<impl IntoResponse> {
     let Json(spec) = body?;
     let id = relay.add_sink(&name, &spec).await?;
-    if let Some(st) = &relay.state {
+    if let Some(st) = relay.state.get() {
         st.sink_added(&name, id, &spec);
     }
     let s = relay.session(&name)?;
@@ -549,7 +562,7 @@ async fn list_sinks(State(relay): State<Arc<Relay>>, Path(name): Path<String>) -
 
 async fn flush_sinks(State(relay): State<Arc<Relay>>, Path(name): Path<String>) -> ApiResult<Json<serde_json::Value>> {
     let removed = relay.session(&name)?.remove_all_sinks();
-    if let Some(st) = &relay.state {
+    if let Some(st) = relay.state.get() {
         st.sinks_flushed(&name);
     }
     tracing::info!(session = %name, removed, "sinks flushed");
@@ -578,7 +591,7 @@ async fn remove_sink(
 ) -> ApiResult<StatusCode> {
     let id = parse_id(&id)?;
     if relay.session(&name)?.remove_sink(id) {
-        if let Some(st) = &relay.state {
+        if let Some(st) = relay.state.get() {
             st.sink_removed(&name, id);
         }
         tracing::info!(session = %name, sink = id, "sink removed");
@@ -660,6 +673,12 @@ async fn cluster_view(State(relay): State<Arc<Relay>>) -> Result<Json<crate::clu
     }
 }
 
+/// Starts this relay's binary again and hands it the listeners (`crate::upgrade`); answers
+/// once the new process took over (this one then drains), or why it did not.
+async fn upgrade(State(relay): State<Arc<Relay>>) -> ApiResult<Json<serde_json::Value>> {
+    relay.handover.request().await.map(Json).map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, e))
+}
+
 /// Loads the config file again and applies the difference (`crate::reload`): what changed,
 /// or 400 with every problem where it is refused (and nothing changed).
 async fn reload(State(relay): State<Arc<Relay>>) -> ApiResult<Json<crate::reload::Plan>> {
@@ -673,6 +692,9 @@ async fn engine_status(State(relay): State<Arc<Relay>>) -> Json<serde_json::Valu
 fn engine_json(relay: &Relay) -> serde_json::Value {
     let (shed_below, shed_changes) = relay.engine.shed();
     json!({
+        // Which process answers (an upgrade replaces it) and which binary.
+        "pid": std::process::id(),
+        "version": env!("CARGO_PKG_VERSION"),
         "workers": relay.engine.workers(),
         "queued_tasks": relay.engine.queued(),
         "task_runs": relay.engine.runs(),

@@ -106,6 +106,9 @@ pub struct Config {
     /// Seconds a publisher's session waits for a publisher to come back before it tells its
     /// players the stream ended (RTCP BYE and close, the end of HTTP streams).
     pub publisher_grace_s: f64,
+    /// After a binary upgrade, how long the old process serves the connections it has
+    /// before it closes them and exits (it exits sooner once they all ended).
+    pub upgrade_drain_s: f64,
     /// Directories (or files) a `file` source may be read from, after `..` and links are
     /// resolved; the files the config's own `[[session]]`s name are allowed too. None by
     /// default: an API client cannot make the relay open a file of its choosing.
@@ -490,6 +493,7 @@ pub const CONFIG_FIELDS: &[&str] = &[
     "demo",
     "max_body",
     "publisher_grace_s",
+    "upgrade_drain_s",
     "file_roots",
     "record_path",
     "watch_config",
@@ -545,6 +549,7 @@ impl Default for Config {
             demo: true,
             max_body: 1024 * 1024,
             publisher_grace_s: 5.0,
+            upgrade_drain_s: 600.0,
             file_roots: Vec::new(),
             record_path: "recordings/%path/%Y-%m-%d_%H-%M-%S-%f".into(),
             watch_config: false,
@@ -826,6 +831,11 @@ impl Config {
             (0.0..=86_400.0).contains(&self.publisher_grace_s),
             "publisher_grace_s",
             format!("publisher_grace_s {} is out of range 0..=86400", self.publisher_grace_s),
+        );
+        check(
+            (0.0..=604_800.0).contains(&self.upgrade_drain_s),
+            "upgrade_drain_s",
+            format!("upgrade_drain_s {} is out of range 0..=604800", self.upgrade_drain_s),
         );
         let layout = fanout_proto::container::record::Layout::new(&self.record_path);
         check(layout.is_ok(), "record_path", layout.err().unwrap_or_default());

@@ -20,6 +20,8 @@ pub async fn serve(listener: TcpListener, relay: Arc<Relay>, router: axum::Route
     let head_timeout = Duration::from_secs_f64(relay.cfg().request_timeout_s);
     let limit = Arc::new(tokio::sync::Semaphore::new(max));
     let gate = crate::admit::Gate::new("HTTP per-address cap (max_connections_per_ip)", relay.books.clone());
+    // Until an upgrade's new process takes the socket over.
+    let mut listener = relay.handover.listener(listener);
     let mut warned = false;
     loop {
         // At the cap, further connections wait in the kernel's accept queue (then are refused

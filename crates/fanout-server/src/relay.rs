@@ -44,8 +44,11 @@ pub struct Relay {
     pub books: Arc<crate::admit::Books>,
     /// `[auth]`'s cached answers and keys.
     pub auth: crate::auth::Auth,
-    /// The sessions made through the API, kept across restarts (`state_file`).
-    pub state: Option<crate::state::StateFile>,
+    /// The sessions made through the API, kept across restarts (`state_file`); opened
+    /// late by a new process of an upgrade, once the old one let it go.
+    pub state: std::sync::OnceLock<crate::state::StateFile>,
+    /// The binary upgrade's side of the listeners (`crate::upgrade`).
+    pub handover: crate::handover::Handover,
     /// Recordings on disk (`record_path`).
     pub recordings: Arc<crate::record::Store>,
     /// Per `[[pattern]]` (by its `match`), the paths it has now.
@@ -84,13 +87,10 @@ impl Relay {
         let engine = Engine::start(cfg.engine_options()?)?;
         engine.set_kernel_sinks(cfg.kernel_sinks);
         let cluster = cfg.cluster.clone().map(|c| crate::cluster::Cluster::new(c, cfg.rtsp)).transpose()?;
-        let state = match cfg.state_file.as_deref().filter(|p| !p.as_os_str().is_empty()) {
-            Some(p) => crate::state::StateFile::open(p)?,
-            None => None,
-        };
         let layout = fanout_proto::container::record::Layout::new(&cfg.record_path).map_err(anyhow::Error::msg)?;
-        Ok(Arc::new(Self {
-            state,
+        let relay = Arc::new(Self {
+            state: Default::default(),
+            handover: Default::default(),
             recordings: Arc::new(crate::record::Store::new(layout)),
             pattern_paths: Default::default(),
             cluster,
@@ -108,7 +108,23 @@ impl Relay {
             srt_links: Default::default(),
             webrtc: Default::default(),
             rtsp: Default::default(),
-        }))
+        });
+        if let Some(p) = relay.cfg().state_file.as_deref() {
+            relay.open_state(p)?;
+        }
+        Ok(relay)
+    }
+
+    /// Opens (and locks) the state file at `path` ('' keeps none); another relay holding
+    /// it leaves this one without (logged).
+    pub fn open_state(&self, path: &std::path::Path) -> anyhow::Result<()> {
+        if path.as_os_str().is_empty() {
+            return Ok(());
+        }
+        if let Some(st) = crate::state::StateFile::open(path)? {
+            let _ = self.state.set(st);
+        }
+        Ok(())
     }
 
     /// The running configuration.
@@ -642,7 +658,7 @@ impl Relay {
     /// now gives is the config's), with their sinks; returns how many. One that cannot be
     /// made again (its file gone, its port taken) is logged with its spec, and not kept.
     pub async fn restore(self: &Arc<Self>) -> usize {
-        let Some(state) = &self.state else { return 0 };
+        let Some(state) = self.state.get() else { return 0 };
         let mut made = 0;
         for k in state.take() {
             let name = k.spec.name.clone();

@@ -115,6 +115,7 @@ fn differences(old: &Config, new: &Config) -> (Vec<&'static str>, Vec<&'static s
         demo,
         max_body,
         publisher_grace_s,
+        upgrade_drain_s,
         file_roots,
         state_file,
         record_path,
@@ -136,6 +137,7 @@ fn differences(old: &Config, new: &Config) -> (Vec<&'static str>, Vec<&'static s
         rtsp_require_token "rtsp_require_token", allow_unauthenticated "allow_unauthenticated", token "token",
         ring "ring", max_datagram "max_datagram", sinks_per_group "sinks_per_group",
         stream_flush_ms "stream_flush_ms", datapath "datapath", publisher_grace_s "publisher_grace_s",
+        upgrade_drain_s "upgrade_drain_s",
         file_roots "file_roots", auth "auth", patterns "pattern",
     );
     changed!(restart:
@@ -166,6 +168,7 @@ fn running(old: &Config, new: &Config) -> Config {
     r.stream_flush_ms = new.stream_flush_ms;
     r.datapath = new.datapath;
     r.publisher_grace_s = new.publisher_grace_s;
+    r.upgrade_drain_s = new.upgrade_drain_s;
     r.file_roots = new.file_roots.clone();
     r.auth = new.auth.clone();
     r.patterns = new.patterns.clone();

@@ -34,6 +34,8 @@ pub async fn serve(listener: TcpListener, relay: Arc<Relay>, tls: Option<tokio_r
         None => ("RTMP", "RTMP per-address cap (max_connections_per_ip)"),
     };
     let gate = crate::admit::Gate::new(reason, relay.books.clone());
+    // Until an upgrade's new process takes the socket over.
+    let mut listener = relay.handover.listener(listener);
     let next = AtomicU64::new(0);
     loop {
         let (stream, peer) = match listener.accept().await {

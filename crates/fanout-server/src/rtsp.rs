@@ -805,6 +805,8 @@ async fn accept(
     Counts { open, next_conn, gate }: Counts,
 ) {
     let (max, idle) = (relay.cfg().rtsp_max_connections, Duration::from_secs_f64(relay.cfg().rtsp_idle_s.max(0.1)));
+    // Until an upgrade's new process takes the socket over.
+    let mut listener = relay.handover.listener(listener);
     let head_timeout = Duration::from_secs_f64(relay.cfg().request_timeout_s);
     loop {
         let (stream, peer) = match listener.accept().await {

@@ -1,7 +1,7 @@
 //! `fanout serve`: the relay as a process: its flags, the config they override, the
 //! listeners, the start-up banner, signals and shutdown.
 
-use crate::{api, cluster, config, http, relay, rtsp, spec, tls};
+use crate::{api, cluster, config, http, relay, rtsp, spec, tls, upgrade};
 use std::path::PathBuf;
 
 #[derive(clap::Args, Clone)]
@@ -98,6 +98,8 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         // Colour codes only for a person at a terminal, not in files and journals.
         .with_ansi(std::io::stderr().is_terminal())
         .init();
+    // An upgrade's new process: what the old one handed over (read before any thread starts).
+    let inherited = upgrade::Inherited::from_env();
     let cfg = configure(&a)?;
     let tls_source = if a.self_signed {
         let cert = std::env::temp_dir().join(format!("fanout-self-signed-{}.pem", std::process::id()));
@@ -122,7 +124,10 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
-    rt.block_on(run(cfg, tls, a))
+    let done = rt.block_on(run(cfg, tls, a, inherited));
+    // A thread blocked in a library call (libsrt's accept) does not hold the exit.
+    rt.shutdown_timeout(std::time::Duration::from_secs(2));
+    done
 }
 
 /// The configuration the flags make of the file (or of the defaults): at the start, and
@@ -212,14 +217,29 @@ fn configure(a: &ServeArgs) -> anyhow::Result<config::Config> {
     Ok(cfg)
 }
 
-async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>, args: ServeArgs) -> anyhow::Result<()> {
+async fn run(
+    mut cfg: config::Config,
+    tls: Option<std::sync::Arc<tls::Tls>>,
+    args: ServeArgs,
+    mut inherited: upgrade::Inherited,
+) -> anyhow::Result<()> {
     let loaded = cfg.clone();
+    // An upgrade's new process takes the state file once the old one let it go.
+    let late_state = if inherited.upgrading() { cfg.state_file.take() } else { None };
+    let sockets = upgrade::Sockets::default();
     // Taken before anything is printed: a SIGHUP right after the start must not end it.
     let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .map_err(|e| anyhow::anyhow!("installing a SIGHUP handler: {e}"))?;
-    let listener = tokio::net::TcpListener::bind(cfg.api)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {} for the API: {e}", cfg.api))?;
+    // SIGUSR2 (an upgrade) too: its default would end the process.
+    let usr2 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined2())
+        .map_err(|e| anyhow::anyhow!("installing a SIGUSR2 handler: {e}"))?;
+    let listener = match inherited.listener("api", cfg.api) {
+        Some(l) => l,
+        None => tokio::net::TcpListener::bind(cfg.api)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen on {} for the API: {e}", cfg.api))?,
+    };
+    sockets.keep("api", &listener);
     cfg.api = listener.local_addr()?;
     let statics = cfg.sessions.clone();
     let demo = cfg.demo;
@@ -231,7 +251,7 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>, arg
     // RTSP first: its RTP port is where every UDP sink's packets come from (clients such as
     // retina accept RTP only from the server_port SETUP named), so it must be known before
     // any session sends.
-    let rtsp = listen_rtsp(&relay, tls.as_deref()).await?;
+    let rtsp = listen_rtsp(&relay, tls.as_deref(), &mut inherited, &sockets).await?;
     if let Some(c) = &relay.cluster {
         let local: std::sync::Weak<dyn cluster::Local> = std::sync::Arc::downgrade(&relay) as _;
         c.start(local);
@@ -244,7 +264,7 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>, arg
         let name = s.name.clone();
         relay.create(s).await.map_err(|e| anyhow::anyhow!("session {name:?} from the config: {e}"))?;
     }
-    let restored = relay.restore().await;
+    let restored = if inherited.upgrading() { 0 } else { relay.restore().await };
     let router = api::router(relay.clone(), crate::webrtc::routes().merge(crate::playback::routes()));
     let http = if relay.cfg().https() { "https" } else { "http" };
     tracing::info!(
@@ -261,7 +281,7 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>, arg
             say!("fanout: self-signed: trust it with curl --cacert {}", f.display());
         }
     }
-    if let Some(st) = &relay.state {
+    if let Some(st) = relay.state.get() {
         say!("fanout: API sessions kept in {} ({restored} made again)", st.path().display());
     }
     if let Some(c) = &relay.cluster {
@@ -326,7 +346,7 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>, arg
     }
     // RTMP: a port taken is not fatal, as for plain RTSP (a second relay on one host).
     let rtmp_task = match relay.cfg().rtmp {
-        Some(addr) => match tokio::net::TcpListener::bind(addr).await {
+        Some(addr) => match bind(&mut inherited, &sockets, "rtmp", addr).await {
             Ok(l) => {
                 if let Ok(bound) = l.local_addr() {
                     *relay.rtmp_addr.lock() = Some(bound);
@@ -343,7 +363,7 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>, arg
     };
     // RTMPS, with the relay's certificate: a port taken is not fatal either.
     let rtmps_task = match (relay.cfg().rtmps(), tls.as_ref()) {
-        (Some(addr), Some(t)) => match tokio::net::TcpListener::bind(addr).await {
+        (Some(addr), Some(t)) => match bind(&mut inherited, &sockets, "rtmps", addr).await {
             Ok(l) => {
                 if let Ok(bound) = l.local_addr() {
                     *relay.rtmps_addr.lock() = Some(bound);
@@ -358,45 +378,29 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>, arg
         },
         _ => None,
     };
-    // SRT: without libsrt, or with its port taken, the rest serves on.
-    let srt = relay.cfg().srt.and_then(|addr| match crate::srt::serve(addr, relay.clone()) {
-        Ok(s) => {
-            *relay.srt_addr.lock() = Some(s.addr);
-            say!(
-                "fanout: SRT srt://{}?streamid=read:{{path}}  (publish one with streamid=publish:{{path}}; libsrt {})",
-                s.addr,
-                s.version
-            );
-            Some(s)
-        }
-        Err(e) => {
-            tracing::warn!("no SRT on {addr}, serving without it: {e}");
-            None
-        }
-    });
-    // WebRTC: with its port taken, the rest serves on.
-    let mut webrtc = None;
-    if let Some(addr) = relay.cfg().webrtc {
-        match crate::webrtc::WebRtc::start(
-            addr,
-            &relay.cfg().webrtc_additional_hosts,
-            crate::admit::Gate::new("WebRTC per-address cap (max_connections_per_ip)", relay.books.clone()),
-            relay.cfg().webrtc_tcp,
-        ) {
-            Ok(w) => {
-                say!("fanout: WebRTC (WHEP) {http}://{api}/{{path}}/whep  (media on udp {})", w.addr);
-                *relay.webrtc.lock() = Some(w.clone());
-                webrtc = Some(w);
-            }
-            Err(e) => tracing::warn!("no WebRTC on {addr}, serving without it: {e}"),
-        }
-    }
     tokio::spawn(relay.books.clone().tell());
     tokio::spawn(crate::playback::keep_recording(relay.clone()));
     tokio::spawn(crate::watch::run_hooks(relay.clone()));
     let https = tls.filter(|_| relay.cfg().https());
+    // SRT and WebRTC (UDP: one process at a time) before the API serves, so that it shows
+    // them from its first answer; an upgrade's new process binds them once the old one let go.
+    let faces = Faces::default();
+    if !inherited.upgrading() {
+        start_udp_faces(relay.clone(), upgrade::Released::default(), faces.clone(), api, http.to_string()).await;
+    }
     let server = tokio::spawn(http::serve(listener, relay.clone(), router, https));
-    shutdown_signal().await;
+    if inherited.upgrading() {
+        let released = inherited.ready().await;
+        if let Err(e) = late_state.map_or(Ok(()), |path| relay.open_state(&path)) {
+            tracing::error!("upgrade: the state file: {e:#}");
+        }
+        let restored = relay.restore().await;
+        tracing::info!(restored, "upgrade: this process took over (the old one drains)");
+        upgrade::notify_main_pid();
+        // (In the background: libsrt may hold the old process's port a while.)
+        tokio::spawn(start_udp_faces(relay.clone(), released, faces.clone(), api, http.to_string()));
+    }
+    run_until_done(&relay, &sockets, &faces, usr2).await;
     tracing::info!("shutting down");
     server.abort();
     if let Some(t) = rtsp_task {
@@ -405,18 +409,186 @@ async fn run(mut cfg: config::Config, tls: Option<std::sync::Arc<tls::Tls>>, arg
     for t in [rtmp_task, rtmps_task].into_iter().flatten() {
         t.abort();
     }
-    if let Some(s) = srt {
-        s.stop();
-    }
-    if let Some(w) = webrtc {
-        relay.webrtc.lock().take();
-        w.stop();
-    }
+    faces.stop(&relay);
     if let Some(c) = &relay.cluster {
         c.leave().await;
     }
     relay.shutdown().await;
     Ok(())
+}
+
+/// SRT and WebRTC, once bound: UDP ports one process at a time holds.
+#[derive(Default, Clone)]
+struct Faces(std::sync::Arc<parking_lot::Mutex<UdpFaces>>);
+
+type UdpFaces = (Option<crate::srt::Srt>, Option<std::sync::Arc<crate::webrtc::WebRtc>>);
+
+impl Faces {
+    /// Closes both; the addresses they had.
+    fn stop(&self, relay: &relay::Relay) -> upgrade::Released {
+        let (srt, webrtc) = std::mem::take(&mut *self.0.lock());
+        let srt = srt.map(|s| {
+            let a = s.addr;
+            s.stop();
+            a
+        });
+        // SRT's connections end too: libsrt keeps the port while any uses it.
+        for l in relay.srt_links.lock().iter() {
+            l.end();
+        }
+        let webrtc = webrtc.map(|w| {
+            relay.webrtc.lock().take();
+            w.stop();
+            w.addr
+        });
+        upgrade::Released { srt, webrtc }
+    }
+}
+
+/// Binds SRT and WebRTC where configured: without libsrt, or with a port taken, the rest
+/// serves on. Where the configuration asks for any port (0), an upgrade's new process
+/// takes the one the old process let go of, trying until it is free (libsrt frees it a
+/// while after its listener closed), for up to a minute.
+async fn start_udp_faces(
+    relay: std::sync::Arc<relay::Relay>,
+    released: upgrade::Released,
+    faces: Faces,
+    api: std::net::SocketAddr,
+    http: String,
+) {
+    let reuse = |wanted: std::net::SocketAddr, old: Option<std::net::SocketAddr>| match old {
+        Some(o) if wanted.port() == 0 && o.ip() == wanted.ip() => o,
+        _ => wanted,
+    };
+    let upgrading = released.srt.is_some() || released.webrtc.is_some();
+    let patience = if upgrading { 300 } else { 1 };
+    // (A process that handed over while it was still trying lets them be.)
+    let mine = |relay: &relay::Relay| !relay.handover.handed();
+    if let Some(addr) = relay.cfg().webrtc.map(|a| reuse(a, released.webrtc)) {
+        for attempt in (1..=patience).take_while(|_| mine(&relay)) {
+            let gate = crate::admit::Gate::new("WebRTC per-address cap (max_connections_per_ip)", relay.books.clone());
+            let cfg = relay.cfg();
+            match crate::webrtc::WebRtc::start(addr, &cfg.webrtc_additional_hosts, gate, cfg.webrtc_tcp) {
+                Ok(w) => {
+                    say!("fanout: WebRTC (WHEP) {http}://{api}/{{path}}/whep  (media on udp {})", w.addr);
+                    *relay.webrtc.lock() = Some(w.clone());
+                    faces.0.lock().1 = Some(w);
+                    if !mine(&relay) {
+                        faces.stop(&relay);
+                    }
+                    break;
+                }
+                Err(e) if attempt == patience => tracing::warn!("no WebRTC on {addr}, serving without it: {e}"),
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
+            }
+        }
+    }
+    if let Some(addr) = relay.cfg().srt.map(|a| reuse(a, released.srt)) {
+        for attempt in (1..=patience).take_while(|_| mine(&relay)) {
+            match crate::srt::serve(addr, relay.clone()) {
+                Ok(s) => {
+                    *relay.srt_addr.lock() = Some(s.addr);
+                    say!(
+                        "fanout: SRT srt://{}?streamid=read:{{path}}  (publish one with streamid=publish:{{path}}; libsrt {})",
+                        s.addr,
+                        s.version
+                    );
+                    if upgrading {
+                        tracing::info!("upgrade: SRT serves again after {:.1} s", f64::from(attempt - 1) * 0.2);
+                    }
+                    faces.0.lock().0 = Some(s);
+                    if !mine(&relay) {
+                        faces.stop(&relay);
+                    }
+                    break;
+                }
+                Err(e) if attempt == patience => tracing::warn!("no SRT on {addr}, serving without it: {e}"),
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
+            }
+        }
+    }
+}
+
+/// Serves until SIGTERM or Ctrl-C, running the upgrades asked for (the API, SIGUSR2): once
+/// a new process took over, this one drains and returns.
+async fn run_until_done(
+    relay: &std::sync::Arc<relay::Relay>,
+    sockets: &upgrade::Sockets,
+    faces: &Faces,
+    mut usr2: tokio::signal::unix::Signal,
+) {
+    let mut requests = relay.handover.take_requests().expect("taken once");
+    let stop = shutdown_signal();
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            () = &mut stop => return,
+            _ = usr2.recv() => {
+                let r = relay.clone();
+                tokio::spawn(async move {
+                    match r.handover.request().await {
+                        Ok(done) => tracing::info!("SIGUSR2: upgraded: {done}"),
+                        Err(e) => tracing::error!("SIGUSR2: not upgraded: {e}"),
+                    }
+                });
+            }
+            Some(answer) = requests.recv() => {
+                let new = match upgrade::start(sockets).await {
+                    Ok(n) => n,
+                    Err(e) => {
+                        tracing::error!("upgrade: {e}");
+                        let _ = answer.send(Err(e));
+                        continue;
+                    }
+                };
+                // Nothing more is accepted here; then what one process at a time holds goes.
+                relay.handover.hand_over();
+                let released = faces.stop(relay);
+                let kept = relay.state.get().map(|st| st.release()).unwrap_or_default();
+                let mut sinks = 0;
+                for k in &kept {
+                    if let Ok(s) = relay.session(&k.spec.name) {
+                        sinks += k.sinks.keys().filter(|id| s.remove_sink(**id)).count();
+                    }
+                }
+                let new_pid = new.pid;
+                let told = new.released(&released).await;
+                let drain = relay.cfg().upgrade_drain_s;
+                let open = upgrade::clients(relay).0;
+                tracing::info!(new_pid, open, sinks, "upgrade: handed over; draining for up to {drain} s");
+                let _ = answer.send(told.map(|()| {
+                    serde_json::json!({
+                        "old_pid": std::process::id(),
+                        "new_pid": new_pid,
+                        "clients_draining": open,
+                        "sinks_moved": sinks,
+                        "ended": { "srt": released.srt.is_some(), "webrtc": released.webrtc.is_some() },
+                        "upgrade_drain_s": drain,
+                    })
+                }));
+                tokio::select! {
+                    () = upgrade::drain(relay, std::time::Duration::from_secs_f64(drain)) => {}
+                    () = &mut stop => {}
+                }
+                return;
+            }
+        }
+    }
+}
+
+/// A listener the old process of an upgrade handed over, else a new one; kept to hand over.
+async fn bind(
+    inherited: &mut upgrade::Inherited,
+    sockets: &upgrade::Sockets,
+    name: &'static str,
+    addr: std::net::SocketAddr,
+) -> std::io::Result<tokio::net::TcpListener> {
+    let l = match inherited.listener(name, addr) {
+        Some(l) => l,
+        None => tokio::net::TcpListener::bind(addr).await?,
+    };
+    sockets.keep(name, &l);
+    Ok(l)
 }
 
 /// `--rtmp`, `--srt`: an address, or `off`.
@@ -440,16 +612,18 @@ type RtspListeners = (Vec<(tokio::net::TcpListener, Option<tokio_rustls::TlsAcce
 async fn listen_rtsp(
     relay: &std::sync::Arc<relay::Relay>,
     tls: Option<&tls::Tls>,
+    inherited: &mut upgrade::Inherited,
+    sockets: &upgrade::Sockets,
 ) -> anyhow::Result<Option<RtspListeners>> {
     let mut listeners = Vec::new();
     if let Some(addr) = relay.cfg().rtsp_plain() {
-        match tokio::net::TcpListener::bind(addr).await {
+        match bind(inherited, sockets, "rtsp", addr).await {
             Ok(l) => listeners.push((l, None)),
             Err(e) => tracing::warn!("cannot listen on {addr} for RTSP, serving without it: {e}"),
         }
     }
     if let (Some(addr), Some(t)) = (relay.cfg().rtsps(), tls) {
-        let l = tokio::net::TcpListener::bind(addr)
+        let l = bind(inherited, sockets, "rtsps", addr)
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen on {addr} for RTSPS: {e}"))?;
         listeners.push((l, Some(t.acceptor().clone())));

@@ -186,7 +186,7 @@ fn connection(
     relay.srt_links.lock().push(link.clone());
     let peer_s = peer.map_or_else(|| "?".to_string(), |p| p.to_string());
     let ended = match id.mode {
-        Mode::Publish => publish(&socket, conn, path, relay),
+        Mode::Publish => publish(&socket, &link, conn, path, relay),
         Mode::Read => read(&socket, &link, relay, runtime, groups),
     };
     relay.srt_links.lock().retain(|l| !Arc::ptr_eq(l, &link));
@@ -195,8 +195,9 @@ fn connection(
         dropped = s.dropped, "SRT connection ended: {ended}");
 }
 
-/// Feeds a publisher's MPEG-TS into the path until it stops or falls silent; why it ended.
-fn publish(socket: &Socket, conn: u64, path: &str, relay: &Relay) -> String {
+/// Feeds a publisher's MPEG-TS into the path until it stops, falls silent or its link is
+/// ended (an upgrade lets the port go); why it ended.
+fn publish(socket: &Socket, link: &SrtLink, conn: u64, path: &str, relay: &Relay) -> String {
     let Some(publisher) = relay.path(path).and_then(|p| p.publisher().cloned()).filter(|p| p.takes_publishers()) else {
         return format!("the path {path} went away");
     };
@@ -204,7 +205,7 @@ fn publish(socket: &Socket, conn: u64, path: &str, relay: &Relay) -> String {
     tracing::info!(peer = %ip, path, "SRT publisher connected");
     let idle = Duration::from_secs_f64(relay.cfg().rtsp_idle_s);
     let label = format!("srt-{}", conn & !CONN_BASE);
-    publisher.run_ts(socket, &label, conn, ip, &relay.engine, idle, &std::sync::atomic::AtomicBool::new(false))
+    publisher.run_ts(socket, &label, conn, ip, &relay.engine, idle, &link.ended)
 }
 
 /// A reader of a path's SRT group: its socket, and where to say why it ended.

@@ -35,8 +35,9 @@ const VERSION: u32 = 1;
 /// The state file, locked, and what it holds.
 pub struct StateFile {
     path: PathBuf,
-    /// Held for the relay's life: the lock goes with it.
-    _lock: File,
+    /// Held for the relay's life (the lock goes with it), or until an upgrade's new process
+    /// takes the file over ([`StateFile::release`]).
+    lock: parking_lot::Mutex<Option<File>>,
     kept: parking_lot::Mutex<BTreeMap<String, Kept>>,
 }
 
@@ -73,7 +74,11 @@ impl StateFile {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
             Err(e) => return Err(e).with_context(|| format!("state file {}", path.display())),
         };
-        Ok(Some(Self { path: path.to_owned(), _lock: lock, kept: parking_lot::Mutex::new(kept) }))
+        Ok(Some(Self {
+            path: path.to_owned(),
+            lock: parking_lot::Mutex::new(Some(lock)),
+            kept: parking_lot::Mutex::new(kept),
+        }))
     }
 
     pub fn path(&self) -> &Path {
@@ -85,9 +90,21 @@ impl StateFile {
         std::mem::take(&mut *self.kept.lock()).into_values().collect()
     }
 
+    /// Lets the file go to an upgrade's new process: unlocked, never written again from
+    /// here; what it keeps now (whose sinks are the new process's from now on).
+    pub fn release(&self) -> Vec<Kept> {
+        let mut lock = self.lock.lock();
+        let kept = self.kept.lock().values().cloned().collect();
+        *lock = None;
+        kept
+    }
+
     /// Writes what is kept now: after a restore, what could not be made again is gone from
     /// the file too, as the log says.
     pub fn save(&self) {
+        if self.lock.lock().is_none() {
+            return;
+        }
         if let Err(e) = write(&self.path, &self.kept.lock()) {
             tracing::warn!(file = %self.path.display(), "could not write the state file: {e}");
         }
@@ -132,6 +149,10 @@ impl StateFile {
     /// Applies a change and writes the file. A write that fails is logged: the relay runs on
     /// (what it serves does not depend on the file), and the next change tries again.
     fn change(&self, f: impl FnOnce(&mut BTreeMap<String, Kept>)) {
+        let held = self.lock.lock();
+        if held.is_none() {
+            return;
+        }
         let mut kept = self.kept.lock();
         let before = kept.clone();
         f(&mut kept);
@@ -210,6 +231,14 @@ mod tests {
         let s = StateFile::open(&path).unwrap().unwrap();
         assert!(s.take().is_empty(), "what was not made again is gone from the file");
         drop(s);
+        // Released (an upgrade): another relay takes it; this one writes no more.
+        let s = StateFile::open(&path).unwrap().unwrap();
+        s.session_made(&spec("c"));
+        assert_eq!(s.release().len(), 1);
+        let next = StateFile::open(&path).unwrap().expect("released");
+        s.session_deleted("c");
+        assert_eq!(next.take().len(), 1, "the old one changed nothing after the release");
+        drop((s, next));
         std::fs::write(&path, b"{\"version\": 9, \"sessions\": []}").unwrap();
         let e = format!("{:#}", StateFile::open(&path).err().unwrap());
         assert!(e.contains("sessions.json") && e.contains("version 9"), "{e}");

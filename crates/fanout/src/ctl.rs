@@ -153,6 +153,12 @@ enum CtlCmd {
     Cluster,
     /// Print the Prometheus metrics.
     Metrics,
+    /// Load the config file again and apply what changed (as SIGHUP does).
+    Reload,
+    /// Start the relay's binary (the file at its path, e.g. just upgraded) in a new process
+    /// that takes the listeners over; the old process serves the connections it has until
+    /// they end or `upgrade_drain_s` passes.
+    Upgrade,
 }
 
 pub fn run(a: CtlArgs) -> anyhow::Result<()> {
@@ -265,6 +271,8 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
         CtlCmd::Flush { session } => c.call("DELETE", &format!("/v1/sessions/{session}/sinks"), None)?,
         CtlCmd::Rtsp => c.call("GET", "/v1/rtsp", None)?,
         CtlCmd::Cluster => c.call("GET", "/v1/cluster", None)?,
+        CtlCmd::Reload => c.call("POST", "/v1/reload", None)?,
+        CtlCmd::Upgrade => c.call("POST", "/v1/upgrade", None)?,
         CtlCmd::Metrics => {
             print!("{}", c.text("/metrics")?);
             return Ok(());
@@ -325,6 +333,13 @@ fn print_human(v: &Value) {
         println!("sink {id} added");
     } else if let Some(n) = v["removed"].as_u64() {
         println!("{n} sinks removed");
+    } else if let Some(pid) = v["new_pid"].as_u64() {
+        println!(
+            "upgraded: process {pid} serves; the old one ({}) drains {} clients for up to {} s",
+            s(&v["old_pid"]),
+            s(&v["clients_draining"]),
+            s(&v["upgrade_drain_s"])
+        );
     } else if let Some(s) = v.as_str() {
         println!("{s}");
     } else {
@@ -333,6 +348,7 @@ fn print_human(v: &Value) {
 }
 
 fn print_engine(v: &Value) {
+    println!("process        {} (fanout {})", s(&v["pid"]), s(&v["version"]));
     println!("workers        {}", s(&v["workers"]));
     println!("queued tasks   {}", s(&v["queued_tasks"]));
     println!("task runs      {}", s(&v["task_runs"]));

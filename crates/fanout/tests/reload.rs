@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -463,4 +464,186 @@ fn an_edited_config_file_is_applied_when_watched() {
         "the next edit was not applied: {}",
         relay.stderr()
     );
+}
+
+/// Whether process `pid` exists (a zombie counts as gone).
+fn alive(pid: u64) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+}
+
+/// Processes an upgrade started (not the test's children): ended with the test, however
+/// it ends.
+struct Reap(Vec<u64>);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        for pid in &self.0 {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        }
+    }
+}
+
+fn engine_pid(relay: &Relay) -> u64 {
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| relay.ok("GET", "/v1/engine", None)));
+    r.unwrap_or_else(|_| panic!("the API did not answer; the relays said:\n{}", relay.stderr()))["pid"]
+        .as_u64()
+        .unwrap()
+}
+
+/// A binary upgrade under 500 readers (400 RTSP over UDP, 60 over TCP, 40 HTTP TS) and a
+/// UDP sink kept in the state file: a new process that fails to start changes nothing; one
+/// that starts takes the listeners (new connections go to it, none refused while it takes
+/// over) and the sink, while every reader plays on from the old process without a reconnect
+/// or a missing sequence number; the old one exits once they left. A second upgrade by
+/// SIGUSR2.
+#[test]
+fn an_upgrade_under_500_readers_drops_none() {
+    let file = config_file("upgrade");
+    let dir = file.parent().unwrap().to_path_buf();
+    let good = format!("max_connections_per_ip = 0\nupgrade_drain_s = 60\n{}", session("keep", "demo = true"));
+    std::fs::write(&file, &good).unwrap();
+    let state = dir.join("state.json");
+    let config = file.to_str().unwrap();
+    // As systemd would hear it (NotifyAccess=all): which process is the service's now.
+    let notify_path = dir.join("notify");
+    let _ = std::fs::remove_file(&notify_path);
+    let notify = std::os::unix::net::UnixDatagram::bind(&notify_path).unwrap();
+    notify.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let env = format!("NOTIFY_SOCKET={}", notify_path.display());
+    let args = ["--config", config, "--rtsp", "127.0.0.1:0", "--no-demo", "--state-file", state.to_str().unwrap()];
+    let mut relay = Relay::try_start_wrapped(&["env", &env], &args).unwrap();
+    let rtsp = rtsp_addr(&relay);
+    let old = engine_pid(&relay);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut logs: Vec<(String, Log)> = Vec::new();
+    let mut held = Vec::new();
+    for i in 0..400 {
+        let p = rtsp_play(rtsp, "keep", None);
+        logs.push((format!("rtsp-udp-{i}"), read_udp(p.rtp.try_clone().unwrap(), stop.clone())));
+        held.push(p);
+    }
+    for i in 0..60 {
+        logs.push((format!("rtsp-tcp-{i}"), read_interleaved(rtsp_tcp_play(rtsp, "keep"), stop.clone())));
+    }
+    for i in 0..40 {
+        logs.push((format!("http-{i}"), read_http(relay.http_subscribe("keep"), stop.clone())));
+    }
+    let sink = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let port = sink.local_addr().unwrap().port();
+    // (A session made through the API: its sinks are the ones the state file keeps.)
+    relay.ok("POST", "/v1/sessions", Some(json!({ "name": "made", "source": { "demo": true } })));
+    relay.ok("POST", "/v1/sessions/made/sinks", Some(json!({ "udp": format!("127.0.0.1:{port}") })));
+    let sink_log = read_udp(sink, stop.clone());
+    std::thread::sleep(Duration::from_secs(2));
+
+    // A new binary that cannot start (here: the config it reads has an error): refused,
+    // with the reason; this process serves on.
+    std::fs::write(&file, format!("{good}ring = 1\n")).unwrap();
+    let (code, why) = relay.call("POST", "/v1/upgrade", None);
+    assert_eq!(code, 503, "{why}");
+    assert!(why["error"].as_str().unwrap().contains("did not take over"), "{why}");
+    assert_eq!(engine_pid(&relay), old);
+    std::fs::write(&file, &good).unwrap();
+
+    // New connections while the new process takes over: none refused.
+    let knocking = Arc::new(AtomicBool::new(true));
+    let knocker = {
+        let knocking = knocking.clone();
+        std::thread::spawn(move || {
+            let (mut ok, mut refused) = (0, 0);
+            while knocking.load(Ordering::Relaxed) {
+                match TcpStream::connect(rtsp).and_then(|mut c| {
+                    c.set_read_timeout(Some(Duration::from_secs(5)))?;
+                    c.write_all(b"OPTIONS * RTSP/1.0\r\nCSeq: 1\r\n\r\n")?;
+                    let mut b = [0u8; 15];
+                    c.read_exact(&mut b)?;
+                    Ok(b.starts_with(b"RTSP/1.0 200"))
+                }) {
+                    Ok(true) => ok += 1,
+                    _ => refused += 1,
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            (ok, refused)
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let at = Instant::now();
+    let (code, up) = relay.call("POST", "/v1/upgrade", None);
+    let took = at.elapsed();
+    assert_eq!(code, 200, "{up}");
+    let new = up["new_pid"].as_u64().unwrap();
+    let mut reap = Reap(vec![new]);
+    assert_ne!(new, old);
+    assert_eq!(up["sinks_moved"], 1, "{up}");
+    let mut told = [0u8; 256];
+    let n = notify.recv(&mut told).expect("nothing told to NOTIFY_SOCKET");
+    assert_eq!(std::str::from_utf8(&told[..n]).unwrap(), format!("MAINPID={new}\nREADY=1\n"));
+    assert!(up["clients_draining"].as_u64().unwrap() >= 500, "{up}");
+    std::thread::sleep(Duration::from_millis(500));
+    knocking.store(false, Ordering::Relaxed);
+    let (ok, refused) = knocker.join().unwrap();
+    assert!(ok > 20 && refused == 0, "{ok} answered, {refused} refused around the hand-over");
+    assert_eq!(engine_pid(&relay), new, "the API answers from the new process");
+    // A reader that comes now plays from the new process.
+    let late = read_interleaved(rtsp_tcp_play(rtsp, "keep"), stop.clone());
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(relay.running(), "the old process exited while its readers play");
+    let kept = relay.ok("GET", "/v1/sessions/made/sinks", None)["sinks"].as_array().unwrap().len();
+    assert_eq!(kept, 1, "the kept sink is the new process's");
+
+    stop.store(true, Ordering::Relaxed);
+    std::thread::sleep(Duration::from_millis(300));
+    // The UDP readers leave as players do (an RTSP session outlives its connection).
+    for mut p in held {
+        let _ = write!(p.conn, "TEARDOWN rtsp://{rtsp}/keep RTSP/1.0\r\nCSeq: 9\r\nSession: {}\r\n\r\n", p.session);
+    }
+    // Its readers gone, the old process exits (well before upgrade_drain_s).
+    assert!(wait_for(Duration::from_secs(10), || !relay.running()), "the old process did not exit once drained");
+
+    let (longest, who) = logs.iter().map(|(n, l)| (l.lock().unwrap().longest_gap(), n)).max().unwrap();
+    let sink_gap = sink_log.lock().unwrap().longest_gap();
+    eprintln!(
+        "upgrade answered in {took:?} ({ok} connections answered around it); {} readers: longest gap {longest:?} ({who}); the moved UDP sink's longest gap {sink_gap:?}",
+        logs.len()
+    );
+    for (name, log) in &logs {
+        let seen = log.lock().unwrap();
+        assert!(!seen.closed, "{name}: its connection ended");
+        // (An HTTP reader's reads come once per stream_flush_ms.)
+        let least = if name.starts_with("http") { 20 } else { 100 };
+        assert!(seen.packets.len() > least, "{name}: only {} packets", seen.packets.len());
+        if name.starts_with("rtsp") {
+            let odd: Vec<(Duration, u16, u16)> = seen
+                .packets
+                .windows(2)
+                .filter(|w| w[1].1 != w[0].1.wrapping_add(1))
+                .map(|w| (w[1].0.saturating_duration_since(at), w[0].1, w[1].1))
+                .take(10)
+                .collect();
+            assert_eq!(seen.missing(), 0, "{name}: sequence numbers missing (after the upgrade, from, to): {odd:?}");
+        }
+        assert!(seen.longest_gap() < Duration::from_millis(800), "{name}: a gap of {:?}", seen.longest_gap());
+    }
+    assert!(sink_gap < Duration::from_secs(1), "the moved sink paused {sink_gap:?}");
+    assert!(late.lock().unwrap().packets.len() > 50, "the reader after the upgrade got little");
+
+    // Again, by SIGUSR2 to the process that serves now.
+    assert!(alive(new), "the new process is gone; the relays said:\n{}", relay.stderr());
+    assert!(Command::new("kill").args(["-USR2", &new.to_string()]).status().unwrap().success());
+    assert!(wait_for(Duration::from_secs(10), || engine_pid(&relay) != new), "SIGUSR2 did not upgrade");
+    let third = engine_pid(&relay);
+    reap.0.push(third);
+    assert!(
+        wait_for(Duration::from_secs(12), || !alive(new)),
+        "the second process did not exit, drained:\n{}",
+        relay.stderr()
+    );
+    let p = rtsp_play(rtsp, "keep", None);
+    p.rtp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert!(p.rtp.recv(&mut [0u8; 2048]).is_ok(), "no RTP from the third process");
+    let _ = Command::new("kill").arg(third.to_string()).status();
+    assert!(wait_for(Duration::from_secs(10), || !alive(third)));
+    let _ = std::fs::remove_dir_all(&dir);
 }
