@@ -322,6 +322,11 @@ impl Publisher {
         ours
     }
 
+    /// Whether someone publishes now.
+    pub fn publishing(&self) -> bool {
+        self.state.lock().active.is_some()
+    }
+
     /// A publisher was here and left (none publishes now).
     pub fn ended(&self) -> bool {
         let st = self.state.lock();

@@ -149,9 +149,8 @@ impl Relay {
             }
             self.delete_exact(name, &p.session).await;
         }
-        let pattern = self.cfg().patterns.iter().find(|p| p.rule().is_ok_and(|r| r.matches(name))).cloned();
-        if let Some(p) = pattern {
-            return self.from_pattern(name, p).await;
+        if let Some(p) = self.pattern(name) {
+            return self.from_pattern(name, p, false).await;
         }
         let Some(cluster) = &self.cluster else {
             return Err(no_such(name));
@@ -180,10 +179,41 @@ impl Relay {
         }
     }
 
+    /// The first `[[pattern]]` that matches `name`.
+    fn pattern(&self, name: &str) -> Option<crate::config::PatternSpec> {
+        self.cfg().patterns.iter().find(|p| p.rule().is_ok_and(|r| r.matches(name))).cloned()
+    }
+
+    /// Whether a publisher may make `name`: no path has it, and the first pattern it
+    /// matches takes publishers (`source = { publish = true }`).
+    pub fn publishable_by_pattern(&self, name: &str) -> bool {
+        self.path(name).is_none() && self.pattern(name).is_some_and(|p| matches!(p.source, SourceSpec::Publish { .. }))
+    }
+
+    /// Before a publisher's request for `name` (ANNOUNCE, RTMP publish, SRT, WHIP): a name
+    /// no path has, which a pattern of publishers matches, is made now (any stream key an
+    /// encoder pushes, as MediaMTX's `all_others`). Such a path lasts while it is published
+    /// or read, then `linger_s`.
+    pub async fn ensure_publishable(self: &Arc<Self>, name: &str) {
+        if !self.publishable_by_pattern(name) {
+            return;
+        }
+        let Some(p) = self.pattern(name) else { return };
+        if let Err(e) = self.from_pattern(name, p, true).await {
+            tracing::warn!(path = name, "a publisher's path could not be made: {e}");
+        }
+    }
+
     /// Makes `name`'s path from pattern `p`; starts its `run_on_demand` command, and waits
     /// for the publisher that command starts (so that the one who asked gets a stream).
-    /// The path goes `linger_s` after its last reader, its command with it.
-    async fn from_pattern(self: &Arc<Self>, name: &str, p: crate::config::PatternSpec) -> Result<(), RelayError> {
+    /// The path goes `linger_s` after its last reader (or, made for a publisher, after its
+    /// publisher and last reader left), its command with it.
+    async fn from_pattern(
+        self: &Arc<Self>,
+        name: &str,
+        p: crate::config::PatternSpec,
+        for_publisher: bool,
+    ) -> Result<(), RelayError> {
         let spec = p.session(name).map_err(RelayError::BadRequest)?;
         let count = self.pattern_paths.lock().entry(p.matches.clone()).or_default().clone();
         use std::sync::atomic::Ordering::SeqCst;
@@ -217,7 +247,8 @@ impl Relay {
             }
         }
         let linger = Duration::from_secs_f64(p.linger_s);
-        tokio::spawn(end_unwatched(Arc::downgrade(self), name.to_string(), session, hook, linger, slot));
+        let watch = Unwatched { name: name.to_string(), session, hook, linger, slot, for_publisher };
+        tokio::spawn(end_unwatched(Arc::downgrade(self), watch));
         Ok(())
     }
 
@@ -731,15 +762,20 @@ const ON_DEMAND_START: Duration = Duration::from_secs(15);
 /// its tracks: RTSP clients, HTTP subscribers, the repackaging for HLS, RTMP and WebRTC
 /// while it runs), it is deleted and its command stopped; the command goes with the path
 /// whoever deletes it.
-async fn end_unwatched(
-    relay: std::sync::Weak<Relay>,
+/// A pattern's path, until nobody uses it.
+struct Unwatched {
     name: String,
     session: Session,
-    mut hook: Option<crate::hook::Hook>,
+    hook: Option<crate::hook::Hook>,
     linger: Duration,
-    // Held while the path lives: the pattern's count.
+    /// Held while the path lives: the pattern's count.
     slot: PatternSlot,
-) {
+    /// Made for a publisher: its publishing keeps it too.
+    for_publisher: bool,
+}
+
+async fn end_unwatched(relay: std::sync::Weak<Relay>, w: Unwatched) {
+    let Unwatched { name, session, mut hook, linger, slot, for_publisher } = w;
     let mut idle_since = std::time::Instant::now();
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -751,7 +787,8 @@ async fn end_unwatched(
             }
         }
         let readers: usize = path.tracks().iter().map(|t| t.session.sinks().len()).sum();
-        if readers > 0 {
+        let published = for_publisher && path.publisher().is_some_and(|p| p.publishing());
+        if readers > 0 || published {
             idle_since = std::time::Instant::now();
         } else if idle_since.elapsed() >= linger {
             tracing::info!(path = name, "on-demand path ends: nobody read it for {linger:?}");

@@ -281,6 +281,7 @@ impl Conn<'_> {
             tracing::warn!(peer = %self.peer, path = %path_name, "RTMP publish refused: bad or missing credentials");
             return refuse(server, "NetStream.Publish.Unauthorized", "bad or missing credentials".into());
         }
+        self.relay.ensure_publishable(path_name).await;
         let publisher =
             self.relay.path(path_name).and_then(|p| p.publisher().cloned()).filter(|p| p.takes_publishers());
         let Some(publisher) = publisher else {

@@ -968,14 +968,19 @@ async fn connection(
                         continue;
                     }
                     // A channel this node does not have is pulled from the cluster, or made
-                    // by a `[[pattern]]` (which may start a command), first; with the
-                    // directory down the client learns why (503). Only for a client that
-                    // authenticates: nobody else sets a pull or a command off.
-                    if req.method == "DESCRIBE" {
+                    // by a `[[pattern]]` (which may start a command, or take a publisher),
+                    // first; with the directory down the client learns why (503). Only for a
+                    // client that authenticates: nobody else sets a pull or a command off.
+                    if req.method == "DESCRIBE" || req.method == "ANNOUNCE" {
                         let refused = rtsp.server.lock().challenge(&req, conn, rtsp.now_ms());
                         if let Some(resp) = refused {
                             stream.write_all(&answer(resp)).await?;
                             continue;
+                        }
+                    }
+                    if req.method == "ANNOUNCE" {
+                        if let Some((name, _)) = fanout_proto::rtsp::server::split_url(&req.uri) {
+                            relay.ensure_publishable(name).await;
                         }
                     }
                     if req.method == "DESCRIBE" {

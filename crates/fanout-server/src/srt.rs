@@ -101,6 +101,8 @@ fn decide(relay: &Relay, peer: Option<SocketAddr>, streamid: &str) -> Result<(),
     match id.mode {
         // (A path the relay pulls itself takes no publisher, connected or not.)
         Mode::Publish => match relay.path(path).and_then(|p| p.publisher().cloned()).filter(|p| p.takes_publishers()) {
+            // (A pattern's path is made after the handshake.)
+            None if relay.publishable_by_pattern(path) => Ok(()),
             None => {
                 refuse(reject::NOT_FOUND, format!("no path {path:?} takes publishers (source = {{ publish = true }})"))
             }
@@ -186,7 +188,10 @@ fn connection(
     relay.srt_links.lock().push(link.clone());
     let peer_s = peer.map_or_else(|| "?".to_string(), |p| p.to_string());
     let ended = match id.mode {
-        Mode::Publish => publish(&socket, &link, conn, path, relay),
+        Mode::Publish => {
+            runtime.block_on(relay.ensure_publishable(path));
+            publish(&socket, &link, conn, path, relay)
+        }
         Mode::Read => read(&socket, &link, relay, runtime, groups),
     };
     relay.srt_links.lock().retain(|l| !Arc::ptr_eq(l, &link));

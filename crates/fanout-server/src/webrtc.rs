@@ -376,6 +376,7 @@ impl WebRtc {
         client: Option<IpAddr>,
     ) -> Result<(String, String), Refused> {
         let pass = self.pass(client)?;
+        relay.ensure_publishable(path).await;
         let publisher =
             relay.path(path).and_then(|p| p.publisher().cloned()).filter(|p| p.takes_publishers()).ok_or_else(
                 || Refused(404, format!("no path {path:?} takes publishers (source = {{ publish = true }})")),

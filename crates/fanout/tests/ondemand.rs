@@ -190,3 +190,54 @@ fn hooks_run_as_the_path_gets_its_stream_readers_and_files() {
     assert_eq!(code, 403, "{body}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A pattern whose source is `publish = true` takes any name it matches from a publisher
+/// (RTMP and RTSP here): the path is made at the publish, stays while it is published
+/// (nobody reading), plays to a reader, and goes once the publisher left; a name the
+/// pattern does not match is refused.
+#[test]
+fn a_publisher_makes_a_pattern_path_that_lasts_while_it_publishes() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let relay = Relay::with_config(
+        "[[pattern]]\nmatch = \"~^live-\"\nsource = { publish = true }\nlinger_s = 1\n",
+        &["--no-demo"],
+    );
+    let rtsp = rtsp_addr(&relay);
+    let rtmp = relay.ok("GET", "/v1/engine", None)["rtmp"].as_str().unwrap().to_string();
+    let publishing = |name: &str| {
+        let (code, s) = relay.call("GET", &format!("/v1/sessions/{name}"), None);
+        code == 200 && s["publisher"]["state"] == "publishing"
+    };
+    let rtmp_pub = ffmpeg_publish("flv", &format!("rtmp://{rtmp}/live/live-a"));
+    // (Video only: ffmpeg's RTSP muxer takes no ADTS audio.)
+    let rtsp_pub = Kill(
+        std::process::Command::new("ffmpeg")
+            .args(["-nostdin", "-loglevel", "error", "-re", "-stream_loop", "-1", "-i", DEMO_TS, "-t", "30", "-an"])
+            .args(["-c", "copy", "-f", "rtsp", "-rtsp_transport", "tcp", &format!("rtsp://{rtsp}/live-b")])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    assert!(wait_for(Duration::from_secs(10), || publishing("live-a")), "RTMP: {}", relay.stderr());
+    assert!(wait_for(Duration::from_secs(10), || publishing("live-b")), "RTSP: {}", relay.stderr());
+    // Nobody reads, well past linger_s: published, it stays.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(publishing("live-a") && publishing("live-b"), "a published pattern path ended unread");
+    let (ok, log) = ffmpeg_decode(&format!("rtsp://{rtsp}/live-a"), &[], 2);
+    assert!(ok && decoded_frames(&log) >= 25, "{log}");
+    // A name the pattern does not match takes no publisher.
+    let (ok, _) = ffmpeg_try_publish("flv", &format!("rtmp://{rtmp}/live/other"));
+    assert!(!ok, "a publisher made a path no pattern allows");
+    assert_eq!(relay.call("GET", "/v1/sessions/other", None).0, 404);
+    // The publisher gone (then publisher_grace_s and linger_s), its path goes.
+    drop(rtmp_pub);
+    assert!(
+        wait_for(Duration::from_secs(15), || relay.call("GET", "/v1/sessions/live-a", None).0 == 404),
+        "the publisher's path stayed after it left"
+    );
+    assert!(publishing("live-b"));
+    drop(rtsp_pub);
+}
