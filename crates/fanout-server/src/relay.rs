@@ -49,6 +49,9 @@ pub struct Relay {
     pub state: std::sync::OnceLock<crate::state::StateFile>,
     /// The binary upgrade's side of the listeners (`crate::upgrade`).
     pub handover: crate::handover::Handover,
+    /// The sinks added through the API (or made again from the state file), with their
+    /// session: what an upgrade moves to the new process.
+    api_sinks: parking_lot::Mutex<Vec<(Session, u64, SinkSpec)>>,
     /// Recordings on disk (`record_path`).
     pub recordings: Arc<crate::record::Store>,
     /// Per `[[pattern]]` (by its `match`), the paths it has now.
@@ -91,6 +94,7 @@ impl Relay {
         let relay = Arc::new(Self {
             state: Default::default(),
             handover: Default::default(),
+            api_sinks: Default::default(),
             recordings: Arc::new(crate::record::Store::new(layout)),
             pattern_paths: Default::default(),
             cluster,
@@ -682,7 +686,22 @@ impl Relay {
         let session = self.session(name)?;
         let id = add_sink(&session, spec).await?;
         tracing::info!(session = name, sink = id, udp = ?spec.udp, tcp = ?spec.tcp, "sink added");
+        let mut api = self.api_sinks.lock();
+        api.retain(|(s, id, _)| self.still(s, *id));
+        api.push((session, id, spec.clone()));
         Ok(id)
+    }
+
+    /// Whether sink `id` of `session` is still there, on a session still serving.
+    fn still(&self, session: &Session, id: u64) -> bool {
+        self.session(session.name()).is_ok_and(|s| s.ptr_eq(session)) && session.sink_status(id).is_some()
+    }
+
+    /// The sinks added through the API that are still there: (path, sink id, spec).
+    pub fn api_sinks(&self) -> Vec<(String, u64, SinkSpec)> {
+        let mut api = self.api_sinks.lock();
+        api.retain(|(s, id, _)| self.still(s, *id));
+        api.iter().map(|(s, id, spec)| (s.name().to_string(), *id, spec.clone())).collect()
     }
 
     /// Makes again the sessions the state file kept (after the config's: a name the config

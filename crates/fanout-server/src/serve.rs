@@ -395,7 +395,12 @@ async fn run(
             tracing::error!("upgrade: the state file: {e:#}");
         }
         let restored = relay.restore().await;
-        tracing::info!(restored, "upgrade: this process took over (the old one drains)");
+        for (path, sink) in &released.sinks {
+            if let Err(e) = relay.add_sink(path, sink).await {
+                tracing::warn!(path, udp = ?sink.udp, tcp = ?sink.tcp, "upgrade: a sink of the old process is not added here: {e}");
+            }
+        }
+        tracing::info!(restored, sinks = released.sinks.len(), "upgrade: this process took over (the old one drains)");
         upgrade::notify_main_pid();
         // (In the background: libsrt may hold the old process's port a while.)
         tokio::spawn(start_udp_faces(relay.clone(), released, faces.clone(), api, http.to_string()));
@@ -441,7 +446,7 @@ impl Faces {
             w.stop();
             w.addr
         });
-        upgrade::Released { srt, webrtc }
+        upgrade::Released { srt, webrtc, sinks: Vec::new() }
     }
 }
 
@@ -543,12 +548,23 @@ async fn run_until_done(
                 };
                 // Nothing more is accepted here; then what one process at a time holds goes.
                 relay.handover.hand_over();
-                let released = faces.stop(relay);
+                let mut released = faces.stop(relay);
+                // The sinks the API added go: with the state file for the API's sessions,
+                // by name for the config's.
                 let kept = relay.state.get().map(|st| st.release()).unwrap_or_default();
                 let mut sinks = 0;
                 for k in &kept {
                     if let Ok(s) = relay.session(&k.spec.name) {
                         sinks += k.sinks.keys().filter(|id| s.remove_sink(**id)).count();
+                    }
+                }
+                for (path, id, spec) in relay.api_sinks() {
+                    if kept.iter().any(|k| k.spec.name == path) {
+                        continue;
+                    }
+                    if relay.session(&path).is_ok_and(|s| s.remove_sink(id)) {
+                        released.sinks.push((path, spec));
+                        sinks += 1;
                     }
                 }
                 let new_pid = new.pid;

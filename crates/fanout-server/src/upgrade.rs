@@ -32,6 +32,10 @@ const READY_WITHIN: Duration = Duration::from_secs(60);
 pub struct Released {
     pub srt: Option<SocketAddr>,
     pub webrtc: Option<SocketAddr>,
+    /// Sinks added through the API to the config's sessions (those of the API's own
+    /// sessions come with the state file): (path, sink).
+    #[serde(default)]
+    pub sinks: Vec<(String, crate::spec::SinkSpec)>,
 }
 
 /// The listening sockets this process serves on, by name: duplicates kept to hand over.

@@ -490,10 +490,10 @@ fn engine_pid(relay: &Relay) -> u64 {
         .unwrap()
 }
 
-/// A binary upgrade under 500 readers (400 RTSP over UDP, 60 over TCP, 40 HTTP TS) and a
-/// UDP sink kept in the state file: a new process that fails to start changes nothing; one
+/// A binary upgrade under 500 readers (400 RTSP over UDP, 60 over TCP, 40 HTTP TS) and two
+/// UDP sinks added through the API (one kept in the state file, one on a config session): a new process that fails to start changes nothing; one
 /// that starts takes the listeners (new connections go to it, none refused while it takes
-/// over) and the sink, while every reader plays on from the old process without a reconnect
+/// over) and the sinks, while every reader plays on from the old process without a reconnect
 /// or a missing sequence number; the old one exits once they left. A second upgrade by
 /// SIGUSR2.
 #[test]
@@ -535,6 +535,11 @@ fn an_upgrade_under_500_readers_drops_none() {
     relay.ok("POST", "/v1/sessions", Some(json!({ "name": "made", "source": { "demo": true } })));
     relay.ok("POST", "/v1/sessions/made/sinks", Some(json!({ "udp": format!("127.0.0.1:{port}") })));
     let sink_log = read_udp(sink, stop.clone());
+    // And one on the config's session (no state file keeps it: the old process hands it over).
+    let config_sink = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let port = config_sink.local_addr().unwrap().port();
+    relay.ok("POST", "/v1/sessions/keep/sinks", Some(json!({ "udp": format!("127.0.0.1:{port}") })));
+    let config_sink_log = read_udp(config_sink, stop.clone());
     std::thread::sleep(Duration::from_secs(2));
 
     // A new binary that cannot start (here: the config it reads has an error): refused,
@@ -576,7 +581,7 @@ fn an_upgrade_under_500_readers_drops_none() {
     let new = up["new_pid"].as_u64().unwrap();
     let mut reap = Reap(vec![new]);
     assert_ne!(new, old);
-    assert_eq!(up["sinks_moved"], 1, "{up}");
+    assert_eq!(up["sinks_moved"], 2, "{up}");
     let mut told = [0u8; 256];
     let n = notify.recv(&mut told).expect("nothing told to NOTIFY_SOCKET");
     assert_eq!(std::str::from_utf8(&told[..n]).unwrap(), format!("MAINPID={new}\nREADY=1\n"));
@@ -603,9 +608,9 @@ fn an_upgrade_under_500_readers_drops_none() {
     assert!(wait_for(Duration::from_secs(10), || !relay.running()), "the old process did not exit once drained");
 
     let (longest, who) = logs.iter().map(|(n, l)| (l.lock().unwrap().longest_gap(), n)).max().unwrap();
-    let sink_gap = sink_log.lock().unwrap().longest_gap();
+    let sink_gap = sink_log.lock().unwrap().longest_gap().max(config_sink_log.lock().unwrap().longest_gap());
     eprintln!(
-        "upgrade answered in {took:?} ({ok} connections answered around it); {} readers: longest gap {longest:?} ({who}); the moved UDP sink's longest gap {sink_gap:?}",
+        "upgrade answered in {took:?} ({ok} connections answered around it); {} readers: longest gap {longest:?} ({who}); the moved UDP sinks' longest gap {sink_gap:?}",
         logs.len()
     );
     for (name, log) in &logs {
@@ -626,7 +631,11 @@ fn an_upgrade_under_500_readers_drops_none() {
         }
         assert!(seen.longest_gap() < Duration::from_millis(800), "{name}: a gap of {:?}", seen.longest_gap());
     }
-    assert!(sink_gap < Duration::from_secs(1), "the moved sink paused {sink_gap:?}");
+    assert!(sink_gap < Duration::from_secs(1), "a moved sink paused {sink_gap:?}");
+    for log in [&sink_log, &config_sink_log] {
+        let last = log.lock().unwrap().packets.last().unwrap().0;
+        assert!(last > at + Duration::from_secs(2), "a moved sink got nothing from the new process");
+    }
     assert!(late.lock().unwrap().packets.len() > 50, "the reader after the upgrade got little");
 
     // Again, by SIGUSR2 to the process that serves now.
