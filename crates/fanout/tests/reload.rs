@@ -656,3 +656,46 @@ fn an_upgrade_under_500_readers_drops_none() {
     assert!(wait_for(Duration::from_secs(10), || !alive(third)));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A publisher under an upgrade (ffmpeg over RTMP): it stays with the old process, whose
+/// reader plays on; the new process's path waits for it. When the drain ends the old process
+/// closes it; the encoder connecting again (as OBS does) publishes to the new process.
+#[test]
+fn a_publisher_stays_with_the_old_process_until_the_drain_ends() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let file = config_file("upgrade-publisher");
+    let dir = file.parent().unwrap().to_path_buf();
+    std::fs::write(&file, format!("upgrade_drain_s = 4\n{}", session("pub", "publish = true"))).unwrap();
+    let mut relay = Relay::start(&["--config", file.to_str().unwrap(), "--rtsp", "127.0.0.1:0", "--no-demo"]);
+    let rtsp = rtsp_addr(&relay);
+    let rtmp = relay.ok("GET", "/v1/engine", None)["rtmp"].as_str().unwrap().to_string();
+    let url = format!("rtmp://{rtmp}/live/pub");
+    let publishing = |relay: &Relay| relay.ok("GET", "/v1/sessions/pub", None)["publisher"]["state"] == "publishing";
+    let mut first = ffmpeg_publish("flv", &url);
+    assert!(wait_for(Duration::from_secs(10), || publishing(&relay)), "ffmpeg did not publish");
+    std::thread::sleep(Duration::from_secs(1));
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = read_interleaved(rtsp_tcp_play(rtsp, "pub"), stop.clone());
+
+    let (code, up) = relay.call("POST", "/v1/upgrade", None);
+    assert_eq!(code, 200, "{up}");
+    let _reap = Reap(vec![up["new_pid"].as_u64().unwrap()]);
+    let at = Instant::now();
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(!publishing(&relay), "the new process has the publisher already");
+    let during = reader.lock().unwrap().packets.iter().filter(|p| p.0 > at + Duration::from_millis(500)).count();
+    assert!(during > 20, "the old process's reader got {during} packets after the hand-over");
+    // The drain ends: the old process closes the publisher and its reader, and exits.
+    assert!(wait_for(Duration::from_secs(10), || !relay.running()), "the old process did not exit");
+    assert!(first.0.wait().is_ok());
+    assert!(reader.lock().unwrap().closed, "the old process's reader was not closed at the end of the drain");
+    // The encoder connects again: to the new process.
+    let _second = ffmpeg_publish("flv", &url);
+    assert!(wait_for(Duration::from_secs(10), || publishing(&relay)), "the new process took no publisher");
+    let (ok, log) = ffmpeg_decode(&format!("rtsp://{rtsp}/pub"), &[], 2);
+    assert!(ok && decoded_frames(&log) >= 25, "{log}");
+    stop.store(true, Ordering::Relaxed);
+    let _ = std::fs::remove_dir_all(&dir);
+}
