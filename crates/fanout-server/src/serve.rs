@@ -467,51 +467,58 @@ async fn start_udp_faces(
     };
     let upgrading = released.srt.is_some() || released.webrtc.is_some();
     let patience = if upgrading { 300 } else { 1 };
-    // (A process that handed over while it was still trying lets them be.)
-    let mine = |relay: &relay::Relay| !relay.handover.handed();
     if let Some(addr) = relay.cfg().webrtc.map(|a| reuse(a, released.webrtc)) {
-        for attempt in (1..=patience).take_while(|_| mine(&relay)) {
-            let gate = crate::admit::Gate::new("WebRTC per-address cap (max_connections_per_ip)", relay.books.clone());
-            let cfg = relay.cfg();
-            match crate::webrtc::WebRtc::start(addr, &cfg.webrtc_additional_hosts, gate, cfg.webrtc_tcp) {
-                Ok(w) => {
-                    say!("fanout: WebRTC (WHEP) {http}://{api}/{{path}}/whep  (media on udp {})", w.addr);
-                    *relay.webrtc.lock() = Some(w.clone());
-                    faces.0.lock().1 = Some(w);
-                    if !mine(&relay) {
-                        faces.stop(&relay);
-                    }
-                    break;
-                }
-                Err(e) if attempt == patience => tracing::warn!("no WebRTC on {addr}, serving without it: {e}"),
-                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
-            }
+        let gate = || crate::admit::Gate::new("WebRTC per-address cap (max_connections_per_ip)", relay.books.clone());
+        let cfg = relay.cfg();
+        let start = || crate::webrtc::WebRtc::start(addr, &cfg.webrtc_additional_hosts, gate(), cfg.webrtc_tcp);
+        if let Some((w, _)) = keep_trying(&relay, "WebRTC", addr, patience, start).await {
+            say!("fanout: WebRTC (WHEP) {http}://{api}/{{path}}/whep  (media on udp {})", w.addr);
+            *relay.webrtc.lock() = Some(w.clone());
+            faces.0.lock().1 = Some(w);
         }
     }
     if let Some(addr) = relay.cfg().srt.map(|a| reuse(a, released.srt)) {
-        for attempt in (1..=patience).take_while(|_| mine(&relay)) {
-            match crate::srt::serve(addr, relay.clone()) {
-                Ok(s) => {
-                    *relay.srt_addr.lock() = Some(s.addr);
-                    say!(
-                        "fanout: SRT srt://{}?streamid=read:{{path}}  (publish one with streamid=publish:{{path}}; libsrt {})",
-                        s.addr,
-                        s.version
-                    );
-                    if upgrading {
-                        tracing::info!("upgrade: SRT serves again after {:.1} s", f64::from(attempt - 1) * 0.2);
-                    }
-                    faces.0.lock().0 = Some(s);
-                    if !mine(&relay) {
-                        faces.stop(&relay);
-                    }
-                    break;
-                }
-                Err(e) if attempt == patience => tracing::warn!("no SRT on {addr}, serving without it: {e}"),
-                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
+        if let Some((s, attempt)) =
+            keep_trying(&relay, "SRT", addr, patience, || crate::srt::serve(addr, relay.clone())).await
+        {
+            *relay.srt_addr.lock() = Some(s.addr);
+            say!(
+                "fanout: SRT srt://{}?streamid=read:{{path}}  (publish one with streamid=publish:{{path}}; libsrt {})",
+                s.addr,
+                s.version
+            );
+            if upgrading {
+                tracing::info!("upgrade: SRT serves again after {:.1} s", f64::from(attempt - 1) * 0.2);
             }
+            faces.0.lock().0 = Some(s);
         }
     }
+    // (A process that handed over meanwhile lets them go.)
+    if relay.handover.handed() {
+        faces.stop(&relay);
+    }
+}
+
+/// `bind`, tried every 200 ms up to `patience` times while this process has not handed its
+/// listeners over; what it made, at which attempt.
+async fn keep_trying<T, E: std::fmt::Display>(
+    relay: &relay::Relay,
+    what: &str,
+    addr: std::net::SocketAddr,
+    patience: u32,
+    mut bind: impl FnMut() -> Result<T, E>,
+) -> Option<(T, u32)> {
+    for attempt in 1..=patience {
+        if relay.handover.handed() {
+            return None;
+        }
+        match bind() {
+            Ok(t) => return Some((t, attempt)),
+            Err(e) if attempt == patience => tracing::warn!("no {what} on {addr}, serving without it: {e}"),
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
+        }
+    }
+    None
 }
 
 /// Serves until SIGTERM or Ctrl-C, running the upgrades asked for (the API, SIGUSR2): once
