@@ -532,11 +532,6 @@ impl Session {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 
-    /// Whether `other` is a handle of this same session.
-    pub fn ptr_eq(&self, other: &Session) -> bool {
-        Arc::ptr_eq(&self.inner, &other.inner)
-    }
-
     pub fn name(&self) -> &str {
         &self.inner.cfg.name
     }

@@ -199,10 +199,8 @@ impl Relay {
     /// encoder pushes, as MediaMTX's `all_others`). Such a path lasts while it is published
     /// or read, then `linger_s`.
     pub async fn ensure_publishable(self: &Arc<Self>, name: &str) {
-        if !self.publishable_by_pattern(name) {
-            return;
-        }
-        let Some(p) = self.pattern(name) else { return };
+        let publish = |p: &crate::config::PatternSpec| matches!(p.source, SourceSpec::Publish { .. });
+        let Some(p) = self.pattern(name).filter(|p| publish(p) && self.path(name).is_none()) else { return };
         if let Err(e) = self.from_pattern(name, p, true).await {
             tracing::warn!(path = name, "a publisher's path could not be made: {e}");
         }
@@ -669,6 +667,7 @@ impl Relay {
             c.end_pull(name);
         }
         let path = self.paths.write().remove(name).ok_or_else(|| no_such(name))?;
+        self.api_sinks.lock().retain(|(s, _, _)| !s.is(&path.session));
         let rtsp = self.rtsp.lock().clone();
         if let Some(r) = rtsp {
             r.end_resource(self, name);
@@ -694,7 +693,7 @@ impl Relay {
 
     /// Whether sink `id` of `session` is still there, on a session still serving.
     fn still(&self, session: &Session, id: u64) -> bool {
-        self.session(session.name()).is_ok_and(|s| s.ptr_eq(session)) && session.sink_status(id).is_some()
+        self.session(session.name()).is_ok_and(|s| s.is(session)) && session.sink_status(id).is_some()
     }
 
     /// The sinks added through the API that are still there: (path, sink id, spec).

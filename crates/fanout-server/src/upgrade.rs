@@ -180,6 +180,9 @@ impl Inherited {
 
     /// Tells the old process this one serves, and waits (bounded) for what it lets go.
     pub async fn ready(&mut self) -> Released {
+        // A listener the configuration no longer has is closed here too (its connections
+        // would wait in a queue nobody accepts from).
+        self.listeners.clear();
         let Some(c) = self.channel.take() else { return Released::default() };
         let talk = async move {
             c.set_nonblocking(true).ok()?;
@@ -249,7 +252,7 @@ pub fn clients(relay: &crate::relay::Relay) -> (usize, String) {
     let mut sinks = 0;
     for p in relay.paths() {
         let mut sessions: Vec<fanout_io::Session> = p.tracks().into_iter().map(|t| t.session).collect();
-        if !sessions.iter().any(|s| s.ptr_eq(&p.session)) {
+        if !sessions.iter().any(|s| s.is(&p.session)) {
             sessions.push(p.session.clone());
         }
         let n: usize = sessions
