@@ -407,6 +407,10 @@ pub struct DemoTrack {
 /// (due, 90 kHz after the clip's start; RTP timestamp, in the track's clock; payload; marker)
 type DemoPacket = (u64, u64, Vec<u8>, bool);
 
+/// AAC frames per RTP packet of the demo at most (three are about 64 ms): a third of the
+/// packets.
+const AAC_PER_PACKET: usize = 3;
+
 /// RTP payload types of the demo's RTSP tracks.
 pub const DEMO_VIDEO_PAYLOAD_TYPE: u8 = 96;
 pub const DEMO_AAC_PAYLOAD_TYPE: u8 = 97;
@@ -457,11 +461,9 @@ impl DemoClip {
             for p in &video {
                 let (due, pts) = (p.dts.or(p.pts).unwrap_or(0) - origin, p.pts.unwrap_or(0));
                 let nals: Vec<&[u8]> = annexb::nal_units(&p.data).filter(|n| !n.is_empty()).collect();
-                for (i, n) in nals.iter().enumerate() {
-                    annexb::packetize(codec, n, 1400, &mut scratch, |payload, last| {
-                        packets.push((due, pts, payload.to_vec(), last && i + 1 == nals.len()));
-                    });
-                }
+                annexb::packetize_frame(codec, &nals, 1400, &mut scratch, |payload, end| {
+                    packets.push((due, pts, payload.to_vec(), end));
+                });
             }
             let pt = DEMO_VIDEO_PAYLOAD_TYPE;
             let (name, fmtp) = match codec {
@@ -482,17 +484,23 @@ impl DemoClip {
         let first = audio.iter().find_map(|p| aac::adts_frames(&p.data).first().copied());
         if let Some(rate) = first.and_then(|f| f.sample_rate()) {
             let first = first.expect("checked");
+            // Up to AAC_PER_PACKET frames of a PES in one packet, due at the first: the clip
+            // is all there, so sending the next frames early costs no wait.
             let mut packets = Vec::new();
             for p in &audio {
                 let pts = p.pts.unwrap_or(0);
-                for (k, f) in aac::adts_frames(&p.data).into_iter().enumerate() {
+                let aus: Vec<&[u8]> = aac::adts_frames(&p.data).iter().map(|f| f.au).collect();
+                let mut k = 0;
+                while k < aus.len() {
+                    let n = aac::frames_per_packet(&aus[k..], AAC_PER_PACKET, 1400);
                     // AAC frames hold 1024 samples each.
                     let offset = k as u64 * 1024;
                     let due = pts - origin + offset * 90_000 / u64::from(rate);
                     let ts = pts * u64::from(rate) / 90_000 + offset;
-                    if let Some(payload) = aac::rtp_payload(f.au) {
+                    if let Some(payload) = aac::rtp_payload_of(&aus[k..k + n]) {
                         packets.push((due, ts, payload, true));
                     }
+                    k += n;
                 }
             }
             let (pt, ch) = (DEMO_AAC_PAYLOAD_TYPE, first.channels);
@@ -652,6 +660,22 @@ pub(crate) fn demo_source(session: Weak<dyn Feed>, clip: DemoClip) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 35: the demo's RTSP face sends fewer, fuller packets: a picture's delimiter
+    /// and two small slices share one (STAP-A), three AAC frames share one (RFC 3640): about
+    /// the rate of its TS face's datagrams, where one packet per unit sent 133 a second.
+    #[test]
+    fn the_demos_rtsp_face_sends_about_one_packet_a_picture() {
+        let clip = DemoClip::new(crate::DEMO_TS).unwrap();
+        let (tracks, _) = clip.rtp_tracks();
+        let secs = tracks[0].lap_90k as f64 / 90_000.0;
+        let (video, audio) = (tracks[0].packets.len() as f64 / secs, tracks[1].packets.len() as f64 / secs);
+        let ts = clip.schedule.len() as f64 / secs;
+        eprintln!("demo per second: RTP video {video:.1}, audio {audio:.1}; TS datagrams {ts:.1}");
+        assert!(video < 30.0, "{video} video packets a second at 25 pictures a second");
+        assert!(audio < 20.0, "{audio} audio packets a second at 47 frames a second");
+        assert!(video + audio < 1.5 * ts, "RTP {} a second, TS {ts}", video + audio);
+    }
 
     /// Issue 30 item 10: the demo looped five times has strictly rising timestamps on every
     /// face: its RTSP tracks (audio each packet, video each picture), and the TS that HTTP

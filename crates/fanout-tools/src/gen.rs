@@ -242,27 +242,13 @@ impl Media {
         for (k, au) in aus.iter().enumerate() {
             // Runs of NAL units that fit one aggregation packet together (with --aggregate),
             // else one NAL unit each.
-            let hdr = if codec == Codec::H264 { 1 } else { 2 };
-            let mut j = 0;
-            while j < au.len() {
-                let mut end = j + 1;
-                if a.aggregate {
-                    let mut size = hdr + 2 + au[j].len();
-                    while end < au.len() && size + 2 + au[end].len() <= max {
-                        size += 2 + au[end].len();
-                        end += 1;
-                    }
+            let mut push = |pl: &[u8], end: bool| payloads.push((pl.to_vec(), k as u64, end));
+            if a.aggregate {
+                annexb::packetize_frame(codec, au, max, &mut scratch, push);
+            } else {
+                for (j, nal) in au.iter().enumerate() {
+                    annexb::packetize(codec, nal, max, &mut scratch, |pl, last| push(pl, last && j + 1 == au.len()));
                 }
-                let last_nal = end == au.len();
-                if end - j > 1 {
-                    annexb::aggregate(codec, &au[j..end], &mut scratch);
-                    payloads.push((scratch.clone(), k as u64, last_nal));
-                } else {
-                    annexb::packetize(codec, au[j], max, &mut scratch, |pl, last| {
-                        payloads.push((pl.to_vec(), k as u64, last_nal && last));
-                    });
-                }
-                j = end;
             }
         }
         Ok(Media::Video { fps: a.fps, payloads, aus: aus.len() as u64 })

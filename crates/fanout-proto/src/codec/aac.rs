@@ -57,11 +57,33 @@ pub fn adts_frames(mut b: &[u8]) -> Vec<AdtsFrame<'_>> {
 /// The RTP payload of one access unit in AAC-hbr mode; `None` if it is too big for the
 /// 13-bit size field.
 pub fn rtp_payload(au: &[u8]) -> Option<Vec<u8>> {
-    let size = u16::try_from(au.len()).ok().filter(|s| *s < 1 << 13)?;
-    let mut p = Vec::with_capacity(4 + au.len());
-    p.extend_from_slice(&16u16.to_be_bytes()); // AU-headers-length in bits: one header
-    p.extend_from_slice(&(size << 3).to_be_bytes()); // size, index 0
-    p.extend_from_slice(au);
+    rtp_payload_of(&[au])
+}
+
+/// How many of `aus` (at least one, at most `most`) go in one payload of at most `max` bytes.
+pub fn frames_per_packet(aus: &[&[u8]], most: usize, max: usize) -> usize {
+    let mut size = 2;
+    let fit = aus.iter().take(most).take_while(|au| {
+        size += 2 + au.len();
+        size <= max
+    });
+    fit.count().max(1).min(aus.len())
+}
+
+/// Consecutive AAC frames in one RFC 3640 AAC-hbr payload: a header per frame (its size,
+/// index 0 then index deltas 0: each follows the one before), then the frames; `None` if
+/// one is too large for a header.
+pub fn rtp_payload_of(aus: &[&[u8]]) -> Option<Vec<u8>> {
+    let headers = u16::try_from(aus.len() * 16).ok()?;
+    let mut p = Vec::with_capacity(2 + 2 * aus.len() + aus.iter().map(|a| a.len()).sum::<usize>());
+    p.extend_from_slice(&headers.to_be_bytes()); // AU-headers-length, in bits
+    for au in aus {
+        let size = u16::try_from(au.len()).ok().filter(|s| *s < 1 << 13)?;
+        p.extend_from_slice(&(size << 3).to_be_bytes());
+    }
+    for au in aus {
+        p.extend_from_slice(au);
+    }
     Some(p)
 }
 
@@ -107,6 +129,18 @@ mod tests {
         // AAC LC, 48 kHz, mono: the "1188" MediaMTX and live555 put in their SDP.
         assert_eq!(f[0].audio_specific_config(), [0x11, 0x88]);
         assert!(fmtp(f[0].audio_specific_config()).ends_with("config=1188"));
+        // Several frames: a header each (size, index 0 / delta 0), then the frames.
+        let two = rtp_payload_of(&[&[1, 2, 3, 4, 5], &[6, 7, 8]]).unwrap();
+        assert_eq!(two, [0, 32, 0, 5 << 3, 0, 3 << 3, 1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(rtp_payload_of(&[&[0; 9000]]), None, "too large for a 13-bit size");
+        let fit = |sizes: &[usize]| {
+            let frames: Vec<Vec<u8>> = sizes.iter().map(|n| vec![0u8; *n]).collect();
+            frames_per_packet(&frames.iter().map(Vec::as_slice).collect::<Vec<_>>(), 3, 1400)
+        };
+        assert_eq!(fit(&[200, 200, 200, 200]), 3);
+        assert_eq!(fit(&[700, 700, 700]), 1, "two would not fit");
+        assert_eq!(fit(&[2000]), 1, "one always goes");
+        assert_eq!(frames_per_packet(&[], 3, 1400), 0);
         assert_eq!(rtp_payload(f[1].au).unwrap()[..4], [0, 16, (300u16 << 3 >> 8) as u8, (300u16 << 3) as u8]);
         // A frame that claims more than there is ends the list.
         assert_eq!(adts_frames(&b[..b.len() - 1]).len(), 1);

@@ -129,6 +129,42 @@ pub fn packetize(codec: Codec, nal: &[u8], max: usize, scratch: &mut Vec<u8>, mu
     }
 }
 
+/// One picture's NAL units as RTP payloads of at most `max` bytes: consecutive units that
+/// fit one aggregation packet together go in one ([`aggregate`]: a picture's delimiter,
+/// parameter sets and small slices share a packet), a unit larger than a packet is
+/// fragmented ([`packetize`]), any other goes alone. `out` gets each payload with whether it
+/// ends the picture (the RTP marker).
+pub fn packetize_frame(
+    codec: Codec,
+    nals: &[&[u8]],
+    max: usize,
+    scratch: &mut Vec<u8>,
+    mut out: impl FnMut(&[u8], bool),
+) {
+    let hdr = if codec == Codec::H264 { 1 } else { 2 };
+    // (A unit shorter than its own header is malformed: it goes alone, as it is.)
+    let joins = |n: &[u8]| n.len() >= hdr;
+    let mut j = 0;
+    while j < nals.len() {
+        let mut end = j + 1;
+        if joins(nals[j]) {
+            let mut size = hdr + 2 + nals[j].len();
+            while end < nals.len() && joins(nals[end]) && size + 2 + nals[end].len() <= max {
+                size += 2 + nals[end].len();
+                end += 1;
+            }
+        }
+        let ends = end == nals.len();
+        if end - j > 1 {
+            aggregate(codec, &nals[j..end], scratch);
+            out(scratch, ends);
+        } else {
+            packetize(codec, nals[j], max, scratch, |p, last| out(p, ends && last));
+        }
+        j = end;
+    }
+}
+
 /// Packs NAL units into one aggregation payload (H.264 STAP-A, RFC 6184 §5.7.1; HEVC AP,
 /// RFC 7798 §4.4.2) in `out`: the header, then each unit as a 16-bit size and its bytes.
 /// The header takes the highest NRI (H.264), or the lowest layer and temporal id (HEVC).
@@ -284,6 +320,34 @@ mod tests {
         }
     }
 
+    /// A picture's units come back whole and in order from its payloads; small ones share
+    /// one; the last payload alone ends the picture; none is larger than `max`.
+    fn frame_round_trip(codec: Codec, nals: &[Vec<u8>], max: usize) -> usize {
+        let refs: Vec<&[u8]> = nals.iter().map(Vec::as_slice).collect();
+        let (mut d, mut got, mut payloads, mut ends) = (Depacketizer::default(), Vec::new(), 0, Vec::new());
+        packetize_frame(codec, &refs, max, &mut Vec::new(), |p, end| {
+            assert!(p.len() <= max, "{} > {max}", p.len());
+            payloads += 1;
+            ends.push(end);
+            d.push_all(codec, p, |n| got.push(n));
+        });
+        assert_eq!(got, nals, "units changed");
+        assert!(ends.last().is_none_or(|e| *e) && ends.iter().filter(|e| **e).count() == nals.len().min(1));
+        payloads
+    }
+
+    #[test]
+    fn a_pictures_small_units_share_a_packet() {
+        // The demo's pictures: a delimiter and two slices of ~400 bytes: one packet.
+        let (aud, s1, s2) = (vec![0x09, 0xf0], vec![0x41; 422], vec![0x41; 360]);
+        assert_eq!(frame_round_trip(Codec::H264, &[aud.clone(), s1.clone(), s2.clone()], 1400), 1);
+        // Its keyframe: SPS, PPS and SEI together, then slices too large to join.
+        let key = [aud, vec![0x67; 25], vec![0x68; 4], vec![0x06; 699], vec![0x65; 2194], vec![0x65; 1625]];
+        assert_eq!(frame_round_trip(Codec::H264, &key, 1400), 1 + 2 + 2);
+        let hevc = [vec![0x40, 0x01, 1, 2], vec![0x42, 0x01, 3], vec![0x44, 0x01, 4], vec![0x26, 0x01, 9, 9]];
+        assert_eq!(frame_round_trip(Codec::H265, &hevc, 1400), 1);
+    }
+
     #[test]
     fn hevc_fragments_keep_layer_and_tid() {
         let nal: Vec<u8> = [0x02u8, 0x03].into_iter().chain(std::iter::repeat_n(7, 3000)).collect(); // type 1, TID 2
@@ -303,6 +367,24 @@ mod tests {
                 let _ = d.push(Codec::H264, p);
                 let _ = d.push(Codec::H265, p);
             }
+        }
+
+        #[test]
+        fn any_picture_round_trips(
+            nals in proptest::collection::vec(proptest::collection::vec(1u8..255, 2..3000), 0..8),
+            max in 8usize..1500,
+        ) {
+            // (Real NAL unit types: those above are the payload formats' own.)
+            let mut h264 = nals.clone();
+            for n in &mut h264 {
+                n[0] = (n[0] & 0xe0) | (1 + n[0] % 23);
+            }
+            frame_round_trip(Codec::H264, &h264, max);
+            let mut h265 = nals;
+            for n in &mut h265 {
+                n[0] = (n[0] & 0x81) | (((n[0] >> 1) % 48) << 1);
+            }
+            frame_round_trip(Codec::H265, &h265, max);
         }
 
         #[test]

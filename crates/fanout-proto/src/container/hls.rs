@@ -112,7 +112,13 @@ pub struct Segmenter {
     pub dropped: u64,
     /// The stream ended ([`Segmenter::finish`]): the playlist says so.
     ended: bool,
+    /// Audio that came before the first keyframe: a packet of several frames arrives at its
+    /// first frame's time, so frames due after the keyframe may come before it.
+    early: VecDeque<Unit>,
 }
+
+/// The most audio frames kept from before the first keyframe.
+const EARLY_AUDIO: usize = 32;
 
 impl Segmenter {
     /// A segmenter for a repackager's streams, cutting at `target_ms` or the next keyframe
@@ -177,6 +183,7 @@ impl Segmenter {
             has_video,
             dropped: 0,
             ended: false,
+            early: VecDeque::new(),
         })
     }
 
@@ -192,13 +199,26 @@ impl Segmenter {
         };
         let is_video = video.is_some();
         if self.tracks.is_none() {
+            if self.has_video && !is_video {
+                if self.early.len() == EARLY_AUDIO {
+                    self.early.pop_front();
+                }
+                self.early.push_back(u.clone());
+                return false;
+            }
             // Start at a keyframe that brings its parameter sets (or anywhere, audio only).
-            if (self.has_video && !(is_video && u.key)) || !self.describe(u) {
+            if (self.has_video && !u.key) || !self.describe(u) {
                 return false;
             }
             self.origin = Some(u.time);
             self.started = Some(u.time);
             self.part_started = Some(u.time);
+            let cut = self.push(u);
+            // Each audio frame goes by its own time: those due from the keyframe on are taken.
+            for e in std::mem::take(&mut self.early) {
+                self.push(&e);
+            }
+            return cut;
         }
         let origin = self.origin.expect("set with the tracks");
         if u.time < origin {
@@ -612,6 +632,33 @@ pub(crate) mod tests {
             }
         }
         assert_eq!(s.segments.len(), WINDOW);
+    }
+
+    /// Audio sent three frames a packet arrives at its first frame's time: frames due after
+    /// the first keyframe may come before it, and are taken by their own times, none lost.
+    #[test]
+    fn audio_that_comes_before_the_first_keyframe_is_placed_by_its_time() {
+        let units = demo_units();
+        let key = units.iter().find(|u| u.key).unwrap().time;
+        // Arrival: a picture at its time, an audio frame at its packet's first frame's.
+        let mut arriving: Vec<(i64, &Unit)> = Vec::new();
+        let audio: Vec<&Unit> = units.iter().filter(|u| u.stream == 1).collect();
+        for packet in audio.chunks(3) {
+            arriving.extend(packet.iter().map(|u| (packet[0].time, *u)));
+        }
+        arriving.extend(units.iter().filter(|u| u.stream == 0).map(|u| (u.time, u)));
+        arriving.sort_by_key(|(at, u)| (*at, u.stream));
+        let mut s = Segmenter::new(&streams(), 2000, 1).unwrap();
+        for (at, u) in &arriving {
+            if *at > key + 90_000 {
+                break;
+            }
+            s.push(u);
+        }
+        let due: Vec<i64> = audio.iter().map(|u| u.time).filter(|&t| t >= key && t <= key + 90_000).collect();
+        let taken: Vec<i64> = s.pending[1].iter().map(|p| p.0).filter(|&t| t <= key + 90_000).collect();
+        assert!(due.first().unwrap() - key < 1920, "the clip has audio at its first keyframe");
+        assert_eq!(taken, due);
     }
 
     /// A stream's end (issue 30 item 11): the open segment is closed, the playlist lists it

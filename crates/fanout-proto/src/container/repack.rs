@@ -11,6 +11,7 @@ use crate::rtp::RtpView;
 use crate::rtsp::sdp::Media;
 
 use base64::Engine as _;
+use std::collections::VecDeque;
 
 /// An access unit larger than this is dropped (a broken stream, not a picture).
 const MAX_AU: usize = 4 << 20;
@@ -172,8 +173,14 @@ pub struct Repackager {
     reference: Option<usize>,
     /// Video has started (a keyframe went out), or there is no video track.
     started: bool,
+    /// Audio frames from before video started, the newest [`EARLY_AUDIO`]: a packet of
+    /// several frames comes at its first frame's time, so some may be due after the keyframe.
+    early: VecDeque<Unit>,
     pub stats: RepackStats,
 }
+
+/// The most audio frames held until video starts.
+const EARLY_AUDIO: usize = 32;
 
 impl Repackager {
     /// A repackager for a session's tracks in order; `None` for a track it leaves out.
@@ -205,7 +212,7 @@ impl Repackager {
             })
             .collect();
         let started = !streams.iter().any(|s| s.kind() != StreamKind::AacAdts);
-        Self { tracks, streams, reference: None, started, stats: RepackStats::default() }
+        Self { tracks, streams, reference: None, started, early: VecDeque::new(), stats: RepackStats::default() }
     }
 
     /// The output streams ([`Unit::stream`] indexes them).
@@ -331,6 +338,15 @@ impl Repackager {
         data.extend_from_slice(&nals);
         self.stats.units += 1;
         out.push(Unit { stream: t.stream, time, key, data });
+        // Each held audio frame by its own time: those due from the keyframe on go out.
+        for u in std::mem::take(&mut self.early) {
+            if u.time >= time {
+                self.stats.units += 1;
+                out.push(u);
+            } else {
+                self.stats.dropped += 1;
+            }
+        }
     }
 
     fn push_aac(&mut self, i: usize, v: &RtpView<'_>, time: i64, out: &mut Vec<Unit>) {
@@ -366,15 +382,20 @@ impl Repackager {
                 data = &data[n..];
             }
         }
-        if !self.started {
-            self.stats.dropped += frames.len() as u64;
-            return;
-        }
         // Each AAC frame is 1024 samples.
         let step = 1024 * 90_000 / i64::from(clock);
         for (k, au) in frames.into_iter().enumerate() {
-            self.stats.units += 1;
-            out.push(Unit { stream, time: time + k as i64 * step, key: false, data: au });
+            let u = Unit { stream, time: time + k as i64 * step, key: false, data: au };
+            if self.started {
+                self.stats.units += 1;
+                out.push(u);
+            } else {
+                if self.early.len() == EARLY_AUDIO {
+                    self.early.pop_front();
+                    self.stats.dropped += 1;
+                }
+                self.early.push_back(u);
+            }
         }
     }
 }
@@ -626,6 +647,24 @@ mod tests {
         // Both started at the same arrival time: the audio of frame 1 is at the video's time.
         assert_eq!(audio[0].pts, video[0].pts);
         assert_eq!(r.0.stats.dropped, 2, "frame 0's picture and audio");
+    }
+
+    /// Three AAC frames in a packet before the first keyframe: the ones due from the
+    /// keyframe on go out after it, by their own times; the earlier one is dropped.
+    #[test]
+    fn audio_held_before_the_first_keyframe_goes_out_by_its_time() {
+        let mut r = Repackager::new(tracks().into_iter().map(Result::ok).collect());
+        let mut out = Vec::new();
+        let a = crate::codec::aac::rtp_payload_of(&[&[1; 50], &[2; 50], &[3; 50]]).unwrap();
+        r.push_rtp(1, &rtp(true, 1, 0, &a), 1000, &mut out);
+        assert!(out.is_empty(), "no video yet");
+        // The keyframe comes 15 ms later: the frames at 21.3 and 42.7 ms are after it.
+        r.push_rtp(0, &rtp(true, 1, 0, &[0x65, 1, 2]), 1015, &mut out);
+        r.push_rtp(0, &rtp(true, 2, 3600, &[0x41, 1, 2]), 1055, &mut out);
+        let video = out.iter().find(|u| u.stream == 0).expect("the keyframe").time;
+        let audio: Vec<(i64, u8)> = out.iter().filter(|u| u.stream == 1).map(|u| (u.time - video, u.data[0])).collect();
+        assert_eq!(audio, [(1920 - 1350, 2), (3840 - 1350, 3)]);
+        assert_eq!(r.stats.dropped, 1, "the frame before the keyframe");
     }
 
     /// B-frames (RTP times going back in decoding order) get decoding times in the TS that

@@ -152,14 +152,16 @@ mod tests {
         assert!(sdp.contains("a=rtpmap:96 H264/90000") && sdp.contains("sprop-parameter-sets=Z0LAHg==,aM48"), "{sdp}");
         assert!(sdp.contains("MPEG4-GENERIC/48000/2") && sdp.contains("config=1190"), "{sdp}");
         assert!(crate::rtsp::sdp::Sdp::parse(&sdp).is_ok());
-        // SPS, PPS in-band, then the IDR in three fragments; one timestamp, the marker last.
-        assert_eq!(out.len(), 5);
+        // SPS and PPS in-band, together (STAP-A), then the IDR in three fragments; one
+        // timestamp, the marker last.
+        assert_eq!(out.len(), 4);
         let views: Vec<RtpView> = out.iter().map(|p| RtpView::parse(&p.data).unwrap()).collect();
-        assert_eq!(views[0].payload(), &SPS);
-        assert_eq!(views[1].payload(), &PPS);
+        let mut stap = Vec::new();
+        crate::codec::annexb::aggregate(crate::codec::annexb::Codec::H264, &[&SPS, &PPS], &mut stap);
+        assert_eq!(views[0].payload(), &stap[..]);
         assert!(views.iter().all(|v| v.timestamp() == 120 * 90 && v.payload_type() == 96));
-        assert_eq!(views.iter().map(|v| v.marker()).collect::<Vec<_>>(), [false, false, false, false, true]);
-        assert_eq!(views.iter().map(|v| v.sequence_number()).collect::<Vec<_>>(), [0, 1, 2, 3, 4]);
+        assert_eq!(views.iter().map(|v| v.marker()).collect::<Vec<_>>(), [false, false, false, true]);
+        assert_eq!(views.iter().map(|v| v.sequence_number()).collect::<Vec<_>>(), [0, 1, 2, 3]);
 
         // AAC frames: 1024 samples apart, whatever the millisecond rounding said.
         out.clear();

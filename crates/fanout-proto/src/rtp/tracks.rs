@@ -1,5 +1,6 @@
 //! Coded media as RTP tracks, the form every face of the relay reads: H.264 per RFC 6184 or
-//! H.265 per RFC 7798, AAC per RFC 3640 (AAC-hbr). What an encoder's container carries
+//! H.265 per RFC 7798 (a picture's small NAL units in one aggregation packet), AAC per RFC
+//! 3640 (AAC-hbr). What an encoder's container carries
 //! (RTMP's FLV, SRT's MPEG-TS) comes here as decoder configurations and frames. The tracks
 //! are fixed at the first coded frame, from the configurations that came before it (video
 //! first, then audio); their SDP carries the parameter sets, and each keyframe carries them
@@ -162,13 +163,11 @@ impl Tracks {
         let inband = keyframe && !nals.iter().any(|n| nal_type(n) == Some(sps));
         let sets: Vec<&[u8]> = if inband { v.sets.iter().map(Vec::as_slice).collect() } else { Vec::new() };
         let all: Vec<&[u8]> = sets.into_iter().chain(nals.iter().copied()).filter(|n| !n.is_empty()).collect();
-        // Each payload straight into its RTP packet: one copy of the picture's bytes.
-        for (i, n) in all.iter().enumerate() {
-            crate::codec::annexb::packetize(v.codec, n, MAX_PAYLOAD, scratch, |p, last| {
-                let marker = last && i + 1 == all.len();
-                out.push(rtp(track, &mut seq[track], VIDEO_PAYLOAD_TYPE, ts, marker, p));
-            });
-        }
+        // Each payload straight into its RTP packet (small units together): one copy of the
+        // picture's bytes.
+        crate::codec::annexb::packetize_frame(v.codec, &all, MAX_PAYLOAD, scratch, |p, marker| {
+            out.push(rtp(track, &mut seq[track], VIDEO_PAYLOAD_TYPE, ts, marker, p));
+        });
     }
 
     /// An AAC AudioSpecificConfig; taken until the tracks are fixed, and after only where
@@ -188,7 +187,8 @@ impl Tracks {
     }
 
     /// One raw AAC frame, which the container places at `said` (in samples): its RTP
-    /// packet into `out`.
+    /// packet into `out`. One frame a packet: a live encoder's next frames are not there
+    /// yet, and waiting for them would add their 21 ms each to the latency.
     pub fn audio_frame(&mut self, said: u64, frame: &[u8], out: &mut Vec<RtpPacket>) {
         let (Some(_), Some(track)) = (self.audio, self.audio.and_then(|_| self.index(Kind::Audio))) else {
             self.ignored += 1;
