@@ -417,7 +417,12 @@ impl Publisher {
 
     /// Closes the sessions of the tracks past the first (the first belongs to the relay).
     pub fn close_tracks(&self) {
-        let extra: Vec<Session> = self.state.lock().tracks.drain(1..).map(|t| t.session).collect();
+        let extra: Vec<Session> = {
+            let tracks = &mut self.state.lock().tracks;
+            // (None yet, when it never set up: nothing to close.)
+            let first = tracks.len().min(1);
+            tracks.drain(first..).map(|t| t.session).collect()
+        };
         for s in extra {
             s.close();
         }
