@@ -114,15 +114,17 @@ impl ChannelQueue {
     }
 
     /// Lets `fill` add to the queue, told how much room there is, under one lock; wakes the
-    /// reader if it added any.
+    /// reader if it added to an empty queue (one that holds packets has been woken and not
+    /// drained yet: a reader that drains at intervals is woken once per interval, not per
+    /// packet).
     fn push_with<R>(&self, fill: impl FnOnce(usize, &mut VecDeque<Frame>) -> R) -> R {
-        let (r, added) = {
+        let (r, woken) = {
             let mut q = self.q.lock();
             let before = q.len();
             let r = fill(self.cap.saturating_sub(before), &mut q);
-            (r, q.len() - before)
+            (r, before == 0 && !q.is_empty())
         };
-        if added > 0 {
+        if woken {
             (self.wake)();
         }
         r
@@ -155,6 +157,31 @@ mod tests {
     /// Three access units of three packets each.
     fn pictures() -> Vec<Arc<Packet>> {
         (0..9).map(|i| rtp(i / 3 * 3600, i % 3 == 2)).collect()
+    }
+
+    /// The reader is woken when packets come to an empty queue, not again until it drained
+    /// it: one wake per drain however many pushes came between.
+    #[test]
+    fn the_reader_is_woken_once_per_drain() {
+        use std::sync::atomic::AtomicUsize;
+        let wakes = Arc::new(AtomicUsize::new(0));
+        let w = wakes.clone();
+        let q = ChannelQueue::new(100, move || {
+            w.fetch_add(1, Ordering::Relaxed);
+        });
+        let p = pictures();
+        for k in 0..9 {
+            q.push(&p[k..k + 1]);
+        }
+        assert_eq!(wakes.load(Ordering::Relaxed), 1);
+        let mut out = Vec::new();
+        q.drain(&mut out);
+        assert_eq!(out.len(), 9);
+        q.push(&p[..0]);
+        assert_eq!(wakes.load(Ordering::Relaxed), 1, "nothing added: no wake");
+        q.push(&p[..3]);
+        q.push_layered(&p[3..6], |_| Some((7, None)));
+        assert_eq!(wakes.load(Ordering::Relaxed), 2);
     }
 
     #[test]

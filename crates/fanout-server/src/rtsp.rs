@@ -108,7 +108,6 @@ const INTERLEAVED_QUEUE: usize = 2048;
 
 /// An RTSP connection as the data path sees it: the queues of its interleaved tracks (by
 /// RTP channel) and the wake-up for the task that writes them.
-#[derive(Default)]
 struct Conn {
     notify: tokio::sync::Notify,
     queues: Mutex<Vec<(u8, Arc<fanout_io::channel::ChannelQueue>)>>,
@@ -116,12 +115,30 @@ struct Conn {
     control: Mutex<Vec<(u8, Vec<u8>)>>,
     /// A send buffer its socket should get, set when a track goes interleaved (0: none new).
     sndbuf: std::sync::atomic::AtomicUsize,
+    /// How long its interleaved packets may wait to be written together (ms): the least
+    /// `stream_flush_ms` of its tracks' sessions; `u64::MAX` before any.
+    flush_ms: std::sync::atomic::AtomicU64,
     /// SRTP key epochs its descriptions gave, by track session.
     keys: Mutex<HashMap<String, Arc<crate::srtp_out::Epoch>>>,
     /// Its session was deleted: the connection is closed at the next wake-up.
     ended: std::sync::atomic::AtomicBool,
     /// It published, and a newer publisher took over: closed at the next wake-up.
     displaced: std::sync::atomic::AtomicBool,
+}
+
+impl Default for Conn {
+    fn default() -> Self {
+        Self {
+            notify: tokio::sync::Notify::new(),
+            queues: Mutex::default(),
+            control: Mutex::default(),
+            sndbuf: std::sync::atomic::AtomicUsize::new(0),
+            flush_ms: std::sync::atomic::AtomicU64::new(u64::MAX),
+            keys: Mutex::default(),
+            ended: std::sync::atomic::AtomicBool::new(false),
+            displaced: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
 }
 
 /// Where a sender report goes: a UDP client's RTCP port, or an interleaved client's RTCP
@@ -599,6 +616,8 @@ impl Rtsp {
                                         fanout_io::channel::ChannelQueue::new(cap, move || wake.notify.notify_one());
                                     conn.sndbuf
                                         .fetch_max(into.stream_send_buffer(), std::sync::atomic::Ordering::Relaxed);
+                                    let flush = into.config().stream_flush.as_millis() as u64;
+                                    conn.flush_ms.fetch_min(flush, std::sync::atomic::Ordering::Relaxed);
                                     let mut qs = conn.queues.lock();
                                     qs.retain(|(ch, _)| *ch != rtp);
                                     qs.push((rtp, q.clone()));
@@ -892,6 +911,118 @@ const FIRST_PACKET_WAIT: Duration = Duration::from_secs(2);
 /// How long a DESCRIBE waits for an RTSP upstream to connect and play before it is 404.
 const UPSTREAM_WAIT: Duration = Duration::from_secs(10);
 
+/// Writes what the connection's interleaved queues and RTCP hold, `$`-framed, with one
+/// vectored write of the shared packets: this task is the connection's only writer, so
+/// responses never split a frame.
+async fn flush_interleaved(
+    stream: &mut impl RtspIo,
+    me: &Conn,
+    packets: &mut Vec<fanout_io::channel::Frame>,
+    gather: &mut Gather,
+) -> std::io::Result<()> {
+    let queues = me.queues.lock().clone();
+    gather.clear();
+    for (channel, q) in &queues {
+        q.drain(packets);
+        for (p, seq) in packets.drain(..) {
+            gather.packet(*channel, p, seq);
+        }
+    }
+    for (channel, rtcp) in me.control.lock().drain(..) {
+        gather.owned(channel, &rtcp);
+    }
+    let size = me.sndbuf.swap(0, std::sync::atomic::Ordering::Relaxed);
+    if size > 0 {
+        let _ = socket2::SockRef::from(stream.tcp()).set_send_buffer_size(size);
+    }
+    gather.write(stream).await
+}
+
+/// Interleaved frames gathered for one vectored write: each packet's `$` header (and a
+/// layer-dropping client's own sequence number) in `heads`, its bytes where the ring holds
+/// them (no copy per client).
+#[derive(Default)]
+struct Gather {
+    heads: Vec<u8>,
+    packets: Vec<Arc<fanout_io::packet::Packet>>,
+    parts: Vec<Part>,
+}
+
+/// A piece of a gathered write.
+enum Part {
+    Head(std::ops::Range<usize>),
+    Packet(usize, std::ops::Range<usize>),
+}
+
+/// The most slices one `writev` takes (Linux's `IOV_MAX`).
+const IOV_MAX: usize = 1024;
+
+impl Gather {
+    fn clear(&mut self) {
+        self.heads.clear();
+        self.packets.clear();
+        self.parts.clear();
+    }
+
+    fn head(&mut self, bytes: &[u8]) {
+        let at = self.heads.len();
+        self.heads.extend_from_slice(bytes);
+        match self.parts.last_mut() {
+            // Next to the last head: one slice.
+            Some(Part::Head(r)) if r.end == at => r.end += bytes.len(),
+            _ => self.parts.push(Part::Head(at..at + bytes.len())),
+        }
+    }
+
+    /// A packet of the ring on `channel`; with `seq`, the client's own sequence number in
+    /// place of the packet's (RTP header bytes 2..4).
+    fn packet(&mut self, channel: u8, p: Arc<fanout_io::packet::Packet>, seq: Option<u16>) {
+        let len = p.data().len();
+        let Ok(len16) = u16::try_from(len) else { return };
+        let mut head = [b'$', channel, 0, 0];
+        head[2..].copy_from_slice(&len16.to_be_bytes());
+        self.head(&head);
+        let k = self.packets.len();
+        match seq.filter(|_| len >= 4) {
+            Some(seq) => {
+                self.parts.push(Part::Packet(k, 0..2));
+                self.head(&seq.to_be_bytes());
+                self.parts.push(Part::Packet(k, 4..len));
+            }
+            None => self.parts.push(Part::Packet(k, 0..len)),
+        }
+        self.packets.push(p);
+    }
+
+    /// A frame of bytes of its own (RTCP).
+    fn owned(&mut self, channel: u8, data: &[u8]) {
+        let mut frame = Vec::with_capacity(4 + data.len());
+        rtsp::write_interleaved(&mut frame, channel, data);
+        self.head(&frame);
+    }
+
+    async fn write(&self, stream: &mut (impl tokio::io::AsyncWrite + Unpin)) -> std::io::Result<()> {
+        use std::io::IoSlice;
+        let mut slices: Vec<IoSlice<'_>> = self
+            .parts
+            .iter()
+            .map(|p| match p {
+                Part::Head(r) => IoSlice::new(&self.heads[r.clone()]),
+                Part::Packet(k, r) => IoSlice::new(&self.packets[*k].data()[r.clone()]),
+            })
+            .collect();
+        let mut rest = &mut slices[..];
+        while !rest.is_empty() {
+            let n = stream.write_vectored(&rest[..rest.len().min(IOV_MAX)]).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            IoSlice::advance_slices(&mut rest, n);
+        }
+        Ok(())
+    }
+}
+
 async fn connection(
     mut stream: impl RtspIo,
     secure: bool,
@@ -915,6 +1046,9 @@ async fn connection(
     let mut buf: Vec<u8> = Vec::with_capacity(4096);
     let mut chunk = [0u8; 4096];
     let (mut packets, mut frames) = (Vec::new(), Vec::new());
+    let mut gather = Gather::default();
+    // When the interleaved packets waiting are written (`None`: nothing waits).
+    let mut flush_at: Option<tokio::time::Instant> = None;
     // When the first byte of a message still incomplete arrived: it must end within
     // `head_timeout`, so that a trickle of bytes cannot hold a connection (slowloris).
     let mut partial_since: Option<Instant> = None;
@@ -1117,7 +1251,7 @@ async fn connection(
                 }
                 buf.extend_from_slice(&chunk[..n]);
             }
-            _ = me.notify.notified() => {
+            _ = me.notify.notified(), if flush_at.is_none() => {
                 if me.displaced.load(std::sync::atomic::Ordering::Relaxed) {
                     tracing::info!(%peer, "RTSP publisher taken over by a new one: closed");
                     return Ok(());
@@ -1132,30 +1266,114 @@ async fn connection(
                     tracing::info!(%peer, "RTSP connection closed: its stream ended");
                     return Ok(());
                 }
-                // The interleaved tracks' packets, `$`-framed, in one write: this task is the
-                // connection's only writer, so responses never split a frame.
-                let queues = me.queues.lock().clone();
-                frames.clear();
-                for (channel, q) in &queues {
-                    q.drain(&mut packets);
-                    for (p, seq) in packets.drain(..) {
-                        let at = frames.len();
-                        rtsp::write_interleaved(&mut frames, *channel, p.data());
-                        // A layer-dropping client's own sequence number (after `$`, channel,
-                        // length: the RTP header's bytes 2..4).
-                        if let Some(seq) = seq {
-                            frames[at + 6..at + 8].copy_from_slice(&seq.to_be_bytes());
-                        }
-                    }
+                // Packets wait up to the flush interval and go out together (as HTTP TS
+                // subscribers' do): the queue wakes this task once until it is drained.
+                let flush = me.flush_ms.load(std::sync::atomic::Ordering::Relaxed);
+                if flush != u64::MAX && flush > 0 {
+                    flush_at = Some(tokio::time::Instant::now() + Duration::from_millis(flush));
+                    continue;
                 }
-                for (channel, rtcp) in me.control.lock().drain(..) {
-                    rtsp::write_interleaved(&mut frames, channel, &rtcp);
+                flush_interleaved(&mut stream, &me, &mut packets, &mut gather).await?;
+            }
+            _ = tokio::time::sleep_until(flush_at.unwrap_or_else(tokio::time::Instant::now)), if flush_at.is_some() => {
+                flush_at = None;
+                flush_interleaved(&mut stream, &me, &mut packets, &mut gather).await?;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Gather, IOV_MAX};
+    use fanout_io::packet::Packet;
+    use std::pin::Pin;
+    use std::sync::Arc;
+    use std::task::{Context, Poll};
+
+    /// A writer that takes at most `most` bytes a call, as a full socket buffer would.
+    struct Trickle {
+        got: Vec<u8>,
+        most: usize,
+        calls: usize,
+    }
+
+    impl tokio::io::AsyncWrite for Trickle {
+        fn poll_write(mut self: Pin<&mut Self>, _: &mut Context<'_>, b: &[u8]) -> Poll<std::io::Result<usize>> {
+            let n = b.len().min(self.most);
+            self.got.extend_from_slice(&b[..n]);
+            self.calls += 1;
+            Poll::Ready(Ok(n))
+        }
+        fn poll_write_vectored(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            bufs: &[std::io::IoSlice<'_>],
+        ) -> Poll<std::io::Result<usize>> {
+            assert!(bufs.len() <= IOV_MAX, "{} slices in one writev", bufs.len());
+            let mut n = 0;
+            for b in bufs {
+                let take = b.len().min(self.most - n);
+                self.got.extend_from_slice(&b[..take]);
+                n += take;
+                if n == self.most {
+                    break;
                 }
-                let size = me.sndbuf.swap(0, std::sync::atomic::Ordering::Relaxed);
-                if size > 0 {
-                    let _ = socket2::SockRef::from(stream.tcp()).set_send_buffer_size(size);
+            }
+            self.calls += 1;
+            Poll::Ready(Ok(n))
+        }
+        fn is_write_vectored(&self) -> bool {
+            true
+        }
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    fn rtp(seq: u16, len: usize) -> Arc<Packet> {
+        let mut p = Packet::with_capacity(len);
+        let b = p.buf_mut();
+        b[0] = 0x80;
+        b[2..4].copy_from_slice(&seq.to_be_bytes());
+        for (k, x) in b[12..len].iter_mut().enumerate() {
+            *x = k as u8;
+        }
+        p.set_len(len, 12);
+        Arc::new(p)
+    }
+
+    /// What is gathered goes out byte for byte as the frames one by one would, a client's
+    /// own sequence numbers in place, however little each write takes and however many
+    /// packets (more slices than one writev may carry).
+    #[test]
+    fn gathered_frames_are_the_frames_written_one_by_one() {
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        for (packets, most) in [(3usize, 1usize), (700, 1500), (2000, 100_000)] {
+            let mut g = Gather::default();
+            let mut want = Vec::new();
+            for k in 0..packets {
+                let p = rtp(k as u16, 20 + k % 1300);
+                let own = (k % 3 == 0).then_some(9000 + k as u16);
+                let mut data = p.data().to_vec();
+                if let Some(seq) = own {
+                    data[2..4].copy_from_slice(&seq.to_be_bytes());
                 }
-                stream.write_all(&frames).await?;
+                fanout_proto::rtsp::write_interleaved(&mut want, (k % 2 * 2) as u8, &data);
+                g.packet((k % 2 * 2) as u8, p, own);
+                if k % 50 == 0 {
+                    fanout_proto::rtsp::write_interleaved(&mut want, 1, b"rtcp");
+                    g.owned(1, b"rtcp");
+                }
+            }
+            let mut w = Trickle { got: Vec::new(), most, calls: 0 };
+            rt.block_on(g.write(&mut w)).unwrap();
+            assert!(w.got == want, "{packets} packets, {most} bytes a write");
+            if most == 100_000 {
+                assert!(w.calls < packets / 100, "{} writes for {packets} packets", w.calls);
             }
         }
     }
