@@ -108,7 +108,7 @@ fn every_bench_has_a_quick_mode_with_csv_and_png() {
     let _default_rtsp = std::net::TcpListener::bind("127.0.0.1:8554");
     let d = |s: &str| dir.join(s).to_str().unwrap().to_string();
     let peers = concat!(env!("CARGO_MANIFEST_DIR"), "/../../.peers");
-    let runs: [(&[&str], &str, usize); 6] = [
+    let runs: [(&[&str], &str, usize); 7] = [
         // The shared path fed paged datagrams (`:paged`, a NIC's kind) beside copy's linear
         // ones, each also on a `--baseline` build (this one again): four rows a round.
         (
@@ -124,20 +124,24 @@ fn every_bench_has_a_quick_mode_with_csv_and_png() {
             "datapaths/datapaths.csv",
             4,
         ),
-        // One step per way of watching: TS over UDP, RTP, TS over HTTP, HLS.
-        (&["bench", "http", "--quick"], "http/http.csv", 4),
+        // One step per way of watching: TS over UDP, RTP over UDP and interleaved, TS over
+        // HTTP, HLS.
+        (&["bench", "http", "--quick"], "http/http.csv", 5),
         (&["bench", "splice", "--quick"], "splice/splice.csv", 2),
         (&["bench", "repack", "--quick"], "repack/repack.csv", 3),
         // 2 edge counts x 2 steps, each subscriber served through an edge's pull.
         (&["bench", "cluster", "--quick"], "cluster/cluster.csv", 4),
         (&["bench", "rtsp", "--quick", "--peers", peers], "rtsp/rtsp.csv", 1),
+        // fanout over RTSP (UDP, TCP), HTTP TS and HLS, MediaMTX over all but HTTP TS.
+        (&["bench", "players", "--quick", "--peers", peers], "players/players.csv", 7),
     ];
     for (args, csv, rows) in runs {
-        // bench rtsp's upstream is MediaMTX: where install-peers could not build it, say so.
-        if args[1] == "rtsp" && !std::path::Path::new(peers).join("mediamtx").exists() {
+        // bench rtsp's upstream is MediaMTX, bench players measures it: where install-peers
+        // could not build it, say so.
+        if ["rtsp", "players"].contains(&args[1]) && !std::path::Path::new(peers).join("mediamtx").exists() {
             let why = std::fs::read_to_string(format!("{peers}/mediamtx.unavailable")).unwrap_or_default();
             assert!(!why.is_empty() || std::env::var_os("CI").is_none(), "MediaMTX missing: scripts/test installs it");
-            eprintln!("\n*** SKIPPED bench rtsp --quick: MediaMTX unavailable ({}) ***\n", why.trim());
+            eprintln!("\n*** SKIPPED bench {} --quick: MediaMTX unavailable ({}) ***\n", args[1], why.trim());
             continue;
         }
         let folder = csv.split('/').next().unwrap();
@@ -146,14 +150,25 @@ fn every_bench_has_a_quick_mode_with_csv_and_png() {
         all.extend(["--out", &out_dir]);
         let out = fanout(&all);
         assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        check_csv(&dir.join(csv), rows, 2);
+        check_csv(&dir.join(csv), rows, if args[1] == "players" { 3 } else { 2 });
         if args[1] == "http" {
-            // Every kind delivered to every subscriber: bytes, and nobody silent.
+            // Every kind delivered to every subscriber: bytes, nobody silent, nothing missing.
             let csv = std::fs::read_to_string(dir.join(csv)).unwrap();
             for row in csv.lines().skip(1) {
                 let f: Vec<&str> = row.split(',').collect();
-                assert!(f[7].parse::<u64>().unwrap() > 0 && f[10] == "0", "{row}");
+                assert!(f[7].parse::<u64>().unwrap() > 0 && f[10] == "0" && f[11] == "0", "{row}");
             }
+        }
+        if args[1] == "players" {
+            // Every player of every scenario got something, nothing missing, and the table
+            // is there in the peers' columns.
+            let csv = std::fs::read_to_string(dir.join(csv)).unwrap();
+            for row in csv.lines().skip(1) {
+                let f: Vec<&str> = row.split(',').collect();
+                assert!(f[9].parse::<u64>().unwrap() > 0 && f[11] == "0" && f[12] == "0", "{row}");
+            }
+            let table = String::from_utf8_lossy(&out.stdout);
+            assert!(table.contains("| Server | Scenario | Clients | CPU | players per core | RSS | loss |"), "{table}");
         }
         if args[1] == "datapaths" {
             // 3 s at 100 sinks is a few CPU ticks: no figure, and the bench says why.

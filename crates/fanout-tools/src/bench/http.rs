@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 
 #[derive(Args)]
 pub struct HttpArgs {
-    /// How the subscribers watch: udp (TS datagrams), rtsp (RTP over UDP), http (TS over
-    /// HTTP), hls.
-    #[arg(long, value_delimiter = ',', default_value = "udp,rtsp,http,hls")]
+    /// How the subscribers watch: udp (TS datagrams), rtsp (RTP over UDP), rtsp-tcp (RTP
+    /// interleaved on the RTSP connection), http (TS over HTTP), hls.
+    #[arg(long, value_delimiter = ',', default_value = "udp,rtsp,rtsp-tcp,http,hls")]
     kinds: Vec<String>,
     /// Subscriber counts to step through.
     #[arg(long, value_delimiter = ',', default_value = "250,1000")]
@@ -34,6 +34,13 @@ pub struct HttpArgs {
     quick: bool,
     #[arg(long, default_value = "bench-out/http")]
     out: PathBuf,
+    /// The stream: an MPEG-TS file played in a loop (default: the demo clip, ~350 kbit/s).
+    #[arg(long)]
+    clip: Option<PathBuf>,
+    /// Another build of fanout (its binary) whose relay is measured beside this one's, kind
+    /// by kind, its rows labelled `KIND (baseline)`: a change's before and after in one run.
+    #[arg(long)]
+    baseline: Option<PathBuf>,
 }
 
 /// (internal) N HLS players in one process: each polls the playlist once a second and
@@ -62,22 +69,52 @@ struct Player {
 
 /// The media playlist a playlist at `url` leads to: its variant's URI, resolved, or `url`
 /// itself when it is a media playlist.
-fn media_playlist(agent: &ureq::Agent, url: &str, base: &str) -> anyhow::Result<String> {
+fn media_playlist(agent: &ureq::Agent, url: &str) -> anyhow::Result<String> {
     let list = agent.get(url).call().context("playlist")?.into_string()?;
     if !list.contains("#EXT-X-STREAM-INF") {
         return Ok(url.to_string());
     }
     let uri = list.lines().find(|l| !l.is_empty() && !l.starts_with('#')).context("a variant in the playlist")?;
-    Ok(if uri.contains("://") { uri.to_string() } else { format!("{base}/{uri}") })
+    Ok(resolve(url, uri.trim()))
+}
+
+/// A media playlist's segments with their media sequence numbers (`#EXT-X-MEDIA-SEQUENCE`
+/// counts from the first listed), and its initialization segment's URI.
+fn listed(list: &str) -> (Vec<(u64, &str)>, Option<&str>) {
+    let mut seq: u64 =
+        list.lines().find_map(|l| l.strip_prefix("#EXT-X-MEDIA-SEQUENCE:")?.trim().parse().ok()).unwrap_or(0);
+    let map = list.lines().find_map(|l| l.strip_prefix("#EXT-X-MAP:")?.split("URI=\"").nth(1)?.split('"').next());
+    let mut out = Vec::new();
+    for l in list.lines().map(str::trim) {
+        if !l.is_empty() && !l.starts_with('#') {
+            out.push((seq, l));
+            seq += 1;
+        }
+    }
+    (out, map)
+}
+
+/// `uri` as seen from a playlist at `url`.
+fn resolve(url: &str, uri: &str) -> String {
+    if uri.contains("://") {
+        return uri.to_string();
+    }
+    let base = url.split('?').next().unwrap_or(url);
+    let dir = base.rsplit_once('/').map_or(base, |(d, _)| d);
+    format!("{dir}/{uri}")
 }
 
 pub fn hls_load(a: HlsLoadArgs) -> anyhow::Result<()> {
-    let base = a.url.rsplit_once('/').map(|(b, _)| b.to_string()).context("a playlist URL")?;
     let threads = a.threads.clamp(1, a.players.max(1));
-    // The init segment, once, as every player starts with it.
-    let init = ureq::get(&format!("{base}/init.mp4")).call().context("init.mp4")?;
-    if init.status() != 200 {
-        bail!("init.mp4: HTTP {}", init.status());
+    // The init segment, once, as every player starts with it (what the media playlist's
+    // `#EXT-X-MAP` names).
+    let agent = ureq::agent();
+    let media = media_playlist(&agent, &a.url)?;
+    let list = agent.get(&media).call().context("media playlist")?.into_string()?;
+    let init = resolve(&media, listed(&list).1.context("no #EXT-X-MAP in the media playlist")?);
+    let r = agent.get(&init).call().with_context(|| init.clone())?;
+    if r.status() != 200 {
+        bail!("{init}: HTTP {}", r.status());
     }
     println!("hls-load: ready");
     std::io::stdout().flush()?;
@@ -85,9 +122,9 @@ pub fn hls_load(a: HlsLoadArgs) -> anyhow::Result<()> {
     let per = a.players.div_ceil(threads);
     let handles: Vec<_> = (0..threads)
         .map(|t| {
-            let (url, base) = (a.url.clone(), base.clone());
+            let url = a.url.clone();
             let n = per.min(a.players.saturating_sub(t * per));
-            std::thread::spawn(move || -> anyhow::Result<(u64, u64, u64)> {
+            std::thread::spawn(move || -> anyhow::Result<(u64, u64, u64, u64)> {
                 let agent = ureq::agent();
                 let mut players: Vec<Player> = (0..n).map(|_| Player { media: None, have: None }).collect();
                 let (mut requests, mut segments, mut bytes) = (0u64, 0u64, 0u64);
@@ -103,25 +140,17 @@ pub fn hls_load(a: HlsLoadArgs) -> anyhow::Result<()> {
                             Some(ref m) => m,
                             None => {
                                 requests += 1;
-                                p.media.insert(media_playlist(&agent, &url, &base)?)
+                                p.media.insert(media_playlist(&agent, &url)?)
                             }
                         };
                         let list = agent.get(media).call().context("playlist")?.into_string()?;
                         requests += 1;
                         bytes += list.len() as u64;
-                        // Segment URIs: `N.m4s`, with a query after it where the relay wants a token.
-                        let listed: Vec<(u64, &str)> = list
-                            .lines()
-                            .filter(|l| !l.starts_with('#'))
-                            .filter_map(|l| {
-                                let (file, _) = l.split_once('?').unwrap_or((l, ""));
-                                Some((file.strip_suffix(".m4s")?.rsplit('/').next()?.parse().ok()?, l))
-                            })
-                            .collect();
+                        let (listed, _) = listed(&list);
                         let newest = listed.iter().map(|s| s.0).max();
                         let from = p.have.map_or(newest, |h| Some(h + 1));
                         for (seg, uri) in listed.iter().filter(|s| from.is_some_and(|f| s.0 >= f)) {
-                            let r = agent.get(&format!("{base}/{uri}")).call().context("segment")?;
+                            let r = agent.get(&resolve(media, uri)).call().context("segment")?;
                             let mut body = Vec::new();
                             std::io::Read::read_to_end(&mut r.into_reader(), &mut body)?;
                             requests += 1;
@@ -135,16 +164,17 @@ pub fn hls_load(a: HlsLoadArgs) -> anyhow::Result<()> {
                         }
                     }
                 }
-                Ok((requests, segments, bytes))
+                let starved = players.iter().filter(|p| p.have.is_none()).count() as u64;
+                Ok((requests, segments, bytes, starved))
             })
         })
         .collect();
-    let (mut requests, mut segments, mut bytes) = (0, 0, 0);
+    let (mut requests, mut segments, mut bytes, mut starved) = (0, 0, 0, 0);
     for h in handles {
-        let (r, s, b) = h.join().map_err(|_| anyhow::anyhow!("a player thread panicked"))??;
-        (requests, segments, bytes) = (requests + r, segments + s, bytes + b);
+        let (r, s, b, z) = h.join().map_err(|_| anyhow::anyhow!("a player thread panicked"))??;
+        (requests, segments, bytes, starved) = (requests + r, segments + s, bytes + b, starved + z);
     }
-    println!("hls-load: requests {requests} segments {segments} bytes {bytes}");
+    println!("hls-load: requests {requests} segments {segments} bytes {bytes} starved {starved}");
     Ok(())
 }
 
@@ -152,6 +182,8 @@ pub fn hls_load(a: HlsLoadArgs) -> anyhow::Result<()> {
 struct Delivered {
     bytes: u64,
     silent: u64,
+    /// RTP packets missing from the interleaved subscribers' sequence numbers.
+    lost: u64,
 }
 
 /// Runs `kind` with `n` subscribers for `seconds`; the relay's CPU seconds and what arrived.
@@ -193,12 +225,17 @@ fn step(
             let report: Value = serde_json::from_slice(&std::fs::read(&json).context("sub's report")?)?;
             let groups = report["groups"].as_array().cloned().unwrap_or_default();
             let sum = |k: &str| groups.iter().filter_map(|g| g[k].as_u64()).sum();
-            Ok((cpu, Delivered { bytes: sum("bytes"), silent: sum("silent") }))
+            Ok((cpu, Delivered { bytes: sum("bytes"), silent: sum("silent"), lost: 0 }))
         }
-        "rtsp" | "hls" => {
+        "rtsp" | "rtsp-tcp" | "hls" => {
             let rtsp = relay.client().call("GET", "/v1/engine", None)?["rtsp"].as_str().unwrap_or("").to_string();
-            let args: Vec<String> = if kind == "rtsp" {
-                vec!["rtsp-load".into(), "--url".into(), format!("rtsp://{rtsp}/clip"), "--clients".into()]
+            let args: Vec<String> = if kind.starts_with("rtsp") {
+                let mut v = vec!["rtsp-load".into(), "--url".into(), format!("rtsp://{rtsp}/clip")];
+                if kind == "rtsp-tcp" {
+                    v.push("--tcp".into());
+                }
+                v.push("--clients".into());
+                v
             } else {
                 vec![
                     "hls-load".into(),
@@ -229,11 +266,12 @@ fn step(
             wait(&mut p, Duration::from_secs(30))?;
             let words: Vec<&str> = result.split_whitespace().collect();
             let field = |name: &str| words.iter().position(|w| *w == name).and_then(|i| words.get(i + 1)?.parse().ok());
-            // rtsp-load: "packets N min A max B bytes N"; hls-load: "... bytes N".
-            let silent = if kind == "rtsp" { u64::from(field("min") == Some(0)) } else { 0 };
-            Ok((cpu, Delivered { bytes: field("bytes").context("odd load result")?, silent }))
+            // rtsp-load: "packets N min A max B bytes N [lost L]"; hls-load: "... bytes N".
+            let silent = if kind.starts_with("rtsp") { u64::from(field("min") == Some(0)) } else { 0 };
+            let lost = field("lost").unwrap_or(0);
+            Ok((cpu, Delivered { bytes: field("bytes").context("odd load result")?, silent, lost }))
         }
-        other => bail!("kind {other:?}: expected udp, rtsp, http or hls"),
+        other => bail!("kind {other:?}: expected udp, rtsp, rtsp-tcp, http or hls"),
     }
 }
 
@@ -244,23 +282,39 @@ pub fn run(mut a: HttpArgs) -> anyhow::Result<()> {
     super::ensure_dir(&a.out)?;
     let tmp = std::env::temp_dir().join(format!("fanout-bench-http-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
-    let clip = tmp.join("demo.ts");
-    std::fs::write(&clip, fanout_io::DEMO_TS)?;
+    let clip = tmp.join("clip.ts");
+    match &a.clip {
+        Some(c) => std::fs::copy(c, &clip).with_context(|| format!("--clip {}", c.display())).map(|_| ())?,
+        None => std::fs::write(&clip, fanout_io::DEMO_TS)?,
+    }
     let csv_path = a.out.join("http.csv");
     let mut csv = std::fs::File::create(&csv_path)?;
     writeln!(
         csv,
-        "kind,subscribers,round,relay_cpu_s,seconds,core_pct,core_pct_per_1000,bytes,mbit_s,cpu_ms_per_mb,silent"
+        "kind,subscribers,round,relay_cpu_s,seconds,core_pct,core_pct_per_1000,bytes,mbit_s,cpu_ms_per_mb,silent,lost"
     )?;
-    let steps = (a.rounds * a.subscribers.len() * a.kinds.len()) as u64;
+    // Each kind on this build, then on the baseline's.
+    let this = std::env::current_exe()?;
+    let mut runs: Vec<(String, &str, &std::path::Path)> = Vec::new();
+    for kind in &a.kinds {
+        runs.push((kind.clone(), kind, &this));
+        if let Some(b) = &a.baseline {
+            if !b.is_file() {
+                bail!("--baseline {}: no such file", b.display());
+            }
+            runs.push((format!("{kind} (baseline)"), kind, b));
+        }
+    }
+    let steps = (a.rounds * a.subscribers.len() * runs.len()) as u64;
     let mut pb = progress(steps, "bench http");
-    let mut results: Vec<(String, usize, f64, f64)> = Vec::new(); // kind, n, % per 1000, ms per MB
+    let mut results: Vec<(String, usize, f64, f64)> = Vec::new(); // label, n, % per 1000, ms per MB
     for round in 0..a.rounds {
         for &n in &a.subscribers {
-            for kind in &a.kinds {
-                pb.set_message(format!("{kind}, {n} subscribers, round {}", round + 1));
+            for (label, kind, bin) in &runs {
+                let kind = *kind;
+                pb.set_message(format!("{label}, {n} subscribers, round {}", round + 1));
                 // A fresh relay per step: nothing of the last step's subscribers lingers.
-                let relay = RelayProc::start(&["--file-root", &tmp.to_string_lossy()])?;
+                let relay = RelayProc::start_bin(bin, &["--file-root", &tmp.to_string_lossy()])?;
                 let spec = serde_json::json!({ "name": "clip", "source": { "file": clip } });
                 relay.client().call("POST", "/v1/sessions", Some(spec))?;
                 if kind == "hls" {
@@ -274,14 +328,15 @@ pub fn run(mut a: HttpArgs) -> anyhow::Result<()> {
                 let ms_mb = 1e3 * cpu / (d.bytes.max(1) as f64 / 1e6);
                 writeln!(
                     csv,
-                    "{kind},{n},{round},{cpu:.3},{:.1},{pct:.2},{per_1000:.2},{},{mbit:.1},{ms_mb:.3},{}",
-                    a.seconds, d.bytes, d.silent
+                    "{label},{n},{round},{cpu:.3},{:.1},{pct:.2},{per_1000:.2},{},{mbit:.1},{ms_mb:.3},{},{}",
+                    a.seconds, d.bytes, d.silent, d.lost
                 )?;
                 pb.println(format!(
-                    "{kind:>5} {n:>5} subscribers: relay {pct:5.1}% of a core ({per_1000:5.2}% per 1000), {mbit:7.1} Mbit/s delivered, {ms_mb:6.2} ms CPU per MB{}",
-                    if d.silent > 0 { format!(", {} got nothing", d.silent) } else { String::new() }
+                    "{label:>8} {n:>5} subscribers: relay {pct:5.1}% of a core ({per_1000:5.2}% per 1000), {mbit:7.1} Mbit/s delivered, {ms_mb:6.2} ms CPU per MB{}{}",
+                    if d.silent > 0 { format!(", {} got nothing", d.silent) } else { String::new() },
+                    if d.lost > 0 { format!(", {} RTP packets missing", d.lost) } else { String::new() }
                 ));
-                results.push((kind.clone(), n, per_1000, ms_mb));
+                results.push((label.clone(), n, per_1000, ms_mb));
                 pb.inc(1);
             }
         }
@@ -295,14 +350,18 @@ pub fn run(mut a: HttpArgs) -> anyhow::Result<()> {
     };
     println!("\nmean relay CPU, % of a core per 1000 subscribers, and ms of CPU per delivered MB:");
     for &n in &a.subscribers {
-        for kind in &a.kinds {
-            println!("  {n:>5} {kind:>5}: {:6.2}% per 1000  {:6.2} ms/MB", mean(kind, n, false), mean(kind, n, true));
+        for (label, ..) in &runs {
+            let per_core = 100.0 * 1000.0 / mean(label, n, false);
+            println!(
+                "  {n:>5} {label:>19}: {:6.2}% per 1000  {:6.2} ms/MB  {per_core:8.0} subscribers per core",
+                mean(label, n, false),
+                mean(label, n, true)
+            );
         }
     }
     let series = |mb: bool| {
-        a.kinds
-            .iter()
-            .map(|k| (k.clone(), a.subscribers.iter().map(|&n| (n as f64, mean(k, n, mb))).collect()))
+        runs.iter()
+            .map(|(k, ..)| (k.clone(), a.subscribers.iter().map(|&n| (n as f64, mean(k, n, mb))).collect()))
             .collect()
     };
     let png = a.out.join("http.png");
@@ -318,4 +377,23 @@ pub fn run(mut a: HttpArgs) -> anyhow::Result<()> {
     )?;
     println!("\nCSV: {}\nPNG: {}", csv_path.display(), png.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{listed, resolve};
+
+    /// fanout's playlists and MediaMTX's (LL-HLS: parts, other names) read alike.
+    #[test]
+    fn segments_are_numbered_by_the_media_sequence() {
+        let fanout = "#EXTM3U\n#EXT-X-MAP:URI=\"init.mp4?token=t\"\n#EXT-X-MEDIA-SEQUENCE:7\n#EXTINF:2.000,\n7.m4s?token=t\n#EXTINF:2.000,\n8.m4s?token=t\n";
+        assert_eq!(listed(fanout), (vec![(7, "7.m4s?token=t"), (8, "8.m4s?token=t")], Some("init.mp4?token=t")));
+        let mtx = "#EXTM3U\n#EXT-X-MEDIA-SEQUENCE:3\n#EXT-X-MAP:URI=\"a1_init.mp4\"\n#EXT-X-PART:DURATION=0.2,URI=\"a1_part9.mp4\"\n#EXTINF:2.00000,\na1_seg3.mp4\n#EXTINF:2.00000,\na1_seg4.mp4\n#EXT-X-PRELOAD-HINT:TYPE=PART,URI=\"a1_part10.mp4\"\n";
+        assert_eq!(listed(mtx), (vec![(3, "a1_seg3.mp4"), (4, "a1_seg4.mp4")], Some("a1_init.mp4")));
+        assert_eq!(
+            resolve("http://h:1/live/bench/stream.m3u8?x=1", "a1_seg3.mp4"),
+            "http://h:1/live/bench/a1_seg3.mp4"
+        );
+        assert_eq!(resolve("http://h/a/index.m3u8", "http://o/x.mp4"), "http://o/x.mp4");
+    }
 }

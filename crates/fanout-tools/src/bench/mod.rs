@@ -10,6 +10,7 @@ pub mod ingest;
 pub mod layers;
 pub mod pacing;
 pub mod peers;
+pub mod players;
 mod plot;
 pub mod register;
 pub mod repack;
@@ -45,6 +46,9 @@ pub enum BenchCmd {
     Rtsp(rtsp::RtspArgs),
     /// fanout against MediaMTX: ingest over RTSP, RTMP, SRT; RTMP and SRT readers per core.
     Peers(peers::PeersArgs),
+    /// Players per core in the peers' table format (SRS, ZLMediaKit): one 232 kbit/s CBR
+    /// source, N players per scenario, fanout and MediaMTX side by side.
+    Players(players::PlayersArgs),
     /// Layer adaptation behind tc-shaped links: AIMD against the thesis's rule (needs root).
     Layers(layers::LayersArgs),
     /// Subscribers joining behind thin links, pacing off and on (needs root).
@@ -105,6 +109,7 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::PacingSub(a) => pacing::sub(a),
         BenchCmd::Rtsp(a) => rtsp::run(a),
         BenchCmd::Peers(a) => peers::run(a),
+        BenchCmd::Players(a) => players::run(a),
         BenchCmd::RtspLoad(a) => rtsp::load(a),
         BenchCmd::Layers(a) => layers::run(a),
         BenchCmd::LayersSub(a) => layers::sub(a),

@@ -58,17 +58,19 @@ pub struct PeersArgs {
 const SERVERS: [&str; 2] = ["fanout", "mediamtx"];
 
 /// A server under test with its ports, and the path name clients use on it.
-struct Server {
-    pid: u32,
-    rtsp: SocketAddr,
-    rtmp: SocketAddr,
-    srt: SocketAddr,
+pub(super) struct Server {
+    pub pid: u32,
+    pub rtsp: SocketAddr,
+    pub rtmp: SocketAddr,
+    pub srt: SocketAddr,
     /// The path's WHEP URL.
-    whep: String,
+    pub whep: String,
+    /// The path's HLS playlist.
+    pub hls: String,
     /// MediaMTX names a path by RTMP's app and key together; fanout by the key.
-    path: &'static str,
+    pub path: &'static str,
     /// fanout's API, for its counters.
-    relay: Option<RelayProc>,
+    pub relay: Option<RelayProc>,
     _procs: Vec<Proc>,
 }
 
@@ -80,7 +82,7 @@ fn free_udp() -> anyhow::Result<SocketAddr> {
     Ok(std::net::UdpSocket::bind("127.0.0.1:0")?.local_addr()?)
 }
 
-fn start_server(name: &str, peers: &Path, dir: &Path) -> anyhow::Result<Server> {
+pub(super) fn start_server(name: &str, peers: &Path, dir: &Path) -> anyhow::Result<Server> {
     let (rtsp, rtmp, srt, media) = (free_tcp()?, free_tcp()?, free_udp()?, free_udp()?);
     if name == "fanout" {
         let relay = RelayProc::start(&[
@@ -99,12 +101,14 @@ fn start_server(name: &str, peers: &Path, dir: &Path) -> anyhow::Result<Server> 
             Some(serde_json::json!({ "name": "bench", "source": { "publish": true } })),
         )?;
         let whep = format!("http://{}/bench/whep", relay.api);
+        let hls = format!("http://{}/v1/sessions/bench/hls/index.m3u8", relay.api);
         return Ok(Server {
             pid: relay.pid(),
             rtsp,
             rtmp,
             srt,
             whep,
+            hls,
             path: "bench",
             relay: Some(relay),
             _procs: Vec::new(),
@@ -114,13 +118,16 @@ fn start_server(name: &str, peers: &Path, dir: &Path) -> anyhow::Result<Server> 
     if !bin.exists() {
         bail!("{} is missing: run scripts/install-peers", bin.display());
     }
-    let (pair, _b) = fanout_io::sys::port_pair(std::net::IpAddr::from([127, 0, 0, 1]))?;
-    let pair = pair.local_addr()?.port();
-    drop(_b);
-    let http = free_tcp()?;
+    // A free even/odd pair for its RTP over UDP, let go before it binds them.
+    let pair = {
+        let (rtp, _rtcp) = fanout_io::sys::port_pair(std::net::IpAddr::from([127, 0, 0, 1]))?;
+        rtp.local_addr()?.port()
+    };
+    let (http, hls) = (free_tcp()?, free_tcp()?);
     let cfg = format!(
-        "logLevel: error\napi: no\nrtspAddress: {rtsp}\nrtspTransports: [tcp]\nrtpAddress: 127.0.0.1:{pair}\n\
-         rtcpAddress: 127.0.0.1:{}\nrtmp: yes\nrtmpAddress: {rtmp}\nsrt: yes\nsrtAddress: {srt}\nhls: no\n\
+        "logLevel: error\napi: no\nrtspAddress: {rtsp}\nrtspTransports: [udp, tcp]\nrtpAddress: 127.0.0.1:{pair}\n\
+         rtcpAddress: 127.0.0.1:{}\nrtmp: yes\nrtmpAddress: {rtmp}\nsrt: yes\nsrtAddress: {srt}\nhls: yes\n\
+         hlsAddress: {hls}\nhlsAlwaysRemux: yes\n\
          webrtc: yes\nwebrtcAddress: {http}\nwebrtcLocalUDPAddress: {media}\nwebrtcLocalTCPAddress: ''\n\
          webrtcIPsFromInterfaces: no\nwebrtcAdditionalHosts: [127.0.0.1]\n\
          metrics: no\npprof: no\nplayback: no\npaths:\n  all_others:\n",
@@ -137,11 +144,12 @@ fn start_server(name: &str, peers: &Path, dir: &Path) -> anyhow::Result<Server> 
         std::thread::sleep(Duration::from_millis(100));
     }
     let whep = format!("http://{http}/live/bench/whep");
-    Ok(Server { pid: p.0.id(), rtsp, rtmp, srt, whep, path: "live/bench", relay: None, _procs: vec![p] })
+    let hls = format!("http://{hls}/live/bench/index.m3u8");
+    Ok(Server { pid: p.0.id(), rtsp, rtmp, srt, whep, hls, path: "live/bench", relay: None, _procs: vec![p] })
 }
 
 /// ffmpeg publishing `clip` looped to `s` over `how` (rtsp, rtmp, srt).
-fn publish(s: &Server, how: &str, clip: &Path) -> anyhow::Result<Proc> {
+pub(super) fn publish(s: &Server, how: &str, clip: &Path) -> anyhow::Result<Proc> {
     let (format, url) = match how {
         "rtsp" => ("rtsp", format!("rtsp://{}/{}", s.rtsp, s.path)),
         "rtmp" => ("flv", format!("rtmp://{}/live/bench", s.rtmp)),

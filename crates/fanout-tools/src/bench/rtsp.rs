@@ -56,6 +56,10 @@ pub struct LoadArgs {
     /// RTSPS: trust this certificate and ask for SRTP (`RTP/SAVP`) over UDP.
     #[arg(long)]
     cacert: Option<PathBuf>,
+    /// RTP interleaved on each client's RTSP connection (`RTP/AVP/TCP`) instead of UDP;
+    /// every packet's sequence number is followed, and the ones missing are reported.
+    #[arg(long)]
+    tcp: bool,
 }
 
 /// An RTSP control connection: TCP, or TLS on TCP.
@@ -102,12 +106,13 @@ fn exchange(c: &mut dyn Conn, client: &mut Client, bytes: &[u8]) -> anyhow::Resu
     }
 }
 
-/// Sets up every track over UDP (ports on `bind`) and plays; with `tls`, over RTSPS,
-/// asking for SRTP.
+/// Sets up every track over UDP (ports on `bind`), or with `interleaved` on the connection
+/// (channels 2k and 2k + 1), and plays; with `tls`, over RTSPS, asking for SRTP.
 pub(super) fn open_client(
     url: &Url,
     bind: std::net::IpAddr,
     tls: Option<&std::sync::Arc<rustls::ClientConfig>>,
+    interleaved: bool,
 ) -> anyhow::Result<LoadClient> {
     let tcp = TcpStream::connect((url.host.as_str(), url.port))?;
     tcp.set_read_timeout(Some(Duration::from_secs(15)))?;
@@ -132,7 +137,12 @@ pub(super) fn open_client(
                     client.key_mgmt = sdp.media.iter().map(|_| own_mikey()).collect::<anyhow::Result<_>>()?;
                 }
                 let mut lowers = Vec::new();
-                for _ in &sdp.media {
+                for (k, _) in sdp.media.iter().enumerate() {
+                    if interleaved {
+                        let rtp = u8::try_from(2 * k).context("too many tracks")?;
+                        lowers.push(Lower::Interleaved { rtp, rtcp: rtp + 1 });
+                        continue;
+                    }
                     let (a, b) = fanout_io::sys::port_pair(bind)?;
                     lowers.push(Lower::Udp { client_rtp: a.local_addr()?.port(), client_rtcp: b.local_addr()?.port() });
                     a.set_nonblocking(true)?;
@@ -168,7 +178,7 @@ fn own_mikey() -> anyhow::Result<String> {
 /// A one-client player: plays `url` over UDP and hands over its first track's RTP socket,
 /// blocking with a 50 ms read timeout.
 pub(super) fn open_player(url: &Url) -> anyhow::Result<(LoadClient, std::net::UdpSocket)> {
-    let mut c = open_client(url, std::net::IpAddr::from([0, 0, 0, 0]), None)?;
+    let mut c = open_client(url, std::net::IpAddr::from([0, 0, 0, 0]), None, false)?;
     let s = c.rtp.remove(0);
     // SAFETY: the mio socket's fd moves into a std socket that now owns it.
     let rtp =
@@ -180,24 +190,14 @@ pub(super) fn open_player(url: &Url) -> anyhow::Result<(LoadClient, std::net::Ud
 
 pub fn load(a: LoadArgs) -> anyhow::Result<()> {
     let url = Url::parse(&a.url).map_err(anyhow::Error::msg)?;
-    let tls = a.cacert.as_deref().map(crate::tls::trusting).transpose()?;
-    let mut clients = Vec::with_capacity(a.clients);
-    for i in 0..a.clients {
-        // A server may refuse one setup now and then (MediaMTX answered one SETUP in a few
-        // hundred with 400): retry it, a bounded number of times, and say so.
-        let mut tries = 0;
-        let c = loop {
-            match open_client(&url, std::net::IpAddr::from([127, 0, 0, 1]), tls.as_ref()) {
-                Ok(c) => break c,
-                Err(e) if tries < 3 => {
-                    tries += 1;
-                    eprintln!("rtsp-load: client {i}: {e:#}; retrying");
-                }
-                Err(e) => return Err(e.context(format!("client {i}"))),
-            }
-        };
-        clients.push(c);
+    if a.tcp {
+        if a.cacert.is_some() {
+            bail!("--tcp is RTSP over plain TCP (RTSPS interleaved is not measured here)");
+        }
+        return load_interleaved(&url, a.clients, a.seconds);
     }
+    let tls = a.cacert.as_deref().map(crate::tls::trusting).transpose()?;
+    let mut clients = open_clients(&url, a.clients, tls.as_ref(), false)?;
     let mut poll = mio::Poll::new()?;
     let mut owner = Vec::new();
     for (i, c) in clients.iter_mut().enumerate() {
@@ -255,6 +255,148 @@ pub fn load(a: LoadArgs) -> anyhow::Result<()> {
     }
     if answered < clients.len() {
         eprintln!("rtsp-load: {} of {} TEARDOWNs unanswered", clients.len() - answered, clients.len());
+    }
+    Ok(())
+}
+
+/// Opens `n` clients, retrying a refused setup a bounded number of times.
+fn open_clients(
+    url: &Url,
+    n: usize,
+    tls: Option<&std::sync::Arc<rustls::ClientConfig>>,
+    interleaved: bool,
+) -> anyhow::Result<Vec<LoadClient>> {
+    let mut clients = Vec::with_capacity(n);
+    for i in 0..n {
+        // A server may refuse one setup now and then (MediaMTX answered one SETUP in a few
+        // hundred with 400): retry it, a bounded number of times, and say so.
+        let mut tries = 0;
+        let c = loop {
+            match open_client(url, std::net::IpAddr::from([127, 0, 0, 1]), tls, interleaved) {
+                Ok(c) => break c,
+                Err(e) if tries < 3 => {
+                    tries += 1;
+                    eprintln!("rtsp-load: client {i}: {e:#}; retrying");
+                }
+                Err(e) => return Err(e.context(format!("client {i}"))),
+            }
+        };
+        clients.push(c);
+    }
+    Ok(clients)
+}
+
+/// One interleaved client's reading: bytes not yet a whole frame, and per RTP channel the
+/// last sequence number seen.
+#[derive(Default)]
+struct TcpReading {
+    buf: Vec<u8>,
+    last_seq: [Option<u16>; 8],
+    packets: u64,
+    lost: u64,
+}
+
+impl TcpReading {
+    /// Takes what the connection gave; returns the RTP bytes it completed.
+    fn take(&mut self, data: &[u8]) -> u64 {
+        self.buf.extend_from_slice(data);
+        let (mut at, mut bytes) = (0, 0u64);
+        while self.buf.len() - at >= 4 {
+            let b = &self.buf[at..];
+            if b[0] != b'$' {
+                // A response (to nothing we asked mid-run): skip to the next frame.
+                match b.iter().position(|&c| c == b'$') {
+                    Some(k) => at += k,
+                    None => at = self.buf.len(),
+                }
+                continue;
+            }
+            let len = usize::from(u16::from_be_bytes([b[2], b[3]]));
+            if b.len() < 4 + len {
+                break;
+            }
+            let (channel, pkt) = (b[1], &b[4..4 + len]);
+            if channel % 2 == 0 && pkt.len() >= 12 {
+                let seq = u16::from_be_bytes([pkt[2], pkt[3]]);
+                if let Some(last) = self.last_seq.get_mut(usize::from(channel / 2)) {
+                    if let Some(l) = *last {
+                        let gap = seq.wrapping_sub(l);
+                        if (2..1000).contains(&gap) {
+                            self.lost += u64::from(gap - 1);
+                        }
+                    }
+                    *last = Some(seq);
+                }
+                self.packets += 1;
+                bytes += len as u64;
+            }
+            at += 4 + len;
+        }
+        self.buf.drain(..at);
+        bytes
+    }
+}
+
+/// `rtsp-load --tcp`: N clients taking RTP interleaved, read with one poll loop.
+fn load_interleaved(url: &Url, n: usize, seconds: f64) -> anyhow::Result<()> {
+    let mut clients = open_clients(url, n, None, true)?;
+    let mut poll = mio::Poll::new()?;
+    let mut socks = Vec::with_capacity(clients.len());
+    for (i, c) in clients.iter().enumerate() {
+        let s = c.conn.tcp().try_clone()?;
+        s.set_nonblocking(true)?;
+        let mut s = mio::net::TcpStream::from_std(s);
+        poll.registry().register(&mut s, mio::Token(i), mio::Interest::READABLE)?;
+        socks.push(s);
+    }
+    let mut readings: Vec<TcpReading> = (0..clients.len()).map(|_| TcpReading::default()).collect();
+    let mut buf = vec![0u8; 64 << 10];
+    // What came during the others' setup is read and dropped (see `load`), but followed:
+    // a sequence number missing later is still counted.
+    let mut early = 0u64;
+    for (s, r) in socks.iter_mut().zip(&mut readings) {
+        while let Ok(k) = s.read(&mut buf) {
+            if k == 0 {
+                break;
+            }
+            r.take(&buf[..k]);
+        }
+        early += std::mem::take(&mut r.packets);
+        r.lost = 0;
+    }
+    println!("rtsp-load: ready");
+    std::io::stdout().flush()?;
+    let mut bytes = 0u64;
+    let mut closed = 0usize;
+    let mut events = mio::Events::with_capacity(1024);
+    let end = Instant::now() + Duration::from_secs_f64(seconds.min(600.0));
+    while Instant::now() < end {
+        poll.poll(&mut events, Some(end.saturating_duration_since(Instant::now())))?;
+        for e in &events {
+            let t = e.token().0;
+            loop {
+                match socks[t].read(&mut buf) {
+                    Ok(0) => {
+                        closed += 1;
+                        let _ = poll.registry().deregister(&mut socks[t]);
+                        break;
+                    }
+                    Ok(k) => bytes += readings[t].take(&buf[..k]),
+                    Err(_) => break,
+                }
+            }
+        }
+    }
+    let got: Vec<u64> = readings.iter().map(|r| r.packets).collect();
+    let total: u64 = got.iter().sum();
+    let lost: u64 = readings.iter().map(|r| r.lost).sum();
+    let (min, max) = (got.iter().min().copied().unwrap_or(0), got.iter().max().copied().unwrap_or(0));
+    println!("rtsp-load: packets {total} min {min} max {max} bytes {bytes} early {early} lost {lost} closed {closed}");
+    std::io::stdout().flush()?;
+    for c in &mut clients {
+        if let Some(b) = c.client.teardown(0) {
+            let _ = c.conn.write_all(&b);
+        }
     }
     Ok(())
 }
@@ -571,4 +713,57 @@ pub fn run(mut a: RtspArgs) -> anyhow::Result<()> {
     )?;
     println!("\nCSV: {}\nPNG: {}", csv_path.display(), png.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TcpReading;
+    use proptest::prelude::*;
+
+    /// `$`-framed RTP packets of channels 0 and 2, sequence numbers from `first`, with the
+    /// ones in `skip` left out; an RTCP frame on channel 1 between.
+    fn frames(first: u16, n: u16, skip: &[u16]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for k in 0..n {
+            for channel in [0u8, 2] {
+                if skip.contains(&k) && channel == 0 {
+                    continue;
+                }
+                let mut pkt = vec![0x80, 96, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 7, 7, 7];
+                pkt[2..4].copy_from_slice(&first.wrapping_add(k).to_be_bytes());
+                out.extend_from_slice(&[b'$', channel, 0, pkt.len() as u8]);
+                out.extend_from_slice(&pkt);
+            }
+            out.extend_from_slice(&[b'$', 1, 0, 2, 0x80, 200]);
+        }
+        out
+    }
+
+    #[test]
+    fn counts_packets_and_the_missing_ones_across_a_wrap() {
+        let mut r = TcpReading::default();
+        let bytes = r.take(&frames(65_530, 20, &[3, 4, 9]));
+        assert_eq!((r.packets, r.lost), (40 - 3, 3));
+        assert_eq!(bytes, 37 * 15);
+    }
+
+    proptest! {
+        /// However the connection's bytes are cut, the count is the same.
+        #[test]
+        fn any_cut_reads_alike(cuts in proptest::collection::vec(1usize..40, 1..60), first in any::<u16>()) {
+            let all = frames(first, 30, &[5]);
+            let mut r = TcpReading::default();
+            let mut at = 0;
+            for c in cuts.iter().cycle() {
+                if at >= all.len() {
+                    break;
+                }
+                let end = (at + c).min(all.len());
+                r.take(&all[at..end]);
+                at = end;
+            }
+            prop_assert_eq!((r.packets, r.lost), (59, 1));
+            prop_assert!(r.buf.is_empty());
+        }
+    }
 }
