@@ -859,16 +859,22 @@ impl Session {
         let p = ring.get(seq)?;
         let v = fanout_proto::rtp::RtpView::parse(p.data()).ok()?;
         let mut ts = v.timestamp();
-        // The next packet's time, where it is not here yet: for a stream that is not video
-        // (audio: a frame a packet), the last step again, so RTP-Info names what comes.
+        // The next packet's time, where it is not here yet: for a stream that is not video,
+        // the last step again (per AAC frame, where packets carry several, times the
+        // newest's frames), so RTP-Info names what comes.
         if next && self.inner.video_codec().is_none() {
             let prev = seq.checked_sub(1).and_then(|s| ring.get(s));
-            let prev =
-                prev.and_then(|p| fanout_proto::rtp::RtpView::parse(p.data()).ok().map(|v| (v.ssrc(), v.timestamp())));
-            if let Some((_, t)) = prev.filter(|(ssrc, _)| *ssrc == v.ssrc()) {
+            let prev = prev.and_then(|p| {
+                let pv = fanout_proto::rtp::RtpView::parse(p.data()).ok()?;
+                Some((pv.ssrc(), pv.timestamp(), fanout_proto::codec::aac::hbr_frames(pv.payload())))
+            });
+            if let Some((_, t, frames)) = prev.filter(|(ssrc, ..)| *ssrc == v.ssrc()) {
                 let step = ts.wrapping_sub(t);
                 if step > 0 && step <= 90_000 {
-                    ts = ts.wrapping_add(step);
+                    ts = ts.wrapping_add(match (frames, fanout_proto::codec::aac::hbr_frames(v.payload())) {
+                        (Some(m), Some(n)) => step / m as u32 * n as u32,
+                        _ => step,
+                    });
                 }
             }
         }

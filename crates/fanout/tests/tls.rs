@@ -391,15 +391,16 @@ fn srtp_over_udp(kernel: bool) {
     // Joiners in the last JOIN_MARGIN packets before the track's numbers wrap each get an
     // epoch of their own (srtp_out.rs): with a random start that is 6% of the time, and then
     // two clients share no ciphertext. Wait until two DESCRIBEs name one key: at most the
-    // margin's 4096 packets, which the demo's video (about 55 packets a second) takes 75 s
-    // to send. Slowly: each lone epoch lingers 10 s, and they are bounded.
+    // margin's 4096 packets, which the demo's video (about 29 packets a second, a STAP-A
+    // for its small NAL units) takes 143 s to send. Slowly: each lone epoch lingers 10 s,
+    // and they are bounded.
     let key_of = || {
         let mut c = connect(rtsps, &client);
         let (head, sdp) = rtsp_exchange(&mut c, &format!("DESCRIBE {url} RTSP/1.0\r\nCSeq: 1\r\n\r\n"));
         assert!(head.starts_with("RTSP/1.0 200"), "{head}");
         sdp.split("inline:").nth(1).unwrap().split_whitespace().next().unwrap().to_string()
     };
-    let shared = wait_for(Duration::from_secs(90), || {
+    let shared = wait_for(Duration::from_secs(170), || {
         std::thread::sleep(Duration::from_millis(1000));
         key_of() == key_of()
     });

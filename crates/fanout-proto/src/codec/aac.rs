@@ -87,6 +87,20 @@ pub fn rtp_payload_of(aus: &[&[u8]]) -> Option<Vec<u8>> {
     Some(p)
 }
 
+/// How many whole access units an AAC-hbr payload (RFC 3640 with 16-bit AU headers, as
+/// [`rtp_payload_of`] makes) carries; `None` if it is not one (or is a fragment of one unit):
+/// the header sizes must add up to the data exactly.
+pub fn hbr_frames(payload: &[u8]) -> Option<usize> {
+    let bits = usize::from(u16::from_be_bytes([*payload.first()?, *payload.get(1)?]));
+    if bits == 0 || bits % 16 != 0 {
+        return None;
+    }
+    let n = bits / 16;
+    let headers = payload.get(2..2 + 2 * n)?;
+    let sizes: usize = headers.chunks(2).map(|h| usize::from(u16::from_be_bytes([h[0], h[1]]) >> 3)).sum();
+    (sizes == payload.len() - 2 - 2 * n).then_some(n)
+}
+
 /// The SDP `a=fmtp` parameters for [`rtp_payload`]'s packets.
 pub fn fmtp(config: [u8; 2]) -> String {
     format!(
@@ -98,6 +112,24 @@ pub fn fmtp(config: [u8; 2]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hbr_frames_counts_whole_units_only() {
+        let three = rtp_payload_of(&[&[1; 10], &[2; 20], &[3; 5]]).unwrap();
+        assert_eq!(hbr_frames(&three), Some(3));
+        assert_eq!(hbr_frames(&rtp_payload(&[7; 300]).unwrap()), Some(1));
+        // A unit cut over packets (its size beyond the data), and what is no AAC-hbr.
+        assert_eq!(hbr_frames(&three[..three.len() - 1]), None);
+        assert_eq!(hbr_frames(&[0x80, 0x00, 1, 2, 3]), None);
+        assert_eq!(hbr_frames(&[]), None);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn hbr_frames_never_panics(data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64)) {
+            let _ = hbr_frames(&data);
+        }
+    }
     use proptest::prelude::*;
 
     /// An ADTS header (no CRC) for a frame of `payload` bytes: AAC LC, 48 kHz, mono.
