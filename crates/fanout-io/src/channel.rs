@@ -23,18 +23,36 @@ pub struct ChannelQueue {
     /// A push left packets behind to end at an access unit: the sink waits, like a full
     /// queue, until the reader has drained it.
     held: AtomicBool,
+    /// Packets come at the session's `stream_flush`, as a TCP sink's are written, not as
+    /// they arrive: for a reader that writes them to a socket and wants fewer, fuller writes.
+    batched: bool,
     wake: Wake,
 }
 
 impl ChannelQueue {
     /// `wake` is called (from an engine worker) when packets were added.
     pub fn new(cap: usize, wake: impl Fn() + Send + Sync + 'static) -> Arc<Self> {
+        Self::with(cap, false, wake)
+    }
+
+    /// As [`ChannelQueue::new`], filled once per the session's `stream_flush` (see
+    /// `batched`): RTSP clients taking RTP interleaved.
+    pub fn batched(cap: usize, wake: impl Fn() + Send + Sync + 'static) -> Arc<Self> {
+        Self::with(cap, true, wake)
+    }
+
+    fn with(cap: usize, batched: bool, wake: impl Fn() + Send + Sync + 'static) -> Arc<Self> {
         Arc::new(Self {
             q: Mutex::new(VecDeque::new()),
             cap: cap.max(1),
             held: AtomicBool::new(false),
+            batched,
             wake: Box::new(wake),
         })
+    }
+
+    pub(crate) fn is_batched(&self) -> bool {
+        self.batched
     }
 
     /// Queues what fits; returns how many did (the rest stays in the ring for later, and a

@@ -146,8 +146,16 @@ pub(crate) enum Flush {
 /// Stream sinks are written once per `every`, so each write carries every packet that came
 /// meanwhile: fewer, larger writes (and TCP segments) for a bounded delay. `waiting`: the
 /// most packets any ready stream sink has not been handed; `due`: when the held ones are
-/// written (kept between runs, updated here).
-pub(crate) fn stream_flush(waiting: u64, due: &mut Option<Instant>, every: Duration, now: Instant) -> Flush {
+/// written (kept between runs, updated here). Flushes fall on a grid of `every` from
+/// `epoch` (one for the process): the groups of a client's tracks (an RTSP client's video
+/// and audio, each its own session) flush together, so its writer wakes once per interval.
+pub(crate) fn stream_flush(
+    waiting: u64,
+    due: &mut Option<Instant>,
+    every: Duration,
+    now: Instant,
+    epoch: Instant,
+) -> Flush {
     match *due {
         _ if waiting == 0 => Flush::Now,
         Some(at) if now >= at => {
@@ -160,7 +168,8 @@ pub(crate) fn stream_flush(waiting: u64, due: &mut Option<Instant>, every: Durat
         }
         Some(_) => Flush::Hold(None),
         None => {
-            *due = Some(now + every);
+            let into = now.saturating_duration_since(epoch).as_nanos() % every.as_nanos().max(1);
+            *due = Some(now + every - Duration::from_nanos(into as u64));
             Flush::Hold(*due)
         }
     }
@@ -531,18 +540,22 @@ mod tests {
         let now = Instant::now();
         let every = Duration::from_millis(40);
         let mut due = None;
-        assert_eq!(stream_flush(0, &mut due, every, now), Flush::Now, "nothing held: nothing to wait for");
+        assert_eq!(stream_flush(0, &mut due, every, now, now), Flush::Now, "nothing held: nothing to wait for");
         assert_eq!(
-            stream_flush(3, &mut due, every, now),
+            stream_flush(3, &mut due, every, now, now),
             Flush::Hold(Some(now + every)),
             "the first held arms a timer"
         );
-        assert_eq!(stream_flush(5, &mut due, every, now + every / 2), Flush::Hold(None), "armed once");
-        assert_eq!(stream_flush(5, &mut due, every, now + every), Flush::Now);
+        assert_eq!(stream_flush(5, &mut due, every, now + every / 2, now), Flush::Hold(None), "armed once");
+        assert_eq!(stream_flush(5, &mut due, every, now + every, now), Flush::Now);
         assert_eq!(due, None);
-        stream_flush(1, &mut due, every, now);
-        assert_eq!(stream_flush(HOLD_MAX, &mut due, every, now), Flush::Now, "too many held");
+        stream_flush(1, &mut due, every, now, now);
+        assert_eq!(stream_flush(HOLD_MAX, &mut due, every, now, now), Flush::Now, "too many held");
         assert_eq!(due, None);
+        // On the process's grid: a group whose first packet waits a quarter into an interval
+        // flushes at its end, with every other group.
+        let later = now + every * 7 + every / 4;
+        assert_eq!(stream_flush(2, &mut due, every, later, now), Flush::Hold(Some(now + every * 8)));
     }
 
     proptest::proptest! {

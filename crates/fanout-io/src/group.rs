@@ -7,7 +7,7 @@
 //! changes each run, so no sink is always last), and hands that to its data path's
 //! [`Sender`](crate::send::Sender).
 
-use crate::due;
+use crate::due::{self, Seat as _};
 use crate::engine::{Job, WorkerCtx};
 use crate::model::{FailurePolicy, LayerError, SessionConfig, SinkStatus, SinkTarget};
 use crate::reactor::Reactor;
@@ -372,8 +372,8 @@ fn check_peer(io: &SinkIo) -> Option<String> {
     None
 }
 
-/// Stream sinks of the sharing paths are written once per `stream_flush`
-/// ([`due::stream_flush`]). Whether to write them in this run; arms the group's timer if not.
+/// Stream sinks of the sharing paths (and batched channel sinks) are written once per
+/// `stream_flush` ([`due::stream_flush`]). Whether to write them in this run; arms the group's timer if not.
 fn stream_flush_now(g: &mut GroupState, cfg: &SessionConfig, head: u64, reactor: &Reactor, now: Instant) -> bool {
     use crate::model::DataPath;
     if cfg.stream_flush.is_zero() || matches!(cfg.datapath, DataPath::Daemon | DataPath::Copy) {
@@ -382,11 +382,14 @@ fn stream_flush_now(g: &mut GroupState, cfg: &SessionConfig, head: u64, reactor:
     let waiting = g
         .sinks
         .iter()
-        .filter(|k| matches!(k.io, SinkIo::Stream(_)) && k.ready())
+        .filter(|k| k.is_stream() && k.ready())
         .map(|k| head.saturating_sub(k.due.cursor.next()))
         .max()
         .unwrap_or(0);
-    match due::stream_flush(waiting, &mut g.flush_due, cfg.stream_flush, now) {
+    // One grid of flush times for the process (see `due::stream_flush`).
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let epoch = *EPOCH.get_or_init(Instant::now);
+    match due::stream_flush(waiting, &mut g.flush_due, cfg.stream_flush, now, epoch) {
         due::Flush::Now => true,
         due::Flush::Hold(arm) => {
             if let Some((at, task)) = arm.zip(g.task.upgrade()) {

@@ -302,6 +302,10 @@ impl crate::due::Seat for Sink {
         self.partial.is_some()
     }
     fn is_stream(&self) -> bool {
-        matches!(self.io, SinkIo::Stream(_))
+        match &self.io {
+            SinkIo::Stream(_) => true,
+            SinkIo::Channel(q) => q.is_batched(),
+            _ => false,
+        }
     }
 }

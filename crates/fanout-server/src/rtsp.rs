@@ -108,6 +108,7 @@ const INTERLEAVED_QUEUE: usize = 2048;
 
 /// An RTSP connection as the data path sees it: the queues of its interleaved tracks (by
 /// RTP channel) and the wake-up for the task that writes them.
+#[derive(Default)]
 struct Conn {
     notify: tokio::sync::Notify,
     queues: Mutex<Vec<(u8, Arc<fanout_io::channel::ChannelQueue>)>>,
@@ -115,30 +116,12 @@ struct Conn {
     control: Mutex<Vec<(u8, Vec<u8>)>>,
     /// A send buffer its socket should get, set when a track goes interleaved (0: none new).
     sndbuf: std::sync::atomic::AtomicUsize,
-    /// How long its interleaved packets may wait to be written together (ms): the least
-    /// `stream_flush_ms` of its tracks' sessions; `u64::MAX` before any.
-    flush_ms: std::sync::atomic::AtomicU64,
     /// SRTP key epochs its descriptions gave, by track session.
     keys: Mutex<HashMap<String, Arc<crate::srtp_out::Epoch>>>,
     /// Its session was deleted: the connection is closed at the next wake-up.
     ended: std::sync::atomic::AtomicBool,
     /// It published, and a newer publisher took over: closed at the next wake-up.
     displaced: std::sync::atomic::AtomicBool,
-}
-
-impl Default for Conn {
-    fn default() -> Self {
-        Self {
-            notify: tokio::sync::Notify::new(),
-            queues: Mutex::default(),
-            control: Mutex::default(),
-            sndbuf: std::sync::atomic::AtomicUsize::new(0),
-            flush_ms: std::sync::atomic::AtomicU64::new(u64::MAX),
-            keys: Mutex::default(),
-            ended: std::sync::atomic::AtomicBool::new(false),
-            displaced: std::sync::atomic::AtomicBool::new(false),
-        }
-    }
 }
 
 /// Where a sender report goes: a UDP client's RTCP port, or an interleaved client's RTCP
@@ -612,12 +595,11 @@ impl Rtsp {
                                     // in the ring, where it is lapped (and resumes at a
                                     // keyframe) like any slow subscriber.
                                     let cap = INTERLEAVED_QUEUE.min(tr.session.config().ring_capacity / 2);
-                                    let q =
-                                        fanout_io::channel::ChannelQueue::new(cap, move || wake.notify.notify_one());
+                                    let q = fanout_io::channel::ChannelQueue::batched(cap, move || {
+                                        wake.notify.notify_one()
+                                    });
                                     conn.sndbuf
                                         .fetch_max(into.stream_send_buffer(), std::sync::atomic::Ordering::Relaxed);
-                                    let flush = into.config().stream_flush.as_millis() as u64;
-                                    conn.flush_ms.fetch_min(flush, std::sync::atomic::Ordering::Relaxed);
                                     let mut qs = conn.queues.lock();
                                     qs.retain(|(ch, _)| *ch != rtp);
                                     qs.push((rtp, q.clone()));
@@ -920,9 +902,8 @@ async fn flush_interleaved(
     packets: &mut Vec<fanout_io::channel::Frame>,
     gather: &mut Gather,
 ) -> std::io::Result<()> {
-    let queues = me.queues.lock().clone();
     gather.clear();
-    for (channel, q) in &queues {
+    for (channel, q) in me.queues.lock().iter() {
         q.drain(packets);
         for (p, seq) in packets.drain(..) {
             gather.packet(*channel, p, seq);
@@ -1047,8 +1028,6 @@ async fn connection(
     let mut chunk = [0u8; 4096];
     let (mut packets, mut frames) = (Vec::new(), Vec::new());
     let mut gather = Gather::default();
-    // When the interleaved packets waiting are written (`None`: nothing waits).
-    let mut flush_at: Option<tokio::time::Instant> = None;
     // When the first byte of a message still incomplete arrived: it must end within
     // `head_timeout`, so that a trickle of bytes cannot hold a connection (slowloris).
     let mut partial_since: Option<Instant> = None;
@@ -1234,7 +1213,14 @@ async fn connection(
             None => idle,
         };
         tokio::select! {
-            r = tokio::time::timeout(wait, stream.read(&mut chunk)) => {
+            // (No timer where the connection is never idle: one per wake was a good part of
+            // an interleaved client's cost.)
+            r = async {
+                match wait >= Duration::MAX / 8 {
+                    true => Ok(stream.read(&mut chunk).await),
+                    false => tokio::time::timeout(wait, stream.read(&mut chunk)).await,
+                }
+            } => {
                 let n = match r {
                     Ok(r) => r?,
                     Err(_) if partial_since.is_some_and(|t| t.elapsed() >= head_timeout) => {
@@ -1251,7 +1237,7 @@ async fn connection(
                 }
                 buf.extend_from_slice(&chunk[..n]);
             }
-            _ = me.notify.notified(), if flush_at.is_none() => {
+            _ = me.notify.notified() => {
                 if me.displaced.load(std::sync::atomic::Ordering::Relaxed) {
                     tracing::info!(%peer, "RTSP publisher taken over by a new one: closed");
                     return Ok(());
@@ -1266,17 +1252,8 @@ async fn connection(
                     tracing::info!(%peer, "RTSP connection closed: its stream ended");
                     return Ok(());
                 }
-                // Packets wait up to the flush interval and go out together (as HTTP TS
-                // subscribers' do): the queue wakes this task once until it is drained.
-                let flush = me.flush_ms.load(std::sync::atomic::Ordering::Relaxed);
-                if flush != u64::MAX && flush > 0 {
-                    flush_at = Some(tokio::time::Instant::now() + Duration::from_millis(flush));
-                    continue;
-                }
-                flush_interleaved(&mut stream, &me, &mut packets, &mut gather).await?;
-            }
-            _ = tokio::time::sleep_until(flush_at.unwrap_or_else(tokio::time::Instant::now)), if flush_at.is_some() => {
-                flush_at = None;
+                // The engine fills the queues once per `stream_flush_ms` (as it writes HTTP TS
+                // subscribers), and wakes this task once until it drained them.
                 flush_interleaved(&mut stream, &me, &mut packets, &mut gather).await?;
             }
         }

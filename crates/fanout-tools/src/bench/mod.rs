@@ -173,10 +173,16 @@ impl RelayProc {
         // RTSP on a free port unless asked otherwise: a relay running beside the bench keeps
         // its 8554.
         let rtsp: &[&str] = if extra.contains(&"--rtsp") { &[] } else { &["--rtsp", "127.0.0.1:0"] };
+        // Thousands of players: no cap on connections, unless a bench brings its own config.
+        let caps = std::env::temp_dir().join(format!("fanout-bench-caps-{}.toml", std::process::id()));
+        std::fs::write(&caps, "rtsp_max_connections = 1000000\napi_max_connections = 1000000\n")?;
+        let caps = caps.to_str().context("a UTF-8 temp path")?.to_string();
+        let config: Vec<&str> = if extra.contains(&"--config") { vec![] } else { vec!["--config", &caps] };
         let mut child = Command::new(bin)
             // The load comes from this host's one address: no per-address cap.
             .args(["serve", "--no-demo", "--api", "127.0.0.1:0", "--max-connections-per-ip", "0"])
             .args(rtsp)
+            .args(config)
             .args(extra)
             // A measured relay keeps no state: nothing from before, nothing after.
             .args(["--state-file", ""])
