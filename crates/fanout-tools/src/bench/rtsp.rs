@@ -56,8 +56,8 @@ pub struct LoadArgs {
     /// RTSPS: trust this certificate and ask for SRTP (`RTP/SAVP`) over UDP.
     #[arg(long)]
     cacert: Option<PathBuf>,
-    /// RTP interleaved on each client's RTSP connection (`RTP/AVP/TCP`) instead of UDP;
-    /// every packet's sequence number is followed, and the ones missing are reported.
+    /// RTP interleaved on each client's RTSP connection (`RTP/AVP/TCP`) instead of UDP.
+    /// (Either way every track's sequence numbers are followed and the missing reported.)
     #[arg(long)]
     tcp: bool,
 }
@@ -211,16 +211,19 @@ pub fn load(a: LoadArgs) -> anyhow::Result<()> {
     // What arrived while the other clients were being set up was sent before the server's
     // CPU is read: counted, it would flatter a server whose setups are slow (500 TLS
     // handshakes take seconds, and the first clients' buffers filled meanwhile).
+    // Each track's sequence numbers are followed from the first packet on, the early ones too.
+    let mut last: Vec<Option<u16>> = vec![None; socks.len()];
     let mut early = 0u64;
-    for s in &socks {
-        while s.recv(&mut buf).is_ok() {
+    for (t, s) in socks.iter().enumerate() {
+        while let Ok(n) = s.recv(&mut buf) {
+            missing(&mut last[t], &buf[..n]);
             early += 1;
         }
     }
     println!("rtsp-load: ready");
     std::io::stdout().flush()?;
     let mut got = vec![0u64; clients.len()];
-    let mut bytes = 0u64;
+    let (mut bytes, mut lost) = (0u64, 0u64);
     let mut events = mio::Events::with_capacity(1024);
     let end = Instant::now() + Duration::from_secs_f64(a.seconds.min(600.0));
     while Instant::now() < end {
@@ -230,12 +233,13 @@ pub fn load(a: LoadArgs) -> anyhow::Result<()> {
             while let Ok(n) = socks[t].recv(&mut buf) {
                 got[owner[t]] += 1;
                 bytes += n as u64;
+                lost += missing(&mut last[t], &buf[..n]);
             }
         }
     }
     let total: u64 = got.iter().sum();
     let (min, max) = (got.iter().min().copied().unwrap_or(0), got.iter().max().copied().unwrap_or(0));
-    println!("rtsp-load: packets {total} min {min} max {max} bytes {bytes} early {early}");
+    println!("rtsp-load: packets {total} min {min} max {max} bytes {bytes} early {early} lost {lost}");
     std::io::stdout().flush()?;
     // Every session is torn down and answered before the sockets go: a server still
     // sending to a closed client's port would reach whoever gets that port next (the next
@@ -286,6 +290,20 @@ fn open_clients(
     Ok(clients)
 }
 
+/// The RTP sequence numbers missing before `pkt` on its stream, whose last number was
+/// `last` (updated): a jump forward of less than 1000 is a loss, anything else a new start.
+fn missing(last: &mut Option<u16>, pkt: &[u8]) -> u64 {
+    let Some(b) = pkt.get(2..4) else { return 0 };
+    let seq = u16::from_be_bytes([b[0], b[1]]);
+    let gap = last.map_or(1, |l| seq.wrapping_sub(l));
+    *last = Some(seq);
+    if (2..1000).contains(&gap) {
+        u64::from(gap - 1)
+    } else {
+        0
+    }
+}
+
 /// One interleaved client's reading: bytes not yet a whole frame, and per RTP channel the
 /// last sequence number seen.
 #[derive(Default)]
@@ -317,15 +335,8 @@ impl TcpReading {
             }
             let (channel, pkt) = (b[1], &b[4..4 + len]);
             if channel % 2 == 0 && pkt.len() >= 12 {
-                let seq = u16::from_be_bytes([pkt[2], pkt[3]]);
                 if let Some(last) = self.last_seq.get_mut(usize::from(channel / 2)) {
-                    if let Some(l) = *last {
-                        let gap = seq.wrapping_sub(l);
-                        if (2..1000).contains(&gap) {
-                            self.lost += u64::from(gap - 1);
-                        }
-                    }
-                    *last = Some(seq);
+                    self.lost += missing(last, pkt);
                 }
                 self.packets += 1;
                 bytes += len as u64;
