@@ -632,7 +632,8 @@ fn measure(t: &Target, clients: usize, seconds: f64) -> anyhow::Result<Sample> {
     let (cpu1, irq1, secs) = (process_cpu_s(t.pid)?, softirqd_cpu_s(), t0.elapsed().as_secs_f64());
     super::wait(&mut p, Duration::from_secs(30))?;
     let f: Vec<u64> = result.split_whitespace().filter_map(|w| w.parse().ok()).collect();
-    let [packets, min, max, bytes, early] = f[..] else { bail!("odd load result {result:?}") };
+    // "packets N min A max B bytes N early N lost N"
+    let [packets, min, max, bytes, early, ..] = f[..] else { bail!("odd load result {result:?}") };
     Ok(Sample { cpu_s: (cpu1 - cpu0) + (irq1 - irq0), seconds: secs, packets, bytes, min, max, early })
 }
 
