@@ -518,11 +518,13 @@ impl Rtsp {
     /// at PLAY: the track's numbers, at the keyframe the epoch's ring holds.
     fn epoch_numbers(&self, relay: &Relay, conn: u64, name: &str, mut res: Resource) -> Resource {
         for (next, t) in res.next_rtp.iter_mut().zip(relay.tracks(name)) {
-            *next = self
-                .epoch_for(relay, conn, name, &t.session)
-                .ok()
-                .and_then(|e| e.session.rtp_start())
-                .map(|(_, s, ts)| (s, ts));
+            let epoch = self.epoch_for(relay, conn, name, &t.session).ok().and_then(|e| e.session.rtp_start());
+            // An epoch keeps the track's numbers, but its payloads are ciphertext: where the
+            // track names the same next packet, its time (which reads AAC frame counts) is used.
+            *next = epoch.map(|(_, s, ts)| match t.session.rtp_start() {
+                Some((_, plain, plain_ts)) if plain == s => (s, plain_ts),
+                _ => (s, ts),
+            });
         }
         res
     }
