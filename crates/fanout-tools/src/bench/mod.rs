@@ -92,6 +92,18 @@ pub enum BenchCmd {
 }
 
 pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
+    // The machine a figure comes from, first in every bench's log (helpers excepted): the
+    // same bench moves by 2 x between hosts of one kind (issue 35).
+    if !matches!(
+        cmd,
+        BenchCmd::HlsLoad(_)
+            | BenchCmd::PacingSub(_)
+            | BenchCmd::RtspLoad(_)
+            | BenchCmd::LayersSub(_)
+            | BenchCmd::Burn { .. }
+    ) {
+        println!("{}", machine());
+    }
     match cmd {
         BenchCmd::Datapaths(a) => datapaths::run(a),
         BenchCmd::Bulk(a) => scenarios::bulk(a),
@@ -118,6 +130,33 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// One line naming the machine: CPU model (family/model/stepping, which say the generation
+/// where a VM's name is generic), CPUs, hypervisor or not, kernel release.
+pub fn machine() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    machine_line(&cpuinfo, kernel.trim())
+}
+
+fn machine_line(cpuinfo: &str, kernel: &str) -> String {
+    let field = |name: &str| {
+        cpuinfo.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            (k.trim() == name).then(|| v.trim().to_string())
+        })
+    };
+    let cpus = cpuinfo.lines().filter(|l| l.split_once(':').is_some_and(|(k, _)| k.trim() == "processor")).count();
+    let model = field("model name").unwrap_or_else(|| "unknown CPU".into());
+    let virt = field("flags").is_some_and(|f| f.split_whitespace().any(|x| x == "hypervisor"));
+    format!(
+        "machine: {model} (family {} model {} stepping {}), {cpus} CPUs{}, Linux {kernel}",
+        field("cpu family").unwrap_or_else(|| "?".into()),
+        field("model").unwrap_or_else(|| "?".into()),
+        field("stepping").unwrap_or_else(|| "?".into()),
+        if virt { " under a hypervisor" } else { "" },
+    )
 }
 
 fn burn(duty: f64, seconds: f64) {
@@ -726,5 +765,18 @@ mod tests {
         let m = datapath_fields(&without_options("shared:paged:group=8", &["paged"])).unwrap();
         assert_eq!((m["datapath"].as_str(), m["sinks_per_group"].as_u64()), (Some("shared"), Some(8)));
         assert!(datapath_fields("shared:paged").is_err(), "paged is the bench's, not a session field");
+    }
+
+    #[test]
+    fn the_machine_line_names_model_cpus_and_kernel() {
+        let info = "processor\t: 0\ncpu family\t: 6\nmodel\t\t: 167\nmodel name\t: Intel(R) Xeon(R) Processor\nstepping\t: 1\nflags\t\t: fpu hypervisor avx\n\nprocessor\t: 1\nmodel name\t: Intel(R) Xeon(R) Processor\n";
+        assert_eq!(
+            machine_line(info, "6.1.0"),
+            "machine: Intel(R) Xeon(R) Processor (family 6 model 167 stepping 1), 2 CPUs under a hypervisor, Linux 6.1.0"
+        );
+        assert_eq!(
+            machine_line("", "6.1.0"),
+            "machine: unknown CPU (family ? model ? stepping ?), 0 CPUs, Linux 6.1.0"
+        );
     }
 }
