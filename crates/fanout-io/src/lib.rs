@@ -27,6 +27,7 @@ pub mod channel;
 mod due;
 pub mod engine;
 mod group;
+pub mod gso;
 pub mod inlet;
 pub mod kernel;
 pub mod layered;

@@ -456,7 +456,6 @@ async fn run(
     shared: Arc<Shared>,
     wake: Arc<Notify>,
 ) {
-    let out = Wire { udp: &socket, tcp: tcp.as_deref() };
     let local = socket.local_addr().expect("bound");
     let mut viewers: HashMap<String, Viewer> = HashMap::new();
     let mut by_addr: HashMap<SocketAddr, String> = HashMap::new();
@@ -467,6 +466,9 @@ async fn run(
     // Paths whose viewers asked for a keyframe.
     let mut keyframes: Vec<String> = Vec::new();
     let mut tick = Instant::now();
+    // Every datagram the polled peers want sent, sent together after them (`flush`).
+    let mut batch: Vec<(SocketAddr, Vec<u8>)> = Vec::new();
+    let mut gso = fanout_io::gso::GsoSender::new();
     loop {
         let now = Instant::now();
         for (id, v) in viewers.iter_mut().filter(|(_, v)| now >= v.wake_at) {
@@ -481,12 +483,13 @@ async fn run(
         for id in busy.drain(..) {
             if let Some(v) = viewers.get_mut(&id) {
                 let was = v.connected;
-                if !drive(v, &out, &mut keyframes).await {
+                if !drive(v, tcp.as_deref(), &mut batch, &mut keyframes) {
                     gone.push(id);
                 }
                 connected |= v.connected && !was;
             }
         }
+        flush(&socket, &mut gso, &mut batch).await;
         // Viewers that want a keyframe: their path's WHIP publisher is asked, at most once
         // per KEYFRAME_GAP; other publishers cannot be asked (a viewer then waits for the
         // source's next keyframe; NACK repairs most loss before it comes to that).
@@ -555,9 +558,40 @@ async fn run(
     }
 }
 
-/// Polls viewer `v`'s output until it wants time or input: sends its datagrams, handles
-/// its events. `false`: it is over.
-async fn drive(v: &mut Viewer, out: &Wire<'_>, keyframes: &mut Vec<String>) -> bool {
+/// Sends the batch from the task's UDP socket: a viewer's consecutive datagrams of one size
+/// (a picture's fragments) as one GSO message, all in few `sendmmsg` calls; waits while the
+/// socket's buffer is full, as `send_to` did.
+async fn flush(
+    socket: &tokio::net::UdpSocket,
+    gso: &mut fanout_io::gso::GsoSender,
+    batch: &mut Vec<(SocketAddr, Vec<u8>)>,
+) {
+    use std::os::fd::AsRawFd;
+    let datagrams: Vec<(SocketAddr, &[u8])> = batch.iter().map(|(a, d)| (*a, d.as_slice())).collect();
+    let mut done = 0;
+    while done < datagrams.len() {
+        let sent =
+            socket.async_io(tokio::io::Interest::WRITABLE, || gso.send(socket.as_raw_fd(), &datagrams[done..])).await;
+        match sent {
+            Ok(n) => done += n,
+            Err(e) => {
+                tracing::warn!("WebRTC send failed: {e}");
+                break;
+            }
+        }
+    }
+    drop(datagrams);
+    batch.clear();
+}
+
+/// Polls viewer `v`'s output until it wants time or input: queues its datagrams in `batch`,
+/// handles its events. `false`: it is over.
+fn drive(
+    v: &mut Viewer,
+    tcp: Option<&TcpSide>,
+    batch: &mut Vec<(SocketAddr, Vec<u8>)>,
+    keyframes: &mut Vec<String>,
+) -> bool {
     loop {
         match v.rtc.poll_output() {
             Ok(Output::Timeout(t)) => {
@@ -565,13 +599,11 @@ async fn drive(v: &mut Viewer, out: &Wire<'_>, keyframes: &mut Vec<String>) -> b
                 return v.rtc.is_alive();
             }
             Ok(Output::Transmit(t)) if t.proto == Protocol::Tcp => {
-                if let Some(tcp) = out.tcp {
+                if let Some(tcp) = tcp {
                     tcp.send(t.destination, &t.contents);
                 }
             }
-            Ok(Output::Transmit(t)) => {
-                let _ = out.udp.send_to(&t.contents, t.destination).await;
-            }
+            Ok(Output::Transmit(t)) => batch.push((t.destination, t.contents.into())),
             Ok(Output::Event(Event::Connected)) if v.publish.is_some() => {
                 v.connected = true;
                 if let Err(why) = start_publishing(v) {
@@ -631,12 +663,6 @@ fn deliver(
     }
     let _ = v.rtc.handle_input(input);
     Some(v.id.clone())
-}
-
-/// Where the task's datagrams go: the UDP socket, or a viewer's ICE-TCP connection.
-struct Wire<'a> {
-    udp: &'a tokio::net::UdpSocket,
-    tcp: Option<&'a TcpSide>,
 }
 
 /// ICE-TCP (RFC 6544), passive, for networks that block UDP. Each connection carries RFC
