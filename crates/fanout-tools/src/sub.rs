@@ -384,7 +384,7 @@ fn receive(
 }
 
 /// `RcvbufErrors` of `/proc/net/snmp` (this network namespace's UDP).
-fn udp_rcvbuf_errors() -> u64 {
+pub(crate) fn udp_rcvbuf_errors() -> u64 {
     let Ok(snmp) = std::fs::read_to_string("/proc/net/snmp") else { return 0 };
     let mut udp = snmp.lines().filter(|l| l.starts_with("Udp: "));
     let (Some(names), Some(values)) = (udp.next(), udp.next()) else { return 0 };

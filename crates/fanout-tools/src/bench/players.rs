@@ -70,8 +70,13 @@ struct Step {
     unit: &'static str,
     /// Players that got nothing.
     silent: u64,
-    /// RTP packets missing from the players' sequence numbers (RTSP over TCP).
+    /// RTP packets missing from the players' sequence numbers (RTSP over UDP and TCP).
     lost: u64,
+    /// Datagrams the kernel dropped at the load's own full receive buffers in the window (RTSP
+    /// over UDP): missing, but not for the server's want.
+    overflows: u64,
+    /// RTP packets that came after a later one (reordered, not lost).
+    late: u64,
 }
 
 /// The server's resident memory, MB.
@@ -182,6 +187,8 @@ fn step(server: &str, scenario: &str, n: usize, seconds: f64, a: &PlayersArgs, d
             unit: "RTP packets",
             silent: u64::from(field(&words, "min") == Some(0)),
             lost: field(&words, "lost").unwrap_or(0),
+            overflows: field(&words, "overflows").unwrap_or(0),
+            late: field(&words, "late").unwrap_or(0),
         },
         "hls" => Step {
             cpu_s: cpu,
@@ -190,13 +197,24 @@ fn step(server: &str, scenario: &str, n: usize, seconds: f64, a: &PlayersArgs, d
             unit: "segments",
             silent: field(&words, "starved").context("hls-load's result")?,
             lost: 0,
+            overflows: 0,
+            late: 0,
         },
         "http" => {
             let v: serde_json::Value =
                 serde_json::from_slice(&std::fs::read(&json).context("sub's report")?).context("sub's report")?;
             let groups = v["groups"].as_array().cloned().unwrap_or_default();
             let sum = |k: &str| groups.iter().filter_map(|g| g[k].as_u64()).sum();
-            Step { cpu_s: cpu, rss_mb: rss, got: sum("bytes"), unit: "bytes", silent: sum("silent"), lost: 0 }
+            Step {
+                cpu_s: cpu,
+                rss_mb: rss,
+                got: sum("bytes"),
+                unit: "bytes",
+                silent: sum("silent"),
+                lost: 0,
+                overflows: 0,
+                late: 0,
+            }
         }
         _ => {
             let v: serde_json::Value =
@@ -209,6 +227,8 @@ fn step(server: &str, scenario: &str, n: usize, seconds: f64, a: &PlayersArgs, d
                 unit: "bytes",
                 silent: u64::from(least == 0),
                 lost: 0,
+                overflows: 0,
+                late: 0,
             }
         }
     };
@@ -289,6 +309,12 @@ pub fn run(mut a: PlayersArgs) -> anyhow::Result<()> {
             if st.silent > 0 { format!(", {} got nothing", st.silent) } else { String::new() },
             if st.lost > 0 { format!(", {} missing", st.lost) } else { String::new() },
         ));
+        if st.overflows > 0 || st.late > 0 {
+            bar.println(format!(
+                "{:>27} {} came out of order (late, not missing); the load's own full receive buffers dropped {}",
+                "", st.late, st.overflows
+            ));
+        }
         rows.push((
             server.clone(),
             scenario.clone(),
