@@ -91,6 +91,10 @@ pub(crate) struct Inner {
     /// buffer and the packet's length in, its new length out (`None`: drop it).
     ingest: Mutex<Option<IngestFn>>,
     saw_parameter_sets: AtomicBool,
+    /// A reader asked for a keyframe (a WebRTC viewer's PLI, an RTSP client's PLI/FIR) that
+    /// the source's side has not yet passed on; and how many were asked in all.
+    keyframe_wanted: AtomicBool,
+    keyframes_wanted: AtomicU64,
     /// Each packet's scalable layer, and the moving average rate per layer.
     layers: Mutex<(fanout_proto::codec::layers::LayerParser, fanout_proto::rtp::adapt::LayerRates)>,
     /// The source's rate and largest picture, and the pace they make (sessions that pace,
@@ -502,6 +506,8 @@ impl Session {
             rtp_video: std::sync::atomic::AtomicU8::new(0),
             ingest: Mutex::new(None),
             saw_parameter_sets: AtomicBool::new(false),
+            keyframe_wanted: AtomicBool::new(false),
+            keyframes_wanted: AtomicU64::new(0),
             layers: Mutex::new(Default::default()),
             meter: Mutex::new(Default::default()),
             egress: engine.egress().map(|e| {
@@ -890,6 +896,24 @@ impl Session {
             .filter_map(|i| ring.get(i))
             .filter_map(|p| fanout_proto::rtp::RtpView::parse(p.data()).ok().and_then(|v| v.payload().first().copied()))
             .collect()
+    }
+
+    /// A reader wants a keyframe (it lost a picture, or cannot start without one). Requests
+    /// coalesce: the source's side takes them with `take_keyframe_request` when it can ask its
+    /// sender (an RTSP upstream, a WHIP publisher), at its own pace.
+    pub fn want_keyframe(&self) {
+        self.inner.keyframes_wanted.fetch_add(1, Ordering::Relaxed);
+        self.inner.keyframe_wanted.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether a keyframe was wanted since the last call.
+    pub fn take_keyframe_request(&self) -> bool {
+        self.inner.keyframe_wanted.swap(false, Ordering::Relaxed)
+    }
+
+    /// Keyframe requests from readers since the session began.
+    pub fn keyframes_wanted(&self) -> u64 {
+        self.inner.keyframes_wanted.load(Ordering::Relaxed)
     }
 
     /// The newest packet's RTP `(ssrc, timestamp)` and how long ago it arrived (ms), for

@@ -26,6 +26,9 @@ pub struct ClientStatus {
     pub rtt_ms: Option<f64>,
     /// Report blocks about an SSRC it is not sent: ignored.
     pub foreign_report_blocks: u64,
+    /// Keyframes it asked for (RTCP PLI or FIR), passed to the track's source where it can
+    /// take them (an RTSP upstream, a WHIP publisher).
+    pub keyframe_requests: u64,
     /// It gets SRTP (RTSPS with keys in the description).
     pub srtp: bool,
     /// Its reports are SRTCP under a key it gave us (`KeyMgmt`): read like plain ones.

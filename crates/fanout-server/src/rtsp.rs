@@ -48,6 +48,8 @@ struct Client {
     rtt: Option<Duration>,
     /// Report blocks about a source it is not sent (an unknown SSRC): ignored, counted.
     foreign_blocks: u64,
+    /// Keyframes it asked for (PLI, FIR): each marks the track's session as wanting one.
+    keyframe_requests: u64,
 }
 
 /// One of a client's sinks: its track, and where it lives: the track's session, or for an
@@ -336,6 +338,7 @@ impl Rtsp {
                 last_report_ms_ago: c.last_report.map(|(_, t)| t.elapsed().as_millis() as u64),
                 rtt_ms: c.rtt.map(|d| d.as_secs_f64() * 1000.0),
                 foreign_report_blocks: c.foreign_blocks,
+                keyframe_requests: c.keyframe_requests,
                 srtp: c.srtp,
                 srtcp_keyed: !c.srtcp_in.is_empty(),
                 srtcp_dropped: c.srtcp_dropped,
@@ -452,6 +455,20 @@ impl Rtsp {
                 c.rtt = Some(rtt);
             }
         }
+        // PLI/FIR: the named track's session (else the one whose channel or port it came on)
+        // wants a keyframe; its source's side passes that on where it can, at its own pace.
+        if !c.srtp || keyed {
+            for media in fanout_proto::rtp::rtcp::keyframe_requests(&plain) {
+                let named = c.sinks.iter().find_map(|p| {
+                    let session = &tracks.get(p.track)?.session;
+                    (session.rtp_latest()?.0 == media).then_some(session)
+                });
+                if let Some(session) = named.or_else(|| tracks.get(track).map(|t| &t.session)) {
+                    session.want_keyframe();
+                    c.keyframe_requests += 1;
+                }
+            }
+        }
         self.server.lock().touch(id, self.now_ms());
     }
 
@@ -561,6 +578,7 @@ impl Rtsp {
                         last_report: None,
                         rtt: None,
                         foreign_blocks: 0,
+                        keyframe_requests: 0,
                     });
                     c.tracks.retain(|t| t.0 != track);
                     c.tracks.push((track, lower));

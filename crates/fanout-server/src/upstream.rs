@@ -33,6 +33,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// A UDP upstream that brings nothing for this long after PLAY is retried over TCP (`auto`).
 const UDP_GRACE: Duration = Duration::from_secs(3);
 const REPORT_EVERY: Duration = Duration::from_secs(5);
+/// At most one keyframe request a track in this time: a camera's encoder is not driven by
+/// its viewers' losses faster than this, however many there are.
+const KEYFRAME_EVERY: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// A DESCRIBE keeps the upstream wanted this long, for the client's SETUP and PLAY.
 const SETUP_GRACE: Duration = Duration::from_secs(5);
@@ -95,6 +98,8 @@ pub struct TrackStatus {
     /// How often the upstream's stream restarted (reconnects, SSRC changes).
     pub breaks: u64,
     pub lost: u64,
+    /// Keyframes asked of the upstream (RTCP PLI) for this track's readers.
+    pub keyframes_asked: u64,
 }
 
 struct Track {
@@ -106,6 +111,11 @@ struct Track {
     last_rr: (u64, u64),
     /// The upstream's last sender report: its SSRC, NTP middle 32 bits, when.
     last_sr: Option<(u32, u32, Instant)>,
+    /// The SSRC of its newest RTP packet: what a keyframe request names.
+    ssrc: Option<u32>,
+    /// When the upstream was last asked for a keyframe, and how often it was.
+    last_pli: Option<Instant>,
+    keyframes_asked: u64,
 }
 
 struct State {
@@ -210,6 +220,7 @@ impl Upstream {
                     dropped: t.feed.dropped,
                     breaks: t.feed.breaks(),
                     lost: t.stats.lost(),
+                    keyframes_asked: t.keyframes_asked,
                 })
                 .collect(),
         }
@@ -306,7 +317,10 @@ impl Upstream {
         // One parse: the payload type to check, the upstream's own numbers for the
         // receiver statistics its reports are about.
         let (seq, ts) = match fanout_proto::rtp::RtpView::parse(data) {
-            Ok(v) if t.pt.is_none_or(|pt| v.payload_type() == pt) => (v.sequence_number(), v.timestamp()),
+            Ok(v) if t.pt.is_none_or(|pt| v.payload_type() == pt) => {
+                t.ssrc = Some(v.ssrc());
+                (v.sequence_number(), v.timestamp())
+            }
             _ => {
                 t.feed.dropped += 1;
                 return;
@@ -361,6 +375,30 @@ impl Upstream {
                 let mut out = Vec::with_capacity(32);
                 fanout_proto::rtp::rtcp::write_receiver_report(&mut out, reporter, &block);
                 (i, out)
+            })
+            .collect()
+    }
+
+    /// A keyframe request (an empty report and a PLI) per track whose readers want one
+    /// (`Session::want_keyframe`: WebRTC viewers, RTSP clients), at most one per track per
+    /// `KEYFRAME_EVERY` whatever the number of readers; a request inside that gap waits for
+    /// its end.
+    fn keyframe_requests(&self, reporter: u32) -> Vec<(usize, Vec<u8>)> {
+        let mut st = self.state.lock();
+        let now = Instant::now();
+        st.tracks
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, t)| {
+                let media = t.ssrc?;
+                if t.last_pli.is_some_and(|at| now - at < KEYFRAME_EVERY) || !t.feed.session.take_keyframe_request() {
+                    return None;
+                }
+                t.last_pli = Some(now);
+                t.keyframes_asked += 1;
+                let mut out = Vec::with_capacity(20);
+                fanout_proto::rtp::rtcp::write_keyframe_request(&mut out, reporter, media);
+                Some((i, out))
             })
             .collect()
     }
@@ -455,6 +493,9 @@ impl Track {
             stats: RecvStats::default(),
             last_rr: (0, 0),
             last_sr: None,
+            ssrc: None,
+            last_pli: None,
+            keyframes_asked: 0,
         }
     }
 }
@@ -811,24 +852,27 @@ async fn connect_once(
                     if !udp_probe && now - last_count.1 > up.silence {
                         return Err(E::Io(format!("no RTP from the upstream for {:?}", up.silence)));
                     }
+                    let mut rtcp = Vec::new();
                     if tokio::time::Instant::now() >= next_report {
                         next_report += REPORT_EVERY;
-                        // To an SRTP upstream, SRTCP under the key we gave it in SETUP.
-                        for (i, mut rr) in up.receiver_reports(reporter) {
-                            if let Some(ctx) = srtcp_out.get_mut(i) {
-                                if ctx.protect_rtcp(&mut rr).is_err() {
-                                    continue;
-                                }
+                        rtcp = up.receiver_reports(reporter);
+                    }
+                    rtcp.extend(up.keyframe_requests(reporter));
+                    // To an SRTP upstream, SRTCP under the key we gave it in SETUP.
+                    for (i, mut rr) in rtcp {
+                        if let Some(ctx) = srtcp_out.get_mut(i) {
+                            if ctx.protect_rtcp(&mut rr).is_err() {
+                                continue;
                             }
-                            if tcp {
-                                if let Lower::Interleaved { rtcp, .. } = client.tracks[i].lower {
-                                    let mut out = Vec::with_capacity(rr.len() + 4);
-                                    rtsp::write_interleaved(&mut out, rtcp, &rr);
-                                    stream.write_all(&out).await.map_err(io)?;
-                                }
-                            } else {
-                                up.send_udp_rr(i, &rr);
+                        }
+                        if tcp {
+                            if let Lower::Interleaved { rtcp, .. } = client.tracks[i].lower {
+                                let mut out = Vec::with_capacity(rr.len() + 4);
+                                rtsp::write_interleaved(&mut out, rtcp, &rr);
+                                stream.write_all(&out).await.map_err(io)?;
                             }
+                        } else {
+                            up.send_udp_rr(i, &rr);
                         }
                     }
                 } else if connected_at.elapsed() > Duration::from_secs(10) {

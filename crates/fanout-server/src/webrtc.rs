@@ -491,8 +491,9 @@ async fn run(
         }
         flush(&socket, &mut gso, &mut batch).await;
         // Viewers that want a keyframe: their path's WHIP publisher is asked, at most once
-        // per KEYFRAME_GAP; other publishers cannot be asked (a viewer then waits for the
-        // source's next keyframe; NACK repairs most loss before it comes to that).
+        // per KEYFRAME_GAP; an RTSP upstream is asked by its own task (the session carries
+        // the request); RTSP, RTMP and SRT publishers cannot be asked (a viewer then waits for
+        // the source's next keyframe; NACK repairs most loss before it comes to that).
         if !keyframes.is_empty() {
             for v in viewers.values_mut().filter(|v| keyframes.contains(&v.path)) {
                 ask_keyframe(v, KEYFRAME_GAP);
@@ -632,6 +633,10 @@ fn drive(
             Ok(Output::Event(Event::KeyframeRequest(_))) => {
                 if !keyframes.contains(&v.path) {
                     keyframes.push(v.path.clone());
+                }
+                // Other sources take it from the session (an RTSP upstream passes it on).
+                for o in v.outs.iter().filter(|o| o.video) {
+                    o.session.want_keyframe();
                 }
             }
             Ok(Output::Event(Event::IceConnectionStateChange(IceConnectionState::Disconnected))) => return false,

@@ -351,3 +351,61 @@ fn bad_rtsp_sources_are_refused() {
         assert!(body.to_string().contains(words), "{source}: {body}");
     }
 }
+
+/// Readers' keyframe requests reach the camera, coalesced: an RTSP client of an edge sends
+/// a PLI every 150 ms for 3 s; the edge asks its upstream (here an origin relay, which counts
+/// what it is asked) at most once a second, over UDP and interleaved.
+#[test]
+fn keyframe_requests_go_upstream_at_most_once_a_second() {
+    let origin = Relay::start(&["--rtsp", "127.0.0.1:0"]);
+    let upstream = rtsp_addr(&origin);
+    // What the origin's clients asked for (the first round's edge stays a client over UDP
+    // until its RTSP session times out).
+    let at_origin = || -> u64 {
+        let clients = origin.ok("GET", "/v1/rtsp", None)["clients"].as_array().cloned().unwrap_or_default();
+        clients.iter().filter_map(|c| c["keyframe_requests"].as_u64()).sum()
+    };
+    for transport in ["udp", "tcp"] {
+        let before = at_origin();
+        let edge = Relay::start(&["--rtsp", "127.0.0.1:0", "--no-demo"]);
+        let source = json!({ "rtsp": format!("rtsp://{upstream}/demo"), "rtsp_transport": transport });
+        edge.ok("POST", "/v1/sessions", Some(json!({ "name": "cam", "source": source })));
+        let rtcp = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let p = rtsp_play(rtsp_addr(&edge), "cam", Some(rtcp.local_addr().unwrap().port()));
+        let server_rtcp: u16 = p
+            .transport
+            .split(';')
+            .find_map(|f| f.strip_prefix("server_port="))
+            .and_then(|ports| ports.split('-').nth(1)?.parse().ok())
+            .expect("server_port in the SETUP answer");
+        // The SSRC this client is sent (its PLI names it).
+        p.rtp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut b = [0u8; 2048];
+        let n = p.rtp.recv(&mut b).expect("RTP from the edge");
+        let ssrc = fanout_proto::rtp::RtpView::parse(&b[..n]).unwrap().ssrc();
+        let t0 = Instant::now();
+        for _ in 0..20 {
+            let mut pli = Vec::new();
+            fanout_proto::rtp::rtcp::write_keyframe_request(&mut pli, 0x1234, ssrc);
+            rtcp.send_to(&pli, ("127.0.0.1", server_rtcp)).unwrap();
+            std::thread::sleep(Duration::from_millis(150));
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        let client = &edge.ok("GET", "/v1/rtsp", None)["clients"][0];
+        assert_eq!(client["keyframe_requests"], 20, "{client}");
+        let asked = || edge.ok("GET", "/v1/sessions/cam", None)["upstream"]["tracks"][0]["keyframes_asked"].as_u64();
+        std::thread::sleep(Duration::from_millis(1200));
+        let asked = asked().unwrap_or(0);
+        eprintln!("{transport}: 20 PLIs in {secs:.1} s, {asked} passed upstream");
+        assert!(
+            (2..=secs as u64 + 2).contains(&asked),
+            "{transport}: {asked} keyframe requests upstream in {secs:.1} s"
+        );
+        // The origin read every one from its client, the edge (over UDP or its RTCP channel).
+        assert!(
+            wait_for(Duration::from_secs(3), || at_origin() == before + asked),
+            "{transport}: the origin counted {} of {asked}",
+            at_origin()
+        );
+    }
+}

@@ -123,6 +123,43 @@ pub fn parse_reports(mut buf: &[u8]) -> Result<Vec<Report>, RtcpError> {
     Ok(out)
 }
 
+/// The media SSRCs a (compound) RTCP packet asks keyframes of: PLI (RFC 4585 §6.3.1: PT 206,
+/// FMT 1, the media source in the common part) and FIR (RFC 5104 §4.3.1: PT 206, FMT 4, an
+/// SSRC per 8-byte FCI entry). A malformed packet ends the walk; what came before it stands.
+pub fn keyframe_requests(mut buf: &[u8]) -> Vec<u32> {
+    let mut out = Vec::new();
+    while buf.len() >= 4 && buf[0] >> 6 == 2 {
+        let len = (usize::from(u16::from_be_bytes([buf[2], buf[3]])) + 1) * 4;
+        if len > buf.len() {
+            break;
+        }
+        let pkt = &buf[..len];
+        match (pkt[1], pkt[0] & 0x1f) {
+            (206, 1) if len >= 12 => out.push(be32(&pkt[8..12])),
+            (206, 4) => out.extend(pkt.get(12..).unwrap_or_default().chunks_exact(8).map(be32)),
+            _ => {}
+        }
+        buf = &buf[len..];
+    }
+    out
+}
+
+/// Writes a picture loss indication from `sender` about `media` (RFC 4585 §6.3.1); a
+/// compound packet starts with a report before it (`write_keyframe_request`).
+pub fn write_pli(out: &mut Vec<u8>, sender: u32, media: u32) {
+    out.extend_from_slice(&[0x81, 206, 0, 2]);
+    out.extend_from_slice(&sender.to_be_bytes());
+    out.extend_from_slice(&media.to_be_bytes());
+}
+
+/// Writes a compound packet asking `media`'s sender for a keyframe: an empty receiver
+/// report from `reporter`, then a PLI.
+pub fn write_keyframe_request(out: &mut Vec<u8>, reporter: u32, media: u32) {
+    out.extend_from_slice(&[0x80, 201, 0, 1]);
+    out.extend_from_slice(&reporter.to_be_bytes());
+    write_pli(out, reporter, media);
+}
+
 /// Round-trip time from a block's LSR and DLSR at `now` (the middle 32 bits of our NTP
 /// clock): RFC 3550 §6.4.1. `None` if the reporter has not seen a sender report yet.
 pub fn round_trip(block: &ReportBlock, now_mid32: u32) -> Option<std::time::Duration> {
@@ -216,6 +253,51 @@ pub fn write_receiver_report(out: &mut Vec<u8>, reporter: u32, b: &ReportBlock) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A report and a PLI make one compound packet: the report parses, the PLI names its
+    /// media; a FIR's entries are read too, and a truncated packet ends the walk.
+    #[test]
+    fn keyframe_requests_are_read_from_pli_and_fir() {
+        let mut b = Vec::new();
+        write_receiver_report(
+            &mut b,
+            7,
+            &ReportBlock {
+                ssrc: 0xabc,
+                fraction_lost: 0,
+                cumulative_lost: 0,
+                highest_seq: 1,
+                jitter: 0,
+                lsr: 0,
+                dlsr: 0,
+            },
+        );
+        write_pli(&mut b, 7, 0xabc);
+        assert_eq!(parse_reports(&b).unwrap().len(), 1);
+        assert_eq!(keyframe_requests(&b), vec![0xabc]);
+        // FIR with two entries (SSRC, sequence number, reserved).
+        let mut fir = vec![0x84, 206, 0, 6, 0, 0, 0, 7, 0, 0, 0, 0];
+        fir.extend_from_slice(&[0, 0, 0, 1, 9, 0, 0, 0, 0, 0, 0, 2, 9, 0, 0, 0]);
+        b.extend_from_slice(&fir);
+        assert_eq!(keyframe_requests(&b), vec![0xabc, 1, 2]);
+        b.extend_from_slice(&[0x81, 206, 0, 9, 1, 2]);
+        assert_eq!(keyframe_requests(&b), vec![0xabc, 1, 2], "a truncated packet adds nothing");
+        let mut k = Vec::new();
+        write_keyframe_request(&mut k, 7, 0xdef);
+        let reports = parse_reports(&k).unwrap();
+        assert!(reports.len() == 1 && reports[0].blocks.is_empty() && reports[0].reporter == 7);
+        assert_eq!(keyframe_requests(&k), vec![0xdef]);
+        // A generic NACK (FMT 1 of PT 205) is not a keyframe request.
+        assert!(keyframe_requests(&[0x81, 205, 0, 2, 0, 0, 0, 7, 0, 0, 0, 9]).is_empty());
+    }
+
+    proptest::proptest! {
+        /// Any bytes: no panic, and at most one SSRC per four bytes.
+        #[test]
+        fn keyframe_requests_of_any_bytes(b in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200)) {
+            proptest::prop_assert!(keyframe_requests(&b).len() <= b.len() / 4);
+        }
+    }
 
     /// A BYE parses as a compound packet of a report with no blocks, then the BYE.
     #[test]
