@@ -392,6 +392,13 @@ impl Publisher {
         true
     }
 
+    /// Whether a reader of one of its tracks wanted a keyframe since the last call (WebRTC
+    /// viewers, RTSP clients' PLI/FIR): a publisher that can be asked (WHIP) takes it.
+    pub fn take_keyframe_request(&self) -> bool {
+        let st = self.state.lock();
+        st.tracks.iter().fold(false, |any, t| t.session.take_keyframe_request() | any)
+    }
+
     pub fn status(&self) -> PublisherStatus {
         let st = self.state.lock();
         let a = st.active.as_ref();

@@ -81,7 +81,6 @@ struct Out {
 
 struct Viewer {
     id: String,
-    path: String,
     rtc: Rtc,
     outs: Vec<Out>,
     /// Where its checks come from, once one did.
@@ -343,12 +342,10 @@ impl WebRtc {
         pass: Option<Pass>,
     ) -> Result<(), Refused> {
         let id = status.id.clone();
-        let path = status.path.clone();
         self.shared.viewers.lock().insert(id.clone(), status);
         let now = Instant::now();
         let v = Viewer {
             id: id.clone(),
-            path,
             rtc,
             outs,
             from: None,
@@ -463,9 +460,9 @@ async fn run(
     let mut frames: Vec<Frame> = Vec::new();
     // The peers with something to do (input, media, their time): only they are polled.
     let mut busy: Vec<String> = Vec::new();
-    // Paths whose viewers asked for a keyframe.
-    let mut keyframes: Vec<String> = Vec::new();
     let mut tick = Instant::now();
+    // A viewer asked for a keyframe in this round (its path's WHIP publisher is asked).
+    let mut keyframe_wanted = false;
     // Every datagram the polled peers want sent, sent together after them (`flush`).
     let mut batch: Vec<(SocketAddr, Vec<u8>)> = Vec::new();
     let mut gso = fanout_io::gso::GsoSender::new();
@@ -483,22 +480,23 @@ async fn run(
         for id in busy.drain(..) {
             if let Some(v) = viewers.get_mut(&id) {
                 let was = v.connected;
-                if !drive(v, tcp.as_deref(), &mut batch, &mut keyframes) {
+                if !drive(v, tcp.as_deref(), &mut batch, &mut keyframe_wanted) {
                     gone.push(id);
                 }
                 connected |= v.connected && !was;
             }
         }
         flush(&socket, &mut gso, &mut batch).await;
-        // Viewers that want a keyframe: their path's WHIP publisher is asked, at most once
-        // per KEYFRAME_GAP; an RTSP upstream is asked by its own task (the session carries
-        // the request); RTSP, RTMP and SRT publishers cannot be asked (a viewer then waits for
-        // the source's next keyframe; NACK repairs most loss before it comes to that).
-        if !keyframes.is_empty() {
-            for v in viewers.values_mut().filter(|v| keyframes.contains(&v.path)) {
-                ask_keyframe(v, KEYFRAME_GAP);
+        // Readers that want a keyframe (WebRTC viewers, RTSP clients) mark their track's
+        // session; a WHIP publisher takes the mark and is asked, at most once per
+        // KEYFRAME_GAP (a mark inside the gap waits for its end). An RTSP upstream is asked by
+        // its own task; RTSP, RTMP and SRT publishers cannot be (a viewer then waits for the
+        // source's next keyframe; NACK repairs most loss before it comes to that).
+        // (Looked at when a viewer asked, and with the status for RTSP clients' asks.)
+        if std::mem::take(&mut keyframe_wanted) || tick.elapsed() >= Duration::from_millis(500) {
+            for v in viewers.values_mut().filter(|v| v.publish.is_some()) {
+                ask_keyframe(v, KEYFRAME_GAP, true);
             }
-            keyframes.clear();
         }
         // Twice a second: the status, and peers that never connected.
         if connected || tick.elapsed() >= Duration::from_millis(500) {
@@ -591,7 +589,7 @@ fn drive(
     v: &mut Viewer,
     tcp: Option<&TcpSide>,
     batch: &mut Vec<(SocketAddr, Vec<u8>)>,
-    keyframes: &mut Vec<String>,
+    keyframe_wanted: &mut bool,
 ) -> bool {
     loop {
         match v.rtc.poll_output() {
@@ -631,10 +629,9 @@ fn drive(
                 tracing::info!(viewer = %v.id, peer = ?v.from, "WebRTC viewer connected");
             }
             Ok(Output::Event(Event::KeyframeRequest(_))) => {
-                if !keyframes.contains(&v.path) {
-                    keyframes.push(v.path.clone());
-                }
-                // Other sources take it from the session (an RTSP upstream passes it on).
+                // The path's source takes it from the session (a WHIP publisher, an RTSP
+                // upstream), at its own pace.
+                *keyframe_wanted = true;
                 for o in v.outs.iter().filter(|o| o.video) {
                     o.session.want_keyframe();
                 }
@@ -788,14 +785,18 @@ fn publish_rtp(v: &mut Viewer, pkt: &str0m::rtp::RtpPacket) -> bool {
     if !p.publisher.feed_rtp(p.conn, track, &mut data, 0) {
         return false;
     }
-    ask_keyframe(v, KEYFRAME_EVERY);
+    ask_keyframe(v, KEYFRAME_EVERY, false);
     true
 }
 
-/// Asks WHIP publisher `v` for a keyframe (PLI) unless it was asked less than `gap` ago.
-fn ask_keyframe(v: &mut Viewer, gap: Duration) {
+/// Asks WHIP publisher `v` for a keyframe (PLI) unless it was asked less than `gap` ago;
+/// `readers`: only if a reader of its tracks wanted one (the mark is taken).
+fn ask_keyframe(v: &mut Viewer, gap: Duration, readers: bool) {
     let Some(p) = v.publish.as_mut().filter(|p| p.started && p.asked.elapsed() >= gap) else { return };
     let Some(ssrc) = p.video_ssrc else { return };
+    if readers && !p.publisher.take_keyframe_request() {
+        return;
+    }
     p.asked = Instant::now();
     if let Some(rx) = v.rtc.direct_api().stream_rx(&ssrc) {
         rx.request_keyframe(str0m::media::KeyframeRequestKind::Pli);
