@@ -50,7 +50,6 @@ pub struct GsoSender {
     addrs: Vec<RawAddr>,
     cmsgs: Vec<[u64; 3]>,
     hdrs: Vec<libc::mmsghdr>,
-    runs: Vec<Range<usize>>,
 }
 
 // SAFETY: the raw pointers in the scratch vectors are rebuilt on every call and never kept
@@ -65,7 +64,7 @@ impl Default for GsoSender {
 
 impl GsoSender {
     pub fn new() -> Self {
-        Self { gso: true, iov: Vec::new(), addrs: Vec::new(), cmsgs: Vec::new(), hdrs: Vec::new(), runs: Vec::new() }
+        Self { gso: true, iov: Vec::new(), addrs: Vec::new(), cmsgs: Vec::new(), hdrs: Vec::new() }
     }
 
     /// Whether runs still go as GSO messages.
@@ -78,18 +77,18 @@ impl GsoSender {
     /// the network would). `WouldBlock` when the socket takes none now.
     pub fn send(&mut self, fd: RawFd, batch: &[(SocketAddr, &[u8])]) -> io::Result<usize> {
         let items: Vec<(SocketAddr, usize)> = batch.iter().map(|(a, d)| (*a, d.len())).collect();
-        self.runs = if self.gso { runs(&items) } else { (0..batch.len()).map(|i| i..i + 1).collect() };
-        self.runs.truncate(1024);
+        let mut runs = if self.gso { runs(&items) } else { (0..batch.len()).map(|i| i..i + 1).collect() };
+        runs.truncate(1024);
         self.iov.clear();
         self.addrs.clear();
         self.cmsgs.clear();
         self.iov.extend(batch.iter().map(|(_, d)| sys::iovec(d)));
-        for r in &self.runs {
+        for r in &runs {
             self.addrs.push(RawAddr::new(batch[r.start].0));
             self.cmsgs.push(segment_cmsg(batch[r.start].1.len()));
         }
         self.hdrs.clear();
-        for (i, r) in self.runs.iter().enumerate() {
+        for (i, r) in runs.iter().enumerate() {
             let mut h = sys::mmsghdr_n(self.iov[r.start..].as_mut_ptr(), r.len(), Some(&self.addrs[i]));
             if r.len() > 1 {
                 h.msg_hdr.msg_control = self.cmsgs[i].as_mut_ptr().cast();
@@ -98,12 +97,12 @@ impl GsoSender {
             self.hdrs.push(h);
         }
         match sys::sendmmsg(fd, &mut self.hdrs) {
-            Ok(n) => Ok(self.runs[..n].iter().map(|r| r.len()).sum()),
+            Ok(n) => Ok(runs[..n].iter().map(|r| r.len()).sum()),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(e),
             // The first message was refused: no GSO here, or a datagram the kernel would not
             // take (no route): the run is tried again one by one, or dropped.
             Err(e) => {
-                let first = &self.runs[0];
+                let first = &runs[0];
                 if first.len() > 1 && matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT)) {
                     tracing::warn!("UDP GSO refused ({e}): sending datagram by datagram");
                     self.gso = false;

@@ -155,9 +155,15 @@ pub fn write_pli(out: &mut Vec<u8>, sender: u32, media: u32) {
 /// Writes a compound packet asking `media`'s sender for a keyframe: an empty receiver
 /// report from `reporter`, then a PLI.
 pub fn write_keyframe_request(out: &mut Vec<u8>, reporter: u32, media: u32) {
+    write_empty_report(out, reporter);
+    write_pli(out, reporter, media);
+}
+
+/// A receiver report with no blocks: what a compound packet starts with (RFC 3550 §6.1)
+/// when there is nothing to report.
+fn write_empty_report(out: &mut Vec<u8>, reporter: u32) {
     out.extend_from_slice(&[0x80, 201, 0, 1]);
     out.extend_from_slice(&reporter.to_be_bytes());
-    write_pli(out, reporter, media);
 }
 
 /// Round-trip time from a block's LSR and DLSR at `now` (the middle 32 bits of our NTP
@@ -232,8 +238,7 @@ pub fn ntp_mid32(ntp: u64) -> u32 {
 /// Writes the end of a stream for a receiver: an empty receiver report (a compound packet
 /// starts with a report, RFC 3550 §6.1) and a BYE for `ssrc` (§6.6).
 pub fn write_bye(out: &mut Vec<u8>, ssrc: u32) {
-    out.extend_from_slice(&[0x80, 201, 0, 1]);
-    out.extend_from_slice(&ssrc.to_be_bytes());
+    write_empty_report(out, ssrc);
     out.extend_from_slice(&[0x81, 203, 0, 1]);
     out.extend_from_slice(&ssrc.to_be_bytes());
 }
