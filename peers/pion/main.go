@@ -1,12 +1,15 @@
 // pion-peer is a second WebRTC stack for fanout's tests: pion (Go), independent of the relay's
 // str0m, playing a path over WHEP and publishing one over WHIP.
 //
-//	pion-peer whep URL [-seconds N] [-drop P] [-h264 FILE] [-pli MS]
+//	pion-peer whep URL [-seconds N] [-drop P] [-h264 FILE] [-pli MS] [-kbps K]
 //	    Plays URL for N seconds (or until the relay ends the stream). Drops a fraction P of
 //	    the incoming video packets before pion's NACK generator sees them, as a lossy link
 //	    would, so repairs come from the relay. Writes the complete frames as Annex B H.264 to
 //	    FILE (for a decoder to count) and a JSON report to stdout. With -pli it asks for a
 //	    keyframe (PLI) every MS milliseconds, as a player that keeps losing pictures would.
+//	    With -kbps it is behind a link of K kbit/s: what arrives is queued (at most
+//	    -queue-ms) and let through at that rate, the rest dropped, before pion's transport-wide
+//	    congestion feedback (which it sends) sees it.
 //	pion-peer whip URL -h264 FILE [-fps F] [-seconds N]
 //	    Publishes the Annex B H.264 FILE, looped, at F frames a second for N seconds, then
 //	    ends with DELETE; a JSON report to stdout.
@@ -47,12 +50,15 @@ func main() {
 	h264 := fs.String("h264", "", "Annex B H.264: written (whep) or sent (whip)")
 	fps := fs.Float64("fps", 25, "frames a second (whip)")
 	pli := fs.Int("pli", 0, "ask for a keyframe every this many ms (whep; 0: never)")
+	kbps := fs.Float64("kbps", 0, "the link's rate in kbit/s (whep; 0: unlimited)")
+	queueMs := fs.Int("queue-ms", 100, "the link's queue in ms of its rate (whep, with -kbps)")
 	_ = fs.Parse(os.Args[3:])
 	d := time.Duration(*seconds * float64(time.Second))
 	var report any
 	switch mode {
 	case "whep":
-		report = play(target, d, *drop, *h264, time.Duration(*pli)*time.Millisecond)
+		link := &shaper{bps: *kbps * 1000, limit: time.Duration(*queueMs) * time.Millisecond, start: time.Now(), half: d / 2}
+		report = play(target, d, *drop, *h264, time.Duration(*pli)*time.Millisecond, link)
 	case "whip":
 		if *h264 == "" {
 			fail("whip needs -h264 FILE")
@@ -160,33 +166,123 @@ func (l *lossy) BindRTCPWriter(w interceptor.RTCPWriter) interceptor.RTCPWriter 
 	})
 }
 
-type playReport struct {
-	Connected      bool    `json:"connected"`
-	VideoPackets   int     `json:"video_packets"`
-	AudioPackets   int     `json:"audio_packets"`
-	Dropped        int     `json:"dropped"`
-	NacksSent      int     `json:"nacks_sent"`
-	FramesExpected int     `json:"frames_expected"`
-	FramesComplete int     `json:"frames_complete"`
-	FramesLost     int     `json:"frames_lost"`
-	LostFraction   float64 `json:"lost_fraction"`
-	FirstKeyframe  bool    `json:"starts_with_keyframe"`
-	PlisSent       int     `json:"plis_sent"`
-	Ended          string  `json:"ended"`
+// shaper is a link of a fixed rate with a drop-tail queue, next to the network: every
+// incoming packet (video, audio, repairs, padding) leaves the queue at the rate, and one
+// that would wait longer than limit is dropped. A goroutine per stream takes packets as
+// they come, so the wait is the queue's, not the reader's.
+type shaper struct {
+	interceptor.NoOp
+	bps   float64
+	limit time.Duration
+	start time.Time
+	half  time.Duration // drops after this count as late: the link's loss once adapted
+	mu    sync.Mutex
+	free  time.Time // when the link is next free
+	// Packets and bytes let through, those dropped, and those dropped in the second half.
+	passed, dropped, droppedLate int
+	bytes, bytesLate             int
 }
 
-func play(target string, d time.Duration, drop float64, out string, pli time.Duration) playReport {
+func (s *shaper) NewInterceptor(string) (interceptor.Interceptor, error) { return s, nil }
+
+type queued struct {
+	b   []byte
+	a   interceptor.Attributes
+	at  time.Time
+	err error
+}
+
+func (s *shaper) BindRemoteStream(_ *interceptor.StreamInfo, r interceptor.RTPReader) interceptor.RTPReader {
+	if s.bps <= 0 {
+		return r
+	}
+	q := make(chan queued, 8192)
+	go func() {
+		for {
+			buf := make([]byte, 1500)
+			n, a, err := r.Read(buf, nil)
+			if err != nil {
+				q <- queued{err: err}
+				return
+			}
+			now := time.Now()
+			s.mu.Lock()
+			from := s.free
+			if from.Before(now) {
+				from = now
+			}
+			late := now.Sub(s.start) > s.half
+			if from.Sub(now) > s.limit {
+				s.dropped++
+				if late {
+					s.droppedLate++
+				}
+				s.mu.Unlock()
+				continue
+			}
+			s.free = from.Add(time.Duration(float64(n*8) / s.bps * float64(time.Second)))
+			s.passed++
+			s.bytes += n
+			if late {
+				s.bytesLate += n
+			}
+			at := s.free
+			s.mu.Unlock()
+			q <- queued{b: buf[:n], a: a, at: at}
+		}
+	}()
+	return interceptor.RTPReaderFunc(func(b []byte, _ interceptor.Attributes) (int, interceptor.Attributes, error) {
+		p := <-q
+		if p.err != nil {
+			return 0, nil, p.err
+		}
+		time.Sleep(time.Until(p.at))
+		return copy(b, p.b), p.a, nil
+	})
+}
+
+// linkReport is what the shaper saw.
+type linkReport struct {
+	Kbps        float64 `json:"kbps"`
+	Passed      int     `json:"passed"`
+	Dropped     int     `json:"dropped"`
+	DroppedLate int     `json:"dropped_second_half"`
+	// What got through in the second half, in kbit/s.
+	KbpsLate float64 `json:"kbps_second_half"`
+}
+
+type playReport struct {
+	Connected      bool        `json:"connected"`
+	VideoPackets   int         `json:"video_packets"`
+	AudioPackets   int         `json:"audio_packets"`
+	Dropped        int         `json:"dropped"`
+	NacksSent      int         `json:"nacks_sent"`
+	FramesExpected int         `json:"frames_expected"`
+	FramesComplete int         `json:"frames_complete"`
+	FramesLost     int         `json:"frames_lost"`
+	LostFraction   float64     `json:"lost_fraction"`
+	FirstKeyframe  bool        `json:"starts_with_keyframe"`
+	PlisSent       int         `json:"plis_sent"`
+	Ended          string      `json:"ended"`
+	Link           *linkReport `json:"link,omitempty"`
+}
+
+func play(target string, d time.Duration, drop float64, out string, pli time.Duration, link *shaper) playReport {
 	m := &webrtc.MediaEngine{}
 	if err := m.RegisterDefaultCodecs(); err != nil {
 		fail(err.Error())
 	}
 	ir := &interceptor.Registry{}
 	loss := &lossy{p: drop}
-	ir.Add(loss) // first: between the network and the NACK generator
+	ir.Add(link) // first: the network
+	ir.Add(loss) // then: between the network and the NACK generator
 	if err := webrtc.ConfigureNack(m, ir); err != nil {
 		fail(err.Error())
 	}
 	if err := webrtc.ConfigureRTCPReports(ir); err != nil {
+		fail(err.Error())
+	}
+	if err := webrtc.ConfigureTWCCSender(m, ir); err != nil {
 		fail(err.Error())
 	}
 	pc := newPeer(m, ir)
@@ -281,6 +377,14 @@ func play(target string, d time.Duration, drop float64, out string, pli time.Dur
 	loss.mu.Lock()
 	rep.Dropped, rep.NacksSent = loss.dropped, loss.nacks
 	loss.mu.Unlock()
+	if link.bps > 0 {
+		link.mu.Lock()
+		rep.Link = &linkReport{
+			Kbps: link.bps / 1000, Passed: link.passed, Dropped: link.dropped, DroppedLate: link.droppedLate,
+			KbpsLate: float64(link.bytesLate*8) / (d - link.half).Seconds() / 1000,
+		}
+		link.mu.Unlock()
+	}
 	frames(video, &rep, out)
 	return rep
 }

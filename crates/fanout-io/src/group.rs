@@ -100,13 +100,13 @@ impl crate::sinkset::SinkSet for UserGroups {
     fn report(
         &self,
         id: u64,
-        cumulative_lost: i32,
+        feedback: crate::layered::Feedback,
         rates: &fanout_proto::rtp::adapt::LayerRates,
         now: Instant,
     ) -> Option<bool> {
         self.with_sink(id, |sink| {
             let (sent, bytes) = (sink.packets_sent(), sink.bytes_sent());
-            sink.adapt().map(|l| l.on_report(cumulative_lost, sent, bytes, rates, now)).is_some()
+            sink.adapt().map(|l| l.on_feedback(feedback, sent, bytes, rates, now)).is_some()
         })
     }
 

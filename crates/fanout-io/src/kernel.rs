@@ -541,10 +541,10 @@ impl KernelSession {
     }
 
     /// A receiver report for a sink (its cumulative loss); returns whether the sink exists.
-    pub fn report(&mut self, id: u64, cumulative_lost: i32, rates: &LayerRates, now: Instant) -> bool {
+    pub fn report(&mut self, id: u64, feedback: crate::layered::Feedback, rates: &LayerRates, now: Instant) -> bool {
         let Some((_, v)) = self.entry(&self.fanout.state.lock(), id) else { return false };
         let Some(l) = self.adapt(id) else { return false };
-        l.on_report(cumulative_lost, v.packets, v.bytes, rates, now);
+        l.on_feedback(feedback, v.packets, v.bytes, rates, now);
         if let Err(e) = self.request(id) {
             tracing::warn!(session = self.index, sink = id, "{e}");
         }

@@ -7,6 +7,16 @@ use fanout_proto::codec::layers::Layer;
 use fanout_proto::rtp::adapt::{Interval, LayerRates, LayerSelector, Mode, SeqRewriter};
 use std::time::Instant;
 
+/// What a sink's subscriber tells about its link.
+#[derive(Debug, Clone, Copy)]
+pub enum Feedback {
+    /// An RTCP receiver report: its cumulative loss.
+    Lost(i32),
+    /// A bandwidth estimate from congestion feedback (transport-wide congestion control,
+    /// REMB), in bits per second.
+    Estimate(f64),
+}
+
 /// What the sink's last receiver report was measured against.
 #[derive(Debug, Clone, Copy)]
 struct Mark {
@@ -132,9 +142,21 @@ impl SinkLayers {
         self.thesis.set_pin(pin);
     }
 
+    /// Feedback from this sink's subscriber; `sent` and `bytes` as for
+    /// [`SinkLayers::on_report`].
+    pub fn on_feedback(&mut self, f: Feedback, sent: u64, bytes: u64, rates: &LayerRates, now: Instant) {
+        match f {
+            Feedback::Lost(lost) => self.on_report(lost, sent, bytes, rates, now),
+            Feedback::Estimate(bps) => {
+                self.reports += 1;
+                self.sel.on_estimate(bps, rates);
+            }
+        }
+    }
+
     /// A receiver report for this sink: its cumulative loss, against what the sink has
     /// sent (packets and bytes, the dropped ones left out) since the last one.
-    pub fn on_report(&mut self, cumulative_lost: i32, sent: u64, bytes: u64, rates: &LayerRates, now: Instant) {
+    fn on_report(&mut self, cumulative_lost: i32, sent: u64, bytes: u64, rates: &LayerRates, now: Instant) {
         let lost = i64::from(cumulative_lost);
         let (d_sent, d_bytes) = (sent.saturating_sub(self.mark.sent), bytes.saturating_sub(self.mark.bytes));
         // Duplicates can make the cumulative count fall; more lost than sent is impossible.

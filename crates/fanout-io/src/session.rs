@@ -829,13 +829,24 @@ impl Session {
     /// `id` (its cumulative loss): the sink's layer selector re-estimates. Returns whether
     /// the sink exists and adapts.
     pub fn sink_report(&self, id: u64, cumulative_lost: i32) -> bool {
+        self.sink_feedback(id, crate::layered::Feedback::Lost(cumulative_lost))
+    }
+
+    /// A bandwidth estimate for the subscriber of sink `id` (bits per second, from its
+    /// congestion feedback: a WebRTC viewer's): the sink gets the layers that fit in it.
+    /// Returns whether the sink exists and adapts.
+    pub fn sink_estimate(&self, id: u64, bps: f64) -> bool {
+        self.sink_feedback(id, crate::layered::Feedback::Estimate(bps))
+    }
+
+    fn sink_feedback(&self, id: u64, feedback: crate::layered::Feedback) -> bool {
         if self.inner.video_codec().is_none() {
             return false;
         }
         let now = Instant::now();
         // A copy: the source thread takes this lock for every packet.
         let rates = self.inner.layers.lock().1.clone();
-        self.sink_sets().iter().find_map(|set| set.report(id, cumulative_lost, &rates, now)).unwrap_or(false)
+        self.sink_sets().iter().find_map(|set| set.report(id, feedback, &rates, now)).unwrap_or(false)
     }
 
     pub fn sink_status(&self, id: u64) -> Option<SinkStatus> {
@@ -986,6 +997,17 @@ impl Session {
             layers: self.layer_status(),
             pacing: self.inner.pace().map(|(p, _)| PaceStatus { sink_rate_bps: p.rate() * 8, burst_bytes: p.burst() }),
         }
+    }
+
+    /// The whole stream's rate (bits per second) if its video is layered (more than one
+    /// operating point so far): what a subscriber that adapts to its link may drop down
+    /// from. `None`: there is nothing to adapt.
+    pub fn layered_bps(&self) -> Option<f64> {
+        self.inner.video_codec()?;
+        let mut l = self.inner.layers.lock();
+        l.1.roll(self.inner.now_ms());
+        let ladder = l.1.ladder();
+        (ladder.len() > 1).then(|| l.1.cumulative(fanout_proto::rtp::adapt::ALL))
     }
 
     fn layer_status(&self) -> Option<LayerStatus> {

@@ -4,6 +4,7 @@
 //! sink it serves is not in user space), so it never branches on its data path.
 
 use crate::kernel::{KernelSinkStats, KernelSinks};
+use crate::layered::Feedback;
 use crate::model::{LayerError, SinkStatus, SinkTarget};
 use fanout_proto::codec::layers::Layer;
 use fanout_proto::rtp::adapt::LayerRates;
@@ -16,9 +17,9 @@ pub(crate) trait SinkSet: Send + Sync {
     fn clear(&self) -> (usize, u64, u64);
     /// Caps sink `id`'s scalable layers (`None` lifts the cap); `None` if it is not here.
     fn pin(&self, id: u64, pin: Option<Layer>) -> Option<Result<(), LayerError>>;
-    /// A receiver report from sink `id`'s subscriber (its cumulative loss): whether the sink
-    /// adapts, `None` if it is not here.
-    fn report(&self, id: u64, cumulative_lost: i32, rates: &LayerRates, now: Instant) -> Option<bool>;
+    /// Feedback from sink `id`'s subscriber: whether the sink adapts, `None` if it is not
+    /// here.
+    fn report(&self, id: u64, feedback: Feedback, rates: &LayerRates, now: Instant) -> Option<bool>;
     /// Sink `id`'s status (`head`: the ring's head, for its lag), if it is here.
     fn status(&self, id: u64, head: u64) -> Option<SinkStatus>;
     /// Every sink's status, appended to `out`.
@@ -40,8 +41,8 @@ impl SinkSet for KernelSinks {
         self.with_sink(id, |k| k.set_pin(id, pin).map_err(|e| LayerError::Kernel(e.to_string())))
     }
 
-    fn report(&self, id: u64, cumulative_lost: i32, rates: &LayerRates, now: Instant) -> Option<bool> {
-        self.with_sink(id, |k| k.report(id, cumulative_lost, rates, now))
+    fn report(&self, id: u64, feedback: Feedback, rates: &LayerRates, now: Instant) -> Option<bool> {
+        self.with_sink(id, |k| k.report(id, feedback, rates, now))
     }
 
     fn status(&self, id: u64, _head: u64) -> Option<SinkStatus> {

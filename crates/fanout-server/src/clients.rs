@@ -114,6 +114,12 @@ pub struct ViewerStatus {
     /// that knows when it showed that RTP time measures how far behind it plays.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_picture: Option<LastPicture>,
+    /// A viewer of layered video: the bandwidth estimate from its congestion feedback
+    /// (bits per second), and the layers it gets by it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub estimate_bps: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub layers: Option<fanout_io::layered::SinkLayerStatus>,
 }
 
 #[derive(Debug, Clone, Copy, serde::Serialize)]

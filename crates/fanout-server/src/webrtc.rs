@@ -77,6 +77,8 @@ struct Out {
     next_seq: u64,
     /// H.264: the parameter sets a keyframe that comes without them gets.
     params: Option<fanout_proto::whep::InBandParams>,
+    /// Layered video: a packet without a marker, until the next shows where its picture ends.
+    held: Option<Arc<fanout_io::packet::Packet>>,
 }
 
 struct Viewer {
@@ -92,8 +94,17 @@ struct Viewer {
     last_picture: Option<LastPicture>,
     /// A WHIP publisher's side (it has no outs).
     publish: Option<Publishing>,
+    /// A viewer of layered video: the whole stream's rate (what its bandwidth estimate is
+    /// asked to reach), and the newest estimate, which picks the layers it gets.
+    adapt: Option<Adapt>,
     /// Its place in its address's count, given back when it goes.
     _pass: Option<Pass>,
+}
+
+#[derive(Clone, Copy)]
+struct Adapt {
+    whole_bps: f64,
+    estimate_bps: Option<f64>,
 }
 
 /// A WHIP publisher: its RTP, by payload type, feeds the path's tracks.
@@ -109,6 +120,17 @@ struct Publishing {
     /// on request only), so players joining later start within that.
     asked: Instant,
 }
+
+/// What a peer negotiates for: publishing, or viewing (`layered`: the whole rate of the
+/// path's layered video, if it is).
+#[derive(Clone, Copy)]
+enum Role {
+    Publisher,
+    Viewer { layered: Option<f64> },
+}
+
+/// A viewer of layered video: the bandwidth estimate it starts with (libwebrtc's).
+const START_BPS: f64 = 300_000.0;
 
 /// How often a WHIP publisher is asked for a keyframe (PLI) unasked.
 const KEYFRAME_EVERY: Duration = Duration::from_secs(2);
@@ -222,7 +244,15 @@ impl WebRtc {
             .map(|r| r.sdp)
             .filter(|s| !s.media.is_empty())
             .ok_or_else(|| Refused(404, format!("{path} has nothing to play yet")))?;
-        let (rtc, answer) = self.negotiate(offer, false)?;
+        let tracks = relay.tracks(path);
+        // Layered video: the viewer's congestion feedback picks the layers it gets.
+        let layered = described
+            .media
+            .iter()
+            .zip(&tracks)
+            .filter(|(m, _)| m.kind == "video")
+            .find_map(|(_, t)| t.session.layered_bps());
+        let (rtc, answer) = self.negotiate(offer, Role::Viewer { layered })?;
         let parsed = Sdp::parse(&answer).map_err(|e| Refused(500, format!("our answer: {e}")))?;
         let plan = fanout_proto::whep::plan(&described, &parsed);
         if plan.routes.is_empty() {
@@ -231,7 +261,6 @@ impl WebRtc {
                 format!("nothing of {path} can be sent to this viewer: {}", plan.left_out.join("; ")),
             ));
         }
-        let tracks = relay.tracks(path);
         let id = crate::clients::random_id();
         let first_seq = u64::from(crate::track::random_start().0) + 1;
         let mut outs = Vec::new();
@@ -249,6 +278,7 @@ impl WebRtc {
                 sink: None,
                 next_seq: first_seq,
                 params: (r.video && !r.params.is_empty()).then(|| fanout_proto::whep::InBandParams::new(&r.params)),
+                held: None,
             });
             let m = &described.media[r.track];
             let codec = m.formats.first().and_then(|f| fanout_proto::whep::encoding(m, f)).unwrap_or("?");
@@ -265,8 +295,11 @@ impl WebRtc {
             left_out: plan.left_out.clone(),
             packets: 0,
             last_picture: None,
+            estimate_bps: None,
+            layers: None,
         };
-        self.admit(status, rtc, outs, None, pass)?;
+        let adapt = layered.map(|whole_bps| Adapt { whole_bps, estimate_bps: None });
+        self.admit(status, rtc, outs, None, adapt, pass)?;
         tracing::info!(path, viewer = %id, left_out = ?plan.left_out, "WebRTC viewer offered");
         Ok((answer, id))
     }
@@ -288,23 +321,33 @@ impl WebRtc {
     /// or times out: a flood of offers that never connect is capped.
     ///
     /// A publisher gets transport-wide congestion control (its encoder's rate follows our
-    /// feedback); a viewer does not negotiate it: nothing here acts on a viewer's estimate yet,
-    /// and taking its reports was the largest single cost per viewer (8% of the relay's CPU
-    /// at 200 viewers).
-    fn negotiate(&self, offer: &str, publisher: bool) -> Result<(Rtc, String), Refused> {
+    /// feedback). A viewer of layered video does too, the other way: its feedback gives a
+    /// bandwidth estimate (str0m's, which also paces its sends), and the estimate picks its
+    /// layers. A viewer of a stream that is not layered does not negotiate it: there is nothing
+    /// to choose, and taking its reports was the largest single cost per viewer (8% of the
+    /// relay's CPU at 200 viewers).
+    fn negotiate(&self, offer: &str, role: Role) -> Result<(Rtc, String), Refused> {
+        let publisher = matches!(role, Role::Publisher);
         let connecting = self.shared.viewers.lock().values().filter(|v| v.state == "connecting").count();
         if connecting >= MAX_CONNECTING {
             return Err(Refused(503, format!("{connecting} WebRTC peers are still connecting: try again")));
         }
         let offer = SdpOffer::from_sdp_string(offer).map_err(|e| Refused(400, format!("the offer: {e}")))?;
         let mut config = Rtc::builder();
-        if !publisher {
+        if let Role::Viewer { layered } = role {
             use str0m::rtp::Extension;
             config = config
                 .clear_extension_map()
                 .set_extension(2, Extension::AbsoluteSendTime)
                 .set_extension(4, Extension::RtpMid)
                 .set_extension(13, Extension::VideoOrientation);
+            if let Some(bps) = layered {
+                // It starts with what fits in a cautious first estimate (a browser's own
+                // start), and probes up from there in its first seconds.
+                config = config
+                    .set_extension(3, Extension::TransportSequenceNumber)
+                    .enable_bwe(Some(str0m::bwe::Bitrate::bps(bps.min(START_BPS) as u64)));
+            }
         }
         let mut rtc = config
             .set_ice_lite(true)
@@ -339,6 +382,7 @@ impl WebRtc {
         rtc: Rtc,
         outs: Vec<Out>,
         publish: Option<Publishing>,
+        adapt: Option<Adapt>,
         pass: Option<Pass>,
     ) -> Result<(), Refused> {
         let id = status.id.clone();
@@ -355,6 +399,7 @@ impl WebRtc {
             packets: 0,
             last_picture: None,
             publish,
+            adapt,
             _pass: pass,
         };
         if self.cmds.send(Cmd::Add(Box::new(v))).is_err() {
@@ -381,7 +426,7 @@ impl WebRtc {
         if let Some(why) = publisher.refusal() {
             return Err(Refused(409, why));
         }
-        let (rtc, answer) = self.negotiate(offer, true)?;
+        let (rtc, answer) = self.negotiate(offer, Role::Publisher)?;
         let parsed = Sdp::parse(&answer).map_err(|e| Refused(500, format!("our answer: {e}")))?;
         let ingest = fanout_proto::whep::ingest(&parsed)
             .ok_or_else(|| Refused(400, "the offer sends no H.264 (packetization mode 1) or Opus".into()))?;
@@ -402,6 +447,8 @@ impl WebRtc {
             left_out: Vec::new(),
             packets: 0,
             last_picture: None,
+            estimate_bps: None,
+            layers: None,
         };
         let conn = CONN_BASE | NEXT_CONN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let publish = Publishing {
@@ -414,7 +461,7 @@ impl WebRtc {
             video_ssrc: None,
             asked: Instant::now(),
         };
-        self.admit(status, rtc, Vec::new(), Some(publish), pass)?;
+        self.admit(status, rtc, Vec::new(), Some(publish), None, pass)?;
         tracing::info!(path, publisher = %id, "WHIP publisher offered");
         Ok((answer, id))
     }
@@ -512,6 +559,11 @@ async fn run(
                     st.packets = v.packets;
                     st.peer = v.from;
                     st.last_picture = v.last_picture;
+                    if let Some(a) = v.adapt {
+                        st.estimate_bps = a.estimate_bps;
+                        st.layers =
+                            v.outs.iter().filter(|o| o.video).find_map(|o| o.session.sink_status(o.sink?)?.layers);
+                    }
                 }
             }
         }
@@ -626,7 +678,19 @@ fn drive(
                         Err(e) => tracing::warn!(viewer = %v.id, "cannot add the WebRTC viewer's sink: {e}"),
                     }
                 }
+                if let Some(a) = v.adapt {
+                    // Probes (padding) for room up to the whole stream, with some to spare.
+                    v.rtc.bwe().set_desired_bitrate(str0m::bwe::Bitrate::bps((a.whole_bps * 1.2) as u64));
+                    adapt(v, a.estimate_bps.unwrap_or(a.whole_bps.min(START_BPS)));
+                }
                 tracing::info!(viewer = %v.id, peer = ?v.from, "WebRTC viewer connected");
+            }
+            Ok(Output::Event(Event::EgressBitrateEstimate(kind))) => {
+                let estimate = match kind {
+                    str0m::bwe::BweKind::Twcc { estimate, .. } | str0m::bwe::BweKind::Remb { estimate, .. } => estimate,
+                    _ => continue,
+                };
+                adapt(v, estimate.as_f64());
             }
             Ok(Output::Event(Event::KeyframeRequest(_))) => {
                 // The path's source takes it from the session (a WHIP publisher, an RTSP
@@ -642,6 +706,18 @@ fn drive(
                 tracing::info!(viewer = %v.id, "WebRTC viewer ended: {e}");
                 return false;
             }
+        }
+    }
+}
+
+/// A bandwidth estimate for viewer `v` (bits per second): its video sinks get the layers
+/// that fit.
+fn adapt(v: &mut Viewer, bps: f64) {
+    let Some(a) = v.adapt.as_mut() else { return };
+    a.estimate_bps = Some(bps);
+    for o in v.outs.iter().filter(|o| o.video) {
+        if let Some(id) = o.sink {
+            o.session.sink_estimate(id, bps);
         }
     }
 }
@@ -806,34 +882,66 @@ fn ask_keyframe(v: &mut Viewer, gap: Duration, readers: bool) {
 }
 
 /// Moves what viewer `v`'s queues hold into its `Rtc`, renumbered as its own stream.
+///
+/// A viewer of layered video may lose a picture's last packet, the one with the marker, to
+/// its layer cap, and a browser's depacketizer waits for that marker: a video packet without
+/// one is held until the next shows whether a new picture began (then it ends its own).
 fn pump(v: &mut Viewer, frames: &mut Vec<Frame>, now: Instant) {
+    let hold = v.adapt.is_some();
     for o in &mut v.outs {
         o.queue.drain(frames);
         for (p, _) in frames.drain(..) {
             let Ok(rtp) = RtpView::parse(p.data()) else { continue };
-            let mut api = v.rtc.direct_api();
-            let Some(stream) = api.stream_tx_by_mid(o.mid, None) else { continue };
-            let params = o.params.as_mut().map(|p| p.before(rtp.timestamp(), rtp.payload())).unwrap_or_default();
-            for nal in params {
-                let w = RtpWrite::new(o.pt.into(), SeqNo::from(o.next_seq), rtp.timestamp(), now, nal).nackable(true);
-                stream.write_rtp(w);
-                o.next_seq += 1;
+            let (ts, marker) = (rtp.timestamp(), rtp.marker());
+            if hold && o.video {
+                if let Some(h) = o.held.take() {
+                    let end = RtpView::parse(h.data()).is_ok_and(|r| r.timestamp() != ts);
+                    write(&mut v.rtc, o, &h, end, now, &mut v.packets, &mut v.last_picture);
+                }
+                if !marker {
+                    o.held = Some(p);
+                    continue;
+                }
             }
-            let w = RtpWrite::new(o.pt.into(), SeqNo::from(o.next_seq), rtp.timestamp(), now, rtp.payload())
-                .marker(rtp.marker())
-                .nackable(o.video);
-            stream.write_rtp(w);
-            o.next_seq += 1;
-            v.packets += 1;
-            if o.video && rtp.marker() {
-                let unix_ms = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0.0, |d| d.as_secs_f64() * 1000.0);
-                v.last_picture = Some(LastPicture { rtp: rtp.timestamp(), unix_ms });
-            }
+            write(&mut v.rtc, o, &p, false, now, &mut v.packets, &mut v.last_picture);
         }
     }
     v.wake_at = now;
+}
+
+/// Writes RTP packet `p` of out `o` into `rtc` as the viewer's own (with the parameter sets a
+/// keyframe needs before it), marked as a picture's end if it is or `end`.
+fn write(
+    rtc: &mut Rtc,
+    o: &mut Out,
+    p: &fanout_io::packet::Packet,
+    end: bool,
+    now: Instant,
+    packets: &mut u64,
+    last_picture: &mut Option<LastPicture>,
+) {
+    let Ok(rtp) = RtpView::parse(p.data()) else { return };
+    let mut api = rtc.direct_api();
+    let Some(stream) = api.stream_tx_by_mid(o.mid, None) else { return };
+    let params = o.params.as_mut().map(|p| p.before(rtp.timestamp(), rtp.payload())).unwrap_or_default();
+    for nal in params {
+        let w = RtpWrite::new(o.pt.into(), SeqNo::from(o.next_seq), rtp.timestamp(), now, nal).nackable(true);
+        stream.write_rtp(w);
+        o.next_seq += 1;
+    }
+    let marker = rtp.marker() || end;
+    let w = RtpWrite::new(o.pt.into(), SeqNo::from(o.next_seq), rtp.timestamp(), now, rtp.payload())
+        .marker(marker)
+        .nackable(o.video);
+    stream.write_rtp(w);
+    o.next_seq += 1;
+    *packets += 1;
+    if o.video && marker {
+        let unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64() * 1000.0);
+        *last_picture = Some(LastPicture { rtp: rtp.timestamp(), unix_ms });
+    }
 }
 
 fn remove(viewers: &mut HashMap<String, Viewer>, by_addr: &mut HashMap<SocketAddr, String>, shared: &Shared, id: &str) {

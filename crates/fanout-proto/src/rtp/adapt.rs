@@ -152,6 +152,8 @@ const PROVEN: u32 = 64;
 const MAX_HOLD_SHIFT: u32 = 7;
 /// AIMD: the estimate grows to at most this many times the whole stream's rate.
 const ESTIMATE_CAP: f64 = 1.5;
+/// An estimate from congestion feedback: a rise needs this much of it to fit.
+const HEADROOM: f64 = 0.85;
 
 #[derive(Debug, Clone)]
 pub struct LayerSelector {
@@ -308,7 +310,28 @@ impl LayerSelector {
                 }
             }
         };
-        let mut want = ladder[target];
+        self.aim(&ladder, ladder[target])
+    }
+
+    /// A bandwidth estimate from the subscriber's congestion feedback (transport-wide
+    /// congestion control, REMB), in bits per second: the highest point whose rate fits in
+    /// it. A fall is taken when the point in effect no longer fits; a rise only to a point
+    /// that fits with `HEADROOM` to spare, so an estimate hovering at a point's rate does
+    /// not switch back and forth. Returns the allowance, as [`LayerSelector::on_report`].
+    pub fn on_estimate(&mut self, bps: f64, rates: &LayerRates) -> Option<Layer> {
+        let ladder = rates.ladder();
+        if ladder.is_empty() || !bps.is_finite() {
+            return self.allowance;
+        }
+        self.estimate_bps = Some(bps);
+        let cur = self.target().and_then(|a| ladder.iter().position(|l| *l == a)).unwrap_or(ladder.len() - 1);
+        let fits = |e: f64| ladder.iter().rposition(|l| rates.cumulative(*l) <= e).unwrap_or(0);
+        let target = if rates.cumulative(ladder[cur]) > bps { fits(bps) } else { fits(bps * HEADROOM).max(cur) };
+        self.aim(&ladder, ladder[target])
+    }
+
+    /// Heads for `want` (within the pin): down at once, up at the next switch point.
+    fn aim(&mut self, ladder: &[Layer], mut want: Layer) -> Option<Layer> {
         if let Some(pin) = self.pin {
             if !within(want, pin) {
                 want = ladder.iter().rev().find(|l| within(**l, pin)).copied().unwrap_or(ladder[0]);
@@ -590,7 +613,56 @@ mod tests {
         assert!(back.is_some_and(|r| r >= 7), "d1 t0 was retried after {back:?} reports");
     }
 
+    #[test]
+    fn an_estimate_falls_at_once_and_rises_with_headroom_at_a_switch_point() {
+        // Base 120 kbit/s with the parameter sets, everything 320.
+        let rates = steady();
+        let mut s = LayerSelector::new(Mode::Aimd);
+        assert_eq!(s.on_estimate(1_000_000.0, &rates), Some(l(1, 0)), "room for all");
+        assert_eq!(s.on_estimate(200_000.0, &rates), Some(l(0, 0)), "the whole no longer fits: down at once");
+        assert!(!s.forward(media(1, 0)) && s.forward(media(0, 0)));
+        assert_eq!(s.estimate_bps(), Some(200_000.0));
+        // Just above the whole stream's rate is not enough to go up: no headroom.
+        s.on_estimate(330_000.0, &rates);
+        assert_eq!(s.target(), Some(l(0, 0)));
+        // With headroom: a rise, waiting for an IDR of the enhancement.
+        assert_eq!(s.on_estimate(400_000.0, &rates), Some(l(0, 0)));
+        assert_eq!(s.target(), Some(l(1, 0)));
+        assert!(!s.forward(media(1, 0)));
+        assert!(s.forward(PacketLayer::Media { layer: l(1, 0), idr: true }));
+        assert_eq!(s.allowance(), Some(l(1, 0)));
+        // Hovering a little under it (above what fits with headroom) keeps it.
+        assert_eq!(s.on_estimate(330_000.0, &rates), Some(l(1, 0)));
+        // Below the base: the base all the same.
+        assert_eq!(s.on_estimate(50_000.0, &rates), Some(l(0, 0)));
+        // A pin holds even with room.
+        s.set_pin(Some(l(0, 0)));
+        s.on_estimate(10_000_000.0, &rates);
+        assert_eq!(s.target(), Some(l(0, 0)));
+        // Nothing to choose from, or no number: nothing changes.
+        let mut t = LayerSelector::new(Mode::Aimd);
+        assert_eq!(t.on_estimate(100_000.0, &LayerRates::default()), None);
+        assert_eq!(t.on_estimate(f64::NAN, &rates), None);
+    }
+
     proptest! {
+        /// Whatever the estimates, the point heading for is the base or fits in the last one,
+        /// and a rise is only to a point that fits with headroom.
+        #[test]
+        fn an_estimate_never_targets_more_than_it_allows(estimates in proptest::collection::vec(0.0f64..1_000_000.0, 1..40)) {
+            let rates = steady();
+            let mut s = LayerSelector::new(Mode::Aimd);
+            for e in estimates {
+                let before = s.target();
+                s.on_estimate(e, &rates);
+                let t = s.target().unwrap();
+                prop_assert!(t == l(0, 0) || rates.cumulative(t) <= e, "{t:?} at {e}");
+                if before.is_some_and(|b| rates.cumulative(t) > rates.cumulative(b)) {
+                    prop_assert!(rates.cumulative(t) <= e * HEADROOM);
+                }
+            }
+        }
+
         /// With any drop pattern, a subscriber sees consecutive sequence numbers.
         #[test]
         fn rewritten_sequence_numbers_have_no_gaps(start in any::<u16>(), drops in proptest::collection::vec(any::<bool>(), 1..300)) {
