@@ -41,7 +41,22 @@ struct State {
     active: Option<Active>,
     publishes: u64,
     takeovers: u64,
+    /// When each track's RTSP publisher was last asked for a keyframe.
+    asked: HashMap<usize, Instant>,
+    /// Keyframe requests sent to RTSP publishers.
+    keyframes_asked: u64,
 }
+
+/// Where RTCP for an RTSP publisher goes: its RTCP port (from the record ports), or an
+/// interleaved channel of its connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RtcpTo {
+    Udp(SocketAddr),
+    Conn(u64, u8),
+}
+
+/// An RTSP publisher is asked for a keyframe at most this often per track.
+const KEYFRAME_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 #[derive(Debug, Serialize)]
 pub struct PublisherStatus {
@@ -58,6 +73,8 @@ pub struct PublisherStatus {
     pub takeover: bool,
     /// Publishers replaced by a newer one.
     pub takeovers: u64,
+    /// Keyframe requests (PLI) sent to RTSP publishers for their readers.
+    pub keyframes_asked: u64,
     /// An SRT pull that is not publishing: why.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pull_error: Option<String>,
@@ -392,6 +409,40 @@ impl Publisher {
         true
     }
 
+    /// Keyframe requests for an RTSP publisher (over UDP or interleaved): for each video track
+    /// a reader marked (`Session::want_keyframe`: WebRTC viewers, RTSP clients' PLI/FIR),
+    /// an empty receiver report and a PLI naming the publisher's SSRC, at most one per track
+    /// per `KEYFRAME_EVERY`; a mark inside that gap waits for its end. A publisher of another
+    /// kind leaves the marks alone (a WHIP publisher's task takes them; RTMP and SRT cannot
+    /// be asked). `reporter`: our SSRC in the report.
+    pub fn keyframe_requests(&self, reporter: u32) -> Vec<(RtcpTo, Vec<u8>)> {
+        let mut st = self.state.lock();
+        let st = &mut *st;
+        let Some(a) = st.active.as_ref().filter(|a| matches!(a.transport, "udp" | "interleaved")) else {
+            return Vec::new();
+        };
+        let now = Instant::now();
+        let mut out = Vec::new();
+        for (i, t) in st.tracks.iter().enumerate() {
+            let video = st.sdp.as_ref().and_then(|s| s.media.get(i)).is_some_and(|m| m.kind == "video");
+            let Some(media) = t.source_ssrc().filter(|_| video) else { continue };
+            if st.asked.get(&i).is_some_and(|at| now - *at < KEYFRAME_EVERY) || !t.session.take_keyframe_request() {
+                continue;
+            }
+            let to =
+                a.udp.iter().find(|(_, v)| **v == (i, true)).map(|(addr, _)| RtcpTo::Udp(*addr)).or_else(|| {
+                    a.channels.iter().find(|(_, v)| **v == (i, true)).map(|(ch, _)| RtcpTo::Conn(a.conn, *ch))
+                });
+            let Some(to) = to else { continue };
+            st.asked.insert(i, now);
+            st.keyframes_asked += 1;
+            let mut rtcp = Vec::with_capacity(20);
+            fanout_proto::rtp::rtcp::write_keyframe_request(&mut rtcp, reporter, media);
+            out.push((to, rtcp));
+        }
+        out
+    }
+
     /// Whether a reader of one of its tracks wanted a keyframe since the last call (WebRTC
     /// viewers, RTSP clients' PLI/FIR): a publisher that can be asked (WHIP) takes it.
     pub fn take_keyframe_request(&self) -> bool {
@@ -411,6 +462,7 @@ impl Publisher {
             publishes: st.publishes,
             takeover: self.takeover,
             takeovers: st.takeovers,
+            keyframes_asked: st.keyframes_asked,
             tracks: st
                 .tracks
                 .iter()

@@ -725,15 +725,24 @@ pub async fn serve(
     });
     // Publishers' RTP and RTCP over UDP, each datagram taken only from the ports its
     // publisher's SETUP named; their media keeps their RTSP sessions alive.
-    let record = rtsp.record.lock().take();
-    let _record: Vec<AbortOnDrop> = record
+    let record: Vec<Arc<tokio::net::UdpSocket>> = rtsp
+        .record
+        .lock()
+        .take()
         .into_iter()
         .flat_map(|(a, b)| [a, b])
         .filter_map(|s| {
             s.set_nonblocking(true).ok()?;
-            let sock = tokio::net::UdpSocket::from_std(s).ok()?;
+            tokio::net::UdpSocket::from_std(s).ok().map(Arc::new)
+        })
+        .collect();
+    // Keyframe requests go back to a UDP publisher from the port its RTCP comes to.
+    let record_rtcp = (record.len() == 2).then(|| record[1].clone());
+    let _record: Vec<AbortOnDrop> = record
+        .into_iter()
+        .map(|sock| {
             let (relay, rtsp) = (relay.clone(), rtsp.clone());
-            Some(AbortOnDrop(tokio::spawn(async move {
+            AbortOnDrop(tokio::spawn(async move {
                 let mut buf = vec![0u8; 65_536];
                 let mut touched = Instant::now();
                 while let Ok((n, from)) = sock.recv_from(&mut buf).await {
@@ -743,9 +752,34 @@ pub async fn serve(
                         rtsp.server.lock().touch(&id, rtsp.now_ms());
                     }
                 }
-            })))
+            }))
         })
         .collect();
+    // Readers' keyframe requests, passed to RTSP publishers (`Publisher::keyframe_requests`).
+    let _keyframes = AbortOnDrop({
+        let (relay, rtsp) = (relay.clone(), rtsp.clone());
+        let reporter = crate::track::random_start().1;
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                for (to, rtcp) in relay.publishers().iter().flat_map(|p| p.keyframe_requests(reporter)) {
+                    match to {
+                        crate::publish::RtcpTo::Udp(addr) => {
+                            if let Some(s) = &record_rtcp {
+                                let _ = s.send_to(&rtcp, addr).await;
+                            }
+                        }
+                        crate::publish::RtcpTo::Conn(conn, channel) => {
+                            if let Some(c) = rtsp.conns.lock().get(&conn) {
+                                c.control.lock().push((channel, rtcp));
+                                c.notify.notify_one();
+                            }
+                        }
+                    }
+                }
+            }
+        })
+    });
     let _reports = AbortOnDrop({
         let (relay, rtsp) = (relay.clone(), rtsp.clone());
         tokio::spawn(async move {

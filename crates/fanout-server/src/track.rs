@@ -90,6 +90,11 @@ impl TrackFeed {
         }
     }
 
+    /// The source's own SSRC for this track, once it sent.
+    pub fn source_ssrc(&self) -> Option<u32> {
+        self.restamp.source_ssrc()
+    }
+
     /// Restamping breaks: packets whose numbers jumped and were joined on.
     pub fn breaks(&self) -> u64 {
         self.restamp.breaks

@@ -537,8 +537,9 @@ async fn run(
         // Readers that want a keyframe (WebRTC viewers, RTSP clients) mark their track's
         // session; a WHIP publisher takes the mark and is asked, at most once per
         // KEYFRAME_GAP (a mark inside the gap waits for its end). An RTSP upstream is asked by
-        // its own task; RTSP, RTMP and SRT publishers cannot be (a viewer then waits for the
-        // source's next keyframe; NACK repairs most loss before it comes to that).
+        // its own task, an RTSP publisher by the RTSP server's; RTMP and SRT publishers
+        // cannot be (a viewer then waits for the source's next keyframe; NACK repairs most
+        // loss before it comes to that).
         // (Looked at when a viewer asked, and with the status for RTSP clients' asks.)
         if std::mem::take(&mut keyframe_wanted) || tick.elapsed() >= Duration::from_millis(500) {
             for v in viewers.values_mut().filter(|v| v.publish.is_some()) {

@@ -173,6 +173,181 @@ fn gstreamer_publishes_and_ffmpeg_plays_it_back() {
     assert!(ok && decoded_frames(&log) >= 60, "{log}");
 }
 
+/// An RTSP client playing `pub` over UDP that asks for keyframes: its RTP socket, and a
+/// function sending a PLI naming `ssrc` to the relay's RTCP port.
+fn asking_reader(relay: &Relay) -> (std::net::UdpSocket, impl Fn(u32)) {
+    let rtcp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let p = rtsp_play(rtsp_addr(relay), "pub", Some(rtcp.local_addr().unwrap().port()));
+    let server_rtcp: u16 = p
+        .transport
+        .split(';')
+        .find_map(|f| f.strip_prefix("server_port="))
+        .and_then(|ports| ports.split('-').nth(1)?.parse().ok())
+        .expect("server_port in the SETUP answer");
+    let pli = move |ssrc| {
+        let mut pli = Vec::new();
+        fanout_proto::rtp::rtcp::write_keyframe_request(&mut pli, 0x1234, ssrc);
+        rtcp.send_to(&pli, ("127.0.0.1", server_rtcp)).unwrap();
+    };
+    (p.rtp, pli)
+}
+
+/// A reader's keyframe requests reach an RTSP publisher over UDP: GStreamer's rtspclientsink
+/// publishes a live picture encoded with a keyframe every 80 s (openh264); an RTSP client of
+/// the path gets no new keyframe in 3 s while it asks for none, then sends a PLI every 250 ms
+/// for 4 s: the relay passes them on as one request a second at most (the publisher's status
+/// counts them), GStreamer's RTP session turns each into a keyframe from its encoder, and the
+/// client gets them. (rtspclientsink reads no RTCP on its RTSP connection: the interleaved
+/// case is the next test's, with a publisher by hand.)
+#[test]
+fn an_rtsp_publisher_is_asked_for_the_keyframes_its_readers_want() {
+    if !have_gstreamer() {
+        return;
+    }
+    for element in ["rtspclientsink", "openh264enc"] {
+        if !Command::new("gst-inspect-1.0").arg(element).output().is_ok_and(|o| o.status.success()) {
+            assert!(std::env::var_os("CI").is_none(), "scripts/test installs GStreamer's {element}");
+            eprintln!("\n*** SKIPPED an_rtsp_publisher_is_asked: no {element} ***\n");
+            return;
+        }
+    }
+    let relay = Relay::with_config(CONFIG, &["--no-demo"]);
+    let url = format!("rtsp://{}/pub", rtsp_addr(&relay));
+    let _gst = Kill(
+        Command::new("timeout")
+            .args(["-s", "INT", "30", "gst-launch-1.0", "-q", "videotestsrc", "is-live=true", "!"])
+            .args(["video/x-raw,width=320,height=240,framerate=25/1", "!", "openh264enc", "gop-size=2000", "!"])
+            .args(["h264parse", "!", "rtspclientsink", &format!("location={url}"), "protocols=udp"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    assert!(wait_for(Duration::from_secs(10), || publisher(&relay)["state"] == "publishing"), "{}", publisher(&relay));
+    let (rtp, pli) = asking_reader(&relay);
+    rtp.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    // Keyframes (an IDR slice, whole or its first fragment) arriving in `secs`, asking for one
+    // every 250 ms if `ask`.
+    let keyframes = |secs: u64, ask: bool| {
+        let (mut n, mut ssrc, mut asked_at) = (0, None, std::time::Instant::now());
+        let t0 = std::time::Instant::now();
+        let mut b = [0u8; 2048];
+        while t0.elapsed() < Duration::from_secs(secs) {
+            if let Ok(len) = rtp.recv(&mut b) {
+                let v = fanout_proto::rtp::RtpView::parse(&b[..len]).unwrap();
+                ssrc = Some(v.ssrc());
+                let pl = v.payload();
+                let idr = match pl.first().map(|x| x & 0x1f) {
+                    Some(5) => true,
+                    Some(28) => pl.get(1).is_some_and(|h| h & 0x80 != 0 && h & 0x1f == 5),
+                    _ => false,
+                };
+                n += usize::from(idr);
+            }
+            if let (true, Some(ssrc)) = (ask, ssrc) {
+                if asked_at.elapsed() >= Duration::from_millis(250) {
+                    pli(ssrc);
+                    asked_at = std::time::Instant::now();
+                }
+            }
+        }
+        n
+    };
+    // The ring's keyframe first, then none while nobody asks.
+    keyframes(1, false);
+    let unasked = keyframes(3, false);
+    let asked = keyframes(4, true);
+    let sent = publisher(&relay)["keyframes_asked"].as_u64().unwrap();
+    eprintln!("{unasked} keyframes unasked in 3 s; asking 16 times in 4 s: {sent} requests to the publisher, {asked} keyframes");
+    assert_eq!(unasked, 0, "the encoder makes a keyframe every 80 s");
+    assert!((2..=5).contains(&sent), "{sent} requests in 4 s");
+    assert!(asked >= 2, "{asked} keyframes after {sent} requests");
+}
+
+/// The same over an RTSP publisher's connection (interleaved), with a publisher by hand: it
+/// sends H.264 slices as SSRC 0xABCD on channel 0; a reader asks for a keyframe every 100 ms
+/// for 3 s; on channel 1 the publisher reads receiver reports with a PLI naming 0xABCD, at
+/// most one a second.
+#[test]
+fn an_interleaved_rtsp_publisher_reads_keyframe_requests_on_its_rtcp_channel() {
+    let relay = Relay::with_config(CONFIG, &["--no-demo"]);
+    let addr = rtsp_addr(&relay);
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let sdp = "v=0\r\ns=x\r\nm=video 0 RTP/AVP 96\r\na=rtpmap:96 H264/90000\r\na=fmtp:96 packetization-mode=1\r\na=control:streamid=0\r\n";
+    let mut request = |head: String| -> String {
+        c.write_all(head.as_bytes()).unwrap();
+        let answer = read_head(&mut c);
+        assert!(answer.starts_with("RTSP/1.0 200"), "{head}\n{answer}");
+        answer
+    };
+    request(format!(
+        "ANNOUNCE rtsp://{addr}/pub RTSP/1.0\r\nCSeq: 1\r\nContent-Type: application/sdp\r\nContent-Length: {}\r\n\r\n{sdp}",
+        sdp.len()
+    ));
+    let setup = request(format!(
+        "SETUP rtsp://{addr}/pub/streamid=0 RTSP/1.0\r\nCSeq: 2\r\nTransport: RTP/AVP/TCP;unicast;interleaved=0-1;mode=record\r\n\r\n"
+    ));
+    let session =
+        setup.lines().find_map(|l| l.strip_prefix("Session: ")).unwrap().split(';').next().unwrap().to_string();
+    request(format!("RECORD rtsp://{addr}/pub RTSP/1.0\r\nCSeq: 3\r\nSession: {session}\r\n\r\n"));
+    // Its media: a keyframe, then P slices, 25 a second for 8 s.
+    let mut w = c.try_clone().unwrap();
+    let feeder = std::thread::spawn(move || {
+        for i in 0..200u32 {
+            let mut pkt = vec![0u8; 12];
+            fanout_proto::rtp::write_header(&mut pkt, true, 96, i as u16, i * 3600, 0xABCD);
+            pkt.extend_from_slice(if i == 0 { &[0x65, 0x88, 0x80, 0x10] } else { &[0x41, 0x9a, 0x02, 0x20] });
+            let mut frame = vec![b'$', 0];
+            frame.extend_from_slice(&(pkt.len() as u16).to_be_bytes());
+            frame.extend_from_slice(&pkt);
+            if w.write_all(&frame).is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(40));
+        }
+    });
+    assert!(wait_for(Duration::from_secs(5), || publisher(&relay)["state"] == "publishing"), "{}", publisher(&relay));
+    let (rtp, pli) = asking_reader(&relay);
+    rtp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut b = [0u8; 2048];
+    let n = rtp.recv(&mut b).expect("RTP from the relay");
+    let ssrc = fanout_proto::rtp::RtpView::parse(&b[..n]).unwrap().ssrc();
+    // What comes on the publisher's connection: `$`-framed RTCP on channel 1.
+    let reader = std::thread::spawn(move || {
+        let (mut plis, mut other) = (0, 0);
+        let t0 = std::time::Instant::now();
+        let mut head = [0u8; 4];
+        c.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+        while t0.elapsed() < Duration::from_secs(4) {
+            if c.read_exact(&mut head).is_err() {
+                continue;
+            }
+            assert_eq!(head[0], b'$', "an interleaved frame");
+            let mut body = vec![0u8; usize::from(u16::from_be_bytes([head[2], head[3]]))];
+            c.read_exact(&mut body).unwrap();
+            if head[1] == 1 && fanout_proto::rtp::rtcp::keyframe_requests(&body).contains(&0xABCD) {
+                plis += 1;
+            } else {
+                other += 1;
+            }
+        }
+        (plis, other)
+    });
+    for _ in 0..30 {
+        pli(ssrc);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (plis, other) = reader.join().unwrap();
+    let sent = publisher(&relay)["keyframes_asked"].as_u64().unwrap();
+    eprintln!(
+        "30 requests in 3 s: {sent} sent to the publisher, it read {plis} PLIs naming its SSRC ({other} other frames)"
+    );
+    assert!((2..=5).contains(&plis), "{plis} PLIs on the publisher's channel");
+    assert_eq!(sent, plis as u64);
+    drop(feeder);
+}
+
 /// One RTSP request on a fresh connection; the status code.
 fn rtsp_status(addr: std::net::SocketAddr, request: &str) -> u16 {
     let mut s = std::net::TcpStream::connect(addr).unwrap();

@@ -66,6 +66,12 @@ impl Restamp {
     /// reports): only for the stream being joined now, once its first packet set the map. A
     /// new publisher's report that comes before its first packet (or another stream's) would
     /// be mapped with the last stream's offset, hours off: `None`.
+    /// The SSRC of the upstream stream followed now (`None` before its first packet, or
+    /// when the next packet starts a new one): whom a request about it names.
+    pub fn source_ssrc(&self) -> Option<u32> {
+        (self.out_ssrc.is_some() && !self.broken).then_some(self.in_ssrc)
+    }
+
     pub fn map_ts(&self, ssrc: u32, ts: u32) -> Option<u32> {
         (self.out_ssrc.is_some() && !self.broken && ssrc == self.in_ssrc).then(|| ts.wrapping_add(self.ts_off))
     }
