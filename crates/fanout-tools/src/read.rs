@@ -1,9 +1,9 @@
 //! `fanout sub --read URL --count N`: N players of one RTMP, SRT or WebRTC (WHEP) stream in
 //! one process, a thread each (what a bench puts on a server apart from the server's own
 //! CPU). RTMP players play and acknowledge; SRT readers call with the URL's stream id; WebRTC
-//! viewers offer, connect and receive H.264 (`whep`). Prints `sub: ready`
-//! once all are playing (one that cannot is an error), then a JSON line: players, bytes
-//! (total, least).
+//! viewers offer, connect and receive H.264 (`whep`), 32 connecting at a time. Prints
+//! `sub: ready` once all are playing (one that cannot is an error), reads for `--duration`
+//! from then, then prints a JSON line: players, bytes (total, least).
 
 use anyhow::{bail, Context};
 use std::net::ToSocketAddrs;
@@ -38,8 +38,46 @@ fn target(url: &str) -> anyhow::Result<Target> {
     bail!("{url:?}: --read takes rtmp://, srt:// or a WHEP URL (http://…/whep)")
 }
 
-/// One player: connects, says so, reads until `until`; its bytes.
-fn play(t: &Target, ready: std::sync::mpsc::Sender<Result<(), String>>, until: Instant) -> u64 {
+/// When the reading ends: set once every player plays; `until` at the latest. And how
+/// many WebRTC viewers connect at once (ICE and DTLS): a relay connects so many a second,
+/// and one that waits too long for its turn is dropped.
+pub struct Stop {
+    at: std::sync::OnceLock<Instant>,
+    until: Instant,
+    connecting: (std::sync::Mutex<usize>, std::sync::Condvar),
+}
+
+/// WebRTC viewers connecting at once, per load process.
+const CONNECTING: usize = 32;
+
+/// A place among the viewers connecting, given back when dropped.
+pub struct Connecting<'a>(&'a Stop);
+
+impl Drop for Connecting<'_> {
+    fn drop(&mut self) {
+        *self.0.connecting.0.lock().unwrap() -= 1;
+        self.0.connecting.1.notify_one();
+    }
+}
+
+impl Stop {
+    /// Waits for a place to connect in.
+    pub fn connect(&self) -> Connecting<'_> {
+        let (lock, cv) = &self.connecting;
+        let mut n = cv.wait_while(lock.lock().unwrap(), |n| *n >= CONNECTING).unwrap();
+        *n += 1;
+        Connecting(self)
+    }
+
+    pub fn reached(&self) -> bool {
+        let now = Instant::now();
+        now >= self.until || self.at.get().is_some_and(|at| now >= *at)
+    }
+}
+
+/// One player: connects, says so, reads until `until` (a WebRTC viewer until `stop`); its
+/// bytes.
+fn play(t: &Target, ready: std::sync::mpsc::Sender<Result<(), String>>, until: Instant, stop: &Stop) -> u64 {
     match t {
         Target::Rtmp { addr, app, name } => match crate::rtmp::Client::play(*addr, app, name) {
             Ok(mut c) => {
@@ -71,27 +109,37 @@ fn play(t: &Target, ready: std::sync::mpsc::Sender<Result<(), String>>, until: I
                 0
             }
         },
-        Target::Whep { url } => crate::whep::play(url, &ready, until),
+        Target::Whep { url } => crate::whep::play(url, &ready, stop),
     }
 }
 
 pub fn run(url: &str, count: usize, duration: f64) -> anyhow::Result<()> {
     let t = std::sync::Arc::new(target(url)?);
-    // Connecting takes a moment per player: the reading starts after, for `duration`.
-    let until = Instant::now() + Duration::from_secs(10) + Duration::from_secs_f64(duration);
+    // Connecting takes a moment per player (WebRTC viewers may be told to try again while
+    // many connect): the reading starts after, for `duration`.
+    let connecting = match *t {
+        Target::Whep { .. } => crate::whep::RETRY_FOR + Duration::from_secs(10),
+        _ => Duration::from_secs(10),
+    };
+    let until = Instant::now() + connecting + Duration::from_secs_f64(duration);
+    let stop = std::sync::Arc::new(Stop {
+        at: std::sync::OnceLock::new(),
+        until,
+        connecting: (std::sync::Mutex::new(0), std::sync::Condvar::new()),
+    });
     let (tx, rx) = std::sync::mpsc::channel();
     let players: Vec<_> = (0..count)
         .map(|i| {
-            let (t, tx) = (t.clone(), tx.clone());
+            let (t, tx, stop) = (t.clone(), tx.clone(), stop.clone());
             std::thread::Builder::new()
                 .name(format!("read-{i}"))
                 .stack_size(256 << 10)
-                .spawn(move || play(&t, tx, until))
+                .spawn(move || play(&t, tx, until, &stop))
         })
         .collect::<Result<_, _>>()?;
     let mut failed = Vec::new();
     for _ in 0..count {
-        match rx.recv_timeout(Duration::from_secs(10)) {
+        match rx.recv_timeout(connecting) {
             Ok(Ok(())) => {}
             Ok(Err(e)) => failed.push(e),
             Err(_) => failed.push("no answer within 10 s".into()),
@@ -101,6 +149,7 @@ pub fn run(url: &str, count: usize, duration: f64) -> anyhow::Result<()> {
     if let Some(e) = failed.first() {
         bail!("{} of {count} players could not play {url}: {e}", failed.len());
     }
+    let _ = stop.at.set(Instant::now() + Duration::from_secs_f64(duration));
     println!("sub: ready");
     let bytes: Vec<u64> = players.into_iter().map(|p| p.join().unwrap_or(0)).collect();
     let out = serde_json::json!({

@@ -12,11 +12,15 @@ use str0m::media::{Direction, MediaKind};
 use str0m::net::{Protocol, Receive};
 use str0m::{Candidate, Event, Input, Output, Rtc};
 
-/// Plays `url` until `until`: says on `ready` once media flows (or why it cannot); the
+/// How long an offer answered 503 (too many peers connecting) is made again.
+pub const RETRY_FOR: Duration = Duration::from_secs(60);
+
+/// Plays `url` until `stop`: says on `ready` once media flows (or why it cannot); the
 /// payload bytes it got.
-pub fn play(url: &str, ready: &std::sync::mpsc::Sender<Result<(), String>>, until: Instant) -> u64 {
+pub fn play(url: &str, ready: &std::sync::mpsc::Sender<Result<(), String>>, stop: &crate::read::Stop) -> u64 {
+    let turn = stop.connect();
     match connect(url) {
-        Ok((rtc, socket)) => run(rtc, &socket, ready, until),
+        Ok((rtc, socket)) => run(rtc, &socket, ready, stop, turn),
         Err(e) => {
             let _ = ready.send(Err(format!("{e:#}")));
             0
@@ -36,25 +40,41 @@ fn connect(url: &str) -> anyhow::Result<(Rtc, UdpSocket)> {
     let mut change = rtc.sdp_api();
     change.add_media(MediaKind::Video, Direction::RecvOnly, None, None, None);
     let (offer, pending) = change.apply().context("an offer")?;
-    let r = ureq::post(url)
-        .set("Content-Type", "application/sdp")
-        .timeout(Duration::from_secs(10))
-        .send_string(&offer.to_sdp_string());
-    let answer = match r {
-        Ok(r) => r.into_string()?,
-        Err(ureq::Error::Status(code, r)) => bail!("{url}: {code} {}", r.into_string().unwrap_or_default()),
-        Err(e) => bail!("{url}: {e}"),
+    // A relay with many peers still connecting answers 503 ("try again"): so it does, for
+    // a while, after a pause of its own (hundreds of viewers start at once).
+    let give_up = Instant::now() + RETRY_FOR;
+    let answer = loop {
+        let r = ureq::post(url)
+            .set("Content-Type", "application/sdp")
+            .timeout(Duration::from_secs(10))
+            .send_string(&offer.to_sdp_string());
+        match r {
+            Ok(r) => break r.into_string()?,
+            Err(ureq::Error::Status(503, _)) if Instant::now() < give_up => {
+                let jitter = u64::from(std::process::id() ^ socket.local_addr()?.port() as u32) % 400;
+                std::thread::sleep(Duration::from_millis(200 + jitter));
+            }
+            Err(ureq::Error::Status(code, r)) => bail!("{url}: {code} {}", r.into_string().unwrap_or_default()),
+            Err(e) => bail!("{url}: {e}"),
+        }
     };
     let answer = SdpAnswer::from_sdp_string(&answer).map_err(|e| anyhow::anyhow!("the answer: {e}"))?;
     rtc.sdp_api().accept_answer(pending, answer)?;
     Ok((rtc, socket))
 }
 
-fn run(mut rtc: Rtc, socket: &UdpSocket, ready: &std::sync::mpsc::Sender<Result<(), String>>, until: Instant) -> u64 {
+fn run(
+    mut rtc: Rtc,
+    socket: &UdpSocket,
+    ready: &std::sync::mpsc::Sender<Result<(), String>>,
+    stop: &crate::read::Stop,
+    turn: crate::read::Connecting<'_>,
+) -> u64 {
+    let mut turn = Some(turn);
     let local = socket.local_addr().expect("bound");
     let (mut buf, mut bytes, mut told) = (vec![0u8; 2048], 0u64, false);
-    let connect_by = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < until {
+    let connect_by = Instant::now() + Duration::from_secs(30);
+    while !stop.reached() {
         let wait = match rtc.poll_output() {
             Ok(Output::Transmit(t)) => {
                 let _ = socket.send_to(&t.contents, t.destination);
@@ -64,6 +84,7 @@ fn run(mut rtc: Rtc, socket: &UdpSocket, ready: &std::sync::mpsc::Sender<Result<
                 bytes += p.payload.len() as u64;
                 if !told {
                     told = true;
+                    turn.take();
                     let _ = ready.send(Ok(()));
                 }
                 continue;
@@ -78,7 +99,7 @@ fn run(mut rtc: Rtc, socket: &UdpSocket, ready: &std::sync::mpsc::Sender<Result<
             }
         };
         if !told && Instant::now() > connect_by {
-            let _ = ready.send(Err("no media within 10 s".into()));
+            let _ = ready.send(Err("no media within 30 s".into()));
             return bytes;
         }
         let wait = wait.clamp(Duration::from_millis(1), Duration::from_millis(100));

@@ -402,18 +402,28 @@ pub fn run_tool(args: &[String], limit: Duration) -> anyhow::Result<()> {
 
 /// Starts `fanout sub …` and waits until its subscribers are registered.
 pub fn start_sub(args: &[String], limit: Duration) -> anyhow::Result<Proc> {
+    start_sub_reporting(args, limit).map(|(p, _)| p)
+}
+
+/// [`start_sub`], with the rest of its output (its result, once it ends) to be had from the
+/// receiver.
+pub fn start_sub_reporting(
+    args: &[String],
+    limit: Duration,
+) -> anyhow::Result<(Proc, std::sync::mpsc::Receiver<String>)> {
     let mut child = tool_command()?.arg("sub").args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
     let out = child.stdout.take().context("sub stdout")?;
     let (tx, rx) = std::sync::mpsc::channel();
+    let (rest_tx, rest) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let mut lines = BufReader::new(out).lines();
         let ready = lines.next().and_then(Result::ok).is_some_and(|l| l.trim() == "sub: ready");
         let _ = tx.send(ready);
-        for _ in lines {}
+        let _ = rest_tx.send(lines.map_while(Result::ok).collect::<Vec<_>>().join("\n"));
     });
     let mut p = Proc(child);
     match rx.recv_timeout(limit) {
-        Ok(true) => Ok(p),
+        Ok(true) => Ok((p, rest)),
         _ => {
             let _ = p.0.kill();
             let mut err = String::new();

@@ -14,7 +14,7 @@
 //!
 //! Steps alternate between the servers round by round. Writes `peers.csv` and `peers.png`.
 
-use super::{process_cpu_s, progress, start_sub, wait, Proc, RelayProc};
+use super::{process_cpu_s, progress, start_sub_reporting, wait, Proc, RelayProc};
 use anyhow::{bail, Context};
 use clap::Args;
 use std::net::SocketAddr;
@@ -219,7 +219,8 @@ fn ingest_step(server: &str, how: &str, clip: &Path, a: &PeersArgs, dir: &Path) 
 }
 
 /// One readers step: the server's CPU fraction of a core with `n` readers over `how` (all
-/// of them playing: `fanout sub --read` is ready only then).
+/// of them playing: `fanout sub --read` is ready only then; each got bytes, or the step
+/// fails).
 fn readers_step(server: &str, how: &str, n: usize, clip: &Path, a: &PeersArgs, dir: &Path) -> anyhow::Result<f64> {
     let s = start_server(server, &a.peers, dir)?;
     let _p = publish(&s, "rtsp", clip)?;
@@ -237,15 +238,22 @@ fn readers_step(server: &str, how: &str, n: usize, clip: &Path, a: &PeersArgs, d
                 .iter()
                 .map(|s| s.to_string())
                 .collect();
-        sub =
-            Some(start_sub(&args, Duration::from_secs(60)).with_context(|| format!("{n} {how} readers of {server}"))?);
+        // Connecting is paced (WebRTC viewers a few dozen at a time): more time for more.
+        let limit = Duration::from_secs(60 + n as u64 / 20);
+        sub = Some(start_sub_reporting(&args, limit).with_context(|| format!("{n} {how} readers of {server}"))?);
     }
     std::thread::sleep(Duration::from_secs(2));
     let c0 = process_cpu_s(s.pid)?;
     std::thread::sleep(Duration::from_secs_f64(a.seconds));
     let cpu = process_cpu_s(s.pid)? - c0;
-    if let Some(p) = sub.as_mut() {
+    if let Some((p, result)) = sub.as_mut() {
         wait(p, Duration::from_secs_f64(a.seconds + 30.0))?;
+        let out = result.recv_timeout(Duration::from_secs(5)).unwrap_or_default();
+        let v: serde_json::Value = serde_json::from_str(out.lines().last().unwrap_or(""))
+            .with_context(|| format!("{n} {how} readers of {server}: the load's result {out:?}"))?;
+        if v["least_bytes"].as_u64().unwrap_or(0) == 0 {
+            bail!("{n} {how} readers of {server}: one got nothing ({v})");
+        }
     }
     Ok(cpu / a.seconds)
 }
