@@ -4,8 +4,8 @@
 //	pion-peer whep URL [-seconds N] [-drop P] [-h264 FILE] [-pli MS] [-kbps K]
 //	    Plays URL for N seconds (or until the relay ends the stream). Drops a fraction P of
 //	    the incoming video packets before pion's NACK generator sees them, as a lossy link
-//	    would, so repairs come from the relay. Writes the complete frames as Annex B H.264 to
-//	    FILE (for a decoder to count) and a JSON report to stdout. With -pli it asks for a
+//	    would, so repairs come from the relay. Writes the complete frames as Annex B H.264
+//	    (or H.265, if that is what the relay sends) to FILE (for a decoder to count) and a JSON report to stdout. With -pli it asks for a
 //	    keyframe (PLI) every MS milliseconds, as a player that keeps losing pictures would.
 //	    With -kbps it is behind a link of K kbit/s: what arrives is queued (at most
 //	    -queue-ms) and let through at that rate, the rest dropped, before pion's transport-wide
@@ -264,6 +264,7 @@ type playReport struct {
 	FirstKeyframe  bool        `json:"starts_with_keyframe"`
 	PlisSent       int         `json:"plis_sent"`
 	Ended          string      `json:"ended"`
+	Codec          string      `json:"codec"`
 	Link           *linkReport `json:"link,omitempty"`
 }
 
@@ -309,6 +310,11 @@ func play(target string, d time.Duration, drop float64, out string, pli time.Dur
 	})
 	pc.OnTrack(func(t *webrtc.TrackRemote, _ *webrtc.RTPReceiver) {
 		isVideo := t.Kind() == webrtc.RTPCodecTypeVideo
+		if isVideo {
+			mu.Lock()
+			rep.Codec = t.Codec().MimeType
+			mu.Unlock()
+		}
 		if isVideo && pli > 0 {
 			go func() {
 				for range time.Tick(pli) {
@@ -448,15 +454,17 @@ func frames(video map[uint64]*rtp.Packet, rep *playReport, out string) {
 			continue
 		}
 		rep.FramesComplete++
+		hevc := strings.EqualFold(rep.Codec, webrtc.MimeTypeH265)
 		var h codecs.H264Packet
 		for s := f.min; s <= f.max; s++ {
-			nal, err := h.Unmarshal(video[s].Payload)
-			if err == nil {
+			if hevc {
+				annexB.Write(h265AnnexB(video[s].Payload))
+			} else if nal, err := h.Unmarshal(video[s].Payload); err == nil {
 				annexB.Write(nal)
 			}
 		}
 		if i == 0 {
-			rep.FirstKeyframe = startsWithKeyframe(annexB.Bytes())
+			rep.FirstKeyframe = startsWithKeyframe(annexB.Bytes(), hevc)
 		}
 	}
 	rep.FramesLost = rep.FramesExpected - rep.FramesComplete
@@ -470,11 +478,20 @@ func frames(video map[uint64]*rtp.Packet, rep *playReport, out string) {
 	}
 }
 
-// startsWithKeyframe: the Annex B bytes' first NAL units hold an SPS or an IDR slice before
-// any other slice.
-func startsWithKeyframe(b []byte) bool {
+// startsWithKeyframe: the Annex B bytes' first NAL units hold parameter sets or an IDR
+// (H.265: IRAP) slice before any other slice.
+func startsWithKeyframe(b []byte, hevc bool) bool {
 	for _, nal := range bytes.Split(b, []byte{0, 0, 1}) {
-		if len(nal) == 0 {
+		if len(nal) == 0 || hevc && len(nal) < 2 { // (a 4-byte start code's first zero)
+			continue
+		}
+		if hevc {
+			switch t := (nal[0] >> 1) & 0x3f; {
+			case t >= 16 && t <= 21, t >= 32 && t <= 34:
+				return true
+			case t < 16:
+				return false
+			}
 			continue
 		}
 		switch nal[0] & 0x1f {
@@ -485,6 +502,37 @@ func startsWithKeyframe(b []byte) bool {
 		}
 	}
 	return false
+}
+
+// h265AnnexB is one RTP payload of H.265 (RFC 7798, no DONL) as Annex B: a NAL unit with its
+// start code, an aggregation packet's units each with one, a fragment's bytes (the first with
+// the start code and the NAL unit header it rebuilds).
+func h265AnnexB(p []byte) []byte {
+	if len(p) < 3 {
+		return nil
+	}
+	start := []byte{0, 0, 0, 1}
+	switch (p[0] >> 1) & 0x3f {
+	case 48: // aggregation packet: 2-byte sizes
+		var out []byte
+		for rest := p[2:]; len(rest) >= 2; {
+			n := int(rest[0])<<8 | int(rest[1])
+			if n == 0 || len(rest) < 2+n {
+				break
+			}
+			out = append(append(out, start...), rest[2:2+n]...)
+			rest = rest[2+n:]
+		}
+		return out
+	case 49: // fragmentation unit
+		if p[2]&0x80 != 0 {
+			header := []byte{p[0]&0x81 | (p[2]&0x3f)<<1, p[1]}
+			return append(append(append([]byte{}, start...), header...), p[3:]...)
+		}
+		return append([]byte{}, p[3:]...)
+	default:
+		return append(append([]byte{}, start...), p...)
+	}
 }
 
 type publishReport struct {

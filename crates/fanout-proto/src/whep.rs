@@ -39,17 +39,19 @@ pub fn encoding<'a>(m: &'a Media, format: &str) -> Option<&'a str> {
 }
 
 /// A track's codec as WebRTC names it, where it carries it: H.264 (packetization mode 1),
+/// H.265 (to viewers whose offer has it: Safari, Chrome with a hardware decoder, pion),
 /// Opus, and G.711 (PCMU, PCMA: browsers take it, and many cameras' audio is G.711).
 fn webrtc_codec(m: &Media) -> Result<&'static str, String> {
     let format = m.formats.first().map(String::as_str).unwrap_or("");
     let name = encoding(m, format).unwrap_or("");
     match (m.kind.as_str(), name.to_ascii_uppercase().as_str()) {
         ("video", "H264") => Ok("H264"),
+        ("video", "H265") => Ok("H265"),
         ("audio", "OPUS") => Ok("OPUS"),
         ("audio", "PCMU") => Ok("PCMU"),
         ("audio", "PCMA") => Ok("PCMA"),
         (kind, "") => Err(format!("{kind} has no rtpmap: not carried over WebRTC here")),
-        (kind, n) => Err(format!("{kind} is {n}: WebRTC here carries H264 video and Opus or G.711 audio")),
+        (kind, n) => Err(format!("{kind} is {n}: WebRTC here carries H264 or H265 video and Opus or G.711 audio")),
     }
 }
 
@@ -94,8 +96,9 @@ pub fn plan(path: &Sdp, answer: &Sdp) -> Plan {
         match found {
             Some((i, mid, pt)) => {
                 used[i] = true;
+                // (H.264's parameter sets go in band where they are missing: `InBandParams`.)
                 let params = match crate::container::repack::TrackInfo::from_sdp(m).map(|t| t.codec) {
-                    Ok(crate::container::repack::TrackCodec::Video { params, .. }) => params,
+                    Ok(crate::container::repack::TrackCodec::Video { params, .. }) if codec == "H264" => params,
                     _ => Vec::new(),
                 };
                 plan.routes.push(Route { track, mid, pt, video: m.kind == "video", params });
@@ -230,7 +233,7 @@ mod tests {
         assert_eq!(plan.routes, vec![Route { track: 0, mid: "0".into(), pt: 102, video: true, params: vec![] }]);
         assert_eq!(
             plan.left_out,
-            vec!["audio is MPEG4-GENERIC: WebRTC here carries H264 video and Opus or G.711 audio"]
+            vec!["audio is MPEG4-GENERIC: WebRTC here carries H264 or H265 video and Opus or G.711 audio"]
         );
     }
 
@@ -248,6 +251,30 @@ mod tests {
 
     /// Chromium publishing a canvas (H.264) and a microphone (Opus), as str0m answers it:
     /// a video and an audio track; every H.264 mode-1 type feeds the video, Opus the audio.
+    #[test]
+    fn h265_goes_to_a_viewer_whose_offer_has_it_and_is_left_out_with_the_reason_otherwise() {
+        let path = Sdp::parse(
+            "v=0\r\nm=video 0 RTP/AVP 96\r\na=rtpmap:96 H265/90000\r\n\
+             a=fmtp:96 sprop-vps=QAEMAf//AWAAAAMAkAAAAwAAAwA8lZgJ;sprop-sps=QgEBAWAAAAMAkAAAAwAAAwA8oAoIDxZZWUpMkyvAWoCAgKAQ;sprop-pps=RAHBcvCUTA==\r\n",
+        )
+        .unwrap();
+        let with = Sdp::parse(
+            "v=0\r\nm=video 9 UDP/TLS/RTP/SAVPF 102 116\r\na=mid:0\r\na=sendonly\r\n\
+             a=rtpmap:102 H264/90000\r\na=fmtp:102 packetization-mode=1\r\na=rtpmap:116 H265/90000\r\n",
+        )
+        .unwrap();
+        let plan = plan(&path, &with);
+        assert_eq!(plan.routes.len(), 1, "{:?}", plan.left_out);
+        assert_eq!((plan.routes[0].pt, plan.routes[0].video), (116, true));
+        assert!(plan.routes[0].params.is_empty(), "H.264's in-band parameter sets are not H.265's");
+        let without = Sdp::parse(
+            "v=0\r\nm=video 9 UDP/TLS/RTP/SAVPF 102\r\na=mid:0\r\na=sendonly\r\n\
+             a=rtpmap:102 H264/90000\r\na=fmtp:102 packetization-mode=1\r\n",
+        )
+        .unwrap();
+        assert_eq!(super::plan(&path, &without).left_out, vec!["video (H265): the viewer's offer takes none"]);
+    }
+
     #[test]
     fn a_whip_answer_makes_h264_and_opus_tracks() {
         let answer = "v=0\r\ns=-\r\nm=video 9 UDP/TLS/RTP/SAVPF 102 108\r\na=mid:0\r\na=recvonly\r\n\

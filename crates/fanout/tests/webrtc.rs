@@ -403,6 +403,65 @@ fn pion_plays_over_whep_and_lost_packets_are_resent() {
     );
 }
 
+/// An H.265 path (x265 with two temporal layers, ~330 kbit/s, from `fanout gen`) to a pion
+/// viewer whose offer has H.265 (pion's does; headless Chromium's does not, and is told
+/// why): it starts at a keyframe, and ffmpeg decodes every frame it assembled. (Layered
+/// video: the viewer starts with what fits in a 300 kbit/s first estimate, the base temporal
+/// layer, and gets the other within a second as its estimate grows: those first pictures of
+/// the upper layer are all it misses.)
+#[test]
+fn pion_plays_h265_over_whep() {
+    let Some(pion) = peer("pion-peer") else { return };
+    if !have_ffmpeg() {
+        return;
+    }
+    let file = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/video/hevc/x265_temporal_320x192.265");
+    let relay = Relay::start(&["--no-demo"]);
+    let src =
+        create_on_free_port(&relay, json!({ "name": "hevc", "source": { "udp": "127.0.0.1:0" }, "video": "h265" }));
+    let mut gen = std::process::Command::new(env!("CARGO_BIN_EXE_fanout"))
+        .args(["gen", "--to", &src.to_string(), "--file", file, "--fps", "25", "--duration", "30"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(
+        wait_for(Duration::from_secs(10), || relay.ok("GET", "/v1/sessions/hevc", None)["ring_head"]
+            .as_u64()
+            .is_some_and(|n| n > 50)),
+        "{}",
+        relay.ok("GET", "/v1/sessions/hevc", None)
+    );
+    let dir = tmpdir("pion-h265");
+    let h265 = dir.join("out.h265");
+    let r = report(pion_play(&pion, &relay.url("/hevc/whep"), 10, 0.0, &h265, 0));
+    let _ = gen.kill();
+    let _ = gen.wait();
+    eprintln!("pion, H.265: {r}");
+    assert_eq!(r["connected"], true, "{r}");
+    assert_eq!(r["codec"].as_str().map(str::to_ascii_lowercase).as_deref(), Some("video/h265"), "{r}");
+    assert_eq!(r["starts_with_keyframe"], true, "{r}");
+    let frames = r["frames_complete"].as_u64().unwrap();
+    assert!(frames >= 200, "10 s at 25 fps: {r}");
+    assert!(r["frames_lost"].as_u64().unwrap() <= 13, "more than the upper layer's first second: {r}");
+    let out = std::process::Command::new("ffprobe")
+        .args(["-v", "error", "-f", "hevc", "-count_frames", "-show_entries", "stream=nb_read_frames,codec_name"])
+        .args(["-of", "csv=p=0"])
+        .arg(&h265)
+        .output()
+        .unwrap();
+    let probe = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    // A decoder starting at a CRA skips its RASL pictures (they refer to pictures before it).
+    let bytes = std::fs::read(&h265).unwrap();
+    let types: Vec<u8> = bytes.windows(4).filter(|w| w[..3] == [0, 0, 1]).map(|w| (w[3] >> 1) & 0x3f).collect();
+    let first_irap = types.iter().position(|t| (16..=21).contains(t)).expect("a keyframe");
+    let rasl = types[first_irap..].iter().take_while(|t| !(0..=5).contains(*t)).filter(|t| matches!(t, 8 | 9)).count();
+    assert_eq!(
+        probe,
+        format!("hevc,{}", frames - rasl as u64),
+        "ffmpeg decodes every frame pion assembled ({rasl} RASL)"
+    );
+}
+
 /// Layered video (mediasoup's H.264 SVC: two spatial × three temporal layers, ~570 kbit/s at
 /// 50 fps) to two pion viewers at once: one behind a link of half the stream's rate (a 100 ms
 /// drop-tail queue, in pion, before its transport-wide congestion feedback), one with no
