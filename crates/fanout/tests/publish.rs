@@ -178,12 +178,7 @@ fn gstreamer_publishes_and_ffmpeg_plays_it_back() {
 fn asking_reader(relay: &Relay) -> (std::net::UdpSocket, impl Fn(u32)) {
     let rtcp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     let p = rtsp_play(rtsp_addr(relay), "pub", Some(rtcp.local_addr().unwrap().port()));
-    let server_rtcp: u16 = p
-        .transport
-        .split(';')
-        .find_map(|f| f.strip_prefix("server_port="))
-        .and_then(|ports| ports.split('-').nth(1)?.parse().ok())
-        .expect("server_port in the SETUP answer");
+    let server_rtcp = p.server_rtcp();
     let pli = move |ssrc| {
         let mut pli = Vec::new();
         fanout_proto::rtp::rtcp::write_keyframe_request(&mut pli, 0x1234, ssrc);

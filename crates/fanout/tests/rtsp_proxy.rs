@@ -372,12 +372,7 @@ fn keyframe_requests_go_upstream_at_most_once_a_second() {
         edge.ok("POST", "/v1/sessions", Some(json!({ "name": "cam", "source": source })));
         let rtcp = UdpSocket::bind("127.0.0.1:0").unwrap();
         let p = rtsp_play(rtsp_addr(&edge), "cam", Some(rtcp.local_addr().unwrap().port()));
-        let server_rtcp: u16 = p
-            .transport
-            .split(';')
-            .find_map(|f| f.strip_prefix("server_port="))
-            .and_then(|ports| ports.split('-').nth(1)?.parse().ok())
-            .expect("server_port in the SETUP answer");
+        let server_rtcp = p.server_rtcp();
         // The SSRC this client is sent (its PLI names it).
         p.rtp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let mut b = [0u8; 2048];

@@ -403,6 +403,18 @@ fn pion_plays_over_whep_and_lost_packets_are_resent() {
     );
 }
 
+/// `fanout gen` sending an Annex B `file` to `to` at `fps` for `seconds` (killed when dropped).
+fn gen_file(to: std::net::SocketAddr, file: &str, fps: u32, seconds: u32) -> Kill {
+    Kill(
+        std::process::Command::new(env!("CARGO_BIN_EXE_fanout"))
+            .args(["gen", "--to", &to.to_string(), "--file", file])
+            .args(["--fps", &fps.to_string(), "--duration", &seconds.to_string()])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
+
 /// An H.265 path (x265 with two temporal layers, ~330 kbit/s, from `fanout gen`) to a pion
 /// viewer whose offer has H.265 (pion's does; headless Chromium's does not, and is told
 /// why): it starts at a keyframe, and ffmpeg decodes every frame it assembled. (Layered
@@ -419,11 +431,7 @@ fn pion_plays_h265_over_whep() {
     let relay = Relay::start(&["--no-demo"]);
     let src =
         create_on_free_port(&relay, json!({ "name": "hevc", "source": { "udp": "127.0.0.1:0" }, "video": "h265" }));
-    let mut gen = std::process::Command::new(env!("CARGO_BIN_EXE_fanout"))
-        .args(["gen", "--to", &src.to_string(), "--file", file, "--fps", "25", "--duration", "30"])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let _gen = gen_file(src, file, 25, 30);
     assert!(
         wait_for(Duration::from_secs(10), || relay.ok("GET", "/v1/sessions/hevc", None)["ring_head"]
             .as_u64()
@@ -434,8 +442,6 @@ fn pion_plays_h265_over_whep() {
     let dir = tmpdir("pion-h265");
     let h265 = dir.join("out.h265");
     let r = report(pion_play(&pion, &relay.url("/hevc/whep"), 10, 0.0, &h265, 0));
-    let _ = gen.kill();
-    let _ = gen.wait();
     eprintln!("pion, H.265: {r}");
     assert_eq!(r["connected"], true, "{r}");
     assert_eq!(r["codec"].as_str().map(str::to_ascii_lowercase).as_deref(), Some("video/h265"), "{r}");
@@ -476,11 +482,7 @@ fn a_viewer_behind_a_narrow_link_gets_the_layers_that_fit() {
     let relay = Relay::start(&["--no-demo"]);
     let src =
         create_on_free_port(&relay, json!({ "name": "svc", "source": { "udp": "127.0.0.1:0" }, "video": "h264" }));
-    let mut gen = std::process::Command::new(env!("CARGO_BIN_EXE_fanout"))
-        .args(["gen", "--to", &src.to_string(), "--file", file, "--fps", "50", "--duration", "40"])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let _gen = gen_file(src, file, 50, 40);
     // The stream's rate, once every layer has one.
     let whole = || {
         let l = &relay.ok("GET", "/v1/sessions/svc", None)["layers"];
@@ -515,8 +517,6 @@ fn a_viewer_behind_a_narrow_link_gets_the_layers_that_fit() {
     }
     let narrow = report(narrow);
     let wide = report(wide);
-    let _ = gen.kill();
-    let _ = gen.wait();
     eprintln!("the stream {whole:.0} bit/s, the link {link_kbps} kbit/s\nnarrow: {narrow}\nwide: {wide}");
     for (t, v) in samples.iter().step_by(4) {
         let brief: Vec<String> =

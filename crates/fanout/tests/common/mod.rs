@@ -401,6 +401,17 @@ pub struct RtspPlay {
     pub sdp: String,
 }
 
+impl RtspPlay {
+    /// The server's RTCP port, from the SETUP answer's `server_port`.
+    pub fn server_rtcp(&self) -> u16 {
+        self.transport
+            .split(';')
+            .find_map(|f| f.strip_prefix("server_port="))
+            .and_then(|ports| ports.split('-').nth(1)?.parse().ok())
+            .expect("server_port in the SETUP answer")
+    }
+}
+
 /// DESCRIBE, SETUP (track 0, UDP), PLAY. `rtcp`: the client's RTCP port to announce
 /// (default: RTP + 1).
 pub fn rtsp_play(addr: SocketAddr, resource: &str, rtcp: Option<u16>) -> RtspPlay {
