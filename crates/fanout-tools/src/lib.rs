@@ -9,6 +9,7 @@ pub mod client;
 pub mod gen;
 mod read;
 pub mod rtmp;
+mod stop;
 pub mod sub;
 mod tls;
 mod whep;

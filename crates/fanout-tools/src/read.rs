@@ -5,6 +5,7 @@
 //! `sub: ready` once all are playing (one that cannot is an error), reads for `--duration`
 //! from then, then prints a JSON line: players, bytes (total, least).
 
+use crate::stop::Stop;
 use anyhow::{bail, Context};
 use std::net::ToSocketAddrs;
 use std::time::{Duration, Instant};
@@ -36,43 +37,6 @@ fn target(url: &str) -> anyhow::Result<Target> {
         return Ok(Target::Whep { url: url.to_string() });
     }
     bail!("{url:?}: --read takes rtmp://, srt:// or a WHEP URL (http://…/whep)")
-}
-
-/// When the reading ends: set once every player plays; `until` at the latest. And how
-/// many WebRTC viewers connect at once (ICE and DTLS): a relay connects so many a second,
-/// and one that waits too long for its turn is dropped.
-pub struct Stop {
-    at: std::sync::OnceLock<Instant>,
-    until: Instant,
-    connecting: (std::sync::Mutex<usize>, std::sync::Condvar),
-}
-
-/// WebRTC viewers connecting at once, per load process.
-const CONNECTING: usize = 32;
-
-/// A place among the viewers connecting, given back when dropped.
-pub struct Connecting<'a>(&'a Stop);
-
-impl Drop for Connecting<'_> {
-    fn drop(&mut self) {
-        *self.0.connecting.0.lock().unwrap() -= 1;
-        self.0.connecting.1.notify_one();
-    }
-}
-
-impl Stop {
-    /// Waits for a place to connect in.
-    pub fn connect(&self) -> Connecting<'_> {
-        let (lock, cv) = &self.connecting;
-        let mut n = cv.wait_while(lock.lock().unwrap(), |n| *n >= CONNECTING).unwrap();
-        *n += 1;
-        Connecting(self)
-    }
-
-    pub fn reached(&self) -> bool {
-        let now = Instant::now();
-        now >= self.until || self.at.get().is_some_and(|at| now >= *at)
-    }
 }
 
 /// One player: connects, says so, reads until `until` (a WebRTC viewer until `stop`); its
@@ -122,11 +86,7 @@ pub fn run(url: &str, count: usize, duration: f64) -> anyhow::Result<()> {
         _ => Duration::from_secs(10),
     };
     let until = Instant::now() + connecting + Duration::from_secs_f64(duration);
-    let stop = std::sync::Arc::new(Stop {
-        at: std::sync::OnceLock::new(),
-        until,
-        connecting: (std::sync::Mutex::new(0), std::sync::Condvar::new()),
-    });
+    let stop = std::sync::Arc::new(Stop::new(until));
     let (tx, rx) = std::sync::mpsc::channel();
     let players: Vec<_> = (0..count)
         .map(|i| {
@@ -149,7 +109,7 @@ pub fn run(url: &str, count: usize, duration: f64) -> anyhow::Result<()> {
     if let Some(e) = failed.first() {
         bail!("{} of {count} players could not play {url}: {e}", failed.len());
     }
-    let _ = stop.at.set(Instant::now() + Duration::from_secs_f64(duration));
+    stop.set(Instant::now() + Duration::from_secs_f64(duration));
     println!("sub: ready");
     let bytes: Vec<u64> = players.into_iter().map(|p| p.join().unwrap_or(0)).collect();
     let out = serde_json::json!({

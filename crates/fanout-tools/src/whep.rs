@@ -17,7 +17,7 @@ pub const RETRY_FOR: Duration = Duration::from_secs(60);
 
 /// Plays `url` until `stop`: says on `ready` once media flows (or why it cannot); the
 /// payload bytes it got.
-pub fn play(url: &str, ready: &std::sync::mpsc::Sender<Result<(), String>>, stop: &crate::read::Stop) -> u64 {
+pub fn play(url: &str, ready: &std::sync::mpsc::Sender<Result<(), String>>, stop: &crate::stop::Stop) -> u64 {
     let turn = stop.connect();
     match connect(url) {
         Ok((rtc, socket)) => run(rtc, &socket, ready, stop, turn),
@@ -67,8 +67,8 @@ fn run(
     mut rtc: Rtc,
     socket: &UdpSocket,
     ready: &std::sync::mpsc::Sender<Result<(), String>>,
-    stop: &crate::read::Stop,
-    turn: crate::read::Connecting<'_>,
+    stop: &crate::stop::Stop,
+    turn: crate::stop::Connecting<'_>,
 ) -> u64 {
     let mut turn = Some(turn);
     let local = socket.local_addr().expect("bound");
