@@ -422,16 +422,28 @@ async fn run(
     Ok(())
 }
 
-/// SRT and WebRTC, once bound: UDP ports one process at a time holds.
+/// SRT and WebRTC, once bound: UDP ports one process at a time holds. Once stopped (shut
+/// down, or handed over), a face bound late — an upgrade's new process binds them in the
+/// background — is closed at once: a listener left open would hold the exit (libsrt's
+/// exit handler waits for a thread blocked in its accept).
 #[derive(Default, Clone)]
 struct Faces(std::sync::Arc<parking_lot::Mutex<UdpFaces>>);
 
-type UdpFaces = (Option<crate::srt::Srt>, Option<std::sync::Arc<crate::webrtc::WebRtc>>);
+#[derive(Default)]
+struct UdpFaces {
+    srt: Option<crate::srt::Srt>,
+    webrtc: Option<std::sync::Arc<crate::webrtc::WebRtc>>,
+    stopped: bool,
+}
 
 impl Faces {
-    /// Closes both; the addresses they had.
+    /// Closes both, and any bound later; the addresses they had.
     fn stop(&self, relay: &relay::Relay) -> upgrade::Released {
-        let (srt, webrtc) = std::mem::take(&mut *self.0.lock());
+        let (srt, webrtc) = {
+            let mut f = self.0.lock();
+            f.stopped = true;
+            (f.srt.take(), f.webrtc.take())
+        };
         let srt = srt.map(|s| {
             let a = s.addr;
             s.stop();
@@ -447,6 +459,36 @@ impl Faces {
             w.addr
         });
         upgrade::Released { srt, webrtc, sinks: Vec::new() }
+    }
+
+    fn stopped(&self) -> bool {
+        self.0.lock().stopped
+    }
+
+    /// Keeps a bound SRT listener, or closes it if the faces were stopped meanwhile.
+    fn keep_srt(&self, relay: &relay::Relay, s: crate::srt::Srt) -> bool {
+        let mut f = self.0.lock();
+        if f.stopped {
+            drop(f);
+            s.stop();
+            return false;
+        }
+        *relay.srt_addr.lock() = Some(s.addr);
+        f.srt = Some(s);
+        true
+    }
+
+    /// Keeps a bound WebRTC face, or closes it if the faces were stopped meanwhile.
+    fn keep_webrtc(&self, relay: &relay::Relay, w: std::sync::Arc<crate::webrtc::WebRtc>) -> bool {
+        let mut f = self.0.lock();
+        if f.stopped {
+            drop(f);
+            w.stop();
+            return false;
+        }
+        *relay.webrtc.lock() = Some(w.clone());
+        f.webrtc = Some(w);
+        true
     }
 }
 
@@ -471,45 +513,40 @@ async fn start_udp_faces(
         let gate = || crate::admit::Gate::new("WebRTC per-address cap (max_connections_per_ip)", relay.books.clone());
         let cfg = relay.cfg();
         let start = || crate::webrtc::WebRtc::start(addr, &cfg.webrtc_additional_hosts, gate(), cfg.webrtc_tcp);
-        if let Some((w, _)) = keep_trying(&relay, "WebRTC", addr, patience, start).await {
-            say!("fanout: WebRTC (WHEP) {http}://{api}/{{path}}/whep  (media on udp {})", w.addr);
-            *relay.webrtc.lock() = Some(w.clone());
-            faces.0.lock().1 = Some(w);
+        if let Some((w, _)) = keep_trying(&relay, &faces, "WebRTC", addr, patience, start).await {
+            let at = w.addr;
+            if faces.keep_webrtc(&relay, w) {
+                say!("fanout: WebRTC (WHEP) {http}://{api}/{{path}}/whep  (media on udp {at})");
+            }
         }
     }
     if let Some(addr) = relay.cfg().srt.map(|a| reuse(a, released.srt)) {
         if let Some((s, attempt)) =
-            keep_trying(&relay, "SRT", addr, patience, || crate::srt::serve(addr, relay.clone())).await
+            keep_trying(&relay, &faces, "SRT", addr, patience, || crate::srt::serve(addr, relay.clone())).await
         {
-            *relay.srt_addr.lock() = Some(s.addr);
-            say!(
-                "fanout: SRT srt://{}?streamid=read:{{path}}  (publish one with streamid=publish:{{path}}; libsrt {})",
-                s.addr,
-                s.version
-            );
-            if upgrading {
-                tracing::info!("upgrade: SRT serves again after {:.1} s", f64::from(attempt - 1) * 0.2);
+            let (at, version) = (s.addr, s.version.clone());
+            if faces.keep_srt(&relay, s) {
+                say!("fanout: SRT srt://{at}?streamid=read:{{path}}  (publish one with streamid=publish:{{path}}; libsrt {version})");
+                if upgrading {
+                    tracing::info!("upgrade: SRT serves again after {:.1} s", f64::from(attempt - 1) * 0.2);
+                }
             }
-            faces.0.lock().0 = Some(s);
         }
-    }
-    // (A process that handed over meanwhile lets them go.)
-    if relay.handover.handed() {
-        faces.stop(&relay);
     }
 }
 
-/// `bind`, tried every 200 ms up to `patience` times while this process has not handed its
-/// listeners over; what it made, at which attempt.
+/// `bind`, tried every 200 ms up to `patience` times while this process has neither handed
+/// its listeners over nor stopped; what it made, at which attempt.
 async fn keep_trying<T, E: std::fmt::Display>(
     relay: &relay::Relay,
+    faces: &Faces,
     what: &str,
     addr: std::net::SocketAddr,
     patience: u32,
     mut bind: impl FnMut() -> Result<T, E>,
 ) -> Option<(T, u32)> {
     for attempt in 1..=patience {
-        if relay.handover.handed() {
+        if relay.handover.handed() || faces.stopped() {
             return None;
         }
         match bind() {
