@@ -100,6 +100,8 @@ pub(crate) struct Inner {
     /// The source's rate and largest picture, and the pace they make (sessions that pace,
     /// once the rate is known).
     meter: Mutex<(fanout_core::StreamMeter, Option<fanout_core::Pace>)>,
+    /// RTP time from the packets' arrival, for sender reports (see [`Session::rtp_now`]).
+    arrival: Mutex<fanout_proto::rtp::arrival::ArrivalClock>,
 }
 
 /// A handle to a running session. Dropping it does not stop the session: call [`Session::close`].
@@ -190,8 +192,17 @@ impl Inner {
         let bytes: u64 = packets.iter().map(|p| p.len() as u64).sum();
         self.src.packets.fetch_add(n, Ordering::Relaxed);
         self.src.bytes.fetch_add(bytes, Ordering::Relaxed);
-        self.src.last_ms.store(self.now_ms() + 1, Ordering::Relaxed);
+        let now = self.now_ms();
+        self.src.last_ms.store(now + 1, Ordering::Relaxed);
         self.src.state.store(SourceState::Active as u8, Ordering::Relaxed);
+        if let Some(last) = packets.last() {
+            let mut arrival = self.arrival.lock();
+            if arrival.wants(now) {
+                if let Ok(v) = fanout_proto::rtp::RtpView::parse(last.data()) {
+                    arrival.sample(v.ssrc(), v.timestamp(), now);
+                }
+            }
+        }
         if self.runner.is_shed(self.cfg.priority) {
             // Overload: the class's work stops here, before any sink group is woken.
             self.src.shed.fetch_add(n, Ordering::Relaxed);
@@ -510,6 +521,7 @@ impl Session {
             keyframes_wanted: AtomicU64::new(0),
             layers: Mutex::new(Default::default()),
             meter: Mutex::new(Default::default()),
+            arrival: Mutex::default(),
             egress: engine.egress().map(|e| {
                 e.join(cfg_priority, cfg_reserve).unwrap_or_else(|err| {
                     // The control plane checks before it creates a session; a race lands here.
@@ -927,17 +939,18 @@ impl Session {
         self.inner.keyframes_wanted.load(Ordering::Relaxed)
     }
 
-    /// The newest packet's RTP `(ssrc, timestamp)` and how long ago it arrived (ms), for
-    /// sender reports. `None` before the first packet, or if the source is not RTP.
-    pub fn rtp_latest(&self) -> Option<(u32, u32, u64)> {
-        let (ssrc, ts) = {
-            let ring = self.inner.ring.lock();
-            let p = ring.get(ring.head().checked_sub(1)?)?;
-            let v = fanout_proto::rtp::RtpView::parse(p.data()).ok()?;
-            (v.ssrc(), v.timestamp())
-        };
-        let last = self.inner.src.last_ms.load(Ordering::Relaxed);
-        Some((ssrc, ts, (self.inner.now_ms() + 1).saturating_sub(last)))
+    /// The SSRC of the newest packet. `None` before the first packet, or if the source is
+    /// not RTP.
+    pub fn rtp_ssrc(&self) -> Option<u32> {
+        let ring = self.inner.ring.lock();
+        let p = ring.get(ring.head().checked_sub(1)?)?;
+        fanout_proto::rtp::RtpView::parse(p.data()).ok().map(|v| v.ssrc())
+    }
+
+    /// `(ssrc, RTP time now)` of an RTP stream of `clock` Hz, from its least-delayed packet
+    /// of the last seconds, for sender reports where the source sends none.
+    pub fn rtp_now(&self, clock: u32) -> Option<(u32, u32)> {
+        self.inner.arrival.lock().rtp_now(clock, self.inner.now_ms())
     }
 
     pub fn source_state(&self) -> SourceState {

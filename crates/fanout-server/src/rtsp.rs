@@ -284,7 +284,7 @@ impl Rtsp {
             let tracks = relay.tracks(name);
             for c in clients.values().filter(|c| c.resource == name) {
                 for p in &c.sinks {
-                    let Some(ssrc) = tracks.get(p.track).and_then(|t| t.session.rtp_latest()).map(|l| l.0) else {
+                    let Some(ssrc) = tracks.get(p.track).and_then(|t| t.session.rtp_ssrc()) else {
                         continue;
                     };
                     let mut bye = Vec::with_capacity(16);
@@ -374,15 +374,15 @@ impl Rtsp {
                 c.sinks.iter().filter_map(move |p| {
                     let (t, id) = (p.track, p.id);
                     let tr = tracks.get(t)?;
-                    let (ssrc, ts, ms_ago) = tr.session.rtp_latest()?;
+                    let (ssrc, arrived) = tr.session.rtp_now(tr.clock)?;
                     // The RTP time now: from the upstream's own mapping when it sent one,
-                    // else the newest packet's time plus the time since.
+                    // else from when the packets arrived.
                     let rtp_now = match tr.clock_map {
                         Some((sr_ntp, sr_rtp)) => {
                             let since = ntp.wrapping_sub(sr_ntp) as i64 as f64 / 4_294_967_296.0;
                             sr_rtp.wrapping_add((since * f64::from(tr.clock)) as i64 as u32)
                         }
-                        None => ts.wrapping_add((ms_ago * u64::from(tr.clock) / 1000) as u32),
+                        None => arrived,
                     };
                     let sink = p.session.sink_status(id)?;
                     let mut sr = Vec::with_capacity(28);
@@ -443,7 +443,7 @@ impl Rtsp {
         for b in blocks.iter().flat_map(|r| r.blocks.iter()) {
             let sink = c.sinks.iter().find_map(|p| {
                 let session = &tracks.get(p.track)?.session;
-                (session.rtp_latest()?.0 == b.ssrc).then_some((session, p.id))
+                (session.rtp_ssrc()? == b.ssrc).then_some((session, p.id))
             });
             let Some((session, sink)) = sink else {
                 c.foreign_blocks += 1;
@@ -461,7 +461,7 @@ impl Rtsp {
             for media in fanout_proto::rtp::rtcp::keyframe_requests(&plain) {
                 let named = c.sinks.iter().find_map(|p| {
                     let session = &tracks.get(p.track)?.session;
-                    (session.rtp_latest()?.0 == media).then_some(session)
+                    (session.rtp_ssrc()? == media).then_some(session)
                 });
                 if let Some(session) = named.or_else(|| tracks.get(track).map(|t| &t.session)) {
                     session.want_keyframe();
@@ -521,7 +521,7 @@ impl Rtsp {
             m.lines.retain(|(k, v)| !(*k == 'a' && (v.starts_with("crypto:") || v.starts_with("key-mgmt:"))));
             // The key twice: SDES for ffmpeg, MIKEY for GStreamer (and MediaMTX's clients).
             m.lines.push(('a', format!("crypto:{}", epoch.crypto.to_value())));
-            let ssrc = t.session.rtp_latest().map_or(0, |l| l.0);
+            let ssrc = t.session.rtp_ssrc().unwrap_or(0);
             m.lines.push(('a', format!("key-mgmt:mikey {}", epoch.mikey(ssrc))));
             if let Some(next) = res.next_rtp.get_mut(i) {
                 *next = epoch.session.rtp_start().map(|(_, seq, ts)| (seq, ts));

@@ -4,12 +4,14 @@
 //! - [`rtcp`]: sender and receiver reports: loss, jitter, round-trip time; BYE.
 //! - [`srtp`]: SRTP and SRTCP (RFC 3711), and [`mikey`], the keys RTSP carries for them.
 //! - [`stats`]: receiver statistics for one stream (RFC 3550 §6.4.1, appendix A).
+//! - [`arrival`]: a track's RTP time now from its packets' arrival (sources without reports).
 //! - [`restamp`]: one continuous stream (SSRC, sequence, timestamps) across sources.
 //! - [`adapt`]: per-subscriber layer adaptation from layer rates and reports.
 //! - [`classify`]: what a received datagram carries, decided once when it enters the ring.
 //! - [`tracks`]: coded frames from a container (FLV, MPEG-TS) as RTP tracks and their SDP.
 
 pub mod adapt;
+pub mod arrival;
 pub mod classify;
 pub mod mikey;
 pub mod restamp;
