@@ -560,7 +560,7 @@ pub fn sender_reports(rtcp: &std::net::UdpSocket, until: Instant) -> Vec<(f64, u
 /// Every report's RTP time against its wall clock follows from the first report's at
 /// `rate` Hz, within half a second: one clock, whatever happened upstream.
 pub fn assert_one_clock(reports: &[(f64, u32)], rate: f64) {
-    assert!(reports.len() >= 3, "{} sender reports: {reports:?}", reports.len());
+    assert!(reports.len() >= 2, "{} sender reports: {reports:?}", reports.len());
     let (t0, r0) = reports[0];
     for &(t, r) in &reports[1..] {
         let by_rtp = f64::from(r.wrapping_sub(r0)) / rate;
