@@ -414,7 +414,7 @@ async fn run(
     for t in [rtmp_task, rtmps_task].into_iter().flatten() {
         t.abort();
     }
-    faces.stop(&relay);
+    faces.stop(&relay, false);
     if let Some(c) = &relay.cluster {
         c.leave().await;
     }
@@ -433,17 +433,27 @@ struct Faces(std::sync::Arc<parking_lot::Mutex<UdpFaces>>);
 struct UdpFaces {
     srt: Option<crate::srt::Srt>,
     webrtc: Option<std::sync::Arc<crate::webrtc::WebRtc>>,
+    /// A WebRTC face handed over: it serves its viewers on until the drain ends.
+    draining: Option<std::sync::Arc<crate::webrtc::WebRtc>>,
     stopped: bool,
 }
 
 impl Faces {
-    /// Closes both, and any bound later; the addresses they had.
-    fn stop(&self, relay: &relay::Relay) -> upgrade::Released {
-        let (srt, webrtc) = {
+    /// Closes both, and any bound later; the addresses they had. At a hand-over
+    /// (`handing_over`) WebRTC's viewers stay (`WebRtc::hand_over`), SRT's connections end.
+    fn stop(&self, relay: &relay::Relay, handing_over: bool) -> upgrade::Released {
+        let (srt, webrtc, draining) = {
             let mut f = self.0.lock();
             f.stopped = true;
-            (f.srt.take(), f.webrtc.take())
+            let (srt, webrtc) = (f.srt.take(), f.webrtc.take());
+            if handing_over {
+                f.draining.clone_from(&webrtc);
+            }
+            (srt, webrtc, if handing_over { None } else { f.draining.take() })
         };
+        if let Some(w) = draining {
+            w.stop();
+        }
         let srt = srt.map(|s| {
             let a = s.addr;
             s.stop();
@@ -454,8 +464,12 @@ impl Faces {
             l.end();
         }
         let webrtc = webrtc.map(|w| {
-            relay.webrtc.lock().take();
-            w.stop();
+            if handing_over {
+                w.hand_over();
+            } else {
+                relay.webrtc.lock().take();
+                w.stop();
+            }
             w.addr
         });
         upgrade::Released { srt, webrtc, sinks: Vec::new() }
@@ -512,7 +526,8 @@ async fn start_udp_faces(
     if let Some(addr) = relay.cfg().webrtc.map(|a| reuse(a, released.webrtc)) {
         let gate = || crate::admit::Gate::new("WebRTC per-address cap (max_connections_per_ip)", relay.books.clone());
         let cfg = relay.cfg();
-        let start = || crate::webrtc::WebRtc::start(addr, &cfg.webrtc_additional_hosts, gate(), cfg.webrtc_tcp);
+        let start =
+            || crate::webrtc::WebRtc::start(addr, &cfg.webrtc_additional_hosts, gate(), cfg.webrtc_tcp, upgrading);
         if let Some((w, _)) = keep_trying(&relay, &faces, "WebRTC", addr, patience, start).await {
             let at = w.addr;
             if faces.keep_webrtc(&relay, w) {
@@ -592,7 +607,7 @@ async fn run_until_done(
                 };
                 // Nothing more is accepted here; then what one process at a time holds goes.
                 relay.handover.hand_over();
-                let mut released = faces.stop(relay);
+                let mut released = faces.stop(relay, true);
                 // The sinks the API added go: with the state file for the API's sessions,
                 // by name for the config's.
                 let kept = relay.state.get().map(|st| st.release()).unwrap_or_default();
@@ -622,7 +637,8 @@ async fn run_until_done(
                         "new_pid": new_pid,
                         "clients_draining": open,
                         "sinks_moved": sinks,
-                        "ended": { "srt": released.srt.is_some(), "webrtc": released.webrtc.is_some() },
+                        "ended": { "srt": released.srt.is_some() },
+                        "ports_moved": { "srt": released.srt.is_some(), "webrtc": released.webrtc.is_some() },
                         "upgrade_drain_s": drain,
                     })
                 }));

@@ -57,6 +57,8 @@ pub struct WebRtc {
     /// cannot take every slot.
     gate: Arc<Gate>,
     task: tokio::task::JoinHandle<()>,
+    /// An upgrade's new process took the port: no new peers here.
+    handed_over: std::sync::atomic::AtomicBool,
     /// ICE-TCP's accept loop.
     tcp_task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -64,6 +66,8 @@ pub struct WebRtc {
 enum Cmd {
     Add(Box<Viewer>),
     Remove(String),
+    /// An upgrade's new process takes the port: keep the viewers here on sockets of their own.
+    HandOver,
 }
 
 struct Out {
@@ -170,9 +174,15 @@ pub struct Refused(pub u16, pub String);
 impl WebRtc {
     /// Binds `addr` (UDP) and starts serving; `extra_hosts` are offered to viewers too; `gate`
     /// counts the peers of each address.
-    pub fn start(addr: SocketAddr, extra_hosts: &[IpAddr], gate: Arc<Gate>, tcp: bool) -> std::io::Result<Arc<Self>> {
-        let socket = std::net::UdpSocket::bind(addr)?;
-        socket.set_nonblocking(true)?;
+    /// `beside_old`: an upgrade's new process, whose old one keeps its viewers on the port.
+    pub fn start(
+        addr: SocketAddr,
+        extra_hosts: &[IpAddr],
+        gate: Arc<Gate>,
+        tcp: bool,
+        beside_old: bool,
+    ) -> std::io::Result<Arc<Self>> {
+        let socket = bind_port(addr, beside_old)?;
         let bound = socket.local_addr()?;
         let socket = tokio::net::UdpSocket::from_std(socket)?;
         let mut hosts: Vec<SocketAddr> = Some(bound.ip())
@@ -208,11 +218,34 @@ impl WebRtc {
         };
         let (tcp_side, tcp_task) = tcp.unzip();
         let task = tokio::spawn(run(socket, rx, tcp_side.clone(), tcp_rx, shared.clone(), wake.clone()));
-        Ok(Arc::new(Self { addr: bound, hosts, tcp: tcp_side.is_some(), cmds: tx, shared, wake, gate, task, tcp_task }))
+        Ok(Arc::new(Self {
+            addr: bound,
+            hosts,
+            tcp: tcp_side.is_some(),
+            cmds: tx,
+            shared,
+            wake,
+            gate,
+            task,
+            handed_over: false.into(),
+            tcp_task,
+        }))
     }
 
     pub fn stop(&self) {
         self.task.abort();
+        if let Some(t) = &self.tcp_task {
+            t.abort();
+        }
+    }
+
+    /// An upgrade's new process takes the port: this one takes no new peers (nor ICE-TCP
+    /// connections) and serves the ones it has until they leave, each on a UDP socket
+    /// connected to its address on the same port — the kernel gives a connected socket its
+    /// peer's datagrams before the new process's.
+    pub fn hand_over(&self) {
+        self.handed_over.store(true, std::sync::atomic::Ordering::Relaxed);
+        let _ = self.cmds.send(Cmd::HandOver);
         if let Some(t) = &self.tcp_task {
             t.abort();
         }
@@ -307,6 +340,9 @@ impl WebRtc {
     /// A place for one more peer of `client` (`None`: an in-process caller, not counted), or
     /// 429: that address has `max_connections_per_ip` peers already.
     fn pass(&self, client: Option<IpAddr>) -> Result<Option<Pass>, Refused> {
+        if self.handed_over.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(Refused(503, "this relay process handed its WebRTC port to a new one: try again".into()));
+        }
         let Some(ip) = client else { return Ok(None) };
         match self.gate.admit(ip) {
             Some(p) => Ok(Some(p)),
@@ -503,6 +539,10 @@ async fn run(
     wake: Arc<Notify>,
 ) {
     let local = socket.local_addr().expect("bound");
+    // After a hand-over: no port of its own, a connected socket per viewer instead.
+    let mut socket = Some(socket);
+    let mut handed: HashMap<SocketAddr, Handed> = HashMap::new();
+    let (handed_tx, mut handed_in) = mpsc::channel::<(SocketAddr, Vec<u8>)>(1024);
     let mut viewers: HashMap<String, Viewer> = HashMap::new();
     let mut by_addr: HashMap<SocketAddr, String> = HashMap::new();
     let mut buf = vec![0u8; 2048];
@@ -535,7 +575,10 @@ async fn run(
                 connected |= v.connected && !was;
             }
         }
-        flush(&socket, &mut gso, &mut batch).await;
+        match &socket {
+            Some(socket) => flush(socket, &mut gso, &mut batch).await,
+            None => flush_handed(&handed, &mut batch).await,
+        }
         // Readers that want a keyframe (WebRTC viewers, RTSP clients) mark their track's
         // session; a WHIP publisher takes the mark and is asked, at most once per
         // KEYFRAME_GAP (a mark inside the gap waits for its end). An RTSP upstream is asked by
@@ -573,12 +616,22 @@ async fn run(
         for id in gone {
             remove(&mut viewers, &mut by_addr, &shared, &id);
         }
+        if socket.is_none() {
+            handed.retain(|addr, _| by_addr.contains_key(addr));
+        }
         let next = viewers.values().map(|v| v.wake_at).min().unwrap_or(now + Duration::from_millis(500));
         let next = next.min(tick + Duration::from_millis(500));
         tokio::select! {
-            got = socket.recv_from(&mut buf) => {
+            got = recv_from(socket.as_ref(), &mut buf) => {
                 let Ok((n, from)) = got else { continue };
                 let Ok(contents) = buf[..n].try_into() else { continue };
+                let input = Input::Receive(Instant::now(), Receive { proto: Protocol::Udp, source: from, destination: local, contents });
+                if let Some(id) = deliver(&mut viewers, &mut by_addr, from, input) {
+                    busy.push(id);
+                }
+            }
+            Some((from, data)) = handed_in.recv() => {
+                let Ok(contents) = data.as_slice().try_into() else { continue };
                 let input = Input::Receive(Instant::now(), Receive { proto: Protocol::Udp, source: from, destination: local, contents });
                 if let Some(id) = deliver(&mut viewers, &mut by_addr, from, input) {
                     busy.push(id);
@@ -598,6 +651,21 @@ async fn run(
                     viewers.insert(v.id.clone(), *v);
                 }
                 Some(Cmd::Remove(id)) => remove(&mut viewers, &mut by_addr, &shared, &id),
+                Some(Cmd::HandOver) => {
+                    let on_tcp = |a: &SocketAddr| tcp.as_ref().is_some_and(|t| t.writers.lock().contains_key(a));
+                    for &peer in by_addr.keys().filter(|a| !on_tcp(a)) {
+                        match Handed::connect(local, peer, handed_tx.clone()) {
+                            Ok(h) => {
+                                handed.insert(peer, h);
+                            }
+                            Err(e) => tracing::warn!(%peer, "upgrade: a WebRTC viewer cannot stay: {e}"),
+                        }
+                    }
+                    // (Its last datagrams in the socket's queue are lost: the peer's
+                    // retransmissions and NACKs repair them.)
+                    socket = None;
+                    tracing::info!(viewers = handed.len(), "upgrade: WebRTC viewers stay with this process on sockets of their own");
+                }
                 None => return,
             },
             _ = wake.notified() => {
@@ -608,6 +676,74 @@ async fn run(
                 }
             }
             _ = tokio::time::sleep_until(next.into()) => {}
+        }
+    }
+}
+
+/// The task's port, until a hand-over (then never ready).
+async fn recv_from(socket: Option<&tokio::net::UdpSocket>, buf: &mut [u8]) -> std::io::Result<(usize, SocketAddr)> {
+    match socket {
+        Some(s) => s.recv_from(buf).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Binds the WebRTC port so that an upgrade's new process can bind it too while this one
+/// keeps its viewers (`SO_REUSEADDR`, which both must set). A first start makes sure no one
+/// holds the port — another relay's socket would share it silently.
+fn bind_port(addr: SocketAddr, beside_old: bool) -> std::io::Result<std::net::UdpSocket> {
+    let addr = if beside_old { addr } else { std::net::UdpSocket::bind(addr)?.local_addr()? };
+    let s = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::DGRAM, None)?;
+    s.set_reuse_address(true)?;
+    s.set_nonblocking(true)?;
+    s.bind(&addr.into())?;
+    Ok(s.into())
+}
+
+/// A viewer kept after a hand-over: a socket on the WebRTC port connected to its address,
+/// and the task that passes what it receives to the viewers' task.
+struct Handed {
+    socket: Arc<tokio::net::UdpSocket>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl Handed {
+    fn connect(local: SocketAddr, peer: SocketAddr, to: mpsc::Sender<(SocketAddr, Vec<u8>)>) -> std::io::Result<Self> {
+        let s = socket2::Socket::new(socket2::Domain::for_address(local), socket2::Type::DGRAM, None)?;
+        s.set_reuse_address(true)?;
+        s.set_nonblocking(true)?;
+        s.bind(&local.into())?;
+        s.connect(&peer.into())?;
+        let socket = Arc::new(tokio::net::UdpSocket::from_std(s.into())?);
+        let r = socket.clone();
+        let reader = tokio::spawn(async move {
+            let mut buf = vec![0u8; 2048];
+            loop {
+                match r.recv(&mut buf).await {
+                    Ok(n) if to.send((peer, buf[..n].to_vec())).await.is_ok() => {}
+                    Ok(_) => return,
+                    // (An ICMP error from the peer: it may come back; consent freshness decides.)
+                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
+                    Err(_) => return,
+                }
+            }
+        });
+        Ok(Self { socket, reader })
+    }
+}
+
+impl Drop for Handed {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+/// After a hand-over: each datagram on its viewer's own socket (one whose viewer left is
+/// dropped).
+async fn flush_handed(handed: &HashMap<SocketAddr, Handed>, batch: &mut Vec<(SocketAddr, Vec<u8>)>) {
+    for (to, d) in batch.drain(..) {
+        if let Some(h) = handed.get(&to) {
+            let _ = h.socket.send(&d).await;
         }
     }
 }

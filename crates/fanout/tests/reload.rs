@@ -716,3 +716,57 @@ fn a_publisher_stays_with_the_old_process_until_the_drain_ends() {
     stop.store(true, Ordering::Relaxed);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A WebRTC viewer under an upgrade (pion over WHEP): it stays with the old process, on a
+/// socket of its own connected to its address on the same port, and plays on frame for frame
+/// while a viewer that comes after the upgrade plays from the new process on that port; the
+/// old process exits once its viewer left.
+#[test]
+fn a_webrtc_viewer_plays_on_through_an_upgrade() {
+    let Some(pion) = peer("pion-peer") else { return };
+    let mut relay = Relay::start(&[]);
+    let whep = relay.url("/demo/whep");
+    let dir = std::env::temp_dir().join(format!("fanout-upgrade-webrtc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let play = |seconds: u32, name: &str| {
+        Command::new(&pion)
+            .args(["whep", &whep, "-seconds", &seconds.to_string(), "-h264"])
+            .arg(dir.join(name))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let report = |c: std::process::Child| -> Value {
+        let out = c.wait_with_output().unwrap();
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("pion-peer: {e}: {}", String::from_utf8_lossy(&out.stderr)))
+    };
+    let playing = |relay: &Relay| {
+        let s = relay.ok("GET", "/v1/sessions/demo", None);
+        s["webrtc"].as_array().map_or(0, |v| v.iter().filter(|v| v["state"] == "playing").count())
+    };
+    let before = play(16, "before.h264");
+    assert!(wait_for(Duration::from_secs(10), || playing(&relay) == 1), "the viewer never played");
+    std::thread::sleep(Duration::from_secs(3));
+    let (code, up) = relay.call("POST", "/v1/upgrade", None);
+    assert_eq!(code, 200, "{up}");
+    let _reap = Reap(vec![up["new_pid"].as_u64().unwrap()]);
+    assert_eq!(up["ports_moved"]["webrtc"], true, "{up}");
+    std::thread::sleep(Duration::from_secs(2));
+    let after = play(6, "after.h264");
+    assert!(wait_for(Duration::from_secs(10), || playing(&relay) == 1), "the new process's viewer never played");
+    let (kept, new) = (report(before), report(after));
+    for (name, r) in [("the viewer through the upgrade", &kept), ("the viewer after it", &new)] {
+        assert_eq!(r["ended"], "time", "{name}: {r}");
+        assert!(r["starts_with_keyframe"] == true && r["frames_lost"] == 0, "{name}: {r}");
+    }
+    // (The demo is 25 pictures a second: the first viewer's 16 s are whole across the upgrade.)
+    assert!(kept["frames_complete"].as_u64().unwrap() >= 14 * 25, "{kept}");
+    assert!(new["frames_complete"].as_u64().unwrap() >= 4 * 25, "{new}");
+    assert!(
+        wait_for(Duration::from_secs(10), || !relay.running()),
+        "the old process did not exit once its viewer left"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
