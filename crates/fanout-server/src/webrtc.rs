@@ -520,9 +520,10 @@ impl WebRtc {
         }
     }
 
-    /// Ends viewer `id` of `path` (WHEP's DELETE); whether it was there.
-    pub fn end(&self, path: &str, id: &str) -> bool {
-        let found = self.shared.viewers.lock().get(id).is_some_and(|v| v.path == path);
+    /// Ends peer `id` of `path` in `role` (WHEP's or WHIP's DELETE: a publisher is not
+    /// ended through a reader's URL); whether it was there.
+    pub fn end(&self, path: &str, id: &str, role: &str) -> bool {
+        let found = self.shared.viewers.lock().get(id).is_some_and(|v| v.path == path && v.role == role);
         if found {
             let _ = self.cmds.send(Cmd::Remove(id.to_string()));
         }
@@ -1276,7 +1277,8 @@ async fn patch(
     if !allowed(&relay, &headers, query.as_deref(), ip, &name, publish).await {
         return unauthorized(&relay);
     }
-    match face(&relay).filter(|w| w.viewers(Some(&name)).iter().any(|v| v.id == id)) {
+    let role = if publish { "publisher" } else { "viewer" };
+    match face(&relay).filter(|w| w.viewers(Some(&name)).iter().any(|v| v.id == id && v.role == role)) {
         Some(_) => StatusCode::NO_CONTENT.into_response(),
         None => text(404, format!("no WebRTC viewer {id} of {name}")),
     }
@@ -1295,7 +1297,8 @@ async fn delete(
     if !allowed(&relay, &headers, query.as_deref(), ip, &name, publish).await {
         return unauthorized(&relay);
     }
-    match face(&relay).filter(|w| w.end(&name, &id)) {
+    let role = if publish { "publisher" } else { "viewer" };
+    match face(&relay).filter(|w| w.end(&name, &id, role)) {
         Some(_) => StatusCode::OK.into_response(),
         None => text(404, format!("no WebRTC viewer {id} of {name}")),
     }

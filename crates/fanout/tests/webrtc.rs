@@ -788,6 +788,12 @@ fn webrtc_takes_the_stream_users_as_every_stream_face_does() {
     assert_eq!(code, 201, "{location}");
     let delete = ureq::delete(&relay.url(&location)).call();
     assert!(matches!(delete, Err(ureq::Error::Status(401, _))), "{delete:?}");
+    // A resource ends only through its own face: a viewer's not through a WHIP URL (nor a
+    // publisher's through a WHEP URL, which a reader's rights open).
+    let elsewhere = location.replace("/whep/", "/whip/");
+    assert_ne!(elsewhere, location);
+    let delete = ureq::delete(&relay.url(&elsewhere)).set("Authorization", &basic("alice", "wonder:land")).call();
+    assert!(matches!(delete, Err(ureq::Error::Status(404, _))), "{delete:?}");
     let delete = ureq::delete(&relay.url(&location)).set("Authorization", &basic("alice", "wonder:land")).call();
     assert_eq!(delete.unwrap().status(), 200);
     drop(relay);
