@@ -694,11 +694,16 @@ async fn recv_from(socket: Option<&tokio::net::UdpSocket>, buf: &mut [u8]) -> st
 /// holds the port — another relay's socket would share it silently.
 fn bind_port(addr: SocketAddr, beside_old: bool) -> std::io::Result<std::net::UdpSocket> {
     let addr = if beside_old { addr } else { std::net::UdpSocket::bind(addr)?.local_addr()? };
+    Ok(on_port(addr)?.into())
+}
+
+/// A non-blocking UDP socket bound to `addr` beside the others on it (`SO_REUSEADDR`).
+fn on_port(addr: SocketAddr) -> std::io::Result<socket2::Socket> {
     let s = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::DGRAM, None)?;
     s.set_reuse_address(true)?;
     s.set_nonblocking(true)?;
     s.bind(&addr.into())?;
-    Ok(s.into())
+    Ok(s)
 }
 
 /// A viewer kept after a hand-over: a socket on the WebRTC port connected to its address,
@@ -710,10 +715,7 @@ struct Handed {
 
 impl Handed {
     fn connect(local: SocketAddr, peer: SocketAddr, to: mpsc::Sender<(SocketAddr, Vec<u8>)>) -> std::io::Result<Self> {
-        let s = socket2::Socket::new(socket2::Domain::for_address(local), socket2::Type::DGRAM, None)?;
-        s.set_reuse_address(true)?;
-        s.set_nonblocking(true)?;
-        s.bind(&local.into())?;
+        let s = on_port(local)?;
         s.connect(&peer.into())?;
         let socket = Arc::new(tokio::net::UdpSocket::from_std(s.into())?);
         let r = socket.clone();
@@ -1032,35 +1034,35 @@ fn pump(v: &mut Viewer, frames: &mut Vec<Frame>, now: Instant) {
         o.queue.drain(frames);
         for (p, _) in frames.drain(..) {
             let Ok(rtp) = RtpView::parse(p.data()) else { continue };
-            let (ts, marker) = (rtp.timestamp(), rtp.marker());
             if hold && o.video {
                 if let Some(h) = o.held.take() {
-                    let end = RtpView::parse(h.data()).is_ok_and(|r| r.timestamp() != ts);
-                    write(&mut v.rtc, o, &h, end, now, &mut v.packets, &mut v.last_picture);
+                    if let Ok(held) = RtpView::parse(h.data()) {
+                        let end = held.timestamp() != rtp.timestamp();
+                        write(&mut v.rtc, o, &held, end, now, &mut v.packets, &mut v.last_picture);
+                    }
                 }
-                if !marker {
+                if !rtp.marker() {
                     o.held = Some(p);
                     continue;
                 }
             }
-            write(&mut v.rtc, o, &p, false, now, &mut v.packets, &mut v.last_picture);
+            write(&mut v.rtc, o, &rtp, false, now, &mut v.packets, &mut v.last_picture);
         }
     }
     v.wake_at = now;
 }
 
-/// Writes RTP packet `p` of out `o` into `rtc` as the viewer's own (with the parameter sets a
+/// Writes RTP packet `rtp` of out `o` into `rtc` as the viewer's own (with the parameter sets a
 /// keyframe needs before it), marked as a picture's end if it is or `end`.
 fn write(
     rtc: &mut Rtc,
     o: &mut Out,
-    p: &fanout_io::packet::Packet,
+    rtp: &RtpView<'_>,
     end: bool,
     now: Instant,
     packets: &mut u64,
     last_picture: &mut Option<LastPicture>,
 ) {
-    let Ok(rtp) = RtpView::parse(p.data()) else { return };
     let mut api = rtc.direct_api();
     let Some(stream) = api.stream_tx_by_mid(o.mid, None) else { return };
     let params = o.params.as_mut().map(|p| p.before(rtp.timestamp(), rtp.payload())).unwrap_or_default();
