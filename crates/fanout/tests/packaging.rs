@@ -96,4 +96,6 @@ fn install_service_puts_everything_in_place_and_keeps_an_existing_config() {
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("keeping your"));
     assert_eq!(std::fs::read_to_string(dir.join("etc/fanout/fanout.toml")).unwrap(), "api = \"127.0.0.1:7071\"\n");
+    // The install holds a copy of the debug binary (hundreds of MB): kept only when a check fails.
+    std::fs::remove_dir_all(&dir).unwrap();
 }
