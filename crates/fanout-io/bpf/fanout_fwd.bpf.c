@@ -179,6 +179,39 @@ struct {
 	__type(value, struct video);
 } VIDEO SEC(".maps");
 
+/* Pacing for sinks behind one link (pace_link = "shared"; issue 35). Per session, written by
+ * user space: the rate each sink is paced at (bytes/s; 0: no pacing) and the burst the link
+ * may take back to back. The sinks of a run share one virtual clock at the sum of their rates
+ * (as user space's group clock, fanout_core::pace): each clone gets the time it may leave
+ * as its EDT departure time (skb->tstamp, monotonic), which the fq qdisc on the egress
+ * interface holds it to. Without fq the stamps are ignored and the clones leave at once. */
+struct pace {
+	__u64 rate;
+	__u64 burst;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_SESSIONS);
+	__type(key, __u32);
+	__type(value, struct pace);
+} PACE SEC(".maps");
+
+/* Per session and shard (session index * MAX_SPREAD + shard): the clock's virtual finish
+ * time of the last clone, ns. A shard runs on one CPU; two CPUs serving one session's
+ * packets at once would only blur the clock a little. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_SESSIONS * MAX_SPREAD);
+	__type(key, __u32);
+	__type(value, __u64);
+} PACE_CLOCK SEC(".maps");
+
+/* A clone is never stamped later than this after its packet came: a pace below the
+ * stream's real rate (a wrong rate_kbps) bunches clones up rather than delaying them ever
+ * more (fq drops what lies beyond its horizon). */
+#define PACE_MAX_AHEAD_NS 100000000ull
+
 /* Per sink slot, written by user space only: the layer cap its selector wants (packed; 0:
  * none). Lowering it acts at the next packet; raising it waits for a switch point. */
 struct {
@@ -211,6 +244,11 @@ struct fan_ctx {
 	__u32 nsinks;
 	__u32 turn;       /* the sink served first: a hash of the packet count (fanout_core::rotation) */
 	struct judgement j; /* the packet's layer */
+	/* Pacing (PACE): each clone's share of the link and the burst, ns at the run's rate
+	 * (step 0: not paced), and the run's clock (its finish time). */
+	__u64 step;
+	__u64 burst_ns;
+	__u64 finish;
 };
 
 /* Rewrites the IPv4 address at `off` from *cur to addr, with both checksums. */
@@ -381,6 +419,20 @@ static __always_inline int resolve(struct fan_ctx *c, struct sink *s)
 	return 0;
 }
 
+/* The next clone's departure on the run's clock: the link's burst leaves at once, the rest
+ * one step apart (Yau & Lam's virtual clock, as fanout_core::pace::VirtualClock::admit). */
+static __always_inline void stamp(struct fan_ctx *c)
+{
+	__u64 finish = (c->finish > c->now ? c->finish : c->now) + c->step;
+	if (finish > c->now + c->burst_ns + PACE_MAX_AHEAD_NS)
+		finish = c->now + c->burst_ns + PACE_MAX_AHEAD_NS;
+	c->finish = finish;
+	if (finish > c->now + c->burst_ns)
+		bpf_skb_set_tstamp(c->skb, finish - c->burst_ns, BPF_SKB_TSTAMP_DELIVERY_MONO);
+	else
+		bpf_skb_set_tstamp(c->skb, 0, BPF_SKB_TSTAMP_UNSPEC);
+}
+
 static long fan_one(__u32 k, void *data)
 {
 	struct fan_ctx *c = data;
@@ -428,6 +480,8 @@ static long fan_one(__u32 k, void *data)
 		__sync_fetch_and_add(&s->errors, 1);
 		return 0;
 	}
+	if (c->step)
+		stamp(c);
 	if (bpf_clone_redirect(c->skb, s->ifindex, s->redirect_flags) == 0) {
 		__sync_fetch_and_add(&s->packets, 1);
 		__sync_fetch_and_add(&s->bytes, c->len);
@@ -754,6 +808,7 @@ int fanout_fwd(struct __sk_buff *skb)
 		.cur_sport = udp->dest, /* after the rewrite below */
 	};
 	/* Read before any helper that may move the packet (the copies below). */
+	__u64 orig_tstamp = skb->tstamp; /* its receive time, for the relay's socket */
 	__u32 orig_saddr = ip->saddr;
 	__u16 orig_sport = udp->source;
 	__builtin_memcpy(c.cur_l2, eth, 12);
@@ -805,7 +860,25 @@ int fanout_fwd(struct __sk_buff *skb)
 	skb->mark = CLONE_MARK;
 	c.nsinks = last - c.first;
 	c.turn = c.nsinks ? (__u32)(((stats->packets * 0x9E3779B97F4A7C15ULL) >> 32) % c.nsinks) : 0;
+	struct pace *pace = bpf_map_lookup_elem(&PACE, &sidx);
+	__u32 ck = sidx * MAX_SPREAD + (shard < MAX_SPREAD ? shard : 0);
+	__u64 *clock = bpf_map_lookup_elem(&PACE_CLOCK, &ck);
+	if (pace && clock && pace->rate && c.nsinks) {
+		/* In the units user space measures the stream in: datagram payload bytes. */
+		__u64 rate = pace->rate * c.nsinks;
+		c.step = (__u64)c.len * 1000000000ull / rate;
+		c.burst_ns = pace->burst * 1000000000ull / rate;
+		c.finish = *clock;
+		/* Unless its CPU is chosen by that hash (spreading), each clone's own, so fq
+		 * queues each sink's clones as their own flow. */
+		if (cpus < 2)
+			bpf_set_hash_invalid(skb);
+	}
 	bpf_loop(c.nsinks, fan_one, &c, 0);
+	if (c.step) {
+		*clock = c.finish;
+		skb->tstamp = orig_tstamp; /* at ingress this also drops the delivery-time flag */
+	}
 	if (copy)
 		return TC_ACT_SHOT;
 	skb->mark = orig_mark;

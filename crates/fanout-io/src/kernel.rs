@@ -87,6 +87,15 @@ struct BpfVideo {
     unknown: u64,
 }
 
+/// A session's pace for sinks behind one link (`struct pace`): bytes/s per sink (0: none)
+/// and the link's burst, bytes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct BpfPace {
+    rate: u64,
+    burst: u64,
+}
+
 const LAYER_VALID: u32 = 1 << 31;
 /// A sink's `allow` while it waits for its first IDR (bpf/fanout_fwd.bpf.c).
 const LAYER_HOLD: u32 = 1 << 29;
@@ -119,6 +128,7 @@ unsafe impl Pod for BpfKey {}
 unsafe impl Pod for BpfSink {}
 unsafe impl Pod for BpfStats {}
 unsafe impl Pod for BpfVideo {}
+unsafe impl Pod for BpfPace {}
 
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {
@@ -146,6 +156,8 @@ struct Maps {
     layer_req: Array<MapData, u32>,
     /// Per session: the CPUs its fan-out is spread over (0: one).
     spread: Array<MapData, u32>,
+    /// Per session: the pace of sinks behind one link (EDT stamps; rate 0: none).
+    pace: Array<MapData, BpfPace>,
 }
 
 /// The program's `MAX_SPREAD`.
@@ -198,6 +210,7 @@ impl KernelFanout {
             video: take("VIDEO")?.try_into().map_err(|e| setup("VIDEO", e))?,
             layer_req: take("LAYER_REQ")?.try_into().map_err(|e| setup("LAYER_REQ", e))?,
             spread: take("SPREAD")?.try_into().map_err(|e| setup("SPREAD", e))?,
+            pace: take("PACE")?.try_into().map_err(|e| setup("PACE", e))?,
         };
         Ok(Arc::new(Self {
             state: Mutex::new(State {
@@ -225,6 +238,7 @@ impl KernelFanout {
             st.maps.stats.set(index, BpfStats::default(), 0).map_err(|e| setup("STATS", e))?;
             st.maps.video.set(index, BpfVideo::default(), 0).map_err(|e| setup("VIDEO", e))?;
             st.maps.spread.set(index, 0, 0).map_err(|e| setup("SPREAD", e))?;
+            st.maps.pace.set(index, BpfPace::default(), 0).map_err(|e| setup("PACE", e))?;
             st.maps.sessions.insert(key, index, 0).map_err(|e| setup("SESSIONS", e))?;
             for (n, name) in ifaces.iter().enumerate() {
                 if let Err(e) = st.attach(name) {
@@ -253,6 +267,7 @@ impl KernelFanout {
             seen_fallbacks: 0,
             holds: Default::default(),
             spread: None,
+            pace: BpfPace::default(),
         })
     }
 }
@@ -372,6 +387,10 @@ pub struct KernelSessionStats {
     pub unhandled: u64,
     /// Sinks served by the kernel now.
     pub sinks: usize,
+    /// With `pace_link = "shared"`: the rate per sink, bits/s, its clones' departure times
+    /// are stamped by (held to where the egress qdisc is `fq`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stamped_rate_bps: Option<u64>,
 }
 
 /// One session's part of the kernel path. Dropping it detaches the session.
@@ -390,6 +409,8 @@ pub struct KernelSession {
     /// Spreading asked for: the CPUs it runs on now (1: back on the arriving CPU because lo
     /// no longer allows it), and when lo's settings were last read.
     spread: Option<(u32, Instant)>,
+    /// The pace the program holds now (rate 0: none).
+    pace: BpfPace,
 }
 
 impl KernelSession {
@@ -461,6 +482,21 @@ impl KernelSession {
         let v = BpfVideo { codec, ..Default::default() };
         if let Err(e) = st.maps.video.set(self.index, v, 0) {
             tracing::error!(session = self.index, "setting the kernel path's codec: {e}");
+        }
+    }
+
+    /// Paces the clones of each packet as sinks behind one link: `rate` bytes/s per sink,
+    /// `burst` bytes back to back, by EDT departure times the egress qdisc (`fq`) holds the
+    /// clones to; `None` stops it. Writes the map only when the pace changed.
+    pub fn set_pace(&mut self, pace: Option<(u64, u64)>) {
+        let (rate, burst) = pace.unwrap_or_default();
+        let want = BpfPace { rate, burst };
+        if want == self.pace {
+            return;
+        }
+        match self.fanout.state.lock().maps.pace.set(self.index, want, 0) {
+            Ok(()) => self.pace = want,
+            Err(e) => tracing::error!(session = self.index, "setting the kernel path's pace: {e}"),
         }
     }
 
@@ -595,6 +631,7 @@ impl KernelSession {
             bytes: s.bytes,
             unhandled: s.unhandled,
             sinks: self.slots.len(),
+            stamped_rate_bps: (self.pace.rate > 0).then_some(self.pace.rate * 8),
         }
     }
 
@@ -710,6 +747,16 @@ impl KernelSinks {
 
     pub fn stats(&self) -> Option<KernelSessionStats> {
         self.session.lock().as_ref().map(|k| k.stats())
+    }
+
+    /// See [`KernelSession::set_pace`]; nothing without a kernel session.
+    pub fn set_pace(&self, pace: Option<(u64, u64)>) {
+        if !self.attached.load(std::sync::atomic::Ordering::Acquire) {
+            return; // no lock on the publish path of other sessions
+        }
+        if let Some(k) = self.session.lock().as_mut() {
+            k.set_pace(pace);
+        }
     }
 
     /// Runs `f` on the kernel session, if the session has one.

@@ -153,6 +153,10 @@ impl Inner {
         let burst = pc.burst.unwrap_or_else(|| m.default_burst(rate).max(4 * m.largest_packet()));
         let sink_rate = (rate as f64 * pc.catchup) as u64;
         *pace = fanout_core::Pace::new(sink_rate, burst, m.largest_packet()).ok();
+        if pc.shared_link {
+            // The kernel path's clones are spread by departure times on the same clock.
+            self.kernel.set_pace(pace.map(|p| (p.rate(), p.burst())));
+        }
     }
 
     /// A send buffer for a stream subscriber: about a second of the stream (64 KiB – 4 MiB;

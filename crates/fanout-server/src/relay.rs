@@ -489,23 +489,31 @@ impl Relay {
     /// default, which falls back to `shared` where it cannot serve the session.
     fn datapath_for(&self, spec: &SessionSpec) -> Result<DataPath, RelayError> {
         let udp4 = spec.source.kernel_capable();
-        // The eBPF program's clones leave back to back: spacing them needs an EDT qdisc (fq)
-        // honouring per-packet departure times, which fanout does not use (see BENCHMARKS).
-        let shared_link = spec.pace_link == Some(crate::spec::PaceLink::Shared);
-        const CLONES_UNPACED: &str = "pace_link = \"shared\": the kernel data path's clones of a packet leave \
-             back to back and cannot be spread over a shared link; use datapath \"shared\"";
+        // The eBPF program spreads a packet's clones over a shared link by EDT departure
+        // times, which only the fq qdisc honours: say so where fq is not even loaded.
+        let shared_link =
+            spec.pace_link == Some(crate::spec::PaceLink::Shared) && spec.pacing == crate::spec::Pacing::On;
+        let warn_unpaced = |dp: DataPath| {
+            if dp == DataPath::Kernel && shared_link && !std::path::Path::new("/sys/module/sch_fq").exists() {
+                tracing::warn!(
+                    session = %spec.name,
+                    "pace_link = \"shared\" on the kernel path: no fq qdisc is loaded, so the clones' departure \
+                     times are not honoured and they leave back to back (modprobe sch_fq; tc qdisc replace dev IFACE \
+                     root fq)"
+                );
+            }
+            dp
+        };
         match spec.datapath {
-            Some(DataPath::Kernel) if shared_link => Err(RelayError::BadRequest(CLONES_UNPACED.into())),
             Some(DataPath::Kernel) => match self.engine.kernel() {
-                Ok(_) => Ok(DataPath::Kernel),
+                Ok(_) => Ok(warn_unpaced(DataPath::Kernel)),
                 Err(why) => Err(RelayError::Unavailable(why)),
             },
             Some(dp) => Ok(dp),
             None if self.cfg().datapath != DataPath::Kernel => Ok(self.cfg().datapath),
             None => {
                 let why = match self.engine.kernel() {
-                    Ok(_) if shared_link => CLONES_UNPACED.to_string(),
-                    Ok(_) if udp4 => return Ok(DataPath::Kernel),
+                    Ok(_) if udp4 => return Ok(warn_unpaced(DataPath::Kernel)),
                     Ok(_) => "its source is not IPv4 UDP".to_string(),
                     Err(why) => why,
                 };

@@ -322,30 +322,35 @@ fn a_reservation_needs_a_path_through_the_egress() {
     assert!(v.to_string().contains("daemon data path does not send through the shared egress"), "{v}");
 }
 
-/// The kernel path cannot spread a packet's clones over a shared link: asking for it is
-/// refused with why (a session left to the default path gets `shared`, tested where the
-/// kernel path loads).
+/// The kernel path takes `pace_link = "shared"`: its clones get EDT departure times from the
+/// session's pace (tests/guest.rs checks, in a guest with fq, that they leave at them). A
+/// session left to a `kernel` default stays there; where no fq qdisc is loaded, the log says
+/// the clones will leave back to back.
 #[test]
-fn a_shared_link_is_not_paced_on_the_kernel_path() {
-    let relay = Relay::start(&["--no-demo"]);
-    let spec = |datapath: Option<&str>| {
-        let mut v = serde_json::json!({"name": "k", "source": {"udp": "127.0.0.1:0"}, "pace_link": "shared"});
-        if let Some(d) = datapath {
-            v["datapath"] = d.into();
-        }
-        v
-    };
-    let (code, v) = relay.call("POST", "/v1/sessions", Some(spec(Some("kernel"))));
-    assert_eq!(code, 400, "{v}");
-    assert!(v.to_string().contains("cannot be spread over a shared link"), "{v}");
-    drop(relay);
-    in_private_netns("a_shared_link_is_not_paced_on_the_kernel_path", move || {
+fn a_shared_link_is_paced_on_the_kernel_path_by_departure_times() {
+    in_private_netns("a_shared_link_is_paced_on_the_kernel_path_by_departure_times", move || {
         let relay = Relay::with_config("datapath = \"kernel\"\n", &["--no-demo"]);
-        let created = relay.ok("POST", "/v1/sessions", Some(spec(None)));
-        assert_eq!(created["datapath"], "shared", "{created}");
-        let plain =
-            relay.ok("POST", "/v1/sessions", Some(serde_json::json!({"name": "p", "source": {"udp": "127.0.0.1:0"}})));
-        assert_eq!(plain["datapath"], "kernel", "the kernel path loads here: {plain}");
+        let spec = serde_json::json!({"name": "k", "source": {"udp": "127.0.0.1:0"}, "pace_link": "shared",
+            "rate_kbps": 256});
+        let created = relay.ok("POST", "/v1/sessions", Some(spec));
+        assert_eq!(created["datapath"], "kernel", "{created}");
+        // The pace reaches the program with the first packet: 256 kbit/s × pace_catchup 1.5.
+        let src = source_addr(&created);
+        let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let stamped = wait_for(Duration::from_secs(5), || {
+            tx.send_to(&datagram(0, 200), src).unwrap();
+            relay.ok("GET", "/v1/sessions/k", None)["kernel"]["stamped_rate_bps"] == 384_000
+        });
+        assert!(stamped, "{}", relay.ok("GET", "/v1/sessions/k", None));
+        let unpaced = relay.ok(
+            "POST",
+            "/v1/sessions",
+            Some(serde_json::json!({"name": "u", "source": {"udp": "127.0.0.1:0"}, "pacing": "off"})),
+        );
+        assert!(unpaced["kernel"].is_object() && unpaced["kernel"]["stamped_rate_bps"].is_null(), "{unpaced}");
+        if !std::path::Path::new("/sys/module/sch_fq").exists() {
+            assert!(relay.stderr().contains("no fq qdisc is loaded"), "{}", relay.stderr());
+        }
     });
 }
 

@@ -166,6 +166,20 @@ impl Topology {
         }
     }
 
+    /// Puts the `fq` qdisc on the relay's egress (`on`), which holds the kernel data path's
+    /// clones to their EDT departure times, or takes it off (veth's default: no queue).
+    /// Whether fq is there now (this kernel may not have it).
+    pub(super) fn egress_fq(&self, on: bool) -> bool {
+        let verb: &[&str] = if on { &["replace", "dev", "up0", "root", "fq"] } else { &["del", "dev", "up0", "root"] };
+        let done = Command::new("ip")
+            .args(["netns", "exec", &self.relay, "tc", "qdisc"])
+            .args(verb)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        on && done
+    }
+
     /// Moves the calling thread (and what it starts) into the relay's namespace.
     pub(super) fn enter_relay(&self) -> anyhow::Result<()> {
         enter(&self.relay)

@@ -11,6 +11,8 @@
 //! second of media at once. Each subscriber (`bench pacing-sub`, an RTSP client over UDP)
 //! records its loss, when its first picture was whole (the keyframe's PES and every packet up
 //! to the next video PES, no gap), and its packets per 10 ms after joining.
+//! The `kernel` path's rounds put `fq` on the relay's egress, which holds its clones to the
+//! departure times they are stamped with (where this kernel has fq; it says so where not).
 //! Writes `pacing.csv` (one row per subscriber and round), `pacing-summary.csv` and
 //! `pacing.png`.
 
@@ -226,6 +228,12 @@ pub fn run(mut a: PacingArgs) -> anyhow::Result<()> {
     let mut rounds = Vec::new();
     for (k, (dp, paced)) in plan.iter().enumerate() {
         pb.set_message(format!("{dp}, pacing {}", if *paced { "on" } else { "off" }));
+        // The kernel path's clones wait for their departure times in fq; the other paths
+        // pace in user space and keep veth's default.
+        let kernel = dp.starts_with("kernel");
+        if topo.egress_fq(kernel) != kernel {
+            pb.println(format!("{dp}: no fq qdisc here, so the kernel path's clones leave back to back"));
+        }
         let name = format!("p{k}");
         let mut spec = json!({ "name": name, "source": { "udp": "127.0.0.1:0" } });
         let m = spec.as_object_mut().expect("an object");

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod browser;
+pub mod vm;
 
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};

@@ -1,0 +1,182 @@
+//! What needs a kernel this host may not have, run in a QEMU guest (`common::vm`): the kernel
+//! data path's clones spread over a shared link by EDT departure times, which only the `fq`
+//! qdisc honours (issue 35). Alone in this test binary: the guest takes both CPUs.
+
+mod common;
+
+use common::vm::{Guest, IN_GUEST};
+use common::*;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+#[test]
+fn the_kernel_path_spreads_a_packets_clones_by_departure_time_where_fq_runs() {
+    let guest = match Guest::find() {
+        Ok(g) => g,
+        Err(why) => {
+            eprintln!("\n*** SKIPPED the kernel path's EDT pacing: needs a QEMU guest: {why} ***\n");
+            return;
+        }
+    };
+    let (ok, console) =
+        guest.run_test("in_guest_kernel_clones_leave_at_their_departure_times", Duration::from_secs(400));
+    assert!(ok, "the guest's run:\n{console}");
+    for line in console.lines().filter(|l| l.contains("fanout-vm")) {
+        eprintln!("{line}");
+    }
+}
+
+/// Packets 1000 bytes, 4 a second, to 8 kernel sinks of two sessions: `plain` unpaced,
+/// `paced` with `pace_link = "shared"` at 128 kbit/s per sink (the least pace) and 2 KiB of
+/// burst. The link's clock then lets 2 clones leave at once and the other 6 one 7.8 ms
+/// apart, 47 ms from first to last; unpaced they leave back to back.
+#[test]
+#[ignore = "runs in the QEMU guest of the test above"]
+fn in_guest_kernel_clones_leave_at_their_departure_times() {
+    assert!(std::env::var_os(IN_GUEST).is_some(), "runs in the guest the test above boots");
+    let run = |cmd: &[&str]| {
+        let st = std::process::Command::new(cmd[0]).args(&cmd[1..]).status().unwrap();
+        assert!(st.success(), "{cmd:?}");
+    };
+    // The clones to local sinks leave through lo's egress: fq there holds them to their times.
+    run(&["modprobe", "sch_fq"]);
+    run(&["tc", "qdisc", "replace", "dev", "lo", "root", "fq"]);
+    let relay = Relay::start(&["--no-demo"]);
+    let mut sessions = Vec::new();
+    for (name, paced) in [("plain", false), ("paced", true)] {
+        let rx: Vec<std::net::UdpSocket> = (0..8).map(|_| std::net::UdpSocket::bind("127.0.0.1:0").unwrap()).collect();
+        let sinks: Vec<serde_json::Value> =
+            rx.iter().map(|r| serde_json::json!({"udp": r.local_addr().unwrap()})).collect();
+        let mut spec = serde_json::json!({"name": name, "source": {"udp": "127.0.0.1:0"}, "datapath": "kernel",
+            "sinks": sinks});
+        if paced {
+            for (k, v) in [
+                ("rate_kbps", serde_json::json!(128)),
+                ("pace_catchup", 1.0.into()),
+                ("pace_burst_kb", 2.into()),
+                ("pace_link", "shared".into()),
+            ] {
+                spec[k] = v;
+            }
+        } else {
+            spec["pacing"] = "off".into();
+        }
+        let src = create_on_free_port(&relay, spec);
+        sessions.push((name, src, rx));
+    }
+    let srcs: Vec<_> = sessions.iter().map(|(_, s, _)| *s).collect();
+    let receivers: Vec<(&str, Vec<_>)> = sessions
+        .into_iter()
+        .map(|(name, _, rx)| (name, rx.into_iter().map(|r| std::thread::spawn(move || arrivals(r))).collect()))
+        .collect();
+    let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let start = Instant::now();
+    for seq in 0..16u64 {
+        if let Some(d) = (start + Duration::from_millis(250 * seq)).checked_duration_since(Instant::now()) {
+            std::thread::sleep(d);
+        }
+        for s in &srcs {
+            tx.send_to(&datagram(seq, 1000), s).unwrap();
+        }
+    }
+    // Served by the program, not by user space; the paced one's clones stamped.
+    for name in ["plain", "paced"] {
+        let st = relay.ok("GET", &format!("/v1/sessions/{name}"), None);
+        assert_eq!(st["datapath"], "kernel", "{st}");
+        assert_eq!(st["kernel"]["sinks"], 8, "{st}");
+        let stamped = &st["kernel"]["stamped_rate_bps"];
+        assert_eq!(stamped.as_u64(), (name == "paced").then_some(128_000), "{st}");
+    }
+    let mut spread = HashMap::new();
+    for (name, rx) in receivers {
+        let got: Vec<HashMap<u64, Instant>> = rx.into_iter().map(|r| r.join().unwrap()).collect();
+        let (mut spans, mut gaps) = (Vec::new(), Vec::new());
+        for seq in 2..16u64 {
+            let mut at: Vec<Instant> = got.iter().filter_map(|g| g.get(&seq).copied()).collect();
+            assert_eq!(at.len(), 8, "{name}: packet {seq} reached every sink");
+            at.sort();
+            spans.push(at[7].duration_since(at[0]).as_secs_f64() * 1e3);
+            gaps.extend(at.windows(2).skip(1).map(|w| w[1].duration_since(w[0]).as_secs_f64() * 1e3));
+        }
+        let (span, gap) = (median(spans), median(gaps));
+        println!("fanout-vm: {name}: the clones of a packet arrive over {span:.1} ms (median), {gap:.1} ms apart after the burst");
+        spread.insert(name, (span, gap));
+    }
+    let (plain, paced) = (spread["plain"], spread["paced"]);
+    assert!(plain.0 < 15.0, "unpaced clones leave back to back: {plain:?}");
+    // 47 ms and 7.8 ms by the clock; the guest's own timing is coarse.
+    assert!((30.0..120.0).contains(&paced.0), "paced clones spread over ~47 ms: {paced:?}");
+    assert!(paced.1 >= 4.0, "paced clones one step (7.8 ms) apart: {paced:?}");
+}
+
+#[test]
+fn a_shared_link_behind_the_kernel_path_loses_nothing_at_joining_where_fq_runs() {
+    let guest = match Guest::find() {
+        Ok(g) => g,
+        Err(why) => {
+            eprintln!("\n*** SKIPPED a shared link behind the kernel path: needs a QEMU guest: {why} ***\n");
+            return;
+        }
+    };
+    let (ok, console) = guest.run_test("in_guest_a_shared_link_behind_the_kernel_path", Duration::from_secs(600));
+    assert!(ok, "the guest's run:\n{console}");
+    for line in console.lines().filter(|l| l.contains("fanout-vm")) {
+        eprintln!("{line}");
+    }
+}
+
+/// `bench pacing --quick` on the kernel path (its scenario scaled down: 3 subscribers on links
+/// of their own joining one after another, 6 behind one link joining at once; 1.2 × the
+/// stream's rate per subscriber, 20 ms of queue), fq on the relay's egress: unpaced, the
+/// clones of each packet reach the shared link back to back and its queue drops some; paced
+/// by their departure times, none.
+#[test]
+#[ignore = "runs in the QEMU guest of the test above"]
+fn in_guest_a_shared_link_behind_the_kernel_path() {
+    assert!(std::env::var_os(IN_GUEST).is_some(), "runs in the guest the test above boots");
+    let out = std::env::temp_dir().join("bench-pacing");
+    let st = std::process::Command::new(env!("CARGO_BIN_EXE_fanout"))
+        .args(["bench", "pacing", "--quick", "--datapaths", "kernel:link=shared", "--out"])
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let summary = std::fs::read_to_string(out.join("pacing-summary.csv")).unwrap();
+    let loss = |pacing: &str, link: &str| -> f64 {
+        let row = summary.lines().find(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            f.len() > 4 && f[1] == pacing && f[2] == link
+        });
+        row.unwrap_or_else(|| panic!("no {pacing}/{link} row in\n{summary}"))
+            .split(',')
+            .nth(4)
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    for line in summary.lines() {
+        println!("fanout-vm: {line}");
+    }
+    let (off, on) = (loss("off", "shared"), loss("on", "shared"));
+    println!("fanout-vm: behind the shared link, unpaced clones lost {off}%, paced {on}%");
+    assert!(off > 0.0, "the scenario must bite unpaced:\n{summary}");
+    assert_eq!(on, 0.0, "paced, the shared link loses nothing:\n{summary}");
+}
+
+/// When each datagram (by its sequence number) reached `r`, until 3 s of silence.
+fn arrivals(r: std::net::UdpSocket) -> HashMap<u64, Instant> {
+    r.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let mut got = HashMap::new();
+    let mut buf = [0u8; 2048];
+    while let Ok(n) = r.recv(&mut buf) {
+        if n >= 8 {
+            got.insert(u64::from_be_bytes(buf[..8].try_into().unwrap()), Instant::now());
+        }
+    }
+    got
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
