@@ -1,6 +1,7 @@
 //! What needs a kernel this host may not have, run in a QEMU guest (`common::vm`): the kernel
 //! data path's clones spread over a shared link by EDT departure times, which only the `fq`
-//! qdisc honours (issue 35). Alone in this test binary: the guest takes both CPUs.
+//! qdisc honours (issue 35), and a WebRTC viewer behind a link `netem` makes lossy (issue 33).
+//! Alone in this test binary, one guest at a time: a guest takes both CPUs.
 
 mod common;
 
@@ -161,6 +162,103 @@ fn in_guest_a_shared_link_behind_the_kernel_path() {
     println!("fanout-vm: behind the shared link, unpaced clones lost {off}%, paced {on}%");
     assert!(off > 0.0, "the scenario must bite unpaced:\n{summary}");
     assert_eq!(on, 0.0, "paced, the shared link loses nothing:\n{summary}");
+}
+
+#[test]
+fn a_webrtc_viewer_behind_a_lossy_link_gets_its_frames_where_netem_runs() {
+    let Some(_) = peer("pion-peer") else { return };
+    let guest = match Guest::find() {
+        Ok(g) => g,
+        Err(why) => {
+            eprintln!("\n*** SKIPPED a WebRTC viewer behind netem: needs a QEMU guest: {why} ***\n");
+            return;
+        }
+    };
+    let (ok, console) = guest.run_test("in_guest_a_webrtc_viewer_behind_a_lossy_link", Duration::from_secs(400));
+    assert!(ok, "the guest's run:\n{console}");
+    for line in console.lines().filter(|l| l.contains("fanout-vm")) {
+        eprintln!("{line}");
+    }
+}
+
+/// Issue 33's loss case as written: a pion viewer of the demo in a namespace of its own whose
+/// link loses 5% of the packets at random both ways (netem on each end of its veth; this
+/// host's kernel has no netem). NACKs from the viewer get lost packets resent (RTX): fewer
+/// than 0.5% of its frames are lost, and ffmpeg decodes every frame it assembled.
+#[test]
+#[ignore = "runs in the QEMU guest of the test above"]
+fn in_guest_a_webrtc_viewer_behind_a_lossy_link() {
+    assert!(std::env::var_os(IN_GUEST).is_some(), "runs in the guest the test above boots");
+    let pion = peer("pion-peer").expect("the outer test checked");
+    let run = |cmd: &str| {
+        let st = std::process::Command::new("sh").args(["-c", cmd]).status().unwrap();
+        assert!(st.success(), "{cmd}");
+    };
+    run("ip netns add viewer && ip link add rv type veth peer name vv netns viewer \
+         && ip addr add 10.97.0.1/24 dev rv && ip link set rv up \
+         && ip -n viewer addr add 10.97.0.2/24 dev vv && ip -n viewer link set vv up && ip -n viewer link set lo up");
+    run("tc qdisc add dev rv root netem loss 5% && ip netns exec viewer tc qdisc add dev vv root netem loss 5%");
+    let relay = Relay::try_start_at(&[], "10.97.0.1:0", &["--webrtc", "10.97.0.1:0", "--allow-unauthenticated"])
+        .expect("the relay starts");
+    let h264 = std::env::temp_dir().join("lossy.h264");
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", "viewer"])
+        .arg(&pion)
+        .args(["whep", &relay.url("/demo/whep"), "-seconds", "20", "-h264"])
+        .arg(&h264)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let r: serde_json::Value = serde_json::from_str(text.trim())
+        .unwrap_or_else(|_| panic!("pion-peer: {text} / {}", String::from_utf8_lossy(&out.stderr)));
+    // Packets the qdisc sent and dropped (`Sent B bytes P pkt (dropped D, ...`).
+    let netem = |cmd: &str| {
+        let o = std::process::Command::new("sh").args(["-c", cmd]).output().unwrap();
+        let s = String::from_utf8_lossy(&o.stdout).into_owned();
+        let after = |key: &str| -> u64 {
+            let word = s.split(key).nth(1).and_then(|d| d.split([',', ' ']).find(|w| !w.is_empty()));
+            word.and_then(|d| d.parse().ok()).unwrap_or(0)
+        };
+        let sent = s.split(" pkt").next().and_then(|h| h.rsplit(' ').next()).and_then(|n| n.parse().ok());
+        (sent.unwrap_or(0u64), after("dropped "))
+    };
+    let (to_viewer, from_viewer) =
+        (netem("tc -s qdisc show dev rv"), netem("ip netns exec viewer tc -s qdisc show dev vv"));
+    let decoded = std::process::Command::new("ffprobe")
+        .args([
+            "-v",
+            "error",
+            "-f",
+            "h264",
+            "-count_frames",
+            "-show_entries",
+            "stream=nb_read_frames",
+            "-of",
+            "csv=p=0",
+        ])
+        .arg(&h264)
+        .output()
+        .unwrap();
+    let decoded: u64 = String::from_utf8_lossy(&decoded.stdout).trim().parse().unwrap_or(0);
+    println!(
+        "fanout-vm: netem dropped {} of {} packets to the viewer and {} of {} from it; pion: {} of {} frames \
+         complete, {} lost, {} NACKs sent; ffmpeg decodes {decoded}",
+        to_viewer.1,
+        to_viewer.0 + to_viewer.1,
+        from_viewer.1,
+        from_viewer.0 + from_viewer.1,
+        r["frames_complete"],
+        r["frames_expected"],
+        r["frames_lost"],
+        r["nacks_sent"]
+    );
+    assert_eq!(r["connected"], true, "{r}");
+    let lossy = |(sent, dropped): (u64, u64)| dropped as f64 >= 0.02 * (sent + dropped) as f64;
+    assert!(lossy(to_viewer) && lossy(from_viewer), "the link lost packets both ways: {to_viewer:?} {from_viewer:?}");
+    assert!(r["nacks_sent"].as_u64().unwrap() > 0, "{r}");
+    assert!(r["frames_expected"].as_u64().unwrap() >= 400, "20 s at 25 fps: {r}");
+    assert!(r["lost_fraction"].as_f64().unwrap() < 0.005, "frames lost to the viewer: {r}");
+    assert_eq!(decoded, r["frames_complete"].as_u64().unwrap(), "ffmpeg decodes every frame pion assembled");
 }
 
 /// When each datagram (by its sequence number) reached `r`, until 3 s of silence.
