@@ -403,6 +403,56 @@ fn pion_plays_over_whep_and_lost_packets_are_resent() {
     );
 }
 
+/// A viewer joins mid-GOP and starts at the ring's last keyframe, so up to a second of the
+/// stream is owed at once. Paced (the default, as on every face) it comes at 1.5 × the
+/// stream's rate after a burst of about a picture, and a link of twice the stream's rate with
+/// 60 ms of queue (pion's shaper) drops none of it; unpaced (`pacing = "off"`) the backlog
+/// arrives back to back and the link's queue drops part of it (NACKs then repair it).
+#[test]
+fn a_joining_webrtc_viewer_is_paced_so_a_thin_link_loses_nothing() {
+    let Some(pion) = peer("pion-peer") else { return };
+    let relay = Relay::start(&["--no-demo"]);
+    for (name, pacing) in [("paced", "on"), ("unpaced", "off")] {
+        relay.ok("POST", "/v1/sessions", Some(json!({"name": name, "source": {"demo": true}, "pacing": pacing})));
+    }
+    let rate = || relay.ok("GET", "/v1/sessions/paced", None)["pacing"]["sink_rate_bps"].as_f64();
+    assert!(wait_for(Duration::from_secs(10), || rate().is_some()), "{}", relay.ok("GET", "/v1/sessions/paced", None));
+    // Half a GOP in (the demo's keyframes come each second): half a second owed at joining.
+    std::thread::sleep(Duration::from_millis(2500));
+    let link_kbps = (2.0 * rate().unwrap() / 1.5 / 1000.0).round();
+    let dir = tmpdir("pion-join");
+    let play = |name: &str| {
+        std::process::Command::new(&pion)
+            .args(["whep", &relay.url(&format!("/{name}/whep")), "-seconds", "6", "-h264"])
+            .arg(dir.join(format!("{name}.h264")))
+            .args(["-kbps", &link_kbps.to_string(), "-queue-ms", "60"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    // Three of each, joining a third of a GOP apart: what is owed depends on where in the GOP
+    // a viewer joins.
+    let mut viewers = Vec::new();
+    for _ in 0..3 {
+        viewers.push((play("paced"), play("unpaced")));
+        std::thread::sleep(Duration::from_millis(330));
+    }
+    let mut unpaced_dropped = 0;
+    for (paced, unpaced) in viewers {
+        let (paced, unpaced) = (report(paced), report(unpaced));
+        eprintln!("a link of {link_kbps} kbit/s\npaced: {paced}\nunpaced: {unpaced}");
+        for r in [&paced, &unpaced] {
+            assert_eq!(r["connected"], true, "{r}");
+            assert_eq!(r["starts_with_keyframe"], true, "{r}");
+        }
+        assert_eq!(paced["link"]["dropped"], 0, "{paced}");
+        assert_eq!(paced["frames_lost"], 0, "{paced}");
+        unpaced_dropped += unpaced["link"]["dropped"].as_u64().unwrap();
+    }
+    assert!(unpaced_dropped > 0, "unpaced, the backlog at once overflows the link");
+}
+
 /// `fanout gen` sending an Annex B `file` to `to` at `fps` for `seconds` (killed when dropped).
 fn gen_file(to: std::net::SocketAddr, file: &str, fps: u32, seconds: u32) -> Kill {
     Kill(
