@@ -39,31 +39,48 @@ pub fn encoding<'a>(m: &'a Media, format: &str) -> Option<&'a str> {
 }
 
 /// A track's codec as WebRTC names it, where it carries it: H.264 (packetization mode 1),
-/// H.265 (to viewers whose offer has it: Safari, Chrome with a hardware decoder, pion),
-/// Opus, and G.711 (PCMU, PCMA: browsers take it, and many cameras' audio is G.711).
+/// H.265 (to viewers whose offer has it: Safari, Chrome with a hardware decoder, pion), VP8
+/// and VP9 (every browser), Opus, and G.711 (PCMU, PCMA: browsers take it, and many cameras'
+/// audio is G.711).
 fn webrtc_codec(m: &Media) -> Result<&'static str, String> {
     let format = m.formats.first().map(String::as_str).unwrap_or("");
     let name = encoding(m, format).unwrap_or("");
     match (m.kind.as_str(), name.to_ascii_uppercase().as_str()) {
         ("video", "H264") => Ok("H264"),
         ("video", "H265") => Ok("H265"),
+        ("video", "VP8") => Ok("VP8"),
+        ("video", "VP9") => Ok("VP9"),
         ("audio", "OPUS") => Ok("OPUS"),
         ("audio", "PCMU") => Ok("PCMU"),
         ("audio", "PCMA") => Ok("PCMA"),
         (kind, "") => Err(format!("{kind} has no rtpmap: not carried over WebRTC here")),
-        (kind, n) => Err(format!("{kind} is {n}: WebRTC here carries H264 or H265 video and Opus or G.711 audio")),
+        (kind, n) => {
+            Err(format!("{kind} is {n}: WebRTC here carries H264, H265, VP8 or VP9 video and Opus or G.711 audio"))
+        }
     }
 }
 
 /// The payload types of `codec` the answer's media section accepts, in its order; for H.264
-/// only packetization mode 1 (what the relay's RTP uses: FU-A, STAP-A).
-fn answer_pts(m: &Media, codec: &str) -> Vec<u8> {
+/// only packetization mode 1 (what the relay's RTP uses: FU-A, STAP-A); for VP9 only the
+/// path's profile (`vp9`, RFC 9628's `profile-id`: a decoder of profile 2 expects 10 bits).
+fn answer_pts(m: &Media, codec: &str, vp9: &str) -> Vec<u8> {
     m.formats
         .iter()
         .filter(|f| encoding(m, f).is_some_and(|n| n.eq_ignore_ascii_case(codec)))
         .filter(|f| codec != "H264" || fmtp(m, f).is_some_and(|p| p.contains("packetization-mode=1")))
+        .filter(|f| codec != "VP9" || vp9_profile_of(m, f) == vp9)
         .filter_map(|f| f.parse().ok())
         .collect()
+}
+
+/// A track's VP9 profile (`profile-id` of its first format's fmtp; 0 where it names none).
+fn vp9_profile(m: &Media) -> &str {
+    m.formats.first().map_or("0", |f| vp9_profile_of(m, f))
+}
+
+fn vp9_profile_of<'a>(m: &'a Media, format: &str) -> &'a str {
+    let params = fmtp(m, format).unwrap_or("");
+    params.split(';').find_map(|p| p.trim().strip_prefix("profile-id=")).unwrap_or("0")
 }
 
 fn fmtp<'a>(m: &'a Media, format: &str) -> Option<&'a str> {
@@ -90,7 +107,7 @@ pub fn plan(path: &Sdp, answer: &Sdp) -> Plan {
         let found = answer.media.iter().enumerate().find_map(|(i, a)| {
             let sends = a.attr("sendonly").is_some() || a.attr("sendrecv").is_some();
             let mid = a.attr("mid")?;
-            let pt = *answer_pts(a, codec).first()?;
+            let pt = *answer_pts(a, codec, vp9_profile(m)).first()?;
             (!used[i] && a.kind == m.kind && sends).then(|| (i, mid.to_string(), pt))
         });
         match found {
@@ -198,7 +215,7 @@ pub fn ingest(answer: &Sdp) -> Option<Ingest> {
             "audio" => ("OPUS", "opus/48000/2"),
             _ => continue,
         };
-        let taken = answer_pts(m, codec);
+        let taken = answer_pts(m, codec, "0");
         if !receives || taken.is_empty() {
             continue;
         }
@@ -233,7 +250,7 @@ mod tests {
         assert_eq!(plan.routes, vec![Route { track: 0, mid: "0".into(), pt: 102, video: true, params: vec![] }]);
         assert_eq!(
             plan.left_out,
-            vec!["audio is MPEG4-GENERIC: WebRTC here carries H264 or H265 video and Opus or G.711 audio"]
+            vec!["audio is MPEG4-GENERIC: WebRTC here carries H264, H265, VP8 or VP9 video and Opus or G.711 audio"]
         );
     }
 
@@ -273,6 +290,32 @@ mod tests {
         )
         .unwrap();
         assert_eq!(super::plan(&path, &without).left_out, vec!["video (H265): the viewer's offer takes none"]);
+    }
+
+    /// VP8 and VP9 as ffmpeg's RTSP publisher describes them, to a Chromium-like answer that
+    /// takes VP9 in profiles 0 and 2: each goes to its own codec, VP9 in the path's profile.
+    #[test]
+    fn vp8_and_vp9_go_to_their_codecs_and_vp9_keeps_its_profile() {
+        let answer = Sdp::parse(
+            "v=0\r\nm=video 9 UDP/TLS/RTP/SAVPF 96 98 100 102\r\na=mid:0\r\na=sendonly\r\n\
+             a=rtpmap:96 VP8/90000\r\na=rtpmap:98 VP9/90000\r\na=fmtp:98 profile-id=2\r\n\
+             a=rtpmap:100 VP9/90000\r\na=fmtp:100 profile-id=0\r\n\
+             a=rtpmap:102 H264/90000\r\na=fmtp:102 packetization-mode=1\r\n",
+        )
+        .unwrap();
+        let route = |path: &str| {
+            let p = plan(&Sdp::parse(path).unwrap(), &answer);
+            assert!(p.left_out.is_empty(), "{:?}", p.left_out);
+            p.routes[0].pt
+        };
+        assert_eq!(route("v=0\r\nm=video 0 RTP/AVP 96\r\na=rtpmap:96 VP8/90000\r\n"), 96);
+        assert_eq!(route("v=0\r\nm=video 0 RTP/AVP 96\r\na=rtpmap:96 VP9/90000\r\n"), 100);
+        assert_eq!(route("v=0\r\nm=video 0 RTP/AVP 97\r\na=rtpmap:97 VP9/90000\r\na=fmtp:97 profile-id=2\r\n"), 98);
+        let av1 = plan(&Sdp::parse("v=0\r\nm=video 0 RTP/AVP 96\r\na=rtpmap:96 AV1/90000\r\n").unwrap(), &answer);
+        assert_eq!(
+            av1.left_out,
+            vec!["video is AV1: WebRTC here carries H264, H265, VP8 or VP9 video and Opus or G.711 audio"]
+        );
     }
 
     #[test]

@@ -390,8 +390,10 @@ impl WebRtc {
             .set_rtp_mode(true)
             .clear_codecs()
             .enable_h264(true)
-            // H.265 to viewers only: a publisher's video is taken as H.264.
+            // H.265, VP8 and VP9 to viewers only: a publisher's video is taken as H.264.
             .enable_h265(!publisher)
+            .enable_vp8(!publisher)
+            .enable_vp9(!publisher)
             .enable_opus(true, false)
             // G.711 to viewers only: a publisher's audio is taken as Opus.
             .enable_pcmu(!publisher, false)

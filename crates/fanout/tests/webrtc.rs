@@ -866,6 +866,56 @@ fn webrtc_takes_the_stream_users_as_every_stream_face_does() {
     assert!(matches!(status, Err(ureq::Error::Status(401, _))), "{status:?}");
 }
 
+/// VP8 and VP9 to a browser: ffmpeg publishes each (libvpx, a keyframe a second) over RTSP
+/// to a path of its own; Chromium plays both over WHEP, as VP8 and VP9, frames decoded
+/// without a freeze. (The relay does not know these codecs' keyframes: a viewer starts at the
+/// next packet and its decoder at the next keyframe.)
+#[test]
+fn chromium_plays_vp8_and_vp9_over_whep() {
+    if !have_chromium() || !have_ffmpeg() {
+        return;
+    }
+    let config = "[[session]]\nname = \"vp8\"\nsource = { publish = true }\n\
+                  [[session]]\nname = \"vp9\"\nsource = { publish = true }\n";
+    let relay = Relay::with_config(config, &["--no-demo"]);
+    let mut cameras = Vec::new();
+    for (name, codec) in [("vp8", "libvpx"), ("vp9", "libvpx-vp9")] {
+        let mut c = std::process::Command::new("ffmpeg");
+        c.args(["-nostdin", "-loglevel", "error", "-re", "-f", "lavfi", "-i", "testsrc2=size=320x240:rate=25"])
+            .args(["-t", "40", "-c:v", codec, "-deadline", "realtime", "-cpu-used", "8", "-b:v", "300k", "-g", "25"])
+            .args(["-pix_fmt", "yuv420p", "-strict", "experimental"])
+            .args(["-f", "rtsp", "-rtsp_transport", "tcp", &format!("rtsp://{}/{name}", rtsp_addr(&relay))]);
+        cameras.push(Kill(c.stdout(std::process::Stdio::null()).spawn().unwrap()));
+        let state = || relay.ok("GET", &format!("/v1/sessions/{name}"), None)["publisher"]["state"].clone();
+        assert!(wait_for(Duration::from_secs(15), || state() == "publishing"), "{name}: {}", state());
+    }
+    for (name, mime) in [("vp8", "video/VP8"), ("vp9", "video/VP9")] {
+        let d = Driver::start();
+        d.post("url", json!({ "url": page_elsewhere() }));
+        d.post("execute/sync", json!({ "script": WHEP, "args": [relay.url(&format!("/{name}/whep"))] }));
+        let decoded = || d.js("return window.stats.framesDecoded ?? 0;").as_u64().unwrap_or(0);
+        assert!(
+            wait_for(Duration::from_secs(20), || decoded() > 25),
+            "{name}: {} / {}",
+            d.js("return window.whep;"),
+            relay.ok("GET", &format!("/v1/sessions/{name}"), None)["webrtc"]
+        );
+        let viewer = relay.ok("GET", &format!("/v1/sessions/{name}"), None)["webrtc"][0].clone();
+        let track = format!("video {}", name.to_ascii_uppercase());
+        assert!(viewer["tracks"][0].as_str().unwrap().starts_with(&track), "{viewer}");
+        let first = decoded();
+        std::thread::sleep(Duration::from_secs(8));
+        let codec = d.js(
+            "const out = []; return window.pc.getStats().then(all => { all.forEach(s => { if (s.type === 'codec') out.push(s.mimeType); }); return out; });",
+        );
+        let stats = d.js("return window.stats;");
+        eprintln!("{name} over WebRTC: {stats}");
+        assert!(codec.as_array().unwrap().iter().any(|c| c == mime), "{codec}");
+        assert!(decoded() - first >= 175, "8 s at 25 fps: {} -> {}", first, decoded());
+        assert_eq!(stats["freezeCount"].as_u64().unwrap_or(0), 0, "{stats}");
+    }
+}
+
 /// A camera's G.711: ffmpeg publishes H.264 and PCMU (8 kHz, the static payload type 0, 20 ms
 /// a packet) over RTSP; Chromium gets both over WHEP, the audio as PCMU, its samples played without
 /// concealment to speak of.
