@@ -12,19 +12,7 @@ use std::time::{Duration, Instant};
 
 #[test]
 fn the_kernel_path_spreads_a_packets_clones_by_departure_time_where_fq_runs() {
-    let guest = match Guest::find() {
-        Ok(g) => g,
-        Err(why) => {
-            eprintln!("\n*** SKIPPED the kernel path's EDT pacing: needs a QEMU guest: {why} ***\n");
-            return;
-        }
-    };
-    let (ok, console) =
-        guest.run_test("in_guest_kernel_clones_leave_at_their_departure_times", Duration::from_secs(400));
-    assert!(ok, "the guest's run:\n{console}");
-    for line in console.lines().filter(|l| l.contains("fanout-vm")) {
-        eprintln!("{line}");
-    }
+    in_guest("the kernel path's EDT pacing", "in_guest_kernel_clones_leave_at_their_departure_times", 400);
 }
 
 /// Packets 1000 bytes, 4 a second, to 8 kernel sinks of two sessions: `plain` unpaced,
@@ -112,18 +100,7 @@ fn in_guest_kernel_clones_leave_at_their_departure_times() {
 
 #[test]
 fn a_shared_link_behind_the_kernel_path_loses_nothing_at_joining_where_fq_runs() {
-    let guest = match Guest::find() {
-        Ok(g) => g,
-        Err(why) => {
-            eprintln!("\n*** SKIPPED a shared link behind the kernel path: needs a QEMU guest: {why} ***\n");
-            return;
-        }
-    };
-    let (ok, console) = guest.run_test("in_guest_a_shared_link_behind_the_kernel_path", Duration::from_secs(600));
-    assert!(ok, "the guest's run:\n{console}");
-    for line in console.lines().filter(|l| l.contains("fanout-vm")) {
-        eprintln!("{line}");
-    }
+    in_guest("a shared link behind the kernel path", "in_guest_a_shared_link_behind_the_kernel_path", 600);
 }
 
 /// `bench pacing --quick` on the kernel path (its scenario scaled down: 3 subscribers on links
@@ -167,18 +144,7 @@ fn in_guest_a_shared_link_behind_the_kernel_path() {
 #[test]
 fn a_webrtc_viewer_behind_a_lossy_link_gets_its_frames_where_netem_runs() {
     let Some(_) = peer("pion-peer") else { return };
-    let guest = match Guest::find() {
-        Ok(g) => g,
-        Err(why) => {
-            eprintln!("\n*** SKIPPED a WebRTC viewer behind netem: needs a QEMU guest: {why} ***\n");
-            return;
-        }
-    };
-    let (ok, console) = guest.run_test("in_guest_a_webrtc_viewer_behind_a_lossy_link", Duration::from_secs(400));
-    assert!(ok, "the guest's run:\n{console}");
-    for line in console.lines().filter(|l| l.contains("fanout-vm")) {
-        eprintln!("{line}");
-    }
+    in_guest("a WebRTC viewer behind netem", "in_guest_a_webrtc_viewer_behind_a_lossy_link", 400);
 }
 
 /// Issue 33's loss case as written: a pion viewer of the demo in a namespace of its own whose
@@ -224,22 +190,7 @@ fn in_guest_a_webrtc_viewer_behind_a_lossy_link() {
     };
     let (to_viewer, from_viewer) =
         (netem("tc -s qdisc show dev rv"), netem("ip netns exec viewer tc -s qdisc show dev vv"));
-    let decoded = std::process::Command::new("ffprobe")
-        .args([
-            "-v",
-            "error",
-            "-f",
-            "h264",
-            "-count_frames",
-            "-show_entries",
-            "stream=nb_read_frames",
-            "-of",
-            "csv=p=0",
-        ])
-        .arg(&h264)
-        .output()
-        .unwrap();
-    let decoded: u64 = String::from_utf8_lossy(&decoded.stdout).trim().parse().unwrap_or(0);
+    let decoded = h264_file_frames(&h264);
     println!(
         "fanout-vm: netem dropped {} of {} packets to the viewer and {} of {} from it; pion: {} of {} frames \
          complete, {} lost, {} NACKs sent; ffmpeg decodes {decoded}",
@@ -259,6 +210,23 @@ fn in_guest_a_webrtc_viewer_behind_a_lossy_link() {
     assert!(r["frames_expected"].as_u64().unwrap() >= 400, "20 s at 25 fps: {r}");
     assert!(r["lost_fraction"].as_f64().unwrap() < 0.005, "frames lost to the viewer: {r}");
     assert_eq!(decoded, r["frames_complete"].as_u64().unwrap(), "ffmpeg decodes every frame pion assembled");
+}
+
+/// Boots the guest and runs the ignored test `inner` there (it checks `what`), within
+/// `secs`; prints its `fanout-vm:` lines. Without the guest's pieces, skips loudly.
+fn in_guest(what: &str, inner: &str, secs: u64) {
+    let guest = match Guest::find() {
+        Ok(g) => g,
+        Err(why) => {
+            eprintln!("\n*** SKIPPED {what}: needs a QEMU guest: {why} ***\n");
+            return;
+        }
+    };
+    let (ok, console) = guest.run_test(inner, Duration::from_secs(secs));
+    assert!(ok, "the guest's run:\n{console}");
+    for line in console.lines().filter(|l| l.contains("fanout-vm")) {
+        eprintln!("{line}");
+    }
 }
 
 /// When each datagram (by its sequence number) reached `r`, until 3 s of silence.

@@ -308,26 +308,6 @@ fn report(child: std::process::Child) -> Value {
         .unwrap_or_else(|_| panic!("pion-peer: {text} / {}", String::from_utf8_lossy(&out.stderr)))
 }
 
-/// How many frames ffmpeg's decoder makes of an H.264 file.
-fn decodes(h264: &std::path::Path) -> u64 {
-    let out = std::process::Command::new("ffprobe")
-        .args([
-            "-v",
-            "error",
-            "-f",
-            "h264",
-            "-count_frames",
-            "-show_entries",
-            "stream=nb_read_frames",
-            "-of",
-            "csv=p=0",
-        ])
-        .arg(h264)
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or(0)
-}
-
 /// Pion plays the demo over WHEP: it starts at a keyframe, loses no frame, and ffmpeg decodes
 /// every frame it assembled. A second pion drops 5% of the video packets on arrival, as a lossy
 /// link would: the relay resends them (RTX) when asked (NACK), so fewer than 0.5% of its frames
@@ -381,7 +361,7 @@ fn pion_plays_over_whep_and_lost_packets_are_resent() {
     let frames = clean["frames_complete"].as_u64().unwrap();
     assert!(frames >= 250, "12 s at 25 fps: {clean}");
     assert_eq!(clean["frames_lost"], 0, "{clean}");
-    assert_eq!(decodes(&clean_h264), frames, "ffmpeg decodes every frame pion assembled");
+    assert_eq!(h264_file_frames(&clean_h264), frames, "ffmpeg decodes every frame pion assembled");
 
     let lossy = report(lossy);
     eprintln!("pion, 5% of video packets dropped: {lossy}");
@@ -390,7 +370,7 @@ fn pion_plays_over_whep_and_lost_packets_are_resent() {
     assert!(lossy["nacks_sent"].as_u64().unwrap() > 0, "{lossy}");
     assert!(lossy["frames_expected"].as_u64().unwrap() >= 450, "{lossy}");
     assert!(lossy["lost_fraction"].as_f64().unwrap() < 0.005, "frames lost to the viewer: {lossy}");
-    assert_eq!(decodes(&lossy_h264), lossy["frames_complete"].as_u64().unwrap());
+    assert_eq!(h264_file_frames(&lossy_h264), lossy["frames_complete"].as_u64().unwrap());
 
     // The killed viewer: gone within the consent window; with the others ended, no sink is left.
     let after = gone.join().unwrap();
@@ -658,7 +638,7 @@ fn pion_publishes_over_whip_and_a_viewer_gets_every_frame() {
     assert_eq!(seen["frames_lost"], 0, "{seen}");
     let frames = seen["frames_complete"].as_u64().unwrap();
     assert!(frames >= 50 && (200 - frames).is_multiple_of(25), "from a keyframe to the last frame: {frames} of 200");
-    assert_eq!(decodes(&got), frames);
+    assert_eq!(h264_file_frames(&got), frames);
 }
 
 /// A hand-made WHEP offer (H.264 only), as any client could send.

@@ -362,6 +362,26 @@ pub fn ffmpeg_decode(url: &str, input_args: &[&str], seconds: u32) -> (bool, Str
     (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
+/// How many frames ffmpeg's decoder makes of an H.264 file.
+pub fn h264_file_frames(h264: &std::path::Path) -> u64 {
+    let out = std::process::Command::new("ffprobe")
+        .args([
+            "-v",
+            "error",
+            "-f",
+            "h264",
+            "-count_frames",
+            "-show_entries",
+            "stream=nb_read_frames",
+            "-of",
+            "csv=p=0",
+        ])
+        .arg(h264)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or(0)
+}
+
 pub fn decoded_frames(ffmpeg_log: &str) -> u64 {
     ffmpeg_log
         .rsplit("frame=")
