@@ -236,9 +236,11 @@ fn files_it_cannot_play_are_refused() {
     let missing = std::env::temp_dir().join("fanout-no-such-file.ts");
     let empty_dir = std::env::temp_dir().join(format!("fanout-empty-{}", std::process::id()));
     std::fs::create_dir_all(&empty_dir).unwrap();
+    let mkv = std::env::temp_dir().join("clip.mkv");
+    let (mkv, remux) = (mkv.to_str().unwrap(), format!("ffmpeg -i {} -c copy -f mpegts", mkv.display()));
     for (file, why) in [
         (missing.to_str().unwrap(), "No such file"),
-        ("/tmp/clip.mkv", "ffmpeg -i /tmp/clip.mkv -c copy -f mpegts"),
+        (mkv, remux.as_str()),
         (&not_ts, "not a playable MPEG-TS"),
         (&not_mp4, "not an MP4 file that can be read"),
         (empty_dir.to_str().unwrap(), "a directory with no recording in it"),

@@ -56,8 +56,9 @@ impl Guest {
         Ok(Guest { qemu, kernel, modules: PathBuf::from(format!("/lib/modules/{version}")) })
     }
 
-    /// Boots the guest, runs `test` of this test binary there (as root, lo up, /tmp a tmpfs)
-    /// and returns whether it passed, with the guest's console.
+    /// Boots the guest, runs `test` of this test binary there (as root, lo up, `TMPDIR` a
+    /// tmpfs under /run: the host's /tmp stays visible, as a checkout or this binary may be
+    /// there) and returns whether it passed, with the guest's console.
     pub fn run_test(&self, test: &str, limit: Duration) -> (bool, String) {
         // One guest at a time: each takes both CPUs, and its tests time things.
         static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -71,9 +72,9 @@ impl Guest {
             &script,
             format!(
                 "m() {{ /bin/busybox mount -t $1 $1 $2 || echo \"fanout-vm: mounting $1 on $2 failed\"; }}\n\
-                 m proc /proc; m sysfs /sys; m tmpfs /tmp; m tmpfs /run; m bpf /sys/fs/bpf\n\
-                 export PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp TMPDIR=/tmp {IN_GUEST}=1 RUST_BACKTRACE=1\n\
-                 ip link set lo up && cd /tmp\n\
+                 m proc /proc; m sysfs /sys; m tmpfs /run; m bpf /sys/fs/bpf; mkdir /run/tmp\n\
+                 export PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/run/tmp TMPDIR=/run/tmp {IN_GUEST}=1 RUST_BACKTRACE=1\n\
+                 ip link set lo up && cd /run/tmp\n\
                  {} --exact {test} --ignored --nocapture --test-threads=1\n\
                  echo \"fanout-vm-exit $?\"\n\
                  /bin/busybox poweroff -f\n",
