@@ -50,15 +50,39 @@ impl Mediamtx {
         Self::start_with(bin, true)
     }
 
+    /// Retried with fresh ports: a port found free may be taken by another test's socket
+    /// before MediaMTX binds it, and a clip or publisher may fail under a loaded machine; each
+    /// failed attempt prints MediaMTX's and the publisher's own words.
     fn start_with(bin: &std::path::Path, encrypted: bool) -> Mediamtx {
-        let dir = std::env::temp_dir().join(format!("fanout-mtx-{}-{}", std::process::id(), free_tcp_port()));
+        let mut why = String::new();
+        for attempt in 1..=3 {
+            match Self::try_start(bin, encrypted) {
+                Ok(m) => return m,
+                Err(e) => {
+                    eprintln!("rtsp_interop: MediaMTX attempt {attempt} failed: {e}");
+                    why = e;
+                }
+            }
+        }
+        panic!("MediaMTX with a publisher did not start in three attempts; the last: {why}");
+    }
+
+    fn try_start(bin: &std::path::Path, encrypted: bool) -> Result<Mediamtx, String> {
+        // A directory of this attempt alone: the clip in it is read by this publisher only.
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("fanout-mtx-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let (rtsp, api) = (free_tcp_port(), free_tcp_port());
         let pair = unephemeral_udp_port(true).port();
+        // A second publisher of a path is refused, not let in over the first (MediaMTX's
+        // default): a stray client can then never end this server's stream mid-test.
         let mut cfg = format!(
             "logLevel: warn\napi: yes\napiAddress: 127.0.0.1:{api}\nrtspAddress: 127.0.0.1:{rtsp}\n\
              rtspTransports: [udp, tcp]\nrtpAddress: 127.0.0.1:{pair}\nrtcpAddress: 127.0.0.1:{}\n\
-             rtmp: no\nhls: no\nwebrtc: no\nsrt: no\nmetrics: no\npprof: no\nplayback: no\npaths:\n  all_others:\n",
+             rtmp: no\nhls: no\nwebrtc: no\nsrt: no\nmetrics: no\npprof: no\nplayback: no\n\
+             pathDefaults:\n  overridePublisher: no\npaths:\n  all_others:\n",
             pair + 1
         );
         let rtsps = encrypted.then(|| {
@@ -76,14 +100,37 @@ impl Mediamtx {
             SocketAddr::from(([127, 0, 0, 1], port))
         });
         std::fs::write(dir.join("mediamtx.yml"), cfg).unwrap();
-        let server = Proc(
+        let log = |name: &str| std::fs::File::create(dir.join(name)).unwrap();
+        let mut server = Proc(
             Command::new(bin)
                 .arg(dir.join("mediamtx.yml"))
-                .stdout(Stdio::null())
+                .stdout(log("mediamtx.log"))
                 .stderr(Stdio::inherit())
                 .spawn()
                 .unwrap(),
         );
+        let rtsp = SocketAddr::from(([127, 0, 0, 1], rtsp));
+        let api = SocketAddr::from(([127, 0, 0, 1], api));
+        let words = |dir: &std::path::Path| {
+            ["mediamtx.log", "publisher.log"]
+                .map(|f| format!("{f}: {}", std::fs::read_to_string(dir.join(f)).unwrap_or_default().trim()))
+                .join("; ")
+        };
+        let fail = |dir: PathBuf, what: &str| {
+            let e = format!("{what} ({})", words(&dir));
+            let _ = std::fs::remove_dir_all(&dir);
+            Err(e)
+        };
+        // Up when its API answers and it still runs: MediaMTX binds every listener before it
+        // serves, and exits if one is taken, so then the RTSP port is its own.
+        let up = wait_for(Duration::from_secs(10), || {
+            ureq::get(&format!("http://{api}/v3/paths/list")).call().is_ok()
+                && std::net::TcpStream::connect(rtsp).is_ok()
+        });
+        if !up || server.0.try_wait().unwrap().is_some() {
+            drop(server);
+            return fail(dir, "MediaMTX did not start");
+        }
         // The demo clip as MP4 (ffmpeg cannot publish ADTS AAC over RTSP), looped live.
         let clip = dir.join("clip.mp4");
         let demo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../assets/demo.ts");
@@ -92,15 +139,13 @@ impl Mediamtx {
             .arg(&demo)
             .args(["-c", "copy", "-bsf:a", "aac_adtstoasc"])
             .arg(&clip)
+            .stderr(log("publisher.log"))
             .status()
             .unwrap();
-        assert!(ok.success());
-        let rtsp = SocketAddr::from(([127, 0, 0, 1], rtsp));
-        let api = SocketAddr::from(([127, 0, 0, 1], api));
-        assert!(
-            wait_for(Duration::from_secs(10), || std::net::TcpStream::connect(rtsp).is_ok()),
-            "MediaMTX did not start"
-        );
+        if !ok.success() {
+            drop(server);
+            return fail(dir, "the clip was not made");
+        }
         let publisher = Proc(
             Command::new("ffmpeg")
                 .args(["-nostdin", "-loglevel", "error", "-re", "-stream_loop", "-1", "-i"])
@@ -109,15 +154,16 @@ impl Mediamtx {
                 .args(["-t", "120", "-c", "copy", "-f", "rtsp", "-rtsp_transport", "tcp"])
                 .arg(format!("rtsp://{rtsp}/live"))
                 .stdout(Stdio::null())
+                .stderr(log("publisher.log"))
                 .spawn()
                 .unwrap(),
         );
         let m = Mediamtx { rtsp, rtsps, api, _server: server, _publisher: publisher, dir };
-        assert!(
-            wait_for(Duration::from_secs(10), || m.api("/v3/paths/get/live")["ready"] == true),
-            "the publisher did not reach MediaMTX"
-        );
-        m
+        if !wait_for(Duration::from_secs(10), || m.api("/v3/paths/get/live")["ready"] == true) {
+            let e = format!("the publisher did not reach MediaMTX ({})", words(&m.dir));
+            return Err(e);
+        }
+        Ok(m)
     }
 
     /// Publishes `input` (ffmpeg input and codec options, 30 s at most) to `path`.
@@ -129,12 +175,14 @@ impl Mediamtx {
                 .args(["-t", "30", "-f", "rtsp", "-rtsp_transport", "tcp"])
                 .arg(format!("rtsp://{}/{path}", self.rtsp))
                 .stdout(Stdio::null())
+                .stderr(std::fs::File::create(self.dir.join(format!("{path}.log"))).unwrap())
                 .spawn()
                 .unwrap(),
         );
         assert!(
             wait_for(Duration::from_secs(10), || self.api(&format!("/v3/paths/get/{path}"))["ready"] == true),
-            "the publisher of {path} did not reach MediaMTX"
+            "the publisher of {path} did not reach MediaMTX: {}",
+            std::fs::read_to_string(self.dir.join(format!("{path}.log"))).unwrap_or_default()
         );
         p
     }
@@ -215,9 +263,16 @@ fn start_clients_over(upstream: &str, relayed: &str, n: usize, transport: impl F
 impl Clients {
     /// Every client decoded 170 pictures without a gap, a run of the reference's.
     fn check(self) {
-        let want: Vec<String> =
-            frames(&self.reference.wait_with_output().unwrap().stdout).into_iter().map(|f| f.1).collect();
-        assert_eq!(want.len(), 350, "the reference decoded {} frames", want.len());
+        let reference = self.reference.wait_with_output().unwrap();
+        let want: Vec<String> = frames(&reference.stdout).into_iter().map(|f| f.1).collect();
+        assert_eq!(
+            want.len(),
+            350,
+            "the reference decoded {} frames ({}): {}",
+            want.len(),
+            reference.status,
+            String::from_utf8_lossy(&reference.stderr)
+        );
         for (i, c) in self.clients.into_iter().enumerate() {
             let out = c.wait_with_output().unwrap();
             assert!(out.status.success(), "client {i}: {}", String::from_utf8_lossy(&out.stderr));
