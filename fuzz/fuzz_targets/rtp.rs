@@ -1,5 +1,5 @@
-//! RTP parsing, payload classification, layer judgement, reassembly and aggregate
-//! filtering never panic, and ranges stay inside the buffer.
+//! RTP parsing, payload classification, layer judgement (and VP8/VP9 keyframes), reassembly
+//! and aggregate filtering never panic, and ranges stay inside the buffer.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 
@@ -21,6 +21,12 @@ fuzz_target!(|data: &[u8]| {
             }
         }
         let _ = (v.sequence_number(), v.timestamp(), v.ssrc(), v.marker(), v.payload_type());
+        // VP8/VP9 keyframe starts; flagging VP9's inter frames touches only the P bit.
+        let _ = fanout_proto::codec::vpx::vp8_keyframe_start(&data[r.clone()]);
+        let mut vp9 = fanout_proto::codec::vpx::Vp9Predicted::default();
+        let mut p = data[r.clone()].to_vec();
+        assert_eq!(vp9.packet(&mut p), fanout_proto::codec::vpx::vp9_keyframe_start(&data[r.clone()]));
+        assert!(p.iter().zip(&data[r.clone()]).skip(1).all(|(a, b)| a == b));
     }
     assert!(fanout_proto::rtp::classify::payload_offset(data) <= data.len());
     // Restamping rewrites a valid packet in place, refuses anything else untouched.

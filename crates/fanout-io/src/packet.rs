@@ -41,6 +41,10 @@ impl Packet {
     pub fn payload(&self) -> &[u8] {
         &self.buf[self.payload_off..self.len]
     }
+    /// The media payload, to rewrite in place (its length stays).
+    pub fn payload_mut(&mut self) -> &mut [u8] {
+        &mut self.buf[self.payload_off..self.len]
+    }
     pub fn len(&self) -> usize {
         self.len
     }

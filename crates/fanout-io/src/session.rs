@@ -85,12 +85,16 @@ pub(crate) struct Inner {
     /// there) once the source is bound.
     kernel_fanout: Option<Arc<KernelFanout>>,
     kernel: KernelSinks,
-    /// RTP video codec for keyframe marks and layer statistics: 0 none, 1 H.264, 2 HEVC.
+    /// RTP video codec for keyframe marks (and, for H.264/HEVC, layer statistics): 0 none,
+    /// 1 H.264, 2 HEVC, 3 VP8, 4 VP9.
     rtp_video: std::sync::atomic::AtomicU8,
     /// Rewrites each received packet in place after it was judged (keyframe, layer): the
     /// buffer and the packet's length in, its new length out (`None`: drop it).
     ingest: Mutex<Option<IngestFn>>,
     saw_parameter_sets: AtomicBool,
+    /// VP9: the frame in progress, whose inter-picture flag is set where the source left it
+    /// clear (see [`fanout_proto::codec::vpx::Vp9Predicted`]).
+    vp9: Mutex<fanout_proto::codec::vpx::Vp9Predicted>,
     /// A reader asked for a keyframe (a WebRTC viewer's PLI, an RTSP client's PLI/FIR) that
     /// the source's side has not yet passed on; and how many were asked in all.
     keyframe_wanted: AtomicBool,
@@ -113,7 +117,7 @@ pub struct Session {
 impl Inner {
     /// Video with no keyframe in the ring: a new sink must wait for one.
     fn cold_video(&self) -> bool {
-        self.video_codec().is_some() && self.last_key.load(Ordering::Relaxed) <= self.ring.lock().oldest()
+        self.rtp_video().is_some() && self.last_key.load(Ordering::Relaxed) <= self.ring.lock().oldest()
     }
 
     /// Whether the stream has keyframes a sink can resume at (one was seen).
@@ -140,7 +144,7 @@ impl Inner {
         let (m, pace) = &mut *guard;
         // Pictures are told apart by RTP timestamp in RTP video only (RTP/MP2T stamps each
         // datagram).
-        let video = self.video_codec().is_some();
+        let video = self.rtp_video().is_some();
         for p in packets {
             let ts =
                 (video && p.is_rtp()).then(|| u32::from_be_bytes([p.data()[4], p.data()[5], p.data()[6], p.data()[7]]));
@@ -311,7 +315,7 @@ impl Inner {
         let mut sink = Sink::new(id, target, io, cursor, strip);
         // Video with no keyframe held (an upstream just connected): hold the sink's media
         // until one comes, so its decoder never starts on delta frames.
-        if start == Start::Keyframe && !key_held && self.video_codec().is_some() {
+        if start == Start::Keyframe && !key_held && self.rtp_video().is_some() {
             sink.await_first(crate::due::Await::Keyframe, Instant::now() + KEYFRAME_WAIT);
         }
         if let Start::RtpSeq(n) = start {
@@ -363,9 +367,24 @@ impl Inner {
     /// RTP video of a known codec: a packet with parameter sets starts a keyframe; an IDR's
     /// first packet does only in streams that never carry parameter sets in band (their
     /// players take them from the SDP).
+    /// VP8/VP9: a keyframe starts at its first packet (no layers judged here).
     pub(crate) fn mark_video_start(&self, p: &mut Packet) {
-        use fanout_proto::rtp::classify::{video_start, VideoStart};
-        let Some(codec) = self.video_codec() else { return };
+        use fanout_proto::rtp::classify::{video_start, RtpVideo, VideoStart};
+        let codec = match self.rtp_video() {
+            None => return,
+            Some(RtpVideo::Nal(codec)) => codec,
+            Some(vpx) => {
+                let key = p.is_rtp()
+                    && match vpx {
+                        RtpVideo::Vp9 => self.vp9.lock().packet(p.payload_mut()),
+                        _ => fanout_proto::codec::vpx::vp8_keyframe_start(p.payload()),
+                    };
+                if key {
+                    p.mark_keyframe();
+                }
+                return;
+            }
+        };
         if p.payload().first() == Some(&fanout_proto::container::mpegts::SYNC_BYTE) {
             return;
         }
@@ -394,12 +413,20 @@ impl Inner {
     }
 
     /// The video codec of the session's RTP, if known.
-    fn video_codec(&self) -> Option<fanout_proto::codec::annexb::Codec> {
+    fn rtp_video(&self) -> Option<fanout_proto::rtp::classify::RtpVideo> {
+        use fanout_proto::{codec::annexb::Codec, rtp::classify::RtpVideo};
         match self.rtp_video.load(Ordering::Relaxed) {
-            1 => Some(fanout_proto::codec::annexb::Codec::H264),
-            2 => Some(fanout_proto::codec::annexb::Codec::H265),
+            1 => Some(RtpVideo::Nal(Codec::H264)),
+            2 => Some(RtpVideo::Nal(Codec::H265)),
+            3 => Some(RtpVideo::Vp8),
+            4 => Some(RtpVideo::Vp9),
             _ => None,
         }
+    }
+
+    /// The session's RTP video codec where it is H.264/HEVC: what layers are judged for.
+    fn video_codec(&self) -> Option<fanout_proto::codec::annexb::Codec> {
+        self.rtp_video()?.nal()
     }
 
     pub fn source_closed(&self, state: SourceState, error: Option<String>) {
@@ -521,6 +548,7 @@ impl Session {
             rtp_video: std::sync::atomic::AtomicU8::new(0),
             ingest: Mutex::new(None),
             saw_parameter_sets: AtomicBool::new(false),
+            vp9: Mutex::default(),
             keyframe_wanted: AtomicBool::new(false),
             keyframes_wanted: AtomicU64::new(0),
             layers: Mutex::new(Default::default()),
@@ -574,19 +602,23 @@ impl Session {
     }
 
     /// The codec of the session's RTP video, if known.
-    pub fn rtp_video(&self) -> Option<fanout_proto::codec::annexb::Codec> {
-        self.inner.video_codec()
+    pub fn rtp_video(&self) -> Option<fanout_proto::rtp::classify::RtpVideo> {
+        self.inner.rtp_video()
     }
 
-    pub fn set_rtp_video(&self, codec: Option<fanout_proto::codec::annexb::Codec>) {
+    pub fn set_rtp_video(&self, codec: Option<fanout_proto::rtp::classify::RtpVideo>) {
+        use fanout_proto::{codec::annexb::Codec, rtp::classify::RtpVideo};
         let v = match codec {
             None => 0,
-            Some(fanout_proto::codec::annexb::Codec::H264) => 1,
-            Some(fanout_proto::codec::annexb::Codec::H265) => 2,
+            Some(RtpVideo::Nal(Codec::H264)) => 1,
+            Some(RtpVideo::Nal(Codec::H265)) => 2,
+            Some(RtpVideo::Vp8) => 3,
+            Some(RtpVideo::Vp9) => 4,
         };
         if self.inner.rtp_video.swap(v, Ordering::Relaxed) != v {
             self.inner.saw_parameter_sets.store(false, Ordering::Relaxed);
-            self.inner.kernel.set_codec(u32::from(v));
+            // The program judges H.264/HEVC only (its layers); VP8/VP9 are not judged there.
+            self.inner.kernel.set_codec(u32::from(if v <= 2 { v } else { 0 }));
         }
     }
 
@@ -709,7 +741,7 @@ impl Session {
     pub fn attach_demo_track(&self, track: crate::source::DemoTrack, start: Instant) -> std::io::Result<()> {
         *self.inner.source_kind.lock() = format!("demo RTP track ({} Hz, looped)", track.clock);
         if track.codec.is_some() {
-            self.set_rtp_video(track.codec);
+            self.set_rtp_video(track.codec.map(Into::into));
         }
         let weak = Arc::downgrade(&self.inner);
         let t = std::thread::Builder::new()
@@ -895,7 +927,7 @@ impl Session {
         // The next packet's time, where it is not here yet: for a stream that is not video,
         // the last step again (per AAC frame, where packets carry several, times the
         // newest's frames), so RTP-Info names what comes.
-        if next && self.inner.video_codec().is_none() {
+        if next && self.inner.rtp_video().is_none() {
             let prev = seq.checked_sub(1).and_then(|s| ring.get(s));
             let prev = prev.and_then(|p| {
                 let pv = fanout_proto::rtp::RtpView::parse(p.data()).ok()?;

@@ -592,7 +592,7 @@ impl Relay {
             reserve,
         };
         let session = Session::new(cfg, &self.engine);
-        session.set_rtp_video(spec.video.map(|v| v.codec()));
+        session.set_rtp_video(spec.video.map(|v| v.codec().into()));
         let mut tasks = Vec::new();
         if spec.failed_sinks == fanout_io::FailurePolicy::Retry {
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel();

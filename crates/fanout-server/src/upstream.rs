@@ -500,15 +500,12 @@ impl Track {
     }
 }
 
-/// A media section's RTP clock rate (90 kHz where it names none) and video codec, if
-/// H.264 or HEVC: what a track's relay session needs to know.
-pub(crate) fn track_format(m: &fanout_proto::rtsp::sdp::Media) -> (u32, Option<fanout_proto::codec::annexb::Codec>) {
+/// A media section's RTP clock rate (90 kHz where it names none) and video codec, if one
+/// whose keyframes the relay finds (H.264, HEVC, VP8, VP9): what a track's relay session
+/// needs to know.
+pub(crate) fn track_format(m: &fanout_proto::rtsp::sdp::Media) -> (u32, Option<fanout_proto::rtp::classify::RtpVideo>) {
     let rtpmap = m.formats.first().and_then(|f| m.rtpmap(f));
-    let video = match rtpmap.map(|(enc, _)| enc.to_ascii_uppercase()) {
-        Some(e) if e == "H264" => Some(fanout_proto::codec::annexb::Codec::H264),
-        Some(e) if e == "H265" => Some(fanout_proto::codec::annexb::Codec::H265),
-        _ => None,
-    };
+    let video = rtpmap.and_then(|(enc, _)| fanout_proto::rtp::classify::RtpVideo::from_encoding(enc));
     (rtpmap.map_or(90_000, |(_, c)| c), video)
 }
 

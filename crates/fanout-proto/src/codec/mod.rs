@@ -6,9 +6,11 @@
 //! - [`aac`]: ADTS frames and the MPEG4-GENERIC (RFC 3640) RTP payload.
 //! - [`layers`]: the scalable layer (H.264, SVC, HEVC) of an RTP packet, for layer dropping.
 //! - [`dts`]: decoding times for video that comes with presentation times only.
+//! - [`vpx`]: where VP8 and VP9 keyframes start in their RTP payloads.
 
 pub mod aac;
 pub mod annexb;
 pub mod dts;
 pub mod hevc;
 pub mod layers;
+pub mod vpx;

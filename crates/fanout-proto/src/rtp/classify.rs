@@ -20,6 +20,43 @@ pub fn payload_offset(datagram: &[u8]) -> usize {
     }
 }
 
+/// An RTP video codec whose keyframes the relay finds, so a new subscriber starts at one:
+/// H.264/HEVC (whose NAL units also carry layers and parameter sets), VP8, VP9.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RtpVideo {
+    Nal(crate::codec::annexb::Codec),
+    Vp8,
+    Vp9,
+}
+
+impl RtpVideo {
+    /// From an SDP `rtpmap` encoding name (case as it comes); `None` for anything else.
+    pub fn from_encoding(name: &str) -> Option<RtpVideo> {
+        use crate::codec::annexb::Codec;
+        Some(match name.to_ascii_uppercase().as_str() {
+            "H264" => RtpVideo::Nal(Codec::H264),
+            "H265" => RtpVideo::Nal(Codec::H265),
+            "VP8" => RtpVideo::Vp8,
+            "VP9" => RtpVideo::Vp9,
+            _ => return None,
+        })
+    }
+
+    /// The NAL unit codec, for what only H.264/HEVC have (layers, parameter sets).
+    pub fn nal(self) -> Option<crate::codec::annexb::Codec> {
+        match self {
+            RtpVideo::Nal(c) => Some(c),
+            _ => None,
+        }
+    }
+}
+
+impl From<crate::codec::annexb::Codec> for RtpVideo {
+    fn from(c: crate::codec::annexb::Codec) -> RtpVideo {
+        RtpVideo::Nal(c)
+    }
+}
+
 /// What an RTP video payload starts, for choosing where a new subscriber begins.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum VideoStart {
