@@ -142,6 +142,50 @@ fn in_guest_a_shared_link_behind_the_kernel_path() {
 }
 
 #[test]
+fn the_kernels_pacers_against_fanouts_clock_where_fq_runs() {
+    in_guest("the kernel's pacers against fanout's clock", "in_guest_kernel_pacers_against_the_clock", 900);
+}
+
+/// `bench kernel-pacers --quick`: 6 subscribers behind one link of 1.2 × their streams, each
+/// owed half a second at once, sent from one socket four ways. Unpaced, the link's queue
+/// drops much of the backlog; fanout's clock loses nothing, nor do SO_TXTIME stamps from the
+/// same clock or SO_MAX_PACING_RATE at a sink's share; at the group's rate, fq (which holds each
+/// destination of an unconnected socket to it) lets the backlog through at once.
+#[test]
+#[ignore = "runs in the QEMU guest of the test above"]
+fn in_guest_kernel_pacers_against_the_clock() {
+    assert!(std::env::var_os(IN_GUEST).is_some(), "runs in the guest the test above boots");
+    let out = std::env::temp_dir().join("bench-kernel-pacers");
+    // The whole run of BENCHMARKS with FANOUT_GUEST_BENCH=full on the host; the quick one else.
+    let full = std::env::var("FANOUT_GUEST_BENCH").is_ok_and(|v| v == "full");
+    let st = std::process::Command::new(env!("CARGO_BIN_EXE_fanout"))
+        .args(["bench", "kernel-pacers", "--out"])
+        .arg(&out)
+        .args(if full { &[][..] } else { &["--quick"][..] })
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let csv = std::fs::read_to_string(out.join("kernel-pacers.csv")).unwrap();
+    for line in csv.lines() {
+        println!("fanout-vm: {line}");
+    }
+    let row = |mode: &str| -> Vec<String> {
+        let line = csv.lines().find(|l| l.starts_with(&format!("{mode},")));
+        line.unwrap_or_else(|| panic!("no {mode} row in\n{csv}")).split(',').map(str::to_string).collect()
+    };
+    let loss = |mode: &str| -> f64 { row(mode)[6].parse().unwrap() };
+    assert!(loss("none") > 5.0, "the scenario must bite unpaced:\n{csv}");
+    assert_eq!(loss("clock"), 0.0, "fanout's clock loses nothing:\n{csv}");
+    assert_eq!(loss("txtime"), 0.0, "departure times from the clock, held by fq:\n{csv}");
+    // At its share per destination fq lets each flow's first quantum go at once: a little loss.
+    assert!(loss("max-pacing-rate-sink") < 1.0, "each destination at its share:\n{csv}");
+    assert!(loss("max-pacing-rate") > 1.0, "the group's rate per destination is no pace at all:\n{csv}");
+    // Handing departure times to the kernel spares the sender its waits.
+    let wakeups = |mode: &str| -> u64 { row(mode)[10].parse().unwrap() };
+    assert!(wakeups("txtime") * 2 < wakeups("clock"), "{csv}");
+}
+
+#[test]
 fn a_webrtc_viewer_behind_a_lossy_link_gets_its_frames_where_netem_runs() {
     let Some(_) = peer("pion-peer") else { return };
     in_guest("a WebRTC viewer behind netem", "in_guest_a_webrtc_viewer_behind_a_lossy_link", 400);

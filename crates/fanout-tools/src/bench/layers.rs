@@ -180,6 +180,16 @@ impl Topology {
         on && done
     }
 
+    /// `tc -s qdisc show` of the relay's egress.
+    pub(super) fn relay_qdisc(&self) -> String {
+        tc_show(&self.relay, "up0")
+    }
+
+    /// Datagrams the link to subscriber namespace `i` dropped so far (its queue full).
+    pub(super) fn link_drops(&self, i: usize) -> u64 {
+        super::kpacers::qdisc_counter(&tc_show(&self.router, &format!("v{i}")), "dropped")
+    }
+
     /// Moves the calling thread (and what it starts) into the relay's namespace.
     pub(super) fn enter_relay(&self) -> anyhow::Result<()> {
         enter(&self.relay)
@@ -189,6 +199,11 @@ impl Topology {
     pub(super) fn enter_sub(&self, i: usize) -> anyhow::Result<()> {
         enter(&self.subs[i])
     }
+}
+
+fn tc_show(ns: &str, dev: &str) -> String {
+    let out = Command::new("ip").args(["netns", "exec", ns, "tc", "-s", "qdisc", "show", "dev", dev]).output();
+    out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default()
 }
 
 fn enter(ns: &str) -> anyhow::Result<()> {

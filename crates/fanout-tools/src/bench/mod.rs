@@ -7,6 +7,7 @@ pub mod datapaths;
 pub mod egress;
 pub mod http;
 pub mod ingest;
+pub mod kpacers;
 pub mod layers;
 pub mod pacing;
 pub mod peers;
@@ -53,6 +54,9 @@ pub enum BenchCmd {
     Layers(layers::LayersArgs),
     /// Subscribers joining behind thin links, pacing off and on (needs root).
     Pacing(pacing::PacingArgs),
+    /// fanout's virtual clock against the kernel's pacers (SO_MAX_PACING_RATE, SO_TXTIME)
+    /// behind one thin shared link (needs root and fq).
+    KernelPacers(kpacers::KernelPacersArgs),
     /// Five sessions behind one thin egress link: the link's drops against the relay's own
     /// sharing by reserved rate, then class (needs root).
     Egress(egress::EgressArgs),
@@ -111,6 +115,7 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Overload(a) => scenarios::overload(a),
         BenchCmd::Splice(a) => splice::run(a),
         BenchCmd::Pacing(a) => pacing::run(a),
+        BenchCmd::KernelPacers(a) => kpacers::run(a),
         BenchCmd::Egress(a) => egress::run(a),
         BenchCmd::Register(a) => register::run(a),
         BenchCmd::Cluster(a) => cluster::run(a),

@@ -73,12 +73,13 @@ impl Guest {
             format!(
                 "m() {{ /bin/busybox mount -t $1 $1 $2 || echo \"fanout-vm: mounting $1 on $2 failed\"; }}\n\
                  m proc /proc; m sysfs /sys; m tmpfs /run; m bpf /sys/fs/bpf; mkdir /run/tmp\n\
-                 export PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/run/tmp TMPDIR=/run/tmp {IN_GUEST}=1 RUST_BACKTRACE=1\n\
+                 export PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/run/tmp TMPDIR=/run/tmp {IN_GUEST}=1 RUST_BACKTRACE=1{pass}\n\
                  ip link set lo up && cd /run/tmp\n\
                  {} --exact {test} --ignored --nocapture --test-threads=1\n\
                  echo \"fanout-vm-exit $?\"\n\
                  /bin/busybox poweroff -f\n",
-                exe.display()
+                exe.display(),
+                pass = passed_on(),
             ),
         )
         .unwrap();
@@ -235,4 +236,15 @@ impl Cpio {
         self.entry("TRAILER!!!", 0, &[], 0);
         self.out
     }
+}
+
+/// The host's `FANOUT_GUEST_*` variables, as ` NAME=VALUE` for the guest's `export` line:
+/// how a run asks the guest's test for more (`FANOUT_GUEST_BENCH=full`).
+fn passed_on() -> String {
+    std::env::vars()
+        .filter(|(k, v)| {
+            k.starts_with("FANOUT_GUEST_") && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.,".contains(&b))
+        })
+        .map(|(k, v)| format!(" {k}={v}"))
+        .collect()
 }
