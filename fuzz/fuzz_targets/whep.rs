@@ -5,7 +5,7 @@
 //! of the answer; at most the two parameter sets go before a payload.
 #![no_main]
 use fanout_proto::rtsp::sdp::Sdp;
-use fanout_proto::whep::{ingest, plan, InBandParams};
+use fanout_proto::whep::{ingest, plan, publisher_video, InBandParams};
 use libfuzzer_sys::fuzz_target;
 
 const PATH: &str = "v=0\r\nm=video 0 RTP/AVP 96\r\na=rtpmap:96 H264/90000\r\n\
@@ -24,6 +24,8 @@ fuzz_target!(|data: &[u8]| {
         if let Some(i) = ingest(&answer) {
             assert!(Sdp::parse(&i.sdp).is_ok());
         }
+        // As a WHIP publisher's offer: the video codec taken is one of the three, or none.
+        assert!(matches!(publisher_video(&answer), None | Some("H264" | "VP8" | "VP9")));
         // Its own sprop parameter sets, whatever they decode to.
         for r in p.routes {
             let mut params = InBandParams::new(&r.params);

@@ -194,7 +194,7 @@ fn nal_units(payload: &[u8]) -> impl Iterator<Item = &[u8]> {
 }
 
 /// What a WHIP publisher's negotiated answer makes of the path: its description (a video
-/// track of H.264, an audio track of Opus, as the answer took them) and which incoming
+/// track of H.264, VP8 or VP9, an audio track of Opus, as the answer took them) and which incoming
 /// payload type feeds which track.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ingest {
@@ -203,19 +203,34 @@ pub struct Ingest {
     pub pts: Vec<(u8, usize)>,
 }
 
-/// The publisher's tracks from `answer`: each receiving media section with H.264 (mode 1)
-/// or Opus becomes a track, in order; `None` when there is none.
+/// The video codec the relay takes from a WHIP publisher's `offer`: H.264 (packetization
+/// mode 1) where it is offered, else VP8, else VP9 (whose keyframes the ring also finds);
+/// `None` where it offers none of them.
+pub fn publisher_video(offer: &Sdp) -> Option<&'static str> {
+    let video: Vec<&Media> = offer.media.iter().filter(|m| m.kind == "video").collect();
+    ["H264", "VP8", "VP9"].into_iter().find(|c| video.iter().any(|m| !answer_pts(m, c, vp9_profile(m)).is_empty()))
+}
+
+/// The publisher's tracks from `answer`: each receiving media section with H.264 (mode 1),
+/// VP8 or VP9 video (the first of them it has), or Opus, becomes a track, in order; `None`
+/// when there is none.
 pub fn ingest(answer: &Sdp) -> Option<Ingest> {
     let mut sdp = String::from("v=0\r\no=- 0 0 IN IP4 0.0.0.0\r\ns=WHIP publisher\r\nt=0 0\r\n");
     let mut pts = Vec::new();
     for m in &answer.media {
         let receives = m.attr("recvonly").is_some() || m.attr("sendrecv").is_some();
+        let profile = vp9_profile(m);
+        let vp9 = format!("VP9/90000\r\na=fmtp:96 profile-id={profile}");
         let (codec, line) = match m.kind.as_str() {
-            "video" => ("H264", "H264/90000\r\na=fmtp:96 packetization-mode=1"),
+            "video" => match ["H264", "VP8", "VP9"].into_iter().find(|c| !answer_pts(m, c, profile).is_empty()) {
+                Some("VP8") => ("VP8", "VP8/90000"),
+                Some("VP9") => ("VP9", vp9.as_str()),
+                _ => ("H264", "H264/90000\r\na=fmtp:96 packetization-mode=1"),
+            },
             "audio" => ("OPUS", "opus/48000/2"),
             _ => continue,
         };
-        let taken = answer_pts(m, codec, "0");
+        let taken = answer_pts(m, codec, profile);
         if !receives || taken.is_empty() {
             continue;
         }
@@ -333,6 +348,30 @@ mod tests {
         assert_eq!(sdp.media[1].rtpmap("97"), Some(("opus", 48_000)));
         // A section that only sends (a viewer's) makes no track.
         assert_eq!(ingest(&Sdp::parse(&answer.replace("recvonly", "sendonly")).unwrap()), None);
+    }
+
+    #[test]
+    fn a_whip_publisher_without_h264_publishes_vp8_or_vp9() {
+        // Chromium's offer order (VP8, VP9 profiles 0 and 2, H.264): H.264 is taken.
+        let offer = "v=0\r\ns=-\r\nm=video 9 UDP/TLS/RTP/SAVPF 96 98 100 102\r\na=sendonly\r\n\
+            a=rtpmap:96 VP8/90000\r\na=rtpmap:98 VP9/90000\r\na=fmtp:98 profile-id=0\r\n\
+            a=rtpmap:100 VP9/90000\r\na=fmtp:100 profile-id=2\r\n\
+            a=rtpmap:102 H264/90000\r\na=fmtp:102 packetization-mode=1\r\n";
+        assert_eq!(publisher_video(&Sdp::parse(offer).unwrap()), Some("H264"));
+        let no_h264 = offer.replace("a=rtpmap:102 H264/90000\r\na=fmtp:102 packetization-mode=1\r\n", "");
+        assert_eq!(publisher_video(&Sdp::parse(&no_h264).unwrap()), Some("VP8"));
+        let vp9 = "v=0\r\nm=video 9 UDP/TLS/RTP/SAVPF 98\r\na=rtpmap:98 VP9/90000\r\na=fmtp:98 profile-id=0\r\n";
+        assert_eq!(publisher_video(&Sdp::parse(vp9).unwrap()), Some("VP9"));
+        let av1 = "v=0\r\nm=video 9 UDP/TLS/RTP/SAVPF 45\r\na=rtpmap:45 AV1/90000\r\n";
+        assert_eq!(publisher_video(&Sdp::parse(av1).unwrap()), None);
+        // The answer to it (VP9 only) makes a VP9 track of the answer's profile.
+        let answer = "v=0\r\nm=video 9 UDP/TLS/RTP/SAVPF 98\r\na=recvonly\r\na=rtpmap:98 VP9/90000\r\n\
+            a=fmtp:98 profile-id=0\r\n";
+        let got = ingest(&Sdp::parse(answer).unwrap()).unwrap();
+        assert_eq!(got.pts, vec![(98, 0)]);
+        assert!(got.sdp.contains("a=rtpmap:96 VP9/90000\r\na=fmtp:96 profile-id=0"), "{}", got.sdp);
+        let vp8 = ingest(&Sdp::parse(&answer.replace("VP9", "VP8")).unwrap()).unwrap();
+        assert!(vp8.sdp.contains("a=rtpmap:96 VP8/90000\r\n"), "{}", vp8.sdp);
     }
 
     #[test]

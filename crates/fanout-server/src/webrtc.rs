@@ -368,6 +368,9 @@ impl WebRtc {
         if connecting >= MAX_CONNECTING {
             return Err(Refused(503, format!("{connecting} WebRTC peers are still connecting: try again")));
         }
+        // A publisher's video is taken in one codec: H.264 where offered, else VP8, else VP9.
+        let taken = publisher.then(|| Sdp::parse(offer).ok().and_then(|o| fanout_proto::whep::publisher_video(&o)));
+        let takes = |codec: &str| taken.is_none_or(|t| t.unwrap_or("H264") == codec);
         let offer = SdpOffer::from_sdp_string(offer).map_err(|e| Refused(400, format!("the offer: {e}")))?;
         let mut config = Rtc::builder();
         if let Role::Viewer { layered } = role {
@@ -389,11 +392,10 @@ impl WebRtc {
             .set_ice_lite(true)
             .set_rtp_mode(true)
             .clear_codecs()
-            .enable_h264(true)
-            // H.265, VP8 and VP9 to viewers only: a publisher's video is taken as H.264.
+            .enable_h264(takes("H264"))
             .enable_h265(!publisher)
-            .enable_vp8(!publisher)
-            .enable_vp9(!publisher)
+            .enable_vp8(takes("VP8"))
+            .enable_vp9(takes("VP9"))
             .enable_opus(true, false)
             // G.711 to viewers only: a publisher's audio is taken as Opus.
             .enable_pcmu(!publisher, false)
@@ -469,7 +471,7 @@ impl WebRtc {
         let (rtc, answer) = self.negotiate(offer, Role::Publisher)?;
         let parsed = Sdp::parse(&answer).map_err(|e| Refused(500, format!("our answer: {e}")))?;
         let ingest = fanout_proto::whep::ingest(&parsed)
-            .ok_or_else(|| Refused(400, "the offer sends no H.264 (packetization mode 1) or Opus".into()))?;
+            .ok_or_else(|| Refused(400, "the offer sends no H.264 (packetization mode 1), VP8, VP9 or Opus".into()))?;
         let sdp = Sdp::parse(&ingest.sdp).map_err(|e| Refused(500, format!("the path's description: {e}")))?;
         let id = crate::clients::random_id();
         let status = ViewerStatus {

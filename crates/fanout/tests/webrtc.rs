@@ -191,10 +191,11 @@ fn whep_takes_the_token_and_refuses_with_reasons() {
     assert_eq!(code, 400, "{text}");
 }
 
-/// Publishes a canvas that changes every frame over WHIP to `arguments[0]`, H.264 at 25 fps;
-/// `window.whip` tells how it goes.
+/// Publishes a canvas that changes every frame over WHIP to `arguments[0]`, at 25 fps, in
+/// the codec (`arguments[1]`, a MIME type) or the browser's choice; `window.whip` tells how
+/// it goes.
 const WHIP: &str = r#"
-const url = arguments[0];
+const url = arguments[0], codec = arguments[1];
 window.whip = { state: 'starting' };
 (async () => {
   try {
@@ -206,7 +207,11 @@ window.whip = { state: 'starting' };
     const stream = c.captureStream(25);
     const pc = new RTCPeerConnection();
     window.pc = pc;
-    pc.addTransceiver(stream.getVideoTracks()[0], { direction: 'sendonly', streams: [stream] });
+    const t = pc.addTransceiver(stream.getVideoTracks()[0], { direction: 'sendonly', streams: [stream] });
+    if (codec) {
+      const caps = (RTCRtpSender.getCapabilities('video') || RTCRtpReceiver.getCapabilities('video')).codecs;
+      t.setCodecPreferences(caps.filter(c => c.mimeType === codec));
+    }
     await pc.setLocalDescription(await pc.createOffer());
     const r = await fetch(url, { method: 'POST', headers: { 'Content-Type': 'application/sdp' }, body: pc.localDescription.sdp });
     window.whip.status = r.status;
@@ -268,6 +273,56 @@ fn chromium_publishes_over_whip_and_ffmpeg_plays_it() {
     assert!(wait_for(Duration::from_secs(5), || publisher()["state"] == "waiting"), "{}", publisher());
     let viewers = || relay.ok("GET", "/v1/sessions/cam", None)["webrtc"].as_array().map_or(0, Vec::len);
     assert!(wait_for(Duration::from_secs(10), || viewers() == 0), "{}", relay.ok("GET", "/v1/sessions/cam", None));
+}
+
+/// A browser that publishes VP8 or VP9 over WHIP (its offer has no H.264): the path carries
+/// that codec, RTSP readers joining mid-GOP get a keyframe's first packet first, and a WHEP
+/// viewer in the same page decodes it.
+#[test]
+fn chromium_publishes_vp8_and_vp9_over_whip() {
+    if !have_chromium() {
+        return;
+    }
+    for (codec, mime, is_key) in [
+        ("VP8", "video/VP8", fanout_proto::codec::vpx::vp8_keyframe_start as fn(&[u8]) -> bool),
+        ("VP9", "video/VP9", fanout_proto::codec::vpx::vp9_keyframe_start),
+    ] {
+        let relay = Relay::with_config("[[session]]\nname = \"cam\"\nsource = { publish = true }\n", &["--no-demo"]);
+        let d = Driver::start();
+        d.post("url", json!({ "url": page_elsewhere() }));
+        d.post("execute/sync", json!({ "script": WHIP, "args": [relay.url("/cam/whip"), mime] }));
+        let publisher = || relay.ok("GET", "/v1/sessions/cam", None)["publisher"].clone();
+        assert!(
+            wait_for(Duration::from_secs(20), || publisher()["transport"] == "webrtc"),
+            "{codec}: not publishing: {} / {}",
+            d.js("return window.whip;"),
+            publisher()
+        );
+        let status = relay.ok("GET", "/v1/sessions/cam", None);
+        assert_eq!(status["webrtc"][0]["tracks"][0], format!("video {codec}"), "{status}");
+        // Keyframes in the ring (the relay asks the browser for one every 2 s), then readers.
+        std::thread::sleep(Duration::from_secs(3));
+        for join in 0..2 {
+            let play = rtsp_play(rtsp_addr(&relay), "cam", None);
+            assert!(play.sdp.contains(&format!("{codec}/90000")), "{}", play.sdp);
+            play.rtp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut buf = [0u8; 2048];
+            let n = play.rtp.recv(&mut buf).unwrap();
+            let v = fanout_proto::rtp::RtpView::parse(&buf[..n]).unwrap();
+            assert!(is_key(&buf[v.payload_range()]), "{codec}, join {join}: starts with {:02x?}", &buf[12..24.min(n)]);
+            std::thread::sleep(Duration::from_millis(900));
+        }
+        d.post("execute/sync", json!({ "script": WHEP, "args": [relay.url("/cam/whep")] }));
+        let decoded = || d.js("return window.stats.framesDecoded ?? 0;").as_u64().unwrap_or(0);
+        assert!(
+            wait_for(Duration::from_secs(15), || decoded() > 50),
+            "{codec} viewer: {}",
+            d.js("return window.whep;")
+        );
+        let stats = d.js("return window.stats;");
+        eprintln!("{codec} over WHIP and WHEP: {stats}");
+        assert_eq!(stats["freezeCount"].as_u64().unwrap_or(0), 0, "{stats}");
+    }
 }
 
 /// A second WebRTC stack (pion, Go; scripts/install-peers builds `peers/pion`) as the player:
