@@ -22,7 +22,7 @@
 //! sends, wake-ups (context switches) and CPU. Writes `kernel-pacers.csv` and
 //! `kernel-pacers.png` (what arrived, per 100 ms, in each round). Needs root and `sch_fq`.
 
-use super::layers::Topology;
+use super::layers::{qdisc_counter, Topology};
 use anyhow::{bail, Context};
 use clap::Args;
 use fanout_core::{Pace, VirtualClock};
@@ -443,25 +443,4 @@ fn wakeups() -> u64 {
         .filter(|l| l.starts_with("voluntary_ctxt_switches") || l.starts_with("nonvoluntary_ctxt_switches"))
         .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
         .sum()
-}
-
-/// A counter from `tc -s qdisc show`'s text (`dropped 12,`), summed over its qdiscs.
-pub(super) fn qdisc_counter(text: &str, name: &str) -> u64 {
-    let words: Vec<&str> = text.split_whitespace().collect();
-    words
-        .windows(2)
-        .filter(|w| w[0].trim_start_matches('(') == name)
-        .filter_map(|w| w[1].trim_end_matches([',', ')']).parse::<u64>().ok())
-        .sum()
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn qdisc_counters_are_read_from_tcs_text() {
-        let fq = "qdisc fq 8001: root refcnt 2 limit 10000p flow_limit 100p\n Sent 1239 bytes 12 pkt (dropped 7, overlimits 0 requeues 0)\n  flows 3 (inactive 2 throttled 0)\n  gc 0 highprio 0 throttled 5 flows_plimit 7";
-        assert_eq!(super::qdisc_counter(fq, "dropped"), 7);
-        assert_eq!(super::qdisc_counter(fq, "flows_plimit"), 7);
-        assert_eq!(super::qdisc_counter("nothing here", "dropped"), 0);
-    }
 }

@@ -187,7 +187,7 @@ impl Topology {
 
     /// Datagrams the link to subscriber namespace `i` dropped so far (its queue full).
     pub(super) fn link_drops(&self, i: usize) -> u64 {
-        super::kpacers::qdisc_counter(&tc_show(&self.router, &format!("v{i}")), "dropped")
+        qdisc_counter(&tc_show(&self.router, &format!("v{i}")), "dropped")
     }
 
     /// Moves the calling thread (and what it starts) into the relay's namespace.
@@ -204,6 +204,16 @@ impl Topology {
 fn tc_show(ns: &str, dev: &str) -> String {
     let out = Command::new("ip").args(["netns", "exec", ns, "tc", "-s", "qdisc", "show", "dev", dev]).output();
     out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default()
+}
+
+/// A counter from `tc -s qdisc show`'s text (`dropped 12,`), summed over its qdiscs.
+pub(super) fn qdisc_counter(text: &str, name: &str) -> u64 {
+    let words: Vec<&str> = text.split_whitespace().collect();
+    words
+        .windows(2)
+        .filter(|w| w[0].trim_start_matches('(') == name)
+        .filter_map(|w| w[1].trim_end_matches([',', ')']).parse::<u64>().ok())
+        .sum()
 }
 
 fn enter(ns: &str) -> anyhow::Result<()> {
@@ -550,4 +560,15 @@ pub fn sub(a: SubArgs) -> anyhow::Result<()> {
     }
     std::fs::write(&a.json, serde_json::to_string(&seconds)?)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn qdisc_counters_are_read_from_tcs_text() {
+        let fq = "qdisc fq 8001: root refcnt 2 limit 10000p flow_limit 100p\n Sent 1239 bytes 12 pkt (dropped 7, overlimits 0 requeues 0)\n  flows 3 (inactive 2 throttled 0)\n  gc 0 highprio 0 throttled 5 flows_plimit 7";
+        assert_eq!(super::qdisc_counter(fq, "dropped"), 7);
+        assert_eq!(super::qdisc_counter(fq, "flows_plimit"), 7);
+        assert_eq!(super::qdisc_counter("nothing here", "dropped"), 0);
+    }
 }
