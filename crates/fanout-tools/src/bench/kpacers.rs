@@ -23,6 +23,8 @@
 //! `kernel-pacers.png` (what arrived, per 100 ms, in each round). Needs root and `sch_fq`.
 
 use super::layers::{qdisc_counter, Topology};
+// CLOCK_MONOTONIC, what fq compares SO_TXTIME stamps with.
+use crate::mono_ns;
 use anyhow::{bail, Context};
 use clap::Args;
 use fanout_core::{Pace, VirtualClock};
@@ -225,14 +227,6 @@ fn loss_pct(r: &Round) -> f64 {
     } else {
         100.0 * r.sent.saturating_sub(r.received) as f64 / r.sent as f64
     }
-}
-
-/// The CLOCK_MONOTONIC time in nanoseconds: what fq compares `SO_TXTIME` stamps with.
-fn mono_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: ts is a valid timespec to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// One round: receivers in the subscribers' namespace, the sender in the relay's.
