@@ -23,6 +23,7 @@ fuzz_target!(|data: &[u8]| {
         let _ = (v.sequence_number(), v.timestamp(), v.ssrc(), v.marker(), v.payload_type());
         // VP8/VP9 keyframe starts; flagging VP9's inter frames touches only the P bit.
         let _ = fanout_proto::codec::vpx::vp8_keyframe_start(&data[r.clone()]);
+        let _ = fanout_proto::codec::av1::av1_keyframe_start(&data[r.clone()]);
         let mut vp9 = fanout_proto::codec::vpx::Vp9Predicted::default();
         let mut p = data[r.clone()].to_vec();
         assert_eq!(vp9.packet(&mut p), fanout_proto::codec::vpx::vp9_keyframe_start(&data[r.clone()]));

@@ -367,7 +367,7 @@ impl Inner {
     /// RTP video of a known codec: a packet with parameter sets starts a keyframe; an IDR's
     /// first packet does only in streams that never carry parameter sets in band (their
     /// players take them from the SDP).
-    /// VP8/VP9: a keyframe starts at its first packet (no layers judged here).
+    /// VP8/VP9/AV1: a keyframe starts at its first packet (no layers judged here).
     pub(crate) fn mark_video_start(&self, p: &mut Packet) {
         use fanout_proto::rtp::classify::{video_start, RtpVideo, VideoStart};
         let codec = match self.rtp_video() {
@@ -377,6 +377,7 @@ impl Inner {
                 let key = p.is_rtp()
                     && match vpx {
                         RtpVideo::Vp9 => self.vp9.lock().packet(p.payload_mut()),
+                        RtpVideo::Av1 => fanout_proto::codec::av1::av1_keyframe_start(p.payload()),
                         _ => fanout_proto::codec::vpx::vp8_keyframe_start(p.payload()),
                     };
                 if key {
@@ -420,6 +421,7 @@ impl Inner {
             2 => Some(RtpVideo::Nal(Codec::H265)),
             3 => Some(RtpVideo::Vp8),
             4 => Some(RtpVideo::Vp9),
+            5 => Some(RtpVideo::Av1),
             _ => None,
         }
     }
@@ -614,6 +616,7 @@ impl Session {
             Some(RtpVideo::Nal(Codec::H265)) => 2,
             Some(RtpVideo::Vp8) => 3,
             Some(RtpVideo::Vp9) => 4,
+            Some(RtpVideo::Av1) => 5,
         };
         if self.inner.rtp_video.swap(v, Ordering::Relaxed) != v {
             self.inner.saw_parameter_sets.store(false, Ordering::Relaxed);

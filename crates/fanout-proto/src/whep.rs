@@ -40,7 +40,7 @@ pub fn encoding<'a>(m: &'a Media, format: &str) -> Option<&'a str> {
 
 /// A track's codec as WebRTC names it, where it carries it: H.264 (packetization mode 1),
 /// H.265 (to viewers whose offer has it: Safari, Chrome with a hardware decoder, pion), VP8
-/// and VP9 (every browser), Opus, and G.711 (PCMU, PCMA: browsers take it, and many cameras'
+/// and VP9 (every browser), AV1 (Chromium, Firefox, Safari with a decoder for it), Opus, and G.711 (PCMU, PCMA: browsers take it, and many cameras'
 /// audio is G.711).
 fn webrtc_codec(m: &Media) -> Result<&'static str, String> {
     let format = m.formats.first().map(String::as_str).unwrap_or("");
@@ -50,12 +50,13 @@ fn webrtc_codec(m: &Media) -> Result<&'static str, String> {
         ("video", "H265") => Ok("H265"),
         ("video", "VP8") => Ok("VP8"),
         ("video", "VP9") => Ok("VP9"),
+        ("video", "AV1") => Ok("AV1"),
         ("audio", "OPUS") => Ok("OPUS"),
         ("audio", "PCMU") => Ok("PCMU"),
         ("audio", "PCMA") => Ok("PCMA"),
         (kind, "") => Err(format!("{kind} has no rtpmap: not carried over WebRTC here")),
         (kind, n) => {
-            Err(format!("{kind} is {n}: WebRTC here carries H264, H265, VP8 or VP9 video and Opus or G.711 audio"))
+            Err(format!("{kind} is {n}: WebRTC here carries H264, H265, VP8, VP9 or AV1 video and Opus or G.711 audio"))
         }
     }
 }
@@ -194,7 +195,7 @@ fn nal_units(payload: &[u8]) -> impl Iterator<Item = &[u8]> {
 }
 
 /// What a WHIP publisher's negotiated answer makes of the path: its description (a video
-/// track of H.264, VP8 or VP9, an audio track of Opus, as the answer took them) and which incoming
+/// track of H.264, VP8, VP9 or AV1, an audio track of Opus, as the answer took them) and which incoming
 /// payload type feeds which track.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ingest {
@@ -203,16 +204,20 @@ pub struct Ingest {
     pub pts: Vec<(u8, usize)>,
 }
 
-/// The video codec the relay takes from a WHIP publisher's `offer`: H.264 (packetization
-/// mode 1) where it is offered, else VP8, else VP9 (whose keyframes the ring also finds);
-/// `None` where it offers none of them.
+/// The video codecs the relay takes from a WHIP publisher, in its preference: H.264
+/// (packetization mode 1: what every face can carry), then VP8, VP9 and AV1, whose
+/// keyframes the ring also finds.
+pub const PUBLISHED_VIDEO: [&str; 4] = ["H264", "VP8", "VP9", "AV1"];
+
+/// The video codec the relay takes from a WHIP publisher's `offer`: the first of
+/// [`PUBLISHED_VIDEO`] it offers; `None` where it offers none of them.
 pub fn publisher_video(offer: &Sdp) -> Option<&'static str> {
     let video: Vec<&Media> = offer.media.iter().filter(|m| m.kind == "video").collect();
-    ["H264", "VP8", "VP9"].into_iter().find(|c| video.iter().any(|m| !answer_pts(m, c, vp9_profile(m)).is_empty()))
+    PUBLISHED_VIDEO.into_iter().find(|c| video.iter().any(|m| !answer_pts(m, c, vp9_profile(m)).is_empty()))
 }
 
-/// The publisher's tracks from `answer`: each receiving media section with H.264 (mode 1),
-/// VP8 or VP9 video (the first of them it has), or Opus, becomes a track, in order; `None`
+/// The publisher's tracks from `answer`: each receiving media section with video of
+/// [`PUBLISHED_VIDEO`] (the first of them it has), or Opus, becomes a track, in order; `None`
 /// when there is none.
 pub fn ingest(answer: &Sdp) -> Option<Ingest> {
     let mut sdp = String::from("v=0\r\no=- 0 0 IN IP4 0.0.0.0\r\ns=WHIP publisher\r\nt=0 0\r\n");
@@ -222,9 +227,10 @@ pub fn ingest(answer: &Sdp) -> Option<Ingest> {
         let profile = vp9_profile(m);
         let vp9 = format!("VP9/90000\r\na=fmtp:96 profile-id={profile}");
         let (codec, line) = match m.kind.as_str() {
-            "video" => match ["H264", "VP8", "VP9"].into_iter().find(|c| !answer_pts(m, c, profile).is_empty()) {
+            "video" => match PUBLISHED_VIDEO.into_iter().find(|c| !answer_pts(m, c, profile).is_empty()) {
                 Some("VP8") => ("VP8", "VP8/90000"),
                 Some("VP9") => ("VP9", vp9.as_str()),
+                Some("AV1") => ("AV1", "AV1/90000"),
                 _ => ("H264", "H264/90000\r\na=fmtp:96 packetization-mode=1"),
             },
             "audio" => ("OPUS", "opus/48000/2"),
@@ -265,7 +271,9 @@ mod tests {
         assert_eq!(plan.routes, vec![Route { track: 0, mid: "0".into(), pt: 102, video: true, params: vec![] }]);
         assert_eq!(
             plan.left_out,
-            vec!["audio is MPEG4-GENERIC: WebRTC here carries H264, H265, VP8 or VP9 video and Opus or G.711 audio"]
+            vec![
+                "audio is MPEG4-GENERIC: WebRTC here carries H264, H265, VP8, VP9 or AV1 video and Opus or G.711 audio"
+            ]
         );
     }
 
@@ -311,13 +319,11 @@ mod tests {
     /// takes VP9 in profiles 0 and 2: each goes to its own codec, VP9 in the path's profile.
     #[test]
     fn vp8_and_vp9_go_to_their_codecs_and_vp9_keeps_its_profile() {
-        let answer = Sdp::parse(
-            "v=0\r\nm=video 9 UDP/TLS/RTP/SAVPF 96 98 100 102\r\na=mid:0\r\na=sendonly\r\n\
+        let answer_text = "v=0\r\nm=video 9 UDP/TLS/RTP/SAVPF 96 98 100 102\r\na=mid:0\r\na=sendonly\r\n\
              a=rtpmap:96 VP8/90000\r\na=rtpmap:98 VP9/90000\r\na=fmtp:98 profile-id=2\r\n\
              a=rtpmap:100 VP9/90000\r\na=fmtp:100 profile-id=0\r\n\
-             a=rtpmap:102 H264/90000\r\na=fmtp:102 packetization-mode=1\r\n",
-        )
-        .unwrap();
+             a=rtpmap:102 H264/90000\r\na=fmtp:102 packetization-mode=1\r\n";
+        let answer = Sdp::parse(answer_text).unwrap();
         let route = |path: &str| {
             let p = plan(&Sdp::parse(path).unwrap(), &answer);
             assert!(p.left_out.is_empty(), "{:?}", p.left_out);
@@ -326,11 +332,14 @@ mod tests {
         assert_eq!(route("v=0\r\nm=video 0 RTP/AVP 96\r\na=rtpmap:96 VP8/90000\r\n"), 96);
         assert_eq!(route("v=0\r\nm=video 0 RTP/AVP 96\r\na=rtpmap:96 VP9/90000\r\n"), 100);
         assert_eq!(route("v=0\r\nm=video 0 RTP/AVP 97\r\na=rtpmap:97 VP9/90000\r\na=fmtp:97 profile-id=2\r\n"), 98);
+        // An AV1 path to a viewer whose answer has no AV1: left out, with the reason.
         let av1 = plan(&Sdp::parse("v=0\r\nm=video 0 RTP/AVP 96\r\na=rtpmap:96 AV1/90000\r\n").unwrap(), &answer);
-        assert_eq!(
-            av1.left_out,
-            vec!["video is AV1: WebRTC here carries H264, H265, VP8 or VP9 video and Opus or G.711 audio"]
-        );
+        assert_eq!(av1.left_out, vec!["video (AV1): the viewer's offer takes none"]);
+        let with_av1 =
+            Sdp::parse(&format!("{}a=rtpmap:45 AV1/90000\r\n", answer_text.replace(" 102\r\n", " 102 45\r\n")))
+                .unwrap();
+        let p = plan(&Sdp::parse("v=0\r\nm=video 0 RTP/AVP 96\r\na=rtpmap:96 AV1/90000\r\n").unwrap(), &with_av1);
+        assert_eq!(p.routes[0].pt, 45);
     }
 
     #[test]
@@ -363,7 +372,9 @@ mod tests {
         let vp9 = "v=0\r\nm=video 9 UDP/TLS/RTP/SAVPF 98\r\na=rtpmap:98 VP9/90000\r\na=fmtp:98 profile-id=0\r\n";
         assert_eq!(publisher_video(&Sdp::parse(vp9).unwrap()), Some("VP9"));
         let av1 = "v=0\r\nm=video 9 UDP/TLS/RTP/SAVPF 45\r\na=rtpmap:45 AV1/90000\r\n";
-        assert_eq!(publisher_video(&Sdp::parse(av1).unwrap()), None);
+        assert_eq!(publisher_video(&Sdp::parse(av1).unwrap()), Some("AV1"));
+        let h263 = "v=0\r\nm=video 9 UDP/TLS/RTP/SAVPF 34\r\na=rtpmap:34 H263/90000\r\n";
+        assert_eq!(publisher_video(&Sdp::parse(h263).unwrap()), None);
         // The answer to it (VP9 only) makes a VP9 track of the answer's profile.
         let answer = "v=0\r\nm=video 9 UDP/TLS/RTP/SAVPF 98\r\na=recvonly\r\na=rtpmap:98 VP9/90000\r\n\
             a=fmtp:98 profile-id=0\r\n";
@@ -372,6 +383,8 @@ mod tests {
         assert!(got.sdp.contains("a=rtpmap:96 VP9/90000\r\na=fmtp:96 profile-id=0"), "{}", got.sdp);
         let vp8 = ingest(&Sdp::parse(&answer.replace("VP9", "VP8")).unwrap()).unwrap();
         assert!(vp8.sdp.contains("a=rtpmap:96 VP8/90000\r\n"), "{}", vp8.sdp);
+        let av1 = ingest(&Sdp::parse(&answer.replace("VP9", "AV1")).unwrap()).unwrap();
+        assert!(av1.sdp.contains("a=rtpmap:96 AV1/90000\r\n"), "{}", av1.sdp);
     }
 
     #[test]

@@ -501,7 +501,7 @@ impl Track {
 }
 
 /// A media section's RTP clock rate (90 kHz where it names none) and video codec, if one
-/// whose keyframes the relay finds (H.264, HEVC, VP8, VP9): what a track's relay session
+/// whose keyframes the relay finds (H.264, HEVC, VP8, VP9, AV1): what a track's relay session
 /// needs to know.
 pub(crate) fn track_format(m: &fanout_proto::rtsp::sdp::Media) -> (u32, Option<fanout_proto::rtp::classify::RtpVideo>) {
     let rtpmap = m.formats.first().and_then(|f| m.rtpmap(f));

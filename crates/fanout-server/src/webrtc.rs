@@ -368,7 +368,7 @@ impl WebRtc {
         if connecting >= MAX_CONNECTING {
             return Err(Refused(503, format!("{connecting} WebRTC peers are still connecting: try again")));
         }
-        // A publisher's video is taken in one codec: H.264 where offered, else VP8, else VP9.
+        // A publisher's video is taken in one codec: the first of `PUBLISHED_VIDEO` offered.
         let taken = publisher.then(|| Sdp::parse(offer).ok().and_then(|o| fanout_proto::whep::publisher_video(&o)));
         let takes = |codec: &str| taken.is_none_or(|t| t.unwrap_or("H264") == codec);
         let offer = SdpOffer::from_sdp_string(offer).map_err(|e| Refused(400, format!("the offer: {e}")))?;
@@ -396,6 +396,7 @@ impl WebRtc {
             .enable_h265(!publisher)
             .enable_vp8(takes("VP8"))
             .enable_vp9(takes("VP9"))
+            .enable_av1(takes("AV1"))
             .enable_opus(true, false)
             // G.711 to viewers only: a publisher's audio is taken as Opus.
             .enable_pcmu(!publisher, false)
@@ -470,8 +471,9 @@ impl WebRtc {
         }
         let (rtc, answer) = self.negotiate(offer, Role::Publisher)?;
         let parsed = Sdp::parse(&answer).map_err(|e| Refused(500, format!("our answer: {e}")))?;
-        let ingest = fanout_proto::whep::ingest(&parsed)
-            .ok_or_else(|| Refused(400, "the offer sends no H.264 (packetization mode 1), VP8, VP9 or Opus".into()))?;
+        let ingest = fanout_proto::whep::ingest(&parsed).ok_or_else(|| {
+            Refused(400, "the offer sends no H.264 (packetization mode 1), VP8, VP9, AV1 or Opus".into())
+        })?;
         let sdp = Sdp::parse(&ingest.sdp).map_err(|e| Refused(500, format!("the path's description: {e}")))?;
         let id = crate::clients::random_id();
         let status = ViewerStatus {

@@ -7,9 +7,11 @@
 //! - [`layers`]: the scalable layer (H.264, SVC, HEVC) of an RTP packet, for layer dropping.
 //! - [`dts`]: decoding times for video that comes with presentation times only.
 //! - [`vpx`]: where VP8 and VP9 keyframes start in their RTP payloads.
+//! - [`av1`]: where AV1 keyframes start in their RTP payloads.
 
 pub mod aac;
 pub mod annexb;
+pub mod av1;
 pub mod dts;
 pub mod hevc;
 pub mod layers;

@@ -21,12 +21,13 @@ pub fn payload_offset(datagram: &[u8]) -> usize {
 }
 
 /// An RTP video codec whose keyframes the relay finds, so a new subscriber starts at one:
-/// H.264/HEVC (whose NAL units also carry layers and parameter sets), VP8, VP9.
+/// H.264/HEVC (whose NAL units also carry layers and parameter sets), VP8, VP9, AV1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RtpVideo {
     Nal(crate::codec::annexb::Codec),
     Vp8,
     Vp9,
+    Av1,
 }
 
 impl RtpVideo {
@@ -38,6 +39,7 @@ impl RtpVideo {
             "H265" => RtpVideo::Nal(Codec::H265),
             "VP8" => RtpVideo::Vp8,
             "VP9" => RtpVideo::Vp9,
+            "AV1" => RtpVideo::Av1,
             _ => return None,
         })
     }
