@@ -45,7 +45,10 @@ impl ShedConfig {
     /// Shedding after waits of `high_ms` (the others scale with it).
     pub fn after_ms(high_ms: u64) -> Self {
         let high_ns = high_ms * 1_000_000;
-        Self { high_ns, low_ns: high_ns / 4, hold_ns: (high_ns * 12).max(100_000_000), recover_ns: 1_000_000_000 }
+        // The hold is at most a quarter second: a starved relay that must shed two classes
+        // loses the top class's media while it waits to shed the second.
+        let hold_ns = (high_ns * 12).clamp(100_000_000, 250_000_000);
+        Self { high_ns, low_ns: high_ns / 4, hold_ns, recover_ns: 1_000_000_000 }
     }
 }
 

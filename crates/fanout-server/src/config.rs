@@ -592,8 +592,9 @@ fn default_state_file() -> Option<std::path::PathBuf> {
     Some(dir.join("sessions.json"))
 }
 
-/// See `docs/BENCHMARKS.md` (overload): the top class's p99 stays under 50 ms.
-pub const DEFAULT_SHED_AFTER_MS: u64 = 20;
+/// See `docs/BENCHMARKS.md` (overload): waits of 20–50 ms are a crowded host's scheduling,
+/// not overload, and shedding at them cost a class that would have been served whole.
+pub const DEFAULT_SHED_AFTER_MS: u64 = 100;
 pub const MAX_SHED_AFTER_MS: u64 = 10_000;
 
 /// The limits of the server-wide numbers (also in docs/config.md).
@@ -1160,7 +1161,7 @@ mod tests {
         let o = c.engine_options().unwrap();
         assert_eq!(o.priority, fanout_io::ThreadPriority::Realtime(10));
         assert_eq!(o.shed_after, None);
-        assert_eq!(Config::default().engine_options().unwrap().shed_after, Some(std::time::Duration::from_millis(20)));
+        assert_eq!(Config::default().engine_options().unwrap().shed_after, Some(std::time::Duration::from_millis(DEFAULT_SHED_AFTER_MS)));
         for bad in ["\"fast\"", "\"nice:-21\"", "\"realtime:0\"", "\"realtime\""] {
             let e = Config::parse(&format!("worker_priority = {bad}\n")).unwrap_err().join("\n");
             assert!(e.contains("line 1") && e.contains("not a thread priority"), "{bad}: {e}");

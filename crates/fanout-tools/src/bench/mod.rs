@@ -232,6 +232,8 @@ impl RelayProc {
             .args(["--state-file", ""])
             .env("FANOUT_RTMP", "off")
             .env("FANOUT_SRT", "off")
+            // (Several relays side by side would each try the one default WebRTC port.)
+            .env("FANOUT_WEBRTC", "off")
             .env("FANOUT_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

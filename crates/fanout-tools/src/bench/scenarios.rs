@@ -606,7 +606,7 @@ pub struct OverloadArgs {
     #[arg(long, default_value = "shared")]
     datapath: String,
     /// Relay setups, side by side at every level: `default` (as shipped), `noshed` (no
-    /// overload shedding), `nice:N`, `realtime:N` or `slice:US` (the relay's threads at that priority or time slice),
+    /// overload shedding), `shed:MS` (shedding after waits of MS), `nice:N`, `realtime:N` or `slice:US` (the relay's threads at that priority or time slice),
     /// `top:DATAPATH` (the top class's session on that data path, e.g. `top:kernel`);
     /// join several with `+` (`noshed+realtime:10`).
     #[arg(long, value_delimiter = ',', default_value = "default,realtime:10")]
@@ -762,11 +762,16 @@ impl Setup {
             match part {
                 "default" => {}
                 "noshed" => s.flags.extend(["--shed-after-ms".into(), "0".into()]),
+                p if p.strip_prefix("shed:").is_some_and(|ms| ms.parse::<u64>().is_ok()) => {
+                    s.flags.extend(["--shed-after-ms".into(), p["shed:".len()..].to_string()])
+                }
                 p if p.parse::<fanout_io::ThreadPriority>().is_ok() => {
                     s.flags.extend(["--worker-priority".into(), p.to_string()])
                 }
                 p => {
-                    anyhow::bail!("setup {p:?}: expected default, noshed, nice:N, realtime:N, slice:US or top:DATAPATH")
+                    anyhow::bail!(
+                        "setup {p:?}: expected default, noshed, shed:MS, nice:N, realtime:N, slice:US or top:DATAPATH"
+                    )
                 }
             }
         }
@@ -942,6 +947,8 @@ mod tests {
     fn overload_setups_join_relay_flags_and_a_top_class_data_path() {
         let s = Setup::parse("noshed+realtime:10+top:kernel").unwrap();
         assert_eq!(s.flags, ["--shed-after-ms", "0", "--worker-priority", "realtime:10"]);
+        assert_eq!(Setup::parse("shed:50").unwrap().flags, ["--shed-after-ms", "50"]);
+        assert!(Setup::parse("shed:x").is_err());
         assert_eq!(s.top_datapath.as_deref(), Some("kernel"));
         let d = Setup::parse("default").unwrap();
         assert!(d.flags.is_empty() && d.top_datapath.is_none());
