@@ -40,8 +40,8 @@ pub fn encoding<'a>(m: &'a Media, format: &str) -> Option<&'a str> {
 
 /// A track's codec as WebRTC names it, where it carries it: H.264 (packetization mode 1),
 /// H.265 (to viewers whose offer has it: Safari, Chrome with a hardware decoder, pion), VP8
-/// and VP9 (every browser), AV1 (Chromium, Firefox, Safari with a decoder for it), Opus, and G.711 (PCMU, PCMA: browsers take it, and many cameras'
-/// audio is G.711).
+/// and VP9 (every browser), AV1 (Chromium, Firefox, Safari with a decoder for it), Opus, and
+/// G.711 (PCMU, PCMA: browsers take it, and many cameras' audio is G.711).
 fn webrtc_codec(m: &Media) -> Result<&'static str, String> {
     let format = m.formats.first().map(String::as_str).unwrap_or("");
     let name = encoding(m, format).unwrap_or("");
@@ -195,8 +195,8 @@ fn nal_units(payload: &[u8]) -> impl Iterator<Item = &[u8]> {
 }
 
 /// What a WHIP publisher's negotiated answer makes of the path: its description (a video
-/// track of H.264, VP8, VP9 or AV1, an audio track of Opus, as the answer took them) and which incoming
-/// payload type feeds which track.
+/// track of H.264, VP8, VP9 or AV1, an audio track of Opus, as the answer took them) and
+/// which incoming payload type feeds which track.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ingest {
     pub sdp: String,

@@ -1161,7 +1161,10 @@ mod tests {
         let o = c.engine_options().unwrap();
         assert_eq!(o.priority, fanout_io::ThreadPriority::Realtime(10));
         assert_eq!(o.shed_after, None);
-        assert_eq!(Config::default().engine_options().unwrap().shed_after, Some(std::time::Duration::from_millis(DEFAULT_SHED_AFTER_MS)));
+        assert_eq!(
+            Config::default().engine_options().unwrap().shed_after,
+            Some(std::time::Duration::from_millis(DEFAULT_SHED_AFTER_MS))
+        );
         for bad in ["\"fast\"", "\"nice:-21\"", "\"realtime:0\"", "\"realtime\""] {
             let e = Config::parse(&format!("worker_priority = {bad}\n")).unwrap_err().join("\n");
             assert!(e.contains("line 1") && e.contains("not a thread priority"), "{bad}: {e}");

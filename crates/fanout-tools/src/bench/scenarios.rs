@@ -606,9 +606,10 @@ pub struct OverloadArgs {
     #[arg(long, default_value = "shared")]
     datapath: String,
     /// Relay setups, side by side at every level: `default` (as shipped), `noshed` (no
-    /// overload shedding), `shed:MS` (shedding after waits of MS), `nice:N`, `realtime:N` or `slice:US` (the relay's threads at that priority or time slice),
-    /// `top:DATAPATH` (the top class's session on that data path, e.g. `top:kernel`);
-    /// join several with `+` (`noshed+realtime:10`).
+    /// overload shedding), `shed:MS` (shedding after waits of MS), `nice:N`, `realtime:N`
+    /// or `slice:US` (the relay's threads at that priority or time slice), `top:DATAPATH`
+    /// (the top class's session on that data path, e.g. `top:kernel`); join several with
+    /// `+` (`noshed+realtime:10`).
     #[arg(long, value_delimiter = ',', default_value = "default,realtime:10")]
     setups: Vec<String>,
     /// Subscribers of each of the three sessions.
