@@ -13,6 +13,13 @@ use std::time::Duration;
 
 pub use crate::error::RelayError;
 
+/// The sinks the API added, and how many were left at the last pruning.
+#[derive(Default)]
+struct ApiSinks {
+    list: Vec<(Session, u64, SinkSpec)>,
+    pruned_len: usize,
+}
+
 pub struct Relay {
     pub engine: Engine,
     /// The running configuration: a reload swaps it (`crate::reload`), so it is read where
@@ -51,7 +58,7 @@ pub struct Relay {
     pub handover: crate::handover::Handover,
     /// The sinks added through the API (or made again from the state file), with their
     /// session: what an upgrade moves to the new process.
-    api_sinks: parking_lot::Mutex<Vec<(Session, u64, SinkSpec)>>,
+    api_sinks: parking_lot::Mutex<ApiSinks>,
     /// Recordings on disk (`record_path`).
     pub recordings: Arc<crate::record::Store>,
     /// Per `[[pattern]]` (by its `match`), the paths it has now.
@@ -675,7 +682,7 @@ impl Relay {
             c.end_pull(name);
         }
         let path = self.paths.write().remove(name).ok_or_else(|| no_such(name))?;
-        self.api_sinks.lock().retain(|(s, _, _)| !s.is(&path.session));
+        self.api_sinks.lock().list.retain(|(s, _, _)| !s.is(&path.session));
         let rtsp = self.rtsp.lock().clone();
         if let Some(r) = rtsp {
             r.end_resource(self, name);
@@ -694,8 +701,15 @@ impl Relay {
         let id = add_sink(&session, spec).await?;
         tracing::info!(session = name, sink = id, udp = ?spec.udp, tcp = ?spec.tcp, "sink added");
         let mut api = self.api_sinks.lock();
-        api.retain(|(s, id, _)| self.still(s, *id));
-        api.push((session, id, spec.clone()));
+        // Sinks that went (removed, their session replaced) are pruned once the list has
+        // doubled: asking each whether it is still there costs a `kernel` sink a syscall,
+        // and doing it at every add made adding the nth sink cost n of them (40,000 sinks
+        // took minutes).
+        if api.list.len() >= 2 * api.pruned_len.max(64) {
+            api.list.retain(|(s, id, _)| self.still(s, *id));
+            api.pruned_len = api.list.len();
+        }
+        api.list.push((session, id, spec.clone()));
         Ok(id)
     }
 
@@ -707,8 +721,9 @@ impl Relay {
     /// The sinks added through the API that are still there: (path, sink id, spec).
     pub fn api_sinks(&self) -> Vec<(String, u64, SinkSpec)> {
         let mut api = self.api_sinks.lock();
-        api.retain(|(s, id, _)| self.still(s, *id));
-        api.iter().map(|(s, id, spec)| (s.name().to_string(), *id, spec.clone())).collect()
+        api.list.retain(|(s, id, _)| self.still(s, *id));
+        api.pruned_len = api.list.len();
+        api.list.iter().map(|(s, id, spec)| (s.name().to_string(), *id, spec.clone())).collect()
     }
 
     /// Makes again the sessions the state file kept (after the config's: a name the config
