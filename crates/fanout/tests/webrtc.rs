@@ -226,6 +226,19 @@ window.whip = { state: 'starting' };
 return true;
 "#;
 
+/// Runs the WHIP script in `d`'s page with `args` and waits until the relay's `cam` path
+/// says a WebRTC publisher publishes (`what` names the case in the failure).
+fn whip_publishes(relay: &Relay, d: &Driver, args: Value, what: &str) {
+    d.post("execute/sync", json!({ "script": WHIP, "args": args }));
+    let publisher = || relay.ok("GET", "/v1/sessions/cam", None)["publisher"].clone();
+    assert!(
+        wait_for(Duration::from_secs(20), || publisher()["transport"] == "webrtc"),
+        "{what}: not publishing: {} / {}",
+        d.js("return window.whip;"),
+        publisher()
+    );
+}
+
 /// Chromium publishes over WHIP into a `publish` path: the path's publisher says `webrtc`,
 /// ffmpeg decodes it over RTSP and HTTP TS without an error (the relay asks the browser for
 /// a keyframe every 2 s, so a player joining late starts at once), a second WHIP publisher is
@@ -241,14 +254,8 @@ fn chromium_publishes_over_whip_and_ffmpeg_plays_it() {
     let whip = relay.url("/cam/whip");
     let d = Driver::start();
     d.post("url", json!({ "url": page_elsewhere() }));
-    d.post("execute/sync", json!({ "script": WHIP, "args": [whip] }));
+    whip_publishes(&relay, &d, json!([whip]), "H264");
     let publisher = || relay.ok("GET", "/v1/sessions/cam", None)["publisher"].clone();
-    assert!(
-        wait_for(Duration::from_secs(20), || publisher()["transport"] == "webrtc"),
-        "not publishing: {} / {}",
-        d.js("return window.whip;"),
-        publisher()
-    );
     let status = relay.ok("GET", "/v1/sessions/cam", None);
     assert_eq!(status["webrtc"][0]["role"], "publisher", "{status}");
     // A player that joins now: its first picture within ~2 s (the keyframe asked for),
@@ -298,14 +305,7 @@ fn chromium_publishes_vp8_vp9_and_av1_over_whip() {
             eprintln!("\n*** SKIPPED {codec}: this Chromium has no {codec} encoder for WebRTC ***\n");
             continue;
         }
-        d.post("execute/sync", json!({ "script": WHIP, "args": [relay.url("/cam/whip"), mime] }));
-        let publisher = || relay.ok("GET", "/v1/sessions/cam", None)["publisher"].clone();
-        assert!(
-            wait_for(Duration::from_secs(20), || publisher()["transport"] == "webrtc"),
-            "{codec}: not publishing: {} / {}",
-            d.js("return window.whip;"),
-            publisher()
-        );
+        whip_publishes(&relay, &d, json!([relay.url("/cam/whip"), mime]), codec);
         let status = relay.ok("GET", "/v1/sessions/cam", None);
         assert_eq!(status["webrtc"][0]["tracks"][0], format!("video {codec}"), "{status}");
         // Keyframes in the ring (the relay asks the browser for one every 2 s), then readers.
