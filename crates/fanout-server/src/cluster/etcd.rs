@@ -16,8 +16,11 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-/// Every etcd call is given this long.
+/// Every etcd call is given this long, but writes:
 const CALL: Duration = Duration::from_secs(2);
+/// A write waits for etcd's disk, which on a busy host takes seconds; the lease is kept
+/// alive meanwhile, so a slow write costs nothing but its wait.
+const WRITE: Duration = Duration::from_secs(6);
 const NODE_EVERY: Duration = Duration::from_secs(2);
 const TICK: Duration = Duration::from_secs(1);
 
@@ -30,9 +33,20 @@ pub struct Etcd {
 }
 
 async fn within<T, E: std::fmt::Display>(f: impl std::future::Future<Output = Result<T, E>>) -> Result<T, String> {
-    match tokio::time::timeout(CALL, f).await {
+    limited(CALL, f).await
+}
+
+async fn written<T, E: std::fmt::Display>(f: impl std::future::Future<Output = Result<T, E>>) -> Result<T, String> {
+    limited(WRITE, f).await
+}
+
+async fn limited<T, E: std::fmt::Display>(
+    limit: Duration,
+    f: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(limit, f).await {
         Ok(r) => r.map_err(|e| e.to_string()),
-        Err(_) => Err(format!("no answer within {CALL:?}")),
+        Err(_) => Err(format!("no answer within {limit:?}")),
     }
 }
 
@@ -68,7 +82,9 @@ impl Etcd {
     pub async fn snapshot(&self) -> Result<Snapshot, String> {
         let mut c = self.client().await?;
         let prefix = format!("{}/", self.prefix);
-        match within(c.get(prefix.clone(), Some(GetOptions::new().with_prefix()))).await {
+        // Serializable: the member's own copy, without a round of consensus that would wait
+        // behind writes on a slow disk (a directory a moment stale is good enough).
+        match within(c.get(prefix.clone(), Some(GetOptions::new().with_prefix().with_serializable()))).await {
             Ok(r) => Ok(Snapshot::parse(&self.prefix, r.kvs().iter().map(|kv| (kv.key(), kv.value())))),
             Err(e) => {
                 self.reset().await;
@@ -119,7 +135,27 @@ async fn registered(cluster: &Arc<Cluster>, local: &Weak<dyn Local>) -> Result<(
     let mut c = etcd.client().await?;
     let (node, prefix) = (&cluster.cfg.node, &etcd.prefix);
     let ttl = cluster.cfg.lease_s as i64;
-    let lease = within(c.lease_grant(ttl, None)).await?.id();
+    let granted = written(c.lease_grant(ttl, None)).await?;
+    let (lease, granted_ttl) = (granted.id(), granted.ttl());
+    let (mut keeper, mut alive) = within(c.lease_keep_alive(lease)).await?;
+    // The lease is kept alive from now on, on its own beat, three times a TTL: the writes
+    // below wait for etcd's disk, and a slow one must not let the lease lapse (on a busy host
+    // it did, with a 2 s lease, and the node left the directory).
+    let beat = Duration::from_millis((granted_ttl.max(1) as u64 * 1000 / 3).max(300));
+    let mut lapsed = Aborting(tokio::spawn(async move {
+        let mut every = tokio::time::interval(beat);
+        loop {
+            every.tick().await;
+            if let Err(e) = within(keeper.keep_alive()).await {
+                return e;
+            }
+            match within(alive.message()).await {
+                Ok(Some(r)) if r.ttl() > 0 => {}
+                Err(e) => return e,
+                Ok(_) => return "the lease expired (etcd lost us for too long)".to_string(),
+            }
+        }
+    }));
     let key = node_key(prefix, node);
     let info = |cluster: &Cluster| serde_json::to_vec(&cluster.me()).expect("serializable");
     let with_lease = || Some(PutOptions::new().with_lease(lease));
@@ -130,7 +166,7 @@ async fn registered(cluster: &Arc<Cluster>, local: &Weak<dyn Local>) -> Result<(
         .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
         .and_then([TxnOp::put(key.clone(), info(cluster), with_lease())])
         .or_else([TxnOp::get(key.clone(), None)]);
-    let r = within(c.txn(txn)).await?;
+    let r = written(c.txn(txn)).await?;
     if !r.succeeded() {
         let holder = r.op_responses().into_iter().find_map(|o| match o {
             TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.lease()),
@@ -139,7 +175,7 @@ async fn registered(cluster: &Arc<Cluster>, local: &Weak<dyn Local>) -> Result<(
         match holder {
             Some(h) if h == earlier && h != 0 => {
                 let _ = within(c.lease_revoke(h)).await;
-                within(c.put(key.clone(), info(cluster), with_lease())).await?;
+                written(c.put(key.clone(), info(cluster), with_lease())).await?;
             }
             _ => {
                 let _ = within(c.lease_revoke(lease)).await;
@@ -152,7 +188,6 @@ async fn registered(cluster: &Arc<Cluster>, local: &Weak<dyn Local>) -> Result<(
             }
         }
     }
-    let (mut keeper, mut alive) = within(c.lease_keep_alive(lease)).await?;
     {
         let mut d = cluster.directory.lock();
         d.state = "connected".into();
@@ -164,16 +199,13 @@ async fn registered(cluster: &Arc<Cluster>, local: &Weak<dyn Local>) -> Result<(
     let mut node_at = tokio::time::Instant::now();
     let mut tick = tokio::time::interval(TICK);
     loop {
-        tick.tick().await;
-        let Some(l) = local.upgrade() else { return Ok(()) };
-        // The lease: kept alive at every tick (a third of the shortest TTL allowed is 1 s).
-        within(keeper.keep_alive()).await?;
-        match within(alive.message()).await? {
-            Some(r) if r.ttl() > 0 => {}
-            _ => return Err("the lease expired (etcd lost us for too long)".into()),
+        tokio::select! {
+            _ = tick.tick() => {}
+            why = &mut lapsed.0 => return Err(why.unwrap_or_else(|e| format!("the lease's keeper: {e}"))),
         }
+        let Some(l) = local.upgrade() else { return Ok(()) };
         if node_at.elapsed() >= NODE_EVERY {
-            within(c.put(key.clone(), info(cluster), with_lease())).await?;
+            written(c.put(key.clone(), info(cluster), with_lease())).await?;
             node_at = tokio::time::Instant::now();
         }
         let mut want: BTreeMap<String, Vec<u8>> = BTreeMap::new();
@@ -183,13 +215,13 @@ async fn registered(cluster: &Arc<Cluster>, local: &Weak<dyn Local>) -> Result<(
         drop(l);
         for (k, v) in &want {
             if published.get(k) != Some(v) {
-                within(c.put(k.clone(), v.clone(), with_lease())).await?;
+                written(c.put(k.clone(), v.clone(), with_lease())).await?;
                 published.insert(k.clone(), v.clone());
             }
         }
         let gone: Vec<String> = published.keys().filter(|k| !want.contains_key(*k)).cloned().collect();
         for k in gone {
-            within(c.delete(k.clone(), None)).await?;
+            written(c.delete(k.clone(), None)).await?;
             published.remove(&k);
         }
         // What others wrote that we cannot read, and channels whose origins disagree: shown
@@ -205,5 +237,14 @@ async fn registered(cluster: &Arc<Cluster>, local: &Weak<dyn Local>) -> Result<(
             d.conflicts = found;
             d.rejected = snap.rejected;
         }
+    }
+}
+
+/// A task aborted when its handle is dropped (the lease's keeper ends with its registration).
+struct Aborting<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for Aborting<T> {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }

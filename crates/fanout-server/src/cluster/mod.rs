@@ -98,6 +98,9 @@ pub struct ClusterView {
     pub directory: DirectoryState,
     /// What the directory says now (empty without etcd, or when it cannot be read).
     pub nodes: Vec<NodeInfo>,
+    /// Why the directory could not be read for this view (`nodes` and `channels` are empty).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read_error: Option<String>,
     pub channels: BTreeMap<String, Vec<ChannelEntry>>,
     pub pulls: Vec<Pull>,
     pub parents: Vec<parents::ParentStatus>,
@@ -374,12 +377,15 @@ impl Cluster {
 
     pub async fn view(&self) -> ClusterView {
         #[cfg_attr(not(feature = "etcd"), allow(unused_mut))]
-        let (mut nodes, mut channels) = (Vec::new(), BTreeMap::new());
+        let (mut nodes, mut channels, mut read_error) = (Vec::new(), BTreeMap::new(), None);
         #[cfg(feature = "etcd")]
         if let Some(e) = &self.etcd {
-            if let Ok(snap) = e.snapshot().await {
-                nodes = snap.nodes.into_values().collect();
-                channels = snap.channels;
+            match e.snapshot().await {
+                Ok(snap) => {
+                    nodes = snap.nodes.into_values().collect();
+                    channels = snap.channels;
+                }
+                Err(e) => read_error = Some(e),
             }
         }
         let local = self.local.get().and_then(Weak::upgrade);
@@ -388,6 +394,7 @@ impl Cluster {
             serves: local.map(|l| self.entries(&*l).into_iter().map(|(_, e)| e).collect()).unwrap_or_default(),
             directory: self.directory.lock().clone(),
             nodes,
+            read_error,
             channels,
             pulls: self.pulls(),
             parents: self.parents.status(),
