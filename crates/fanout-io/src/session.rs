@@ -70,6 +70,8 @@ pub(crate) struct Inner {
     last_key: AtomicU64,
     pub started: Instant,
     next_sink: AtomicU64,
+    /// Sinks the kernel path could not take (full maps), for a log line per thousand.
+    kernel_refused: AtomicU64,
     /// Packets and bytes delivered to sinks since removed: the session's totals
     /// outlive short subscribers.
     pub retired: (AtomicU64, AtomicU64),
@@ -535,6 +537,7 @@ impl Session {
             last_key: AtomicU64::new(0),
             started: Instant::now(),
             next_sink: AtomicU64::new(1),
+            kernel_refused: AtomicU64::new(0),
             retired: (AtomicU64::new(0), AtomicU64::new(0)),
             runner,
             reactor: engine.reactor().clone(),
@@ -776,7 +779,12 @@ impl Session {
         if let Some(Err(e)) = offered {
             // Full maps (or a failed map write): this sink is served from user space.
             let why = format!("served from user space: {e}");
-            tracing::warn!(session = %self.inner.cfg.name, sink = %to, "{why}");
+            // The first, then one line a thousand: tens of thousands of sinks past a full map
+            // must not be as many log lines (each sink's status says why).
+            let n = self.inner.kernel_refused.fetch_add(1, Ordering::Relaxed) + 1;
+            if n == 1 || n % 1000 == 0 {
+                tracing::warn!(session = %self.inner.cfg.name, sink = %to, refused = n, "{why}");
+            }
             let io = crate::sink::SinkIo::Unconnected(crate::sys::RawAddr::new(to));
             let how = Placement::udp(Start::Keyframe, shared_port);
             return self
