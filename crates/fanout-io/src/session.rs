@@ -782,7 +782,7 @@ impl Session {
             // The first, then one line a thousand: tens of thousands of sinks past a full map
             // must not be as many log lines (each sink's status says why).
             let n = self.inner.kernel_refused.fetch_add(1, Ordering::Relaxed) + 1;
-            if n == 1 || n % 1000 == 0 {
+            if n == 1 || n.is_multiple_of(1000) {
                 tracing::warn!(session = %self.inner.cfg.name, sink = %to, refused = n, "{why}");
             }
             let io = crate::sink::SinkIo::Unconnected(crate::sys::RawAddr::new(to));

@@ -404,6 +404,14 @@ pub fn bulk(mut a: BulkArgs) -> anyhow::Result<()> {
         let mut cap = 0;
         for (i, &n) in a.steps.iter().enumerate() {
             pb.set_message(format!("{dp}/{t} {n} subscribers{}", if wire.is_some() { " (wire)" } else { "" }));
+            let most = fanout_io::kernel::MAX_SESSION_SINKS;
+            if dp.starts_with("kernel") && n > most {
+                pb.println(format!(
+                    "*** {dp}/{t} {n}: the kernel path holds {most} sinks a session; the other {} are served from \
+                     user space, and this step measures both ***",
+                    n - most
+                ));
+            }
             let plan = StepPlan {
                 sessions: vec![SessionPlan {
                     name: format!("bulk{k}x{i}"),
