@@ -2,9 +2,12 @@
 //! str0m's): an SDP that `proto::whep` matches against a path (the viewer's side) or makes a
 //! publisher's tracks of, and RTP payloads of H.264 that `InBandParams` looks into before a
 //! viewer gets them. Never a panic; a plan routes each track once and only to a media section
-//! of the answer; at most the two parameter sets go before a payload.
+//! of the answer; at most the two parameter sets go before a payload. A simulcast publisher's
+//! RIDs (from the answer) and the payloads its encodings are ranked by (H.264's SPS, VP8's key
+//! frame header): the ranking names each encoding once, and the choice of one is an index.
 #![no_main]
 use fanout_proto::rtsp::sdp::Sdp;
+use fanout_proto::simulcast;
 use fanout_proto::whep::{ingest, plan, publisher_video, InBandParams};
 use libfuzzer_sys::fuzz_target;
 
@@ -24,8 +27,9 @@ fuzz_target!(|data: &[u8]| {
         if let Some(i) = ingest(&answer) {
             assert!(Sdp::parse(&i.sdp).is_ok());
         }
-        // As a WHIP publisher's offer: the video codec taken is one of the three, or none.
-        assert!(matches!(publisher_video(&answer), None | Some("H264" | "VP8" | "VP9")));
+        // As a WHIP publisher's offer: the video codec taken is one of the four, or none.
+        assert!(matches!(publisher_video(&answer), None | Some("H264" | "VP8" | "VP9" | "AV1")));
+        assert!(simulcast::rids(&answer).iter().all(|r| !r.is_empty() && !r.contains(char::is_whitespace)));
         // Its own sprop parameter sets, whatever they decode to.
         for r in p.routes {
             let mut params = InBandParams::new(&r.params);
@@ -37,5 +41,19 @@ fuzz_target!(|data: &[u8]| {
     let mut params = InBandParams::new(&[vec![0x67, 0x42], vec![0x68, 0xce]]);
     for (i, piece) in data.chunks(61).enumerate() {
         assert!(params.before(i as u32 / 4, piece).len() <= 2);
+    }
+    let mut ranking = simulcast::Ranking::new(vec!["a".into(), "b".into(), "c".into()]);
+    for (i, piece) in data.chunks(53).enumerate() {
+        let codec = if i % 2 == 0 { "H264" } else { "VP8" };
+        let _ = simulcast::picture_size(codec, piece);
+        ranking.packet(i % 4, codec, piece, i as u64 * 700);
+    }
+    if let Some(order) = ranking.order() {
+        let mut seen = order.to_vec();
+        seen.sort_unstable();
+        seen.dedup();
+        assert!(seen.len() == order.len() && order.iter().all(|&k| k < 3));
+        let rates: Vec<f64> = order.iter().map(|&k| ranking.bps(k)).collect();
+        assert!(simulcast::pick(&rates, data.len() as f64 * 1000.0, data.len() % 4) < rates.len().max(1));
     }
 });

@@ -116,6 +116,15 @@ pub struct Session {
     inner: Arc<Inner>,
 }
 
+/// Handles are equal when they are of the same session.
+impl PartialEq for Session {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+impl Eq for Session {}
+
 impl Inner {
     /// Video with no keyframe in the ring: a new sink must wait for one.
     fn cold_video(&self) -> bool {
@@ -831,6 +840,19 @@ impl Session {
     ) -> std::io::Result<u64> {
         let target = if http { SinkTarget::Http(peer) } else { SinkTarget::Tcp(peer) };
         self.add_sink(target, crate::sink::SinkIo::Channel(queue), false)
+    }
+
+    /// Adds a sink of `peer` whose packets go into `queue` from the newest packet on, not
+    /// from the ring's last keyframe: a WebRTC viewer switching to this session from another
+    /// encoding of the same pictures, which waits for the next keyframe itself.
+    pub fn add_live_channel_sink(
+        &self,
+        peer: SocketAddr,
+        queue: Arc<crate::channel::ChannelQueue>,
+    ) -> std::io::Result<u64> {
+        let id = self.inner.next_sink.fetch_add(1, Ordering::Relaxed);
+        let how = Placement { strip: false, start: Start::Head, shared_port: false };
+        self.inner.add_sink_with(id, SinkTarget::Tcp(peer), crate::sink::SinkIo::Channel(queue), how, |_| {})
     }
 
     /// Adds an in-process subscriber (`what` names it in the status) whose packets go into

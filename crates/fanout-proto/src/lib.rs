@@ -14,6 +14,7 @@
 //!   FLV as RTP tracks.
 //! - [`srt`]: what an SRT caller's stream id asks for (mode, path, credentials).
 //! - [`whep`]: which of a path's tracks a WebRTC viewer takes, by the negotiated answer.
+//! - [`simulcast`]: a WHIP publisher's encodings: their rank, and which one a viewer gets.
 //! - [`container`]: MPEG-TS (packets, PCR pacing, demuxer, an encoder's TS as RTP tracks, muxer), MP4 in, FLV tags,
 //!   fragmented MP4 and HLS out, playlists of recordings, and the RTP-to-access-unit
 //!   repackaging.
@@ -34,5 +35,6 @@ pub mod rtmp;
 pub mod rtp;
 pub mod rtsp;
 pub mod secret;
+pub mod simulcast;
 pub mod srt;
 pub mod whep;

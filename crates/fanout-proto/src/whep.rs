@@ -180,7 +180,7 @@ impl InBandParams {
 /// The whole NAL units of an H.264 RTP payload: itself (types 1–23) or those a STAP-A
 /// (24) aggregates; none for fragments and others. An iterator: this runs for every
 /// packet of every viewer, and allocates nothing.
-fn nal_units(payload: &[u8]) -> impl Iterator<Item = &[u8]> {
+pub(crate) fn nal_units(payload: &[u8]) -> impl Iterator<Item = &[u8]> {
     let (mut rest, single) = match payload.first().map(|b| b & 0x1f) {
         Some(1..=23) => (&[][..], Some(payload)),
         Some(24) => (&payload[1..], None),

@@ -120,6 +120,12 @@ pub struct ViewerStatus {
     pub estimate_bps: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub layers: Option<fanout_io::layered::SinkLayerStatus>,
+    /// A viewer of a simulcast publisher: the encoding (RID) it gets by its estimate, and
+    /// how many times it was switched to another.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub encoding: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub switches: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, serde::Serialize)]

@@ -45,6 +45,27 @@ struct State {
     asked: HashMap<usize, Instant>,
     /// Keyframe requests sent to RTSP publishers.
     keyframes_asked: u64,
+    /// A simulcast publisher's encodings of one video track past its best (which feeds the
+    /// track): their feeds, kept across publishers as the tracks are.
+    alternates: Vec<TrackFeed>,
+    /// Which encodings the one publishing sends, while it is a simulcast one.
+    simulcast: Option<Simulcast>,
+}
+
+/// A simulcast publisher's encodings: of track `track`, best first (the first feeds the
+/// track, the others `State::alternates` in order), with their rates.
+struct Simulcast {
+    track: usize,
+    rids: Vec<String>,
+    bps: Vec<f64>,
+}
+
+/// One encoding of a simulcast publisher's video, for viewers that pick by rate.
+#[derive(Clone)]
+pub struct Encoding {
+    pub rid: String,
+    pub session: Session,
+    pub bps: f64,
 }
 
 /// Where RTCP for an RTSP publisher goes: its RTCP port (from the record ports), or an
@@ -79,6 +100,10 @@ pub struct PublisherStatus {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pull_error: Option<String>,
     pub tracks: Vec<serde_json::Value>,
+    /// A simulcast publisher's encodings, best first: the first feeds the path, the others
+    /// are there for WebRTC viewers whose link does not carry it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub simulcast: Vec<serde_json::Value>,
 }
 
 pub struct Publisher {
@@ -312,6 +337,7 @@ impl Publisher {
             t.new_source();
             t.session.set_rtp_video(video);
         }
+        st.simulcast = None;
         let (peer, how, tracks) = (a.peer, a.transport, sdp.media.len());
         st.sdp = Some(sdp);
         st.publishes += 1;
@@ -337,6 +363,83 @@ impl Publisher {
             self.feed_track(&mut st, track, false, data, waited_ms);
         }
         ours
+    }
+
+    /// The publisher on `conn` sends track `track` as the encodings `rids`, best first: the
+    /// first feeds the track, each other one a session of its own beside it
+    /// ([`Self::feed_encoding`]).
+    pub fn simulcast(
+        &self,
+        conn: u64,
+        track: usize,
+        rids: Vec<String>,
+        engine: &fanout_io::Engine,
+    ) -> std::io::Result<()> {
+        let mut st = self.state.lock();
+        if st.active.as_ref().is_none_or(|a| a.conn != conn) || track >= st.tracks.len() {
+            return Ok(());
+        }
+        let video = st.sdp.as_ref().and_then(|s| s.media.get(track)).and_then(|m| track_format(m).1);
+        for k in 1..rids.len() {
+            if k > st.alternates.len() {
+                let mut cfg = self.first.config().clone();
+                cfg.name = format!("{}/{track}~{k}", self.name);
+                let session = Session::new(cfg, engine);
+                session.set_source_kind(format!("simulcast encoding {k} of the publisher of {}", self.name));
+                st.alternates.push(TrackFeed::new(Inlet::open(&session)?, 90_000));
+            }
+            let alt = &mut st.alternates[k - 1];
+            alt.new_source();
+            alt.session.set_rtp_video(video);
+        }
+        tracing::info!(session = %self.name, track, encodings = ?rids, "simulcast publisher: the first feeds the path");
+        st.simulcast = Some(Simulcast { track, bps: vec![0.0; rids.len()], rids });
+        Ok(())
+    }
+
+    /// An RTP packet of encoding `place` (of [`Self::simulcast`]'s order) from the publisher
+    /// on `conn`, restamped in place; `false`: `conn` does not publish here (any more).
+    pub fn feed_encoding(&self, conn: u64, place: usize, data: &mut [u8], waited_ms: u64) -> bool {
+        let mut st = self.state.lock();
+        if st.active.as_ref().is_none_or(|a| a.conn != conn) {
+            return false;
+        }
+        let Some(track) = st.simulcast.as_ref().map(|s| s.track) else { return true };
+        if place == 0 {
+            self.feed_track(&mut st, track, false, data, waited_ms);
+        } else if let Some(alt) = st.alternates.get_mut(place - 1) {
+            alt.rtp(data, (self.started.elapsed().as_millis() as u64).saturating_sub(waited_ms));
+        }
+        true
+    }
+
+    /// The simulcast encodings' rates now (bits per second, in their order).
+    pub fn set_encoding_rates(&self, bps: Vec<f64>) {
+        if let Some(s) = self.state.lock().simulcast.as_mut() {
+            s.bps = bps;
+        }
+    }
+
+    /// While a simulcast publisher publishes: its video track and the encodings, best first.
+    pub fn encodings(&self) -> Option<(usize, Vec<Encoding>)> {
+        let st = self.state.lock();
+        let s = st.simulcast.as_ref()?;
+        let sessions = st.tracks.get(s.track).into_iter().chain(&st.alternates).map(|t| t.session.clone());
+        let encodings = s
+            .rids
+            .iter()
+            .zip(sessions)
+            .zip(&s.bps)
+            .map(|((rid, session), &bps)| Encoding { rid: rid.clone(), session, bps })
+            .collect();
+        Some((s.track, encodings))
+    }
+
+    /// Whether a reader of simulcast encoding `place` (past the first: the track's own
+    /// readers mark the track) wanted a keyframe since the last call.
+    pub fn take_encoding_keyframe_request(&self, place: usize) -> bool {
+        let st = self.state.lock();
+        place.checked_sub(1).and_then(|k| st.alternates.get(k)).is_some_and(|a| a.session.take_keyframe_request())
     }
 
     /// Whether someone publishes now.
@@ -405,6 +508,7 @@ impl Publisher {
             return false;
         }
         let a = st.active.take().expect("checked");
+        st.simulcast = None;
         tracing::info!(session = %self.name, peer = %a.peer, how = a.transport, after_s = a.since.elapsed().as_secs_f64(), "publisher left");
         true
     }
@@ -471,16 +575,25 @@ impl Publisher {
                                         "packets": t.packets, "dropped": t.dropped })
                 })
                 .collect(),
+            simulcast: st
+                .simulcast
+                .iter()
+                .flat_map(|s| s.rids.iter().zip(&s.bps).enumerate())
+                .map(|(place, (rid, bps))| {
+                    serde_json::json!({ "rid": rid, "bps": bps.round(), "feeds_the_path": place == 0 })
+                })
+                .collect(),
         }
     }
 
     /// Closes the sessions of the tracks past the first (the first belongs to the relay).
     pub fn close_tracks(&self) {
         let extra: Vec<Session> = {
-            let tracks = &mut self.state.lock().tracks;
+            let mut st = self.state.lock();
             // (None yet, when it never set up: nothing to close.)
-            let first = tracks.len().min(1);
-            tracks.drain(first..).map(|t| t.session).collect()
+            let first = st.tracks.len().min(1);
+            let alternates: Vec<Session> = st.alternates.drain(..).map(|t| t.session).collect();
+            st.tracks.drain(first..).map(|t| t.session).chain(alternates).collect()
         };
         for s in extra {
             s.close();

@@ -83,6 +83,36 @@ struct Out {
     params: Option<fanout_proto::whep::InBandParams>,
     /// Layered video: a packet without a marker, until the next shows where its picture ends.
     held: Option<Arc<fanout_io::packet::Packet>>,
+    /// A simulcast publisher's video: the encodings it switches between.
+    sim: Option<Box<Sim>>,
+    /// Added to the RTP time of what it sends (a simulcast viewer's: each encoding's clock
+    /// joined onto the previous one's).
+    ts_offset: u32,
+}
+
+/// A simulcast publisher's video for one viewer: which encoding it gets, and the one it
+/// switches to, whose sink starts live and whose packets wait for a keyframe.
+struct Sim {
+    publisher: Arc<crate::publish::Publisher>,
+    track: usize,
+    encodings: Vec<crate::publish::Encoding>,
+    /// The one it gets (`None`: one that is gone, until the switch away from it).
+    current: Option<usize>,
+    next: Option<Next>,
+    /// Wakes the task when a switch's queue gets packets.
+    wake: Arc<Notify>,
+    /// The last picture sent: its RTP time (the viewer's) and when; the time between two.
+    last: Option<(u32, Instant)>,
+    step: u32,
+    /// Switches done.
+    switches: u64,
+}
+
+struct Next {
+    place: usize,
+    session: Session,
+    queue: Arc<ChannelQueue>,
+    sink: u64,
 }
 
 struct Viewer {
@@ -109,6 +139,8 @@ struct Viewer {
 struct Adapt {
     whole_bps: f64,
     estimate_bps: Option<f64>,
+    /// Layers of one stream (else encodings of a simulcast publisher).
+    layered: bool,
 }
 
 /// A WHIP publisher: its RTP, by payload type, feeds the path's tracks.
@@ -120,9 +152,22 @@ struct Publishing {
     conn: u64,
     started: bool,
     video_ssrc: Option<str0m::rtp::Ssrc>,
+    /// A simulcast publisher (its answer receives several RIDs): its encodings.
+    simulcast: Option<SimulcastIn>,
     /// Keyframes are asked for every `KEYFRAME_EVERY` (a browser sends one at the start and
     /// on request only), so players joining later start within that.
     asked: Instant,
+}
+
+/// A simulcast publisher's encodings of its video track `track`: ranked by
+/// `fanout_proto::simulcast::Ranking` (the video waits for that, the audio does not), each
+/// told apart by the RID str0m maps its SSRC to.
+struct SimulcastIn {
+    track: usize,
+    codec: &'static str,
+    ranking: fanout_proto::simulcast::Ranking,
+    ssrcs: Vec<Option<str0m::rtp::Ssrc>>,
+    since: Instant,
 }
 
 /// What a peer negotiates for: publishing, or viewing (`layered`: the whole rate of the
@@ -278,14 +323,20 @@ impl WebRtc {
             .filter(|s| !s.media.is_empty())
             .ok_or_else(|| Refused(404, format!("{path} has nothing to play yet")))?;
         let tracks = relay.tracks(path);
-        // Layered video: the viewer's congestion feedback picks the layers it gets.
+        // Layered video, or a simulcast publisher's encodings: the viewer's congestion
+        // feedback picks the layers, or the encoding, it gets.
+        let simulcast = p
+            .publisher()
+            .and_then(|pb| Some((pb.clone(), pb.encodings()?)))
+            .filter(|(_, (track, e))| e.len() > 1 && tracks.get(*track).is_some_and(|t| t.session == e[0].session));
         let layered = described
             .media
             .iter()
             .zip(&tracks)
             .filter(|(m, _)| m.kind == "video")
             .find_map(|(_, t)| t.session.layered_bps());
-        let (rtc, answer) = self.negotiate(offer, Role::Viewer { layered })?;
+        let whole_bps = layered.or(simulcast.as_ref().map(|(_, (_, e))| e[0].bps.max(START_BPS)));
+        let (rtc, answer) = self.negotiate(offer, Role::Viewer { layered: whole_bps })?;
         let parsed = Sdp::parse(&answer).map_err(|e| Refused(500, format!("our answer: {e}")))?;
         let plan = fanout_proto::whep::plan(&described, &parsed);
         if plan.routes.is_empty() {
@@ -312,6 +363,20 @@ impl WebRtc {
                 next_seq: first_seq,
                 params: (r.video && !r.params.is_empty()).then(|| fanout_proto::whep::InBandParams::new(&r.params)),
                 held: None,
+                sim: simulcast.as_ref().filter(|(_, (track, _))| *track == r.track).map(|(publisher, (track, e))| {
+                    Box::new(Sim {
+                        publisher: publisher.clone(),
+                        track: *track,
+                        encodings: e.clone(),
+                        current: Some(0),
+                        next: None,
+                        wake: self.wake.clone(),
+                        last: None,
+                        step: 3000,
+                        switches: 0,
+                    })
+                }),
+                ts_offset: 0,
             });
             let m = &described.media[r.track];
             let codec = m.formats.first().and_then(|f| fanout_proto::whep::encoding(m, f)).unwrap_or("?");
@@ -330,8 +395,10 @@ impl WebRtc {
             last_picture: None,
             estimate_bps: None,
             layers: None,
+            encoding: None,
+            switches: None,
         };
-        let adapt = layered.map(|whole_bps| Adapt { whole_bps, estimate_bps: None });
+        let adapt = whole_bps.map(|whole_bps| Adapt { whole_bps, estimate_bps: None, layered: layered.is_some() });
         self.admit(status, rtc, outs, None, adapt, pass)?;
         tracing::info!(path, viewer = %id, left_out = ?plan.left_out, "WebRTC viewer offered");
         Ok((answer, id))
@@ -475,6 +542,20 @@ impl WebRtc {
             Refused(400, "the offer sends no H.264 (packetization mode 1), VP8, VP9, AV1 or Opus".into())
         })?;
         let sdp = Sdp::parse(&ingest.sdp).map_err(|e| Refused(500, format!("the path's description: {e}")))?;
+        let rids = fanout_proto::simulcast::rids(&parsed);
+        let simulcast = sdp.media.iter().position(|m| m.kind == "video").filter(|_| rids.len() > 1).map(|track| {
+            let codec = fanout_proto::whep::PUBLISHED_VIDEO
+                .into_iter()
+                .find(|c| sdp.media[track].rtpmap(&sdp.media[track].formats[0]).is_some_and(|(n, _)| n == *c))
+                .unwrap_or("H264");
+            SimulcastIn {
+                track,
+                codec,
+                ssrcs: vec![None; rids.len()],
+                ranking: fanout_proto::simulcast::Ranking::new(rids.clone()),
+                since: Instant::now(),
+            }
+        });
         let id = crate::clients::random_id();
         let status = ViewerStatus {
             id: id.clone(),
@@ -493,6 +574,8 @@ impl WebRtc {
             last_picture: None,
             estimate_bps: None,
             layers: None,
+            encoding: None,
+            switches: None,
         };
         let conn = CONN_BASE | NEXT_CONN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let publish = Publishing {
@@ -503,10 +586,11 @@ impl WebRtc {
             conn,
             started: false,
             video_ssrc: None,
+            simulcast,
             asked: Instant::now(),
         };
         self.admit(status, rtc, Vec::new(), Some(publish), None, pass)?;
-        tracing::info!(path, publisher = %id, "WHIP publisher offered");
+        tracing::info!(path, publisher = %id, simulcast = ?rids, "WHIP publisher offered");
         Ok((answer, id))
     }
 
@@ -596,11 +680,23 @@ async fn run(
         if std::mem::take(&mut keyframe_wanted) || tick.elapsed() >= Duration::from_millis(500) {
             for v in viewers.values_mut().filter(|v| v.publish.is_some()) {
                 ask_keyframe(v, KEYFRAME_GAP, true);
+                publish_rates(v);
             }
         }
-        // Twice a second: the status, and peers that never connected.
+        // Twice a second: the status, simulcast viewers' encodings, and peers that never
+        // connected.
         if connected || tick.elapsed() >= Duration::from_millis(500) {
             tick = Instant::now();
+            for v in viewers.values_mut().filter(|v| v.connected) {
+                let peer = v.from.unwrap_or_else(|| SocketAddr::new([0, 0, 0, 0].into(), 0));
+                let Some(sim) = v.outs.iter_mut().find_map(|o| o.sim.as_deref_mut()) else { continue };
+                refresh(sim, peer);
+                // Probes (padding) for room up to the best encoding, with some to spare.
+                let best = sim.encodings[0].bps;
+                if best > 0.0 {
+                    v.rtc.bwe().set_desired_bitrate(str0m::bwe::Bitrate::bps((best * 1.2) as u64));
+                }
+            }
             gone.extend(
                 viewers.values().filter(|v| !v.connected && v.since.elapsed() > CONNECT_WITHIN).map(|v| v.id.clone()),
             );
@@ -616,6 +712,10 @@ async fn run(
                         st.estimate_bps = a.estimate_bps;
                         st.layers =
                             v.outs.iter().filter(|o| o.video).find_map(|o| o.session.sink_status(o.sink?)?.layers);
+                    }
+                    if let Some(sim) = v.outs.iter().find_map(|o| o.sim.as_ref()) {
+                        st.encoding = sim.current.and_then(|k| Some(sim.encodings.get(k)?.rid.clone()));
+                        st.switches = Some(sim.switches);
                     }
                 }
             }
@@ -818,8 +918,20 @@ fn drive(
             }
             Ok(Output::Event(Event::Connected)) => {
                 v.connected = true;
-                // Its sinks join the path's sessions now, at the ring's last keyframe.
+                // Its sinks join the path's sessions now, at the ring's last keyframe (a
+                // simulcast viewer's on the encoding its first estimate fits).
+                let start = v.adapt.map_or(START_BPS, |a| a.estimate_bps.unwrap_or(a.whole_bps.min(START_BPS)));
                 for o in &mut v.outs {
+                    if let Some(sim) = o.sim.as_mut() {
+                        let rates: Vec<f64> = sim.encodings.iter().map(|e| e.bps).collect();
+                        let place = fanout_proto::simulcast::pick(&rates, start, sim.encodings.len());
+                        sim.current = Some(place);
+                        o.session = sim.encodings[place].session.clone();
+                        // (Another encoding than the path's has keyframes when asked only.)
+                        if place > 0 {
+                            o.session.want_keyframe();
+                        }
+                    }
                     let peer = v.from.unwrap_or_else(|| SocketAddr::new([0, 0, 0, 0].into(), 0));
                     match o.session.add_channel_sink(peer, o.queue.clone(), false) {
                         Ok(id) => o.sink = Some(id),
@@ -863,9 +975,62 @@ fn drive(
 fn adapt(v: &mut Viewer, bps: f64) {
     let Some(a) = v.adapt.as_mut() else { return };
     a.estimate_bps = Some(bps);
-    for o in v.outs.iter().filter(|o| o.video) {
+    let peer = v.from.unwrap_or_else(|| SocketAddr::new([0, 0, 0, 0].into(), 0));
+    for o in v.outs.iter_mut().filter(|o| o.video) {
         if let Some(id) = o.sink {
             o.session.sink_estimate(id, bps);
+        }
+        if let Some(sim) = o.sim.as_mut().filter(|_| o.sink.is_some()) {
+            let rates: Vec<f64> = sim.encodings.iter().map(|e| e.bps).collect();
+            let place = fanout_proto::simulcast::pick(&rates, bps, sim.current.unwrap_or(usize::MAX));
+            switch(sim, place, peer);
+        }
+    }
+}
+
+/// Starts simulcast viewer `sim`'s switch to encoding `place` (or, if that is the one it
+/// gets, calls off a switch under way): a live sink on it, its queue woken as the current
+/// one's is, and a keyframe asked for; `pump` switches at that keyframe.
+fn switch(sim: &mut Sim, place: usize, peer: SocketAddr) {
+    if sim.next.as_ref().map(|n| n.place).or(sim.current) == Some(place) {
+        return;
+    }
+    if let Some(n) = sim.next.take() {
+        n.session.remove_sink(n.sink);
+    }
+    let Some(e) = sim.encodings.get(place).filter(|_| sim.current != Some(place)) else { return };
+    let wake = sim.wake.clone();
+    let queue = ChannelQueue::new(QUEUE, move || wake.notify_one());
+    match e.session.add_live_channel_sink(peer, queue.clone()) {
+        Ok(sink) => {
+            e.session.want_keyframe();
+            tracing::debug!(to = %e.rid, "simulcast viewer switching");
+            sim.next = Some(Next { place, session: e.session.clone(), queue, sink });
+        }
+        Err(err) => tracing::warn!("cannot add the simulcast viewer's sink: {err}"),
+    }
+}
+
+/// A simulcast viewer's encodings anew (their rates; a publisher that changed or left): one
+/// it gets that is gone is left for the track's own (the first).
+fn refresh(sim: &mut Sim, peer: SocketAddr) {
+    let now = sim.publisher.encodings().filter(|(t, e)| *t == sim.track && !e.is_empty()).map(|(_, e)| e);
+    let same = |e: &Vec<crate::publish::Encoding>| {
+        e.len() == sim.encodings.len() && e.iter().zip(&sim.encodings).all(|(a, b)| a.session == b.session)
+    };
+    match now {
+        Some(e) if same(&e) => sim.encodings = e,
+        other => {
+            let first = sim.encodings[0].clone();
+            if let Some(n) = sim.next.take() {
+                n.session.remove_sink(n.sink);
+            }
+            let was = sim.current.map(|k| sim.encodings[k].session.clone());
+            sim.encodings = other.unwrap_or_else(|| vec![first]);
+            sim.current = sim.encodings.iter().position(|e| Some(&e.session) == was.as_ref());
+            if sim.current.is_none() {
+                switch(sim, 0, peer);
+            }
         }
     }
 }
@@ -1006,7 +1171,31 @@ fn publish_rtp(v: &mut Viewer, pkt: &str0m::rtp::RtpPacket) -> bool {
         fanout_proto::rtp::write_header(&mut data, h.marker, 96 + track as u8, h.sequence_number, h.timestamp, *h.ssrc);
     data[n..].copy_from_slice(&pkt.payload);
     v.packets += 1;
-    if !p.publisher.feed_rtp(p.conn, track, &mut data, 0) {
+    let fed = match p.simulcast.as_mut().filter(|s| s.track == track) {
+        Some(sc) => {
+            // Which encoding: the RID str0m mapped this SSRC to.
+            let rid = v.rtc.direct_api().stream_rx(&h.ssrc).and_then(|s| s.rid());
+            let Some(i) = rid.and_then(|r| sc.ranking.index(&r)) else { return true };
+            sc.ssrcs[i] = Some(h.ssrc);
+            if sc.ranking.packet(i, sc.codec, &pkt.payload, sc.since.elapsed().as_millis() as u64) {
+                let order = sc.ranking.order().unwrap_or_default();
+                let rids = order.iter().map(|&k| sc.ranking.rids()[k].clone()).collect();
+                let sizes: Vec<_> = order.iter().map(|&k| sc.ranking.size(k)).collect();
+                tracing::info!(publisher = %v.id, ?rids, ?sizes, "simulcast encodings ranked");
+                let Some(relay) = p.relay.upgrade() else { return false };
+                if let Err(e) = p.publisher.simulcast(p.conn, track, rids, &relay.engine) {
+                    tracing::warn!(publisher = %v.id, "simulcast encodings not kept: {e}");
+                }
+            }
+            // Until the ranking is decided, the video waits.
+            match sc.ranking.order().and_then(|o| o.iter().position(|&k| k == i)) {
+                Some(place) => p.publisher.feed_encoding(p.conn, place, &mut data, 0),
+                None => p.publisher.is_publishing_on(p.conn),
+            }
+        }
+        None => p.publisher.feed_rtp(p.conn, track, &mut data, 0),
+    };
+    if !fed {
         return false;
     }
     ask_keyframe(v, KEYFRAME_EVERY, false);
@@ -1015,17 +1204,42 @@ fn publish_rtp(v: &mut Viewer, pkt: &str0m::rtp::RtpPacket) -> bool {
 
 /// Asks WHIP publisher `v` for a keyframe (PLI) unless it was asked less than `gap` ago;
 /// `readers`: only if a reader of its tracks wanted one (the mark is taken).
+/// A simulcast publisher is asked on each encoding whose readers wanted one (the first's
+/// readers are the track's); unasked, on the first only (the path's: the other encodings'
+/// readers are WebRTC viewers, which ask when they join or switch, and a keyframe costs a
+/// small encoding most).
 fn ask_keyframe(v: &mut Viewer, gap: Duration, readers: bool) {
     let Some(p) = v.publish.as_mut().filter(|p| p.started && p.asked.elapsed() >= gap) else { return };
-    let Some(ssrc) = p.video_ssrc else { return };
-    if readers && !p.publisher.take_keyframe_request() {
+    let wanted = |place: usize| match (readers, place) {
+        (false, place) => place == 0,
+        (true, 0) => p.publisher.take_keyframe_request(),
+        (true, place) => p.publisher.take_encoding_keyframe_request(place),
+    };
+    let ssrcs: Vec<str0m::rtp::Ssrc> = match p.simulcast.as_ref() {
+        Some(sc) => {
+            let order = sc.ranking.order().unwrap_or_default();
+            order.iter().enumerate().filter(|(place, _)| wanted(*place)).filter_map(|(_, &k)| sc.ssrcs[k]).collect()
+        }
+        None => p.video_ssrc.filter(|_| wanted(0)).into_iter().collect(),
+    };
+    if ssrcs.is_empty() {
         return;
     }
     p.asked = Instant::now();
-    if let Some(rx) = v.rtc.direct_api().stream_rx(&ssrc) {
-        rx.request_keyframe(str0m::media::KeyframeRequestKind::Pli);
-        // Polled at once: the request goes out now.
-        v.wake_at = p.asked;
+    for ssrc in ssrcs {
+        if let Some(rx) = v.rtc.direct_api().stream_rx(&ssrc) {
+            rx.request_keyframe(str0m::media::KeyframeRequestKind::Pli);
+            // Polled at once: the request goes out now.
+            v.wake_at = p.asked;
+        }
+    }
+}
+
+/// A simulcast publisher's encodings' rates, for its viewers' choice.
+fn publish_rates(v: &Viewer) {
+    let Some((p, sc)) = v.publish.as_ref().and_then(|p| Some((p, p.simulcast.as_ref()?))) else { return };
+    if let Some(order) = sc.ranking.order() {
+        p.publisher.set_encoding_rates(order.iter().map(|&k| sc.ranking.bps(k)).collect());
     }
 }
 
@@ -1034,28 +1248,74 @@ fn ask_keyframe(v: &mut Viewer, gap: Duration, readers: bool) {
 /// A viewer of layered video may lose a picture's last packet, the one with the marker, to
 /// its layer cap, and a browser's depacketizer waits for that marker: a video packet without
 /// one is held until the next shows whether a new picture began (then it ends its own).
+///
+/// A simulcast viewer switching encodings gets the current one's packets until the next
+/// one's first keyframe packet, then the next one's from there, its RTP time joined on.
 fn pump(v: &mut Viewer, frames: &mut Vec<Frame>, now: Instant) {
-    let hold = v.adapt.is_some();
+    let hold = v.adapt.is_some_and(|a| a.layered);
     for o in &mut v.outs {
         o.queue.drain(frames);
-        for (p, _) in frames.drain(..) {
-            let Ok(rtp) = RtpView::parse(p.data()) else { continue };
-            if hold && o.video {
-                if let Some(h) = o.held.take() {
-                    if let Ok(held) = RtpView::parse(h.data()) {
-                        let end = held.timestamp() != rtp.timestamp();
-                        write(&mut v.rtc, o, &held, end, now, &mut v.packets, &mut v.last_picture);
-                    }
-                }
-                if !rtp.marker() {
-                    o.held = Some(p);
-                    continue;
-                }
-            }
-            write(&mut v.rtc, o, &rtp, false, now, &mut v.packets, &mut v.last_picture);
+        send(&mut v.rtc, o, frames, hold, now, &mut v.packets, &mut v.last_picture);
+        let Some((ts, mut next_frames)) = o.sim.as_mut().and_then(|sim| next_keyframe(sim)) else { continue };
+        // The switch: the current encoding's sink goes, the next one's is the out's.
+        let sim = o.sim.as_mut().expect("switching");
+        let next = sim.next.take().expect("switching");
+        if let Some(id) = o.sink {
+            o.session.remove_sink(id);
         }
+        (o.session, o.queue, o.sink) = (next.session, next.queue, Some(next.sink));
+        sim.current = Some(next.place);
+        sim.switches += 1;
+        // Its keyframe goes out as the picture after the last one sent, by the time between.
+        if let Some((last, at)) = sim.last {
+            let pictures = ((now - at).as_secs_f64() * 90_000.0 / f64::from(sim.step)).round().max(1.0) as u32;
+            o.ts_offset = last.wrapping_add(pictures * sim.step).wrapping_sub(ts);
+        }
+        o.held = None;
+        tracing::debug!(viewer = %v.id, to = %sim.encodings[next.place].rid, "simulcast viewer switched");
+        send(&mut v.rtc, o, &mut next_frames, hold, now, &mut v.packets, &mut v.last_picture);
     }
     v.wake_at = now;
+}
+
+/// Writes `frames` (drained) of out `o` into `rtc`; `hold`: layered video, whose packets
+/// without a marker wait for the next.
+fn send(
+    rtc: &mut Rtc,
+    o: &mut Out,
+    frames: &mut Vec<Frame>,
+    hold: bool,
+    now: Instant,
+    packets: &mut u64,
+    last_picture: &mut Option<LastPicture>,
+) {
+    for (p, _) in frames.drain(..) {
+        let Ok(rtp) = RtpView::parse(p.data()) else { continue };
+        if hold && o.video {
+            if let Some(h) = o.held.take() {
+                if let Ok(held) = RtpView::parse(h.data()) {
+                    let end = held.timestamp() != rtp.timestamp();
+                    write(rtc, o, &held, end, now, packets, last_picture);
+                }
+            }
+            if !rtp.marker() {
+                o.held = Some(p);
+                continue;
+            }
+        }
+        write(rtc, o, &rtp, false, now, packets, last_picture);
+    }
+}
+
+/// A simulcast viewer switching: once its next encoding brought a keyframe, that keyframe's
+/// RTP time and the packets from it on (those before it are dropped: nothing decodes them).
+fn next_keyframe(sim: &mut Sim) -> Option<(u32, Vec<Frame>)> {
+    let next = sim.next.as_ref()?;
+    let mut got = Vec::new();
+    next.queue.drain(&mut got);
+    let k = got.iter().position(|(p, _)| p.is_keyframe())?;
+    let ts = RtpView::parse(got[k].0.data()).ok()?.timestamp();
+    Some((ts, got.split_off(k)))
 }
 
 /// Writes RTP packet `rtp` of out `o` into `rtc` as the viewer's own (with the parameter sets a
@@ -1071,16 +1331,16 @@ fn write(
 ) {
     let mut api = rtc.direct_api();
     let Some(stream) = api.stream_tx_by_mid(o.mid, None) else { return };
-    let params = o.params.as_mut().map(|p| p.before(rtp.timestamp(), rtp.payload())).unwrap_or_default();
+    let ts = rtp.timestamp().wrapping_add(o.ts_offset);
+    let params = o.params.as_mut().map(|p| p.before(ts, rtp.payload())).unwrap_or_default();
     for nal in params {
-        let w = RtpWrite::new(o.pt.into(), SeqNo::from(o.next_seq), rtp.timestamp(), now, nal).nackable(true);
+        let w = RtpWrite::new(o.pt.into(), SeqNo::from(o.next_seq), ts, now, nal).nackable(true);
         stream.write_rtp(w);
         o.next_seq += 1;
     }
     let marker = rtp.marker() || end;
-    let w = RtpWrite::new(o.pt.into(), SeqNo::from(o.next_seq), rtp.timestamp(), now, rtp.payload())
-        .marker(marker)
-        .nackable(o.video);
+    let w =
+        RtpWrite::new(o.pt.into(), SeqNo::from(o.next_seq), ts, now, rtp.payload()).marker(marker).nackable(o.video);
     stream.write_rtp(w);
     o.next_seq += 1;
     *packets += 1;
@@ -1088,7 +1348,16 @@ fn write(
         let unix_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64() * 1000.0);
-        *last_picture = Some(LastPicture { rtp: rtp.timestamp(), unix_ms });
+        *last_picture = Some(LastPicture { rtp: ts, unix_ms });
+        if let Some(sim) = o.sim.as_mut() {
+            // The time between pictures, as the newest two show it (whole frames of it join
+            // a switch's keyframe on).
+            let step = sim.last.map_or(0, |(last, _)| ts.wrapping_sub(last));
+            if (1..90_000).contains(&step) {
+                sim.step = step;
+            }
+            sim.last = Some((ts, now));
+        }
     }
 }
 
@@ -1097,6 +1366,9 @@ fn remove(viewers: &mut HashMap<String, Viewer>, by_addr: &mut HashMap<SocketAdd
     for o in &v.outs {
         if let Some(s) = o.sink {
             o.session.remove_sink(s);
+        }
+        if let Some(n) = o.sim.as_ref().and_then(|s| s.next.as_ref()) {
+            n.session.remove_sink(n.sink);
         }
     }
     v.rtc.disconnect();

@@ -21,6 +21,14 @@ pub fn looks_like_h264_rtp(first_bytes: &[u8]) -> bool {
     !first_bytes.is_empty() && first_bytes.iter().all(|b| b & 0x80 == 0 && carried(b & 0x1f))
 }
 
+/// The picture size an H.264 SPS gives (h264-reader parses it).
+pub fn sps_dimensions(sps: &[u8]) -> Option<(u16, u16)> {
+    let rbsp = h264_reader::rbsp::decode_nal(sps).ok()?;
+    let sps = h264_reader::nal::sps::SeqParameterSet::from_bits(h264_reader::rbsp::BitReader::new(&*rbsp)).ok()?;
+    let (w, h) = sps.pixel_dimensions().ok()?;
+    Some((u16::try_from(w).ok()?, u16::try_from(h).ok()?))
+}
+
 pub fn nal_units(stream: &[u8]) -> impl Iterator<Item = &[u8]> {
     let mut pos = find_start(stream, 0);
     std::iter::from_fn(move || {

@@ -8,19 +8,32 @@
 /// Whether a VP8 payload is the first packet of a keyframe: the start of partition 0 whose
 /// frame tag says key frame, with the key frame's start code (9d 01 2a) after it.
 pub fn vp8_keyframe_start(payload: &[u8]) -> bool {
-    let Some(&b0) = payload.first() else { return false };
+    vp8_key_header(payload).is_some()
+}
+
+/// The picture size a VP8 keyframe's first packet gives (14 bits each, after its start
+/// code); `None` for any other packet.
+pub fn vp8_keyframe_size(payload: &[u8]) -> Option<(u16, u16)> {
+    let f = vp8_key_header(payload)?;
+    let size = f.get(6..10)?;
+    Some((u16::from_le_bytes([size[0], size[1]]) & 0x3fff, u16::from_le_bytes([size[2], size[3]]) & 0x3fff))
+}
+
+/// A keyframe's first packet: its frame header (from the frame tag on).
+fn vp8_key_header(payload: &[u8]) -> Option<&[u8]> {
+    let &b0 = payload.first()?;
     let (start, pid) = (b0 & 0x10 != 0, b0 & 0x07);
     if !start || pid != 0 {
-        return false;
+        return None;
     }
     let mut at = 1;
     if b0 & 0x80 != 0 {
         // Extension: |I|L|T|K|RSV|, then the fields it announces.
-        let Some(&x) = payload.get(1) else { return false };
+        let &x = payload.get(1)?;
         at = 2;
         if x & 0x80 != 0 {
             // PictureID, 7 or 15 bits (M).
-            let Some(&p) = payload.get(at) else { return false };
+            let &p = payload.get(at)?;
             at += if p & 0x80 != 0 { 2 } else { 1 };
         }
         if x & 0x40 != 0 {
@@ -31,10 +44,8 @@ pub fn vp8_keyframe_start(payload: &[u8]) -> bool {
         }
     }
     // The frame tag's lowest bit is 0 for a key frame; its start code follows the tag.
-    match payload.get(at..at + 6) {
-        Some(f) => f[0] & 0x01 == 0 && f[3..6] == [0x9d, 0x01, 0x2a],
-        None => false,
-    }
+    let f = payload.get(at..)?;
+    (f.len() >= 6 && f[0] & 0x01 == 0 && f[3..6] == [0x9d, 0x01, 0x2a]).then_some(f)
 }
 
 /// Whether a VP9 payload is the first packet of a keyframe: the beginning of a frame (B) of
@@ -158,6 +169,10 @@ mod tests {
         assert!(!vp8_keyframe_start(&[&[0x10][..], &VP8_INTER, &[0; 8]].concat()));
         assert!(!vp8_keyframe_start(&[0x90, 0x80]));
         assert!(!vp8_keyframe_start(&[]));
+        // Its picture size, from a keyframe's first packet only.
+        assert_eq!(vp8_keyframe_size(&[&[0x90, 0x80, 0x81, 0x23][..], &VP8_KEY].concat()), Some((640, 480)));
+        assert_eq!(vp8_keyframe_size(&[&[0x10][..], &VP8_INTER, &[0; 8]].concat()), None);
+        assert_eq!(vp8_keyframe_size(&[&[0x10][..], &VP8_KEY[..8]].concat()), None);
     }
 
     // VP9 uncompressed headers, profile 0: frame marker 10, profile 00, show_existing 0,

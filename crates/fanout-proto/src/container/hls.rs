@@ -292,7 +292,7 @@ impl Segmenter {
                     let nals: Vec<&[u8]> = crate::codec::annexb::nal_units(&u.data).collect();
                     let find = |t: u8| nals.iter().find(|n| n.first().is_some_and(|b| b & 0x1f == t));
                     let (Some(sps), Some(pps)) = (find(7), find(8)) else { return false };
-                    let (width, height) = sps_dimensions(sps).unwrap_or((0, 0));
+                    let (width, height) = crate::codec::annexb::sps_dimensions(sps).unwrap_or((0, 0));
                     tracks.push(Fmp4Track::H264 { sps: sps.to_vec(), pps: pps.to_vec(), width, height });
                 }
                 Input::Audio { config, sample_rate, channels, .. } => tracks.push(Fmp4Track::Aac {
@@ -551,14 +551,6 @@ impl Segmenter {
         }
         Some(p)
     }
-}
-
-/// The picture size an H.264 SPS gives (h264-reader parses it).
-fn sps_dimensions(sps: &[u8]) -> Option<(u16, u16)> {
-    let rbsp = h264_reader::rbsp::decode_nal(sps).ok()?;
-    let sps = h264_reader::nal::sps::SeqParameterSet::from_bits(h264_reader::rbsp::BitReader::new(&*rbsp)).ok()?;
-    let (w, h) = sps.pixel_dimensions().ok()?;
-    Some((u16::try_from(w).ok()?, u16::try_from(h).ok()?))
 }
 
 #[cfg(test)]
