@@ -1229,3 +1229,41 @@ fn a_simulcast_publishers_viewers_get_the_encoding_that_fits() {
     // (Its publisher, on the same busy machine, may skip pictures: no long freeze.)
     assert!(chromium["totalFreezesDuration"].as_f64().unwrap_or(9.0) < 2.0, "{chromium}");
 }
+
+/// Simulcast in VP8, what Chromium sends by default: the encodings are ranked by the size in
+/// their key frame headers (`h` first, offered last), the path carries `h` (ffmpeg reads
+/// 640×360 VP8 over RTSP), and a Chromium viewer, whose first estimate fits `h`, shows it.
+#[test]
+fn chromium_publishes_vp8_simulcast_and_the_largest_encoding_feeds_the_path() {
+    if !have_chromium() || !have_ffmpeg() {
+        return;
+    }
+    let relay = Relay::with_config("[[session]]\nname = \"cam\"\nsource = { publish = true }\n", &["--no-demo"]);
+    let d = Driver::start();
+    d.post("url", json!({ "url": page_elsewhere() }));
+    let encodings = json!([
+        { "rid": "l", "scaleResolutionDownBy": 4, "maxBitrate": 50_000 },
+        { "rid": "h", "maxBitrate": 200_000 },
+    ]);
+    whip_publishes(&relay, &d, json!([relay.url("/cam/whip"), "video/VP8", encodings]), "VP8 simulcast");
+    let simulcast = || relay.ok("GET", "/v1/sessions/cam", None)["publisher"]["simulcast"].clone();
+    assert!(
+        wait_for(Duration::from_secs(20), || simulcast().as_array().is_some_and(|a| a.len() == 2)),
+        "{} / {}",
+        simulcast(),
+        d.js("return window.whip;")
+    );
+    assert_eq!(simulcast()[0]["rid"], "h", "{}", simulcast());
+    let probe = std::process::Command::new("timeout")
+        .args(["20", "ffprobe", "-v", "error", "-rtsp_transport", "tcp", "-select_streams", "v:0"])
+        .args(["-show_entries", "stream=codec_name,width,height", "-of", "csv=p=0"])
+        .arg(format!("rtsp://{}/cam", rtsp_addr(&relay)))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&probe.stdout).trim(), "vp8,640,360", "{probe:?}");
+    d.post("execute/sync", json!({ "script": WHEP, "args": [relay.url("/cam/whep")] }));
+    let decoded = || d.js("return window.stats.framesDecoded ?? 0;").as_u64().unwrap_or(0);
+    assert!(wait_for(Duration::from_secs(15), || decoded() > 50), "the viewer: {}", d.js("return window.whep;"));
+    let widths = d.js("return window.widths;");
+    assert!(widths["640"].as_u64().unwrap_or(0) > 0, "{widths} / {}", relay.ok("GET", "/v1/sessions/cam", None));
+}
