@@ -1110,7 +1110,7 @@ fn a_simulcast_publishers_viewers_get_the_encoding_that_fits() {
         return;
     }
     let relay = Relay::with_config("[[session]]\nname = \"cam\"\nsource = { publish = true }\n", &["--no-demo"]);
-    let d = Driver::start();
+    let d = Driver::start_alone();
     d.post("url", json!({ "url": page_elsewhere() }));
     let encodings = json!([
         { "rid": "l", "scaleResolutionDownBy": 4, "maxBitrate": 50_000 },

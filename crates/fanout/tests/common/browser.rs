@@ -11,6 +11,18 @@ pub struct Driver {
     child: std::process::Child,
     /// The WebDriver session's URL.
     pub url: String,
+    /// Its turn on the machine, held until Chromium has quit.
+    _turn: Turn,
+}
+
+/// The Chromium tests of a binary run side by side, but one that loads the machine most (two
+/// peer connections encoding simulcast) runs alone among them: a stall of a busy machine
+/// freezes a browser's picture, and those tests count freezes.
+static CHROMIUM: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+enum Turn {
+    Shared(std::sync::RwLockReadGuard<'static, ()>),
+    Alone(std::sync::RwLockWriteGuard<'static, ()>),
 }
 
 impl Drop for Driver {
@@ -40,6 +52,16 @@ pub fn have_chromium() -> bool {
 
 impl Driver {
     pub fn start() -> Driver {
+        Self::launch(Turn::Shared(CHROMIUM.read().unwrap_or_else(|e| e.into_inner())))
+    }
+
+    /// As `start`, once no other Chromium of this test binary runs, and none starts until it
+    /// is dropped.
+    pub fn start_alone() -> Driver {
+        Self::launch(Turn::Alone(CHROMIUM.write().unwrap_or_else(|e| e.into_inner())))
+    }
+
+    fn launch(turn: Turn) -> Driver {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let child = Command::new("chromedriver")
             .arg(format!("--port={port}"))
@@ -60,7 +82,7 @@ impl Driver {
             "goog:loggingPrefs": { "browser": "ALL" } } } });
         let r: Value = ureq::post(&format!("{url}/session")).send_json(caps).unwrap().into_json().unwrap();
         let session = r["value"]["sessionId"].as_str().expect("a WebDriver session").to_string();
-        Driver { child, url: format!("{url}/session/{session}") }
+        Driver { child, url: format!("{url}/session/{session}"), _turn: turn }
     }
 
     pub fn post(&self, path: &str, body: Value) -> Value {
