@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{decoded_frames, have_ffmpeg, have_gstreamer, in_private_netns, wait_for, Relay};
+use common::{decoded_frames, have_ffmpeg, have_gstreamer, in_private_netns, wait_for, wrapped, Relay};
 use serde_json::Value;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -144,15 +144,7 @@ fn logs(nodes: &[Node]) -> String {
 /// (a command that runs the rest of its arguments) if one is given.
 fn start_etcd(dir: &std::path::Path, client: &str, wrapper: &[&str]) -> Etcd {
     let url = format!("http://{client}");
-    let mut cmd = match wrapper.split_first() {
-        Some((w, rest)) => {
-            let mut c = Command::new(w);
-            c.args(rest).arg("etcd");
-            c
-        }
-        None => Command::new("etcd"),
-    };
-    let child = cmd
+    let child = wrapped(wrapper, "etcd")
         .args(["--data-dir", dir.to_str().unwrap(), "--name", "t"])
         .args(["--listen-client-urls", &url, "--advertise-client-urls", &url])
         .args(["--listen-peer-urls", "http://127.0.0.1:2380", "--initial-advertise-peer-urls", "http://127.0.0.1:2380"])

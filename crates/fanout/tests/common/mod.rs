@@ -48,16 +48,7 @@ impl Relay {
 
     /// Starts the relay under a wrapper (e.g. `ip netns exec NS`) with its API on `api`.
     pub fn try_start_at(wrapper: &[&str], api: &str, extra: &[&str]) -> Result<Relay, String> {
-        let bin = env!("CARGO_BIN_EXE_fanout");
-        let mut cmd = match wrapper.split_first() {
-            Some((w, rest)) => {
-                let mut c = Command::new(w);
-                c.args(rest).arg(bin);
-                c
-            }
-            None => Command::new(bin),
-        };
-        let mut child = cmd
+        let mut child = wrapped(wrapper, env!("CARGO_BIN_EXE_fanout"))
             .args(["serve", "--api", api])
             .args(extra)
             // (FANOUT_TEST_LOG=info shows more when a test is looked into.)
@@ -271,6 +262,19 @@ impl Drop for Relay {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// `program` run by `wrapper` (a command that runs the rest of its arguments: `ip netns exec
+/// NS`, `setpriv ...`, `strace ...`), or by itself where there is none.
+pub fn wrapped(wrapper: &[&str], program: &str) -> Command {
+    match wrapper.split_first() {
+        Some((w, rest)) => {
+            let mut c = Command::new(w);
+            c.args(rest).arg(program);
+            c
+        }
+        None => Command::new(program),
     }
 }
 
