@@ -1095,6 +1095,17 @@ fn chromium_plays_over_ice_tcp_where_udp_is_blocked() {
     assert_eq!(s["packetsLost"].as_i64().unwrap_or(0), 0, "{s}");
 }
 
+/// The `cam` path's video as an RTSP reader finds it: `codec,width,height` (ffprobe).
+fn rtsp_video(relay: &Relay) -> String {
+    let probe = std::process::Command::new("timeout")
+        .args(["20", "ffprobe", "-v", "error", "-rtsp_transport", "tcp", "-select_streams", "v:0"])
+        .args(["-show_entries", "stream=codec_name,width,height", "-of", "csv=p=0"])
+        .arg(format!("rtsp://{}/cam", rtsp_addr(relay)))
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&probe.stdout).trim().to_string()
+}
+
 /// Chromium publishes simulcast over WHIP: two encodings of a 640×360 canvas (`h` whole, `l`
 /// at a quarter of the size and a fraction of the rate). The relay ranks them by their pictures
 /// (`h` first, whatever their order in the offer), the path carries `h` (ffmpeg reads 640×360
@@ -1132,13 +1143,7 @@ fn a_simulcast_publishers_viewers_get_the_encoding_that_fits() {
     assert_eq!(ranked[0]["rid"], "h", "{ranked}");
     assert_eq!(ranked[0]["feeds_the_path"], true, "{ranked}");
     // The path is the whole picture.
-    let probe = std::process::Command::new("timeout")
-        .args(["20", "ffprobe", "-v", "error", "-rtsp_transport", "tcp", "-select_streams", "v:0"])
-        .args(["-show_entries", "stream=width,height", "-of", "csv=p=0"])
-        .arg(format!("rtsp://{}/cam", rtsp_addr(&relay)))
-        .output()
-        .unwrap();
-    assert_eq!(String::from_utf8_lossy(&probe.stdout).trim(), "640,360", "{probe:?}");
+    assert_eq!(rtsp_video(&relay), "h264,640,360");
 
     // A link that carries `l` with room (its rate over 0.85), not `h`: their rates once the
     // publisher's encoders settled.
@@ -1254,13 +1259,7 @@ fn chromium_publishes_vp8_simulcast_and_the_largest_encoding_feeds_the_path() {
         d.js("return window.whip;")
     );
     assert_eq!(simulcast()[0]["rid"], "h", "{}", simulcast());
-    let probe = std::process::Command::new("timeout")
-        .args(["20", "ffprobe", "-v", "error", "-rtsp_transport", "tcp", "-select_streams", "v:0"])
-        .args(["-show_entries", "stream=codec_name,width,height", "-of", "csv=p=0"])
-        .arg(format!("rtsp://{}/cam", rtsp_addr(&relay)))
-        .output()
-        .unwrap();
-    assert_eq!(String::from_utf8_lossy(&probe.stdout).trim(), "vp8,640,360", "{probe:?}");
+    assert_eq!(rtsp_video(&relay), "vp8,640,360");
     d.post("execute/sync", json!({ "script": WHEP, "args": [relay.url("/cam/whep")] }));
     let decoded = || d.js("return window.stats.framesDecoded ?? 0;").as_u64().unwrap_or(0);
     assert!(wait_for(Duration::from_secs(15), || decoded() > 50), "the viewer: {}", d.js("return window.whep;"));
