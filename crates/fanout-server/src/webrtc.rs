@@ -104,7 +104,7 @@ struct Sim {
     /// The last picture sent: its RTP time (the viewer's) and when; the time between two.
     last: Option<(u32, Instant)>,
     step: u32,
-    /// Switches done.
+    /// Switches done (from one encoding it got to another; joining is not one).
     switches: u64,
 }
 
@@ -921,18 +921,20 @@ fn drive(
                 // Its sinks join the path's sessions now, at the ring's last keyframe (a
                 // simulcast viewer's on the encoding its first estimate fits).
                 let start = v.adapt.map_or(START_BPS, |a| a.estimate_bps.unwrap_or(a.whole_bps.min(START_BPS)));
+                let peer = v.from.unwrap_or_else(|| SocketAddr::new([0, 0, 0, 0].into(), 0));
                 for o in &mut v.outs {
                     if let Some(sim) = o.sim.as_mut() {
                         let rates: Vec<f64> = sim.encodings.iter().map(|e| e.bps).collect();
                         let place = fanout_proto::simulcast::pick(&rates, start, sim.encodings.len());
-                        sim.current = Some(place);
-                        o.session = sim.encodings[place].session.clone();
-                        // (Another encoding than the path's has keyframes when asked only.)
                         if place > 0 {
-                            o.session.want_keyframe();
+                            // Another encoding than the path's has keyframes only when asked
+                            // (its ring's last one may be minutes old): the viewer joins it
+                            // live, at the keyframe the switch asks for.
+                            sim.current = None;
+                            switch(sim, place, peer);
+                            continue;
                         }
                     }
-                    let peer = v.from.unwrap_or_else(|| SocketAddr::new([0, 0, 0, 0].into(), 0));
                     match o.session.add_channel_sink(peer, o.queue.clone(), false) {
                         Ok(id) => o.sink = Some(id),
                         Err(e) => tracing::warn!(viewer = %v.id, "cannot add the WebRTC viewer's sink: {e}"),
@@ -1262,10 +1264,10 @@ fn pump(v: &mut Viewer, frames: &mut Vec<Frame>, now: Instant) {
         let next = sim.next.take().expect("switching");
         if let Some(id) = o.sink {
             o.session.remove_sink(id);
+            sim.switches += 1;
         }
         (o.session, o.queue, o.sink) = (next.session, next.queue, Some(next.sink));
         sim.current = Some(next.place);
-        sim.switches += 1;
         // Its keyframe goes out as the picture after the last one sent, by the time between.
         if let Some((last, at)) = sim.last {
             let pictures = ((now - at).as_secs_f64() * 90_000.0 / f64::from(sim.step)).round().max(1.0) as u32;
