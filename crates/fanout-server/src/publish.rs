@@ -408,7 +408,7 @@ impl Publisher {
         if place == 0 {
             self.feed_track(&mut st, track, false, data, waited_ms);
         } else if let Some(alt) = st.alternates.get_mut(place - 1) {
-            alt.rtp(data, (self.started.elapsed().as_millis() as u64).saturating_sub(waited_ms));
+            alt.rtp(data, self.arrival_ms(waited_ms));
         }
         true
     }
@@ -487,7 +487,7 @@ impl Publisher {
     /// A packet of track `i`; `waited_ms`: how long it waited since it arrived (the track
     /// joins a new publisher's stream by arrival time).
     fn feed_track(&self, st: &mut State, i: usize, rtcp: bool, data: &mut [u8], waited_ms: u64) {
-        let now = (self.started.elapsed().as_millis() as u64).saturating_sub(waited_ms);
+        let now = self.arrival_ms(waited_ms);
         let Some(t) = st.tracks.get_mut(i) else { return };
         if rtcp {
             // A sender report: the publisher's wall clock against its RTP time.
@@ -498,6 +498,12 @@ impl Publisher {
             return;
         }
         t.rtp(data, now);
+    }
+
+    /// When a packet that waited `waited_ms` since it arrived came, on the publisher's clock
+    /// (milliseconds since it was made).
+    fn arrival_ms(&self, waited_ms: u64) -> u64 {
+        (self.started.elapsed().as_millis() as u64).saturating_sub(waited_ms)
     }
 
     /// The publisher of RTSP session `rtsp_session` left (TEARDOWN, its connection closed,

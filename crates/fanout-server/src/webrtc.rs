@@ -170,12 +170,13 @@ struct SimulcastIn {
     since: Instant,
 }
 
-/// What a peer negotiates for: publishing, or viewing (`layered`: the whole rate of the
-/// path's layered video, if it is).
+/// What a peer negotiates for: publishing, or viewing (`adapts`: the rate a viewer's
+/// bandwidth estimate is asked to reach, where its estimate picks what it gets: the whole of
+/// layered video, or a simulcast publisher's best encoding).
 #[derive(Clone, Copy)]
 enum Role {
     Publisher,
-    Viewer { layered: Option<f64> },
+    Viewer { adapts: Option<f64> },
 }
 
 /// A viewer of layered video: the bandwidth estimate it starts with (libwebrtc's).
@@ -336,7 +337,7 @@ impl WebRtc {
             .filter(|(m, _)| m.kind == "video")
             .find_map(|(_, t)| t.session.layered_bps());
         let whole_bps = layered.or(simulcast.as_ref().map(|(_, (_, e))| e[0].bps.max(START_BPS)));
-        let (rtc, answer) = self.negotiate(offer, Role::Viewer { layered: whole_bps })?;
+        let (rtc, answer) = self.negotiate(offer, Role::Viewer { adapts: whole_bps })?;
         let parsed = Sdp::parse(&answer).map_err(|e| Refused(500, format!("our answer: {e}")))?;
         let plan = fanout_proto::whep::plan(&described, &parsed);
         if plan.routes.is_empty() {
@@ -440,14 +441,14 @@ impl WebRtc {
         let takes = |codec: &str| taken.is_none_or(|t| t.unwrap_or("H264") == codec);
         let offer = SdpOffer::from_sdp_string(offer).map_err(|e| Refused(400, format!("the offer: {e}")))?;
         let mut config = Rtc::builder();
-        if let Role::Viewer { layered } = role {
+        if let Role::Viewer { adapts } = role {
             use str0m::rtp::Extension;
             config = config
                 .clear_extension_map()
                 .set_extension(2, Extension::AbsoluteSendTime)
                 .set_extension(4, Extension::RtpMid)
                 .set_extension(13, Extension::VideoOrientation);
-            if let Some(bps) = layered {
+            if let Some(bps) = adapts {
                 // It starts with what fits in a cautious first estimate (a browser's own
                 // start), and probes up from there in its first seconds.
                 config = config
