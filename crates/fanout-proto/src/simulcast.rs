@@ -7,8 +7,14 @@
 
 use crate::rtsp::sdp::Sdp;
 
+/// At most this many encodings are taken from a publisher (browsers send three at most);
+/// each is a session with a ring of its own, so an offer of a hundred must not make a
+/// hundred. Packets of the others are dropped.
+pub const MAX_ENCODINGS: usize = 4;
+
 /// The encodings a WHIP publisher's `answer` receives: the `a=rid:ID recv` lines of its
-/// first video section that has any, in their order. Fewer than two: no simulcast.
+/// first video section that has any, in their order, the first [`MAX_ENCODINGS`]. Fewer than
+/// two: no simulcast.
 pub fn rids(answer: &Sdp) -> Vec<String> {
     let received = |m: &crate::rtsp::sdp::Media| -> Vec<String> {
         m.lines
@@ -20,6 +26,7 @@ pub fn rids(answer: &Sdp) -> Vec<String> {
                 let (id, dir) = (words.next()?, words.next()?);
                 (dir == "recv" && !id.is_empty()).then(|| id.to_string())
             })
+            .take(MAX_ENCODINGS)
             .collect()
     };
     answer.media.iter().filter(|m| m.kind == "video").map(received).find(|r| !r.is_empty()).unwrap_or_default()
@@ -171,6 +178,10 @@ mod tests {
         // Sent rids are not ours to receive.
         let sent = ANSWER.replace(" recv\r\n", " send\r\n");
         assert!(rids(&Sdp::parse(&sent).unwrap()).is_empty());
+        // A hundred offered: the first few taken.
+        let many: String = (0..100).map(|k| format!("a=rid:r{k} recv\r\n")).collect();
+        let answer = ANSWER.replace("a=rid:h recv\r\na=rid:l recv\r\n", &many);
+        assert_eq!(rids(&Sdp::parse(&answer).unwrap()), ["r0", "r1", "r2", "r3"]);
     }
 
     /// H.264 SPSs of 640×360 and 320×180 (Constrained Baseline, from ffmpeg's libx264:
