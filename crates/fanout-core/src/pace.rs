@@ -76,21 +76,58 @@ impl VirtualClock {
     /// Stamps the packets of `lens` in order, as many as may leave at `now`, and returns how
     /// many that is and when the next may. Only the allowed packets move the clock.
     pub fn admit(&mut self, pace: &Pace, now: u64, lens: impl IntoIterator<Item = usize>) -> Allowed {
-        let horizon = now.saturating_add(pace.span(pace.burst));
-        let mut finish = self.finish.max(now);
+        self.take(pace, now, 0, lens, |_| {})
+    }
+
+    /// Like [`admit`](Self::admit), but packets are also let out up to `ahead` nanoseconds
+    /// before they may leave, each with the time it may (pushed to `departs`, in order): for
+    /// a sender that hands departure times to the kernel (`SO_TXTIME`, held by the `fq`
+    /// qdisc) instead of waiting for them. A packet the burst allows departs at `now`.
+    /// `next_at`: when the first packet held back falls within `ahead`.
+    pub fn stamp(
+        &mut self,
+        pace: &Pace,
+        now: u64,
+        ahead: u64,
+        lens: impl IntoIterator<Item = usize>,
+        departs: &mut Vec<u64>,
+    ) -> Allowed {
+        self.take(pace, now, ahead, lens, |t| departs.push(t))
+    }
+
+    fn take(
+        &mut self,
+        pace: &Pace,
+        now: u64,
+        ahead: u64,
+        lens: impl IntoIterator<Item = usize>,
+        mut depart: impl FnMut(u64),
+    ) -> Allowed {
         let mut count = 0;
         for len in lens {
-            let end = finish.saturating_add(pace.span(len as u64));
-            if end > horizon {
-                self.finish = finish;
-                // It may leave once the real time has moved on by what it overshoots.
-                return Allowed { count, next_at: Some(now + (end - horizon)) };
+            let at = self.departure(pace, now, len);
+            if at > now.saturating_add(ahead) {
+                // It may go once the real time has moved on by what it overshoots.
+                return Allowed { count, next_at: Some(at - ahead) };
             }
-            finish = end;
+            self.depart(pace, at, len);
+            depart(at);
             count += 1;
         }
-        self.finish = finish;
         Allowed { count, next_at: None }
+    }
+
+    /// When a packet of `len` bytes could leave, `now` at the earliest: once the clock, run
+    /// on by it, is no more than the burst ahead of the real time.
+    pub fn departure(&self, pace: &Pace, now: u64, len: usize) -> u64 {
+        let end = self.finish.max(now).saturating_add(pace.span(len as u64));
+        end.saturating_sub(pace.span(pace.burst)).max(now)
+    }
+
+    /// Records that a packet of `len` bytes leaves at `at` (its [`departure`](Self::departure)
+    /// or later: a later one, held by another clock, is no credit).
+    pub fn depart(&mut self, pace: &Pace, at: u64, len: usize) {
+        self.finish = self.finish.max(at).saturating_add(pace.span(len as u64));
     }
 
     /// Stamps a packet of `len` bytes that leaves whatever the clock says (a link's clock,
@@ -215,6 +252,24 @@ mod tests {
     }
 
     #[test]
+    fn stamped_packets_go_early_with_the_times_they_may_leave() {
+        // 1 MB/s, 10 kB burst, 1 kB packets, stamped up to 5 ms ahead: the burst departs
+        // now, then one a millisecond up to 5 ms; the 16th falls within the window at 1 ms.
+        let pace = Pace::new(1_000_000, 10_000, 1000).unwrap();
+        let mut c = VirtualClock::default();
+        let mut departs = Vec::new();
+        let a = c.stamp(&pace, 0, 5 * MS, [1000; 30], &mut departs);
+        assert_eq!(a, Allowed { count: 15, next_at: Some(MS) });
+        let want: Vec<u64> = [0; 10].into_iter().chain((1..=5).map(|k| k * MS)).collect();
+        assert_eq!(departs, want);
+        // Nothing ahead: what admit allows, all departing now.
+        let (mut c1, mut c2) = (VirtualClock::default(), VirtualClock::default());
+        departs.clear();
+        assert_eq!(c1.stamp(&pace, 7, 0, [1000; 30], &mut departs), c2.admit(&pace, 7, [1000; 30]));
+        assert_eq!((c1, departs), (c2, vec![7; 10]));
+    }
+
+    #[test]
     fn idle_time_is_no_credit_beyond_the_burst() {
         let pace = Pace::new(1_000_000, 5_000, 1000).unwrap();
         let mut c = VirtualClock::default();
@@ -285,6 +340,43 @@ mod tests {
     }
 
     proptest! {
+        /// Stamped departures never run ahead of the rate plus the burst from when they were
+        /// stamped, never lie further ahead than asked, and come in order.
+        #[test]
+        fn stamped_departures_keep_the_pace(
+            rate in 10_000u64..10_000_000,
+            extra in 0u64..50_000,
+            ahead in 0u64..2_000 * MS,
+            steps in proptest::collection::vec((0u64..20 * MS, proptest::collection::vec(1usize..1500, 0..60)), 1..40),
+        ) {
+            let pace = Pace::new(rate, 1500 + extra, 1500).unwrap();
+            let mut c = VirtualClock::default();
+            let mut now = 0u64;
+            let mut sent: Vec<(u64, u64)> = Vec::new();
+            for (dt, lens) in &steps {
+                now += dt;
+                let mut departs = Vec::new();
+                let a = c.stamp(&pace, now, ahead, lens.iter().copied(), &mut departs);
+                prop_assert_eq!(departs.len(), a.count);
+                prop_assert!(departs.windows(2).all(|w| w[0] <= w[1]));
+                prop_assert!(departs.iter().all(|&t| t >= now && t <= now + ahead));
+                if a.count < lens.len() {
+                    prop_assert!(a.next_at.expect("a time for the held packet") > now);
+                }
+                sent.extend(departs.iter().zip(lens).map(|(&t, &l)| (t, l as u64)));
+            }
+            sent.sort();
+            for i in 0..sent.len() {
+                let t0 = sent[i].0;
+                let mut bytes = 0u64;
+                for &(t, l) in &sent[i..] {
+                    bytes += l;
+                    let allowance = pace.burst() as u128 + (t - t0) as u128 * rate as u128 / 1_000_000_000 + 1;
+                    prop_assert!(bytes as u128 <= allowance, "{} bytes in {} ns", bytes, t - t0);
+                }
+            }
+        }
+
         /// Over any window, what the clock lets out is at most the burst plus the rate times
         /// the window, and a sink offered more than that is never starved.
         #[test]
