@@ -53,6 +53,9 @@ pub(crate) trait Seat {
     fn mid_write(&self) -> bool;
     /// A byte stream, written once per flush interval.
     fn is_stream(&self) -> bool;
+    /// Its datagrams can carry departure times (`SO_TXTIME`): it is sent from the group's
+    /// socket.
+    fn stamps(&self) -> bool;
 }
 
 /// One sink's share of a run: `count` packets from its cursor on.
@@ -61,6 +64,59 @@ pub(crate) struct Offer {
     /// Its index in the group's sinks.
     pub sink: usize,
     pub count: usize,
+    /// Where its packets' departure times start in the run's (when the session stamps them).
+    pub departs: Option<usize>,
+}
+
+/// How far ahead of its departure time a stamped packet may be handed to the kernel: fq
+/// holds a socket's packets for at most 10 s (its default horizon) and 100 a destination
+/// (its default flow limit); a quarter of a second, and at most [`STAMP_PACKETS`] full
+/// packets at the sink's rate, stays well inside both. It is also the most a sink joining
+/// behind a shared link waits for the windows of those that joined with it.
+pub(crate) const STAMP_AHEAD: Duration = Duration::from_millis(250);
+const STAMP_PACKETS: u64 = 48;
+
+/// A sink's stamping window at `pace`, in nanoseconds, with `room` bytes of the socket its
+/// share: what the socket cannot hold is held back here, or it would refuse the send.
+fn stamp_ahead(pace: &Pace, room: u64) -> u64 {
+    let bytes = (STAMP_PACKETS * 1500).min(room);
+    let span = (bytes as u128 * 1_000_000_000 / pace.rate() as u128) as u64;
+    span.min(STAMP_AHEAD.as_nanos() as u64)
+}
+
+/// A sink's share of a run: the packets of `lens`, in order, while its clock and, behind a
+/// shared link, the link's both let them leave by `t + ahead` (0: now). Each leaves when both
+/// let it; when stamping (`departs`), the times go there.
+/// `next_at`: when the first one held back would be taken.
+fn take(
+    clock: &mut VirtualClock,
+    pace: &Pace,
+    mut link: Option<(&mut VirtualClock, &Pace)>,
+    t: u64,
+    ahead: u64,
+    lens: impl Iterator<Item = usize>,
+    mut departs: Option<&mut Vec<u64>>,
+) -> fanout_core::Allowed {
+    let mut count = 0;
+    for len in lens {
+        let own = clock.departure(pace, t, len);
+        let on_link = link.as_ref().map(|(l, lp)| l.departure(lp, t, len));
+        let at = own.max(on_link.unwrap_or(0));
+        if at > t + ahead {
+            return fanout_core::Allowed { count, next_at: Some(at - ahead) };
+        }
+        clock.depart(pace, at, len);
+        // The link is charged where it would place the packet, not where the sink's own
+        // clock holds it: the gaps between one sink's packets are the others' to fill.
+        if let (Some((l, lp)), Some(on_link)) = (&mut link, on_link) {
+            l.depart(lp, on_link, len);
+        }
+        if let Some(d) = departs.as_deref_mut() {
+            d.push(at);
+        }
+        count += 1;
+    }
+    fanout_core::Allowed { count, next_at: None }
 }
 
 /// Where the run's snapshot of the ring starts: the next packet of the furthest-behind sink
@@ -186,6 +242,9 @@ pub(crate) struct Run<'a> {
     /// The session's pace and the clocks' epoch, if it paces; whether its sinks share a link.
     pub pace: Option<(Pace, Instant)>,
     pub shared_link: bool,
+    /// Its paced datagrams are handed to the kernel early, stamped with their departure times
+    /// (`SO_TXTIME`), not held back here; the bytes the group's socket holds for them.
+    pub stamp: Option<u64>,
     /// Its place on the egress the sessions share, if that is limited.
     pub egress: Option<&'a EgressSeat>,
     /// The sink served first ([`fanout_core::rotation`]: it changes each run, so no sink is
@@ -195,7 +254,7 @@ pub(crate) struct Run<'a> {
 }
 
 /// This run's offers into `offers`, in serving order; returns when the first packet a clock
-/// held back may leave.
+/// held back may leave (or, stamping, when the sink's window has half emptied).
 /// A sink more than half a ring behind is sent all it can take: pacing must never be what
 /// gets a sink lapped.
 /// With `shared_link`, the group's sinks also share one clock (`group_clock`) at the sum of
@@ -204,24 +263,38 @@ pub(crate) struct Run<'a> {
 /// interval.
 /// With `egress`, what each sink may take is then what is left of the session's place on the
 /// egress the sessions share (its reservation, then spare capacity by class).
+/// With `stamp`, a paced sink that [stamps](Seat::stamps) takes up to [`stamp_ahead`] more,
+/// each packet's departure time (ns from the clocks' epoch; the later of its own clock's and
+/// the link's) in `departs`.
 pub(crate) fn offer<S: Seat>(
     sinks: &mut [S],
     snapshot: &[Arc<Packet>],
     group_clock: &mut VirtualClock,
     run: &Run,
     offers: &mut Vec<Offer>,
+    departs: &mut Vec<u64>,
 ) -> Option<Instant> {
     offers.clear();
+    departs.clear();
     let n = sinks.len();
     if n == 0 {
         return None;
     }
     let (head, now, pace) = (run.head, run.now, run.pace.as_ref());
     // The link's rate: the sum of the rates of the sinks that have something to send (the
-    // others, caught up, leave the link to them).
-    let group_pace = pace.filter(|_| run.shared_link).and_then(|(p, _)| {
-        let active = sinks.iter().filter(|k| k.ready() && k.due().cursor.next() < head).count().max(1);
+    // others, caught up, leave the link to them); stamping, those whose stamped packets are
+    // still to leave too.
+    let group_pace = pace.filter(|_| run.shared_link).and_then(|(p, epoch)| {
+        let t = now.saturating_duration_since(*epoch).as_nanos() as u64;
+        let sending =
+            |k: &S| k.due().cursor.next() < head || (run.stamp.is_some() && k.stamps() && k.due().clock.ahead(t) > 0);
+        let active = sinks.iter().filter(|k| k.ready() && sending(k)).count().max(1);
         Pace::new(p.rate().saturating_mul(active as u64), p.burst(), 0).ok()
+    });
+    // The socket's room for stamped datagrams, shared by the sinks that have some to send.
+    let room = run.stamp.filter(|_| pace.is_some()).map(|room| {
+        let stamping = sinks.iter().filter(|k| k.stamps() && k.ready() && k.due().cursor.next() < head).count();
+        room / stamping.max(1) as u64
     });
     let mut wake: Option<Instant> = None;
     let mut wake_at = |at: Instant| wake = Some(wake.map_or(at, |w| w.min(at)));
@@ -232,7 +305,7 @@ pub(crate) fn offer<S: Seat>(
     let turn = run.turn.min(n - 1);
     for i in (turn..n).chain(0..turn) {
         let k = &mut sinks[i];
-        let (ready, mid_write, stream) = (k.ready(), k.mid_write(), k.is_stream());
+        let (ready, mid_write, stream, stamps) = (k.ready(), k.mid_write(), k.is_stream(), k.stamps());
         let d = k.due_mut();
         if !ready || (d.cursor.next() >= head && !mid_write) {
             continue;
@@ -247,27 +320,22 @@ pub(crate) fn offer<S: Seat>(
             None => &snapshot[(d.cursor.next() - run.start) as usize..],
         };
         let clocks = (d.clock, *group_clock);
+        let mark = departs.len();
+        let ahead = pace.zip(room).filter(|_| stamps).map(|((p, _), room)| stamp_ahead(p, room));
         let mut count = match pace {
             Some(_) if pending.len() > run.ring / 2 => pending.len(),
             None => pending.len(),
             Some((pace, epoch)) => {
                 let t = now.saturating_duration_since(*epoch).as_nanos() as u64;
                 let lens = pending.iter().map(|p| p.len());
-                let a = d.clock.admit(pace, t, lens.clone());
-                let (mut count, mut next) = (a.count, a.next_at);
-                if let Some(gp) = &group_pace {
-                    let g = group_clock.admit(gp, t, lens.clone().take(count));
-                    if g.count < count {
-                        // The link's clock holds some back: the sink's own takes only what goes.
-                        d.clock = clocks.0;
-                        d.clock.admit(pace, t, lens.take(g.count));
-                        (count, next) = (g.count, g.next_at);
-                    }
+                let link = group_pace.as_ref().map(|gp| (&mut *group_clock, gp));
+                let stamped = ahead.is_some().then_some(&mut *departs);
+                let a = take(&mut d.clock, pace, link, t, ahead.unwrap_or(0), lens, stamped);
+                if let Some(at) = a.next_at {
+                    // Stamping, it comes back when half its window has gone.
+                    wake_at(*epoch + Duration::from_nanos(at + ahead.unwrap_or(0) / 2));
                 }
-                if let Some(at) = next {
-                    wake_at(*epoch + Duration::from_nanos(at));
-                }
-                count
+                a.count
             }
         };
         if let Some((link, seat, t)) = egress.as_mut().filter(|_| count > 0) {
@@ -275,22 +343,23 @@ pub(crate) fn offer<S: Seat>(
             if a.count < count {
                 count = a.count;
                 if let Some((pace, epoch)) = pace {
-                    // The clocks count only what leaves.
+                    // The clocks count only what leaves (the departure times of a prefix stay).
                     let t = now.saturating_duration_since(*epoch).as_nanos() as u64;
                     (d.clock, *group_clock) = clocks;
                     let lens = pending[..count].iter().map(|p| p.len());
-                    d.clock.admit(pace, t, lens.clone());
-                    if let Some(gp) = &group_pace {
-                        group_clock.admit(gp, t, lens);
-                    }
+                    let link = group_pace.as_ref().map(|gp| (&mut *group_clock, gp));
+                    take(&mut d.clock, pace, link, t, ahead.unwrap_or(0), lens, None);
                 }
                 if let Some(at) = a.next_at {
                     wake_at(seat.egress.epoch + Duration::from_nanos(at));
                 }
             }
         }
+        // Sent all it was owed at once (far behind, or unpaced): nothing to stamp.
+        let stamped = ahead.is_some() && departs.len() > mark;
+        departs.truncate(mark + if stamped { count } else { 0 });
         if count > 0 || mid_write {
-            offers.push(Offer { sink: i, count });
+            offers.push(Offer { sink: i, count, departs: stamped.then_some(mark) });
         }
     }
     wake
@@ -307,6 +376,11 @@ mod tests {
         blocked: bool,
         mid_write: bool,
         stream: bool,
+        stamps: bool,
+    }
+
+    fn offer_of(sink: usize, count: usize) -> Offer {
+        Offer { sink, count, departs: None }
     }
 
     impl Seat for TestSink {
@@ -324,6 +398,9 @@ mod tests {
         }
         fn is_stream(&self) -> bool {
             self.stream
+        }
+        fn stamps(&self) -> bool {
+            self.stamps
         }
     }
 
@@ -366,7 +443,18 @@ mod tests {
     }
 
     fn run(start: u64, head: u64, now: Instant) -> Run<'static> {
-        Run { start, head, ring: 1024, write_streams: true, pace: None, shared_link: false, egress: None, turn: 0, now }
+        Run {
+            start,
+            head,
+            ring: 1024,
+            write_streams: true,
+            pace: None,
+            shared_link: false,
+            stamp: None,
+            egress: None,
+            turn: 0,
+            now,
+        }
     }
 
     #[test]
@@ -466,10 +554,10 @@ mod tests {
         let mut offers = Vec::new();
         let mut r = run(0, 10, now);
         r.turn = 2;
-        let wake = offer(&mut sinks, &snap, &mut VirtualClock::default(), &r, &mut offers);
+        let wake = offer(&mut sinks, &snap, &mut VirtualClock::default(), &r, &mut offers, &mut Vec::new());
         assert_eq!(wake, None);
         // From sink 2 on; sink 2 is caught up, so it has no offer.
-        assert_eq!(offers, [Offer { sink: 3, count: 3 }, Offer { sink: 0, count: 10 }, Offer { sink: 1, count: 6 }]);
+        assert_eq!(offers, [offer_of(3, 3), offer_of(0, 10), offer_of(1, 6)]);
     }
 
     #[test]
@@ -483,13 +571,13 @@ mod tests {
         let mut offers = Vec::new();
         let mut r = run(0, 4, now);
         r.write_streams = false;
-        offer(&mut sinks, &snap, &mut VirtualClock::default(), &r, &mut offers);
-        assert_eq!(offers, [Offer { sink: 1, count: 4 }, Offer { sink: 2, count: 4 }]);
+        offer(&mut sinks, &snap, &mut VirtualClock::default(), &r, &mut offers, &mut Vec::new());
+        assert_eq!(offers, [offer_of(1, 4), offer_of(2, 4)]);
         // A sink waiting for a keyframe is offered only the rest of its write.
         sinks[1].due.awaiting = Some((Await::Keyframe, now));
         r.write_streams = true;
-        offer(&mut sinks, &snap, &mut VirtualClock::default(), &r, &mut offers);
-        assert_eq!(offers[1], Offer { sink: 1, count: 0 });
+        offer(&mut sinks, &snap, &mut VirtualClock::default(), &r, &mut offers, &mut Vec::new());
+        assert_eq!(offers[1], offer_of(1, 0));
     }
 
     #[test]
@@ -501,14 +589,15 @@ mod tests {
         r.pace = Some((pace, now));
         let mut sinks = [at(0)];
         let mut offers = Vec::new();
-        let wake = offer(&mut sinks, &snap, &mut VirtualClock::default(), &r, &mut offers).expect("a wake-up");
-        assert_eq!(offers, [Offer { sink: 0, count: 3 }]);
+        let wake = offer(&mut sinks, &snap, &mut VirtualClock::default(), &r, &mut offers, &mut Vec::new())
+            .expect("a wake-up");
+        assert_eq!(offers, [offer_of(0, 3)]);
         let after = wake.duration_since(now);
         assert!(after > Duration::ZERO && after <= Duration::from_millis(10), "{after:?}");
         // With a ring of 32, 20 pending is more than half: all of it, no wake-up.
         r.ring = 32;
         let mut sinks = [at(0)];
-        let wake = offer(&mut sinks, &snap, &mut VirtualClock::default(), &r, &mut offers);
+        let wake = offer(&mut sinks, &snap, &mut VirtualClock::default(), &r, &mut offers, &mut Vec::new());
         assert_eq!((offers[0].count, wake), (20, None));
     }
 
@@ -522,17 +611,89 @@ mod tests {
         let alone: usize = {
             let mut sinks = [at(0), at(0)];
             let mut offers = Vec::new();
-            offer(&mut sinks, &snap, &mut VirtualClock::default(), &r, &mut offers);
+            offer(&mut sinks, &snap, &mut VirtualClock::default(), &r, &mut offers, &mut Vec::new());
             offers.iter().map(|o| o.count).sum()
         };
         assert_eq!(alone, 6, "each its own burst");
         r.shared_link = true;
         let mut sinks = [at(0), at(0)];
         let mut offers = Vec::new();
-        let wake = offer(&mut sinks, &snap, &mut VirtualClock::default(), &r, &mut offers);
+        let wake = offer(&mut sinks, &snap, &mut VirtualClock::default(), &r, &mut offers, &mut Vec::new());
         let shared: usize = offers.iter().map(|o| o.count).sum();
         assert_eq!(shared, 3, "one link's burst between them: {offers:?}");
         assert!(wake.is_some());
+    }
+
+    /// Stamping, a sink takes its burst now and up to a window more with the times they may
+    /// leave, and is woken when half of the window has gone; behind a shared link each packet
+    /// departs when both clocks let it; a sink that cannot stamp is held as before.
+    #[test]
+    fn stamping_sinks_take_a_window_ahead_with_departure_times() {
+        let now = Instant::now();
+        let snap: Vec<_> = (0..400).map(|i| rtp(i, 0, true, false, 1000)).collect();
+        // 3 packets back to back, then one per 10 ms: a window of 250 ms (48 × 1500 B would
+        // be 720).
+        let pace = Pace::new(100_000, 3000, 1000).unwrap();
+        assert_eq!(stamp_ahead(&pace, 1 << 20), 250_000_000);
+        assert_eq!(stamp_ahead(&pace, 10_000), 100_000_000, "what the socket holds");
+        let mut r = run(0, 400, now);
+        r.pace = Some((pace, now));
+        r.stamp = Some(1 << 20);
+        let mut sinks = [at(0), at(0)];
+        sinks[0].stamps = true;
+        let (mut offers, mut departs) = (Vec::new(), Vec::new());
+        let wake = offer(&mut sinks, &snap, &mut VirtualClock::default(), &r, &mut offers, &mut departs);
+        assert_eq!(offers, [Offer { sink: 0, count: 28, departs: Some(0) }, offer_of(1, 3)]);
+        let ms = |k: u64| k * 1_000_000;
+        let want: Vec<u64> = [0, 0, 0].into_iter().chain((1..=25).map(|k| ms(10 * k))).collect();
+        assert_eq!(departs, want);
+        // The unstamped sink wakes the group in 10 ms; alone, the stamping one at 135 ms
+        // (the next fits its window at 10 ms, and half the window more).
+        assert_eq!(wake, Some(now + Duration::from_millis(10)));
+        let mut alone = [at(0)];
+        alone[0].stamps = true;
+        let wake = offer(&mut alone, &snap, &mut VirtualClock::default(), &r, &mut offers, &mut departs);
+        assert_eq!(wake, Some(now + Duration::from_millis(135)));
+        // Two stamping sinks share a socket that holds 40 kB: 200 ms ahead each.
+        r.stamp = Some(40_000);
+        let mut two = [at(0), at(0)];
+        two.iter_mut().for_each(|k| k.stamps = true);
+        offer(&mut two, &snap, &mut VirtualClock::default(), &r, &mut offers, &mut departs);
+        assert_eq!((offers[0].count, offers[1].count), (23, 23));
+        r.stamp = Some(1 << 20);
+
+        // Two behind one link: together at the sum of their rates, one burst between them.
+        r.shared_link = true;
+        let mut sinks = [at(0), at(0)];
+        sinks.iter_mut().for_each(|k| k.stamps = true);
+        let mut link = VirtualClock::default();
+        offer(&mut sinks, &snap, &mut link, &r, &mut offers, &mut departs);
+        let (a, b) = (offers[0], offers[1]);
+        assert_eq!(a.departs, Some(0));
+        let first = &departs[..a.count];
+        let second = &departs[b.departs.unwrap()..b.departs.unwrap() + b.count];
+        let mut all: Vec<u64> = first.iter().chain(second).copied().collect();
+        all.sort();
+        // The link's clock: 3 at once, then one per 5 ms (twice the rate) for all of them.
+        for (k, t) in all.iter().enumerate().skip(3) {
+            assert!(*t >= ms(5 * (k as u64 - 2)), "packet {k} of the link departs at {t}: {all:?}");
+        }
+        // And each sink's own never faster than its own pace (3 kB, then 100 kB/s): the link
+        // holding some back does not bunch the rest onto the sink's own link.
+        for d in [first, second] {
+            assert!(d.windows(2).all(|w| w[0] <= w[1]));
+            for i in 0..d.len() {
+                for j in i..d.len() {
+                    let bytes = 1000 * (j - i + 1) as u64;
+                    assert!(bytes <= 3000 + (d[j] - d[i]) / 10_000, "{d:?}");
+                }
+            }
+        }
+
+        // Unpaced: nothing is stamped.
+        r.pace = None;
+        offer(&mut sinks, &snap, &mut VirtualClock::default(), &r, &mut offers, &mut departs);
+        assert!(offers.iter().all(|o| o.departs.is_none() && o.count == 400) && departs.is_empty());
     }
 
     #[test]
@@ -572,7 +733,7 @@ mod tests {
             let mut offers = Vec::new();
             let mut r = run(0, head, Instant::now());
             r.turn = turn;
-            offer(&mut sinks, &snap, &mut VirtualClock::default(), &r, &mut offers);
+            offer(&mut sinks, &snap, &mut VirtualClock::default(), &r, &mut offers, &mut Vec::new());
             // In serving order: from the turn on, round.
             let (n, t) = (sinks.len(), turn.min(sinks.len() - 1));
             let want: Vec<usize> = (t..n).chain(0..t).filter(|&i| !behind[i].1 && behind[i].0 > 0).collect();
@@ -597,7 +758,7 @@ mod tests {
                 t += gap;
                 let mut r = run(0, 400, epoch + Duration::from_nanos(t));
                 r.pace = Some((pace, epoch));
-                offer(&mut sinks, &snap, &mut VirtualClock::default(), &r, &mut offers);
+                offer(&mut sinks, &snap, &mut VirtualClock::default(), &r, &mut offers, &mut Vec::new());
                 let n = offers.first().map_or(0, |o| o.count);
                 sinks[0].due.cursor.advance(n as u64);
                 sent += (n * len) as u64;

@@ -148,6 +148,8 @@ pub struct WorkerCtx {
     pub picked: Vec<usize>,
     /// Beside `picked`: the aggregates rebuilt for the sink (`None`: the ring's packet).
     pub rebuilt: Vec<Option<Arc<crate::packet::Packet>>>,
+    /// Departure times of the datagrams in `hdrs`, where stamped.
+    pub txtimes: Vec<crate::sys::TxtimeCmsg>,
     /// A send on a group's unconnected socket returned an error: an ICMP error (some sink's)
     /// may wait in its error queue. The group reads and clears it after each run.
     pub send_error: bool,
@@ -162,6 +164,7 @@ impl Default for WorkerCtx {
             heads: Vec::with_capacity(1024),
             picked: Vec::with_capacity(1024),
             rebuilt: Vec::with_capacity(1024),
+            txtimes: Vec::new(),
             send_error: false,
         }
     }

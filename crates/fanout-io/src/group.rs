@@ -132,6 +132,11 @@ pub(crate) struct GroupState {
     sender: Box<dyn Sender>,
     /// This run's offers, in the order the sinks are served.
     offers: Vec<Offer>,
+    /// Their departure times, where stamped (CLOCK_MONOTONIC ns once the run has them).
+    departs: Vec<u64>,
+    /// Its UDP sockets take departure times (`SO_TXTIME`): the bytes of stamped datagrams
+    /// their send buffers hold while fq keeps them.
+    stamp_room: Option<u64>,
     /// Runs so far: where the serving order starts is a hash of it.
     runs: u64,
     failed: Vec<(usize, io::Error)>,
@@ -158,6 +163,10 @@ impl GroupState {
         let udp = send_socket(false, shared_port)?;
         udp.set_nonblocking(true)?;
         sys::enable_recv_err(udp.as_raw_fd(), false)?;
+        let stamp_room = match cfg.pacing.is_some_and(|p| p.txtime) {
+            true => Some(stamping(&udp)?),
+            false => None,
+        };
         Ok(Self {
             sinks: Vec::new(),
             snapshot: Vec::new(),
@@ -165,6 +174,8 @@ impl GroupState {
             udp6: None,
             sender: send::for_path(cfg)?,
             offers: Vec::new(),
+            departs: Vec::new(),
+            stamp_room,
             runs: 0,
             failed: Vec::new(),
             reaped: Vec::new(),
@@ -184,6 +195,9 @@ impl GroupState {
             let s = send_socket(true, self.shared_port)?;
             s.set_nonblocking(true)?;
             sys::enable_recv_err(s.as_raw_fd(), true)?;
+            if self.stamp_room.is_some() {
+                stamping(&s)?;
+            }
             self.udp6 = Some(s);
         }
         Ok(())
@@ -245,6 +259,18 @@ impl GroupState {
     }
 }
 
+/// The send buffer a group's stamped datagrams wait in while fq holds them (grown where
+/// allowed), for a socket that now takes departure times: the bytes of datagrams it holds.
+fn stamping(udp: &UdpSocket) -> io::Result<u64> {
+    sys::enable_txtime(udp.as_raw_fd())?;
+    let buffer = sys::grow_send_buffer(udp.as_raw_fd(), STAMP_BUFFER)?;
+    // Each datagram costs its buffer about twice its bytes (its sk_buff and allocation).
+    Ok(buffer as u64 / 2)
+}
+
+/// A stamping group socket's send buffer: a second of 32 sinks of 1 Mbit/s.
+const STAMP_BUFFER: usize = 8 << 20;
+
 /// What a sink group needs of its session. The session implements it, so that this module
 /// (below the session) does not import it.
 pub(crate) trait Host: Send + Sync {
@@ -293,11 +319,18 @@ impl Job for GroupJob {
             write_streams,
             pace: s.pace(),
             shared_link: s.pace_shared_link(),
+            stamp: g.stamp_room,
             egress: s.egress(),
             turn: fanout_core::rotation(g.runs, g.sinks.len().max(1)),
             now,
         };
-        let wake = due::offer(&mut g.sinks, &g.snapshot, &mut g.group_clock, &run, &mut g.offers);
+        let wake = due::offer(&mut g.sinks, &g.snapshot, &mut g.group_clock, &run, &mut g.offers, &mut g.departs);
+        if let (false, Some((_, epoch))) = (g.departs.is_empty(), run.pace) {
+            // From the clocks' epoch to CLOCK_MONOTONIC, what SO_TXTIME stamps are read on.
+            let since = now.saturating_duration_since(epoch).as_nanos() as u64;
+            let base = sys::monotonic_ns().saturating_sub(since);
+            g.departs.iter_mut().for_each(|t| *t += base);
+        }
         if let Some(at) = wake.filter(|&at| g.pace_due.is_none_or(|due| due <= now || at < due)) {
             g.pace_due = Some(at);
             if let Some(task) = g.task.upgrade() {
@@ -305,8 +338,8 @@ impl Job for GroupJob {
             }
         }
 
-        let GroupState { sinks, snapshot, udp, udp6, sender, offers, failed, errors_pending, .. } = g;
-        let mut batch = Batch { sinks, snapshot, start, offers, fds: GroupFds::new(udp, udp6.as_ref()) };
+        let GroupState { sinks, snapshot, udp, udp6, sender, offers, departs, failed, errors_pending, .. } = g;
+        let mut batch = Batch { sinks, snapshot, start, offers, departs, fds: GroupFds::new(udp, udp6.as_ref()) };
         sender.send(&mut batch, ctx, failed);
         *errors_pending |= std::mem::take(&mut ctx.send_error) || !failed.is_empty();
         for (i, e) in failed.drain(..) {

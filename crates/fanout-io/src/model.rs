@@ -124,6 +124,11 @@ pub struct PaceConfig {
     /// the link's queue at once (the Oslo thesis's burst loss; Yau & Lam's rate control
     /// over a shared output).
     pub shared_link: bool,
+    /// Paced datagrams to UDP sinks of the group's socket are handed to the kernel up to
+    /// [a window](crate::due) early, each stamped with its departure time (`SO_TXTIME`,
+    /// CLOCK_MONOTONIC), instead of being held back here: the `fq` qdisc on the egress holds
+    /// them (without fq they leave at once). Fewer wake-ups for the same pace.
+    pub txtime: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -196,6 +201,9 @@ pub struct PaceStatus {
     pub sink_rate_bps: u64,
     /// Bytes a sink may get back to back.
     pub burst_bytes: u64,
+    /// What holds a paced packet until it may leave: `clock` (the relay) or `txtime` (its
+    /// departure time, for the fq qdisc).
+    pub with: &'static str,
 }
 
 /// Per-layer rates: moving averages over 200 ms windows, `new = (15·old + sample)/16`.

@@ -1077,7 +1077,11 @@ impl Session {
             packets_skipped: sinks.iter().map(|s| s.packets_skipped).sum(),
             kernel: inner.kernel.stats(),
             layers: self.layer_status(),
-            pacing: self.inner.pace().map(|(p, _)| PaceStatus { sink_rate_bps: p.rate() * 8, burst_bytes: p.burst() }),
+            pacing: self.inner.pace().map(|(p, _)| PaceStatus {
+                sink_rate_bps: p.rate() * 8,
+                burst_bytes: p.burst(),
+                with: if self.inner.cfg.pacing.is_some_and(|c| c.txtime) { "txtime" } else { "clock" },
+            }),
         }
     }
 

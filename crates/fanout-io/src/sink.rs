@@ -308,4 +308,7 @@ impl crate::due::Seat for Sink {
             _ => false,
         }
     }
+    fn stamps(&self) -> bool {
+        matches!(self.io, SinkIo::Unconnected(_))
+    }
 }

@@ -176,6 +176,73 @@ pub fn enable_recv_err(fd: RawFd, v6: bool) -> io::Result<()> {
     set_int_option(fd, level, name, 1)
 }
 
+/// Lets the socket's datagrams carry departure times ([`TxtimeCmsg`], CLOCK_MONOTONIC), which
+/// the `fq` qdisc holds them to.
+pub fn enable_txtime(fd: RawFd) -> io::Result<()> {
+    let cfg = libc::sock_txtime { clockid: libc::CLOCK_MONOTONIC, flags: 0 };
+    // SAFETY: setsockopt with a sock_txtime of the size given.
+    let r = unsafe {
+        libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_TXTIME, (&raw const cfg).cast(), size_of_val(&cfg) as _)
+    };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("SO_TXTIME: {e}")));
+    }
+    Ok(())
+}
+
+/// Grows a socket's send buffer to `bytes` (beyond `net.core.wmem_max` where the process may,
+/// as root may) and returns what it is: the kernel's figure, which counts each datagram's
+/// own overhead too.
+pub fn grow_send_buffer(fd: RawFd, bytes: usize) -> io::Result<usize> {
+    let v = bytes.min(i32::MAX as usize / 2) as libc::c_int;
+    if set_int_option(fd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, v).is_err() {
+        set_int_option(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, v)?;
+    }
+    let mut got: libc::c_int = 0;
+    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt into an int of the size given.
+    let r = unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, (&raw mut got).cast(), &mut len) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(got.max(0) as usize)
+}
+
+/// CLOCK_MONOTONIC now, in nanoseconds (what SO_TXTIME stamps are on).
+pub fn monotonic_ns() -> u64 {
+    let mut ts: libc::timespec = unsafe { zeroed() };
+    // SAFETY: clock_gettime fills the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// One datagram's departure time as a control message (`SCM_TXTIME`): `CMSG_SPACE(8)` bytes,
+/// aligned as the kernel reads them.
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct TxtimeCmsg {
+    hdr: libc::cmsghdr,
+    at: u64,
+}
+
+impl TxtimeCmsg {
+    pub fn new(at: u64) -> Self {
+        // SAFETY: CMSG_LEN is a size computation.
+        let len = unsafe { libc::CMSG_LEN(size_of::<u64>() as u32) } as usize;
+        // SAFETY: an all-zero cmsghdr is valid; its fields are set below.
+        let mut hdr: libc::cmsghdr = unsafe { zeroed() };
+        (hdr.cmsg_len, hdr.cmsg_level, hdr.cmsg_type) = (len as _, libc::SOL_SOCKET, libc::SCM_TXTIME);
+        Self { hdr, at }
+    }
+
+    /// Attaches it to a header; it must stay where it is until the header is sent.
+    pub fn attach(&mut self, h: &mut libc::mmsghdr) {
+        h.msg_hdr.msg_control = (self as *mut Self).cast();
+        h.msg_hdr.msg_controllen = size_of::<Self>() as _;
+    }
+}
+
 /// Takes one queued ICMP error: the destination it concerns and the error.
 pub fn recv_error(fd: RawFd) -> Option<(SocketAddr, io::Error)> {
     let mut name: libc::sockaddr_storage = unsafe { zeroed() };
@@ -488,6 +555,40 @@ mod tests {
         assert_eq!(s, super::ProcStat { cpu_s: 3.25, threads: 7, rss_bytes: 300 * 4096 });
         assert_eq!(super::ProcStat::parse("4242 (x) S 1", 100.0, 4096), None);
         assert!(super::ProcStat::read(None).unwrap().threads >= 1);
+    }
+
+    /// A departure time rides in the control message the kernel expects (`CMSG_SPACE(8)`,
+    /// its data where `CMSG_DATA` says), and `sendmmsg` takes it: here, without fq, the
+    /// datagrams leave at once and arrive whole.
+    #[test]
+    fn datagrams_carry_departure_times() {
+        use std::os::fd::AsRawFd;
+        let c = super::TxtimeCmsg::new(42);
+        // SAFETY: a size computation.
+        let space = unsafe { libc::CMSG_SPACE(8) } as usize;
+        assert_eq!(std::mem::size_of::<super::TxtimeCmsg>(), space);
+        // SAFETY: reading the header and data CMSG_DATA locates, inside `c`.
+        let data = unsafe { libc::CMSG_DATA(&c.hdr).cast::<u64>().read_unaligned() };
+        assert_eq!(data, 42);
+
+        let rx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        rx.set_read_timeout(Some(std::time::Duration::from_secs(2))).unwrap();
+        let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        super::enable_txtime(tx.as_raw_fd()).unwrap();
+        let to = super::RawAddr::new(rx.local_addr().unwrap());
+        let payload = *b"stamped";
+        let mut iov = [super::iovec(&payload), super::iovec(&payload)];
+        let mut hdrs: Vec<libc::mmsghdr> = iov.iter_mut().map(|v| super::mmsghdr(v, Some(&to))).collect();
+        // Now, and long past.
+        let mut stamps = [super::TxtimeCmsg::new(super::monotonic_ns()), c];
+        for (h, t) in hdrs.iter_mut().zip(stamps.iter_mut()) {
+            t.attach(h);
+        }
+        assert_eq!(super::sendmmsg(tx.as_raw_fd(), &mut hdrs).unwrap(), 2);
+        let mut buf = [0u8; 16];
+        for _ in 0..2 {
+            assert_eq!(rx.recv(&mut buf).unwrap(), payload.len());
+        }
     }
 
     use super::ThreadPriority;

@@ -500,8 +500,16 @@ impl Relay {
         // times, which only the fq qdisc honours: say so where fq is not even loaded.
         let shared_link =
             spec.pace_link == Some(crate::spec::PaceLink::Shared) && spec.pacing == crate::spec::Pacing::On;
+        let fq = std::path::Path::new("/sys/module/sch_fq").exists();
+        if spec.pace_with == Some(crate::spec::PaceWith::Txtime) && !fq {
+            tracing::warn!(
+                session = %spec.name,
+                "pace_with = \"txtime\": no fq qdisc is loaded, so the departure times are not honoured and paced \
+                 datagrams leave up to a second early (modprobe sch_fq; tc qdisc replace dev IFACE root fq)"
+            );
+        }
         let warn_unpaced = |dp: DataPath| {
-            if dp == DataPath::Kernel && shared_link && !std::path::Path::new("/sys/module/sch_fq").exists() {
+            if dp == DataPath::Kernel && shared_link && !fq {
                 tracing::warn!(
                     session = %spec.name,
                     "pace_link = \"shared\" on the kernel path: no fq qdisc is loaded, so the clones' departure \

@@ -425,6 +425,14 @@ pub struct SessionSpec {
     /// (a sink group is also paced as a whole, at the sum of its sinks' rates).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pace_link: Option<PaceLink>,
+    /// How a paced packet waits for its time: `clock` (default: the relay holds it and wakes
+    /// when it may leave) or `txtime` (UDP sinks of the group's socket: the relay hands the
+    /// kernel up to a second ahead, each datagram stamped with its departure time,
+    /// `SO_TXTIME`; the `fq` qdisc on the egress holds it). Fewer wake-ups of the relay; needs
+    /// fq (without it the stamps are ignored and the packets leave at once) and the `shared`
+    /// or `kernel` data path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pace_with: Option<PaceWith>,
     /// Egress reserved for this session, all its sinks together, in kbit/s (needs the
     /// relay's `egress_kbps`): under contention it gets this much before the spare capacity
     /// is shared by class.
@@ -459,6 +467,14 @@ pub struct SessionSpec {
 pub enum PaceLink {
     Own,
     Shared,
+}
+
+/// What holds a paced packet until it may leave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PaceWith {
+    Clock,
+    Txtime,
 }
 
 /// Whether a session paces its sinks.
@@ -502,6 +518,7 @@ impl SessionSpec {
             pace_burst_kb: None,
             pace_catchup: None,
             pace_link: None,
+            pace_with: None,
             reserve_kbps: None,
             sinks: Vec::new(),
             record: None,
@@ -571,6 +588,22 @@ impl SessionSpec {
                 RATE_KBPS.end()
             ));
         }
+        if self.pace_with == Some(PaceWith::Txtime) {
+            if self.pacing == Pacing::Off {
+                return Err("pace_with \"txtime\" stamps paced packets: it needs pacing \"on\"".into());
+            }
+            if let Some(d) = self.datapath.filter(|d| !matches!(d, DataPath::Shared | DataPath::Kernel)) {
+                let d = serde_json::to_value(d).unwrap_or_default();
+                return Err(format!(
+                    "pace_with \"txtime\" needs datapath \"shared\" or \"kernel\" (whose UDP sinks send from the group's socket), not {d}"
+                ));
+            }
+            if self.udp_sinks == UdpSinkMode::Connected {
+                return Err(
+                    "pace_with \"txtime\" stamps the group socket's datagrams: it needs udp_sinks \"batched\"".into()
+                );
+            }
+        }
         if self.pace_burst_kb == Some(0) {
             return Err("pace_burst_kb 0 cannot hold one packet".into());
         }
@@ -601,6 +634,7 @@ impl SessionSpec {
             burst,
             catchup: self.pace_catchup.unwrap_or(DEFAULT_PACE_CATCHUP),
             shared_link: self.pace_link == Some(PaceLink::Shared),
+            txtime: self.pace_with == Some(PaceWith::Txtime),
         }))
     }
 }

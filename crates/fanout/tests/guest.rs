@@ -1,6 +1,7 @@
 //! What needs a kernel this host may not have, run in a QEMU guest (`common::vm`): the kernel
 //! data path's clones spread over a shared link by EDT departure times, which only the `fq`
-//! qdisc honours (issue 35), and a WebRTC viewer behind a link `netem` makes lossy (issue 33).
+//! qdisc honours, and the user-space paths' datagrams stamped the same way (`SO_TXTIME`)
+//! (issue 35), and a WebRTC viewer behind a link `netem` makes lossy (issue 33).
 //! Alone in this test binary, one guest at a time: a guest takes both CPUs.
 
 mod common;
@@ -139,6 +140,66 @@ fn in_guest_a_shared_link_behind_the_kernel_path() {
     println!("fanout-vm: behind the shared link, unpaced clones lost {off}%, paced {on}%");
     assert!(off > 0.0, "the scenario must bite unpaced:\n{summary}");
     assert_eq!(on, 0.0, "paced, the shared link loses nothing:\n{summary}");
+}
+
+#[test]
+fn the_relays_stamped_departures_keep_a_shared_link_clean_where_fq_runs() {
+    in_guest("the relay's SO_TXTIME departures", "in_guest_the_relays_stamped_departures", 600);
+}
+
+/// `bench pacing --quick` on the `shared` path, its sinks behind one link paced as a group,
+/// the relay holding each packet until its time (`with=clock`) and handing the kernel a
+/// window ahead stamped with departure times (`with=txtime`), fq on the relay's egress.
+/// Unpaced, the shared link drops some at joining; both ways of pacing, none; stamped, the
+/// relay wakes less. Without the stamps (or fq) each sink's window would leave at once and
+/// the stamped round would lose as the unpaced one does.
+#[test]
+#[ignore = "runs in the QEMU guest of the test above"]
+fn in_guest_the_relays_stamped_departures() {
+    assert!(std::env::var_os(IN_GUEST).is_some(), "runs in the guest the test above boots");
+    let out = std::env::temp_dir().join("bench-pacing-txtime");
+    let (clock, txtime) = ("shared:link=shared", "shared:link=shared:with=txtime");
+    // The whole run of BENCHMARKS with FANOUT_GUEST_BENCH=full on the host; the quick one else.
+    let full = std::env::var("FANOUT_GUEST_BENCH").is_ok_and(|v| v == "full");
+    let st = std::process::Command::new(env!("CARGO_BIN_EXE_fanout"))
+        .args(["bench", "pacing", "--datapaths", &format!("{clock},{txtime}"), "--out"])
+        .arg(&out)
+        .args(if full { &[][..] } else { &["--quick"][..] })
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let summary = std::fs::read_to_string(out.join("pacing-summary.csv")).unwrap();
+    let each = std::fs::read_to_string(out.join("pacing.csv")).unwrap();
+    for line in summary.lines().chain(each.lines()) {
+        println!("fanout-vm: {line}");
+    }
+    let field = |dp: &str, pacing: &str, link: &str, col: usize| -> f64 {
+        let row = summary
+            .lines()
+            .map(|l| l.split(',').collect::<Vec<_>>())
+            .find(|f| f.len() > 8 && f[0] == dp && f[1] == pacing && f[2] == link);
+        row.unwrap_or_else(|| panic!("no {dp}/{pacing}/{link} row in\n{summary}"))[col].parse().unwrap()
+    };
+    let (loss, wakeups) = (4, 7);
+    assert!(field(clock, "off", "shared", loss) > 0.0, "the scenario must bite unpaced:\n{summary}");
+    for link in ["shared", "own"] {
+        assert_eq!(field(clock, "on", link, loss), 0.0, "held by the clock, nothing lost:\n{summary}");
+        assert_eq!(field(txtime, "on", link, loss), 0.0, "stamped, fq keeps the pace:\n{summary}");
+    }
+    // Stamped, they keep up: as many packets reach them in the round as held by the clock.
+    let got = |dp: &str| -> u64 {
+        let rows = each.lines().map(|l| l.split(',').collect::<Vec<_>>());
+        rows.filter(|f| f.len() > 3 && f[0] == dp && f[1] == "on").map(|f| f[3].parse::<u64>().unwrap()).sum()
+    };
+    println!("fanout-vm: packets to the paced subscribers: {} held, {} stamped", got(clock), got(txtime));
+    assert!(got(txtime) * 10 >= got(clock) * 9, "stamped, the subscribers fall behind:\n{each}");
+    // A sink joining behind the shared link waits for the windows stamped before it (at
+    // most 250 ms more than held by the clock).
+    let first = |dp: &str| field(dp, "on", "shared", 5);
+    assert!(first(txtime) < first(clock) + 500.0, "stamped, the first picture comes late:\n{summary}");
+    let (held, stamped) = (field(clock, "on", "shared", wakeups), field(txtime, "on", "shared", wakeups));
+    println!("fanout-vm: the relay woke {held} times holding packets, {stamped} stamping them");
+    assert!(stamped < held, "stamping spares the relay wake-ups:\n{summary}");
 }
 
 #[test]

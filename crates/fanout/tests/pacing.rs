@@ -187,6 +187,10 @@ fn bad_pacing_is_refused_and_the_pace_is_shown() {
         (serde_json::json!({"pace_catchup": 0.5}), "pace_catchup 0.5 is out of range"),
         (serde_json::json!({"pace_link": "wifi"}), "pace_link"),
         (serde_json::json!({"pacing": "sometimes"}), "pacing"),
+        (serde_json::json!({"pace_with": "sometimes"}), "pace_with"),
+        (serde_json::json!({"pace_with": "txtime", "pacing": "off"}), "it needs pacing \"on\""),
+        (serde_json::json!({"pace_with": "txtime", "datapath": "copy"}), "needs datapath \"shared\" or \"kernel\""),
+        (serde_json::json!({"pace_with": "txtime", "udp_sinks": "connected"}), "it needs udp_sinks \"batched\""),
     ];
     for (fields, why) in bad {
         let mut spec = serde_json::json!({"name": "p", "source": {"udp": "127.0.0.1:0"}});
@@ -207,6 +211,7 @@ fn bad_pacing_is_refused_and_the_pace_is_shown() {
     assert!(ok, "no pace shown: {p}");
     assert_eq!(p["sink_rate_bps"], 1_600_000, "{p}");
     assert_eq!(p["burst_bytes"], 4096, "{p}");
+    assert_eq!(p["with"], "clock", "{p}");
 }
 
 /// `pace_link = "shared"`: a group's sinks are paced together as behind one link, at the
@@ -255,6 +260,37 @@ fn sinks_behind_a_shared_link_get_their_copies_spread() {
     // Two copies at once, then the other six 5.2 ms apart: 31 ms from first to last (back
     // to back, well under a millisecond).
     assert!(spans[spans.len() / 2] >= Duration::from_millis(25), "copies back to back: {spans:?}");
+}
+
+/// `pace_with = "txtime"`: the group's datagrams carry departure times (SO_TXTIME). Where no
+/// fq qdisc holds them (this host's loopback) they leave at once: every sink still gets every
+/// packet, and the log says the stamps are not honoured. That they are where fq runs is
+/// tests/guest.rs's.
+#[test]
+fn stamped_departure_times_reach_every_sink() {
+    let relay = Relay::start(&["--no-demo"]);
+    let rx: Vec<std::net::UdpSocket> = (0..4).map(|_| std::net::UdpSocket::bind("127.0.0.1:0").unwrap()).collect();
+    let sinks: Vec<serde_json::Value> =
+        rx.iter().map(|r| serde_json::json!({"udp": r.local_addr().unwrap()})).collect();
+    let spec = serde_json::json!({"name": "t", "source": {"udp": "127.0.0.1:0"}, "rate_kbps": 128,
+        "pace_burst_kb": 2, "pace_link": "shared", "pace_with": "txtime", "sinks": sinks});
+    let src = create_on_free_port(&relay, spec);
+    send_paced(src, 40, 1000, 40.0);
+    assert_eq!(relay.ok("GET", "/v1/sessions/t", None)["pacing"]["with"], "txtime");
+    for (i, r) in rx.iter().enumerate() {
+        r.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let mut seen = std::collections::BTreeSet::new();
+        let mut buf = [0u8; 2048];
+        while seen.len() < 40 {
+            let Ok(n) = r.recv(&mut buf) else { break };
+            assert_eq!(n, 1000);
+            seen.insert(u64::from_be_bytes(buf[..8].try_into().unwrap()));
+        }
+        assert_eq!(seen.len(), 40, "sink {i} got {} of 40", seen.len());
+    }
+    if !std::path::Path::new("/sys/module/sch_fq").exists() {
+        assert!(relay.stderr().contains("the departure times are not honoured"), "{}", relay.stderr());
+    }
 }
 
 /// One egress for all sessions (KT_RC across streams): under contention each session gets

@@ -31,6 +31,8 @@ pub(crate) struct Batch<'a> {
     pub start: u64,
     /// In the order to serve them.
     pub offers: &'a [Offer],
+    /// Departure times of the offers that have them (CLOCK_MONOTONIC ns, see [`Offer::departs`]).
+    pub departs: &'a [u64],
     /// The group's sockets for its unconnected UDP sinks, by address family.
     pub fds: GroupFds,
 }

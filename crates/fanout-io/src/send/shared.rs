@@ -28,6 +28,8 @@ struct Planned {
     offered: usize,
     datagrams: usize,
     layered: Option<(Checkpoint, usize)>,
+    /// Where its packets' departure times start in the batch's, if stamped.
+    departs: Option<usize>,
 }
 
 impl Sender for SharedSender {
@@ -108,7 +110,7 @@ fn send_udp_group(
     if fd < 0 {
         return;
     }
-    let Batch { sinks, snapshot, start, offers, .. } = b;
+    let Batch { sinks, snapshot, start, offers, departs, .. } = b;
     let (snapshot, start) = (*snapshot, *start);
     plan.clear();
     ctx.heads.clear();
@@ -123,7 +125,9 @@ fn send_udp_group(
         let pending = offered(snapshot, start, sink, o.count);
         let layered = sink.layered();
         match sink.layers.as_deref_mut().filter(|_| layered) {
-            None => plan.push(Planned { sink: i, offered: o.count, datagrams: o.count, layered: None }),
+            None => {
+                plan.push(Planned { sink: i, offered: o.count, datagrams: o.count, layered: None, departs: o.departs })
+            }
             Some(lay) => {
                 let (saved, first) = (lay.checkpoint(), ctx.picked.len());
                 decide_kept(lay, pending, ctx);
@@ -132,6 +136,7 @@ fn send_udp_group(
                     offered: o.count,
                     datagrams: ctx.picked.len() - first,
                     layered: Some((saved, first)),
+                    departs: o.departs,
                 });
             }
         }
@@ -162,6 +167,29 @@ fn send_udp_group(
         for _ in 0..e.datagrams {
             ctx.hdrs.push(sys::mmsghdr_n(&mut ctx.iov[k], pieces, Some(addr)));
             k += pieces;
+        }
+    }
+    // Departure times (SO_TXTIME), each datagram its packet's; attached once all are made,
+    // so none moves after its header points at it.
+    ctx.txtimes.clear();
+    for e in plan.iter() {
+        let Some(at) = e.departs else { continue };
+        for k in 0..e.datagrams {
+            // A layered sink's k-th datagram is the packet it kept k-th.
+            let packet = e.layered.map_or(k, |(_, first)| ctx.picked[first + k]);
+            ctx.txtimes.push(sys::TxtimeCmsg::new(departs[at + packet]));
+        }
+    }
+    if !ctx.txtimes.is_empty() {
+        let (mut k, mut t) = (0, 0);
+        for e in plan.iter() {
+            if e.departs.is_some() {
+                for h in &mut ctx.hdrs[k..k + e.datagrams] {
+                    ctx.txtimes[t].attach(h);
+                    t += 1;
+                }
+            }
+            k += e.datagrams;
         }
     }
     let total = ctx.hdrs.len();

@@ -526,7 +526,8 @@ pub fn ensure_dir(p: &Path) -> anyhow::Result<()> {
 /// A session spec's data path fields from a bench name: `PATH[:OPTION]...`, options
 /// `connected` (UDP sinks on a connected socket each), `sqpoll` (uring's polling thread),
 /// `flush=MS` (the stream sinks' write interval), `recv=uring|recvmmsg` (UDP source receive),
-/// `pace=on|off` (paced egress, on by default), `link=own|shared` (`pace_link`), `rate=KBPS`
+/// `pace=on|off` (paced egress, on by default), `link=own|shared` (`pace_link`),
+/// `with=clock|txtime` (`pace_with`: held by the relay or stamped for fq), `rate=KBPS`
 /// (`rate_kbps`, the rate to pace by instead of the measured one), `group=N` (sinks per
 /// group task), `spread` (`kernel_spread`: the kernel path's clones made on every CPU).
 pub fn datapath_fields(name: &str) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
@@ -541,11 +542,12 @@ pub fn datapath_fields(name: &str) -> anyhow::Result<serde_json::Map<String, ser
             Some(("recv", r)) => m.insert("source_recv".into(), r.into()),
             Some(("pace", p)) => m.insert("pacing".into(), p.into()),
             Some(("link", l)) => m.insert("pace_link".into(), l.into()),
+            Some(("with", w)) => m.insert("pace_with".into(), w.into()),
             Some(("rate", k)) => m.insert("rate_kbps".into(), k.parse::<u64>().context("rate=KBPS")?.into()),
             Some(("group", n)) => m.insert("sinks_per_group".into(), n.parse::<u64>().context("group=N")?.into()),
             Some(("flush", ms)) => m.insert("stream_flush_ms".into(), ms.parse::<u64>().context("flush=MS")?.into()),
             _ => bail!(
-                "data path option {o:?}: expected connected, sqpoll, spread, flush=MS, pace=on|off, link=own|shared, rate=KBPS, group=N or recv=uring|recvmmsg"
+                "data path option {o:?}: expected connected, sqpoll, spread, flush=MS, pace=on|off, link=own|shared, with=clock|txtime, rate=KBPS, group=N or recv=uring|recvmmsg"
             ),
         };
     }

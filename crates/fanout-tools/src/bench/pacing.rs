@@ -11,8 +11,10 @@
 //! second of media at once. Each subscriber (`bench pacing-sub`, an RTSP client over UDP)
 //! records its loss, when its first picture was whole (the keyframe's PES and every packet up
 //! to the next video PES, no gap), and its packets per 10 ms after joining.
-//! The `kernel` path's rounds put `fq` on the relay's egress, which holds its clones to the
-//! departure times they are stamped with (where this kernel has fq; it says so where not).
+//! The `kernel` path's rounds, and those whose datagrams carry departure times
+//! (`with=txtime`), put `fq` on the relay's egress, which holds them to those times (where
+//! this kernel has fq; it says so where not). Each round also counts the relay's wake-ups
+//! (its threads' context switches) and CPU while its subscribers play.
 //! Writes `pacing.csv` (one row per subscriber and round), `pacing-summary.csv` and
 //! `pacing.png`.
 
@@ -182,12 +184,18 @@ struct Round {
     paced: bool,
     /// Per subscriber: its namespace's kind (`own` or `shared`) and what it saw.
     subs: Vec<(&'static str, SubResult)>,
+    /// The relay's context switches and CPU while they played (every round's own session).
+    relay_wakeups: u64,
+    relay_cpu_ms: f64,
 }
 
 pub fn run(mut a: PacingArgs) -> anyhow::Result<()> {
     if a.quick {
         (a.seconds, a.subs, a.shared) = (6.0, 3, 6);
-        a.datapaths.truncate(1);
+        // The default list's first; a list given is run whole.
+        if a.datapaths == ["shared", "kernel"] {
+            a.datapaths.truncate(1);
+        }
     }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
@@ -230,15 +238,18 @@ pub fn run(mut a: PacingArgs) -> anyhow::Result<()> {
         pb.set_message(format!("{dp}, pacing {}", if *paced { "on" } else { "off" }));
         // The kernel path's clones wait for their departure times in fq; the other paths
         // pace in user space and keep veth's default.
-        let kernel = dp.starts_with("kernel");
-        if topo.egress_fq(kernel) != kernel {
-            pb.println(format!("{dp}: no fq qdisc here, so the kernel path's clones leave back to back"));
+        let stamped = dp.starts_with("kernel") || super::has_option(dp, "with=txtime");
+        if topo.egress_fq(stamped) != stamped {
+            pb.println(format!("{dp}: no fq qdisc here, so departure times are not honoured"));
         }
         let name = format!("p{k}");
         let mut spec = json!({ "name": name, "source": { "udp": "127.0.0.1:0" } });
         let m = spec.as_object_mut().expect("an object");
         m.extend(super::datapath_fields(dp)?);
         m.insert("pacing".into(), if *paced { "on" } else { "off" }.into());
+        if !paced {
+            m.remove("pace_with"); // nothing to stamp
+        }
         if *paced {
             m.insert("pace_catchup".into(), a.catchup.into());
             if a.burst_kb > 0 {
@@ -270,6 +281,8 @@ pub fn run(mut a: PacingArgs) -> anyhow::Result<()> {
                 .spawn()?;
             Ok((Proc(child), json, kind))
         };
+        let pid = relay.proc.0.id();
+        let (woken, cpu) = (super::context_switches(pid), super::process_cpu_s(pid)?);
         // Behind the shared link, all at once; then the others, one every 0.4 s (spread over
         // the stream's keyframe interval).
         if a.shared > 0 {
@@ -309,8 +322,20 @@ pub fn run(mut a: PacingArgs) -> anyhow::Result<()> {
             let _ = std::fs::remove_file(&json);
             results.push((kind, serde_json::from_str::<SubResult>(&text)?));
         }
+        let relay_wakeups = super::context_switches(pid).saturating_sub(woken);
+        if stamped {
+            // What fq did with the stamped datagrams (dropped: over its limits).
+            let q = topo.relay_qdisc();
+            let count = |what| super::layers::qdisc_counter(&q, what);
+            pb.println(format!(
+                "{dp}: fq on the relay's egress dropped {} ({} over a flow's limit)",
+                count("dropped"),
+                count("flows_plimit")
+            ));
+        }
+        let relay_cpu_ms = (super::process_cpu_s(pid)? - cpu) * 1e3;
         api.call("DELETE", &format!("/v1/sessions/{name}"), None)?;
-        rounds.push(Round { datapath: dp.clone(), paced: *paced, subs: results });
+        rounds.push(Round { datapath: dp.clone(), paced: *paced, subs: results, relay_wakeups, relay_cpu_ms });
         pb.inc(1);
     }
     pb.finish_and_clear();
@@ -342,10 +367,13 @@ fn report(a: &PacingArgs, rounds: &[Round]) -> anyhow::Result<()> {
     )?;
     let sum_path = a.out.join("pacing-summary.csv");
     let mut sum = std::fs::File::create(&sum_path)?;
-    writeln!(sum, "datapath,pacing,link,subscribers,loss_pct,median_first_picture_ms,max_packets_first_50ms")?;
+    writeln!(
+        sum,
+        "datapath,pacing,link,subscribers,loss_pct,median_first_picture_ms,max_packets_first_50ms,relay_wakeups,relay_cpu_ms"
+    )?;
     println!(
-        "\n{:<10} {:<7} {:<7} {:>5} {:>9} {:>15} {:>14}",
-        "path", "pacing", "link", "subs", "loss %", "1st picture ms", "pkts 1st 50ms"
+        "\n{:<28} {:<7} {:<7} {:>5} {:>9} {:>15} {:>14} {:>13} {:>9}",
+        "path", "pacing", "link", "subs", "loss %", "1st picture ms", "pkts 1st 50ms", "relay wakeups", "relay ms"
     );
     for r in rounds {
         let pacing = if r.paced { "on" } else { "off" };
@@ -375,16 +403,24 @@ fn report(a: &PacingArgs, rounds: &[Round]) -> anyhow::Result<()> {
             let firsts = subs.iter().map(|s| s.first_picture_ms.unwrap_or(a.seconds * 1e3)).collect();
             let burst = subs.iter().map(|s| s.bins.iter().take(5).sum::<u32>()).max().unwrap_or(0);
             let (loss, first) = (pct(lost, expected), median(firsts));
-            writeln!(sum, "{},{pacing},{kind},{},{loss:.4},{first:.1},{burst}", r.datapath, subs.len())?;
+            let (woken, cpu) = (r.relay_wakeups, r.relay_cpu_ms);
+            writeln!(
+                sum,
+                "{},{pacing},{kind},{},{loss:.4},{first:.1},{burst},{woken},{cpu:.0}",
+                r.datapath,
+                subs.len()
+            )?;
             println!(
-                "{:<10} {:<7} {:<7} {:>5} {:>9.3} {:>15.1} {:>14}",
+                "{:<28} {:<7} {:<7} {:>5} {:>9.3} {:>15.1} {:>14} {:>13} {:>9.0}",
                 r.datapath,
                 pacing,
                 kind,
                 subs.len(),
                 loss,
                 first,
-                burst
+                burst,
+                woken,
+                cpu
             );
         }
     }
