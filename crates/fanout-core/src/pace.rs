@@ -339,6 +339,21 @@ mod tests {
         }
     }
 
+    /// Packets sent as `(time, bytes)`, in time order: over any window, at most the burst
+    /// plus the rate times the window.
+    fn keeps_the_pace(pace: &Pace, sent: &[(u64, u64)]) -> Result<(), TestCaseError> {
+        for i in 0..sent.len() {
+            let t0 = sent[i].0;
+            let mut bytes = 0u64;
+            for &(t, l) in &sent[i..] {
+                bytes += l;
+                let allowance = pace.burst() as u128 + (t - t0) as u128 * pace.rate() as u128 / 1_000_000_000 + 1;
+                prop_assert!(bytes as u128 <= allowance, "{} bytes in {} ns", bytes, t - t0);
+            }
+        }
+        Ok(())
+    }
+
     proptest! {
         /// Stamped departures never run ahead of the rate plus the burst from when they were
         /// stamped, never lie further ahead than asked, and come in order.
@@ -366,15 +381,7 @@ mod tests {
                 sent.extend(departs.iter().zip(lens).map(|(&t, &l)| (t, l as u64)));
             }
             sent.sort();
-            for i in 0..sent.len() {
-                let t0 = sent[i].0;
-                let mut bytes = 0u64;
-                for &(t, l) in &sent[i..] {
-                    bytes += l;
-                    let allowance = pace.burst() as u128 + (t - t0) as u128 * rate as u128 / 1_000_000_000 + 1;
-                    prop_assert!(bytes as u128 <= allowance, "{} bytes in {} ns", bytes, t - t0);
-                }
-            }
+            keeps_the_pace(&pace, &sent)?;
         }
 
         /// Over any window, what the clock lets out is at most the burst plus the rate times
@@ -406,15 +413,7 @@ mod tests {
                     sent.push((now, l as u64));
                 }
             }
-            for i in 0..sent.len() {
-                let t0 = sent[i].0;
-                let mut bytes = 0u64;
-                for &(t, l) in &sent[i..] {
-                    bytes += l;
-                    let allowance = pace.burst() as u128 + (t - t0) as u128 * rate as u128 / 1_000_000_000 + 1;
-                    prop_assert!(bytes as u128 <= allowance, "{} bytes in {} ns", bytes, t - t0);
-                }
-            }
+            keeps_the_pace(&pace, &sent)?;
         }
     }
 }
