@@ -16,7 +16,7 @@
 
 #define CHUNK_SHIFT 8
 #define CHUNK_SINKS (1u << CHUNK_SHIFT)
-#define MAX_CHUNKS 256 /* chunks per session: 65536 sinks, the default pool */
+#define MAX_CHUNKS 1024 /* chunks per session: 262144 sinks, four default pools */
 #define MAX_SESSIONS 256
 #define RESOLVE_NS 1000000000ull /* a remote sink's route and neighbour are re-read each second */
 

@@ -28,7 +28,7 @@ const PROGRAM_NAME: &str = "fanout_fwd";
 
 /// Must match the program's constants.
 const MAX_SESSIONS: u32 = 256;
-const MAX_CHUNKS: usize = 256;
+const MAX_CHUNKS: usize = 1024;
 const SINK_LOCAL: u16 = 1;
 const SINK_REMOTE: u16 = 2;
 const SINK_FALLBACK: u16 = 4;

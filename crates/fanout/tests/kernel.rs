@@ -249,6 +249,43 @@ fn sinks_past_the_kernel_limit_are_served_from_user_space() {
     });
 }
 
+/// One session holds more than 65,536 sinks on the kernel path (it held no more before):
+/// 70,000, all in the program's map, and the program sends to the last of them. (Counted by
+/// the program: 70,000 clones a packet overflow loopback's backlog, so a receiver here would
+/// see few of them.)
+#[test]
+fn a_kernel_session_holds_seventy_thousand_sinks() {
+    in_private_netns("a_kernel_session_holds_seventy_thousand_sinks", || {
+        let cfg = std::env::temp_dir().join(format!("fanout-kernel-70k-{}.toml", std::process::id()));
+        std::fs::write(&cfg, "kernel_sinks = 70144\nmax_body = 4194304\ndemo = false\n").unwrap();
+        let relay = Relay::start(&["--config", cfg.to_str().unwrap()]);
+        let n = 70_000;
+        let addr = |i: usize| format!("127.0.{}.{}:{}", 1 + i / 62_500, 2 + (i / 250) % 250, 10_000 + i % 250);
+        let sinks: Vec<Value> = (0..n).map(|i| json!({ "udp": addr(i) })).collect();
+        let created = relay.ok(
+            "POST",
+            "/v1/sessions",
+            Some(json!({"name":"k","source":{"udp":"127.0.0.1:0"},"datapath":"kernel","pacing":"off","sinks":sinks})),
+        );
+        let st = relay.ok("GET", "/v1/sessions/k", None);
+        assert_eq!((st["sinks"].as_u64(), st["kernel"]["sinks"].as_u64()), (Some(n as u64), Some(n as u64)));
+        assert!(!relay.stderr().contains("served from user space"), "{}", relay.stderr());
+        let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        for seq in 0..5 {
+            tx.send_to(&datagram(seq, 200), source_addr(&created)).unwrap();
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let all_in =
+            wait_for(Duration::from_secs(5), || relay.ok("GET", "/v1/sessions/k", None)["kernel"]["packets"] == 5);
+        assert!(all_in, "{}", relay.ok("GET", "/v1/sessions/k", None)["kernel"]);
+        for id in [65_537, n] {
+            let s = relay.ok("GET", &format!("/v1/sessions/k/sinks/{id}"), None);
+            assert_eq!((s["path"].as_str(), s["packets_sent"].as_u64()), (Some("kernel"), Some(5)), "sink {id}: {s}");
+        }
+        let _ = std::fs::remove_file(cfg);
+    });
+}
+
 /// Adding a sink to a kernel session costs the same at 20,000 sinks as at none: 20,000 in
 /// one request, then 1,000 one API call at a time beside them take about as long as 1,000
 /// into an empty session (loosely: a cost that grew with the sinks already there, as reading
