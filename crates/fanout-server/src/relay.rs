@@ -505,7 +505,7 @@ impl Relay {
             tracing::warn!(
                 session = %spec.name,
                 "pace_with = \"txtime\": no fq qdisc is loaded, so the departure times are not honoured and paced \
-                 datagrams leave up to a second early (modprobe sch_fq; tc qdisc replace dev IFACE root fq)"
+                 datagrams leave up to a quarter of a second early (modprobe sch_fq; tc qdisc replace dev IFACE root fq)"
             );
         }
         let warn_unpaced = |dp: DataPath| {

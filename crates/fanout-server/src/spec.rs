@@ -427,7 +427,7 @@ pub struct SessionSpec {
     pub pace_link: Option<PaceLink>,
     /// How a paced packet waits for its time: `clock` (default: the relay holds it and wakes
     /// when it may leave) or `txtime` (UDP sinks of the group's socket: the relay hands the
-    /// kernel up to a second ahead, each datagram stamped with its departure time,
+    /// kernel up to a quarter of a second ahead, each datagram stamped with its departure time,
     /// `SO_TXTIME`; the `fq` qdisc on the egress holds it). Fewer wake-ups of the relay; needs
     /// fq (without it the stamps are ignored and the packets leave at once) and the `shared`
     /// or `kernel` data path.

@@ -236,8 +236,8 @@ pub fn run(mut a: PacingArgs) -> anyhow::Result<()> {
     let mut rounds = Vec::new();
     for (k, (dp, paced)) in plan.iter().enumerate() {
         pb.set_message(format!("{dp}, pacing {}", if *paced { "on" } else { "off" }));
-        // The kernel path's clones wait for their departure times in fq; the other paths
-        // pace in user space and keep veth's default.
+        // The kernel path's clones and stamped datagrams wait for their departure times in
+        // fq; the others are paced in user space and keep veth's default.
         let stamped = dp.starts_with("kernel") || super::has_option(dp, "with=txtime");
         if topo.egress_fq(stamped) != stamped {
             pb.println(format!("{dp}: no fq qdisc here, so departure times are not honoured"));
