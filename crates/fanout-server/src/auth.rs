@@ -121,13 +121,19 @@ impl Auth {
     }
 }
 
+/// The auth service's calls and the JWKS fetches (blocking HTTP): threads of their own, so
+/// nothing else a client can make slow (downloads, session changes) delays an answer, and a
+/// hanging service holds at most these.
+static CALLS: std::sync::LazyLock<crate::workers::Workers> =
+    std::sync::LazyLock::new(|| crate::workers::Workers::new("auth", 32, 256));
+
 /// Posts the question to the service: `Ok` on 2xx.
 async fn callback(cfg: &AuthConfig, req: &Request) -> Result<(), String> {
     let url = cfg.http_url.clone().ok_or("no http_url")?;
     let (body, timeout) = (req.to_json(), cfg.timeout());
     let t0 = Instant::now();
     // The status the service answered, or why there was none.
-    let call = tokio::task::spawn_blocking(move || -> Result<u16, String> {
+    let call = CALLS.run(move || -> Result<u16, String> {
         match ureq::post(&url).timeout(timeout).set("Content-Type", "application/json").send_bytes(&body) {
             Ok(r) => Ok(r.status()),
             Err(ureq::Error::Status(code, _)) => Ok(code),
@@ -147,7 +153,7 @@ async fn callback(cfg: &AuthConfig, req: &Request) -> Result<(), String> {
 
 async fn fetch_jwks(url: &str, timeout: Duration) -> Result<JwkSet, String> {
     let url = url.to_string();
-    let get = tokio::task::spawn_blocking(move || -> Result<JwkSet, String> {
+    let get = CALLS.run(move || -> Result<JwkSet, String> {
         let r = ureq::get(&url).timeout(timeout).call().map_err(|e| e.to_string())?;
         let mut text = String::new();
         r.into_reader().take(MAX_JWKS).read_to_string(&mut text).map_err(|e| e.to_string())?;

@@ -85,13 +85,18 @@ where
         None => router,
     };
     let svc = TowerToHyperService::new(router);
+    // A response the client does not take (its window stays shut) for as long as a request
+    // head may take is given up, and the connection with it: a stalled reader holds no
+    // download, no buffer and no slot for longer.
+    let mut io = tokio_io_timeout::TimeoutStream::new(io);
+    io.set_write_timeout(Some(head_timeout));
     // Every request head, the first and each kept-alive one, must arrive whole within the
     // timeout: a trickle of bytes does not hold the connection.
     let _ = hyper::server::conn::http1::Builder::new()
         .timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(head_timeout)
         .keep_alive(true)
-        .serve_connection(TokioIo::new(io), svc)
+        .serve_connection(TokioIo::new(Box::pin(io)), svc)
         .await;
 }
 

@@ -7,16 +7,17 @@ use crate::api::ApiError;
 use crate::record::{self, StoredFile};
 use crate::relay::Relay;
 use crate::repack::describe;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{ConnectInfo, Path, RawQuery, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use fanout_proto::container::record::{
     fragment, pick, rfc3339, spans, timescales, vod_playlist, FileIndex, Pick, Recording, Retimer,
 };
 use fanout_proto::container::repack::TrackInfo;
 use serde_json::json;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -80,20 +81,44 @@ pub async fn keep_recording(relay: Arc<Relay>) {
         if last_retention.elapsed() >= RETENTION {
             last_retention = tokio::time::Instant::now();
             let store = relay.recordings.clone();
-            let _ = tokio::task::spawn_blocking(move || {
+            let run = relay.recordings.disk.run(move || {
                 for (name, spec) in &recorded {
                     for gone in store.expire(name, spec) {
-                        tracing::info!(path = name, file = gone, "retention deleted a recording");
+                        tracing::info!(path = name, file = store.relative(&gone), "retention deleted a recording");
                     }
                 }
-            })
-            .await;
+            });
+            // Disk workers all taken by playback: retention runs at the next turn.
+            if let Err(e) = run.await {
+                tracing::warn!("retention waits: {e}");
+            }
         }
     }
 }
 
 fn bad(why: impl Into<String>) -> ApiError {
     ApiError(StatusCode::BAD_REQUEST, why.into())
+}
+
+fn busy(e: impl std::fmt::Display) -> ApiError {
+    ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+}
+
+/// The address a request came from (the HTTP listener tells every handler).
+type Client = Option<Extension<ConnectInfo<SocketAddr>>>;
+
+/// A streaming read for `client` (a download, a file), or 503 where that address, or
+/// everyone, streams the most at once.
+fn stream_slot(relay: &Relay, client: &Client) -> Result<crate::admit::Held, ApiError> {
+    let ip = client.as_ref().map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |c| c.0 .0.ip());
+    relay.recordings.streams.take(ip).map_err(|why| {
+        relay.books.refuse("recording streams (a download or file read at once)", ip);
+        busy(format!(
+            "{why}: at most {} recording downloads or file reads at once per address, {} in all",
+            record::STREAMS_PER_IP,
+            record::STREAMS
+        ))
+    })
 }
 
 fn param<'a>(query: &'a Option<String>, key: &str) -> Option<&'a str> {
@@ -110,33 +135,29 @@ fn token_query(query: &Option<String>) -> String {
 type Indexed = (Vec<(StoredFile, FileIndex)>, Vec<(StoredFile, String)>);
 
 async fn indexed(relay: &Relay, name: &str) -> Result<Indexed, ApiError> {
-    let named = (1..=64).contains(&name.len())
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
-        && !name.bytes().all(|b| b == b'.');
-    if !named {
-        return Err(bad(format!("{name:?} is not a path name")));
-    }
+    crate::spec::check_path_name(name).map_err(bad)?;
     let store = relay.recordings.clone();
     let name = name.to_string();
-    tokio::task::spawn_blocking(move || {
-        let (mut good, mut bad) = (Vec::new(), Vec::new());
-        for (_, f) in store.files(Some(&name)) {
-            match record::index(&f.name) {
-                Ok(ix) => good.push((f, ix)),
-                Err(e) => bad.push((f, e.to_string())),
+    relay
+        .recordings
+        .disk
+        .run(move || {
+            let (mut good, mut bad) = (Vec::new(), Vec::new());
+            for (_, f) in store.files(Some(&name)) {
+                match record::index(&f.name) {
+                    Ok(ix) => good.push((f, ix)),
+                    Err(e) => bad.push((f, store.relative(&e.to_string()))),
+                }
             }
-        }
-        (good, bad)
-    })
-    .await
-    .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
+            (good, bad)
+        })
+        .await
+        .map_err(busy)
 }
 
 async fn list_paths(State(relay): State<Arc<Relay>>) -> Result<Json<serde_json::Value>, ApiError> {
     let store = relay.recordings.clone();
-    let files = tokio::task::spawn_blocking(move || store.files(None))
-        .await
-        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    let files = relay.recordings.disk.run(move || store.files(None)).await.map_err(busy)?;
     let mut paths: Vec<serde_json::Value> = Vec::new();
     for group in files.chunk_by(|a, b| a.0 == b.0) {
         let (first, last) = (&group[0].1, &group[group.len() - 1].1);
@@ -161,7 +182,7 @@ async fn list_path(
         .iter()
         .map(|(f, ix)| {
             let v = json!({
-                "file": f.name,
+                "file": relay.recordings.relative(&f.name),
                 "start": rfc3339(f.start_us),
                 "duration_s": ix.duration_us() as f64 / 1e6,
                 "fragments": ix.fragments.len(),
@@ -174,7 +195,7 @@ async fn list_path(
     // Files that cannot be read are listed with why (and left out of playback).
     list.extend(unreadable.iter().map(|(f, why)| {
         let v =
-            json!({ "file": f.name, "start": rfc3339(f.start_us), "bytes": f.bytes, "writing": f.open, "error": why });
+            json!({ "file": relay.recordings.relative(&f.name), "start": rfc3339(f.start_us), "bytes": f.bytes, "writing": f.open, "error": why });
         (f.start_us, v)
     }));
     list.sort_by_key(|l| l.0);
@@ -246,16 +267,17 @@ async fn playlist(
     let recs = recordings(&files);
     let token = token_query(&query);
     let and_token = token.replacen('?', "&", 1);
+    let shown = |k: usize| encode(&relay.recordings.relative(&files[k].0.name));
     let text = vod_playlist(
         &recs,
         &picks,
-        |k| format!("files/{}{token}", encode(&files[k].0.name)),
+        |k| format!("files/{}{token}", shown(k)),
         |p, at| {
-            let (f, ix) = &files[p.file];
+            let ix = &files[p.file].1;
             let fr = &ix.fragments[p.fragment];
             format!(
                 "fragment.m4s?file={}&init={}&offset={}&len={}&at={at}{and_token}",
-                encode(&f.name),
+                shown(p.file),
                 ix.init_len,
                 fr.offset,
                 fr.len
@@ -263,6 +285,14 @@ async fn playlist(
         },
     );
     Ok(([(header::CONTENT_TYPE, "application/vnd.apple.mpegurl")], text).into_response())
+}
+
+/// The file of `name`'s recordings a request names, or 404.
+fn named_file(relay: &Relay, name: &str, file: &str) -> Result<String, ApiError> {
+    relay
+        .recordings
+        .file_of(name, file)
+        .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("{file:?} is not a recording of {name:?}")))
 }
 
 /// `GET /v1/recordings/{name}/fragment.m4s?file=…&init=…&offset=…&len=…&at=…`: one
@@ -274,22 +304,24 @@ async fn fragment_of(
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let file = param(&query, "file").map(fanout_proto::rtsp::client::percent_decode).unwrap_or_default();
-    if !relay.recordings.is_file_of(&name, &file) {
-        return Err(ApiError(StatusCode::NOT_FOUND, format!("{file:?} is not a recording of {name:?}")));
-    }
+    let file = named_file(&relay, &name, &file)?;
     let num =
         |k: &str| param(&query, k).and_then(|v| v.parse::<u64>().ok()).ok_or_else(|| bad(format!("{k}: a number")));
     let (init, offset, len, at) = (num("init")?, num("offset")?, num("len")?, num("at")?);
     if init > MAX_INIT || len > MAX_FRAGMENT {
         return Err(bad("not a fragment of a recording"));
     }
-    let read = tokio::task::spawn_blocking(move || -> std::io::Result<(Vec<u8>, Vec<u8>)> {
-        let mut f = std::fs::File::open(&file)?;
-        Ok((record::read_at(&mut f, 0, init as usize)?, record::read_at(&mut f, offset, len as usize)?))
-    })
-    .await
-    .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-    let (init, mut bytes) = read.map_err(|e| ApiError(StatusCode::NOT_FOUND, format!("{e}")))?;
+    let read = relay
+        .recordings
+        .disk
+        .run(move || -> std::io::Result<(Vec<u8>, Vec<u8>)> {
+            let mut f = std::fs::File::open(&file)?;
+            Ok((record::read_at(&mut f, 0, init as usize)?, record::read_at(&mut f, offset, len as usize)?))
+        })
+        .await
+        .map_err(busy)?;
+    let (init, mut bytes) =
+        read.map_err(|e| ApiError(StatusCode::NOT_FOUND, relay.recordings.relative(&e.to_string())))?;
     let Some(fr) = fragment(&bytes) else {
         return Err(ApiError(StatusCode::NOT_FOUND, "no fragment there (the file changed?)".into()));
     };
@@ -301,6 +333,8 @@ async fn fragment_of(
 /// An initialization segment is a few KiB, a fragment at most this (a minute of video).
 const MAX_INIT: u64 = 1 << 20;
 const MAX_FRAGMENT: u64 = 64 << 20;
+/// Bytes of a file read (and held) at once for one request.
+const CHUNK: u64 = 256 << 10;
 
 /// A file name as one URL path segment.
 fn encode(name: &str) -> String {
@@ -312,6 +346,74 @@ fn encode(name: &str) -> String {
         .collect()
 }
 
+/// A body read step by step on the disk workers: each step is handed a thread, reads at
+/// most one chunk or fragment and gives the thread back. Between two steps the body waits
+/// in async code for the client to take what it has, so a client that stops reading holds
+/// no thread, at most one step's bytes, and is closed by the connection's write deadline.
+fn stepped<S: Send + 'static>(
+    relay: &Relay,
+    state: S,
+    held: crate::admit::Held,
+    step: fn(&mut S) -> std::io::Result<Option<Vec<u8>>>,
+) -> axum::body::Body {
+    let store = relay.recordings.clone();
+    let body = futures_util::stream::unfold(Some((state, store, held)), move |now| async move {
+        let (mut state, store, held) = now?;
+        let disk = store.clone();
+        let done = disk
+            .disk
+            .run(move || {
+                let r = step(&mut state);
+                (state, r)
+            })
+            .await;
+        match done {
+            Ok((state, Ok(Some(bytes)))) => Some((Ok(bytes), Some((state, store, held)))),
+            Ok((_, Ok(None))) => None,
+            Ok((_, Err(e))) => Some((Err(e), None)),
+            Err(busy) => Some((Err(std::io::Error::other(busy)), None)),
+        }
+    });
+    axum::body::Body::from_stream(body)
+}
+
+/// A download's place: the fragments left, the file open, the timeline so far.
+struct Download {
+    files: Vec<(StoredFile, FileIndex)>,
+    picks: std::collections::VecDeque<Pick>,
+    open: Option<(usize, std::fs::File)>,
+    retimer: Retimer,
+    init: Option<Vec<u8>>,
+}
+
+impl Download {
+    /// The next bytes: the first file's initialization segment, then one fragment a step;
+    /// `None` at the end, or where a file of other tracks than the first begins.
+    fn step(&mut self) -> std::io::Result<Option<Vec<u8>>> {
+        let Some(p) = self.picks.front().copied() else { return Ok(None) };
+        let (f, ix) = &self.files[p.file];
+        if self.open.as_ref().is_none_or(|o| o.0 != p.file) {
+            let mut file = std::fs::File::open(&f.name)?;
+            let this_init = record::read_at(&mut file, 0, ix.init_len as usize)?;
+            self.open = Some((p.file, file));
+            match &self.init {
+                None => {
+                    self.init = Some(this_init.clone());
+                    return Ok(Some(this_init));
+                }
+                Some(i) if *i != this_init => return Ok(None),
+                Some(_) => {}
+            }
+        }
+        self.picks.pop_front();
+        let fr = &ix.fragments[p.fragment];
+        let file = &mut self.open.as_mut().expect("opened above").1;
+        let mut bytes = record::read_at(file, fr.offset, fr.len as usize)?;
+        self.retimer.retime(&mut bytes, ix, fr, p.start_us);
+        Ok(Some(bytes))
+    }
+}
+
 /// `GET /v1/recordings/{name}/get?start=…&duration=…`: the range as one fragmented MP4,
 /// from the keyframe at or before `start`, on one timeline from zero. Fragments are read
 /// and sent one at a time; a range across recordings of different tracks ends where they
@@ -320,108 +422,86 @@ async fn download(
     State(relay): State<Arc<Relay>>,
     Path(name): Path<String>,
     RawQuery(query): RawQuery,
+    client: Client,
 ) -> Result<Response, ApiError> {
+    let held = stream_slot(&relay, &client)?;
     let (files, picks, from) = ranged(&relay, &name, &query).await?;
-    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Vec<u8>>>(4);
-    tokio::task::spawn_blocking(move || {
-        let mut open: Option<(usize, std::fs::File)> = None;
-        let mut retimer = Retimer::default();
-        let mut init: Option<Vec<u8>> = None;
-        for p in picks {
-            let (f, ix) = &files[p.file];
-            let chunk = (|| {
-                if open.as_ref().is_none_or(|o| o.0 != p.file) {
-                    let mut file = std::fs::File::open(&f.name)?;
-                    let this_init = record::read_at(&mut file, 0, ix.init_len as usize)?;
-                    match &init {
-                        None => {
-                            init = Some(this_init.clone());
-                            tx.blocking_send(Ok(this_init)).map_err(std::io::Error::other)?;
-                        }
-                        // Other tracks than the download began with: it ends here.
-                        Some(i) if *i != this_init => return Ok(None),
-                        Some(_) => {}
-                    }
-                    open = Some((p.file, file));
-                }
-                let fr = &ix.fragments[p.fragment];
-                let file = &mut open.as_mut().expect("opened").1;
-                let mut bytes = record::read_at(file, fr.offset, fr.len as usize)?;
-                retimer.retime(&mut bytes, ix, fr, p.start_us);
-                Ok(Some(bytes))
-            })();
-            match chunk {
-                Ok(Some(b)) => {
-                    if tx.blocking_send(Ok(b)).is_err() {
-                        return;
-                    }
-                }
-                Ok(None) => return,
-                Err(e) => {
-                    let _ = tx.blocking_send(Err(e));
-                    return;
-                }
-            }
-        }
-    });
-    let body = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) });
+    let state = Download { files, picks: picks.into(), open: None, retimer: Retimer::default(), init: None };
     let filename = format!("{name}-{}.mp4", rfc3339(from).replace(':', "-"));
     Ok((
         [
             (header::CONTENT_TYPE, "video/mp4".to_string()),
             (header::CONTENT_DISPOSITION, format!("attachment; filename=\"{filename}\"")),
         ],
-        axum::body::Body::from_stream(body),
+        stepped(&relay, state, held, Download::step),
     )
         .into_response())
 }
 
-/// `GET /v1/recordings/{name}/files/{file}`: a recording file as it is, with byte ranges
-/// (what the VOD playlist's segments are). Only a name the layout gives `name` is served.
+/// A byte range of a file still to send.
+struct Span {
+    file: std::fs::File,
+    at: u64,
+    end: u64,
+}
+
+impl Span {
+    fn step(&mut self) -> std::io::Result<Option<Vec<u8>>> {
+        if self.at >= self.end {
+            return Ok(None);
+        }
+        let bytes = record::read_at(&mut self.file, self.at, CHUNK.min(self.end - self.at) as usize)?;
+        if bytes.is_empty() {
+            // The file was cut short since its length was read: the body ends short.
+            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the recording shrank"));
+        }
+        self.at += bytes.len() as u64;
+        Ok(Some(bytes))
+    }
+}
+
+/// `GET /v1/recordings/{name}/files/{file}`: a recording file as it is, with one byte range
+/// (RFC 9110: what the VOD playlist's segments are; several ranges or another unit are
+/// answered with the whole file). Only a name the layout gives `name` is served; it is
+/// sent a chunk at a time.
 async fn file(
     State(relay): State<Arc<Relay>>,
     Path((name, file)): Path<(String, String)>,
     headers: HeaderMap,
+    client: Client,
 ) -> Result<Response, ApiError> {
-    if !relay.recordings.is_file_of(&name, &file) {
-        return Err(ApiError(StatusCode::NOT_FOUND, format!("{file:?} is not a recording of {name:?}")));
-    }
-    let asked = headers.get(header::RANGE).and_then(|v| v.to_str().ok()).map(str::to_string);
-    // The file's length, the range read (none: not satisfiable) and its bytes.
-    type Read = (u64, Option<(u64, u64)>, Vec<u8>);
-    let read = tokio::task::spawn_blocking(move || -> std::io::Result<Read> {
-        let mut f = std::fs::File::open(&file)?;
-        let len = f.metadata()?.len();
-        match fanout_proto::http::byte_range(asked.as_deref(), len) {
-            Err(()) => Ok((len, None, Vec::new())),
-            Ok(Some((a, b))) if b - a < MAX_READ => {
-                Ok((len, Some((a, b)), record::read_at(&mut f, a, (b - a + 1) as usize)?))
-            }
-            Ok(_) if len <= MAX_READ => {
-                Ok((len, Some((0, len.saturating_sub(1))), record::read_at(&mut f, 0, len as usize)?))
-            }
-            Ok(_) => Err(std::io::Error::new(
-                std::io::ErrorKind::FileTooLarge,
-                format!("ask for at most {MAX_READ} bytes at a time (Range)"),
-            )),
-        }
-    })
-    .await
-    .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-    let (len, got, data) = read.map_err(|e| match e.kind() {
+    let file = named_file(&relay, &name, &file)?;
+    let held = stream_slot(&relay, &client)?;
+    let opened = relay
+        .recordings
+        .disk
+        .run(move || -> std::io::Result<(std::fs::File, u64)> {
+            let f = std::fs::File::open(&file)?;
+            let len = f.metadata()?.len();
+            Ok((f, len))
+        })
+        .await
+        .map_err(busy)?;
+    let (f, len) = opened.map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => ApiError(StatusCode::NOT_FOUND, "no such recording (deleted?)".into()),
-        std::io::ErrorKind::FileTooLarge => ApiError(StatusCode::RANGE_NOT_SATISFIABLE, e.to_string()),
-        _ => ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        _ => ApiError(StatusCode::INTERNAL_SERVER_ERROR, relay.recordings.relative(&e.to_string())),
     })?;
-    let Some((a, b)) = got else {
-        return Ok(
-            (StatusCode::RANGE_NOT_SATISFIABLE, [(header::CONTENT_RANGE, format!("bytes */{len}"))]).into_response()
-        );
+    let asked = headers.get(header::RANGE).and_then(|v| v.to_str().ok());
+    let range = match fanout_proto::http::byte_range(asked, len) {
+        Err(()) => {
+            return Ok((StatusCode::RANGE_NOT_SATISFIABLE, [(header::CONTENT_RANGE, format!("bytes */{len}"))])
+                .into_response())
+        }
+        Ok(r) => r,
     };
-    let partial = a > 0 || b + 1 < len || headers.contains_key(header::RANGE);
-    let mut r = ([(header::CONTENT_TYPE, "video/mp4".to_string()), (header::ACCEPT_RANGES, "bytes".to_string())], data)
+    let (a, b) = range.unwrap_or((0, len.saturating_sub(1)));
+    let end = if len == 0 { 0 } else { b + 1 };
+    let body = stepped(&relay, Span { file: f, at: a, end }, held, Span::step);
+    let mut r = ([(header::CONTENT_TYPE, "video/mp4".to_string()), (header::ACCEPT_RANGES, "bytes".to_string())], body)
         .into_response();
-    if partial {
+    r.headers_mut().insert(header::CONTENT_LENGTH, header::HeaderValue::from(end - a));
+    // 206 only for a range served as asked.
+    if range.is_some() {
         *r.status_mut() = StatusCode::PARTIAL_CONTENT;
         r.headers_mut().insert(
             header::CONTENT_RANGE,
@@ -430,7 +510,3 @@ async fn file(
     }
     Ok(r)
 }
-
-/// Bytes one request reads at most: a VOD player asks for a fragment at a time; the whole
-/// of a range is the download's.
-const MAX_READ: u64 = 256 << 20;

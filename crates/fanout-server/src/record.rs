@@ -13,11 +13,23 @@ use std::sync::Arc;
 
 pub use crate::spec::RecordSpec;
 
-/// Where recordings are, and which files are being written.
+/// Where recordings are, which files are being written, and what reading them may take.
 pub struct Store {
     pub layout: Layout,
     open: Mutex<HashSet<PathBuf>>,
+    /// Threads for the disk work of listings, playback and retention: a client that stops
+    /// reading a download never holds one (it waits in async code between two reads).
+    pub disk: crate::workers::Workers,
+    /// Downloads and file reads streaming at once, per address and in all.
+    pub streams: Arc<crate::admit::Quota>,
 }
+
+/// The disk workers: threads, and reads waiting for one.
+const DISK_THREADS: usize = 4;
+const DISK_QUEUE: usize = 256;
+/// Downloads and file reads streaming at once from one address, and from all.
+pub const STREAMS_PER_IP: usize = 4;
+pub const STREAMS: usize = 64;
 
 /// A recording file found on disk.
 #[derive(Debug, Clone)]
@@ -46,7 +58,12 @@ pub fn now_us() -> i64 {
 
 impl Store {
     pub fn new(layout: Layout) -> Self {
-        Self { layout, open: Mutex::new(HashSet::new()) }
+        Self {
+            layout,
+            open: Mutex::new(HashSet::new()),
+            disk: crate::workers::Workers::new("disk", DISK_THREADS, DISK_QUEUE),
+            streams: crate::admit::Quota::new(STREAMS_PER_IP, STREAMS),
+        }
     }
 
     /// The recordings of `path` (of every path: `None`), oldest first.
@@ -85,10 +102,24 @@ impl Store {
         out
     }
 
-    /// Whether `name` is a file of `path`'s recordings (a name from a request is taken only
-    /// when the layout names it so: no other file can be asked for).
-    pub fn is_file_of(&self, path: &str, name: &str) -> bool {
-        self.layout.parse(name).is_some_and(|(p, _)| p == path)
+    /// The file a request names (as listings give it: below the layout's root) if it is one
+    /// of `path`'s recordings: a name is taken only when the layout names it so, with no
+    /// `.` or `..` step, so no other file can be asked for.
+    pub fn file_of(&self, path: &str, name: &str) -> Option<String> {
+        if name.split('/').any(|step| step == "." || step == ".." || step.is_empty()) {
+            return None;
+        }
+        let full = format!("{}{name}", self.layout.root());
+        self.layout.parse(&full).is_some_and(|(p, _)| p == path).then_some(full)
+    }
+
+    /// A file's name (or a message naming it) as a client is shown it: below the layout's
+    /// root, which is the host's business.
+    pub fn relative(&self, text: &str) -> String {
+        match self.layout.root() {
+            "" => text.to_string(),
+            root => text.replace(root, ""),
+        }
     }
 
     /// Deletes what `spec`'s retention says of `path`'s files; what it deleted.

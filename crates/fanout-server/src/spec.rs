@@ -538,16 +538,7 @@ impl SessionSpec {
     }
 
     pub fn validate(&self) -> Result<(), String> {
-        let ok_name = !self.name.is_empty()
-            && self.name.len() <= 64
-            && self.name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
-        if !ok_name {
-            return Err(format!("session name {:?} must be 1-64 characters of A-Z a-z 0-9 _ - .", self.name));
-        }
-        // URL paths resolve these away: such a session could never be addressed.
-        if self.name == "." || self.name == ".." {
-            return Err(format!("session name {:?} cannot be addressed in a URL", self.name));
-        }
+        check_path_name(&self.name)?;
         fanout_core::Priority::new(self.priority).map_err(|e| e.to_string())?;
         if let Some(r) = &self.record {
             r.validate()?;
@@ -855,5 +846,34 @@ impl RecordSpec {
             return Err(format!("record.fragment_ms {} is out of range 100..=60000", self.fragment_ms));
         }
         Ok(())
+    }
+}
+
+/// The one rule for a path's name, on every face, in patterns, recordings and the API:
+/// 1-64 characters of `A-Z a-z 0-9 _ - .`, and not only dots (URLs resolve `.` and `..`
+/// away, and a recording layout cannot tell `....` from a directory of its own).
+pub fn check_path_name(name: &str) -> Result<(), String> {
+    let chars = name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
+    if name.is_empty() || name.len() > 64 || !chars {
+        return Err(format!("path name {name:?} must be 1-64 characters of A-Z a-z 0-9 _ - ."));
+    }
+    if name.bytes().all(|b| b == b'.') {
+        return Err(format!("path name {name:?} is only dots: it cannot be addressed in a URL or recorded"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod name_tests {
+    use super::check_path_name;
+
+    #[test]
+    fn path_names() {
+        for good in ["cam1", "a", "live.cam-1_x", "..a", "a..", &"x".repeat(64)] {
+            assert!(check_path_name(good).is_ok(), "{good:?}");
+        }
+        for bad in ["", ".", "..", "...", "....", "a b", "a\nb", "a/b", "\u{1b}[2J", &"x".repeat(65)] {
+            assert!(check_path_name(bad).is_err(), "{bad:?}");
+        }
     }
 }
