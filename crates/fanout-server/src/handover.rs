@@ -10,8 +10,27 @@ use tokio::sync::{mpsc, oneshot, watch};
 /// An upgrade's answer: what was handed over, or why nothing was.
 pub type Answer = Result<serde_json::Value, String>;
 
+/// Why an upgrade was not made.
+#[derive(Debug)]
+pub enum Refused {
+    /// Another runs, or this process handed over already.
+    Running,
+    Failed(String),
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refused::Running => f.write_str("an upgrade is running or this process has handed over: one at a time"),
+            Refused::Failed(why) => f.write_str(why),
+        }
+    }
+}
+
 pub struct Handover {
     handed: watch::Sender<bool>,
+    /// An upgrade runs (or has handed over): another is refused at once.
+    running: std::sync::atomic::AtomicBool,
     requests: mpsc::Sender<oneshot::Sender<Answer>>,
     /// Taken once, by whoever runs upgrades (`serve`).
     pending: parking_lot::Mutex<Option<mpsc::Receiver<oneshot::Sender<Answer>>>>,
@@ -20,7 +39,12 @@ pub struct Handover {
 impl Default for Handover {
     fn default() -> Self {
         let (requests, rx) = mpsc::channel(4);
-        Self { handed: watch::Sender::new(false), requests, pending: parking_lot::Mutex::new(Some(rx)) }
+        Self {
+            handed: watch::Sender::new(false),
+            running: Default::default(),
+            requests,
+            pending: parking_lot::Mutex::new(Some(rx)),
+        }
     }
 }
 
@@ -40,14 +64,23 @@ impl Handover {
         Listener { inner: Some(listener), handed: self.handed.subscribe() }
     }
 
-    /// Asks for an upgrade; the answer comes when the new process took over or failed.
-    pub async fn request(&self) -> Answer {
+    /// Asks for an upgrade; the answer comes when the new process took over or failed. One
+    /// at a time: while one runs, or once one handed over, another is refused at once.
+    pub async fn request(&self) -> Result<serde_json::Value, Refused> {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.running.swap(true, SeqCst) {
+            return Err(Refused::Running);
+        }
         let (tx, rx) = oneshot::channel();
-        self.requests
-            .send(tx)
-            .await
-            .map_err(|_| "this relay does not upgrade (not run by `fanout serve`)".to_string())?;
-        rx.await.map_err(|_| "the upgrade was abandoned".to_string())?
+        let answer = match self.requests.send(tx).await {
+            Err(_) => Err("this relay does not upgrade (not run by `fanout serve`)".to_string()),
+            Ok(()) => rx.await.unwrap_or_else(|_| Err("the upgrade was abandoned".to_string())),
+        };
+        // A failed upgrade changed nothing: the next may be tried.
+        if answer.is_err() {
+            self.running.store(false, SeqCst);
+        }
+        answer.map_err(Refused::Failed)
     }
 
     /// The requests, for the one who runs them.

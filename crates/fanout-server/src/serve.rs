@@ -92,9 +92,11 @@ macro_rules! say {
 /// Runs the relay until SIGTERM or Ctrl-C.
 pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
     use std::io::IsTerminal as _;
+    upgrade::remember_binary();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("FANOUT_LOG").unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
+        // One line an event, whatever a client put in its fields.
+        .with_writer(crate::logline::OneLine { colours: std::io::stderr().is_terminal() })
         // Colour codes only for a person at a terminal, not in files and journals.
         .with_ansi(std::io::stderr().is_terminal())
         .init();
@@ -123,7 +125,9 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    // The control plane (API, RTSP/RTMP/SRT control, WebRTC, auth): two workers, so one
+    // slow request never holds every other face's (the data plane has its own threads).
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let done = rt.block_on(run(cfg, tls, a, inherited));
     // A thread blocked in a library call (libsrt's accept) does not hold the exit.
     rt.shutdown_timeout(std::time::Duration::from_secs(2));

@@ -117,9 +117,31 @@ impl NewProcess {
     }
 }
 
+/// The path this process was started from, as it was started (see [`remember_binary`]).
+static STARTED_AS: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+/// Notes the path this process was started from, before anything can move it: the path
+/// it was run by (a symlink stays a symlink), made absolute; where it was found on `PATH`,
+/// the binary the kernel ran. Call at the start.
+pub fn remember_binary() {
+    let by_name = std::env::args_os().next().map(std::path::PathBuf::from).filter(|p| p.components().count() > 1);
+    let path = match by_name {
+        Some(p) if p.is_absolute() => Some(p),
+        Some(p) => std::env::current_dir().ok().map(|d| d.join(p)),
+        None => std::env::current_exe().ok(),
+    };
+    if let Some(p) = path {
+        let _ = STARTED_AS.set(p);
+    }
+}
+
 /// This process's binary: the file at the path it was started from, which a package
-/// upgrade has replaced (Linux names a replaced one `… (deleted)`).
+/// upgrade has replaced (or an operator moved aside and put another in its place: the
+/// kernel's name for this process's binary follows the moved file, this does not).
 fn executable() -> Result<std::path::PathBuf, String> {
+    if let Some(p) = STARTED_AS.get() {
+        return Ok(p.clone());
+    }
     let exe = std::env::current_exe().map_err(|e| format!("this binary's path: {e}"))?;
     let s = exe.to_string_lossy();
     Ok(s.strip_suffix(" (deleted)").map_or(exe.clone(), std::path::PathBuf::from))
