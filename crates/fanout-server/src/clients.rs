@@ -96,6 +96,12 @@ impl SrtLink {
 /// A viewer as the status shows it.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ViewerStatus {
+    /// The address its offer came from, and a digest of the credentials it gave: who may
+    /// end it (not shown).
+    #[serde(skip)]
+    pub offered_by: Option<std::net::IpAddr>,
+    #[serde(skip)]
+    pub owner: Option<[u8; 32]>,
     pub id: String,
     pub path: String,
     /// `viewer` (WHEP) or `publisher` (WHIP).

@@ -34,6 +34,23 @@ use tokio::sync::{mpsc, Notify};
 const CONNECT_WITHIN: Duration = Duration::from_secs(15);
 /// Viewers connecting (ICE, DTLS) at once; more offers are 503.
 const MAX_CONNECTING: usize = 256;
+/// Peers connecting at once from one address: a few addresses cannot keep every other
+/// viewer out for the 15 s their peers may take to connect.
+const MAX_CONNECTING_PER_IP: usize = 16;
+/// Largest WHEP/WHIP offer taken: a browser's is a few KiB (many codecs, simulcast, ICE
+/// candidates); more is refused (413) before it is read whole or parsed.
+pub const MAX_OFFER: usize = 64 << 10;
+/// Offers parsed (and peers built) at once, each on a thread of its own, not the control
+/// runtime's: the others wait their turn, and the control plane goes on meanwhile.
+static NEGOTIATING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+
+/// Who makes a request of a peer: its address, and a digest of the credentials it gave
+/// (its `Authorization`, or its `?token=`): only the same may end or change the peer it made.
+#[derive(Clone, Copy, Default)]
+pub struct Caller {
+    pub ip: Option<IpAddr>,
+    pub owner: Option<[u8; 32]>,
+}
 /// Packets queued for a viewer before the ring holds the rest for it (slowest-sink-drop).
 const QUEUE: usize = 1024;
 
@@ -311,9 +328,9 @@ impl WebRtc {
         relay: &Arc<Relay>,
         path: &str,
         offer: &str,
-        client: Option<IpAddr>,
+        caller: Caller,
     ) -> Result<(String, String), Refused> {
-        let pass = self.pass(client)?;
+        let pass = self.pass(caller.ip)?;
         relay.ensure(path).await.map_err(|e| Refused(e.http_status(), e.to_string()))?;
         let p = relay.path(path).ok_or_else(|| Refused(404, format!("no path {path:?}")))?;
         if let Some(up) = p.upstream().cloned() {
@@ -337,7 +354,7 @@ impl WebRtc {
             .filter(|(m, _)| m.kind == "video")
             .find_map(|(_, t)| t.session.layered_bps());
         let whole_bps = layered.or(simulcast.as_ref().map(|(_, (_, e))| e[0].bps.max(START_BPS)));
-        let (rtc, answer) = self.negotiate(offer, Role::Viewer { adapts: whole_bps })?;
+        let (rtc, answer) = self.negotiate(offer, Role::Viewer { adapts: whole_bps }, caller.ip).await?;
         let parsed = Sdp::parse(&answer).map_err(|e| Refused(500, format!("our answer: {e}")))?;
         let plan = fanout_proto::whep::plan(&described, &parsed);
         if plan.routes.is_empty() {
@@ -384,6 +401,8 @@ impl WebRtc {
             names.push(format!("{} {codec} (pt {})", m.kind, r.pt));
         }
         let status = ViewerStatus {
+            offered_by: caller.ip,
+            owner: caller.owner,
             id: id.clone(),
             path: path.to_string(),
             role: "viewer",
@@ -430,12 +449,34 @@ impl WebRtc {
     /// layers. A viewer of a stream that is not layered does not negotiate it: there is nothing
     /// to choose, and taking its reports was the largest single cost per viewer (8% of the
     /// relay's CPU at 200 viewers).
-    fn negotiate(&self, offer: &str, role: Role) -> Result<(Rtc, String), Refused> {
-        let publisher = matches!(role, Role::Publisher);
-        let connecting = self.shared.viewers.lock().values().filter(|v| v.state == "connecting").count();
-        if connecting >= MAX_CONNECTING {
-            return Err(Refused(503, format!("{connecting} WebRTC peers are still connecting: try again")));
+    /// Parses `offer` and builds its peer, off the control runtime's thread and a couple at a
+    /// time (see [`NEGOTIATING`]), once there is room for one more connecting peer.
+    async fn negotiate(&self, offer: &str, role: Role, ip: Option<IpAddr>) -> Result<(Rtc, String), Refused> {
+        let _turn = NEGOTIATING.acquire().await.expect("never closed");
+        {
+            let viewers = self.shared.viewers.lock();
+            let connecting = || viewers.values().filter(|v| v.state == "connecting");
+            let all = connecting().count();
+            if all >= MAX_CONNECTING {
+                return Err(Refused(503, format!("{all} WebRTC peers are still connecting: try again")));
+            }
+            if let Some(ip) = ip {
+                if connecting().filter(|v| v.offered_by == Some(ip)).count() >= MAX_CONNECTING_PER_IP {
+                    return Err(Refused(
+                        429,
+                        format!("{ip} has {MAX_CONNECTING_PER_IP} WebRTC peers connecting: try again once they have"),
+                    ));
+                }
+            }
         }
+        match tokio::runtime::Handle::current().runtime_flavor() {
+            tokio::runtime::RuntimeFlavor::CurrentThread => self.build_peer(offer, role),
+            _ => tokio::task::block_in_place(|| self.build_peer(offer, role)),
+        }
+    }
+
+    fn build_peer(&self, offer: &str, role: Role) -> Result<(Rtc, String), Refused> {
+        let publisher = matches!(role, Role::Publisher);
         // A publisher's video is taken in one codec: the first of `PUBLISHED_VIDEO` offered.
         let taken = publisher.then(|| Sdp::parse(offer).ok().and_then(|o| fanout_proto::whep::publisher_video(&o)));
         let takes = |codec: &str| taken.is_none_or(|t| t.unwrap_or("H264") == codec);
@@ -526,9 +567,9 @@ impl WebRtc {
         relay: &Arc<Relay>,
         path: &str,
         offer: &str,
-        client: Option<IpAddr>,
+        caller: Caller,
     ) -> Result<(String, String), Refused> {
-        let pass = self.pass(client)?;
+        let pass = self.pass(caller.ip)?;
         relay.ensure_publishable(path).await;
         let publisher =
             relay.path(path).and_then(|p| p.publisher().cloned()).filter(|p| p.takes_publishers()).ok_or_else(
@@ -537,7 +578,7 @@ impl WebRtc {
         if let Some(why) = publisher.refusal() {
             return Err(Refused(409, why));
         }
-        let (rtc, answer) = self.negotiate(offer, Role::Publisher)?;
+        let (rtc, answer) = self.negotiate(offer, Role::Publisher, caller.ip).await?;
         let parsed = Sdp::parse(&answer).map_err(|e| Refused(500, format!("our answer: {e}")))?;
         let ingest = fanout_proto::whep::ingest(&parsed).ok_or_else(|| {
             Refused(400, "the offer sends no H.264 (packetization mode 1), VP8, VP9, AV1 or Opus".into())
@@ -559,6 +600,8 @@ impl WebRtc {
         });
         let id = crate::clients::random_id();
         let status = ViewerStatus {
+            offered_by: caller.ip,
+            owner: caller.owner,
             id: id.clone(),
             path: path.to_string(),
             role: "publisher",
@@ -613,12 +656,30 @@ impl WebRtc {
 
     /// Ends peer `id` of `path` in `role` (WHEP's or WHIP's DELETE: a publisher is not
     /// ended through a reader's URL); whether it was there.
-    pub fn end(&self, path: &str, id: &str, role: &str) -> bool {
-        let found = self.shared.viewers.lock().get(id).is_some_and(|v| v.path == path && v.role == role);
+    pub fn end(&self, path: &str, id: &str, role: &str, by: Acting) -> bool {
+        let found = self.shared.viewers.lock().get(id).is_some_and(|v| v.path == path && v.role == role && owns(v, by));
         if found {
             let _ = self.cmds.send(Cmd::Remove(id.to_string()));
         }
         found
+    }
+}
+
+/// Who acts on a peer (its `PATCH`, its `DELETE`).
+#[derive(Clone, Copy)]
+pub enum Acting {
+    /// The API token: on every peer.
+    Admin,
+    /// A caller with these credentials (their digest): on the peers it made.
+    As(Option<[u8; 32]>),
+}
+
+/// Whether `by` may act on peer `v`: the API token, its maker's credentials, or anyone who
+/// knows its id where it was made with none.
+fn owns(v: &ViewerStatus, by: Acting) -> bool {
+    match by {
+        Acting::Admin => true,
+        Acting::As(digest) => v.owner.is_none() || v.owner == digest,
     }
 }
 
@@ -1400,6 +1461,7 @@ pub fn routes() -> axum::Router<Arc<Relay>> {
         .route("/{name}/whip", post(offer).options(preflight))
         .route("/{name}/whip/{id}", resource())
         .route_layer(axum::middleware::map_response(cors))
+        .route_layer(axum::extract::DefaultBodyLimit::max(MAX_OFFER))
 }
 
 use axum::extract::{ConnectInfo, Path, RawQuery, State};
@@ -1442,7 +1504,29 @@ async fn offer(
     body: String,
 ) -> Response {
     let what = if uri.path().ends_with("/whip") { "whip" } else { "whep" };
-    negotiated(relay, name, client.map(|c| c.0 .0.ip()), headers, query, body, what).await
+    let caller = Caller { ip: client.map(|c| c.0 .0.ip()), owner: credentials(&headers, query.as_deref()) };
+    negotiated(relay, name, caller, headers, query, body, what).await
+}
+
+/// A digest of the credentials a request gave (its `Authorization`, else its `?token=`).
+fn credentials(headers: &HeaderMap, query: Option<&str>) -> Option<[u8; 32]> {
+    let given = match headers.get(header::AUTHORIZATION) {
+        Some(v) => v.as_bytes().to_vec(),
+        None => query?.split('&').find_map(|kv| kv.strip_prefix("token="))?.as_bytes().to_vec(),
+    };
+    let d = ring::digest::digest(&ring::digest::SHA256, &given);
+    d.as_ref().try_into().ok()
+}
+
+/// Who acts on a peer: the holder of the API token on any, anyone else on the ones its
+/// credentials made.
+fn acting(relay: &Relay, headers: &HeaderMap, query: Option<&str>) -> Acting {
+    let token = relay.cfg().token.clone();
+    let auth = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    if token.is_some() && crate::api::authorized(token.as_deref(), auth, query) {
+        return Acting::Admin;
+    }
+    Acting::As(credentials(headers, query))
 }
 
 /// The configured STUN/TURN servers as `Link` headers (RFC 9725 §4.6), for clients behind
@@ -1508,12 +1592,13 @@ fn unauthorized(relay: &Relay) -> Response {
 async fn negotiated(
     relay: Arc<Relay>,
     name: String,
-    client: Option<IpAddr>,
+    caller: Caller,
     headers: HeaderMap,
     query: Option<String>,
     body: String,
     what: &str,
 ) -> Response {
+    let client = caller.ip;
     if !allowed(&relay, &headers, query.as_deref(), client, &name, what == "whip").await {
         tracing::info!(path = %name, ?client, "{} offer refused (401): no valid credentials", what.to_uppercase());
         return unauthorized(&relay);
@@ -1529,8 +1614,8 @@ async fn negotiated(
         return text(415, format!("a {} offer is Content-Type: application/sdp", what.to_uppercase()));
     }
     let done = match what {
-        "whip" => w.publish(&relay, &name, &body, client).await,
-        _ => w.offer(&relay, &name, &body, client).await,
+        "whip" => w.publish(&relay, &name, &body, caller).await,
+        _ => w.offer(&relay, &name, &body, caller).await,
     };
     match done {
         Ok((answer, id)) => {
@@ -1561,7 +1646,9 @@ async fn patch(
         return unauthorized(&relay);
     }
     let role = if publish { "publisher" } else { "viewer" };
-    match face(&relay).filter(|w| w.viewers(Some(&name)).iter().any(|v| v.id == id && v.role == role)) {
+    let by = acting(&relay, &headers, query.as_deref());
+    let mine = |v: &ViewerStatus| v.id == id && v.role == role && owns(v, by);
+    match face(&relay).filter(|w| w.viewers(Some(&name)).iter().any(mine)) {
         Some(_) => StatusCode::NO_CONTENT.into_response(),
         None => text(404, format!("no WebRTC viewer {id} of {name}")),
     }
@@ -1581,7 +1668,9 @@ async fn delete(
         return unauthorized(&relay);
     }
     let role = if publish { "publisher" } else { "viewer" };
-    match face(&relay).filter(|w| w.end(&name, &id, role)) {
+    // Another's peer is answered as one that is not there: its id tells nothing.
+    let by = acting(&relay, &headers, query.as_deref());
+    match face(&relay).filter(|w| w.end(&name, &id, role, by)) {
         Some(_) => StatusCode::OK.into_response(),
         None => text(404, format!("no WebRTC viewer {id} of {name}")),
     }

@@ -12,7 +12,7 @@ pub mod rtmp;
 mod stop;
 pub mod sub;
 mod tls;
-mod whep;
+pub mod whep;
 
 /// Nanoseconds on the system-wide monotonic clock: comparable between processes on one host.
 pub fn mono_ns() -> u64 {

@@ -28,18 +28,31 @@ pub fn play(url: &str, ready: &std::sync::mpsc::Sender<Result<(), String>>, stop
     }
 }
 
-fn connect(url: &str) -> anyhow::Result<(Rtc, UdpSocket)> {
-    let socket = UdpSocket::bind("127.0.0.1:0")?;
+/// A viewer of H.264 video at `local`, and its offer.
+fn offerer(
+    local: std::net::SocketAddr,
+) -> anyhow::Result<(Rtc, str0m::change::SdpOffer, str0m::change::SdpPendingOffer)> {
     let mut rtc = Rtc::builder()
         .set_rtp_mode(true)
         .clear_codecs()
         .enable_h264(true)
         .set_crypto_provider(Arc::new(str0m::crypto::from_feature_flags()))
         .build(Instant::now());
-    rtc.add_local_candidate(Candidate::host(socket.local_addr()?, "udp")?);
+    rtc.add_local_candidate(Candidate::host(local, "udp")?);
     let mut change = rtc.sdp_api();
     change.add_media(MediaKind::Video, Direction::RecvOnly, None, None, None);
     let (offer, pending) = change.apply().context("an offer")?;
+    Ok((rtc, offer, pending))
+}
+
+/// A viewer's offer as `play` makes it, for a test of the WHEP resource that plays nothing.
+pub fn sample_offer() -> anyhow::Result<String> {
+    Ok(offerer(([127, 0, 0, 1], 9).into())?.1.to_sdp_string())
+}
+
+fn connect(url: &str) -> anyhow::Result<(Rtc, UdpSocket)> {
+    let socket = UdpSocket::bind("127.0.0.1:0")?;
+    let (mut rtc, offer, pending) = offerer(socket.local_addr()?)?;
     // A relay with many peers still connecting answers 503 ("try again"): so it does, for
     // a while, after a pause of its own (hundreds of viewers start at once).
     let give_up = Instant::now() + RETRY_FOR;
