@@ -128,6 +128,19 @@ pub(crate) fn query_credentials(query: &str) -> (Option<&str>, Option<&str>) {
 const FLUSH_BYTES: usize = 64 << 10;
 
 /// Sleeps until `at`, or forever where there is nothing to flush.
+/// Writes `out` whole by `until`: a client that stops reading (its window shut) is closed
+/// then, in its setup as after it, instead of holding its task, buffers and slot.
+async fn write_by(
+    stream: &mut (impl tokio::io::AsyncWrite + Unpin),
+    out: &[u8],
+    until: tokio::time::Instant,
+) -> Result<(), String> {
+    match tokio::time::timeout_at(until, stream.write_all(out)).await {
+        Ok(r) => r.map_err(|e| e.to_string()),
+        Err(_) => Err("it stopped reading: closed".into()),
+    }
+}
+
 async fn sleep_until(at: Option<tokio::time::Instant>) {
     match at {
         Some(t) => tokio::time::sleep_until(t).await,
@@ -159,6 +172,15 @@ async fn next_tag(
 }
 
 impl Conn<'_> {
+    /// When a write must be done by: the setup's deadline until it publishes or plays,
+    /// then the idle time from now.
+    fn write_until(&self, setup_until: tokio::time::Instant, idle: Duration) -> tokio::time::Instant {
+        match (&self.publishing, &self.playing) {
+            (None, None) => setup_until,
+            _ => tokio::time::Instant::now() + idle,
+        }
+    }
+
     async fn run(
         &mut self,
         mut stream: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
@@ -203,7 +225,7 @@ impl Conn<'_> {
                     let played = self.play_waiting(&mut server, tag);
                     if played.is_err() || flush_every.is_zero() {
                         let out = server.take_output();
-                        stream.write_all(&out).await.map_err(|e| e.to_string())?;
+                        write_by(&mut stream, &out, self.write_until(setup_until, idle)).await?;
                     } else {
                         flush_at = Some(tokio::time::Instant::now() + flush_every);
                     }
@@ -217,7 +239,7 @@ impl Conn<'_> {
                         None => Ok(()),
                     };
                     let out = server.take_output();
-                    stream.write_all(&out).await.map_err(|e| e.to_string())?;
+                    write_by(&mut stream, &out, self.write_until(setup_until, idle)).await?;
                     played?;
                     continue;
                 }
@@ -262,7 +284,7 @@ impl Conn<'_> {
             }
             let out = server.take_output();
             if !out.is_empty() {
-                stream.write_all(&out).await.map_err(|e| e.to_string())?;
+                write_by(&mut stream, &out, self.write_until(setup_until, idle)).await?;
             }
             if let Some(why) = close {
                 return Err(why);
