@@ -111,6 +111,90 @@ impl Refusals {
     }
 }
 
+/// How long failures are counted together, and how long an address that reached the limit
+/// within it is refused.
+pub const GUESS_WINDOW_MS: u64 = 60_000;
+pub const GUESS_BAN_MS: u64 = 60_000;
+/// At most one line a second per address about its failures.
+pub const GUESS_TELL_EVERY_MS: u64 = 1_000;
+/// Addresses remembered at most: past it, those with nothing to remember are let go first.
+const GUESSERS: usize = 65_536;
+
+/// Failed logins (wrong credentials, a wrong SRT passphrase) per client address: each is
+/// counted; the log is told at most once a second per address; an address that fails
+/// `limit` times within a minute is refused everything for a minute (0: never).
+#[derive(Debug, Default)]
+pub struct Guesses {
+    limit: u32,
+    by_ip: HashMap<IpAddr, Guesser>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Guesser {
+    since_ms: u64,
+    failures: u32,
+    banned_until_ms: u64,
+    told_ms: Option<u64>,
+    untold: u32,
+}
+
+/// What to tell of an address's failures: how many since the last line, and whether it is
+/// refused now.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Told {
+    pub failures: u32,
+    pub banned: bool,
+}
+
+impl Guesses {
+    pub fn new(limit: u32) -> Self {
+        Self { limit, by_ip: HashMap::new() }
+    }
+
+    /// A reload's new limit (for the next failures).
+    pub fn set_limit(&mut self, limit: u32) {
+        self.limit = limit;
+    }
+
+    /// A failed login from `ip` at `now_ms`; `Some` when a line about it is due.
+    pub fn fail(&mut self, ip: IpAddr, now_ms: u64) -> Option<Told> {
+        if self.by_ip.len() >= GUESSERS && !self.by_ip.contains_key(&ip) {
+            self.by_ip.retain(|_, g| g.banned_until_ms > now_ms || now_ms.saturating_sub(g.since_ms) < GUESS_WINDOW_MS);
+            if self.by_ip.len() >= GUESSERS {
+                // Every one of them recent: the oldest window goes.
+                let oldest = self.by_ip.iter().min_by_key(|(_, g)| g.since_ms).map(|(ip, _)| *ip);
+                self.by_ip.remove(&oldest.expect("not empty"));
+            }
+        }
+        let g = self.by_ip.entry(ip).or_insert(Guesser { since_ms: now_ms, ..Guesser::default() });
+        if now_ms.saturating_sub(g.since_ms) >= GUESS_WINDOW_MS {
+            (g.since_ms, g.failures) = (now_ms, 0);
+        }
+        g.failures = g.failures.saturating_add(1);
+        g.untold = g.untold.saturating_add(1);
+        if self.limit > 0 && g.failures >= self.limit && g.banned_until_ms <= now_ms {
+            g.banned_until_ms = now_ms + GUESS_BAN_MS;
+            // Banned now: told at once.
+            g.told_ms = None;
+        }
+        if g.told_ms.is_some_and(|t| now_ms.saturating_sub(t) < GUESS_TELL_EVERY_MS) {
+            return None;
+        }
+        g.told_ms = Some(now_ms);
+        Some(Told { failures: std::mem::take(&mut g.untold), banned: g.banned_until_ms > now_ms })
+    }
+
+    /// Whether `ip` is refused now (it failed too often).
+    pub fn banned(&self, ip: IpAddr, now_ms: u64) -> bool {
+        self.by_ip.get(&ip).is_some_and(|g| g.banned_until_ms > now_ms)
+    }
+
+    /// Addresses refused now.
+    pub fn banned_count(&self, now_ms: u64) -> usize {
+        self.by_ip.values().filter(|g| g.banned_until_ms > now_ms).count()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,7 +243,65 @@ mod tests {
         assert_eq!(totals, vec![("rtsp: per-address cap", 45_001), ("rtsp: connection cap", 5_001)]);
     }
 
+    #[test]
+    fn guessing_is_told_once_a_second_and_refused_for_a_while_at_the_limit() {
+        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let mut g = Guesses::new(5);
+        assert_eq!(g.fail(a, 0), Some(Told { failures: 1, banned: false }));
+        assert_eq!(g.fail(a, 100), None, "within the second");
+        assert_eq!(g.fail(a, 200), None);
+        assert_eq!(g.fail(a, 1_000), Some(Told { failures: 3, banned: false }));
+        assert!(!g.banned(a, 1_000));
+        // The fifth within the minute: refused for a minute, told at once.
+        assert_eq!(g.fail(a, 1_100), Some(Told { failures: 1, banned: true }));
+        assert!(g.banned(a, 1_100) && g.banned(a, 61_099) && !g.banned(a, 61_100));
+        assert!(!g.banned(b, 1_100), "another address is not");
+        assert_eq!(g.banned_count(2_000), 1);
+        // Failures a minute apart never add up to a ban.
+        let mut g = Guesses::new(3);
+        for k in 0..10 {
+            g.fail(b, k * 40_000);
+        }
+        assert!(!g.banned(b, 400_000));
+        // Limit 0: counted and told, never refused.
+        let mut g = Guesses::new(0);
+        for k in 0..1000 {
+            g.fail(a, k);
+        }
+        assert!(!g.banned(a, 1000));
+    }
+
+    #[test]
+    fn the_addresses_remembered_are_bounded() {
+        let mut g = Guesses::new(3);
+        for k in 0..(GUESSERS as u32 + 10) {
+            g.fail(IpAddr::from(k.to_be_bytes()), 0);
+        }
+        assert!(g.by_ip.len() <= GUESSERS);
+    }
+
     proptest! {
+        /// Every failure is told in exactly one line, sooner or later, and no address is
+        /// told of more than once a second (except the moment it is refused).
+        #[test]
+        fn every_failure_is_told_once(times in proptest::collection::vec((0u8..3, 0u64..700), 1..300), limit in 0u32..8) {
+            let mut g = Guesses::new(limit);
+            let mut now = 0;
+            let (mut failed, mut told) = ([0u32; 3], [0u32; 3]);
+            for (a, dt) in times {
+                now += dt;
+                let ip = IpAddr::from([10, 0, 0, a]);
+                failed[a as usize] += 1;
+                if let Some(t) = g.fail(ip, now) {
+                    told[a as usize] += t.failures;
+                }
+            }
+            for a in 0..3u8 {
+                let late = g.fail(IpAddr::from([10, 0, 0, a]), now + GUESS_TELL_EVERY_MS);
+                prop_assert_eq!(told[a as usize] + late.map_or(0, |t| t.failures), failed[a as usize] + 1);
+            }
+        }
+
         /// Opens and closes in any order: the count per address never passes the cap, and
         /// equals what was opened and not closed.
         #[test]

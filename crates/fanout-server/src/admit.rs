@@ -5,7 +5,7 @@
 //! The policy is `fanout_core::admit`; this module holds its locks and the clock. The cap
 //! is the relay's, in [`Books`], so a reload changes it for every listener at once.
 
-use fanout_core::admit::{PerAddress, Refusals};
+use fanout_core::admit::{Guesses, PerAddress, Refusals};
 use parking_lot::Mutex;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -20,11 +20,66 @@ pub struct Books {
     cap: AtomicUsize,
     /// Connections open now on every listener: what an upgrade's old process waits on.
     open: AtomicUsize,
+    /// Failed logins per address (and who is refused for failing too often), and their
+    /// totals by face for `/metrics`.
+    guesses: Mutex<Guesses>,
+    failed: Mutex<Vec<(&'static str, u64)>>,
 }
 
 impl Books {
     pub fn new(cap: usize) -> Self {
-        Self { refusals: Mutex::default(), t0: Instant::now(), cap: AtomicUsize::new(cap), open: AtomicUsize::new(0) }
+        Self {
+            refusals: Mutex::default(),
+            t0: Instant::now(),
+            cap: AtomicUsize::new(cap),
+            open: AtomicUsize::new(0),
+            guesses: Mutex::new(Guesses::new(DEFAULT_FAILED_LOGINS)),
+            failed: Mutex::default(),
+        }
+    }
+
+    /// A reload's `max_failed_logins`.
+    pub fn set_failed_login_limit(&self, limit: u32) {
+        self.guesses.lock().set_limit(limit);
+    }
+
+    /// A login that failed on `face` (wrong credentials given, a wrong SRT passphrase): counted
+    /// by face, told at most once a second per address; too many within a minute and the
+    /// address is refused for a minute.
+    pub fn failed_login(&self, face: &'static str, ip: IpAddr) {
+        {
+            let mut failed = self.failed.lock();
+            match failed.iter_mut().find(|f| f.0 == face) {
+                Some(f) => f.1 += 1,
+                None => failed.push((face, 1)),
+            }
+        }
+        let told = self.guesses.lock().fail(ip, self.now_ms());
+        match told {
+            Some(t) if t.banned => tracing::warn!(
+                %ip,
+                face,
+                failures = t.failures,
+                "failed logins: this address is refused for {} s (max_failed_logins)",
+                fanout_core::admit::GUESS_BAN_MS / 1000
+            ),
+            Some(t) => tracing::warn!(%ip, face, failures = t.failures, "failed login"),
+            None => {}
+        }
+    }
+
+    /// Whether `ip` is refused now for failing to log in too often (booked as a refusal).
+    pub fn login_banned(&self, ip: IpAddr) -> bool {
+        let banned = self.guesses.lock().banned(ip, self.now_ms());
+        if banned {
+            self.refuse("too many failed logins (max_failed_logins)", ip);
+        }
+        banned
+    }
+
+    /// Failed logins by face so far, and the addresses refused now for them.
+    pub fn failed_logins(&self) -> (Vec<(&'static str, u64)>, usize) {
+        (self.failed.lock().clone(), self.guesses.lock().banned_count(self.now_ms()))
     }
 
     /// A reload's new cap, for the next connections of every listener.
@@ -65,6 +120,9 @@ impl Books {
     }
 }
 
+/// Failed logins a minute from one address before it is refused for a minute.
+pub const DEFAULT_FAILED_LOGINS: u32 = 20;
+
 /// One listener's count of open connections per address.
 pub struct Gate {
     per_ip: Mutex<PerAddress>,
@@ -102,5 +160,64 @@ impl Gate {
         }
         self.books.refuse(self.reason, ip);
         None
+    }
+}
+
+/// A resource that is not a connection (a download, a file read), held at most `per_ip`
+/// times by one address and `total` times by all: what one client can take of it is
+/// bounded, and so is what all take together.
+pub struct Quota {
+    per_ip: Mutex<PerAddress>,
+    total: usize,
+    held: AtomicUsize,
+}
+
+/// One use of a [`Quota`], until it is dropped.
+pub struct Held {
+    quota: Arc<Quota>,
+    ip: IpAddr,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.quota.per_ip.lock().close(self.ip);
+        self.quota.held.fetch_sub(1, Relaxed);
+    }
+}
+
+impl Quota {
+    pub fn new(per_ip: usize, total: usize) -> Arc<Self> {
+        Arc::new(Self { per_ip: Mutex::new(PerAddress::new(per_ip)), total, held: AtomicUsize::new(0) })
+    }
+
+    /// A use by `ip`, or why not: that address, or everyone together, holds the most.
+    pub fn take(self: &Arc<Self>, ip: IpAddr) -> Result<Held, &'static str> {
+        let mut per_ip = self.per_ip.lock();
+        if self.held.load(Relaxed) >= self.total {
+            return Err("every slot is taken");
+        }
+        if !per_ip.try_open(ip) {
+            return Err("this address holds its share");
+        }
+        self.held.fetch_add(1, Relaxed);
+        Ok(Held { quota: self.clone(), ip })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_quota_bounds_one_address_and_all_together() {
+        let q = Quota::new(2, 3);
+        let (a, b): (IpAddr, IpAddr) = ("127.0.0.2".parse().unwrap(), "127.0.0.3".parse().unwrap());
+        let a1 = q.take(a).unwrap();
+        let _a2 = q.take(a).unwrap();
+        assert_eq!(q.take(a).err(), Some("this address holds its share"));
+        let _b1 = q.take(b).unwrap();
+        assert_eq!(q.take(b).err(), Some("every slot is taken"));
+        drop(a1);
+        assert!(q.take(b).is_ok(), "a use given back is another's");
     }
 }

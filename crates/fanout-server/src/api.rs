@@ -676,7 +676,11 @@ async fn cluster_view(State(relay): State<Arc<Relay>>) -> Result<Json<crate::clu
 /// Starts this relay's binary again and hands it the listeners (`crate::upgrade`); answers
 /// once the new process took over (this one then drains), or why it did not.
 async fn upgrade(State(relay): State<Arc<Relay>>) -> ApiResult<Json<serde_json::Value>> {
-    relay.handover.request().await.map(Json).map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, e))
+    use crate::handover::Refused;
+    relay.handover.request().await.map(Json).map_err(|e| match e {
+        Refused::Running => ApiError(StatusCode::CONFLICT, e.to_string()),
+        Refused::Failed(why) => ApiError(StatusCode::SERVICE_UNAVAILABLE, why),
+    })
 }
 
 /// Loads the config file again and applies the difference (`crate::reload`): what changed,
@@ -830,6 +834,21 @@ async fn metrics(State(relay): State<Arc<Relay>>) -> impl IntoResponse {
         "counter",
         "Connections refused at accept, by reason (a cap per address or per listener).",
         relay.books.totals().into_iter().map(|(why, n)| (format!("{{reason=\"{}\"}}", label(why)), n)),
+    );
+    let (failed, banned) = relay.books.failed_logins();
+    family(
+        &mut m,
+        "fanout_failed_logins_total",
+        "counter",
+        "Logins that failed (wrong credentials given; a wrong SRT passphrase), by face.",
+        failed.into_iter().map(|(face, n)| (format!("{{face=\"{}\"}}", label(face)), n)),
+    );
+    family(
+        &mut m,
+        "fanout_banned_addresses",
+        "gauge",
+        "Addresses refused now for failing to log in too often (max_failed_logins).",
+        [(String::new(), banned as u64)],
     );
     family(
         &mut m,

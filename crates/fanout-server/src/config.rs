@@ -64,6 +64,9 @@ pub struct Config {
     /// and the API/HTTP port), so that one address cannot take every slot; 0 = no cap.
     /// Loopback is not exempt: a load tool on the relay's host sets 0.
     pub max_connections_per_ip: usize,
+    /// Failed logins (wrong credentials on any face, a wrong SRT passphrase) one address may
+    /// make within a minute before it is refused everything for a minute; 0 = never refused.
+    pub max_failed_logins: u32,
     /// RTSP clients must authenticate with the API token (user `token`).
     pub rtsp_require_token: bool,
     /// Serve the API or RTSP on a non-loopback address without authentication.
@@ -477,6 +480,7 @@ pub const CONFIG_FIELDS: &[&str] = &[
     "request_timeout_s",
     "api_max_connections",
     "max_connections_per_ip",
+    "max_failed_logins",
     "rtsp_require_token",
     "allow_unauthenticated",
     "token",
@@ -527,11 +531,12 @@ impl Default for Config {
             webrtc_ice_servers: Vec::new(),
             webrtc_tcp: false,
             rtsp_users: Vec::new(),
-            rtsp_max_connections: 1024,
+            rtsp_max_connections: default_max_connections(),
             rtsp_idle_s: 60.0,
             request_timeout_s: 10.0,
-            api_max_connections: 1024,
+            api_max_connections: default_max_connections(),
             max_connections_per_ip: 64,
+            max_failed_logins: crate::admit::DEFAULT_FAILED_LOGINS,
             rtsp_require_token: false,
             allow_unauthenticated: false,
             token: None,
@@ -601,6 +606,15 @@ pub const MAX_SHED_AFTER_MS: u64 = 10_000;
 pub const MAX_WORKERS: usize = 256;
 pub const KERNEL_SINKS: std::ops::RangeInclusive<usize> = 256..=(1 << 20);
 pub const MIN_BODY: usize = 1024;
+
+/// The default cap on RTSP and on API/HTTP connections: what the open-file limit (raised
+/// to its hard limit, as the engine does at start) holds at a few descriptors a client
+/// (an RTSP client over UDP has its socket and an RTP/RTCP pair a track), at least 1024
+/// and at most 65,536. One core serves ten thousand players and more: 1024 was a tenth.
+pub fn default_max_connections() -> usize {
+    let files = fanout_io::sys::raise_nofile_limit(1 << 20) as usize;
+    (files / 8).clamp(1024, 65_536)
+}
 
 /// Where in the file a span is: its line, and the message to show with it.
 type LineOf<'a> = dyn Fn(Option<std::ops::Range<usize>>, &str) -> (usize, String) + 'a;

@@ -105,7 +105,11 @@ impl Relay {
             recordings: Arc::new(crate::record::Store::new(layout)),
             pattern_paths: Default::default(),
             cluster,
-            books: Arc::new(crate::admit::Books::new(cfg.max_connections_per_ip)),
+            books: {
+                let books = crate::admit::Books::new(cfg.max_connections_per_ip);
+                books.set_failed_login_limit(cfg.max_failed_logins);
+                Arc::new(books)
+            },
             auth: Default::default(),
             engine,
             cfg: RwLock::new(Arc::new(cfg)),
@@ -365,14 +369,24 @@ impl Relay {
     /// Whether a client may do what it asks. `local`: whether the face's own credentials
     /// (the token, the stream users) matched, `None` where that face has none configured.
     /// They are asked first; then `[auth]`, where configured; with neither, anyone may.
+    /// An address that failed too often lately is refused whatever it gives; a request that
+    /// gave credentials and is refused counts as a failed login of its address.
     pub async fn permit(&self, local: Option<bool>, req: fanout_proto::auth::Request) -> bool {
+        if self.books.login_banned(req.ip) {
+            return false;
+        }
         if local == Some(true) {
             return true;
         }
-        match &self.cfg().auth {
+        let ok = match &self.cfg().auth {
             Some(a) => self.auth.check(a, &req).await,
             None => local.is_none(),
+        };
+        // (A first request without credentials, answered with a challenge, is no guess.)
+        if !ok && !(req.user.is_empty() && req.password.is_empty() && req.token.is_empty()) {
+            self.books.failed_login(req.protocol, req.ip);
         }
+        ok
     }
 
     /// Whether `user` and `pass` are one of the stream users (RTSP's, which RTMP, SRT and

@@ -99,6 +99,7 @@ fn differences(old: &Config, new: &Config) -> (Vec<&'static str>, Vec<&'static s
         request_timeout_s,
         api_max_connections,
         max_connections_per_ip,
+        max_failed_logins,
         rtsp_require_token,
         allow_unauthenticated,
         token,
@@ -134,7 +135,7 @@ fn differences(old: &Config, new: &Config) -> (Vec<&'static str>, Vec<&'static s
     }
     changed!(live:
         webrtc_ice_servers "webrtc_ice_server", rtsp_users "rtsp_user", max_connections_per_ip "max_connections_per_ip",
-        rtsp_require_token "rtsp_require_token", allow_unauthenticated "allow_unauthenticated", token "token",
+        max_failed_logins "max_failed_logins", rtsp_require_token "rtsp_require_token", allow_unauthenticated "allow_unauthenticated", token "token",
         ring "ring", max_datagram "max_datagram", sinks_per_group "sinks_per_group",
         stream_flush_ms "stream_flush_ms", datapath "datapath", publisher_grace_s "publisher_grace_s",
         upgrade_drain_s "upgrade_drain_s",
@@ -159,6 +160,7 @@ fn running(old: &Config, new: &Config) -> Config {
     r.webrtc_ice_servers = new.webrtc_ice_servers.clone();
     r.rtsp_users = new.rtsp_users.clone();
     r.max_connections_per_ip = new.max_connections_per_ip;
+    r.max_failed_logins = new.max_failed_logins;
     r.rtsp_require_token = new.rtsp_require_token;
     r.allow_unauthenticated = new.allow_unauthenticated;
     r.token = new.token.clone();
@@ -190,6 +192,7 @@ pub async fn reload(relay: &Arc<Relay>) -> Result<Plan, String> {
     let mut plan = plan(&loader.loaded, &new);
     let cfg = running(&relay.cfg(), &new);
     relay.books.set_cap(cfg.max_connections_per_ip);
+    relay.books.set_failed_login_limit(cfg.max_failed_logins);
     if plan.applied.contains(&"auth") {
         relay.auth.clear();
     }

@@ -230,6 +230,14 @@ async fn external_auth(relay: &Relay, req: &rtsp::Request, ip: IpAddr, secure: b
     Some(resp)
 }
 
+/// A 401 to a request that gave credentials (the stream users', checked by the RTSP server)
+/// is a failed login of its address.
+fn failed_login(relay: &Relay, req: &rtsp::Request, resp: &Response, ip: IpAddr) {
+    if resp.status == 401 && req.headers.get("Authorization").is_some() {
+        relay.books.failed_login("rtsp", ip);
+    }
+}
+
 /// A response as it goes out: with our `Server` header, in bytes.
 fn answer(mut resp: Response) -> Vec<u8> {
     resp.headers.set("Server", concat!("fanout/", env!("CARGO_PKG_VERSION")));
@@ -1128,6 +1136,12 @@ async fn connection(
                         }
                         Message::Response(_) => continue,
                     };
+                    // An address that failed to log in too often is refused for a while.
+                    if relay.books.login_banned(peer.ip()) {
+                        let resp = Response::new(403, req.headers.cseq());
+                        stream.write_all(&answer(resp)).await?;
+                        break;
+                    }
                     // `[auth]`: asked before the server sees the request (which then checks
                     // no users itself: Config::rtsp_server_users).
                     if let Some(refused) = external_auth(relay, &req, peer.ip(), secure).await {
@@ -1141,6 +1155,7 @@ async fn connection(
                     if req.method == "DESCRIBE" || req.method == "ANNOUNCE" {
                         let refused = rtsp.server.lock().challenge(&req, conn, rtsp.now_ms());
                         if let Some(resp) = refused {
+                            failed_login(relay, &req, &resp, peer.ip());
                             stream.write_all(&answer(resp)).await?;
                             continue;
                         }
@@ -1248,6 +1263,7 @@ async fn connection(
                         (resp, actions)
                     };
                     rtsp.apply(relay, peer.ip(), actions);
+                    failed_login(relay, &req, &resp, peer.ip());
                     stream.write_all(&answer(resp)).await?;
                 }
                 Ok(None) => break,

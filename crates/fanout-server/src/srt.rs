@@ -26,6 +26,42 @@ const CONN_BASE: u64 = 1 << 61;
 /// SRT's live payload: seven TS packets.
 const PAYLOAD: usize = 1316;
 
+/// How long after its stream id was let on a caller must arrive as a connection: one that
+/// does not was refused by libsrt after it (with a passphrase set: a wrong passphrase).
+const ARRIVE_WITHIN: Duration = Duration::from_secs(3);
+
+/// Handshakes let on by their stream id and not yet arrived as connections, per address:
+/// libsrt checks the passphrase after the stream id and tells nobody of a wrong one, so a
+/// handshake that never arrives is how a guess is seen.
+#[derive(Default)]
+struct Handshakes(parking_lot::Mutex<Vec<(std::net::IpAddr, Instant)>>);
+
+impl Handshakes {
+    fn started(&self, ip: std::net::IpAddr, now: Instant) {
+        let mut v = self.0.lock();
+        // Bounded: a flood of them keeps the newest.
+        if v.len() >= 4096 {
+            v.remove(0);
+        }
+        v.push((ip, now));
+    }
+
+    fn arrived(&self, ip: std::net::IpAddr) {
+        let mut v = self.0.lock();
+        if let Some(k) = v.iter().position(|h| h.0 == ip) {
+            v.remove(k);
+        }
+    }
+
+    /// The addresses of handshakes that did not arrive in time (one entry each).
+    fn lost(&self, now: Instant) -> Vec<std::net::IpAddr> {
+        let mut v = self.0.lock();
+        let lost = v.iter().filter(|h| now.duration_since(h.1) >= ARRIVE_WITHIN).map(|h| h.0).collect();
+        v.retain(|h| now.duration_since(h.1) < ARRIVE_WITHIN);
+        lost
+    }
+}
+
 /// The running SRT listener.
 pub struct Srt {
     pub addr: SocketAddr,
@@ -63,22 +99,40 @@ pub fn serve(addr: SocketAddr, relay: Arc<Relay>) -> Result<Srt, String> {
         pbkeylen: Some(relay.cfg().srt_pbkeylen),
         ..Settings::default()
     };
-    let judge = relay.clone();
-    let listener = Listener::bind(addr, &settings, move |peer, id| decide(&judge, peer, id))
-        .map(Arc::new)
-        .map_err(|e| format!("{addr}: {e}"))?;
+    let (judge, handshakes) = (relay.clone(), Arc::new(Handshakes::default()));
+    let seen = handshakes.clone();
+    let listener = Listener::bind(addr, &settings, move |peer, id| {
+        let now = Instant::now();
+        let guarded = judge.cfg().srt_passphrase.as_deref().is_some_and(|p| !p.is_empty());
+        for ip in seen.lost(now) {
+            if guarded {
+                judge.books.failed_login("srt", ip);
+            }
+        }
+        let decided = decide(&judge, peer, id);
+        if let (Ok(()), Some(p)) = (decided, peer) {
+            seen.started(p.ip(), now);
+        }
+        decided
+    })
+    .map(Arc::new)
+    .map_err(|e| format!("{addr}: {e}"))?;
     let bound = listener.local_addr().unwrap_or(addr);
     let runtime = tokio::runtime::Handle::current();
     let l = listener.clone();
     std::thread::Builder::new()
         .name("srt-accept".into())
-        .spawn(move || accept(&l, &relay, &runtime))
+        .spawn(move || accept(&l, &relay, &runtime, &handshakes))
         .map_err(|e| e.to_string())?;
     Ok(Srt { addr: bound, version, listener })
 }
 
 /// The handshake's decision on a caller's stream id: `Err` with the reason it is refused.
 fn decide(relay: &Relay, peer: Option<SocketAddr>, streamid: &str) -> Result<(), i32> {
+    let ip = peer.map(|p| p.ip());
+    if ip.is_some_and(|ip| relay.books.login_banned(ip)) {
+        return Err(reject::UNAUTHORIZED);
+    }
     let peer = peer.map_or_else(|| "?".to_string(), |p| p.to_string());
     let id = fanout_proto::srt::parse(streamid).map_err(|e| {
         tracing::warn!(%peer, "SRT caller refused: {e}");
@@ -92,11 +146,17 @@ fn decide(relay: &Relay, peer: Option<SocketAddr>, streamid: &str) -> Result<(),
     };
     // `[auth]` is asked after the handshake (`connection`): a callback that takes its time
     // must not hold the listener, which libsrt runs this on.
-    match relay.stream_login(user, pass) {
-        Some(false) if relay.cfg().auth.is_none() => {
-            return refuse(reject::UNAUTHORIZED, "bad or missing credentials".into());
+    let local = relay.stream_login(user, pass);
+    if local == Some(false) && relay.cfg().auth.is_none() {
+        if let (Some(ip), true) = (ip, user.is_some() || pass.is_some()) {
+            relay.books.failed_login("srt", ip);
         }
-        _ => {}
+        return refuse(reject::UNAUTHORIZED, "bad or missing credentials".into());
+    }
+    // Under `[auth]`, a caller it has not yet let in is told nothing of which paths exist:
+    // it is judged after the handshake, and closed there alike for any path.
+    if local != Some(true) && relay.cfg().auth.is_some() {
+        return Ok(());
     }
     match id.mode {
         // (A path the relay pulls itself takes no publisher, connected or not.)
@@ -116,7 +176,7 @@ fn decide(relay: &Relay, peer: Option<SocketAddr>, streamid: &str) -> Result<(),
     }
 }
 
-fn accept(listener: &Listener, relay: &Arc<Relay>, runtime: &tokio::runtime::Handle) {
+fn accept(listener: &Listener, relay: &Arc<Relay>, runtime: &tokio::runtime::Handle, handshakes: &Handshakes) {
     let gate = crate::admit::Gate::new("SRT per-address cap (max_connections_per_ip)", relay.books.clone());
     let next = AtomicU64::new(0);
     let groups = Groups::default();
@@ -130,6 +190,9 @@ fn accept(listener: &Listener, relay: &Arc<Relay>, runtime: &tokio::runtime::Han
             }
         };
         let peer = socket.peer_addr();
+        if let Some(p) = peer {
+            handshakes.arrived(p.ip());
+        }
         let pass = match peer.map(|p| gate.admit(p.ip())) {
             Some(Some(pass)) => pass,
             _ => continue, // over the cap (booked and logged by the gate): dropped, closed
@@ -321,4 +384,24 @@ fn send_to_readers(
         }
     }
     session.remove_sink(sink);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_handshake_that_never_arrives_is_lost_once() {
+        let h = Handshakes::default();
+        let (a, b): (std::net::IpAddr, std::net::IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let t0 = Instant::now();
+        h.started(a, t0);
+        h.started(b, t0);
+        h.started(a, t0 + Duration::from_secs(1));
+        h.arrived(b);
+        assert!(h.lost(t0 + Duration::from_secs(2)).is_empty(), "not yet");
+        assert_eq!(h.lost(t0 + ARRIVE_WITHIN), vec![a], "the first of a's; b's arrived");
+        assert_eq!(h.lost(t0 + ARRIVE_WITHIN * 2), vec![a]);
+        assert!(h.lost(t0 + ARRIVE_WITHIN * 3).is_empty(), "each told once");
+    }
 }

@@ -215,6 +215,8 @@ pub struct Settings {
     pub recv_timeout_ms: Option<u32>,
     /// How long a peer may be silent before the connection breaks, ms (libsrt: 5000).
     pub peer_idle_ms: Option<u32>,
+    /// A caller's own address (none: the system's choice).
+    pub local: Option<SocketAddr>,
 }
 
 /// An SRT socket, closed when dropped.
@@ -316,6 +318,11 @@ impl Socket {
         let s = Self::new()?;
         s.apply(settings)?;
         s.set_int(Opt::ConnTimeo, timeout_ms as i32)?;
+        if let Some(local) = settings.local {
+            let (l, len) = sockaddr(local);
+            // SAFETY: `l` is a valid sockaddr of `len` bytes.
+            check(s.api, unsafe { (s.api.bind)(s.id, (&raw const l).cast(), len) })?;
+        }
         let (a, len) = sockaddr(addr);
         // SAFETY: `a` is a valid sockaddr of `len` bytes.
         let r = unsafe { (s.api.connect)(s.id, (&raw const a).cast(), len) };
