@@ -158,10 +158,11 @@ pub fn verify_jwt(token: &str, keys: &JwkSet, claim: &str, now: u64) -> Result<V
     let time = |name: &str| claims.get(name).and_then(serde_json::Value::as_u64);
     match time("exp") {
         None => return Err(JwtError::Claim { claim: "exp".into(), why: "missing".into() }),
-        Some(exp) if exp + LEEWAY_S < now => return Err(JwtError::Expired),
+        // Saturating: an `exp` near 2^64 is far in the future, not wrapped into the past.
+        Some(exp) if exp.saturating_add(LEEWAY_S) < now => return Err(JwtError::Expired),
         _ => {}
     }
-    if time("nbf").is_some_and(|nbf| nbf > now + LEEWAY_S) {
+    if time("nbf").is_some_and(|nbf| nbf > now.saturating_add(LEEWAY_S)) {
         return Err(JwtError::NotYet);
     }
     let bad = |why: String| JwtError::Claim { claim: claim.to_string(), why };
@@ -357,6 +358,9 @@ mod tests {
                 // Another claim name: missing.
                 assert!(matches!(verify_jwt(&t, &set, "other", now), Err(JwtError::Claim { .. })));
             }
+            // The largest `exp` is far off, not wrapped past zero (nor an overflow panic).
+            let far = token(Algorithm::ES256, Some("ec"), &ec, serde_json::json!({ "exp": u64::MAX, "fanout": [] }));
+            assert!(verify_jwt(&far, &set, "fanout", now).is_ok());
             // Signed by one key, naming the other: the signature does not verify.
             let forged = token(Algorithm::ES256, Some("ec"), &keys().0, claims.clone());
             assert!(matches!(verify_jwt(&forged, &set, "fanout", now), Err(JwtError::Signature(_))));
