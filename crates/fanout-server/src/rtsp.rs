@@ -684,9 +684,11 @@ impl Rtsp {
                 }
             }
         }
-        // Sessions the state machine no longer knows are gone for good.
+        // Sessions the state machine no longer knows are gone for good, once their sinks
+        // are: another connection's request may have ended its session in the state machine
+        // and not yet applied its Teardown (which then finds it here and removes the sinks).
         let server = self.server.lock();
-        clients.retain(|id, _| server.state(id).is_some());
+        clients.retain(|id, c| server.state(id).is_some() || !c.sinks.is_empty());
     }
 }
 
