@@ -17,6 +17,7 @@ pub mod register;
 pub mod repack;
 pub mod rtsp;
 pub mod scenarios;
+pub mod soak;
 pub mod splice;
 mod wire;
 
@@ -50,6 +51,10 @@ pub enum BenchCmd {
     /// Players per core in the peers' table format (SRS, ZLMediaKit): one 232 kbit/s CBR
     /// source, N players per scenario, fanout and MediaMTX side by side.
     Players(players::PlayersArgs),
+    /// An hour of players of every face joining and leaving, publishers replaced, reloads,
+    /// an upgrade, a recording with retention and attackers: RSS, descriptors, threads and
+    /// disk over time, and whether every player got data.
+    Soak(soak::SoakArgs),
     /// Layer adaptation behind tc-shaped links: AIMD against the thesis's rule (needs root).
     Layers(layers::LayersArgs),
     /// Subscribers joining behind thin links, pacing off and on (needs root).
@@ -127,6 +132,7 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Rtsp(a) => rtsp::run(a),
         BenchCmd::Peers(a) => peers::run(a),
         BenchCmd::Players(a) => players::run(a),
+        BenchCmd::Soak(a) => soak::run(a),
         BenchCmd::RtspLoad(a) => rtsp::load(a),
         BenchCmd::Layers(a) => layers::run(a),
         BenchCmd::LayersSub(a) => layers::sub(a),

@@ -82,38 +82,33 @@ fn free_udp() -> anyhow::Result<SocketAddr> {
     Ok(std::net::UdpSocket::bind("127.0.0.1:0")?.local_addr()?)
 }
 
-pub(super) fn start_server(name: &str, peers: &Path, dir: &Path) -> anyhow::Result<Server> {
+/// fanout on free ports with path `bench` taking publishers: made through the API, or by
+/// `config` (which must name it).
+pub(super) fn fanout_server(config: Option<&Path>) -> anyhow::Result<Server> {
     let (rtsp, rtmp, srt, media) = (free_tcp()?, free_tcp()?, free_udp()?, free_udp()?);
-    if name == "fanout" {
-        let relay = RelayProc::start(&[
-            "--rtsp",
-            &rtsp.to_string(),
-            "--rtmp",
-            &rtmp.to_string(),
-            "--srt",
-            &srt.to_string(),
-            "--webrtc",
-            &media.to_string(),
-        ])?;
+    let ports = [rtsp.to_string(), rtmp.to_string(), srt.to_string(), media.to_string()];
+    let mut args = vec!["--rtsp", &ports[0], "--rtmp", &ports[1], "--srt", &ports[2], "--webrtc", &ports[3]];
+    if let Some(c) = config {
+        args.extend(["--config", c.to_str().context("a UTF-8 config path")?]);
+    }
+    let relay = RelayProc::start(&args)?;
+    if config.is_none() {
         relay.client().call(
             "POST",
             "/v1/sessions",
             Some(serde_json::json!({ "name": "bench", "source": { "publish": true } })),
         )?;
-        let whep = format!("http://{}/bench/whep", relay.api);
-        let hls = format!("http://{}/v1/sessions/bench/hls/index.m3u8", relay.api);
-        return Ok(Server {
-            pid: relay.pid(),
-            rtsp,
-            rtmp,
-            srt,
-            whep,
-            hls,
-            path: "bench",
-            relay: Some(relay),
-            _procs: Vec::new(),
-        });
     }
+    let whep = format!("http://{}/bench/whep", relay.api);
+    let hls = format!("http://{}/v1/sessions/bench/hls/index.m3u8", relay.api);
+    Ok(Server { pid: relay.pid(), rtsp, rtmp, srt, whep, hls, path: "bench", relay: Some(relay), _procs: Vec::new() })
+}
+
+pub(super) fn start_server(name: &str, peers: &Path, dir: &Path) -> anyhow::Result<Server> {
+    if name == "fanout" {
+        return fanout_server(None);
+    }
+    let (rtsp, rtmp, srt, media) = (free_tcp()?, free_tcp()?, free_udp()?, free_udp()?);
     let bin = peers.join("mediamtx");
     if !bin.exists() {
         bail!("{} is missing: run scripts/install-peers", bin.display());

@@ -65,18 +65,23 @@ pub struct PlayersArgs {
 struct Step {
     cpu_s: f64,
     rss_mb: f64,
-    /// What the players got: packets, segments or bytes, as `unit` says.
-    got: u64,
-    unit: &'static str,
+    got: Receipt,
+}
+
+/// What a load's players got.
+pub(super) struct Receipt {
+    /// Packets, segments or bytes, as `unit` says.
+    pub got: u64,
+    pub unit: &'static str,
     /// Players that got nothing.
-    silent: u64,
+    pub silent: u64,
     /// RTP packets missing from the players' sequence numbers (RTSP over UDP and TCP).
-    lost: u64,
+    pub lost: u64,
     /// Datagrams the kernel dropped at the load's own full receive buffers in the window (RTSP
     /// over UDP): missing, but not for the server's want.
-    overflows: u64,
+    pub overflows: u64,
     /// RTP packets that came after a later one (reordered, not lost).
-    late: u64,
+    pub late: u64,
 }
 
 /// The server's resident memory, MB.
@@ -91,7 +96,13 @@ fn rss_mb(pid: u32) -> anyhow::Result<f64> {
 }
 
 /// The load's command line for `scenario` on server `s`.
-fn load_args(s: &Server, scenario: &str, n: usize, seconds: f64, json: &Path) -> anyhow::Result<Vec<String>> {
+pub(super) fn load_args(
+    s: &Server,
+    scenario: &str,
+    n: usize,
+    seconds: f64,
+    json: &Path,
+) -> anyhow::Result<Vec<String>> {
     let n = n.to_string();
     let secs = seconds.to_string();
     let rtsp = format!("rtsp://{}/{}", s.rtsp, s.path);
@@ -177,12 +188,15 @@ fn step(server: &str, scenario: &str, n: usize, seconds: f64, a: &PlayersArgs, d
     if elapsed < seconds * 0.9 {
         bail!("{n} {scenario} players of {server}: the load ended after {elapsed:.1} s: {out}");
     }
+    Ok(Step { cpu_s: cpu, rss_mb: rss, got: receipt(scenario, &out, &json)? })
+}
+
+/// What a load's players got, from its output (and `sub --http`'s report at `json`).
+pub(super) fn receipt(scenario: &str, out: &str, json: &Path) -> anyhow::Result<Receipt> {
     let words: Vec<&str> =
         out.split(|c: char| c.is_whitespace() || c == ':' || c == '"').filter(|w| !w.is_empty()).collect();
-    let st = match scenario {
-        "rtsp" | "rtsp-tcp" => Step {
-            cpu_s: cpu,
-            rss_mb: rss,
+    Ok(match scenario {
+        "rtsp" | "rtsp-tcp" => Receipt {
             got: field(&words, "packets").context("rtsp-load's result")?,
             unit: "RTP packets",
             silent: u64::from(field(&words, "min") == Some(0)),
@@ -190,9 +204,7 @@ fn step(server: &str, scenario: &str, n: usize, seconds: f64, a: &PlayersArgs, d
             overflows: field(&words, "overflows").unwrap_or(0),
             late: field(&words, "late").unwrap_or(0),
         },
-        "hls" => Step {
-            cpu_s: cpu,
-            rss_mb: rss,
+        "hls" => Receipt {
             got: field(&words, "segments").context("hls-load's result")?,
             unit: "segments",
             silent: field(&words, "starved").context("hls-load's result")?,
@@ -205,24 +217,13 @@ fn step(server: &str, scenario: &str, n: usize, seconds: f64, a: &PlayersArgs, d
                 serde_json::from_slice(&std::fs::read(&json).context("sub's report")?).context("sub's report")?;
             let groups = v["groups"].as_array().cloned().unwrap_or_default();
             let sum = |k: &str| groups.iter().filter_map(|g| g[k].as_u64()).sum();
-            Step {
-                cpu_s: cpu,
-                rss_mb: rss,
-                got: sum("bytes"),
-                unit: "bytes",
-                silent: sum("silent"),
-                lost: 0,
-                overflows: 0,
-                late: 0,
-            }
+            Receipt { got: sum("bytes"), unit: "bytes", silent: sum("silent"), lost: 0, overflows: 0, late: 0 }
         }
         _ => {
             let v: serde_json::Value =
                 serde_json::from_str(out.lines().last().unwrap_or("")).context("sub --read's result")?;
             let least = v["least_bytes"].as_u64().unwrap_or(0);
-            Step {
-                cpu_s: cpu,
-                rss_mb: rss,
+            Receipt {
                 got: v["bytes"].as_u64().unwrap_or(0),
                 unit: "bytes",
                 silent: u64::from(least == 0),
@@ -231,8 +232,7 @@ fn step(server: &str, scenario: &str, n: usize, seconds: f64, a: &PlayersArgs, d
                 late: 0,
             }
         }
-    };
-    Ok(st)
+    })
 }
 
 /// A row of the table: server, scenario, players, round, and the step's figures.
@@ -295,24 +295,24 @@ pub fn run(mut a: PlayersArgs) -> anyhow::Result<()> {
             a.seconds,
             100.0 * core,
             st.rss_mb,
-            st.got,
-            st.unit,
-            st.silent,
-            st.lost
+            st.got.got,
+            st.got.unit,
+            st.got.silent,
+            st.got.lost
         );
         bar.println(format!(
             "{server:>8} {scenario:>8} × {n:>5}: {:5.1}% of a core, {per_core:7.0} players per core, RSS {:6.1} MB, {} {}{}{}",
             100.0 * core,
             st.rss_mb,
-            st.got,
-            st.unit,
-            if st.silent > 0 { format!(", {} got nothing", st.silent) } else { String::new() },
-            if st.lost > 0 { format!(", {} missing", st.lost) } else { String::new() },
+            st.got.got,
+            st.got.unit,
+            if st.got.silent > 0 { format!(", {} got nothing", st.got.silent) } else { String::new() },
+            if st.got.lost > 0 { format!(", {} missing", st.got.lost) } else { String::new() },
         ));
-        if st.overflows > 0 || st.late > 0 {
+        if st.got.overflows > 0 || st.got.late > 0 {
             bar.println(format!(
                 "{:>27} {} came out of order (late, not missing); the load's own full receive buffers dropped {}",
-                "", st.late, st.overflows
+                "", st.got.late, st.got.overflows
             ));
         }
         rows.push((
@@ -323,10 +323,10 @@ pub fn run(mut a: PlayersArgs) -> anyhow::Result<()> {
             st.cpu_s,
             100.0 * core,
             st.rss_mb,
-            st.got,
-            st.unit.to_string(),
-            st.silent,
-            st.lost,
+            st.got.got,
+            st.got.unit.to_string(),
+            st.got.silent,
+            st.got.lost,
         ));
         std::fs::write(&csv_path, &csv)?;
         bar.inc(1);
