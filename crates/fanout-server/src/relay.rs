@@ -383,7 +383,8 @@ impl Relay {
             None => local.is_none(),
         };
         // (A first request without credentials, answered with a challenge, is no guess.)
-        if !ok && !(req.user.is_empty() && req.password.is_empty() && req.token.is_empty()) {
+        let gave = !(req.user.is_empty() && req.password.is_empty() && req.token.is_empty());
+        if !ok && gave {
             self.books.failed_login(req.protocol, req.ip);
         }
         ok

@@ -214,7 +214,7 @@ pub(super) fn receipt(scenario: &str, out: &str, json: &Path) -> anyhow::Result<
         },
         "http" => {
             let v: serde_json::Value =
-                serde_json::from_slice(&std::fs::read(&json).context("sub's report")?).context("sub's report")?;
+                serde_json::from_slice(&std::fs::read(json).context("sub's report")?).context("sub's report")?;
             let groups = v["groups"].as_array().cloned().unwrap_or_default();
             let sum = |k: &str| groups.iter().filter_map(|g| g[k].as_u64()).sum();
             Receipt { got: sum("bytes"), unit: "bytes", silent: sum("silent"), lost: 0, overflows: 0, late: 0 }
