@@ -294,18 +294,9 @@ fn established(port: u16, peer_ip: [u8; 4]) -> usize {
 /// deadline (before, each stayed blocked in a write, holding its slot and buffers).
 #[test]
 fn rtmp_clients_that_stop_reading_are_closed_at_the_setup_deadline() {
-    use fanout_proto::rtmp::{amf, chunk};
     let relay = Relay::with_config("request_timeout_s = 2\n", &["--no-demo"]);
     let rtmp: SocketAddr = relay.ok("GET", "/v1/engine", None)["rtmp"].as_str().unwrap().parse().unwrap();
-    let connect = amf::encode_all(&[
-        amf::Amf::string("connect"),
-        amf::Amf::Number(1.0),
-        amf::Amf::object([("app", amf::Amf::string("live"))]),
-    ]);
-    let mut flood = Vec::new();
-    for _ in 0..4000 {
-        chunk::write_message(&mut flood, 3, 20, 0, 0, &connect, 128);
-    }
+    let flood = fanout_tools::bench::soak::connect_flood(4000);
     let mut clients = Vec::new();
     for _ in 0..8 {
         let mut c = connect_from([127, 0, 0, 7], rtmp, Some(2048));

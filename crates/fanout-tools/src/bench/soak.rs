@@ -110,9 +110,24 @@ fn connect_from(from: [u8; 4], to: SocketAddr) -> std::io::Result<TcpStream> {
     Ok(s.into())
 }
 
+/// `n` RTMP `connect` commands, chunked, as a client that floods them sends (every one asks
+/// the relay for an answer).
+pub fn connect_flood(n: usize) -> Vec<u8> {
+    use fanout_proto::rtmp::{amf, chunk};
+    let cmd = amf::encode_all(&[
+        amf::Amf::string("connect"),
+        amf::Amf::Number(1.0),
+        amf::Amf::object([("app", amf::Amf::string("live"))]),
+    ]);
+    let mut flood = Vec::new();
+    for _ in 0..n {
+        chunk::write_message(&mut flood, 3, 20, 0, 0, &cmd, 128);
+    }
+    flood
+}
+
 /// One round of attacks from 127.0.0.2-4; the connections it holds (stalled) until dropped.
 fn attack(api: SocketAddr, rtmp: SocketAddr, rtsp: SocketAddr) -> Vec<TcpStream> {
-    use fanout_proto::rtmp::{amf, chunk};
     let mut held = Vec::new();
     // Recording reads never read: at most four an address are served, then closed at the
     // write deadline.
@@ -134,15 +149,7 @@ fn attack(api: SocketAddr, rtmp: SocketAddr, rtsp: SocketAddr) -> Vec<TcpStream>
         }
     }
     // RTMP: a handshake, then commands as fast as they go, no answer read.
-    let cmd = amf::encode_all(&[
-        amf::Amf::string("connect"),
-        amf::Amf::Number(1.0),
-        amf::Amf::object([("app", amf::Amf::string("live"))]),
-    ]);
-    let mut flood = Vec::new();
-    for _ in 0..2000 {
-        chunk::write_message(&mut flood, 3, 20, 0, 0, &cmd, 128);
-    }
+    let flood = connect_flood(2000);
     for _ in 0..4 {
         let Ok(mut c) = connect_from([127, 0, 0, 3], rtmp) else { continue };
         let _ = c.set_read_timeout(Some(Duration::from_secs(2)));
