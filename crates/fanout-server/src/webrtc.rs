@@ -439,18 +439,11 @@ impl WebRtc {
         }
     }
 
-    /// An `Rtc` for a peer's offer (ICE-lite on the relay's candidates, RTP mode, H.264 and
-    /// Opus), and its answer. Each costs a DTLS identity and holds state until it connects
-    /// or times out: a flood of offers that never connect is capped.
-    ///
-    /// A publisher gets transport-wide congestion control (its encoder's rate follows our
-    /// feedback). A viewer of layered video does too, the other way: its feedback gives a
-    /// bandwidth estimate (str0m's, which also paces its sends), and the estimate picks its
-    /// layers. A viewer of a stream that is not layered does not negotiate it: there is nothing
-    /// to choose, and taking its reports was the largest single cost per viewer (8% of the
-    /// relay's CPU at 200 viewers).
-    /// Parses `offer` and builds its peer, off the control runtime's thread and a couple at a
-    /// time (see [`NEGOTIATING`]), once there is room for one more connecting peer.
+    /// An `Rtc` for a peer's offer and its answer (see [`Self::build_peer`]), built off the
+    /// control runtime's thread and a couple at a time (see [`NEGOTIATING`]), once there is
+    /// room for one more connecting peer. Each costs a DTLS identity and holds state until it
+    /// connects or times out: a flood of offers that never connect is capped, in all and per
+    /// address.
     async fn negotiate(&self, offer: &str, role: Role, ip: Option<IpAddr>) -> Result<(Rtc, String), Refused> {
         let _turn = NEGOTIATING.acquire().await.expect("never closed");
         {
@@ -475,6 +468,14 @@ impl WebRtc {
         }
     }
 
+    /// ICE-lite on the relay's candidates, RTP mode, the codecs the role takes.
+    ///
+    /// A publisher gets transport-wide congestion control (its encoder's rate follows our
+    /// feedback). A viewer of layered video does too, the other way: its feedback gives a
+    /// bandwidth estimate (str0m's, which also paces its sends), and the estimate picks its
+    /// layers. A viewer of a stream that is not layered does not negotiate it: there is nothing
+    /// to choose, and taking its reports was the largest single cost per viewer (8% of the
+    /// relay's CPU at 200 viewers).
     fn build_peer(&self, offer: &str, role: Role) -> Result<(Rtc, String), Refused> {
         let publisher = matches!(role, Role::Publisher);
         // A publisher's video is taken in one codec: the first of `PUBLISHED_VIDEO` offered.
