@@ -1,7 +1,9 @@
 //! The request-head classifier never panics and never points past its input or its limit;
-//! a `Range` header never asks for bytes outside the resource.
+//! a `Range` header never asks for bytes outside the resource; a name's steps made one in
+//! a request path change nothing but those slashes.
 #![no_main]
 use fanout_proto::http::{byte_range, classify, Head};
+use fanout_proto::name::encode_in_http_path;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -14,5 +16,10 @@ fuzz_target!(|data: &[u8]| {
     let len = data.first().map_or(0, |b| u64::from(*b) * 7);
     if let Ok(Some((a, b))) = byte_range(std::str::from_utf8(data).ok(), len) {
         assert!(a <= b && b < len);
+    }
+    if let Some(path) = std::str::from_utf8(data).ok().filter(|p| !p.contains("%2F")) {
+        if let Some(out) = encode_in_http_path(path) {
+            assert_eq!(out.replace("%2F", "/"), path);
+        }
     }
 });

@@ -20,6 +20,7 @@
 //!   repackaging.
 //! - [`directory`]: the cluster's directory and where to pull a channel from.
 //! - [`http`]: recognising an HTTP stream request from its head.
+//! - [`name`]: the rule for path names, and where a name ends in an HTTP request path.
 //! - [`auth`]: external authentication: the question a face asks, an HTTP callback's body,
 //!   JWTs checked against a JWKS and the permissions they carry, the cache of answers.
 //! - [`secret`]: secrets on the wire: constant-time comparison, session ids, Digest nonces.
@@ -30,6 +31,7 @@ pub mod codec;
 pub mod container;
 pub mod directory;
 pub mod http;
+pub mod name;
 pub mod probe;
 pub mod rtmp;
 pub mod rtp;

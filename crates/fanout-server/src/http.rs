@@ -84,7 +84,7 @@ where
         Some(p) => router.layer(axum::Extension(axum::extract::ConnectInfo(p))),
         None => router,
     };
-    let svc = TowerToHyperService::new(router);
+    let svc = TowerToHyperService::new(tower::ServiceExt::map_request(router, name_steps_as_one));
     // A response the client does not take (its window stays shut) for as long as a request
     // head may take is given up, and the connection with it: a stalled reader holds no
     // download, no buffer and no slot for longer.
@@ -98,6 +98,25 @@ where
         .keep_alive(true)
         .serve_connection(TokioIo::new(Box::pin(io)), svc)
         .await;
+}
+
+/// A name of steps (`/live/cam1/whep`) made one step for the router (`/live%2Fcam1/whep`),
+/// whose `{name}` takes one; the handlers see `live/cam1`.
+fn name_steps_as_one<B>(mut req: axum::http::Request<B>) -> axum::http::Request<B> {
+    if let Some(path) = fanout_proto::name::encode_in_http_path(req.uri().path()) {
+        let target = match req.uri().query() {
+            Some(q) => format!("{path}?{q}"),
+            None => path,
+        };
+        let mut parts = req.uri().clone().into_parts();
+        if let Ok(pq) = target.parse() {
+            parts.path_and_query = Some(pq);
+            if let Ok(uri) = axum::http::Uri::from_parts(parts) {
+                *req.uri_mut() = uri;
+            }
+        }
+    }
+    req
 }
 
 /// HTTPS: the handshake, then the same split as plain HTTP, on the decrypted bytes (read,

@@ -199,6 +199,11 @@ impl Relay {
         self.cfg().patterns.iter().find(|p| p.rule().is_ok_and(|r| r.matches(name))).cloned()
     }
 
+    /// Whether a path has `name`, or a pattern would make it.
+    pub fn knows(&self, name: &str) -> bool {
+        self.path(name).is_some() || self.pattern(name).is_some()
+    }
+
     /// Whether a publisher may make `name`: no path has it, and the first pattern it
     /// matches takes publishers (`source = { publish = true }`).
     pub fn publishable_by_pattern(&self, name: &str) -> bool {

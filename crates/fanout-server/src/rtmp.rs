@@ -107,11 +107,23 @@ struct Player {
     _repack: Arc<crate::repack::Repack>,
 }
 
-/// The path a publish or play names, and the query its credentials come in: the stream key
-/// (`name`) names the path, else the app; the key's query, else the app's.
-fn target<'a>(app: &'a str, name: &'a str) -> (&'a str, &'a str) {
+/// The path a publish or play names, and the query its credentials come in (the key's, else
+/// the app's). The name is app and key joined (`rtmp://host/live/cam1` is `live/cam1`, as
+/// MediaMTX names it); where no path or pattern `known` has that and one has the key alone,
+/// the key (`rtmp://HOST/[APP/]{path}`, as before names had steps).
+fn target<'a>(app: &'a str, name: &'a str, known: impl Fn(&str) -> bool) -> (String, &'a str) {
     let ((key, key_query), (app, app_query)) = (split_query(name), split_query(app));
-    (if key.is_empty() { app } else { key }, if key_query.is_empty() { app_query } else { key_query })
+    let (key, app) = (key.trim_matches('/'), app.trim_matches('/'));
+    let query = if key_query.is_empty() { app_query } else { key_query };
+    let full = match (app.is_empty(), key.is_empty()) {
+        (_, true) => app.to_string(),
+        (true, false) => key.to_string(),
+        (false, false) => format!("{app}/{key}"),
+    };
+    if !key.is_empty() && full != key && !known(&full) && known(key) {
+        return (key.to_string(), query);
+    }
+    (full, query)
 }
 
 /// The credentials in a query: `user=U&pass=P`, or `token=T` (the user `token`).
@@ -294,7 +306,8 @@ impl Conn<'_> {
 
     /// Decides on a publish of `name` (stream key, with its query) under app `app`.
     async fn publish(&mut self, server: &mut Server, stream_id: u32, app: &str, name: &str) -> Result<(), String> {
-        let (path_name, query) = target(app, name);
+        let (path_name, query) = target(app, name, |n| self.relay.knows(n));
+        let path_name = path_name.as_str();
         let refuse = |server: &mut Server, code: &str, why: String| {
             server.refuse(stream_id, code, &why);
             Err(why)
@@ -323,7 +336,8 @@ impl Conn<'_> {
 
     /// Decides on a play of `name` under app `app`: the path's FLV, from its repackaging.
     async fn play(&mut self, server: &mut Server, stream_id: u32, app: &str, name: &str) -> Result<(), String> {
-        let (path_name, query) = target(app, name);
+        let (path_name, query) = target(app, name, |n| self.relay.knows(n));
+        let path_name = path_name.as_str();
         let mut refuse = |code: &str, why: String| {
             tracing::warn!(peer = %self.peer, path = %path_name, "RTMP play refused: {why}");
             server.refuse(stream_id, code, &why);
@@ -472,5 +486,31 @@ impl Conn<'_> {
         }
         self.started = false;
         self.ingest = Ingest::default();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::target;
+
+    #[test]
+    fn app_and_key_name_the_path() {
+        let known = |names: &'static [&'static str]| move |n: &str| names.contains(&n);
+        // (app, key, the names paths and patterns have, (the path, the query)).
+        type Case = (&'static str, &'static str, &'static [&'static str], (&'static str, &'static str));
+        let cases: [Case; 8] = [
+            ("live", "cam1", &["live/cam1"], ("live/cam1", "")),
+            ("live", "cam1", &["cam1"], ("cam1", "")),
+            ("live", "cam1", &["cam1", "live/cam1"], ("live/cam1", "")),
+            ("live", "cam1", &[], ("live/cam1", "")),
+            ("cam1", "", &[], ("cam1", "")),
+            ("", "cam1?user=u&pass=p", &[], ("cam1", "user=u&pass=p")),
+            ("live?token=t", "a/b", &["live/a/b"], ("live/a/b", "token=t")),
+            ("live/", "/cam1", &[], ("live/cam1", "")),
+        ];
+        for (app, key, names, (path, query)) in cases {
+            let (p, q) = target(app, key, known(names));
+            assert_eq!((p.as_str(), q), (path, query), "app {app:?} key {key:?} with {names:?}");
+        }
     }
 }

@@ -359,7 +359,8 @@ impl SinkSpec {
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct SessionSpec {
-    /// Unique name: 1–64 of `A-Z a-z 0-9 _ - .`; the stream URL is `/v1/sessions/{name}/stream`.
+    /// Unique name: 1–128 of `A-Z a-z 0-9 _ - .` in steps split by `/` ([`check_path_name`]);
+    /// the stream URL is `/v1/sessions/{name}/stream`.
     pub name: String,
     pub source: SourceSpec,
     /// Priority class, 0 (lowest) to 7 (highest): higher classes are always served first.
@@ -661,7 +662,7 @@ mod tests {
         let cases = [
             (r#"{"name":"a","source":{"udp":"127.0.0.1:5004"},"colour":1}"#, "unknown field `colour`"),
             (r#"{"name":"a","source":{"udp":"nowhere"}}"#, "invalid socket address"),
-            (r#"{"name":"a b","source":{"demo":true}}"#, "must be 1-64"),
+            (r#"{"name":"a b","source":{"demo":true}}"#, "must be 1-128"),
             (r#"{"name":"a","source":{"demo":true},"priority":9}"#, "out of range"),
             (r#"{"name":"a","source":{}}"#, "exactly one"),
             (r#"{"name":"a","source":{"demo":true},"datapath":"warp"}"#, "unknown variant `warp`"),
@@ -670,6 +671,8 @@ mod tests {
             (r#"{"name":"a","source":{"udp":"127.0.0.1:5","interface":"127.0.0.1"}}"#, "multicast"),
             (r#"{"name":".","source":{"demo":true}}"#, "cannot be addressed"),
             (r#"{"name":"..","source":{"demo":true}}"#, "cannot be addressed"),
+            (r#"{"name":"live/..","source":{"demo":true}}"#, "cannot be addressed"),
+            (r#"{"name":"live/","source":{"demo":true}}"#, "empty step"),
             (r#"{"name":"a","source":{"demo":true},"sinks":[{"udp":"255.255.255.255:5000"}]}"#, "broadcast"),
         ];
         for (j, want) in cases {
@@ -849,31 +852,8 @@ impl RecordSpec {
     }
 }
 
-/// The one rule for a path's name, on every face, in patterns, recordings and the API:
-/// 1-64 characters of `A-Z a-z 0-9 _ - .`, and not only dots (URLs resolve `.` and `..`
-/// away, and a recording layout cannot tell `....` from a directory of its own).
+/// The one rule for a path's name, on every face, in patterns, recordings and the API
+/// ([`fanout_proto::name::check`]: `live/cam1`, not only dots).
 pub fn check_path_name(name: &str) -> Result<(), String> {
-    let chars = name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
-    if name.is_empty() || name.len() > 64 || !chars {
-        return Err(format!("path name {name:?} must be 1-64 characters of A-Z a-z 0-9 _ - ."));
-    }
-    if name.bytes().all(|b| b == b'.') {
-        return Err(format!("path name {name:?} is only dots: it cannot be addressed in a URL or recorded"));
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod name_tests {
-    use super::check_path_name;
-
-    #[test]
-    fn path_names() {
-        for good in ["cam1", "a", "live.cam-1_x", "..a", "a..", &"x".repeat(64)] {
-            assert!(check_path_name(good).is_ok(), "{good:?}");
-        }
-        for bad in ["", ".", "..", "...", "....", "a b", "a\nb", "a/b", "\u{1b}[2J", &"x".repeat(65)] {
-            assert!(check_path_name(bad).is_err(), "{bad:?}");
-        }
-    }
+    fanout_proto::name::check(name)
 }

@@ -7,6 +7,8 @@
 const params = new URLSearchParams(location.search);
 let token = params.get('token') || localStorage.getItem('fanout-token') || '';
 const q = () => (token ? `?token=${encodeURIComponent(token)}` : '');
+// A path name in a URL: its steps as they are (`live/cam1`), each step encoded.
+const named = (name) => name.split('/').map(encodeURIComponent).join('/');
 const HISTORY = 120;
 const cards = new Map(); // session name -> { el, last, hist }
 // The first session seen sending plays its preview by itself, once per page.
@@ -156,10 +158,10 @@ function links(el, s) {
     a.title = href;
     box.appendChild(a);
   };
-  add('stream (HTTP)', `/v1/sessions/${encodeURIComponent(s.name)}/stream${q()}`);
-  add('HLS', `/v1/sessions/${encodeURIComponent(s.name)}/hls/index.m3u8${q()}`);
+  add('stream (HTTP)', `/v1/sessions/${named(s.name)}/stream${q()}`);
+  add('HLS', `/v1/sessions/${named(s.name)}/hls/index.m3u8${q()}`);
   if (s.rtsp_url) add('RTSP', s.rtsp_url);
-  add('status (JSON)', `/v1/sessions/${encodeURIComponent(s.name)}`);
+  add('status (JSON)', `/v1/sessions/${named(s.name)}`);
 }
 
 function sinks(el, s) {
@@ -234,7 +236,7 @@ async function playWebRtc(video, name, say, latency) {
   pc.addTransceiver('audio', { direction: 'recvonly' });
   pc.ontrack = (e) => { if (e.track.kind === 'video') video.srcObject = new MediaStream([e.track]); };
   await pc.setLocalDescription(await pc.createOffer());
-  const r = await fetch(`/${encodeURIComponent(name)}/whep`, {
+  const r = await fetch(`/${named(name)}/whep`, {
     method: 'POST', headers: { 'Content-Type': 'application/sdp', ...auth() }, body: pc.localDescription.sdp,
   });
   const body = await r.text();
@@ -248,7 +250,7 @@ async function playWebRtc(video, name, say, latency) {
   const id = video.whep.split('/').pop();
   video.timer = setInterval(async () => {
     if (!video.pc) return;
-    const st = await api(`/v1/sessions/${encodeURIComponent(name)}`).catch(() => null);
+    const st = await api(`/v1/sessions/${named(name)}`).catch(() => null);
     const me = st && (st.webrtc || []).find((v) => v.id === id);
     const recv = pc.getReceivers().find((x) => x.track.kind === 'video');
     const src = recv && recv.getSynchronizationSources()[0];
@@ -278,13 +280,13 @@ const startsOf = (playlist) => [...playlist.matchAll(/#EXT-X-PART:[^\n]*URI="(\d
 const sleep = (ms) => new Promise((ok) => setTimeout(ok, ms));
 
 async function play(video, name, say, latency, live) {
-  const base = `/v1/sessions/${encodeURIComponent(name)}/hls/`;
+  const base = `/v1/sessions/${named(name)}/hls/`;
   // The first playlist starts the repackaging and waits for a segment. It names this
   // player in the media playlist's URL, which it reloads.
   const variant = (await get(base + 'index.m3u8' + q(), 'text')).split('\n').find((l) => l && !l.startsWith('#'));
   if (!variant || !variant.includes('?')) throw new Error('the playlist names no media playlist');
   const playlist = await get(base + variant, 'text');
-  const st = await api(`/v1/sessions/${encodeURIComponent(name)}`);
+  const st = await api(`/v1/sessions/${named(name)}`);
   const codecs = st.repackaging && st.repackaging.hls && st.repackaging.hls.codecs;
   const type = `video/mp4; codecs="${codecs}"`;
   if (!codecs || !window.MediaSource || !MediaSource.isTypeSupported(type)) throw new Error(`this browser cannot play ${codecs}`);
@@ -349,7 +351,7 @@ async function recordings() {
   box.hidden = list.paths.length === 0;
   const rows = [];
   for (const p of list.paths) {
-    const one = await api(`/v1/recordings/${encodeURIComponent(p.name)}`).catch(() => null);
+    const one = await api(`/v1/recordings/${named(p.name)}`).catch(() => null);
     if (!one) continue;
     for (const s of one.spans) rows.push({ name: p.name, files: one.files.length, ...s });
   }

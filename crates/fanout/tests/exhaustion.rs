@@ -178,6 +178,86 @@ fn a_name_of_only_dots_is_no_path() {
     }
 }
 
+/// Item 10: a name with steps (`live/cam1`, as MediaMTX users name paths) is the same path
+/// on every face: RTSP (its tracks' `…/live/cam1/trackID=N` too), RTMP app + key, SRT,
+/// WHEP, HLS, the HTTP stream, the API, recordings and their listing; a pattern
+/// `~^live/` takes a publisher's `rtmp://…/live/new`.
+#[test]
+fn names_with_steps_are_one_path_on_every_face() {
+    let dir = std::env::temp_dir().join(format!("fanout-steps-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let relay = Relay::with_config(
+        &format!(
+            "record_path = \"{}/%path/%Y-%m-%d_%H-%M-%S-%f\"\n\
+             [[session]]\nname = \"live/cam1\"\nsource = {{ demo = true }}\nrecord = {{ segment_s = 1, fragment_ms = 500 }}\n\
+             [[pattern]]\nmatch = \"~^live/\"\nsource = {{ publish = true }}\n",
+            dir.display()
+        ),
+        &["--no-demo"],
+    );
+    let engine = relay.ok("GET", "/v1/engine", None);
+    assert_eq!(relay.ok("GET", "/v1/sessions/live/cam1", None)["name"], "live/cam1");
+    assert_eq!(relay.ok("GET", "/v1/sessions/live%2Fcam1", None)["name"], "live/cam1");
+    // HLS, and the HTTP stream (the data plane's own request parser).
+    let playlist = ureq::get(&relay.url("/v1/sessions/live/cam1/hls/index.m3u8")).call().unwrap();
+    assert!(playlist.into_string().unwrap().starts_with("#EXTM3U"));
+    let mut ts = relay.http_subscribe("live/cam1");
+    ts.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut packet = [0u8; 188];
+    ts.read_exact(&mut packet).unwrap();
+    assert_eq!(packet[0], 0x47, "not MPEG-TS");
+    // WHEP: made, and ended at the Location it answered.
+    let made = ureq::post(&relay.url("/live/cam1/whep"))
+        .set("Content-Type", "application/sdp")
+        .send_string(&fanout_tools::whep::sample_offer().unwrap())
+        .unwrap();
+    assert_eq!(made.status(), 201);
+    let location = made.header("Location").unwrap().to_string();
+    assert!(location.ends_with(&format!("/live/cam1/whep/{}", location.rsplit('/').next().unwrap())), "{location}");
+    assert_eq!(ureq::delete(&relay.url(&location)).call().unwrap().status(), 200);
+    // SRT: the stream id names it.
+    if have_libsrt() {
+        let srt: SocketAddr = engine["srt"].as_str().unwrap().parse().unwrap();
+        let settings = fanout_srt::Settings {
+            streamid: Some("read:live/cam1".into()),
+            recv_timeout_ms: Some(3000),
+            ..Default::default()
+        };
+        let s = fanout_srt::Socket::connect(srt, &settings, 3000).unwrap();
+        assert!(s.recv(&mut [0u8; 1500]).unwrap() > 0);
+    }
+    if have_ffmpeg() {
+        // RTSP and RTMP, decoded by a client we did not write.
+        let rtsp = rtsp_addr(&relay);
+        let rtmp = engine["rtmp"].as_str().unwrap();
+        for (url, args) in [
+            (format!("rtsp://{rtsp}/live/cam1"), &["-rtsp_transport", "tcp"][..]),
+            (format!("rtmp://{rtmp}/live/cam1"), &[][..]),
+        ] {
+            let (ok, log) = ffmpeg_decode(&url, args, 1);
+            assert!(ok && decoded_frames(&log) > 0, "{url}:\n{log}");
+        }
+        // A publisher on the pattern makes `live/new`.
+        let _publisher = ffmpeg_publish("flv", &format!("rtmp://{rtmp}/live/new"));
+        assert!(
+            wait_for(Duration::from_secs(10), || relay.call("GET", "/v1/sessions/live/new", None).0 == 200),
+            "rtmp://…/live/new made no path live/new: {}",
+            relay.ok("GET", "/v1/sessions", None)
+        );
+    }
+    // Recordings: in a directory of the name's steps, listed under the whole name.
+    assert!(
+        wait_for(Duration::from_secs(20), || {
+            relay.ok("GET", "/v1/recordings/live/cam1", None)["files"].as_array().is_some_and(|f| f.len() >= 2)
+        }),
+        "no recordings of live/cam1: {}",
+        relay.ok("GET", "/v1/recordings", None)
+    );
+    assert!(relay.ok("GET", "/v1/recordings", None).to_string().contains("\"live/cam1\""));
+    assert!(dir.join("live/cam1").is_dir());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Item 4: what a client sends never forges a log line: a `\n` or ESC in an RTMP stream
 /// key, an RTSP URL, a WHEP path or an SRT stream id stays inside its own line.
 #[test]

@@ -167,17 +167,20 @@ struct Asker {
     user: Option<String>,
 }
 
-/// The resource name and the rest of a request URL: `rtsp://host[:port]/name[/rest]`, or an
-/// absolute path `/name[/rest]`.
+/// The resource name and the rest of a request URL: `rtsp://host[:port]/name[/control]`, or
+/// an absolute path `/name[/control]`. A name may have steps (`live/cam1`); a last step with
+/// `=` in it (`trackID=0`, `streamid=0`, `stream=0`) is a track's control, which no name has.
 pub fn split_url(uri: &str) -> Option<(&str, &str)> {
     let path = match uri.strip_prefix("rtsp://").or_else(|| uri.strip_prefix("rtsps://")) {
         Some(rest) => rest.find('/').map_or("", |i| &rest[i..]),
         None if uri.starts_with('/') => uri,
         None => return None,
     };
-    let path = path.trim_start_matches('/');
-    let path = path.split(['?', '#']).next().unwrap_or("");
-    let (name, rest) = path.split_once('/').unwrap_or((path, ""));
+    let path = path.split(['?', '#']).next().unwrap_or("").trim_matches('/');
+    let (name, rest) = match path.rsplit_once('/') {
+        Some((name, control)) if control.contains('=') => (name.trim_end_matches('/'), control),
+        _ => (path, ""),
+    };
     (!name.is_empty()).then_some((name, rest))
 }
 
@@ -408,6 +411,12 @@ impl Server {
     ) -> Response {
         let conn = asker.conn;
         let Some(lower) = lower else { return error(461, Some(cseq)) };
+        // A publisher's own control without `=` (`…/live/cam1/track1`) is the last step of
+        // what it announced.
+        let (name, rest) = match name.rsplit_once('/') {
+            Some((up, last)) if rest.is_empty() && !self.announced.contains_key(name) => (up, last),
+            _ => (name, rest),
+        };
         let Some((by, sdp)) = self.announced.get(name) else { return error(455, Some(cseq)) };
         if *by != conn {
             return error(455, Some(cseq));
@@ -1351,6 +1360,10 @@ mod tests {
         assert_eq!(split_url("/demo/trackID=0"), Some(("demo", "trackID=0")));
         assert_eq!(split_url("rtsp://h:8554/"), None);
         assert_eq!(split_url("*"), None);
+        assert_eq!(split_url("rtsp://h/live/cam1"), Some(("live/cam1", "")));
+        assert_eq!(split_url("rtsp://h/live/cam1/"), Some(("live/cam1", "")));
+        assert_eq!(split_url("rtsp://h/live/cam1/trackID=1"), Some(("live/cam1", "trackID=1")));
+        assert_eq!(split_url("rtsp://h/live/cam1/stream=0?x"), Some(("live/cam1", "stream=0")));
     }
 
     proptest::proptest! {
