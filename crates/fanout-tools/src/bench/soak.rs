@@ -49,6 +49,10 @@ struct Sample {
     t: f64,
     pid: u32,
     rss_mb: f64,
+    /// Of the RSS: glibc's main heap, and its other arenas (the heaps threads allocate in),
+    /// to tell memory held by the allocator from memory in use.
+    heap_mb: f64,
+    arenas_mb: f64,
     fds: usize,
     threads: usize,
     disk_mb: f64,
@@ -59,14 +63,58 @@ fn sample(t: f64, pid: u32, rec: &Path) -> Option<Sample> {
     let field = |k: &str| -> Option<f64> {
         status.lines().find_map(|l| l.strip_prefix(k)).and_then(|v| v.split_whitespace().next()?.parse().ok())
     };
+    let (heap_kb, arenas_kb) = std::fs::read_to_string(format!("/proc/{pid}/smaps")).map_or((0, 0), |m| heaps(&m));
     Some(Sample {
         t,
         pid,
         rss_mb: field("VmRSS:")? / 1024.0,
+        heap_mb: heap_kb as f64 / 1024.0,
+        arenas_mb: arenas_kb as f64 / 1024.0,
         threads: field("Threads:")? as usize,
         fds: std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count(),
         disk_mb: disk_bytes(rec) as f64 / 1e6,
     })
+}
+
+/// Where glibc's allocator keeps a process's memory, from its `smaps`: the resident kB of
+/// the main heap (`[heap]`), and of the other arenas' heaps: anonymous read-write mappings
+/// starting at a 64 MiB boundary and reserving 64 MiB with the inaccessible part after them
+/// (glibc's `HEAP_MAX_SIZE` on 64-bit).
+fn heaps(smaps: &str) -> (u64, u64) {
+    const HEAP: u64 = 64 << 20;
+    // (start, end, perms, path, rss kB) per mapping.
+    let mut maps: Vec<(u64, u64, &str, &str, u64)> = Vec::new();
+    for line in smaps.lines() {
+        let mut f = line.split_whitespace();
+        let first = f.next().unwrap_or("");
+        if let Some((a, b)) = first.split_once('-') {
+            if let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) {
+                let perms = f.next().unwrap_or("");
+                let path = f.nth(3).unwrap_or("");
+                maps.push((a, b, perms, path, 0));
+                continue;
+            }
+        }
+        if first == "Rss:" {
+            if let (Some(m), Some(kb)) = (maps.last_mut(), f.next().and_then(|v| v.parse().ok())) {
+                m.4 = kb;
+            }
+        }
+    }
+    let mut heap = 0;
+    let mut arenas = 0;
+    for (i, &(start, end, perms, path, rss)) in maps.iter().enumerate() {
+        if path == "[heap]" {
+            heap += rss;
+        } else if perms == "rw-p" && path.is_empty() && start % HEAP == 0 {
+            let reserved =
+                maps.get(i + 1).filter(|n| n.0 == end && n.2 == "---p" && n.3.is_empty()).map_or(end, |n| n.1);
+            if reserved - start == HEAP {
+                arenas += rss;
+            }
+        }
+    }
+    (heap, arenas)
 }
 
 fn disk_bytes(dir: &Path) -> u64 {
@@ -307,13 +355,17 @@ fn report(
     silent: u64,
     players: usize,
 ) -> anyhow::Result<()> {
-    let mut csv = String::from("t_s,pid,rss_mb,fds,threads,disk_mb\n");
+    let mut csv = String::from("t_s,pid,rss_mb,heap_mb,arenas_mb,fds,threads,disk_mb\n");
     for x in samples {
-        csv += &format!("{:.1},{},{:.1},{},{},{:.1}\n", x.t, x.pid, x.rss_mb, x.fds, x.threads, x.disk_mb);
+        csv += &format!(
+            "{:.1},{},{:.1},{:.1},{:.1},{},{},{:.1}\n",
+            x.t, x.pid, x.rss_mb, x.heap_mb, x.arenas_mb, x.fds, x.threads, x.disk_mb
+        );
     }
     std::fs::write(a.out.join("soak.csv"), csv)?;
-    let series =
-        |f: fn(&Sample) -> f64| vec![("fanout".to_string(), samples.iter().map(|x| (x.t / 60.0, f(x))).collect())];
+    let line =
+        |name: &str, f: fn(&Sample) -> f64| (name.to_string(), samples.iter().map(|x| (x.t / 60.0, f(x))).collect());
+    let series = |f: fn(&Sample) -> f64| vec![line("fanout", f)];
     let png = a.out.join("soak.png");
     super::plot::panels(
         &png,
@@ -324,7 +376,15 @@ fn report(
         "minutes",
         false,
         &[
-            super::plot::Panel { y_label: "RSS (MB)", series: series(|x| x.rss_mb), log_y: false },
+            super::plot::Panel {
+                y_label: "RSS (MB)",
+                series: vec![
+                    line("all", |x| x.rss_mb),
+                    line("malloc main heap", |x| x.heap_mb),
+                    line("malloc thread arenas", |x| x.arenas_mb),
+                ],
+                log_y: false,
+            },
             super::plot::Panel { y_label: "open descriptors", series: series(|x| x.fds as f64), log_y: false },
             super::plot::Panel { y_label: "threads", series: series(|x| x.threads as f64), log_y: false },
             super::plot::Panel { y_label: "recordings on disk (MB)", series: series(|x| x.disk_mb), log_y: false },
@@ -337,8 +397,8 @@ fn report(
     let peak_disk = samples.iter().map(|x| x.disk_mb).fold(0.0, f64::max);
     println!("players: {players} in all, {silent} got nothing");
     println!(
-        "from {:.0} s to {:.0} s: RSS {:.1} -> {:.1} MB, descriptors {} -> {}, threads {} -> {}, disk {:.1} -> {:.1} MB (peak {peak_disk:.1})",
-        first.t, last.t, first.rss_mb, last.rss_mb, first.fds, last.fds, first.threads, last.threads, first.disk_mb, last.disk_mb
+        "from {:.0} s to {:.0} s: RSS {:.1} -> {:.1} MB (malloc's thread arenas {:.1} -> {:.1}), descriptors {} -> {}, threads {} -> {}, disk {:.1} -> {:.1} MB (peak {peak_disk:.1})",
+        first.t, last.t, first.rss_mb, last.rss_mb, first.arenas_mb, last.arenas_mb, first.fds, last.fds, first.threads, last.threads, first.disk_mb, last.disk_mb
     );
     println!("CSV: {}\nPNG: {}", a.out.join("soak.csv").display(), png.display());
     let mut wrong = Vec::new();
@@ -363,4 +423,33 @@ fn report(
     }
     println!("flat: every player got data; RSS, descriptors, threads and disk stayed within bounds");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn heaps_tells_the_main_heap_and_thread_arenas_from_the_rest() {
+        let smaps = "\
+55d0c0000000-55d0c0400000 rw-p 00000000 00:00 0                          [heap]
+Size:               4096 kB
+Rss:                1000 kB
+7f0c00000000-7f0c02000000 rw-p 00000000 00:00 0 
+Size:              32768 kB
+Rss:                3000 kB
+7f0c02000000-7f0c04000000 ---p 00000000 00:00 0 
+Size:              32768 kB
+Rss:                   0 kB
+7f0c04001000-7f0c04100000 rw-p 00000000 00:00 0 
+Size:               1020 kB
+Rss:                 500 kB
+7f0c08000000-7f0c08100000 rw-p 00000000 00:00 0 
+Rss:                 200 kB
+7f0c08100000-7f0c0a000000 ---p 00000000 00:00 0 
+Rss:                   0 kB
+7f0c10000000-7f0c10100000 r-xp 00000000 08:01 1234                       /usr/lib/libc.so.6
+Rss:                 900 kB
+";
+        // The second arena reserves 32 MiB only: not one of glibc's heaps.
+        assert_eq!(super::heaps(smaps), (1000, 3000));
+    }
 }
