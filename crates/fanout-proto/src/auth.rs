@@ -221,6 +221,63 @@ impl Cache {
     }
 }
 
+// Credentials as requests carry them.
+
+/// Whether a request carries the configured token: header `Authorization: Bearer T` (the
+/// scheme in any case, RFC 7235), or, where `query` is given (stream URLs only, for players
+/// that cannot set headers), `?token=T`. Compared in constant time.
+pub fn token_given(token: Option<&str>, auth_header: Option<&str>, query: Option<&str>) -> bool {
+    let Some(t) = token else { return true };
+    let eq = |given: &str| crate::secret::ct_eq(given.as_bytes(), t.as_bytes());
+    let header = auth_header
+        .and_then(|h| h.trim().split_once(' '))
+        .is_some_and(|(scheme, v)| scheme.eq_ignore_ascii_case("bearer") && eq(v.trim()));
+    header
+        || query.is_some_and(|q| {
+            q.split('&').filter_map(|kv| kv.strip_prefix("token=")).any(|v| eq(&crate::rtsp::client::percent_decode(v)))
+        })
+}
+
+/// The question a request asks `[auth]`: its credentials (Basic user and password, a
+/// Bearer token or a `token` query parameter), where from, and the rest of its query.
+pub fn http_request(
+    auth_header: Option<&str>,
+    query: Option<&str>,
+    ip: std::net::IpAddr,
+    action: Action,
+    path: &str,
+    protocol: &'static str,
+) -> Request {
+    let (mut user, mut password, mut token) = (String::new(), String::new(), String::new());
+    match auth_header.and_then(|h| h.trim().split_once(' ')) {
+        Some((scheme, v)) if scheme.eq_ignore_ascii_case("bearer") => token = v.trim().to_string(),
+        _ => {
+            if let Some((u, p)) = auth_header.and_then(crate::http::basic_credentials) {
+                (user, password) = (u, p);
+            }
+        }
+    }
+    let mut rest = Vec::new();
+    for kv in query.unwrap_or("").split('&').filter(|kv| !kv.is_empty()) {
+        match kv.strip_prefix("token=").or_else(|| kv.strip_prefix("jwt=")) {
+            Some(v) if token.is_empty() => token = crate::rtsp::client::percent_decode(v),
+            Some(_) => {}
+            None => rest.push(kv),
+        }
+    }
+    Request { user, password, token, ip, action, path: path.into(), protocol, query: rest.join("&") }
+}
+
+/// The credentials in a query: `user=U&pass=P`, or `token=T` (the user `token`).
+pub fn query_credentials(query: &str) -> (Option<&str>, Option<&str>) {
+    let param = |k: &str| query.split('&').find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='));
+    match (param("user"), param("pass"), param("token")) {
+        (Some(u), Some(p), _) => (Some(u), Some(p)),
+        (_, _, Some(t)) => (Some("token"), Some(t)),
+        _ => (None, None),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -405,5 +462,31 @@ mod tests {
                 let _ = rule.matches(&name);
             }
         }
+    }
+
+    #[test]
+    fn token_checks() {
+        assert!(token_given(None, None, None));
+        assert!(token_given(Some("t"), Some("Bearer t"), None));
+        assert!(token_given(Some("t"), None, Some("a=1&token=t")));
+        assert!(!token_given(Some("t"), Some("Bearer x"), None));
+        assert!(!token_given(Some("t"), None, Some("token=tt")));
+        assert!(!token_given(Some("t"), None, None));
+        assert!(token_given(Some("t"), Some("bearer t"), None), "the scheme is case-insensitive");
+        assert!(token_given(Some("t"), Some("BEARER  t "), None));
+        assert!(!token_given(Some("t"), Some("Basic t"), None));
+        assert!(token_given(Some("a b/c"), None, Some("token=a%20b%2Fc")), "as the banner encodes it");
+    }
+
+    #[test]
+    fn credentials_in_queries_and_headers() {
+        assert_eq!(query_credentials("user=u&pass=p"), (Some("u"), Some("p")));
+        assert_eq!(query_credentials("a=1&token=t"), (Some("token"), Some("t")));
+        assert_eq!(query_credentials("user=u"), (None, None));
+        let ip = "192.0.2.1".parse().unwrap();
+        let r = http_request(Some("Basic dTpw"), Some("x=1&token=t%20"), ip, Action::Read, "live/cam1", "hls");
+        assert_eq!((r.user.as_str(), r.password.as_str(), r.token.as_str(), r.query.as_str()), ("u", "p", "t ", "x=1"));
+        let r = http_request(Some("bearer jwt"), Some("token=other"), ip, Action::Read, "a", "http");
+        assert_eq!((r.token.as_str(), r.query.as_str()), ("jwt", ""));
     }
 }

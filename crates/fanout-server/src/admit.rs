@@ -204,6 +204,24 @@ impl Quota {
     }
 }
 
+/// Ends our side and reads what the client still sends for a moment before the socket is
+/// dropped: closing with unread bytes would reset the connection (and could lose an answer
+/// just written), where a refusal should be a clean close.
+pub async fn linger_close(stream: &tokio::net::TcpStream) {
+    let _ = socket2::SockRef::from(stream).shutdown(std::net::Shutdown::Write);
+    let mut scratch = [0u8; 4096];
+    let _ = tokio::time::timeout(Duration::from_millis(300), async {
+        while stream.readable().await.is_ok() {
+            match stream.try_read(&mut scratch) {
+                Ok(0) => return,
+                Err(e) if e.kind() != std::io::ErrorKind::WouldBlock => return,
+                _ => {}
+            }
+        }
+    })
+    .await;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,7 +1,7 @@
 //! The control API (HTTP/JSON): the four OMSS calls and what a person needs around them.
 //! `docs/openapi.yaml` describes it.
 
-use crate::relay::{Relay, RelayError};
+use crate::relay::Relay;
 use crate::spec::{SessionSpec, SinkSpec};
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, Path, Request, State};
@@ -15,27 +15,7 @@ use std::fmt::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// An API error: a status and a JSON body `{"error": "...", "status": N}`.
-pub struct ApiError(pub StatusCode, pub String);
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        (self.0, Json(json!({ "error": self.1, "status": self.0.as_u16() }))).into_response()
-    }
-}
-
-impl From<RelayError> for ApiError {
-    fn from(e: RelayError) -> Self {
-        let code = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        ApiError(code, e.to_string())
-    }
-}
-
-impl From<JsonRejection> for ApiError {
-    fn from(r: JsonRejection) -> Self {
-        ApiError(r.status(), r.body_text())
-    }
-}
+pub use crate::error::ApiError;
 
 type ApiResult<T> = Result<T, ApiError>;
 
@@ -81,71 +61,17 @@ async fn close_after_hand_over(State(relay): State<Arc<Relay>>, r: Response) -> 
     r
 }
 
-/// Whether a request carries the configured token: header `Authorization: Bearer T` (the
-/// scheme in any case, RFC 7235), or, where `query` is given (stream URLs only, for players
-/// that cannot set headers), `?token=T`. Compared in constant time.
-pub fn authorized(token: Option<&str>, auth_header: Option<&str>, query: Option<&str>) -> bool {
-    let Some(t) = token else { return true };
-    let eq = |given: &str| fanout_proto::secret::ct_eq(given.as_bytes(), t.as_bytes());
-    let header = auth_header
-        .and_then(|h| h.trim().split_once(' '))
-        .is_some_and(|(scheme, v)| scheme.eq_ignore_ascii_case("bearer") && eq(v.trim()));
-    header
-        || query.is_some_and(|q| {
-            q.split('&')
-                .filter_map(|kv| kv.strip_prefix("token="))
-                .any(|v| eq(&fanout_proto::rtsp::client::percent_decode(v)))
-        })
-}
-
-/// The question an HTTP request asks `[auth]`: its credentials (Basic user and password, a
-/// Bearer token or a `token` query parameter), where from, and the rest of its query.
-pub(crate) fn auth_request(
-    auth_header: Option<&str>,
-    query: Option<&str>,
-    ip: std::net::IpAddr,
-    action: fanout_proto::auth::Action,
-    path: &str,
-    protocol: &'static str,
-) -> fanout_proto::auth::Request {
-    let (mut user, mut password, mut token) = (String::new(), String::new(), String::new());
-    match auth_header.and_then(|h| h.trim().split_once(' ')) {
-        Some((scheme, v)) if scheme.eq_ignore_ascii_case("bearer") => token = v.trim().to_string(),
-        _ => {
-            if let Some((u, p)) = auth_header.and_then(fanout_proto::http::basic_credentials) {
-                (user, password) = (u, p);
-            }
-        }
-    }
-    let mut rest = Vec::new();
-    for kv in query.unwrap_or("").split('&').filter(|kv| !kv.is_empty()) {
-        match kv.strip_prefix("token=").or_else(|| kv.strip_prefix("jwt=")) {
-            Some(v) if token.is_empty() => token = fanout_proto::rtsp::client::percent_decode(v),
-            Some(_) => {}
-            None => rest.push(kv),
-        }
-    }
-    fanout_proto::auth::Request {
-        user,
-        password,
-        token,
-        ip,
-        action,
-        path: path.into(),
-        protocol,
-        query: rest.join("&"),
-    }
-}
-
 /// What a request under the API's port is, for `[auth]`: reading a path's HLS or its stream,
 /// or an API call.
 fn api_action(path: &str) -> (fanout_proto::auth::Action, String, &'static str) {
     use fanout_proto::auth::Action;
     let parts: Vec<&str> = path.split('/').collect();
+    // The name as the handler sees it (axum decodes it: `live%2Fcam1` is `live/cam1`).
+    let named = |name: &str| fanout_proto::rtsp::client::percent_decode(name);
     match parts.as_slice() {
-        ["", "v1", "sessions", name, "hls", _] => (Action::Read, name.to_string(), "hls"),
-        ["", "v1", "sessions", name, "stream"] => (Action::Read, name.to_string(), "http"),
-        ["", "v1", "recordings", name, ..] => (Action::Playback, name.to_string(), "playback"),
+        ["", "v1", "sessions", name, "hls", _] => (Action::Read, named(name), "hls"),
+        ["", "v1", "sessions", name, "stream"] => (Action::Read, named(name), "http"),
+        ["", "v1", "recordings", name, ..] => (Action::Playback, named(name), "playback"),
         _ => (Action::Api, String::new(), "api"),
     }
 }
@@ -340,13 +266,13 @@ async fn auth(State(relay): State<Arc<Relay>>, req: Request, next: Next) -> Resp
     .then(|| req.uri().query())
     .flatten();
     let token = relay.cfg().token.clone();
-    let local = token.is_some().then(|| authorized(token.as_deref(), h, query));
+    let local = token.is_some().then(|| fanout_proto::auth::token_given(token.as_deref(), h, query));
     let ip = req
         .extensions()
         .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
         .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |c| c.0.ip());
     let (action, name, protocol) = api_action(path);
-    let ask = auth_request(h, req.uri().query(), ip, action, &name, protocol);
+    let ask = fanout_proto::auth::http_request(h, req.uri().query(), ip, action, &name, protocol);
     if relay.permit(local, ask).await {
         next.run(req).await
     } else {
@@ -894,7 +820,7 @@ async fn metrics(State(relay): State<Arc<Relay>>) -> impl IntoResponse {
     // Publish sessions: who publishes now, over what; how many have.
     let pubs: Vec<_> = relay.paths().iter().filter_map(|p| Some((p.name.clone(), p.publisher()?.status()))).collect();
     let publishing = pubs.iter().filter(|(_, st)| st.state == "publishing").map(|(n, st)| {
-        let protocol = st.transport.filter(|t| matches!(*t, "rtmp" | "srt" | "webrtc")).unwrap_or("rtsp");
+        let protocol = st.transport.map_or("rtsp", |t| t.protocol());
         (format!("{{session=\"{}\",protocol=\"{protocol}\"}}", label(n)), 1)
     });
     let help = "1 while the session's publisher publishes, by protocol (rtsp, rtmp, srt).";
@@ -1001,21 +927,5 @@ mod tests {
         for no in ["/v1/sessions/whep", "/v1/sessions/whep/sinks", "/whep", "//whep", "/cam/whep/", "/a/b/whep"] {
             assert!(!w(no), "{no}");
         }
-    }
-
-    use super::authorized;
-
-    #[test]
-    fn token_checks() {
-        assert!(authorized(None, None, None));
-        assert!(authorized(Some("t"), Some("Bearer t"), None));
-        assert!(authorized(Some("t"), None, Some("a=1&token=t")));
-        assert!(!authorized(Some("t"), Some("Bearer x"), None));
-        assert!(!authorized(Some("t"), None, Some("token=tt")));
-        assert!(!authorized(Some("t"), None, None));
-        assert!(authorized(Some("t"), Some("bearer t"), None), "the scheme is case-insensitive");
-        assert!(authorized(Some("t"), Some("BEARER  t "), None));
-        assert!(!authorized(Some("t"), Some("Basic t"), None));
-        assert!(authorized(Some("a b/c"), None, Some("token=a%20b%2Fc")), "as the banner encodes it");
     }
 }

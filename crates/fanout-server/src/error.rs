@@ -1,5 +1,5 @@
 //! The server's errors, by where they come from, and the HTTP and RTSP status each is
-//! answered with: the one place that says so.
+//! answered with: the one place that says so; and the HTTP error answer itself.
 
 /// What a control request (the API, an RTSP DESCRIBE that must make or find a session) ran
 /// into.
@@ -57,6 +57,31 @@ impl RelayError {
             RelayError::Unavailable(_) | RelayError::Peer(_) => 503,
             e => e.http_status(),
         }
+    }
+}
+
+/// An HTTP error answer (the API, WHEP/WHIP, recordings, streams): a status and a JSON
+/// body `{"error": "...", "status": N}`.
+pub struct ApiError(pub axum::http::StatusCode, pub String);
+
+impl axum::response::IntoResponse for ApiError {
+    fn into_response(self) -> axum::response::Response {
+        let body = serde_json::json!({ "error": self.1, "status": self.0.as_u16() });
+        (self.0, axum::Json(body)).into_response()
+    }
+}
+
+impl From<RelayError> for ApiError {
+    fn from(e: RelayError) -> Self {
+        let code =
+            axum::http::StatusCode::from_u16(e.http_status()).unwrap_or(axum::http::StatusCode::INTERNAL_SERVER_ERROR);
+        ApiError(code, e.to_string())
+    }
+}
+
+impl From<axum::extract::rejection::JsonRejection> for ApiError {
+    fn from(r: axum::extract::rejection::JsonRejection) -> Self {
+        ApiError(r.status(), r.body_text())
     }
 }
 

@@ -2,7 +2,6 @@
 //! here and its socket is handed to the engine as a sink, so stream bytes never pass
 //! through the async runtime.
 
-use crate::api::authorized;
 use crate::relay::Relay;
 use crate::tls::Tls;
 use fanout_proto::http::{classify, Head};
@@ -233,7 +232,7 @@ async fn stream_request(stream: &TcpStream, head_timeout: Duration) -> Option<Re
         };
         if crate::tls::looks_like_tls(&buf[..n]) {
             tracing::warn!(peer = ?stream.peer_addr().ok(), "a TLS client on the plain HTTP port: closed");
-            linger_close(stream).await;
+            crate::admit::linger_close(stream).await;
             return Some(Err(()));
         }
         match classify(&buf[..n], MAX_HEAD) {
@@ -292,25 +291,7 @@ async fn reject(stream: &TcpStream, status: u16, why: &str) {
             Err(_) => return,
         }
     }
-    linger_close(stream).await;
-}
-
-/// Ends our side and reads what the client still sends for a moment before the socket is
-/// dropped: closing with unread bytes would reset the connection (and could lose an answer
-/// just written), where a refusal should be a clean close.
-pub async fn linger_close(stream: &TcpStream) {
-    let _ = socket2::SockRef::from(stream).shutdown(std::net::Shutdown::Write);
-    let mut scratch = [0u8; 4096];
-    let _ = tokio::time::timeout(Duration::from_millis(300), async {
-        while stream.readable().await.is_ok() {
-            match stream.try_read(&mut scratch) {
-                Ok(0) => return,
-                Err(e) if e.kind() != std::io::ErrorKind::WouldBlock => return,
-                _ => {}
-            }
-        }
-    })
-    .await;
+    crate::admit::linger_close(stream).await;
 }
 
 /// The session a stream request is for, or the status and reason to refuse it with.
@@ -322,8 +303,8 @@ async fn stream_session(
     query: Option<&str>,
 ) -> Result<fanout_io::Session, (u16, String)> {
     let token = relay.cfg().token.clone();
-    let local = token.is_some().then(|| authorized(token.as_deref(), auth, query));
-    let ask = crate::api::auth_request(auth, query, peer, fanout_proto::auth::Action::Read, name, "http");
+    let local = token.is_some().then(|| fanout_proto::auth::token_given(token.as_deref(), auth, query));
+    let ask = fanout_proto::auth::http_request(auth, query, peer, fanout_proto::auth::Action::Read, name, "http");
     if !relay.permit(local, ask).await {
         return Err((401, "missing or wrong credentials".to_string()));
     }
@@ -335,7 +316,7 @@ async fn stream_session(
         }
     }
     relay.http_session(name).await.map_err(|e| {
-        let crate::api::ApiError(status, why) = e.into();
+        let crate::error::ApiError(status, why) = e.into();
         (status.as_u16(), why)
     })
 }

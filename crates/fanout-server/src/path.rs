@@ -14,6 +14,7 @@ use crate::track::{RtspView, TrackRef};
 use crate::upstream::Upstream;
 use fanout_io::Session;
 use fanout_proto::rtsp::sdp::Sdp;
+use fanout_proto::rtsp::server::Resource;
 use parking_lot::Mutex;
 use std::sync::Arc;
 use tokio::task::AbortHandle;
@@ -35,6 +36,82 @@ pub struct Path {
 }
 
 impl Path {
+    /// Its media as RTP, as RTSP clients, WebRTC and pulls are told it: its tracks' view,
+    /// an upstream's media, a publisher's, else one track from the session's payload type.
+    pub fn describe(&self) -> Option<Resource> {
+        let (path, name) = (self, self.name.as_str());
+        let h264 = |pt: u8| {
+            format!("m=video 0 RTP/AVP {pt}\r\na=rtpmap:{pt} H264/90000\r\na=fmtp:{pt} packetization-mode=1\r\n")
+        };
+        // A file played out has nothing more to give: 404, not a description of silence.
+        let over = path.spec().source.is_file() && path.session.source_state() == fanout_io::SourceState::Closed;
+        if over {
+            return None;
+        }
+        if let Some(v) = path.view() {
+            let next_rtp = v.tracks.iter().map(|t| t.session.rtp_start().map(|(_, seq, ts)| (seq, ts))).collect();
+            return Some(Resource {
+                sdp: v.sdp.for_clients(name, 1),
+                next_rtp,
+                publishable: false,
+                busy: false,
+                takeover: false,
+            });
+        }
+        if let Some(up) = path.upstream() {
+            let sdp = up.sdp()?;
+            return Some(Resource {
+                sdp: sdp.for_clients(name, 1),
+                next_rtp: up.next_rtp(),
+                publishable: false,
+                busy: false,
+                takeover: false,
+            });
+        }
+        if let Some(p) = path.publisher() {
+            // Until someone publishes: no media (DESCRIBE answers 404), but ANNOUNCE is welcome.
+            let sdp = p.sdp().map_or(Sdp { session: Vec::new(), media: Vec::new() }, |s| s.for_clients(name, 1));
+            // An RTMP publisher is one this RTSP server does not know of: a second one is refused
+            // (unless the path lets a newcomer take over).
+            let busy = p.transport().is_some_and(|t| !t.is_rtsp());
+            return Some(Resource {
+                sdp,
+                next_rtp: p.next_rtp(),
+                publishable: p.takes_publishers(),
+                busy,
+                takeover: p.takes_over(),
+            });
+        }
+        let session = &path.session;
+        let (pt, seq, ts) = session.rtp_start()?;
+        let media = match pt {
+            33 => "m=video 0 RTP/AVP 33\r\na=rtpmap:33 MP2T/90000\r\n".to_string(),
+            // A dynamic type: the session's `video` codec, else H.264 (RFC 6184) where its
+            // packets look like it; anything else is not described (a puller would wait for
+            // keyframes that never come).
+            96..=127 => match path.spec().video {
+                Some(crate::spec::VideoCodec::H265) => {
+                    format!("m=video 0 RTP/AVP {pt}\r\na=rtpmap:{pt} H265/90000\r\n")
+                }
+                Some(_) => h264(pt),
+                None if fanout_proto::codec::annexb::looks_like_h264_rtp(&session.rtp_payload_heads(64)) => h264(pt),
+                None => {
+                    tracing::info!(session = name, pt, "not described over RTSP: payload type {pt} is not H.264 and the session names no `video` codec");
+                    return None;
+                }
+            },
+            _ => return None,
+        };
+        let sdp = Sdp::parse(&format!("v=0\r\ns={name}\r\n{media}")).ok()?;
+        Some(Resource {
+            sdp: sdp.for_clients(name, 1),
+            next_rtp: vec![Some((seq, ts))],
+            publishable: false,
+            busy: false,
+            takeover: false,
+        })
+    }
+
     pub fn new(spec: SessionSpec, session: Session, feeder: Feeder, tasks: Vec<AbortHandle>) -> Self {
         Self {
             name: spec.name.clone(),

@@ -3,7 +3,7 @@
 //! by time, a time range as one fMP4 download or as an HLS VOD playlist, the files with byte
 //! ranges), behind the `playback` action.
 
-use crate::api::ApiError;
+use crate::error::ApiError;
 use crate::record::{self, StoredFile};
 use crate::relay::Relay;
 use crate::repack::describe;

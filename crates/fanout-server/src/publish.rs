@@ -16,6 +16,49 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Instant;
 
+/// How a publisher sends: RTP on its RTSP connection or over UDP, or a protocol of its own
+/// whose container the relay makes RTP tracks of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Ingest {
+    Interleaved,
+    Udp,
+    Rtmp,
+    Srt,
+    Webrtc,
+}
+
+impl Ingest {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ingest::Interleaved => "interleaved",
+            Ingest::Udp => "udp",
+            Ingest::Rtmp => "rtmp",
+            Ingest::Srt => "srt",
+            Ingest::Webrtc => "webrtc",
+        }
+    }
+
+    /// The protocol it publishes with: `rtsp`, `rtmp`, `srt` or `webrtc`.
+    pub fn protocol(self) -> &'static str {
+        match self {
+            Ingest::Interleaved | Ingest::Udp => "rtsp",
+            other => other.as_str(),
+        }
+    }
+
+    /// Whether the RTSP server knows this publisher (its ANNOUNCE, its RTSP session).
+    pub fn is_rtsp(self) -> bool {
+        self.protocol() == "rtsp"
+    }
+}
+
+impl std::fmt::Display for Ingest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Who publishes now.
 struct Active {
     rtsp_session: String,
@@ -26,8 +69,7 @@ struct Active {
     /// Where its RTP and RTCP over UDP come from (its address, the ports its SETUP named) →
     /// (track, is RTCP): nothing from elsewhere is taken.
     udp: HashMap<SocketAddr, (usize, bool)>,
-    /// `interleaved`, `udp` (RTSP), `rtmp`, `srt` or `webrtc`.
-    transport: &'static str,
+    transport: Ingest,
     since: Instant,
     /// Told when a newer publisher takes over (an RTSP publisher's connection is closed by
     /// it; RTMP and SRT publishers learn it from [`Publisher::feed_rtp`]).
@@ -86,7 +128,7 @@ pub struct PublisherStatus {
     pub peer: Option<std::net::IpAddr>,
     /// How the publisher sends: `interleaved` on its RTSP connection, `udp`, `rtmp`, `srt` or
     /// `webrtc`.
-    pub transport: Option<&'static str>,
+    pub transport: Option<Ingest>,
     pub publishing_s: Option<f64>,
     /// Publishers so far.
     pub publishes: u64,
@@ -205,7 +247,7 @@ impl Publisher {
                     continue;
                 };
                 let begun = Sdp::parse(&sdp).map_err(|e| format!("its description: {e}")).and_then(|sdp| {
-                    self.start_stream("srt", label.into(), conn, peer, sdp, engine).map_err(|e| e.to_string())
+                    self.start_stream(Ingest::Srt, label.into(), conn, peer, sdp, engine).map_err(|e| e.to_string())
                 });
                 if let Err(e) = begun {
                     tracing::warn!(session = %self.name, %peer, "SRT publisher not started: {e}");
@@ -260,7 +302,7 @@ impl Publisher {
         let from = |port| SocketAddr::new(peer, port);
         let udp_map =
             udp.iter().flat_map(|&(t, rtp, rtcp)| [(from(rtp), (t, false)), (from(rtcp), (t, true))]).collect();
-        let transport = if udp.is_empty() { "interleaved" } else { "udp" };
+        let transport = if udp.is_empty() { Ingest::Interleaved } else { Ingest::Udp };
         let a = Active {
             rtsp_session,
             conn,
@@ -274,11 +316,11 @@ impl Publisher {
         self.begin(a, sdp, engine)
     }
 
-    /// A publisher on its own connection (`rtmp` or `srt`), whose container the caller made
+    /// A publisher on its own connection (RTMP, SRT, WHIP), whose container the caller made
     /// RTP tracks described by `sdp`; its packets come by [`Self::feed_rtp`].
     pub fn start_stream(
         &self,
-        transport: &'static str,
+        transport: Ingest,
         label: String,
         conn: u64,
         peer: std::net::IpAddr,
@@ -309,7 +351,7 @@ impl Publisher {
             }
             let mut old = st.active.take().expect("checked");
             st.takeovers += 1;
-            tracing::info!(session = %self.name, peer = %old.peer, how = old.transport, by = %a.peer, by_how = a.transport,
+            tracing::info!(session = %self.name, peer = %old.peer, how = %old.transport, by = %a.peer, by_how = %a.transport,
                            after_s = old.since.elapsed().as_secs_f64(), "publisher taken over");
             if let Some(tell) = old.displaced.take() {
                 tell();
@@ -342,13 +384,12 @@ impl Publisher {
         st.sdp = Some(sdp);
         st.publishes += 1;
         st.active = Some(a);
-        tracing::info!(session = %self.name, %peer, tracks, how, "publisher started");
+        tracing::info!(session = %self.name, %peer, tracks, %how, "publisher started");
         Ok(())
     }
 
-    /// How the publisher sends now (`interleaved`, `udp`, `rtmp`, `srt`, `webrtc`), if one
-    /// publishes.
-    pub fn transport(&self) -> Option<&'static str> {
+    /// How the publisher sends now, if one publishes.
+    pub fn transport(&self) -> Option<Ingest> {
         self.state.lock().active.as_ref().map(|a| a.transport)
     }
 
@@ -515,7 +556,7 @@ impl Publisher {
         }
         let a = st.active.take().expect("checked");
         st.simulcast = None;
-        tracing::info!(session = %self.name, peer = %a.peer, how = a.transport, after_s = a.since.elapsed().as_secs_f64(), "publisher left");
+        tracing::info!(session = %self.name, peer = %a.peer, how = %a.transport, after_s = a.since.elapsed().as_secs_f64(), "publisher left");
         true
     }
 
@@ -528,7 +569,7 @@ impl Publisher {
     pub fn keyframe_requests(&self, reporter: u32) -> Vec<(RtcpTo, Vec<u8>)> {
         let mut st = self.state.lock();
         let st = &mut *st;
-        let Some(a) = st.active.as_ref().filter(|a| matches!(a.transport, "udp" | "interleaved")) else {
+        let Some(a) = st.active.as_ref().filter(|a| a.transport.is_rtsp()) else {
             return Vec::new();
         };
         let now = Instant::now();
@@ -603,6 +644,26 @@ impl Publisher {
         };
         for s in extra {
             s.close();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Ingest;
+
+    /// The status and metrics name each as the API always did.
+    #[test]
+    fn ingest_names_as_the_api_shows_them() {
+        for (i, name, protocol) in [
+            (Ingest::Interleaved, "interleaved", "rtsp"),
+            (Ingest::Udp, "udp", "rtsp"),
+            (Ingest::Rtmp, "rtmp", "rtmp"),
+            (Ingest::Srt, "srt", "srt"),
+            (Ingest::Webrtc, "webrtc", "webrtc"),
+        ] {
+            assert_eq!(serde_json::to_value(i).unwrap(), name);
+            assert_eq!((i.to_string().as_str(), i.protocol(), i.is_rtsp()), (name, protocol, protocol == "rtsp"));
         }
     }
 }

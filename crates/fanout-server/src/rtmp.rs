@@ -126,16 +126,6 @@ fn target<'a>(app: &'a str, name: &'a str, known: impl Fn(&str) -> bool) -> (Str
     (full, query)
 }
 
-/// The credentials in a query: `user=U&pass=P`, or `token=T` (the user `token`).
-pub(crate) fn query_credentials(query: &str) -> (Option<&str>, Option<&str>) {
-    let param = |k: &str| query.split('&').find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='));
-    match (param("user"), param("pass"), param("token")) {
-        (Some(u), Some(p), _) => (Some(u), Some(p)),
-        (_, _, Some(t)) => (Some("token"), Some(t)),
-        _ => (None, None),
-    }
-}
-
 /// Output one write gathers at most (the rest waits for the next).
 const FLUSH_BYTES: usize = 64 << 10;
 
@@ -418,7 +408,7 @@ impl Conn<'_> {
     /// Whether `query` carries credentials RTSP would take (`user`/`pass`, or `token`), or
     /// `[auth]` allows `action` on `path` (anyone, where neither is configured).
     async fn authorized(&self, query: &str, action: fanout_proto::auth::Action, path: &str) -> bool {
-        let (user, pass) = query_credentials(query);
+        let (user, pass) = fanout_proto::auth::query_credentials(query);
         let local = self.relay.stream_login(user, pass);
         let param = |k: &str| {
             query
@@ -460,7 +450,14 @@ impl Conn<'_> {
                 .map_err(|e| format!("its description: {e}"))
                 .and_then(|sdp| {
                     publisher
-                        .start_stream("rtmp", label, self.conn, self.peer.ip(), sdp, &self.relay.engine)
+                        .start_stream(
+                            crate::publish::Ingest::Rtmp,
+                            label,
+                            self.conn,
+                            self.peer.ip(),
+                            sdp,
+                            &self.relay.engine,
+                        )
                         .map_err(|e| e.to_string())
                 });
             if let Err(e) = started {

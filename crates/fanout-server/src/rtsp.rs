@@ -16,7 +16,6 @@
 use crate::clients::{ClientSink, ClientStatus};
 use crate::relay::Relay;
 use fanout_io::sys::ntp_now;
-use fanout_proto::rtsp::sdp::Sdp;
 use fanout_proto::rtsp::server::{Action, Config, Resource, Server};
 use fanout_proto::rtsp::{self, Limits, Lower, Message, Response};
 use parking_lot::Mutex;
@@ -133,83 +132,6 @@ enum ReportTo {
     Conn(u64, u8),
 }
 
-/// The description of a relay session for RTSP clients: an upstream's media, else one
-/// track from the session's RTP payload type.
-pub(crate) fn describe(relay: &Relay, name: &str) -> Option<Resource> {
-    let h264 =
-        |pt: u8| format!("m=video 0 RTP/AVP {pt}\r\na=rtpmap:{pt} H264/90000\r\na=fmtp:{pt} packetization-mode=1\r\n");
-    // A file played out has nothing more to give: 404, not a description of silence.
-    let path = relay.path(name)?;
-    let over = path.spec().source.is_file() && path.session.source_state() == fanout_io::SourceState::Closed;
-    if over {
-        return None;
-    }
-    if let Some(v) = path.view() {
-        let next_rtp = v.tracks.iter().map(|t| t.session.rtp_start().map(|(_, seq, ts)| (seq, ts))).collect();
-        return Some(Resource {
-            sdp: v.sdp.for_clients(name, 1),
-            next_rtp,
-            publishable: false,
-            busy: false,
-            takeover: false,
-        });
-    }
-    if let Some(up) = path.upstream() {
-        let sdp = up.sdp()?;
-        return Some(Resource {
-            sdp: sdp.for_clients(name, 1),
-            next_rtp: up.next_rtp(),
-            publishable: false,
-            busy: false,
-            takeover: false,
-        });
-    }
-    if let Some(p) = path.publisher() {
-        // Until someone publishes: no media (DESCRIBE answers 404), but ANNOUNCE is welcome.
-        let sdp = p.sdp().map_or(Sdp { session: Vec::new(), media: Vec::new() }, |s| s.for_clients(name, 1));
-        // An RTMP publisher is one this RTSP server does not know of: a second one is refused
-        // (unless the path lets a newcomer take over).
-        let busy = matches!(p.transport(), Some("rtmp" | "srt" | "webrtc"));
-        return Some(Resource {
-            sdp,
-            next_rtp: p.next_rtp(),
-            publishable: p.takes_publishers(),
-            busy,
-            takeover: p.takes_over(),
-        });
-    }
-    let session = &path.session;
-    let (pt, seq, ts) = session.rtp_start()?;
-    let media = match pt {
-        33 => "m=video 0 RTP/AVP 33\r\na=rtpmap:33 MP2T/90000\r\n".to_string(),
-        // A dynamic type: the session's `video` codec, else H.264 (RFC 6184) where its
-        // packets look like it; anything else is not described (a puller would wait for
-        // keyframes that never come).
-        96..=127 => {
-            match path.spec().video {
-                Some(crate::spec::VideoCodec::H265) => {
-                    format!("m=video 0 RTP/AVP {pt}\r\na=rtpmap:{pt} H265/90000\r\n")
-                }
-                Some(_) => h264(pt),
-                None if fanout_proto::codec::annexb::looks_like_h264_rtp(&session.rtp_payload_heads(64)) => h264(pt),
-                None => {
-                    tracing::info!(session = name, pt, "not described over RTSP: payload type {pt} is not H.264 and the session names no `video` codec");
-                    return None;
-                }
-            }
-        }
-        _ => return None,
-    };
-    let sdp = Sdp::parse(&format!("v=0\r\ns={name}\r\n{media}")).ok()?;
-    Some(Resource {
-        sdp: sdp.for_clients(name, 1),
-        next_rtp: vec![Some((seq, ts))],
-        publishable: false,
-        busy: false,
-        takeover: false,
-    })
-}
-
 /// Where `[auth]` is configured, whether it lets `req` on: `Some(401)` if not. The request's
 /// Basic credentials (the only kind that can be passed on) or its URL's `token` go to it;
 /// the stream users are tried first.
@@ -220,7 +142,8 @@ async fn external_auth(relay: &Relay, req: &rtsp::Request, ip: IpAddr, secure: b
     let (user, pass) = basic.as_ref().map_or((None, None), |(u, p)| (Some(u.as_str()), Some(p.as_str())));
     let local = relay.stream_login(user, pass);
     let query = req.uri.split_once('?').map(|(_, q)| q);
-    let mut ask = crate::api::auth_request(None, query, ip, action, name, if secure { "rtsps" } else { "rtsp" });
+    let mut ask =
+        fanout_proto::auth::http_request(None, query, ip, action, name, if secure { "rtsps" } else { "rtsp" });
     (ask.user, ask.password) = (user.unwrap_or_default().into(), pass.unwrap_or_default().into());
     if relay.permit(local, ask).await {
         return None;
@@ -932,7 +855,7 @@ async fn handshake(
     match tokio::time::timeout(timeout, stream.peek(&mut first)).await {
         Ok(Ok(n)) if n > 0 && !crate::tls::looks_like_tls(&first[..n]) => {
             tracing::warn!(%peer, "plaintext RTSP on the RTSPS port: closed");
-            crate::http::linger_close(&stream).await;
+            crate::admit::linger_close(&stream).await;
             return None;
         }
         Ok(Ok(n)) if n > 0 => {}
@@ -1242,7 +1165,7 @@ async fn connection(
                         let method = req.method.as_str();
                         // Why no key could be given, for a 503 instead of the 404.
                         let unkeyed = std::cell::Cell::new(None);
-                        let lookup = |name: &str| match describe(relay, name) {
+                        let lookup = |name: &str| match relay.path(name).and_then(|p| p.describe()) {
                             Some(res) if srtp && method == "DESCRIBE" && !res.publishable => {
                                 rtsp.keyed(relay, conn, name, res).unwrap_or_else(|e| {
                                     unkeyed.set(Some(e));

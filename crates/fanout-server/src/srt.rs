@@ -84,7 +84,7 @@ fn split(id: &StreamId) -> (&str, Option<&str>, Option<&str>) {
     match (&id.user, &id.pass) {
         (Some(u), Some(p)) => (path, Some(u.as_str()), Some(p.as_str())),
         _ => {
-            let (u, p) = crate::rtmp::query_credentials(query);
+            let (u, p) = fanout_proto::auth::query_credentials(query);
             (path, u, p)
         }
     }

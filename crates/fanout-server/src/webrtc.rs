@@ -336,7 +336,8 @@ impl WebRtc {
         if let Some(up) = p.upstream().cloned() {
             up.demand(Duration::from_secs(10)).await;
         }
-        let described = crate::rtsp::describe(relay, path)
+        let described = p
+            .describe()
             .map(|r| r.sdp)
             .filter(|s| !s.media.is_empty())
             .ok_or_else(|| Refused(404, format!("{path} has nothing to play yet")))?;
@@ -1214,7 +1215,7 @@ fn start_publishing(v: &mut Viewer) -> Result<(), String> {
     let p = v.publish.as_mut().expect("a publisher");
     let relay = p.relay.upgrade().ok_or("the relay is stopping")?;
     p.publisher
-        .start_stream("webrtc", v.id.clone(), p.conn, peer, p.sdp.clone(), &relay.engine)
+        .start_stream(crate::publish::Ingest::Webrtc, v.id.clone(), p.conn, peer, p.sdp.clone(), &relay.engine)
         .map_err(|e| e.to_string())?;
     p.started = true;
     tracing::info!(publisher = %v.id, ?peer, "WHIP publisher connected");
@@ -1524,7 +1525,7 @@ fn credentials(headers: &HeaderMap, query: Option<&str>) -> Option<[u8; 32]> {
 fn acting(relay: &Relay, headers: &HeaderMap, query: Option<&str>) -> Acting {
     let token = relay.cfg().token.clone();
     let auth = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    if token.is_some() && crate::api::authorized(token.as_deref(), auth, query) {
+    if token.is_some() && fanout_proto::auth::token_given(token.as_deref(), auth, query) {
         return Acting::Admin;
     }
     Acting::As(credentials(headers, query))
@@ -1559,7 +1560,7 @@ async fn allowed(
 ) -> bool {
     let auth = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
     let token = relay.cfg().token.clone();
-    let by_token = token.as_ref().map(|_| crate::api::authorized(token.as_deref(), auth, query));
+    let by_token = token.as_ref().map(|_| fanout_proto::auth::token_given(token.as_deref(), auth, query));
     let basic = auth.and_then(fanout_proto::http::basic_credentials);
     let by_user = relay.stream_login(basic.as_ref().map(|b| b.0.as_str()), basic.as_ref().map(|b| b.1.as_str()));
     let local = match (by_token, by_user) {
@@ -1569,7 +1570,7 @@ async fn allowed(
     use fanout_proto::auth::Action;
     let action = if publish { Action::Publish } else { Action::Read };
     let ip = ip.unwrap_or(IpAddr::from([0, 0, 0, 0]));
-    relay.permit(local, crate::api::auth_request(auth, query, ip, action, name, "webrtc")).await
+    relay.permit(local, fanout_proto::auth::http_request(auth, query, ip, action, name, "webrtc")).await
 }
 
 /// 401, with the schemes this relay takes.
