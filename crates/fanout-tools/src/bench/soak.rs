@@ -53,12 +53,16 @@ struct Sample {
     /// to tell memory held by the allocator from memory in use.
     heap_mb: f64,
     arenas_mb: f64,
+    /// What the relay's allocator says it has given out, and what it keeps freed
+    /// (`/metrics`), in MB.
+    in_use_mb: f64,
+    kept_mb: f64,
     fds: usize,
     threads: usize,
     disk_mb: f64,
 }
 
-fn sample(t: f64, pid: u32, rec: &Path) -> Option<Sample> {
+fn sample(t: f64, pid: u32, rec: &Path, metrics: &str) -> Option<Sample> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let field = |k: &str| -> Option<f64> {
         status.lines().find_map(|l| l.strip_prefix(k)).and_then(|v| v.split_whitespace().next()?.parse().ok())
@@ -70,10 +74,17 @@ fn sample(t: f64, pid: u32, rec: &Path) -> Option<Sample> {
         rss_mb: field("VmRSS:")? / 1024.0,
         heap_mb: heap_kb as f64 / 1024.0,
         arenas_mb: arenas_kb as f64 / 1024.0,
+        in_use_mb: gauge(metrics, "fanout_malloc_in_use_bytes") / 1e6,
+        kept_mb: gauge(metrics, "fanout_malloc_kept_free_bytes") / 1e6,
         threads: field("Threads:")? as usize,
         fds: std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count(),
         disk_mb: disk_bytes(rec) as f64 / 1e6,
     })
+}
+
+/// A gauge's value in Prometheus text (0 where it is not there).
+fn gauge(metrics: &str, name: &str) -> f64 {
+    metrics.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok()).unwrap_or(0.0)
 }
 
 /// Where glibc's allocator keeps a process's memory, from its `smaps`: the resident kB of
@@ -308,7 +319,13 @@ pub fn run(mut a: SoakArgs) -> anyhow::Result<()> {
             let held = attack(api, s.rtmp, s.rtsp);
             let until = Instant::now() + Duration::from_secs_f64(secs);
             while Instant::now() < until {
-                if let Some(x) = sample(t0.elapsed().as_secs_f64(), pid, &dir.join("rec")) {
+                let metrics = client
+                    .get(&format!("http://{api}/metrics"))
+                    .call()
+                    .ok()
+                    .and_then(|r| r.into_string().ok())
+                    .unwrap_or_default();
+                if let Some(x) = sample(t0.elapsed().as_secs_f64(), pid, &dir.join("rec"), &metrics) {
                     samples.push(x);
                 }
                 std::thread::sleep(Duration::from_secs(if a.quick { 2 } else { 5 }));
@@ -355,11 +372,12 @@ fn report(
     silent: u64,
     players: usize,
 ) -> anyhow::Result<()> {
-    let mut csv = String::from("t_s,pid,rss_mb,heap_mb,arenas_mb,fds,threads,disk_mb\n");
+    let mut csv =
+        String::from("t_s,pid,rss_mb,heap_mb,arenas_mb,malloc_in_use_mb,malloc_kept_mb,fds,threads,disk_mb\n");
     for x in samples {
         csv += &format!(
-            "{:.1},{},{:.1},{:.1},{:.1},{},{},{:.1}\n",
-            x.t, x.pid, x.rss_mb, x.heap_mb, x.arenas_mb, x.fds, x.threads, x.disk_mb
+            "{:.1},{},{:.1},{:.1},{:.1},{:.1},{:.1},{},{},{:.1}\n",
+            x.t, x.pid, x.rss_mb, x.heap_mb, x.arenas_mb, x.in_use_mb, x.kept_mb, x.fds, x.threads, x.disk_mb
         );
     }
     std::fs::write(a.out.join("soak.csv"), csv)?;
@@ -382,6 +400,8 @@ fn report(
                     line("all", |x| x.rss_mb),
                     line("malloc main heap", |x| x.heap_mb),
                     line("malloc thread arenas", |x| x.arenas_mb),
+                    line("malloc: in use", |x| x.in_use_mb),
+                    line("malloc: freed, kept", |x| x.kept_mb),
                 ],
                 log_y: false,
             },
@@ -397,8 +417,8 @@ fn report(
     let peak_disk = samples.iter().map(|x| x.disk_mb).fold(0.0, f64::max);
     println!("players: {players} in all, {silent} got nothing");
     println!(
-        "from {:.0} s to {:.0} s: RSS {:.1} -> {:.1} MB (malloc's thread arenas {:.1} -> {:.1}), descriptors {} -> {}, threads {} -> {}, disk {:.1} -> {:.1} MB (peak {peak_disk:.1})",
-        first.t, last.t, first.rss_mb, last.rss_mb, first.arenas_mb, last.arenas_mb, first.fds, last.fds, first.threads, last.threads, first.disk_mb, last.disk_mb
+        "from {:.0} s to {:.0} s: RSS {:.1} -> {:.1} MB (malloc's thread arenas {:.1} -> {:.1}, in use {:.1} -> {:.1}, freed and kept {:.1} -> {:.1}), descriptors {} -> {}, threads {} -> {}, disk {:.1} -> {:.1} MB (peak {peak_disk:.1})",
+        first.t, last.t, first.rss_mb, last.rss_mb, first.arenas_mb, last.arenas_mb, first.in_use_mb, last.in_use_mb, first.kept_mb, last.kept_mb, first.fds, last.fds, first.threads, last.threads, first.disk_mb, last.disk_mb
     );
     println!("CSV: {}\nPNG: {}", a.out.join("soak.csv").display(), png.display());
     let mut wrong = Vec::new();
@@ -427,6 +447,12 @@ fn report(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn gauges_are_read_by_their_whole_name() {
+        let m = "# HELP a_bytes x\na_bytes_total 9\na_bytes 1.5e6\nb 2\n";
+        assert_eq!((super::gauge(m, "a_bytes"), super::gauge(m, "b"), super::gauge(m, "c")), (1.5e6, 2.0, 0.0));
+    }
+
     #[test]
     fn heaps_tells_the_main_heap_and_thread_arenas_from_the_rest() {
         let smaps = "\
