@@ -383,6 +383,7 @@ async fn run(
         _ => None,
     };
     tokio::spawn(relay.books.clone().tell());
+    give_back_kept_memory();
     tokio::spawn(crate::playback::keep_recording(relay.clone()));
     tokio::spawn(crate::watch::run_hooks(relay.clone()));
     let https = tls.filter(|_| relay.cfg().https());
@@ -735,6 +736,20 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
+    }
+}
+
+/// Every 30 s, the memory the allocator keeps freed goes back to the kernel: without it the
+/// RSS climbs for the first 20 minutes of a busy relay to the high-water mark of every thread
+/// arena (the soak: in use flat at 34 MB, kept-free 37 -> 66 MB in 7 minutes) and stays.
+fn give_back_kept_memory() {
+    let every = std::time::Duration::from_secs(30);
+    let spawned = std::thread::Builder::new().name("malloc-trim".into()).spawn(move || loop {
+        std::thread::sleep(every);
+        fanout_io::sys::malloc_trim();
+    });
+    if let Err(e) = spawned {
+        tracing::warn!("no thread to give kept memory back: {e}");
     }
 }
 
