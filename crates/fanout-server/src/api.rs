@@ -729,7 +729,7 @@ fn process_metrics(m: &mut String) {
     }
     if let Some((in_use, kept)) = fanout_io::sys::malloc_figures() {
         let _ = writeln!(m, "# HELP fanout_malloc_in_use_bytes Memory the allocator has given out and not had back.\n# TYPE fanout_malloc_in_use_bytes gauge\nfanout_malloc_in_use_bytes {in_use}");
-        let _ = writeln!(m, "# HELP fanout_malloc_kept_free_bytes Memory freed to the allocator that it keeps for reuse (part of the resident memory).\n# TYPE fanout_malloc_kept_free_bytes gauge\nfanout_malloc_kept_free_bytes {kept}");
+        let _ = writeln!(m, "# HELP fanout_malloc_kept_free_bytes Memory in free chunks the allocator keeps for reuse (resident until given back: the relay trims every 30 s).\n# TYPE fanout_malloc_kept_free_bytes gauge\nfanout_malloc_kept_free_bytes {kept}");
     }
     if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
         let _ = writeln!(
