@@ -39,16 +39,16 @@ impl Path {
     /// Its media as RTP, as RTSP clients, WebRTC and pulls are told it: its tracks' view,
     /// an upstream's media, a publisher's, else one track from the session's payload type.
     pub fn describe(&self) -> Option<Resource> {
-        let (path, name) = (self, self.name.as_str());
+        let name = self.name.as_str();
         let h264 = |pt: u8| {
             format!("m=video 0 RTP/AVP {pt}\r\na=rtpmap:{pt} H264/90000\r\na=fmtp:{pt} packetization-mode=1\r\n")
         };
         // A file played out has nothing more to give: 404, not a description of silence.
-        let over = path.spec().source.is_file() && path.session.source_state() == fanout_io::SourceState::Closed;
+        let over = self.spec().source.is_file() && self.session.source_state() == fanout_io::SourceState::Closed;
         if over {
             return None;
         }
-        if let Some(v) = path.view() {
+        if let Some(v) = self.view() {
             let next_rtp = v.tracks.iter().map(|t| t.session.rtp_start().map(|(_, seq, ts)| (seq, ts))).collect();
             return Some(Resource {
                 sdp: v.sdp.for_clients(name, 1),
@@ -58,7 +58,7 @@ impl Path {
                 takeover: false,
             });
         }
-        if let Some(up) = path.upstream() {
+        if let Some(up) = self.upstream() {
             let sdp = up.sdp()?;
             return Some(Resource {
                 sdp: sdp.for_clients(name, 1),
@@ -68,7 +68,7 @@ impl Path {
                 takeover: false,
             });
         }
-        if let Some(p) = path.publisher() {
+        if let Some(p) = self.publisher() {
             // Until someone publishes: no media (DESCRIBE answers 404), but ANNOUNCE is welcome.
             let sdp = p.sdp().map_or(Sdp { session: Vec::new(), media: Vec::new() }, |s| s.for_clients(name, 1));
             // An RTMP publisher is one this RTSP server does not know of: a second one is refused
@@ -82,14 +82,14 @@ impl Path {
                 takeover: p.takes_over(),
             });
         }
-        let session = &path.session;
+        let session = &self.session;
         let (pt, seq, ts) = session.rtp_start()?;
         let media = match pt {
             33 => "m=video 0 RTP/AVP 33\r\na=rtpmap:33 MP2T/90000\r\n".to_string(),
             // A dynamic type: the session's `video` codec, else H.264 (RFC 6184) where its
             // packets look like it; anything else is not described (a puller would wait for
             // keyframes that never come).
-            96..=127 => match path.spec().video {
+            96..=127 => match self.spec().video {
                 Some(crate::spec::VideoCodec::H265) => {
                     format!("m=video 0 RTP/AVP {pt}\r\na=rtpmap:{pt} H265/90000\r\n")
                 }
