@@ -63,20 +63,17 @@ struct Sample {
 }
 
 fn sample(t: f64, pid: u32, rec: &Path, metrics: &str) -> Option<Sample> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let field = |k: &str| -> Option<f64> {
-        status.lines().find_map(|l| l.strip_prefix(k)).and_then(|v| v.split_whitespace().next()?.parse().ok())
-    };
+    let stat = fanout_io::sys::ProcStat::read(Some(pid)).ok()?;
     let (heap_kb, arenas_kb) = std::fs::read_to_string(format!("/proc/{pid}/smaps")).map_or((0, 0), |m| heaps(&m));
     Some(Sample {
         t,
         pid,
-        rss_mb: field("VmRSS:")? / 1024.0,
+        rss_mb: stat.rss_bytes as f64 / f64::from(1 << 20),
         heap_mb: heap_kb as f64 / 1024.0,
         arenas_mb: arenas_kb as f64 / 1024.0,
         in_use_mb: gauge(metrics, "fanout_malloc_in_use_bytes") / 1e6,
         kept_mb: gauge(metrics, "fanout_malloc_kept_free_bytes") / 1e6,
-        threads: field("Threads:")? as usize,
+        threads: stat.threads as usize,
         fds: std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count(),
         disk_mb: disk_bytes(rec) as f64 / 1e6,
     })
