@@ -54,6 +54,11 @@ impl Players {
         true
     }
 
+    /// Whether `id` asked for something within the window of `now_ms`.
+    pub fn is_active(&self, id: &str, now_ms: u64) -> bool {
+        self.last.get(id).is_some_and(|t| now_ms.saturating_sub(*t) < self.window_ms)
+    }
+
     /// The players whose last request is within the window of `now_ms`.
     pub fn active(&mut self, now_ms: u64) -> usize {
         self.expire(now_ms);
@@ -78,6 +83,7 @@ mod tests {
         assert!(p.seen("a", 0) && p.seen("b", 1_000) && p.seen("a", 8_000));
         assert_eq!(p.active(9_000), 2);
         // b has been silent for 10 s: it stopped; a asked 2 s ago.
+        assert!(p.is_active("a", 11_000) && !p.is_active("b", 11_000) && !p.is_active("z", 0));
         assert_eq!(p.active(11_000), 1);
         assert_eq!(p.active(18_000), 0);
         // A late request (out of order) does not move a player's time back.

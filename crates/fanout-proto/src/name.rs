@@ -39,6 +39,8 @@ const SHAPES: &[(&str, &[&[&str]])] = &[
         &[
             &["sinks", "*", "layers"],
             &["sinks", "*"],
+            &["readers", "*"],
+            &["readers"],
             &["whep", "*"],
             &["whip", "*"],
             &["hls", "*"],

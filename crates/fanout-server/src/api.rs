@@ -1,6 +1,7 @@
 //! The control API (HTTP/JSON): the four OMSS calls and what a person needs around them.
 //! `docs/openapi.yaml` describes it.
 
+use crate::readers::{Protocol, Who};
 use crate::relay::Relay;
 use crate::spec::{SessionSpec, SinkSpec};
 use axum::extract::rejection::JsonRejection;
@@ -29,6 +30,9 @@ pub fn router(relay: Arc<Relay>, faces: Router<Arc<Relay>>) -> Router {
         .route("/v1/sessions/{name}/sinks", post(add_sink).get(list_sinks).delete(flush_sinks))
         .route("/v1/sessions/{name}/sinks/{id}", get(get_sink).delete(remove_sink))
         .route("/v1/sessions/{name}/sinks/{id}/layers", axum::routing::put(pin_layers))
+        .route("/v1/sessions/{name}/readers", get(list_readers))
+        .route("/v1/sessions/{name}/readers/{id}", get(get_reader).delete(kick_reader))
+        .route("/v1/readers", get(all_readers))
         // GET is taken over before the router (the socket becomes a sink); HEAD answers here.
         .route("/v1/sessions/{name}/stream", get(stream_head))
         .route("/v1/sessions/{name}/hls/{file}", get(hls_file).layer(middleware::map_response(any_origin)))
@@ -127,6 +131,7 @@ async fn hls_file(
     State(relay): State<Arc<Relay>>,
     Path((name, file)): Path<(String, String)>,
     axum::extract::RawQuery(query): axum::extract::RawQuery,
+    client: Option<axum::Extension<axum::extract::ConnectInfo<std::net::SocketAddr>>>,
 ) -> ApiResult<Response> {
     let param = |k: &str| {
         let q = query.as_deref().unwrap_or("");
@@ -159,7 +164,19 @@ async fn hls_file(
     };
     hls.touch();
     if let Some(p) = &player {
+        let path = relay.path(&name).ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no path {name}")))?;
+        if hls.was_kicked(p) {
+            return Err(ApiError(StatusCode::GONE, format!("player {p} of {name} was ended")));
+        }
         hls.player_seen(p);
+        // A player joins its path's readers at its first media playlist request (also one
+        // named by an earlier process, after an upgrade), and stays while its reloads come.
+        if !path.readers.has(p) {
+            let user = fanout_proto::auth::query_credentials(query.as_deref().unwrap_or("")).0;
+            let who = Who::new(Protocol::Hls, client.map(|c| c.0 .0), user);
+            let reader = Arc::new(crate::repack::HlsReader { hls: hls.clone(), id: p.clone() });
+            path.readers.join_as(p.clone(), who, reader).map_err(crate::error::RelayError::from)?.detach();
+        }
     }
     let target = Duration::from_millis(u64::from(crate::repack::HLS_TARGET_MS));
     // The first segment takes a keyframe and a target duration to come.
@@ -186,7 +203,10 @@ async fn hls_file(
             hls.wait_for(msn, part, wait).await;
         }
         let text = if new_player {
-            let mut uri = format!("index.m3u8?player={}", crate::clients::random_id());
+            if relay.path(&name).is_some_and(|p| p.readers.full()) {
+                return Err(crate::error::RelayError::Full(format!("{name} has its max_readers")).into());
+            }
+            let mut uri = format!("index.m3u8?player={}", crate::readers::new_id());
             if let Some(t) = &token {
                 uri = format!("{uri}&{t}");
             }
@@ -458,6 +478,43 @@ async fn list_sessions(State(relay): State<Arc<Relay>>) -> Json<serde_json::Valu
 async fn get_session(State(relay): State<Arc<Relay>>, Path(name): Path<String>) -> ApiResult<Json<serde_json::Value>> {
     let s = relay.session(&name)?;
     Ok(Json(session_json(&relay, &s)))
+}
+
+/// Every reader of every path.
+async fn all_readers(State(relay): State<Arc<Relay>>) -> Json<Vec<crate::readers::ReaderStatus>> {
+    Json(relay.paths().iter().flat_map(|p| p.readers.list()).collect())
+}
+
+async fn list_readers(
+    State(relay): State<Arc<Relay>>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<Vec<crate::readers::ReaderStatus>>> {
+    let path = relay.path(&name).ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no path {name}")))?;
+    Ok(Json(path.readers.list()))
+}
+
+fn reader_not_found(name: &str, id: &str) -> ApiError {
+    ApiError(StatusCode::NOT_FOUND, format!("{name} has no reader {id}"))
+}
+
+async fn get_reader(
+    State(relay): State<Arc<Relay>>,
+    Path((name, id)): Path<(String, String)>,
+) -> ApiResult<Json<crate::readers::ReaderStatus>> {
+    let reader = relay.path(&name).and_then(|p| p.readers.get(&id));
+    Ok(Json(reader.ok_or_else(|| reader_not_found(&name, &id))?))
+}
+
+/// Ends one reader, whatever its protocol: its client is told the end its protocol's way.
+async fn kick_reader(
+    State(relay): State<Arc<Relay>>,
+    Path((name, id)): Path<(String, String)>,
+) -> ApiResult<StatusCode> {
+    if !relay.path(&name).is_some_and(|p| p.readers.kick(&id, "ended through the API")) {
+        return Err(reader_not_found(&name, &id));
+    }
+    tracing::info!(path = %name, reader = %id, "reader kicked through the API");
+    Ok(StatusCode::NO_CONTENT)
 }
 
 async fn delete_session(State(relay): State<Arc<Relay>>, Path(name): Path<String>) -> ApiResult<StatusCode> {
@@ -821,6 +878,15 @@ async fn metrics(State(relay): State<Arc<Relay>>) -> impl IntoResponse {
         (format!("{{session=\"{}\"}}", label(s.name())), n as u64)
     });
     family(&mut m, "fanout_webrtc_viewers", "gauge", "WebRTC (WHEP) viewers of the session.", viewers);
+    let mut by_protocol: std::collections::BTreeMap<(String, &'static str), u64> = Default::default();
+    for r in relay.paths().iter().flat_map(|p| p.readers.list()) {
+        *by_protocol.entry((r.path, r.protocol.as_str())).or_default() += 1;
+    }
+    let readers = by_protocol
+        .into_iter()
+        .map(|((path, protocol), n)| (format!("{{session=\"{}\",protocol=\"{protocol}\"}}", label(&path)), n));
+    let help = "Readers of the session by protocol, from its readers' registry (every face).";
+    family(&mut m, "fanout_readers", "gauge", help, readers);
     // Publish sessions: who publishes now, over what; how many have.
     let pubs: Vec<_> = relay.paths().iter().filter_map(|p| Some((p.name.clone(), p.publisher()?.status()))).collect();
     let publishing = pubs.iter().filter(|(_, st)| st.state == "publishing").map(|(n, st)| {

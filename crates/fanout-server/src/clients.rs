@@ -63,17 +63,34 @@ pub struct SrtLink {
     pub peer: Option<std::net::SocketAddr>,
     pub since: std::time::Instant,
     pub socket: std::sync::Arc<fanout_srt::Socket>,
-    /// Set when the path's stream ended: a reader is then closed.
+    /// Set when the path's stream ended (or the link was kicked): a reader is then closed,
+    /// a publisher stopped.
     pub ended: std::sync::atomic::AtomicBool,
+    /// A reader's counts, and why it was ended.
+    pub held: crate::readers::Held,
 }
 
 impl SrtLink {
-    pub fn end(&self) {
-        self.ended.store(true, std::sync::atomic::Ordering::Relaxed);
+    pub fn new(path: &str, mode: &'static str, peer: Option<SocketAddr>, socket: Arc<fanout_srt::Socket>) -> Self {
+        SrtLink {
+            path: path.to_string(),
+            mode,
+            peer,
+            since: std::time::Instant::now(),
+            socket,
+            ended: Default::default(),
+            held: Default::default(),
+        }
     }
 
-    pub fn has_ended(&self) -> bool {
-        self.ended.load(std::sync::atomic::Ordering::Relaxed)
+    /// The path's stream ended.
+    pub fn end(&self) {
+        crate::readers::Reader::close(self, "the stream ended: its publisher left");
+    }
+
+    /// Why it was ended, if it was.
+    pub fn has_ended(&self) -> Option<String> {
+        self.held.end.ended()
     }
 
     pub fn status(&self) -> serde_json::Value {
@@ -90,6 +107,18 @@ impl SrtLink {
             "undecrypted": s.undecrypted,
             "rtt_ms": s.rtt_ms,
         })
+    }
+}
+
+impl crate::readers::Reader for SrtLink {
+    fn counters(&self) -> crate::readers::Counters {
+        let dropped = self.socket.stats().map_or(0, |s| s.dropped);
+        crate::readers::Counters { skips: dropped, ..self.held.counters() }
+    }
+
+    fn close(&self, reason: &str) {
+        self.held.end.end(reason);
+        self.ended.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

@@ -163,6 +163,10 @@ pub struct PatternSpec {
     pub run_on_not_ready: Option<String>,
     pub run_on_read: Option<String>,
     pub run_on_record_segment_complete: Option<String>,
+    /// Its paths' readers at most, and commands per reader, as a session's.
+    pub max_readers: Option<usize>,
+    pub on_read: Option<Vec<String>>,
+    pub on_unread: Option<Vec<String>>,
     /// Paths it keeps at once, at most: each may run a command, and any reader allowed to
     /// read can ask for a new name.
     #[serde(default = "PatternSpec::default_max_paths")]
@@ -201,6 +205,9 @@ impl PatternSpec {
         spec.run_on_not_ready = self.run_on_not_ready.clone();
         spec.run_on_read = self.run_on_read.clone();
         spec.run_on_record_segment_complete = self.run_on_record_segment_complete.clone();
+        spec.max_readers = self.max_readers;
+        spec.on_read = self.on_read.clone();
+        spec.on_unread = self.on_unread.clone();
         spec.validate().map_err(|e| format!("pattern {:?} for {name:?}: {e}", self.matches))?;
         Ok(spec)
     }

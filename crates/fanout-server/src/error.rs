@@ -28,8 +28,17 @@ pub enum RelayError {
     /// Not this asker's to ask for (a file outside `file_roots`): 403.
     #[error("{0}")]
     Forbidden(String),
+    /// The path has its `max_readers`: HTTP 503, RTSP 453 (Not Enough Bandwidth).
+    #[error("{0}")]
+    Full(String),
     #[error("{0}")]
     Internal(String),
+}
+
+impl From<crate::readers::Full> for RelayError {
+    fn from(f: crate::readers::Full) -> Self {
+        RelayError::Full(f.to_string())
+    }
 }
 
 impl RelayError {
@@ -43,7 +52,7 @@ impl RelayError {
             RelayError::Unsupported(_) => 415,
             RelayError::Unavailable(_) => 501,
             RelayError::Peer(_) => 502,
-            RelayError::Down(_) => 503,
+            RelayError::Down(_) | RelayError::Full(_) => 503,
             RelayError::Internal(_) => 500,
         }
     }
@@ -53,6 +62,7 @@ impl RelayError {
     pub fn rtsp_status(&self) -> u16 {
         match self {
             RelayError::Conflict(_) => 455,
+            RelayError::Full(_) => 453,
             RelayError::Unsupported(_) => 415,
             RelayError::Unavailable(_) | RelayError::Peer(_) => 503,
             e => e.http_status(),

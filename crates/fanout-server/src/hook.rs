@@ -1,5 +1,6 @@
 //! A command the relay runs for a path (`run_on_demand`, `run_on_ready`, `run_on_read`, …):
-//! `sh -c` with the path's names in its environment, its output logged line by line under
+//! `sh -c` with the path's names in its environment (or, given as a list, a program and its
+//! arguments with no shell: `on_read`, `on_unread`), its output logged line by line under
 //! the path and the hook's name, stopped (and reaped) when the path no longer wants it, or
 //! waited for (a hook that runs once).
 
@@ -18,9 +19,20 @@ const ONCE_LIMIT: std::time::Duration = std::time::Duration::from_secs(600);
 impl Hook {
     /// Starts `cmd`, the hook `kind` of `path`, with `env` set.
     pub fn spawn(kind: &'static str, cmd: &str, path: &str, env: &[(&str, String)]) -> std::io::Result<Hook> {
-        let mut child = tokio::process::Command::new("sh")
-            .arg("-c")
-            .arg(cmd)
+        Self::spawn_argv(kind, &["sh", "-c", cmd], path, env)
+    }
+
+    /// Starts the program `argv[0]` with the rest as its arguments, no shell.
+    pub fn spawn_argv<S: AsRef<str>>(
+        kind: &'static str,
+        argv: &[S],
+        path: &str,
+        env: &[(&str, String)],
+    ) -> std::io::Result<Hook> {
+        let (program, args) = argv.split_first().ok_or_else(|| std::io::Error::other("no program"))?;
+        let cmd = argv.iter().map(AsRef::as_ref).collect::<Vec<&str>>().join(" ");
+        let mut child = tokio::process::Command::new(program.as_ref())
+            .args(args.iter().map(AsRef::as_ref))
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -63,7 +75,12 @@ impl Hook {
     /// Runs `cmd` once, in the background: its exit is logged; one that runs past
     /// `ONCE_LIMIT` is stopped. Must be called within the runtime.
     pub fn once(kind: &'static str, cmd: &str, path: &str, env: &[(&str, String)]) {
-        match Hook::spawn(kind, cmd, path, env) {
+        Self::once_argv(kind, &["sh", "-c", cmd], path, env)
+    }
+
+    /// [`Hook::once`] of a program and its arguments, no shell.
+    pub fn once_argv<S: AsRef<str>>(kind: &'static str, argv: &[S], path: &str, env: &[(&str, String)]) {
+        match Hook::spawn_argv(kind, argv, path, env) {
             Ok(mut h) => {
                 tokio::spawn(async move {
                     match tokio::time::timeout(ONCE_LIMIT, h.child.wait()).await {
@@ -78,6 +95,15 @@ impl Hook {
                 });
             }
             Err(e) => tracing::warn!(path, "{kind} could not start: {e}"),
+        }
+    }
+}
+
+/// Runs each reader event's hook, if its path has one. Must be called within the runtime.
+pub fn reader_events(events: Vec<crate::readers::Event>) {
+    for e in events {
+        if let Some(cmd) = &e.command {
+            Hook::once_argv(e.kind(), cmd, &e.path, &e.env());
         }
     }
 }

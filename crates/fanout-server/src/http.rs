@@ -2,6 +2,7 @@
 //! here and its socket is handed to the engine as a sink, so stream bytes never pass
 //! through the async runtime.
 
+use crate::readers::{Held, Protocol, SinkReader, Who};
 use crate::relay::Relay;
 use crate::tls::Tls;
 use fanout_proto::http::{classify, Head};
@@ -346,14 +347,39 @@ async fn start_stream(
             return;
         }
     };
+    let Some(readers) = readers_with_room(relay, name) else {
+        let _ = tokio::time::timeout(Duration::from_secs(1), reject(&stream, 503, &full(name))).await;
+        return;
+    };
     if stream.write_all(STREAM_OK.as_bytes()).await.is_err() {
         return;
     }
     let peer = stream.peer_addr().ok();
-    match stream.into_std().and_then(|s| session.add_stream_sink(s, true)) {
-        Ok(id) => tracing::info!(session = name, sink = id, ?peer, "HTTP subscriber joined"),
-        Err(e) => tracing::warn!(session = name, ?peer, "cannot add HTTP subscriber: {e}"),
+    let sink = match stream.into_std().and_then(|s| session.add_stream_sink(s, true)) {
+        Ok(id) => id,
+        Err(e) => return tracing::warn!(session = name, ?peer, "cannot add HTTP subscriber: {e}"),
+    };
+    let who = Who::new(Protocol::HttpTs, peer, fanout_proto::auth::query_credentials(query.unwrap_or("")).0);
+    // The engine holds the socket now: the reader stays until its sink goes.
+    match readers.join(who, Arc::new(SinkReader { session: session.clone(), sink })) {
+        Ok(r) => {
+            tracing::info!(session = name, sink, ?peer, reader = r.id(), "HTTP subscriber joined");
+            r.detach();
+        }
+        Err(f) => {
+            tracing::info!(session = name, ?peer, "HTTP subscriber refused: {f}");
+            session.remove_sink(sink);
+        }
     }
+}
+
+/// The path's readers, if it has room for one more.
+fn readers_with_room(relay: &Relay, name: &str) -> Option<crate::readers::Readers> {
+    relay.path(name).map(|p| p.readers.clone()).filter(|r| !r.full())
+}
+
+fn full(name: &str) -> String {
+    format!("{name} has its max_readers")
 }
 
 /// Packets an HTTPS subscriber may have queued before it waits in the ring (where a reader
@@ -377,10 +403,17 @@ async fn start_tls_stream(
             return;
         }
     };
+    let peer = io.get_ref().0.peer_addr().unwrap_or_else(|_| ([0, 0, 0, 0], 0).into());
+    let who = Who::new(Protocol::HttpTs, Some(peer), fanout_proto::auth::query_credentials(query.unwrap_or("")).0);
+    let held = Arc::new(Held::default());
+    let joined = readers_with_room(relay, name).map(|r| r.join(who, held.clone()));
+    let Some(Ok(_registered)) = joined else {
+        let _ = tokio::time::timeout(Duration::from_secs(1), reject_on(&mut io, 503, &full(name))).await;
+        return;
+    };
     if io.write_all(STREAM_OK.as_bytes()).await.is_err() {
         return;
     }
-    let peer = io.get_ref().0.peer_addr().unwrap_or_else(|_| ([0, 0, 0, 0], 0).into());
     let _ = socket2::SockRef::from(io.get_ref().0).set_send_buffer_size(session.stream_send_buffer());
     let wake = Arc::new(tokio::sync::Notify::new());
     let w = wake.clone();
@@ -401,13 +434,17 @@ async fn start_tls_stream(
             _ = wake.notified() => {
                 queue.drain(&mut packets);
                 out.clear();
+                let n = packets.len() as u64;
                 for (p, _) in packets.drain(..) {
                     out.extend_from_slice(p.payload());
                 }
                 if io.write_all(&out).await.is_err() {
                     break;
                 }
+                held.sent(out.len(), n);
             }
+            // Kicked, or the path went: the stream ends.
+            _ = held.end.wait() => break,
             // The client sends nothing more; a read that ends is its leaving.
             r = io.read(&mut scratch) => if !matches!(r, Ok(n) if n > 0) { break },
         }

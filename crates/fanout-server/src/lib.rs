@@ -16,6 +16,7 @@ mod logline;
 mod path;
 mod playback;
 mod publish;
+mod readers;
 mod record;
 mod relay;
 mod reload;

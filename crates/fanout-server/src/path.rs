@@ -6,6 +6,7 @@
 //! relay holds one map of paths; the API, RTSP, HTTP and the cluster ask the path.
 
 use crate::publish::Publisher;
+use crate::readers::Readers;
 use crate::repack::Repack;
 use crate::source::Feeder;
 use crate::spec::SessionSpec;
@@ -33,6 +34,8 @@ pub struct Path {
     repack: Mutex<Option<Arc<Repack>>>,
     /// SRTP toward RTSPS clients: each track's key epochs.
     pub srtp: SrtpOut,
+    /// Who reads it, on every face.
+    pub readers: Readers,
 }
 
 impl Path {
@@ -115,6 +118,7 @@ impl Path {
     pub fn new(spec: SessionSpec, session: Session, feeder: Feeder, tasks: Vec<AbortHandle>) -> Self {
         Self {
             name: spec.name.clone(),
+            readers: Readers::new(&spec.name, spec.reader_settings()),
             spec: Mutex::new(spec),
             session,
             feeder,
@@ -129,6 +133,7 @@ impl Path {
     }
 
     pub fn set_spec(&self, spec: SessionSpec) {
+        self.readers.set(spec.reader_settings());
         *self.spec.lock() = spec;
     }
 
@@ -187,21 +192,6 @@ impl Path {
         all
     }
 
-    /// Who reads it now: sinks on its sessions and its MPEG-TS repackaging's that are not
-    /// the relay's own (a repackaging's, an SRTP epoch's), HLS and RTMP players, RTSPS
-    /// clients.
-    pub fn readers(&self) -> usize {
-        let mut n: usize = self.sessions().iter().map(|s| s.sinks().len()).sum();
-        if let Some(r) = self.repack_running() {
-            n = n.saturating_sub(r.track_sinks);
-            n += r.ts.as_ref().map_or(0, |ts| ts.sinks().len());
-            n += r.hls.as_ref().map_or(0, |h| h.players());
-            n += r.flv.as_ref().map_or(0, |f| f.tags.receiver_count());
-        }
-        let (epochs, clients) = self.srtp.status().iter().fold((0, 0), |(e, c), (_, n, _)| (e + 1, c + n));
-        n.saturating_sub(epochs) + clients
-    }
-
     /// Packets its source has brought in so far, all tracks together.
     pub fn received(&self) -> u64 {
         self.sessions().iter().map(|s| s.status().ring_head).sum()
@@ -235,6 +225,8 @@ impl Path {
     /// Stops everything it started: its outputs, its source, its sessions (after the
     /// source, so nothing is fed into a closed session).
     pub async fn close(&self) {
+        self.readers.close_all("the path went");
+        crate::hook::reader_events(self.readers.sweep(std::time::Instant::now()));
         self.srtp.stop_all();
         let repack = self.repack.lock().take();
         if let Some(r) = repack {

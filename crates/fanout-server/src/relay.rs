@@ -79,7 +79,7 @@ impl Drop for PatternSlot {
 pub trait RtspFront: Send + Sync {
     /// Ends the stream for every client of `name`: an RTCP BYE on each track, then the
     /// connection closes.
-    fn end_resource(&self, relay: &Relay, name: &str);
+    fn end_resource(&self, name: &str);
     /// Its clients, as `GET /v1/rtsp` shows them.
     fn clients(&self) -> Vec<crate::clients::ClientStatus>;
     /// The users requests are checked against from now on (a reload).
@@ -307,42 +307,21 @@ impl Relay {
     }
 
     /// The stream of `name` ended (a file played once, a publisher gone past its grace):
-    /// RTSP clients get an RTCP BYE and their connections close, HTTP stream subscribers'
-    /// connections close (the end of the stream). The session stays (a publisher may come
-    /// back; the file's status says it ended).
+    /// every reader is told its protocol's way (RTSP clients an RTCP BYE and the close, HTTP
+    /// streams their end, RTMP players the play's end, SRT and WebRTC the close), HLS players
+    /// by the playlist's end, and the recording's file completes. The path stays (a publisher
+    /// may come back; the file's status says it ended).
     pub fn end_players(&self, name: &str) {
-        let rtsp = self.rtsp.lock().clone();
-        if let Some(r) = rtsp {
-            r.end_resource(self, name);
-        }
-        let repack = self.path(name).and_then(|p| p.repack_running());
+        let Some(path) = self.path(name) else { return };
+        let repack = path.repack_running();
         if let Some(hls) = repack.as_ref().and_then(|r| r.hls.clone()) {
             hls.finish();
-        }
-        if let Some(flv) = repack.as_ref().and_then(|r| r.flv.clone()) {
-            let _ = flv.tags.send(crate::repack::FlvTag::end());
         }
         if let Some(r) = repack.as_ref().and_then(|r| r.record.clone()) {
             r.finish();
         }
-        for l in self.srt_links.lock().iter().filter(|l| l.path == name && l.mode == "read") {
-            l.end();
-        }
-        if let Some(w) = self.webrtc.lock().clone() {
-            w.end_path(name, false);
-        }
-        let ts = repack.and_then(|r| r.ts.clone());
-        let mut http = 0;
-        for s in self.session(name).ok().into_iter().chain(ts) {
-            for k in s.sinks().into_iter().filter(|k| matches!(k.target, fanout_io::SinkTarget::Http(_))) {
-                http += usize::from(s.remove_sink(k.id));
-            }
-        }
-        tracing::info!(
-            session = name,
-            http,
-            "the stream ended: its players were told (RTSP, HTTP, HLS, RTMP, SRT, WebRTC)"
-        );
+        let told = path.readers.close_all_but("the stream ended", crate::readers::Protocol::Hls);
+        tracing::info!(session = name, readers = told, "the stream ended: its readers were told");
     }
 
     /// Caps a sink's layers (see `fanout_io::Session::pin_sink_layers`). The sink is looked
@@ -664,12 +643,16 @@ impl Relay {
             }
         };
         tasks.extend(started.tasks.iter().cloned());
+        let mut sinks = Vec::new();
         for s in &spec.sinks {
-            if let Err(e) = add_sink(&session, s).await {
-                abort(&tasks);
-                started.feeder.close_tracks().await;
-                close(session).await;
-                return Err(e);
+            match add_sink(&session, s).await {
+                Ok(id) => sinks.push((id, s.clone())),
+                Err(e) => {
+                    abort(&tasks);
+                    started.feeder.close_tracks().await;
+                    close(session).await;
+                    return Err(e);
+                }
             }
         }
         let name = spec.name.clone();
@@ -679,6 +662,11 @@ impl Relay {
             tasks.push(tokio::spawn(end_when_over(Arc::downgrade(self), name.clone(), file)).abort_handle());
         }
         let path = Arc::new(Path::new(spec, session.clone(), started.feeder, tasks));
+        for (id, s) in &sinks {
+            if let Err(full) = sink_reader(&path, &session, *id, s) {
+                tracing::warn!(session = %name, sink = id, "a configured sink past max_readers, kept: {full}");
+            }
+        }
         let inserted = {
             let mut map = self.paths.write();
             let free = !map.contains_key(&name);
@@ -713,7 +701,7 @@ impl Relay {
         self.api_sinks.lock().list.retain(|(s, _, _)| !s.is(&path.session));
         let rtsp = self.rtsp.lock().clone();
         if let Some(r) = rtsp {
-            r.end_resource(self, name);
+            r.end_resource(name);
         }
         if let Some(w) = self.webrtc.lock().clone() {
             w.end_path(name, true);
@@ -725,8 +713,16 @@ impl Relay {
     pub async fn add_sink(self: &Arc<Self>, name: &str, spec: &SinkSpec) -> Result<u64, RelayError> {
         spec.validate().map_err(RelayError::BadRequest)?;
         self.ensure(name).await?;
-        let session = self.session(name)?;
+        let path = self.found(name)?;
+        if path.readers.full() {
+            return Err(RelayError::Full(format!("{name} has its max_readers")));
+        }
+        let session = path.session.clone();
         let id = add_sink(&session, spec).await?;
+        if let Err(full) = sink_reader(&path, &session, id, spec) {
+            session.remove_sink(id);
+            return Err(full.into());
+        }
         tracing::info!(session = name, sink = id, udp = ?spec.udp, tcp = ?spec.tcp, "sink added");
         let mut api = self.api_sinks.lock();
         // Sinks that went (removed, their session replaced) are pruned once the list has
@@ -893,6 +889,17 @@ fn is_broadcast_route(addr: std::net::SocketAddr) -> bool {
         && std::net::UdpSocket::bind(("0.0.0.0", 0))
             .and_then(|s| s.connect(addr))
             .is_err_and(|e| e.raw_os_error() == Some(libc::EACCES))
+}
+
+/// A UDP or TCP sink as one of its path's readers (there while the sink is).
+fn sink_reader(path: &Path, session: &Session, sink: u64, spec: &SinkSpec) -> Result<(), crate::readers::Full> {
+    use crate::readers::{Protocol, SinkReader, Who};
+    let (protocol, to) = match (spec.udp, spec.tcp) {
+        (Some(to), _) => (Protocol::UdpSink, Some(to)),
+        (None, to) => (Protocol::TcpSink, to),
+    };
+    let reader = Arc::new(SinkReader { session: session.clone(), sink });
+    path.readers.join(Who::new(protocol, to, None), reader).map(|r| r.detach())
 }
 
 async fn add_sink(session: &Session, spec: &SinkSpec) -> Result<u64, RelayError> {

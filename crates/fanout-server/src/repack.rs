@@ -41,6 +41,8 @@ pub struct Hls {
     born: Instant,
     /// Bytes of segments and parts served, for the status's out rate.
     served: std::sync::atomic::AtomicU64,
+    /// Players ended through the API: their reloads are refused (bounded, as ids are).
+    kicked: Mutex<std::collections::HashSet<String>>,
 }
 
 /// A player that asked for nothing for this long has stopped: players reload the playlist
@@ -58,6 +60,24 @@ impl Hls {
     /// A request from the player named `id` (see [`fanout_core::players`]).
     pub fn player_seen(&self, id: &str) {
         self.players.lock().seen(id, self.born.elapsed().as_millis() as u64);
+    }
+
+    /// Whether the player `id` asked for something lately.
+    pub fn player_active(&self, id: &str) -> bool {
+        self.players.lock().is_active(id, self.born.elapsed().as_millis() as u64)
+    }
+
+    /// Ends the player `id`: its next playlist reload is refused.
+    pub fn kick(&self, id: &str) {
+        let mut k = self.kicked.lock();
+        if k.len() >= MAX_PLAYERS {
+            k.clear();
+        }
+        k.insert(id.to_string());
+    }
+
+    pub fn was_kicked(&self, id: &str) -> bool {
+        self.kicked.lock().contains(id)
     }
 
     /// A segment or part of `n` bytes went to a player.
@@ -109,6 +129,22 @@ impl Hls {
     }
 }
 
+/// An HLS player as one of its path's readers: there while its reloads come.
+pub struct HlsReader {
+    pub hls: Arc<Hls>,
+    pub id: String,
+}
+
+impl crate::readers::Reader for HlsReader {
+    fn close(&self, _reason: &str) {
+        self.hls.kick(&self.id);
+    }
+
+    fn alive(&self, _now: Instant) -> bool {
+        self.hls.player_active(&self.id)
+    }
+}
+
 /// The FLV side, for RTMP players: the decoder configurations every player gets first, and
 /// the tags as they are made (a player that falls behind the channel resumes at a keyframe).
 pub struct Flv {
@@ -123,14 +159,6 @@ pub struct FlvTag {
     pub key: bool,
     pub ms: u32,
     pub body: Arc<Vec<u8>>,
-    /// Not a tag: the stream ended (its publisher left for good); players are told and closed.
-    pub end: bool,
-}
-
-impl FlvTag {
-    pub fn end() -> Self {
-        Self { video: false, key: false, ms: 0, body: Arc::default(), end: true }
-    }
 }
 
 /// Tags an RTMP player may be behind before it skips to the next keyframe.
@@ -229,6 +257,7 @@ impl Repack {
                 players: Mutex::new(fanout_core::players::Players::new(PLAYER_WINDOW_MS, MAX_PLAYERS)),
                 born: Instant::now(),
                 served: Default::default(),
+                kicked: Default::default(),
             })
         });
         let describes = describe(repack.streams());
@@ -300,12 +329,12 @@ impl Outputs {
                 let codec = *codec;
                 self.flv_times[u.stream].push(u.time, (u.key, u.data.clone()), |pts, dts, (key, data)| {
                     let body = flv::video_frame(codec, key, ((pts - dts) / 90) as i32, &data);
-                    let _ = f.tags.send(FlvTag { video: true, key, ms: ms(dts), body: Arc::new(body), end: false });
+                    let _ = f.tags.send(FlvTag { video: true, key, ms: ms(dts), body: Arc::new(body) });
                 });
             }
             TrackCodec::Aac { .. } => {
                 let body = Arc::new(flv::aac_frame(&u.data));
-                let _ = f.tags.send(FlvTag { video: false, key: false, ms: ms(u.time), body, end: false });
+                let _ = f.tags.send(FlvTag { video: false, key: false, ms: ms(u.time), body });
             }
         }
     }

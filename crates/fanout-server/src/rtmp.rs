@@ -13,6 +13,7 @@
 //! The protocol is `fanout_proto::rtmp` (sans-IO); this module holds the sockets, the
 //! deadlines and the decisions: who may publish or play what.
 
+use crate::readers::{Held, Protocol, Registered, Who};
 use crate::relay::Relay;
 use fanout_proto::rtmp::ingest::Ingest;
 use fanout_proto::rtmp::server::{split_query, Event, Server};
@@ -60,6 +61,7 @@ pub async fn serve(listener: TcpListener, relay: Arc<Relay>, tls: Option<tokio_r
                 ingest: Ingest::default(),
                 started: false,
                 playing: None,
+                tls: tls.is_some(),
             };
             let end = match tls {
                 None => c.run(stream).await,
@@ -92,6 +94,8 @@ struct Conn<'a> {
     started: bool,
     /// What it plays, once accepted.
     playing: Option<Player>,
+    /// Over TLS (RTMPS).
+    tls: bool,
 }
 
 /// An RTMP player: the path's FLV tags as they come, from a keyframe on.
@@ -105,6 +109,9 @@ struct Player {
     base: Option<u32>,
     /// The repackaging, held while it plays.
     _repack: Arc<crate::repack::Repack>,
+    /// Its place among the path's readers, and what it was sent.
+    held: Arc<Held>,
+    _registered: Registered,
 }
 
 /// The path a publish or play names, and the query its credentials come in (the key's, else
@@ -213,7 +220,15 @@ impl Conn<'_> {
                     None => Ok(stream.read(&mut buf).await),
                 }
             };
+            let held = self.playing.as_ref().map(|p| p.held.clone());
             let n = tokio::select! {
+                // Kicked, or the path went: told as the stream's end.
+                why = crate::readers::ended(held.as_deref()) => {
+                    server.end_play(&why);
+                    let out = server.take_output();
+                    write_by(&mut stream, &out, self.write_until(setup_until, idle)).await?;
+                    return Err(why);
+                }
                 read = read => match read {
                     Err(_) => return Err("timed out".into()),
                     Ok(Err(e)) => return Err(e.to_string()),
@@ -347,13 +362,26 @@ impl Conn<'_> {
             let why = format!("{path_name}'s tracks do not go in FLV ({}; parameter sets unknown?)", repack.describes);
             return refuse("NetStream.Play.StreamNotFound", why);
         };
+        let protocol = if self.tls { Protocol::Rtmps } else { Protocol::Rtmp };
+        let user = fanout_proto::auth::query_credentials(query).0;
+        let held = Arc::new(Held::default());
+        let joined = match self.relay.path(path_name) {
+            Some(path) => path.readers.join(Who::new(protocol, Some(self.peer), user), held.clone()),
+            None => return refuse("NetStream.Play.StreamNotFound", format!("no path {path_name}")),
+        };
+        let registered = match joined {
+            Ok(r) => r,
+            Err(full) => return refuse("NetStream.Play.Failed", full.to_string()),
+        };
         server.accept_play(stream_id, path_name);
         for (video, body) in &flv.config {
             server.media(*video, 0, body);
         }
         let video = flv.config.iter().any(|(v, _)| *v);
-        tracing::info!(peer = %self.peer, path = %path_name, "RTMP player playing");
-        self.playing = Some(Player { tags: flv.tags.subscribe(), at_key: video, video, base: None, _repack: repack });
+        tracing::info!(peer = %self.peer, path = %path_name, reader = registered.id(), "RTMP player playing");
+        let tags = flv.tags.subscribe();
+        self.playing =
+            Some(Player { tags, at_key: video, video, base: None, _repack: repack, held, _registered: registered });
         Ok(())
     }
 
@@ -385,15 +413,12 @@ impl Conn<'_> {
             // It fell a channel behind: on at the next keyframe, its picture whole.
             Err(RecvError::Lagged(n)) => {
                 tracing::debug!(peer = %self.peer, skipped = n, "RTMP player fell behind");
+                p.held.skipped(n);
                 p.at_key = p.video;
                 return Ok(());
             }
             Err(RecvError::Closed) => return Err("the stream ended".into()),
         };
-        if tag.end {
-            server.end_play("the stream ended: its publisher left");
-            return Err("the stream ended".into());
-        }
         if p.at_key {
             if !(tag.video && tag.key) {
                 return Ok(());
@@ -402,6 +427,7 @@ impl Conn<'_> {
         }
         let base = *p.base.get_or_insert(tag.ms);
         server.media(tag.video, tag.ms.saturating_sub(base), &tag.body);
+        p.held.sent(tag.body.len(), 1);
         Ok(())
     }
 

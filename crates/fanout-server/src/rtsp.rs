@@ -49,6 +49,8 @@ struct Client {
     foreign_blocks: u64,
     /// Keyframes it asked for (PLI, FIR): each marks the track's session as wanting one.
     keyframe_requests: u64,
+    /// Its place among its path's readers while it plays.
+    reader: Option<crate::readers::Registered>,
 }
 
 /// One of a client's sinks: its track, and where it lives: the track's session, or for an
@@ -58,11 +60,40 @@ struct Placed {
     id: u64,
     session: fanout_io::Session,
     srtp: Option<Arc<crate::srtp_out::Epoch>>,
+    /// The track's own session (whose SSRC its RTCP BYE names).
+    track_session: fanout_io::Session,
+}
+
+/// An RTSP client as one of its path's readers: counted by its sinks, ended by an RTCP BYE
+/// and the close of its connection.
+struct RtspReader {
+    rtsp: std::sync::Weak<Rtsp>,
+    session: String,
+    /// Its sinks as it started playing (a new PLAY after PAUSE joins anew). (Not read from
+    /// `Rtsp.clients`: a registration is dropped under that lock.)
+    sinks: Vec<(fanout_io::Session, u64)>,
+}
+
+impl crate::readers::Reader for RtspReader {
+    fn counters(&self) -> crate::readers::Counters {
+        let statuses = self.sinks.iter().filter_map(|(session, id)| session.sink_status(*id));
+        statuses.fold(Default::default(), |c, s| crate::readers::Counters {
+            bytes: c.bytes + s.bytes_sent,
+            packets: c.packets + s.packets_sent,
+            skips: c.skips + s.packets_skipped,
+        })
+    }
+
+    fn close(&self, _reason: &str) {
+        if let Some(rtsp) = self.rtsp.upgrade() {
+            rtsp.end_clients(|id, _| id == self.session);
+        }
+    }
 }
 
 impl crate::relay::RtspFront for Rtsp {
-    fn end_resource(&self, relay: &Relay, name: &str) {
-        Rtsp::end_resource(self, relay, name)
+    fn end_resource(&self, name: &str) {
+        Rtsp::end_resource(self, name)
     }
     fn clients(&self) -> Vec<ClientStatus> {
         Rtsp::clients(self)
@@ -73,6 +104,8 @@ impl crate::relay::RtspFront for Rtsp {
 }
 
 pub struct Rtsp {
+    /// Itself, for the readers it registers.
+    me: std::sync::Weak<Rtsp>,
     server: Mutex<Server>,
     clients: Mutex<HashMap<String, Client>>,
     started: Instant,
@@ -123,6 +156,8 @@ struct Conn {
     ended: std::sync::atomic::AtomicBool,
     /// It published, and a newer publisher took over: closed at the next wake-up.
     displaced: std::sync::atomic::AtomicBool,
+    /// Over TLS (RTSPS).
+    secure: bool,
 }
 
 /// Where a sender report goes: a UDP client's RTCP port, or an interleaved client's RTCP
@@ -191,7 +226,8 @@ impl Rtsp {
         ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut secret)
             .map_err(|_| std::io::Error::other("no system randomness for RTSP session ids"))?;
         let cfg = Config { server_ports: ports, record_ports, interleaved: true, users, ..Config::default() };
-        Ok(Arc::new(Self {
+        Ok(Arc::new_cyclic(|me| Self {
+            me: me.clone(),
             server: Mutex::new(Server::new(cfg, secret)),
             clients: Mutex::new(HashMap::new()),
             started: Instant::now(),
@@ -208,16 +244,19 @@ impl Rtsp {
     /// played out, its publisher gone): each playing track gets an RTCP BYE (RFC 3550 §6.6,
     /// behind an empty receiver report, as a compound packet must start), over UDP or on its
     /// connection, and the connections close: a player sees the end instead of silence.
-    pub fn end_resource(&self, relay: &Relay, name: &str) {
+    pub fn end_resource(&self, name: &str) {
+        self.end_clients(|_, c| c.resource == name);
+    }
+
+    /// Ends the clients `which` picks (by RTSP session id and client), as
+    /// [`Rtsp::end_resource`] does.
+    fn end_clients(&self, which: impl Fn(&str, &Client) -> bool) {
         let mut byes = Vec::new();
         let conns: Vec<u64> = {
             let clients = self.clients.lock();
-            let tracks = relay.tracks(name);
-            for c in clients.values().filter(|c| c.resource == name) {
+            for c in clients.iter().filter(|(id, c)| which(id, c)).map(|(_, c)| c) {
                 for p in &c.sinks {
-                    let Some(ssrc) = tracks.get(p.track).and_then(|t| t.session.rtp_ssrc()) else {
-                        continue;
-                    };
+                    let Some(ssrc) = p.track_session.rtp_ssrc() else { continue };
                     let mut bye = Vec::with_capacity(16);
                     fanout_proto::rtp::rtcp::write_bye(&mut bye, ssrc);
                     if let Some(epoch) = &p.srtp {
@@ -234,7 +273,7 @@ impl Rtsp {
                     }
                 }
             }
-            clients.values().filter(|c| c.resource == name).map(|c| c.conn).collect()
+            clients.iter().filter(|(id, c)| which(id, c)).map(|(_, c)| c.conn).collect()
         };
         if let Some(sock) = self.rtcp_out.lock().as_ref() {
             for (to, bye) in &byes {
@@ -491,7 +530,32 @@ impl Rtsp {
     }
 
     /// Carries out the state machine's actions on the relay's sessions.
+    /// Joins a client that starts playing to its path's readers; `None` where the path has
+    /// no room (it is then ended) or is gone.
+    fn join_readers(&self, relay: &Relay, session: &str, c: &Client) -> Option<crate::readers::Registered> {
+        let secure = self.conns.lock().get(&c.conn).is_some_and(|conn| conn.secure);
+        let protocol = if secure { crate::readers::Protocol::Rtsps } else { crate::readers::Protocol::Rtsp };
+        let who = crate::readers::Who::new(protocol, Some(SocketAddr::new(c.peer, 0)), None);
+        let sinks = c.sinks.iter().map(|p| (p.session.clone(), p.id)).collect();
+        let reader = Arc::new(RtspReader { rtsp: self.me.clone(), session: session.to_string(), sinks });
+        match relay.path(&c.resource)?.readers.join(who, reader) {
+            Ok(r) => Some(r),
+            Err(full) => {
+                tracing::warn!(resource = %c.resource, peer = %c.peer, "RTSP client ended: {full}");
+                None
+            }
+        }
+    }
+
     fn apply(&self, relay: &Relay, peer: IpAddr, actions: Vec<Action>) {
+        let mut refused = Vec::new();
+        self.apply_actions(relay, peer, actions, &mut refused);
+        if !refused.is_empty() {
+            self.end_clients(|id, _| refused.iter().any(|r| r == id));
+        }
+    }
+
+    fn apply_actions(&self, relay: &Relay, peer: IpAddr, actions: Vec<Action>, refused: &mut Vec<String>) {
         let mut clients = self.clients.lock();
         for a in actions {
             match a {
@@ -510,6 +574,7 @@ impl Rtsp {
                         rtt: None,
                         foreign_blocks: 0,
                         keyframe_requests: 0,
+                        reader: None,
                     });
                     c.tracks.retain(|t| t.0 != track);
                     c.tracks.push((track, lower));
@@ -563,9 +628,16 @@ impl Rtsp {
                             Ok(id) => {
                                 let how = if matches!(lower, Lower::Udp { .. }) { "udp" } else { "interleaved" };
                                 tracing::info!(resource = %c.resource, peer = %c.peer, track = t, sink = id, how, srtp = c.srtp, "RTSP client playing");
-                                c.sinks.push(Placed { track: t, id, session: into, srtp: epoch })
+                                let track_session = tr.session.clone();
+                                c.sinks.push(Placed { track: t, id, session: into, srtp: epoch, track_session })
                             }
                             Err(e) => tracing::warn!(rtsp_session = %session, "cannot add the client's sink: {e}"),
+                        }
+                    }
+                    if c.reader.is_none() && !c.sinks.is_empty() {
+                        c.reader = self.join_readers(relay, &session, c);
+                        if c.reader.is_none() {
+                            refused.push(session.clone());
                         }
                     }
                 }
@@ -600,6 +672,7 @@ impl Rtsp {
                     for p in c.sinks.drain(..) {
                         p.session.remove_sink(p.id);
                     }
+                    c.reader = None;
                     if let Some(conn) = self.conns.lock().get(&c.conn) {
                         let channels: Vec<u8> = c.tracks.iter().filter_map(|t| interleaved_rtp(&t.1)).collect();
                         conn.queues.lock().retain(|(ch, _)| !channels.contains(ch));
@@ -1007,7 +1080,7 @@ async fn connection(
             self.0.conns.lock().remove(&self.1);
         }
     }
-    let me = Arc::new(Conn::default());
+    let me = Arc::new(Conn { secure, ..Conn::default() });
     rtsp.conns.lock().insert(conn, me.clone());
     let _registered = Registered(rtsp, conn);
     let limits = Limits::default();
@@ -1158,6 +1231,19 @@ async fn connection(
                                     tokio::time::sleep(Duration::from_millis(20)).await;
                                 }
                             }
+                        }
+                    }
+                    // A path at its `max_readers` takes no new reader: 453 Not Enough Bandwidth.
+                    if req.method == "DESCRIBE" {
+                        let path = fanout_proto::rtsp::server::split_url(&req.uri).and_then(|(n, _)| relay.path(n));
+                        if let Some(p) = path.filter(|p| p.readers.full()) {
+                            let e = crate::relay::RelayError::Full(format!("{} has its max_readers", p.name));
+                            tracing::warn!(%peer, uri = %req.uri, "DESCRIBE refused: {e}");
+                            let mut resp = Response::new(e.rtsp_status(), req.headers.cseq());
+                            resp.body = e.to_string().into_bytes();
+                            resp.headers.set("Content-Type", "text/plain");
+                            stream.write_all(&answer(resp)).await?;
+                            continue;
                         }
                     }
                     let (resp, actions) = {

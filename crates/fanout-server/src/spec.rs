@@ -460,6 +460,16 @@ pub struct SessionSpec {
     pub run_on_read: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_on_record_segment_complete: Option<String>,
+    /// Readers at most, all protocols together: the next is refused with its protocol's
+    /// answer (RTSP 453, HTTP 503, RTMP `NetStream.Play.Failed`, SRT rejection).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_readers: Option<usize>,
+    /// Commands run once per reader as it comes and goes: a program and its arguments, no
+    /// shell (config files only). Their environment names the reader (`FANOUT_READER_*`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_read: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_unread: Option<Vec<String>>,
 }
 
 /// Whether a session's sinks are paced each alone or, as behind one link, together too.
@@ -527,6 +537,18 @@ impl SessionSpec {
             run_on_not_ready: None,
             run_on_read: None,
             run_on_record_segment_complete: None,
+            max_readers: None,
+            on_read: None,
+            on_unread: None,
+        }
+    }
+
+    /// What its readers' registry applies.
+    pub fn reader_settings(&self) -> crate::readers::Settings {
+        crate::readers::Settings {
+            max_readers: self.max_readers,
+            on_read: self.on_read.clone(),
+            on_unread: self.on_unread.clone(),
         }
     }
 
@@ -536,6 +558,8 @@ impl SessionSpec {
             || self.run_on_not_ready.is_some()
             || self.run_on_read.is_some()
             || self.run_on_record_segment_complete.is_some()
+            || self.on_read.is_some()
+            || self.on_unread.is_some()
     }
 
     pub fn validate(&self) -> Result<(), String> {
@@ -549,6 +573,13 @@ impl SessionSpec {
         }
         if self.kernel_spread && self.datapath.is_some_and(|d| d != DataPath::Kernel) {
             return Err("kernel_spread spreads the kernel data path: it needs datapath \"kernel\"".into());
+        }
+        for (key, cmd) in [("on_read", &self.on_read), ("on_unread", &self.on_unread)] {
+            if cmd.as_ref().is_some_and(|c| c.first().is_none_or(|p| p.is_empty())) {
+                return Err(format!(
+                    r#"{key}: a program and its arguments, as a list: {key} = ["/usr/bin/logger", "a reader"]"#
+                ));
+            }
         }
         if let Some(ms) = self.stream_flush_ms.filter(|&ms| ms > MAX_STREAM_FLUSH_MS) {
             return Err(format!("stream_flush_ms {ms} is out of range 0..={MAX_STREAM_FLUSH_MS}"));

@@ -172,6 +172,9 @@ fn decide(relay: &Relay, peer: Option<SocketAddr>, streamid: &str) -> Result<(),
         Mode::Read if relay.path(path).is_none() && relay.cluster.is_none() => {
             refuse(reject::NOT_FOUND, format!("no path {path:?}"))
         }
+        Mode::Read if relay.path(path).is_some_and(|p| p.readers.full()) => {
+            refuse(reject::OVERLOAD, format!("{path} has its max_readers"))
+        }
         Mode::Read => Ok(()),
     }
 }
@@ -240,14 +243,8 @@ fn connection(
             return;
         }
     }
-    let link = Arc::new(SrtLink {
-        path: path.to_string(),
-        mode: if id.mode == Mode::Publish { "publish" } else { "read" },
-        peer,
-        since: Instant::now(),
-        socket: socket.clone(),
-        ended: Default::default(),
-    });
+    let mode = if id.mode == Mode::Publish { "publish" } else { "read" };
+    let link = Arc::new(SrtLink::new(path, mode, peer, socket.clone()));
     relay.srt_links.lock().push(link.clone());
     let peer_s = peer.map_or_else(|| "?".to_string(), |p| p.to_string());
     let ended = match id.mode {
@@ -255,7 +252,7 @@ fn connection(
             runtime.block_on(relay.ensure_publishable(path));
             publish(&socket, &link, conn, path, relay)
         }
-        Mode::Read => read(&socket, &link, relay, runtime, groups),
+        Mode::Read => read(&socket, &link, user, relay, runtime, groups),
     };
     relay.srt_links.lock().retain(|l| !Arc::ptr_eq(l, &link));
     let s = socket.stats().unwrap_or_default();
@@ -292,6 +289,7 @@ type Groups = Arc<parking_lot::Mutex<std::collections::HashMap<String, Arc<parki
 fn read(
     socket: &Arc<Socket>,
     link: &Arc<SrtLink>,
+    user: Option<&str>,
     relay: &Arc<Relay>,
     runtime: &tokio::runtime::Handle,
     groups: &Groups,
@@ -301,6 +299,15 @@ fn read(
     let session = match runtime.block_on(relay.http_session(path)) {
         Ok(s) => s,
         Err(e) => return format!("nothing to read: {e}"),
+    };
+    let Some(registry) = relay.path(path).map(|p| p.readers.clone()) else {
+        return format!("the path {path} went away");
+    };
+    let who = crate::readers::Who::new(crate::readers::Protocol::Srt, link.peer, user);
+    // (The handshake refused a reader of a full path; this is for one that raced it.)
+    let _registered = match registry.join(who, link.clone()) {
+        Ok(r) => r,
+        Err(full) => return full.to_string(),
     };
     // A reader whose send buffer is full is behind by all of it: it is cut off, never waited for.
     if let Err(e) = socket.set_nonblocking_send() {
@@ -356,13 +363,14 @@ fn send_to_readers(
         queue.drain(&mut frames);
         let mut ms = members.lock();
         ms.retain(|m| {
-            let why = if m.link.has_ended() {
-                Some("the stream ended: its publisher left".to_string())
+            let why = if let Some(why) = m.link.has_ended() {
+                Some(why)
             } else if m.socket.state() != fanout_srt::State::Connected {
                 Some("the reader left".to_string())
             } else {
                 let mut chunks = frames.iter().flat_map(|(p, _)| p.data().chunks(PAYLOAD));
-                chunks.find_map(|c| m.socket.send(c).err()).map(|e| format!("it fell behind or went: {e}"))
+                let sent = |c: &[u8]| m.socket.send(c).map(|_| m.link.held.sent(c.len(), 1));
+                chunks.find_map(|c| sent(c).err()).map(|e| format!("it fell behind or went: {e}"))
             };
             match why {
                 Some(w) => {

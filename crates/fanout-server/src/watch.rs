@@ -1,7 +1,8 @@
 //! The hooks of a path's life: `run_on_ready` runs while the path has its stream (packets
 //! came in within the last `QUIET`), `run_on_not_ready` once when the stream goes (or the
-//! path with it), `run_on_read` while anyone reads it. One task looks at every path with
-//! hooks twice a second; the commands are `crate::hook`'s.
+//! path with it), `run_on_read` while anyone reads it, `on_read` / `on_unread` once per
+//! reader as it comes and goes. One task looks at every path twice a second (and sweeps its
+//! readers' registry); the commands are `crate::hook`'s.
 
 use crate::hook::Hook;
 use crate::relay::Relay;
@@ -35,6 +36,7 @@ pub async fn run_hooks(relay: Arc<Relay>) {
         tick.tick().await;
         let mut seen = Vec::new();
         for path in relay.paths() {
+            crate::hook::reader_events(path.readers.sweep(Instant::now()));
             let spec = path.spec();
             if spec.run_on_ready.is_none() && spec.run_on_not_ready.is_none() && spec.run_on_read.is_none() {
                 continue;
@@ -59,7 +61,7 @@ pub async fn run_hooks(relay: Arc<Relay>) {
                 not_ready(w, &name, &relay).await;
             }
             w.ready = ready;
-            let reading = path.readers() > 0;
+            let reading = path.readers.len() > 0;
             match (&spec.run_on_read, w.on_read.is_some(), reading) {
                 (Some(cmd), false, true) => w.on_read = start("run_on_read", cmd, &name, &relay),
                 (_, true, false) => {

@@ -13,6 +13,7 @@
 
 use crate::admit::{Gate, Pass};
 use crate::clients::{LastPicture, ViewerStatus, WebRtcFace};
+use crate::readers::{Registered, Who};
 use crate::relay::Relay;
 use fanout_io::channel::{ChannelQueue, Frame};
 use fanout_io::Session;
@@ -150,6 +151,26 @@ struct Viewer {
     adapt: Option<Adapt>,
     /// Its place in its address's count, given back when it goes.
     _pass: Option<Pass>,
+    /// Its place among its path's readers (a viewer's), left when it goes.
+    _reader: Option<Registered>,
+}
+
+/// A viewer as one of its path's readers: counted by the face's status, ended by the face.
+struct ViewerReader {
+    id: String,
+    cmds: mpsc::UnboundedSender<Cmd>,
+    shared: Arc<Shared>,
+}
+
+impl crate::readers::Reader for ViewerReader {
+    fn counters(&self) -> crate::readers::Counters {
+        let packets = self.shared.viewers.lock().get(&self.id).map_or(0, |v| v.packets);
+        crate::readers::Counters { packets, ..Default::default() }
+    }
+
+    fn close(&self, _reason: &str) {
+        let _ = self.cmds.send(Cmd::Remove(self.id.clone()));
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -364,7 +385,7 @@ impl WebRtc {
                 format!("nothing of {path} can be sent to this viewer: {}", plan.left_out.join("; ")),
             ));
         }
-        let id = crate::clients::random_id();
+        let id = crate::readers::new_id();
         let first_seq = u64::from(crate::track::random_start().0) + 1;
         let mut outs = Vec::new();
         let mut names = Vec::new();
@@ -420,7 +441,11 @@ impl WebRtc {
             switches: None,
         };
         let adapt = whole_bps.map(|whole_bps| Adapt { whole_bps, estimate_bps: None, layered: layered.is_some() });
-        self.admit(status, rtc, outs, None, adapt, pass)?;
+        // One of the path's readers, under its WHEP resource's id.
+        let who = Who::new(crate::readers::Protocol::Webrtc, caller.ip.map(|ip| SocketAddr::new(ip, 0)), None);
+        let reader = Arc::new(ViewerReader { id: id.clone(), cmds: self.cmds.clone(), shared: self.shared.clone() });
+        let registered = p.readers.join_as(id.clone(), who, reader).map_err(|f| Refused(503, f.to_string()))?;
+        self.admit(status, rtc, outs, None, adapt, (pass, Some(registered)))?;
         tracing::info!(path, viewer = %id, left_out = ?plan.left_out, "WebRTC viewer offered");
         Ok((answer, id))
     }
@@ -537,7 +562,7 @@ impl WebRtc {
         outs: Vec<Out>,
         publish: Option<Publishing>,
         adapt: Option<Adapt>,
-        pass: Option<Pass>,
+        (pass, reader): (Option<Pass>, Option<Registered>),
     ) -> Result<(), Refused> {
         let id = status.id.clone();
         self.shared.viewers.lock().insert(id.clone(), status);
@@ -555,6 +580,7 @@ impl WebRtc {
             publish,
             adapt,
             _pass: pass,
+            _reader: reader,
         };
         if self.cmds.send(Cmd::Add(Box::new(v))).is_err() {
             self.shared.viewers.lock().remove(&id);
@@ -635,7 +661,7 @@ impl WebRtc {
             simulcast,
             asked: Instant::now(),
         };
-        self.admit(status, rtc, Vec::new(), Some(publish), None, pass)?;
+        self.admit(status, rtc, Vec::new(), Some(publish), None, (pass, None))?;
         tracing::info!(path, publisher = %id, simulcast = ?rids, "WHIP publisher offered");
         Ok((answer, id))
     }

@@ -54,6 +54,8 @@ pub mod reject {
     pub const UNAUTHORIZED: i32 = 1401;
     pub const NOT_FOUND: i32 = 1404;
     pub const CONFLICT: i32 = 1409;
+    /// `SRT_REJX_OVERLOAD`: the server has no room (a path at its `max_readers`).
+    pub const OVERLOAD: i32 = 1503;
 }
 
 /// `SRT_ETIMEOUT` (srt.h: MJ_AGAIN 6, MN_XMTIMEOUT 3).

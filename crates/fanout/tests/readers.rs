@@ -1,0 +1,241 @@
+//! A path's readers, whatever their protocol: listed through the API, kicked one by one
+//! (each client told the end its protocol's way), hooks once per reader, and `max_readers`
+//! refusing the next reader on every face with that face's own answer.
+
+mod common;
+use common::*;
+use serde_json::{json, Value};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn have_srt() -> bool {
+    let protocols = Command::new("ffmpeg").args(["-hide_banner", "-protocols"]).output();
+    let ok = protocols.is_ok_and(|p| String::from_utf8_lossy(&p.stdout).lines().any(|l| l.trim() == "srt"))
+        && fanout_srt::version().is_ok();
+    if !ok {
+        eprintln!("\n*** SKIPPED (SRT): no libsrt or no ffmpeg with srt:// here ***\n");
+        assert!(std::env::var("CI").is_err(), "CI must have SRT (scripts/test installs it)");
+    }
+    ok
+}
+
+/// ffmpeg playing `url` to nothing, 60 s at most.
+fn ffmpeg_player(url: &str, args: &[&str]) -> Child {
+    Command::new("timeout")
+        .args(["60", "ffmpeg", "-nostdin", "-loglevel", "error"])
+        .args(args)
+        .args(["-i", url, "-f", "null", "-"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+fn readers(relay: &Relay) -> Vec<Value> {
+    relay.ok("GET", "/v1/sessions/cam/readers", None).as_array().unwrap().clone()
+}
+
+/// The one reader of `protocol` once it is listed.
+fn listed(relay: &Relay, protocol: &str) -> Value {
+    let mut found = None;
+    let ok = wait_for(Duration::from_secs(15), || {
+        found = readers(relay).into_iter().find(|r| r["protocol"] == protocol);
+        found.is_some()
+    });
+    assert!(ok, "no {protocol} reader listed: {:?}", readers(relay));
+    found.unwrap()
+}
+
+fn kick(relay: &Relay, id: &str) {
+    let (status, body) = relay.call("DELETE", &format!("/v1/sessions/cam/readers/{id}"), None);
+    assert_eq!(status, 204, "{body}");
+    let (status, _) = relay.call("GET", &format!("/v1/sessions/cam/readers/{id}"), None);
+    assert_eq!(status, 404, "a kicked reader is still listed");
+}
+
+/// Waits for a player process to end by itself (it was told the end), not by its timeout.
+fn ends(mut p: Child, what: &str) {
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(20) {
+        if let Some(status) = p.try_wait().unwrap() {
+            assert_ne!(status.code(), Some(124), "{what}: ended by its timeout");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = p.kill();
+    panic!("{what}: still playing 20 s after it was kicked");
+}
+
+#[test]
+fn every_face_lists_its_readers_kicks_one_and_runs_the_hooks_once() {
+    let log = std::env::temp_dir().join(format!("fanout-readers-hooks-{}", std::process::id()));
+    let _ = std::fs::remove_file(&log);
+    // A program and its arguments, no shell of ours (the test asks for one to write a file).
+    let hook = |what: &str| {
+        let line =
+            format!("{what} $FANOUT_READER_PROTOCOL $FANOUT_READER_ID $FANOUT_READER_ADDR b=$FANOUT_READER_BYTES");
+        format!("[\"/bin/sh\", \"-c\", \"echo {line} >> {}\"]", log.display())
+    };
+    let relay = Relay::with_config(
+        &format!(
+            "[[session]]\nname = \"cam\"\nsource = {{ demo = true }}\non_read = {}\non_unread = {}\n",
+            hook("read"),
+            hook("unread")
+        ),
+        &["--no-demo"],
+    );
+    let engine = relay.ok("GET", "/v1/engine", None);
+    let mut kicked: Vec<(String, &str)> = Vec::new();
+
+    // HTTP TS: the engine's sink; the kick closes its socket.
+    let mut ts = relay.http_subscribe("cam");
+    let r = listed(&relay, "http_ts");
+    assert!(r["addr"].as_str().unwrap().starts_with("127.0.0.1:"), "{r}");
+    assert!(wait_for(Duration::from_secs(5), || {
+        relay.ok("GET", &format!("/v1/sessions/cam/readers/{}", r["id"].as_str().unwrap()), None)["bytes"]
+            .as_u64()
+            .unwrap()
+            > 0
+    }));
+    kick(&relay, r["id"].as_str().unwrap());
+    ts.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut sink = Vec::new();
+    assert!(ts.read_to_end(&mut sink).is_ok(), "the HTTP stream did not end");
+    kicked.push((r["id"].as_str().unwrap().into(), "http_ts"));
+
+    // HLS: a player is named in its media playlist's URL; kicked, its reload is refused.
+    let multivariant = ureq::get(&relay.url("/v1/sessions/cam/hls/index.m3u8")).call().unwrap().into_string().unwrap();
+    let media = multivariant.lines().find(|l| l.starts_with("index.m3u8?player=")).unwrap().to_string();
+    let player = media.trim_start_matches("index.m3u8?player=").to_string();
+    let url = relay.url(&format!("/v1/sessions/cam/hls/{media}"));
+    assert_eq!(ureq::get(&url).call().unwrap().status(), 200);
+    let r = listed(&relay, "hls");
+    assert_eq!(r["id"], player.as_str());
+    kick(&relay, &player);
+    let gone = ureq::get(&url).call().err().and_then(|e| e.into_response()).map(|r| r.status());
+    assert_eq!(gone, Some(410), "a kicked HLS player's reload");
+    kicked.push((player, "hls"));
+
+    // WHEP: the reader is the resource; kicked, the resource is gone.
+    let made = ureq::post(&relay.url("/cam/whep"))
+        .set("Content-Type", "application/sdp")
+        .send_string(&fanout_tools::whep::sample_offer().unwrap())
+        .unwrap();
+    let location = made.header("Location").unwrap().to_string();
+    let id = location.rsplit('/').next().unwrap().to_string();
+    let r = listed(&relay, "webrtc");
+    assert_eq!(r["id"], id.as_str());
+    kick(&relay, &id);
+    assert!(
+        wait_for(Duration::from_secs(5), || ureq::delete(&relay.url(&location)).call().is_err()),
+        "the WHEP resource is still there"
+    );
+    kicked.push((id, "webrtc"));
+
+    // A UDP sink added through the API.
+    let sink =
+        relay.ok("POST", "/v1/sessions/cam/sinks", Some(json!({"udp": free_udp_port()})))["id"].as_u64().unwrap();
+    let r = listed(&relay, "udp_sink");
+    kick(&relay, r["id"].as_str().unwrap());
+    assert_eq!(relay.call("GET", &format!("/v1/sessions/cam/sinks/{sink}"), None).0, 404);
+    kicked.push((r["id"].as_str().unwrap().into(), "udp_sink"));
+
+    // Clients we did not write: ffmpeg over RTSP (interleaved), RTMP and SRT.
+    if have_ffmpeg() {
+        let rtsp = rtsp_addr(&relay);
+        let rtmp = engine["rtmp"].as_str().unwrap().to_string();
+        let mut players = vec![
+            ("rtsp", ffmpeg_player(&format!("rtsp://{rtsp}/cam"), &["-rtsp_transport", "tcp"])),
+            ("rtmp", ffmpeg_player(&format!("rtmp://{rtmp}/cam"), &[])),
+        ];
+        if have_srt() {
+            let srt = engine["srt"].as_str().unwrap();
+            players.push(("srt", ffmpeg_player(&format!("srt://{srt}?streamid=read:cam"), &[])));
+        }
+        for (protocol, p) in players {
+            let r = listed(&relay, protocol);
+            let id = r["id"].as_str().unwrap();
+            let sent = || relay.ok("GET", &format!("/v1/sessions/cam/readers/{id}"), None)["bytes"].as_u64().unwrap();
+            assert!(wait_for(Duration::from_secs(10), || sent() > 0), "{protocol}: no bytes counted");
+            kick(&relay, id);
+            ends(p, protocol);
+            kicked.push((r["id"].as_str().unwrap().into(), protocol));
+        }
+    }
+
+    // Each reader's hooks ran once each, with its protocol and id.
+    let lines = || std::fs::read_to_string(&log).unwrap_or_default();
+    let done = wait_for(Duration::from_secs(10), || {
+        lines().lines().filter(|l| l.starts_with("unread")).count() >= kicked.len()
+    });
+    assert!(done, "hooks:\n{}", lines());
+    let text = lines();
+    for (id, protocol) in &kicked {
+        for what in ["read", "unread"] {
+            let n = text.lines().filter(|l| l.starts_with(&format!("{what} {protocol} {id} "))).count();
+            assert_eq!(n, 1, "{what} of {protocol} {id}:\n{text}");
+        }
+    }
+    assert!(text.lines().any(|l| l.starts_with("unread http_ts") && !l.ends_with("b=0")), "{text}");
+    if have_ffmpeg() {
+        assert!(text.lines().any(|l| l.starts_with("unread rtmp") && !l.ends_with("b=0")), "{text}");
+    }
+    assert!(readers(&relay).is_empty(), "{:?}", readers(&relay));
+    // Every path's readers in one list, and a reader unknown is 404.
+    assert_eq!(relay.ok("GET", "/v1/readers", None), json!([]));
+    assert_eq!(relay.call("DELETE", "/v1/sessions/cam/readers/0123", None).0, 404);
+    let _ = std::fs::remove_file(&log);
+}
+
+#[test]
+fn max_readers_refuses_the_next_reader_with_each_faces_own_answer() {
+    let relay =
+        Relay::with_config("[[session]]\nname = \"cam\"\nsource = { demo = true }\nmax_readers = 1\n", &["--no-demo"]);
+    let engine = relay.ok("GET", "/v1/engine", None);
+    // One reader holds the only place.
+    let _first = relay.http_subscribe("cam");
+    listed(&relay, "http_ts");
+    let metrics = metrics(&relay);
+    assert!(metrics.contains("fanout_readers{session=\"cam\",protocol=\"http_ts\"} 1"), "{metrics}");
+    // HTTP TS: 503.
+    let mut second = TcpStream::connect(relay.api).unwrap();
+    second.write_all(b"GET /v1/sessions/cam/stream HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    assert!(read_head(&mut second).starts_with("HTTP/1.1 503"), "a second HTTP TS reader");
+    // HLS: a new player's playlist is 503.
+    let hls = ureq::get(&relay.url("/v1/sessions/cam/hls/index.m3u8")).call();
+    assert_eq!(hls.err().and_then(|e| e.into_response()).map(|r| r.status()), Some(503));
+    // WHEP: 503.
+    let whep = ureq::post(&relay.url("/cam/whep"))
+        .set("Content-Type", "application/sdp")
+        .send_string(&fanout_tools::whep::sample_offer().unwrap());
+    assert_eq!(whep.err().and_then(|e| e.into_response()).map(|r| r.status()), Some(503));
+    // A UDP sink: 503.
+    assert_eq!(relay.call("POST", "/v1/sessions/cam/sinks", Some(json!({"udp": free_udp_port()}))).0, 503);
+    // RTSP: 453 Not Enough Bandwidth.
+    let rtsp = rtsp_addr(&relay);
+    let mut c = TcpStream::connect(rtsp).unwrap();
+    c.write_all(format!("DESCRIBE rtsp://{rtsp}/cam RTSP/1.0\r\nCSeq: 1\r\n\r\n").as_bytes()).unwrap();
+    assert!(read_head(&mut c).starts_with("RTSP/1.0 453"), "a second RTSP reader");
+    if have_ffmpeg() {
+        // RTMP: the play is refused; SRT: the handshake is.
+        let rtmp = engine["rtmp"].as_str().unwrap();
+        let mut urls = vec![format!("rtmp://{rtmp}/cam")];
+        if have_srt() {
+            urls.push(format!("srt://{}?streamid=read:cam", engine["srt"].as_str().unwrap()));
+        }
+        for url in urls {
+            let t0 = Instant::now();
+            let out = Command::new("timeout")
+                .args(["20", "ffmpeg", "-nostdin", "-loglevel", "error", "-i", &url, "-t", "1", "-f", "null", "-"])
+                .output()
+                .unwrap();
+            assert!(!out.status.success(), "{url} was let in");
+            assert!(t0.elapsed() < Duration::from_secs(15), "{url}: refused only by a timeout");
+        }
+    }
+    let listed_now = readers(&relay);
+    assert_eq!(listed_now.len(), 1, "{listed_now:?}");
+}
