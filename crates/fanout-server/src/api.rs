@@ -391,6 +391,7 @@ fn session_json(relay: &Relay, s: &fanout_io::Session) -> serde_json::Value {
         }
     }
     v["spec"] = json!({ "source": spec.source, "payload": spec.payload, "failed_sinks": spec.failed_sinks });
+    v["readers"] = json!(path.readers.len());
     if let Some(up) = path.upstream() {
         v["upstream"] = json!(up.status());
     }
@@ -447,14 +448,16 @@ fn session_json(relay: &Relay, s: &fanout_io::Session) -> serde_json::Value {
             json!({ "session": ts.name(), "sinks": st.sinks, "datagrams": st.source.packets, "bytes_sent": st.bytes_sent })
         });
         let hls = r.hls.as_ref().map(|h| {
-            let players = h.players();
+            let players = path.readers.list().iter().filter(|r| r.protocol == Protocol::Hls).count();
             let served = h.bytes_served();
             h.with(
                 |s| json!({ "segments": s.last(), "codecs": s.codecs(), "players": players, "bytes_served": served }),
             )
         });
         // RTMP players read its FLV.
-        let rtmp = r.flv.as_ref().map(|f| json!({ "players": f.tags.receiver_count() }));
+        let players =
+            path.readers.list().iter().filter(|r| matches!(r.protocol, Protocol::Rtmp | Protocol::Rtmps)).count();
+        let rtmp = r.flv.as_ref().map(|_| json!({ "players": players }));
         v["repackaging"] = json!({ "from": r.describes, "ts": ts, "hls": hls, "rtmp": rtmp });
     }
     v
@@ -856,35 +859,31 @@ async fn metrics(State(relay): State<Arc<Relay>>) -> impl IntoResponse {
         let playing = clients.iter().filter(|c| c.playing).map(|c| c.sinks.len() as u64).sum();
         family(&mut m, "fanout_rtsp_tracks_playing", "gauge", "RTSP tracks being played.", [(String::new(), playing)]);
     }
-    let players = sessions.iter().filter_map(|s| {
-        let hls = relay.path(s.name())?.repack_running()?.hls.clone()?;
-        Some((format!("{{session=\"{}\"}}", label(s.name())), hls.players() as u64))
-    });
-    let help = "HLS players of the session: names with a playlist request in the last 10 s.";
-    family(&mut m, "fanout_hls_players", "gauge", help, players);
-    let players = sessions.iter().filter_map(|s| {
-        let flv = relay.path(s.name())?.repack_running()?.flv.clone()?;
-        Some((format!("{{session=\"{}\"}}", label(s.name())), flv.tags.receiver_count() as u64))
-    });
-    family(&mut m, "fanout_rtmp_players", "gauge", "RTMP players of the session.", players);
-    let readers = sessions.iter().map(|s| {
-        let n = relay.srt_links.lock().iter().filter(|l| l.mode == "read" && l.path == s.name()).count();
-        (format!("{{session=\"{}\"}}", label(s.name())), n as u64)
-    });
-    family(&mut m, "fanout_srt_readers", "gauge", "SRT readers of the session.", readers);
-    let webrtc = relay.webrtc.lock().clone();
-    let viewers = sessions.iter().map(|s| {
-        let n = webrtc.as_ref().map_or(0, |w| w.viewers(Some(s.name())).len());
-        (format!("{{session=\"{}\"}}", label(s.name())), n as u64)
-    });
-    family(&mut m, "fanout_webrtc_viewers", "gauge", "WebRTC (WHEP) viewers of the session.", viewers);
-    let mut by_protocol: std::collections::BTreeMap<(String, &'static str), u64> = Default::default();
+    // Readers, every face's, from each path's registry: by protocol, and (the older
+    // families) by face.
+    let mut by_protocol: std::collections::BTreeMap<(String, Protocol), u64> = Default::default();
     for r in relay.paths().iter().flat_map(|p| p.readers.list()) {
-        *by_protocol.entry((r.path, r.protocol.as_str())).or_default() += 1;
+        *by_protocol.entry((r.path, r.protocol)).or_default() += 1;
     }
-    let readers = by_protocol
-        .into_iter()
-        .map(|((path, protocol), n)| (format!("{{session=\"{}\",protocol=\"{protocol}\"}}", label(&path)), n));
+    let of = |protocols: &[Protocol]| {
+        let mut n: std::collections::BTreeMap<&str, u64> = Default::default();
+        for ((path, p), k) in &by_protocol {
+            if protocols.contains(p) {
+                *n.entry(path.as_str()).or_default() += k;
+            }
+        }
+        n.into_iter().map(|(path, n)| (format!("{{session=\"{}\"}}", label(path)), n)).collect::<Vec<_>>()
+    };
+    let help = "HLS players of the session: names with a playlist request in the last 10 s.";
+    family(&mut m, "fanout_hls_players", "gauge", help, of(&[Protocol::Hls]));
+    let help = "RTMP players of the session.";
+    family(&mut m, "fanout_rtmp_players", "gauge", help, of(&[Protocol::Rtmp, Protocol::Rtmps]));
+    family(&mut m, "fanout_srt_readers", "gauge", "SRT readers of the session.", of(&[Protocol::Srt]));
+    let help = "WebRTC (WHEP) viewers of the session.";
+    family(&mut m, "fanout_webrtc_viewers", "gauge", help, of(&[Protocol::Webrtc]));
+    let readers = by_protocol.iter().map(|((path, protocol), n)| {
+        (format!("{{session=\"{}\",protocol=\"{}\"}}", label(path), protocol.as_str()), *n)
+    });
     let help = "Readers of the session by protocol, from its readers' registry (every face).";
     family(&mut m, "fanout_readers", "gauge", help, readers);
     // Publish sessions: who publishes now, over what; how many have.

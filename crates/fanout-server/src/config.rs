@@ -167,6 +167,8 @@ pub struct PatternSpec {
     pub max_readers: Option<usize>,
     pub on_read: Option<Vec<String>>,
     pub on_unread: Option<Vec<String>>,
+    pub on_publish: Option<Vec<String>>,
+    pub on_unpublish: Option<Vec<String>>,
     /// Paths it keeps at once, at most: each may run a command, and any reader allowed to
     /// read can ask for a new name.
     #[serde(default = "PatternSpec::default_max_paths")]
@@ -208,6 +210,8 @@ impl PatternSpec {
         spec.max_readers = self.max_readers;
         spec.on_read = self.on_read.clone();
         spec.on_unread = self.on_unread.clone();
+        spec.on_publish = self.on_publish.clone();
+        spec.on_unpublish = self.on_unpublish.clone();
         spec.validate().map_err(|e| format!("pattern {:?} for {name:?}: {e}", self.matches))?;
         Ok(spec)
     }

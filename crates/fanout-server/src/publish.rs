@@ -161,6 +161,31 @@ pub struct Publisher {
     pull_error: Mutex<Option<String>>,
     /// A new publisher replaces the one publishing, instead of being refused.
     takeover: bool,
+    /// Publishers that came and went, for the `on_publish` / `on_unpublish` hooks.
+    events: Mutex<Vec<Publishing>>,
+}
+
+/// A publisher that came (`ended` none) or went.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Publishing {
+    pub protocol: &'static str,
+    pub peer: std::net::IpAddr,
+    /// How long it published, once it went.
+    pub ended: Option<std::time::Duration>,
+}
+
+impl Publishing {
+    /// The hook's environment (besides the path's).
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        let mut env = vec![
+            ("FANOUT_PUBLISHER_PROTOCOL", self.protocol.to_string()),
+            ("FANOUT_PUBLISHER_ADDR", self.peer.to_string()),
+        ];
+        if let Some(d) = self.ended {
+            env.push(("FANOUT_PUBLISHER_DURATION_S", format!("{:.3}", d.as_secs_f64())));
+        }
+        env
+    }
 }
 
 impl Publisher {
@@ -175,6 +200,7 @@ impl Publisher {
             open: true,
             pull_error: Mutex::new(None),
             takeover,
+            events: Mutex::new(Vec::new()),
         })
     }
 
@@ -350,6 +376,7 @@ impl Publisher {
                 return Err(std::io::Error::other(self.refusal().unwrap_or_else(|| "a publisher came first".into())));
             }
             let mut old = st.active.take().expect("checked");
+            self.went(&old);
             st.takeovers += 1;
             tracing::info!(session = %self.name, peer = %old.peer, how = %old.transport, by = %a.peer, by_how = %a.transport,
                            after_s = old.since.elapsed().as_secs_f64(), "publisher taken over");
@@ -383,6 +410,7 @@ impl Publisher {
         let (peer, how, tracks) = (a.peer, a.transport, sdp.media.len());
         st.sdp = Some(sdp);
         st.publishes += 1;
+        self.events.lock().push(Publishing { protocol: a.transport.protocol(), peer: a.peer, ended: None });
         st.active = Some(a);
         tracing::info!(session = %self.name, %peer, tracks, %how, "publisher started");
         Ok(())
@@ -556,8 +584,19 @@ impl Publisher {
         }
         let a = st.active.take().expect("checked");
         st.simulcast = None;
+        self.went(&a);
         tracing::info!(session = %self.name, peer = %a.peer, how = %a.transport, after_s = a.since.elapsed().as_secs_f64(), "publisher left");
         true
+    }
+
+    fn went(&self, a: &Active) {
+        let ended = Some(a.since.elapsed());
+        self.events.lock().push(Publishing { protocol: a.transport.protocol(), peer: a.peer, ended });
+    }
+
+    /// Publishers that came and went since the last call.
+    pub fn take_events(&self) -> Vec<Publishing> {
+        std::mem::take(&mut self.events.lock())
     }
 
     /// Keyframe requests for an RTSP publisher (over UDP or interleaved): for each video track

@@ -990,21 +990,10 @@ impl crate::cluster::Local for Relay {
                 all.entry(t.session.name().to_string()).or_insert(t.session);
             }
         }
-        let (subscribers, bytes) = all
-            .values()
-            .map(|s| s.status())
-            .fold((0, 0), |(n, b), st| (n + st.sinks as u64, b + st.delivered_bytes_total));
-        // A repackaging's and an SRTP epoch's sinks on their tracks are the relay's own;
-        // HLS players hold no sink and count by their requests, an epoch's clients are
-        // sinks of the epoch's session.
-        let (own, players) = paths
-            .iter()
-            .filter_map(|p| p.repack_running())
-            .fold((0, 0), |(o, p), r| (o + r.track_sinks as u64, p + r.hls.as_ref().map_or(0, |h| h.players() as u64)));
-        let (epochs, srtp) = paths
-            .iter()
-            .flat_map(|p| p.srtp.status())
-            .fold((0, 0), |(e, c), (_, clients, _)| (e + 1, c + clients as u64));
-        (paths.len() as u64, subscribers.saturating_sub(own + epochs) + players + srtp, bytes)
+        let bytes = all.values().map(|s| s.status().delivered_bytes_total).sum();
+        // Subscribers are the paths' readers, every face's (the relay's own sinks, a
+        // repackaging's or an SRTP epoch's, are none).
+        let subscribers = paths.iter().map(|p| p.readers.len() as u64).sum();
+        (paths.len() as u64, subscribers, bytes)
     }
 }

@@ -89,11 +89,6 @@ impl Hls {
         self.served.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Players that asked for something within the last `PLAYER_WINDOW_MS`.
-    pub fn players(&self) -> usize {
-        self.players.lock().active(self.born.elapsed().as_millis() as u64)
-    }
-
     /// Waits (at most `limit`) until part `part` of segment `sequence` (`None`: the whole
     /// segment) exists; whether it does.
     pub async fn wait_for(&self, sequence: u64, part: Option<usize>, limit: Duration) -> bool {
@@ -206,8 +201,6 @@ pub struct Repack {
     pub record: Option<Arc<crate::record::Recording>>,
     /// What it carries, for the status: "H.264 + AAC".
     pub describes: String,
-    /// The sinks it holds on the tracks it reads: the relay's own, not subscribers.
-    pub track_sinks: usize,
     task: tokio::task::AbortHandle,
 }
 
@@ -261,7 +254,6 @@ impl Repack {
             })
         });
         let describes = describe(repack.streams());
-        let track_sinks = inputs.iter().filter(|i| i.info.is_some()).count();
         let ts_session = ts.as_ref().map(|i| i.session().clone());
         let flv = Flv::of(repack.streams()).map(Arc::new);
         let record = record.and_then(|to| crate::record::Recording::start(to, name, repack.streams())).map(Arc::new);
@@ -282,7 +274,7 @@ impl Repack {
             on_stop();
         })
         .abort_handle();
-        Ok(Arc::new(Self { ts: ts_session, hls, flv, record, describes, track_sinks, task }))
+        Ok(Arc::new(Self { ts: ts_session, hls, flv, record, describes, task }))
     }
 
     pub fn is_running(&self) -> bool {

@@ -470,6 +470,12 @@ pub struct SessionSpec {
     pub on_read: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_unread: Option<Vec<String>>,
+    /// Commands run once per publisher as it starts and stops publishing (program and
+    /// arguments, no shell; `FANOUT_PUBLISHER_*` in their environment).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_publish: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_unpublish: Option<Vec<String>>,
 }
 
 /// Whether a session's sinks are paced each alone or, as behind one link, together too.
@@ -540,6 +546,8 @@ impl SessionSpec {
             max_readers: None,
             on_read: None,
             on_unread: None,
+            on_publish: None,
+            on_unpublish: None,
         }
     }
 
@@ -560,6 +568,8 @@ impl SessionSpec {
             || self.run_on_record_segment_complete.is_some()
             || self.on_read.is_some()
             || self.on_unread.is_some()
+            || self.on_publish.is_some()
+            || self.on_unpublish.is_some()
     }
 
     pub fn validate(&self) -> Result<(), String> {
@@ -574,7 +584,13 @@ impl SessionSpec {
         if self.kernel_spread && self.datapath.is_some_and(|d| d != DataPath::Kernel) {
             return Err("kernel_spread spreads the kernel data path: it needs datapath \"kernel\"".into());
         }
-        for (key, cmd) in [("on_read", &self.on_read), ("on_unread", &self.on_unread)] {
+        let commands = [
+            ("on_read", &self.on_read),
+            ("on_unread", &self.on_unread),
+            ("on_publish", &self.on_publish),
+            ("on_unpublish", &self.on_unpublish),
+        ];
+        for (key, cmd) in commands {
             if cmd.as_ref().is_some_and(|c| c.first().is_none_or(|p| p.is_empty())) {
                 return Err(format!(
                     r#"{key}: a program and its arguments, as a list: {key} = ["/usr/bin/logger", "a reader"]"#

@@ -1,8 +1,9 @@
 //! The hooks of a path's life: `run_on_ready` runs while the path has its stream (packets
 //! came in within the last `QUIET`), `run_on_not_ready` once when the stream goes (or the
 //! path with it), `run_on_read` while anyone reads it, `on_read` / `on_unread` once per
-//! reader as it comes and goes. One task looks at every path twice a second (and sweeps its
-//! readers' registry); the commands are `crate::hook`'s.
+//! reader as it comes and goes, `on_publish` / `on_unpublish` once per publisher. One task
+//! looks at every path twice a second (and sweeps its readers' registry); the commands are
+//! `crate::hook`'s.
 
 use crate::hook::Hook;
 use crate::relay::Relay;
@@ -38,6 +39,17 @@ pub async fn run_hooks(relay: Arc<Relay>) {
         for path in relay.paths() {
             crate::hook::reader_events(path.readers.sweep(Instant::now()));
             let spec = path.spec();
+            for p in path.publisher().map(|p| p.take_events()).unwrap_or_default() {
+                let (kind, cmd) = match p.ended {
+                    None => ("on_publish", &spec.on_publish),
+                    Some(_) => ("on_unpublish", &spec.on_unpublish),
+                };
+                if let Some(cmd) = cmd {
+                    let mut env = relay.hook_env(&path.name);
+                    env.extend(p.env());
+                    Hook::once_argv(kind, cmd, &path.name, &env);
+                }
+            }
             if spec.run_on_ready.is_none() && spec.run_on_not_ready.is_none() && spec.run_on_read.is_none() {
                 continue;
             }

@@ -239,3 +239,39 @@ fn max_readers_refuses_the_next_reader_with_each_faces_own_answer() {
     let listed_now = readers(&relay);
     assert_eq!(listed_now.len(), 1, "{listed_now:?}");
 }
+
+#[test]
+fn publish_hooks_run_once_per_publisher() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let log = std::env::temp_dir().join(format!("fanout-publish-hooks-{}", std::process::id()));
+    let _ = std::fs::remove_file(&log);
+    let hook = |what: &str| {
+        let line = format!(
+            "{what} $FANOUT_PATH $FANOUT_PUBLISHER_PROTOCOL $FANOUT_PUBLISHER_ADDR d=$FANOUT_PUBLISHER_DURATION_S"
+        );
+        format!("[\"/bin/sh\", \"-c\", \"echo {line} >> {}\"]", log.display())
+    };
+    let relay = Relay::with_config(
+        &format!(
+            "[[session]]\nname = \"in\"\nsource = {{ publish = true }}\non_publish = {}\non_unpublish = {}\n",
+            hook("publish"),
+            hook("unpublish")
+        ),
+        &["--no-demo"],
+    );
+    let rtmp = relay.ok("GET", "/v1/engine", None)["rtmp"].as_str().unwrap().to_string();
+    let (ok, said) = ffmpeg_try_publish("flv", &format!("rtmp://{rtmp}/in"));
+    assert!(ok, "{said}");
+    let lines = || std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(wait_for(Duration::from_secs(10), || lines().contains("unpublish")), "hooks:\n{}", lines());
+    let text = lines();
+    let publish: Vec<&str> = text.lines().filter(|l| l.starts_with("publish in rtmp 127.0.0.1 d=")).collect();
+    assert_eq!(publish.len(), 1, "{text}");
+    let unpublish: Vec<&str> = text.lines().filter(|l| l.starts_with("unpublish in rtmp 127.0.0.1 d=")).collect();
+    assert_eq!(unpublish.len(), 1, "{text}");
+    let secs: f64 = unpublish[0].rsplit("d=").next().unwrap().parse().unwrap();
+    assert!((1.0..10.0).contains(&secs), "published for {secs} s: {text}");
+    let _ = std::fs::remove_file(&log);
+}
