@@ -391,7 +391,7 @@ impl Publisher {
                     Some(first) if i == 0 => first,
                     _ => {
                         let mut cfg = self.first.config().clone();
-                        cfg.name = format!("{}/{i}", self.name);
+                        cfg.name = crate::track::Inner::Track(i).name(&self.name);
                         let session = Session::new(cfg, engine);
                         session.set_source_kind(format!("track {i} of the publisher of {}", self.name));
                         Inlet::open(&session)?
@@ -452,7 +452,7 @@ impl Publisher {
         for k in 1..rids.len() {
             if k > st.alternates.len() {
                 let mut cfg = self.first.config().clone();
-                cfg.name = format!("{}/{track}~{k}", self.name);
+                cfg.name = crate::track::Inner::Encoding { track, k }.name(&self.name);
                 let session = Session::new(cfg, engine);
                 session.set_source_kind(format!("simulcast encoding {k} of the publisher of {}", self.name));
                 st.alternates.push(TrackFeed::new(Inlet::open(&session)?, 90_000));

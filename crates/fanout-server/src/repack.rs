@@ -224,7 +224,7 @@ impl Repack {
         let repack = Repackager::new(inputs.iter().map(|i| i.info.clone()).collect());
         let ts = if with_ts {
             let mut cfg = template.clone();
-            cfg.name = format!("{name}/ts");
+            cfg.name = crate::track::Inner::Ts.name(name);
             // Its subscribers are TCP: user space serves them on every data path.
             if cfg.datapath == DataPath::Kernel {
                 cfg.datapath = DataPath::Shared;

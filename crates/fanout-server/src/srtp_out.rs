@@ -200,7 +200,7 @@ fn start(track: &Session, engine: &fanout_io::Engine, n: u32) -> std::io::Result
     let key = random_key()?;
     let crypto = Crypto { tag: 1, suite: Suite::AesCm128HmacSha1_80, key };
     let mut cfg = track.config().clone();
-    cfg.name = format!("{}/srtp-{n}", track.name());
+    cfg.name = crate::track::Inner::SrtpEpoch(n).name(track.name());
     let session = Session::new(cfg, engine);
     let enc = Encrypt { ctx: Arc::new(Mutex::new(Context::new(crypto.suite, &crypto.key))), counts: Arc::default() };
     // Where the epoch's packets are encrypted. On the user-space paths, where the session

@@ -10,6 +10,37 @@ use fanout_io::{Inlet, Session};
 use fanout_proto::rtp::restamp::Restamp;
 use fanout_proto::rtp::rtcp::{ClockMap, SenderInfo};
 
+/// A relay session a path makes besides its own: the one place their names are made (they
+/// are shown, logged and labelled in metrics; nothing parses them back).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Inner {
+    /// Track `i` of an upstream or a publisher: `{path}/{i}`.
+    Track(usize),
+    /// A clip's video or audio: `{path}/video`, `{path}/audio`.
+    Clip { video: bool },
+    /// A simulcast publisher's encoding `k` (1 and on; 0 is the track) of track `track`:
+    /// `{path}/{track}~{k}`.
+    Encoding { track: usize, k: usize },
+    /// The MPEG-TS repackaging: `{path}/ts`.
+    Ts,
+    /// An SRTP key epoch `n` of a track session (named after the track's session, not the
+    /// path): `{track}/srtp-{n}`.
+    SrtpEpoch(u32),
+}
+
+impl Inner {
+    /// Its session's name, under `of` (the path's name, or for an epoch its track's session's).
+    pub fn name(self, of: &str) -> String {
+        match self {
+            Inner::Track(i) => format!("{of}/{i}"),
+            Inner::Clip { video } => format!("{of}/{}", if video { "video" } else { "audio" }),
+            Inner::Encoding { track, k } => format!("{of}/{track}~{k}"),
+            Inner::Ts => format!("{of}/ts"),
+            Inner::SrtpEpoch(n) => format!("{of}/srtp-{n}"),
+        }
+    }
+}
+
 /// A track as the RTSP server side sees it.
 #[derive(Clone)]
 pub struct TrackRef {
@@ -116,4 +147,19 @@ pub fn random_start() -> (u16, u32) {
     let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
     let x = (t ^ u64::from(std::process::id()) << 32).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     ((x >> 48) as u16, (x >> 8) as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inner_sessions_are_named_under_their_path() {
+        assert_eq!(Inner::Track(1).name("live/cam"), "live/cam/1");
+        assert_eq!(Inner::Clip { video: true }.name("demo"), "demo/video");
+        assert_eq!(Inner::Clip { video: false }.name("demo"), "demo/audio");
+        assert_eq!(Inner::Encoding { track: 0, k: 2 }.name("in"), "in/0~2");
+        assert_eq!(Inner::Ts.name("cam"), "cam/ts");
+        assert_eq!(Inner::SrtpEpoch(3).name("cam/0"), "cam/0/srtp-3");
+    }
 }

@@ -287,7 +287,7 @@ impl Upstream {
             let (clock, video) = track_format(m);
             if i >= st.tracks.len() {
                 let mut cfg = template.clone();
-                cfg.name = format!("{}/{}", self.name, i);
+                cfg.name = crate::track::Inner::Track(i).name(&self.name);
                 let session = Session::new(cfg, engine);
                 session.set_source_kind(format!("track {i} of {}", self.url.lock().request_url()));
                 session.set_rtp_video(video);

@@ -123,6 +123,31 @@ function update(c, s, now, rtspClients) {
   $(el, '.loss').textContent = lost;
   links(el, s);
   sinks(el, s);
+  $(el, '.readers-n').textContent = s.readers ?? '';
+  if ($(el, '.readers-box').open) readers(el, s.name);
+}
+
+// Who reads the path, on every face, each with a button that ends it (its client is told the
+// end its protocol's way). Asked while the list is open.
+async function readers(el, name) {
+  if (el.dataset.readersBusy) return;
+  el.dataset.readersBusy = '1';
+  try {
+    const list = await api(`/v1/sessions/${named(name)}/readers`);
+    const mb = (b) => `${fmt(b / 1e6)} MB`;
+    $(el, '.readers-table tbody').innerHTML = list.map((r) =>
+      `<tr><td>${esc(r.protocol)}</td><td>${esc(r.addr || '')}</td><td>${esc(r.user || '')}</td>` +
+      `<td>${fmt(r.duration_s)} s</td><td>${mb(r.bytes)}</td><td>${r.skips}</td>` +
+      `<td><button type="button" class="kick" data-id="${esc(r.id)}" title="end this reader">end</button></td></tr>`).join('');
+    for (const b of el.querySelectorAll('.readers-table .kick')) {
+      b.onclick = () => fetch(`/v1/sessions/${named(name)}/readers/${encodeURIComponent(b.dataset.id)}`,
+        { method: 'DELETE', headers: auth() });
+    }
+  } catch (e) {
+    // (Told by the next update: the token, or the path gone.)
+  } finally {
+    delete el.dataset.readersBusy;
+  }
 }
 
 function push(a, v) { a.push(v); if (a.length > HISTORY) a.shift(); }

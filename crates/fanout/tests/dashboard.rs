@@ -80,6 +80,19 @@ fn the_dashboard_shows_live_sessions_and_plays_a_preview() {
     d.js(toggle);
     assert!(wait_for(Duration::from_secs(10), || relay.ok("GET", "/v1/sessions/demo", None)["webrtc"] == json!([])));
 
+    // The card's readers: an HTTP TS reader is listed, and its button ends it (the stream's
+    // body ends).
+    let mut ts = relay.http_subscribe("demo");
+    d.js("document.querySelector('[data-session=demo] .readers-box').open = true; return true;");
+    let row = "[...document.querySelectorAll('[data-session=demo] .readers-table tr')].find(r => r.cells[0].textContent === 'http_ts')";
+    assert!(
+        wait_for(Duration::from_secs(5), || d.js(&format!("return !!{row};")) == json!(true)),
+        "readers shown: {}",
+        d.js("return document.querySelector('[data-session=demo] .readers-table').textContent;")
+    );
+    d.js(&format!("{row}.querySelector('.kick').click(); return true;"));
+    assert!(stream_ends_within(&mut ts, Duration::from_secs(10)), "the stream ended from the dashboard did not end");
+
     if let Some(path) = std::env::var_os("FANOUT_UI_SCREENSHOT") {
         let png: Value = ureq::get(&format!("{}/screenshot", d.url)).call().unwrap().into_json().unwrap();
         let png = &png["value"];

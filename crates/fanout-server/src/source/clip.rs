@@ -156,7 +156,7 @@ fn demo_view(
     let mut refs = Vec::new();
     for t in tracks {
         let mut cfg = template.clone();
-        cfg.name = format!("{name}/{}", if t.codec.is_some() { "video" } else { "audio" });
+        cfg.name = crate::track::Inner::Clip { video: t.codec.is_some() }.name(name);
         let session = Session::new(cfg, engine);
         let clock = t.clock;
         session.attach_demo_track(t, start).map_err(|e| RelayError::Internal(e.to_string()))?;

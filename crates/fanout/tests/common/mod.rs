@@ -645,3 +645,19 @@ pub fn peer(name: &str) -> Option<std::path::PathBuf> {
     eprintln!("\n*** SKIPPED: {name} not installed; run scripts/install-peers ***\n");
     None
 }
+
+/// Whether `s` comes to its end (EOF or a reset) within `limit`, reading what comes meanwhile.
+pub fn stream_ends_within(s: &mut TcpStream, limit: Duration) -> bool {
+    let t0 = Instant::now();
+    let mut buf = [0u8; 64 << 10];
+    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+    while t0.elapsed() < limit {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(_) => return true,
+        }
+    }
+    false
+}
