@@ -391,7 +391,8 @@ fn session_json(relay: &Relay, s: &fanout_io::Session) -> serde_json::Value {
         }
     }
     v["spec"] = json!({ "source": spec.source, "payload": spec.payload, "failed_sinks": spec.failed_sinks });
-    v["readers"] = json!(path.readers.len());
+    let counts = path.readers.counts();
+    v["readers"] = json!(counts.values().sum::<usize>());
     if let Some(up) = path.upstream() {
         v["upstream"] = json!(up.status());
     }
@@ -448,15 +449,14 @@ fn session_json(relay: &Relay, s: &fanout_io::Session) -> serde_json::Value {
             json!({ "session": ts.name(), "sinks": st.sinks, "datagrams": st.source.packets, "bytes_sent": st.bytes_sent })
         });
         let hls = r.hls.as_ref().map(|h| {
-            let players = path.readers.list().iter().filter(|r| r.protocol == Protocol::Hls).count();
+            let players = counts.get(&Protocol::Hls).copied().unwrap_or(0);
             let served = h.bytes_served();
             h.with(
                 |s| json!({ "segments": s.last(), "codecs": s.codecs(), "players": players, "bytes_served": served }),
             )
         });
         // RTMP players read its FLV.
-        let players =
-            path.readers.list().iter().filter(|r| matches!(r.protocol, Protocol::Rtmp | Protocol::Rtmps)).count();
+        let players = [Protocol::Rtmp, Protocol::Rtmps].iter().filter_map(|p| counts.get(p)).sum::<usize>();
         let rtmp = r.flv.as_ref().map(|_| json!({ "players": players }));
         v["repackaging"] = json!({ "from": r.describes, "ts": ts, "hls": hls, "rtmp": rtmp });
     }
@@ -862,8 +862,10 @@ async fn metrics(State(relay): State<Arc<Relay>>) -> impl IntoResponse {
     // Readers, every face's, from each path's registry: by protocol, and (the older
     // families) by face.
     let mut by_protocol: std::collections::BTreeMap<(String, Protocol), u64> = Default::default();
-    for r in relay.paths().iter().flat_map(|p| p.readers.list()) {
-        *by_protocol.entry((r.path, r.protocol)).or_default() += 1;
+    for p in relay.paths() {
+        for (protocol, n) in p.readers.counts() {
+            by_protocol.insert((p.name.clone(), protocol), n as u64);
+        }
     }
     let of = |protocols: &[Protocol]| {
         let mut n: std::collections::BTreeMap<&str, u64> = Default::default();

@@ -72,6 +72,44 @@ pub trait Reader: Send + Sync {
     fn alive(&self, _now: Instant) -> bool {
         true
     }
+    /// Where it is one of the engine's sinks: its session and id. Such readers are asked
+    /// about in one listing of each session's sinks per sweep or list, not one search each
+    /// (thousands of HTTP or UDP sinks would make that quadratic).
+    fn sink(&self) -> Option<(&fanout_io::Session, u64)> {
+        None
+    }
+}
+
+/// The sinks of the sessions some readers are sinks of, listed once: by session name, by id.
+#[derive(Default)]
+struct SinkBook(HashMap<String, HashMap<u64, fanout_io::SinkStatus>>);
+
+impl SinkBook {
+    fn of(&mut self, session: &fanout_io::Session, id: u64) -> Option<&fanout_io::SinkStatus> {
+        let listed = self
+            .0
+            .entry(session.name().to_string())
+            .or_insert_with(|| session.sinks().into_iter().map(|s| (s.id, s)).collect());
+        listed.get(&id)
+    }
+
+    fn counters(&mut self, reader: &dyn Reader) -> Counters {
+        match reader.sink() {
+            Some((session, id)) => self.of(session, id).map_or_else(Counters::default, sink_counters),
+            None => reader.counters(),
+        }
+    }
+
+    fn alive(&mut self, reader: &dyn Reader, now: Instant) -> bool {
+        match reader.sink() {
+            Some((session, id)) => self.of(session, id).is_some_and(|s| s.state != "failed"),
+            None => reader.alive(now),
+        }
+    }
+}
+
+fn sink_counters(s: &fanout_io::SinkStatus) -> Counters {
+    Counters { bytes: s.bytes_sent, packets: s.packets_sent, skips: s.packets_skipped }
 }
 
 /// Who a reader is.
@@ -181,11 +219,17 @@ pub struct Registry {
     settings: Settings,
     entries: HashMap<String, Entry>,
     events: Vec<Event>,
+    /// When detached readers were last asked whether they went.
+    checked: Option<Instant>,
 }
+
+/// Detached readers are asked whether they went at most this often (a path of thousands of
+/// sinks lists them each time).
+const CHECK_EVERY: Duration = Duration::from_secs(2);
 
 impl Registry {
     pub fn new(path: &str, settings: Settings) -> Self {
-        Registry { path: path.to_string(), settings, entries: HashMap::new(), events: Vec::new() }
+        Registry { path: path.to_string(), settings, entries: HashMap::new(), events: Vec::new(), checked: None }
     }
 
     /// Lets a reader in under `id`, unless the path has `max_readers` already.
@@ -231,7 +275,9 @@ impl Registry {
 
     /// Detached readers that went.
     pub fn gone(&self, now: Instant) -> Vec<String> {
-        self.entries.iter().filter(|(_, e)| e.detached && !e.reader.alive(now)).map(|(id, _)| id.clone()).collect()
+        let mut book = SinkBook::default();
+        let detached = self.entries.iter().filter(|(_, e)| e.detached);
+        detached.filter(|(_, e)| !book.alive(e.reader.as_ref(), now)).map(|(id, _)| id.clone()).collect()
     }
 
     pub fn len(&self) -> usize {
@@ -243,6 +289,28 @@ impl Registry {
     }
 
     pub fn status(&self, id: &str, now: Instant) -> Option<ReaderStatus> {
+        self.status_with(id, now, &mut SinkBook::default())
+    }
+
+    /// Every reader's status, longest-reading first.
+    pub fn statuses(&self, now: Instant) -> Vec<ReaderStatus> {
+        let mut book = SinkBook::default();
+        let mut all: Vec<ReaderStatus> =
+            self.entries.keys().filter_map(|id| self.status_with(id, now, &mut book)).collect();
+        all.sort_by(|a, b| b.duration_s.total_cmp(&a.duration_s));
+        all
+    }
+
+    /// How many read, by protocol.
+    pub fn counts(&self) -> HashMap<Protocol, usize> {
+        let mut n = HashMap::new();
+        for e in self.entries.values() {
+            *n.entry(e.who.protocol).or_default() += 1;
+        }
+        n
+    }
+
+    fn status_with(&self, id: &str, now: Instant, book: &mut SinkBook) -> Option<ReaderStatus> {
         let e = self.entries.get(id)?;
         Some(ReaderStatus {
             id: id.to_string(),
@@ -252,7 +320,7 @@ impl Registry {
             user: e.who.user.clone(),
             since_unix_s: e.since_wall.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
             duration_s: now.saturating_duration_since(e.since).as_secs_f64(),
-            counters: e.reader.counters(),
+            counters: book.counters(e.reader.as_ref()),
         })
     }
 
@@ -316,11 +384,15 @@ impl Readers {
         reader.map(|r| r.close(reason)).is_some()
     }
 
-    /// Forgets detached readers that went; their events.
+    /// Forgets detached readers that went (asked every [`CHECK_EVERY`]); the events since
+    /// the last sweep.
     pub fn sweep(&self, now: Instant) -> Vec<Event> {
         let mut reg = self.0.lock();
-        for id in reg.gone(now) {
-            reg.leave(&id, "gone", now);
+        if reg.checked.is_none_or(|t| now.saturating_duration_since(t) >= CHECK_EVERY) {
+            reg.checked = Some(now);
+            for id in reg.gone(now) {
+                reg.leave(&id, "gone", now);
+            }
         }
         reg.take_events()
     }
@@ -336,11 +408,12 @@ impl Readers {
     }
 
     pub fn list(&self) -> Vec<ReaderStatus> {
-        let reg = self.0.lock();
-        let now = Instant::now();
-        let mut all: Vec<ReaderStatus> = reg.ids().iter().filter_map(|id| reg.status(id, now)).collect();
-        all.sort_by(|a, b| b.duration_s.total_cmp(&a.duration_s));
-        all
+        self.0.lock().statuses(Instant::now())
+    }
+
+    /// How many read, by protocol (no counters asked: cheap for a path of thousands).
+    pub fn counts(&self) -> HashMap<Protocol, usize> {
+        self.0.lock().counts()
     }
 
     pub fn get(&self, id: &str) -> Option<ReaderStatus> {
@@ -459,11 +532,11 @@ pub struct SinkReader {
 
 impl Reader for SinkReader {
     fn counters(&self) -> Counters {
-        self.session.sink_status(self.sink).map_or_else(Counters::default, |s| Counters {
-            bytes: s.bytes_sent,
-            packets: s.packets_sent,
-            skips: s.packets_skipped,
-        })
+        self.session.sink_status(self.sink).as_ref().map_or_else(Counters::default, sink_counters)
+    }
+
+    fn sink(&self) -> Option<(&fanout_io::Session, u64)> {
+        Some((&self.session, self.sink))
     }
 
     fn close(&self, _reason: &str) {
@@ -580,7 +653,11 @@ mod tests {
         assert_eq!(readers.sweep(Instant::now()).len(), 1);
         assert_eq!(readers.len(), 1);
         fake.there.store(false, Ordering::Relaxed);
-        let events = readers.sweep(Instant::now());
+        // Asked again only once `CHECK_EVERY` passed.
+        let t0 = Instant::now();
+        assert!(readers.sweep(t0).is_empty());
+        assert_eq!(readers.len(), 1);
+        let events = readers.sweep(t0 + CHECK_EVERY);
         assert_eq!(readers.len(), 0);
         assert!(matches!(events[0].what, Happened::Unread { .. }));
     }
