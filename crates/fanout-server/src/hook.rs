@@ -5,6 +5,7 @@
 //! waited for (a hook that runs once).
 
 use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 pub struct Hook {
@@ -15,6 +16,43 @@ pub struct Hook {
 
 /// A hook that runs once is stopped if it takes longer than this.
 const ONCE_LIMIT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Hooks that run once, at most at a time: readers and publishers that come and go as fast as
+/// a client can connect must not make processes as fast (the next are skipped, and told).
+const ONCE_AT_ONCE: usize = 64;
+static ONCE_RUNNING: AtomicUsize = AtomicUsize::new(0);
+static ONCE_SKIPPED: AtomicU64 = AtomicU64::new(0);
+static ONCE_TOLD: parking_lot::Mutex<Option<std::time::Instant>> = parking_lot::Mutex::new(None);
+
+/// A place among the hooks running once, given back when dropped.
+struct OncePlace;
+
+impl OncePlace {
+    fn take() -> Option<OncePlace> {
+        let n = ONCE_RUNNING.fetch_add(1, Ordering::Relaxed);
+        if n < ONCE_AT_ONCE {
+            return Some(OncePlace);
+        }
+        ONCE_RUNNING.fetch_sub(1, Ordering::Relaxed);
+        ONCE_SKIPPED.fetch_add(1, Ordering::Relaxed);
+        let mut told = ONCE_TOLD.lock();
+        if told.is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(10)) {
+            *told = Some(std::time::Instant::now());
+            let skipped = ONCE_SKIPPED.swap(0, Ordering::Relaxed);
+            tracing::warn!(
+                skipped,
+                "{ONCE_AT_ONCE} hooks already running: the next ones are skipped (told every 10 s)"
+            );
+        }
+        None
+    }
+}
+
+impl Drop for OncePlace {
+    fn drop(&mut self) {
+        ONCE_RUNNING.fetch_sub(1, Ordering::Relaxed);
+    }
+}
 
 impl Hook {
     /// Starts `cmd`, the hook `kind` of `path`, with `env` set.
@@ -80,9 +118,11 @@ impl Hook {
 
     /// [`Hook::once`] of a program and its arguments, no shell.
     pub fn once_argv<S: AsRef<str>>(kind: &'static str, argv: &[S], path: &str, env: &[(&str, String)]) {
+        let Some(place) = OncePlace::take() else { return };
         match Hook::spawn_argv(kind, argv, path, env) {
             Ok(mut h) => {
                 tokio::spawn(async move {
+                    let _place = place;
                     match tokio::time::timeout(ONCE_LIMIT, h.child.wait()).await {
                         Ok(Ok(status)) if status.success() => tracing::info!(path = h.path, "{kind} done"),
                         Ok(Ok(status)) => tracing::warn!(path = h.path, "{kind} failed: {status}"),
@@ -105,5 +145,19 @@ pub fn reader_events(events: Vec<crate::readers::Event>) {
         if let Some(cmd) = &e.command {
             Hook::once_argv(e.kind(), cmd, &e.path, &e.env());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_more_than_a_bounded_number_of_hooks_run_at_once() {
+        let places: Vec<OncePlace> = std::iter::from_fn(OncePlace::take).take(ONCE_AT_ONCE + 10).collect();
+        assert_eq!(places.len(), ONCE_AT_ONCE);
+        assert!(OncePlace::take().is_none());
+        drop(places);
+        assert!(OncePlace::take().is_some(), "places are given back");
     }
 }
