@@ -359,7 +359,7 @@ async fn start_stream(
         Ok(id) => id,
         Err(e) => return tracing::warn!(session = name, ?peer, "cannot add HTTP subscriber: {e}"),
     };
-    let who = Who::new(Protocol::HttpTs, peer, fanout_proto::auth::query_credentials(query.unwrap_or("")).0);
+    let who = Who::new(Protocol::HttpTs, peer, Some(&user_of(auth, query, ip)));
     // The engine holds the socket now: the reader stays until its sink goes.
     match readers.join(who, Arc::new(SinkReader { session: session.clone(), sink })) {
         Ok(r) => {
@@ -370,6 +370,17 @@ async fn start_stream(
             tracing::info!(session = name, ?peer, "HTTP subscriber refused: {f}");
             session.remove_sink(sink);
         }
+    }
+}
+
+/// The user a stream request's credentials name (Basic, or `user=` in its query), or "".
+fn user_of(auth: Option<&str>, query: Option<&str>, ip: std::net::IpAddr) -> String {
+    use fanout_proto::auth::{http_request, query_credentials, Action};
+    let basic = http_request(auth, query, ip, Action::Read, "", "http").user;
+    if basic.is_empty() {
+        query_credentials(query.unwrap_or("")).0.unwrap_or_default().to_string()
+    } else {
+        basic
     }
 }
 
@@ -404,7 +415,7 @@ async fn start_tls_stream(
         }
     };
     let peer = io.get_ref().0.peer_addr().unwrap_or_else(|_| ([0, 0, 0, 0], 0).into());
-    let who = Who::new(Protocol::HttpTs, Some(peer), fanout_proto::auth::query_credentials(query.unwrap_or("")).0);
+    let who = Who::new(Protocol::HttpTs, Some(peer), Some(&user_of(auth, query, ip)));
     let held = Arc::new(Held::default());
     let joined = readers_with_room(relay, name).map(|r| r.join(who, held.clone()));
     let Some(Ok(_registered)) = joined else {

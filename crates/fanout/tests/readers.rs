@@ -90,10 +90,13 @@ fn every_face_lists_its_readers_kicks_one_and_runs_the_hooks_once() {
     let engine = relay.ok("GET", "/v1/engine", None);
     let mut kicked: Vec<(String, &str)> = Vec::new();
 
-    // HTTP TS: the engine's sink; the kick closes its socket.
-    let mut ts = relay.http_subscribe("cam");
+    // HTTP TS: the engine's sink; the kick closes its socket. Its Basic user is shown.
+    let mut ts = TcpStream::connect(relay.api).unwrap();
+    ts.write_all(b"GET /v1/sessions/cam/stream HTTP/1.1\r\nHost: x\r\nAuthorization: Basic YW5uOnB3\r\n\r\n").unwrap();
+    assert!(read_head(&mut ts).starts_with("HTTP/1.1 200"));
     let r = listed(&relay, "http_ts");
     assert!(r["addr"].as_str().unwrap().starts_with("127.0.0.1:"), "{r}");
+    assert_eq!(r["user"], "ann", "{r}");
     assert!(wait_for(Duration::from_secs(5), || {
         relay.ok("GET", &format!("/v1/sessions/cam/readers/{}", r["id"].as_str().unwrap()), None)["bytes"]
             .as_u64()
