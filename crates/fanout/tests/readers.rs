@@ -276,3 +276,50 @@ fn publish_hooks_run_once_per_publisher() {
     assert!((1.0..10.0).contains(&secs), "published for {secs} s: {text}");
     let _ = std::fs::remove_file(&log);
 }
+
+/// Chromium plays a path over WHEP; kicked through the API, its peer connection sees the end
+/// (the relay stops answering its checks and closes DTLS) and no frame comes after.
+#[test]
+fn chromium_kicked_through_the_api_sees_its_peer_connection_end() {
+    use common::browser::{have_chromium, Driver};
+    if !have_chromium() {
+        return;
+    }
+    let relay = Relay::with_config("[[session]]\nname = \"cam\"\nsource = { demo = true }\n", &["--no-demo"]);
+    let d = Driver::start();
+    d.post("url", json!({ "url": relay.url("/ui/style.css") }));
+    let play = r#"
+      const url = arguments[0];
+      window.frames_ = 0;
+      (async () => {
+        const pc = new RTCPeerConnection();
+        window.pc = pc;
+        pc.addTransceiver('video', { direction: 'recvonly' });
+        await pc.setLocalDescription(await pc.createOffer());
+        const r = await fetch(url, { method: 'POST', headers: { 'Content-Type': 'application/sdp' }, body: pc.localDescription.sdp });
+        window.location_ = r.headers.get('Location');
+        await pc.setRemoteDescription({ type: 'answer', sdp: await r.text() });
+        setInterval(async () => {
+          (await pc.getStats()).forEach(s => { if (s.type === 'inbound-rtp') window.frames_ = s.framesDecoded ?? 0; });
+        }, 250);
+      })();"#;
+    d.post("execute/sync", json!({ "script": play, "args": [relay.url("/cam/whep")] }));
+    let frames = || d.js("return window.frames_ ?? 0;").as_u64().unwrap_or(0);
+    assert!(wait_for(Duration::from_secs(20), || frames() > 10), "no frames decoded");
+    let r = listed(&relay, "webrtc");
+    let location = d.js("return window.location_;");
+    assert!(location.as_str().unwrap().ends_with(r["id"].as_str().unwrap()), "{location} / {r}");
+    let id = r["id"].as_str().unwrap();
+    let packets = || relay.ok("GET", &format!("/v1/sessions/cam/readers/{id}"), None)["packets"].as_u64().unwrap();
+    assert!(wait_for(Duration::from_secs(5), || packets() > 0), "no packets counted");
+    kick(&relay, id);
+    let state = || d.js("return window.pc.connectionState;");
+    assert!(
+        wait_for(Duration::from_secs(30), || state() != json!("connected")),
+        "the browser's peer connection stayed {}",
+        state()
+    );
+    let stopped = frames();
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(frames() - stopped < 5, "frames still coming after the kick");
+}
