@@ -529,7 +529,6 @@ impl Rtsp {
         relay.publishers().iter().any(|p| p.stop(session))
     }
 
-    /// Carries out the state machine's actions on the relay's sessions.
     /// Joins a client that starts playing to its path's readers; `None` where the path has
     /// no room (it is then ended) or is gone.
     fn join_readers(&self, relay: &Relay, session: &str, c: &Client) -> Option<crate::readers::Registered> {
@@ -547,6 +546,8 @@ impl Rtsp {
         }
     }
 
+    /// Carries out the state machine's actions on the relay's sessions; clients that cannot
+    /// join their path's readers (at its `max_readers`) are ended.
     fn apply(&self, relay: &Relay, peer: IpAddr, actions: Vec<Action>) {
         let mut refused = Vec::new();
         self.apply_actions(relay, peer, actions, &mut refused);
