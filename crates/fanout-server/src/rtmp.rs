@@ -69,8 +69,8 @@ pub async fn serve(listener: TcpListener, relay: Arc<Relay>, tls: Option<tokio_r
                     let limit = Duration::from_secs_f64(relay.cfg().request_timeout_s.max(0.1));
                     match tokio::time::timeout(limit, tls.accept(stream)).await {
                         Ok(Ok(s)) => c.run(s).await,
-                        Ok(Err(e)) => Err(format!("TLS handshake: {e}")),
-                        Err(_) => Err(format!("TLS handshake incomplete after {limit:?}")),
+                        Ok(Err(e)) => Err(Ended::Tls(e.to_string())),
+                        Err(_) => Err(Ended::Tls(format!("incomplete after {limit:?}"))),
                     }
                 }
             };
@@ -96,6 +96,31 @@ struct Conn<'a> {
     playing: Option<Player>,
     /// Over TLS (RTMPS).
     tls: bool,
+}
+
+/// Why an RTMP connection ended (logged; what the client was told went out before).
+#[derive(Debug, thiserror::Error)]
+enum Ended {
+    #[error("its setup took longer than request_timeout_s, or a publisher fell silent")]
+    TimedOut,
+    #[error("it stopped reading: closed")]
+    NotReading,
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Protocol(#[from] fanout_proto::rtmp::server::RtmpError),
+    #[error("TLS handshake: {0}")]
+    Tls(String),
+    /// A publish or play refused (the client was told why).
+    #[error("refused: {0}")]
+    Refused(String),
+    /// Its stream ended, it was kicked, or the path went.
+    #[error("{0}")]
+    Stream(String),
+    #[error("its publisher could not start: {0}")]
+    Publisher(String),
+    #[error("taken over by a new publisher")]
+    TakenOver,
 }
 
 /// An RTMP player: the path's FLV tags as they come, from a keyframe on.
@@ -143,10 +168,10 @@ async fn write_by(
     stream: &mut (impl tokio::io::AsyncWrite + Unpin),
     out: &[u8],
     until: tokio::time::Instant,
-) -> Result<(), String> {
+) -> Result<(), Ended> {
     match tokio::time::timeout_at(until, stream.write_all(out)).await {
-        Ok(r) => r.map_err(|e| e.to_string()),
-        Err(_) => Err("it stopped reading: closed".into()),
+        Ok(r) => Ok(r?),
+        Err(_) => Err(Ended::NotReading),
     }
 }
 
@@ -193,7 +218,7 @@ impl Conn<'_> {
     async fn run(
         &mut self,
         mut stream: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-    ) -> Result<(), String> {
+    ) -> Result<(), Ended> {
         let mut server = Server::new(self.conn ^ u64::from(self.peer.port()) << 32);
         let mut app = String::new();
         let mut buf = vec![0u8; 64 << 10];
@@ -227,11 +252,11 @@ impl Conn<'_> {
                     server.end_play(&why);
                     let out = server.take_output();
                     write_by(&mut stream, &out, self.write_until(setup_until, idle)).await?;
-                    return Err(why);
+                    return Err(Ended::Stream(why));
                 }
                 read = read => match read {
-                    Err(_) => return Err("timed out".into()),
-                    Ok(Err(e)) => return Err(e.to_string()),
+                    Err(_) => return Err(Ended::TimedOut),
+                    Ok(Err(e)) => return Err(e.into()),
                     Ok(Ok(0)) => return Ok(()),
                     Ok(Ok(n)) => n,
                 },
@@ -262,7 +287,7 @@ impl Conn<'_> {
                 }
             };
             let r = server.input(&buf[..n]);
-            let mut close = r.as_ref().err().map(|e| e.to_string());
+            let mut close = r.err().map(Ended::from);
             while let Some(e) = server.poll_event() {
                 match e {
                     Event::Connect { app: a, .. } => app = a,
@@ -310,12 +335,12 @@ impl Conn<'_> {
     }
 
     /// Decides on a publish of `name` (stream key, with its query) under app `app`.
-    async fn publish(&mut self, server: &mut Server, stream_id: u32, app: &str, name: &str) -> Result<(), String> {
+    async fn publish(&mut self, server: &mut Server, stream_id: u32, app: &str, name: &str) -> Result<(), Ended> {
         let (path_name, query) = target(app, name, |n| self.relay.knows(n));
         let path_name = path_name.as_str();
         let refuse = |server: &mut Server, code: &str, why: String| {
             server.refuse(stream_id, code, &why);
-            Err(why)
+            Err(Ended::Refused(why))
         };
         if !self.authorized(query, fanout_proto::auth::Action::Publish, path_name).await {
             tracing::warn!(peer = %self.peer, path = %path_name, "RTMP publish refused: bad or missing credentials");
@@ -340,13 +365,13 @@ impl Conn<'_> {
     }
 
     /// Decides on a play of `name` under app `app`: the path's FLV, from its repackaging.
-    async fn play(&mut self, server: &mut Server, stream_id: u32, app: &str, name: &str) -> Result<(), String> {
+    async fn play(&mut self, server: &mut Server, stream_id: u32, app: &str, name: &str) -> Result<(), Ended> {
         let (path_name, query) = target(app, name, |n| self.relay.knows(n));
         let path_name = path_name.as_str();
         let mut refuse = |code: &str, why: String| {
             tracing::warn!(peer = %self.peer, path = %path_name, "RTMP play refused: {why}");
             server.refuse(stream_id, code, &why);
-            Err(why)
+            Err(Ended::Refused(why))
         };
         if self.playing.is_some() || self.publishing.is_some() {
             return refuse("NetStream.Play.Failed", "one stream per connection".into());
@@ -391,7 +416,7 @@ impl Conn<'_> {
         &mut self,
         server: &mut Server,
         tag: Result<crate::repack::FlvTag, tokio::sync::broadcast::error::RecvError>,
-    ) -> Result<(), String> {
+    ) -> Result<(), Ended> {
         self.play_tag(server, tag)?;
         while server.pending_output() < FLUSH_BYTES {
             let Some(more) = self.playing.as_mut().and_then(|p| try_next_tag(&mut p.tags)) else { break };
@@ -405,7 +430,7 @@ impl Conn<'_> {
         &mut self,
         server: &mut Server,
         tag: Result<crate::repack::FlvTag, tokio::sync::broadcast::error::RecvError>,
-    ) -> Result<(), String> {
+    ) -> Result<(), Ended> {
         use tokio::sync::broadcast::error::RecvError;
         let Some(p) = self.playing.as_mut() else { return Ok(()) };
         let tag = match tag {
@@ -417,7 +442,7 @@ impl Conn<'_> {
                 p.at_key = p.video;
                 return Ok(());
             }
-            Err(RecvError::Closed) => return Err("the stream ended".into()),
+            Err(RecvError::Closed) => return Err(Ended::Stream("the stream ended".into())),
         };
         if p.at_key {
             if !(tag.video && tag.key) {
@@ -461,7 +486,7 @@ impl Conn<'_> {
 
     /// Hands the ingest's packets to the path, describing its tracks at the first; an error
     /// ends the connection (its tracks cannot start).
-    fn feed(&mut self, packets: &mut Vec<fanout_proto::rtmp::ingest::RtpPacket>) -> Result<(), String> {
+    fn feed(&mut self, packets: &mut Vec<fanout_proto::rtmp::ingest::RtpPacket>) -> Result<(), Ended> {
         let Some((name, publisher)) = &self.publishing else {
             packets.clear();
             return Ok(());
@@ -489,13 +514,13 @@ impl Conn<'_> {
             if let Err(e) = started {
                 tracing::warn!(path = %name, peer = %self.peer, "RTMP publisher not started: {e}");
                 packets.clear();
-                return Err(e);
+                return Err(Ended::Publisher(e));
             }
             self.started = true;
         }
         if !packets.drain(..).all(|mut p| publisher.feed_rtp(self.conn, p.track, &mut p.data, p.waited_ms)) {
             tracing::info!(path = %name, peer = %self.peer, "RTMP publisher taken over by a new one: closed");
-            return Err("taken over by a new publisher".into());
+            return Err(Ended::TakenOver);
         }
         Ok(())
     }
