@@ -585,6 +585,7 @@ mod tests {
     #[test]
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     fn malloc_figures_follow_an_allocation() {
+        let _alone = MEMORY_TESTS.lock();
         const N: u64 = 64 << 20;
         let seen = (0..5).any(|_| {
             let (before, _) = super::malloc_figures().unwrap();
@@ -597,13 +598,21 @@ mod tests {
         assert!(seen, "an allocation of 64 MiB never showed in use, or never left when freed");
     }
 
+    /// The tests that read the process's memory run one at a time (each allocates tens of MiB).
+    static MEMORY_TESTS: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+
     /// 32 MiB freed in small blocks below one still in use stay resident (the allocator
-    /// keeps them) until trimmed (tried a few times: other tests allocate meanwhile).
+    /// keeps them) until trimmed. Tried up to 20 times, 50 ms apart: the RSS is the whole
+    /// process's, and the other tests allocate and free meanwhile.
     #[test]
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     fn trimming_gives_kept_memory_back() {
+        let _alone = MEMORY_TESTS.lock();
         let rss = || super::ProcStat::read(None).unwrap().rss_bytes;
-        let seen = (0..5).any(|_| {
+        let seen = (0..20).any(|i| {
+            if i > 0 {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
             let blocks: Vec<Vec<u8>> = (0..4096).map(|_| vec![1u8; 8 << 10]).collect();
             // Above them, so that freeing them leaves no free top the allocator would trim itself.
             let pin = std::hint::black_box(vec![1u8; 64]);
