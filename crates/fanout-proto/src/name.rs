@@ -41,6 +41,7 @@ const SHAPES: &[(&str, &[&[&str]])] = &[
             &["sinks", "*"],
             &["readers", "*"],
             &["readers"],
+            &["publisher"],
             &["whep", "*"],
             &["whip", "*"],
             &["hls", "*"],

@@ -24,6 +24,16 @@ pub struct Books {
     /// totals by face for `/metrics`.
     guesses: Mutex<Guesses>,
     failed: Mutex<Vec<(&'static str, u64)>>,
+    /// `on_connect` / `on_disconnect`, as the running configuration says.
+    hooks: Mutex<ConnHooks>,
+}
+
+/// The commands run when a client connects to a face and when it goes (program and arguments,
+/// no shell).
+#[derive(Clone, Default, Debug, PartialEq)]
+pub struct ConnHooks {
+    pub on_connect: Option<Vec<String>>,
+    pub on_disconnect: Option<Vec<String>>,
 }
 
 impl Books {
@@ -35,7 +45,13 @@ impl Books {
             open: AtomicUsize::new(0),
             guesses: Mutex::new(Guesses::new(DEFAULT_FAILED_LOGINS)),
             failed: Mutex::default(),
+            hooks: Mutex::default(),
         }
+    }
+
+    /// A reload's (or the start's) `on_connect` / `on_disconnect`, for the next connections.
+    pub fn set_conn_hooks(&self, hooks: ConnHooks) {
+        *self.hooks.lock() = hooks;
     }
 
     /// A reload's `max_failed_logins`.
@@ -135,12 +151,50 @@ pub struct Gate {
 pub struct Pass {
     gate: Arc<Gate>,
     ip: IpAddr,
+    conn: Option<Conn>,
+}
+
+/// A client's connection to a face, told to `on_connect` now and `on_disconnect` at its end.
+struct Conn {
+    env: Vec<(&'static str, String)>,
+    since: Instant,
+    on_disconnect: Option<Vec<String>>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl Pass {
+    /// Names this connection (`face`: rtsp, rtmp, srt, webrtc …; `addr`: the client's
+    /// address) and runs `on_connect` for it; `on_disconnect` runs when the pass is dropped.
+    /// `runtime` runs the hooks (the pass may be dropped on a thread of its own).
+    pub fn connected(mut self, face: &'static str, addr: String, runtime: &tokio::runtime::Handle) -> Self {
+        let hooks = self.gate.books.hooks.lock().clone();
+        if hooks.on_connect.is_none() && hooks.on_disconnect.is_none() {
+            return self;
+        }
+        let env = vec![
+            ("FANOUT_CONN_PROTOCOL", face.to_string()),
+            ("FANOUT_CONN_ID", crate::readers::new_id()),
+            ("FANOUT_CONN_ADDR", addr),
+        ];
+        if let Some(cmd) = &hooks.on_connect {
+            let _in = runtime.enter();
+            crate::hook::Hook::once_argv("on_connect", cmd, face, &env);
+        }
+        self.conn = Some(Conn { env, since: Instant::now(), on_disconnect: hooks.on_disconnect, runtime: runtime.clone() });
+        self
+    }
 }
 
 impl Drop for Pass {
     fn drop(&mut self) {
         self.gate.per_ip.lock().close(self.ip);
         self.gate.books.open.fetch_sub(1, Relaxed);
+        if let Some(Conn { mut env, since, on_disconnect: Some(cmd), runtime }) = self.conn.take() {
+            env.push(("FANOUT_CONN_DURATION_S", format!("{:.3}", since.elapsed().as_secs_f64())));
+            let face = env[0].1.clone();
+            let _in = runtime.enter();
+            crate::hook::Hook::once_argv("on_disconnect", &cmd, &face, &env);
+        }
     }
 }
 
@@ -156,7 +210,7 @@ impl Gate {
         per_ip.set_cap(self.books.cap.load(Relaxed));
         if per_ip.try_open(ip) {
             self.books.open.fetch_add(1, Relaxed);
-            return Some(Pass { gate: self.clone(), ip });
+            return Some(Pass { gate: self.clone(), ip, conn: None });
         }
         self.books.refuse(self.reason, ip);
         None

@@ -33,6 +33,7 @@ pub fn router(relay: Arc<Relay>, faces: Router<Arc<Relay>>) -> Router {
         .route("/v1/sessions/{name}/readers", get(list_readers))
         .route("/v1/sessions/{name}/readers/{id}", get(get_reader).delete(kick_reader))
         .route("/v1/readers", get(all_readers))
+        .route("/v1/sessions/{name}/publisher", get(get_publisher).delete(kick_publisher))
         // GET is taken over before the router (the socket becomes a sink); HEAD answers here.
         .route("/v1/sessions/{name}/stream", get(stream_head))
         .route("/v1/sessions/{name}/hls/{file}", get(hls_file).layer(middleware::map_response(any_origin)))
@@ -517,6 +518,29 @@ async fn kick_reader(
         return Err(reader_not_found(&name, &id));
     }
     tracing::info!(path = %name, reader = %id, "reader kicked through the API");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The path's publisher: who publishes now (or that it waits), and its tracks.
+async fn get_publisher(
+    State(relay): State<Arc<Relay>>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<crate::publish::PublisherStatus>> {
+    let path = relay.path(&name).ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no path {name}")))?;
+    let publisher = path.publisher().ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("{name} takes no publisher")))?;
+    Ok(Json(publisher.status()))
+}
+
+/// Ends the path's publisher, whatever its protocol; the path waits for the next one.
+async fn kick_publisher(State(relay): State<Arc<Relay>>, Path(name): Path<String>) -> ApiResult<StatusCode> {
+    let path = relay.path(&name).ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no path {name}")))?;
+    let publisher = path.publisher().ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("{name} takes no publisher")))?;
+    if !publisher.takes_publishers() {
+        return Err(ApiError(StatusCode::CONFLICT, format!("{name} is fed by the relay's own pull: delete the path")));
+    }
+    if !publisher.kick() {
+        return Err(ApiError(StatusCode::NOT_FOUND, format!("nobody publishes {name} now")));
+    }
     Ok(StatusCode::NO_CONTENT)
 }
 

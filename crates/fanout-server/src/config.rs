@@ -67,6 +67,11 @@ pub struct Config {
     /// Failed logins (wrong credentials on any face, a wrong SRT passphrase) one address may
     /// make within a minute before it is refused everything for a minute; 0 = never refused.
     pub max_failed_logins: u32,
+    /// Run when a client connects to RTSP(S), RTMP(S), SRT or WebRTC (a WHEP or WHIP peer):
+    /// a program and its arguments, no shell, with `FANOUT_CONN_PROTOCOL`, `_ID` and `_ADDR`.
+    pub on_connect: Option<Vec<String>>,
+    /// Run when that connection ends, with the same variables and `FANOUT_CONN_DURATION_S`.
+    pub on_disconnect: Option<Vec<String>>,
     /// RTSP clients must authenticate with the API token (user `token`).
     pub rtsp_require_token: bool,
     /// Serve the API or RTSP on a non-loopback address without authentication.
@@ -492,6 +497,8 @@ pub const CONFIG_FIELDS: &[&str] = &[
     "api_max_connections",
     "max_connections_per_ip",
     "max_failed_logins",
+    "on_connect",
+    "on_disconnect",
     "rtsp_require_token",
     "allow_unauthenticated",
     "token",
@@ -548,6 +555,8 @@ impl Default for Config {
             api_max_connections: default_max_connections(),
             max_connections_per_ip: 64,
             max_failed_logins: crate::admit::DEFAULT_FAILED_LOGINS,
+            on_connect: None,
+            on_disconnect: None,
             rtsp_require_token: false,
             allow_unauthenticated: false,
             token: None,
@@ -837,6 +846,11 @@ impl Config {
             "rtsp_idle_s",
             format!("rtsp_idle_s {} is out of range 1..=86400", self.rtsp_idle_s),
         );
+        for (key, cmd) in [("on_connect", &self.on_connect), ("on_disconnect", &self.on_disconnect)] {
+            if let Err(e) = crate::spec::check_command(key, cmd) {
+                check(false, key, e);
+            }
+        }
         let pass_len = self.srt_passphrase.as_ref().map_or(10, |p| p.chars().count());
         check(
             (10..=79).contains(&pass_len),
@@ -1057,6 +1071,10 @@ impl Config {
     /// The RTSP users, with `token` as user "token" when `rtsp_require_token` is set.
     /// The users the RTSP server checks itself: none where `[auth]` decides (the RTSP face
     /// then checks Basic credentials before the server sees the request).
+    pub fn conn_hooks(&self) -> crate::admit::ConnHooks {
+        crate::admit::ConnHooks { on_connect: self.on_connect.clone(), on_disconnect: self.on_disconnect.clone() }
+    }
+
     pub fn rtsp_server_users(&self) -> Vec<(String, String)> {
         if self.auth.is_some() {
             Vec::new()

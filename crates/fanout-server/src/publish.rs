@@ -589,6 +589,22 @@ impl Publisher {
         true
     }
 
+    /// Ends the publisher publishing now, whatever its protocol (`false`: none publishes):
+    /// an RTSP publisher's connection is closed, a stream publisher's ends at its next packet
+    /// (as one taken over), and the path waits for the next one.
+    pub fn kick(&self) -> bool {
+        let mut st = self.state.lock();
+        let Some(mut a) = st.active.take() else { return false };
+        st.simulcast = None;
+        drop(st);
+        self.went(&a);
+        tracing::info!(session = %self.name, peer = %a.peer, how = %a.transport, "publisher ended through the API");
+        if let Some(tell) = a.displaced.take() {
+            tell();
+        }
+        true
+    }
+
     fn went(&self, a: &Active) {
         let ended = Some(a.since.elapsed());
         self.events.lock().push(Publishing { protocol: a.transport.protocol(), peer: a.peer, ended });

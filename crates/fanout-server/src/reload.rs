@@ -100,6 +100,8 @@ fn differences(old: &Config, new: &Config) -> (Vec<&'static str>, Vec<&'static s
         api_max_connections,
         max_connections_per_ip,
         max_failed_logins,
+        on_connect,
+        on_disconnect,
         rtsp_require_token,
         allow_unauthenticated,
         token,
@@ -135,7 +137,8 @@ fn differences(old: &Config, new: &Config) -> (Vec<&'static str>, Vec<&'static s
     }
     changed!(live:
         webrtc_ice_servers "webrtc_ice_server", rtsp_users "rtsp_user", max_connections_per_ip "max_connections_per_ip",
-        max_failed_logins "max_failed_logins", rtsp_require_token "rtsp_require_token", allow_unauthenticated "allow_unauthenticated", token "token",
+        max_failed_logins "max_failed_logins", on_connect "on_connect", on_disconnect "on_disconnect",
+        rtsp_require_token "rtsp_require_token", allow_unauthenticated "allow_unauthenticated", token "token",
         ring "ring", max_datagram "max_datagram", sinks_per_group "sinks_per_group",
         stream_flush_ms "stream_flush_ms", datapath "datapath", publisher_grace_s "publisher_grace_s",
         upgrade_drain_s "upgrade_drain_s",
@@ -161,6 +164,8 @@ fn running(old: &Config, new: &Config) -> Config {
     r.rtsp_users = new.rtsp_users.clone();
     r.max_connections_per_ip = new.max_connections_per_ip;
     r.max_failed_logins = new.max_failed_logins;
+    r.on_connect = new.on_connect.clone();
+    r.on_disconnect = new.on_disconnect.clone();
     r.rtsp_require_token = new.rtsp_require_token;
     r.allow_unauthenticated = new.allow_unauthenticated;
     r.token = new.token.clone();
@@ -193,6 +198,7 @@ pub async fn reload(relay: &Arc<Relay>) -> Result<Plan, String> {
     let cfg = running(&relay.cfg(), &new);
     relay.books.set_cap(cfg.max_connections_per_ip);
     relay.books.set_failed_login_limit(cfg.max_failed_logins);
+    relay.books.set_conn_hooks(cfg.conn_hooks());
     if plan.applied.contains(&"auth") {
         relay.auth.clear();
     }

@@ -48,6 +48,8 @@ pub async fn serve(listener: TcpListener, relay: Arc<Relay>, tls: Option<tokio_r
             }
         };
         let Some(pass) = gate.admit(peer.ip()) else { continue };
+        let face = if tls.is_some() { "rtmps" } else { "rtmp" };
+        let pass = pass.connected(face, peer.to_string(), &tokio::runtime::Handle::current());
         let conn = CONN_BASE | next.fetch_add(1, Ordering::Relaxed);
         let (relay, tls) = (relay.clone(), tls.clone());
         tokio::spawn(async move {

@@ -891,6 +891,8 @@ async fn accept(
             continue;
         }
         open.fetch_add(1, Relaxed);
+        let face = if tls.is_some() { "rtsps" } else { "rtsp" };
+        let pass = pass.connected(face, peer.to_string(), &tokio::runtime::Handle::current());
         let conn = next_conn.fetch_add(1, Relaxed) + 1;
         let (relay, rtsp, open, tls) = (relay.clone(), rtsp.clone(), open.clone(), tls.clone());
         rtsp.server.lock().connection_opened(conn, peer.ip());

@@ -503,6 +503,16 @@ pub enum Pacing {
     Off,
 }
 
+/// A hook given as a list must name its program first.
+pub fn check_command(key: &str, cmd: &Option<Vec<String>>) -> Result<(), String> {
+    match cmd {
+        Some(c) if c.first().is_none_or(|p| p.is_empty()) => Err(format!(
+            r#"{key}: a program and its arguments, as a list: {key} = ["/usr/bin/logger", "a client"]"#
+        )),
+        _ => Ok(()),
+    }
+}
+
 pub const MAX_RING: usize = 1 << 20;
 pub const MAX_SINKS_PER_GROUP: usize = 4096;
 pub const RATE_KBPS: std::ops::RangeInclusive<u64> = 8..=10_000_000;
@@ -591,11 +601,7 @@ impl SessionSpec {
             ("on_unpublish", &self.on_unpublish),
         ];
         for (key, cmd) in commands {
-            if cmd.as_ref().is_some_and(|c| c.first().is_none_or(|p| p.is_empty())) {
-                return Err(format!(
-                    r#"{key}: a program and its arguments, as a list: {key} = ["/usr/bin/logger", "a reader"]"#
-                ));
-            }
+            check_command(key, cmd)?;
         }
         if let Some(ms) = self.stream_flush_ms.filter(|&ms| ms > MAX_STREAM_FLUSH_MS) {
             return Err(format!("stream_flush_ms {ms} is out of range 0..={MAX_STREAM_FLUSH_MS}"));

@@ -196,9 +196,9 @@ fn accept(listener: &Listener, relay: &Arc<Relay>, runtime: &tokio::runtime::Han
         if let Some(p) = peer {
             handshakes.arrived(p.ip());
         }
-        let pass = match peer.map(|p| gate.admit(p.ip())) {
-            Some(Some(pass)) => pass,
-            _ => continue, // over the cap (booked and logged by the gate): dropped, closed
+        let pass = match peer.and_then(|p| Some((p, gate.admit(p.ip())?))) {
+            Some((p, pass)) => pass.connected("srt", p.to_string(), runtime),
+            None => continue, // over the cap (booked and logged by the gate): dropped, closed
         };
         let n = next.fetch_add(1, Ordering::Relaxed);
         let (relay, runtime, groups) = (relay.clone(), runtime.clone(), groups.clone());

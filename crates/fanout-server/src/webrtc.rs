@@ -458,7 +458,7 @@ impl WebRtc {
         }
         let Some(ip) = client else { return Ok(None) };
         match self.gate.admit(ip) {
-            Some(p) => Ok(Some(p)),
+            Some(p) => Ok(Some(p.connected("webrtc", ip.to_string(), &tokio::runtime::Handle::current()))),
             None => {
                 Err(Refused(429, format!("{ip} has as many WebRTC peers as one address may (max_connections_per_ip)")))
             }

@@ -323,3 +323,65 @@ fn chromium_kicked_through_the_api_sees_its_peer_connection_end() {
     std::thread::sleep(Duration::from_secs(2));
     assert!(frames() - stopped < 5, "frames still coming after the kick");
 }
+
+/// `on_connect` / `on_disconnect` run once per connection of each face, with its protocol, id
+/// and address; the publisher is shown through the API and ended through it, whatever its
+/// protocol, and the path waits for the next one.
+#[test]
+fn connection_hooks_run_once_and_the_publisher_is_shown_and_ended() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let log = std::env::temp_dir().join(format!("fanout-conn-hooks-{}", std::process::id()));
+    let _ = std::fs::remove_file(&log);
+    let hook = |what: &str| {
+        let line = format!("{what} $FANOUT_CONN_PROTOCOL $FANOUT_CONN_ID $FANOUT_CONN_ADDR d=$FANOUT_CONN_DURATION_S");
+        format!("[\"/bin/sh\", \"-c\", \"echo {line} >> {}\"]", log.display())
+    };
+    let relay = Relay::with_config(
+        &format!(
+            "on_connect = {}\non_disconnect = {}\n[[session]]\nname = \"in\"\nsource = {{ publish = true }}\n",
+            hook("connect"),
+            hook("disconnect")
+        ),
+        &["--no-demo"],
+    );
+    let engine = relay.ok("GET", "/v1/engine", None);
+    let rtmp = engine["rtmp"].as_str().unwrap().to_string();
+    let (status, _) = relay.call("DELETE", "/v1/sessions/in/publisher", None);
+    assert_eq!(status, 404, "nobody publishes yet");
+    let mut publisher = ffmpeg_publish("flv", &format!("rtmp://{rtmp}/in"));
+    let publishing = || relay.ok("GET", "/v1/sessions/in/publisher", None)["state"] == "publishing";
+    assert!(wait_for(Duration::from_secs(15), publishing), "the RTMP publisher never published");
+    assert_eq!(relay.ok("GET", "/v1/sessions/in/publisher", None)["transport"], "rtmp");
+    let (status, body) = relay.call("DELETE", "/v1/sessions/in/publisher", None);
+    assert_eq!(status, 204, "{body}");
+    assert_eq!(relay.ok("GET", "/v1/sessions/in/publisher", None)["state"], "waiting");
+    let t0 = Instant::now();
+    let ended = wait_for(Duration::from_secs(15), || publisher.0.try_wait().unwrap().is_some());
+    assert!(ended && t0.elapsed() < Duration::from_secs(15), "the ended publisher kept sending");
+    // An RTSP connection that asks one thing and goes.
+    let rtsp = engine["rtsp"].as_str().unwrap();
+    let mut c = TcpStream::connect(rtsp).unwrap();
+    c.write_all(format!("OPTIONS rtsp://{rtsp}/in RTSP/1.0\r\nCSeq: 1\r\n\r\n").as_bytes()).unwrap();
+    assert!(read_head(&mut c).starts_with("RTSP/1.0 200"));
+    drop(c);
+    let lines = || std::fs::read_to_string(&log).unwrap_or_default();
+    let both = || lines().contains("disconnect rtmp") && lines().contains("disconnect rtsp");
+    assert!(wait_for(Duration::from_secs(10), both), "hooks:\n{}", lines());
+    let text = lines();
+    for face in ["rtmp", "rtsp"] {
+        let of = |what: &str| -> Vec<Vec<String>> {
+            let head = format!("{what} {face} ");
+            text.lines().filter(|l| l.starts_with(&head)).map(|l| l.split(' ').map(String::from).collect()).collect()
+        };
+        let (connect, disconnect) = (of("connect"), of("disconnect"));
+        assert_eq!((connect.len(), disconnect.len()), (1, 1), "{face}: once each\n{text}");
+        assert_eq!(connect[0][2], disconnect[0][2], "{face}: one id for both\n{text}");
+        assert_eq!(connect[0][2].len(), 32, "{face}: a 128-bit id\n{text}");
+        assert!(connect[0][3].starts_with("127.0.0.1:"), "{face}: its address\n{text}");
+        let secs: f64 = disconnect[0][4].trim_start_matches("d=").parse().unwrap();
+        assert!(secs < 30.0, "{face}: connected {secs} s\n{text}");
+    }
+    let _ = std::fs::remove_file(&log);
+}
