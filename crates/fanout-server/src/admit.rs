@@ -180,7 +180,8 @@ impl Pass {
             let _in = runtime.enter();
             crate::hook::Hook::once_argv("on_connect", cmd, face, &env);
         }
-        self.conn = Some(Conn { env, since: Instant::now(), on_disconnect: hooks.on_disconnect, runtime: runtime.clone() });
+        self.conn =
+            Some(Conn { env, since: Instant::now(), on_disconnect: hooks.on_disconnect, runtime: runtime.clone() });
         self
     }
 }

@@ -527,14 +527,16 @@ async fn get_publisher(
     Path(name): Path<String>,
 ) -> ApiResult<Json<crate::publish::PublisherStatus>> {
     let path = relay.path(&name).ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no path {name}")))?;
-    let publisher = path.publisher().ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("{name} takes no publisher")))?;
+    let publisher =
+        path.publisher().ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("{name} takes no publisher")))?;
     Ok(Json(publisher.status()))
 }
 
 /// Ends the path's publisher, whatever its protocol; the path waits for the next one.
 async fn kick_publisher(State(relay): State<Arc<Relay>>, Path(name): Path<String>) -> ApiResult<StatusCode> {
     let path = relay.path(&name).ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no path {name}")))?;
-    let publisher = path.publisher().ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("{name} takes no publisher")))?;
+    let publisher =
+        path.publisher().ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("{name} takes no publisher")))?;
     if !publisher.takes_publishers() {
         return Err(ApiError(StatusCode::CONFLICT, format!("{name} is fed by the relay's own pull: delete the path")));
     }

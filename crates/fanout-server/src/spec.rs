@@ -506,9 +506,9 @@ pub enum Pacing {
 /// A hook given as a list must name its program first.
 pub fn check_command(key: &str, cmd: &Option<Vec<String>>) -> Result<(), String> {
     match cmd {
-        Some(c) if c.first().is_none_or(|p| p.is_empty()) => Err(format!(
-            r#"{key}: a program and its arguments, as a list: {key} = ["/usr/bin/logger", "a client"]"#
-        )),
+        Some(c) if c.first().is_none_or(|p| p.is_empty()) => {
+            Err(format!(r#"{key}: a program and its arguments, as a list: {key} = ["/usr/bin/logger", "a client"]"#))
+        }
         _ => Ok(()),
     }
 }
