@@ -1,0 +1,125 @@
+//! Paths made on demand: by a pattern's match (counted per pattern), or ensured for a
+//! reader or a publisher that names them.
+
+use super::*;
+
+impl Relay {
+    /// Makes sure a session named `name` exists: when it does not, the first `[[pattern]]`
+    /// it matches makes it; else, where this relay is a cluster node, the channel is looked
+    /// up and pulled from the node that serves it best.
+    pub async fn ensure(self: &Arc<Self>, name: &str) -> Result<(), RelayError> {
+        use crate::cluster::LookupError;
+        if let Some(p) = self.path(name) {
+            // A pull that just ended (linger) is about to go: it goes now, and a new pull
+            // serves the one who asked, instead of a session deleted under it.
+            if !p.upstream().is_some_and(|u| u.finished()) {
+                return Ok(());
+            }
+            self.delete_exact(name, &p.session).await;
+        }
+        if let Some(p) = self.pattern(name) {
+            return self.from_pattern(name, p, false).await;
+        }
+        let Some(cluster) = &self.cluster else {
+            return Err(no_such(name));
+        };
+        let choice = cluster.locate(name).await.map_err(|e| match e {
+            LookupError::NotFound(why) => RelayError::NotFound(why),
+            LookupError::Down(why) => RelayError::Down(why),
+        })?;
+        let source = SourceSpec::Rtsp(crate::spec::RtspSource {
+            url: choice.url.clone(),
+            transport: Some(cluster.cfg.pull_transport),
+            on_demand: Some(true),
+            linger_s: Some(cluster.cfg.linger_s),
+            tls_ca: cluster.cfg.tls_ca.clone(),
+            ..Default::default()
+        });
+        tracing::info!(channel = name, from = %choice.node, url = %choice.url, "pulling a channel");
+        cluster.begin_pull(name, &choice);
+        match self.create_with(crate::spec::SessionSpec::new(name, source), Some(cluster.origin(name))).await {
+            // Someone else's request made it first.
+            Ok(_) | Err(RelayError::Conflict(_)) => Ok(()),
+            Err(e) => {
+                cluster.end_pull(name);
+                Err(e)
+            }
+        }
+    }
+
+    /// The first `[[pattern]]` that matches `name`.
+    pub(super) fn pattern(&self, name: &str) -> Option<crate::config::PatternSpec> {
+        self.cfg().patterns.iter().find(|p| p.rule().is_ok_and(|r| r.matches(name))).cloned()
+    }
+
+    /// Whether a path has `name`, or a pattern would make it.
+    pub fn knows(&self, name: &str) -> bool {
+        self.path(name).is_some() || self.pattern(name).is_some()
+    }
+
+    /// Whether a publisher may make `name`: no path has it, and the first pattern it
+    /// matches takes publishers (`source = { publish = true }`).
+    pub fn publishable_by_pattern(&self, name: &str) -> bool {
+        self.path(name).is_none() && self.pattern(name).is_some_and(|p| matches!(p.source, SourceSpec::Publish { .. }))
+    }
+
+    /// Before a publisher's request for `name` (ANNOUNCE, RTMP publish, SRT, WHIP): a name
+    /// no path has, which a pattern of publishers matches, is made now (any stream key an
+    /// encoder pushes, as MediaMTX's `all_others`). Such a path lasts while it is published
+    /// or read, then `linger_s`.
+    pub async fn ensure_publishable(self: &Arc<Self>, name: &str) {
+        let publish = |p: &crate::config::PatternSpec| matches!(p.source, SourceSpec::Publish { .. });
+        let Some(p) = self.pattern(name).filter(|p| publish(p) && self.path(name).is_none()) else { return };
+        if let Err(e) = self.from_pattern(name, p, true).await {
+            tracing::warn!(path = name, "a publisher's path could not be made: {e}");
+        }
+    }
+
+    /// Makes `name`'s path from pattern `p`; starts its `run_on_demand` command, and waits
+    /// for the publisher that command starts (so that the one who asked gets a stream).
+    /// The path goes `linger_s` after its last reader (or, made for a publisher, after its
+    /// publisher and last reader left), its command with it.
+    pub(super) async fn from_pattern(
+        self: &Arc<Self>,
+        name: &str,
+        p: crate::config::PatternSpec,
+        for_publisher: bool,
+    ) -> Result<(), RelayError> {
+        let spec = p.session(name).map_err(RelayError::BadRequest)?;
+        let count = self.pattern_paths.lock().entry(p.matches.clone()).or_default().clone();
+        use std::sync::atomic::Ordering::SeqCst;
+        if count.fetch_update(SeqCst, SeqCst, |n| (n < p.max_paths).then_some(n + 1)).is_err() {
+            return Err(RelayError::Down(format!(
+                "pattern {:?} has its max_paths ({}) paths now; {name:?} can be made when one ends",
+                p.matches, p.max_paths
+            )));
+        }
+        let slot = PatternSlot(count);
+        let session = match self.create(spec).await {
+            Ok(s) => s,
+            Err(RelayError::Conflict(_)) => return Ok(()), // another request made it first
+            Err(e) => return Err(e),
+        };
+        tracing::info!(path = name, pattern = p.matches, "path made on demand");
+        let hook = match &p.run_on_demand {
+            Some(cmd) => match crate::hook::Hook::spawn("run_on_demand", cmd, name, &self.hook_env(name)) {
+                Ok(h) => Some(h),
+                Err(e) => {
+                    self.delete_exact(name, &session).await;
+                    return Err(RelayError::Internal(format!("run_on_demand for {name:?}: {e}")));
+                }
+            },
+            None => None,
+        };
+        if let (Some(_), Some(publisher)) = (&hook, self.path(name).and_then(|p| p.publisher().cloned())) {
+            let t0 = std::time::Instant::now();
+            while publisher.sdp().is_none() && t0.elapsed() < ON_DEMAND_START {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        let linger = Duration::from_secs_f64(p.linger_s);
+        let watch = Unwatched { name: name.to_string(), session, hook, linger, slot, for_publisher };
+        tokio::spawn(end_unwatched(Arc::downgrade(self), watch));
+        Ok(())
+    }
+}
