@@ -115,6 +115,10 @@ impl Refusals {
 /// within it is refused.
 pub const GUESS_WINDOW_MS: u64 = 60_000;
 pub const GUESS_BAN_MS: u64 = 60_000;
+
+/// Failed logins a minute from one address before it is refused for a minute.
+pub const DEFAULT_FAILED_LOGINS: u32 = 20;
+
 /// At most one line a second per address about its failures.
 pub const GUESS_TELL_EVERY_MS: u64 = 1_000;
 /// Addresses remembered at most: past it, those with nothing to remember are let go first.

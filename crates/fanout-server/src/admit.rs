@@ -30,10 +30,10 @@ pub struct Books {
 
 /// The commands run when a client connects to a face and when it goes (program and arguments,
 /// no shell).
-#[derive(Clone, Default, Debug, PartialEq)]
-pub struct ConnHooks {
-    pub on_connect: Option<Vec<String>>,
-    pub on_disconnect: Option<Vec<String>>,
+#[derive(Clone, Default)]
+struct ConnHooks {
+    on_connect: Option<Vec<String>>,
+    on_disconnect: Option<Vec<String>>,
 }
 
 impl Books {
@@ -43,15 +43,15 @@ impl Books {
             t0: Instant::now(),
             cap: AtomicUsize::new(cap),
             open: AtomicUsize::new(0),
-            guesses: Mutex::new(Guesses::new(DEFAULT_FAILED_LOGINS)),
+            guesses: Mutex::new(Guesses::new(fanout_core::admit::DEFAULT_FAILED_LOGINS)),
             failed: Mutex::default(),
             hooks: Mutex::default(),
         }
     }
 
     /// A reload's (or the start's) `on_connect` / `on_disconnect`, for the next connections.
-    pub fn set_conn_hooks(&self, hooks: ConnHooks) {
-        *self.hooks.lock() = hooks;
+    pub fn set_conn_hooks(&self, on_connect: Option<Vec<String>>, on_disconnect: Option<Vec<String>>) {
+        *self.hooks.lock() = ConnHooks { on_connect, on_disconnect };
     }
 
     /// A reload's `max_failed_logins`.
@@ -135,9 +135,6 @@ impl Books {
         self.refusals.lock().totals().collect()
     }
 }
-
-/// Failed logins a minute from one address before it is refused for a minute.
-pub const DEFAULT_FAILED_LOGINS: u32 = 20;
 
 /// One listener's count of open connections per address.
 pub struct Gate {

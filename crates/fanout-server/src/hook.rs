@@ -139,15 +139,6 @@ impl Hook {
     }
 }
 
-/// Runs each reader event's hook, if its path has one. Must be called within the runtime.
-pub fn reader_events(events: Vec<crate::readers::Event>) {
-    for e in events {
-        if let Some(cmd) = &e.command {
-            Hook::once_argv(e.kind(), cmd, &e.path, &e.env());
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

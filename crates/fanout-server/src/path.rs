@@ -222,11 +222,21 @@ impl Path {
         }
     }
 
+    /// Readers gone (their faces dropped them or they stopped reading) leave, and each reader
+    /// that came or went runs its hook, if the path has one. Must be called within the runtime.
+    pub fn reader_hooks(&self) {
+        for e in self.readers.sweep(std::time::Instant::now()) {
+            if let Some(cmd) = &e.command {
+                crate::hook::Hook::once_argv(e.kind(), cmd, &e.path, &e.env());
+            }
+        }
+    }
+
     /// Stops everything it started: its outputs, its source, its sessions (after the
     /// source, so nothing is fed into a closed session).
     pub async fn close(&self) {
         self.readers.close_all("the path went");
-        crate::hook::reader_events(self.readers.sweep(std::time::Instant::now()));
+        self.reader_hooks();
         self.srtp.stop_all();
         let repack = self.repack.lock().take();
         if let Some(r) = repack {

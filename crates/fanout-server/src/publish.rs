@@ -6,8 +6,8 @@
 //! unbroken sequence numbers across publishers). A publisher that leaves is an upstream
 //! loss: the session waits, its clients stay, and the next publisher continues the stream.
 
+use crate::track::track_format;
 use crate::track::{TrackFeed, TrackRef};
-use crate::upstream::track_format;
 use fanout_io::{Inlet, Session};
 use fanout_proto::rtsp::sdp::Sdp;
 use parking_lot::Mutex;

@@ -183,6 +183,20 @@ fn running(old: &Config, new: &Config) -> Config {
     r
 }
 
+/// `POST /v1/reload`, merged into the API's router by `serve`.
+pub fn routes() -> axum::Router<Arc<Relay>> {
+    axum::Router::new().route("/v1/reload", axum::routing::post(reload_call))
+}
+
+/// Loads the config file again and applies the difference: what changed, or 400 with every
+/// problem where it is refused (and nothing changed).
+async fn reload_call(
+    axum::extract::State(relay): axum::extract::State<Arc<Relay>>,
+) -> Result<axum::Json<Plan>, crate::error::ApiError> {
+    let refused = |e| crate::error::ApiError(axum::http::StatusCode::BAD_REQUEST, e);
+    reload(&relay).await.map(axum::Json).map_err(refused)
+}
+
 /// Loads the config again and applies it (one reload at a time). `Err`: it was refused
 /// (every problem, one per line) and nothing changed.
 pub async fn reload(relay: &Arc<Relay>) -> Result<Plan, String> {
@@ -198,7 +212,7 @@ pub async fn reload(relay: &Arc<Relay>) -> Result<Plan, String> {
     let cfg = running(&relay.cfg(), &new);
     relay.books.set_cap(cfg.max_connections_per_ip);
     relay.books.set_failed_login_limit(cfg.max_failed_logins);
-    relay.books.set_conn_hooks(cfg.conn_hooks());
+    relay.books.set_conn_hooks(cfg.on_connect.clone(), cfg.on_disconnect.clone());
     if plan.applied.contains(&"auth") {
         relay.auth.clear();
     }

@@ -269,7 +269,10 @@ async fn run(
         relay.create(s).await.map_err(|e| anyhow::anyhow!("session {name:?} from the config: {e}"))?;
     }
     let restored = if inherited.upgrading() { 0 } else { relay.restore().await };
-    let router = api::router(relay.clone(), crate::webrtc::routes().merge(crate::playback::routes()));
+    let router = api::router(
+        relay.clone(),
+        crate::webrtc::routes().merge(crate::playback::routes()).merge(crate::reload::routes()),
+    );
     let http = if relay.cfg().https() { "https" } else { "http" };
     tracing::info!(
         "fanout {} listening on {http}://{api} ({} workers)",

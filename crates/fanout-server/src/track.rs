@@ -149,6 +149,15 @@ pub fn random_start() -> (u16, u32) {
     ((x >> 48) as u16, (x >> 8) as u32)
 }
 
+/// A media section's RTP clock rate (90 kHz where it names none) and video codec, if one
+/// whose keyframes the relay finds (H.264, HEVC, VP8, VP9, AV1): what a track's relay session
+/// needs to know.
+pub fn track_format(m: &fanout_proto::rtsp::sdp::Media) -> (u32, Option<fanout_proto::rtp::classify::RtpVideo>) {
+    let rtpmap = m.formats.first().and_then(|f| m.rtpmap(f));
+    let video = rtpmap.and_then(|(enc, _)| fanout_proto::rtp::classify::RtpVideo::from_encoding(enc));
+    (rtpmap.map_or(90_000, |(_, c)| c), video)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

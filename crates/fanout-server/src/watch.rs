@@ -37,7 +37,7 @@ pub async fn run_hooks(relay: Arc<Relay>) {
         tick.tick().await;
         let mut seen = Vec::new();
         for path in relay.paths() {
-            crate::hook::reader_events(path.readers.sweep(Instant::now()));
+            path.reader_hooks();
             let spec = path.spec();
             for p in path.publisher().map(|p| p.take_events()).unwrap_or_default() {
                 let (kind, cmd) = match p.ended {

@@ -1,4 +1,4 @@
-//! The relay as a whole: its engine, RTSP clients, cluster, events, reload and upgrade.
+//! The relay as a whole: its engine, RTSP clients, cluster, events and upgrade.
 
 use super::*;
 
@@ -38,12 +38,6 @@ pub(super) async fn upgrade(State(relay): State<Arc<Relay>>) -> ApiResult<Json<s
         Refused::Running => ApiError(StatusCode::CONFLICT, e.to_string()),
         Refused::Failed(why) => ApiError(StatusCode::SERVICE_UNAVAILABLE, why),
     })
-}
-
-/// Loads the config file again and applies the difference (`crate::reload`): what changed,
-/// or 400 with every problem where it is refused (and nothing changed).
-pub(super) async fn reload(State(relay): State<Arc<Relay>>) -> ApiResult<Json<crate::reload::Plan>> {
-    crate::reload::reload(&relay).await.map(Json).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e))
 }
 
 pub(super) async fn engine_status(State(relay): State<Arc<Relay>>) -> Json<serde_json::Value> {

@@ -51,7 +51,6 @@ pub fn router(relay: Arc<Relay>, faces: Router<Arc<Relay>>) -> Router {
         .route("/v1/sessions/{name}/hls/{file}", get(hls_file).layer(middleware::map_response(any_origin)))
         .route("/v1/events", get(events))
         .route("/v1/engine", get(engine_status))
-        .route("/v1/reload", post(reload))
         .route("/v1/upgrade", post(upgrade))
         .route("/v1/rtsp", get(rtsp_clients))
         .route("/v1/cluster", get(cluster_view))

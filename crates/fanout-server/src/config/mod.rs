@@ -242,7 +242,7 @@ impl Default for Config {
             request_timeout_s: 10.0,
             api_max_connections: default_max_connections(),
             max_connections_per_ip: 64,
-            max_failed_logins: crate::admit::DEFAULT_FAILED_LOGINS,
+            max_failed_logins: fanout_core::admit::DEFAULT_FAILED_LOGINS,
             on_connect: None,
             on_disconnect: None,
             rtsp_require_token: false,
@@ -414,10 +414,6 @@ impl Config {
     /// The RTSP users, with `token` as user "token" when `rtsp_require_token` is set.
     /// The users the RTSP server checks itself: none where `[auth]` decides (the RTSP face
     /// then checks Basic credentials before the server sees the request).
-    pub fn conn_hooks(&self) -> crate::admit::ConnHooks {
-        crate::admit::ConnHooks { on_connect: self.on_connect.clone(), on_disconnect: self.on_disconnect.clone() }
-    }
-
     pub fn rtsp_server_users(&self) -> Vec<(String, String)> {
         if self.auth.is_some() {
             Vec::new()

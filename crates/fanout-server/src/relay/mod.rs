@@ -117,7 +117,7 @@ impl Relay {
             books: {
                 let books = crate::admit::Books::new(cfg.max_connections_per_ip);
                 books.set_failed_login_limit(cfg.max_failed_logins);
-                books.set_conn_hooks(cfg.conn_hooks());
+                books.set_conn_hooks(cfg.on_connect.clone(), cfg.on_disconnect.clone());
                 Arc::new(books)
             },
             auth: Default::default(),

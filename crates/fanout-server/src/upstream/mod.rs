@@ -22,7 +22,7 @@ use pull::connect_once;
 
 use crate::error::UpstreamError;
 use crate::spec::RtspTransport;
-use crate::track::{TrackFeed, TrackRef};
+use crate::track::{track_format, TrackFeed, TrackRef};
 use fanout_io::{Inlet, Session};
 use fanout_proto::rtp::stats::RecvStats;
 use fanout_proto::rtsp::client::{Client, Step, Url};
@@ -502,15 +502,6 @@ impl Track {
             keyframes_asked: 0,
         }
     }
-}
-
-/// A media section's RTP clock rate (90 kHz where it names none) and video codec, if one
-/// whose keyframes the relay finds (H.264, HEVC, VP8, VP9, AV1): what a track's relay session
-/// needs to know.
-pub(crate) fn track_format(m: &fanout_proto::rtsp::sdp::Media) -> (u32, Option<fanout_proto::rtp::classify::RtpVideo>) {
-    let rtpmap = m.formats.first().and_then(|f| m.rtpmap(f));
-    let video = rtpmap.and_then(|(enc, _)| fanout_proto::rtp::classify::RtpVideo::from_encoding(enc));
-    (rtpmap.map_or(90_000, |(_, c)| c), video)
 }
 
 /// How one upstream session ended.

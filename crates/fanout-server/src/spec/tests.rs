@@ -1,0 +1,159 @@
+use super::*;
+
+fn parse(j: &str) -> Result<SessionSpec, String> {
+    let s: SessionSpec = serde_json::from_str(j).map_err(|e| e.to_string())?;
+    s.validate()?;
+    Ok(s)
+}
+
+#[test]
+fn accepts_the_documented_example() {
+    let s = parse(r#"{"name":"tv1","source":{"udp":"127.0.0.1:5004"},"priority":3,"datapath":"shared"}"#).unwrap();
+    assert_eq!(s.priority, 3);
+    assert_eq!(s.datapath, Some(DataPath::Shared));
+}
+
+#[test]
+fn source_fields_list_is_complete() {
+    let e = serde_json::from_str::<SourceFields>(r#"{"nope":1}"#).unwrap_err().to_string();
+    for key in SOURCE_FIELDS {
+        assert!(e.contains(&format!("`{key}`")), "{key}: {e}");
+    }
+    assert_eq!(e.matches('`').count() / 2 - 1, SOURCE_FIELDS.len(), "{e}");
+}
+
+#[test]
+fn rejects_with_reasons() {
+    let cases = [
+        (r#"{"name":"a","source":{"udp":"127.0.0.1:5004"},"colour":1}"#, "unknown field `colour`"),
+        (r#"{"name":"a","source":{"udp":"nowhere"}}"#, "invalid socket address"),
+        (r#"{"name":"a b","source":{"demo":true}}"#, "must be 1-128"),
+        (r#"{"name":"a","source":{"demo":true},"priority":9}"#, "out of range"),
+        (r#"{"name":"a","source":{}}"#, "exactly one"),
+        (r#"{"name":"a","source":{"demo":true},"datapath":"warp"}"#, "unknown variant `warp`"),
+        (r#"{"name":"a","source":{"demo":true},"ring":1}"#, "ring 1"),
+        (r#"{"name":"a","source":{"demo":true},"sinks":[{"udp":"127.0.0.1:0"}]}"#, "port 0"),
+        (r#"{"name":"a","source":{"udp":"127.0.0.1:5","interface":"127.0.0.1"}}"#, "multicast"),
+        (r#"{"name":".","source":{"demo":true}}"#, "cannot be addressed"),
+        (r#"{"name":"..","source":{"demo":true}}"#, "cannot be addressed"),
+        (r#"{"name":"live/..","source":{"demo":true}}"#, "cannot be addressed"),
+        (r#"{"name":"live/","source":{"demo":true}}"#, "empty step"),
+        (r#"{"name":"a","source":{"demo":true},"sinks":[{"udp":"255.255.255.255:5000"}]}"#, "broadcast"),
+    ];
+    for (j, want) in cases {
+        let e = parse(j).unwrap_err();
+        assert!(e.contains(want), "{j}: {e}");
+    }
+}
+
+use proptest::prelude::*;
+
+fn any_addr() -> impl Strategy<Value = SocketAddr> + Clone {
+    (any::<[u8; 4]>(), 1u16..).prop_map(|(ip, port)| SocketAddr::from((ip, port)))
+}
+
+/// Every kind, with settings it may have.
+fn any_source() -> impl Strategy<Value = SourceSpec> {
+    let udp = (any_addr(), any::<[u8; 4]>())
+        .prop_map(|(addr, i)| SourceSpec::Udp { addr, interface: addr.ip().is_multicast().then(|| Ipv4Addr::from(i)) });
+    let file = ("[a-z/]{1,12}", proptest::option::of(any::<bool>()))
+        .prop_map(|(p, looped)| SourceSpec::File { path: p.into(), looped });
+    let rtsp = (
+        any::<bool>(),
+        "[a-z]{1,8}",
+        proptest::option::of(prop_oneof![
+            Just(RtspTransport::Auto),
+            Just(RtspTransport::Udp),
+            Just(RtspTransport::Tcp)
+        ]),
+        proptest::option::of(any::<bool>()),
+        // Settings as people write them (tenths of seconds): serde_json's float reading
+        // may differ from the written one in the last bit of other values.
+        proptest::option::of((0..864_000u32).prop_map(|d| f64::from(d) / 10.0)),
+        proptest::option::of((1..36_000u32).prop_map(|d| f64::from(d) / 10.0)),
+    )
+        .prop_map(|(tls, path, transport, on_demand, linger_s, timeout_s)| {
+            SourceSpec::Rtsp(RtspSource {
+                url: format!("{}://cam.example:8554/{path}", if tls { "rtsps" } else { "rtsp" }),
+                transport,
+                on_demand,
+                linger_s,
+                timeout_s,
+                tls_verify: tls.then_some(true),
+                ..Default::default()
+            })
+        });
+    prop_oneof![
+        udp,
+        any_addr().prop_map(SourceSpec::TcpListen),
+        any_addr().prop_map(SourceSpec::TcpConnect),
+        Just(SourceSpec::Demo),
+        file,
+        any::<bool>().prop_map(|takeover| SourceSpec::Publish { takeover }),
+        rtsp,
+    ]
+}
+
+/// Any object of source keys, sensible or not.
+fn any_fields() -> impl Strategy<Value = SourceFields> {
+    let addr = proptest::option::of(any_addr());
+    (
+        (addr.clone(), proptest::option::of(any::<[u8; 4]>()), addr.clone(), addr),
+        (proptest::option::of(any::<bool>()), proptest::option::of("[a-z]{1,4}"), proptest::option::of(any::<bool>())),
+        (
+            proptest::option::of(any::<bool>()),
+            proptest::option::of("(rtsps?://h/p|nope|rtsp://)"),
+            proptest::option::of(any::<bool>()),
+        ),
+        (
+            proptest::option::of(any::<bool>()),
+            proptest::option::of(-10.0..100_000.0f64),
+            proptest::option::of(any::<bool>()),
+        ),
+    )
+        .prop_map(
+            |(
+                (udp, interface, tcp_listen, tcp_connect),
+                (demo, file, looped),
+                (publish, rtsp, takeover),
+                (on_demand, linger_s, tls_verify),
+            )| {
+                SourceFields {
+                    udp,
+                    interface: interface.map(Ipv4Addr::from),
+                    tcp_listen,
+                    tcp_connect,
+                    demo,
+                    file: file.map(Into::into),
+                    looped,
+                    publish,
+                    takeover,
+                    rtsp,
+                    on_demand,
+                    linger_s,
+                    tls_verify,
+                    ..Default::default()
+                }
+            },
+        )
+}
+
+proptest! {
+    /// What the API and the state file write is read back as the same source.
+    #[test]
+    fn every_source_reads_back_as_written(s in any_source()) {
+        let json = serde_json::to_string(&s).unwrap();
+        let back: SourceSpec = serde_json::from_str(&json).map_err(|e| TestCaseError::fail(format!("{json}: {e}")))?;
+        prop_assert_eq!(back, s);
+    }
+
+    /// Any combination of keys is read as exactly one kind, or refused with a reason
+    /// that names a key; never a panic.
+    #[test]
+    fn any_keys_make_one_kind_or_a_reason(f in any_fields()) {
+        match SourceSpec::try_from(f.clone()) {
+            Ok(s) => prop_assert_eq!(SourceSpec::try_from(SourceFields::from(s.clone())), Ok(s)),
+            Err(why) => prop_assert!(why.starts_with("source"), "{why} for {f:?}"),
+        }
+    }
+}
