@@ -103,7 +103,7 @@ fn filter_offline(codec: Codec, stream: &[u8], max: Layer) -> Vec<u8> {
 /// how many packets. Reads until 1.5 s of silence (on its own thread, while the stream runs).
 /// `kernel`: a packet may come twice in a row, once. When a capped sink is handed to user
 /// space, the last kernel sink moves into its slot, and a program run that read the old count
-/// sends that sink one packet twice (ARCHITECTURE, "Layout"); a repeat is dropped here.
+/// sends that sink one packet twice (design/data-plane.md, "Layout"); a repeat is dropped here.
 fn receive(sock: &UdpSocket, codec: Codec, kernel: bool) -> (Vec<u8>, usize) {
     sock.set_read_timeout(Some(Duration::from_millis(1500))).unwrap();
     let (mut buf, mut out, mut d) = (vec![0u8; 65536], Vec::new(), Depacketizer::default());
@@ -158,7 +158,7 @@ fn decodable_after_dropping(datapath: &str, file: &str, aggregate: bool, caps: &
     let readers: Vec<_> =
         sinks.into_iter().chain([all]).map(|s| std::thread::spawn(move || receive(&s, codec, kernel))).collect();
     // The file once, at 100 access units per second; from one CPU, as one flow from a NIC
-    // arrives (see ARCHITECTURE, "One flow, one CPU").
+    // arrives (see design/data-plane.md, "One flow, one CPU").
     let out = Command::new("taskset")
         .args([
             "-c",
