@@ -75,11 +75,13 @@ pub enum PathRule {
 }
 
 impl PathRule {
-    pub fn parse(s: Option<&str>) -> Result<Self, String> {
+    pub fn parse(s: Option<&str>) -> Result<Self, crate::Invalid> {
         match s {
             None | Some("") => Ok(Self::Any),
             Some(p) => match p.strip_prefix('~') {
-                Some(re) => regex::Regex::new(re).map(Self::Pattern).map_err(|e| format!("path {p:?}: {e}")),
+                Some(re) => {
+                    regex::Regex::new(re).map(Self::Pattern).map_err(|e| crate::Invalid(format!("path {p:?}: {e}")))
+                }
                 None => Ok(Self::Exact(p.to_string())),
             },
         }
@@ -165,14 +167,14 @@ pub fn verify_jwt(token: &str, keys: &JwkSet, claim: &str, now: u64) -> Result<V
     if time("nbf").is_some_and(|nbf| nbf > now.saturating_add(LEEWAY_S)) {
         return Err(JwtError::NotYet);
     }
-    let bad = |why: String| JwtError::Claim { claim: claim.to_string(), why };
+    let bad = |why: crate::Invalid| JwtError::Claim { claim: claim.to_string(), why: why.0 };
     #[derive(Deserialize)]
     struct Entry {
         action: Action,
         path: Option<String>,
     }
     let list = claims.get(claim).cloned().ok_or_else(|| bad("missing".into()))?;
-    let entries: Vec<Entry> = serde_json::from_value(list).map_err(|e| bad(e.to_string()))?;
+    let entries: Vec<Entry> = serde_json::from_value(list).map_err(|e| bad(crate::Invalid(e.to_string())))?;
     entries
         .into_iter()
         .map(|e| Ok(Permission { action: e.action, path: PathRule::parse(e.path.as_deref()).map_err(bad)? }))

@@ -26,6 +26,25 @@
 //! - [`secret`]: secrets on the wire: constant-time comparison, session ids, Digest nonces.
 //! - [`probe`]: the traffic tools' probe in each packet's payload.
 
+/// Input that does not parse or does not pass a check, with the reason, for a person: a URL,
+/// a name, a rule, a description, a file. Each caller maps it to its own answer (a 400, a
+/// refused config line, a refused publisher).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Invalid(pub String);
+
+impl From<String> for Invalid {
+    fn from(s: String) -> Self {
+        Invalid(s)
+    }
+}
+
+impl From<&str> for Invalid {
+    fn from(s: &str) -> Self {
+        Invalid(s.to_string())
+    }
+}
+
 pub mod auth;
 pub mod codec;
 pub mod container;

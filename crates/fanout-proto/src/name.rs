@@ -14,18 +14,20 @@ pub const MAX_LEN: usize = 128;
 pub const CHARS: &str = "[A-Za-z0-9_./-]";
 
 /// Checks `name` against the rule; the error says what is wrong.
-pub fn check(name: &str) -> Result<(), String> {
+pub fn check(name: &str) -> Result<(), crate::Invalid> {
     let chars = name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-./".contains(&b));
     if name.is_empty() || name.len() > MAX_LEN || !chars {
         return Err(format!(
             "path name {name:?} must be 1-{MAX_LEN} characters of A-Z a-z 0-9 _ - . and / between steps"
-        ));
+        )
+        .into());
     }
     if let Some(step) = name.split('/').find(|s| s.bytes().all(|b| b == b'.')) {
         return Err(match step {
             "" => format!("path name {name:?} has an empty step (a leading, trailing or double /)"),
             _ => format!("path name {name:?} has a step of only dots: it cannot be addressed in a URL or recorded"),
-        });
+        }
+        .into());
     }
     Ok(())
 }

@@ -116,7 +116,7 @@ pub struct SrtUrl {
 }
 
 /// `%XX` escapes decoded (a stream id's `#` is sent as `%23` by careful users, raw by others).
-fn unescape(v: &str) -> Result<String, String> {
+fn unescape(v: &str) -> Result<String, crate::Invalid> {
     let b = v.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -130,10 +130,10 @@ fn unescape(v: &str) -> Result<String, String> {
             i += 1;
         }
     }
-    String::from_utf8(out).map_err(|_| format!("{v:?} is not UTF-8 once unescaped"))
+    String::from_utf8(out).map_err(|_| crate::Invalid(format!("{v:?} is not UTF-8 once unescaped")))
 }
 
-pub fn parse_url(url: &str) -> Result<SrtUrl, String> {
+pub fn parse_url(url: &str) -> Result<SrtUrl, crate::Invalid> {
     let rest = url.strip_prefix("srt://").ok_or("an SRT source starts with srt://")?;
     // The query starts at the first '?'; a '#' after it belongs to the stream id.
     let (authority, query) = rest.split_once('?').unwrap_or((rest, ""));
@@ -165,7 +165,7 @@ pub fn parse_url(url: &str) -> Result<SrtUrl, String> {
             }
             // The relay always calls.
             "mode" if v == "caller" => {}
-            _ => return Err(format!("{k:?}: an SRT source takes streamid, passphrase, pbkeylen, latency (ms)")),
+            _ => return Err(format!("{k:?}: an SRT source takes streamid, passphrase, pbkeylen, latency (ms)").into()),
         }
     }
     Ok(u)

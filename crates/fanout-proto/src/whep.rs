@@ -42,7 +42,7 @@ pub fn encoding<'a>(m: &'a Media, format: &str) -> Option<&'a str> {
 /// H.265 (to viewers whose offer has it: Safari, Chrome with a hardware decoder, pion), VP8
 /// and VP9 (every browser), AV1 (Chromium, Firefox, Safari with a decoder for it), Opus, and
 /// G.711 (PCMU, PCMA: browsers take it, and many cameras' audio is G.711).
-fn webrtc_codec(m: &Media) -> Result<&'static str, String> {
+fn webrtc_codec(m: &Media) -> Result<&'static str, crate::Invalid> {
     let format = m.formats.first().map(String::as_str).unwrap_or("");
     let name = encoding(m, format).unwrap_or("");
     match (m.kind.as_str(), name.to_ascii_uppercase().as_str()) {
@@ -54,9 +54,10 @@ fn webrtc_codec(m: &Media) -> Result<&'static str, String> {
         ("audio", "OPUS") => Ok("OPUS"),
         ("audio", "PCMU") => Ok("PCMU"),
         ("audio", "PCMA") => Ok("PCMA"),
-        (kind, "") => Err(format!("{kind} has no rtpmap: not carried over WebRTC here")),
+        (kind, "") => Err(format!("{kind} has no rtpmap: not carried over WebRTC here").into()),
         (kind, n) => {
-            Err(format!("{kind} is {n}: WebRTC here carries H264, H265, VP8, VP9 or AV1 video and Opus or G.711 audio"))
+            Err(format!("{kind} is {n}: WebRTC here carries H264, H265, VP8, VP9 or AV1 video and Opus or G.711 audio")
+                .into())
         }
     }
 }
@@ -101,7 +102,7 @@ pub fn plan(path: &Sdp, answer: &Sdp) -> Plan {
         let codec = match webrtc_codec(m) {
             Ok(c) => c,
             Err(why) => {
-                plan.left_out.push(why);
+                plan.left_out.push(why.0);
                 continue;
             }
         };

@@ -72,7 +72,7 @@ impl Auth {
         ok
     }
 
-    async fn jwt(&self, cfg: &AuthConfig, req: &Request) -> Result<(), String> {
+    async fn jwt(&self, cfg: &AuthConfig, req: &Request) -> Result<(), Denied> {
         let token = req.jwt().ok_or("no JWT (bearer header, token query or password)")?;
         let unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         let mut set = self.keys(cfg, false).await?;
@@ -86,14 +86,14 @@ impl Auth {
         if permits(&perms, req.action, &req.path) {
             Ok(())
         } else {
-            Err(format!("the JWT does not allow {:?} on {:?}", req.action, req.path))
+            Err(format!("the JWT does not allow {:?} on {:?}", req.action, req.path).into())
         }
     }
 
     /// The JWKS: fetched when there is none, it is older than `jwks_refresh_s`, its URL
     /// changed, or `stale` (not more often than [`REFETCH_AT_MOST`]). A failed fetch keeps
     /// the keys there are.
-    async fn keys(&self, cfg: &AuthConfig, stale: bool) -> Result<Arc<JwkSet>, String> {
+    async fn keys(&self, cfg: &AuthConfig, stale: bool) -> Result<Arc<JwkSet>, Denied> {
         let url = cfg.jwks_url.clone().ok_or("no jwks_url")?;
         let mut keys = self.keys.lock().await;
         let refresh = Duration::from_secs_f64(cfg.jwks_refresh_s);
@@ -115,9 +115,27 @@ impl Auth {
                     tracing::warn!(url, "JWKS fetch failed, the keys fetched before stay: {e}");
                     Ok(k.set.clone())
                 }
-                None => Err(format!("JWKS {url}: {e}")),
+                None => Err(format!("JWKS {url}: {e}").into()),
             },
         }
+    }
+}
+
+/// Why `[auth]` said no, or could not answer (logged with the refusal; the client is only
+/// refused).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Denied(String);
+
+impl From<String> for Denied {
+    fn from(s: String) -> Self {
+        Denied(s)
+    }
+}
+
+impl From<&str> for Denied {
+    fn from(s: &str) -> Self {
+        Denied(s.to_string())
     }
 }
 
@@ -128,40 +146,40 @@ static CALLS: std::sync::LazyLock<crate::workers::Workers> =
     std::sync::LazyLock::new(|| crate::workers::Workers::new("auth", 32, 256));
 
 /// Posts the question to the service: `Ok` on 2xx.
-async fn callback(cfg: &AuthConfig, req: &Request) -> Result<(), String> {
+async fn callback(cfg: &AuthConfig, req: &Request) -> Result<(), Denied> {
     let url = cfg.http_url.clone().ok_or("no http_url")?;
     let (body, timeout) = (req.to_json(), cfg.timeout());
     let t0 = Instant::now();
     // The status the service answered, or why there was none.
-    let call = CALLS.run(move || -> Result<u16, String> {
+    let call = CALLS.run(move || -> Result<u16, Box<ureq::Error>> {
         match ureq::post(&url).timeout(timeout).set("Content-Type", "application/json").send_bytes(&body) {
             Ok(r) => Ok(r.status()),
             Err(ureq::Error::Status(code, _)) => Ok(code),
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(Box::new(e)),
         }
     });
-    let late = || format!("the auth service did not answer within {timeout:?}");
+    let late = || Denied(format!("the auth service did not answer within {timeout:?}"));
     match tokio::time::timeout(timeout + Duration::from_millis(100), call).await {
         Err(_) => Err(late()),
-        Ok(Err(e)) => Err(format!("the auth call failed: {e}")),
+        Ok(Err(e)) => Err(Denied(format!("the auth call failed: {e}"))),
         Ok(Ok(Ok(code))) if (200..300).contains(&code) => Ok(()),
-        Ok(Ok(Ok(code))) => Err(format!("the auth service answered {code}")),
+        Ok(Ok(Ok(code))) => Err(Denied(format!("the auth service answered {code}"))),
         Ok(Ok(Err(_))) if t0.elapsed() >= timeout => Err(late()),
-        Ok(Ok(Err(e))) => Err(format!("the auth service cannot be reached: {e}")),
+        Ok(Ok(Err(e))) => Err(Denied(format!("the auth service cannot be reached: {e}"))),
     }
 }
 
-async fn fetch_jwks(url: &str, timeout: Duration) -> Result<JwkSet, String> {
+async fn fetch_jwks(url: &str, timeout: Duration) -> Result<JwkSet, Denied> {
     let url = url.to_string();
-    let get = CALLS.run(move || -> Result<JwkSet, String> {
-        let r = ureq::get(&url).timeout(timeout).call().map_err(|e| e.to_string())?;
+    let get = CALLS.run(move || -> Result<JwkSet, Denied> {
+        let r = ureq::get(&url).timeout(timeout).call().map_err(|e| Denied(e.to_string()))?;
         let mut text = String::new();
-        r.into_reader().take(MAX_JWKS).read_to_string(&mut text).map_err(|e| e.to_string())?;
-        serde_json::from_str(&text).map_err(|e| format!("not a JWKS: {e}"))
+        r.into_reader().take(MAX_JWKS).read_to_string(&mut text).map_err(|e| Denied(e.to_string()))?;
+        serde_json::from_str(&text).map_err(|e| Denied(format!("not a JWKS: {e}")))
     });
     match tokio::time::timeout(timeout + Duration::from_millis(100), get).await {
-        Err(_) => Err(format!("no answer within {timeout:?}")),
-        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(Denied(format!("no answer within {timeout:?}"))),
+        Ok(Err(e)) => Err(Denied(e.to_string())),
         Ok(Ok(r)) => r,
     }
 }

@@ -35,6 +35,16 @@ pub enum RelayError {
     Internal(String),
 }
 
+/// A user's input that does not check (a spec, a name, a URL, a config section): a 400 where
+/// it comes through the API, a line of the refusal where it comes from the config file.
+pub use fanout_proto::Invalid;
+
+impl From<Invalid> for RelayError {
+    fn from(e: Invalid) -> Self {
+        RelayError::BadRequest(e.0)
+    }
+}
+
 impl From<crate::readers::Full> for RelayError {
     fn from(f: crate::readers::Full) -> Self {
         RelayError::Full(f.to_string())

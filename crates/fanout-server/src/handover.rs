@@ -8,7 +8,19 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch};
 
 /// An upgrade's answer: what was handed over, or why nothing was.
-pub type Answer = Result<serde_json::Value, String>;
+pub type Answer = Result<serde_json::Value, UpgradeFailed>;
+
+/// Why an upgrade made nothing change: the new process could not start, did not serve in
+/// time, or could not be told what it may take. This process serves on.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UpgradeFailed(pub String);
+
+impl From<String> for UpgradeFailed {
+    fn from(s: String) -> Self {
+        UpgradeFailed(s)
+    }
+}
 
 /// Why an upgrade was not made.
 #[derive(Debug)]
@@ -73,14 +85,14 @@ impl Handover {
         }
         let (tx, rx) = oneshot::channel();
         let answer = match self.requests.send(tx).await {
-            Err(_) => Err("this relay does not upgrade (not run by `fanout serve`)".to_string()),
-            Ok(()) => rx.await.unwrap_or_else(|_| Err("the upgrade was abandoned".to_string())),
+            Err(_) => Err(UpgradeFailed("this relay does not upgrade (not run by `fanout serve`)".into())),
+            Ok(()) => rx.await.unwrap_or_else(|_| Err(UpgradeFailed("the upgrade was abandoned".into()))),
         };
         // A failed upgrade changed nothing: the next may be tried.
         if answer.is_err() {
             self.running.store(false, SeqCst);
         }
-        answer.map_err(Refused::Failed)
+        answer.map_err(|e| Refused::Failed(e.0))
     }
 
     /// The requests, for the one who runs them.

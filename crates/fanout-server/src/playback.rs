@@ -135,7 +135,7 @@ fn token_query(query: &Option<String>) -> String {
 type Indexed = (Vec<(StoredFile, FileIndex)>, Vec<(StoredFile, String)>);
 
 async fn indexed(relay: &Relay, name: &str) -> Result<Indexed, ApiError> {
-    crate::spec::check_path_name(name).map_err(bad)?;
+    crate::spec::check_path_name(name).map_err(|e| bad(e.0))?;
     let store = relay.recordings.clone();
     let name = name.to_string();
     relay

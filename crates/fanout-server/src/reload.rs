@@ -193,19 +193,24 @@ pub fn routes() -> axum::Router<Arc<Relay>> {
 async fn reload_call(
     axum::extract::State(relay): axum::extract::State<Arc<Relay>>,
 ) -> Result<axum::Json<Plan>, crate::error::ApiError> {
-    let refused = |e| crate::error::ApiError(axum::http::StatusCode::BAD_REQUEST, e);
+    let refused = |e: Refused| crate::error::ApiError(axum::http::StatusCode::BAD_REQUEST, e.0);
     reload(&relay).await.map(axum::Json).map_err(refused)
 }
 
+/// Why a reload changed nothing: the file's problems, one per line, or that there is no file.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(pub String);
+
 /// Loads the config again and applies it (one reload at a time). `Err`: it was refused
 /// (every problem, one per line) and nothing changed.
-pub async fn reload(relay: &Arc<Relay>) -> Result<Plan, String> {
+pub async fn reload(relay: &Arc<Relay>) -> Result<Plan, Refused> {
     let mut guard = relay.loader.lock().await;
     let Some(loader) = guard.as_mut() else {
-        return Err("this relay was not started from `fanout serve`: nothing to load again".into());
+        return Err(Refused("this relay was not started from `fanout serve`: nothing to load again".into()));
     };
-    let new = (loader.load)()?;
-    for w in new.exposure()? {
+    let new = (loader.load)().map_err(|e| Refused(format!("{e:#}")))?;
+    for w in new.exposure().map_err(|e| Refused(e.0))? {
         tracing::warn!("{w}");
     }
     let mut plan = plan(&loader.loaded, &new);

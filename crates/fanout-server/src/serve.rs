@@ -249,7 +249,7 @@ async fn run(
     let demo = cfg.demo;
     let relay = relay::Relay::new(cfg)?;
     let config_file = args.config.clone();
-    let load = Box::new(move || configure(&args).map_err(|e| format!("{e:#}")));
+    let load = Box::new(move || configure(&args));
     *relay.loader.lock().await = Some(config::Loader { loaded, load });
     let api = relay.cfg().api;
     // RTSP first: its RTP port is where every UDP sink's packets come from (clients such as
@@ -679,10 +679,12 @@ async fn bind(
 #[derive(Clone)]
 struct RtmpAddr(Option<std::net::SocketAddr>);
 
-fn parse_rtmp(s: &str) -> Result<RtmpAddr, String> {
+fn parse_rtmp(s: &str) -> Result<RtmpAddr, crate::error::Invalid> {
     match s {
         "off" => Ok(RtmpAddr(None)),
-        a => a.parse().map(|a| RtmpAddr(Some(a))).map_err(|e| format!("{e} (an address, or off)")),
+        a => {
+            a.parse().map(|a| RtmpAddr(Some(a))).map_err(|e| crate::error::Invalid(format!("{e} (an address, or off)")))
+        }
     }
 }
 

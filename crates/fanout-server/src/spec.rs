@@ -152,14 +152,14 @@ pub enum RtspTransport {
 impl RtspSource {
     /// How an `rtsps://` source checks its server: at most one of `tls_ca`,
     /// `tls_fingerprint`, `tls_verify = false`; the public roots when none.
-    pub fn upstream_verify(&self) -> Result<crate::tls::Verify, String> {
+    pub fn upstream_verify(&self) -> Result<crate::tls::Verify, crate::error::Invalid> {
         use crate::tls::Verify;
         match (&self.tls_ca, &self.tls_fingerprint, self.tls_verify) {
             (None, None, None | Some(true)) => Ok(Verify::PublicRoots),
             (Some(ca), None, None | Some(true)) => Ok(Verify::Ca(ca.into())),
             (None, Some(f), None | Some(true)) => crate::tls::parse_fingerprint(f)
                 .map(Verify::Pinned)
-                .map_err(|e| format!("source \"tls_fingerprint\": {e}")),
+                .map_err(|e| crate::error::Invalid(format!("source \"tls_fingerprint\": {e}"))),
             (None, None, Some(false)) => Ok(Verify::Off),
             _ => Err("source: give at most one of \"tls_ca\", \"tls_fingerprint\", \"tls_verify\" = false".into()),
         }
@@ -167,8 +167,9 @@ impl RtspSource {
 
     /// The URL, parsed (a spec read from JSON or TOML was checked; one made in code, such
     /// as a cluster pull's, is checked here).
-    pub fn parsed_url(&self) -> Result<fanout_proto::rtsp::client::Url, String> {
-        fanout_proto::rtsp::client::Url::parse(&self.url).map_err(|e| format!("source \"rtsp\": {e}"))
+    pub fn parsed_url(&self) -> Result<fanout_proto::rtsp::client::Url, crate::error::Invalid> {
+        fanout_proto::rtsp::client::Url::parse(&self.url)
+            .map_err(|e| crate::error::Invalid(format!("source \"rtsp\": {e}")))
     }
 }
 
@@ -202,9 +203,9 @@ impl SourceSpec {
 }
 
 impl TryFrom<SourceFields> for SourceSpec {
-    type Error = String;
+    type Error = crate::error::Invalid;
 
-    fn try_from(f: SourceFields) -> Result<Self, String> {
+    fn try_from(f: SourceFields) -> Result<Self, crate::error::Invalid> {
         let n = [
             f.udp.is_some(),
             f.tcp_listen.is_some(),
@@ -221,7 +222,7 @@ impl TryFrom<SourceFields> for SourceSpec {
         if n != 1 {
             return Err(format!(
                 "source needs exactly one of \"udp\", \"tcp_listen\", \"tcp_connect\", \"rtsp\", \"srt\", \"file\", \"demo\": true, \"publish\": true (got {n})"
-            ));
+            ).into());
         }
         if f.takeover.is_some() && f.publish != Some(true) {
             return Err("source \"takeover\" only applies to a \"publish\" source".into());
@@ -340,14 +341,14 @@ pub struct SinkSpec {
 }
 
 impl SinkSpec {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), crate::error::Invalid> {
         match (self.udp, self.tcp) {
-            (Some(a), None) | (None, Some(a)) if a.port() == 0 => Err(format!("sink address {a} has port 0")),
-            (Some(a), None) if a.ip().is_unspecified() => Err(format!("sink address {a} is unspecified")),
+            (Some(a), None) | (None, Some(a)) if a.port() == 0 => Err(format!("sink address {a} has port 0").into()),
+            (Some(a), None) if a.ip().is_unspecified() => Err(format!("sink address {a} is unspecified").into()),
             // Sinks send unicast (or multicast); a broadcast would need SO_BROADCAST and
             // would reach every host of the link.
             (Some(std::net::SocketAddr::V4(a)), None) if a.ip().is_broadcast() => {
-                Err(format!("sink address {a} is a broadcast address; use a unicast or multicast address"))
+                Err(format!("sink address {a} is a broadcast address; use a unicast or multicast address").into())
             }
             (Some(_), None) | (None, Some(_)) => Ok(()),
             _ => Err("sink needs exactly one of \"udp\" or \"tcp\"".into()),
@@ -504,10 +505,11 @@ pub enum Pacing {
 }
 
 /// A hook given as a list must name its program first.
-pub fn check_command(key: &str, cmd: &Option<Vec<String>>) -> Result<(), String> {
+pub fn check_command(key: &str, cmd: &Option<Vec<String>>) -> Result<(), crate::error::Invalid> {
     match cmd {
         Some(c) if c.first().is_none_or(|p| p.is_empty()) => {
-            Err(format!(r#"{key}: a program and its arguments, as a list: {key} = ["/usr/bin/logger", "a client"]"#))
+            Err(format!(r#"{key}: a program and its arguments, as a list: {key} = ["/usr/bin/logger", "a client"]"#)
+                .into())
         }
         _ => Ok(()),
     }
@@ -582,7 +584,7 @@ impl SessionSpec {
             || self.on_unpublish.is_some()
     }
 
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), crate::error::Invalid> {
         check_path_name(&self.name)?;
         fanout_core::Priority::new(self.priority).map_err(|e| e.to_string())?;
         if let Some(r) = &self.record {
@@ -604,19 +606,19 @@ impl SessionSpec {
             check_command(key, cmd)?;
         }
         if let Some(ms) = self.stream_flush_ms.filter(|&ms| ms > MAX_STREAM_FLUSH_MS) {
-            return Err(format!("stream_flush_ms {ms} is out of range 0..={MAX_STREAM_FLUSH_MS}"));
+            return Err(format!("stream_flush_ms {ms} is out of range 0..={MAX_STREAM_FLUSH_MS}").into());
         }
         if let Some(n) = self.sinks_per_group.filter(|n| !(1..=MAX_SINKS_PER_GROUP).contains(n)) {
-            return Err(format!("sinks_per_group {n} is out of range 1..={}", MAX_SINKS_PER_GROUP));
+            return Err(format!("sinks_per_group {n} is out of range 1..={}", MAX_SINKS_PER_GROUP).into());
         }
         if let Some(r) = self.ring {
             if !(2..=MAX_RING).contains(&r) {
-                return Err(format!("ring {r} is out of range 2..={MAX_RING}"));
+                return Err(format!("ring {r} is out of range 2..={MAX_RING}").into());
             }
         }
         if let Some(m) = self.max_datagram {
             if !(188..=MAX_DATAGRAM).contains(&m) {
-                return Err(format!("max_datagram {m} is out of range 188..={MAX_DATAGRAM}"));
+                return Err(format!("max_datagram {m} is out of range 188..={MAX_DATAGRAM}").into());
             }
         }
         if let Some(r) = self.rate_kbps.filter(|r| !RATE_KBPS.contains(r)) {
@@ -624,14 +626,16 @@ impl SessionSpec {
                 "rate_kbps {r} is out of range {}..={} (a stream's rate, to pace by)",
                 RATE_KBPS.start(),
                 RATE_KBPS.end()
-            ));
+            )
+            .into());
         }
         if let Some(r) = self.reserve_kbps.filter(|r| !RATE_KBPS.contains(r)) {
             return Err(format!(
                 "reserve_kbps {r} is out of range {}..={} (egress reserved for the session)",
                 RATE_KBPS.start(),
                 RATE_KBPS.end()
-            ));
+            )
+            .into());
         }
         if self.pace_with == Some(PaceWith::Txtime) {
             if self.pacing == Pacing::Off {
@@ -641,7 +645,7 @@ impl SessionSpec {
                 let d = serde_json::to_value(d).unwrap_or_default();
                 return Err(format!(
                     "pace_with \"txtime\" needs datapath \"shared\" or \"kernel\" (whose UDP sinks send from the group's socket), not {d}"
-                ));
+                ).into());
             }
             if self.udp_sinks == UdpSinkMode::Connected {
                 return Err(
@@ -653,7 +657,9 @@ impl SessionSpec {
             return Err("pace_burst_kb 0 cannot hold one packet".into());
         }
         if let Some(c) = self.pace_catchup.filter(|c| !PACE_CATCHUP.contains(c)) {
-            return Err(format!("pace_catchup {c} is out of range {}..={}", PACE_CATCHUP.start(), PACE_CATCHUP.end()));
+            return Err(
+                format!("pace_catchup {c} is out of range {}..={}", PACE_CATCHUP.start(), PACE_CATCHUP.end()).into()
+            );
         }
         for s in &self.sinks {
             s.validate()?;
@@ -663,7 +669,7 @@ impl SessionSpec {
 
     /// How the session paces, for a largest datagram of `max_datagram` bytes: a burst
     /// allowance that cannot hold one is refused.
-    pub fn pace_config(&self, max_datagram: usize) -> Result<Option<fanout_io::PaceConfig>, String> {
+    pub fn pace_config(&self, max_datagram: usize) -> Result<Option<fanout_io::PaceConfig>, crate::error::Invalid> {
         if self.pacing == Pacing::Off {
             return Ok(None);
         }
@@ -672,7 +678,8 @@ impl SessionSpec {
             return Err(format!(
                 "pace_burst_kb {} ({b} bytes) is smaller than one packet (max_datagram {max_datagram})",
                 b / 1024
-            ));
+            )
+            .into());
         }
         Ok(Some(fanout_io::PaceConfig {
             rate: self.rate_kbps.map(|k| k * 1000 / 8),
@@ -728,12 +735,12 @@ impl RecordSpec {
         86_400
     }
 
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), crate::error::Invalid> {
         if !(1..=86_400).contains(&self.segment_s) {
-            return Err(format!("record.segment_s {} is out of range 1..=86400", self.segment_s));
+            return Err(format!("record.segment_s {} is out of range 1..=86400", self.segment_s).into());
         }
         if !(100..=60_000).contains(&self.fragment_ms) {
-            return Err(format!("record.fragment_ms {} is out of range 100..=60000", self.fragment_ms));
+            return Err(format!("record.fragment_ms {} is out of range 100..=60000", self.fragment_ms).into());
         }
         Ok(())
     }
@@ -741,6 +748,6 @@ impl RecordSpec {
 
 /// The one rule for a path's name, on every face, in patterns, recordings and the API
 /// ([`fanout_proto::name::check`]: `live/cam1`, not only dots).
-pub fn check_path_name(name: &str) -> Result<(), String> {
+pub fn check_path_name(name: &str) -> Result<(), crate::error::Invalid> {
     fanout_proto::name::check(name)
 }

@@ -91,8 +91,8 @@ fn split(id: &StreamId) -> (&str, Option<&str>, Option<&str>) {
 }
 
 /// Listens on `addr`, a thread accepting callers, within the tokio runtime of the caller.
-pub fn serve(addr: SocketAddr, relay: Arc<Relay>) -> Result<Srt, String> {
-    let version = fanout_srt::version().map_err(|e| e.to_string())?;
+pub fn serve(addr: SocketAddr, relay: Arc<Relay>) -> Result<Srt, fanout_srt::Error> {
+    let version = fanout_srt::version()?;
     let settings = Settings {
         latency_ms: Some(relay.cfg().srt_latency_ms),
         passphrase: relay.cfg().srt_passphrase.clone(),
@@ -116,14 +116,14 @@ pub fn serve(addr: SocketAddr, relay: Arc<Relay>) -> Result<Srt, String> {
         decided
     })
     .map(Arc::new)
-    .map_err(|e| format!("{addr}: {e}"))?;
+    .map_err(|e| fanout_srt::Error { text: format!("{addr}: {e}"), ..e })?;
     let bound = listener.local_addr().unwrap_or(addr);
     let runtime = tokio::runtime::Handle::current();
     let l = listener.clone();
     std::thread::Builder::new()
         .name("srt-accept".into())
         .spawn(move || accept(&l, &relay, &runtime, &handshakes))
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| fanout_srt::Error { code: -1, text: format!("the accepting thread: {e}") })?;
     Ok(Srt { addr: bound, version, listener })
 }
 

@@ -12,6 +12,7 @@
 //! The exchange is two lines on a socket pair: `ready PID` from the new process, then
 //! `released {json}` (the SRT and WebRTC addresses to bind again) from the old.
 
+use crate::handover::UpgradeFailed;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -59,7 +60,7 @@ pub struct NewProcess {
 
 /// Starts the binary at this process's path with its arguments and `sockets`, and waits
 /// until it serves. Its log goes where this one's goes.
-pub async fn start(sockets: &Sockets) -> Result<NewProcess, String> {
+pub async fn start(sockets: &Sockets) -> Result<NewProcess, UpgradeFailed> {
     let exe = executable()?;
     let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(|e| format!("socket pair: {e}"))?;
     let fds: Vec<(&'static str, RawFd)> = sockets.0.lock().iter().map(|(n, fd)| (*n, fd.as_raw_fd())).collect();
@@ -104,16 +105,19 @@ pub async fn start(sockets: &Sockets) -> Result<NewProcess, String> {
                 Err(_) => format!("it did not serve within {READY_WITHIN:?}"),
                 _ => format!("it ended ({}); its log says why", status.map_or("?".to_string(), |s| s.to_string())),
             };
-            Err(format!("the new process {pid} did not take over, this one serves on: {why}"))
+            Err(format!("the new process {pid} did not take over, this one serves on: {why}").into())
         }
     }
 }
 
 impl NewProcess {
     /// Tells the new process what it may take now.
-    pub async fn released(mut self, what: &Released) -> Result<(), String> {
+    pub async fn released(mut self, what: &Released) -> Result<(), UpgradeFailed> {
         let line = format!("released {}\n", serde_json::to_string(what).expect("plain data"));
-        self.channel.write_all(line.as_bytes()).await.map_err(|e| format!("telling the new process: {e}"))
+        self.channel
+            .write_all(line.as_bytes())
+            .await
+            .map_err(|e| UpgradeFailed(format!("telling the new process: {e}")))
     }
 }
 
@@ -138,7 +142,7 @@ pub fn remember_binary() {
 /// This process's binary: the file at the path it was started from, which a package
 /// upgrade has replaced (or an operator moved aside and put another in its place: the
 /// kernel's name for this process's binary follows the moved file, this does not).
-fn executable() -> Result<std::path::PathBuf, String> {
+fn executable() -> Result<std::path::PathBuf, UpgradeFailed> {
     if let Some(p) = STARTED_AS.get() {
         return Ok(p.clone());
     }

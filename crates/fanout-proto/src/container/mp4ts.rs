@@ -140,7 +140,7 @@ fn hevc_configs(mp4: &[u8]) -> Vec<(u32, &[u8])> {
 
 /// An `hvcC` (ISO/IEC 14496-15 §8.3.3): the NAL length size, and the VPS, SPS and PPS in
 /// Annex B.
-fn hvcc(b: &[u8]) -> Result<(usize, Vec<u8>), String> {
+fn hvcc(b: &[u8]) -> Result<(usize, Vec<u8>), crate::Invalid> {
     let short = || "hvcC cut short".to_string();
     let nal_len = usize::from(b.get(21).ok_or_else(short)? & 3) + 1;
     let arrays = *b.get(22).ok_or_else(short)?;
@@ -268,7 +268,7 @@ pub fn remux(mp4: &[u8]) -> Result<Vec<u8>, Mp4Error> {
                 annexb(&s.bytes, t.nal_len, &mut data).map_err(|why| Mp4Error::Sample {
                     track: t.id,
                     sample: sid,
-                    why,
+                    why: why.0,
                 })?;
                 sync
             }
@@ -288,7 +288,7 @@ fn read(r: &mut mp4::Mp4Reader<Cursor<&[u8]>>, t: &Track, sid: u32) -> Result<mp
 }
 
 /// Length-prefixed NAL units (`len` bytes of length each) to Annex B, appended to `out`.
-fn annexb(mut b: &[u8], len: usize, out: &mut Vec<u8>) -> Result<(), String> {
+fn annexb(mut b: &[u8], len: usize, out: &mut Vec<u8>) -> Result<(), crate::Invalid> {
     while !b.is_empty() {
         let n = b.get(..len).ok_or("a NAL length cut short")?.iter().fold(0usize, |a, &x| (a << 8) | usize::from(x));
         let nal = b.get(len..len + n).ok_or("a NAL unit longer than its sample")?;
@@ -461,8 +461,8 @@ mod tests {
         let mut b = vec![0u8; 22];
         b[21] = 3;
         b.extend_from_slice(&[1, 33, 0, 1, 0, 2, 0x42, 0x01]); // 1 array: type, count, length, NAL
-        assert!(hvcc(&b).unwrap_err().contains("VPS, SPS and PPS"));
-        assert!(hvcc(&b[..28]).unwrap_err().contains("cut short"));
+        assert!(hvcc(&b).unwrap_err().0.contains("VPS, SPS and PPS"));
+        assert!(hvcc(&b[..28]).unwrap_err().0.contains("cut short"));
         b.extend_from_slice(&[32, 0, 1, 0, 2, 0x40, 0x01, 34, 0, 1, 0, 2, 0x44, 0x01]);
         b[22] = 3;
         let (len, prefix) = hvcc(&b).unwrap();

@@ -142,12 +142,14 @@ const TOKENS: [&str; 8] = ["%path", "%Y", "%m", "%d", "%H", "%M", "%S", "%f"];
 impl Layout {
     /// Checks `pattern`: it must name every token (a file's name is all that tells its
     /// start and path) and stay below its own directory (no `..`).
-    pub fn new(pattern: &str) -> Result<Self, String> {
+    pub fn new(pattern: &str) -> Result<Self, crate::Invalid> {
         if let Some(t) = TOKENS.iter().find(|t| !pattern.contains(**t)) {
-            return Err(format!("record_path {pattern:?} lacks {t}: it needs %path %Y %m %d %H %M %S %f"));
+            return Err(format!("record_path {pattern:?} lacks {t}: it needs %path %Y %m %d %H %M %S %f").into());
         }
         if pattern.split('/').any(|c| c == ".." || c == ".") || pattern.ends_with('/') {
-            return Err(format!("record_path {pattern:?}: no `.` or `..` components, and a file name at its end"));
+            return Err(
+                format!("record_path {pattern:?}: no `.` or `..` components, and a file name at its end").into()
+            );
         }
         let mut re = String::from("^");
         let mut groups = Vec::new();
@@ -411,7 +413,7 @@ fn moof_trafs(moof: &[u8]) -> Option<(Vec<Traf>, bool)> {
 /// returns fewer bytes only at the end): box headers and `moov`/`moof` boxes are read, media
 /// data is skipped. A fragment cut short at the end (a write the process did not finish) is
 /// left out; anything but a recording is an error.
-pub fn scan(len: u64, mut read: impl FnMut(u64, usize) -> Option<Vec<u8>>) -> Result<FileIndex, String> {
+pub fn scan(len: u64, mut read: impl FnMut(u64, usize) -> Option<Vec<u8>>) -> Result<FileIndex, crate::Invalid> {
     let mut index = FileIndex::default();
     let mut at = 0u64;
     let mut pending: Option<(u64, Vec<Traf>, bool)> = None;
@@ -424,7 +426,7 @@ pub fn scan(len: u64, mut read: impl FnMut(u64, usize) -> Option<Vec<u8>>) -> Re
             s => (u64::from(s), 8),
         };
         if size < header {
-            return Err(format!("bad box size {size} at byte {at}"));
+            return Err(format!("bad box size {size} at byte {at}").into());
         }
         if size > len - at {
             // The write in progress, or one the process did not finish.

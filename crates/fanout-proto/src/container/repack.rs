@@ -41,10 +41,10 @@ pub enum TrackCodec {
 
 impl TrackInfo {
     /// The track of an SDP media section, or why it cannot be repackaged as MPEG-TS.
-    pub fn from_sdp(m: &Media) -> Result<Self, String> {
+    pub fn from_sdp(m: &Media) -> Result<Self, crate::Invalid> {
         let fmt = m.formats.first().map(String::as_str).unwrap_or("");
         let Some((enc, clock)) = m.rtpmap(fmt) else {
-            return Err(format!("{} track without an rtpmap (static payload type {fmt:?})", m.kind));
+            return Err(format!("{} track without an rtpmap (static payload type {fmt:?})", m.kind).into());
         };
         let fmtp = fmtp(m, fmt);
         let param = |k: &str| fmtp.iter().find(|(n, _)| n.eq_ignore_ascii_case(k)).map(|(_, v)| *v);
@@ -75,10 +75,16 @@ impl TrackInfo {
                             delta_bits: num("indexdeltalength").unwrap_or(0),
                         }
                     }
-                    _ => return Err(format!("MPEG4-GENERIC track that is not AAC-hbr/lbr with a config: {fmtp:?}")),
+                    _ => {
+                        return Err(
+                            format!("MPEG4-GENERIC track that is not AAC-hbr/lbr with a config: {fmtp:?}").into()
+                        )
+                    }
                 }
             }
-            other => return Err(format!("{} track in {other}, which MPEG-TS repackaging does not carry", m.kind)),
+            other => {
+                return Err(format!("{} track in {other}, which MPEG-TS repackaging does not carry", m.kind).into())
+            }
         };
         Ok(Self { codec, clock: clock.max(1) })
     }
@@ -539,7 +545,7 @@ mod tests {
         a=fmtp:97 streamtype=5;profile-level-id=1;mode=AAC-hbr;sizelength=13;indexlength=3;indexdeltalength=3;config=1190\r\n\
         m=audio 0 RTP/AVP 0\r\na=rtpmap:0 PCMU/8000\r\n";
 
-    fn tracks() -> Vec<Result<TrackInfo, String>> {
+    fn tracks() -> Vec<Result<TrackInfo, crate::Invalid>> {
         crate::rtsp::sdp::Sdp::parse(SDP).unwrap().media.iter().map(TrackInfo::from_sdp).collect()
     }
 
@@ -589,7 +595,7 @@ mod tests {
                 clock: 48_000
             }
         );
-        assert!(t[2].as_ref().unwrap_err().contains("PCMU"), "{:?}", t[2]);
+        assert!(t[2].as_ref().unwrap_err().0.contains("PCMU"), "{:?}", t[2]);
     }
 
     #[test]

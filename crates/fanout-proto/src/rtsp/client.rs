@@ -23,11 +23,11 @@ pub struct Url {
 }
 
 impl Url {
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, crate::Invalid> {
         let (tls, rest) = match (s.strip_prefix("rtsp://"), s.strip_prefix("rtsps://")) {
             (Some(r), _) => (false, r),
             (_, Some(r)) => (true, r),
-            _ => return Err(format!("{s:?} is not an rtsp:// or rtsps:// URL")),
+            _ => return Err(format!("{s:?} is not an rtsp:// or rtsps:// URL").into()),
         };
         let (authority, path) = match rest.find('/') {
             Some(i) => (&rest[..i], &rest[i..]),
@@ -54,7 +54,7 @@ impl Url {
             }
         };
         if host.is_empty() {
-            return Err(format!("{s:?} has no host"));
+            return Err(format!("{s:?} has no host").into());
         }
         let port = match port {
             Some(p) => p.parse().map_err(|_| format!("bad port {p:?} in {s:?}"))?,

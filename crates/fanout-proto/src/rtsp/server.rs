@@ -204,6 +204,15 @@ fn error(status: u16, cseq: Option<u32>) -> Response {
     Response::new(status, cseq)
 }
 
+/// Why a request's credentials were not taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unauthorized {
+    /// None, or wrong.
+    Wrong,
+    /// A Digest answer to a nonce that expired: the client may answer the new one at once.
+    Stale,
+}
+
 impl Server {
     /// `secret`: 32 bytes from a CSPRNG, the keys of session ids and Digest nonces.
     pub fn new(cfg: Config, secret: [u8; 32]) -> Self {
@@ -298,7 +307,7 @@ impl Server {
             "OPTIONS" => None,
             _ => match self.authorized(req, conn, now_ms, true) {
                 Ok(user) => user,
-                Err(stale) => return (self.unauthorized(cseq, conn, now_ms, stale), Vec::new()),
+                Err(why) => return (self.unauthorized(cseq, conn, now_ms, why == Unauthorized::Stale), Vec::new()),
             },
         };
         let asker = Asker { conn, user };
@@ -366,7 +375,9 @@ impl Server {
     pub fn challenge(&mut self, req: &Request, conn: u64, now_ms: u64) -> Option<Response> {
         let cseq = req.headers.cseq()?;
         match self.authorized(req, conn, now_ms, false) {
-            Err(stale) if req.method != "OPTIONS" => Some(self.unauthorized(cseq, conn, now_ms, stale)),
+            Err(why) if req.method != "OPTIONS" => {
+                Some(self.unauthorized(cseq, conn, now_ms, why == Unauthorized::Stale))
+            }
             _ => None,
         }
     }
@@ -682,39 +693,45 @@ impl Server {
     }
 
     /// The user a request authenticates as (`None` where no users are configured), or why
-    /// not: `Err(true)` for a Digest answer to a stale nonce (the challenge says so, and the
-    /// client answers the new one without asking its user).
+    /// not: [`Unauthorized::Stale`] for a Digest answer to a stale nonce (the challenge says
+    /// so, and the client answers the new one without asking its user).
     /// `commit`: record a Digest count as used (`false` to check without serving).
-    fn authorized(&mut self, req: &Request, conn: u64, now_ms: u64, commit: bool) -> Result<Option<String>, bool> {
+    fn authorized(
+        &mut self,
+        req: &Request,
+        conn: u64,
+        now_ms: u64,
+        commit: bool,
+    ) -> Result<Option<String>, Unauthorized> {
         if self.cfg.users.is_empty() {
             return Ok(None);
         }
-        let Some(auth) = req.headers.get("Authorization") else { return Err(false) };
+        let Some(auth) = req.headers.get("Authorization") else { return Err(Unauthorized::Wrong) };
         let (scheme, rest) = auth.split_once(' ').unwrap_or((auth, ""));
         if scheme.eq_ignore_ascii_case("Basic") {
-            let Some((u, p)) = crate::http::basic_credentials(auth) else { return Err(false) };
+            let Some((u, p)) = crate::http::basic_credentials(auth) else { return Err(Unauthorized::Wrong) };
             // Every user is compared, so the time does not tell which names exist.
             let ok = self.cfg.users.iter().fold(false, |ok, (user, pass)| {
                 ok | (ct_eq(user.as_bytes(), u.as_bytes()) & ct_eq(pass.as_bytes(), p.as_bytes()))
             });
-            return if ok { Ok(Some(u)) } else { Err(false) };
+            return if ok { Ok(Some(u)) } else { Err(Unauthorized::Wrong) };
         }
         if !scheme.eq_ignore_ascii_case("Digest") {
-            return Err(false);
+            return Err(Unauthorized::Wrong);
         }
         let params = digest_params(rest);
         let get = |k: &str| params.iter().find(|(n, _)| n.eq_ignore_ascii_case(k)).map(|(_, v)| v.as_str());
         let (Some(user), Some(realm), Some(nonce), Some(uri), Some(response)) =
             (get("username"), get("realm"), get("nonce"), get("uri"), get("response"))
         else {
-            return Err(false);
+            return Err(Unauthorized::Wrong);
         };
         // The response signs `uri`: it must be this request's (RFC 2617 §3.2.2.5), or an
         // answer captured for one resource would open another.
         if realm != self.cfg.realm || !same_resource(uri, &req.uri) {
-            return Err(false);
+            return Err(Unauthorized::Wrong);
         }
-        let Some((_, pass)) = self.cfg.users.iter().find(|(u, _)| u == user) else { return Err(false) };
+        let Some((_, pass)) = self.cfg.users.iter().find(|(u, _)| u == user) else { return Err(Unauthorized::Wrong) };
         // With `qop=auth` the answer signs a count and the client's nonce too (§3.2.2.1).
         let qop = match get("qop") {
             None => None,
@@ -722,10 +739,10 @@ impl Server {
                 let nc = get("nc").filter(|n| n.len() == 8).and_then(|n| u32::from_str_radix(n, 16).ok());
                 match (nc, get("cnonce")) {
                     (Some(nc), Some(cnonce)) => Some((nc, cnonce)),
-                    _ => return Err(false),
+                    _ => return Err(Unauthorized::Wrong),
                 }
             }
-            Some(_) => return Err(false),
+            Some(_) => return Err(Unauthorized::Wrong),
         };
         let want = match qop {
             None => digest_response(user, realm, pass, nonce, &req.method, uri),
@@ -734,15 +751,15 @@ impl Server {
             }
         };
         if !ct_eq(want.as_bytes(), response.to_ascii_lowercase().as_bytes()) {
-            return Err(false);
+            return Err(Unauthorized::Wrong);
         }
         let nc = qop.map(|q| q.0);
         let fresh =
             if commit { self.nonces.check(nonce, now_ms, conn, nc) } else { self.nonces.peek(nonce, now_ms, conn, nc) };
         match fresh {
             NonceCheck::Fresh => Ok(Some(user.to_string())),
-            NonceCheck::Stale => Err(true),
-            NonceCheck::Invalid => Err(false),
+            NonceCheck::Stale => Err(Unauthorized::Stale),
+            NonceCheck::Invalid => Err(Unauthorized::Wrong),
         }
     }
 

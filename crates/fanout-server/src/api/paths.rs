@@ -26,7 +26,7 @@ pub(super) async fn create_session(
 pub(super) fn read_spec(v: serde_json::Value) -> ApiResult<SessionSpec> {
     use crate::spec::{SourceFields, SourceSpec};
     if let Some(Ok(fields)) = v.get("source").map(|s| serde_json::from_value::<SourceFields>(s.clone())) {
-        SourceSpec::try_from(fields).map_err(|why| ApiError(StatusCode::BAD_REQUEST, why))?;
+        SourceSpec::try_from(fields).map_err(|why| ApiError(StatusCode::BAD_REQUEST, why.0))?;
     }
     // The field's path in the message, as the extractor gives it (`pace_link: unknown variant`).
     serde_path_to_error::deserialize(v).map_err(|e| {

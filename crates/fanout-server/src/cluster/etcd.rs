@@ -32,21 +32,33 @@ pub struct Etcd {
     lease: parking_lot::Mutex<i64>,
 }
 
-async fn within<T, E: std::fmt::Display>(f: impl std::future::Future<Output = Result<T, E>>) -> Result<T, String> {
+/// Why a call to etcd failed (unreachable, no answer in time, refused), for the log and the
+/// cluster's status.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct EtcdError(pub String);
+
+impl From<String> for EtcdError {
+    fn from(s: String) -> Self {
+        EtcdError(s)
+    }
+}
+
+async fn within<T, E: std::fmt::Display>(f: impl std::future::Future<Output = Result<T, E>>) -> Result<T, EtcdError> {
     limited(CALL, f).await
 }
 
-async fn written<T, E: std::fmt::Display>(f: impl std::future::Future<Output = Result<T, E>>) -> Result<T, String> {
+async fn written<T, E: std::fmt::Display>(f: impl std::future::Future<Output = Result<T, E>>) -> Result<T, EtcdError> {
     limited(WRITE, f).await
 }
 
 async fn limited<T, E: std::fmt::Display>(
     limit: Duration,
     f: impl std::future::Future<Output = Result<T, E>>,
-) -> Result<T, String> {
+) -> Result<T, EtcdError> {
     match tokio::time::timeout(limit, f).await {
-        Ok(r) => r.map_err(|e| e.to_string()),
-        Err(_) => Err(format!("no answer within {limit:?}")),
+        Ok(r) => r.map_err(|e| EtcdError(e.to_string())),
+        Err(_) => Err(EtcdError(format!("no answer within {limit:?}"))),
     }
 }
 
@@ -61,7 +73,7 @@ impl Etcd {
     }
 
     /// A connected client (made on first use, and again after a failure).
-    async fn client(&self) -> Result<Client, String> {
+    async fn client(&self) -> Result<Client, EtcdError> {
         let mut c = self.client.lock().await;
         if let Some(c) = c.as_ref() {
             return Ok(c.clone());
@@ -79,7 +91,7 @@ impl Etcd {
         *self.client.lock().await = None;
     }
 
-    pub async fn snapshot(&self) -> Result<Snapshot, String> {
+    pub async fn snapshot(&self) -> Result<Snapshot, EtcdError> {
         let mut c = self.client().await?;
         let prefix = format!("{}/", self.prefix);
         // Serializable: the member's own copy, without a round of consensus that would wait
@@ -88,7 +100,7 @@ impl Etcd {
             Ok(r) => Ok(Snapshot::parse(&self.prefix, r.kvs().iter().map(|kv| (kv.key(), kv.value())))),
             Err(e) => {
                 self.reset().await;
-                Err(format!("etcd {}: {e}", self.endpoints.join(",")))
+                Err(EtcdError(format!("etcd {}: {e}", self.endpoints.join(","))))
             }
         }
     }
@@ -109,7 +121,7 @@ pub async fn run(cluster: Arc<Cluster>, local: Weak<dyn Local>) {
     loop {
         let e = match registered(&cluster, &local).await {
             Ok(()) => return, // the relay is gone
-            Err(e) => e,
+            Err(e) => e.0,
         };
         if e != last_error {
             tracing::warn!(node = %cluster.cfg.node, "cluster directory: {e}; trying again");
@@ -130,7 +142,7 @@ pub async fn run(cluster: Arc<Cluster>, local: Weak<dyn Local>) {
 }
 
 /// One registration: from a new lease until etcd fails (`Err`) or the relay is gone (`Ok`).
-async fn registered(cluster: &Arc<Cluster>, local: &Weak<dyn Local>) -> Result<(), String> {
+async fn registered(cluster: &Arc<Cluster>, local: &Weak<dyn Local>) -> Result<(), EtcdError> {
     let etcd = cluster.etcd.as_ref().expect("started with etcd");
     let mut c = etcd.client().await?;
     let (node, prefix) = (&cluster.cfg.node, &etcd.prefix);
@@ -152,7 +164,7 @@ async fn registered(cluster: &Arc<Cluster>, local: &Weak<dyn Local>) -> Result<(
             match within(alive.message()).await {
                 Ok(Some(r)) if r.ttl() > 0 => {}
                 Err(e) => return e,
-                Ok(_) => return "the lease expired (etcd lost us for too long)".to_string(),
+                Ok(_) => return EtcdError("the lease expired (etcd lost us for too long)".into()),
             }
         }
     }));
@@ -181,10 +193,10 @@ async fn registered(cluster: &Arc<Cluster>, local: &Weak<dyn Local>) -> Result<(
                 let _ = within(c.lease_revoke(lease)).await;
                 *etcd.lease.lock() = 0;
                 cluster.directory.lock().state = "name-taken".into();
-                return Err(format!(
+                return Err(EtcdError(format!(
                     "node name {node:?} is held by another live node (lease {}); waiting for it to go",
                     holder.unwrap_or(0)
-                ));
+                )));
             }
         }
     }
@@ -201,7 +213,7 @@ async fn registered(cluster: &Arc<Cluster>, local: &Weak<dyn Local>) -> Result<(
     loop {
         tokio::select! {
             _ = tick.tick() => {}
-            why = &mut lapsed.0 => return Err(why.unwrap_or_else(|e| format!("the lease's keeper: {e}"))),
+            why = &mut lapsed.0 => return Err(why.unwrap_or_else(|e| EtcdError(format!("the lease's keeper: {e}")))),
         }
         let Some(l) = local.upgrade() else { return Ok(()) };
         if node_at.elapsed() >= NODE_EVERY {

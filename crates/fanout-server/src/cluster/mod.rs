@@ -21,9 +21,11 @@ mod etcd;
 mod parents;
 
 use crate::config::ClusterConfig;
+use crate::upstream::PullEnds;
 #[cfg(feature = "etcd")]
 use fanout_proto::directory::{self, Me};
 use fanout_proto::directory::{ChannelEntry, Choice, Load, NodeInfo};
+use fanout_proto::rtsp::client::Url;
 use parking_lot::Mutex;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -323,7 +325,7 @@ impl Cluster {
     /// best. A failed node stays a candidate while it is registered, for `lease_s` + 2 s after
     /// the trouble began (a restarting origin comes back); after that, with no node left, the
     /// pull ends (`Err`).
-    async fn next_url(&self, channel: &str, failed: bool) -> Result<String, String> {
+    async fn next_url(&self, channel: &str, failed: bool) -> Result<String, PullEnds> {
         let (current, from) = {
             let mut pulls = self.pulls.lock();
             let p = pulls.get_mut(channel).ok_or("the pull was ended")?;
@@ -352,7 +354,7 @@ impl Cluster {
                 }
                 // The directory is down: stay with the node we know.
                 Err(LookupError::Down(_)) => return Ok(current),
-                Err(LookupError::NotFound(why)) if trouble >= give_up => return Err(why),
+                Err(LookupError::NotFound(why)) if trouble >= give_up => return Err(PullEnds(why)),
                 Err(LookupError::NotFound(_)) => tokio::time::sleep(Duration::from_millis(500)).await,
             }
         }
@@ -385,7 +387,7 @@ impl Cluster {
                     nodes = snap.nodes.into_values().collect();
                     channels = snap.channels;
                 }
-                Err(e) => read_error = Some(e),
+                Err(e) => read_error = Some(e.0),
             }
         }
         let local = self.local.get().and_then(Weak::upgrade);
@@ -408,8 +410,11 @@ struct PullOrigin {
 }
 
 impl crate::upstream::Origin for PullOrigin {
-    fn next(&self, failed: bool) -> crate::upstream::BoxFuture<'_, Result<String, String>> {
-        Box::pin(self.cluster.next_url(&self.channel, failed))
+    fn next(&self, failed: bool) -> crate::upstream::BoxFuture<'_, Result<Url, PullEnds>> {
+        Box::pin(async move {
+            let url = self.cluster.next_url(&self.channel, failed).await?;
+            Url::parse(&url).map_err(|e| PullEnds(format!("{url}: {e}")))
+        })
     }
 }
 

@@ -67,7 +67,7 @@ impl Parents {
                             if s.health != "down" {
                                 tracing::warn!(parent = %url, "parent is down: {e}");
                             }
-                            (s.health, s.last_error) = ("down", Some(e));
+                            (s.health, s.last_error) = ("down", Some(e.to_string()));
                         }
                     }
                 }
@@ -96,11 +96,12 @@ impl Parents {
     }
 }
 
-async fn check(url: &str) -> Result<(), String> {
-    let u = fanout_proto::rtsp::client::Url::parse(url)?;
+async fn check(url: &str) -> std::io::Result<()> {
+    use std::io::{Error, ErrorKind};
+    let u = fanout_proto::rtsp::client::Url::parse(url).map_err(|e| Error::new(ErrorKind::InvalidInput, e))?;
     match tokio::time::timeout(CHECK_TIMEOUT, tokio::net::TcpStream::connect((u.host.as_str(), u.port))).await {
         Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => Err(format!("cannot connect: {e}")),
-        Err(_) => Err(format!("no answer within {CHECK_TIMEOUT:?}")),
+        Ok(Err(e)) => Err(Error::new(e.kind(), format!("cannot connect: {e}"))),
+        Err(_) => Err(Error::new(ErrorKind::TimedOut, format!("no answer within {CHECK_TIMEOUT:?}"))),
     }
 }

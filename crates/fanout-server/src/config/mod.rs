@@ -12,12 +12,31 @@ use std::net::SocketAddr;
 use std::path::Path;
 use toml::de::DeTable;
 
+/// Every problem of a config file, each a line (`line N: what`), in order of line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Problems(pub Vec<String>);
+
+impl std::fmt::Display for Problems {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0.join("\n"))
+    }
+}
+
+impl std::error::Error for Problems {}
+
+impl std::ops::Deref for Problems {
+    type Target = [String];
+    fn deref(&self) -> &[String] {
+        &self.0
+    }
+}
+
 /// The configuration as it was loaded (from the file and the flags over it) and how to load
 /// it again, for a reload (`crate::reload`).
 pub struct Loader {
     pub loaded: Config,
     /// Reads the file again and applies the same flags; every problem, one per line.
-    pub load: Box<dyn Fn() -> Result<Config, String> + Send + Sync>,
+    pub load: Box<dyn Fn() -> anyhow::Result<Config> + Send + Sync>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -338,7 +357,7 @@ impl Config {
     /// Who can reach what without credentials. `Err`: the API or RTSP listens beyond
     /// loopback with nothing to authenticate and `allow_unauthenticated` is not set. `Ok`:
     /// the warnings to log at start.
-    pub fn exposure(&self) -> Result<Vec<String>, String> {
+    pub fn exposure(&self) -> Result<Vec<String>, crate::error::Invalid> {
         let mut open = Vec::new();
         // ([auth] decides for every face.)
         let external = self.auth.is_some();
@@ -362,11 +381,11 @@ impl Config {
             open.push(format!("SRT on {r} has no rtsp_user and no rtsp_require_token"));
         }
         if !open.is_empty() && !self.allow_unauthenticated {
-            return Err(format!(
+            return Err(crate::error::Invalid(format!(
                 "refusing to serve anyone who can reach it: {}; set a token / rtsp_user (docs/config.md), \
                  bind to 127.0.0.1, or set allow_unauthenticated = true (--allow-unauthenticated)",
                 open.join("; ")
-            ));
+            )));
         }
         let mut warnings: Vec<String> =
             open.into_iter().map(|o| format!("UNAUTHENTICATED: {o} (allow_unauthenticated)")).collect();
@@ -450,12 +469,12 @@ mod tests {
         let mut c = Config::default();
         assert_eq!(c.exposure(), Ok(vec![]));
         c.api = "0.0.0.0:7070".parse().unwrap();
-        assert!(c.exposure().unwrap_err().contains("the API on 0.0.0.0:7070 has no token"));
+        assert!(c.exposure().unwrap_err().0.contains("the API on 0.0.0.0:7070 has no token"));
         c.token = Some("t".into());
         let w = c.exposure().unwrap();
         assert!(w.len() == 1 && w[0].contains("does not protect RTSP"), "{w:?}");
         c.rtsp = Some("[::]:8554".parse().unwrap());
-        assert!(c.exposure().unwrap_err().contains("RTSP on [::]:8554"));
+        assert!(c.exposure().unwrap_err().0.contains("RTSP on [::]:8554"));
         c.allow_unauthenticated = true;
         assert!(c.exposure().unwrap().iter().any(|w| w.starts_with("UNAUTHENTICATED: RTSP")));
         c.allow_unauthenticated = false;
@@ -651,7 +670,7 @@ mod tests {
     fn a_session_named_twice_is_an_error_at_the_second() {
         let text = "[[session]]\nname = \"a\"\nsource = { demo = true }\n\n[[session]]\nname = \"a\"\nsource = { demo = true }\n";
         let e = Config::parse(text).unwrap_err();
-        assert_eq!(e, vec!["line 5: session \"a\" is named twice".to_string()]);
+        assert_eq!(e.0, vec!["line 5: session \"a\" is named twice".to_string()]);
     }
 
     /// Keeps CONFIG_FIELDS in step with the struct: a config naming every listed field

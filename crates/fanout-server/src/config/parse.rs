@@ -56,7 +56,7 @@ pub(super) fn session_field_errors(s: &toml::Spanned<toml::de::DeValue<'_>>, at:
         one.insert(key.clone(), name.clone());
         let de = toml::de::Deserializer::from(toml::Spanned::new(name.span(), one));
         if let Err(why) = SessionSpec::deserialize(de).map(|spec| spec.validate()).unwrap_or(Ok(())) {
-            errors.push(at(Some(key.span()), &why));
+            errors.push(at(Some(key.span()), &why.0));
         }
     }
     if errors.is_empty() {
@@ -82,7 +82,7 @@ impl Config {
     /// Parses and checks a config; on failure, every problem found as `line N: what`, in
     /// order of line: syntax, then each key's type (each key of each session on its own),
     /// then the ranges of everything else, so one pass shows them all.
-    pub fn parse(text: &str) -> Result<Self, Vec<String>> {
+    pub fn parse(text: &str) -> Result<Self, Problems> {
         let line = |offset: usize| text[..offset.min(text.len())].bytes().filter(|b| *b == b'\n').count() + 1;
         let at = |span: Option<std::ops::Range<usize>>, msg: &str| match span {
             Some(s) => (line(s.start), explain(msg.trim())),
@@ -109,7 +109,7 @@ impl Config {
         }
         errors.sort();
         errors.dedup();
-        Err(errors.into_iter().map(|(l, m)| if l > 0 { format!("line {l}: {m}") } else { m }).collect())
+        Err(Problems(errors.into_iter().map(|(l, m)| if l > 0 { format!("line {l}: {m}") } else { m }).collect()))
     }
 
     /// Type and unknown-field errors, each top-level key and each key of each session
@@ -215,7 +215,7 @@ impl Config {
         );
         for (key, cmd) in [("on_connect", &self.on_connect), ("on_disconnect", &self.on_disconnect)] {
             if let Err(e) = crate::spec::check_command(key, cmd) {
-                check(false, key, e);
+                check(false, key, e.0);
             }
         }
         let pass_len = self.srt_passphrase.as_ref().map_or(10, |p| p.chars().count());
@@ -245,7 +245,7 @@ impl Config {
             format!("upgrade_drain_s {} is out of range 0..=604800", self.upgrade_drain_s),
         );
         let layout = fanout_proto::container::record::Layout::new(&self.record_path);
-        check(layout.is_ok(), "record_path", layout.err().unwrap_or_default());
+        check(layout.is_ok(), "record_path", layout.err().map(|e| e.0).unwrap_or_default());
         check(
             (0.5..=600.0).contains(&self.request_timeout_s),
             "request_timeout_s",
@@ -271,12 +271,12 @@ impl Config {
         );
         if let Some(c) = &self.cluster {
             if let Err(e) = c.validate() {
-                check(false, "cluster", e);
+                check(false, "cluster", e.0);
             }
         }
         if let Some(a) = &self.auth {
             if let Err(e) = a.validate() {
-                check(false, "auth", e);
+                check(false, "auth", e.0);
             }
         }
         for p in &self.patterns {
@@ -295,7 +295,7 @@ impl Config {
             );
             // The template as a name would make it (the pattern's text as the name).
             if let Err(e) = p.session("x") {
-                check(false, "pattern", e);
+                check(false, "pattern", e.0);
             }
         }
         for ice in &self.webrtc_ice_servers {
@@ -331,7 +331,7 @@ impl Config {
                 let mut keys = Vec::new();
                 collect_keys(t, &mut keys);
                 keys.iter()
-                    .filter(|(k, _)| e.contains(k.as_str()))
+                    .filter(|(k, _)| e.0.contains(k.as_str()))
                     .max_by_key(|(k, _)| k.len())
                     .map_or(line(t.span().start), |(_, off)| line(*off))
             });

@@ -45,12 +45,12 @@ impl PatternSpec {
         32
     }
 
-    pub fn rule(&self) -> Result<fanout_proto::auth::PathRule, String> {
+    pub fn rule(&self) -> Result<fanout_proto::auth::PathRule, crate::error::Invalid> {
         fanout_proto::auth::PathRule::parse(Some(&self.matches))
     }
 
     /// The session for `name`: the source with `{name}` put in, checked.
-    pub fn session(&self, name: &str) -> Result<SessionSpec, String> {
+    pub fn session(&self, name: &str) -> Result<SessionSpec, crate::error::Invalid> {
         fn put(v: &mut serde_json::Value, name: &str) {
             match v {
                 serde_json::Value::String(s) => *s = s.replace("{name}", name),
@@ -126,7 +126,7 @@ impl AuthConfig {
         std::time::Duration::from_secs_f64(self.timeout_s)
     }
 
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), crate::error::Invalid> {
         let url = |key: &str, v: &Option<String>| match v.as_deref() {
             None => Err(format!("[auth] method {:?} needs {key}", self.method)),
             Some(u) if !(u.starts_with("http://") || u.starts_with("https://")) => {
@@ -139,13 +139,13 @@ impl AuthConfig {
             AuthMethod::Jwt => url("jwks_url", &self.jwks_url)?,
         }
         if !(0.1..=30.0).contains(&self.timeout_s) {
-            return Err(format!("[auth] timeout_s {} is out of range 0.1..=30", self.timeout_s));
+            return Err(format!("[auth] timeout_s {} is out of range 0.1..=30", self.timeout_s).into());
         }
         if !(0.0..=3600.0).contains(&self.cache_s) {
-            return Err(format!("[auth] cache_s {} is out of range 0..=3600", self.cache_s));
+            return Err(format!("[auth] cache_s {} is out of range 0..=3600", self.cache_s).into());
         }
         if !(1.0..=86_400.0).contains(&self.jwks_refresh_s) {
-            return Err(format!("[auth] jwks_refresh_s {} is out of range 1..=86400", self.jwks_refresh_s));
+            return Err(format!("[auth] jwks_refresh_s {} is out of range 1..=86400", self.jwks_refresh_s).into());
         }
         if self.jwt_claim.is_empty() {
             return Err("[auth] jwt_claim must not be empty".into());
@@ -218,10 +218,10 @@ impl ClusterConfig {
     }
 
     /// Checks what serde cannot: names, URLs, ranges.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), crate::error::Invalid> {
         let good = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
         if self.node.is_empty() || self.node.len() > 64 || !self.node.chars().all(good) {
-            return Err(format!("[cluster] node {:?}: 1-64 letters, digits, '.', '_' or '-'", self.node));
+            return Err(format!("[cluster] node {:?}: 1-64 letters, digits, '.', '_' or '-'", self.node).into());
         }
         if self.etcd.is_empty() && self.parents.is_empty() {
             return Err("[cluster] needs `etcd` endpoints, `parents`, or both".into());
@@ -229,17 +229,17 @@ impl ClusterConfig {
         for p in self.parents.iter().chain(&self.rtsp_url) {
             let u = fanout_proto::rtsp::client::Url::parse(p).map_err(|e| format!("[cluster] {p:?}: {e}"))?;
             if u.path != "/" {
-                return Err(format!("[cluster] {p:?}: give the relay's base URL (rtsp://host:port), no path"));
+                return Err(format!("[cluster] {p:?}: give the relay's base URL (rtsp://host:port), no path").into());
             }
         }
         if !(1..=300).contains(&self.lease_s) {
-            return Err(format!("[cluster] lease_s {}: 1 to 300", self.lease_s));
+            return Err(format!("[cluster] lease_s {}: 1 to 300", self.lease_s).into());
         }
         if !(0.0..=3600.0).contains(&self.linger_s) {
-            return Err(format!("[cluster] linger_s {}: 0 to 3600", self.linger_s));
+            return Err(format!("[cluster] linger_s {}: 0 to 3600", self.linger_s).into());
         }
         if !self.prefix.starts_with('/') || self.prefix.ends_with('/') {
-            return Err(format!("[cluster] prefix {:?}: starts with '/', does not end with one", self.prefix));
+            return Err(format!("[cluster] prefix {:?}: starts with '/', does not end with one", self.prefix).into());
         }
         Ok(())
     }

@@ -62,7 +62,7 @@ impl Relay {
         spec: SessionSpec,
         origin: Option<Arc<dyn crate::upstream::Origin>>,
     ) -> Result<Session, RelayError> {
-        spec.validate().map_err(RelayError::BadRequest)?;
+        spec.validate()?;
         if self.paths.read().contains_key(&spec.name) {
             return Err(RelayError::Conflict(format!("a session named {:?} already exists", spec.name)));
         }
@@ -99,7 +99,7 @@ impl Relay {
         }
         let defaults = self.cfg();
         let max_datagram = spec.max_datagram.unwrap_or(defaults.max_datagram);
-        let pacing = spec.pace_config(max_datagram).map_err(RelayError::BadRequest)?;
+        let pacing = spec.pace_config(max_datagram)?;
         let cfg = SessionConfig {
             name: spec.name.clone(),
             // Invariant: validate() checked the range.

@@ -85,7 +85,7 @@ impl Relay {
         p: crate::config::PatternSpec,
         for_publisher: bool,
     ) -> Result<(), RelayError> {
-        let spec = p.session(name).map_err(RelayError::BadRequest)?;
+        let spec = p.session(name)?;
         let count = self.pattern_paths.lock().entry(p.matches.clone()).or_default().clone();
         use std::sync::atomic::Ordering::SeqCst;
         if count.fetch_update(SeqCst, SeqCst, |n| (n < p.max_paths).then_some(n + 1)).is_err() {

@@ -32,7 +32,7 @@ impl Relay {
         let mut inputs = Vec::new();
         let mut why = Vec::new();
         let mut add = |m: &fanout_proto::rtsp::sdp::Media, t: crate::track::TrackRef| {
-            let info = fanout_proto::container::repack::TrackInfo::from_sdp(m).map_err(|e| why.push(e)).ok();
+            let info = fanout_proto::container::repack::TrackInfo::from_sdp(m).map_err(|e| why.push(e.0)).ok();
             inputs.push(crate::repack::Input { session: t.session, info, clock_map: t.clock_map });
         };
         if let Some(view) = path.view() {

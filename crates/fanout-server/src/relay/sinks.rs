@@ -31,7 +31,7 @@ impl Relay {
     }
 
     pub async fn add_sink(self: &Arc<Self>, name: &str, spec: &SinkSpec) -> Result<u64, RelayError> {
-        spec.validate().map_err(RelayError::BadRequest)?;
+        spec.validate()?;
         self.ensure(name).await?;
         let path = self.found(name)?;
         if path.readers.full() {

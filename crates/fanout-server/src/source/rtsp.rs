@@ -7,11 +7,11 @@ use crate::spec::RtspSource;
 use std::time::Duration;
 
 pub fn start(r: &RtspSource, cx: Ctx) -> Result<Started, RelayError> {
-    let url = r.parsed_url().map_err(RelayError::BadRequest)?;
+    let url = r.parsed_url()?;
     // An rtsps:// source's certificate check, set up now: a CA file that does not load is
     // the creator's error, not a retry loop's.
     let tls = if url.tls {
-        let v = r.upstream_verify().map_err(RelayError::BadRequest)?;
+        let v = r.upstream_verify()?;
         if v == crate::tls::Verify::Off {
             tracing::warn!(session = cx.name, "rtsps:// upstream without certificate checks (tls_verify = false)");
         }

@@ -2,7 +2,7 @@ use super::*;
 
 fn parse(j: &str) -> Result<SessionSpec, String> {
     let s: SessionSpec = serde_json::from_str(j).map_err(|e| e.to_string())?;
-    s.validate()?;
+    s.validate().map_err(|e| e.0)?;
     Ok(s)
 }
 
@@ -153,7 +153,7 @@ proptest! {
     fn any_keys_make_one_kind_or_a_reason(f in any_fields()) {
         match SourceSpec::try_from(f.clone()) {
             Ok(s) => prop_assert_eq!(SourceSpec::try_from(SourceFields::from(s.clone())), Ok(s)),
-            Err(why) => prop_assert!(why.starts_with("source"), "{why} for {f:?}"),
+            Err(why) => prop_assert!(why.0.starts_with("source"), "{why} for {f:?}"),
         }
     }
 }

@@ -53,7 +53,18 @@ pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T
 pub trait Origin: Send + Sync {
     /// The URL to connect to now; `failed`: the last attempt (or the stream) failed. `Err`:
     /// nothing serves the stream any more, and the session ends.
-    fn next(&self, failed: bool) -> BoxFuture<'_, Result<String, String>>;
+    fn next(&self, failed: bool) -> BoxFuture<'_, Result<Url, PullEnds>>;
+}
+
+/// Why a pull has nowhere to connect any more (no node serves its stream): the path ends.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct PullEnds(pub String);
+
+impl From<&str> for PullEnds {
+    fn from(s: &str) -> Self {
+        PullEnds(s.to_string())
+    }
 }
 
 /// How an upstream is reached and kept (the session's `rtsp` source fields).
@@ -548,12 +559,12 @@ pub async fn run(up: Arc<Upstream>, template: fanout_io::SessionConfig, relay: s
         }
         let before = up.url.lock().request_url();
         if let Some(origin) = &up.origin {
-            match origin.next(failed).await.and_then(|u| Url::parse(&u)) {
+            match origin.next(failed).await {
                 Ok(url) => *up.url.lock() = url,
                 Err(why) => {
                     tracing::warn!(session = %up.name, "pull ends: {why}");
                     let mut st = up.state.lock();
-                    st.last_error = Some(why);
+                    st.last_error = Some(why.0);
                     st.state = "ended";
                     drop(st);
                     up.ready.send_modify(|g| *g += 1);

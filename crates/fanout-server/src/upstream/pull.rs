@@ -184,8 +184,8 @@ impl Pull<'_> {
         self.srtp = srtp_contexts(&sdp)?;
         self.client.savp = self.srtp.iter().any(Option::is_some);
         if self.client.savp {
-            (self.srtcp_out, self.client.key_mgmt) =
-                own_srtcp_keys(sdp.media.len(), self.reporter).map_err(|e| E::Describe(e.to_string()))?;
+            let keys = own_srtcp_keys(sdp.media.len(), self.reporter).map_err(|e| E::Describe(e.to_string()))?;
+            (self.srtcp_out, self.client.key_mgmt) = (keys.contexts, keys.mikey);
         }
         self.up
             .adopt(&sdp, self.template, self.engine)
@@ -390,18 +390,22 @@ fn srtp_contexts(
         .collect()
 }
 
-/// Per track, our SRTCP key: its context, and the MIKEY message (base64) that tells it to
-/// the upstream (`KeyMgmt` in SETUP, RFC 4567), its crypto session our reporter SSRC.
-fn own_srtcp_keys(
-    tracks: usize,
-    reporter: u32,
-) -> std::io::Result<(Vec<fanout_proto::rtp::srtp::Context>, Vec<String>)> {
+/// Our SRTCP keys, one per track.
+struct OwnKeys {
+    /// What protects the reports we send.
+    contexts: Vec<fanout_proto::rtp::srtp::Context>,
+    /// The MIKEY messages (base64) that tell them to the upstream (`KeyMgmt` in SETUP, RFC
+    /// 4567), each crypto session our reporter SSRC.
+    mikey: Vec<String>,
+}
+
+fn own_srtcp_keys(tracks: usize, reporter: u32) -> std::io::Result<OwnKeys> {
     let suite = fanout_proto::rtp::srtp::Suite::AesCm128HmacSha1_80;
-    let mut keys = (Vec::new(), Vec::new());
+    let mut keys = OwnKeys { contexts: Vec::new(), mikey: Vec::new() };
     for _ in 0..tracks {
         let key = crate::srtp_out::random_key()?;
-        keys.1.push(crate::srtp_out::mikey_base64(suite, &key, reporter));
-        keys.0.push(fanout_proto::rtp::srtp::Context::new(suite, &key));
+        keys.mikey.push(crate::srtp_out::mikey_base64(suite, &key, reporter));
+        keys.contexts.push(fanout_proto::rtp::srtp::Context::new(suite, &key));
     }
     Ok(keys)
 }

@@ -4,13 +4,18 @@
 use super::*;
 
 /// A WHIP publisher is connected: it becomes the path's publisher (or is refused, as any).
-pub(super) fn start_publishing(v: &mut Viewer) -> Result<(), String> {
+pub(super) fn start_publishing(v: &mut Viewer) -> std::io::Result<()> {
     let peer = v.from.map_or(IpAddr::from([0, 0, 0, 0]), |a| a.ip());
     let p = v.publish.as_mut().expect("a publisher");
-    let relay = p.relay.upgrade().ok_or("the relay is stopping")?;
-    p.publisher
-        .start_stream(crate::publish::Ingest::Webrtc, v.id.clone(), p.conn, peer, p.sdp.clone(), &relay.engine)
-        .map_err(|e| e.to_string())?;
+    let relay = p.relay.upgrade().ok_or_else(|| std::io::Error::other("the relay is stopping"))?;
+    p.publisher.start_stream(
+        crate::publish::Ingest::Webrtc,
+        v.id.clone(),
+        p.conn,
+        peer,
+        p.sdp.clone(),
+        &relay.engine,
+    )?;
     p.started = true;
     tracing::info!(publisher = %v.id, ?peer, "WHIP publisher connected");
     Ok(())
