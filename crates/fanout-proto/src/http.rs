@@ -28,6 +28,17 @@ pub enum Head<'a> {
 
 /// The user and password of an `Authorization: Basic …` value (RFC 7617: the scheme in any
 /// case, base64 of `user:password`, the password may hold `:`); `None` for any other value.
+/// `s` as one URL path segment or userinfo part: every byte but RFC 3986's unreserved
+/// ones written `%XX`.
+pub fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 pub fn basic_credentials(authorization: &str) -> Option<(String, String)> {
     use base64::Engine as _;
     let (scheme, rest) = authorization.trim().split_once(' ')?;
@@ -204,5 +215,14 @@ mod tests {
         );
         let big = format!("GET / HTTP/1.1\r\nX: {}\r\n", "a".repeat(9000));
         assert_eq!(classify(big.as_bytes(), 8192), Head::Reject(431, "request head too large"));
+    }
+}
+
+#[cfg(test)]
+mod percent_encode_tests {
+    #[test]
+    fn only_unreserved_bytes_stay() {
+        assert_eq!(super::percent_encode("a-b_c.d~e"), "a-b_c.d~e");
+        assert_eq!(super::percent_encode("a b/c:d@é"), "a%20b%2Fc%3Ad%40%C3%A9");
     }
 }

@@ -187,3 +187,14 @@ pub fn random_id() -> String {
     let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b);
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn ids_are_16_hex_digits_and_differ() {
+        let (a, b) = (super::random_id(), super::random_id());
+        assert_eq!(a.len(), 16);
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+    }
+}

@@ -463,3 +463,27 @@ async fn start_tls_stream(
     session.remove_sink(id);
     tracing::info!(session = name, sink = id, %peer, "HTTPS subscriber left");
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_with_steps_is_one_route_segment() {
+        let req = |uri: &str| axum::http::Request::builder().uri(uri).body(()).unwrap();
+        let out = name_steps_as_one(req("/v1/sessions/live/cam1/hls/index.m3u8?token=t"));
+        assert_eq!(out.uri().path(), "/v1/sessions/live%2Fcam1/hls/index.m3u8");
+        assert_eq!(out.uri().query(), Some("token=t"));
+        let out = name_steps_as_one(req("/v1/sessions/cam/readers"));
+        assert_eq!(out.uri().path(), "/v1/sessions/cam/readers", "a one-step name is left alone");
+    }
+
+    #[test]
+    fn a_stream_reader_is_named_by_basic_or_the_query() {
+        let ip = std::net::IpAddr::from([127, 0, 0, 1]);
+        let basic = "Basic YW5uOnB3"; // ann:pw
+        assert_eq!(user_of(Some(basic), Some("user=bob&pass=x"), ip), "ann");
+        assert_eq!(user_of(None, Some("user=bob&pass=x"), ip), "bob");
+        assert_eq!(user_of(None, None, ip), "");
+    }
+}

@@ -267,7 +267,7 @@ async fn playlist(
     let recs = recordings(&files);
     let token = token_query(&query);
     let and_token = token.replacen('?', "&", 1);
-    let shown = |k: usize| encode(&relay.recordings.relative(&files[k].0.name));
+    let shown = |k: usize| fanout_proto::http::percent_encode(&relay.recordings.relative(&files[k].0.name));
     let text = vod_playlist(
         &recs,
         &picks,
@@ -335,16 +335,6 @@ const MAX_INIT: u64 = 1 << 20;
 const MAX_FRAGMENT: u64 = 64 << 20;
 /// Bytes of a file read (and held) at once for one request.
 const CHUNK: u64 = 256 << 10;
-
-/// A file name as one URL path segment.
-fn encode(name: &str) -> String {
-    name.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
 
 /// A body read step by step on the disk workers: each step is handed a thread, reads at
 /// most one chunk or fragment and gives the thread back. Between two steps the body waits

@@ -311,6 +311,31 @@ impl Outputs {
             || self.flv.as_ref().is_some_and(|f| f.tags.receiver_count() > 0)
     }
 
+    /// Access unit `u` to every output: the recording, RTMP players, the TS session (held,
+    /// flushed once per wake), the HLS segmenter. `false`: TS could not frame it.
+    fn unit(&mut self, u: &Unit, streams: &[TrackInfo], bytes: &mut Vec<u8>) -> bool {
+        if let Some(r) = &self.record {
+            r.push(u);
+        }
+        self.flv(u, streams);
+        let mut framed = true;
+        if let Some(inlet) = self.ts.as_mut() {
+            framed = self.ts_mux.write(u, bytes);
+            for d in bytes.chunks(PACKETS_PER_DATAGRAM * fanout_proto::container::mpegts::PACKET_LEN) {
+                // What the session refuses it counts.
+                inlet.hold(d);
+            }
+            bytes.clear();
+        }
+        if let Some(h) = &self.hls {
+            let mut seg = h.seg.lock();
+            if seg.push(u) {
+                h.newest.send_replace(seg.progress());
+            }
+        }
+        framed
+    }
+
     /// Unit `u` as FLV for the RTMP players, if any.
     fn flv(&mut self, u: &Unit, codecs: &[TrackInfo]) {
         use fanout_proto::container::{flv, repack::TrackCodec};
@@ -332,6 +357,34 @@ impl Outputs {
     }
 }
 
+/// One in-process subscriber per repackaged track: its input, a queue of the ring's
+/// packets, and the sink that fills it.
+type Sub = (usize, Arc<ChannelQueue>, Session, u64);
+
+fn unsubscribe(subs: &[Sub]) {
+    for (_, _, session, id) in subs {
+        session.remove_sink(*id);
+    }
+}
+
+/// The subscribers of every input that can be repackaged, each waking `wake`; at half the
+/// ring a repackaging that falls that far behind resumes at a keyframe.
+fn subscribe(inputs: &[Input], wake: &Arc<tokio::sync::Notify>) -> std::io::Result<Vec<Sub>> {
+    let mut subs = Vec::new();
+    for (k, i) in inputs.iter().enumerate().filter(|(_, i)| i.info.is_some()) {
+        let w = wake.clone();
+        let queue = ChannelQueue::new(i.session.config().ring_capacity / 2, move || w.notify_one());
+        match i.session.add_local_sink("repackaging", queue.clone()) {
+            Ok(id) => subs.push((k, queue, i.session.clone(), id)),
+            Err(e) => {
+                unsubscribe(&subs);
+                return Err(e);
+            }
+        }
+    }
+    Ok(subs)
+}
+
 /// Subscribes to every input and repackages until nobody has wanted the output for
 /// `linger`, then unsubscribes.
 async fn run(
@@ -347,29 +400,8 @@ async fn run(
             repack.set_clock_map(k, ntp, rtp);
         }
     }
-    // One in-process subscriber per repackaged track: a queue of the ring's packets.
     let wake = Arc::new(tokio::sync::Notify::new());
-    let mut subs: Vec<(usize, Arc<ChannelQueue>, Session, u64)> = Vec::new();
-    let unsubscribe = |subs: &[(usize, Arc<ChannelQueue>, Session, u64)]| {
-        for (_, _, session, id) in subs {
-            session.remove_sink(*id);
-        }
-    };
-    for (k, i) in inputs.iter().enumerate() {
-        if i.info.is_none() {
-            continue;
-        }
-        let w = wake.clone();
-        // Half the ring: a repackaging that falls that far behind resumes at a keyframe.
-        let queue = ChannelQueue::new(i.session.config().ring_capacity / 2, move || w.notify_one());
-        match i.session.add_local_sink("repackaging", queue.clone()) {
-            Ok(id) => subs.push((k, queue, i.session.clone(), id)),
-            Err(e) => {
-                unsubscribe(&subs);
-                return Err(e);
-            }
-        }
-    }
+    let subs = subscribe(&inputs, &wake)?;
     tracing::info!(
         session = %name,
         tracks = subs.len(),
@@ -394,25 +426,8 @@ async fn run(
                     }
                 }
                 for u in units.drain(..) {
-                    if let Some(r) = &out.record {
-                        r.push(&u);
-                    }
-                    out.flv(&u, repack.streams());
-                    if let Some(inlet) = out.ts.as_mut() {
-                        if !out.ts_mux.write(&u, &mut bytes) {
-                            unframed += 1;
-                        }
-                        for d in bytes.chunks(PACKETS_PER_DATAGRAM * fanout_proto::container::mpegts::PACKET_LEN) {
-                            // What the session refuses it counts.
-                            inlet.hold(d);
-                        }
-                        bytes.clear();
-                    }
-                    if let Some(h) = &out.hls {
-                        let mut seg = h.seg.lock();
-                        if seg.push(&u) {
-                            h.newest.send_replace(seg.progress());
-                        }
+                    if !out.unit(&u, repack.streams(), &mut bytes) {
+                        unframed += 1;
                     }
                 }
                 if let Some(inlet) = out.ts.as_mut() {

@@ -290,41 +290,8 @@ impl Conn<'_> {
             };
             let r = server.input(&buf[..n]);
             let mut close = r.err().map(Ended::from);
-            while let Some(e) = server.poll_event() {
-                match e {
-                    Event::Connect { app: a, .. } => app = a,
-                    Event::Publish { stream_id, name } => {
-                        if let Err(why) = self.publish(&mut server, stream_id, &app, &name).await {
-                            close = Some(why);
-                        }
-                    }
-                    Event::Play { stream_id, name } => {
-                        if let Err(why) = self.play(&mut server, stream_id, &app, &name).await {
-                            close = Some(why);
-                        }
-                    }
-                    Event::Video { timestamp, body } => {
-                        if let Err(e) = self.ingest.video(timestamp, &body, &mut packets) {
-                            tracing::debug!(peer = %self.peer, "RTMP video tag: {e}");
-                        }
-                        if let Some(c) = self.ingest.newly_uncarried() {
-                            let path = self.publishing.as_ref().map_or("", |p| p.0.as_str());
-                            tracing::warn!(peer = %self.peer, path, "RTMP publisher's video is {}: not carried (H.264 and H.265 are), dropped; the path gets its audio only", c.name());
-                        }
-                        if let Err(why) = self.feed(&mut packets) {
-                            close = Some(why);
-                        }
-                    }
-                    Event::Audio { timestamp, body } => {
-                        if let Err(e) = self.ingest.audio(timestamp, &body, &mut packets) {
-                            tracing::debug!(peer = %self.peer, "RTMP audio tag: {e}");
-                        }
-                        if let Err(why) = self.feed(&mut packets) {
-                            close = Some(why);
-                        }
-                    }
-                    Event::Unpublish => self.stop(),
-                }
+            if let Some(why) = self.on_events(&mut server, &mut app, &mut packets).await {
+                close = Some(why);
             }
             let out = server.take_output();
             if !out.is_empty() {
@@ -334,6 +301,54 @@ impl Conn<'_> {
                 return Err(why);
             }
         }
+    }
+
+    /// What the client's bytes said, in order: its app, a publish or a play decided, media
+    /// fed; the last reason to end the connection, if any.
+    async fn on_events(
+        &mut self,
+        server: &mut Server,
+        app: &mut String,
+        packets: &mut Vec<fanout_proto::rtmp::ingest::RtpPacket>,
+    ) -> Option<Ended> {
+        let mut close = None;
+        while let Some(e) = server.poll_event() {
+            match e {
+                Event::Connect { app: a, .. } => *app = a,
+                Event::Publish { stream_id, name } => {
+                    if let Err(why) = self.publish(server, stream_id, app, &name).await {
+                        close = Some(why);
+                    }
+                }
+                Event::Play { stream_id, name } => {
+                    if let Err(why) = self.play(server, stream_id, app, &name).await {
+                        close = Some(why);
+                    }
+                }
+                Event::Video { timestamp, body } => {
+                    if let Err(e) = self.ingest.video(timestamp, &body, packets) {
+                        tracing::debug!(peer = %self.peer, "RTMP video tag: {e}");
+                    }
+                    if let Some(c) = self.ingest.newly_uncarried() {
+                        let path = self.publishing.as_ref().map_or("", |p| p.0.as_str());
+                        tracing::warn!(peer = %self.peer, path, "RTMP publisher's video is {}: not carried (H.264 and H.265 are), dropped; the path gets its audio only", c.name());
+                    }
+                    if let Err(why) = self.feed(packets) {
+                        close = Some(why);
+                    }
+                }
+                Event::Audio { timestamp, body } => {
+                    if let Err(e) = self.ingest.audio(timestamp, &body, packets) {
+                        tracing::debug!(peer = %self.peer, "RTMP audio tag: {e}");
+                    }
+                    if let Err(why) = self.feed(packets) {
+                        close = Some(why);
+                    }
+                }
+                Event::Unpublish => self.stop(),
+            }
+        }
+        close
     }
 
     /// Decides on a publish of `name` (stream key, with its query) under app `app`.

@@ -274,117 +274,15 @@ async fn run(
         crate::webrtc::routes().merge(crate::playback::routes()).merge(crate::reload::routes()),
     );
     let http = if relay.cfg().https() { "https" } else { "http" };
-    tracing::info!(
-        "fanout {} listening on {http}://{api} ({} workers)",
-        env!("CARGO_PKG_VERSION"),
-        relay.engine.workers()
-    );
-    // Printed plainly on stdout so scripts (and people) can pick it up; with a token, URLs
-    // that work as printed (this is the operator's own console).
-    say!("fanout: API {http}://{api}/v1/sessions");
-    if let Some(t) = &tls {
-        say!("fanout: TLS certificate SHA-256 {}", t.fingerprint());
-        if let Some(f) = t.self_signed_file() {
-            say!("fanout: self-signed: trust it with curl --cacert {}", f.display());
-        }
-    }
-    if let Some(st) = relay.state.get() {
-        say!("fanout: API sessions kept in {} ({restored} made again)", st.path().display());
-    }
-    if let Some(c) = &relay.cluster {
-        say!("fanout: cluster node {:?} (tier {}), pulled from at {}", c.cfg.node, c.cfg.tier, c.me().rtsp_url);
-    }
-    // The token is never printed (consoles end up in journals and screenshots): URLs show
-    // where it goes, and the dashboard asks for it.
-    let token = relay.cfg().token.as_ref().map(|_| "TOKEN".to_string());
-    let q = token.as_ref().map(|t| format!("?token={t}")).unwrap_or_default();
-    say!(
-        "fanout: dashboard {http}://{api}/  (open it in a browser{})",
-        if token.is_some() { "; it asks for the token" } else { "" }
-    );
-    if token.is_some() {
-        say!("fanout: API calls need the token (TOKEN below: the one configured, not printed): curl -H 'Authorization: Bearer TOKEN' {http}://{api}/v1/sessions");
-    }
-    if demo {
-        say!("fanout: demo stream {http}://{api}/v1/sessions/demo/stream{q}  (try: ffplay '{http}://{api}/v1/sessions/demo/stream{q}')");
-        say!("fanout: demo over HLS {http}://{api}/v1/sessions/demo/hls/index.m3u8{q}  (try: ffplay '{http}://{api}/v1/sessions/demo/hls/index.m3u8{q}')");
-    }
-    let rtsp_task = rtsp.map(|(listeners, state)| {
-        let who = match (&token, relay.cfg().rtsp_require_token, relay.cfg().rtsp_users.first()) {
-            (Some(t), true, _) => format!("token:{t}@"),
-            (_, _, Some(u)) => format!("{}:PASSWORD@", percent_encode(&u.name)),
-            _ => String::new(),
-        };
-        for (l, acceptor) in &listeners {
-            let (scheme, bound) = (if acceptor.is_some() { "rtsps" } else { "rtsp" }, l.local_addr().ok());
-            let Some(bound) = bound else { continue };
-            say!("fanout: RTSP {scheme}://{bound}/{{session}}");
-            if demo {
-                say!(
-                    "fanout: demo over RTSP {scheme}://{who}{bound}/demo  (try: ffplay '{scheme}://{who}{bound}/demo')"
-                );
-            }
-        }
-        tokio::spawn(rtsp::serve(listeners, relay.clone(), state))
-    });
-    // SIGHUP (`systemctl reload`, an operator's habit) is always taken, never fatal: it
-    // re-reads the certificate and key (connections open keep theirs), then the
-    // configuration (`crate::reload`), and says what it did.
-    let files = tls.clone().filter(|t| t.self_signed_file().is_none());
-    let on_hup = std::sync::Arc::downgrade(&relay);
-    tokio::spawn(async move {
-        let mut hup = hup;
-        while hup.recv().await.is_some() {
-            if let Some(t) = &files {
-                match t.reload() {
-                    Ok(()) => tracing::info!("SIGHUP: TLS certificate reloaded: SHA-256 {}", t.fingerprint()),
-                    Err(e) => tracing::error!("SIGHUP: TLS reload failed, still serving the old certificate: {e:#}"),
-                }
-            }
-            let Some(relay) = on_hup.upgrade() else { return };
-            if let Err(e) = crate::reload::reload(&relay).await {
-                tracing::error!("SIGHUP: the configuration is refused, the running one stays:\n{e}");
-            }
-        }
-    });
+    let banner = Banner { relay: &relay, api, http, demo };
+    banner.say(tls.as_deref(), restored);
+    let mut tasks: Vec<_> = rtsp.map(|(listeners, state)| banner.rtsp(listeners, state)).into_iter().collect();
+    on_sighup(hup, &relay, tls.clone());
     // watch_config: the file read again whenever its contents change, as SIGHUP does.
     if let Some(file) = config_file.filter(|_| relay.cfg().watch_config) {
         tokio::spawn(watch_config(file, std::sync::Arc::downgrade(&relay)));
     }
-    // RTMP: a port taken is not fatal, as for plain RTSP (a second relay on one host).
-    let rtmp_task = match relay.cfg().rtmp {
-        Some(addr) => match bind(&mut inherited, &sockets, "rtmp", addr).await {
-            Ok(l) => {
-                if let Ok(bound) = l.local_addr() {
-                    *relay.rtmp_addr.lock() = Some(bound);
-                    say!("fanout: RTMP rtmp://{bound}/{{path}}  (play any path; publish one with source = {{ publish = true }})");
-                }
-                Some(tokio::spawn(crate::rtmp::serve(l, relay.clone(), None)))
-            }
-            Err(e) => {
-                tracing::warn!("cannot listen on {addr} for RTMP, serving without it: {e}");
-                None
-            }
-        },
-        None => None,
-    };
-    // RTMPS, with the relay's certificate: a port taken is not fatal either.
-    let rtmps_task = match (relay.cfg().rtmps(), tls.as_ref()) {
-        (Some(addr), Some(t)) => match bind(&mut inherited, &sockets, "rtmps", addr).await {
-            Ok(l) => {
-                if let Ok(bound) = l.local_addr() {
-                    *relay.rtmps_addr.lock() = Some(bound);
-                    say!("fanout: RTMPS rtmps://{bound}/{{path}}");
-                }
-                Some(tokio::spawn(crate::rtmp::serve(l, relay.clone(), Some(t.acceptor().clone()))))
-            }
-            Err(e) => {
-                tracing::warn!("cannot listen on {addr} for RTMPS, serving without it: {e}");
-                None
-            }
-        },
-        _ => None,
-    };
+    tasks.extend(start_rtmp(&relay, &mut inherited, &sockets, tls.as_deref()).await);
     tokio::spawn(relay.books.clone().tell());
     give_back_kept_memory();
     tokio::spawn(crate::playback::keep_recording(relay.clone()));
@@ -396,30 +294,13 @@ async fn run(
     if !inherited.upgrading() {
         start_udp_faces(relay.clone(), upgrade::Released::default(), faces.clone(), api, http.to_string()).await;
     }
-    let server = tokio::spawn(http::serve(listener, relay.clone(), router, https));
+    tasks.push(tokio::spawn(http::serve(listener, relay.clone(), router, https)));
     if inherited.upgrading() {
-        let released = inherited.ready().await;
-        if let Err(e) = late_state.map_or(Ok(()), |path| relay.open_state(&path)) {
-            tracing::error!("upgrade: the state file: {e:#}");
-        }
-        let restored = relay.restore().await;
-        for (path, sink) in &released.sinks {
-            if let Err(e) = relay.add_sink(path, sink).await {
-                tracing::warn!(path, udp = ?sink.udp, tcp = ?sink.tcp, "upgrade: a sink of the old process is not added here: {e}");
-            }
-        }
-        tracing::info!(restored, sinks = released.sinks.len(), "upgrade: this process took over (the old one drains)");
-        upgrade::notify_main_pid();
-        // (In the background: libsrt may hold the old process's port a while.)
-        tokio::spawn(start_udp_faces(relay.clone(), released, faces.clone(), api, http.to_string()));
+        take_over(&relay, &mut inherited, late_state, &faces, api, http).await;
     }
     run_until_done(&relay, &sockets, &faces, usr2).await;
     tracing::info!("shutting down");
-    server.abort();
-    if let Some(t) = rtsp_task {
-        t.abort();
-    }
-    for t in [rtmp_task, rtmps_task].into_iter().flatten() {
+    for t in tasks {
         t.abort();
     }
     faces.stop(&relay, false);
@@ -428,6 +309,159 @@ async fn run(
     }
     relay.shutdown().await;
     Ok(())
+}
+
+/// What the start prints plainly on stdout, so scripts (and people) can pick it up: with a
+/// token, URLs that work as printed with the token put in. The token is never printed
+/// (consoles end up in journals and screenshots): URLs show where it goes, and the
+/// dashboard asks for it.
+struct Banner<'a> {
+    relay: &'a std::sync::Arc<relay::Relay>,
+    api: std::net::SocketAddr,
+    http: &'static str,
+    demo: bool,
+}
+
+impl Banner<'_> {
+    fn token(&self) -> Option<&'static str> {
+        self.relay.cfg().token.as_ref().map(|_| "TOKEN")
+    }
+
+    fn say(&self, tls: Option<&tls::Tls>, restored: usize) {
+        let (relay, api, http) = (self.relay, self.api, self.http);
+        tracing::info!(
+            "fanout {} listening on {http}://{api} ({} workers)",
+            env!("CARGO_PKG_VERSION"),
+            relay.engine.workers()
+        );
+        say!("fanout: API {http}://{api}/v1/sessions");
+        if let Some(t) = tls {
+            say!("fanout: TLS certificate SHA-256 {}", t.fingerprint());
+            if let Some(f) = t.self_signed_file() {
+                say!("fanout: self-signed: trust it with curl --cacert {}", f.display());
+            }
+        }
+        if let Some(st) = relay.state.get() {
+            say!("fanout: API sessions kept in {} ({restored} made again)", st.path().display());
+        }
+        if let Some(c) = &relay.cluster {
+            say!("fanout: cluster node {:?} (tier {}), pulled from at {}", c.cfg.node, c.cfg.tier, c.me().rtsp_url);
+        }
+        let q = self.token().map(|t| format!("?token={t}")).unwrap_or_default();
+        let asks = if self.token().is_some() { "; it asks for the token" } else { "" };
+        say!("fanout: dashboard {http}://{api}/  (open it in a browser{asks})");
+        if self.token().is_some() {
+            say!("fanout: API calls need the token (TOKEN below: the one configured, not printed): curl -H 'Authorization: Bearer TOKEN' {http}://{api}/v1/sessions");
+        }
+        if self.demo {
+            say!("fanout: demo stream {http}://{api}/v1/sessions/demo/stream{q}  (try: ffplay '{http}://{api}/v1/sessions/demo/stream{q}')");
+            say!("fanout: demo over HLS {http}://{api}/v1/sessions/demo/hls/index.m3u8{q}  (try: ffplay '{http}://{api}/v1/sessions/demo/hls/index.m3u8{q}')");
+        }
+    }
+
+    /// RTSP's URLs told, and its listeners served.
+    fn rtsp(&self, listeners: RtspListenerList, state: std::sync::Arc<rtsp::Rtsp>) -> tokio::task::JoinHandle<()> {
+        let cfg = self.relay.cfg();
+        let who = match (self.token(), cfg.rtsp_require_token, cfg.rtsp_users.first()) {
+            (Some(t), true, _) => format!("token:{t}@"),
+            (_, _, Some(u)) => format!("{}:PASSWORD@", fanout_proto::http::percent_encode(&u.name)),
+            _ => String::new(),
+        };
+        for (l, acceptor) in &listeners {
+            let (scheme, bound) = (if acceptor.is_some() { "rtsps" } else { "rtsp" }, l.local_addr().ok());
+            let Some(bound) = bound else { continue };
+            say!("fanout: RTSP {scheme}://{bound}/{{session}}");
+            if self.demo {
+                say!(
+                    "fanout: demo over RTSP {scheme}://{who}{bound}/demo  (try: ffplay '{scheme}://{who}{bound}/demo')"
+                );
+            }
+        }
+        tokio::spawn(rtsp::serve(listeners, self.relay.clone(), state))
+    }
+}
+
+/// SIGHUP (`systemctl reload`, an operator's habit) is always taken, never fatal: it
+/// re-reads the certificate and key (connections open keep theirs), then the configuration
+/// (`crate::reload`), and says what it did.
+fn on_sighup(
+    mut hup: tokio::signal::unix::Signal,
+    relay: &std::sync::Arc<relay::Relay>,
+    tls: Option<std::sync::Arc<tls::Tls>>,
+) {
+    let files = tls.filter(|t| t.self_signed_file().is_none());
+    let relay = std::sync::Arc::downgrade(relay);
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            if let Some(t) = &files {
+                match t.reload() {
+                    Ok(()) => tracing::info!("SIGHUP: TLS certificate reloaded: SHA-256 {}", t.fingerprint()),
+                    Err(e) => tracing::error!("SIGHUP: TLS reload failed, still serving the old certificate: {e:#}"),
+                }
+            }
+            let Some(relay) = relay.upgrade() else { return };
+            if let Err(e) = crate::reload::reload(&relay).await {
+                tracing::error!("SIGHUP: the configuration is refused, the running one stays:\n{e}");
+            }
+        }
+    });
+}
+
+/// RTMP and, with the relay's certificate, RTMPS: a port taken is not fatal, as for plain
+/// RTSP (a second relay on one host).
+async fn start_rtmp(
+    relay: &std::sync::Arc<relay::Relay>,
+    inherited: &mut upgrade::Inherited,
+    sockets: &upgrade::Sockets,
+    tls: Option<&tls::Tls>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    let faces = [
+        ("rtmp", "RTMP", relay.cfg().rtmp, None, &relay.rtmp_addr),
+        ("rtmps", "RTMPS", relay.cfg().rtmps().filter(|_| tls.is_some()), tls, &relay.rtmps_addr),
+    ];
+    for (key, what, addr, tls, bound_at) in faces {
+        let Some(addr) = addr else { continue };
+        match bind(inherited, sockets, key, addr).await {
+            Ok(l) => {
+                if let Ok(bound) = l.local_addr() {
+                    *bound_at.lock() = Some(bound);
+                    match tls {
+                        None => say!("fanout: RTMP rtmp://{bound}/{{path}}  (play any path; publish one with source = {{ publish = true }})"),
+                        Some(_) => say!("fanout: RTMPS rtmps://{bound}/{{path}}"),
+                    }
+                }
+                tasks.push(tokio::spawn(crate::rtmp::serve(l, relay.clone(), tls.map(|t| t.acceptor().clone()))));
+            }
+            Err(e) => tracing::warn!("cannot listen on {addr} for {what}, serving without it: {e}"),
+        }
+    }
+    tasks
+}
+
+/// An upgrade's new process, serving: it takes the state file, the sinks the old one
+/// released and (in the background: libsrt may hold the old port a while) SRT and WebRTC.
+async fn take_over(
+    relay: &std::sync::Arc<relay::Relay>,
+    inherited: &mut upgrade::Inherited,
+    late_state: Option<std::path::PathBuf>,
+    faces: &Faces,
+    api: std::net::SocketAddr,
+    http: &str,
+) {
+    let released = inherited.ready().await;
+    if let Err(e) = late_state.map_or(Ok(()), |path| relay.open_state(&path)) {
+        tracing::error!("upgrade: the state file: {e:#}");
+    }
+    let restored = relay.restore().await;
+    for (path, sink) in &released.sinks {
+        if let Err(e) = relay.add_sink(path, sink).await {
+            tracing::warn!(path, udp = ?sink.udp, tcp = ?sink.tcp, "upgrade: a sink of the old process is not added here: {e}");
+        }
+    }
+    tracing::info!(restored, sinks = released.sinks.len(), "upgrade: this process took over (the old one drains)");
+    upgrade::notify_main_pid();
+    tokio::spawn(start_udp_faces(relay.clone(), released, faces.clone(), api, http.to_string()));
 }
 
 /// SRT and WebRTC, once bound: UDP ports one process at a time holds. Once stopped (shut
@@ -688,7 +722,8 @@ fn parse_rtmp(s: &str) -> Result<RtmpAddr, crate::error::Invalid> {
     }
 }
 
-type RtspListeners = (Vec<(tokio::net::TcpListener, Option<tokio_rustls::TlsAcceptor>)>, std::sync::Arc<rtsp::Rtsp>);
+type RtspListenerList = Vec<(tokio::net::TcpListener, Option<tokio_rustls::TlsAcceptor>)>;
+type RtspListeners = (RtspListenerList, std::sync::Arc<rtsp::Rtsp>);
 
 /// Binds plain RTSP and RTSPS. RTSP comes first: its RTP port is where every UDP sink's
 /// packets come from (clients such as retina accept RTP only from the server_port SETUP
@@ -723,16 +758,6 @@ async fn listen_rtsp(
     }
     *relay.rtsp.lock() = Some(state.clone() as _);
     Ok(Some((listeners, state)))
-}
-
-/// `s` with everything but unreserved URL characters percent-encoded (RFC 3986 §2.3).
-fn percent_encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 async fn shutdown_signal() {

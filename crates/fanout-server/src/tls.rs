@@ -236,3 +236,28 @@ pub fn client_config(verify: &Verify) -> anyhow::Result<Arc<rustls::ClientConfig
     };
     Ok(Arc::new(cfg))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fingerprint_is_64_hex_digits_with_or_without_colons() {
+        let hex = "ab".repeat(32);
+        assert_eq!(parse_fingerprint(&hex).unwrap(), [0xab; 32]);
+        let colons = vec!["AB"; 32].join(":");
+        assert_eq!(parse_fingerprint(&colons).unwrap(), [0xab; 32]);
+        for bad in ["", "ab", &"ab".repeat(31), &"zz".repeat(32), &"ab".repeat(33)] {
+            let e = parse_fingerprint(bad).unwrap_err();
+            assert!(e.0.contains("is not a SHA-256 fingerprint"), "{bad:?}: {e}");
+        }
+        assert_eq!(fingerprint(b"x").len(), 32 * 3 - 1, "printed as hex pairs with colons");
+    }
+
+    #[test]
+    fn a_tls_client_hello_is_told_from_rtsp() {
+        assert!(looks_like_tls(&[0x16, 0x03, 0x01, 0x02, 0x00]));
+        assert!(!looks_like_tls(b"OPTIONS rtsp://h/x RTSP/1.0\r\n"));
+        assert!(!looks_like_tls(b""));
+    }
+}

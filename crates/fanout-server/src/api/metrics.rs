@@ -78,64 +78,49 @@ pub(super) fn process_metrics(m: &mut String) {
 pub(super) async fn metrics(State(relay): State<Arc<Relay>>) -> impl IntoResponse {
     let mut m = String::new();
     let sessions = relay.sessions();
+    relay_families(&mut m, &relay, sessions.len());
+    reader_families(&mut m, &relay);
+    publisher_families(&mut m, &relay);
+    process_metrics(&mut m);
+    if let Some(c) = &relay.cluster {
+        cluster_metrics(&mut m, c);
+    }
+    let statuses: Vec<_> = sessions.iter().map(|s| (s.status(), s.sinks())).collect();
+    session_families(&mut m, &statuses);
+    let rtsp = relay.rtsp.lock().as_ref().map(|r| r.clients());
+    rtsp_families(&mut m, rtsp.as_deref());
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], m)
+}
+
+/// The relay's own: the engine, its paths, refusals, logins, the build.
+fn relay_families(m: &mut String, relay: &Relay, sessions: usize) {
+    let one = |v: u64| [(String::new(), v)];
     family(
-        &mut m,
+        m,
         "fanout_engine_task_runs_total",
         "counter",
         "Tasks run by the engine's workers.",
-        [(String::new(), relay.engine.runs())],
+        one(relay.engine.runs()),
     );
-    family(
-        &mut m,
-        "fanout_engine_shed_below_class",
-        "gauge",
-        "Sessions of a class below this are shed for overload (0: none).",
-        [(String::new(), u64::from(relay.engine.shed().0))],
-    );
-    family(&mut m, "fanout_sessions", "gauge", "Sessions configured.", [(String::new(), sessions.len() as u64)]);
-    family(
-        &mut m,
-        "fanout_connections_refused_total",
-        "counter",
-        "Connections refused at accept, by reason (a cap per address or per listener).",
-        relay.books.totals().into_iter().map(|(why, n)| (format!("{{reason=\"{}\"}}", label(why)), n)),
-    );
+    let help = "Sessions of a class below this are shed for overload (0: none).";
+    family(m, "fanout_engine_shed_below_class", "gauge", help, one(u64::from(relay.engine.shed().0)));
+    family(m, "fanout_sessions", "gauge", "Sessions configured.", one(sessions as u64));
+    let refused = relay.books.totals().into_iter().map(|(why, n)| (format!("{{reason=\"{}\"}}", label(why)), n));
+    let help = "Connections refused at accept, by reason (a cap per address or per listener).";
+    family(m, "fanout_connections_refused_total", "counter", help, refused);
     let (failed, banned) = relay.books.failed_logins();
-    family(
-        &mut m,
-        "fanout_failed_logins_total",
-        "counter",
-        "Logins that failed (wrong credentials given; a wrong SRT passphrase), by face.",
-        failed.into_iter().map(|(face, n)| (format!("{{face=\"{}\"}}", label(face)), n)),
-    );
-    family(
-        &mut m,
-        "fanout_banned_addresses",
-        "gauge",
-        "Addresses refused now for failing to log in too often (max_failed_logins).",
-        [(String::new(), banned as u64)],
-    );
-    family(
-        &mut m,
-        "fanout_build_info",
-        "gauge",
-        "The running build (always 1).",
-        [(format!("{{version=\"{}\"}}", env!("CARGO_PKG_VERSION")), 1)],
-    );
-    let rtsp_clients = relay.rtsp.lock().as_ref().map(|r| r.clients());
-    if let Some(clients) = rtsp_clients {
-        family(
-            &mut m,
-            "fanout_rtsp_clients",
-            "gauge",
-            "RTSP client sessions.",
-            [(String::new(), clients.len() as u64)],
-        );
-        let playing = clients.iter().filter(|c| c.playing).map(|c| c.sinks.len() as u64).sum();
-        family(&mut m, "fanout_rtsp_tracks_playing", "gauge", "RTSP tracks being played.", [(String::new(), playing)]);
-    }
-    // Readers, every face's, from each path's registry: by protocol, and (the older
-    // families) by face.
+    let failed = failed.into_iter().map(|(face, n)| (format!("{{face=\"{}\"}}", label(face)), n));
+    let help = "Logins that failed (wrong credentials given; a wrong SRT passphrase), by face.";
+    family(m, "fanout_failed_logins_total", "counter", help, failed);
+    let help = "Addresses refused now for failing to log in too often (max_failed_logins).";
+    family(m, "fanout_banned_addresses", "gauge", help, one(banned as u64));
+    let build = [(format!("{{version=\"{}\"}}", env!("CARGO_PKG_VERSION")), 1)];
+    family(m, "fanout_build_info", "gauge", "The running build (always 1).", build);
+}
+
+/// Readers, every face's, from each path's registry: by protocol, and (the older families)
+/// by face.
+fn reader_families(m: &mut String, relay: &Relay) {
     let mut by_protocol: std::collections::BTreeMap<(String, Protocol), u64> = Default::default();
     for p in relay.paths() {
         for (protocol, n) in p.readers.counts() {
@@ -152,32 +137,34 @@ pub(super) async fn metrics(State(relay): State<Arc<Relay>>) -> impl IntoRespons
         n.into_iter().map(|(path, n)| (format!("{{session=\"{}\"}}", label(path)), n)).collect::<Vec<_>>()
     };
     let help = "HLS players of the session: names with a playlist request in the last 10 s.";
-    family(&mut m, "fanout_hls_players", "gauge", help, of(&[Protocol::Hls]));
+    family(m, "fanout_hls_players", "gauge", help, of(&[Protocol::Hls]));
     let help = "RTMP players of the session.";
-    family(&mut m, "fanout_rtmp_players", "gauge", help, of(&[Protocol::Rtmp, Protocol::Rtmps]));
-    family(&mut m, "fanout_srt_readers", "gauge", "SRT readers of the session.", of(&[Protocol::Srt]));
+    family(m, "fanout_rtmp_players", "gauge", help, of(&[Protocol::Rtmp, Protocol::Rtmps]));
+    family(m, "fanout_srt_readers", "gauge", "SRT readers of the session.", of(&[Protocol::Srt]));
     let help = "WebRTC (WHEP) viewers of the session.";
-    family(&mut m, "fanout_webrtc_viewers", "gauge", help, of(&[Protocol::Webrtc]));
+    family(m, "fanout_webrtc_viewers", "gauge", help, of(&[Protocol::Webrtc]));
     let readers = by_protocol.iter().map(|((path, protocol), n)| {
         (format!("{{session=\"{}\",protocol=\"{}\"}}", label(path), protocol.as_str()), *n)
     });
     let help = "Readers of the session by protocol, from its readers' registry (every face).";
-    family(&mut m, "fanout_readers", "gauge", help, readers);
-    // Publish sessions: who publishes now, over what; how many have.
+    family(m, "fanout_readers", "gauge", help, readers);
+}
+
+/// Publish sessions: who publishes now, over what; how many have.
+fn publisher_families(m: &mut String, relay: &Relay) {
     let pubs: Vec<_> = relay.paths().iter().filter_map(|p| Some((p.name.clone(), p.publisher()?.status()))).collect();
     let publishing = pubs.iter().filter(|(_, st)| st.state == "publishing").map(|(n, st)| {
         let protocol = st.transport.map_or("rtsp", |t| t.protocol());
         (format!("{{session=\"{}\",protocol=\"{protocol}\"}}", label(n)), 1)
     });
     let help = "1 while the session's publisher publishes, by protocol (rtsp, rtmp, srt).";
-    family(&mut m, "fanout_publishing", "gauge", help, publishing);
+    family(m, "fanout_publishing", "gauge", help, publishing);
     let publishes = pubs.iter().map(|(n, st)| (format!("{{session=\"{}\"}}", label(n)), st.publishes));
-    family(&mut m, "fanout_publishes_total", "counter", "Publishers the session has had.", publishes);
-    process_metrics(&mut m);
-    if let Some(c) = &relay.cluster {
-        cluster_metrics(&mut m, c);
-    }
-    let statuses: Vec<_> = sessions.iter().map(|s| (s.status(), s.sinks())).collect();
+    family(m, "fanout_publishes_total", "counter", "Publishers the session has had.", publishes);
+}
+
+/// Each relay session's counters, its sinks' and its kernel path's.
+fn session_families(m: &mut String, statuses: &[(fanout_io::SessionStatus, Vec<fanout_io::SinkStatus>)]) {
     type SessionFn = fn(&fanout_io::SessionStatus) -> u64;
     let per_session: [(&str, &str, &str, SessionFn); 10] = [
         (
@@ -207,7 +194,7 @@ pub(super) async fn metrics(State(relay): State<Arc<Relay>>) -> impl IntoRespons
     ];
     for (name, kind, help, f) in per_session {
         let samples = statuses.iter().map(|(s, _)| (format!("{{session=\"{}\"}}", s.name), f(s)));
-        family(&mut m, name, kind, help, samples);
+        family(m, name, kind, help, samples);
     }
     type SinkFn = fn(&fanout_io::SinkStatus) -> u64;
     let per_sink: [(&str, &str, &str, SinkFn); 5] = [
@@ -225,7 +212,7 @@ pub(super) async fn metrics(State(relay): State<Arc<Relay>>) -> impl IntoRespons
                 .iter()
                 .map(move |k| (format!("{{session=\"{}\",sink=\"{}\",path=\"{}\"}}", s.name, k.id, k.path), f(k)))
         });
-        family(&mut m, name, kind, help, samples);
+        family(m, name, kind, help, samples);
     }
     type KernelFn = fn(&fanout_io::kernel::KernelSessionStats) -> u64;
     let per_kernel: [(&str, &str, &str, KernelFn); 3] = [
@@ -239,10 +226,17 @@ pub(super) async fn metrics(State(relay): State<Arc<Relay>>) -> impl IntoRespons
         let samples = statuses
             .iter()
             .filter_map(|(s, _)| s.kernel.as_ref().map(|k| (format!("{{session=\"{}\"}}", s.name), f(k))));
-        family(&mut m, name, kind, help, samples);
+        family(m, name, kind, help, samples);
     }
-    let rtsp = relay.rtsp.lock().as_ref().map(|r| r.clients()).unwrap_or_default();
-    family(&mut m, "fanout_rtsp_clients", "gauge", "RTSP client sessions.", [(String::new(), rtsp.len() as u64)]);
+}
+
+/// The RTSP clients (none without RTSP), their tracks playing, and what their receiver
+/// reports say. (Each family once: a second `fanout_rtsp_clients` made the text invalid.)
+fn rtsp_families(m: &mut String, clients: Option<&[crate::clients::ClientStatus]>) {
+    let rtsp = clients.unwrap_or_default();
+    family(m, "fanout_rtsp_clients", "gauge", "RTSP client sessions.", [(String::new(), rtsp.len() as u64)]);
+    let playing = rtsp.iter().filter(|c| c.playing).map(|c| c.sinks.len() as u64).sum();
+    family(m, "fanout_rtsp_tracks_playing", "gauge", "RTSP tracks being played.", [(String::new(), playing)]);
     type ClientFn = fn(&crate::clients::ClientStatus) -> Option<u64>;
     let per_client: [(&str, &str, &str, ClientFn); 3] = [
         ("fanout_rtsp_rtcp_reports_total", "counter", "RTCP reports from the client.", |c| Some(c.rtcp_reports)),
@@ -257,7 +251,6 @@ pub(super) async fn metrics(State(relay): State<Arc<Relay>>) -> impl IntoRespons
         let samples = rtsp.iter().filter_map(|c| {
             f(c).map(|v| (format!("{{resource=\"{}\",rtsp_session=\"{}\"}}", c.resource, c.session), v))
         });
-        family(&mut m, name, kind, help, samples);
+        family(m, name, kind, help, samples);
     }
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], m)
 }

@@ -148,14 +148,23 @@ impl Config {
         (errors, good)
     }
 
-    /// Values of the right type but out of their range, each at the line of its key.
+    /// Values of the right type but out of their range, each at the line of its key; then
+    /// the sections' and the sessions' problems.
     fn range_errors(&self, doc: &DeTable, line: &dyn Fn(usize) -> usize) -> Vec<(usize, String)> {
         let key_line =
             |key: &str| doc.iter().find(|(k, _)| k.get_ref().as_ref() == key).map_or(0, |(k, _)| line(k.span().start));
-        let mut errors = Vec::new();
+        let keyed = self.engine_problems().into_iter().chain(self.face_problems()).chain(self.section_problems());
+        let mut errors: Vec<(usize, String)> = keyed.map(|(key, msg)| (key_line(key), msg)).collect();
+        errors.extend(self.session_problems(doc, line));
+        errors
+    }
+
+    /// The engine's values out of their range, by key.
+    fn engine_problems(&self) -> Vec<(&'static str, String)> {
+        let mut problems = Vec::new();
         let mut check = |ok: bool, key: &'static str, msg: String| {
             if !ok {
-                errors.push((key_line(key), msg));
+                problems.push((key, msg));
             }
         };
         let max_ring = crate::spec::MAX_RING;
@@ -207,6 +216,18 @@ impl Config {
             "egress_kbps",
             format!("egress_kbps {} is out of range 8..={MAX_EGRESS_KBPS} (0: not limited)", self.egress_kbps),
         );
+        problems
+    }
+
+    /// The faces' values (RTSP, SRT, hooks, publishers, timeouts, the token) out of their
+    /// range, by key.
+    fn face_problems(&self) -> Vec<(&'static str, String)> {
+        let mut problems = Vec::new();
+        let mut check = |ok: bool, key: &'static str, msg: String| {
+            if !ok {
+                problems.push((key, msg));
+            }
+        };
         check(self.rtsp_max_connections >= 1, "rtsp_max_connections", "rtsp_max_connections must be at least 1".into());
         check(
             (1.0..=86_400.0).contains(&self.rtsp_idle_s),
@@ -269,6 +290,17 @@ impl Config {
             "token",
             "token must not be empty (leave it out for an open API)".into(),
         );
+        problems
+    }
+
+    /// `[cluster]`, `[auth]`, the patterns, the ICE servers and the RTSP users, by key.
+    fn section_problems(&self) -> Vec<(&'static str, String)> {
+        let mut problems = Vec::new();
+        let mut check = |ok: bool, key: &'static str, msg: String| {
+            if !ok {
+                problems.push((key, msg));
+            }
+        };
         if let Some(c) = &self.cluster {
             if let Err(e) = c.validate() {
                 check(false, "cluster", e.0);
@@ -321,7 +353,12 @@ impl Config {
                 format!("rtsp_user name {:?} must be non-empty, without ':'", u.name),
             );
         }
-        // A session's problem is at the line of the field it names, else of its table.
+        problems
+    }
+
+    /// Each session's problem, at the line of the field it names, else of its table.
+    fn session_problems(&self, doc: &DeTable, line: &dyn Fn(usize) -> usize) -> Vec<(usize, String)> {
+        let mut errors = Vec::new();
         let sessions =
             doc.iter().find(|(k, _)| k.get_ref().as_ref() == "session").and_then(|(_, v)| v.get_ref().as_array());
         for (i, s) in self.sessions.iter().enumerate() {

@@ -67,58 +67,8 @@ impl Relay {
             return Err(RelayError::Conflict(format!("a session named {:?} already exists", spec.name)));
         }
         let datapath = self.datapath_for(&spec)?;
-        let reserve = spec.reserve_kbps.unwrap_or(0) * 1000 / 8;
-        if self.engine.egress().is_some() && matches!(datapath, DataPath::Kernel | DataPath::Daemon) {
-            let path = if datapath == DataPath::Kernel { "kernel" } else { "daemon" };
-            if reserve > 0 {
-                return Err(RelayError::BadRequest(format!(
-                    "reserve_kbps: the {path} data path does not send through the shared egress (egress_kbps); \
-                     use shared, copy or uring"
-                )));
-            }
-            tracing::warn!(session = %spec.name, "the {path} data path's traffic is not counted by egress_kbps");
-        }
-        if reserve > 0 {
-            let Some(egress) = self.engine.egress() else {
-                return Err(RelayError::BadRequest(
-                    "reserve_kbps needs a limited egress (the relay's egress_kbps) to reserve from".into(),
-                ));
-            };
-            let (link, reserved) = {
-                let e = egress.link.lock();
-                (e.rate(), e.reserved())
-            };
-            if reserved + reserve > link {
-                return Err(RelayError::Conflict(format!(
-                    "reserve_kbps {}: only {} of the egress's {} kbit/s are not reserved yet",
-                    spec.reserve_kbps.unwrap_or(0),
-                    (link - reserved) * 8 / 1000,
-                    link * 8 / 1000
-                )));
-            }
-        }
-        let defaults = self.cfg();
-        let max_datagram = spec.max_datagram.unwrap_or(defaults.max_datagram);
-        let pacing = spec.pace_config(max_datagram)?;
-        let cfg = SessionConfig {
-            name: spec.name.clone(),
-            // Invariant: validate() checked the range.
-            priority: Priority::new(spec.priority).expect("validated"),
-            datapath,
-            ring_capacity: spec.ring.unwrap_or(defaults.ring),
-            max_datagram,
-            sinks_per_group: spec.sinks_per_group.unwrap_or(defaults.sinks_per_group),
-            payload: spec.payload,
-            failed_sinks: spec.failed_sinks,
-            udp_sinks: spec.udp_sinks,
-            uring_sqpoll: spec.uring_sqpoll,
-            kernel_spread: spec.kernel_spread,
-            source_recv: spec.source_recv,
-            stream_flush: Duration::from_millis(spec.stream_flush_ms.unwrap_or(defaults.stream_flush_ms)),
-            pacing,
-            reserve,
-        };
-        let session = Session::new(cfg, &self.engine);
+        let reserve = self.egress_reserve(&spec, datapath)?;
+        let session = Session::new(self.session_config(&spec, datapath, reserve)?, &self.engine);
         session.set_rtp_video(spec.video.map(|v| v.codec().into()));
         let mut tasks = Vec::new();
         if spec.failed_sinks == fanout_io::FailurePolicy::Retry {
@@ -128,24 +78,15 @@ impl Relay {
             });
             tasks.push(tokio::spawn(reconnect_sinks(rx, session.clone())).abort_handle());
         }
-        let on_pull_end: Option<Box<dyn FnOnce() + Send + Sync>> = origin.is_some().then(|| {
-            let (weak, name, mine) = (Arc::downgrade(self), spec.name.clone(), session.clone());
-            // A pull ended: the path goes (on a task of its own, as deleting it aborts the
-            // pull's); this path, not a newer pull of the same name a subscriber set off.
-            Box::new(move || {
-                if let Some(relay) = weak.upgrade() {
-                    tokio::spawn(async move { relay.delete_exact(&name, &mine).await });
-                }
-            }) as _
-        });
+        let defaults = self.cfg();
         let cx = crate::source::Ctx {
             name: &spec.name,
             session: &session,
             engine: &self.engine,
             cfg: &defaults,
             host: Arc::downgrade(self) as _,
+            on_pull_end: origin.is_some().then(|| self.on_pull_end(&spec.name, &session)),
             origin,
-            on_pull_end,
         };
         let started = match crate::source::start(&spec.source, cx).await {
             Ok(s) => s,
@@ -180,21 +121,104 @@ impl Relay {
                 tracing::warn!(session = %name, sink = id, "a configured sink past max_readers, kept: {full}");
             }
         }
+        self.insert(path).await?;
+        tracing::info!(session = %name, datapath = ?datapath, "session created");
+        Ok(session)
+    }
+
+    /// The rate `spec` reserves of the shared egress (bytes a second; 0: none), checked: the
+    /// egress must exist and have it free, and its data path must send through it.
+    fn egress_reserve(&self, spec: &SessionSpec, datapath: DataPath) -> Result<u64, RelayError> {
+        let reserve = spec.reserve_kbps.unwrap_or(0) * 1000 / 8;
+        if self.engine.egress().is_some() && matches!(datapath, DataPath::Kernel | DataPath::Daemon) {
+            let path = if datapath == DataPath::Kernel { "kernel" } else { "daemon" };
+            if reserve > 0 {
+                return Err(RelayError::BadRequest(format!(
+                    "reserve_kbps: the {path} data path does not send through the shared egress (egress_kbps); \
+                     use shared, copy or uring"
+                )));
+            }
+            tracing::warn!(session = %spec.name, "the {path} data path's traffic is not counted by egress_kbps");
+        }
+        if reserve == 0 {
+            return Ok(0);
+        }
+        let Some(egress) = self.engine.egress() else {
+            return Err(RelayError::BadRequest(
+                "reserve_kbps needs a limited egress (the relay's egress_kbps) to reserve from".into(),
+            ));
+        };
+        let (link, reserved) = {
+            let e = egress.link.lock();
+            (e.rate(), e.reserved())
+        };
+        if reserved + reserve > link {
+            return Err(RelayError::Conflict(format!(
+                "reserve_kbps {}: only {} of the egress's {} kbit/s are not reserved yet",
+                spec.reserve_kbps.unwrap_or(0),
+                (link - reserved) * 8 / 1000,
+                link * 8 / 1000
+            )));
+        }
+        Ok(reserve)
+    }
+
+    /// The path's first session's settings: the spec's, else the running configuration's.
+    fn session_config(
+        &self,
+        spec: &SessionSpec,
+        datapath: DataPath,
+        reserve: u64,
+    ) -> Result<SessionConfig, RelayError> {
+        let defaults = self.cfg();
+        let max_datagram = spec.max_datagram.unwrap_or(defaults.max_datagram);
+        Ok(SessionConfig {
+            name: spec.name.clone(),
+            // Invariant: validate() checked the range.
+            priority: Priority::new(spec.priority).expect("validated"),
+            datapath,
+            ring_capacity: spec.ring.unwrap_or(defaults.ring),
+            max_datagram,
+            sinks_per_group: spec.sinks_per_group.unwrap_or(defaults.sinks_per_group),
+            payload: spec.payload,
+            failed_sinks: spec.failed_sinks,
+            udp_sinks: spec.udp_sinks,
+            uring_sqpoll: spec.uring_sqpoll,
+            kernel_spread: spec.kernel_spread,
+            source_recv: spec.source_recv,
+            stream_flush: Duration::from_millis(spec.stream_flush_ms.unwrap_or(defaults.stream_flush_ms)),
+            pacing: spec.pace_config(max_datagram)?,
+            reserve,
+        })
+    }
+
+    /// What a cluster pull's end does: the path goes (on a task of its own, as deleting it
+    /// aborts the pull's); this path, not a newer pull of the same name a subscriber set off.
+    fn on_pull_end(self: &Arc<Self>, name: &str, session: &Session) -> Box<dyn FnOnce() + Send + Sync> {
+        let (weak, name, mine) = (Arc::downgrade(self), name.to_string(), session.clone());
+        Box::new(move || {
+            if let Some(relay) = weak.upgrade() {
+                tokio::spawn(async move { relay.delete_exact(&name, &mine).await });
+            }
+        })
+    }
+
+    /// Puts a made path in the map, unless a concurrent create of the same name won (then
+    /// this one is closed).
+    async fn insert(&self, path: Arc<Path>) -> Result<(), RelayError> {
         let inserted = {
             let mut map = self.paths.write();
-            let free = !map.contains_key(&name);
+            let free = !map.contains_key(&path.name);
             if free {
-                map.insert(name.clone(), path.clone());
+                map.insert(path.name.clone(), path.clone());
             }
             free
         };
         if !inserted {
-            // Lost a race with a concurrent create of the same name.
             path.close().await;
-            return Err(RelayError::Conflict(format!("a session named {name:?} already exists")));
+            return Err(RelayError::Conflict(format!("a session named {:?} already exists", path.name)));
         }
-        tracing::info!(session = %name, datapath = ?datapath, "session created");
-        Ok(session)
+        Ok(())
     }
 
     /// Deletes session `name` if it is still `session` (the generation that asked), not a

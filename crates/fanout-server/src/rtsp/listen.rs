@@ -3,49 +3,20 @@
 
 use super::*;
 
-/// Accepts RTSP (and, with a TLS acceptor, RTSPS) connections on `listeners` until aborted.
+/// Accepts RTSP (and, with a TLS acceptor, RTSPS) connections on `listeners` until aborted;
+/// the RTSP server's own tasks (expiry, RTCP, publishers' UDP, keyframe requests, sender
+/// reports) run as long.
 pub async fn serve(
     listeners: Vec<(TcpListener, Option<tokio_rustls::TlsAcceptor>)>,
     relay: Arc<Relay>,
     rtsp: Arc<Rtsp>,
 ) {
-    /// Stops the expiry task when `serve` is aborted.
-    struct AbortOnDrop(tokio::task::JoinHandle<()>);
-    impl Drop for AbortOnDrop {
-        fn drop(&mut self) {
-            self.0.abort();
-        }
-    }
-    let _expiry = AbortOnDrop({
-        let (relay, rtsp) = (relay.clone(), rtsp.clone());
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_secs(5)).await;
-                let now = rtsp.now_ms();
-                let actions = rtsp.server.lock().expire(now);
-                if !actions.is_empty() {
-                    rtsp.apply(&relay, IpAddr::from([0, 0, 0, 0]), actions);
-                }
-            }
-        })
-    });
     let sock = rtsp.rtcp.lock().take().and_then(|s| {
         s.set_nonblocking(true).ok()?;
         tokio::net::UdpSocket::from_std(s).ok().map(Arc::new)
     });
     *rtsp.rtcp_out.lock() = sock.clone();
-    let _rtcp = AbortOnDrop({
-        let (relay, rtsp, sock) = (relay.clone(), rtsp.clone(), sock.clone());
-        tokio::spawn(async move {
-            let Some(sock) = sock else { return };
-            let mut buf = [0u8; 2048];
-            while let Ok((n, from)) = sock.recv_from(&mut buf).await {
-                rtsp.rtcp_from(&relay, from, &buf[..n]);
-            }
-        })
-    });
-    // Publishers' RTP and RTCP over UDP, each datagram taken only from the ports its
-    // publisher's SETUP named; their media keeps their RTSP sessions alive.
+    // Publishers' RTP and RTCP over UDP.
     let record: Vec<Arc<tokio::net::UdpSocket>> = rtsp
         .record
         .lock()
@@ -59,85 +30,114 @@ pub async fn serve(
         .collect();
     // Keyframe requests go back to a UDP publisher from the port its RTCP comes to.
     let record_rtcp = (record.len() == 2).then(|| record[1].clone());
-    let _record: Vec<AbortOnDrop> = record
-        .into_iter()
-        .map(|sock| {
-            let (relay, rtsp) = (relay.clone(), rtsp.clone());
-            AbortOnDrop(tokio::spawn(async move {
-                let mut buf = vec![0u8; 65_536];
-                let mut touched = Instant::now();
-                while let Ok((n, from)) = sock.recv_from(&mut buf).await {
-                    let session = relay.publishers().iter().find_map(|p| p.feed_udp(from, &mut buf[..n]));
-                    if let Some(id) = session.filter(|_| touched.elapsed() >= Duration::from_secs(1)) {
-                        touched = Instant::now();
-                        rtsp.server.lock().touch(&id, rtsp.now_ms());
-                    }
-                }
-            }))
-        })
-        .collect();
-    // Readers' keyframe requests, passed to RTSP publishers (`Publisher::keyframe_requests`).
-    let _keyframes = AbortOnDrop({
-        let (relay, rtsp) = (relay.clone(), rtsp.clone());
-        let reporter = crate::track::random_start().1;
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_millis(250)).await;
-                for (to, rtcp) in relay.publishers().iter().flat_map(|p| p.keyframe_requests(reporter)) {
-                    match to {
-                        crate::publish::RtcpTo::Udp(addr) => {
-                            if let Some(s) = &record_rtcp {
-                                let _ = s.send_to(&rtcp, addr).await;
-                            }
-                        }
-                        crate::publish::RtcpTo::Conn(conn, channel) => {
-                            if let Some(c) = rtsp.conns.lock().get(&conn) {
-                                c.control.lock().push((channel, rtcp));
-                                c.notify.notify_one();
-                            }
-                        }
-                    }
-                }
-            }
-        })
-    });
-    let _reports = AbortOnDrop({
-        let (relay, rtsp) = (relay.clone(), rtsp.clone());
-        tokio::spawn(async move {
-            let Some(sock) = sock else { return };
-            loop {
-                tokio::time::sleep(Duration::from_secs(5)).await;
-                for (to, sr) in rtsp.sender_reports(&relay) {
-                    match to {
-                        ReportTo::Udp(addr) => {
-                            let _ = sock.send_to(&sr, addr).await;
-                        }
-                        // On the client's connection, written by its task between frames.
-                        ReportTo::Conn(conn, channel) => {
-                            if let Some(c) = rtsp.conns.lock().get(&conn) {
-                                c.control.lock().push((channel, sr));
-                                c.notify.notify_one();
-                            }
-                        }
-                    }
-                }
-            }
-        })
-    });
+    let mut tasks = vec![
+        spawn(expire(relay.clone(), rtsp.clone())),
+        spawn(keyframe_requests(relay.clone(), rtsp.clone(), record_rtcp)),
+    ];
+    if let Some(sock) = sock {
+        tasks.push(spawn(rtcp_in(relay.clone(), rtsp.clone(), sock.clone())));
+        tasks.push(spawn(sender_reports(relay.clone(), rtsp.clone(), sock)));
+    }
+    tasks.extend(record.into_iter().map(|sock| spawn(publishers_udp(relay.clone(), rtsp.clone(), sock))));
     // RTSP and RTSPS share their caps: the connections open, and those per address.
     let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let next_conn = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let gate = crate::admit::Gate::new("RTSP per-address cap (max_connections_per_ip)", relay.books.clone());
-    let loops: Vec<_> = listeners
-        .into_iter()
-        .map(|(l, tls)| {
-            let counts = Counts { open: open.clone(), next_conn: next_conn.clone(), gate: gate.clone() };
-            AbortOnDrop(tokio::spawn(accept(l, tls, relay.clone(), rtsp.clone(), counts)))
-        })
-        .collect();
-    // Until aborted; the loops go with it.
-    let _loops = loops;
+    for (l, tls) in listeners {
+        let counts = Counts { open: open.clone(), next_conn: next_conn.clone(), gate: gate.clone() };
+        tasks.push(spawn(accept(l, tls, relay.clone(), rtsp.clone(), counts)));
+    }
+    // Until aborted; the tasks go with it.
+    let _tasks = tasks;
     std::future::pending::<()>().await;
+}
+
+/// A task stopped when `serve` is aborted.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn spawn(f: impl std::future::Future<Output = ()> + Send + 'static) -> AbortOnDrop {
+    AbortOnDrop(tokio::spawn(f))
+}
+
+/// Every 5 s, RTSP sessions silent past their timeout are torn down.
+async fn expire(relay: Arc<Relay>, rtsp: Arc<Rtsp>) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let actions = rtsp.server.lock().expire(rtsp.now_ms());
+        if !actions.is_empty() {
+            rtsp.apply(&relay, IpAddr::from([0, 0, 0, 0]), actions);
+        }
+    }
+}
+
+/// Clients' RTCP on the `server_port` pair.
+async fn rtcp_in(relay: Arc<Relay>, rtsp: Arc<Rtsp>, sock: Arc<tokio::net::UdpSocket>) {
+    let mut buf = [0u8; 2048];
+    while let Ok((n, from)) = sock.recv_from(&mut buf).await {
+        rtsp.rtcp_from(&relay, from, &buf[..n]);
+    }
+}
+
+/// Publishers' RTP and RTCP over UDP on one record port, each datagram taken only from the
+/// ports its publisher's SETUP named; their media keeps their RTSP sessions alive.
+async fn publishers_udp(relay: Arc<Relay>, rtsp: Arc<Rtsp>, sock: Arc<tokio::net::UdpSocket>) {
+    let mut buf = vec![0u8; 65_536];
+    let mut touched = Instant::now();
+    while let Ok((n, from)) = sock.recv_from(&mut buf).await {
+        let session = relay.publishers().iter().find_map(|p| p.feed_udp(from, &mut buf[..n]));
+        if let Some(id) = session.filter(|_| touched.elapsed() >= Duration::from_secs(1)) {
+            touched = Instant::now();
+            rtsp.server.lock().touch(&id, rtsp.now_ms());
+        }
+    }
+}
+
+/// Readers' keyframe requests, passed to RTSP publishers (`Publisher::keyframe_requests`):
+/// over UDP from the record RTCP port, or on the publisher's connection.
+async fn keyframe_requests(relay: Arc<Relay>, rtsp: Arc<Rtsp>, record_rtcp: Option<Arc<tokio::net::UdpSocket>>) {
+    let reporter = crate::track::random_start().1;
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        for (to, rtcp) in relay.publishers().iter().flat_map(|p| p.keyframe_requests(reporter)) {
+            match to {
+                crate::publish::RtcpTo::Udp(addr) => {
+                    if let Some(s) = &record_rtcp {
+                        let _ = s.send_to(&rtcp, addr).await;
+                    }
+                }
+                crate::publish::RtcpTo::Conn(conn, channel) => on_conn(&rtsp, conn, channel, rtcp),
+            }
+        }
+    }
+}
+
+/// Every 5 s, each playing client's sender reports.
+async fn sender_reports(relay: Arc<Relay>, rtsp: Arc<Rtsp>, sock: Arc<tokio::net::UdpSocket>) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        for (to, sr) in rtsp.sender_reports(&relay) {
+            match to {
+                ReportTo::Udp(addr) => {
+                    let _ = sock.send_to(&sr, addr).await;
+                }
+                ReportTo::Conn(conn, channel) => on_conn(&rtsp, conn, channel, sr),
+            }
+        }
+    }
+}
+
+/// RTCP for a client's or publisher's connection, written by its task between frames.
+fn on_conn(rtsp: &Rtsp, conn: u64, channel: u8, rtcp: Vec<u8>) {
+    if let Some(c) = rtsp.conns.lock().get(&conn) {
+        c.control.lock().push((channel, rtcp));
+        c.notify.notify_one();
+    }
 }
 
 /// What an RTSP connection runs over: TCP, or TLS on TCP (RTSPS).

@@ -63,6 +63,27 @@ struct Client {
     reader: Option<crate::readers::Registered>,
 }
 
+impl Client {
+    fn new(resource: String, peer: IpAddr, conn: u64, srtp: bool) -> Self {
+        Client {
+            resource,
+            peer,
+            conn,
+            tracks: Vec::new(),
+            sinks: Vec::new(),
+            srtp,
+            srtcp_in: Vec::new(),
+            srtcp_dropped: 0,
+            reports: 0,
+            last_report: None,
+            rtt: None,
+            foreign_blocks: 0,
+            keyframe_requests: 0,
+            reader: None,
+        }
+    }
+}
+
 /// One of a client's sinks: its track, and where it lives: the track's session, or for an
 /// SRTP client the session of the key epoch it joined.
 struct Placed {

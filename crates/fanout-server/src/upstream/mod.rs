@@ -477,6 +477,20 @@ impl Upstream {
         self.wake.notify_waiters();
     }
 
+    /// Returns once a new URL waits (told by `switch_url`'s wake, not found by polling).
+    async fn switched(&self) {
+        loop {
+            let notified = self.wake.notified();
+            tokio::pin!(notified);
+            // Registered before the check: a switch between the two still wakes it.
+            notified.as_mut().enable();
+            if self.switch_to.lock().is_some() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
     /// Takes a pending switch: whether there was one.
     fn take_switch(&self) -> bool {
         let Some(url) = self.switch_to.lock().take() else { return false };
@@ -579,12 +593,7 @@ pub async fn run(up: Arc<Upstream>, template: fanout_io::SessionConfig, relay: s
         }
         // (A reload's new URL cuts a failed upstream's wait short.)
         let wait = if failed { backoff } else { Duration::ZERO };
-        let _ = tokio::time::timeout(wait, async {
-            while up.switch_to.lock().is_none() {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        })
-        .await;
+        let _ = tokio::time::timeout(wait, up.switched()).await;
         if up.take_switch() {
             (failed, backoff, tcp) = (false, Duration::from_secs(1), up.mode == RtspTransport::Tcp);
         }

@@ -400,3 +400,37 @@ fn owns(v: &ViewerStatus, by: Acting) -> bool {
         Acting::As(digest) => v.owner.is_none() || v.owner == digest,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_is_acted_on_by_the_token_or_its_makers_credentials() {
+        let mut v = ViewerStatus {
+            offered_by: None,
+            owner: None,
+            id: "v".into(),
+            path: "cam".into(),
+            role: "viewer",
+            peer: None,
+            state: "playing",
+            since_s: 0.0,
+            tracks: Vec::new(),
+            left_out: Vec::new(),
+            packets: 0,
+            last_picture: None,
+            estimate_bps: None,
+            layers: None,
+            encoding: None,
+            switches: None,
+        };
+        assert!(owns(&v, Acting::Admin));
+        assert!(owns(&v, Acting::As(Some([1; 32]))), "made without credentials: whoever knows its id");
+        v.owner = Some([1; 32]);
+        assert!(owns(&v, Acting::As(Some([1; 32]))));
+        assert!(!owns(&v, Acting::As(Some([2; 32]))), "another caller's credentials");
+        assert!(!owns(&v, Acting::As(None)));
+        assert!(owns(&v, Acting::Admin));
+    }
+}

@@ -11,46 +11,99 @@ pub(super) async fn run(
     shared: Arc<Shared>,
     wake: Arc<Notify>,
 ) {
-    let local = socket.local_addr().expect("bound");
-    // After a hand-over: no port of its own, a connected socket per viewer instead.
-    let mut socket = Some(socket);
-    let mut handed: HashMap<SocketAddr, Handed> = HashMap::new();
     let (handed_tx, mut handed_in) = mpsc::channel::<(SocketAddr, Vec<u8>)>(1024);
-    let mut viewers: HashMap<String, Viewer> = HashMap::new();
-    let mut by_addr: HashMap<SocketAddr, String> = HashMap::new();
+    let mut port = Port {
+        local: socket.local_addr().expect("bound"),
+        socket: Some(socket),
+        handed: HashMap::new(),
+        handed_tx,
+        tcp,
+        shared,
+        viewers: HashMap::new(),
+        by_addr: HashMap::new(),
+        frames: Vec::new(),
+        busy: Vec::new(),
+        tick: Instant::now(),
+        keyframe_wanted: false,
+        batch: Vec::new(),
+        gso: fanout_io::gso::GsoSender::new(),
+    };
     let mut buf = vec![0u8; 2048];
-    let mut frames: Vec<Frame> = Vec::new();
-    // The peers with something to do (input, media, their time): only they are polled.
-    let mut busy: Vec<String> = Vec::new();
-    let mut tick = Instant::now();
-    // A viewer asked for a keyframe in this round (its path's WHIP publisher is asked).
-    let mut keyframe_wanted = false;
-    // Every datagram the polled peers want sent, sent together after them (`flush`).
-    let mut batch: Vec<(SocketAddr, Vec<u8>)> = Vec::new();
-    let mut gso = fanout_io::gso::GsoSender::new();
     loop {
-        let now = Instant::now();
-        for (id, v) in viewers.iter_mut().filter(|(_, v)| now >= v.wake_at) {
-            let _ = v.rtc.handle_input(Input::Timeout(now));
-            busy.push(id.clone());
+        port.round().await;
+        let next = port.next_wake();
+        tokio::select! {
+            got = recv_from(port.socket.as_ref(), &mut buf) => {
+                if let Ok((n, from)) = got {
+                    port.receive(Protocol::Udp, from, &buf[..n]);
+                }
+            }
+            Some((from, data)) = handed_in.recv() => port.receive(Protocol::Udp, from, &data),
+            Some((from, data)) = tcp_in.recv() => port.receive(Protocol::Tcp, from, &data),
+            cmd = cmds.recv() => match cmd {
+                Some(Cmd::Add(v)) => {
+                    port.busy.push(v.id.clone());
+                    port.viewers.insert(v.id.clone(), *v);
+                }
+                Some(Cmd::Remove(id)) => port.remove(&id),
+                Some(Cmd::HandOver) => port.hand_over(),
+                None => return,
+            },
+            _ = wake.notified() => port.pump(),
+            _ = tokio::time::sleep_until(next.into()) => {}
         }
-        busy.sort_unstable();
-        busy.dedup();
+    }
+}
+
+/// The WebRTC port's task's state: every peer, and what is to be sent.
+struct Port {
+    local: SocketAddr,
+    /// The port; after a hand-over none, a connected socket per peer instead (`handed`).
+    socket: Option<tokio::net::UdpSocket>,
+    handed: HashMap<SocketAddr, Handed>,
+    handed_tx: mpsc::Sender<(SocketAddr, Vec<u8>)>,
+    tcp: Option<Arc<TcpSide>>,
+    shared: Arc<Shared>,
+    viewers: HashMap<String, Viewer>,
+    by_addr: HashMap<SocketAddr, String>,
+    frames: Vec<Frame>,
+    /// The peers with something to do (input, media, their time): only they are polled.
+    busy: Vec<String>,
+    /// When the status was last written.
+    tick: Instant,
+    /// A viewer asked for a keyframe in this round (its path's WHIP publisher is asked).
+    keyframe_wanted: bool,
+    /// Every datagram the polled peers want sent, sent together after them (`flush`).
+    batch: Vec<(SocketAddr, Vec<u8>)>,
+    gso: fanout_io::gso::GsoSender,
+}
+
+impl Port {
+    /// Polls the peers whose time came or that had something, sends what they want sent,
+    /// asks WHIP publishers for keyframes, and twice a second writes the status.
+    async fn round(&mut self) {
+        let now = Instant::now();
+        for (id, v) in self.viewers.iter_mut().filter(|(_, v)| now >= v.wake_at) {
+            let _ = v.rtc.handle_input(Input::Timeout(now));
+            self.busy.push(id.clone());
+        }
+        self.busy.sort_unstable();
+        self.busy.dedup();
         let mut gone = Vec::new();
         // A viewer that just connected shows as playing at once, not at the next tick.
         let mut connected = false;
-        for id in busy.drain(..) {
-            if let Some(v) = viewers.get_mut(&id) {
+        for id in std::mem::take(&mut self.busy) {
+            if let Some(v) = self.viewers.get_mut(&id) {
                 let was = v.connected;
-                if !drive(v, tcp.as_deref(), &mut batch, &mut keyframe_wanted) {
+                if !drive(v, self.tcp.as_deref(), &mut self.batch, &mut self.keyframe_wanted) {
                     gone.push(id);
                 }
                 connected |= v.connected && !was;
             }
         }
-        match &socket {
-            Some(socket) => flush(socket, &mut gso, &mut batch).await,
-            None => flush_handed(&handed, &mut batch).await,
+        match &self.socket {
+            Some(socket) => flush(socket, &mut self.gso, &mut self.batch).await,
+            None => flush_handed(&self.handed, &mut self.batch).await,
         }
         // Readers that want a keyframe (WebRTC viewers, RTSP clients) mark their track's
         // session; a WHIP publisher takes the mark and is asked, at most once per
@@ -59,115 +112,116 @@ pub(super) async fn run(
         // cannot be (a viewer then waits for the source's next keyframe; NACK repairs most
         // loss before it comes to that).
         // (Looked at when a viewer asked, and with the status for RTSP clients' asks.)
-        if std::mem::take(&mut keyframe_wanted) || tick.elapsed() >= Duration::from_millis(500) {
-            for v in viewers.values_mut().filter(|v| v.publish.is_some()) {
+        if std::mem::take(&mut self.keyframe_wanted) || self.tick.elapsed() >= STATUS_EVERY {
+            for v in self.viewers.values_mut().filter(|v| v.publish.is_some()) {
                 ask_keyframe(v, KEYFRAME_GAP, true);
                 publish_rates(v);
             }
         }
-        // Twice a second: the status, simulcast viewers' encodings, and peers that never
-        // connected.
-        if connected || tick.elapsed() >= Duration::from_millis(500) {
-            tick = Instant::now();
-            for v in viewers.values_mut().filter(|v| v.connected) {
-                let peer = v.from.unwrap_or_else(|| SocketAddr::new([0, 0, 0, 0].into(), 0));
-                let Some(sim) = v.outs.iter_mut().find_map(|o| o.sim.as_deref_mut()) else { continue };
-                refresh(sim, peer);
-                // Probes (padding) for room up to the best encoding, with some to spare.
-                let best = sim.encodings[0].bps;
-                if best > 0.0 {
-                    v.rtc.bwe().set_desired_bitrate(str0m::bwe::Bitrate::bps((best * 1.2) as u64));
-                }
-            }
-            gone.extend(
-                viewers.values().filter(|v| !v.connected && v.since.elapsed() > CONNECT_WITHIN).map(|v| v.id.clone()),
-            );
-            let mut s = shared.viewers.lock();
-            for v in viewers.values() {
-                if let Some(st) = s.get_mut(&v.id) {
-                    st.state = if v.connected { "playing" } else { "connecting" };
-                    st.since_s = v.since.elapsed().as_secs_f64();
-                    st.packets = v.packets;
-                    st.peer = v.from;
-                    st.last_picture = v.last_picture;
-                    if let Some(a) = v.adapt {
-                        st.estimate_bps = a.estimate_bps;
-                        st.layers =
-                            v.outs.iter().filter(|o| o.video).find_map(|o| o.session.sink_status(o.sink?)?.layers);
-                    }
-                    if let Some(sim) = v.outs.iter().find_map(|o| o.sim.as_ref()) {
-                        st.encoding = sim.current.and_then(|k| Some(sim.encodings.get(k)?.rid.clone()));
-                        st.switches = Some(sim.switches);
-                    }
-                }
-            }
+        if connected || self.tick.elapsed() >= STATUS_EVERY {
+            self.tick = Instant::now();
+            self.status(&mut gone);
         }
         for id in gone {
-            remove(&mut viewers, &mut by_addr, &shared, &id);
+            self.remove(&id);
         }
-        if socket.is_none() {
-            handed.retain(|addr, _| by_addr.contains_key(addr));
-        }
-        let next = viewers.values().map(|v| v.wake_at).min().unwrap_or(now + Duration::from_millis(500));
-        let next = next.min(tick + Duration::from_millis(500));
-        tokio::select! {
-            got = recv_from(socket.as_ref(), &mut buf) => {
-                let Ok((n, from)) = got else { continue };
-                let Ok(contents) = buf[..n].try_into() else { continue };
-                let input = Input::Receive(Instant::now(), Receive { proto: Protocol::Udp, source: from, destination: local, contents });
-                if let Some(id) = deliver(&mut viewers, &mut by_addr, from, input) {
-                    busy.push(id);
-                }
-            }
-            Some((from, data)) = handed_in.recv() => {
-                let Ok(contents) = data.as_slice().try_into() else { continue };
-                let input = Input::Receive(Instant::now(), Receive { proto: Protocol::Udp, source: from, destination: local, contents });
-                if let Some(id) = deliver(&mut viewers, &mut by_addr, from, input) {
-                    busy.push(id);
-                }
-            }
-            Some((from, data)) = tcp_in.recv() => {
-                let Some(t) = tcp.as_ref() else { continue };
-                let Ok(contents) = data.as_slice().try_into() else { continue };
-                let input = Input::Receive(Instant::now(), Receive { proto: Protocol::Tcp, source: from, destination: t.local, contents });
-                if let Some(id) = deliver(&mut viewers, &mut by_addr, from, input) {
-                    busy.push(id);
-                }
-            }
-            cmd = cmds.recv() => match cmd {
-                Some(Cmd::Add(v)) => {
-                    busy.push(v.id.clone());
-                    viewers.insert(v.id.clone(), *v);
-                }
-                Some(Cmd::Remove(id)) => remove(&mut viewers, &mut by_addr, &shared, &id),
-                Some(Cmd::HandOver) => {
-                    let on_tcp = |a: &SocketAddr| tcp.as_ref().is_some_and(|t| t.writers.lock().contains_key(a));
-                    for &peer in by_addr.keys().filter(|a| !on_tcp(a)) {
-                        match Handed::connect(local, peer, handed_tx.clone()) {
-                            Ok(h) => {
-                                handed.insert(peer, h);
-                            }
-                            Err(e) => tracing::warn!(%peer, "upgrade: a WebRTC viewer cannot stay: {e}"),
-                        }
-                    }
-                    // (Its last datagrams in the socket's queue are lost: the peer's
-                    // retransmissions and NACKs repair them.)
-                    socket = None;
-                    tracing::info!(viewers = handed.len(), "upgrade: WebRTC viewers stay with this process on sockets of their own");
-                }
-                None => return,
-            },
-            _ = wake.notified() => {
-                let now = Instant::now();
-                for v in viewers.values_mut().filter(|v| v.connected && v.publish.is_none()) {
-                    pump(v, &mut frames, now);
-                    busy.push(v.id.clone());
-                }
-            }
-            _ = tokio::time::sleep_until(next.into()) => {}
+        if self.socket.is_none() {
+            let by_addr = &self.by_addr;
+            self.handed.retain(|addr, _| by_addr.contains_key(addr));
         }
     }
+
+    /// When the task must run again by itself: a peer's time, or the status's.
+    fn next_wake(&self) -> Instant {
+        let next = self.viewers.values().map(|v| v.wake_at).min().unwrap_or_else(|| Instant::now() + STATUS_EVERY);
+        next.min(self.tick + STATUS_EVERY)
+    }
+
+    /// Twice a second: simulcast viewers' encodings, peers that never connected (into
+    /// `gone`), and the status the API shows.
+    fn status(&mut self, gone: &mut Vec<String>) {
+        for v in self.viewers.values_mut().filter(|v| v.connected) {
+            let peer = v.from.unwrap_or_else(|| SocketAddr::new([0, 0, 0, 0].into(), 0));
+            let Some(sim) = v.outs.iter_mut().find_map(|o| o.sim.as_deref_mut()) else { continue };
+            refresh(sim, peer);
+            // Probes (padding) for room up to the best encoding, with some to spare.
+            let best = sim.encodings[0].bps;
+            if best > 0.0 {
+                v.rtc.bwe().set_desired_bitrate(str0m::bwe::Bitrate::bps((best * 1.2) as u64));
+            }
+        }
+        let late = self.viewers.values().filter(|v| !v.connected && v.since.elapsed() > CONNECT_WITHIN);
+        gone.extend(late.map(|v| v.id.clone()));
+        let mut s = self.shared.viewers.lock();
+        for v in self.viewers.values() {
+            let Some(st) = s.get_mut(&v.id) else { continue };
+            st.state = if v.connected { "playing" } else { "connecting" };
+            st.since_s = v.since.elapsed().as_secs_f64();
+            st.packets = v.packets;
+            st.peer = v.from;
+            st.last_picture = v.last_picture;
+            if let Some(a) = v.adapt {
+                st.estimate_bps = a.estimate_bps;
+                st.layers = v.outs.iter().filter(|o| o.video).find_map(|o| o.session.sink_status(o.sink?)?.layers);
+            }
+            if let Some(sim) = v.outs.iter().find_map(|o| o.sim.as_ref()) {
+                st.encoding = sim.current.and_then(|k| Some(sim.encodings.get(k)?.rid.clone()));
+                st.switches = Some(sim.switches);
+            }
+        }
+    }
+
+    /// A datagram (or an ICE-TCP frame) from `from`, to its peer.
+    fn receive(&mut self, proto: Protocol, from: SocketAddr, data: &[u8]) {
+        let Ok(contents) = data.try_into() else { return };
+        let destination = match (proto, &self.tcp) {
+            (Protocol::Tcp, Some(t)) => t.local,
+            (Protocol::Tcp, None) => return,
+            _ => self.local,
+        };
+        let input = Input::Receive(Instant::now(), Receive { proto, source: from, destination, contents });
+        if let Some(id) = deliver(&mut self.viewers, &mut self.by_addr, from, input) {
+            self.busy.push(id);
+        }
+    }
+
+    fn remove(&mut self, id: &str) {
+        remove(&mut self.viewers, &mut self.by_addr, &self.shared, id);
+    }
+
+    /// Media came for the viewers: each connected one's queues drained into its `Rtc`.
+    fn pump(&mut self) {
+        let now = Instant::now();
+        for v in self.viewers.values_mut().filter(|v| v.connected && v.publish.is_none()) {
+            pump(v, &mut self.frames, now);
+            self.busy.push(v.id.clone());
+        }
+    }
+
+    /// An upgrade's new process takes the port: each peer on UDP keeps a socket of its own
+    /// here. (Its last datagrams in the port's queue are lost: the peer's retransmissions
+    /// and NACKs repair them.)
+    fn hand_over(&mut self) {
+        let tcp = self.tcp.clone();
+        let on_tcp = |a: &SocketAddr| tcp.as_ref().is_some_and(|t| t.writers.lock().contains_key(a));
+        for &peer in self.by_addr.keys().filter(|a| !on_tcp(a)) {
+            match Handed::connect(self.local, peer, self.handed_tx.clone()) {
+                Ok(h) => {
+                    self.handed.insert(peer, h);
+                }
+                Err(e) => tracing::warn!(%peer, "upgrade: a WebRTC viewer cannot stay: {e}"),
+            }
+        }
+        self.socket = None;
+        tracing::info!(
+            viewers = self.handed.len(),
+            "upgrade: WebRTC viewers stay with this process on sockets of their own"
+        );
+    }
 }
+
+/// How often the status is written (and WHIP publishers asked for keyframes unasked).
+const STATUS_EVERY: Duration = Duration::from_millis(500);
 
 /// The task's port, until a hand-over (then never ready).
 pub(super) async fn recv_from(
