@@ -183,3 +183,68 @@ async fn fetch_jwks(url: &str, timeout: Duration) -> Result<JwkSet, Denied> {
         Ok(Ok(r)) => r,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write as _;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// An auth service on loopback answering every call with `status`; its calls counted.
+    fn service(status: u16) -> (String, Arc<AtomicUsize>) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/auth", l.local_addr().unwrap());
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        std::thread::spawn(move || {
+            for mut c in l.incoming().flatten() {
+                let mut buf = [0u8; 4096];
+                let _ = c.read(&mut buf);
+                counted.fetch_add(1, Ordering::SeqCst);
+                let _ = write!(c, "HTTP/1.1 {status} X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+            }
+        });
+        (url, calls)
+    }
+
+    fn cfg(url: &str) -> AuthConfig {
+        AuthConfig {
+            method: AuthMethod::Http,
+            http_url: Some(url.into()),
+            jwks_url: None,
+            jwt_claim: "fanout".into(),
+            timeout_s: 2.0,
+            cache_s: 60.0,
+            jwks_refresh_s: 300.0,
+        }
+    }
+
+    fn asks(user: &str) -> Request {
+        Request {
+            user: user.into(),
+            password: "pw".into(),
+            token: String::new(),
+            ip: [127, 0, 0, 1].into(),
+            action: fanout_proto::auth::Action::Read,
+            path: "cam".into(),
+            protocol: "rtsp",
+            query: String::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_services_answer_decides_and_is_remembered() {
+        let (ok_url, ok_calls) = service(204);
+        let auth = Auth::default();
+        assert!(auth.check(&cfg(&ok_url), &asks("ann")).await);
+        assert!(auth.check(&cfg(&ok_url), &asks("ann")).await, "remembered");
+        assert_eq!(ok_calls.load(Ordering::SeqCst), 1, "the second answer came from the cache");
+        let (no_url, _) = service(403);
+        assert!(!auth.check(&cfg(&no_url), &asks("bob")).await, "a 403 refuses");
+        auth.clear();
+        let gone = cfg("http://127.0.0.1:1/auth");
+        assert!(!auth.check(&gone, &asks("ann")).await, "a service that cannot be reached refuses");
+        let jwt = AuthConfig { method: AuthMethod::Jwt, jwks_url: None, ..cfg(&ok_url) };
+        assert!(!auth.check(&jwt, &asks("ann")).await, "no JWT given: refused without a call");
+    }
+}

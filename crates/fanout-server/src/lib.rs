@@ -8,6 +8,7 @@ mod auth;
 mod clients;
 mod cluster;
 mod config;
+mod ending;
 mod error;
 mod handover;
 mod hook;

@@ -258,3 +258,44 @@ impl Path {
         let _ = tokio::task::spawn_blocking(move || s.close()).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_plain_path_is_its_first_session_and_closes_with_its_readers_told() {
+        let engine = fanout_io::Engine::start(fanout_io::EngineOptions { workers: 1, ..Default::default() }).unwrap();
+        let cfg = fanout_io::SessionConfig {
+            name: "cam".into(),
+            priority: fanout_core::Priority::new(3).unwrap(),
+            datapath: fanout_io::DataPath::Shared,
+            ring_capacity: 64,
+            max_datagram: 1500,
+            sinks_per_group: 64,
+            payload: fanout_io::PayloadMode::Rtp,
+            failed_sinks: fanout_io::FailurePolicy::Remove,
+            udp_sinks: fanout_io::UdpSinkMode::default(),
+            uring_sqpoll: false,
+            kernel_spread: false,
+            stream_flush: std::time::Duration::ZERO,
+            source_recv: fanout_io::SourceRecv::default(),
+            pacing: None,
+            reserve: 0,
+        };
+        let session = fanout_io::Session::new(cfg, &engine);
+        let spec = SessionSpec::new("cam", crate::spec::SourceSpec::Demo);
+        let path = Path::new(spec, session.clone(), Feeder::Plain, Vec::new());
+        let tracks = path.tracks();
+        assert_eq!(tracks.len(), 1);
+        assert!(tracks[0].session.is(&session) && tracks[0].clock == 90_000, "the first session, as 90 kHz RTP");
+        assert!(path.sdp().is_none() && !path.is_rtp_media() && path.publisher().is_none());
+        assert_eq!(path.received(), 0);
+        let reader = Arc::new(crate::readers::Held::default());
+        let who = crate::readers::Who::new(crate::readers::Protocol::HttpTs, None, None);
+        let _kept = path.readers.join(who, reader.clone()).ok().unwrap();
+        path.close().await;
+        assert_eq!(reader.end.ended().as_deref(), Some("the path went"), "its readers are told");
+        assert!(path.readers.list().is_empty());
+    }
+}

@@ -500,3 +500,23 @@ async fn file(
     }
     Ok(r)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_range_is_a_start_and_a_duration_or_a_clear_400() {
+        let q = |s: &str| Some(s.to_string());
+        let start = fanout_proto::container::record::parse_rfc3339("2026-11-27T10:00:00Z").unwrap();
+        let (from, to) = range(&q("start=2026-11-27T10:00:00Z&duration=60"), &[]).ok().unwrap();
+        assert_eq!((from, to), (start, start + 60_000_000));
+        let (from, to) = range(&q("start=2026-11-27T10%3A00%3A00Z"), &[]).ok().unwrap();
+        assert_eq!((from, to), (start, i64::MAX), "percent-encoded, and to the end");
+        assert_eq!(range(&None, &[]).ok().unwrap(), (0, i64::MAX), "no files: from the beginning of time");
+        for bad in ["start=yesterday", "duration=0", "duration=-3", "duration=NaN", "duration=x"] {
+            let e = range(&q(bad), &[]).err().unwrap();
+            assert_eq!(e.0, StatusCode::BAD_REQUEST, "{bad}: {}", e.1);
+        }
+    }
+}

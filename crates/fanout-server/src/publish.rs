@@ -188,6 +188,23 @@ impl Publishing {
     }
 }
 
+/// What a new publisher on connection `new` meets: the path free (or its own connection
+/// again, a second RECORD), the one publishing replaced (`takeover`), or a refusal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HandOver {
+    Start,
+    Replace,
+    Refuse,
+}
+
+fn hand_over(publishing: Option<u64>, new: u64, takeover: bool) -> HandOver {
+    match publishing {
+        Some(old) if old != new && takeover => HandOver::Replace,
+        Some(old) if old != new => HandOver::Refuse,
+        _ => HandOver::Start,
+    }
+}
+
 impl Publisher {
     /// The publisher side of session `first` (its first track).
     pub fn new(name: &str, first: Session, takeover: bool) -> std::io::Result<Self> {
@@ -370,11 +387,12 @@ impl Publisher {
     /// `takeover`, the one publishing gives way (and is told), else `a` is refused.
     fn begin(&self, a: Active, sdp: Sdp, engine: &fanout_io::Engine) -> std::io::Result<()> {
         let mut st = self.state.lock();
-        if st.active.as_ref().is_some_and(|o| o.conn != a.conn) {
-            if !self.takeover {
-                drop(st);
-                return Err(std::io::Error::other(self.refusal().unwrap_or_else(|| "a publisher came first".into())));
-            }
+        let decided = hand_over(st.active.as_ref().map(|o| o.conn), a.conn, self.takeover);
+        if decided == HandOver::Refuse {
+            drop(st);
+            return Err(std::io::Error::other(self.refusal().unwrap_or_else(|| "a publisher came first".into())));
+        }
+        if decided == HandOver::Replace {
             let mut old = st.active.take().expect("checked");
             self.went(&old);
             st.takeovers += 1;
@@ -705,6 +723,16 @@ impl Publisher {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn one_publisher_at_a_time_or_the_newest_with_takeover() {
+        use super::{hand_over, HandOver::*};
+        assert_eq!(hand_over(None, 7, false), Start);
+        assert_eq!(hand_over(Some(7), 7, false), Start, "its own connection again");
+        assert_eq!(hand_over(Some(3), 7, false), Refuse);
+        assert_eq!(hand_over(Some(3), 7, true), Replace);
+        assert_eq!(hand_over(None, 7, true), Start);
+    }
+
     use super::Ingest;
 
     /// The status and metrics name each as the API always did.

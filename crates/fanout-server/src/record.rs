@@ -266,3 +266,39 @@ fn write_files(store: &Store, path: &str, rx: std::sync::mpsc::Receiver<Write>, 
     }
     close(&mut file);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_store_lists_a_paths_files_by_their_names_and_retention_deletes_the_oldest() {
+        let root = std::env::temp_dir().join(format!("fanout-store-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let layout = Layout::new(&format!("{}/%path/%Y-%m-%d_%H-%M-%S-%f", root.display())).unwrap();
+        let t0 = record::parse_rfc3339("2026-11-27T10:00:00Z").unwrap();
+        let write = |path: &str, t: i64, bytes: usize| {
+            let name = layout.file(path, t);
+            std::fs::create_dir_all(std::path::Path::new(&name).parent().unwrap()).unwrap();
+            std::fs::write(&name, vec![0u8; bytes]).unwrap();
+            name
+        };
+        let first = write("live/cam1", t0, 2 << 20);
+        let second = write("live/cam1", t0 + 60_000_000, 2 << 20);
+        write("other", t0, 10);
+        std::fs::write(root.join("live/cam1/notes.txt"), b"not a recording").unwrap();
+        let store = Store::new(layout);
+        let cam: Vec<String> = store.files(Some("live/cam1")).into_iter().map(|f| f.1.name).collect();
+        assert_eq!(cam, vec![first.clone(), second.clone()], "oldest first, and only the layout's names");
+        assert_eq!(store.files(None).len(), 3);
+        let shown = store.relative(&second);
+        assert_eq!(shown, "live/cam1/2026-11-27_10-01-00-000000.mp4", "below the root, which is the host's");
+        assert_eq!(store.file_of("live/cam1", &shown), Some(second.clone()));
+        assert_eq!(store.file_of("other", &shown), None, "another path's file");
+        assert_eq!(store.file_of("live/cam1", "live/cam1/../other/x.mp4"), None);
+        let spec = RecordSpec { keep_s: 0, keep_mb: 3, ..RecordSpec::default() };
+        assert_eq!(store.expire("live/cam1", &spec), vec![first.clone()], "over 3 MB: the oldest goes");
+        assert!(!std::path::Path::new(&first).exists() && std::path::Path::new(&second).exists());
+        let _ = std::fs::remove_dir_all(&root);
+    }
+}

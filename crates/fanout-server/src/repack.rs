@@ -453,3 +453,22 @@ async fn run(
     tracing::info!(session = %name, packets = s.packets, units = s.units, bad = s.bad, dropped = s.dropped, unframed, "repackaging stopped");
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use fanout_proto::container::repack::TrackInfo;
+
+    #[test]
+    fn streams_are_described_by_their_codecs() {
+        let sdp = fanout_proto::rtsp::sdp::Sdp::parse(
+            "v=0\r\no=- 0 0 IN IP4 127.0.0.1\r\ns=-\r\nt=0 0\r\n\
+             m=video 0 RTP/AVP 96\r\na=rtpmap:96 H264/90000\r\n\
+             m=audio 0 RTP/AVP 97\r\na=rtpmap:97 MPEG4-GENERIC/48000/2\r\n\
+             a=fmtp:97 streamtype=5;profile-level-id=1;mode=AAC-hbr;sizelength=13;indexlength=3;indexdeltalength=3;config=1190\r\n",
+        )
+        .unwrap();
+        let streams: Vec<TrackInfo> = sdp.media.iter().filter_map(|m| TrackInfo::from_sdp(m).ok()).collect();
+        assert_eq!(super::describe(&streams), "H.264 + AAC");
+        assert_eq!(super::describe(&[]), "");
+    }
+}

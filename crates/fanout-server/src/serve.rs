@@ -811,3 +811,14 @@ async fn watch_config(file: PathBuf, relay: std::sync::Weak<crate::relay::Relay>
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_rtmp_flag_is_an_address_or_off() {
+        assert_eq!(super::parse_rtmp("off").unwrap().0, None);
+        assert_eq!(super::parse_rtmp("127.0.0.1:1935").unwrap().0, Some("127.0.0.1:1935".parse().unwrap()));
+        let e = super::parse_rtmp("1935").err().unwrap();
+        assert!(e.0.ends_with("(an address, or off)"), "{e}");
+    }
+}

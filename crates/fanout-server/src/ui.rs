@@ -29,3 +29,17 @@ pub fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
 pub fn is_ui(path: &str) -> bool {
     path == "/" || path == "/ui" || path.starts_with("/ui/")
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_page_is_served_without_the_token_and_names_its_files() {
+        for p in ["/", "/ui", "/ui/app.js", "/ui/style.css"] {
+            assert!(super::is_ui(p), "{p}");
+        }
+        for p in ["/v1/sessions", "/uix", "/metrics", "/cam/whep"] {
+            assert!(!super::is_ui(p), "{p}");
+        }
+        assert!(super::INDEX.contains("/ui/app.js") && super::INDEX.contains("/ui/style.css"));
+    }
+}

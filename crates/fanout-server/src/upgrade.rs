@@ -293,3 +293,31 @@ pub fn clients(relay: &crate::relay::Relay) -> (usize, String) {
     let open = relay.books.open();
     (open + sinks, format!("{open} connections; sinks: {}", per_path.join(", ")))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A listener the old process handed over, as the new one inherits it.
+    fn inherited(name: &str) -> (Inherited, SocketAddr) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = l.local_addr().unwrap();
+        let listeners = HashMap::from([(name.to_string(), OwnedFd::from(l))]);
+        (Inherited { listeners, channel: None }, at)
+    }
+
+    #[tokio::test]
+    async fn an_inherited_listener_is_taken_where_the_config_still_puts_it() {
+        let (mut i, at) = inherited("api");
+        assert!(!i.upgrading(), "no channel: not an upgrade");
+        assert_eq!(i.listener("api", at).unwrap().local_addr().unwrap(), at);
+        assert!(i.listener("api", at).is_none(), "taken once");
+        let (mut i, at) = inherited("rtmp");
+        let any_port = SocketAddr::new(at.ip(), 0);
+        assert_eq!(i.listener("rtmp", any_port).unwrap().local_addr().unwrap(), at, "port 0: the one it has");
+        let (mut i, at) = inherited("rtsp");
+        let moved = SocketAddr::new(at.ip(), at.port().wrapping_add(1).max(1));
+        assert!(i.listener("rtsp", moved).is_none(), "moved: bound anew, the old one let go");
+        assert!(i.listener("srt", at).is_none(), "none handed over under that name");
+    }
+}

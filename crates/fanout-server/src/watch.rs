@@ -30,6 +30,18 @@ struct Watched {
     on_not_ready: Option<String>,
 }
 
+impl Watched {
+    /// A look at the path's packet count at `now`: whether its stream is ready (the count
+    /// moved within `QUIET`). The first look only learns the count.
+    fn look(&mut self, received: u64, now: Instant) -> bool {
+        if self.received.is_some_and(|r| r != received) {
+            self.moved = Some(now);
+        }
+        self.received = Some(received);
+        self.moved.is_some_and(|t| now.duration_since(t) < QUIET)
+    }
+}
+
 pub async fn run_hooks(relay: Arc<Relay>) {
     let mut watched: HashMap<String, Watched> = HashMap::new();
     let mut tick = tokio::time::interval(TICK);
@@ -57,12 +69,7 @@ pub async fn run_hooks(relay: Arc<Relay>) {
             seen.push(name.clone());
             let w = watched.entry(name.clone()).or_default();
             w.on_not_ready = spec.run_on_not_ready.clone();
-            let received = path.received();
-            if w.received.is_some_and(|r| r != received) {
-                w.moved = Some(Instant::now());
-            }
-            w.received = Some(received);
-            let ready = w.moved.is_some_and(|t| t.elapsed() < QUIET);
+            let ready = w.look(path.received(), Instant::now());
             if ready && !w.ready {
                 tracing::info!(path = name, "the stream is ready");
                 if let Some(cmd) = &spec.run_on_ready {
@@ -119,5 +126,22 @@ async fn not_ready(w: &mut Watched, name: &str, relay: &Relay) {
     }
     if let Some(cmd) = &w.on_not_ready {
         Hook::once("run_on_not_ready", cmd, name, &relay.hook_env(name));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_is_ready_while_its_packets_move_and_not_after_a_quiet_spell() {
+        let t0 = Instant::now();
+        let mut w = Watched::default();
+        assert!(!w.look(100, t0), "the first look only learns the count");
+        assert!(!w.look(100, t0 + Duration::from_millis(500)), "nothing moved");
+        assert!(w.look(180, t0 + Duration::from_secs(1)));
+        assert!(w.look(180, t0 + Duration::from_secs(1) + QUIET - Duration::from_millis(1)));
+        assert!(!w.look(180, t0 + Duration::from_secs(1) + QUIET), "quiet for QUIET: not ready");
+        assert!(w.look(181, t0 + Duration::from_secs(9)), "moving again");
     }
 }

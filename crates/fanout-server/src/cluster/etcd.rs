@@ -146,67 +146,13 @@ async fn registered(cluster: &Arc<Cluster>, local: &Weak<dyn Local>) -> Result<(
     let etcd = cluster.etcd.as_ref().expect("started with etcd");
     let mut c = etcd.client().await?;
     let (node, prefix) = (&cluster.cfg.node, &etcd.prefix);
-    let ttl = cluster.cfg.lease_s as i64;
-    let granted = written(c.lease_grant(ttl, None)).await?;
+    let granted = written(c.lease_grant(cluster.cfg.lease_s as i64, None)).await?;
     let (lease, granted_ttl) = (granted.id(), granted.ttl());
-    let (mut keeper, mut alive) = within(c.lease_keep_alive(lease)).await?;
-    // The lease is kept alive from now on, on its own beat, three times a TTL: the writes
-    // below wait for etcd's disk, and a slow one must not let the lease lapse (on a busy host
-    // it did, with a 2 s lease, and the node left the directory).
-    let beat = Duration::from_millis((granted_ttl.max(1) as u64 * 1000 / 3).max(300));
-    let mut lapsed = Aborting(tokio::spawn(async move {
-        let mut every = tokio::time::interval(beat);
-        loop {
-            every.tick().await;
-            if let Err(e) = within(keeper.keep_alive()).await {
-                return e;
-            }
-            match within(alive.message()).await {
-                Ok(Some(r)) if r.ttl() > 0 => {}
-                Err(e) => return e,
-                Ok(_) => return EtcdError("the lease expired (etcd lost us for too long)".into()),
-            }
-        }
-    }));
-    let key = node_key(prefix, node);
-    let info = |cluster: &Cluster| serde_json::to_vec(&cluster.me()).expect("serializable");
-    let with_lease = || Some(PutOptions::new().with_lease(lease));
-    // The name is ours if nobody holds it, or if the holder is our own earlier lease (etcd
-    // restarted and kept it).
-    let earlier = std::mem::replace(&mut *etcd.lease.lock(), lease);
-    let txn = Txn::new()
-        .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-        .and_then([TxnOp::put(key.clone(), info(cluster), with_lease())])
-        .or_else([TxnOp::get(key.clone(), None)]);
-    let r = written(c.txn(txn)).await?;
-    if !r.succeeded() {
-        let holder = r.op_responses().into_iter().find_map(|o| match o {
-            TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.lease()),
-            _ => None,
-        });
-        match holder {
-            Some(h) if h == earlier && h != 0 => {
-                let _ = within(c.lease_revoke(h)).await;
-                written(c.put(key.clone(), info(cluster), with_lease())).await?;
-            }
-            _ => {
-                let _ = within(c.lease_revoke(lease)).await;
-                *etcd.lease.lock() = 0;
-                cluster.directory.lock().state = "name-taken".into();
-                return Err(EtcdError(format!(
-                    "node name {node:?} is held by another live node (lease {}); waiting for it to go",
-                    holder.unwrap_or(0)
-                )));
-            }
-        }
-    }
-    {
-        let mut d = cluster.directory.lock();
-        d.state = "connected".into();
-        d.last_error = None;
-        d.registrations += 1;
-    }
+    let mut lapsed = keep_alive(&mut c, lease, granted_ttl).await?;
+    claim_name(cluster, etcd, &mut c, lease).await?;
     tracing::info!(node = %node, lease, "registered in the cluster directory");
+    let key = node_key(prefix, node);
+    let with_lease = || Some(PutOptions::new().with_lease(lease));
     let mut published: BTreeMap<String, Vec<u8>> = BTreeMap::new();
     let mut node_at = tokio::time::Instant::now();
     let mut tick = tokio::time::interval(TICK);
@@ -217,7 +163,7 @@ async fn registered(cluster: &Arc<Cluster>, local: &Weak<dyn Local>) -> Result<(
         }
         let Some(l) = local.upgrade() else { return Ok(()) };
         if node_at.elapsed() >= NODE_EVERY {
-            written(c.put(key.clone(), info(cluster), with_lease())).await?;
+            written(c.put(key.clone(), node_info(cluster), with_lease())).await?;
             node_at = tokio::time::Instant::now();
         }
         let mut want: BTreeMap<String, Vec<u8>> = BTreeMap::new();
@@ -236,20 +182,89 @@ async fn registered(cluster: &Arc<Cluster>, local: &Weak<dyn Local>) -> Result<(
             written(c.delete(k.clone(), None)).await?;
             published.remove(&k);
         }
-        // What others wrote that we cannot read, and channels whose origins disagree: shown
-        // in the status, logged when they change.
-        if let Ok(snap) = etcd.snapshot().await {
-            let found: Vec<String> = snap.channels.iter().flat_map(|(ch, es)| conflicts(ch, es)).collect();
-            let mut d = cluster.directory.lock();
-            for w in found.iter().chain(&snap.rejected) {
-                if !d.conflicts.contains(w) && !d.rejected.contains(w) {
-                    tracing::warn!("cluster directory: {w}");
-                }
+        note_conflicts(cluster, etcd).await;
+    }
+}
+
+fn node_info(cluster: &Cluster) -> Vec<u8> {
+    serde_json::to_vec(&cluster.me()).expect("serializable")
+}
+
+/// The lease kept alive from now on, on its own beat, three times a TTL: the writes wait for
+/// etcd's disk, and a slow one must not let the lease lapse (on a busy host it did, with a
+/// 2 s lease, and the node left the directory). The task ends with why it lapsed.
+async fn keep_alive(c: &mut Client, lease: i64, ttl: i64) -> Result<Aborting<EtcdError>, EtcdError> {
+    let (mut keeper, mut alive) = within(c.lease_keep_alive(lease)).await?;
+    let beat = Duration::from_millis((ttl.max(1) as u64 * 1000 / 3).max(300));
+    Ok(Aborting(tokio::spawn(async move {
+        let mut every = tokio::time::interval(beat);
+        loop {
+            every.tick().await;
+            if let Err(e) = within(keeper.keep_alive()).await {
+                return e;
             }
-            d.conflicts = found;
-            d.rejected = snap.rejected;
+            match within(alive.message()).await {
+                Ok(Some(r)) if r.ttl() > 0 => {}
+                Err(e) => return e,
+                Ok(_) => return EtcdError("the lease expired (etcd lost us for too long)".into()),
+            }
+        }
+    })))
+}
+
+/// The node's name under `lease`: ours if nobody holds it, or if the holder is our own
+/// earlier lease (etcd restarted and kept it); else refused, the lease let go.
+async fn claim_name(cluster: &Cluster, etcd: &Etcd, c: &mut Client, lease: i64) -> Result<(), EtcdError> {
+    let node = &cluster.cfg.node;
+    let key = node_key(&etcd.prefix, node);
+    let with_lease = || Some(PutOptions::new().with_lease(lease));
+    let earlier = std::mem::replace(&mut *etcd.lease.lock(), lease);
+    let txn = Txn::new()
+        .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+        .and_then([TxnOp::put(key.clone(), node_info(cluster), with_lease())])
+        .or_else([TxnOp::get(key.clone(), None)]);
+    let r = written(c.txn(txn)).await?;
+    if !r.succeeded() {
+        let holder = r.op_responses().into_iter().find_map(|o| match o {
+            TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.lease()),
+            _ => None,
+        });
+        match holder {
+            Some(h) if h == earlier && h != 0 => {
+                let _ = within(c.lease_revoke(h)).await;
+                written(c.put(key.clone(), node_info(cluster), with_lease())).await?;
+            }
+            _ => {
+                let _ = within(c.lease_revoke(lease)).await;
+                *etcd.lease.lock() = 0;
+                cluster.directory.lock().state = "name-taken".into();
+                return Err(EtcdError(format!(
+                    "node name {node:?} is held by another live node (lease {}); waiting for it to go",
+                    holder.unwrap_or(0)
+                )));
+            }
         }
     }
+    let mut d = cluster.directory.lock();
+    d.state = "connected".into();
+    d.last_error = None;
+    d.registrations += 1;
+    Ok(())
+}
+
+/// What others wrote that we cannot read, and channels whose origins disagree: shown in the
+/// status, logged when they change.
+async fn note_conflicts(cluster: &Cluster, etcd: &Etcd) {
+    let Ok(snap) = etcd.snapshot().await else { return };
+    let found: Vec<String> = snap.channels.iter().flat_map(|(ch, es)| conflicts(ch, es)).collect();
+    let mut d = cluster.directory.lock();
+    for w in found.iter().chain(&snap.rejected) {
+        if !d.conflicts.contains(w) && !d.rejected.contains(w) {
+            tracing::warn!("cluster directory: {w}");
+        }
+    }
+    d.conflicts = found;
+    d.rejected = snap.rejected;
 }
 
 /// A task aborted when its handle is dropped (the lease's keeper ends with its registration).

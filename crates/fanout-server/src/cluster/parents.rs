@@ -105,3 +105,18 @@ async fn check(url: &str) -> std::io::Result<()> {
         Err(_) => Err(Error::new(ErrorKind::TimedOut, format!("no answer within {CHECK_TIMEOUT:?}"))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[tokio::test]
+    async fn a_parent_is_up_when_it_takes_a_connection() {
+        let open = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let at = open.local_addr().unwrap();
+        assert!(super::check(&format!("rtsp://{at}")).await.is_ok());
+        drop(open);
+        let e = super::check(&format!("rtsp://{at}")).await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
+        let e = super::check("http://example.invalid/").await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{e}");
+    }
+}

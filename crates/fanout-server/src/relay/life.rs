@@ -253,27 +253,21 @@ impl Relay {
 /// packets go out first), a publisher's after `publisher_grace_s` without one. A publisher
 /// who comes back in time changes nothing for the players.
 pub(super) async fn end_when_over(relay: std::sync::Weak<Relay>, name: String, file: bool) {
-    let mut over_since: Option<std::time::Instant> = None;
-    let mut told = false;
+    use crate::ending::{End, EndWatch};
+    let mut watch = if file { EndWatch::file() } else { EndWatch::publisher(Duration::ZERO) };
     loop {
+        // (Sampled: neither a file's source nor a publisher tells its end.)
         tokio::time::sleep(Duration::from_millis(250)).await;
         let Some(relay) = relay.upgrade() else { return };
+        watch.set_wait(Duration::from_secs_f64(relay.cfg().publisher_grace_s));
         let over = match file {
             true => relay.session(&name).is_ok_and(|s| s.source_state() == fanout_io::SourceState::Closed),
             false => relay.path(&name).is_some_and(|p| p.publisher().is_some_and(|p| p.ended())),
         };
-        if !over {
-            (over_since, told) = (None, false);
-            continue;
-        }
-        let since = *over_since.get_or_insert_with(std::time::Instant::now);
-        let wait = if file { Duration::from_secs(1) } else { Duration::from_secs_f64(relay.cfg().publisher_grace_s) };
-        if !told && since.elapsed() >= wait {
-            relay.end_players(&name);
-            told = true;
-            if file {
-                return;
-            }
+        match watch.observe(over, std::time::Instant::now()) {
+            End::Not => {}
+            End::Tell => relay.end_players(&name),
+            End::TellAndStop => return relay.end_players(&name),
         }
     }
 }
@@ -299,9 +293,15 @@ pub(super) struct Unwatched {
 
 pub(super) async fn end_unwatched(relay: std::sync::Weak<Relay>, w: Unwatched) {
     let Unwatched { name, session, mut hook, linger, slot, for_publisher } = w;
-    let mut idle_since = std::time::Instant::now();
+    let mut use_of = crate::ending::Linger::new(linger, std::time::Instant::now());
     loop {
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // (Sampled, at most every half second: readers come and go on every face.)
+        tokio::time::sleep(
+            use_of
+                .poll_timeout(std::time::Instant::now())
+                .clamp(Duration::from_millis(100), Duration::from_millis(500)),
+        )
+        .await;
         let Some(relay) = relay.upgrade() else { break };
         let Some(path) = relay.path(&name).filter(|p| p.session.is(&session)) else { break };
         if let Some(h) = hook.as_mut() {
@@ -311,9 +311,7 @@ pub(super) async fn end_unwatched(relay: std::sync::Weak<Relay>, w: Unwatched) {
         }
         let readers: usize = path.tracks().iter().map(|t| t.session.sinks().len()).sum();
         let published = for_publisher && path.publisher().is_some_and(|p| p.publishing());
-        if readers > 0 || published {
-            idle_since = std::time::Instant::now();
-        } else if idle_since.elapsed() >= linger {
+        if use_of.observe(readers > 0 || published, std::time::Instant::now()) {
             tracing::info!(path = name, "on-demand path ends: nobody read it for {linger:?}");
             relay.delete_exact(&name, &session).await;
             break;

@@ -108,3 +108,82 @@ pub async fn start(spec: &SourceSpec, cx: Ctx<'_>) -> Result<Started, RelayError
         SourceSpec::Srt(url) => srt::start(url, &cx),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    struct Host(Engine);
+
+    impl crate::upstream::Host for Host {
+        fn engine(&self) -> &Engine {
+            &self.0
+        }
+    }
+
+    fn session(engine: &Engine, name: &str) -> Session {
+        let cfg = fanout_io::SessionConfig {
+            name: name.into(),
+            priority: fanout_core::Priority::new(3).unwrap(),
+            datapath: fanout_io::DataPath::Shared,
+            ring_capacity: 256,
+            max_datagram: 1500,
+            sinks_per_group: 64,
+            payload: fanout_io::PayloadMode::Rtp,
+            failed_sinks: fanout_io::FailurePolicy::Remove,
+            udp_sinks: fanout_io::UdpSinkMode::default(),
+            uring_sqpoll: false,
+            kernel_spread: false,
+            stream_flush: Duration::ZERO,
+            source_recv: fanout_io::SourceRecv::default(),
+            pacing: None,
+            reserve: 0,
+        };
+        Session::new(cfg, engine)
+    }
+
+    /// Each kind is matched onto its module, and gives the path what it must ask it later.
+    #[tokio::test]
+    async fn each_kind_starts_with_its_feeder() {
+        let host =
+            Arc::new(Host(Engine::start(fanout_io::EngineOptions { workers: 1, ..Default::default() }).unwrap()));
+        let cfg = Config::default();
+        let start = |spec: SourceSpec, name: &'static str| {
+            let (host, cfg) = (host.clone(), cfg.clone());
+            async move {
+                let first = session(&host.0, name);
+                let cx = Ctx {
+                    name,
+                    session: &first,
+                    engine: &host.0,
+                    cfg: &cfg,
+                    host: Arc::downgrade(&host) as Weak<dyn crate::upstream::Host>,
+                    origin: None,
+                    on_pull_end: None,
+                };
+                let started = start(&spec, cx).await;
+                (started, first)
+            }
+        };
+        let (demo, s1) = start(SourceSpec::Demo, "demo").await;
+        let demo = demo.ok().unwrap();
+        assert!(matches!(demo.feeder, Feeder::Clip(Some(_))), "the demo's H.264 and AAC as tracks");
+        assert_eq!(demo.feeder.tracks().map(|t| t.len()), Some(2));
+        let (publish, s2) = start(SourceSpec::Publish { takeover: false }, "in").await;
+        let publish = publish.ok().unwrap();
+        assert!(matches!(publish.feeder, Feeder::Publisher(_)));
+        let (udp, s3) = start(SourceSpec::Udp { addr: "127.0.0.1:0".parse().unwrap(), interface: None }, "u").await;
+        assert!(matches!(udp.ok().unwrap().feeder, Feeder::Plain), "packets arrive on the session itself");
+        let missing = SourceSpec::File { path: "/nonexistent/clip.ts".into(), looped: None };
+        let (file, s4) = start(missing, "f").await;
+        assert!(file.is_err(), "a file that is not there");
+        for t in demo.tasks.iter().chain(&publish.tasks) {
+            t.abort();
+        }
+        demo.feeder.close_tracks().await;
+        for s in [s1, s2, s3, s4] {
+            tokio::task::spawn_blocking(move || s.close()).await.unwrap();
+        }
+    }
+}

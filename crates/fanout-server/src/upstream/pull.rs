@@ -33,7 +33,7 @@ pub(super) async fn connect_once(
         next_report: Instant::now() + REPORT_EVERY,
         last_count: (0, Instant::now()),
         packets_at_play: 0,
-        idle_since: None,
+        idle: crate::ending::Linger::new(up.linger, Instant::now()),
     };
     let start = pull.client.start(up.now_ms());
     pull.write(&start).await?;
@@ -97,7 +97,8 @@ struct Pull<'a> {
     /// Packets so far, and when that count last moved.
     last_count: (u64, Instant),
     packets_at_play: u64,
-    idle_since: Option<Instant>,
+    /// Torn down once nobody wants the stream for the upstream's `linger`.
+    idle: crate::ending::Linger,
 }
 
 impl Pull<'_> {
@@ -266,9 +267,7 @@ impl Pull<'_> {
         } else if now - self.connected_at > Duration::from_secs(10) {
             return Err(UpstreamError::Protocol("the upstream did not answer within 10 s".into()));
         }
-        if up.wanted() {
-            self.idle_since = None;
-        } else if now - *self.idle_since.get_or_insert(now) >= up.linger {
+        if self.idle.observe(up.wanted(), now) {
             return Ok(Some(self.teardown(Ended::Idle).await));
         }
         Ok(None)
