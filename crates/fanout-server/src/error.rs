@@ -36,11 +36,9 @@ pub enum RelayError {
 }
 
 /// A user's input that does not check (a spec, a name, a URL, a config section): a 400 where
-/// it comes through the API, a line of the refusal where it comes from the config file.
-pub use fanout_proto::Invalid;
-
-impl From<Invalid> for RelayError {
-    fn from(e: Invalid) -> Self {
+/// it comes through the API (a line of the refusal where it comes from the config file).
+impl From<fanout_proto::Invalid> for RelayError {
+    fn from(e: fanout_proto::Invalid) -> Self {
         RelayError::BadRequest(e.0)
     }
 }

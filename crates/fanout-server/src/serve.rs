@@ -713,11 +713,11 @@ async fn bind(
 #[derive(Clone)]
 struct RtmpAddr(Option<std::net::SocketAddr>);
 
-fn parse_rtmp(s: &str) -> Result<RtmpAddr, crate::error::Invalid> {
+fn parse_rtmp(s: &str) -> Result<RtmpAddr, fanout_proto::Invalid> {
     match s {
         "off" => Ok(RtmpAddr(None)),
         a => {
-            a.parse().map(|a| RtmpAddr(Some(a))).map_err(|e| crate::error::Invalid(format!("{e} (an address, or off)")))
+            a.parse().map(|a| RtmpAddr(Some(a))).map_err(|e| fanout_proto::Invalid(format!("{e} (an address, or off)")))
         }
     }
 }

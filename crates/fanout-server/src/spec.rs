@@ -152,14 +152,14 @@ pub enum RtspTransport {
 impl RtspSource {
     /// How an `rtsps://` source checks its server: at most one of `tls_ca`,
     /// `tls_fingerprint`, `tls_verify = false`; the public roots when none.
-    pub fn upstream_verify(&self) -> Result<crate::tls::Verify, crate::error::Invalid> {
+    pub fn upstream_verify(&self) -> Result<crate::tls::Verify, fanout_proto::Invalid> {
         use crate::tls::Verify;
         match (&self.tls_ca, &self.tls_fingerprint, self.tls_verify) {
             (None, None, None | Some(true)) => Ok(Verify::PublicRoots),
             (Some(ca), None, None | Some(true)) => Ok(Verify::Ca(ca.into())),
             (None, Some(f), None | Some(true)) => crate::tls::parse_fingerprint(f)
                 .map(Verify::Pinned)
-                .map_err(|e| crate::error::Invalid(format!("source \"tls_fingerprint\": {e}"))),
+                .map_err(|e| fanout_proto::Invalid(format!("source \"tls_fingerprint\": {e}"))),
             (None, None, Some(false)) => Ok(Verify::Off),
             _ => Err("source: give at most one of \"tls_ca\", \"tls_fingerprint\", \"tls_verify\" = false".into()),
         }
@@ -167,9 +167,9 @@ impl RtspSource {
 
     /// The URL, parsed (a spec read from JSON or TOML was checked; one made in code, such
     /// as a cluster pull's, is checked here).
-    pub fn parsed_url(&self) -> Result<fanout_proto::rtsp::client::Url, crate::error::Invalid> {
+    pub fn parsed_url(&self) -> Result<fanout_proto::rtsp::client::Url, fanout_proto::Invalid> {
         fanout_proto::rtsp::client::Url::parse(&self.url)
-            .map_err(|e| crate::error::Invalid(format!("source \"rtsp\": {e}")))
+            .map_err(|e| fanout_proto::Invalid(format!("source \"rtsp\": {e}")))
     }
 }
 
@@ -203,9 +203,9 @@ impl SourceSpec {
 }
 
 impl TryFrom<SourceFields> for SourceSpec {
-    type Error = crate::error::Invalid;
+    type Error = fanout_proto::Invalid;
 
-    fn try_from(f: SourceFields) -> Result<Self, crate::error::Invalid> {
+    fn try_from(f: SourceFields) -> Result<Self, fanout_proto::Invalid> {
         let n = [
             f.udp.is_some(),
             f.tcp_listen.is_some(),
@@ -341,7 +341,7 @@ pub struct SinkSpec {
 }
 
 impl SinkSpec {
-    pub fn validate(&self) -> Result<(), crate::error::Invalid> {
+    pub fn validate(&self) -> Result<(), fanout_proto::Invalid> {
         match (self.udp, self.tcp) {
             (Some(a), None) | (None, Some(a)) if a.port() == 0 => Err(format!("sink address {a} has port 0").into()),
             (Some(a), None) if a.ip().is_unspecified() => Err(format!("sink address {a} is unspecified").into()),
@@ -505,7 +505,7 @@ pub enum Pacing {
 }
 
 /// A hook given as a list must name its program first.
-pub fn check_command(key: &str, cmd: &Option<Vec<String>>) -> Result<(), crate::error::Invalid> {
+pub fn check_command(key: &str, cmd: &Option<Vec<String>>) -> Result<(), fanout_proto::Invalid> {
     match cmd {
         Some(c) if c.first().is_none_or(|p| p.is_empty()) => {
             Err(format!(r#"{key}: a program and its arguments, as a list: {key} = ["/usr/bin/logger", "a client"]"#)
@@ -584,7 +584,7 @@ impl SessionSpec {
             || self.on_unpublish.is_some()
     }
 
-    pub fn validate(&self) -> Result<(), crate::error::Invalid> {
+    pub fn validate(&self) -> Result<(), fanout_proto::Invalid> {
         check_path_name(&self.name)?;
         fanout_core::Priority::new(self.priority).map_err(|e| e.to_string())?;
         if let Some(r) = &self.record {
@@ -669,7 +669,7 @@ impl SessionSpec {
 
     /// How the session paces, for a largest datagram of `max_datagram` bytes: a burst
     /// allowance that cannot hold one is refused.
-    pub fn pace_config(&self, max_datagram: usize) -> Result<Option<fanout_io::PaceConfig>, crate::error::Invalid> {
+    pub fn pace_config(&self, max_datagram: usize) -> Result<Option<fanout_io::PaceConfig>, fanout_proto::Invalid> {
         if self.pacing == Pacing::Off {
             return Ok(None);
         }
@@ -735,7 +735,7 @@ impl RecordSpec {
         86_400
     }
 
-    pub fn validate(&self) -> Result<(), crate::error::Invalid> {
+    pub fn validate(&self) -> Result<(), fanout_proto::Invalid> {
         if !(1..=86_400).contains(&self.segment_s) {
             return Err(format!("record.segment_s {} is out of range 1..=86400", self.segment_s).into());
         }
@@ -748,6 +748,6 @@ impl RecordSpec {
 
 /// The one rule for a path's name, on every face, in patterns, recordings and the API
 /// ([`fanout_proto::name::check`]: `live/cam1`, not only dots).
-pub fn check_path_name(name: &str) -> Result<(), crate::error::Invalid> {
+pub fn check_path_name(name: &str) -> Result<(), fanout_proto::Invalid> {
     fanout_proto::name::check(name)
 }

@@ -154,13 +154,13 @@ pub enum Verify {
 }
 
 /// Parses a SHA-256 fingerprint: 64 hex digits, with or without `:` between bytes.
-pub fn parse_fingerprint(s: &str) -> Result<[u8; 32], crate::error::Invalid> {
+pub fn parse_fingerprint(s: &str) -> Result<[u8; 32], fanout_proto::Invalid> {
     let hex: String = s.chars().filter(|c| *c != ':').collect();
     let bytes: Option<Vec<u8>> =
         (0..hex.len()).step_by(2).map(|i| hex.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok())).collect();
     bytes.and_then(|b| <[u8; 32]>::try_from(b).ok()).ok_or_else(|| {
         let shown: String = s.chars().take(100).collect();
-        crate::error::Invalid(format!(
+        fanout_proto::Invalid(format!(
             "{shown:?} is not a SHA-256 fingerprint (64 hex digits, `:` between bytes allowed)"
         ))
     })

@@ -357,7 +357,7 @@ impl Config {
     /// Who can reach what without credentials. `Err`: the API or RTSP listens beyond
     /// loopback with nothing to authenticate and `allow_unauthenticated` is not set. `Ok`:
     /// the warnings to log at start.
-    pub fn exposure(&self) -> Result<Vec<String>, crate::error::Invalid> {
+    pub fn exposure(&self) -> Result<Vec<String>, fanout_proto::Invalid> {
         let mut open = Vec::new();
         // ([auth] decides for every face.)
         let external = self.auth.is_some();
@@ -381,7 +381,7 @@ impl Config {
             open.push(format!("SRT on {r} has no rtsp_user and no rtsp_require_token"));
         }
         if !open.is_empty() && !self.allow_unauthenticated {
-            return Err(crate::error::Invalid(format!(
+            return Err(fanout_proto::Invalid(format!(
                 "refusing to serve anyone who can reach it: {}; set a token / rtsp_user (docs/config.md), \
                  bind to 127.0.0.1, or set allow_unauthenticated = true (--allow-unauthenticated)",
                 open.join("; ")

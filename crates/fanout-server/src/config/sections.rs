@@ -45,12 +45,12 @@ impl PatternSpec {
         32
     }
 
-    pub fn rule(&self) -> Result<fanout_proto::auth::PathRule, crate::error::Invalid> {
+    pub fn rule(&self) -> Result<fanout_proto::auth::PathRule, fanout_proto::Invalid> {
         fanout_proto::auth::PathRule::parse(Some(&self.matches))
     }
 
     /// The session for `name`: the source with `{name}` put in, checked.
-    pub fn session(&self, name: &str) -> Result<SessionSpec, crate::error::Invalid> {
+    pub fn session(&self, name: &str) -> Result<SessionSpec, fanout_proto::Invalid> {
         fn put(v: &mut serde_json::Value, name: &str) {
             match v {
                 serde_json::Value::String(s) => *s = s.replace("{name}", name),
@@ -126,7 +126,7 @@ impl AuthConfig {
         std::time::Duration::from_secs_f64(self.timeout_s)
     }
 
-    pub fn validate(&self) -> Result<(), crate::error::Invalid> {
+    pub fn validate(&self) -> Result<(), fanout_proto::Invalid> {
         let url = |key: &str, v: &Option<String>| match v.as_deref() {
             None => Err(format!("[auth] method {:?} needs {key}", self.method)),
             Some(u) if !(u.starts_with("http://") || u.starts_with("https://")) => {
@@ -218,7 +218,7 @@ impl ClusterConfig {
     }
 
     /// Checks what serde cannot: names, URLs, ranges.
-    pub fn validate(&self) -> Result<(), crate::error::Invalid> {
+    pub fn validate(&self) -> Result<(), fanout_proto::Invalid> {
         let good = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
         if self.node.is_empty() || self.node.len() > 64 || !self.node.chars().all(good) {
             return Err(format!("[cluster] node {:?}: 1-64 letters, digits, '.', '_' or '-'", self.node).into());
