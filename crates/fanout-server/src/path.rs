@@ -266,24 +266,7 @@ mod tests {
     #[tokio::test]
     async fn a_plain_path_is_its_first_session_and_closes_with_its_readers_told() {
         let engine = fanout_io::Engine::start(fanout_io::EngineOptions { workers: 1, ..Default::default() }).unwrap();
-        let cfg = fanout_io::SessionConfig {
-            name: "cam".into(),
-            priority: fanout_core::Priority::new(3).unwrap(),
-            datapath: fanout_io::DataPath::Shared,
-            ring_capacity: 64,
-            max_datagram: 1500,
-            sinks_per_group: 64,
-            payload: fanout_io::PayloadMode::Rtp,
-            failed_sinks: fanout_io::FailurePolicy::Remove,
-            udp_sinks: fanout_io::UdpSinkMode::default(),
-            uring_sqpoll: false,
-            kernel_spread: false,
-            stream_flush: std::time::Duration::ZERO,
-            source_recv: fanout_io::SourceRecv::default(),
-            pacing: None,
-            reserve: 0,
-        };
-        let session = fanout_io::Session::new(cfg, &engine);
+        let session = crate::track::test_session(&engine, "cam");
         let spec = SessionSpec::new("cam", crate::spec::SourceSpec::Demo);
         let path = Path::new(spec, session.clone(), Feeder::Plain, Vec::new());
         let tracks = path.tracks();

@@ -158,6 +158,29 @@ pub fn track_format(m: &fanout_proto::rtsp::sdp::Media) -> (u32, Option<fanout_p
     (rtpmap.map_or(90_000, |(_, c)| c), video)
 }
 
+/// A plain relay session for unit tests (`name`, the shared data path, a small ring).
+#[cfg(test)]
+pub fn test_session(engine: &fanout_io::Engine, name: &str) -> fanout_io::Session {
+    let cfg = fanout_io::SessionConfig {
+        name: name.into(),
+        priority: fanout_core::Priority::new(3).expect("a class"),
+        datapath: fanout_io::DataPath::Shared,
+        ring_capacity: 256,
+        max_datagram: 1500,
+        sinks_per_group: 64,
+        payload: fanout_io::PayloadMode::Rtp,
+        failed_sinks: fanout_io::FailurePolicy::Remove,
+        udp_sinks: fanout_io::UdpSinkMode::default(),
+        uring_sqpoll: false,
+        kernel_spread: false,
+        stream_flush: std::time::Duration::ZERO,
+        source_recv: fanout_io::SourceRecv::default(),
+        pacing: None,
+        reserve: 0,
+    };
+    fanout_io::Session::new(cfg, engine)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -112,7 +112,6 @@ pub async fn start(spec: &SourceSpec, cx: Ctx<'_>) -> Result<Started, RelayError
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     struct Host(Engine);
 
@@ -120,27 +119,6 @@ mod tests {
         fn engine(&self) -> &Engine {
             &self.0
         }
-    }
-
-    fn session(engine: &Engine, name: &str) -> Session {
-        let cfg = fanout_io::SessionConfig {
-            name: name.into(),
-            priority: fanout_core::Priority::new(3).unwrap(),
-            datapath: fanout_io::DataPath::Shared,
-            ring_capacity: 256,
-            max_datagram: 1500,
-            sinks_per_group: 64,
-            payload: fanout_io::PayloadMode::Rtp,
-            failed_sinks: fanout_io::FailurePolicy::Remove,
-            udp_sinks: fanout_io::UdpSinkMode::default(),
-            uring_sqpoll: false,
-            kernel_spread: false,
-            stream_flush: Duration::ZERO,
-            source_recv: fanout_io::SourceRecv::default(),
-            pacing: None,
-            reserve: 0,
-        };
-        Session::new(cfg, engine)
     }
 
     /// Each kind is matched onto its module, and gives the path what it must ask it later.
@@ -152,7 +130,7 @@ mod tests {
         let start = |spec: SourceSpec, name: &'static str| {
             let (host, cfg) = (host.clone(), cfg.clone());
             async move {
-                let first = session(&host.0, name);
+                let first = crate::track::test_session(&host.0, name);
                 let cx = Ctx {
                     name,
                     session: &first,

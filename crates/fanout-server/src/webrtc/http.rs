@@ -190,6 +190,37 @@ async fn negotiated(
     }
 }
 
+/// A request on a peer's resource (`PATCH`, `DELETE`): who asks, once allowed on the path,
+/// and for which of its peers' roles; `Err`: the answer already.
+struct ResourceRequest {
+    role: &'static str,
+    by: Acting,
+}
+
+impl ResourceRequest {
+    async fn of(
+        relay: &Relay,
+        name: &str,
+        query: Option<&str>,
+        client: Client,
+        uri: &axum::http::Uri,
+        headers: &HeaderMap,
+    ) -> Result<Self, Response> {
+        let ip = client.map(|c| c.0 .0.ip());
+        let publish = uri.path().contains("/whip/");
+        if !allowed(relay, headers, query, ip, name, publish).await {
+            return Err(unauthorized(relay));
+        }
+        let role = if publish { "publisher" } else { "viewer" };
+        Ok(Self { role, by: acting(relay, headers, query) })
+    }
+}
+
+/// Another's peer is answered as one that is not there: its id tells nothing.
+fn no_peer(name: &str, id: &str) -> Response {
+    text(404, format!("no WebRTC viewer {id} of {name}"))
+}
+
 async fn patch(
     State(relay): State<Arc<Relay>>,
     Path((name, id)): Path<(String, String)>,
@@ -198,17 +229,14 @@ async fn patch(
     uri: axum::http::Uri,
     headers: HeaderMap,
 ) -> Response {
-    let ip = client.map(|c| c.0 .0.ip());
-    let publish = uri.path().contains("/whip/");
-    if !allowed(&relay, &headers, query.as_deref(), ip, &name, publish).await {
-        return unauthorized(&relay);
-    }
-    let role = if publish { "publisher" } else { "viewer" };
-    let by = acting(&relay, &headers, query.as_deref());
-    let mine = |v: &ViewerStatus| v.id == id && v.role == role && owns(v, by);
+    let r = match ResourceRequest::of(&relay, &name, query.as_deref(), client, &uri, &headers).await {
+        Ok(r) => r,
+        Err(answer) => return answer,
+    };
+    let mine = |v: &ViewerStatus| v.id == id && v.role == r.role && owns(v, r.by);
     match face(&relay).filter(|w| w.viewers(Some(&name)).iter().any(mine)) {
         Some(_) => StatusCode::NO_CONTENT.into_response(),
-        None => text(404, format!("no WebRTC viewer {id} of {name}")),
+        None => no_peer(&name, &id),
     }
 }
 
@@ -220,16 +248,12 @@ async fn delete(
     uri: axum::http::Uri,
     headers: HeaderMap,
 ) -> Response {
-    let ip = client.map(|c| c.0 .0.ip());
-    let publish = uri.path().contains("/whip/");
-    if !allowed(&relay, &headers, query.as_deref(), ip, &name, publish).await {
-        return unauthorized(&relay);
-    }
-    let role = if publish { "publisher" } else { "viewer" };
-    // Another's peer is answered as one that is not there: its id tells nothing.
-    let by = acting(&relay, &headers, query.as_deref());
-    match face(&relay).filter(|w| w.end(&name, &id, role, by)) {
+    let r = match ResourceRequest::of(&relay, &name, query.as_deref(), client, &uri, &headers).await {
+        Ok(r) => r,
+        Err(answer) => return answer,
+    };
+    match face(&relay).filter(|w| w.end(&name, &id, r.role, r.by)) {
         Some(_) => StatusCode::OK.into_response(),
-        None => text(404, format!("no WebRTC viewer {id} of {name}")),
+        None => no_peer(&name, &id),
     }
 }
