@@ -429,12 +429,18 @@ pub struct RtspPlay {
 impl RtspPlay {
     /// The server's RTCP port, from the SETUP answer's `server_port`.
     pub fn server_rtcp(&self) -> u16 {
-        self.transport
-            .split(';')
-            .find_map(|f| f.strip_prefix("server_port="))
-            .and_then(|ports| ports.split('-').nth(1)?.parse().ok())
-            .expect("server_port in the SETUP answer")
+        server_ports(&self.transport).1
     }
+}
+
+/// The `server_port` pair of a SETUP answer's Transport.
+fn server_ports(transport: &str) -> (u16, u16) {
+    transport
+        .split(';')
+        .find_map(|f| f.strip_prefix("server_port="))
+        .and_then(|ports| ports.split_once('-'))
+        .and_then(|(rtp, rtcp)| Some((rtp.parse().ok()?, rtcp.parse().ok()?)))
+        .expect("server_port in the SETUP answer")
 }
 
 /// DESCRIBE, SETUP (track 0, UDP), PLAY. `rtcp`: the client's RTCP port to announce
@@ -470,6 +476,9 @@ pub fn rtsp_play(addr: SocketAddr, resource: &str, rtcp: Option<u16>) -> RtspPla
         "SETUP {url}/trackID=0 RTSP/1.0\r\nCSeq: 2\r\nTransport: RTP/AVP;unicast;client_port={port}-{rtcp}\r\n\r\n"
     ));
     let transport = s.headers.get("Transport").unwrap().to_string();
+    // Take RTP only from the server's port, as players do: another test's relay may still be
+    // sending to a port this socket got after it was freed.
+    rtp.connect((addr.ip(), server_ports(&transport).0)).unwrap();
     let session = s.headers.get("Session").unwrap().split(';').next().unwrap().to_string();
     let p = ask(format!("PLAY {url} RTSP/1.0\r\nCSeq: 3\r\nSession: {session}\r\n\r\n"));
     let info = p.headers.get("RTP-Info").expect("RTP-Info").to_string();
