@@ -252,8 +252,8 @@ async fn delete(
         Ok(r) => r,
         Err(answer) => return answer,
     };
-    match face(&relay).filter(|w| w.end(&name, &id, r.role, r.by)) {
-        Some(_) => StatusCode::OK.into_response(),
-        None => no_peer(&name, &id),
+    match face(&relay) {
+        Some(w) if w.end(&name, &id, r.role, r.by).await => StatusCode::OK.into_response(),
+        _ => no_peer(&name, &id),
     }
 }

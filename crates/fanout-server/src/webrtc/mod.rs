@@ -96,7 +96,8 @@ pub struct WebRtc {
 
 enum Cmd {
     Add(Box<Viewer>),
-    Remove(String),
+    /// Ends a peer; told once it is gone (its address's place given back) where asked.
+    Remove(String, Option<tokio::sync::oneshot::Sender<()>>),
     /// An upgrade's new process takes the port: keep the viewers here on sockets of their own.
     HandOver,
 }
@@ -182,7 +183,7 @@ impl crate::readers::Reader for ViewerReader {
     }
 
     fn close(&self, _reason: &str) {
-        let _ = self.cmds.send(Cmd::Remove(self.id.clone()));
+        let _ = self.cmds.send(Cmd::Remove(self.id.clone(), None));
     }
 }
 
@@ -368,16 +369,20 @@ impl WebRtc {
             .map(|v| v.id.clone())
             .collect();
         for id in ids {
-            let _ = self.cmds.send(Cmd::Remove(id));
+            let _ = self.cmds.send(Cmd::Remove(id, None));
         }
     }
 
     /// Ends peer `id` of `path` in `role` (WHEP's or WHIP's DELETE: a publisher is not
-    /// ended through a reader's URL); whether it was there.
-    pub fn end(&self, path: &str, id: &str, role: &str, by: Acting) -> bool {
+    /// ended through a reader's URL); whether it was there. Returns once the peer is gone,
+    /// so the caller's next offer finds its place free.
+    pub async fn end(&self, path: &str, id: &str, role: &str, by: Acting) -> bool {
         let found = self.shared.viewers.lock().get(id).is_some_and(|v| v.path == path && v.role == role && owns(v, by));
         if found {
-            let _ = self.cmds.send(Cmd::Remove(id.to_string()));
+            let (done, gone) = tokio::sync::oneshot::channel();
+            if self.cmds.send(Cmd::Remove(id.to_string(), Some(done))).is_ok() {
+                let _ = tokio::time::timeout(std::time::Duration::from_secs(2), gone).await;
+            }
         }
         found
     }

@@ -45,7 +45,12 @@ pub(super) async fn run(
                     port.busy.push(v.id.clone());
                     port.viewers.insert(v.id.clone(), *v);
                 }
-                Some(Cmd::Remove(id)) => port.remove(&id),
+                Some(Cmd::Remove(id, done)) => {
+                    port.remove(&id);
+                    if let Some(done) = done {
+                        let _ = done.send(());
+                    }
+                }
                 Some(Cmd::HandOver) => port.hand_over(),
                 None => return,
             },
