@@ -1,5 +1,5 @@
-//! When a path ends, as small state machines with time passed in (the loops that feed them
-//! only sample the path): a stream's end told to its players after a grace, and an
+//! When a path ends, as small state machines with time passed in, each saying when it next
+//! needs a look (`poll_timeout`): a stream's end told to its players after a grace, and an
 //! on-demand path deleted after a linger without readers.
 
 use std::time::{Duration, Instant};
@@ -64,6 +64,13 @@ impl EndWatch {
             End::Tell
         }
     }
+
+    /// When the next look could tell the end, from `now`: once the stream is over and not
+    /// yet told, when its wait runs out; else never (only a change of the stream matters).
+    pub fn poll_timeout(&self, now: Instant) -> Option<Duration> {
+        let since = self.over_since.filter(|_| !self.told)?;
+        Some(self.wait.saturating_sub(now.duration_since(since)))
+    }
 }
 
 /// An on-demand path's use: it ends once nothing used it for `linger`.
@@ -108,11 +115,14 @@ mod tests {
         let t0 = Instant::now();
         let mut w = EndWatch::publisher(ms(1000));
         assert_eq!(w.observe(false, t0), End::Not);
+        assert_eq!(w.poll_timeout(t0), None, "nothing to wait for while it plays");
         assert_eq!(w.observe(true, t0 + ms(100)), End::Not, "gone, within the grace");
+        assert_eq!(w.poll_timeout(t0 + ms(300)), Some(ms(800)), "the grace's end");
         assert_eq!(w.observe(false, t0 + ms(900)), End::Not, "back in time");
         assert_eq!(w.observe(true, t0 + ms(1500)), End::Not, "gone again: a new grace");
         assert_eq!(w.observe(true, t0 + ms(2400)), End::Not);
         assert_eq!(w.observe(true, t0 + ms(2500)), End::Tell);
+        assert_eq!(w.poll_timeout(t0 + ms(2600)), None, "told: nothing more to wait for");
         assert_eq!(w.observe(true, t0 + ms(9000)), End::Not, "told once");
         assert_eq!(w.observe(false, t0 + ms(9100)), End::Not, "a new publisher");
         assert_eq!(w.observe(true, t0 + ms(9200)), End::Not);

@@ -163,6 +163,8 @@ pub struct Publisher {
     takeover: bool,
     /// Publishers that came and went, for the `on_publish` / `on_unpublish` hooks.
     events: Mutex<Vec<Publishing>>,
+    /// Told each time a publisher comes or goes: who waits for that wakes then, not on a tick.
+    changes: tokio::sync::watch::Sender<()>,
 }
 
 /// A publisher that came (`ended` none) or went.
@@ -218,6 +220,7 @@ impl Publisher {
             pull_error: Mutex::new(None),
             takeover,
             events: Mutex::new(Vec::new()),
+            changes: tokio::sync::watch::Sender::new(()),
         })
     }
 
@@ -430,6 +433,8 @@ impl Publisher {
         st.publishes += 1;
         self.events.lock().push(Publishing { protocol: a.transport.protocol(), peer: a.peer, ended: None });
         st.active = Some(a);
+        drop(st);
+        self.changes.send_replace(());
         tracing::info!(session = %self.name, %peer, tracks, %how, "publisher started");
         Ok(())
     }
@@ -626,6 +631,13 @@ impl Publisher {
     fn went(&self, a: &Active) {
         let ended = Some(a.since.elapsed());
         self.events.lock().push(Publishing { protocol: a.transport.protocol(), peer: a.peer, ended });
+        self.changes.send_replace(());
+    }
+
+    /// Changes from now on: the receiver's `changed()` returns when a publisher comes or goes
+    /// (or the publisher side is dropped).
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<()> {
+        self.changes.subscribe()
     }
 
     /// Publishers that came and went since the last call.

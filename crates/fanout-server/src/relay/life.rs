@@ -254,20 +254,36 @@ impl Relay {
 /// who comes back in time changes nothing for the players.
 pub(super) async fn end_when_over(relay: std::sync::Weak<Relay>, name: String, file: bool) {
     use crate::ending::{End, EndWatch};
+    /// A file's source does not tell its end: it is looked at this often.
+    const FILE_LOOK: Duration = Duration::from_millis(250);
     let mut watch = if file { EndWatch::file() } else { EndWatch::publisher(Duration::ZERO) };
     loop {
-        // (Sampled: neither a file's source nor a publisher tells its end.)
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        let Some(relay) = relay.upgrade() else { return };
-        watch.set_wait(Duration::from_secs_f64(relay.cfg().publisher_grace_s));
-        let over = match file {
-            true => relay.session(&name).is_ok_and(|s| s.source_state() == fanout_io::SourceState::Closed),
-            false => relay.path(&name).is_some_and(|p| p.publisher().is_some_and(|p| p.ended())),
+        let mut changes = {
+            let Some(relay) = relay.upgrade() else { return };
+            watch.set_wait(Duration::from_secs_f64(relay.cfg().publisher_grace_s));
+            let publisher = relay.path(&name).and_then(|p| p.publisher().cloned());
+            // (Subscribed before the look, so a change right after it is not missed.)
+            let changes = publisher.as_ref().map(|p| p.changes());
+            let over = match file {
+                true => relay.session(&name).is_ok_and(|s| s.source_state() == fanout_io::SourceState::Closed),
+                false => publisher.is_some_and(|p| p.ended()),
+            };
+            match watch.observe(over, std::time::Instant::now()) {
+                End::Not => {}
+                End::Tell => relay.end_players(&name),
+                End::TellAndStop => return relay.end_players(&name),
+            }
+            changes
         };
-        match watch.observe(over, std::time::Instant::now()) {
-            End::Not => {}
-            End::Tell => relay.end_players(&name),
-            End::TellAndStop => return relay.end_players(&name),
+        let timeout = watch.poll_timeout(std::time::Instant::now());
+        match (file, changes.as_mut()) {
+            (true, _) => tokio::time::sleep(timeout.unwrap_or(FILE_LOOK).min(FILE_LOOK)).await,
+            // A publisher's stream: woken when a publisher comes or goes, or its grace ends.
+            (false, Some(changes)) => {
+                let _ = tokio::time::timeout(timeout.unwrap_or(Duration::MAX), changes.changed()).await;
+            }
+            // No publisher side (yet): nothing to wait for but a reload.
+            (false, None) => tokio::time::sleep(Duration::from_secs(1)).await,
         }
     }
 }

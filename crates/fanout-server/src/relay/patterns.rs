@@ -112,10 +112,12 @@ impl Relay {
             None => None,
         };
         if let (Some(_), Some(publisher)) = (&hook, self.path(name).and_then(|p| p.publisher().cloned())) {
-            let t0 = std::time::Instant::now();
-            while publisher.sdp().is_none() && t0.elapsed() < ON_DEMAND_START {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            // Woken as the command's publisher starts (or ON_DEMAND_START passes).
+            let mut changes = publisher.changes();
+            let _ = tokio::time::timeout(ON_DEMAND_START, async {
+                while publisher.sdp().is_none() && changes.changed().await.is_ok() {}
+            })
+            .await;
         }
         let linger = Duration::from_secs_f64(p.linger_s);
         let watch = Unwatched { name: name.to_string(), session, hook, linger, slot, for_publisher };

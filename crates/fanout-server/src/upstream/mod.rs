@@ -167,7 +167,7 @@ pub struct Upstream {
     /// Asked to end (its session is deleted): tear the upstream session down and return.
     closing: std::sync::atomic::AtomicBool,
     /// The task returned.
-    finished: std::sync::atomic::AtomicBool,
+    finished: tokio::sync::watch::Sender<bool>,
     /// A reload changed the URL: the next connect goes there (a playing upstream is torn
     /// down for it at once).
     switch_to: Mutex<Option<Url>>,
@@ -203,13 +203,23 @@ impl Upstream {
             rtcp_out: Mutex::new(Vec::new()),
             started: Instant::now(),
             closing: Default::default(),
-            finished: Default::default(),
+            finished: tokio::sync::watch::Sender::new(false),
             switch_to: Default::default(),
         }))
     }
 
     fn now_ms(&self) -> u64 {
         self.started.elapsed().as_millis() as u64
+    }
+
+    /// A cluster pull whose origin is gone: the path's readers learn it ended, and why.
+    fn ended(&self, why: String) {
+        tracing::warn!(session = %self.name, "pull ends: {why}");
+        let mut st = self.state.lock();
+        st.last_error = Some(why);
+        st.state = "ended";
+        drop(st);
+        self.ready.send_modify(|g| *g += 1);
     }
 
     pub fn status(&self) -> UpstreamStatus {
@@ -454,16 +464,14 @@ impl Upstream {
         if self.state.lock().state != "playing" {
             return; // no upstream session to end
         }
-        let end = Instant::now() + wait;
-        while !self.finished.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < end {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let mut finished = self.finished.subscribe();
+        let _ = tokio::time::timeout(wait, finished.wait_for(|f| *f)).await;
     }
 
     /// Its run ended (a cluster pull whose origin went or that nobody watched): the session
     /// is about to go.
     pub fn finished(&self) -> bool {
-        self.finished.load(std::sync::atomic::Ordering::Relaxed)
+        *self.finished.borrow()
     }
 
     fn closing(&self) -> bool {
@@ -555,13 +563,11 @@ pub async fn run(up: Arc<Upstream>, template: fanout_io::SessionConfig, relay: s
     impl Drop for CloseTracks {
         fn drop(&mut self) {
             self.0.close_tracks();
-            self.0.finished.store(true, std::sync::atomic::Ordering::Relaxed);
+            self.0.finished.send_replace(true);
         }
     }
     let _guard = CloseTracks(up.clone());
-    let mut backoff = Duration::from_secs(1);
-    let mut tcp = up.mode == RtspTransport::Tcp;
-    let mut failed = false;
+    let mut retry = Retry::new(up.mode);
     loop {
         while !up.wanted() {
             if up.closing() {
@@ -573,41 +579,30 @@ pub async fn run(up: Arc<Upstream>, template: fanout_io::SessionConfig, relay: s
         }
         let before = up.url.lock().request_url();
         if let Some(origin) = &up.origin {
-            match origin.next(failed).await {
+            match origin.next(retry.failed).await {
                 Ok(url) => *up.url.lock() = url,
-                Err(why) => {
-                    tracing::warn!(session = %up.name, "pull ends: {why}");
-                    let mut st = up.state.lock();
-                    st.last_error = Some(why.0);
-                    st.state = "ended";
-                    drop(st);
-                    up.ready.send_modify(|g| *g += 1);
-                    return;
-                }
+                Err(why) => return up.ended(why.0),
             }
             // Another node: at once, from UDP again where that is the mode.
-            if failed && up.url.lock().request_url() != before {
-                backoff = Duration::from_millis(0);
-                tcp = up.mode == RtspTransport::Tcp;
+            if retry.failed && up.url.lock().request_url() != before {
+                retry.reset();
             }
         }
         // (A reload's new URL cuts a failed upstream's wait short.)
-        let wait = if failed { backoff } else { Duration::ZERO };
-        let _ = tokio::time::timeout(wait, up.switched()).await;
+        let _ = tokio::time::timeout(retry.wait(), up.switched()).await;
         if up.take_switch() {
-            (failed, backoff, tcp) = (false, Duration::from_secs(1), up.mode == RtspTransport::Tcp);
+            retry.reset();
         }
         up.set_state("connecting");
         up.state.lock().connects += 1;
         let Some(r) = relay.upgrade() else { return };
         let url = up.url.lock().request_url();
-        match connect_once(&up, tcp, &template, r.engine()).await {
+        match connect_once(&up, retry.tcp, &template, r.engine()).await {
             Ok(Ended::Closed) => return,
             Ok(Ended::Switched) => {}
             Ok(Ended::Idle) => {
                 tracing::info!(session = %up.name, "upstream torn down: no clients for {:?}", up.linger);
-                backoff = Duration::from_secs(1);
-                failed = false;
+                (retry.backoff, retry.failed) = (Duration::from_secs(1), false);
                 if up.origin.is_some() {
                     return;
                 }
@@ -615,8 +610,7 @@ pub async fn run(up: Arc<Upstream>, template: fanout_io::SessionConfig, relay: s
             Ok(Ended::UseTcp(why)) => {
                 tracing::warn!(session = %up.name, "{why}: switching to TCP interleaved");
                 up.state.lock().last_error = Some(format!("{why}: switched to TCP interleaved"));
-                tcp = true;
-                failed = false;
+                (retry.tcp, retry.failed) = (true, false);
             }
             Err(e) => {
                 tracing::warn!(session = %up.name, %url, "upstream: {e}; retrying");
@@ -627,17 +621,80 @@ pub async fn run(up: Arc<Upstream>, template: fanout_io::SessionConfig, relay: s
                     st.state = "retrying";
                 }
                 up.ready.send_modify(|g| *g += 1); // waiting DESCRIBEs learn it failed
-                backoff = if failed {
-                    (backoff * 2).clamp(Duration::from_secs(1), MAX_BACKOFF)
-                } else {
-                    Duration::from_secs(1)
-                };
-                failed = true;
-                if up.mode == RtspTransport::Auto {
-                    tcp = false;
-                }
+                retry.failed();
             }
         }
         up.discontinuity();
+    }
+}
+
+/// How the next connection is made: after what wait, over TCP or not. Failures back off,
+/// doubling up to `MAX_BACKOFF`; `Auto` tries UDP again after each.
+#[derive(Debug)]
+struct Retry {
+    mode: RtspTransport,
+    backoff: Duration,
+    tcp: bool,
+    /// The last connection failed.
+    failed: bool,
+}
+
+impl Retry {
+    fn new(mode: RtspTransport) -> Self {
+        Self { mode, backoff: Duration::from_secs(1), tcp: mode == RtspTransport::Tcp, failed: false }
+    }
+
+    /// Starts afresh (a new URL or node): at once, from UDP again where that is the mode.
+    fn reset(&mut self) {
+        *self = Self::new(self.mode);
+    }
+
+    /// How long to wait before the next connection.
+    fn wait(&self) -> Duration {
+        if self.failed {
+            self.backoff
+        } else {
+            Duration::ZERO
+        }
+    }
+
+    fn failed(&mut self) {
+        self.backoff = if self.failed {
+            (self.backoff * 2).clamp(Duration::from_secs(1), MAX_BACKOFF)
+        } else {
+            Duration::from_secs(1)
+        };
+        self.failed = true;
+        if self.mode == RtspTransport::Auto {
+            self.tcp = false;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_back_off_to_the_most_and_a_fresh_start_is_at_once() {
+        let mut r = Retry::new(RtspTransport::Auto);
+        assert_eq!(r.wait(), Duration::ZERO, "the first connection at once");
+        let waits: Vec<u64> = (0..7)
+            .map(|_| {
+                r.failed();
+                r.wait().as_secs()
+            })
+            .collect();
+        assert_eq!(waits, [1, 2, 4, 8, 16, 30, 30]);
+        r.tcp = true; // (a UDP upstream that sent nothing: TCP interleaved)
+        r.failed();
+        assert!(!r.tcp, "auto tries UDP again after a failure");
+        r.reset();
+        assert_eq!((r.wait(), r.tcp), (Duration::ZERO, false));
+        let mut t = Retry::new(RtspTransport::Tcp);
+        t.failed();
+        assert!(t.tcp, "a TCP upstream stays on TCP");
+        t.reset();
+        assert!(t.tcp);
     }
 }
