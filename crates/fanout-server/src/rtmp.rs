@@ -217,6 +217,18 @@ impl Conn<'_> {
         }
     }
 
+    /// Until it publishes or plays, the whole setup has one deadline (a slow trickle does
+    /// not hold a slot); then a publisher's silence for the idle time ends it (a player may
+    /// be silent: it only acknowledges now and then). A player's reads need no timer: one
+    /// per read was a good part of its cost.
+    fn read_until(&self, setup_until: tokio::time::Instant, idle: Duration) -> Option<tokio::time::Instant> {
+        match (&self.publishing, &self.playing) {
+            (Some(_), _) => Some(tokio::time::Instant::now() + idle),
+            (_, Some(_)) => None,
+            _ => Some(setup_until),
+        }
+    }
+
     async fn run(
         &mut self,
         mut stream: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
@@ -232,15 +244,7 @@ impl Conn<'_> {
         let flush_every = Duration::from_millis(self.relay.cfg().stream_flush_ms);
         let mut flush_at: Option<tokio::time::Instant> = None;
         loop {
-            // Until it publishes or plays, the whole setup has one deadline (a slow trickle
-            // does not hold a slot); then a publisher's silence for the idle time ends it (a
-            // player may be silent: it only acknowledges now and then).
-            // (A player's reads need no timer: one per read was a good part of its cost.)
-            let until = match (&self.publishing, &self.playing) {
-                (Some(_), _) => Some(tokio::time::Instant::now() + idle),
-                (_, Some(_)) => None,
-                _ => Some(setup_until),
-            };
+            let until = self.read_until(setup_until, idle);
             let read = async {
                 match until {
                     Some(u) => tokio::time::timeout_at(u, stream.read(&mut buf)).await,

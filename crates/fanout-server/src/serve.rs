@@ -153,26 +153,7 @@ fn configure(a: &ServeArgs) -> anyhow::Result<config::Config> {
     if let Some(p) = &a.worker_priority {
         cfg.worker_priority = p.to_string();
     }
-    if let Some(ms) = a.shed_after_ms {
-        anyhow::ensure!(
-            ms <= config::MAX_SHED_AFTER_MS,
-            "--shed-after-ms {ms} is out of range 0..={}",
-            config::MAX_SHED_AFTER_MS
-        );
-        cfg.shed_after_ms = ms;
-    }
-    if let Some(k) = a.egress_kbps {
-        anyhow::ensure!(
-            k == 0 || (8..=config::MAX_EGRESS_KBPS).contains(&k),
-            "--egress-kbps {k} is out of range 8..={} (0: not limited)",
-            config::MAX_EGRESS_KBPS
-        );
-        cfg.egress_kbps = k;
-    }
-    if let Some(r) = a.ring {
-        anyhow::ensure!((2..=spec::MAX_RING).contains(&r), "--ring {r} is out of range 2..={}", spec::MAX_RING);
-        cfg.ring = r;
-    }
+    limits(a, &mut cfg)?;
     if let Some(x) = a.rtsp {
         cfg.rtsp = Some(x);
     }
@@ -198,16 +179,7 @@ fn configure(a: &ServeArgs) -> anyhow::Result<config::Config> {
     if let Some(n) = a.max_connections_per_ip {
         cfg.max_connections_per_ip = n;
     }
-    if let (false, Some(cert), Some(key)) = (a.self_signed, &a.tls_cert, &a.tls_key) {
-        let t = cfg.tls.get_or_insert_with(|| config::TlsConfig::new(cert.clone(), key.clone()));
-        (t.cert, t.key) = (cert.clone(), key.clone());
-    }
-    if a.self_signed && cfg.tls.is_none() {
-        cfg.tls = Some(config::TlsConfig::new(PathBuf::new(), PathBuf::new()));
-    }
-    if let (Some(x), Some(t)) = (a.rtsps, cfg.tls.as_mut()) {
-        t.rtsps = Some(x);
-    }
+    tls_flags(a, &mut cfg);
     // What the config's own sessions name is the operator's choice: allowed.
     let files: Vec<PathBuf> = cfg
         .sessions
@@ -219,6 +191,45 @@ fn configure(a: &ServeArgs) -> anyhow::Result<config::Config> {
         .collect();
     cfg.file_roots.extend(files);
     Ok(cfg)
+}
+
+/// The flags that bound the data plane, checked as the file's values are.
+fn limits(a: &ServeArgs, cfg: &mut config::Config) -> anyhow::Result<()> {
+    if let Some(ms) = a.shed_after_ms {
+        anyhow::ensure!(
+            ms <= config::MAX_SHED_AFTER_MS,
+            "--shed-after-ms {ms} is out of range 0..={}",
+            config::MAX_SHED_AFTER_MS
+        );
+        cfg.shed_after_ms = ms;
+    }
+    if let Some(k) = a.egress_kbps {
+        anyhow::ensure!(
+            k == 0 || (8..=config::MAX_EGRESS_KBPS).contains(&k),
+            "--egress-kbps {k} is out of range 8..={} (0: not limited)",
+            config::MAX_EGRESS_KBPS
+        );
+        cfg.egress_kbps = k;
+    }
+    if let Some(r) = a.ring {
+        anyhow::ensure!((2..=spec::MAX_RING).contains(&r), "--ring {r} is out of range 2..={}", spec::MAX_RING);
+        cfg.ring = r;
+    }
+    Ok(())
+}
+
+/// `--tls-cert`/`--tls-key` over the file's, or `--self-signed`; `--rtsps` where TLS is on.
+fn tls_flags(a: &ServeArgs, cfg: &mut config::Config) {
+    if let (false, Some(cert), Some(key)) = (a.self_signed, &a.tls_cert, &a.tls_key) {
+        let t = cfg.tls.get_or_insert_with(|| config::TlsConfig::new(cert.clone(), key.clone()));
+        (t.cert, t.key) = (cert.clone(), key.clone());
+    }
+    if a.self_signed && cfg.tls.is_none() {
+        cfg.tls = Some(config::TlsConfig::new(PathBuf::new(), PathBuf::new()));
+    }
+    if let (Some(x), Some(t)) = (a.rtsps, cfg.tls.as_mut()) {
+        t.rtsps = Some(x);
+    }
 }
 
 async fn run(
@@ -260,15 +271,7 @@ async fn run(
         let local: std::sync::Weak<dyn cluster::Local> = std::sync::Arc::downgrade(&relay) as _;
         c.start(local);
     }
-    if demo {
-        let spec = spec::SessionSpec::new("demo", spec::SourceSpec::Demo);
-        relay.create(spec).await.map_err(|e| anyhow::anyhow!("demo session: {e}"))?;
-    }
-    for s in statics {
-        let name = s.name.clone();
-        relay.create(s).await.map_err(|e| anyhow::anyhow!("session {name:?} from the config: {e}"))?;
-    }
-    let restored = if inherited.upgrading() { 0 } else { relay.restore().await };
+    let restored = first_paths(&relay, demo, statics, inherited.upgrading()).await?;
     let router = api::router(
         relay.clone(),
         crate::webrtc::routes().merge(crate::playback::routes()).merge(crate::reload::routes()),
@@ -309,6 +312,25 @@ async fn run(
     }
     relay.shutdown().await;
     Ok(())
+}
+
+/// The paths the relay starts with: the demo, the config's, and (unless an upgrade's new
+/// process, which takes the old one's) those the state file kept; how many it restored.
+async fn first_paths(
+    relay: &std::sync::Arc<relay::Relay>,
+    demo: bool,
+    statics: Vec<spec::SessionSpec>,
+    upgrading: bool,
+) -> anyhow::Result<usize> {
+    if demo {
+        let spec = spec::SessionSpec::new("demo", spec::SourceSpec::Demo);
+        relay.create(spec).await.map_err(|e| anyhow::anyhow!("demo session: {e}"))?;
+    }
+    for s in statics {
+        let name = s.name.clone();
+        relay.create(s).await.map_err(|e| anyhow::anyhow!("session {name:?} from the config: {e}"))?;
+    }
+    Ok(if upgrading { 0 } else { relay.restore().await })
 }
 
 /// What the start prints plainly on stdout, so scripts (and people) can pick it up: with a

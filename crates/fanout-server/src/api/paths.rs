@@ -100,24 +100,31 @@ pub(super) fn session_json(relay: &Relay, s: &fanout_io::Session) -> serde_json:
     }
     v["stream_url"] = json!(format!("{http}://{}/v1/sessions/{}/stream", relay.cfg().api, s.name()));
     v["stream_format"] = json!(stream_format(&path));
-    if let Some(r) = path.repack_running() {
-        let ts = r.ts.as_ref().map(|ts| {
-            let st = ts.status();
-            json!({ "session": ts.name(), "sinks": st.sinks, "datagrams": st.source.packets, "bytes_sent": st.bytes_sent })
-        });
-        let hls = r.hls.as_ref().map(|h| {
-            let players = counts.get(&Protocol::Hls).copied().unwrap_or(0);
-            let served = h.bytes_served();
-            h.with(
-                |s| json!({ "segments": s.last(), "codecs": s.codecs(), "players": players, "bytes_served": served }),
-            )
-        });
-        // RTMP players read its FLV.
-        let players = [Protocol::Rtmp, Protocol::Rtmps].iter().filter_map(|p| counts.get(p)).sum::<usize>();
-        let rtmp = r.flv.as_ref().map(|_| json!({ "players": players }));
-        v["repackaging"] = json!({ "from": r.describes, "ts": ts, "hls": hls, "rtmp": rtmp });
+    if let Some(r) = repackaging_json(&path, &counts) {
+        v["repackaging"] = r;
     }
     v
+}
+
+/// What a path's stream is repackaged into while it is (TS, HLS, FLV), and who reads each.
+fn repackaging_json(
+    path: &crate::path::Path,
+    counts: &std::collections::HashMap<Protocol, usize>,
+) -> Option<serde_json::Value> {
+    let r = path.repack_running()?;
+    let ts = r.ts.as_ref().map(|ts| {
+        let st = ts.status();
+        json!({ "session": ts.name(), "sinks": st.sinks, "datagrams": st.source.packets, "bytes_sent": st.bytes_sent })
+    });
+    let hls = r.hls.as_ref().map(|h| {
+        let players = counts.get(&Protocol::Hls).copied().unwrap_or(0);
+        let served = h.bytes_served();
+        h.with(|s| json!({ "segments": s.last(), "codecs": s.codecs(), "players": players, "bytes_served": served }))
+    });
+    // RTMP players read its FLV.
+    let players = [Protocol::Rtmp, Protocol::Rtmps].iter().filter_map(|p| counts.get(p)).sum::<usize>();
+    let rtmp = r.flv.as_ref().map(|_| json!({ "players": players }));
+    Some(json!({ "from": r.describes, "ts": ts, "hls": hls, "rtmp": rtmp }))
 }
 
 /// What the stream URL delivers.

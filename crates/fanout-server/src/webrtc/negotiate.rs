@@ -4,6 +4,9 @@
 
 use super::*;
 
+/// A simulcast publisher, the track it sends on and its encodings.
+type Simulcast = (Arc<crate::publish::Publisher>, (usize, Vec<crate::publish::Encoding>));
+
 impl WebRtc {
     /// A WHEP offer for `path`: the answer and the viewer's id.
     pub async fn offer(
@@ -48,42 +51,7 @@ impl WebRtc {
             ));
         }
         let id = crate::readers::new_id();
-        let first_seq = u64::from(crate::track::random_start().0) + 1;
-        let mut outs = Vec::new();
-        let mut names = Vec::new();
-        for r in &plan.routes {
-            let Some(t) = tracks.get(r.track) else { continue };
-            let wake = self.wake.clone();
-            let queue = ChannelQueue::new(QUEUE, move || wake.notify_one());
-            outs.push(Out {
-                mid: Mid::from(r.mid.as_str()),
-                pt: r.pt,
-                video: r.video,
-                session: t.session.clone(),
-                queue,
-                sink: None,
-                next_seq: first_seq,
-                params: (r.video && !r.params.is_empty()).then(|| fanout_proto::whep::InBandParams::new(&r.params)),
-                held: None,
-                sim: simulcast.as_ref().filter(|(_, (track, _))| *track == r.track).map(|(publisher, (track, e))| {
-                    Box::new(Sim {
-                        publisher: publisher.clone(),
-                        track: *track,
-                        encodings: e.clone(),
-                        current: Some(0),
-                        next: None,
-                        wake: self.wake.clone(),
-                        last: None,
-                        step: 3000,
-                        switches: 0,
-                    })
-                }),
-                ts_offset: 0,
-            });
-            let m = &described.media[r.track];
-            let codec = m.formats.first().and_then(|f| fanout_proto::whep::encoding(m, f)).unwrap_or("?");
-            names.push(format!("{} {codec} (pt {})", m.kind, r.pt));
-        }
+        let (outs, names) = self.outs(&plan, &tracks, &described, simulcast.as_ref());
         let status = ViewerStatus {
             offered_by: caller.ip,
             owner: caller.owner,
@@ -110,6 +78,56 @@ impl WebRtc {
         self.admit(status, rtc, outs, None, adapt, (pass, Some(registered)))?;
         tracing::info!(path, viewer = %id, left_out = ?plan.left_out, "WebRTC viewer offered");
         Ok((answer, id))
+    }
+
+    /// A viewer's way out per route of `plan`: its track's queue (numbered from a random
+    /// start) and, for a simulcast publisher's video, the encodings it switches between;
+    /// with a name per route for the status.
+    fn outs(
+        &self,
+        plan: &fanout_proto::whep::Plan,
+        tracks: &[crate::track::TrackRef],
+        described: &Sdp,
+        simulcast: Option<&Simulcast>,
+    ) -> (Vec<Out>, Vec<String>) {
+        let first_seq = u64::from(crate::track::random_start().0) + 1;
+        let mut outs = Vec::new();
+        let mut names = Vec::new();
+        for r in &plan.routes {
+            let Some(t) = tracks.get(r.track) else { continue };
+            let wake = self.wake.clone();
+            let queue = ChannelQueue::new(QUEUE, move || wake.notify_one());
+            let sim = simulcast.filter(|(_, (track, _))| *track == r.track).map(|(publisher, (track, e))| {
+                Box::new(Sim {
+                    publisher: publisher.clone(),
+                    track: *track,
+                    encodings: e.clone(),
+                    current: Some(0),
+                    next: None,
+                    wake: self.wake.clone(),
+                    last: None,
+                    step: 3000,
+                    switches: 0,
+                })
+            });
+            outs.push(Out {
+                mid: Mid::from(r.mid.as_str()),
+                pt: r.pt,
+                video: r.video,
+                session: t.session.clone(),
+                queue,
+                sink: None,
+                next_seq: first_seq,
+                params: (r.video && !r.params.is_empty()).then(|| fanout_proto::whep::InBandParams::new(&r.params)),
+                held: None,
+                sim,
+                ts_offset: 0,
+            });
+            let m = &described.media[r.track];
+            let codec = m.formats.first().and_then(|f| fanout_proto::whep::encoding(m, f)).unwrap_or("?");
+            names.push(format!("{} {codec} (pt {})", m.kind, r.pt));
+        }
+        (outs, names)
     }
 
     /// A place for one more peer of `client` (`None`: an in-process caller, not counted), or

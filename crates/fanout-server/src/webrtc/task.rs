@@ -360,37 +360,7 @@ pub(super) fn drive(
                     return false;
                 }
             }
-            Ok(Output::Event(Event::Connected)) => {
-                v.connected = true;
-                // Its sinks join the path's sessions now, at the ring's last keyframe (a
-                // simulcast viewer's on the encoding its first estimate fits).
-                let start = v.adapt.map_or(START_BPS, |a| a.estimate_bps.unwrap_or(a.whole_bps.min(START_BPS)));
-                let peer = v.from.unwrap_or_else(|| SocketAddr::new([0, 0, 0, 0].into(), 0));
-                for o in &mut v.outs {
-                    if let Some(sim) = o.sim.as_mut() {
-                        let rates: Vec<f64> = sim.encodings.iter().map(|e| e.bps).collect();
-                        let place = fanout_proto::simulcast::pick(&rates, start, sim.encodings.len());
-                        if place > 0 {
-                            // Another encoding than the path's has keyframes only when asked
-                            // (its ring's last one may be minutes old): the viewer joins it
-                            // live, at the keyframe the switch asks for.
-                            sim.current = None;
-                            switch(sim, place, peer);
-                            continue;
-                        }
-                    }
-                    match o.session.add_channel_sink(peer, o.queue.clone(), false) {
-                        Ok(id) => o.sink = Some(id),
-                        Err(e) => tracing::warn!(viewer = %v.id, "cannot add the WebRTC viewer's sink: {e}"),
-                    }
-                }
-                if let Some(a) = v.adapt {
-                    // Probes (padding) for room up to the whole stream, with some to spare.
-                    v.rtc.bwe().set_desired_bitrate(str0m::bwe::Bitrate::bps((a.whole_bps * 1.2) as u64));
-                    adapt(v, a.estimate_bps.unwrap_or(a.whole_bps.min(START_BPS)));
-                }
-                tracing::info!(viewer = %v.id, peer = ?v.from, "WebRTC viewer connected");
-            }
+            Ok(Output::Event(Event::Connected)) => viewer_connected(v),
             Ok(Output::Event(Event::EgressBitrateEstimate(kind))) => {
                 let estimate = match kind {
                     str0m::bwe::BweKind::Twcc { estimate, .. } | str0m::bwe::BweKind::Remb { estimate, .. } => estimate,
@@ -414,6 +384,38 @@ pub(super) fn drive(
             }
         }
     }
+}
+
+/// A viewer connected: its sinks join the path's sessions now, at the ring's last keyframe
+/// (a simulcast viewer's on the encoding its first estimate fits).
+fn viewer_connected(v: &mut Viewer) {
+    v.connected = true;
+    let start = v.adapt.map_or(START_BPS, |a| a.estimate_bps.unwrap_or(a.whole_bps.min(START_BPS)));
+    let peer = v.from.unwrap_or_else(|| SocketAddr::new([0, 0, 0, 0].into(), 0));
+    for o in &mut v.outs {
+        if let Some(sim) = o.sim.as_mut() {
+            let rates: Vec<f64> = sim.encodings.iter().map(|e| e.bps).collect();
+            let place = fanout_proto::simulcast::pick(&rates, start, sim.encodings.len());
+            if place > 0 {
+                // Another encoding than the path's has keyframes only when asked
+                // (its ring's last one may be minutes old): the viewer joins it
+                // live, at the keyframe the switch asks for.
+                sim.current = None;
+                switch(sim, place, peer);
+                continue;
+            }
+        }
+        match o.session.add_channel_sink(peer, o.queue.clone(), false) {
+            Ok(id) => o.sink = Some(id),
+            Err(e) => tracing::warn!(viewer = %v.id, "cannot add the WebRTC viewer's sink: {e}"),
+        }
+    }
+    if let Some(a) = v.adapt {
+        // Probes (padding) for room up to the whole stream, with some to spare.
+        v.rtc.bwe().set_desired_bitrate(str0m::bwe::Bitrate::bps((a.whole_bps * 1.2) as u64));
+        adapt(v, a.estimate_bps.unwrap_or(a.whole_bps.min(START_BPS)));
+    }
+    tracing::info!(viewer = %v.id, peer = ?v.from, "WebRTC viewer connected");
 }
 
 pub(super) fn remove(
