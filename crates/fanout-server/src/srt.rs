@@ -15,7 +15,7 @@ use crate::clients::SrtLink;
 use crate::relay::Relay;
 use fanout_io::channel::ChannelQueue;
 use fanout_proto::srt::{Mode, StreamId};
-use fanout_srt::{reject, Listener, Settings, Socket};
+use fanout_srt::{reject, Buffers, Listener, Settings, Socket};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -110,7 +110,7 @@ pub fn serve(addr: SocketAddr, relay: Arc<Relay>) -> Result<Srt, fanout_srt::Err
             }
         }
         let decided = decide(&judge, peer, id);
-        if let (Ok(()), Some(p)) = (decided, peer) {
+        if let (Ok(_), Some(p)) = (decided, peer) {
             seen.started(p.ip(), now);
         }
         decided
@@ -127,8 +127,10 @@ pub fn serve(addr: SocketAddr, relay: Arc<Relay>) -> Result<Srt, fanout_srt::Err
     Ok(Srt { addr: bound, version, listener })
 }
 
-/// The handshake's decision on a caller's stream id: `Err` with the reason it is refused.
-fn decide(relay: &Relay, peer: Option<SocketAddr>, streamid: &str) -> Result<(), i32> {
+/// The handshake's decision on a caller's stream id: `Err` with the reason it is refused,
+/// else its socket's buffers (a reader's the least libsrt allows: it receives nothing but
+/// acknowledgements).
+fn decide(relay: &Relay, peer: Option<SocketAddr>, streamid: &str) -> Result<Buffers, i32> {
     let ip = peer.map(|p| p.ip());
     if ip.is_some_and(|ip| relay.books.login_banned(ip)) {
         return Err(reject::UNAUTHORIZED);
@@ -140,6 +142,7 @@ fn decide(relay: &Relay, peer: Option<SocketAddr>, streamid: &str) -> Result<(),
     })?;
     let (path, user, pass) = split(&id);
     let mode = if id.mode == Mode::Publish { "publish" } else { "read" };
+    let buffers = if id.mode == Mode::Publish { Buffers::default() } else { Buffers::READER };
     let refuse = |code: i32, why: String| {
         tracing::warn!(%peer, path, mode, "SRT caller refused: {why}");
         Err(code)
@@ -156,17 +159,17 @@ fn decide(relay: &Relay, peer: Option<SocketAddr>, streamid: &str) -> Result<(),
     // Under `[auth]`, a caller it has not yet let in is told nothing of which paths exist:
     // it is judged after the handshake, and closed there alike for any path.
     if local != Some(true) && relay.cfg().auth.is_some() {
-        return Ok(());
+        return Ok(buffers);
     }
     match id.mode {
         // (A path the relay pulls itself takes no publisher, connected or not.)
         Mode::Publish => match relay.path(path).and_then(|p| p.publisher().cloned()).filter(|p| p.takes_publishers()) {
             // (A pattern's path is made after the handshake.)
-            None if relay.publishable_by_pattern(path) => Ok(()),
+            None if relay.publishable_by_pattern(path) => Ok(buffers),
             None => {
                 refuse(reject::NOT_FOUND, format!("no path {path:?} takes publishers (source = {{ publish = true }})"))
             }
-            Some(p) => p.refusal().map_or(Ok(()), |why| refuse(reject::CONFLICT, why)),
+            Some(p) => p.refusal().map_or(Ok(buffers), |why| refuse(reject::CONFLICT, why)),
         },
         // A cluster may pull a path it does not have yet: that is found after the handshake.
         Mode::Read if relay.path(path).is_none() && relay.cluster.is_none() => {
@@ -175,7 +178,7 @@ fn decide(relay: &Relay, peer: Option<SocketAddr>, streamid: &str) -> Result<(),
         Mode::Read if relay.path(path).is_some_and(|p| p.readers.full()) => {
             refuse(reject::OVERLOAD, format!("{path} has its max_readers"))
         }
-        Mode::Read => Ok(()),
+        Mode::Read => Ok(buffers),
     }
 }
 

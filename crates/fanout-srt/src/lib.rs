@@ -24,6 +24,8 @@ const SRT_INVALID_SOCK: SrtSocket = -1;
 enum Opt {
     SndSyn = 1,
     RcvSyn = 2,
+    Fc = 4,
+    RcvBuf = 6,
     RcvTimeo = 14,
     Latency = 23,
     Passphrase = 26,
@@ -279,9 +281,7 @@ impl Socket {
     }
 
     fn set_raw(&self, opt: Opt, value: &[u8]) -> Result<(), Error> {
-        // SAFETY: libsrt copies `value`; its length is given.
-        let r = unsafe { (self.api.setsockflag)(self.id, opt as c_int, value.as_ptr().cast(), value.len() as c_int) };
-        check(self.api, r).map(|_| ()).map_err(|e| Error { text: format!("{opt:?}: {}", e.text), ..e })
+        set_on(self.api, self.id, opt, value)
     }
 
     fn set_int(&self, opt: Opt, v: i32) -> Result<(), Error> {
@@ -394,6 +394,18 @@ impl Socket {
         (r != SRT_ERROR).then(|| unsafe { from_sockaddr((&raw const st).cast()) }).flatten()
     }
 
+    /// The buffers the handshake gave this socket: (flight window, receive buffer), packets.
+    pub fn buffers(&self) -> Option<(u32, u32)> {
+        let get = |opt: Opt| {
+            let mut v: c_int = 0;
+            let mut len = std::mem::size_of::<c_int>() as c_int;
+            // SAFETY: an int-sized option into an int; libsrt writes at most `len` bytes.
+            let r = unsafe { (self.api.getsockflag)(self.id, opt as c_int, (&raw mut v).cast(), &mut len) };
+            (r != SRT_ERROR).then_some(v.max(0) as u32)
+        };
+        Some((get(Opt::Fc)?, get(Opt::RcvBuf)? / (1500 - 28)))
+    }
+
     pub fn state(&self) -> State {
         // SAFETY: a plain id lookup.
         match unsafe { (self.api.getsockstate)(self.id) } {
@@ -442,14 +454,56 @@ pub struct Stats {
     pub rtt_ms: f64,
 }
 
+fn set_on(api: &Api, id: SrtSocket, opt: Opt, value: &[u8]) -> Result<(), Error> {
+    // SAFETY: libsrt copies `value`; its length is given.
+    let r = unsafe { (api.setsockflag)(id, opt as c_int, value.as_ptr().cast(), value.len() as c_int) };
+    check(api, r).map(|_| ()).map_err(|e| Error { text: format!("{opt:?}: {}", e.text), ..e })
+}
+
+/// An accepted caller's buffers, where not libsrt's defaults. libsrt fills its receive loss
+/// list (16 bytes a packet of the flight window: 25,600 packets, 410 KB) and its receive
+/// buffer's table (8,192 packets, 128 KB) at the handshake, whether the caller sends or only
+/// reads; a reader, which sends nothing but acknowledgements, needs the least of both.
+/// (The send loss list is sized by the caller's own window, which the handshake carries.)
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Buffers {
+    /// The flight window, packets (`SRTO_FC`, at least 32).
+    pub flight_packets: Option<u32>,
+    /// The receive buffer, packets (`SRTO_RCVBUF`, 32 to the flight window).
+    pub recv_packets: Option<u32>,
+}
+
+impl Buffers {
+    /// What a caller that only reads needs: libsrt's least.
+    pub const READER: Buffers = Buffers { flight_packets: Some(MIN_PACKETS), recv_packets: Some(MIN_PACKETS) };
+}
+
+/// libsrt's least flight window and receive buffer, packets.
+pub const MIN_PACKETS: u32 = 32;
+
+/// Sets `b` on accepted socket `ns` (in the handshake, before libsrt makes its buffers).
+fn size_buffers(api: &Api, ns: SrtSocket, b: Buffers) -> Result<(), Error> {
+    // (The window first: libsrt cuts the receive buffer to it.)
+    if let Some(fc) = b.flight_packets {
+        set_on(api, ns, Opt::Fc, &(fc.max(MIN_PACKETS) as i32).to_ne_bytes())?;
+    }
+    if let Some(p) = b.recv_packets {
+        // In bytes of payload: a packet holds the MSS (1500) less the UDP/IP header (28).
+        let bytes = p.max(MIN_PACKETS).saturating_mul(1500 - 28);
+        set_on(api, ns, Opt::RcvBuf, &(bytes.min(i32::MAX as u32) as i32).to_ne_bytes())?;
+    }
+    Ok(())
+}
+
 /// A listening SRT socket. Each caller's stream id is put to `decide` during the handshake,
-/// before anything is accepted: an `Err(reason)` (a [`reject`] code) refuses it.
+/// before anything is accepted: an `Err(reason)` (a [`reject`] code) refuses it, an `Ok`
+/// says what buffers its socket gets.
 pub struct Listener {
     socket: Socket,
     _hook: Box<Hook>,
 }
 
-type Decide = dyn Fn(Option<SocketAddr>, &str) -> Result<(), i32> + Send + Sync;
+type Decide = dyn Fn(Option<SocketAddr>, &str) -> Result<Buffers, i32> + Send + Sync;
 
 struct Hook {
     api: &'static Api,
@@ -474,7 +528,11 @@ unsafe extern "C" fn on_listen(
         };
         let peer = unsafe { from_sockaddr(peer) };
         match (hook.decide)(peer, &id) {
-            Ok(()) => 0,
+            // (A size libsrt refuses leaves its default: the caller is served all the same.)
+            Ok(b) => {
+                let _ = size_buffers(hook.api, ns, b);
+                0
+            }
             Err(reason) => {
                 unsafe { (hook.api.setrejectreason)(ns, reason) };
                 -1
@@ -489,7 +547,7 @@ impl Listener {
     pub fn bind(
         addr: SocketAddr,
         settings: &Settings,
-        decide: impl Fn(Option<SocketAddr>, &str) -> Result<(), i32> + Send + Sync + 'static,
+        decide: impl Fn(Option<SocketAddr>, &str) -> Result<Buffers, i32> + Send + Sync + 'static,
     ) -> Result<Self, Error> {
         let socket = Socket::new()?;
         socket.apply(settings)?;
@@ -588,7 +646,8 @@ mod tests {
         }
         let secret = Settings { passphrase: Some("0123456789abc".into()), ..Settings::default() };
         let l = Listener::bind("127.0.0.1:0".parse().unwrap(), &secret, |_, id| match id {
-            "publish:ok" => Ok(()),
+            "publish:ok" => Ok(Buffers::default()),
+            "read:ok" => Ok(Buffers::READER),
             _ => Err(reject::NOT_FOUND),
         })
         .unwrap();
@@ -598,7 +657,8 @@ mod tests {
             let id = s.streamid();
             let mut buf = [0u8; 1500];
             let n = s.recv(&mut buf).unwrap();
-            (id, buf[..n].to_vec(), l)
+            let reader = l.accept().unwrap();
+            (id, buf[..n].to_vec(), s.buffers(), reader.buffers(), l)
         });
         let caller = |id: &str, pass: &str| {
             let s = Settings { streamid: Some(id.into()), passphrase: Some(pass.into()), ..Settings::default() };
@@ -612,9 +672,14 @@ mod tests {
         let msg = vec![0x47u8; 1316];
         c.send(&msg).unwrap();
         let stats = c.stats();
-        let (id, got, _l) = t.join().unwrap();
+        let reader = caller("read:ok", "0123456789abc").unwrap();
+        let (id, got, publisher_buffers, reader_buffers, _l) = t.join().unwrap();
         assert_eq!(id, "publish:ok");
         assert_eq!(got, msg);
+        // A publisher keeps libsrt's buffers; a reader gets the least, set in the handshake.
+        assert_eq!(publisher_buffers, Some((25_600, 8_192)));
+        assert_eq!(reader_buffers, Some((MIN_PACKETS, MIN_PACKETS)));
+        drop(reader);
         assert!(stats.is_some_and(|s| s.packets_sent <= 1 && s.rtt_ms >= 0.0), "{stats:?}");
     }
 }
