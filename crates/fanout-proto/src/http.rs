@@ -1,12 +1,23 @@
-//! Recognising an HTTP stream subscription (`GET /v1/sessions/{name}/stream`) from the head
+//! Recognising an HTTP stream subscription (`GET /v1/sessions/{name}/stream`, or HTTP-FLV's
+//! `GET /{name}.flv`) from the head
 //! of a request, before any HTTP library sees it: the relay then hands the raw socket to its
 //! data plane. Everything else is left to the API server. And HTTP Basic credentials, as the
 //! RTSP server and the WebRTC face read them.
+
+/// What a stream request is served as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Container {
+    /// `GET /v1/sessions/{name}/stream`: MPEG-TS (or the path's own payload).
+    Ts,
+    /// `GET /{name}.flv`: HTTP-FLV, as flv.js, mpegts.js and ffmpeg play it.
+    Flv,
+}
 
 /// A stream request, if this request head is one.
 #[derive(Debug, PartialEq, Eq)]
 pub struct StreamRequest<'a> {
     pub session: &'a str,
+    pub container: Container,
     pub query: Option<&'a str>,
     pub authorization: Option<&'a str>,
     /// Length of the request head, including the blank line.
@@ -86,8 +97,12 @@ pub fn classify(buf: &[u8], max_head: usize) -> Head<'_> {
         Some((p, q)) => (p, Some(q)),
         None => (target, None),
     };
-    let Some(session) = path.strip_prefix("/v1/sessions/").and_then(|r| r.strip_suffix("/stream")) else {
-        return Head::Api;
+    let ts = path.strip_prefix("/v1/sessions/").and_then(|r| r.strip_suffix("/stream"));
+    let flv = path.strip_prefix('/').and_then(|r| r.strip_suffix(".flv")).filter(|r| !r.starts_with("v1/"));
+    let (session, container) = match (ts, flv) {
+        (Some(s), _) => (s, Container::Ts),
+        (None, Some(s)) => (s, Container::Flv),
+        (None, None) => return Head::Api,
     };
     if session.split('/').any(str::is_empty) {
         return Head::Api;
@@ -96,7 +111,7 @@ pub fn classify(buf: &[u8], max_head: usize) -> Head<'_> {
         .filter_map(|l| l.split_once(':'))
         .find(|(k, _)| k.trim().eq_ignore_ascii_case("authorization"))
         .map(|(_, v)| v.trim());
-    Head::Stream(StreamRequest { session, query, authorization, head_len: end })
+    Head::Stream(StreamRequest { session, container, query, authorization, head_len: end })
 }
 
 /// The byte range a `Range` header asks of a resource of `len` bytes (RFC 9110 §14.1.2):
@@ -200,6 +215,26 @@ mod tests {
             matches!(classify(b"GET /v1/sessions/live/cam1/stream HTTP/1.1\r\n\r\n", 8192), Head::Stream(r) if r.session == "live/cam1")
         );
         assert_eq!(classify(b"GET /v1/sessions/live//stream HTTP/1.1\r\n\r\n", 8192), Head::Api);
+        assert_eq!(p.container, Container::Ts);
+    }
+
+    #[test]
+    fn recognises_http_flv_requests() {
+        let flv = |r: &'static [u8]| match classify(r, 8192) {
+            Head::Stream(s) if s.container == Container::Flv => Some((s.session, s.query)),
+            _ => None,
+        };
+        assert_eq!(flv(b"GET /demo.flv HTTP/1.1\r\n\r\n"), Some(("demo", None)));
+        assert_eq!(flv(b"GET /live/cam1.flv?token=t HTTP/1.1\r\n\r\n"), Some(("live/cam1", Some("token=t"))));
+        // Not a name: the API's (its 404), never the data plane's.
+        for r in [
+            &b"GET /.flv HTTP/1.1\r\n\r\n"[..],
+            b"GET /live//a.flv HTTP/1.1\r\n\r\n",
+            b"GET /v1/x.flv HTTP/1.1\r\n\r\n",
+        ] {
+            assert_eq!(classify(r, 8192), Head::Api, "{}", String::from_utf8_lossy(r));
+        }
+        assert_eq!(classify(b"POST /demo.flv HTTP/1.1\r\n\r\n", 8192), Head::Api);
     }
 
     #[test]

@@ -1,11 +1,11 @@
 //! The HTTP listener: API requests go to axum; `GET /v1/sessions/{name}/stream` is answered
 //! here and its socket is handed to the engine as a sink, so stream bytes never pass
-//! through the async runtime.
+//! through the async runtime; `GET /{name}.flv` is answered here too, by an HTTP-FLV player.
 
 use crate::readers::{Held, Protocol, SinkReader, Who};
 use crate::relay::Relay;
 use crate::tls::Tls;
-use fanout_proto::http::{classify, Head};
+use fanout_proto::http::{classify, Container, Head};
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use std::sync::Arc;
@@ -63,8 +63,16 @@ pub async fn serve(listener: TcpListener, relay: Arc<Relay>, router: axum::Route
 
 async fn serve_plain(stream: TcpStream, relay: &Arc<Relay>, router: axum::Router, head_timeout: Duration) {
     match stream_request(&stream, head_timeout).await {
-        Some(Ok((name, auth, query, head_len))) => {
+        Some(Ok((name, Container::Ts, auth, query, head_len))) => {
             start_stream(stream, relay, &name, auth.as_deref(), query.as_deref(), head_len).await
+        }
+        Some(Ok((name, Container::Flv, auth, query, head_len))) => {
+            let mut stream = stream;
+            let mut head = vec![0u8; head_len];
+            if stream.read_exact(&mut head).await.is_ok() {
+                let peer = stream.peer_addr().ok();
+                start_flv(stream, peer, relay, &name, auth.as_deref(), query.as_deref()).await;
+            }
         }
         Some(Err(())) => {}
         None => {
@@ -154,8 +162,16 @@ async fn serve_tls(stream: TcpStream, relay: &Arc<Relay>, router: axum::Router, 
             Head::Stream(r) => {
                 let (name, auth, query) =
                     (r.session.to_string(), r.authorization.map(str::to_string), r.query.map(str::to_string));
+                let container = r.container;
                 buf.drain(..r.head_len);
-                start_tls_stream(tls_stream, relay, &name, auth.as_deref(), query.as_deref()).await;
+                match container {
+                    Container::Ts => {
+                        start_tls_stream(tls_stream, relay, &name, auth.as_deref(), query.as_deref()).await
+                    }
+                    Container::Flv => {
+                        start_flv(tls_stream, peer, relay, &name, auth.as_deref(), query.as_deref()).await
+                    }
+                }
                 return;
             }
             Head::Api => {
@@ -219,7 +235,7 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Prefixed<S> {
     }
 }
 
-type Parsed = (String, Option<String>, Option<String>, usize);
+type Parsed = (String, Container, Option<String>, Option<String>, usize);
 
 /// Peeks at the request head (without consuming it, so hyper can read it if it is not ours).
 /// `None`: the API's; `Some(Err(()))`: answered or dropped here.
@@ -240,6 +256,7 @@ async fn stream_request(stream: &TcpStream, head_timeout: Duration) -> Option<Re
             Head::Stream(r) => {
                 let p = (
                     r.session.to_string(),
+                    r.container,
                     r.authorization.map(str::to_string),
                     r.query.map(str::to_string),
                     r.head_len,
@@ -295,6 +312,54 @@ async fn reject(stream: &TcpStream, status: u16, why: &str) {
     crate::admit::linger_close(stream).await;
 }
 
+/// Whether a stream request may read `name` (the token, `[auth]`): else 401.
+async fn may_read(
+    relay: &Arc<Relay>,
+    peer: std::net::IpAddr,
+    name: &str,
+    auth: Option<&str>,
+    query: Option<&str>,
+) -> Result<(), (u16, String)> {
+    let token = relay.cfg().token.clone();
+    let local = token.is_some().then(|| fanout_proto::auth::token_given(token.as_deref(), auth, query));
+    let ask = fanout_proto::auth::http_request(auth, query, peer, fanout_proto::auth::Action::Read, name, "http");
+    match relay.permit(local, ask).await {
+        true => Ok(()),
+        false => Err((401, "missing or wrong credentials".to_string())),
+    }
+}
+
+/// An HTTP-FLV player of `name` on `io` (plain or TLS), once it may read; refused with the
+/// API's JSON error otherwise.
+async fn start_flv<W: tokio::io::AsyncWrite + Unpin>(
+    mut io: W,
+    peer: Option<std::net::SocketAddr>,
+    relay: &Arc<Relay>,
+    name: &str,
+    auth: Option<&str>,
+    query: Option<&str>,
+) {
+    let ip = peer.map_or(std::net::IpAddr::from([0, 0, 0, 0]), |a| a.ip());
+    let who = Who::new(Protocol::HttpFlv, peer, Some(&user_of(auth, query, ip)));
+    let joined = match may_read(relay, ip, name, auth, query).await {
+        Ok(()) => crate::http_flv::join(relay, name, who).await,
+        Err(refused) => Err(refused),
+    };
+    match joined {
+        Ok(player) => {
+            let cfg = relay.cfg();
+            let flush = Duration::from_millis(cfg.stream_flush_ms);
+            let stall = Duration::from_secs_f64(cfg.request_timeout_s.max(1.0));
+            drop(cfg);
+            player.run(&mut io, flush, stall).await;
+        }
+        Err((status, why)) => {
+            tracing::info!(path = name, ?peer, "HTTP-FLV player refused: {why}");
+            let _ = tokio::time::timeout(Duration::from_secs(1), reject_on(&mut io, status, &why)).await;
+        }
+    }
+}
+
 /// The session a stream request is for, or the status and reason to refuse it with.
 async fn stream_session(
     relay: &Arc<Relay>,
@@ -303,12 +368,7 @@ async fn stream_session(
     auth: Option<&str>,
     query: Option<&str>,
 ) -> Result<fanout_io::Session, (u16, String)> {
-    let token = relay.cfg().token.clone();
-    let local = token.is_some().then(|| fanout_proto::auth::token_given(token.as_deref(), auth, query));
-    let ask = fanout_proto::auth::http_request(auth, query, peer, fanout_proto::auth::Action::Read, name, "http");
-    if !relay.permit(local, ask).await {
-        return Err((401, "missing or wrong credentials".to_string()));
-    }
+    may_read(relay, peer, name, auth, query).await?;
     // At its cap, a cluster node sends new players to a node with room (the token with them).
     if let Some(c) = &relay.cluster {
         if let Some(to) = c.redirect_http(name).await {

@@ -13,6 +13,7 @@ mod error;
 mod handover;
 mod hook;
 mod http;
+mod http_flv;
 mod logline;
 mod path;
 mod playback;

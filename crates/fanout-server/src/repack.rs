@@ -154,9 +154,23 @@ pub struct FlvTag {
     pub key: bool,
     pub ms: u32,
     pub body: Arc<Vec<u8>>,
+    /// The tag as an FLV file has it, made once for all HTTP-FLV players by the first.
+    file: Arc<std::sync::OnceLock<Vec<u8>>>,
 }
 
-/// Tags an RTMP player may be behind before it skips to the next keyframe.
+impl FlvTag {
+    pub fn new(video: bool, key: bool, ms: u32, body: Arc<Vec<u8>>) -> Self {
+        Self { video, key, ms, body, file: Arc::default() }
+    }
+
+    /// Its bytes in an FLV file (header, body, size), at the path's time: the same bytes for
+    /// every HTTP-FLV player.
+    pub fn file_bytes(&self) -> &[u8] {
+        self.file.get_or_init(|| fanout_proto::container::flv::file_tag(self.video, self.ms, &self.body))
+    }
+}
+
+/// Tags an RTMP or HTTP-FLV player may be behind before it skips to the next keyframe.
 const FLV_BACKLOG: usize = 1024;
 
 impl Flv {
@@ -336,7 +350,7 @@ impl Outputs {
         framed
     }
 
-    /// Unit `u` as FLV for the RTMP players, if any.
+    /// Unit `u` as FLV for the RTMP and HTTP-FLV players, if any.
     fn flv(&mut self, u: &Unit, codecs: &[TrackInfo]) {
         use fanout_proto::container::{flv, repack::TrackCodec};
         let Some(f) = self.flv.as_ref().filter(|f| f.tags.receiver_count() > 0) else { return };
@@ -346,12 +360,12 @@ impl Outputs {
                 let codec = *codec;
                 self.flv_times[u.stream].push(u.time, (u.key, u.data.clone()), |pts, dts, (key, data)| {
                     let body = flv::video_frame(codec, key, ((pts - dts) / 90) as i32, &data);
-                    let _ = f.tags.send(FlvTag { video: true, key, ms: ms(dts), body: Arc::new(body) });
+                    let _ = f.tags.send(FlvTag::new(true, key, ms(dts), Arc::new(body)));
                 });
             }
             TrackCodec::Aac { .. } => {
                 let body = Arc::new(flv::aac_frame(&u.data));
-                let _ = f.tags.send(FlvTag { video: false, key: false, ms: ms(u.time), body });
+                let _ = f.tags.send(FlvTag::new(false, false, ms(u.time), body));
             }
         }
     }

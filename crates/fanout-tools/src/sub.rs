@@ -38,6 +38,10 @@ pub struct SubArgs {
     /// HTTP subscribers per session (GET /v1/sessions/{name}/stream; needs --api).
     #[arg(long, default_value_t = 0)]
     pub http: usize,
+    /// The HTTP subscribers play HTTP-FLV (GET /{name}.flv) instead: bytes are counted, no
+    /// packets.
+    #[arg(long)]
+    pub flv: bool,
     /// The relay's API; with --session, subscribers register themselves as sinks and
     /// remove themselves at the end.
     #[arg(long)]
@@ -257,7 +261,8 @@ pub fn subscribe(a: &SubArgs, ready: impl FnOnce()) -> anyhow::Result<SubReport>
                 let target: SocketAddr = host.parse().with_context(|| format!("--api {host}: need http://IP:PORT"))?;
                 let mut s = std::net::TcpStream::connect_timeout(&target, Duration::from_secs(3))?;
                 let auth = a.token.as_ref().map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
-                write!(s, "GET /v1/sessions/{session}/stream HTTP/1.1\r\nHost: {host}\r\n{auth}\r\n")?;
+                let target = if a.flv { format!("/{session}.flv") } else { format!("/v1/sessions/{session}/stream") };
+                write!(s, "GET {target} HTTP/1.1\r\nHost: {host}\r\n{auth}\r\n")?;
                 let mut head = Vec::new();
                 let mut b = [0u8; 1];
                 s.set_read_timeout(Some(Duration::from_secs(5)))?;

@@ -281,3 +281,60 @@ fn publish(url: &str) -> Kill {
 fn try_publish(url: &str) -> (bool, String) {
     ffmpeg_try_publish("flv", url)
 }
+
+/// HTTP-FLV (`GET /{path}.flv`): ffprobe reads the demo's video frame for frame (every
+/// picture 40 ms after the one before, from a keyframe) with its AAC; a raw reader gets an
+/// FLV header, is listed among the path's readers as `http_flv`, and its stream ends when it
+/// is kicked; an unknown path is a 404.
+#[test]
+fn http_flv_plays_frame_for_frame_and_its_player_is_a_reader() {
+    use std::io::{Read, Write};
+    if !have_ffmpeg() {
+        return;
+    }
+    let relay = Relay::start(&[]);
+    let url = relay.url("/demo.flv");
+    let out = Command::new("timeout")
+        .args(["30", "ffprobe", "-v", "error", "-read_intervals", "%+6", "-show_entries"])
+        .args(["packet=stream_index,pts_time,flags:stream=codec_name", "-of", "csv=p=0", &url])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("h264") && text.contains("aac"), "{text}");
+    // Video packets: `0,pts,flags`.
+    let video: Vec<(f64, bool)> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("0,"))
+        .filter_map(|l| l.split_once(','))
+        .map(|(t, flags)| (t.parse().unwrap(), flags.starts_with('K')))
+        .collect();
+    assert!(video.len() >= 140, "{} pictures in 6 s", video.len());
+    assert!(video[0].1, "the first picture is a keyframe");
+    for w in video.windows(2) {
+        assert!((w[1].0 - w[0].0 - 0.04).abs() < 0.002, "a picture missing or repeated: {:?} then {:?}", w[0], w[1]);
+    }
+
+    let mut s = std::net::TcpStream::connect(relay.api).unwrap();
+    s.write_all(b"GET /demo.flv HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let head = read_head(&mut s);
+    assert!(head.starts_with("HTTP/1.1 200") && head.contains("video/x-flv"), "{head}");
+    let mut start = [0u8; 13];
+    s.read_exact(&mut start).unwrap();
+    assert_eq!(&start[..5], b"FLV\x01\x05", "an FLV header with video and audio");
+    // (Ours by its address: ffprobe's player may not have been seen to go yet.)
+    let me = s.local_addr().unwrap().to_string();
+    let reader = || {
+        let all = relay.ok("GET", "/v1/sessions/demo/readers", None);
+        all.as_array().unwrap().iter().find(|r| r["protocol"] == "http_flv" && r["addr"] == me.as_str()).cloned()
+    };
+    assert!(wait_for(Duration::from_secs(5), || reader().is_some_and(|r| r["bytes"].as_u64() > Some(1000))));
+    let id = reader().unwrap()["id"].as_str().unwrap().to_string();
+    assert_eq!(relay.call("DELETE", &format!("/v1/sessions/demo/readers/{id}"), None).0, 204);
+    assert!(stream_ends_within(&mut s, Duration::from_secs(5)), "the kicked player's stream ends");
+    assert!(wait_for(Duration::from_secs(5), || reader().is_none()));
+
+    let mut s = std::net::TcpStream::connect(relay.api).unwrap();
+    s.write_all(b"GET /nope.flv HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    assert!(read_head(&mut s).starts_with("HTTP/1.1 404"));
+}

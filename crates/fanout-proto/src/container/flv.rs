@@ -279,10 +279,58 @@ pub fn aac_frame(au: &[u8]) -> Vec<u8> {
     [&[0xaf, 1][..], au].concat()
 }
 
+/// The start of an FLV file (a live stream over HTTP): the header, saying whether video and
+/// audio come, and the first PreviousTagSize (0).
+pub fn file_header(video: bool, audio: bool) -> [u8; 13] {
+    let flags = (u8::from(audio) << 2) | u8::from(video);
+    [b'F', b'L', b'V', 1, flags, 0, 0, 0, 9, 0, 0, 0, 0]
+}
+
+/// One tag of an FLV file: its header (video or audio, the body's size, the time in ms with
+/// its high byte last, stream 0), `body`, then the whole tag's size as the next
+/// PreviousTagSize. A body is at most 16 MiB (24 bits); what is longer is cut there.
+pub fn file_tag(video: bool, ms: u32, body: &[u8]) -> Vec<u8> {
+    let body = &body[..body.len().min(0xff_ffff)];
+    let mut t = Vec::with_capacity(11 + body.len() + 4);
+    t.push(if video { 9 } else { 8 });
+    t.extend_from_slice(&(body.len() as u32).to_be_bytes()[1..]);
+    t.extend_from_slice(&ms.to_be_bytes()[1..]);
+    t.push((ms >> 24) as u8);
+    t.extend_from_slice(&[0, 0, 0]);
+    t.extend_from_slice(body);
+    t.extend_from_slice(&((11 + body.len()) as u32).to_be_bytes());
+    t
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_file_starts_with_its_header_and_each_tag_ends_with_its_size() {
+        assert_eq!(file_header(true, true), *b"FLV\x01\x05\0\0\0\x09\0\0\0\0");
+        assert_eq!(file_header(false, true)[4], 4);
+        // 0x01020304 ms: the low 24 bits, then the high byte.
+        let t = file_tag(true, 0x0102_0304, &[0x17, 1, 0, 0, 0]);
+        assert_eq!(t[..11], [9, 0, 0, 5, 0x02, 0x03, 0x04, 0x01, 0, 0, 0]);
+        assert_eq!(t[11..16], [0x17, 1, 0, 0, 0]);
+        assert_eq!(t[16..], 16u32.to_be_bytes());
+    }
+
+    proptest! {
+        #[test]
+        fn a_tags_sizes_and_time_read_back(video: bool, ms: u32, body in proptest::collection::vec(any::<u8>(), 0..2000)) {
+            let t = file_tag(video, ms, &body);
+            prop_assert_eq!(t.len(), 11 + body.len() + 4);
+            prop_assert_eq!(t[0], if video { 9 } else { 8 });
+            prop_assert_eq!(u32::from_be_bytes([0, t[1], t[2], t[3]]) as usize, body.len());
+            prop_assert_eq!(u32::from_be_bytes([t[7], t[4], t[5], t[6]]), ms);
+            prop_assert_eq!(&t[11..11 + body.len()], &body[..]);
+            let prev = u32::from_be_bytes(t[t.len() - 4..].try_into().unwrap()) as usize;
+            prop_assert_eq!(prev, t.len() - 4);
+        }
+    }
 
     #[test]
     fn an_avc_sequence_header_and_a_keyframe() {

@@ -99,6 +99,7 @@ pub(super) fn session_json(relay: &Relay, s: &fanout_io::Session) -> serde_json:
         v["webrtc"] = json!(w.viewers(Some(s.name())));
     }
     v["stream_url"] = json!(format!("{http}://{}/v1/sessions/{}/stream", relay.cfg().api, s.name()));
+    v["flv_url"] = json!(format!("{http}://{}/{}.flv", relay.cfg().api, s.name()));
     v["stream_format"] = json!(stream_format(&path));
     if let Some(r) = repackaging_json(&path, &counts) {
         v["repackaging"] = r;

@@ -26,7 +26,7 @@ pub const SRS_SOURCE: &[u8] = include_bytes!("../../../../testdata/players/srs-2
 #[derive(Args)]
 pub struct PlayersArgs {
     /// Ways of playing: rtsp (RTP over UDP), rtsp-tcp (interleaved), http (MPEG-TS over
-    /// HTTP; fanout only), hls, rtmp, srt, webrtc (WHEP; video only).
+    /// HTTP; fanout only), http-flv (fanout only), hls, rtmp, srt, webrtc (WHEP; video only).
     #[arg(long, value_delimiter = ',', default_value = "rtsp,rtsp-tcp,http,hls,rtmp,srt")]
     scenarios: Vec<String>,
     /// Players per step (a UDP RTSP player holds five descriptors in the load process: 3000
@@ -119,12 +119,13 @@ pub(super) fn load_args(
             .into_iter()
             .map(String::from)
             .collect(),
-        "http" => {
-            let Some(relay) = &s.relay else { bail!("http: MPEG-TS over HTTP is fanout's only") };
+        "http" | "http-flv" => {
+            let Some(relay) = &s.relay else { bail!("{scenario}: MPEG-TS and FLV over HTTP are fanout's only") };
             let api = format!("http://{}", relay.api);
             ["sub", "--api", &api, "--session", "bench", "--http", &n, "--record", "1316", "--duration", &secs]
                 .into_iter()
                 .map(String::from)
+                .chain((scenario == "http-flv").then(|| "--flv".to_string()))
                 .chain(["--json".into(), json.to_string_lossy().into_owned()])
                 .collect()
         }
@@ -136,7 +137,7 @@ pub(super) fn load_args(
             };
             ["sub", "--read", &url, "--count", &n, "--duration", &secs].into_iter().map(String::from).collect()
         }
-        other => bail!("scenario {other:?}: rtsp, rtsp-tcp, http, hls, rtmp, srt or webrtc"),
+        other => bail!("scenario {other:?}: rtsp, rtsp-tcp, http, http-flv, hls, rtmp, srt or webrtc"),
     };
     Ok(v)
 }
@@ -212,7 +213,7 @@ pub(super) fn receipt(scenario: &str, out: &str, json: &Path) -> anyhow::Result<
             overflows: 0,
             late: 0,
         },
-        "http" => {
+        "http" | "http-flv" => {
             let v: serde_json::Value =
                 serde_json::from_slice(&std::fs::read(json).context("sub's report")?).context("sub's report")?;
             let groups = v["groups"].as_array().cloned().unwrap_or_default();
@@ -262,7 +263,7 @@ pub fn run(mut a: PlayersArgs) -> anyhow::Result<()> {
         .flat_map(|round| a.players.iter().map(move |&n| (round, n)))
         .flat_map(|(round, n)| a.scenarios.iter().map(move |sc| (round, n, sc)))
         .flat_map(|(round, n, sc)| a.servers.iter().map(move |sv| (round, n, sc, sv)))
-        .filter(|(_, _, sc, sv)| !(sc.as_str() == "http" && sv.as_str() != "fanout"))
+        .filter(|(_, _, sc, sv)| !(["http", "http-flv"].contains(&sc.as_str()) && sv.as_str() != "fanout"))
         .map(|(round, n, sc, sv)| {
             let n = if ["rtmp", "srt", "webrtc"].contains(&sc.as_str()) { n.min(a.thread_players) } else { n };
             (round, n, sc, sv)

@@ -1,0 +1,248 @@
+//! HTTP-FLV players (`GET /{path}.flv`, as flv.js, mpegts.js and ffmpeg play it): the path's
+//! FLV tags, the ones its RTMP players get, framed once for all players (`FlvTag::file_bytes`)
+//! at the path's time. A player's tags wait up to `stream_flush_ms` and go out in one
+//! vectored write, straight from the shared buffers; one that falls a channel behind skips to
+//! the next keyframe, as RTMP players do. Kicked, or at the path's end, the stream ends (the
+//! connection closes: the response has no length).
+
+use crate::readers::{Held, Registered, Who};
+use crate::relay::Relay;
+use crate::repack::{FlvTag, Repack};
+use std::io::IoSlice;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::sync::broadcast::error::{RecvError, TryRecvError};
+
+/// A write gathers at most this much (and at most `MAX_PARTS` tags: writev takes 1,024).
+const FLUSH_BYTES: usize = 64 << 10;
+const MAX_PARTS: usize = 512;
+
+/// An HTTP-FLV player, joined to its path, before its first byte.
+pub struct Player {
+    name: String,
+    repack: Arc<Repack>,
+    tags: tokio::sync::broadcast::Receiver<FlvTag>,
+    video: bool,
+    /// Waiting for a keyframe (at the start, and after it fell behind).
+    at_key: bool,
+    /// The decoder configuration went out (with the first keyframe's time).
+    configured: bool,
+    held: Arc<Held>,
+    registered: Registered,
+}
+
+/// Joins a player to path `name`'s FLV (made on demand, as for any reader), or says why not
+/// (an HTTP status and reason).
+pub async fn join(relay: &Arc<Relay>, name: &str, who: Who) -> Result<Player, (u16, String)> {
+    let repack = relay.repack(name).await.map_err(|e| {
+        let crate::error::ApiError(status, why) = e.into();
+        (status.as_u16(), why)
+    })?;
+    let Some(flv) = repack.flv.clone() else {
+        return Err((404, format!("{name}'s tracks do not go in FLV ({}; parameter sets unknown?)", repack.describes)));
+    };
+    let Some(path) = relay.path(name) else { return Err((404, format!("no path {name}"))) };
+    let held = Arc::new(Held::default());
+    let registered = path.readers.join(who, held.clone()).map_err(|full| (503, full.to_string()))?;
+    let video = flv.config.iter().any(|(v, _)| *v);
+    let tags = flv.tags.subscribe();
+    Ok(Player { name: name.to_string(), repack, tags, video, at_key: video, configured: false, held, registered })
+}
+
+/// The response head: no length, the stream until either side closes; any origin may read it.
+const HEAD: &str = "HTTP/1.1 200 OK\r\nContent-Type: video/x-flv\r\nCache-Control: no-cache\r\n\
+    Access-Control-Allow-Origin: *\r\nConnection: close\r\n\r\n";
+
+impl Player {
+    /// Plays into `io` until the client goes, a write takes longer than `stall`, or the
+    /// player is kicked or its path ends.
+    pub async fn run<W: AsyncWrite + Unpin>(mut self, io: &mut W, flush: Duration, stall: Duration) {
+        let flv = self.repack.flv.clone().expect("joined with FLV");
+        let audio = flv.config.iter().any(|(v, _)| !*v);
+        let mut start = HEAD.as_bytes().to_vec();
+        start.extend_from_slice(&fanout_proto::container::flv::file_header(self.video, audio));
+        if !matches!(tokio::time::timeout(stall, io.write_all(&start)).await, Ok(Ok(()))) {
+            return;
+        }
+        tracing::info!(path = self.name, reader = self.registered.id(), "HTTP-FLV player playing");
+        let why = loop {
+            let first = tokio::select! {
+                why = crate::readers::ended(Some(&self.held)) => break why,
+                t = self.tags.recv() => t,
+            };
+            let mut batch = Batch::default();
+            if let Err(why) = self.take(first, &mut batch, &flv.config) {
+                break why;
+            }
+            // What else comes within the flush interval goes in the same write.
+            if !flush.is_zero() {
+                tokio::select! {
+                    why = crate::readers::ended(Some(&self.held)) => break why,
+                    _ = tokio::time::sleep(flush) => {}
+                }
+            }
+            let mut more = Ok(());
+            while more.is_ok() && batch.bytes < FLUSH_BYTES && batch.tags.len() < MAX_PARTS {
+                let next = match self.tags.try_recv() {
+                    Ok(t) => Ok(t),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Lagged(n)) => Err(RecvError::Lagged(n)),
+                    Err(TryRecvError::Closed) => Err(RecvError::Closed),
+                };
+                more = self.take(next, &mut batch, &flv.config);
+            }
+            match tokio::time::timeout(stall, write_parts(io, &batch.parts())).await {
+                Ok(Ok(())) => self.held.sent(batch.bytes, batch.tags.len() as u64),
+                Ok(Err(e)) => break format!("the player went: {e}"),
+                Err(_) => break format!("a write took longer than {stall:?}"),
+            }
+            if let Err(why) = more {
+                break why;
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(1), io.shutdown()).await;
+        tracing::info!(path = self.name, reader = self.registered.id(), "HTTP-FLV player ended: {why}");
+    }
+
+    /// One tag from the channel into `batch`: from a keyframe on (its picture whole), the
+    /// decoder configuration before the first. `Err`: the stream ended.
+    fn take(
+        &mut self,
+        tag: Result<FlvTag, RecvError>,
+        batch: &mut Batch,
+        config: &[(bool, Vec<u8>)],
+    ) -> Result<(), String> {
+        let tag = match tag {
+            Ok(t) => t,
+            Err(RecvError::Lagged(n)) => {
+                tracing::debug!(path = self.name, skipped = n, "HTTP-FLV player fell behind");
+                self.held.skipped(n);
+                self.at_key = self.video;
+                return Ok(());
+            }
+            Err(RecvError::Closed) => return Err("the stream ended".into()),
+        };
+        if self.at_key {
+            if !(tag.video && tag.key) {
+                return Ok(());
+            }
+            self.at_key = false;
+        }
+        if !self.configured {
+            self.configured = true;
+            for (video, body) in config {
+                batch.push_owned(fanout_proto::container::flv::file_tag(*video, tag.ms, body));
+            }
+        }
+        batch.push(tag);
+        Ok(())
+    }
+}
+
+/// The tags of one write: the shared ones, and a player's own (its configuration).
+#[derive(Default)]
+struct Batch {
+    own: Vec<Vec<u8>>,
+    tags: Vec<FlvTag>,
+    bytes: usize,
+}
+
+impl Batch {
+    fn push(&mut self, t: FlvTag) {
+        self.bytes += t.file_bytes().len();
+        self.tags.push(t);
+    }
+
+    fn push_owned(&mut self, b: Vec<u8>) {
+        self.bytes += b.len();
+        self.own.push(b);
+    }
+
+    /// In order: its own bytes (only ever before the first shared tag), then the tags.
+    fn parts(&self) -> Vec<&[u8]> {
+        self.own.iter().map(Vec::as_slice).chain(self.tags.iter().map(FlvTag::file_bytes)).collect()
+    }
+}
+
+/// Writes `parts` whole, as few writes as the socket takes.
+async fn write_parts<W: AsyncWrite + Unpin>(io: &mut W, parts: &[&[u8]]) -> std::io::Result<()> {
+    let mut slices: Vec<IoSlice> = parts.iter().map(|p| IoSlice::new(p)).collect();
+    let mut left = &mut slices[..];
+    while !left.is_empty() {
+        let n = io.write_vectored(left).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut left, n);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A writer that takes at most 7 bytes a call: the parts still arrive whole and in order.
+    struct Trickle(Vec<u8>);
+
+    impl AsyncWrite for Trickle {
+        fn poll_write(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            let n = buf.len().min(7);
+            self.0.extend_from_slice(&buf[..n]);
+            std::task::Poll::Ready(Ok(n))
+        }
+        fn poll_write_vectored(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            bufs: &[IoSlice<'_>],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            let mut n = 0;
+            for b in bufs {
+                let k = b.len().min(7 - n);
+                self.0.extend_from_slice(&b[..k]);
+                n += k;
+                if n == 7 {
+                    break;
+                }
+            }
+            std::task::Poll::Ready(Ok(n))
+        }
+        fn is_write_vectored(&self) -> bool {
+            true
+        }
+        fn poll_flush(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_batch_goes_out_whole_through_short_writes_and_shared_tags_are_framed_once() {
+        let tag = FlvTag::new(true, true, 40, Arc::new(vec![0x17, 1, 0, 0, 0, 9, 9, 9]));
+        let copy = tag.clone();
+        let mut b = Batch::default();
+        b.push_owned(vec![1, 2, 3]);
+        b.push(tag);
+        b.push(copy.clone());
+        // One framing, shared by the clones (every player's copy of the tag).
+        assert!(std::ptr::eq(b.tags[0].file_bytes().as_ptr(), copy.file_bytes().as_ptr()));
+        let mut w = Trickle(Vec::new());
+        write_parts(&mut w, &b.parts()).await.unwrap();
+        let framed = fanout_proto::container::flv::file_tag(true, 40, &[0x17, 1, 0, 0, 0, 9, 9, 9]);
+        assert_eq!(w.0, [&[1, 2, 3][..], &framed, &framed].concat());
+        assert_eq!(b.bytes, w.0.len());
+    }
+}
