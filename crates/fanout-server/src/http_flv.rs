@@ -8,15 +8,14 @@
 use crate::readers::{Held, Registered, Who};
 use crate::relay::Relay;
 use crate::repack::{FlvTag, Repack};
-use std::io::IoSlice;
+use crate::write::{write_parts, MAX_PARTS};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 
-/// A write gathers at most this much (and at most `MAX_PARTS` tags: writev takes 1,024).
+/// A write gathers at most this much (and at most `MAX_PARTS` tags).
 const FLUSH_BYTES: usize = 64 << 10;
-const MAX_PARTS: usize = 512;
 
 /// An HTTP-FLV player, joined to its path, before its first byte.
 pub struct Player {
@@ -165,72 +164,12 @@ impl Batch {
     }
 }
 
-/// Writes `parts` whole, as few writes as the socket takes.
-async fn write_parts<W: AsyncWrite + Unpin>(io: &mut W, parts: &[&[u8]]) -> std::io::Result<()> {
-    let mut slices: Vec<IoSlice> = parts.iter().map(|p| IoSlice::new(p)).collect();
-    let mut left = &mut slices[..];
-    while !left.is_empty() {
-        let n = io.write_vectored(left).await?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        IoSlice::advance_slices(&mut left, n);
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// A writer that takes at most 7 bytes a call: the parts still arrive whole and in order.
-    struct Trickle(Vec<u8>);
-
-    impl AsyncWrite for Trickle {
-        fn poll_write(
-            mut self: std::pin::Pin<&mut Self>,
-            _: &mut std::task::Context<'_>,
-            buf: &[u8],
-        ) -> std::task::Poll<std::io::Result<usize>> {
-            let n = buf.len().min(7);
-            self.0.extend_from_slice(&buf[..n]);
-            std::task::Poll::Ready(Ok(n))
-        }
-        fn poll_write_vectored(
-            mut self: std::pin::Pin<&mut Self>,
-            _: &mut std::task::Context<'_>,
-            bufs: &[IoSlice<'_>],
-        ) -> std::task::Poll<std::io::Result<usize>> {
-            let mut n = 0;
-            for b in bufs {
-                let k = b.len().min(7 - n);
-                self.0.extend_from_slice(&b[..k]);
-                n += k;
-                if n == 7 {
-                    break;
-                }
-            }
-            std::task::Poll::Ready(Ok(n))
-        }
-        fn is_write_vectored(&self) -> bool {
-            true
-        }
-        fn poll_flush(
-            self: std::pin::Pin<&mut Self>,
-            _: &mut std::task::Context<'_>,
-        ) -> std::task::Poll<std::io::Result<()>> {
-            std::task::Poll::Ready(Ok(()))
-        }
-        fn poll_shutdown(
-            self: std::pin::Pin<&mut Self>,
-            _: &mut std::task::Context<'_>,
-        ) -> std::task::Poll<std::io::Result<()>> {
-            std::task::Poll::Ready(Ok(()))
-        }
-    }
-
-    #[tokio::test]
-    async fn a_batch_goes_out_whole_through_short_writes_and_shared_tags_are_framed_once() {
+    #[test]
+    fn a_batch_holds_its_own_bytes_first_and_shared_tags_framed_once() {
         let tag = FlvTag::new(true, true, 40, Arc::new(vec![0x17, 1, 0, 0, 0, 9, 9, 9]));
         let copy = tag.clone();
         let mut b = Batch::default();
@@ -239,10 +178,8 @@ mod tests {
         b.push(copy.clone());
         // One framing, shared by the clones (every player's copy of the tag).
         assert!(std::ptr::eq(b.tags[0].file_bytes().as_ptr(), copy.file_bytes().as_ptr()));
-        let mut w = Trickle(Vec::new());
-        write_parts(&mut w, &b.parts()).await.unwrap();
         let framed = fanout_proto::container::flv::file_tag(true, 40, &[0x17, 1, 0, 0, 0, 9, 9, 9]);
-        assert_eq!(w.0, [&[1, 2, 3][..], &framed, &framed].concat());
-        assert_eq!(b.bytes, w.0.len());
+        assert_eq!(b.parts().concat(), [&[1, 2, 3][..], &framed, &framed].concat());
+        assert_eq!(b.bytes, b.parts().concat().len());
     }
 }

@@ -39,3 +39,4 @@ mod upstream;
 mod watch;
 mod webrtc;
 mod workers;
+mod write;

@@ -156,11 +156,19 @@ pub struct FlvTag {
     pub body: Arc<Vec<u8>>,
     /// The tag as an FLV file has it, made once for all HTTP-FLV players by the first.
     file: Arc<std::sync::OnceLock<Vec<u8>>>,
+    /// The tag as RTMP chunks, made once for all RTMP players by the first.
+    chunks: Arc<std::sync::OnceLock<Vec<u8>>>,
 }
 
 impl FlvTag {
     pub fn new(video: bool, key: bool, ms: u32, body: Arc<Vec<u8>>) -> Self {
-        Self { video, key, ms, body, file: Arc::default() }
+        Self { video, key, ms, body, file: Arc::default(), chunks: Arc::default() }
+    }
+
+    /// Its RTMP chunks at the path's time (`rtmp::server::media_chunks`): the same bytes for
+    /// every RTMP player that takes them.
+    pub fn rtmp_chunks(&self) -> &[u8] {
+        self.chunks.get_or_init(|| fanout_proto::rtmp::server::media_chunks(self.video, self.ms, &self.body))
     }
 
     /// Its bytes in an FLV file (header, body, size), at the path's time: the same bytes for
@@ -471,6 +479,19 @@ async fn run(
 #[cfg(test)]
 mod tests {
     use fanout_proto::container::repack::TrackInfo;
+
+    /// Every player's copy of a tag (a broadcast clones it per receiver) shares one RTMP
+    /// chunking and one FLV framing, made by the first player that asks.
+    #[test]
+    fn a_tag_is_chunked_and_framed_once_whatever_the_players() {
+        let tag = super::FlvTag::new(true, true, 0x0123_4567, std::sync::Arc::new(vec![0x17; 9000]));
+        let players: Vec<super::FlvTag> = (0..100).map(|_| tag.clone()).collect();
+        let first = players[0].rtmp_chunks().as_ptr();
+        assert!(players.iter().all(|p| std::ptr::eq(p.rtmp_chunks().as_ptr(), first)));
+        assert_eq!(players[7].rtmp_chunks(), fanout_proto::rtmp::server::media_chunks(true, 0x0123_4567, &[0x17; 9000]));
+        let framed = players[3].file_bytes().as_ptr();
+        assert!(players.iter().all(|p| std::ptr::eq(p.file_bytes().as_ptr(), framed)));
+    }
 
     #[test]
     fn streams_are_described_by_their_codecs() {

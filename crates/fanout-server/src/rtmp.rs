@@ -132,10 +132,13 @@ struct Player {
     at_key: bool,
     /// Whether the stream has video (an audio-only one starts at any tag).
     video: bool,
-    /// The first tag's time: the player's timeline starts at 0.
-    base: Option<u32>,
+    /// The decoder configuration went out (before the first tag, at its time).
+    configured: bool,
+    /// Tags waiting for the next write, as their shared chunks (a player that takes them).
+    pending: Vec<crate::repack::FlvTag>,
+    pending_bytes: usize,
     /// The repackaging, held while it plays.
-    _repack: Arc<crate::repack::Repack>,
+    repack: Arc<crate::repack::Repack>,
     /// Its place among the path's readers, and what it was sent.
     held: Arc<Held>,
     _registered: Registered,
@@ -217,6 +220,33 @@ impl Conn<'_> {
         }
     }
 
+    /// What the player is owed, in one write: the server's own output (commands, the
+    /// decoder configuration), then the shared chunks of the tags waiting.
+    async fn write_out(
+        &mut self,
+        stream: &mut (impl tokio::io::AsyncWrite + Unpin),
+        server: &mut Server,
+        setup_until: tokio::time::Instant,
+        idle: Duration,
+    ) -> Result<(), Ended> {
+        let until = self.write_until(setup_until, idle);
+        let own = server.take_output();
+        let tags = match self.playing.as_mut() {
+            Some(p) => {
+                p.pending_bytes = 0;
+                std::mem::take(&mut p.pending)
+            }
+            None => Vec::new(),
+        };
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(tags.len() + 1);
+        parts.push(&own);
+        parts.extend(tags.iter().map(crate::repack::FlvTag::rtmp_chunks));
+        match tokio::time::timeout_at(until, crate::write::write_parts(stream, &parts)).await {
+            Ok(r) => Ok(r?),
+            Err(_) => Err(Ended::NotReading),
+        }
+    }
+
     /// Until it publishes or plays, the whole setup has one deadline (a slow trickle does
     /// not hold a slot); then a publisher's silence for the idle time ends it (a player may
     /// be silent: it only acknowledges now and then). A player's reads need no timer: one
@@ -256,8 +286,7 @@ impl Conn<'_> {
                 // Kicked, or the path went: told as the stream's end.
                 why = crate::readers::ended(held.as_deref()) => {
                     server.end_play(&why);
-                    let out = server.take_output();
-                    write_by(&mut stream, &out, self.write_until(setup_until, idle)).await?;
+                    self.write_out(&mut stream, &mut server, setup_until, idle).await?;
                     return Err(Ended::Stream(why));
                 }
                 read = read => match read {
@@ -272,8 +301,7 @@ impl Conn<'_> {
                 tag = next_tag(&mut self.playing), if flush_at.is_none() => {
                     let played = self.play_waiting(&mut server, tag);
                     if played.is_err() || flush_every.is_zero() {
-                        let out = server.take_output();
-                        write_by(&mut stream, &out, self.write_until(setup_until, idle)).await?;
+                        self.write_out(&mut stream, &mut server, setup_until, idle).await?;
                     } else {
                         flush_at = Some(tokio::time::Instant::now() + flush_every);
                     }
@@ -286,8 +314,7 @@ impl Conn<'_> {
                         Some(tag) => self.play_waiting(&mut server, tag),
                         None => Ok(()),
                     };
-                    let out = server.take_output();
-                    write_by(&mut stream, &out, self.write_until(setup_until, idle)).await?;
+                    self.write_out(&mut stream, &mut server, setup_until, idle).await?;
                     played?;
                     continue;
                 }
@@ -420,14 +447,20 @@ impl Conn<'_> {
             Err(full) => return refuse("NetStream.Play.Failed", full.to_string()),
         };
         server.accept_play(stream_id, path_name);
-        for (video, body) in &flv.config {
-            server.media(*video, 0, body);
-        }
         let video = flv.config.iter().any(|(v, _)| *v);
         tracing::info!(peer = %self.peer, path = %path_name, reader = registered.id(), "RTMP player playing");
         let tags = flv.tags.subscribe();
-        self.playing =
-            Some(Player { tags, at_key: video, video, base: None, _repack: repack, held, _registered: registered });
+        self.playing = Some(Player {
+            tags,
+            at_key: video,
+            video,
+            configured: false,
+            pending: Vec::new(),
+            pending_bytes: 0,
+            repack,
+            held,
+            _registered: registered,
+        });
         Ok(())
     }
 
@@ -439,14 +472,19 @@ impl Conn<'_> {
         tag: Result<crate::repack::FlvTag, tokio::sync::broadcast::error::RecvError>,
     ) -> Result<(), Ended> {
         self.play_tag(server, tag)?;
-        while server.pending_output() < FLUSH_BYTES {
+        let room = |p: &Player, server: &Server| {
+            server.pending_output() + p.pending_bytes < FLUSH_BYTES && p.pending.len() < crate::write::MAX_PARTS
+        };
+        while self.playing.as_ref().is_some_and(|p| room(p, server)) {
             let Some(more) = self.playing.as_mut().and_then(|p| try_next_tag(&mut p.tags)) else { break };
             self.play_tag(server, more)?;
         }
         Ok(())
     }
 
-    /// A tag for the player: sent from a keyframe on, its time from the first one sent.
+    /// A tag for the player: sent from a keyframe on, at the path's time, after the decoder
+    /// configuration. A player that takes shared chunks gets the tag's (made once for all);
+    /// another has it chunked for itself.
     fn play_tag(
         &mut self,
         server: &mut Server,
@@ -471,9 +509,18 @@ impl Conn<'_> {
             }
             p.at_key = false;
         }
-        let base = *p.base.get_or_insert(tag.ms);
-        server.media(tag.video, tag.ms.saturating_sub(base), &tag.body);
+        if !std::mem::replace(&mut p.configured, true) {
+            for (video, body) in p.repack.flv.iter().flat_map(|f| &f.config) {
+                server.media(*video, tag.ms, body);
+            }
+        }
         p.held.sent(tag.body.len(), 1);
+        if server.takes_shared_media() {
+            p.pending_bytes += tag.rtmp_chunks().len();
+            p.pending.push(tag);
+        } else {
+            server.media(tag.video, tag.ms, &tag.body);
+        }
         Ok(())
     }
 

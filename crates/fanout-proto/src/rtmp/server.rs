@@ -24,6 +24,17 @@ const CSID_STATUS: u8 = 5;
 const CSID_AUDIO: u8 = 4;
 const CSID_VIDEO: u8 = 6;
 
+/// One FLV tag body as the chunks a player on [`STREAM_ID`] gets, at `timestamp` ms: what
+/// [`Server::media`] writes for a client that [`Server::takes_shared_media`]. Every chunk
+/// stands alone (a full header, then continuations that need no earlier state), so the bytes
+/// are the same for every such player.
+pub fn media_chunks(video: bool, timestamp: u32, body: &[u8]) -> Vec<u8> {
+    let (csid, k) = if video { (CSID_VIDEO, kind::VIDEO) } else { (CSID_AUDIO, kind::AUDIO) };
+    let mut out = Vec::with_capacity(body.len() + 16 + body.len() / OUT_CHUNK_SIZE * 5);
+    chunk::write_message(&mut out, csid, k, STREAM_ID, timestamp, body, OUT_CHUNK_SIZE);
+    out
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum RtmpError {
     #[error("RTMP version {0} (only 3 is spoken)")]
@@ -200,6 +211,13 @@ impl Server {
         self.send(CSID_CONTROL, kind::USER_CONTROL, 0, &begin);
         self.status(stream_id, "status", "NetStream.Play.Reset", &format!("playing and resetting {name}"));
         self.status(stream_id, "status", "NetStream.Play.Start", &format!("started playing {name}"));
+    }
+
+    /// Whether the playing client takes [`media_chunks`] as they are (it plays on
+    /// [`STREAM_ID`] and was told our chunk size): then a relay writes the same bytes to
+    /// every such player, made once per tag.
+    pub fn takes_shared_media(&self) -> bool {
+        self.playing == Some(STREAM_ID) && self.out_chunk == OUT_CHUNK_SIZE
     }
 
     /// One FLV video (`video`) or audio tag body for the playing client, at `timestamp` ms.
@@ -460,7 +478,18 @@ pub(crate) mod tests {
         assert_eq!(s.poll_event(), Some(Event::Play { stream_id: STREAM_ID, name: "cam".into() }));
         s.media(true, 0, b"not yet");
         assert_eq!(s.pending_output(), 0, "no media before the play is accepted");
+        assert!(!s.takes_shared_media(), "not playing yet");
         s.accept_play(STREAM_ID, "cam");
+        assert!(s.takes_shared_media());
+        // What this player is written is what every player's shared bytes are, whatever the
+        // size (continuations) and time (the extended timestamp past 0xffffff ms).
+        for (len, ms) in [(5, 40), (10_000, 80), (9000, 0x0100_0000)] {
+            let body: Vec<u8> = (0..len).map(|i| i as u8).collect();
+            let before = s.pending_output();
+            s.media(true, ms, &body);
+            assert_eq!(s.out[before..], media_chunks(true, ms, &body)[..], "{len} bytes at {ms} ms");
+            s.out.truncate(before);
+        }
         s.media(true, 40, &[0x17, 1, 0, 0, 0]);
         let out = s.take_output();
         let codes: Vec<String> = c
