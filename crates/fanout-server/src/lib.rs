@@ -13,7 +13,6 @@ mod error;
 mod handover;
 mod hook;
 mod http;
-mod http_flv;
 mod logline;
 mod path;
 mod playback;

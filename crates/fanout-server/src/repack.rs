@@ -488,7 +488,10 @@ mod tests {
         let players: Vec<super::FlvTag> = (0..100).map(|_| tag.clone()).collect();
         let first = players[0].rtmp_chunks().as_ptr();
         assert!(players.iter().all(|p| std::ptr::eq(p.rtmp_chunks().as_ptr(), first)));
-        assert_eq!(players[7].rtmp_chunks(), fanout_proto::rtmp::server::media_chunks(true, 0x0123_4567, &[0x17; 9000]));
+        assert_eq!(
+            players[7].rtmp_chunks(),
+            fanout_proto::rtmp::server::media_chunks(true, 0x0123_4567, &[0x17; 9000])
+        );
         let framed = players[3].file_bytes().as_ptr();
         assert!(players.iter().all(|p| std::ptr::eq(p.file_bytes().as_ptr(), framed)));
     }

@@ -204,6 +204,10 @@ fn error(status: u16, cseq: Option<u32>) -> Response {
     Response::new(status, cseq)
 }
 
+/// Who a request authenticated as: a configured user, or nobody where none are configured.
+#[derive(Debug)]
+struct Login(Option<String>);
+
 /// Why a request's credentials were not taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Unauthorized {
@@ -306,7 +310,7 @@ impl Server {
         let user = match req.method.as_str() {
             "OPTIONS" => None,
             _ => match self.authorized(req, conn, now_ms, true) {
-                Ok(user) => user,
+                Ok(Login(user)) => user,
                 Err(why) => return (self.unauthorized(cseq, conn, now_ms, why == Unauthorized::Stale), Vec::new()),
             },
         };
@@ -696,15 +700,9 @@ impl Server {
     /// not: [`Unauthorized::Stale`] for a Digest answer to a stale nonce (the challenge says
     /// so, and the client answers the new one without asking its user).
     /// `commit`: record a Digest count as used (`false` to check without serving).
-    fn authorized(
-        &mut self,
-        req: &Request,
-        conn: u64,
-        now_ms: u64,
-        commit: bool,
-    ) -> Result<Option<String>, Unauthorized> {
+    fn authorized(&mut self, req: &Request, conn: u64, now_ms: u64, commit: bool) -> Result<Login, Unauthorized> {
         if self.cfg.users.is_empty() {
-            return Ok(None);
+            return Ok(Login(None));
         }
         let Some(auth) = req.headers.get("Authorization") else { return Err(Unauthorized::Wrong) };
         let (scheme, rest) = auth.split_once(' ').unwrap_or((auth, ""));
@@ -714,7 +712,7 @@ impl Server {
             let ok = self.cfg.users.iter().fold(false, |ok, (user, pass)| {
                 ok | (ct_eq(user.as_bytes(), u.as_bytes()) & ct_eq(pass.as_bytes(), p.as_bytes()))
             });
-            return if ok { Ok(Some(u)) } else { Err(Unauthorized::Wrong) };
+            return if ok { Ok(Login(Some(u))) } else { Err(Unauthorized::Wrong) };
         }
         if !scheme.eq_ignore_ascii_case("Digest") {
             return Err(Unauthorized::Wrong);
@@ -757,7 +755,7 @@ impl Server {
         let fresh =
             if commit { self.nonces.check(nonce, now_ms, conn, nc) } else { self.nonces.peek(nonce, now_ms, conn, nc) };
         match fresh {
-            NonceCheck::Fresh => Ok(Some(user.to_string())),
+            NonceCheck::Fresh => Ok(Login(Some(user.to_string()))),
             NonceCheck::Stale => Err(Unauthorized::Stale),
             NonceCheck::Invalid => Err(Unauthorized::Wrong),
         }

@@ -12,6 +12,16 @@ use std::net::SocketAddr;
 use std::path::Path;
 use toml::de::DeTable;
 
+/// What a configuration leaves open that is allowed but worth a line in the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Warning(pub String);
+
+impl std::fmt::Display for Warning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// Every problem of a config file, each a line (`line N: what`), in order of line.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Problems(pub Vec<String>);
@@ -357,7 +367,7 @@ impl Config {
     /// Who can reach what without credentials. `Err`: the API or RTSP listens beyond
     /// loopback with nothing to authenticate and `allow_unauthenticated` is not set. `Ok`:
     /// the warnings to log at start.
-    pub fn exposure(&self) -> Result<Vec<String>, fanout_proto::Invalid> {
+    pub fn exposure(&self) -> Result<Vec<Warning>, fanout_proto::Invalid> {
         let mut open = Vec::new();
         // ([auth] decides for every face.)
         let external = self.auth.is_some();
@@ -387,14 +397,14 @@ impl Config {
                 open.join("; ")
             )));
         }
-        let mut warnings: Vec<String> =
-            open.into_iter().map(|o| format!("UNAUTHENTICATED: {o} (allow_unauthenticated)")).collect();
+        let mut warnings: Vec<Warning> =
+            open.into_iter().map(|o| Warning(format!("UNAUTHENTICATED: {o} (allow_unauthenticated)"))).collect();
         if self.token.is_some() && self.rtsp.is_some() && !rtsp_auth {
-            warnings.push(
+            warnings.push(Warning(
                 "the API token does not protect RTSP: any RTSP client can play; set rtsp_require_token = true \
                  or add [[rtsp_user]]"
                     .into(),
-            );
+            ));
         }
         Ok(warnings)
     }
@@ -472,11 +482,11 @@ mod tests {
         assert!(c.exposure().unwrap_err().0.contains("the API on 0.0.0.0:7070 has no token"));
         c.token = Some("t".into());
         let w = c.exposure().unwrap();
-        assert!(w.len() == 1 && w[0].contains("does not protect RTSP"), "{w:?}");
+        assert!(w.len() == 1 && w[0].0.contains("does not protect RTSP"), "{w:?}");
         c.rtsp = Some("[::]:8554".parse().unwrap());
         assert!(c.exposure().unwrap_err().0.contains("RTSP on [::]:8554"));
         c.allow_unauthenticated = true;
-        assert!(c.exposure().unwrap().iter().any(|w| w.starts_with("UNAUTHENTICATED: RTSP")));
+        assert!(c.exposure().unwrap().iter().any(|w| w.0.starts_with("UNAUTHENTICATED: RTSP")));
         c.allow_unauthenticated = false;
         c.rtsp_require_token = true;
         assert_eq!(c.exposure(), Ok(vec![]));

@@ -71,8 +71,8 @@ impl Player {
                 t = self.tags.recv() => t,
             };
             let mut batch = Batch::default();
-            if let Err(why) = self.take(first, &mut batch, &flv.config) {
-                break why;
+            if let Err(e) = self.take(first, &mut batch, &flv.config) {
+                break e.to_string();
             }
             // What else comes within the flush interval goes in the same write.
             if !flush.is_zero() {
@@ -96,8 +96,8 @@ impl Player {
                 Ok(Err(e)) => break format!("the player went: {e}"),
                 Err(_) => break format!("a write took longer than {stall:?}"),
             }
-            if let Err(why) = more {
-                break why;
+            if let Err(e) = more {
+                break e.to_string();
             }
         };
         let _ = tokio::time::timeout(Duration::from_secs(1), io.shutdown()).await;
@@ -105,13 +105,13 @@ impl Player {
     }
 
     /// One tag from the channel into `batch`: from a keyframe on (its picture whole), the
-    /// decoder configuration before the first. `Err`: the stream ended.
+    /// decoder configuration before the first.
     fn take(
         &mut self,
         tag: Result<FlvTag, RecvError>,
         batch: &mut Batch,
         config: &[(bool, Vec<u8>)],
-    ) -> Result<(), String> {
+    ) -> Result<(), StreamEnded> {
         let tag = match tag {
             Ok(t) => t,
             Err(RecvError::Lagged(n)) => {
@@ -120,7 +120,7 @@ impl Player {
                 self.at_key = self.video;
                 return Ok(());
             }
-            Err(RecvError::Closed) => return Err("the stream ended".into()),
+            Err(RecvError::Closed) => return Err(StreamEnded),
         };
         if self.at_key {
             if !(tag.video && tag.key) {
@@ -138,6 +138,11 @@ impl Player {
         Ok(())
     }
 }
+
+/// The path's FLV ended (its repackaging stopped).
+#[derive(Debug, thiserror::Error)]
+#[error("the stream ended")]
+struct StreamEnded;
 
 /// The tags of one write: the shared ones, and a player's own (its configuration).
 #[derive(Default)]

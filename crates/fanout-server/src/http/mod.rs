@@ -2,6 +2,8 @@
 //! here and its socket is handed to the engine as a sink, so stream bytes never pass
 //! through the async runtime; `GET /{name}.flv` is answered here too, by an HTTP-FLV player.
 
+mod flv;
+
 use crate::readers::{Held, Protocol, SinkReader, Who};
 use crate::relay::Relay;
 use crate::tls::Tls;
@@ -342,7 +344,7 @@ async fn start_flv<W: tokio::io::AsyncWrite + Unpin>(
     let ip = peer.map_or(std::net::IpAddr::from([0, 0, 0, 0]), |a| a.ip());
     let who = Who::new(Protocol::HttpFlv, peer, Some(&user_of(auth, query, ip)));
     let joined = match may_read(relay, ip, name, auth, query).await {
-        Ok(()) => crate::http_flv::join(relay, name, who).await,
+        Ok(()) => flv::join(relay, name, who).await,
         Err(refused) => Err(refused),
     };
     match joined {
