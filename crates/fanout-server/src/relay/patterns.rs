@@ -9,19 +9,18 @@ impl Relay {
     /// up and pulled from the node that serves it best.
     pub async fn ensure(self: &Arc<Self>, name: &str) -> Result<(), RelayError> {
         use crate::cluster::LookupError;
-        if let Some(p) = self.path(name) {
-            // A pull that just ended (linger) is about to go: it goes now, and a new pull
-            // serves the one who asked, instead of a session deleted under it.
-            if !p.upstream().is_some_and(|u| u.finished()) {
-                return Ok(());
-            }
+        let existing = self.path(name);
+        let pattern = self.pattern(name);
+        let ended = existing.as_ref().map(|p| p.upstream().is_some_and(|u| u.finished()));
+        let (drop_ended, way) = way(ended, pattern.is_some(), self.cluster.is_some());
+        if let (true, Some(p)) = (drop_ended, &existing) {
             self.delete_exact(name, &p.session).await;
         }
-        if let Some(p) = self.pattern(name) {
-            return self.from_pattern(name, p, false).await;
-        }
-        let Some(cluster) = &self.cluster else {
-            return Err(no_such(name));
+        let cluster = match (way, pattern, &self.cluster) {
+            (Way::Have, ..) => return Ok(()),
+            (Way::Pattern, Some(p), _) => return self.from_pattern(name, p, false).await,
+            (Way::Cluster, _, Some(c)) => c,
+            _ => return Err(no_such(name)),
         };
         let choice = cluster.locate(name).await.map_err(|e| match e {
             LookupError::NotFound(why) => RelayError::NotFound(why),
@@ -123,5 +122,50 @@ impl Relay {
         let watch = Unwatched { name: name.to_string(), session, hook, linger, slot, for_publisher };
         tokio::spawn(end_unwatched(Arc::downgrade(self), watch));
         Ok(())
+    }
+}
+
+/// How a named path comes to be for whoever asks for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Way {
+    /// It is there.
+    Have,
+    /// The first pattern it matches makes it.
+    Pattern,
+    /// The cluster finds the node that serves it, and it is pulled from there.
+    Cluster,
+    /// Nothing makes it: 404.
+    Unknown,
+}
+
+/// The choice of [`Relay::ensure`], without the relay: `existing` is `None` without a path of
+/// that name, else whether its pull just ended (a lingering pull about to go: it goes first,
+/// so a new one serves the asker, instead of a path deleted under it). The `bool` says to
+/// delete the ended one first.
+fn way(existing: Option<bool>, pattern: bool, cluster: bool) -> (bool, Way) {
+    let drop_ended = existing == Some(true);
+    let way = match (existing, pattern, cluster) {
+        (Some(false), ..) => Way::Have,
+        (_, true, _) => Way::Pattern,
+        (_, false, true) => Way::Cluster,
+        _ => Way::Unknown,
+    };
+    (drop_ended, way)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{way, Way};
+
+    #[test]
+    fn a_path_is_had_else_made_by_a_pattern_else_pulled_through_the_cluster() {
+        assert_eq!(way(Some(false), true, true), (false, Way::Have), "a path there is used as it is");
+        assert_eq!(way(None, true, true), (false, Way::Pattern), "a pattern before the cluster");
+        assert_eq!(way(None, false, true), (false, Way::Cluster));
+        assert_eq!(way(None, false, false), (false, Way::Unknown));
+        // A pull whose linger ended goes first, and the path is made again.
+        assert_eq!(way(Some(true), false, true), (true, Way::Cluster));
+        assert_eq!(way(Some(true), true, false), (true, Way::Pattern));
+        assert_eq!(way(Some(true), false, false), (true, Way::Unknown));
     }
 }
