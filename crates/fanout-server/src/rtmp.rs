@@ -285,6 +285,8 @@ impl Conn<'_> {
             let n = tokio::select! {
                 // Kicked, or the path went: told as the stream's end.
                 why = crate::readers::ended(held.as_deref()) => {
+                    // The tags waiting go first: nothing follows the end.
+                    self.write_out(&mut stream, &mut server, setup_until, idle).await?;
                     server.end_play(&why);
                     self.write_out(&mut stream, &mut server, setup_until, idle).await?;
                     return Err(Ended::Stream(why));
