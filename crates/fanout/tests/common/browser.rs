@@ -20,6 +20,13 @@ pub struct Driver {
 /// freezes a browser's picture, and those tests count freezes.
 static CHROMIUM: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
+/// Held by a test that counts loss through a shaped link: no Chromium of its binary runs
+/// meanwhile (on two busy cores, a browser's encoding starves the relay's sending and the
+/// loss counted is the machine's, not the relay's).
+pub fn without_browsers() -> std::sync::RwLockWriteGuard<'static, ()> {
+    CHROMIUM.write().unwrap_or_else(|e| e.into_inner())
+}
+
 enum Turn {
     Shared(std::sync::RwLockReadGuard<'static, ()>),
     Alone(std::sync::RwLockWriteGuard<'static, ()>),
