@@ -238,10 +238,8 @@ impl Conn<'_> {
             }
             None => Vec::new(),
         };
-        let mut parts: Vec<&[u8]> = Vec::with_capacity(tags.len() + 1);
-        parts.push(&own);
-        parts.extend(tags.iter().map(crate::repack::FlvTag::rtmp_chunks));
-        match tokio::time::timeout_at(until, crate::write::write_parts(stream, &parts)).await {
+        let parts = std::iter::once(&own[..]).chain(tags.iter().map(crate::repack::FlvTag::rtmp_chunks));
+        match tokio::time::timeout_at(until, crate::write::write_parts(stream, parts)).await {
             Ok(r) => Ok(r?),
             Err(_) => Err(Ended::NotReading),
         }

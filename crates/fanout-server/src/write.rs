@@ -8,8 +8,11 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 pub const MAX_PARTS: usize = 512;
 
 /// Writes `parts` whole, in order.
-pub async fn write_parts<W: AsyncWrite + Unpin>(io: &mut W, parts: &[&[u8]]) -> std::io::Result<()> {
-    let mut slices: Vec<IoSlice> = parts.iter().filter(|p| !p.is_empty()).map(|p| IoSlice::new(p)).collect();
+pub async fn write_parts<'a, W: AsyncWrite + Unpin>(
+    io: &mut W,
+    parts: impl IntoIterator<Item = &'a [u8]>,
+) -> std::io::Result<()> {
+    let mut slices: Vec<IoSlice> = parts.into_iter().filter(|p| !p.is_empty()).map(IoSlice::new).collect();
     let mut left = &mut slices[..];
     while !left.is_empty() {
         let n = io.write_vectored(left).await?;
@@ -75,7 +78,7 @@ mod tests {
     async fn parts_arrive_whole_and_in_order_through_short_writes() {
         let parts: [&[u8]; 4] = [b"abc", b"", b"defghijklmnop", b"q"];
         let mut w = Trickle(Vec::new());
-        write_parts(&mut w, &parts).await.unwrap();
+        write_parts(&mut w, parts).await.unwrap();
         assert_eq!(w.0, b"abcdefghijklmnopq");
     }
 }

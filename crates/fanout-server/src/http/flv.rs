@@ -91,7 +91,7 @@ impl Player {
                 };
                 more = self.take(next, &mut batch, &flv.config);
             }
-            match tokio::time::timeout(stall, write_parts(io, &batch.parts())).await {
+            match tokio::time::timeout(stall, write_parts(io, batch.parts())).await {
                 Ok(Ok(())) => self.held.sent(batch.bytes, batch.tags.len() as u64),
                 Ok(Err(e)) => break format!("the player went: {e}"),
                 Err(_) => break format!("a write took longer than {stall:?}"),
@@ -164,8 +164,8 @@ impl Batch {
     }
 
     /// In order: its own bytes (only ever before the first shared tag), then the tags.
-    fn parts(&self) -> Vec<&[u8]> {
-        self.own.iter().map(Vec::as_slice).chain(self.tags.iter().map(FlvTag::file_bytes)).collect()
+    fn parts(&self) -> impl Iterator<Item = &[u8]> {
+        self.own.iter().map(Vec::as_slice).chain(self.tags.iter().map(FlvTag::file_bytes))
     }
 }
 
@@ -184,7 +184,8 @@ mod tests {
         // One framing, shared by the clones (every player's copy of the tag).
         assert!(std::ptr::eq(b.tags[0].file_bytes().as_ptr(), copy.file_bytes().as_ptr()));
         let framed = fanout_proto::container::flv::file_tag(true, 40, &[0x17, 1, 0, 0, 0, 9, 9, 9]);
-        assert_eq!(b.parts().concat(), [&[1, 2, 3][..], &framed, &framed].concat());
-        assert_eq!(b.bytes, b.parts().concat().len());
+        let written: Vec<u8> = b.parts().flatten().copied().collect();
+        assert_eq!(written, [&[1, 2, 3][..], &framed, &framed].concat());
+        assert_eq!(b.bytes, written.len());
     }
 }
