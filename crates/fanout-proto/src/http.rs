@@ -20,6 +20,9 @@ pub struct StreamRequest<'a> {
     pub container: Container,
     pub query: Option<&'a str>,
     pub authorization: Option<&'a str>,
+    /// A WebSocket opening handshake's `Sec-WebSocket-Key` (WebSocket-FLV, as mpegts.js and
+    /// flv.js open `ws://…/{name}.flv`).
+    pub websocket: Option<&'a str>,
     /// Length of the request head, including the blank line.
     pub head_len: usize,
 }
@@ -107,11 +110,19 @@ pub fn classify(buf: &[u8], max_head: usize) -> Head<'_> {
     if session.split('/').any(str::is_empty) {
         return Head::Api;
     }
-    let authorization = lines
-        .filter_map(|l| l.split_once(':'))
-        .find(|(k, _)| k.trim().eq_ignore_ascii_case("authorization"))
-        .map(|(_, v)| v.trim());
-    Head::Stream(StreamRequest { session, container, query, authorization, head_len: end })
+    let headers: Vec<(&str, &str)> =
+        lines.filter_map(|l| l.split_once(':')).map(|(k, v)| (k.trim(), v.trim())).collect();
+    let header = |name: &str| headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| *v);
+    let authorization = header("authorization");
+    // RFC 6455 §4.2.1: `Upgrade` names websocket among its tokens.
+    let upgrade = header("upgrade").is_some_and(|u| u.split(',').any(|t| t.trim().eq_ignore_ascii_case("websocket")));
+    let websocket = match (upgrade, header("sec-websocket-key")) {
+        (false, _) => None,
+        (true, Some(key)) if container == Container::Flv && !key.is_empty() => Some(key),
+        (true, None) => return Head::Reject(400, "a WebSocket handshake needs Sec-WebSocket-Key"),
+        (true, Some(_)) => return Head::Reject(400, "WebSocket is served for HTTP-FLV (/{name}.flv) only"),
+    };
+    Head::Stream(StreamRequest { session, container, query, authorization, websocket, head_len: end })
 }
 
 /// The byte range a `Range` header asks of a resource of `len` bytes (RFC 9110 §14.1.2):
@@ -216,6 +227,20 @@ mod tests {
         );
         assert_eq!(classify(b"GET /v1/sessions/live//stream HTTP/1.1\r\n\r\n", 8192), Head::Api);
         assert_eq!(p.container, Container::Ts);
+    }
+
+    #[test]
+    fn recognises_websocket_flv_handshakes() {
+        let ws = b"GET /cam.flv HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+            Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
+        let Head::Stream(r) = classify(ws, 8192) else { panic!("a stream request") };
+        assert_eq!((r.session, r.container, r.websocket), ("cam", Container::Flv, Some("dGhlIHNhbXBsZSBub25jZQ==")));
+        let plain = b"GET /cam.flv HTTP/1.1\r\nSec-WebSocket-Key: k\r\n\r\n";
+        assert!(matches!(classify(plain, 8192), Head::Stream(r) if r.websocket.is_none()));
+        let keyless = b"GET /cam.flv HTTP/1.1\r\nUpgrade: WebSocket\r\n\r\n";
+        assert_eq!(classify(keyless, 8192), Head::Reject(400, "a WebSocket handshake needs Sec-WebSocket-Key"));
+        let ts = b"GET /v1/sessions/cam/stream HTTP/1.1\r\nUpgrade: websocket\r\nSec-WebSocket-Key: k\r\n\r\n";
+        assert!(matches!(classify(ts, 8192), Head::Reject(400, _)));
     }
 
     #[test]

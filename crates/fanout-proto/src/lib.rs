@@ -58,4 +58,5 @@ pub mod rtsp;
 pub mod secret;
 pub mod simulcast;
 pub mod srt;
+pub mod websocket;
 pub mod whep;
