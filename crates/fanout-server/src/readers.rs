@@ -27,6 +27,8 @@ pub enum Protocol {
     Srt,
     HttpTs,
     HttpFlv,
+    #[serde(rename = "ws_flv")]
+    WebSocketFlv,
     Hls,
     UdpSink,
     TcpSink,
@@ -43,6 +45,7 @@ impl Protocol {
             Protocol::Srt => "srt",
             Protocol::HttpTs => "http_ts",
             Protocol::HttpFlv => "http_flv",
+            Protocol::WebSocketFlv => "ws_flv",
             Protocol::Hls => "hls",
             Protocol::UdpSink => "udp_sink",
             Protocol::TcpSink => "tcp_sink",

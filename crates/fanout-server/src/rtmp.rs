@@ -308,14 +308,20 @@ impl Conn<'_> {
                     played?;
                     continue;
                 }
+                // Everything waiting goes, a write of at most `FLUSH_BYTES` after another: a
+                // stream faster than a write an interval is not held back (and lapped).
                 _ = sleep_until(flush_at) => {
                     flush_at = None;
-                    let played = match self.playing.as_mut().and_then(|p| try_next_tag(&mut p.tags)) {
-                        Some(tag) => self.play_waiting(&mut server, tag),
-                        None => Ok(()),
-                    };
-                    self.write_out(&mut stream, &mut server, setup_until, idle).await?;
-                    played?;
+                    loop {
+                        let next = self.playing.as_mut().and_then(|p| try_next_tag(&mut p.tags));
+                        let last = next.is_none();
+                        let played = next.map_or(Ok(()), |tag| self.play_waiting(&mut server, tag));
+                        self.write_out(&mut stream, &mut server, setup_until, idle).await?;
+                        played?;
+                        if last {
+                            break;
+                        }
+                    }
                     continue;
                 }
             };

@@ -17,10 +17,28 @@ use std::time::{Duration, Instant};
 /// Our chunk size, told to the relay before any media: a picture goes in one chunk or few.
 const CHUNK: usize = 1 << 16;
 
-/// A publishing RTMP connection.
+/// A publishing or playing RTMP connection.
 pub struct Client {
     tcp: TcpStream,
     out: Vec<u8>,
+    /// What the server sent, past the messages read (its chunk size kept).
+    reader: ChunkReader,
+}
+
+/// A media message a player got.
+#[derive(Debug, Clone)]
+pub struct Played {
+    pub video: bool,
+    /// Its timestamp, ms.
+    pub ms: u32,
+    pub body: Vec<u8>,
+}
+
+impl Played {
+    /// A video keyframe (FLV's frame type 1), not its decoder configuration.
+    pub fn key(&self) -> bool {
+        self.video && self.body.first().is_some_and(|b| b >> 4 == 1) && self.body.get(1) != Some(&0)
+    }
 }
 
 impl Client {
@@ -74,7 +92,7 @@ impl Client {
                 let info = v.get(3);
                 let code = info.and_then(|i| i.get("code")).and_then(Amf::str).unwrap_or_default();
                 if code == started {
-                    return Ok(Self { tcp, out: Vec::new() });
+                    return Ok(Self { tcp, out: Vec::new(), reader: r });
                 }
                 if code.ends_with("Failed")
                     || code.ends_with("Unauthorized")
@@ -121,6 +139,55 @@ impl Client {
             }
         }
         Ok(total)
+    }
+
+    /// The media tags the server sends until `until` (or `max` of them), in order,
+    /// acknowledging as [`Client::read_all`] does.
+    pub fn read_tags(&mut self, until: Instant, max: usize) -> anyhow::Result<Vec<Played>> {
+        let mut buf = vec![0u8; 64 << 10];
+        let (mut tags, mut total, mut acked) = (Vec::new(), 0u64, 0u64);
+        self.tcp.set_read_timeout(Some(Duration::from_millis(200)))?;
+        while Instant::now() < until && tags.len() < max {
+            while let Some(m) = self.reader.next_message()? {
+                match m.kind {
+                    kind::SET_CHUNK_SIZE if m.payload.len() >= 4 => self
+                        .reader
+                        .set_chunk_size(u32::from_be_bytes([m.payload[0], m.payload[1], m.payload[2], m.payload[3]]))?,
+                    kind::VIDEO | kind::AUDIO => {
+                        tags.push(Played { video: m.kind == kind::VIDEO, ms: m.timestamp, body: m.payload })
+                    }
+                    _ => {}
+                }
+            }
+            match self.tcp.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    total += n as u64;
+                    self.reader.push(&buf[..n]);
+                }
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                Err(e) => return Err(e.into()),
+            }
+            if total - acked >= 1_250_000 {
+                acked = total;
+                self.out.clear();
+                write_message(&mut self.out, 2, kind::ACK, 0, 0, &(total as u32).to_be_bytes(), 128);
+                self.tcp.write_all(&self.out)?;
+            }
+        }
+        Ok(tags)
+    }
+
+    /// This end's address (as the relay lists the reader).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.tcp.local_addr().expect("a connected socket")
+    }
+
+    /// Caps the kernel's receive buffer (and so the window the server may fill): a player
+    /// that stops reading is seen as one sooner.
+    pub fn shrink_receive_buffer(&self, bytes: usize) -> anyhow::Result<()> {
+        socket2::SockRef::from(&self.tcp).set_recv_buffer_size(bytes)?;
+        Ok(())
     }
 
     /// Sends one video (`video`) or audio tag body at `ts` ms.

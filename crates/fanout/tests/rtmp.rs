@@ -8,7 +8,7 @@ use common::browser::{have_chromium, Driver};
 use common::*;
 use serde_json::Value;
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const CONFIG: &str = "[[session]]\nname = \"cam\"\nsource = { publish = true }\n";
 
@@ -341,6 +341,28 @@ fn http_flv_plays_frame_for_frame_and_its_player_is_a_reader() {
     assert!(read_head(&mut s).starts_with("HTTP/1.1 404"));
 }
 
+/// HTTP-FLV players give their API connection slot back once they play (their path's
+/// `max_readers` bounds them): with `api_max_connections = 3`, six players play and the API
+/// still answers.
+#[test]
+fn http_flv_players_hold_no_api_connection_slot() {
+    use std::io::{Read, Write};
+    let relay = Relay::with_config("api_max_connections = 3\n", &[]);
+    let players: Vec<_> = (0..6)
+        .map(|_| {
+            let mut s = std::net::TcpStream::connect(relay.api).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            s.write_all(b"GET /demo.flv HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+            assert!(read_head(&mut s).starts_with("HTTP/1.1 200"));
+            let mut header = [0u8; 13];
+            s.read_exact(&mut header).unwrap();
+            s
+        })
+        .collect();
+    let readers = relay.ok("GET", "/v1/sessions/demo/readers", None);
+    assert_eq!(readers.as_array().unwrap().iter().filter(|r| r["protocol"] == "http_flv").count(), players.len());
+}
+
 /// A page on another origin that loads mpegts.js (`script`) and holds one muted video.
 fn player_page(script: String) -> String {
     let site = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -374,25 +396,314 @@ p.play();
 return true;
 "#;
 
-/// A browser plays HTTP-FLV as web players do: mpegts.js (from npm, scripts/install-peers)
-/// in headless Chromium decodes at least 100 pictures of the demo in 10 s, without an error.
+/// A browser plays HTTP-FLV and WebSocket-FLV as web players do: mpegts.js (from npm,
+/// scripts/install-peers) in headless Chromium decodes at least 100 pictures of the demo in
+/// 10 s over each, without an error, and the WebSocket player is a `ws_flv` reader.
 #[test]
-fn chromium_plays_http_flv_with_mpegts_js() {
+fn chromium_plays_http_and_websocket_flv_with_mpegts_js() {
     if !have_chromium() {
         return;
     }
     let Some(lib) = peer("mpegts.js/mpegts.js") else { return };
     let relay = Relay::start(&["--rtsp", "127.0.0.1:0"]);
     let d = Driver::start();
-    d.post("url", serde_json::json!({ "url": player_page(std::fs::read_to_string(lib).unwrap()) }));
-    d.post("execute/sync", serde_json::json!({ "script": PLAY_FLV, "args": [relay.url("/demo.flv")] }));
-    let frames = || {
-        d.js("return document.getElementById('v').getVideoPlaybackQuality().totalVideoFrames;").as_u64().unwrap_or(0)
+    let page = player_page(std::fs::read_to_string(lib).unwrap());
+    let ws = relay.url("/demo.flv").replacen("http://", "ws://", 1);
+    for (url, protocol) in [(relay.url("/demo.flv"), "http_flv"), (ws, "ws_flv")] {
+        d.post("url", serde_json::json!({ "url": page }));
+        d.post("execute/sync", serde_json::json!({ "script": PLAY_FLV, "args": [url] }));
+        let frames = || {
+            d.js("return document.getElementById('v').getVideoPlaybackQuality().totalVideoFrames;")
+                .as_u64()
+                .unwrap_or(0)
+        };
+        let t0 = std::time::Instant::now();
+        let played = wait_for(Duration::from_secs(20), || frames() >= 100);
+        let errors = d.js("return window.flvErrors;");
+        assert!(played, "{url}: {} pictures decoded in {:?}; errors: {errors}", frames(), t0.elapsed());
+        assert!(t0.elapsed() < Duration::from_secs(10), "{url}: 100 pictures took {:?}", t0.elapsed());
+        assert_eq!(errors, serde_json::json!([]), "{url}: mpegts.js errors");
+        let readers = relay.ok("GET", "/v1/sessions/demo/readers", None);
+        assert!(readers.as_array().unwrap().iter().any(|r| r["protocol"] == protocol), "{readers}");
+    }
+}
+
+/// One frame a server sent (unmasked): its opcode and payload.
+fn ws_frame(s: &mut std::net::TcpStream) -> (u8, Vec<u8>) {
+    use std::io::Read;
+    let mut h = [0u8; 2];
+    s.read_exact(&mut h).unwrap();
+    assert_eq!(h[1] & 0x80, 0, "a server's frame is not masked");
+    let len = match h[1] & 0x7f {
+        126 => {
+            let mut l = [0u8; 2];
+            s.read_exact(&mut l).unwrap();
+            u64::from(u16::from_be_bytes(l))
+        }
+        127 => {
+            let mut l = [0u8; 8];
+            s.read_exact(&mut l).unwrap();
+            u64::from_be_bytes(l)
+        }
+        n => u64::from(n),
     };
-    let t0 = std::time::Instant::now();
-    let played = wait_for(Duration::from_secs(20), || frames() >= 100);
-    let errors = d.js("return window.flvErrors;");
-    assert!(played, "{} pictures decoded in {:?}; errors: {errors}", frames(), t0.elapsed());
-    assert!(t0.elapsed() < Duration::from_secs(10), "100 pictures took {:?}", t0.elapsed());
-    assert_eq!(errors, serde_json::json!([]), "mpegts.js errors");
+    let mut payload = vec![0u8; len as usize];
+    s.read_exact(&mut payload).unwrap();
+    assert_eq!(h[0] & 0x80, 0x80, "every frame whole");
+    (h[0] & 0x0f, payload)
+}
+
+/// The payload of the close frame that follows the stream's binary frames.
+fn ws_close(s: &mut std::net::TcpStream) -> Vec<u8> {
+    loop {
+        match ws_frame(s) {
+            (2, _) => continue,
+            (8, p) => return p,
+            other => panic!("unexpected frame {other:?}"),
+        }
+    }
+}
+
+/// WebSocket-FLV by hand, as RFC 6455 has it: the handshake's accept key, the FLV header in
+/// the first binary frame, then whole tags in binary frames; a ping answered with its
+/// payload; kicked, a close with 1001; a client's close answered and the reader gone; a
+/// client's unmasked frame closed with 1002.
+#[test]
+fn websocket_flv_frames_the_stream_answers_pings_and_closes() {
+    use std::io::Write;
+    let relay = Relay::start(&["--rtsp", "127.0.0.1:0"]);
+    let open = || {
+        let mut s = std::net::TcpStream::connect(relay.api).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(
+            b"GET /demo.flv HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+              Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+        )
+        .unwrap();
+        let head = read_head(&mut s);
+        assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+        assert!(head.contains("Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n"), "{head}");
+        let (op, header) = ws_frame(&mut s);
+        assert_eq!((op, &header[..5]), (2, &b"FLV\x01\x05"[..]), "the FLV header, alone");
+        s
+    };
+    let masked = |op: u8, payload: &[u8]| {
+        let mask = [0x11, 0x22, 0x33, 0x44];
+        let mut f = vec![0x80 | op, 0x80 | payload.len() as u8];
+        f.extend(mask);
+        f.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+        f
+    };
+
+    let mut s = open();
+    // Every frame holds whole tags: a tag's header, its body, its previous-tag size.
+    let (mut tags, mut pinged, mut pong) = (0, false, None);
+    for _ in 0..20 {
+        if tags >= 5 && !std::mem::replace(&mut pinged, true) {
+            s.write_all(&masked(9, b"are you there")).unwrap();
+        }
+        match ws_frame(&mut s) {
+            (2, mut p) => {
+                while !p.is_empty() {
+                    assert!(matches!(p[0], 8 | 9), "a tag starts the frame or follows a whole one");
+                    let len = u32::from_be_bytes([0, p[1], p[2], p[3]]) as usize;
+                    assert_eq!(u32::from_be_bytes(p[11 + len..15 + len].try_into().unwrap()) as usize, 11 + len);
+                    p.drain(..15 + len);
+                    tags += 1;
+                }
+            }
+            (10, p) => pong = Some(p),
+            other => panic!("unexpected frame {other:?}"),
+        }
+    }
+    assert_eq!(pong.as_deref(), Some(&b"are you there"[..]), "the ping answered");
+    assert!(tags >= 10, "{tags} tags");
+    let me = s.local_addr().unwrap().to_string();
+    let reader = || {
+        let all = relay.ok("GET", "/v1/sessions/demo/readers", None);
+        all.as_array().unwrap().iter().find(|r| r["protocol"] == "ws_flv" && r["addr"] == me.as_str()).cloned()
+    };
+    let id = reader().expect("listed as a ws_flv reader")["id"].as_str().unwrap().to_string();
+    assert_eq!(relay.call("DELETE", &format!("/v1/sessions/demo/readers/{id}"), None).0, 204);
+    let close = ws_close(&mut s);
+    assert_eq!(close, 1001u16.to_be_bytes(), "kicked: going away");
+
+    let mut s = open();
+    s.write_all(&masked(8, &1000u16.to_be_bytes())).unwrap();
+    let answer = ws_close(&mut s);
+    assert_eq!(answer, 1000u16.to_be_bytes(), "the client's close answered");
+    assert!(stream_ends_within(&mut s, Duration::from_secs(5)));
+
+    let mut s = open();
+    s.write_all(&[0x82, 1, 0]).unwrap();
+    let answer = ws_close(&mut s);
+    assert_eq!(answer, 1002u16.to_be_bytes(), "an unmasked frame is a protocol error");
+    assert!(wait_for(Duration::from_secs(5), || {
+        relay.ok("GET", "/v1/sessions/demo/readers", None).as_array().unwrap().iter().all(|r| r["protocol"] != "ws_flv")
+    }));
+}
+
+/// Pictures of one NAL unit each, numbered in their first bytes, a keyframe every
+/// `key_every`, at `rate` a second, published over RTMP until `stop` (or 40 s).
+fn publish_numbered(
+    rtmp: std::net::SocketAddr,
+    name: &str,
+    rate: f64,
+    key_every: u64,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<u64> {
+    let mut c = fanout_tools::rtmp::Client::publish(rtmp, "live", name).unwrap();
+    // The AVC decoder configuration: a made-up SPS and PPS.
+    let config = [0x17, 0, 0, 0, 0, 1, 0x42, 0xc0, 0x1e, 0xff, 0xe1, 0, 4, 0x67, 0x42, 0xc0, 0x1e, 1, 0, 2, 0x68, 0xce];
+    c.send(true, 0, &config).unwrap();
+    std::thread::spawn(move || {
+        let t0 = std::time::Instant::now();
+        let mut n = 0u64;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) && t0.elapsed() < Duration::from_secs(40) {
+            while (n as f64) < t0.elapsed().as_secs_f64() * rate {
+                let key = n.is_multiple_of(key_every);
+                let nal_len = 16_000u32;
+                let mut body = vec![if key { 0x17 } else { 0x27 }, 1, 0, 0, 0];
+                body.extend_from_slice(&nal_len.to_be_bytes());
+                body.push(if key { 0x65 } else { 0x41 });
+                // Seven bits a byte, the top one set: no zeros that would read as a start code.
+                body.extend((0..4).rev().map(|i| 0x80 | (n >> (7 * i)) as u8 & 0x7f));
+                body.resize(9 + nal_len as usize, 0x5a);
+                if c.send(true, (n as f64 * 1000.0 / rate) as u32, &body).is_err() {
+                    return n;
+                }
+                n += 1;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        n
+    })
+}
+
+/// The tags an HTTP-FLV player of `name` gets until its stream ends (or 60 s), as RTMP's.
+fn flv_tags(api: std::net::SocketAddr, name: &str) -> Vec<fanout_tools::rtmp::Played> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(api).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(s, "GET /{name}.flv HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    assert!(read_head(&mut s).starts_with("HTTP/1.1 200"));
+    let mut header = [0u8; 13];
+    s.read_exact(&mut header).unwrap();
+    let mut tags = Vec::new();
+    let mut head = [0u8; 11];
+    while s.read_exact(&mut head).is_ok() {
+        let len = u32::from_be_bytes([0, head[1], head[2], head[3]]) as usize;
+        let mut body = vec![0u8; len + 4];
+        s.read_exact(&mut body).unwrap();
+        body.truncate(len);
+        let ms = u32::from_be_bytes([head[7], head[4], head[5], head[6]]);
+        tags.push(fanout_tools::rtmp::Played { video: head[0] == 9, ms, body });
+    }
+    tags
+}
+
+/// The number a picture of [`publish_numbered`] carries: after its slice's NAL header,
+/// wherever the relay put the parameter sets.
+fn picture_number(tag: &fanout_tools::rtmp::Played) -> Option<u64> {
+    let mut at = 5;
+    while at + 4 <= tag.body.len() {
+        let len = u32::from_be_bytes(tag.body[at..at + 4].try_into().unwrap()) as usize;
+        let nal = tag.body.get(at + 4..at + 4 + len)?;
+        if matches!(nal.first().map(|b| b & 0x1f), Some(1 | 5)) {
+            return Some(nal.get(1..5)?.iter().fold(0, |n, b| n << 7 | u64::from(b & 0x7f)));
+        }
+        at += 4 + len;
+    }
+    None
+}
+
+/// A player that stops reading falls behind the path's channel of tags and skips ahead to
+/// a keyframe, its picture whole; a player beside it loses nothing, every picture in order.
+#[test]
+fn a_slow_rtmp_player_skips_to_a_keyframe_and_the_others_lose_nothing() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let relay = Relay::with_config(CONFIG, &["--no-demo"]);
+    let rtmp: std::net::SocketAddr = rtmp_addr(&relay).parse().unwrap();
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    // 400 pictures of 16 kB a second (6.4 MB/s): the channel's 1,024 tags are 2.6 s of it.
+    let publisher = publish_numbered(rtmp, "cam", 400.0, 50, stop.clone());
+    // (Players are taken once the stream is there.)
+    let play = || {
+        let t0 = Instant::now();
+        loop {
+            match fanout_tools::rtmp::Client::play(rtmp, "live", "cam") {
+                Ok(c) => return c,
+                Err(e) if t0.elapsed() > Duration::from_secs(10) => panic!("no stream to play: {e}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    };
+    let mut fast = play();
+    let slow = play();
+    // (Above loopback's 64 kB segments: a window below one is opened by the persist timer.)
+    slow.shrink_receive_buffer(256 << 10).unwrap();
+    let me = slow.local_addr().to_string();
+    // (Until its connection ends with the stream, the publisher gone.)
+    let fast_reads = std::thread::spawn(move || fast.read_tags(Instant::now() + Duration::from_secs(60), usize::MAX));
+    let flv_reads = std::thread::spawn({
+        let api = relay.api;
+        move || flv_tags(api, "cam")
+    });
+
+    // The slow one reads nothing for 6 s: the sockets' buffers fill (the relay's grows to
+    // ~4 MB: 250 pictures), its task waits on the write, and the channel laps it (2.6 s).
+    std::thread::sleep(Duration::from_secs(6));
+    let mut slow = slow;
+    let got = slow.read_tags(Instant::now() + Duration::from_secs(4), usize::MAX).unwrap();
+    let skips = {
+        let all = relay.ok("GET", "/v1/sessions/cam/readers", None);
+        let mine = all.as_array().unwrap().iter().find(|r| r["addr"] == me.as_str()).cloned();
+        mine.and_then(|r| r["skips"].as_u64()).unwrap_or(0)
+    };
+    let n: Vec<_> = got.iter().filter_map(picture_number).collect();
+    assert!(
+        skips > 1000,
+        "the relay counts the slow player's skipped tags: {skips} ({} tags, {:?}..{:?})",
+        got.len(),
+        n.first(),
+        n.last()
+    );
+    stop.store(true, Ordering::Relaxed);
+    let published = publisher.join().unwrap();
+
+    let numbers = |tags: &[fanout_tools::rtmp::Played]| -> Vec<(u64, bool)> {
+        tags.iter().filter_map(|t| picture_number(t).map(|n| (n, t.key()))).collect()
+    };
+    let slow_pictures = numbers(&got);
+    let gaps: Vec<usize> =
+        (1..slow_pictures.len()).filter(|&i| slow_pictures[i].0 != slow_pictures[i - 1].0 + 1).collect();
+    assert!(
+        !gaps.is_empty(),
+        "the slow player skipped nothing ({} pictures: {:?} to {:?} of {published}; {} tags)",
+        slow_pictures.len(),
+        slow_pictures.first(),
+        slow_pictures.last(),
+        got.len()
+    );
+    for &i in &gaps {
+        assert!(slow_pictures[i].0 > slow_pictures[i - 1].0, "pictures went back: {:?}", &slow_pictures[i - 1..=i]);
+        assert!(slow_pictures[i].1, "after a skip, a keyframe first: {:?}", &slow_pictures[i - 1..=i]);
+    }
+    assert!(slow_pictures[0].1, "it starts at a keyframe");
+
+    // The fast ones (RTMP, HTTP-FLV) got every picture, each faster than one write of 64 kB
+    // a flush interval; their connections end with the stream (the publisher gone).
+    for (kind, tags) in [("RTMP", fast_reads.join().unwrap().unwrap()), ("HTTP-FLV", flv_reads.join().unwrap())] {
+        let pictures = numbers(&tags);
+        assert!(pictures[0].1, "{kind}: it starts at a keyframe");
+        for w in pictures.windows(2) {
+            assert_eq!(w[1].0, w[0].0 + 1, "the fast {kind} player lost or reordered a picture");
+        }
+        let last = pictures.last().unwrap().0;
+        assert!(
+            last + 400 >= published && pictures.len() > 1000,
+            "{kind}: {} pictures to {last} of {published}",
+            pictures.len()
+        );
+    }
 }

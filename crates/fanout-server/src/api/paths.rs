@@ -100,6 +100,9 @@ pub(super) fn session_json(relay: &Relay, s: &fanout_io::Session) -> serde_json:
     }
     v["stream_url"] = json!(format!("{http}://{}/v1/sessions/{}/stream", relay.cfg().api, s.name()));
     v["flv_url"] = json!(format!("{http}://{}/{}.flv", relay.cfg().api, s.name()));
+    // The same URL as a WebSocket (for browsers' FLV players).
+    let ws = if relay.cfg().https() { "wss" } else { "ws" };
+    v["ws_flv_url"] = json!(format!("{ws}://{}/{}.flv", relay.cfg().api, s.name()));
     v["stream_format"] = json!(stream_format(&path));
     if let Some(r) = repackaging_json(&path, &counts) {
         v["repackaging"] = r;

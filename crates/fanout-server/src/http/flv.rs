@@ -4,14 +4,18 @@
 //! vectored write, straight from the shared buffers; one that falls a channel behind skips to
 //! the next keyframe, as RTMP players do. Kicked, or at the path's end, the stream ends (the
 //! connection closes: the response has no length).
+//!
+//! WebSocket-FLV (the same URL opened as `ws://`, as browsers' players do) is the same: each
+//! write is one binary frame, its header the player's only bytes of its own.
 
 use crate::readers::{Held, Registered, Who};
 use crate::relay::Relay;
 use crate::repack::{FlvTag, Repack};
 use crate::write::{write_parts, MAX_PARTS};
+use fanout_proto::websocket::{self as ws, Incoming};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 
 /// A write gathers at most this much (and at most `MAX_PARTS` tags).
@@ -29,6 +33,10 @@ pub struct Player {
     configured: bool,
     held: Arc<Held>,
     registered: Registered,
+    /// WebSocket-FLV: what the client sends (its pings and close).
+    ws: Option<Incoming>,
+    /// A close frame went out (nothing may follow it).
+    closed: bool,
 }
 
 /// Joins a player to path `name`'s FLV (made on demand, as for any reader), or says why not
@@ -46,7 +54,18 @@ pub async fn join(relay: &Arc<Relay>, name: &str, who: Who) -> Result<Player, (u
     let registered = path.readers.join(who, held.clone()).map_err(|full| (503, full.to_string()))?;
     let video = flv.config.iter().any(|(v, _)| *v);
     let tags = flv.tags.subscribe();
-    Ok(Player { name: name.to_string(), repack, tags, video, at_key: video, configured: false, held, registered })
+    Ok(Player {
+        name: name.to_string(),
+        repack,
+        tags,
+        video,
+        at_key: video,
+        configured: false,
+        held,
+        registered,
+        ws: None,
+        closed: false,
+    })
 }
 
 /// The response head: no length, the stream until either side closes; any origin may read it.
@@ -54,35 +73,68 @@ const HEAD: &str = "HTTP/1.1 200 OK\r\nContent-Type: video/x-flv\r\nCache-Contro
     Access-Control-Allow-Origin: *\r\nConnection: close\r\n\r\n";
 
 impl Player {
-    /// Plays into `io` until the client goes, a write takes longer than `stall`, or the
-    /// player is kicked or its path ends.
-    pub async fn run<W: AsyncWrite + Unpin>(mut self, io: &mut W, flush: Duration, stall: Duration) {
+    /// Plays into `io` (over WebSocket where the request gave a `websocket` key) until the
+    /// client goes, a write takes longer than `stall`, or the player is kicked or its path
+    /// ends.
+    pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
+        mut self,
+        io: &mut S,
+        websocket: Option<&str>,
+        flush: Duration,
+        stall: Duration,
+    ) {
         let flv = self.repack.flv.clone().expect("joined with FLV");
         let audio = flv.config.iter().any(|(v, _)| !*v);
-        let mut start = HEAD.as_bytes().to_vec();
-        start.extend_from_slice(&fanout_proto::container::flv::file_header(self.video, audio));
+        let header = fanout_proto::container::flv::file_header(self.video, audio);
+        let start = match websocket {
+            Some(key) => {
+                self.ws = Some(Incoming::default());
+                let (h, n) = ws::frame_header(ws::op::BINARY, header.len());
+                [ws::upgrade_response(key).as_bytes(), &h[..n], &header].concat()
+            }
+            None => [HEAD.as_bytes(), &header].concat(),
+        };
         if !matches!(tokio::time::timeout(stall, io.write_all(&start)).await, Ok(Ok(()))) {
             return;
         }
-        tracing::info!(path = self.name, reader = self.registered.id(), "HTTP-FLV player playing");
+        let kind = if self.ws.is_some() { "WebSocket-FLV" } else { "HTTP-FLV" };
+        tracing::info!(path = self.name, reader = self.registered.id(), "{kind} player playing");
+        // The client sends nothing but (over WebSocket) pings and its close; its read ending
+        // is its leaving, seen at once rather than at the next write.
+        let mut heard = [0u8; 512];
+        // A write holds at most `FLUSH_BYTES`; what it left waiting goes in the next at once.
+        let mut left_waiting = false;
         let why = loop {
-            let first = tokio::select! {
-                why = crate::readers::ended(Some(&self.held)) => break why,
-                t = self.tags.recv() => t,
-            };
             let mut batch = Batch::default();
-            if let Err(e) = self.take(first, &mut batch, &flv.config) {
-                break e.to_string();
-            }
-            // What else comes within the flush interval goes in the same write.
-            if !flush.is_zero() {
-                tokio::select! {
+            if !std::mem::take(&mut left_waiting) {
+                let first = tokio::select! {
                     why = crate::readers::ended(Some(&self.held)) => break why,
-                    _ = tokio::time::sleep(flush) => {}
+                    r = io.read(&mut heard) => match self.hear(io, r, &heard, stall).await {
+                        Ok(()) => continue,
+                        Err(why) => break why,
+                    },
+                    t = self.tags.recv() => t,
+                };
+                if let Err(e) = self.take(first, &mut batch, &flv.config) {
+                    break e.to_string();
+                }
+                // What else comes within the flush interval goes in the same write.
+                if !flush.is_zero() {
+                    tokio::select! {
+                        why = crate::readers::ended(Some(&self.held)) => break why,
+                        r = io.read(&mut heard) => if let Err(why) = self.hear(io, r, &heard, stall).await {
+                            break why;
+                        },
+                        _ = tokio::time::sleep(flush) => {}
+                    }
                 }
             }
             let mut more = Ok(());
-            while more.is_ok() && batch.bytes < FLUSH_BYTES && batch.tags.len() < MAX_PARTS {
+            while more.is_ok() {
+                if batch.bytes >= FLUSH_BYTES || batch.tags.len() >= MAX_PARTS {
+                    left_waiting = true;
+                    break;
+                }
                 let next = match self.tags.try_recv() {
                     Ok(t) => Ok(t),
                     Err(TryRecvError::Empty) => break,
@@ -91,7 +143,15 @@ impl Player {
                 };
                 more = self.take(next, &mut batch, &flv.config);
             }
-            match tokio::time::timeout(stall, write_parts(io, batch.parts())).await {
+            if batch.bytes == 0 {
+                match more {
+                    Ok(()) => continue,
+                    Err(e) => break e.to_string(),
+                }
+            }
+            let frame = self.ws.is_some().then(|| ws::frame_header(ws::op::BINARY, batch.bytes));
+            let framing = frame.as_ref().map(|(h, n)| &h[..*n]);
+            match tokio::time::timeout(stall, write_parts(io, framing.into_iter().chain(batch.parts()))).await {
                 Ok(Ok(())) => self.held.sent(batch.bytes, batch.tags.len() as u64),
                 Ok(Err(e)) => break format!("the player went: {e}"),
                 Err(_) => break format!("a write took longer than {stall:?}"),
@@ -100,8 +160,53 @@ impl Player {
                 break e.to_string();
             }
         };
+        // A WebSocket is told it ends (unless the client closed it, and was answered).
+        if self.ws.is_some() && !self.closed {
+            let close = ws::close_frame(ws::close::GOING_AWAY);
+            let _ = tokio::time::timeout(Duration::from_secs(1), io.write_all(&close)).await;
+        }
         let _ = tokio::time::timeout(Duration::from_secs(1), io.shutdown()).await;
-        tracing::info!(path = self.name, reader = self.registered.id(), "HTTP-FLV player ended: {why}");
+        tracing::info!(path = self.name, reader = self.registered.id(), "{kind} player ended: {why}");
+    }
+
+    /// What the client sent: nothing to do over plain HTTP; over WebSocket a ping answered,
+    /// a close answered and the end, a broken frame closed with 1002. `Err`: why it ends.
+    async fn hear<S: AsyncWrite + Unpin>(
+        &mut self,
+        io: &mut S,
+        read: std::io::Result<usize>,
+        heard: &[u8],
+        stall: Duration,
+    ) -> Result<(), String> {
+        let n = match read {
+            Ok(0) => return Err("the player went".into()),
+            Err(e) => return Err(format!("the player went: {e}")),
+            Ok(n) => n,
+        };
+        let Some(incoming) = self.ws.as_mut() else { return Ok(()) };
+        let (mut reply, mut end) = (Vec::new(), None);
+        match incoming.push(&heard[..n]) {
+            Ok(events) => {
+                for e in events {
+                    match e {
+                        ws::Event::Ping(p) => reply.extend(ws::pong_frame(&p)),
+                        ws::Event::Close(code) => {
+                            reply.extend(ws::close_frame(ws::close::NORMAL));
+                            end = Some(format!("the player closed its WebSocket ({code:?})"));
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                reply = ws::close_frame(ws::close::PROTOCOL_ERROR);
+                end = Some(format!("the player broke the WebSocket protocol: {e}"));
+            }
+        }
+        self.closed = end.is_some();
+        if !reply.is_empty() && !matches!(tokio::time::timeout(stall, io.write_all(&reply)).await, Ok(Ok(()))) {
+            return Err("the player does not read".into());
+        }
+        end.map_or(Ok(()), Err)
     }
 
     /// One tag from the channel into `batch`: from a keyframe on (its picture whole), the

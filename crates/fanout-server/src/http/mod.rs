@@ -54,30 +54,36 @@ pub async fn serve(listener: TcpListener, relay: Arc<Relay>, router: axum::Route
         };
         let (relay, router, tls) = (relay.clone(), router.clone(), tls.clone());
         tokio::spawn(async move {
-            let _held = (permit, pass);
+            let _pass = pass;
             match tls {
-                Some(tls) => serve_tls(stream, &relay, router, &tls, head_timeout).await,
-                None => serve_plain(stream, &relay, router, head_timeout).await,
+                Some(tls) => serve_tls(stream, &relay, router, &tls, head_timeout, permit).await,
+                None => serve_plain(stream, &relay, router, head_timeout, permit).await,
             }
         });
     }
 }
 
-async fn serve_plain(stream: TcpStream, relay: &Arc<Relay>, router: axum::Router, head_timeout: Duration) {
+/// One of the `api_max_connections`: an API connection holds it for its life; a stream's
+/// player gives it back once it plays (its path's `max_readers` bounds those).
+type Slot = tokio::sync::OwnedSemaphorePermit;
+
+async fn serve_plain(stream: TcpStream, relay: &Arc<Relay>, router: axum::Router, head_timeout: Duration, slot: Slot) {
     match stream_request(&stream, head_timeout).await {
-        Some(Ok((name, Container::Ts, auth, query, head_len))) => {
-            start_stream(stream, relay, &name, auth.as_deref(), query.as_deref(), head_len).await
+        Some(Ok(asked)) if asked.container == Container::Ts => {
+            start_stream(stream, relay, &asked.name, asked.auth.as_deref(), asked.query.as_deref(), asked.head_len)
+                .await
         }
-        Some(Ok((name, Container::Flv, auth, query, head_len))) => {
+        Some(Ok(asked)) => {
             let mut stream = stream;
-            let mut head = vec![0u8; head_len];
+            let mut head = vec![0u8; asked.head_len];
             if stream.read_exact(&mut head).await.is_ok() {
                 let peer = stream.peer_addr().ok();
-                start_flv(stream, peer, relay, &name, auth.as_deref(), query.as_deref()).await;
+                start_flv(stream, peer, relay, &asked, slot).await;
             }
         }
         Some(Err(())) => {}
         None => {
+            let _slot = slot;
             let peer = stream.peer_addr().ok();
             serve_api(stream, peer, router, head_timeout).await
         }
@@ -131,7 +137,14 @@ fn name_steps_as_one<B>(mut req: axum::http::Request<B>) -> axum::http::Request<
 
 /// HTTPS: the handshake, then the same split as plain HTTP, on the decrypted bytes (read,
 /// not peeked: what the API's requests began with is handed to hyper before the rest).
-async fn serve_tls(stream: TcpStream, relay: &Arc<Relay>, router: axum::Router, tls: &Tls, head_timeout: Duration) {
+async fn serve_tls(
+    stream: TcpStream,
+    relay: &Arc<Relay>,
+    router: axum::Router,
+    tls: &Tls,
+    head_timeout: Duration,
+    slot: Slot,
+) {
     let peer = stream.peer_addr().ok();
     let mut first = [0u8; 2];
     match tokio::time::timeout(head_timeout, stream.peek(&mut first)).await {
@@ -162,21 +175,19 @@ async fn serve_tls(stream: TcpStream, relay: &Arc<Relay>, router: axum::Router, 
     loop {
         match classify(&buf, MAX_HEAD) {
             Head::Stream(r) => {
-                let (name, auth, query) =
-                    (r.session.to_string(), r.authorization.map(str::to_string), r.query.map(str::to_string));
-                let container = r.container;
-                buf.drain(..r.head_len);
-                match container {
+                let asked = Asked::from(r);
+                match asked.container {
                     Container::Ts => {
-                        start_tls_stream(tls_stream, relay, &name, auth.as_deref(), query.as_deref()).await
+                        drop(slot);
+                        let (auth, query) = (asked.auth.as_deref(), asked.query.as_deref());
+                        start_tls_stream(tls_stream, relay, &asked.name, auth, query).await
                     }
-                    Container::Flv => {
-                        start_flv(tls_stream, peer, relay, &name, auth.as_deref(), query.as_deref()).await
-                    }
+                    Container::Flv => start_flv(tls_stream, peer, relay, &asked, slot).await,
                 }
                 return;
             }
             Head::Api => {
+                let _slot = slot;
                 return serve_api(Prefixed { head: buf, at: 0, io: tls_stream }, peer, router, head_timeout).await;
             }
             Head::Reject(status, why) => {
@@ -237,11 +248,33 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Prefixed<S> {
     }
 }
 
-type Parsed = (String, Container, Option<String>, Option<String>, usize);
+/// A stream request, owned.
+struct Asked {
+    name: String,
+    container: Container,
+    auth: Option<String>,
+    query: Option<String>,
+    /// WebSocket-FLV: the handshake's key.
+    websocket: Option<String>,
+    head_len: usize,
+}
+
+impl From<fanout_proto::http::StreamRequest<'_>> for Asked {
+    fn from(r: fanout_proto::http::StreamRequest<'_>) -> Self {
+        Asked {
+            name: r.session.to_string(),
+            container: r.container,
+            auth: r.authorization.map(str::to_string),
+            query: r.query.map(str::to_string),
+            websocket: r.websocket.map(str::to_string),
+            head_len: r.head_len,
+        }
+    }
+}
 
 /// Peeks at the request head (without consuming it, so hyper can read it if it is not ours).
 /// `None`: the API's; `Some(Err(()))`: answered or dropped here.
-async fn stream_request(stream: &TcpStream, head_timeout: Duration) -> Option<Result<Parsed, ()>> {
+async fn stream_request(stream: &TcpStream, head_timeout: Duration) -> Option<Result<Asked, ()>> {
     let mut buf = vec![0u8; MAX_HEAD];
     let deadline = tokio::time::Instant::now() + head_timeout;
     loop {
@@ -255,16 +288,7 @@ async fn stream_request(stream: &TcpStream, head_timeout: Duration) -> Option<Re
             return Some(Err(()));
         }
         match classify(&buf[..n], MAX_HEAD) {
-            Head::Stream(r) => {
-                let p = (
-                    r.session.to_string(),
-                    r.container,
-                    r.authorization.map(str::to_string),
-                    r.query.map(str::to_string),
-                    r.head_len,
-                );
-                return Some(Ok(p));
-            }
+            Head::Stream(r) => return Some(Ok(Asked::from(r))),
             Head::Api => return None,
             // What hyper would answer with an empty body (or not at all): the API's JSON.
             Head::Reject(status, why) => {
@@ -331,29 +355,31 @@ async fn may_read(
     }
 }
 
-/// An HTTP-FLV player of `name` on `io` (plain or TLS), once it may read; refused with the
-/// API's JSON error otherwise.
-async fn start_flv<W: tokio::io::AsyncWrite + Unpin>(
-    mut io: W,
+/// An HTTP-FLV (or WebSocket-FLV) player on `io` (plain or TLS), once it may read; refused
+/// with the API's JSON error otherwise.
+async fn start_flv<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    mut io: S,
     peer: Option<std::net::SocketAddr>,
     relay: &Arc<Relay>,
-    name: &str,
-    auth: Option<&str>,
-    query: Option<&str>,
+    asked: &Asked,
+    slot: Slot,
 ) {
+    let (name, auth, query) = (asked.name.as_str(), asked.auth.as_deref(), asked.query.as_deref());
     let ip = peer.map_or(std::net::IpAddr::from([0, 0, 0, 0]), |a| a.ip());
-    let who = Who::new(Protocol::HttpFlv, peer, Some(&user_of(auth, query, ip)));
+    let protocol = if asked.websocket.is_some() { Protocol::WebSocketFlv } else { Protocol::HttpFlv };
+    let who = Who::new(protocol, peer, Some(&user_of(auth, query, ip)));
     let joined = match may_read(relay, ip, name, auth, query).await {
         Ok(()) => flv::join(relay, name, who).await,
         Err(refused) => Err(refused),
     };
     match joined {
         Ok(player) => {
+            drop(slot);
             let cfg = relay.cfg();
             let flush = Duration::from_millis(cfg.stream_flush_ms);
             let stall = Duration::from_secs_f64(cfg.request_timeout_s.max(1.0));
             drop(cfg);
-            player.run(&mut io, flush, stall).await;
+            player.run(&mut io, asked.websocket.as_deref(), flush, stall).await;
         }
         Err((status, why)) => {
             tracing::info!(path = name, ?peer, "HTTP-FLV player refused: {why}");
