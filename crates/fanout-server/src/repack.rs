@@ -147,6 +147,22 @@ pub struct Flv {
     pub tags: tokio::sync::broadcast::Sender<FlvTag>,
 }
 
+/// Which decoder configurations a player was sent: each goes just before the first tag of
+/// its kind, at that tag's time, so neither kind's times ever go back (audio may come a
+/// little before the first keyframe's time).
+#[derive(Default)]
+pub struct Configured([bool; 2]);
+
+impl Configured {
+    /// The configurations of `tag`'s kind it still needs (all of its kind before the first
+    /// such tag, then none).
+    pub fn owed<'a>(&mut self, tag: &FlvTag, config: &'a [(bool, Vec<u8>)]) -> impl Iterator<Item = &'a [u8]> + 'a {
+        let first = !std::mem::replace(&mut self.0[usize::from(tag.video)], true);
+        let video = tag.video;
+        config.iter().filter(move |(v, _)| first && *v == video).map(|(_, b)| b.as_slice())
+    }
+}
+
 /// One FLV tag of the stream: video or audio, a keyframe's, its decoding time in ms.
 #[derive(Clone)]
 pub struct FlvTag {
@@ -478,6 +494,17 @@ async fn run(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn each_configuration_goes_before_its_kinds_first_tag() {
+        let config = [(true, vec![1]), (false, vec![2])];
+        let tag = |video| super::FlvTag::new(video, video, 40, std::sync::Arc::new(vec![0]));
+        let mut c = super::Configured::default();
+        assert_eq!(c.owed(&tag(true), &config).collect::<Vec<_>>(), [&[1][..]]);
+        assert_eq!(c.owed(&tag(true), &config).count(), 0);
+        assert_eq!(c.owed(&tag(false), &config).collect::<Vec<_>>(), [&[2][..]]);
+        assert_eq!(c.owed(&tag(false), &config).count(), 0);
+    }
+
     use fanout_proto::container::repack::TrackInfo;
 
     /// Every player's copy of a tag (a broadcast clones it per receiver) shares one RTMP

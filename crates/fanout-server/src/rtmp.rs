@@ -132,8 +132,8 @@ struct Player {
     at_key: bool,
     /// Whether the stream has video (an audio-only one starts at any tag).
     video: bool,
-    /// The decoder configuration went out (before the first tag, at its time).
-    configured: bool,
+    /// Which decoder configurations went out.
+    configured: crate::repack::Configured,
     /// Tags waiting for the next write, as their shared chunks (a player that takes them).
     pending: Vec<crate::repack::FlvTag>,
     pending_bytes: usize,
@@ -460,7 +460,7 @@ impl Conn<'_> {
             tags,
             at_key: video,
             video,
-            configured: false,
+            configured: Default::default(),
             pending: Vec::new(),
             pending_bytes: 0,
             repack,
@@ -515,10 +515,9 @@ impl Conn<'_> {
             }
             p.at_key = false;
         }
-        if !std::mem::replace(&mut p.configured, true) {
-            for (video, body) in p.repack.flv.iter().flat_map(|f| &f.config) {
-                server.media(*video, tag.ms, body);
-            }
+        let config = p.repack.flv.as_ref().map_or(&[][..], |f| &f.config[..]);
+        for body in p.configured.owed(&tag, config) {
+            server.media(tag.video, tag.ms, body);
         }
         p.held.sent(tag.body.len(), 1);
         if server.takes_shared_media() {

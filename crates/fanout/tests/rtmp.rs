@@ -465,7 +465,7 @@ fn ws_close(s: &mut std::net::TcpStream) -> Vec<u8> {
 }
 
 /// WebSocket-FLV by hand, as RFC 6455 has it: the handshake's accept key, the FLV header in
-/// the first binary frame, then whole tags in binary frames; a ping answered with its
+/// the first binary frame, then whole tags in binary frames, each kind's times in order; a ping answered with its
 /// payload; kicked, a close with 1001; a client's close answered and the reader gone; a
 /// client's unmasked frame closed with 1002.
 #[test]
@@ -498,6 +498,8 @@ fn websocket_flv_frames_the_stream_answers_pings_and_closes() {
     let mut s = open();
     // Every frame holds whole tags: a tag's header, its body, its previous-tag size.
     let (mut tags, mut pinged, mut pong) = (0, false, None);
+    // Each kind's times never go back (its decoder configuration included).
+    let mut last_ms = [None::<u32>; 2];
     for _ in 0..20 {
         if tags >= 5 && !std::mem::replace(&mut pinged, true) {
             s.write_all(&masked(9, b"are you there")).unwrap();
@@ -507,6 +509,10 @@ fn websocket_flv_frames_the_stream_answers_pings_and_closes() {
                 while !p.is_empty() {
                     assert!(matches!(p[0], 8 | 9), "a tag starts the frame or follows a whole one");
                     let len = u32::from_be_bytes([0, p[1], p[2], p[3]]) as usize;
+                    let ms = u32::from_be_bytes([p[7], p[4], p[5], p[6]]);
+                    let last = &mut last_ms[usize::from(p[0] == 9)];
+                    assert!(last.is_none_or(|l| ms >= l), "a tag of kind {} at {ms} ms after {last:?}", p[0]);
+                    *last = Some(ms);
                     assert_eq!(u32::from_be_bytes(p[11 + len..15 + len].try_into().unwrap()) as usize, 11 + len);
                     p.drain(..15 + len);
                     tags += 1;

@@ -29,8 +29,8 @@ pub struct Player {
     video: bool,
     /// Waiting for a keyframe (at the start, and after it fell behind).
     at_key: bool,
-    /// The decoder configuration went out (with the first keyframe's time).
-    configured: bool,
+    /// Which decoder configurations went out.
+    configured: crate::repack::Configured,
     held: Arc<Held>,
     registered: Registered,
     /// WebSocket-FLV: what the client sends (its pings and close).
@@ -60,7 +60,7 @@ pub async fn join(relay: &Arc<Relay>, name: &str, who: Who) -> Result<Player, (u
         tags,
         video,
         at_key: video,
-        configured: false,
+        configured: Default::default(),
         held,
         registered,
         ws: None,
@@ -209,8 +209,8 @@ impl Player {
         end.map_or(Ok(()), Err)
     }
 
-    /// One tag from the channel into `batch`: from a keyframe on (its picture whole), the
-    /// decoder configuration before the first.
+    /// One tag from the channel into `batch`: from a keyframe on (its picture whole), each
+    /// decoder configuration before its kind's first tag.
     fn take(
         &mut self,
         tag: Result<FlvTag, RecvError>,
@@ -233,11 +233,8 @@ impl Player {
             }
             self.at_key = false;
         }
-        if !self.configured {
-            self.configured = true;
-            for (video, body) in config {
-                batch.push_owned(fanout_proto::container::flv::file_tag(*video, tag.ms, body));
-            }
+        for body in self.configured.owed(&tag, config) {
+            batch.push_owned(fanout_proto::container::flv::file_tag(tag.video, tag.ms, body));
         }
         batch.push(tag);
         Ok(())
@@ -268,7 +265,8 @@ impl Batch {
         self.own.push(b);
     }
 
-    /// In order: its own bytes (only ever before the first shared tag), then the tags.
+    /// Its own bytes (decoder configurations), then the tags: each configuration still
+    /// comes before its kind's first tag.
     fn parts(&self) -> impl Iterator<Item = &[u8]> {
         self.own.iter().map(Vec::as_slice).chain(self.tags.iter().map(FlvTag::file_bytes))
     }
