@@ -1,9 +1,11 @@
 //! `fanout sub --read URL --count N`: N players of one RTMP, SRT or WebRTC (WHEP) stream in
-//! one process, a thread each (what a bench puts on a server apart from the server's own
-//! CPU). RTMP players play and acknowledge; SRT readers call with the URL's stream id; WebRTC
-//! viewers offer, connect and receive H.264 (`whep`), 32 connecting at a time. Prints
-//! `sub: ready` once all are playing (one that cannot is an error), reads for `--duration`
-//! from then, then prints a JSON line: players, bytes (total, least).
+//! one process (what a bench puts on a server apart from the server's own CPU). RTMP players
+//! set up a few at a time, then are read together by one epoll loop: each one's messages
+//! parsed, its tags checked in order, acknowledged as RTMP asks. SRT readers (calling with
+//! the URL's stream id) and WebRTC viewers (offer, connect and receive H.264 (`whep`), 32
+//! connecting at a time) are a thread each. Prints `sub: ready` once all are playing (one
+//! that cannot is an error), reads for `--duration` from then, then prints a JSON line:
+//! players, bytes (total, least), and for RTMP the tags and any out of order.
 
 use crate::stop::Stop;
 use anyhow::{bail, Context};
@@ -79,6 +81,9 @@ fn play(t: &Target, ready: std::sync::mpsc::Sender<Result<(), String>>, until: I
 
 pub fn run(url: &str, count: usize, duration: f64) -> anyhow::Result<()> {
     let t = std::sync::Arc::new(target(url)?);
+    if let Target::Rtmp { addr, app, name } = &*t {
+        return rtmp_players(*addr, app, name, count, duration);
+    }
     // Connecting takes a moment per player (WebRTC viewers may be told to try again while
     // many connect): the reading starts after, for `duration`.
     let connecting = match *t {
@@ -116,6 +121,137 @@ pub fn run(url: &str, count: usize, duration: f64) -> anyhow::Result<()> {
         "players": count,
         "bytes": bytes.iter().sum::<u64>(),
         "least_bytes": bytes.iter().min(),
+    });
+    println!("{out}");
+    Ok(())
+}
+
+/// RTMP players set up at once.
+const RTMP_SETTING_UP: usize = 16;
+
+/// One RTMP player of the epoll loop.
+struct RtmpPlayer {
+    tcp: mio::net::TcpStream,
+    reader: fanout_proto::rtmp::chunk::ChunkReader,
+    bytes: u64,
+    acked: u64,
+    tags: u64,
+    /// The last video and audio timestamps (a tag before its kind's last is out of order).
+    last_ms: [Option<u32>; 2],
+    out_of_order: u64,
+    closed: bool,
+}
+
+impl RtmpPlayer {
+    /// Reads what is there, takes its messages, acknowledges every 1.25 MB (half the usual
+    /// window, as `Client::read_all`).
+    fn read(&mut self, buf: &mut [u8]) -> anyhow::Result<()> {
+        use fanout_proto::rtmp::chunk::{kind, write_message};
+        use std::io::{Read, Write};
+        loop {
+            match self.tcp.read(buf) {
+                Ok(0) => {
+                    self.closed = true;
+                    break;
+                }
+                Ok(n) => {
+                    self.bytes += n as u64;
+                    self.reader.push(&buf[..n]);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        while let Some(m) = self.reader.next_message()? {
+            match m.kind {
+                kind::SET_CHUNK_SIZE if m.payload.len() >= 4 => {
+                    let size = u32::from_be_bytes([m.payload[0], m.payload[1], m.payload[2], m.payload[3]]);
+                    self.reader.set_chunk_size(size)?;
+                }
+                kind::VIDEO | kind::AUDIO => {
+                    self.tags += 1;
+                    let last = &mut self.last_ms[usize::from(m.kind == kind::AUDIO)];
+                    if last.is_some_and(|l| m.timestamp < l) {
+                        self.out_of_order += 1;
+                    }
+                    *last = Some(m.timestamp);
+                }
+                _ => {}
+            }
+        }
+        if self.bytes - self.acked >= 1_250_000 {
+            self.acked = self.bytes;
+            let mut out = Vec::new();
+            write_message(&mut out, 2, kind::ACK, 0, 0, &(self.bytes as u32).to_be_bytes(), 128);
+            // (A few bytes into an empty send buffer: a short write would be a broken peer.)
+            let _ = self.tcp.write(&out);
+        }
+        Ok(())
+    }
+}
+
+/// `count` RTMP players of `app`/`name` at `addr`: set up `RTMP_SETTING_UP` at a time, then
+/// read by one epoll loop for `duration`.
+fn rtmp_players(addr: std::net::SocketAddr, app: &str, name: &str, count: usize, duration: f64) -> anyhow::Result<()> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let setup = |_| -> anyhow::Result<Vec<RtmpPlayer>> {
+        let mut mine = Vec::new();
+        while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < count {
+            let (tcp, reader) = crate::rtmp::Client::play(addr, app, name)?.into_parts();
+            tcp.set_nonblocking(true)?;
+            mine.push(RtmpPlayer {
+                tcp: mio::net::TcpStream::from_std(tcp),
+                reader,
+                bytes: 0,
+                acked: 0,
+                tags: 0,
+                last_ms: [None; 2],
+                out_of_order: 0,
+                closed: false,
+            });
+        }
+        Ok(mine)
+    };
+    let started = Instant::now();
+    let mut players = Vec::with_capacity(count);
+    std::thread::scope(|s| -> anyhow::Result<()> {
+        let workers: Vec<_> = (0..RTMP_SETTING_UP.min(count)).map(|i| s.spawn(move || setup(i))).collect();
+        for w in workers {
+            let mine = w.join().map_err(|_| anyhow::anyhow!("a setup thread panicked"))?;
+            players.extend(mine.with_context(|| format!("an RTMP player of rtmp://{addr}/{app}/{name}"))?);
+        }
+        Ok(())
+    })?;
+    eprintln!("sub: {count} RTMP players set up in {:.1} s", started.elapsed().as_secs_f64());
+    let mut poll = mio::Poll::new()?;
+    for (i, p) in players.iter_mut().enumerate() {
+        poll.registry().register(&mut p.tcp, mio::Token(i), mio::Interest::READABLE)?;
+    }
+    println!("sub: ready");
+    // What the players set up first got meanwhile is read first, not counted apart.
+    let until = Instant::now() + Duration::from_secs_f64(duration);
+    let mut events = mio::Events::with_capacity(1024);
+    let mut buf = vec![0u8; 64 << 10];
+    for p in &mut players {
+        p.read(&mut buf)?;
+    }
+    while let Some(left) = until.checked_duration_since(Instant::now()) {
+        poll.poll(&mut events, Some(left.min(Duration::from_millis(200))))?;
+        for e in &events {
+            players[e.token().0].read(&mut buf)?;
+        }
+    }
+    let closed = players.iter().filter(|p| p.closed).count();
+    let bytes: Vec<u64> = players.iter().map(|p| p.bytes).collect();
+    let out = serde_json::json!({
+        "players": count,
+        "bytes": bytes.iter().sum::<u64>(),
+        "least_bytes": bytes.iter().min(),
+        "tags": players.iter().map(|p| p.tags).sum::<u64>(),
+        "least_tags": players.iter().map(|p| p.tags).min(),
+        "out_of_order": players.iter().map(|p| p.out_of_order).sum::<u64>(),
+        "closed": closed,
     });
     println!("{out}");
     Ok(())

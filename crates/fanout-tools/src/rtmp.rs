@@ -178,6 +178,12 @@ impl Client {
         Ok(tags)
     }
 
+    /// The connection and what was read of it past the messages taken, for a reader of many
+    /// players at once (`sub --read`'s).
+    pub fn into_parts(self) -> (TcpStream, ChunkReader) {
+        (self.tcp, self.reader)
+    }
+
     /// This end's address (as the relay lists the reader).
     pub fn local_addr(&self) -> SocketAddr {
         self.tcp.local_addr().expect("a connected socket")

@@ -7,7 +7,8 @@
 //! source into it with ffmpeg over RTSP, starts N players of one scenario in one load
 //! process, and reads the server's own CPU over the window and its RSS at the end. The
 //! load process counts what every player got: RTP packets per client and the sequence
-//! numbers missing (RTSP over TCP), bytes (HTTP TS, RTMP, SRT, WebRTC), segments (HLS).
+//! numbers missing (RTSP over TCP), bytes (HTTP TS, SRT, WebRTC), bytes and tags in order
+//! (RTMP), segments (HLS).
 //! Servers alternate step by step. Writes `players.csv`, `players.png` and a Markdown table.
 
 use super::peers::{publish, start_server, Server};
@@ -44,8 +45,8 @@ pub struct PlayersArgs {
     long: bool,
     #[arg(long, default_value_t = 1)]
     rounds: usize,
-    /// Players of a scenario whose load runs a thread per player (rtmp, srt, webrtc) are
-    /// capped here.
+    /// Players of a scenario whose load runs a thread per player (srt, webrtc) are capped
+    /// here (RTMP's load reads every player in one epoll loop).
     #[arg(long, default_value_t = 500)]
     thread_players: usize,
     /// A short run that checks the bench works: 20 players, 4 s, rtsp, rtsp-tcp, http, hls.
@@ -75,7 +76,8 @@ pub(super) struct Receipt {
     pub unit: &'static str,
     /// Players that got nothing.
     pub silent: u64,
-    /// RTP packets missing from the players' sequence numbers (RTSP over UDP and TCP).
+    /// RTP packets missing from the players' sequence numbers (RTSP over UDP and TCP), tags
+    /// whose time went back (RTMP).
     pub lost: u64,
     /// Datagrams the kernel dropped at the load's own full receive buffers in the window (RTSP
     /// over UDP): missing, but not for the server's want.
@@ -224,11 +226,13 @@ pub(super) fn receipt(scenario: &str, out: &str, json: &Path) -> anyhow::Result<
             let v: serde_json::Value =
                 serde_json::from_str(out.lines().last().unwrap_or("")).context("sub --read's result")?;
             let least = v["least_bytes"].as_u64().unwrap_or(0);
+            // RTMP: a player with no tag is silent too, and one out of order is counted lost.
+            let no_tags = v["least_tags"].as_u64() == Some(0);
             Receipt {
                 got: v["bytes"].as_u64().unwrap_or(0),
                 unit: "bytes",
-                silent: u64::from(least == 0),
-                lost: 0,
+                silent: u64::from(least == 0 || no_tags),
+                lost: v["out_of_order"].as_u64().unwrap_or(0),
                 overflows: 0,
                 late: 0,
             }
@@ -265,7 +269,7 @@ pub fn run(mut a: PlayersArgs) -> anyhow::Result<()> {
         .flat_map(|(round, n, sc)| a.servers.iter().map(move |sv| (round, n, sc, sv)))
         .filter(|(_, _, sc, sv)| !(["http", "http-flv"].contains(&sc.as_str()) && sv.as_str() != "fanout"))
         .map(|(round, n, sc, sv)| {
-            let n = if ["rtmp", "srt", "webrtc"].contains(&sc.as_str()) { n.min(a.thread_players) } else { n };
+            let n = if ["srt", "webrtc"].contains(&sc.as_str()) { n.min(a.thread_players) } else { n };
             (round, n, sc, sv)
         })
         .collect();
@@ -308,7 +312,7 @@ pub fn run(mut a: PlayersArgs) -> anyhow::Result<()> {
             st.got.got,
             st.got.unit,
             if st.got.silent > 0 { format!(", {} got nothing", st.got.silent) } else { String::new() },
-            if st.got.lost > 0 { format!(", {} missing", st.got.lost) } else { String::new() },
+            if st.got.lost > 0 { format!(", {} {}", st.got.lost, lost_what(scenario)) } else { String::new() },
         ));
         if st.got.overflows > 0 || st.got.late > 0 {
             bar.println(format!(
@@ -339,16 +343,26 @@ pub fn run(mut a: PlayersArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What a scenario's `lost` counts.
+fn lost_what(scenario: &str) -> &'static str {
+    if scenario == "rtmp" {
+        "tags out of order"
+    } else {
+        "RTP packets missing"
+    }
+}
+
 /// The table in the peers' columns, and the plot: players per core by scenario.
 fn report(a: &PlayersArgs, rows: &[Row]) -> anyhow::Result<()> {
     println!("\n| Server | Scenario | Clients | CPU | players per core | RSS | loss |");
     println!("| --- | --- | ---: | ---: | ---: | ---: | --- |");
     for r in rows {
+        let what = lost_what(&r.1);
         let loss = match (r.9, r.10) {
             (0, 0) => "0".to_string(),
             (s, 0) => format!("{s} players got nothing"),
-            (0, l) => format!("{l} RTP packets"),
-            (s, l) => format!("{s} silent, {l} RTP packets"),
+            (0, l) => format!("{l} {what}"),
+            (s, l) => format!("{s} silent, {l} {what}"),
         };
         let per_core = r.2 as f64 * 100.0 / r.5.max(1e-9);
         println!("| {} | {} | {} | {:.1}% | {per_core:.0} | {:.0} MB | {loss} |", r.0, r.1, r.2, r.5, r.6);
