@@ -137,6 +137,8 @@ struct Player {
     /// Tags waiting for the next write, as their shared chunks (a player that takes them).
     pending: Vec<crate::repack::FlvTag>,
     pending_bytes: usize,
+    /// Its socket's send buffer, until set (a second of the stream).
+    send_buffer: Option<usize>,
     /// The repackaging, held while it plays.
     repack: Arc<crate::repack::Repack>,
     /// Its place among the path's readers, and what it was sent.
@@ -259,7 +261,7 @@ impl Conn<'_> {
 
     async fn run(
         &mut self,
-        mut stream: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+        mut stream: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + crate::write::OnTcp,
     ) -> Result<(), Ended> {
         let mut server = Server::new(self.conn ^ u64::from(self.peer.port()) << 32);
         let mut app = String::new();
@@ -329,6 +331,9 @@ impl Conn<'_> {
             let mut close = r.err().map(Ended::from);
             if let Some(why) = self.on_events(&mut server, &mut app, &mut packets).await {
                 close = Some(why);
+            }
+            if let Some(bytes) = self.playing.as_mut().and_then(|p| p.send_buffer.take()) {
+                crate::write::size_send_buffer(&stream, bytes);
             }
             let out = server.take_output();
             if !out.is_empty() {
@@ -444,10 +449,11 @@ impl Conn<'_> {
         let protocol = if self.tls { Protocol::Rtmps } else { Protocol::Rtmp };
         let user = fanout_proto::auth::query_credentials(query).0;
         let held = Arc::new(Held::default());
-        let joined = match self.relay.path(path_name) {
-            Some(path) => path.readers.join(Who::new(protocol, Some(self.peer), user), held.clone()),
-            None => return refuse("NetStream.Play.StreamNotFound", format!("no path {path_name}")),
+        let Some(path) = self.relay.path(path_name) else {
+            return refuse("NetStream.Play.StreamNotFound", format!("no path {path_name}"));
         };
+        let send_buffer = Some(path.session.stream_send_buffer());
+        let joined = path.readers.join(Who::new(protocol, Some(self.peer), user), held.clone());
         let registered = match joined {
             Ok(r) => r,
             Err(full) => return refuse("NetStream.Play.Failed", full.to_string()),
@@ -463,6 +469,7 @@ impl Conn<'_> {
             configured: Default::default(),
             pending: Vec::new(),
             pending_bytes: 0,
+            send_buffer,
             repack,
             held,
             _registered: registered,

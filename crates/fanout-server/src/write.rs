@@ -4,6 +4,30 @@
 use std::io::IoSlice;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
+/// A player's connection, plain or under TLS: its TCP socket.
+pub trait OnTcp {
+    fn tcp(&self) -> &tokio::net::TcpStream;
+}
+
+impl OnTcp for tokio::net::TcpStream {
+    fn tcp(&self) -> &tokio::net::TcpStream {
+        self
+    }
+}
+
+impl OnTcp for tokio_rustls::server::TlsStream<tokio::net::TcpStream> {
+    fn tcp(&self) -> &tokio::net::TcpStream {
+        self.get_ref().0
+    }
+}
+
+/// Sets `io`'s send buffer to `bytes` (a second of its stream, as for HTTP TS sinks): a player
+/// that stops reading holds that much, not the kernel's autotuned megabytes of stale stream,
+/// before the path's channel laps it and it skips to the live edge.
+pub fn size_send_buffer(io: &impl OnTcp, bytes: usize) {
+    let _ = socket2::SockRef::from(io.tcp()).set_send_buffer_size(bytes);
+}
+
 /// Parts one batch holds at most: writev takes 1,024.
 pub const MAX_PARTS: usize = 512;
 

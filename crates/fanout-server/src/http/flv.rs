@@ -37,6 +37,8 @@ pub struct Player {
     ws: Option<Incoming>,
     /// A close frame went out (nothing may follow it).
     closed: bool,
+    /// Its socket's send buffer: a second of the stream.
+    send_buffer: usize,
 }
 
 /// Joins a player to path `name`'s FLV (made on demand, as for any reader), or says why not
@@ -65,6 +67,7 @@ pub async fn join(relay: &Arc<Relay>, name: &str, who: Who) -> Result<Player, (u
         registered,
         ws: None,
         closed: false,
+        send_buffer: path.session.stream_send_buffer(),
     })
 }
 
@@ -73,6 +76,11 @@ const HEAD: &str = "HTTP/1.1 200 OK\r\nContent-Type: video/x-flv\r\nCache-Contro
     Access-Control-Allow-Origin: *\r\nConnection: close\r\n\r\n";
 
 impl Player {
+    /// What its socket's send buffer should hold (a second of the stream).
+    pub fn send_buffer(&self) -> usize {
+        self.send_buffer
+    }
+
     /// Plays into `io` (over WebSocket where the request gave a `websocket` key) until the
     /// client goes, a write takes longer than `stall`, or the player is kicked or its path
     /// ends.

@@ -357,7 +357,7 @@ async fn may_read(
 
 /// An HTTP-FLV (or WebSocket-FLV) player on `io` (plain or TLS), once it may read; refused
 /// with the API's JSON error otherwise.
-async fn start_flv<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+async fn start_flv<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + crate::write::OnTcp>(
     mut io: S,
     peer: Option<std::net::SocketAddr>,
     relay: &Arc<Relay>,
@@ -375,6 +375,7 @@ async fn start_flv<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
     match joined {
         Ok(player) => {
             drop(slot);
+            crate::write::size_send_buffer(&io, player.send_buffer());
             let cfg = relay.cfg();
             let flush = Duration::from_millis(cfg.stream_flush_ms);
             let stall = Duration::from_secs_f64(cfg.request_timeout_s.max(1.0));
