@@ -371,7 +371,7 @@ fn relay_send_buffer(relay: std::net::SocketAddr, local: std::net::SocketAddr) -
         .output()
         .ok()?;
     let text = String::from_utf8_lossy(&out.stdout);
-    let tb = text.split(|c| c == ',' || c == '(' || c == ')').find_map(|w| w.strip_prefix("tb"))?;
+    let tb = text.split([',', '(', ')']).find_map(|w| w.strip_prefix("tb"))?;
     tb.parse().ok()
 }
 
