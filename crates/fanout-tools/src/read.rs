@@ -146,7 +146,7 @@ impl RtmpPlayer {
     /// Reads what is there, takes its messages, acknowledges every 1.25 MB (half the usual
     /// window, as `Client::read_all`).
     fn read(&mut self, buf: &mut [u8]) -> anyhow::Result<()> {
-        use fanout_proto::rtmp::chunk::{kind, write_message};
+        use fanout_proto::rtmp::chunk::kind;
         use std::io::{Read, Write};
         loop {
             match self.tcp.read(buf) {
@@ -180,12 +180,9 @@ impl RtmpPlayer {
                 _ => {}
             }
         }
-        if self.bytes - self.acked >= 1_250_000 {
-            self.acked = self.bytes;
-            let mut out = Vec::new();
-            write_message(&mut out, 2, kind::ACK, 0, 0, &(self.bytes as u32).to_be_bytes(), 128);
+        if let Some(ack) = crate::rtmp::ack_due(self.bytes, &mut self.acked) {
             // (A few bytes into an empty send buffer: a short write would be a broken peer.)
-            let _ = self.tcp.write(&out);
+            let _ = self.tcp.write(&ack);
         }
         Ok(())
     }

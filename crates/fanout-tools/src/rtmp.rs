@@ -130,12 +130,8 @@ impl Client {
                 Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
                 Err(e) => return Err(e.into()),
             }
-            // Half the usual 2.5 MB window: servers that wait for acknowledgements never do.
-            if total - acked >= 1_250_000 {
-                acked = total;
-                self.out.clear();
-                write_message(&mut self.out, 2, kind::ACK, 0, 0, &(total as u32).to_be_bytes(), 128);
-                self.tcp.write_all(&self.out)?;
+            if let Some(ack) = ack_due(total, &mut acked) {
+                self.tcp.write_all(&ack)?;
             }
         }
         Ok(total)
@@ -168,11 +164,8 @@ impl Client {
                 Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
                 Err(e) => return Err(e.into()),
             }
-            if total - acked >= 1_250_000 {
-                acked = total;
-                self.out.clear();
-                write_message(&mut self.out, 2, kind::ACK, 0, 0, &(total as u32).to_be_bytes(), 128);
-                self.tcp.write_all(&self.out)?;
+            if let Some(ack) = ack_due(total, &mut acked) {
+                self.tcp.write_all(&ack)?;
             }
         }
         Ok(tags)
@@ -204,6 +197,17 @@ impl Client {
         self.tcp.write_all(&self.out)?;
         Ok(())
     }
+}
+
+/// The acknowledgement a player owes for `total` bytes read, once half the usual 2.5 MB
+/// window came since `acked` (moved on): servers that wait for acknowledgements never do.
+pub(crate) fn ack_due(total: u64, acked: &mut u64) -> Option<Vec<u8>> {
+    (total - *acked >= 1_250_000).then(|| {
+        *acked = total;
+        let mut out = Vec::new();
+        write_message(&mut out, 2, kind::ACK, 0, 0, &(total as u32).to_be_bytes(), 128);
+        out
+    })
 }
 
 /// `rtmp://host[:port]/app/name` (or `/name`: the app is the name too).
