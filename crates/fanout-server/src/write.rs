@@ -4,7 +4,7 @@
 use std::io::IoSlice;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
-/// A player's connection, plain or under TLS: its TCP socket.
+/// A player's (or an RTSP client's) connection, plain or under TLS: its TCP socket.
 pub trait OnTcp {
     fn tcp(&self) -> &tokio::net::TcpStream;
 }

@@ -514,7 +514,7 @@ async fn start_tls_stream(
     if io.write_all(STREAM_OK.as_bytes()).await.is_err() {
         return;
     }
-    let _ = socket2::SockRef::from(io.get_ref().0).set_send_buffer_size(session.stream_send_buffer());
+    crate::write::size_send_buffer(&io, session.stream_send_buffer());
     let wake = Arc::new(tokio::sync::Notify::new());
     let w = wake.clone();
     let cap = HTTPS_QUEUE.min(session.config().ring_capacity / 2);

@@ -24,7 +24,7 @@ pub(super) async fn flush_interleaved(
     }
     let size = me.sndbuf.swap(0, std::sync::atomic::Ordering::Relaxed);
     if size > 0 {
-        let _ = socket2::SockRef::from(stream.tcp()).set_send_buffer_size(size);
+        crate::write::size_send_buffer(stream, size);
     }
     gather.write(stream).await
 }

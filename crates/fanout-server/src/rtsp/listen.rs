@@ -141,21 +141,12 @@ fn on_conn(rtsp: &Rtsp, conn: u64, channel: u8, rtcp: Vec<u8>) {
 }
 
 /// What an RTSP connection runs over: TCP, or TLS on TCP (RTSPS).
-pub(super) trait RtspIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {
-    fn tcp(&self) -> &TcpStream;
+pub(super) trait RtspIo:
+    tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + crate::write::OnTcp
+{
 }
 
-impl RtspIo for TcpStream {
-    fn tcp(&self) -> &TcpStream {
-        self
-    }
-}
-
-impl RtspIo for tokio_rustls::server::TlsStream<TcpStream> {
-    fn tcp(&self) -> &TcpStream {
-        self.get_ref().0
-    }
-}
+impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + crate::write::OnTcp> RtspIo for S {}
 
 /// What the RTSP listeners count together.
 pub(super) struct Counts {
