@@ -252,20 +252,23 @@ type linkReport struct {
 }
 
 type playReport struct {
-	Connected      bool        `json:"connected"`
-	VideoPackets   int         `json:"video_packets"`
-	AudioPackets   int         `json:"audio_packets"`
-	Dropped        int         `json:"dropped"`
-	NacksSent      int         `json:"nacks_sent"`
-	FramesExpected int         `json:"frames_expected"`
-	FramesComplete int         `json:"frames_complete"`
-	FramesLost     int         `json:"frames_lost"`
-	LostFraction   float64     `json:"lost_fraction"`
-	FirstKeyframe  bool        `json:"starts_with_keyframe"`
-	PlisSent       int         `json:"plis_sent"`
-	Ended          string      `json:"ended"`
-	Codec          string      `json:"codec"`
-	Link           *linkReport `json:"link,omitempty"`
+	Connected      bool `json:"connected"`
+	VideoPackets   int  `json:"video_packets"`
+	AudioPackets   int  `json:"audio_packets"`
+	Dropped        int  `json:"dropped"`
+	NacksSent      int  `json:"nacks_sent"`
+	FramesExpected int  `json:"frames_expected"`
+	FramesComplete int  `json:"frames_complete"`
+	FramesLost     int  `json:"frames_lost"`
+	// Of those lost, the ones the sender left out: no packet of theirs and no sequence
+	// number missing where they would be (a layer dropped on purpose, renumbered).
+	FramesSkipped int         `json:"frames_skipped"`
+	LostFraction  float64     `json:"lost_fraction"`
+	FirstKeyframe bool        `json:"starts_with_keyframe"`
+	PlisSent      int         `json:"plis_sent"`
+	Ended         string      `json:"ended"`
+	Codec         string      `json:"codec"`
+	Link          *linkReport `json:"link,omitempty"`
 }
 
 func play(target string, d time.Duration, drop float64, out string, pli time.Duration, link *shaper) playReport {
@@ -468,6 +471,12 @@ func frames(video map[uint64]*rtp.Packet, rep *playReport, out string) {
 		}
 	}
 	rep.FramesLost = rep.FramesExpected - rep.FramesComplete
+	for i := 1; step > 0 && i < len(order); i++ {
+		d := order[i].ts - order[i-1].ts
+		if d > step && d < 1<<31 && order[i].min == order[i-1].max+1 {
+			rep.FramesSkipped += int(d/step) - 1
+		}
+	}
 	if rep.FramesExpected > 0 {
 		rep.LostFraction = float64(rep.FramesLost) / float64(rep.FramesExpected)
 	}
