@@ -244,7 +244,7 @@ pub struct Repack {
 
 impl Repack {
     /// Starts repackaging `inputs` of session `name`, into MPEG-TS (a new session named
-    /// `{name}/ts`) if `with_ts`, and HLS where the tracks allow. `clock_maps` is asked once
+    /// `{name}/ts`) if `with_ts`, and HLS of `hls_variant` where the tracks allow. `clock_maps` is asked once
     /// a second for the tracks' wall clocks (they come with sender reports). With `record`,
     /// the path is recorded too, and the repackaging runs until it is stopped.
     #[allow(clippy::too_many_arguments)]
@@ -254,6 +254,7 @@ impl Repack {
         engine: &fanout_io::Engine,
         inputs: Vec<Input>,
         with_ts: bool,
+        hls_variant: fanout_proto::container::hls::Variant,
         record: Option<crate::record::RecordTo>,
         clock_maps: impl Fn() -> Vec<Option<(u64, u32)>> + Send + 'static,
         linger: Duration,
@@ -278,7 +279,7 @@ impl Repack {
         let first = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_millis() as u64 / 500);
-        let hls = Segmenter::with_parts(repack.streams(), HLS_TARGET_MS, HLS_PART_MS, first).map(|seg| {
+        let hls = Segmenter::of(hls_variant, repack.streams(), HLS_TARGET_MS, HLS_PART_MS, first).map(|seg| {
             let start = seg.progress();
             Arc::new(Hls {
                 seg: Mutex::new(seg),

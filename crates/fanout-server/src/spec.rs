@@ -450,6 +450,10 @@ pub struct SessionSpec {
     /// Record the path to fragmented MP4 files (`record = {}` takes every default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub record: Option<RecordSpec>,
+    /// What its HLS segments are: `low_latency` (fMP4 in parts, default), `fmp4` (whole
+    /// segments) or `mpegts` (TS segments, for set-top boxes and players without fMP4).
+    #[serde(default, skip_serializing_if = "HlsVariant::is_default")]
+    pub hls_variant: HlsVariant,
     /// Commands (`sh -c`) run as the path's life goes (config files only, never the API):
     /// while it has its stream, once when the stream goes, while anyone reads it, and once
     /// per recording file completed.
@@ -477,6 +481,32 @@ pub struct SessionSpec {
     pub on_publish: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_unpublish: Option<Vec<String>>,
+}
+
+/// A path's HLS variant (MediaMTX's `hlsVariant`; its `lowLatency` spelling is taken too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HlsVariant {
+    #[default]
+    #[serde(rename = "low_latency", alias = "lowLatency")]
+    LowLatency,
+    Fmp4,
+    Mpegts,
+}
+
+impl HlsVariant {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+
+    pub fn segments(self) -> fanout_proto::container::hls::Variant {
+        use fanout_proto::container::hls::Variant;
+        match self {
+            HlsVariant::LowLatency => Variant::LowLatency,
+            HlsVariant::Fmp4 => Variant::Fmp4,
+            HlsVariant::Mpegts => Variant::MpegTs,
+        }
+    }
 }
 
 /// Whether a session's sinks are paced each alone or, as behind one link, together too.
@@ -551,6 +581,7 @@ impl SessionSpec {
             reserve_kbps: None,
             sinks: Vec::new(),
             record: None,
+            hls_variant: HlsVariant::default(),
             run_on_ready: None,
             run_on_not_ready: None,
             run_on_read: None,

@@ -1,5 +1,5 @@
-//! HLS with fMP4 segments (issue 16): the demo and RTP video sessions play in ffmpeg from
-//! their playlist; the files carry the headers an HTTP cache needs; a client that asks ahead
+//! HLS with fMP4 segments (issue 16), and with MPEG-TS segments (issue 53): the demo and RTP
+//! video sessions play in ffmpeg (and GStreamer) from their playlist; the files carry the headers an HTTP cache needs; a client that asks ahead
 //! waits for the segment (blocking playlist reload); sessions HLS cannot carry say why.
 
 mod common;
@@ -124,6 +124,129 @@ fn the_demo_plays_over_hls() {
     // A name that could not go back into a URL is refused.
     let (status, _, _) = get(&relay, "/v1/sessions/demo/hls/index.m3u8?player=a%20b", &[]);
     assert_eq!(status, 400);
+}
+
+/// `hls_variant = "mpegts"` (issue 53): HLS for players without fMP4. The playlists are
+/// version 3 with `.ts` segments and no map; each segment decodes on its own from a keyframe,
+/// holds the pictures its `#EXTINF` says, and the next one goes on from the picture after
+/// its last (ffprobe, frame for frame); ffmpeg plays it, and so does GStreamer's hlsdemux,
+/// every picture 40 ms after the one before.
+#[test]
+fn hls_with_mpeg_ts_segments_plays_frame_for_frame_in_ffmpeg_and_gstreamer() {
+    if !have_ffmpeg() || !have_gstreamer() {
+        return;
+    }
+    let config = "[[session]]\nname = \"iptv\"\nsource = { demo = true }\nhls_variant = \"mpegts\"\n";
+    let relay = Relay::with_config(config, &["--no-demo"]);
+    let (status, _, body) = get(&relay, "/v1/sessions/iptv/hls/index.m3u8", &[]);
+    let multivariant = String::from_utf8(body).unwrap();
+    assert!(status == 200 && multivariant.contains("#EXT-X-VERSION:3\n"), "{multivariant}");
+    // Three segments in a row, each complete in the window.
+    let (status, _, body) = get(&relay, "/v1/sessions/iptv/hls/index.m3u8?player=p", &[]);
+    assert_eq!(status, 200);
+    let mut playlist = String::from_utf8(body).unwrap();
+    let listed = |p: &str| -> Vec<(f64, String)> {
+        let lines: Vec<&str> = p.lines().collect();
+        lines
+            .windows(2)
+            .filter_map(|w| {
+                Some((w[0].strip_prefix("#EXTINF:")?.trim_end_matches(',').parse().ok()?, w[1].to_string()))
+            })
+            .collect()
+    };
+    let t = Instant::now();
+    while listed(&playlist).len() < 3 && t.elapsed() < Duration::from_secs(15) {
+        std::thread::sleep(Duration::from_millis(500));
+        playlist = String::from_utf8(get(&relay, "/v1/sessions/iptv/hls/index.m3u8?player=p", &[]).2).unwrap();
+    }
+    assert!(playlist.starts_with("#EXTM3U\n#EXT-X-VERSION:3\n"), "{playlist}");
+    assert!(!playlist.contains("EXT-X-MAP") && !playlist.contains("EXT-X-PART"), "{playlist}");
+    let segments = listed(&playlist);
+    assert!(segments.len() >= 3 && segments.iter().all(|(_, f)| f.ends_with(".ts")), "{playlist}");
+    let dir = std::env::temp_dir().join(format!("fanout-hls-ts-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut last_pts: Option<f64> = None;
+    for (extinf, file) in &segments[segments.len() - 3..] {
+        let (status, h, data) = get(&relay, &format!("/v1/sessions/iptv/hls/{file}"), &["content-type"]);
+        assert_eq!((status, h[0].as_deref()), (200, Some("video/mp2t")), "{file}");
+        assert!(data.len() % 188 == 0 && data[0] == 0x47, "{file}: transport packets");
+        let path = dir.join(file);
+        std::fs::write(&path, &data).unwrap();
+        let probe = std::process::Command::new("ffprobe")
+            .args([
+                "-v",
+                "error",
+                "-select_streams",
+                "v",
+                "-show_entries",
+                "frame=pts_time,key_frame",
+                "-of",
+                "csv=p=0",
+            ])
+            .arg(&path)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&probe.stderr);
+        assert!(probe.status.success() && err.trim().is_empty(), "{file}: {err}");
+        let frames: Vec<(bool, f64)> = String::from_utf8_lossy(&probe.stdout)
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split(',');
+                Some((f.next()? == "1", f.next()?.parse().ok()?))
+            })
+            .collect();
+        assert!(frames.first().is_some_and(|f| f.0), "{file} starts at a keyframe: {frames:?}");
+        assert_eq!(frames.len(), (extinf * 25.0).round() as usize, "{file}: #EXTINF:{extinf} at 25 fps");
+        if let Some(prev) = last_pts {
+            assert!((frames[0].1 - prev - 0.04).abs() < 0.002, "{file} goes on from {prev}: {}", frames[0].1);
+        }
+        last_pts = frames.last().map(|f| f.1);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let (status, _, why) = get(&relay, "/v1/sessions/iptv/hls/init.mp4", &[]);
+    assert!(status == 404 && String::from_utf8_lossy(&why).contains("MPEG-TS"), "{status}");
+    let (status, _, _) = get(&relay, &format!("/v1/sessions/iptv/hls/{}", segments[0].1.replace(".ts", ".m4s")), &[]);
+    assert_eq!(status, 404);
+
+    // ffmpeg plays 6 s of it without a complaint.
+    let url = relay.url("/v1/sessions/iptv/hls/index.m3u8");
+    let out = std::process::Command::new("timeout")
+        .args(["40", "ffmpeg", "-hide_banner", "-nostdin", "-loglevel", "error", "-stats", "-i", &url])
+        .args(["-t", "6", "-f", "null", "-"])
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && decoded_frames(&log) >= 145, "{log}");
+    assert!(log.lines().all(|l| !l.starts_with('[')), "{log}");
+
+    // GStreamer's hlsdemux: every picture decoded, 40 ms apart.
+    let mut gst = std::process::Command::new("timeout");
+    gst.args(["-s", "INT", "10", "gst-launch-1.0", "-v"]).args(
+        format!(
+            "souphttpsrc location={url} ! hlsdemux ! tsdemux name=d d. ! queue ! h264parse ! openh264dec \
+             ! fakesink name=v silent=false d. ! queue ! fakesink name=a silent=false"
+        )
+        .split_whitespace(),
+    );
+    let log = Gst::spawn(gst).log();
+    let errors = gst_errors_while_playing(&log);
+    assert!(errors.is_empty(), "{errors:#?}\n{log}");
+    // (-v prints a sink's last message as it changes, sometimes twice: one per buffer.)
+    let mut pts: Vec<u64> = log
+        .lines()
+        .filter(|l| l.contains("chain") && l.contains("(v:sink)"))
+        .filter_map(|l| {
+            let t = l.split("pts: ").nth(1)?.split(',').next()?;
+            let mut hms = t.split(':').map(|x| x.parse::<f64>().ok());
+            let (h, m, s) = (hms.next()??, hms.next()??, hms.next()??);
+            Some(((h * 3600.0 + m * 60.0 + s) * 1000.0).round() as u64)
+        })
+        .collect();
+    pts.dedup();
+    assert!(pts.len() >= 100, "{} pictures in about 8 s: {log}", pts.len());
+    let steps: Vec<u64> = pts.windows(2).map(|w| w[1] - w[0]).filter(|&d| d != 40).collect();
+    assert!(steps.is_empty(), "pictures not 40 ms apart: {steps:?}");
+    assert!(log.contains("(a:sink)"), "no audio: {log}");
 }
 
 /// HLS asks for the token like the stream URL, and its playlist passes it on to the files.

@@ -673,7 +673,11 @@ fn a_viewer_behind_a_narrow_link_gets_the_layers_that_fit() {
             narrow_ids.insert(x["id"].as_str().unwrap().to_string());
         }
     }
-    assert!(with_low * 4 >= late_samples.len() * 3, "{with_low} of {} samples with a viewer at the base spatial layer", late_samples.len());
+    assert!(
+        with_low * 4 >= late_samples.len() * 3,
+        "{with_low} of {} samples with a viewer at the base spatial layer",
+        late_samples.len()
+    );
     assert_eq!(narrow_ids.len(), 1, "always the same viewer: {narrow_ids:?}");
     let full = samples.iter().flat_map(|(_, v)| v).any(|x| {
         !narrow_ids.contains(x["id"].as_str().unwrap_or(""))

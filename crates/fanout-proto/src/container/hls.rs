@@ -3,10 +3,12 @@
 //! and listed in a media playlist. With a part target, each segment is built of partial
 //! segments (Low-Latency HLS, RFC 8216bis): one `moof` + `mdat` fragment each, published as
 //! soon as it is complete, so a player can be a part's length behind instead of a segment's.
-//! Sans-IO: units in, segments, parts and playlist text out.
+//! Or, for set-top boxes and players without fMP4, MPEG-TS segments (HLS version 3): the
+//! same cuts, each segment the transport packets from one keyframe's tables to the next
+//! cut's. Sans-IO: units in, segments, parts and playlist text out.
 
 use crate::container::fmp4::{avcc_sample, init_segment, media_segment, Fmp4Track, Sample};
-use crate::container::repack::{TrackCodec, TrackInfo, Unit};
+use crate::container::repack::{TrackCodec, TrackInfo, TsPackager, Unit};
 use bytes::Bytes;
 use std::collections::VecDeque;
 
@@ -53,6 +55,45 @@ impl Progress {
     pub fn has(&self, sequence: u64, part: Option<usize>) -> bool {
         sequence <= self.last || (sequence == self.last + 1 && part.is_some_and(|p| p < self.parts))
     }
+}
+
+/// What a stream's segments are made of (MediaMTX's `hlsVariant`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Variant {
+    /// fMP4 segments of parts: Low-Latency HLS, a part's length behind live.
+    #[default]
+    LowLatency,
+    /// fMP4 segments, whole.
+    Fmp4,
+    /// MPEG-TS segments, for players that know no fMP4.
+    MpegTs,
+}
+
+impl Variant {
+    /// The media segments' file extension and content type.
+    pub fn segment_file(self) -> (&'static str, &'static str) {
+        match self {
+            Variant::MpegTs => ("ts", "video/mp2t"),
+            _ => ("m4s", "video/mp4"),
+        }
+    }
+}
+
+/// MPEG-TS segments in the making: the packager, and the segment being gathered.
+struct TsCut {
+    pack: TsPackager,
+    buf: Vec<u8>,
+    /// A keyframe past the target came at this time: the segment ends at the tables that
+    /// come in front of it (the packager may hold pictures before it, for B-frames).
+    due: Option<i64>,
+    /// What is gathered is to be dropped at the next cut, not published (it began with no
+    /// keyframe, after a segment was dropped).
+    discard: bool,
+}
+
+/// The first packet of `ts` that carries the PAT: where a keyframe's tables begin.
+fn pat_at(ts: &[u8]) -> Option<usize> {
+    ts.chunks(188).position(|p| p.len() == 188 && p[1] & 0x1f == 0 && p[2] == 0).map(|k| k * 188)
 }
 
 /// What a stream of the repackager becomes here.
@@ -115,6 +156,8 @@ pub struct Segmenter {
     /// Audio that came before the first keyframe: a packet of several frames arrives at its
     /// first frame's time, so frames due after the keyframe may come before it.
     early: VecDeque<Unit>,
+    /// MPEG-TS segments instead of fMP4's.
+    ts: Option<TsCut>,
 }
 
 /// The most audio frames kept from before the first keyframe.
@@ -127,6 +170,25 @@ impl Segmenter {
     /// `None` if no stream can go into fragmented MP4 (H.264 and AAC can).
     pub fn new(streams: &[TrackInfo], target_ms: u32, first: u64) -> Option<Self> {
         Self::with_parts(streams, target_ms, 0, first)
+    }
+
+    /// The segmenter of a `variant`: Low-Latency with parts of at most `part_ms`, else
+    /// whole segments.
+    pub fn of(variant: Variant, streams: &[TrackInfo], target_ms: u32, part_ms: u32, first: u64) -> Option<Self> {
+        let mut s =
+            Self::with_parts(streams, target_ms, if variant == Variant::LowLatency { part_ms } else { 0 }, first)?;
+        if variant == Variant::MpegTs {
+            s.ts = Some(TsCut { pack: TsPackager::new(streams), buf: Vec::new(), due: None, discard: false });
+        }
+        Some(s)
+    }
+
+    pub fn variant(&self) -> Variant {
+        match (&self.ts, self.part_target) {
+            (Some(_), _) => Variant::MpegTs,
+            (None, 0) => Variant::Fmp4,
+            (None, _) => Variant::LowLatency,
+        }
     }
 
     /// As [`Segmenter::new`], each segment made of parts of at most `part_ms` (0: whole
@@ -184,6 +246,7 @@ impl Segmenter {
             dropped: 0,
             ended: false,
             early: VecDeque::new(),
+            ts: None,
         })
     }
 
@@ -198,6 +261,9 @@ impl Segmenter {
             Input::Skip => return false,
         };
         let is_video = video.is_some();
+        if self.ts.is_some() {
+            return self.push_ts(u, is_video);
+        }
         if self.tracks.is_none() {
             if self.has_video && !is_video {
                 if self.early.len() == EARLY_AUDIO {
@@ -263,6 +329,82 @@ impl Segmenter {
             self.part_started = Some(u.time);
         }
         cut
+    }
+
+    /// [`Segmenter::push`] for MPEG-TS segments: from the first keyframe (or any audio frame
+    /// where there is no video), every unit through the packager; a segment is cut at the
+    /// tables of the first keyframe past the target (audio only: before the frame past it,
+    /// with tables of its own).
+    fn push_ts(&mut self, u: &Unit, is_video: bool) -> bool {
+        let cut_here = if self.has_video { is_video && u.key } else { true };
+        if self.tracks.is_none() {
+            if !cut_here || !self.describe(u) {
+                return false;
+            }
+            self.origin = Some(u.time);
+            self.started = Some(u.time);
+        }
+        if self.origin.is_some_and(|o| u.time < o) {
+            return false;
+        }
+        if is_video || !self.has_video {
+            if let Some(prev) = self.last_video.filter(|&p| u.time > p) {
+                self.frame_gap = u.time - prev;
+            }
+            self.last_video = Some(u.time);
+        }
+        self.latest_pending = self.latest_pending.max(u.time);
+        let ts = self.ts.as_mut().expect("MPEG-TS segments");
+        if cut_here && ts.due.is_none() && self.started.is_none_or(|s| u.time - s >= self.target) {
+            ts.due = Some(u.time);
+        }
+        let mut out = Vec::new();
+        let mut cut = false;
+        if !self.has_video && ts.due.is_some() {
+            // No keyframe to bring tables: the segment ends before this frame, and the next
+            // one starts with tables of its own.
+            let end = ts.due.take().expect("due");
+            cut = self.close_ts(end, Vec::new());
+            let ts = self.ts.as_mut().expect("MPEG-TS segments");
+            ts.pack.tables(&mut out);
+        }
+        let ts = self.ts.as_mut().expect("MPEG-TS segments");
+        ts.pack.write(u, &mut out);
+        match ts.due.and_then(|end| Some((end, pat_at(&out)?))) {
+            Some((end, at)) => {
+                ts.due = None;
+                ts.buf.extend_from_slice(&out[..at]);
+                out.drain(..at);
+                cut = self.close_ts(end, out);
+            }
+            None => ts.buf.extend_from_slice(&out),
+        }
+        let ts = self.ts.as_mut().expect("MPEG-TS segments");
+        if ts.buf.len() > MAX_PENDING {
+            ts.buf.clear();
+            ts.discard = true;
+            self.dropped += 1;
+            self.started = None;
+        }
+        cut
+    }
+
+    /// Publishes the gathered MPEG-TS as the segment that ends at `end` (unless it is to be
+    /// dropped), and starts the next one with `next`.
+    fn close_ts(&mut self, end: i64, next: Vec<u8>) -> bool {
+        let ts = self.ts.as_mut().expect("MPEG-TS segments");
+        let data = std::mem::replace(&mut ts.buf, next);
+        let discard = std::mem::take(&mut ts.discard);
+        let start = self.started.replace(end);
+        let Some(start) = start.filter(|_| !discard && !data.is_empty()) else { return false };
+        let sequence = self.next;
+        self.next += 1;
+        let duration = (end - start) as f64 / 90_000.0;
+        self.segments.push_back(Segment { sequence, start, duration, data: data.into(), parts: Vec::new() });
+        while self.segments.len() > WINDOW {
+            self.segments.pop_front();
+        }
+        true
     }
 
     /// Whether a part ends before `u`: the part would outgrow its target with another
@@ -410,6 +552,18 @@ impl Segmenter {
         if self.ended {
             return false;
         }
+        if self.ts.is_some() {
+            let step = if self.frame_gap > 0 { self.frame_gap } else { 3000 };
+            if self.started.is_some() && self.latest_pending > i64::MIN {
+                self.close_ts(self.latest_pending + step, Vec::new());
+            }
+            // More media (a publisher back) starts a segment at its next keyframe's tables.
+            if let Some(ts) = &mut self.ts {
+                ts.discard = true;
+            }
+            self.ended = true;
+            return true;
+        }
         let last = self.pending.iter().flatten().map(|p| p.0).max();
         if let Some(last) = last {
             let step = if self.frame_gap > 0 { self.frame_gap } else { 3000 };
@@ -422,7 +576,7 @@ impl Segmenter {
 
     /// The initialization segment, once the first keyframe came.
     pub fn init(&self) -> Option<Bytes> {
-        self.init.clone()
+        self.init.clone().filter(|_| self.ts.is_none())
     }
 
     /// A segment still in the window.
@@ -478,8 +632,10 @@ impl Segmenter {
                 0.0
             }
         };
+        // (Old set-top boxes know version 3 only: the TS variant's playlists say no more.)
+        let version = if self.ts.is_some() { 3 } else { 7 };
         Some(format!(
-            "#EXTM3U\n#EXT-X-VERSION:7\n#EXT-X-INDEPENDENT-SEGMENTS\n\
+            "#EXTM3U\n#EXT-X-VERSION:{version}\n#EXT-X-INDEPENDENT-SEGMENTS\n\
              #EXT-X-STREAM-INF:BANDWIDTH={},AVERAGE-BANDWIDTH={},CODECS=\"{codecs}\"\n{uri}\n",
             peak.ceil().max(1.0) as u64,
             mean.ceil().max(1.0) as u64,
@@ -497,10 +653,13 @@ impl Segmenter {
         let first = self.segments.front().map_or(self.next, |s| s.sequence);
         let aimed = (self.target as f64 / 90_000.0).ceil() as u64;
         let target = self.segments.iter().map(|s| s.duration.round() as u64).max().unwrap_or(0).max(aimed).max(1);
-        let mut p = format!(
-            "#EXTM3U\n#EXT-X-VERSION:{}\n#EXT-X-TARGETDURATION:{target}\n",
-            if self.part_target > 0 { 9 } else { 7 }
-        );
+        let version = match self.variant() {
+            Variant::LowLatency => 9,
+            Variant::Fmp4 => 7,
+            Variant::MpegTs => 3,
+        };
+        let (ext, _) = self.variant().segment_file();
+        let mut p = format!("#EXTM3U\n#EXT-X-VERSION:{version}\n#EXT-X-TARGETDURATION:{target}\n");
         let part_line = |p: &mut String, sequence: u64, k: usize, part: &Part| {
             let independent = if part.independent { ",INDEPENDENT=YES" } else { "" };
             p.push_str(&format!(
@@ -515,9 +674,10 @@ impl Segmenter {
                 3.0 * part
             ));
         }
-        p.push_str(&format!(
-            "#EXT-X-MEDIA-SEQUENCE:{first}\n#EXT-X-INDEPENDENT-SEGMENTS\n#EXT-X-MAP:URI=\"init.mp4{query}\"\n"
-        ));
+        p.push_str(&format!("#EXT-X-MEDIA-SEQUENCE:{first}\n#EXT-X-INDEPENDENT-SEGMENTS\n"));
+        if self.ts.is_none() {
+            p.push_str(&format!("#EXT-X-MAP:URI=\"init.mp4{query}\"\n"));
+        }
         // Where parts start being listed: three target durations from the end.
         let in_progress: f64 = self.parts.iter().map(|p| p.duration).sum();
         let mut from_end = in_progress;
@@ -535,7 +695,7 @@ impl Segmenter {
                     part_line(&mut p, s.sequence, k, part);
                 }
             }
-            p.push_str(&format!("#EXTINF:{:.3},\n{}.m4s{query}\n", s.duration, s.sequence));
+            p.push_str(&format!("#EXTINF:{:.3},\n{}.{ext}{query}\n", s.duration, s.sequence));
         }
         if self.ended {
             p.push_str("#EXT-X-ENDLIST\n");
@@ -624,6 +784,112 @@ pub(crate) mod tests {
             }
         }
         assert_eq!(s.segments.len(), WINDOW);
+    }
+
+    /// A segment's transport packets demuxed on their own: its PIDs in order of their
+    /// first packet, and its PES packets.
+    fn demux(ts: &[u8]) -> (Vec<u16>, Vec<crate::container::tsdemux::Pes>) {
+        assert_eq!(ts.len() % 188, 0);
+        let mut pids: Vec<u16> = Vec::new();
+        for p in ts.chunks(188) {
+            let pid = (u16::from(p[1] & 0x1f) << 8) | u16::from(p[2]);
+            if !pids.contains(&pid) {
+                pids.push(pid);
+            }
+        }
+        let mut d = crate::container::tsdemux::Demux::default();
+        let mut pes: Vec<_> = ts.chunks(188).filter_map(|p| d.push(p)).collect();
+        pes.extend(d.flush());
+        (pids, pes)
+    }
+
+    /// MPEG-TS segments (issue 53): cut where fMP4's are, each one the PAT, the PMT and
+    /// then a keyframe, so a player can start at any; together every picture and audio
+    /// frame from the first keyframe on, once and in order; a version 3 playlist of `.ts`
+    /// URIs with no map and no parts.
+    #[test]
+    fn ts_segments_start_with_their_tables_and_a_keyframe_and_lose_nothing() {
+        use crate::container::tsdemux::STREAM_TYPE_H264;
+        let mut s = Segmenter::of(Variant::MpegTs, &streams(), 2000, 500, 1).unwrap();
+        let units = demo_units();
+        let cuts = units.iter().filter(|u| s.push(u)).count();
+        assert_eq!(cuts, 3, "8 s with a keyframe each second: a segment every 2 s");
+        assert_eq!(s.variant(), Variant::MpegTs);
+        assert!(s.init().is_none());
+        assert_eq!(s.codecs().as_deref(), Some("avc1.640015,mp4a.40.2"));
+        let p = s.playlist("?token=x").unwrap();
+        assert!(p.starts_with("#EXTM3U\n#EXT-X-VERSION:3\n#EXT-X-TARGETDURATION:2\n"), "{p}");
+        assert!(p.contains("#EXTINF:2.000,\n1.ts?token=x\n") && !p.contains("MAP") && !p.contains("PART"), "{p}");
+        assert!(s.finish());
+        assert!(s.playlist("").unwrap().ends_with("\n4.ts\n#EXT-X-ENDLIST\n"));
+        let key = units.iter().find(|u| u.key).unwrap().time;
+        let lead = crate::container::tsmux::PCR_LEAD_90K as i64;
+        let mut seen: Vec<(bool, i64)> = Vec::new();
+        for n in 1..=4 {
+            let seg = s.segment(n).unwrap();
+            let (pids, pes) = demux(&seg.data);
+            assert_eq!(pids[..2], [0, crate::container::tsmux::PMT_PID], "segment {n} opens with its tables");
+            let video = pes.iter().find(|p| p.stream_type == STREAM_TYPE_H264).unwrap();
+            assert!(crate::codec::annexb::nal_units(&video.data).any(|n| n[0] & 0x1f == 5), "segment {n}");
+            assert!(n == 4 || (seg.duration - 2.0).abs() < 1e-9, "{n}: {}", seg.duration);
+            seen.extend(pes.iter().map(|p| (p.stream_type == STREAM_TYPE_H264, p.pts.unwrap() as i64 - lead)));
+        }
+        let sent: Vec<(bool, i64)> = units.iter().filter(|u| u.time >= key).map(|u| (u.stream == 0, u.time)).collect();
+        for video in [true, false] {
+            let of = |v: &[(bool, i64)]| v.iter().filter(|x| x.0 == video).map(|x| x.1).collect::<Vec<_>>();
+            assert_eq!(of(&seen), of(&sent), "video {video}: every unit once, in order");
+        }
+    }
+
+    /// B-frames: the packager holds pictures for their decoding times, so a keyframe's
+    /// tables come out after the cut was decided; what it held before them (the last GOP's
+    /// B-frames) still ends the segment before, and every segment starts at its keyframe.
+    #[test]
+    fn ts_segments_of_b_frames_end_where_the_keyframe_tables_begin() {
+        let units = ipbb_pictures();
+        let mut s = Segmenter::of(Variant::MpegTs, &streams()[..1], 2000, 0, 1).unwrap();
+        units.iter().for_each(|u| {
+            s.push(u);
+        });
+        let mut shown = Vec::new();
+        for n in 1..=s.last().unwrap() {
+            let seg = s.segment(n).unwrap();
+            let (_, pes) = demux(&seg.data);
+            assert!(crate::codec::annexb::nal_units(&pes[0].data).any(|n| n[0] & 0x1f == 5), "segment {n}");
+            let lead = crate::container::tsmux::PCR_LEAD_90K as i64;
+            let times: Vec<i64> = pes.iter().map(|p| p.pts.unwrap() as i64 - lead).collect();
+            // Its pictures are shown from its start to before the next one's.
+            let end = (seg.start as f64 + seg.duration * 90_000.0).round() as i64;
+            assert!(times.iter().all(|&t| t >= seg.start && t < end), "segment {n}: {times:?}");
+            shown.extend(times);
+        }
+        let sent: Vec<i64> = units.iter().map(|u| u.time).take(shown.len()).collect();
+        assert!(shown.len() >= 3 * 50, "{}", shown.len());
+        let (mut a, mut b) = (shown, sent);
+        a.sort_unstable();
+        b.sort_unstable();
+        assert_eq!(a, b);
+    }
+
+    /// Audio alone: no keyframe brings tables, so each segment gets its own.
+    #[test]
+    fn audio_only_ts_segments_each_have_their_tables() {
+        let mut s = Segmenter::of(Variant::MpegTs, &streams()[1..], 2000, 0, 1).unwrap();
+        let units: Vec<Unit> =
+            demo_units().into_iter().filter(|u| u.stream == 1).map(|u| Unit { stream: 0, ..u }).collect();
+        let frames = units.len();
+        units.iter().for_each(|u| {
+            s.push(u);
+        });
+        s.finish();
+        let mut total = 0;
+        for n in 1..=s.last().unwrap() {
+            let (pids, pes) = demux(&s.segment(n).unwrap().data);
+            assert_eq!(pids[..2], [0, crate::container::tsmux::PMT_PID], "segment {n}");
+            total += pes.len();
+        }
+        assert!(s.last().unwrap() >= 3);
+        assert_eq!(total, frames);
     }
 
     /// Audio sent three frames a packet arrives at its first frame's time: frames due after

@@ -448,6 +448,11 @@ impl TsPackager {
         Self { mux: TsMuxer::new(&kinds), aac, video }
     }
 
+    /// Appends the PAT and PMT: where a chunk starts other than at a video keyframe.
+    pub fn tables(&mut self, out: &mut Vec<u8>) {
+        self.mux.tables(out);
+    }
+
     /// Appends the transport packets of the unit, or of the pictures it lets out (video is
     /// held back by as many pictures as it reorders, for its decoding times); `false` if it
     /// cannot be written (an AAC frame ADTS cannot frame).

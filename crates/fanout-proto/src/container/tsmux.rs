@@ -41,7 +41,7 @@ impl StreamKind {
     }
 }
 
-const PMT_PID: u16 = 0x1000;
+pub const PMT_PID: u16 = 0x1000;
 const FIRST_PID: u16 = 0x100;
 /// PTS/DTS and the PCR base are 33-bit counters of 90 kHz.
 const WRAP: u64 = 1 << 33;
@@ -170,8 +170,9 @@ impl TsMuxer {
         self.streams[au.stream].cc = cc;
     }
 
-    /// The PAT and PMT, one packet each.
-    fn tables(&mut self, out: &mut Vec<u8>) {
+    /// The PAT and PMT, one packet each (written by [`TsMuxer::push`] first and in front of
+    /// every video keyframe; a caller starting a chunk elsewhere writes them itself).
+    pub fn tables(&mut self, out: &mut Vec<u8>) {
         // PAT: program 1 at the PMT's PID.
         let mut pat = Vec::with_capacity(16);
         pat.extend_from_slice(&[0x00, 0xb0, 13, 0x00, 0x01, 0xc1, 0x00, 0x00]);

@@ -17,7 +17,8 @@ pub(super) async fn stream_head(
     Ok((headers, ""))
 }
 
-/// `GET /v1/sessions/{name}/hls/{index.m3u8 | init.mp4 | N.m4s}`: HLS with fMP4 segments,
+/// `GET /v1/sessions/{name}/hls/{index.m3u8 | init.mp4 | N.m4s | N.K.m4s | N.ts}`: HLS
+/// of the path's `hls_variant` (fMP4 in parts, whole fMP4 segments or MPEG-TS segments),
 /// from the session's repackaging (started by the request, kept while requests come).
 ///
 /// A new player's `index.m3u8` is a multivariant playlist that names the player in its
@@ -66,7 +67,10 @@ pub(super) async fn hls_file(
     match file.as_str() {
         "index.m3u8" => playlist(&relay, &name, &hls, &q, token.as_deref(), new_player).await,
         "init.mp4" => {
-            let init = hls.with(|s| s.init()).unwrap_or_default();
+            let Some(init) = hls.with(|s| s.init()) else {
+                let why = format!("{name:?} has MPEG-TS segments (hls_variant \"mpegts\"): no init.mp4");
+                return Err(ApiError(StatusCode::NOT_FOUND, why));
+            };
             Ok(([(header::CONTENT_TYPE, "video/mp4"), (header::CACHE_CONTROL, "no-cache")], init).into_response())
         }
         _ => media_file(&name, &file, &hls).await,
@@ -158,18 +162,18 @@ async fn playlist(
     Ok((headers, text.unwrap_or_default()).into_response())
 }
 
-/// `N.m4s`, segment N, or `N.K.m4s`, part K of it; the next part or segment (and the one
-/// after, for a player a little ahead) is waited for.
+/// `N.m4s` (`N.ts`), segment N, or `N.K.m4s`, part K of it; the next part or segment (and
+/// the one after, for a player a little ahead) is waited for.
 async fn media_file(name: &str, file: &str, hls: &crate::repack::Hls) -> ApiResult<Response> {
-    let name_of = file.strip_suffix(".m4s").and_then(|f| match f.split_once('.') {
+    let (ext, content_type) = hls.with(|s| s.variant()).segment_file();
+    let name_of = file.strip_suffix(ext).and_then(|f| f.strip_suffix('.')).and_then(|f| match f.split_once('.') {
         None => Some((f.parse::<u64>().ok()?, None)),
-        Some((n, k)) => Some((n.parse::<u64>().ok()?, Some(k.parse::<usize>().ok()?))),
+        Some((n, k)) if ext == "m4s" => Some((n.parse::<u64>().ok()?, Some(k.parse::<usize>().ok()?))),
+        Some(_) => None,
     });
     let Some((n, part)) = name_of else {
-        return Err(ApiError(
-            StatusCode::NOT_FOUND,
-            format!("no HLS file {file:?}: index.m3u8, init.mp4, N.m4s or N.K.m4s"),
-        ));
+        let files = if ext == "ts" { "index.m3u8 or N.ts" } else { "index.m3u8, init.mp4, N.m4s or N.K.m4s" };
+        return Err(ApiError(StatusCode::NOT_FOUND, format!("no HLS file {file:?} of {name:?}: {files}")));
     };
     let now = hls.progress();
     let soon = match part {
@@ -190,9 +194,9 @@ async fn media_file(name: &str, file: &str, hls: &crate::repack::Hls) -> ApiResu
         return Err(ApiError(StatusCode::NOT_FOUND, why));
     };
     // Segments and parts never change (numbers are not reused: they start from the clock).
-    let etag = format!("\"{}\"", file.trim_end_matches(".m4s"));
+    let etag = format!("\"{}\"", file.trim_end_matches(&format!(".{ext}")));
     let headers = [
-        (header::CONTENT_TYPE, "video/mp4".to_string()),
+        (header::CONTENT_TYPE, content_type.to_string()),
         (header::CACHE_CONTROL, "public, max-age=3600, immutable".to_string()),
         (header::ETAG, etag),
     ];

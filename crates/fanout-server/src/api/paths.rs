@@ -123,7 +123,14 @@ fn repackaging_json(
     let hls = r.hls.as_ref().map(|h| {
         let players = counts.get(&Protocol::Hls).copied().unwrap_or(0);
         let served = h.bytes_served();
-        h.with(|s| json!({ "segments": s.last(), "codecs": s.codecs(), "players": players, "bytes_served": served }))
+        h.with(|s| {
+            let variant = match s.variant() {
+                fanout_proto::container::hls::Variant::LowLatency => "low_latency",
+                fanout_proto::container::hls::Variant::Fmp4 => "fmp4",
+                fanout_proto::container::hls::Variant::MpegTs => "mpegts",
+            };
+            json!({ "variant": variant, "segments": s.last(), "codecs": s.codecs(), "players": players, "bytes_served": served })
+        })
     });
     // RTMP players read its FLV.
     let players = [Protocol::Rtmp, Protocol::Rtmps].iter().filter_map(|p| counts.get(p)).sum::<usize>();

@@ -19,6 +19,9 @@ pub struct PatternSpec {
     pub linger_s: f64,
     /// Record the paths it makes, as a session's `record`.
     pub record: Option<crate::spec::RecordSpec>,
+    /// Its paths' HLS variant, as a session's `hls_variant`.
+    #[serde(default)]
+    pub hls_variant: crate::spec::HlsVariant,
     /// The hooks of the paths it makes, as a session's.
     pub run_on_ready: Option<String>,
     pub run_on_not_ready: Option<String>,
@@ -64,6 +67,7 @@ impl PatternSpec {
         let source = serde_json::from_value(v).map_err(|e| format!("pattern {:?}: {e}", self.matches))?;
         let mut spec = SessionSpec::new(name, source);
         spec.record = self.record.clone();
+        spec.hls_variant = self.hls_variant;
         spec.run_on_ready = self.run_on_ready.clone();
         spec.run_on_not_ready = self.run_on_not_ready.clone();
         spec.run_on_read = self.run_on_read.clone();

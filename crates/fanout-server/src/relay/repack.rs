@@ -73,6 +73,7 @@ impl Relay {
         };
         let with_ts = path.view().is_none();
         let record = path.spec().record;
+        let hls_variant = path.spec().hls_variant.segments();
         let weak = Arc::downgrade(&path);
         let on_stop = move || {
             if let Some(path) = weak.upgrade() {
@@ -86,6 +87,7 @@ impl Relay {
                 &self.engine,
                 inputs,
                 with_ts,
+                hls_variant,
                 record.map(|spec| crate::record::RecordTo {
                     store: self.recordings.clone(),
                     spec,
