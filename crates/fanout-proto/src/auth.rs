@@ -18,6 +18,8 @@ pub enum Action {
     Read,
     Playback,
     Api,
+    /// `/metrics` (an `api` permission allows it too).
+    Metrics,
 }
 
 /// The question a face asks: the JSON body an HTTP callback gets, as is.
@@ -96,16 +98,32 @@ impl PathRule {
     }
 }
 
-/// One thing a token allows: an action on the paths its rule matches.
-#[derive(Debug, Clone)]
+impl PartialEq for PathRule {
+    fn eq(&self, o: &Self) -> bool {
+        match (self, o) {
+            (Self::Any, Self::Any) => true,
+            (Self::Exact(a), Self::Exact(b)) => a == b,
+            (Self::Pattern(a), Self::Pattern(b)) => a.as_str() == b.as_str(),
+            _ => false,
+        }
+    }
+}
+
+/// One thing a token or a user allows: an action on the paths its rule matches.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Permission {
     pub action: Action,
     pub path: PathRule,
 }
 
-/// Whether `perms` allow `action` on `path` (`api` takes no path).
+/// Whether `perms` allow `action` on `path` (`api` and `metrics` take no path; `api`
+/// allows `metrics` too).
 pub fn permits(perms: &[Permission], action: Action, path: &str) -> bool {
-    perms.iter().any(|p| p.action == action && (action == Action::Api || p.path.matches(path)))
+    perms.iter().any(|p| match action {
+        Action::Api => p.action == Action::Api,
+        Action::Metrics => matches!(p.action, Action::Api | Action::Metrics),
+        _ => p.action == action && p.path.matches(path),
+    })
 }
 
 /// Why a JWT was not taken (said in the log; never the token).

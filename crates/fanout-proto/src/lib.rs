@@ -58,5 +58,6 @@ pub mod rtsp;
 pub mod secret;
 pub mod simulcast;
 pub mod srt;
+pub mod users;
 pub mod websocket;
 pub mod whep;

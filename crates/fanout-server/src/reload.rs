@@ -94,6 +94,7 @@ fn differences(old: &Config, new: &Config) -> (Vec<&'static str>, Vec<&'static s
         webrtc_ice_servers,
         webrtc_tcp,
         rtsp_users,
+        users,
         rtsp_max_connections,
         rtsp_idle_s,
         request_timeout_s,
@@ -136,7 +137,7 @@ fn differences(old: &Config, new: &Config) -> (Vec<&'static str>, Vec<&'static s
         };
     }
     changed!(live:
-        webrtc_ice_servers "webrtc_ice_server", rtsp_users "rtsp_user", max_connections_per_ip "max_connections_per_ip",
+        webrtc_ice_servers "webrtc_ice_server", rtsp_users "rtsp_user", users "user", max_connections_per_ip "max_connections_per_ip",
         max_failed_logins "max_failed_logins", on_connect "on_connect", on_disconnect "on_disconnect",
         rtsp_require_token "rtsp_require_token", allow_unauthenticated "allow_unauthenticated", token "token",
         ring "ring", max_datagram "max_datagram", sinks_per_group "sinks_per_group",
@@ -162,6 +163,7 @@ fn running(old: &Config, new: &Config) -> Config {
     let mut r = old.clone();
     r.webrtc_ice_servers = new.webrtc_ice_servers.clone();
     r.rtsp_users = new.rtsp_users.clone();
+    r.users = new.users.clone();
     r.max_connections_per_ip = new.max_connections_per_ip;
     r.max_failed_logins = new.max_failed_logins;
     r.on_connect = new.on_connect.clone();
@@ -327,6 +329,7 @@ mod tests {
         assert_eq!((r.token.as_deref(), r.workers, r.max_connections_per_ip), (Some("b"), 1, 3));
         assert_eq!(r.api, started.api);
         assert_eq!(r.rtsp_users, new.rtsp_users);
+        assert_eq!(r.users, new.users);
     }
 
     /// `running` copies every setting `differences` calls live: after it, none differs.
@@ -337,11 +340,12 @@ mod tests {
              allow_unauthenticated = true\nring = 64\nmax_datagram = 1400\nsinks_per_group = 8\n\
              stream_flush_ms = 20\ndatapath = \"copy\"\npublisher_grace_s = 3\nfile_roots = [\"/srv\"]\n\
              [[rtsp_user]]\nname = \"u\"\npassword = \"p\"\n\
+             [[user]]\nname = \"v\"\npassword = \"q\"\npermissions = [{ action = \"read\" }]\n\
              [[webrtc_ice_server]]\nurl = \"stun:stun.example.org:3478\"\n\
              [[pattern]]\nmatch = \"~^cam\"\nsource = { rtsp = \"rtsp://10.0.0.5/{name}\" }\n\
              [auth]\nmethod = \"http\"\nhttp_url = \"http://127.0.0.1:9/auth\"\n");
         let (live, _) = differences(&old, &new);
-        assert_eq!(live.len(), 15, "{live:?}");
+        assert_eq!(live.len(), 16, "{live:?}");
         assert_eq!(differences(&running(&old, &new), &new), (vec![], vec![]));
     }
 }

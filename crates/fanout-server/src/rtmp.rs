@@ -540,7 +540,7 @@ impl Conn<'_> {
     /// `[auth]` allows `action` on `path` (anyone, where neither is configured).
     async fn authorized(&self, query: &str, action: fanout_proto::auth::Action, path: &str) -> bool {
         let (user, pass) = fanout_proto::auth::query_credentials(query);
-        let local = self.relay.stream_login(user, pass);
+        let local = self.relay.login(user, pass, self.peer.ip(), action, path, true);
         let param = |k: &str| {
             query
                 .split('&')

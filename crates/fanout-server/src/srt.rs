@@ -14,6 +14,7 @@
 use crate::clients::SrtLink;
 use crate::relay::Relay;
 use fanout_io::channel::ChannelQueue;
+use fanout_proto::auth::Action;
 use fanout_proto::srt::{Mode, StreamId};
 use fanout_srt::{reject, Buffers, Listener, Settings, Socket};
 use std::net::SocketAddr;
@@ -149,7 +150,9 @@ fn decide(relay: &Relay, peer: Option<SocketAddr>, streamid: &str) -> Result<Buf
     };
     // `[auth]` is asked after the handshake (`connection`): a callback that takes its time
     // must not hold the listener, which libsrt runs this on.
-    let local = relay.stream_login(user, pass);
+    let action = if id.mode == Mode::Publish { Action::Publish } else { Action::Read };
+    let ip_or_any = ip.unwrap_or(std::net::IpAddr::from([0, 0, 0, 0]));
+    let local = relay.login(user, pass, ip_or_any, action, path, true);
     if local == Some(false) && relay.cfg().auth.is_none() {
         if let (Some(ip), true) = (ip, user.is_some() || pass.is_some()) {
             relay.books.failed_login("srt", ip);
@@ -228,15 +231,16 @@ fn connection(
     // The handshake already judged it; read again what it asked for.
     let Ok(id) = fanout_proto::srt::parse(&socket.streamid()) else { return };
     let (path, user, pass) = split(&id);
-    let local = relay.stream_login(user, pass);
+    let action = if id.mode == Mode::Publish { Action::Publish } else { Action::Read };
+    let ip = peer.map_or(std::net::IpAddr::from([0, 0, 0, 0]), |p| p.ip());
+    let local = relay.login(user, pass, ip, action, path, true);
     if local != Some(true) && relay.cfg().auth.is_some() {
-        use fanout_proto::auth::Action;
         let ask = fanout_proto::auth::Request {
             user: user.unwrap_or_default().to_string(),
             password: pass.unwrap_or_default().to_string(),
             token: String::new(),
-            ip: peer.map_or(std::net::IpAddr::from([0, 0, 0, 0]), |p| p.ip()),
-            action: if id.mode == Mode::Publish { Action::Publish } else { Action::Read },
+            ip,
+            action,
             path: path.to_string(),
             protocol: "srt",
             query: String::new(),

@@ -88,6 +88,7 @@ fn api_action(path: &str) -> (fanout_proto::auth::Action, String, &'static str) 
         ["", "v1", "sessions", name, "hls", _] => (Action::Read, named(name), "hls"),
         ["", "v1", "sessions", name, "stream"] => (Action::Read, named(name), "http"),
         ["", "v1", "recordings", name, ..] => (Action::Playback, named(name), "playback"),
+        ["", "metrics"] => (Action::Metrics, String::new(), "metrics"),
         _ => (Action::Api, String::new(), "api"),
     }
 }
@@ -135,19 +136,25 @@ async fn auth(State(relay): State<Arc<Relay>>, req: Request, next: Next) -> Resp
         || path.starts_with("/v1/recordings/"))
     .then(|| req.uri().query())
     .flatten();
-    let token = relay.cfg().token.clone();
-    let local = token.is_some().then(|| fanout_proto::auth::token_given(token.as_deref(), h, query));
     let ip = req
         .extensions()
         .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
         .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |c| c.0.ip());
     let (action, name, protocol) = api_action(path);
+    let local = crate::relay::http_login(&relay, h, query, ip, action, &name);
     let ask = fanout_proto::auth::http_request(h, req.uri().query(), ip, action, &name, protocol);
     if relay.permit(local, ask).await {
         next.run(req).await
     } else {
-        let mut r = ApiError(StatusCode::UNAUTHORIZED, "missing or wrong bearer token".into()).into_response();
-        r.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+        let users = !relay.cfg().users.is_empty();
+        let why = if users {
+            "missing or wrong credentials (the token as Bearer, or a user as Basic)"
+        } else {
+            "missing or wrong bearer token"
+        };
+        let mut r = ApiError(StatusCode::UNAUTHORIZED, why.into()).into_response();
+        let schemes = if users { "Bearer, Basic realm=\"fanout\"" } else { "Bearer" };
+        r.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static(schemes));
         r
     }
 }

@@ -83,8 +83,12 @@ pub struct Config {
     /// ICE-TCP (passive) on the `webrtc` address and port, for viewers whose networks block UDP.
     pub webrtc_tcp: bool,
     /// RTSP clients must authenticate (Basic or Digest) as one of these; none = open.
+    /// Deprecated: each is a `[[user]]` that may read and publish every path.
     #[serde(rename = "rtsp_user")]
     pub rtsp_users: Vec<RtspUser>,
+    /// Users with passwords, addresses and permissions per action and path, on every face.
+    #[serde(rename = "user")]
+    pub users: Vec<fanout_proto::users::User>,
     /// RTSP connections open at once; more are answered 503 and closed.
     pub rtsp_max_connections: usize,
     /// Seconds an RTSP connection may stay silent (unless it carries interleaved RTP).
@@ -208,6 +212,7 @@ pub const CONFIG_FIELDS: &[&str] = &[
     "webrtc_ice_server",
     "webrtc_tcp",
     "rtsp_user",
+    "user",
     "rtsp_max_connections",
     "rtsp_idle_s",
     "request_timeout_s",
@@ -266,6 +271,7 @@ impl Default for Config {
             webrtc_ice_servers: Vec::new(),
             webrtc_tcp: false,
             rtsp_users: Vec::new(),
+            users: Vec::new(),
             rtsp_max_connections: default_max_connections(),
             rtsp_idle_s: 60.0,
             request_timeout_s: 10.0,
@@ -371,10 +377,12 @@ impl Config {
         let mut open = Vec::new();
         // ([auth] decides for every face.)
         let external = self.auth.is_some();
-        if !self.api.ip().is_loopback() && self.token.is_none() && !external {
+        let api_users =
+            self.users.iter().any(|u| fanout_proto::auth::permits(&u.permissions, fanout_proto::auth::Action::Api, ""));
+        if !self.api.ip().is_loopback() && self.token.is_none() && !external && !api_users {
             open.push(format!("the API on {} has no token", self.api));
         }
-        let rtsp_auth = !self.rtsp_users.is_empty() || self.rtsp_require_token || external;
+        let rtsp_auth = !self.rtsp_users.is_empty() || !self.users.is_empty() || self.rtsp_require_token || external;
         for r in [self.rtsp_plain(), self.rtsps()].into_iter().flatten() {
             if !r.ip().is_loopback() && !rtsp_auth {
                 open.push(format!("RTSP on {r} has no rtsp_user and no rtsp_require_token"));
@@ -399,6 +407,13 @@ impl Config {
         }
         let mut warnings: Vec<Warning> =
             open.into_iter().map(|o| Warning(format!("UNAUTHENTICATED: {o} (allow_unauthenticated)"))).collect();
+        if !self.rtsp_users.is_empty() {
+            warnings.push(Warning(
+                "rtsp_user is deprecated: each one reads and publishes every path; write [[user]] with its \
+                 permissions instead (docs/config.md)"
+                    .into(),
+            ));
+        }
         if self.token.is_some() && self.rtsp.is_some() && !rtsp_auth {
             warnings.push(Warning(
                 "the API token does not protect RTSP: any RTSP client can play; set rtsp_require_token = true \
@@ -440,15 +455,33 @@ impl Config {
         self.tls.as_ref().is_some_and(|t| t.https)
     }
 
-    /// The RTSP users, with `token` as user "token" when `rtsp_require_token` is set.
-    /// The users the RTSP server checks itself: none where `[auth]` decides (the RTSP face
-    /// then checks Basic credentials before the server sees the request).
+    /// The users the RTSP server checks itself (Basic or Digest, which needs the password
+    /// in the clear): the RTSP users, with `token` as user "token" when `rtsp_require_token`
+    /// is set; none where `[auth]` or `[[user]]` decides (the RTSP face then checks Basic
+    /// credentials, with the request's path and action, before the server sees it).
     pub fn rtsp_server_users(&self) -> Vec<(String, String)> {
-        if self.auth.is_some() {
+        if self.face_checks_rtsp() {
             Vec::new()
         } else {
             self.rtsp_credentials()
         }
+    }
+
+    /// Whether the RTSP face decides each request's credentials itself.
+    pub fn face_checks_rtsp(&self) -> bool {
+        self.auth.is_some() || !self.users.is_empty()
+    }
+
+    /// The users of the stream faces (RTSP, RTMP, SRT, WebRTC): the `[[user]]`s, the RTSP
+    /// users (reading and publishing everything) and the token as user `token` where
+    /// `rtsp_require_token`; the HTTP faces (TS, FLV, HLS, playback, the API, metrics) take
+    /// the `[[user]]`s alone, as they took no RTSP user before.
+    pub fn login_users(&self, stream_face: bool) -> Vec<fanout_proto::users::User> {
+        let mut users = self.users.clone();
+        if stream_face {
+            users.extend(self.rtsp_credentials().iter().map(|(n, p)| fanout_proto::users::User::legacy(n, p)));
+        }
+        users
     }
 
     pub fn rtsp_credentials(&self) -> Vec<(String, String)> {

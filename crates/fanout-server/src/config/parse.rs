@@ -353,6 +353,20 @@ impl Config {
                 format!("rtsp_user name {:?} must be non-empty, without ':'", u.name),
             );
         }
+        let mut names = std::collections::HashSet::new();
+        for u in &self.users {
+            if let Err(e) = u.validate() {
+                check(false, "user", e.0);
+            }
+            check(names.insert(u.name.as_str()), "user", format!("user {:?} is given twice", u.name));
+        }
+        for u in &self.rtsp_users {
+            check(
+                !names.contains(u.name.as_str()),
+                "rtsp_user",
+                format!("{:?} is both an rtsp_user and a [[user]]: keep the [[user]]", u.name),
+            );
+        }
         problems
     }
 

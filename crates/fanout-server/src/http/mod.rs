@@ -338,7 +338,7 @@ async fn reject(stream: &TcpStream, status: u16, why: &str) {
     crate::admit::linger_close(stream).await;
 }
 
-/// Whether a stream request may read `name` (the token, `[auth]`): else 401.
+/// Whether a stream request may read `name` (the token, a `[[user]]`, `[auth]`): else 401.
 async fn may_read(
     relay: &Arc<Relay>,
     peer: std::net::IpAddr,
@@ -346,9 +346,9 @@ async fn may_read(
     auth: Option<&str>,
     query: Option<&str>,
 ) -> Result<(), (u16, String)> {
-    let token = relay.cfg().token.clone();
-    let local = token.is_some().then(|| fanout_proto::auth::token_given(token.as_deref(), auth, query));
-    let ask = fanout_proto::auth::http_request(auth, query, peer, fanout_proto::auth::Action::Read, name, "http");
+    let action = fanout_proto::auth::Action::Read;
+    let local = crate::relay::http_login(relay, auth, query, peer, action, name);
+    let ask = fanout_proto::auth::http_request(auth, query, peer, action, name, "http");
     match relay.permit(local, ask).await {
         true => Ok(()),
         false => Err((401, "missing or wrong credentials".to_string())),

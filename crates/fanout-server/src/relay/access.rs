@@ -27,20 +27,81 @@ impl Relay {
         ok
     }
 
-    /// Whether `user` and `pass` are one of the stream users (RTSP's, which RTMP, SRT and
-    /// WebRTC take too, with `token` and the API token where RTSP requires it); `None`
-    /// where there are none.
-    pub fn stream_login(&self, user: Option<&str>, pass: Option<&str>) -> Option<bool> {
-        let users = self.cfg().rtsp_credentials();
-        if users.is_empty() {
+    /// Whether `user` and `pass` are a user's who may do `action` on `path` from `ip`: the
+    /// `[[user]]`s, and on the stream faces (`stream_face`: RTSP, RTMP, SRT, WebRTC) the RTSP
+    /// users too (with `token` where RTSP requires it); `None` where there are none. A
+    /// known user refused for its address or permissions is logged (once a login: the
+    /// caller's answer follows).
+    pub fn login(
+        &self,
+        user: Option<&str>,
+        pass: Option<&str>,
+        ip: std::net::IpAddr,
+        action: fanout_proto::auth::Action,
+        path: &str,
+        stream_face: bool,
+    ) -> Option<bool> {
+        use fanout_proto::users;
+        let all = self.cfg().login_users(stream_face);
+        if all.is_empty() {
             return None;
         }
-        let (Some(user), Some(pass)) = (user, pass) else { return Some(false) };
-        // Every user is compared, so the time taken does not tell which names exist.
-        Some(users.iter().fold(false, |ok, (u, p)| {
-            let hit = fanout_proto::secret::ct_eq(u.as_bytes(), user.as_bytes())
-                & fanout_proto::secret::ct_eq(p.as_bytes(), pass.as_bytes());
-            ok | hit
-        }))
+        let (Some(name), Some(pass)) = (user, pass) else { return Some(false) };
+        let found = users::find(&all, name, pass, |u, p| self.verify(u, p));
+        Some(match found {
+            None => false,
+            Some(u) if u.may(ip, action, path) => true,
+            Some(u) => {
+                tracing::warn!(user = u.name, %ip, ?action, path, "refused: the user may not do that from there");
+                false
+            }
+        })
+    }
+
+    /// A user's password check; an Argon2 one is remembered once it passed (it costs
+    /// milliseconds, and players log in per connection), bounded.
+    fn verify(&self, u: &fanout_proto::users::User, pass: &str) -> bool {
+        let Some(key) = u.password.remember_key(&u.name, pass) else { return u.password.verify(pass) };
+        if self.verified.lock().contains(&key) {
+            return true;
+        }
+        let ok = u.password.verify(pass);
+        if ok {
+            let mut v = self.verified.lock();
+            if v.len() >= 4096 {
+                v.clear();
+            }
+            v.insert(key);
+        }
+        ok
+    }
+}
+
+/// The local decision on an HTTP request (the API, HTTP TS and FLV, HLS, playback, metrics):
+/// the API token (`Authorization: Bearer`, or `?token=` where `query` is given: stream
+/// URLs), or a `[[user]]` (HTTP Basic, or `?user=U&pass=P` where `query` is given) who may
+/// do `action` on `path`; `None` where neither is configured.
+pub fn http_login(
+    relay: &Relay,
+    auth_header: Option<&str>,
+    query: Option<&str>,
+    ip: std::net::IpAddr,
+    action: fanout_proto::auth::Action,
+    path: &str,
+) -> Option<bool> {
+    let token = relay.cfg().token.clone();
+    let by_token = token.is_some().then(|| fanout_proto::auth::token_given(token.as_deref(), auth_header, query));
+    let basic = auth_header.and_then(fanout_proto::http::basic_credentials);
+    let (user, pass) = match (&basic, query.map(fanout_proto::auth::query_credentials)) {
+        (Some((u, p)), _) => (Some(u.clone()), Some(p.clone())),
+        (None, Some((Some(u), Some(p)))) if u != "token" => {
+            (Some(fanout_proto::rtsp::client::percent_decode(u)), Some(fanout_proto::rtsp::client::percent_decode(p)))
+        }
+        _ => (None, None),
+    };
+    let by_user = relay.login(user.as_deref(), pass.as_deref(), ip, action, path, false);
+    match (by_token, by_user) {
+        (None, None) => None,
+        (a, b) => Some(a == Some(true) || b == Some(true)),
     }
 }

@@ -2,6 +2,7 @@
 //! and starts its source (`crate::source`), deleting one stops everything it started.
 
 mod access;
+pub use access::http_login;
 mod life;
 mod patterns;
 mod repack;
@@ -60,6 +61,8 @@ pub struct Relay {
     pub books: Arc<crate::admit::Books>,
     /// `[auth]`'s cached answers and keys.
     pub auth: crate::auth::Auth,
+    /// Logins whose slow (Argon2) password was verified: a digest of name, password and hash.
+    verified: parking_lot::Mutex<std::collections::HashSet<[u8; 32]>>,
     /// The sessions made through the API, kept across restarts (`state_file`); opened
     /// late by a new process of an upgrade, once the old one let it go.
     pub state: std::sync::OnceLock<crate::state::StateFile>,
@@ -121,6 +124,7 @@ impl Relay {
                 Arc::new(books)
             },
             auth: Default::default(),
+            verified: Default::default(),
             engine,
             cfg: RwLock::new(Arc::new(cfg)),
             loader: Default::default(),

@@ -198,15 +198,17 @@ enum ReportTo {
     Conn(u64, u8),
 }
 
-/// Where `[auth]` is configured, whether it lets `req` on: `Some(401)` if not. The request's
-/// Basic credentials (the only kind that can be passed on) or its URL's `token` go to it;
-/// the stream users are tried first.
+/// Where `[auth]` or `[[user]]` is configured, whether `req` may go on: `Some(401)` if not.
+/// The request's Basic credentials (the only kind that can be passed on, or checked
+/// against a hash) and its URL's `token`: the users are tried first, then `[auth]`.
 async fn external_auth(relay: &Relay, req: &rtsp::Request, ip: IpAddr, secure: bool) -> Option<Response> {
-    relay.cfg().auth.as_ref()?;
+    if !relay.cfg().face_checks_rtsp() {
+        return None;
+    }
     let (action, name) = fanout_proto::rtsp::server::auth_action(req)?;
     let basic = req.headers.get("Authorization").and_then(fanout_proto::http::basic_credentials);
     let (user, pass) = basic.as_ref().map_or((None, None), |(u, p)| (Some(u.as_str()), Some(p.as_str())));
-    let local = relay.stream_login(user, pass);
+    let local = relay.login(user, pass, ip, action, name, true);
     let query = req.uri.split_once('?').map(|(_, q)| q);
     let mut ask =
         fanout_proto::auth::http_request(None, query, ip, action, name, if secure { "rtsps" } else { "rtsp" });

@@ -118,14 +118,15 @@ async fn allowed(
     let token = relay.cfg().token.clone();
     let by_token = token.as_ref().map(|_| fanout_proto::auth::token_given(token.as_deref(), auth, query));
     let basic = auth.and_then(fanout_proto::http::basic_credentials);
-    let by_user = relay.stream_login(basic.as_ref().map(|b| b.0.as_str()), basic.as_ref().map(|b| b.1.as_str()));
+    use fanout_proto::auth::Action;
+    let action = if publish { Action::Publish } else { Action::Read };
+    let ip = ip.unwrap_or(IpAddr::from([0, 0, 0, 0]));
+    let (user, pass) = basic.as_ref().map_or((None, None), |b| (Some(b.0.as_str()), Some(b.1.as_str())));
+    let by_user = relay.login(user, pass, ip, action, name, true);
     let local = match (by_token, by_user) {
         (None, None) => None,
         (a, b) => Some(a == Some(true) || b == Some(true)),
     };
-    use fanout_proto::auth::Action;
-    let action = if publish { Action::Publish } else { Action::Read };
-    let ip = ip.unwrap_or(IpAddr::from([0, 0, 0, 0]));
     relay.permit(local, fanout_proto::auth::http_request(auth, query, ip, action, name, "webrtc")).await
 }
 
@@ -135,7 +136,7 @@ fn unauthorized(relay: &Relay) -> Response {
     if relay.cfg().token.is_some() {
         schemes.push("Bearer");
     }
-    if !relay.cfg().rtsp_credentials().is_empty() {
+    if !relay.cfg().login_users(true).is_empty() {
         schemes.push("Basic realm=\"fanout\"");
     }
     let mut r = text(401, "missing or wrong credentials (the API token as Bearer, or a stream user as Basic)".into());
