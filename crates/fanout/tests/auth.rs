@@ -341,6 +341,23 @@ permissions = [{ action = "read" }]
     assert_eq!(http_status(&relay, "/v1/sessions/cam1/stream", &[("Authorization", &admin)]), 401);
     assert_eq!(http_status(&relay, "/v1/sessions/cam1/hls/index.m3u8?user=viewer&pass=v-pass", &[]), 200);
     assert_eq!(http_status(&relay, "/v1/sessions/cam2/hls/index.m3u8?user=viewer&pass=v-pass", &[]), 401);
+    // Players follow the playlists with the user in every URL; RTSP plays through SETUP
+    // and PLAY with Basic.
+    if have_ffmpeg() {
+        let creds = "user=viewer&pass=v-pass";
+        for url in [
+            relay.url(&format!("/v1/sessions/cam1/hls/index.m3u8?{creds}")),
+            format!("rtsp://viewer:v-pass@{rtsp}/cam1"),
+        ] {
+            let out = std::process::Command::new("timeout")
+                .args(["30", "ffmpeg", "-hide_banner", "-nostdin", "-loglevel", "error", "-stats", "-i", &url])
+                .args(["-t", "2", "-f", "null", "-"])
+                .output()
+                .unwrap();
+            let log = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success() && decoded_frames(&log) >= 45, "{url}: {log}");
+        }
+    }
     // WebRTC: refused is 401; allowed gets as far as its (bad) offer.
     let whep = |path: &str, auth: &str| match ureq::post(&relay.url(&format!("/{path}/whep")))
         .set("Content-Type", "application/sdp")

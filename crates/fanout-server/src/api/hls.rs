@@ -39,8 +39,13 @@ pub(super) async fn hls_file(
         let why = format!("player: 1 to {} letters, digits, - or _", fanout_core::players::MAX_ID);
         return Err(ApiError(StatusCode::BAD_REQUEST, why));
     }
-    // What the files' URLs carry on: the token.
-    let token = q.get("token").map(|t| format!("token={t}"));
+    // What the files' URLs carry on: the token, or a user and its password (as given, still
+    // percent-encoded).
+    let token = match (q.get("token"), q.get("user"), q.get("pass")) {
+        (Some(t), _, _) => Some(format!("token={t}")),
+        (None, Some(u), Some(p)) => Some(format!("user={u}&pass={p}")),
+        _ => None,
+    };
     let new_player = file == "index.m3u8" && player.is_none() && q.get("_HLS_msn").is_none();
     if new_player {
         if let Some(to) = redirected(&relay, &name, token.as_deref()).await {

@@ -526,6 +526,36 @@ mod tests {
         assert_eq!(c.rtsp_credentials(), vec![("token".to_string(), "t".to_string())]);
     }
 
+    /// `[[user]]`s guard the faces beyond loopback (one with `api` the API, without a token),
+    /// and RTSP then checks them in the face; an `rtsp_user` is a user with a warning.
+    #[test]
+    fn users_guard_the_faces_and_rtsp_users_are_deprecated() {
+        let c = Config::parse(
+            "api = \"0.0.0.0:7070\"\nrtsp = \"0.0.0.0:8554\"\n[[user]]\nname = \"ops\"\npassword = \"p\"\n\
+             permissions = [{ action = \"api\" }, { action = \"read\" }]\n",
+        )
+        .unwrap();
+        assert_eq!(c.exposure(), Ok(vec![]));
+        assert!(c.face_checks_rtsp() && c.rtsp_server_users().is_empty());
+        assert_eq!(c.login_users(false).len(), 1);
+        let old = Config::parse("[[rtsp_user]]\nname = \"u\"\npassword = \"p\"\n").unwrap();
+        assert!(old.exposure().unwrap().iter().any(|w| w.0.starts_with("rtsp_user is deprecated")));
+        assert!(!old.face_checks_rtsp() && old.rtsp_server_users().len() == 1);
+        // The stream faces take it, reading and publishing everything; the HTTP faces do not.
+        assert_eq!((old.login_users(true).len(), old.login_users(false).len()), (1, 0));
+        // Problems are named: no permissions, a name twice, a name both ways.
+        let e = Config::parse(
+            "[[user]]\nname = \"a\"\npassword = \"p\"\npermissions = []\n\
+             [[user]]\nname = \"a\"\npassword = \"p\"\npermissions = [{ action = \"read\" }]\n\
+             [[rtsp_user]]\nname = \"a\"\npassword = \"p\"\n",
+        )
+        .unwrap_err()
+        .join("\n");
+        for why in ["no permissions", "given twice", "both an rtsp_user and a [[user]]"] {
+            assert!(e.contains(why), "{why}: {e}");
+        }
+    }
+
     #[test]
     fn empty_config_is_the_default() {
         let c = Config::parse("").unwrap();
