@@ -1,4 +1,4 @@
-//! The request-head classifier never panics and never points past its input or its limit;
+//! The request-head classifier (and the RTSP tunnel's base64 decoder) never panics and never points past its input or its limit;
 //! a `Range` header never asks for bytes outside the resource; a name's steps made one in
 //! a request path change nothing but those slashes.
 #![no_main]
@@ -11,7 +11,15 @@ fuzz_target!(|data: &[u8]| {
         Head::Stream(r) => assert!(r.head_len <= data.len() && r.head_len <= 1024),
         Head::Incomplete => assert!(data.len() < 1024),
         Head::Reject(status, _) => assert!([400, 414, 431].contains(&status)),
+        Head::Tunnel(t) => {
+            assert!(t.head_len <= data.len() && t.cookie.len() <= fanout_proto::http::MAX_COOKIE)
+        }
         Head::Api => {}
+    }
+    // The tunnel's decoder takes any bytes: decoded or refused, never more than 3/4 of them.
+    let mut out = Vec::new();
+    if fanout_proto::http::Base64Stream::default().push(data, &mut out).is_ok() {
+        assert!(out.len() * 4 <= data.len() * 3);
     }
     let len = data.first().map_or(0, |b| u64::from(*b) * 7);
     if let Ok(Some((a, b))) = byte_range(std::str::from_utf8(data).ok(), len) {

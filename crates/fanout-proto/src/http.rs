@@ -34,6 +34,8 @@ pub enum Head<'a> {
     Incomplete,
     /// `GET /v1/sessions/{name}/stream`: the relay's data plane takes the socket.
     Stream(StreamRequest<'a>),
+    /// RTSP over HTTP: one half of a tunnel (Apple's QuickTime tunnelling).
+    Tunnel(TunnelRequest<'a>),
     /// Any other well-formed request: the API server's.
     Api,
     /// Refused before parsing further: the status and why (a JSON error to send, then close).
@@ -67,6 +69,62 @@ pub fn basic_credentials(authorization: &str) -> Option<(String, String)> {
 /// Longest request target accepted (414 beyond it).
 pub const MAX_TARGET: usize = 4096;
 
+/// The longest tunnel cookie taken.
+pub const MAX_COOKIE: usize = 128;
+
+/// One half of an RTSP-over-HTTP tunnel: a `GET` the server's answers and media go down,
+/// or a `POST` whose body carries the client's requests in base64, paired by their
+/// `x-sessioncookie`.
+#[derive(Debug, PartialEq, Eq)]
+pub struct TunnelRequest<'a> {
+    pub post: bool,
+    pub cookie: &'a str,
+    pub path: &'a str,
+    pub head_len: usize,
+}
+
+/// A tunnel's client-to-server half decoded as it comes: base64 (RFC 4648) in groups of
+/// four, whitespace between them skipped, each group decoded on its own (clients encode
+/// each request apart, so `=` padding comes mid-stream).
+#[derive(Debug, Default)]
+pub struct Base64Stream {
+    quad: [u8; 4],
+    n: usize,
+}
+
+impl Base64Stream {
+    /// Decodes `input` onto `out`; a byte that is not base64 is an error (the tunnel ends).
+    pub fn push(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<(), crate::Invalid> {
+        for &b in input {
+            let v = match b {
+                b'A'..=b'Z' => b - b'A',
+                b'a'..=b'z' => b - b'a' + 26,
+                b'0'..=b'9' => b - b'0' + 52,
+                b'+' => 62,
+                b'/' => 63,
+                b'=' => 64,
+                b' ' | b'\t' | b'\r' | b'\n' => continue,
+                _ => return Err(format!("not base64: byte {b:#04x}").into()),
+            };
+            self.quad[self.n] = v;
+            self.n += 1;
+            if self.n < 4 {
+                continue;
+            }
+            self.n = 0;
+            let q = self.quad;
+            // Padding only at a group's end: xx==, xxx=.
+            let pads = q.iter().rev().take_while(|&&v| v == 64).count();
+            if pads > 2 || q[..4 - pads].contains(&64) {
+                return Err("base64 padding inside a group".into());
+            }
+            let bits = q.iter().fold(0u32, |acc, &v| acc << 6 | u32::from(v & 63));
+            out.extend_from_slice(&bits.to_be_bytes()[1..4 - pads]);
+        }
+        Ok(())
+    }
+}
+
 /// Looks at the first `buf` bytes of a connection; `max_head`: the longest head accepted
 /// (431 beyond it).
 pub fn classify(buf: &[u8], max_head: usize) -> Head<'_> {
@@ -93,13 +151,23 @@ pub fn classify(buf: &[u8], max_head: usize) -> Head<'_> {
     let mut lines = head.split("\r\n");
     let mut parts = lines.next().unwrap_or("").split(' ');
     let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    if method != "GET" {
-        return Head::Api;
-    }
+    let headers: Vec<(&str, &str)> =
+        lines.filter_map(|l| l.split_once(':')).map(|(k, v)| (k.trim(), v.trim())).collect();
+    let header = |name: &str| headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| *v);
     let (path, query) = match target.split_once('?') {
         Some((p, q)) => (p, Some(q)),
         None => (target, None),
     };
+    if let (Some(cookie), "GET" | "POST") = (header("x-sessioncookie"), method) {
+        if cookie.is_empty() || cookie.len() > MAX_COOKIE || !cookie.bytes().all(|b| b.is_ascii_graphic()) {
+            return Head::Reject(400, "x-sessioncookie: 1 to 128 visible characters");
+        }
+        let post = method == "POST";
+        return Head::Tunnel(TunnelRequest { post, cookie, path, head_len: end });
+    }
+    if method != "GET" {
+        return Head::Api;
+    }
     let ts = path.strip_prefix("/v1/sessions/").and_then(|r| r.strip_suffix("/stream"));
     let flv = path.strip_prefix('/').and_then(|r| r.strip_suffix(".flv")).filter(|r| !r.starts_with("v1/"));
     let (session, container) = match (ts, flv) {
@@ -110,9 +178,6 @@ pub fn classify(buf: &[u8], max_head: usize) -> Head<'_> {
     if session.split('/').any(str::is_empty) {
         return Head::Api;
     }
-    let headers: Vec<(&str, &str)> =
-        lines.filter_map(|l| l.split_once(':')).map(|(k, v)| (k.trim(), v.trim())).collect();
-    let header = |name: &str| headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| *v);
     let authorization = header("authorization");
     // RFC 6455 §4.2.1: `Upgrade` names websocket among its tokens.
     let upgrade = header("upgrade").is_some_and(|u| u.split(',').any(|t| t.trim().eq_ignore_ascii_case("websocket")));
@@ -174,6 +239,51 @@ mod tests {
 
     use super::*;
 
+    /// A tunnel's halves are told apart by method, paired by cookie; a cookie too long or
+    /// with spaces is refused.
+    #[test]
+    fn tunnel_halves_are_recognised_by_their_cookie() {
+        let get = b"GET /cam1 HTTP/1.0\r\nx-sessioncookie: abc123\r\nAccept: application/x-rtsp-tunnelled\r\n\r\n";
+        let Head::Tunnel(t) = classify(get, 4096) else { panic!() };
+        assert_eq!(t, TunnelRequest { post: false, cookie: "abc123", path: "/cam1", head_len: get.len() });
+        let post = b"POST /cam1 HTTP/1.0\r\nx-sessioncookie: abc123\r\nContent-Length: 32767\r\n\r\nREVTQ1JJQkU=";
+        let Head::Tunnel(t) = classify(post, 4096) else { panic!() };
+        assert!(t.post && t.head_len == post.len() - 12);
+        let long = format!("GET / HTTP/1.0\r\nx-sessioncookie: {}\r\n\r\n", "a".repeat(129));
+        assert!(matches!(classify(long.as_bytes(), 4096), Head::Reject(400, _)));
+        // Other methods with a cookie are the API's.
+        assert!(matches!(classify(b"PUT / HTTP/1.1\r\nx-sessioncookie: a\r\n\r\n", 4096), Head::Api));
+    }
+
+    #[test]
+    fn base64_decodes_across_pushes_and_mid_stream_padding() {
+        let mut d = Base64Stream::default();
+        let mut out = Vec::new();
+        // Two requests encoded apart ("OPTIONS" and "ab"), split at odd places, with newlines.
+        for part in [&b"T1BUSU"[..], b"9OUw==\r\n", b"YW", b"I="] {
+            d.push(part, &mut out).unwrap();
+        }
+        assert_eq!(out, b"OPTIONSab");
+        assert!(Base64Stream::default().push(b"ab=c", &mut Vec::new()).is_err());
+        assert!(Base64Stream::default().push(b"a===", &mut Vec::new()).is_err());
+        assert!(Base64Stream::default().push(b"ab*d", &mut Vec::new()).is_err());
+    }
+
+    proptest::proptest! {
+        /// Chunks encoded apart and cut anywhere decode to what was encoded.
+        #[test]
+        fn base64_stream_round_trips(chunks in proptest::collection::vec(proptest::collection::vec(0u8.., 0..40), 0..6), cut in 0usize..400) {
+            use base64::Engine as _;
+            let text: String = chunks.iter().map(|c| base64::engine::general_purpose::STANDARD.encode(c)).collect();
+            let (a, b) = text.as_bytes().split_at(cut.min(text.len()));
+            let mut d = Base64Stream::default();
+            let mut out = Vec::new();
+            d.push(a, &mut out).unwrap();
+            d.push(b, &mut out).unwrap();
+            proptest::prop_assert_eq!(out, chunks.concat());
+        }
+    }
+
     use proptest::prelude::*;
 
     #[test]
@@ -205,6 +315,7 @@ mod tests {
                 }
                 Head::Reject(status, _) => prop_assert!([400, 414, 431].contains(&status)),
                 Head::Incomplete => prop_assert!(buf.len() < 200),
+                Head::Tunnel(t) => prop_assert!(t.head_len <= buf.len() && t.cookie.len() <= MAX_COOKIE),
                 Head::Api => {}
             }
         }

@@ -32,6 +32,7 @@ mod srtp_out;
 mod state;
 mod tls;
 mod track;
+mod tunnel;
 mod ui;
 mod upgrade;
 mod upstream;

@@ -81,6 +81,57 @@ fn ffmpeg_plays_the_demo_interleaved_over_tcp() {
     plays_the_demo("tcp");
 }
 
+/// RTSP over HTTP (issue 53 item 8) on the API's port: ffmpeg (`-rtsp_transport http`) and
+/// GStreamer (`rtsph://`) play the demo through a GET/POST tunnel, its client is listed
+/// among the path's RTSP readers and goes when the tunnel closes; a POST no GET waits for
+/// is 404, a cookie in use 409.
+#[test]
+fn rtsp_over_http_tunnels_play_in_ffmpeg_and_gstreamer() {
+    if !have_ffmpeg() || !have_gstreamer() {
+        return;
+    }
+    let relay = start();
+    let url = format!("rtsp://{}/demo", relay.api);
+    let (ok, log) = ffmpeg_decode(&url, &["-rtsp_transport", "http"], 3);
+    assert!(ok && decoded_frames(&log) >= 70, "{log}");
+    assert!(
+        wait_for(Duration::from_secs(5), || relay.ok("GET", "/v1/sessions/demo", None)["rtsp_tracks"][0]["sinks"] == 0),
+        "the tunnelled client's sink should go with it"
+    );
+    // GStreamer, with a reader listed meanwhile.
+    let mut gst = Command::new("timeout");
+    gst.args(["-s", "INT", "6", "gst-launch-1.0", "-v"]).args(
+        format!("rtspsrc location=rtsph://{}/demo name=s s. ! rtph264depay ! h264parse ! openh264dec ! fakesink name=v silent=false sync=false", relay.api)
+            .split(' '),
+    );
+    let gst = Gst::spawn(gst);
+    let listed = wait_for(Duration::from_secs(5), || {
+        relay
+            .ok("GET", "/v1/sessions/demo/readers", None)
+            .as_array()
+            .is_some_and(|r| r.iter().any(|x| x["protocol"] == "rtsp"))
+    });
+    let log = gst.log();
+    assert!(listed, "no RTSP reader listed while GStreamer played");
+    let errors = gst_errors_while_playing(&log);
+    assert!(errors.is_empty(), "{errors:#?}\n{log}");
+    let pictures = log.lines().filter(|l| l.contains("chain") && l.contains("(v:sink)")).count();
+    assert!(pictures >= 50, "{pictures} pictures decoded in about 5 s: {log}");
+    // A POST alone, and a second GET with a cookie in use.
+    let half = |method: &str, cookie: &str| {
+        let mut c = TcpStream::connect(relay.api).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        write!(c, "{method} /demo HTTP/1.0\r\nx-sessioncookie: {cookie}\r\nContent-Length: 32767\r\n\r\n").unwrap();
+        let mut head = [0u8; 12];
+        let _ = c.read_exact(&mut head);
+        (c, String::from_utf8_lossy(&head).into_owned())
+    };
+    assert!(half("POST", "lonely").1.starts_with("HTTP/1.1 404"));
+    let (_waiting, first) = half("GET", "twice");
+    assert!(first.starts_with("HTTP/1.0 200"), "{first}");
+    assert!(half("GET", "twice").1.starts_with("HTTP/1.1 409"));
+}
+
 /// Interleaved by hand: `$`-frames on the channel SETUP named carry every packet from the
 /// RTP-Info sequence number on; a frame on a channel nobody set up is ignored; the session
 /// stays.

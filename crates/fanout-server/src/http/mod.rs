@@ -3,6 +3,7 @@
 //! through the async runtime; `GET /{name}.flv` is answered here too, by an HTTP-FLV player.
 
 mod flv;
+mod tunnel;
 
 use crate::readers::{Held, Protocol, SinkReader, Who};
 use crate::relay::Relay;
@@ -69,6 +70,7 @@ type Slot = tokio::sync::OwnedSemaphorePermit;
 
 async fn serve_plain(stream: TcpStream, relay: &Arc<Relay>, router: axum::Router, head_timeout: Duration, slot: Slot) {
     match stream_request(&stream, head_timeout).await {
+        Some(Err(Some(t))) => tunnel::half(stream, relay, t, head_timeout, slot).await,
         Some(Ok(asked)) if asked.container == Container::Ts => {
             start_stream(stream, relay, &asked.name, asked.auth.as_deref(), asked.query.as_deref(), asked.head_len)
                 .await
@@ -81,7 +83,7 @@ async fn serve_plain(stream: TcpStream, relay: &Arc<Relay>, router: axum::Router
                 start_flv(stream, peer, relay, &asked, slot).await;
             }
         }
-        Some(Err(())) => {}
+        Some(Err(None)) => {}
         None => {
             let _slot = slot;
             let peer = stream.peer_addr().ok();
@@ -194,6 +196,11 @@ async fn serve_tls(
                 let _ = tokio::time::timeout(Duration::from_secs(1), reject_on(&mut tls_stream, status, why)).await;
                 return;
             }
+            Head::Tunnel(_) => {
+                let why = "RTSP over HTTP is served on plain HTTP; over TLS, use RTSPS";
+                let _ = tokio::time::timeout(Duration::from_secs(1), reject_on(&mut tls_stream, 501, why)).await;
+                return;
+            }
             Head::Incomplete => {}
         }
         match tokio::time::timeout_at(deadline, tls_stream.read(&mut chunk)).await {
@@ -273,30 +280,32 @@ impl From<fanout_proto::http::StreamRequest<'_>> for Asked {
 }
 
 /// Peeks at the request head (without consuming it, so hyper can read it if it is not ours).
-/// `None`: the API's; `Some(Err(()))`: answered or dropped here.
-async fn stream_request(stream: &TcpStream, head_timeout: Duration) -> Option<Result<Asked, ()>> {
+/// `None`: the API's; `Some(Err(Some(_)))`: half of an RTSP tunnel; `Some(Err(None))`:
+/// answered or dropped here.
+async fn stream_request(stream: &TcpStream, head_timeout: Duration) -> Option<Result<Asked, Option<tunnel::Half>>> {
     let mut buf = vec![0u8; MAX_HEAD];
     let deadline = tokio::time::Instant::now() + head_timeout;
     loop {
         let n = match tokio::time::timeout_at(deadline, stream.peek(&mut buf)).await {
-            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return Some(Err(())),
+            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return Some(Err(None)),
             Ok(Ok(n)) => n,
         };
         if crate::tls::looks_like_tls(&buf[..n]) {
             tracing::warn!(peer = ?stream.peer_addr().ok(), "a TLS client on the plain HTTP port: closed");
             crate::admit::linger_close(stream).await;
-            return Some(Err(()));
+            return Some(Err(None));
         }
         match classify(&buf[..n], MAX_HEAD) {
             Head::Stream(r) => return Some(Ok(Asked::from(r))),
+            Head::Tunnel(t) => return Some(Err(Some(tunnel::Half::from(t)))),
             Head::Api => return None,
             // What hyper would answer with an empty body (or not at all): the API's JSON.
             Head::Reject(status, why) => {
                 let _ = tokio::time::timeout(Duration::from_secs(1), reject(stream, status, why)).await;
-                return Some(Err(()));
+                return Some(Err(None));
             }
             // A peek of bytes already there returns at once: the deadline is checked here.
-            Head::Incomplete if tokio::time::Instant::now() >= deadline => return Some(Err(())),
+            Head::Incomplete if tokio::time::Instant::now() >= deadline => return Some(Err(None)),
             Head::Incomplete => tokio::time::sleep(Duration::from_millis(5)).await,
         }
     }

@@ -96,6 +96,13 @@ pub trait RtspFront: Send + Sync {
     fn clients(&self) -> Vec<crate::clients::ClientStatus>;
     /// The users requests are checked against from now on (a reload).
     fn set_users(&self, users: Vec<(String, String)>);
+    /// Serves an RTSP-over-HTTP tunnel's connection until it ends.
+    fn serve_tunnel(
+        &self,
+        relay: Arc<Relay>,
+        tunnel: crate::tunnel::Tunnel,
+        peer: std::net::SocketAddr,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 }
 
 impl crate::upstream::Host for Relay {

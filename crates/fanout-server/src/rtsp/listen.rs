@@ -224,6 +224,25 @@ pub(super) async fn accept(
     }
 }
 
+/// Tunnels' connection numbers, apart from the listeners' (which count from 1).
+const TUNNEL_CONNS: u64 = 1 << 48;
+
+/// An RTSP-over-HTTP tunnel's connection, served as a listener's is (its caps were the HTTP
+/// port's).
+pub(super) async fn tunnel(t: crate::tunnel::Tunnel, peer: SocketAddr, relay: Arc<Relay>, rtsp: Arc<Rtsp>) {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(TUNNEL_CONNS);
+    let conn = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+    let idle = Duration::from_secs_f64(relay.cfg().rtsp_idle_s.max(0.1));
+    let head_timeout = Duration::from_secs_f64(relay.cfg().request_timeout_s);
+    rtsp.server.lock().connection_opened(conn, peer.ip());
+    tracing::info!(%peer, "RTSP over HTTP: a tunnel opened");
+    if let Err(e) = connection(t, false, peer, conn, (idle, head_timeout), &relay, &rtsp).await {
+        tracing::debug!(%peer, "rtsp tunnel: {e}");
+    }
+    let actions = rtsp.server.lock().connection_closed(conn);
+    rtsp.apply(&relay, peer.ip(), actions);
+}
+
 /// The TLS handshake of an RTSPS connection; a plaintext client (or a failed handshake) is
 /// logged and closed.
 pub(super) async fn handshake(

@@ -132,6 +132,19 @@ impl crate::relay::RtspFront for Rtsp {
     fn set_users(&self, users: Vec<(String, String)>) {
         self.server.lock().set_users(users);
     }
+    fn serve_tunnel(
+        &self,
+        relay: Arc<Relay>,
+        tunnel: crate::tunnel::Tunnel,
+        peer: SocketAddr,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+        let rtsp = self.me.upgrade();
+        Box::pin(async move {
+            if let Some(rtsp) = rtsp {
+                listen::tunnel(tunnel, peer, relay, rtsp).await;
+            }
+        })
+    }
 }
 
 pub struct Rtsp {
