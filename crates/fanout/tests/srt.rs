@@ -125,6 +125,44 @@ fn ffmpeg_publishes_over_srt_and_it_plays_back_over_rtsp_http_hls_and_srt() {
     assert_eq!(publisher(&relay)["publishes"], 1, "{}", publisher(&relay));
 }
 
+/// H.265 over SRT, in and out (issue 53 item 5): ffmpeg publishes a looped H.265 clip as
+/// MPEG-TS over SRT; read back over SRT and over RTSP, every picture is the clip's, in order.
+#[test]
+fn h265_goes_over_srt_in_and_out() {
+    if !have_srt() {
+        return;
+    }
+    let clip_file = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/video/hevc/demo-2s-hevc.mp4");
+    let want = pictures(&["-i", clip_file]);
+    assert_eq!(want.len(), 50, "2 s at 25 fps");
+    let clip: Vec<String> = want.iter().chain(&want).cloned().collect();
+    let relay = Relay::with_config(CONFIG, &["--no-demo"]);
+    let srt = srt_addr(&relay);
+    let _publisher = Kill(
+        Command::new("ffmpeg")
+            .args(["-nostdin", "-loglevel", "error", "-re", "-stream_loop", "-1", "-i", clip_file])
+            .args(["-t", "30", "-c", "copy", "-f", "mpegts", &format!("srt://{srt}?streamid=publish:cam")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    assert!(wait_for(Duration::from_secs(10), || publisher(&relay)["state"] == "publishing"), "{}", publisher(&relay));
+    let probe = Command::new("timeout")
+        .args(["20", "ffprobe", "-v", "error", "-show_entries", "stream=codec_name", "-of", "csv=p=0"])
+        .arg(format!("srt://{srt}?streamid=read:cam"))
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&probe.stdout).contains("hevc"), "{probe:?}");
+    let got = pictures(&["-i", &format!("srt://{srt}?streamid=read:cam"), "-frames:v", "40"]);
+    assert_eq!(got.len(), 40);
+    assert!(is_run_of(&clip, &got), "the H.265 pictures read over SRT are not a run of the clip's");
+    let url = format!("rtsp://{}/cam", rtsp_addr(&relay));
+    let got = pictures(&["-rtsp_transport", "tcp", "-i", &url, "-frames:v", "40"]);
+    assert_eq!(got.len(), 40);
+    assert!(is_run_of(&clip, &got), "the H.265 pictures played over RTSP are not a run of the clip's");
+}
+
 /// With `srt_passphrase`, only callers with it get in (and their stream decodes); with RTSP
 /// users, only callers naming one; refusals are logged without the secret.
 #[test]

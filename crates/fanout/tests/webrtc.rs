@@ -376,22 +376,6 @@ fn pion_play(
         .unwrap()
 }
 
-/// A directory of this test's own, emptied first.
-fn tmpdir(tag: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("fanout-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-/// A pion-peer's JSON report, after it ends by itself.
-fn report(child: std::process::Child) -> Value {
-    let out = child.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(text.trim())
-        .unwrap_or_else(|_| panic!("pion-peer: {text} / {}", String::from_utf8_lossy(&out.stderr)))
-}
-
 /// Pion plays the demo over WHEP: it starts at a keyframe, loses no frame, and ffmpeg decodes
 /// every frame it assembled. A second pion drops 5% of the video packets on arrival, as a lossy
 /// link would: the relay resends them (RTX) when asked (NACK), so fewer than 0.5% of its frames
@@ -405,7 +389,7 @@ fn pion_plays_over_whep_and_lost_packets_are_resent() {
     }
     let relay = Relay::start(&[]);
     let whep = relay.url("/demo/whep");
-    let dir = tmpdir("pion-whep");
+    let dir = scratch_dir("pion-whep");
     let (clean_h264, lossy_h264) = (dir.join("clean.h264"), dir.join("lossy.h264"));
     // The sinks on the path's tracks' sessions.
     let sinks = || {
@@ -438,7 +422,7 @@ fn pion_plays_over_whep_and_lost_packets_are_resent() {
     let clean = pion_play(&pion, &whep, 12, 0.0, &clean_h264, 0);
     let lossy = pion_play(&pion, &whep, 20, 0.05, &lossy_h264, 0);
 
-    let clean = report(clean);
+    let clean = pion_report(clean);
     eprintln!("pion, no loss: {clean}");
     assert_eq!(clean["connected"], true, "{clean}");
     assert_eq!(clean["starts_with_keyframe"], true, "{clean}");
@@ -447,7 +431,7 @@ fn pion_plays_over_whep_and_lost_packets_are_resent() {
     assert_eq!(clean["frames_lost"], 0, "{clean}");
     assert_eq!(h264_file_frames(&clean_h264), frames, "ffmpeg decodes every frame pion assembled");
 
-    let lossy = report(lossy);
+    let lossy = pion_report(lossy);
     eprintln!("pion, 5% of video packets dropped: {lossy}");
     let (packets, dropped) = (lossy["video_packets"].as_f64().unwrap(), lossy["dropped"].as_f64().unwrap());
     assert!(dropped >= 0.03 * (packets + dropped), "the link lost packets: {lossy}");
@@ -484,7 +468,7 @@ fn a_joining_webrtc_viewer_is_paced_so_a_thin_link_loses_nothing() {
     // Half a GOP in (the demo's keyframes come each second): half a second owed at joining.
     std::thread::sleep(Duration::from_millis(2500));
     let link_kbps = (2.0 * rate().unwrap() / 1.5 / 1000.0).round();
-    let dir = tmpdir("pion-join");
+    let dir = scratch_dir("pion-join");
     let play = |name: &str| {
         std::process::Command::new(&pion)
             .args(["whep", &relay.url(&format!("/{name}/whep")), "-seconds", "6", "-h264"])
@@ -504,7 +488,7 @@ fn a_joining_webrtc_viewer_is_paced_so_a_thin_link_loses_nothing() {
     }
     let mut unpaced_dropped = 0;
     for (paced, unpaced) in viewers {
-        let (paced, unpaced) = (report(paced), report(unpaced));
+        let (paced, unpaced) = (pion_report(paced), pion_report(unpaced));
         eprintln!("a link of {link_kbps} kbit/s\npaced: {paced}\nunpaced: {unpaced}");
         for r in [&paced, &unpaced] {
             assert_eq!(r["connected"], true, "{r}");
@@ -515,18 +499,6 @@ fn a_joining_webrtc_viewer_is_paced_so_a_thin_link_loses_nothing() {
         unpaced_dropped += unpaced["link"]["dropped"].as_u64().unwrap();
     }
     assert!(unpaced_dropped > 0, "unpaced, the backlog at once overflows the link");
-}
-
-/// `fanout gen` sending an Annex B `file` to `to` at `fps` for `seconds` (killed when dropped).
-fn gen_file(to: std::net::SocketAddr, file: &str, fps: u32, seconds: u32) -> Kill {
-    Kill(
-        std::process::Command::new(env!("CARGO_BIN_EXE_fanout"))
-            .args(["gen", "--to", &to.to_string(), "--file", file])
-            .args(["--fps", &fps.to_string(), "--duration", &seconds.to_string()])
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    )
 }
 
 /// An H.265 path (x265 with two temporal layers, ~330 kbit/s, from `fanout gen`) to a pion
@@ -553,9 +525,9 @@ fn pion_plays_h265_over_whep() {
         "{}",
         relay.ok("GET", "/v1/sessions/hevc", None)
     );
-    let dir = tmpdir("pion-h265");
+    let dir = scratch_dir("pion-h265");
     let h265 = dir.join("out.h265");
-    let r = report(pion_play(&pion, &relay.url("/hevc/whep"), 10, 0.0, &h265, 0));
+    let r = pion_report(pion_play(&pion, &relay.url("/hevc/whep"), 10, 0.0, &h265, 0));
     eprintln!("pion, H.265: {r}");
     assert_eq!(r["connected"], true, "{r}");
     assert_eq!(r["codec"].as_str().map(str::to_ascii_lowercase).as_deref(), Some("video/h265"), "{r}");
@@ -582,111 +554,6 @@ fn pion_plays_h265_over_whep() {
     );
 }
 
-/// Layered video (mediasoup's H.264 SVC: two spatial × three temporal layers, ~570 kbit/s at
-/// 50 fps) to two pion viewers at once: one behind a link of half the stream's rate (a 100 ms
-/// drop-tail queue, in pion, before its transport-wide congestion feedback), one with no
-/// limit. The first one's feedback brings its estimate under the link's rate and its sink down
-/// to the base spatial layer: in the second half of its run the link drops (almost) nothing,
-/// and it still assembles its frames whole (a dropped layer's marker is moved to the kept
-/// packets). The other gets every layer.
-#[test]
-fn a_viewer_behind_a_narrow_link_gets_the_layers_that_fit() {
-    let Some(pion) = peer("pion-peer") else { return };
-    // (It counts lost frames: no browser of this binary encodes meanwhile.)
-    let _alone = common::browser::without_browsers();
-    let file = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/video/h264-svc/mediasoup_naluInfo.264");
-    let relay = Relay::start(&["--no-demo"]);
-    let src =
-        create_on_free_port(&relay, json!({ "name": "svc", "source": { "udp": "127.0.0.1:0" }, "video": "h264" }));
-    let _gen = gen_file(src, file, 50, 40);
-    // The stream's rate, once every layer has one.
-    let whole = || {
-        let l = &relay.ok("GET", "/v1/sessions/svc", None)["layers"];
-        let layers = l["layers"].as_array().cloned().unwrap_or_default();
-        let sum: f64 = layers.iter().map(|x| x["bps"].as_f64().unwrap()).sum();
-        (layers.len() == 6).then_some(sum + l["not_layered_bps"].as_f64().unwrap_or(0.0))
-    };
-    assert!(wait_for(Duration::from_secs(10), || whole().is_some_and(|b| b > 400_000.0)), "{:?}", whole());
-    std::thread::sleep(Duration::from_secs(2));
-    let whole = whole().unwrap();
-    let link_kbps = (whole / 2000.0).round();
-    let dir = tmpdir("pion-layers");
-    let spawn = |extra: &[&str], out: &str| {
-        std::process::Command::new(&pion)
-            .args(["whep", &relay.url("/svc/whep"), "-seconds", "20", "-h264"])
-            .arg(dir.join(out))
-            .args(extra)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
-    let narrow = spawn(&["-kbps", &link_kbps.to_string()], "narrow.h264");
-    let wide = spawn(&[], "wide.h264");
-    // Their statuses, sampled: the narrow one is the one whose estimate stays under the link.
-    let mut samples: Vec<(f64, Vec<Value>)> = Vec::new();
-    let t0 = std::time::Instant::now();
-    while t0.elapsed() < Duration::from_secs(19) {
-        let v = relay.ok("GET", "/v1/sessions/svc", None)["webrtc"].as_array().cloned().unwrap_or_default();
-        samples.push((t0.elapsed().as_secs_f64(), v));
-        std::thread::sleep(Duration::from_millis(500));
-    }
-    let narrow = report(narrow);
-    let wide = report(wide);
-    eprintln!("the stream {whole:.0} bit/s, the link {link_kbps} kbit/s\nnarrow: {narrow}\nwide: {wide}");
-    for (t, v) in samples.iter().step_by(4) {
-        let brief: Vec<String> =
-            v.iter().map(|x| format!("{} {}", x["estimate_bps"], x["layers"]["allowance"])).collect();
-        eprintln!("{t:5.1} s: {}", brief.join(" | "));
-    }
-    for r in [&narrow, &wide] {
-        assert_eq!(r["connected"], true, "{r}");
-        assert_eq!(r["starts_with_keyframe"], true, "{r}");
-        assert!(r["frames_expected"].as_u64().unwrap() >= 900, "18+ s at 50 fps: {r}");
-    }
-    assert!(wide["lost_fraction"].as_f64().unwrap() < 0.02, "frames lost: {wide}");
-    // The narrow one loses (almost) no frame it was sent. Upper temporal layers left out
-    // on purpose are not loss, but a few only: on CI's two cores a stalled pion once looked
-    // like congestion to the estimate, which left them out for a second (4% of the frames).
-    let of = |k: &str| narrow[k].as_f64().unwrap();
-    let expected = of("frames_expected");
-    assert!((of("frames_lost") - of("frames_skipped")) / expected < 0.02, "frames lost: {narrow}");
-    assert!(of("frames_skipped") / expected < 0.1, "frames left out: {narrow}");
-    // The narrow link: no sustained loss once adapted.
-    let link = &narrow["link"];
-    let (passed, late) = (link["passed"].as_f64().unwrap(), link["dropped_second_half"].as_f64().unwrap());
-    assert!(late <= 0.01 * passed, "the link still drops in the second half: {link}");
-    assert!(link["kbps_second_half"].as_f64().unwrap() > 0.2 * link_kbps, "{link}");
-    // By the status: in the second half, one viewer at the base spatial layer with an
-    // estimate under the stream's rate, and the other one at some point with every layer.
-    // (Most samples: a stall of the machine may lift the narrow one for a moment, as above.)
-    let late_samples: Vec<_> = samples.iter().filter(|(t, _)| *t > 10.0).collect();
-    let did = |x: &Value| x["layers"]["allowance"]["did"].as_u64();
-    let mut narrow_ids = std::collections::BTreeSet::new();
-    let mut with_low = 0;
-    for (_, v) in &late_samples {
-        assert_eq!(v.len(), 2, "{v:?}");
-        let low: Vec<&Value> = v.iter().filter(|x| did(x) == Some(0)).collect();
-        with_low += usize::from(!low.is_empty());
-        for x in low {
-            assert!(x["estimate_bps"].as_f64().unwrap() < whole, "{x}");
-            narrow_ids.insert(x["id"].as_str().unwrap().to_string());
-        }
-    }
-    assert!(
-        with_low * 4 >= late_samples.len() * 3,
-        "{with_low} of {} samples with a viewer at the base spatial layer",
-        late_samples.len()
-    );
-    assert_eq!(narrow_ids.len(), 1, "always the same viewer: {narrow_ids:?}");
-    let full = samples.iter().flat_map(|(_, v)| v).any(|x| {
-        !narrow_ids.contains(x["id"].as_str().unwrap_or(""))
-            && did(x) == Some(1)
-            && x["layers"]["allowance"]["tid"] == 2
-    });
-    assert!(full, "the viewer with no limit never had every layer");
-}
-
 /// Pion publishes the demo's H.264 over WHIP (8 s, 200 frames, a keyframe every 25); a pion
 /// viewer that joins a couple of seconds later starts at a keyframe from the ring and gets
 /// every frame from there to the publisher's last: 200 minus whole GOPs. A second viewer asks
@@ -700,7 +567,7 @@ fn pion_publishes_over_whip_and_a_viewer_gets_every_frame() {
     }
     let config = "publisher_grace_s = 1\n[[session]]\nname = \"cam\"\nsource = { publish = true }\n";
     let relay = Relay::with_config(config, &["--no-demo"]);
-    let dir = tmpdir("pion-whip");
+    let dir = scratch_dir("pion-whip");
     let clip = dir.join("demo.h264");
     let demo = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../assets/demo.ts");
     let st = std::process::Command::new("ffmpeg")
@@ -724,9 +591,9 @@ fn pion_publishes_over_whip_and_a_viewer_gets_every_frame() {
     let got = dir.join("got.h264");
     let viewer = pion_play(&pion, &relay.url("/cam/whep"), 25, 0.0, &got, 0);
     let asking = pion_play(&pion, &relay.url("/cam/whep"), 25, 0.0, &dir.join("asking.h264"), 100);
-    let sent = report(publisher);
-    let seen = report(viewer);
-    let asked = report(asking);
+    let sent = pion_report(publisher);
+    let seen = pion_report(viewer);
+    let asked = pion_report(asking);
     eprintln!("pion publisher: {sent}\npion viewer: {seen}\npion viewer asking for keyframes: {asked}");
     assert_eq!(sent["frames_sent"], 200, "{sent}");
     // The asking viewer played about 5 of the 8 s: ~50 requests, ~10 passed on.
@@ -1173,7 +1040,7 @@ fn a_simulcast_publishers_viewers_get_the_encoding_that_fits() {
     std::thread::sleep(Duration::from_secs(3));
     let (high, low) = (rate("h"), rate("l"));
     let link_kbps = ((low / 0.85 + high) / 2000.0).round();
-    let dir = tmpdir("pion-simulcast");
+    let dir = scratch_dir("pion-simulcast");
     let narrow = std::process::Command::new(&pion)
         .args(["whep", &relay.url("/cam/whep"), "-seconds", "20", "-kbps", &link_kbps.to_string()])
         // A link's buffer of a quarter second: a keyframe of `l` fits in it.
@@ -1191,7 +1058,7 @@ fn a_simulcast_publishers_viewers_get_the_encoding_that_fits() {
         samples.push((t0.elapsed().as_secs_f64(), v.into_iter().filter(|x| x["role"] == "viewer").collect()));
         std::thread::sleep(Duration::from_millis(500));
     }
-    let narrow = report(narrow);
+    let narrow = pion_report(narrow);
     let chromium = d.js("return window.stats;");
     eprintln!("h {high:.0} bit/s, l {low:.0} bit/s, the link {link_kbps} kbit/s\npion: {narrow}\nchromium: {chromium}");
     eprintln!("the publisher: {}", d.js("return window.whip;"));

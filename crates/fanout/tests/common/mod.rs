@@ -670,3 +670,31 @@ pub fn stream_ends_within(s: &mut TcpStream, limit: Duration) -> bool {
     }
     false
 }
+
+/// A directory of this test's own, emptied first.
+pub fn scratch_dir(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("fanout-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A pion-peer's JSON report, after it ends by itself.
+pub fn pion_report(child: std::process::Child) -> serde_json::Value {
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(text.trim())
+        .unwrap_or_else(|_| panic!("pion-peer: {text} / {}", String::from_utf8_lossy(&out.stderr)))
+}
+
+/// `fanout gen` sending an Annex B `file` to `to` at `fps` for `seconds` (killed when dropped).
+pub fn gen_file(to: std::net::SocketAddr, file: &str, fps: u32, seconds: u32) -> Kill {
+    Kill(
+        std::process::Command::new(env!("CARGO_BIN_EXE_fanout"))
+            .args(["gen", "--to", &to.to_string(), "--file", file])
+            .args(["--fps", &fps.to_string(), "--duration", &seconds.to_string()])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
