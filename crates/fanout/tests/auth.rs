@@ -102,6 +102,18 @@ fn describe(rtsp: SocketAddr, path: &str, auth: Option<&str>) -> String {
     rtsp_status(rtsp, &format!("DESCRIBE rtsp://{rtsp}/{path} RTSP/1.0\r\nCSeq: 1\r\n{auth}\r\n"))
 }
 
+/// The first line of the answer to an ANNOUNCE of one H.264 track to `path` as `who`.
+fn announce(rtsp: SocketAddr, path: &str, who: &str) -> String {
+    let sdp = "v=0\r\no=- 0 0 IN IP4 127.0.0.1\r\ns=x\r\nt=0 0\r\nm=video 0 RTP/AVP 96\r\na=rtpmap:96 H264/90000\r\n";
+    rtsp_status(
+        rtsp,
+        &format!(
+            "ANNOUNCE rtsp://{rtsp}/{path} RTSP/1.0\r\nCSeq: 1\r\nAuthorization: {who}\r\nContent-Type: application/sdp\r\nContent-Length: {}\r\n\r\n{sdp}",
+            sdp.len()
+        ),
+    )
+}
+
 /// The status of an HTTP GET with these headers.
 fn http_status(relay: &Relay, path: &str, headers: &[(&str, &str)]) -> u16 {
     let mut c = TcpStream::connect(relay.api).unwrap();
@@ -162,16 +174,7 @@ fn an_http_auth_service_decides_for_every_face() {
     assert!(refused.starts_with("RTSP/1.0 401") && refused.contains("WWW-Authenticate: Basic"), "{refused}");
     assert!(describe(rtsp, "demo", None).starts_with("RTSP/1.0 401"));
     // RTSP publishing: bob announces to pub; alice may not.
-    let sdp = "v=0\r\no=- 0 0 IN IP4 127.0.0.1\r\ns=x\r\nt=0 0\r\nm=video 0 RTP/AVP 96\r\na=rtpmap:96 H264/90000\r\n";
-    let announce = |who: &str| {
-        rtsp_status(
-            rtsp,
-            &format!(
-                "ANNOUNCE rtsp://{rtsp}/pub RTSP/1.0\r\nCSeq: 1\r\nAuthorization: {who}\r\nContent-Type: application/sdp\r\nContent-Length: {}\r\n\r\n{sdp}",
-                sdp.len()
-            ),
-        )
-    };
+    let announce = |who: &str| announce(rtsp, "pub", who);
     assert!(announce(&basic("bob", "good")).starts_with("RTSP/1.0 200"));
     assert!(announce(&basic("alice", "good")).starts_with("RTSP/1.0 401"));
 
@@ -323,16 +326,7 @@ permissions = [{ action = "read" }]
     assert!(describe(rtsp, "cam1", Some(&basic("viewer", "nope"))).starts_with("RTSP/1.0 401"));
     assert!(describe(rtsp, "cam1", None).starts_with("RTSP/1.0 401"));
     assert!(describe(rtsp, "cam1", Some(&basic("faraway", "f-pass"))).starts_with("RTSP/1.0 401"));
-    let sdp = "v=0\r\no=- 0 0 IN IP4 127.0.0.1\r\ns=x\r\nt=0 0\r\nm=video 0 RTP/AVP 96\r\na=rtpmap:96 H264/90000\r\n";
-    let announce = |who: &str| {
-        rtsp_status(
-            rtsp,
-            &format!(
-                "ANNOUNCE rtsp://{rtsp}/pub RTSP/1.0\r\nCSeq: 1\r\nAuthorization: {who}\r\nContent-Type: application/sdp\r\nContent-Length: {}\r\n\r\n{sdp}",
-                sdp.len()
-            ),
-        )
-    };
+    let announce = |who: &str| announce(rtsp, "pub", who);
     assert!(announce(&viewer).starts_with("RTSP/1.0 401"));
     assert!(announce(&cams).starts_with("RTSP/1.0 200"));
     // HTTP TS and HLS, with Basic or the user in the URL.
