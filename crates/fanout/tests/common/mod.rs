@@ -698,3 +698,25 @@ pub fn gen_file(to: std::net::SocketAddr, file: &str, fps: u32, seconds: u32) ->
             .unwrap(),
     )
 }
+
+/// A second WebRTC stack (pion, Go; scripts/install-peers builds `peers/pion`) as the player:
+/// `pion-peer whep` plays `url` for `seconds` (dropping the fraction `drop` of the video
+/// packets next to its network, asking for a keyframe every `pli_ms` unless 0), writes the
+/// complete frames to `h264`, and reports.
+pub fn pion_play(
+    pion: &std::path::Path,
+    url: &str,
+    seconds: u32,
+    drop: f64,
+    h264: &std::path::Path,
+    pli_ms: u32,
+) -> std::process::Child {
+    std::process::Command::new(pion)
+        .args(["whep", url, "-seconds", &seconds.to_string(), "-drop", &drop.to_string()])
+        .args(["-pli", &pli_ms.to_string(), "-h264"])
+        .arg(h264)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}

@@ -1,11 +1,19 @@
-//! Layered video adapted per WebRTC viewer (issue 6 and the Oslo thesis): two pion viewers,
-//! one behind a narrow link. Alone in its binary: it measures frames over 20 s, which the
-//! other WebRTC tests' browsers and decoders would crowd on two cores.
+//! WebRTC tests that count frames over many seconds, alone in their binary and one at a
+//! time: pion viewers behind a lossy link (NACK and RTX) and a narrow one (layered video
+//! adapted per viewer, issue 6 and the Oslo thesis). Beside the other WebRTC tests'
+//! browsers and decoders on two cores, each failed on CI in ways the machine explains.
 
 mod common;
 use common::*;
 use serde_json::{json, Value};
 use std::time::Duration;
+
+/// One of these tests at a time.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn alone() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Layered video (mediasoup's H.264 SVC: two spatial × three temporal layers, ~570 kbit/s at
 /// 50 fps) to two pion viewers at once: one behind a link of half the stream's rate (a 100 ms
@@ -17,6 +25,7 @@ use std::time::Duration;
 #[test]
 fn a_viewer_behind_a_narrow_link_gets_the_layers_that_fit() {
     let Some(pion) = peer("pion-peer") else { return };
+    let _alone = alone();
     let file = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/video/h264-svc/mediasoup_naluInfo.264");
     let relay = Relay::start(&["--no-demo"]);
     let src =
@@ -109,4 +118,80 @@ fn a_viewer_behind_a_narrow_link_gets_the_layers_that_fit() {
             && x["layers"]["allowance"]["tid"] == 2
     });
     assert!(full, "the viewer with no limit never had every layer");
+}
+
+/// Pion plays the demo over WHEP: it starts at a keyframe, loses no frame, and ffmpeg decodes
+/// every frame it assembled. A second pion drops 5% of the video packets on arrival, as a lossy
+/// link would: the relay resends them (RTX) when asked (NACK), so fewer than 0.5% of its frames
+/// are lost. A third is killed without a word: the relay drops it once its ICE checks stop
+/// (within the consent-freshness window, 30 s) and its sinks are gone.
+#[test]
+fn pion_plays_over_whep_and_lost_packets_are_resent() {
+    let Some(pion) = peer("pion-peer") else { return };
+    let _alone = alone();
+    if !have_ffmpeg() {
+        return;
+    }
+    let relay = Relay::start(&[]);
+    let whep = relay.url("/demo/whep");
+    let dir = scratch_dir("pion-whep");
+    let (clean_h264, lossy_h264) = (dir.join("clean.h264"), dir.join("lossy.h264"));
+    // The sinks on the path's tracks' sessions.
+    let sinks = || {
+        let s = relay.ok("GET", "/v1/sessions/demo", None);
+        s["rtsp_tracks"].as_array().unwrap().iter().map(|t| t["sinks"].as_u64().unwrap()).sum::<u64>()
+    };
+    let before = sinks();
+    let playing = || {
+        let s = relay.ok("GET", "/v1/sessions/demo", None);
+        s["webrtc"].as_array().map_or(0, |v| v.iter().filter(|v| v["state"] == "playing").count())
+    };
+    // The one to be killed first: its id, then no more of it.
+    let mut doomed = pion_play(&pion, &whep, 120, 0.0, &dir.join("doomed.h264"), 0);
+    assert!(wait_for(Duration::from_secs(15), || playing() == 1), "{}", relay.ok("GET", "/v1/sessions/demo", None));
+    let id = relay.ok("GET", "/v1/sessions/demo", None)["webrtc"][0]["id"].as_str().unwrap().to_string();
+    doomed.kill().unwrap();
+    let _ = doomed.wait();
+    let status = relay.url("/v1/sessions/demo");
+    let gone = std::thread::spawn(move || {
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < Duration::from_secs(40) {
+            let s: Value = ureq::get(&status).call().unwrap().into_json().unwrap();
+            if !s["webrtc"].as_array().unwrap().iter().any(|v| v["id"] == id.as_str()) {
+                return t0.elapsed().as_secs_f64();
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        f64::INFINITY
+    });
+    let clean = pion_play(&pion, &whep, 12, 0.0, &clean_h264, 0);
+    let lossy = pion_play(&pion, &whep, 20, 0.05, &lossy_h264, 0);
+
+    let clean = pion_report(clean);
+    eprintln!("pion, no loss: {clean}");
+    assert_eq!(clean["connected"], true, "{clean}");
+    assert_eq!(clean["starts_with_keyframe"], true, "{clean}");
+    let frames = clean["frames_complete"].as_u64().unwrap();
+    assert!(frames >= 250, "12 s at 25 fps: {clean}");
+    assert_eq!(clean["frames_lost"], 0, "{clean}");
+    assert_eq!(h264_file_frames(&clean_h264), frames, "ffmpeg decodes every frame pion assembled");
+
+    let lossy = pion_report(lossy);
+    eprintln!("pion, 5% of video packets dropped: {lossy}");
+    let (packets, dropped) = (lossy["video_packets"].as_f64().unwrap(), lossy["dropped"].as_f64().unwrap());
+    assert!(dropped >= 0.03 * (packets + dropped), "the link lost packets: {lossy}");
+    assert!(lossy["nacks_sent"].as_u64().unwrap() > 0, "{lossy}");
+    assert!(lossy["frames_expected"].as_u64().unwrap() >= 450, "{lossy}");
+    assert!(lossy["lost_fraction"].as_f64().unwrap() < 0.005, "frames lost to the viewer: {lossy}");
+    assert_eq!(h264_file_frames(&lossy_h264), lossy["frames_complete"].as_u64().unwrap());
+
+    // The killed viewer: gone within the consent window; with the others ended, no sink is left.
+    let after = gone.join().unwrap();
+    eprintln!("a viewer that stopped answering was dropped {after:.1} s later");
+    assert!(after < 30.0, "{after:.1} s");
+    assert!(
+        wait_for(Duration::from_secs(5), || playing() == 0 && sinks() == before),
+        "{}",
+        relay.ok("GET", "/v1/sessions/demo", None)
+    );
 }
