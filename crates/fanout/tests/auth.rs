@@ -102,6 +102,12 @@ fn describe(rtsp: SocketAddr, path: &str, auth: Option<&str>) -> String {
     rtsp_status(rtsp, &format!("DESCRIBE rtsp://{rtsp}/{path} RTSP/1.0\r\nCSeq: 1\r\n{auth}\r\n"))
 }
 
+/// Whether ffmpeg here speaks `srt://`.
+fn ffmpeg_has_srt() -> bool {
+    let protocols = std::process::Command::new("ffmpeg").args(["-hide_banner", "-protocols"]).output().unwrap();
+    String::from_utf8_lossy(&protocols.stdout).lines().any(|l| l.trim() == "srt")
+}
+
 /// The first line of the answer to an ANNOUNCE of one H.264 track to `path` as `who`.
 fn announce(rtsp: SocketAddr, path: &str, who: &str) -> String {
     let sdp = "v=0\r\no=- 0 0 IN IP4 127.0.0.1\r\ns=x\r\nt=0 0\r\nm=video 0 RTP/AVP 96\r\na=rtpmap:96 H264/90000\r\n";
@@ -200,9 +206,7 @@ fn an_http_auth_service_decides_for_every_face() {
         let (ok, _) = ffmpeg_try_publish("flv", &format!("rtmp://{rtmp}/live/pub?user=bob&pass=bad"));
         assert!(!ok, "a wrong RTMP password published");
         // SRT, where the relay has libsrt and ffmpeg speaks srt://: asked after the handshake.
-        let protocols = std::process::Command::new("ffmpeg").args(["-hide_banner", "-protocols"]).output().unwrap();
-        let ffmpeg_srt = String::from_utf8_lossy(&protocols.stdout).lines().any(|l| l.trim() == "srt");
-        if let (true, Some(srt)) = (ffmpeg_srt, engine["srt"].as_str()) {
+        if let (true, Some(srt)) = (ffmpeg_has_srt(), engine["srt"].as_str()) {
             let (ok, log) = ffmpeg_try_publish("mpegts", &format!("srt://{srt}?streamid=publish:pub:bob:good"));
             assert!(ok, "{log}");
             let (ok, _) = ffmpeg_try_publish("mpegts", &format!("srt://{srt}?streamid=publish:pub:bob:bad"));
@@ -383,9 +387,7 @@ permissions = [{ action = "read" }]
         assert!(String::from_utf8_lossy(&read.stdout).contains("h264"), "{read:?}");
         let read = probe(&format!("rtmp://{rtmp}/cam2?user=viewer&pass=v-pass"));
         assert!(!String::from_utf8_lossy(&read.stdout).contains("h264"), "the viewer read cam2 over RTMP");
-        let protocols = std::process::Command::new("ffmpeg").args(["-hide_banner", "-protocols"]).output().unwrap();
-        let ffmpeg_srt = String::from_utf8_lossy(&protocols.stdout).lines().any(|l| l.trim() == "srt");
-        if let (true, Some(srt)) = (ffmpeg_srt, engine["srt"].as_str()) {
+        if let (true, Some(srt)) = (ffmpeg_has_srt(), engine["srt"].as_str()) {
             let (ok, log) = ffmpeg_try_publish("mpegts", &format!("srt://{srt}?streamid=publish:pub:cams:c-pass"));
             assert!(ok, "{log}");
             let (ok, _) = ffmpeg_try_publish("mpegts", &format!("srt://{srt}?streamid=publish:pub:viewer:v-pass"));
