@@ -32,7 +32,15 @@ pub(super) async fn half(mut stream: TcpStream, relay: &Arc<Relay>, h: Half, hea
     }
     if h.post {
         drop(slot);
-        if let Err(up) = PAIRING.post(&h.cookie, stream) {
+        // A client may send its POST without waiting for the GET's answer: its GET may not
+        // be waiting yet. A second is given for it.
+        let mut post = PAIRING.post(&h.cookie, stream);
+        for _ in 0..20 {
+            let Err(up) = post else { break };
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            post = PAIRING.post(&h.cookie, up);
+        }
+        if let Err(up) = post {
             tracing::info!(?peer, "RTSP over HTTP: a POST whose x-sessioncookie no GET waits with");
             let why = "no tunnel GET waits with this x-sessioncookie";
             let _ = tokio::time::timeout(Duration::from_secs(1), reject(&up, 404, why)).await;
