@@ -2,9 +2,10 @@
 //! handshake, so the chunk stream and the commands are reached; a publish or play it asks
 //! for is accepted), everything it accepts as media through the FLV-to-RTP ingest, and the
 //! bytes alone as AMF0 and as FLV tags. Never a panic; AMF0 that decodes encodes back to the
-//! same bytes again; every RTP packet parses.
+//! same bytes again; every RTP packet parses. The client side (forwards, pulls) is fed the
+//! same bytes as a server's answers, raw and after a good handshake.
 #![no_main]
-use fanout_proto::rtmp::{amf, ingest::Ingest, server::{Event, Server}};
+use fanout_proto::rtmp::{amf, client, ingest::Ingest, server::{Event, Server}};
 use libfuzzer_sys::fuzz_target;
 
 fn run(server: &mut Server, data: &[u8]) {
@@ -60,4 +61,25 @@ fuzz_target!(|data: &[u8]| {
     let mut out = Vec::new();
     let _ = ingest.video(0, data, &mut out);
     let _ = ingest.audio(0, data, &mut out);
+
+    for (i, role) in [client::Role::Publish, client::Role::Play].into_iter().enumerate() {
+        let url = client::RtmpUrl::parse("rtmp://h/live/k").expect("a good URL");
+        let mut c = client::Client::new(url, role, i as u64);
+        if i == 1 {
+            let mut hello = vec![3u8];
+            hello.extend(std::iter::repeat_n(0u8, 2 * 1536));
+            c.input(&hello).expect("a good handshake");
+        }
+        for piece in data.chunks(97) {
+            if c.input(piece).is_err() {
+                break;
+            }
+            while c.poll_event().is_some() {}
+            c.media(true, 0, piece);
+            let _ = c.take_output();
+        }
+    }
+    if let Ok(s) = std::str::from_utf8(data) {
+        let _ = client::RtmpUrl::parse(s);
+    }
 });

@@ -5,9 +5,12 @@
 //! - [`chunk`]: the chunk stream: messages cut into chunks and put back together.
 //! - [`server`]: one connection's server side: handshake, control messages, the commands of
 //!   a publisher, and events for the relay to decide on.
+//! - [`client`]: one connection's client side, for pushing a path to another server and
+//!   pulling one from it.
 //! - [`ingest`]: a publisher's FLV video and audio as RTP tracks with their SDP.
 
 pub mod amf;
 pub mod chunk;
+pub mod client;
 pub mod ingest;
 pub mod server;

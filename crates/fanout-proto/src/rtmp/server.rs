@@ -12,7 +12,7 @@ use thiserror::Error;
 
 const HANDSHAKE_LEN: usize = 1536;
 /// Our chunk size, told to the peer after its connect.
-const OUT_CHUNK_SIZE: usize = 4096;
+pub(super) const OUT_CHUNK_SIZE: usize = 4096;
 /// The acknowledgement window we ask of the peer and the bandwidth we tell it.
 const WINDOW: u32 = 2_500_000;
 /// The message stream a client's createStream gets.
