@@ -147,19 +147,58 @@ pub struct Flv {
     pub tags: tokio::sync::broadcast::Sender<FlvTag>,
 }
 
-/// Which decoder configurations a player was sent: each goes just before the first tag of
-/// its kind, at that tag's time, so neither kind's times ever go back (audio may come a
-/// little before the first keyframe's time).
-#[derive(Default)]
-pub struct Configured([bool; 2]);
+/// What a reader of the FLV tags (an RTMP or HTTP-FLV player, a forward) does with the
+/// next: it starts at a keyframe (and starts again at one after falling behind), and gets
+/// each decoder configuration just before the first tag of its kind, at that tag's time, so
+/// neither kind's times ever go back (audio may come a little before the first keyframe's).
+pub struct TagGate {
+    video: bool,
+    at_key: bool,
+    /// Which kinds' configurations went out.
+    configured: [bool; 2],
+}
 
-impl Configured {
-    /// The configurations of `tag`'s kind it still needs (all of its kind before the first
-    /// such tag, then none).
-    pub fn owed<'a>(&mut self, tag: &FlvTag, config: &'a [(bool, Vec<u8>)]) -> impl Iterator<Item = &'a [u8]> + 'a {
-        let first = !std::mem::replace(&mut self.0[usize::from(tag.video)], true);
-        let video = tag.video;
-        config.iter().filter(move |(v, _)| first && *v == video).map(|(_, b)| b.as_slice())
+/// What [`TagGate::pass`] decided.
+pub enum Passed<'a> {
+    /// Sent: the configurations owed first, then the tag.
+    Tag(Vec<&'a [u8]>, FlvTag),
+    /// Not sent (waiting for a keyframe).
+    Wait,
+    /// The reader fell this many tags behind the channel: on at the next keyframe.
+    Lagged(u64),
+    /// The FLV ended (its repackaging stopped).
+    Closed,
+}
+
+impl TagGate {
+    pub fn new(flv: &Flv) -> Self {
+        let video = flv.config.iter().any(|(v, _)| *v);
+        Self { video, at_key: video, configured: [false; 2] }
+    }
+
+    pub fn pass<'a>(
+        &mut self,
+        tag: Result<FlvTag, tokio::sync::broadcast::error::RecvError>,
+        config: &'a [(bool, Vec<u8>)],
+    ) -> Passed<'a> {
+        use tokio::sync::broadcast::error::RecvError;
+        let tag = match tag {
+            Ok(t) => t,
+            Err(RecvError::Lagged(n)) => {
+                self.at_key = self.video;
+                return Passed::Lagged(n);
+            }
+            Err(RecvError::Closed) => return Passed::Closed,
+        };
+        if self.at_key {
+            if !(tag.video && tag.key) {
+                return Passed::Wait;
+            }
+            self.at_key = false;
+        }
+        let first = !std::mem::replace(&mut self.configured[usize::from(tag.video)], true);
+        let owed = config.iter().filter(|(v, _)| first && *v == tag.video).map(|(_, b)| b.as_slice()).collect();
+        Passed::Tag(owed, tag)
     }
 }
 
@@ -495,15 +534,29 @@ async fn run(
 
 #[cfg(test)]
 mod tests {
+    /// A reader starts at a keyframe, each configuration just before its kind's first tag;
+    /// fallen behind, it waits for the next keyframe again (its configurations not resent).
     #[test]
-    fn each_configuration_goes_before_its_kinds_first_tag() {
-        let config = [(true, vec![1]), (false, vec![2])];
-        let tag = |video| super::FlvTag::new(video, video, 40, std::sync::Arc::new(vec![0]));
-        let mut c = super::Configured::default();
-        assert_eq!(c.owed(&tag(true), &config).collect::<Vec<_>>(), [&[1][..]]);
-        assert_eq!(c.owed(&tag(true), &config).count(), 0);
-        assert_eq!(c.owed(&tag(false), &config).collect::<Vec<_>>(), [&[2][..]]);
-        assert_eq!(c.owed(&tag(false), &config).count(), 0);
+    fn a_reader_starts_at_a_keyframe_with_each_configuration_before_its_kind() {
+        use super::{FlvTag, Passed, TagGate};
+        use tokio::sync::broadcast::error::RecvError;
+        let flv =
+            super::Flv { config: vec![(true, vec![1]), (false, vec![2])], tags: tokio::sync::broadcast::channel(1).0 };
+        let tag = |video, key| Ok(FlvTag::new(video, key, 40, std::sync::Arc::new(vec![0])));
+        let mut g = TagGate::new(&flv);
+        let owed = |p: Passed<'_>| match p {
+            Passed::Tag(owed, _) => Some(owed.into_iter().map(<[u8]>::to_vec).collect::<Vec<_>>()),
+            _ => None,
+        };
+        assert_eq!(owed(g.pass(tag(false, false), &flv.config)), None, "audio before the first keyframe waits");
+        assert_eq!(owed(g.pass(tag(true, false), &flv.config)), None);
+        assert_eq!(owed(g.pass(tag(true, true), &flv.config)), Some(vec![vec![1]]));
+        assert_eq!(owed(g.pass(tag(true, false), &flv.config)), Some(vec![]));
+        assert_eq!(owed(g.pass(tag(false, false), &flv.config)), Some(vec![vec![2]]));
+        assert!(matches!(g.pass(Err(RecvError::Lagged(3)), &flv.config), Passed::Lagged(3)));
+        assert_eq!(owed(g.pass(tag(false, false), &flv.config)), None, "after a lag: the next keyframe");
+        assert_eq!(owed(g.pass(tag(true, true), &flv.config)), Some(vec![]));
+        assert!(matches!(g.pass(Err(RecvError::Closed), &flv.config), Passed::Closed));
     }
 
     use fanout_proto::container::repack::TrackInfo;

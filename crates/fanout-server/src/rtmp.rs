@@ -128,12 +128,8 @@ enum Ended {
 /// An RTMP player: the path's FLV tags as they come, from a keyframe on.
 struct Player {
     tags: tokio::sync::broadcast::Receiver<crate::repack::FlvTag>,
-    /// Waiting for a keyframe (at the start, and after it fell behind the channel).
-    at_key: bool,
-    /// Whether the stream has video (an audio-only one starts at any tag).
-    video: bool,
-    /// Which decoder configurations went out.
-    configured: crate::repack::Configured,
+    /// From a keyframe on, its configurations first.
+    gate: crate::repack::TagGate,
     /// Tags waiting for the next write, as their shared chunks (a player that takes them).
     pending: Vec<crate::repack::FlvTag>,
     pending_bytes: usize,
@@ -459,14 +455,11 @@ impl Conn<'_> {
             Err(full) => return refuse("NetStream.Play.Failed", full.to_string()),
         };
         server.accept_play(stream_id, path_name);
-        let video = flv.config.iter().any(|(v, _)| *v);
         tracing::info!(peer = %self.peer, path = %path_name, reader = registered.id(), "RTMP player playing");
         let tags = flv.tags.subscribe();
         self.playing = Some(Player {
             tags,
-            at_key: video,
-            video,
-            configured: Default::default(),
+            gate: crate::repack::TagGate::new(&flv),
             pending: Vec::new(),
             pending_bytes: 0,
             send_buffer,
@@ -503,29 +496,25 @@ impl Conn<'_> {
         server: &mut Server,
         tag: Result<crate::repack::FlvTag, tokio::sync::broadcast::error::RecvError>,
     ) -> Result<(), Ended> {
-        use tokio::sync::broadcast::error::RecvError;
+        use crate::repack::Passed;
         let Some(p) = self.playing.as_mut() else { return Ok(()) };
-        let tag = match tag {
-            Ok(t) => t,
+        let config = p.repack.flv.as_ref().map_or(&[][..], |f| &f.config[..]);
+        let tag = match p.gate.pass(tag, config) {
+            Passed::Tag(owed, tag) => {
+                for body in owed {
+                    server.media(tag.video, tag.ms, body);
+                }
+                tag
+            }
+            Passed::Wait => return Ok(()),
             // It fell a channel behind: on at the next keyframe, its picture whole.
-            Err(RecvError::Lagged(n)) => {
+            Passed::Lagged(n) => {
                 tracing::debug!(peer = %self.peer, skipped = n, "RTMP player fell behind");
                 p.held.skipped(n);
-                p.at_key = p.video;
                 return Ok(());
             }
-            Err(RecvError::Closed) => return Err(Ended::Stream("the stream ended".into())),
+            Passed::Closed => return Err(Ended::Stream("the stream ended".into())),
         };
-        if p.at_key {
-            if !(tag.video && tag.key) {
-                return Ok(());
-            }
-            p.at_key = false;
-        }
-        let config = p.repack.flv.as_ref().map_or(&[][..], |f| &f.config[..]);
-        for body in p.configured.owed(&tag, config) {
-            server.media(tag.video, tag.ms, body);
-        }
         p.held.sent(tag.body.len(), 1);
         if server.takes_shared_media() {
             p.pending_bytes += tag.rtmp_chunks().len();

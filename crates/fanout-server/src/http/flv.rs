@@ -27,10 +27,8 @@ pub struct Player {
     repack: Arc<Repack>,
     tags: tokio::sync::broadcast::Receiver<FlvTag>,
     video: bool,
-    /// Waiting for a keyframe (at the start, and after it fell behind).
-    at_key: bool,
-    /// Which decoder configurations went out.
-    configured: crate::repack::Configured,
+    /// From a keyframe on, its configurations first.
+    gate: crate::repack::TagGate,
     held: Arc<Held>,
     registered: Registered,
     /// WebSocket-FLV: what the client sends (its pings and close).
@@ -61,8 +59,7 @@ pub async fn join(relay: &Arc<Relay>, name: &str, who: Who) -> Result<Player, (u
         repack,
         tags,
         video,
-        at_key: video,
-        configured: Default::default(),
+        gate: crate::repack::TagGate::new(&flv),
         held,
         registered,
         ws: None,
@@ -225,26 +222,21 @@ impl Player {
         batch: &mut Batch,
         config: &[(bool, Vec<u8>)],
     ) -> Result<(), StreamEnded> {
-        let tag = match tag {
-            Ok(t) => t,
-            Err(RecvError::Lagged(n)) => {
+        use crate::repack::Passed;
+        match self.gate.pass(tag, config) {
+            Passed::Tag(owed, tag) => {
+                for body in owed {
+                    batch.push_owned(fanout_proto::container::flv::file_tag(tag.video, tag.ms, body));
+                }
+                batch.push(tag);
+            }
+            Passed::Wait => {}
+            Passed::Lagged(n) => {
                 tracing::debug!(path = self.name, skipped = n, "HTTP-FLV player fell behind");
                 self.held.skipped(n);
-                self.at_key = self.video;
-                return Ok(());
             }
-            Err(RecvError::Closed) => return Err(StreamEnded),
-        };
-        if self.at_key {
-            if !(tag.video && tag.key) {
-                return Ok(());
-            }
-            self.at_key = false;
+            Passed::Closed => return Err(StreamEnded),
         }
-        for body in self.configured.owed(&tag, config) {
-            batch.push_owned(fanout_proto::container::flv::file_tag(tag.video, tag.ms, body));
-        }
-        batch.push(tag);
         Ok(())
     }
 }
