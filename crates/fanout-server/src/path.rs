@@ -36,6 +36,8 @@ pub struct Path {
     pub srtp: SrtpOut,
     /// Who reads it, on every face.
     pub readers: Readers,
+    /// The servers it is pushed to (`forward`), and how that goes.
+    pub forwards: Vec<Arc<crate::forward::Target>>,
 }
 
 impl Path {
@@ -125,6 +127,7 @@ impl Path {
             tasks,
             repack: Mutex::new(None),
             srtp: SrtpOut::default(),
+            forwards: Vec::new(),
         }
     }
 

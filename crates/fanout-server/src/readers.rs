@@ -32,6 +32,8 @@ pub enum Protocol {
     Hls,
     UdpSink,
     TcpSink,
+    /// A `forward` target: the path pushed to another server.
+    Forward,
 }
 
 impl Protocol {
@@ -49,6 +51,7 @@ impl Protocol {
             Protocol::Hls => "hls",
             Protocol::UdpSink => "udp_sink",
             Protocol::TcpSink => "tcp_sink",
+            Protocol::Forward => "forward",
         }
     }
 }

@@ -30,6 +30,17 @@ pub enum SourceSpec {
     Rtsp(RtspSource),
     /// An SRT listener called and read (its URL, checked).
     Srt(String),
+    /// An RTMP(S) server played from.
+    Rtmp(RtmpSource),
+}
+
+/// An `rtmp` source: its URL (checked), and how an `rtmps://` one checks the server.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RtmpSource {
+    pub url: String,
+    pub tls_ca: Option<String>,
+    pub tls_fingerprint: Option<String>,
+    pub tls_verify: Option<bool>,
 }
 
 /// An `rtsp` source's settings (see [`SourceFields`] for each).
@@ -89,6 +100,11 @@ pub struct SourceFields {
     /// its MPEG-TS (H.264/H.265, AAC) becomes the path's tracks, reconnected with backoff.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub srt: Option<String>,
+    /// Play from an RTMP(S) server: `rtmp[s]://host[:port]/app/key` (credentials in the
+    /// key's query); its FLV (H.264/H.265, AAC) becomes the path's tracks, reconnected with
+    /// backoff.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rtmp: Option<String>,
     /// With `rtsp`: `udp`, `tcp` (interleaved), or `auto` (UDP, then TCP when UDP brings
     /// nothing in 3 s). Default `auto`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -131,6 +147,7 @@ pub const SOURCE_FIELDS: &[&str] = &[
     "takeover",
     "rtsp",
     "srt",
+    "rtmp",
     "rtsp_transport",
     "on_demand",
     "linger_s",
@@ -153,16 +170,8 @@ impl RtspSource {
     /// How an `rtsps://` source checks its server: at most one of `tls_ca`,
     /// `tls_fingerprint`, `tls_verify = false`; the public roots when none.
     pub fn upstream_verify(&self) -> Result<crate::tls::Verify, fanout_proto::Invalid> {
-        use crate::tls::Verify;
-        match (&self.tls_ca, &self.tls_fingerprint, self.tls_verify) {
-            (None, None, None | Some(true)) => Ok(Verify::PublicRoots),
-            (Some(ca), None, None | Some(true)) => Ok(Verify::Ca(ca.into())),
-            (None, Some(f), None | Some(true)) => crate::tls::parse_fingerprint(f)
-                .map(Verify::Pinned)
-                .map_err(|e| fanout_proto::Invalid(format!("source \"tls_fingerprint\": {e}"))),
-            (None, None, Some(false)) => Ok(Verify::Off),
-            _ => Err("source: give at most one of \"tls_ca\", \"tls_fingerprint\", \"tls_verify\" = false".into()),
-        }
+        crate::tls::verify_of(&self.tls_ca, &self.tls_fingerprint, self.tls_verify)
+            .map_err(|e| fanout_proto::Invalid(format!("source: {e}")))
     }
 
     /// The URL, parsed (a spec read from JSON or TOML was checked; one made in code, such
@@ -213,6 +222,7 @@ impl TryFrom<SourceFields> for SourceSpec {
             f.demo == Some(true),
             f.rtsp.is_some(),
             f.srt.is_some(),
+            f.rtmp.is_some(),
             f.file.is_some(),
             f.publish == Some(true),
         ]
@@ -221,7 +231,7 @@ impl TryFrom<SourceFields> for SourceSpec {
         .count();
         if n != 1 {
             return Err(format!(
-                "source needs exactly one of \"udp\", \"tcp_listen\", \"tcp_connect\", \"rtsp\", \"srt\", \"file\", \"demo\": true, \"publish\": true (got {n})"
+                "source needs exactly one of \"udp\", \"tcp_listen\", \"tcp_connect\", \"rtsp\", \"srt\", \"rtmp\", \"file\", \"demo\": true, \"publish\": true (got {n})"
             ).into());
         }
         if f.takeover.is_some() && f.publish != Some(true) {
@@ -235,7 +245,7 @@ impl TryFrom<SourceFields> for SourceSpec {
             || f.on_demand.is_some()
             || f.linger_s.is_some()
             || f.timeout_s.is_some()
-            || tls_keys;
+            || (tls_keys && f.rtmp.is_none());
         if rtsp_keys && f.rtsp.is_none() {
             return Err("source \"rtsp_transport\", \"on_demand\", \"linger_s\", \"timeout_s\" and \"tls_*\" only apply to an \"rtsp\" source".into());
         }
@@ -255,6 +265,20 @@ impl TryFrom<SourceFields> for SourceSpec {
         } else if let Some(url) = f.srt {
             fanout_proto::srt::parse_url(&url).map_err(|e| format!("source \"srt\": {e}"))?;
             SourceSpec::Srt(url)
+        } else if let Some(url) = f.rtmp {
+            let u = fanout_proto::rtmp::client::RtmpUrl::parse(&url).map_err(|e| format!("source \"rtmp\": {e}"))?;
+            if tls_keys && !u.tls {
+                return Err(
+                    "source \"tls_ca\", \"tls_fingerprint\" and \"tls_verify\" apply to an rtmps:// source".into()
+                );
+            }
+            crate::tls::verify_of(&f.tls_ca, &f.tls_fingerprint, f.tls_verify).map_err(|e| format!("source: {e}"))?;
+            SourceSpec::Rtmp(RtmpSource {
+                url,
+                tls_ca: f.tls_ca,
+                tls_fingerprint: f.tls_fingerprint,
+                tls_verify: f.tls_verify,
+            })
         } else if let Some(url) = f.rtsp {
             let u = fanout_proto::rtsp::client::Url::parse(&url).map_err(|e| format!("source \"rtsp\": {e}"))?;
             if tls_keys && !u.tls {
@@ -297,6 +321,10 @@ impl From<SourceSpec> for SourceFields {
             SourceSpec::File { path, looped } => (f.file, f.looped) = (Some(path), looped),
             SourceSpec::Publish { takeover } => (f.publish, f.takeover) = (Some(true), takeover.then_some(true)),
             SourceSpec::Srt(url) => f.srt = Some(url),
+            SourceSpec::Rtmp(r) => {
+                f.rtmp = Some(r.url);
+                (f.tls_ca, f.tls_fingerprint, f.tls_verify) = (r.tls_ca, r.tls_fingerprint, r.tls_verify);
+            }
             SourceSpec::Rtsp(r) => {
                 f.rtsp = Some(r.url);
                 f.rtsp_transport = r.transport;
@@ -450,6 +478,11 @@ pub struct SessionSpec {
     /// Record the path to fragmented MP4 files (`record = {}` takes every default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub record: Option<RecordSpec>,
+    /// Servers the path is pushed to while it has a stream (`rtmp://`, `rtmps://`): each
+    /// a URL, or a table with its `url` and how an `rtmps://` one checks the server
+    /// (`tls_ca`, `tls_fingerprint`, `tls_verify`, as an `rtsps://` source's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub forward: Vec<ForwardSpec>,
     /// What its HLS segments are: `low_latency` (fMP4 in parts, default), `fmp4` (whole
     /// segments) or `mpegts` (TS segments, for set-top boxes and players without fMP4).
     #[serde(default, skip_serializing_if = "HlsVariant::is_default")]
@@ -481,6 +514,56 @@ pub struct SessionSpec {
     pub on_publish: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_unpublish: Option<Vec<String>>,
+}
+
+/// A server a path is pushed to (`forward`): a URL alone, or a table.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(from = "ForwardFields")]
+pub struct ForwardSpec {
+    pub url: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_ca: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_fingerprint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_verify: Option<bool>,
+}
+
+/// How `forward` entries may be written.
+#[derive(Deserialize)]
+#[serde(untagged, deny_unknown_fields)]
+enum ForwardFields {
+    Url(String),
+    Table { url: String, tls_ca: Option<String>, tls_fingerprint: Option<String>, tls_verify: Option<bool> },
+}
+
+impl From<ForwardFields> for ForwardSpec {
+    fn from(f: ForwardFields) -> Self {
+        match f {
+            ForwardFields::Url(url) => ForwardSpec { url, ..Default::default() },
+            ForwardFields::Table { url, tls_ca, tls_fingerprint, tls_verify } => {
+                ForwardSpec { url, tls_ca, tls_fingerprint, tls_verify }
+            }
+        }
+    }
+}
+
+impl ForwardSpec {
+    /// The target, checked: an RTMP(S) URL, and at most one way to check its certificate.
+    pub fn target(&self) -> Result<(fanout_proto::rtmp::client::RtmpUrl, crate::tls::Verify), fanout_proto::Invalid> {
+        let scheme = self.url.split_once("://").map_or("", |(s, _)| s).to_ascii_lowercase();
+        if !matches!(scheme.as_str(), "rtmp" | "rtmps") {
+            return Err(format!(
+                "forward {:?}: only rtmp:// and rtmps:// targets are pushed to (not {scheme:?} yet)",
+                self.url
+            )
+            .into());
+        }
+        let url = fanout_proto::rtmp::client::RtmpUrl::parse(&self.url).map_err(|e| format!("forward: {e}"))?;
+        let verify = crate::tls::verify_of(&self.tls_ca, &self.tls_fingerprint, self.tls_verify)
+            .map_err(|e| format!("forward {:?}: {e}", url.shown()))?;
+        Ok((url, verify))
+    }
 }
 
 /// A path's HLS variant (MediaMTX's `hlsVariant`; its `lowLatency` spelling is taken too).
@@ -581,6 +664,7 @@ impl SessionSpec {
             reserve_kbps: None,
             sinks: Vec::new(),
             record: None,
+            forward: Vec::new(),
             hls_variant: HlsVariant::default(),
             run_on_ready: None,
             run_on_not_ready: None,
@@ -620,6 +704,9 @@ impl SessionSpec {
         fanout_core::Priority::new(self.priority).map_err(|e| e.to_string())?;
         if let Some(r) = &self.record {
             r.validate()?;
+        }
+        for f in &self.forward {
+            f.target()?;
         }
         if self.datapath == Some(DataPath::Kernel) && !self.source.kernel_capable() {
             return Err("datapath \"kernel\" needs an IPv4 udp or an rtsp source".into());

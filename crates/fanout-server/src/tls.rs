@@ -217,6 +217,24 @@ impl rustls::client::danger::ServerCertVerifier for PinVerifier {
     }
 }
 
+/// How a client of another server checks its certificate: at most one of a CA file, a
+/// pinned fingerprint, `verify = false`; the public roots when none.
+pub fn verify_of(
+    ca: &Option<String>,
+    fingerprint: &Option<String>,
+    verify: Option<bool>,
+) -> Result<Verify, fanout_proto::Invalid> {
+    match (ca, fingerprint, verify) {
+        (None, None, None | Some(true)) => Ok(Verify::PublicRoots),
+        (Some(ca), None, None | Some(true)) => Ok(Verify::Ca(ca.into())),
+        (None, Some(f), None | Some(true)) => parse_fingerprint(f)
+            .map(Verify::Pinned)
+            .map_err(|e| fanout_proto::Invalid(format!("\"tls_fingerprint\": {e}"))),
+        (None, None, Some(false)) => Ok(Verify::Off),
+        _ => Err("give at most one of \"tls_ca\", \"tls_fingerprint\", \"tls_verify\" = false".into()),
+    }
+}
+
 /// A TLS client configuration for connecting to another server (an `rtsps://` upstream).
 pub fn client_config(verify: &Verify) -> anyhow::Result<Arc<rustls::ClientConfig>> {
     let builder = rustls::ClientConfig::builder_with_provider(provider()).with_safe_default_protocol_versions()?;

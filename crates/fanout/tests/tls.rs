@@ -678,6 +678,67 @@ fn ffmpeg_publishes_and_plays_over_rtmps() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `forward` and an `rtmp` source over RTMPS: a relay pushes the demo to another's RTMPS
+/// port with the server checked against its CA, and a third pulls it from there the same
+/// way; a forward that pins another certificate is refused by the TLS handshake and says so.
+#[test]
+fn a_path_is_forwarded_and_pulled_over_rtmps_with_the_server_checked() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let dir = temp_dir("rtmps-forward");
+    let pair = make_pair(&dir, "server");
+    let config = format!("{}\n[[session]]\nname = \"cam\"\nsource = {{ publish = true }}\n", tls_config(&pair, ""));
+    let far = Relay::with_config(&config, &["--no-demo"]);
+    let rtmps = get(&far, &pair, "/v1/engine")["rtmps"].as_str().unwrap().to_string();
+    let pin = vec!["AB"; 32].join(":");
+    let near = Relay::with_config(
+        &format!(
+            "[[session]]\nname = \"cam\"\nsource = {{ demo = true }}\nforward = [\n  \
+             {{ url = \"rtmps://{rtmps}/cam\", tls_ca = {:?} }},\n  \
+             {{ url = \"rtmps://{rtmps}/other\", tls_fingerprint = \"{pin}\" }},\n]\n",
+            pair.cert
+        ),
+        &["--no-demo"],
+    );
+    let publishing =
+        || get(&far, &pair, "/v1/sessions/cam")["publisher"]["tracks"].as_array().is_some_and(|t| t.len() == 2);
+    assert!(wait_for(Duration::from_secs(15), publishing), "{}", near.ok("GET", "/v1/sessions/cam", None));
+    let refused = || near.ok("GET", "/v1/sessions/cam", None)["forward"][1]["last_error"].as_str().map(str::to_string);
+    assert!(wait_for(Duration::from_secs(10), || refused().is_some()), "{:?}", refused());
+    assert!(refused().unwrap().contains("fingerprint"), "{:?}", refused());
+    let puller = Relay::with_config(
+        &format!(
+            "[[session]]\nname = \"cam\"\nsource = {{ rtmp = \"rtmps://{rtmps}/cam\", tls_ca = {:?} }}\n",
+            pair.cert
+        ),
+        &["--no-demo"],
+    );
+    let pulled = || puller.ok("GET", "/v1/sessions/cam", None)["publisher"]["state"] == "publishing";
+    assert!(wait_for(Duration::from_secs(15), pulled), "{}", puller.ok("GET", "/v1/sessions/cam", None));
+    let rtsp = rtsp_addr(&puller);
+    let got = pictures(&["-rtsp_transport", "tcp", "-i", &format!("rtsp://{rtsp}/cam"), "-frames:v", "50"]);
+    assert_eq!(got.len(), 50, "pictures through two RTMPS hops");
+    // Every picture is one of the clip's, whole (a broken one would decode to another), in
+    // the clip's order. (Twice in about twenty runs, both the first after a build, these 50
+    // were not one run of the clip's; not reproduced since. A gap is told and one small one
+    // let pass; a picture not of the clip is not.)
+    let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/demo.ts");
+    let clip = pictures(&["-i", demo]);
+    let at: Vec<usize> = got
+        .iter()
+        .map(|g| clip.iter().position(|c| c == g).unwrap_or_else(|| panic!("a picture not of the clip: {got:?}")))
+        .collect();
+    let gaps: Vec<(usize, usize)> =
+        at.windows(2).filter(|w| w[1] != (w[0] + 1) % clip.len()).map(|w| (w[0], w[1])).collect();
+    if !gaps.is_empty() {
+        eprintln!("rtmps forward and pull: pictures skipped between {gaps:?} (of {at:?})");
+    }
+    let small = |(a, b): &(usize, usize)| (b + clip.len() - a) % clip.len() <= 3;
+    assert!(gaps.len() <= 1 && gaps.iter().all(small), "{gaps:?} in {at:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 fn make_expired_pair(dir: &Path) -> Pair {
     let key = rcgen::KeyPair::generate().unwrap();
     let mut params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();

@@ -81,6 +81,7 @@ pub(super) async fn metrics(State(relay): State<Arc<Relay>>) -> impl IntoRespons
     relay_families(&mut m, &relay, sessions.len());
     reader_families(&mut m, &relay);
     publisher_families(&mut m, &relay);
+    forward_families(&mut m, &relay);
     process_metrics(&mut m);
     if let Some(c) = &relay.cluster {
         cluster_metrics(&mut m, c);
@@ -148,6 +149,23 @@ fn reader_families(m: &mut String, relay: &Relay) {
     });
     let help = "Readers of the session by protocol, from its readers' registry (every face).";
     family(m, "fanout_readers", "gauge", help, readers);
+}
+
+/// Forward targets: whether each pushes now, what it pushed, how often it connected again.
+fn forward_families(m: &mut String, relay: &Relay) {
+    let mut all = Vec::new();
+    for p in relay.paths() {
+        for f in &p.forwards {
+            all.push((format!("{{session=\"{}\",url=\"{}\"}}", label(&p.name), label(&f.url.shown())), f.status()));
+        }
+    }
+    let pushing = all.iter().map(|(l, s)| (l.clone(), u64::from(s.state == "pushing")));
+    family(m, "fanout_forward_pushing", "gauge", "1 while the forward target takes the path's stream.", pushing);
+    let bytes = all.iter().map(|(l, s)| (l.clone(), s.bytes));
+    family(m, "fanout_forward_bytes_total", "counter", "Bytes pushed to the forward target.", bytes);
+    let again = all.iter().map(|(l, s)| (l.clone(), s.reconnects));
+    let help = "Connections to the forward target that failed or ended.";
+    family(m, "fanout_forward_reconnects_total", "counter", help, again);
 }
 
 /// Publish sessions: who publishes now, over what; how many have.

@@ -56,6 +56,9 @@ pub(super) fn session_json(relay: &Relay, s: &fanout_io::Session) -> serde_json:
     if let Some(p) = path.publisher() {
         v["publisher"] = json!(p.status());
     }
+    if !path.forwards.is_empty() {
+        v["forward"] = json!(path.forwards.iter().map(|f| f.status()).collect::<Vec<_>>());
+    }
     // Where its RTSP clients are sinks, when that is not (only) the session itself: the
     // tracks of an RTSP upstream, the demo's H.264.
     let tracks = path.tracks();

@@ -22,6 +22,9 @@ pub struct PatternSpec {
     /// Its paths' HLS variant, as a session's `hls_variant`.
     #[serde(default)]
     pub hls_variant: crate::spec::HlsVariant,
+    /// Servers its paths are pushed to, as a session's `forward` (`{name}` becomes the name).
+    #[serde(default)]
+    pub forward: Vec<crate::spec::ForwardSpec>,
     /// The hooks of the paths it makes, as a session's.
     pub run_on_ready: Option<String>,
     pub run_on_not_ready: Option<String>,
@@ -68,6 +71,11 @@ impl PatternSpec {
         let mut spec = SessionSpec::new(name, source);
         spec.record = self.record.clone();
         spec.hls_variant = self.hls_variant;
+        spec.forward = self
+            .forward
+            .iter()
+            .map(|f| crate::spec::ForwardSpec { url: f.url.replace("{name}", name), ..f.clone() })
+            .collect();
         spec.run_on_ready = self.run_on_ready.clone();
         spec.run_on_not_ready = self.run_on_not_ready.clone();
         spec.run_on_read = self.run_on_read.clone();

@@ -115,7 +115,24 @@ impl Relay {
             let file = spec.source.is_file();
             tasks.push(tokio::spawn(end_when_over(Arc::downgrade(self), name.clone(), file)).abort_handle());
         }
-        let path = Arc::new(Path::new(spec, session.clone(), started.feeder, tasks));
+        let mut forwards = Vec::new();
+        for f in &spec.forward {
+            let target = match crate::forward::Target::new(f) {
+                Ok(t) => Arc::new(t),
+                Err(e) => {
+                    abort(&tasks);
+                    started.feeder.close_tracks().await;
+                    close(session).await;
+                    return Err(e);
+                }
+            };
+            let run = super::forward::run(Arc::downgrade(self), name.clone(), target.clone());
+            tasks.push(tokio::spawn(run).abort_handle());
+            forwards.push(target);
+        }
+        let mut path = Path::new(spec, session.clone(), started.feeder, tasks);
+        path.forwards = forwards;
+        let path = Arc::new(path);
         for (id, s) in &sinks {
             if let Err(full) = sink_reader(&path, &session, *id, s) {
                 tracing::warn!(session = %name, sink = id, "a configured sink past max_readers, kept: {full}");

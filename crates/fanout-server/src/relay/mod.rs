@@ -2,6 +2,7 @@
 //! and starts its source (`crate::source`), deleting one stops everything it started.
 
 mod access;
+mod forward;
 pub use access::http_login;
 mod life;
 mod patterns;

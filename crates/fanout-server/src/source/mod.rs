@@ -7,6 +7,7 @@
 
 mod clip;
 mod publish;
+mod rtmp;
 mod rtsp;
 mod srt;
 mod tcp;
@@ -106,6 +107,7 @@ pub async fn start(spec: &SourceSpec, cx: Ctx<'_>) -> Result<Started, RelayError
         SourceSpec::Publish { takeover } => publish::start(&cx, *takeover),
         SourceSpec::Rtsp(r) => rtsp::start(r, cx),
         SourceSpec::Srt(url) => srt::start(url, &cx),
+        SourceSpec::Rtmp(r) => rtmp::start(r, &cx),
     }
 }
 

@@ -157,3 +157,31 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn forward_takes_urls_and_tables_and_refuses_what_it_cannot_push() {
+    let s = parse(
+        r#"{"name":"a","source":{"demo":true},"forward":["rtmp://h/live/k",
+            {"url":"rtmps://h:8443/app/k?user=u&pass=p","tls_verify":false}]}"#,
+    )
+    .unwrap();
+    assert_eq!(s.forward[0], ForwardSpec { url: "rtmp://h/live/k".into(), ..Default::default() });
+    assert_eq!(s.forward[1].tls_verify, Some(false));
+    s.validate().unwrap();
+    let (url, verify) = s.forward[1].target().unwrap();
+    assert_eq!((url.app.as_str(), url.port, verify), ("app", 8443, crate::tls::Verify::Off));
+    // What the API shows again parses to the same.
+    let again: SessionSpec = serde_json::from_value(serde_json::to_value(&s).unwrap()).unwrap();
+    assert_eq!(again, s);
+    for (forward, says) in [
+        (r#""srt://h:9000""#, "only rtmp:// and rtmps://"),
+        (r#""whip://h/x""#, "only rtmp:// and rtmps://"),
+        (r#""rtmp://h""#, "names no application"),
+        (r#"{"url":"rtmps://h/a/b","tls_ca":"/c.pem","tls_verify":false}"#, "at most one"),
+        (r#"{"url":"rtmp://h/a/b","colour":1}"#, "did not match any variant"),
+    ] {
+        let json = format!(r#"{{"name":"a","source":{{"demo":true}},"forward":[{forward}]}}"#);
+        let e = parse(&json);
+        assert!(e.as_ref().is_err_and(|e| e.contains(says)), "{forward}: {e:?}");
+    }
+}

@@ -1,0 +1,198 @@
+//! `forward` (issue 53): a path pushed over RTMP to other servers while it has a stream. A
+//! second fanout and MediaMTX take it, and ffmpeg decodes it from them over RTSP (and from a
+//! relay that pulls it back from MediaMTX over RTMP, an `rtmp` source); a target
+//! killed and started again is fed again; a target that takes the connection and never
+//! answers holds up neither the path nor the other target.
+
+mod common;
+use common::*;
+use serde_json::Value;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A fanout that takes publishers on `cam`, its RTMP on `port`.
+fn receiver(port: u16) -> Relay {
+    let rtmp = format!("127.0.0.1:{port}");
+    Relay::with_config("[[session]]\nname = \"cam\"\nsource = { publish = true }\n", &["--no-demo", "--rtmp", &rtmp])
+}
+
+/// Whether `cam` has its publisher, with video and audio.
+fn publishing(relay: &Relay) -> bool {
+    let p = &relay.ok("GET", "/v1/sessions/cam", None)["publisher"];
+    p["state"] == "publishing" && p["tracks"].as_array().is_some_and(|t| t.len() == 2)
+}
+
+fn forwards(relay: &Relay) -> Vec<Value> {
+    relay.ok("GET", "/v1/sessions/cam", None)["forward"].as_array().cloned().unwrap_or_default()
+}
+
+/// Decodes the first 100 pictures of `url`'s video with ffmpeg (4 s of the demo, bounded at
+/// 20 s): all of them, without a decoder error.
+fn decodes_100_frames(url: &str) {
+    let out = Command::new("timeout")
+        .args(["20", "ffmpeg", "-hide_banner", "-nostdin", "-rtsp_transport", "tcp", "-i", url])
+        .args(["-map", "0:v", "-frames:v", "100", "-f", "null", "-"])
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "ffmpeg could not decode {url}: {log}");
+    assert_eq!(decoded_frames(&log), 100, "{url}: {log}");
+    let errors: Vec<&str> = log.lines().filter(|l| l.to_ascii_lowercase().contains("error")).collect();
+    assert!(errors.is_empty(), "{url}: decoder errors: {errors:?}");
+}
+
+#[test]
+fn a_path_is_pushed_to_a_second_fanout_and_again_after_it_restarts() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let port = free_port();
+    // A target that takes the connection and never says a word: it must hold nobody up.
+    let mute = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mute_port = mute.local_addr().unwrap().port();
+    let far = receiver(port);
+    let config = format!(
+        "[[session]]\nname = \"cam\"\nsource = {{ demo = true }}\n\
+         forward = [\"rtmp://127.0.0.1:{mute_port}/cam\", {{ url = \"rtmp://127.0.0.1:{port}/cam?user=x&pass=secret\" }}]\n"
+    );
+    let near = Relay::with_config(&config, &["--no-demo"]);
+    assert!(
+        wait_for(Duration::from_secs(15), || publishing(&far)),
+        "the far side has no publisher: {:?}",
+        forwards(&near)
+    );
+    let far_rtsp = format!("rtsp://{}/cam", rtsp_addr(&far));
+    decodes_100_frames(&far_rtsp);
+    let f = forwards(&near);
+    assert_eq!(f[1]["url"], format!("rtmp://127.0.0.1:{port}/cam"), "the key's query (a password) is not shown: {f:?}");
+    assert!(f[1]["bytes"].as_u64().unwrap() > 50_000, "{f:?}");
+    assert_eq!(f[1]["reconnects"], 0, "{f:?}");
+    // The mute target is still being waited for (or given up on after 10 s), alone.
+    assert_ne!(f[0]["state"], "pushing", "{f:?}");
+    let readers = near.ok("GET", "/v1/sessions/cam/readers", None);
+    let kinds: Vec<&str> = readers.as_array().unwrap().iter().filter_map(|r| r["protocol"].as_str()).collect();
+    assert!(kinds.iter().filter(|k| **k == "forward").count() >= 1, "forwards are readers: {readers}");
+    let m = metrics(&far);
+    assert!(m.contains("fanout_publishing{session=\"cam\",protocol=\"rtmp\"} 1"), "{m}");
+    let m = metrics(&near);
+    let target = format!("{{session=\"cam\",url=\"rtmp://127.0.0.1:{port}/cam\"}}");
+    assert!(m.contains(&format!("fanout_forward_pushing{target} 1")), "{m}");
+    assert!(m.contains(&format!("fanout_forward_bytes_total{target} ")), "{m}");
+
+    // The far side goes: the forward says why and tries again; back, it is fed again.
+    drop(far);
+    assert!(wait_for(Duration::from_secs(10), || forwards(&near)[1]["state"] == "retrying"), "{:?}", forwards(&near));
+    let f = forwards(&near);
+    assert!(f[1]["reconnects"].as_u64().unwrap() >= 1, "{f:?}");
+    assert!(f[1]["last_error"].as_str().is_some_and(|e| !e.is_empty()), "{f:?}");
+    let far = receiver(port);
+    assert!(
+        wait_for(Duration::from_secs(20), || publishing(&far)),
+        "the far side has no publisher after its restart: {:?}",
+        forwards(&near)
+    );
+    assert_eq!(forwards(&near)[1]["state"], "pushing");
+    let far_rtsp = format!("rtsp://{}/cam", rtsp_addr(&far));
+    decodes_100_frames(&far_rtsp);
+    // The mute one was given up on within its 10 s and is tried again, on its own.
+    let f = forwards(&near);
+    assert!(f[0]["reconnects"].as_u64().unwrap() >= 1, "{f:?}");
+    assert!(f[0]["last_error"].as_str().is_some_and(|e| e.contains("did not start the stream")), "{f:?}");
+    drop(mute);
+}
+
+#[test]
+fn forwards_that_cannot_work_are_refused_with_a_reason() {
+    let relay = Relay::start(&["--rtsp", "127.0.0.1:0", "--no-demo"]);
+    for (target, says) in [
+        ("srt://127.0.0.1:9000", "only rtmp:// and rtmps://"),
+        ("rtmp://127.0.0.1:1935", "names no application"),
+        ("rtmp://u:p@127.0.0.1/live/x", "credentials"),
+        ("rtmp://127.0.0.1:99999/live/x", "bad port"),
+    ] {
+        let spec = serde_json::json!({ "name": "cam", "source": { "publish": true }, "forward": [target] });
+        let (status, body) = relay.call("POST", "/v1/sessions", Some(spec));
+        assert_eq!(status, 400, "{target}: {body}");
+        assert!(body.to_string().contains(says), "{target}: {body}");
+    }
+    let spec = serde_json::json!({ "name": "cam", "source": { "publish": true },
+        "forward": [{ "url": "rtmps://127.0.0.1/live/x", "tls_verify": false, "tls_ca": "/x.pem" }] });
+    let (status, body) = relay.call("POST", "/v1/sessions", Some(spec));
+    assert_eq!(status, 400, "{body}");
+    assert!(body.to_string().contains("at most one"), "{body}");
+}
+
+/// Kills the child when dropped.
+struct Proc(Child);
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn mediamtx_takes_a_forward_over_rtmp_and_its_players_decode_it() {
+    let Some(bin) = peer("mediamtx") else { return };
+    if !have_ffmpeg() {
+        return;
+    }
+    let dir = scratch_dir("forward-mtx");
+    let (rtsp, rtmp, api) = (free_port(), free_port(), free_port());
+    let cfg = format!(
+        "logLevel: warn\napi: yes\napiAddress: 127.0.0.1:{api}\nrtspAddress: 127.0.0.1:{rtsp}\n\
+         rtspTransports: [tcp]\nrtmp: yes\nrtmpAddress: 127.0.0.1:{rtmp}\nhls: no\nwebrtc: no\nsrt: no\n\
+         metrics: no\npprof: no\nplayback: no\npaths:\n  all_others:\n"
+    );
+    std::fs::write(dir.join("mediamtx.yml"), cfg).unwrap();
+    let _mtx = Proc(
+        Command::new(&bin)
+            .arg(dir.join("mediamtx.yml"))
+            .stdout(std::fs::File::create(dir.join("mediamtx.log")).unwrap())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    assert!(
+        wait_for(Duration::from_secs(10), || ureq::get(&format!("http://127.0.0.1:{api}/v3/paths/list"))
+            .call()
+            .is_ok()),
+        "MediaMTX did not start: {}",
+        std::fs::read_to_string(dir.join("mediamtx.log")).unwrap_or_default()
+    );
+    let config = format!(
+        "[[session]]\nname = \"cam\"\nsource = {{ demo = true }}\nforward = [\"rtmp://127.0.0.1:{rtmp}/live/cam\"]\n"
+    );
+    let near = Relay::with_config(&config, &["--no-demo"]);
+    let ready = || {
+        let list: Value = ureq::get(&format!("http://127.0.0.1:{api}/v3/paths/list")).call().ok()?.into_json().ok()?;
+        list["items"].as_array()?.iter().find(|p| p["name"] == "live/cam").map(|p| p["ready"] == true)
+    };
+    assert!(
+        wait_for(Duration::from_secs(15), || ready() == Some(true)),
+        "MediaMTX has no ready live/cam: {:?}; {:?}; {}",
+        forwards(&near),
+        ureq::get(&format!("http://127.0.0.1:{api}/v3/paths/list")).call().ok().and_then(|r| r.into_string().ok()),
+        std::fs::read_to_string(dir.join("mediamtx.log")).unwrap_or_default()
+    );
+    decodes_100_frames(&format!("rtsp://127.0.0.1:{rtsp}/live/cam"));
+    assert_eq!(forwards(&near)[0]["reconnects"], 0, "{:?}", forwards(&near));
+
+    // And back: a third relay pulls it from MediaMTX over RTMP, and plays it over RTSP.
+    let config = format!("[[session]]\nname = \"cam\"\nsource = {{ rtmp = \"rtmp://127.0.0.1:{rtmp}/live/cam\" }}\n");
+    let puller = Relay::with_config(&config, &["--no-demo"]);
+    assert!(
+        wait_for(Duration::from_secs(15), || publishing(&puller)),
+        "{}",
+        puller.ok("GET", "/v1/sessions/cam", None)
+    );
+    let status = puller.ok("GET", "/v1/sessions/cam", None);
+    assert_eq!(status["publisher"]["transport"], "rtmp", "{status}");
+    assert!(status["source"]["kind"].as_str().is_some_and(|k| k.contains("rtmp pull of rtmp://")), "{status}");
+    decodes_100_frames(&format!("rtsp://{}/cam", rtsp_addr(&puller)));
+    let _ = std::fs::remove_dir_all(&dir);
+}
