@@ -10,7 +10,7 @@
 
 use super::amf::{self, Amf};
 use super::chunk::{self, kind, ChunkReader};
-use super::server::{media_chunks, RtmpError, OUT_CHUNK_SIZE, STREAM_ID};
+use super::server::{control, hello_bytes, media_chunks, Control, RtmpError, OUT_CHUNK_SIZE, STREAM_ID};
 use std::collections::VecDeque;
 
 const HANDSHAKE_LEN: usize = 1536;
@@ -155,14 +155,7 @@ impl Client {
     pub fn new(url: RtmpUrl, role: Role, seed: u64) -> Self {
         let mut out = Vec::with_capacity(1 + HANDSHAKE_LEN);
         out.push(3);
-        out.extend_from_slice(&[0; 8]);
-        let mut x = seed | 1;
-        for _ in 0..(HANDSHAKE_LEN - 8) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            out.push(x as u8);
-        }
+        hello_bytes(&mut out, seed);
         Self {
             role,
             phase: Phase::Hello,
@@ -304,23 +297,15 @@ impl Client {
     }
 
     fn message(&mut self, m: chunk::Message) -> Result<(), RtmpError> {
-        let u32_at = |p: &[u8]| p.get(..4).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+        if let Some(c) = control(&mut self.reader, &m)? {
+            match c {
+                Control::Applied => {}
+                Control::Window(w) => self.window = w,
+                Control::Pong(pong) => self.send(CSID_CONTROL, kind::USER_CONTROL, 0, &pong),
+            }
+            return Ok(());
+        }
         match m.kind {
-            kind::SET_CHUNK_SIZE => {
-                let size = u32_at(&m.payload).ok_or(RtmpError::Protocol("a short Set Chunk Size"))?;
-                self.reader.set_chunk_size(size & 0x7fff_ffff)?;
-            }
-            kind::ABORT => {
-                if let Some(csid) = u32_at(&m.payload) {
-                    self.reader.abort(csid);
-                }
-            }
-            kind::WINDOW_ACK_SIZE => self.window = u32_at(&m.payload).unwrap_or(0),
-            kind::USER_CONTROL if m.payload.len() >= 6 && m.payload[..2] == [0, 6] => {
-                let mut pong = vec![0, 7];
-                pong.extend_from_slice(&m.payload[2..6]);
-                self.send(CSID_CONTROL, kind::USER_CONTROL, 0, &pong);
-            }
             kind::VIDEO | kind::AUDIO if self.phase == Phase::Started && self.role == Role::Play => {
                 let (timestamp, body) = (m.timestamp, m.payload);
                 self.events.push_back(match m.kind {

@@ -143,14 +143,7 @@ impl Server {
                     }
                     self.out.push(3);
                     // S1: time, zero, random bytes.
-                    self.out.extend_from_slice(&[0; 8]);
-                    let mut x = self.seed | 1;
-                    for _ in 0..(HANDSHAKE_LEN - 8) {
-                        x ^= x << 13;
-                        x ^= x >> 7;
-                        x ^= x << 17;
-                        self.out.push(x as u8);
-                    }
+                    hello_bytes(&mut self.out, self.seed);
                     // S2: C1 echoed.
                     self.out.extend_from_slice(&self.hello[1..]);
                     self.hello.clear();
@@ -271,24 +264,15 @@ impl Server {
     }
 
     fn message(&mut self, m: chunk::Message) -> Result<(), RtmpError> {
-        let u32_at = |p: &[u8]| p.get(..4).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+        if let Some(c) = control(&mut self.reader, &m)? {
+            match c {
+                Control::Applied => {}
+                Control::Window(w) => self.peer_window = w,
+                Control::Pong(pong) => self.send(CSID_CONTROL, kind::USER_CONTROL, 0, &pong),
+            }
+            return Ok(());
+        }
         match m.kind {
-            kind::SET_CHUNK_SIZE => {
-                let size = u32_at(&m.payload).ok_or(RtmpError::Protocol("a short Set Chunk Size"))?;
-                self.reader.set_chunk_size(size & 0x7fff_ffff)?;
-            }
-            kind::ABORT => {
-                if let Some(csid) = u32_at(&m.payload) {
-                    self.reader.abort(csid);
-                }
-            }
-            kind::WINDOW_ACK_SIZE => self.peer_window = u32_at(&m.payload).unwrap_or(0),
-            kind::USER_CONTROL if m.payload.len() >= 6 && m.payload[..2] == [0, 6] => {
-                // A ping request: answered with the same timestamp.
-                let mut pong = vec![0, 7];
-                pong.extend_from_slice(&m.payload[2..6]);
-                self.send(CSID_CONTROL, kind::USER_CONTROL, 0, &pong);
-            }
             kind::VIDEO if self.publishing == Some(m.stream_id) => {
                 self.events.push_back(Event::Video { timestamp: m.timestamp, body: m.payload })
             }
@@ -348,6 +332,52 @@ impl Server {
         }
         Ok(())
     }
+}
+
+/// C1 or S1 after the version byte: a zero time, zeros, and bytes that need only vary.
+pub(super) fn hello_bytes(out: &mut Vec<u8>, seed: u64) {
+    out.extend_from_slice(&[0; 8]);
+    let mut x = seed | 1;
+    for _ in 0..(HANDSHAKE_LEN - 8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.push(x as u8);
+    }
+}
+
+/// A protocol control message, handled alike on both sides.
+pub(super) enum Control {
+    /// A chunk size or an abort, applied to the chunk reader.
+    Applied,
+    /// The peer's acknowledgement window, for the caller to keep.
+    Window(u32),
+    /// A ping request's answer, for the caller to send.
+    Pong(Vec<u8>),
+}
+
+/// Handles `m` if it is a protocol control message (`None` if not).
+pub(super) fn control(reader: &mut ChunkReader, m: &chunk::Message) -> Result<Option<Control>, RtmpError> {
+    let u32_at = |p: &[u8]| p.get(..4).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+    Ok(Some(match m.kind {
+        kind::SET_CHUNK_SIZE => {
+            let size = u32_at(&m.payload).ok_or(RtmpError::Protocol("a short Set Chunk Size"))?;
+            reader.set_chunk_size(size & 0x7fff_ffff)?;
+            Control::Applied
+        }
+        kind::ABORT => {
+            if let Some(csid) = u32_at(&m.payload) {
+                reader.abort(csid);
+            }
+            Control::Applied
+        }
+        kind::WINDOW_ACK_SIZE => Control::Window(u32_at(&m.payload).unwrap_or(0)),
+        // A ping request: answered with the same timestamp.
+        kind::USER_CONTROL if m.payload.len() >= 6 && m.payload[..2] == [0, 6] => {
+            Control::Pong([&[0, 7][..], &m.payload[2..6]].concat())
+        }
+        _ => return Ok(None),
+    }))
 }
 
 /// A publish name or tcUrl split at its query: `cam1?user=a&pass=b` → (`cam1`, `user=a&pass=b`).
