@@ -42,7 +42,7 @@ pub struct Status {
     pub state: &'static str,
     /// Bytes pushed, over every connection.
     pub bytes: u64,
-    /// Connections that failed or ended.
+    /// Connections that failed (not those the path ended: its stream's end, a kick).
     pub reconnects: u64,
     pub last_error: Option<String>,
     /// Seconds in the current state.

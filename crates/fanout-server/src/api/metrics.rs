@@ -164,7 +164,7 @@ fn forward_families(m: &mut String, relay: &Relay) {
     let bytes = all.iter().map(|(l, s)| (l.clone(), s.bytes));
     family(m, "fanout_forward_bytes_total", "counter", "Bytes pushed to the forward target.", bytes);
     let again = all.iter().map(|(l, s)| (l.clone(), s.reconnects));
-    let help = "Connections to the forward target that failed or ended.";
+    let help = "Connections to the forward target that failed (not ended by the path).";
     family(m, "fanout_forward_reconnects_total", "counter", help, again);
 }
 

@@ -39,11 +39,17 @@ async fn run_target(relay: Weak<Relay>, name: String, target: Arc<Target>) {
             }
             Err(e) => e,
         };
+        // The path ended the reader (its stream ended, or a kick): not the target's failure.
+        let by_path = held.end.ended().is_some();
         drop(registered);
         drop(repack);
-        backoff = next_backoff(backoff, pushed);
-        tracing::warn!(path = name, url = %shown, "forward: {why}; again in {backoff:?}");
-        target.failed(&why);
+        backoff = next_backoff(backoff, pushed || by_path);
+        if by_path {
+            tracing::info!(path = name, url = %shown, "forward: {why}; again in {backoff:?}");
+        } else {
+            tracing::warn!(path = name, url = %shown, "forward: {why}; again in {backoff:?}");
+            target.failed(&why);
+        }
         target.set_state("retrying");
         tokio::time::sleep(backoff).await;
     }
