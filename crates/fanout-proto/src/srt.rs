@@ -133,6 +133,25 @@ fn unescape(v: &str) -> Result<String, crate::Invalid> {
     String::from_utf8(out).map_err(|_| crate::Invalid(format!("{v:?} is not UTF-8 once unescaped")))
 }
 
+impl SrtUrl {
+    /// The URL as logs and the API show it: no passphrase, and of the stream id only its
+    /// mode and path (credentials and keys ride in stream ids).
+    pub fn shown(&self) -> String {
+        let host = if self.host.contains(':') { format!("[{}]", self.host) } else { self.host.clone() };
+        let id = self
+            .streamid
+            .as_deref()
+            .and_then(|id| parse(id).ok().filter(|_| ["publish:", "read:", "#!::"].iter().any(|f| id.starts_with(f))));
+        match id {
+            Some(StreamId { mode: Mode::Publish, path, .. }) => {
+                format!("srt://{host}:{}?streamid=publish:{path}", self.port)
+            }
+            Some(StreamId { mode: Mode::Read, path, .. }) => format!("srt://{host}:{}?streamid=read:{path}", self.port),
+            None => format!("srt://{host}:{}", self.port),
+        }
+    }
+}
+
 pub fn parse_url(url: &str) -> Result<SrtUrl, crate::Invalid> {
     let rest = url.strip_prefix("srt://").ok_or("an SRT source starts with srt://")?;
     // The query starts at the first '?'; a '#' after it belongs to the stream id.
@@ -187,6 +206,13 @@ mod tests {
         assert_eq!((u.host.as_str(), u.streamid.as_deref()), ("::1", Some("#!::r=cam,m=request")));
         assert_eq!(parse_url("srt://h:1?streamid=#!::r=cam").unwrap().streamid.as_deref(), Some("#!::r=cam"));
         assert!(parse_url("srt://h:1").unwrap().streamid.is_none());
+        // Shown without secrets: a passphrase, a stream id's credentials, a bare id (a key).
+        let shown = |u: &str| parse_url(u).unwrap().shown();
+        assert_eq!(shown("srt://h:1?streamid=publish:cam:u:p&passphrase=0123456789"), "srt://h:1?streamid=publish:cam");
+        assert_eq!(shown("srt://[::1]:1?streamid=%23!::r=cam,m=publish,s=pw"), "srt://[::1]:1?streamid=publish:cam");
+        assert_eq!(shown("srt://h:1?streamid=live_0123secretkey"), "srt://h:1");
+        assert_eq!(shown("srt://h:1?streamid=live:secretkey"), "srt://h:1");
+        assert_eq!(shown("srt://h:1?streamid=read:cam"), "srt://h:1?streamid=read:cam");
         for bad in [
             "rtsp://h:1",
             "srt://h",

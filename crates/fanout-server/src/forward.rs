@@ -1,17 +1,20 @@
-//! `forward`: a path pushed to other servers (a platform's ingest, a second relay) over RTMP
-//! or RTMPS while it has a stream. Each target is a task of the path's (`relay::forward`):
-//! it waits for the stream, connects, publishes, and sends the path's FLV tags (the chunks
-//! its RTMP players get, made once per tag) until the stream ends or the target fails; then
-//! it connects again, after a backoff (1 s doubling to 30 s) where it failed. A target is
-//! one of the path's readers (listed, counted, kicked like any): a slow one falls behind the
-//! tag channel and starts again at a keyframe, so it never holds the path or its players
-//! back. Here: a target's settings and status, and one connection's push.
+//! `forward`: a path pushed to other servers (a platform's ingest, a second relay) over RTMP,
+//! RTMPS or SRT while it has a stream. Each target is a task of the path's
+//! (`relay::forward`): it waits for the stream, connects, publishes, and sends the path's
+//! FLV tags (the chunks its RTMP players get, made once per tag) or its MPEG-TS (what its SRT
+//! and HTTP TS players get) until the stream ends or the target fails; then it connects
+//! again, after a backoff (1 s doubling to 30 s) where it failed. A target is one of the
+//! path's readers (listed, counted, kicked like any): a slow one falls behind and starts
+//! again at a keyframe (RTMP) or is cut off and reconnects (SRT, whose send buffer is its
+//! latency's worth), so it never holds the path or its players back. Here: a target's
+//! settings and status, and one connection's push.
 
 use crate::dial::Io;
 use crate::readers::Held;
 use crate::repack::{FlvTag, Passed, Repack, TagGate};
 use crate::write::{write_parts, MAX_PARTS};
 use fanout_proto::rtmp::client::{Client, Event, Role, RtmpUrl};
+use fanout_proto::srt::SrtUrl;
 use parking_lot::Mutex;
 use serde::Serialize;
 use std::sync::Arc;
@@ -28,9 +31,16 @@ const FLUSH_BYTES: usize = 256 << 10;
 
 /// One target of a path, and what it did.
 pub struct Target {
-    pub url: RtmpUrl,
-    pub(crate) tls: Option<Arc<rustls::ClientConfig>>,
+    pub via: Via,
+    /// The URL without its secrets (a key's query, a passphrase, a stream id's credentials).
+    pub shown: String,
     status: Mutex<Status>,
+}
+
+/// How a target is pushed to.
+pub enum Via {
+    Rtmp { url: RtmpUrl, tls: Option<Arc<rustls::ClientConfig>> },
+    Srt(SrtUrl),
 }
 
 /// A target's status, as the API shows it.
@@ -55,17 +65,29 @@ impl Target {
     /// The target `spec` names (checked when the path was made).
     pub fn new(spec: &crate::spec::ForwardSpec) -> Result<Self, crate::error::RelayError> {
         let bad = |e: String| crate::error::RelayError::BadRequest(e);
-        let (url, verify) = spec.target().map_err(|e| bad(e.0))?;
-        if verify == crate::tls::Verify::Off && url.tls {
-            tracing::warn!(url = %url.shown(), "forward: the server's certificate is not checked (tls_verify = false)");
-        }
-        let tls = url
-            .tls
-            .then(|| crate::tls::client_config(&verify))
-            .transpose()
-            .map_err(|e| bad(format!("forward: {e:#}")))?;
+        let via = match spec.target().map_err(|e| bad(e.0))? {
+            crate::spec::ForwardTo::Rtmp(url, verify) => {
+                if verify == crate::tls::Verify::Off && url.tls {
+                    tracing::warn!(url = %url.shown(), "forward: the server's certificate is not checked (tls_verify = false)");
+                }
+                let tls = url
+                    .tls
+                    .then(|| crate::tls::client_config(&verify))
+                    .transpose()
+                    .map_err(|e| bad(format!("forward: {e:#}")))?;
+                Via::Rtmp { url, tls }
+            }
+            crate::spec::ForwardTo::Srt(url) => {
+                fanout_srt::version().map_err(|e| crate::error::RelayError::Unsupported(format!("forward: {e}")))?;
+                Via::Srt(url)
+            }
+        };
+        let shown = match &via {
+            Via::Rtmp { url, .. } => url.shown(),
+            Via::Srt(url) => url.shown(),
+        };
         let status = Status {
-            url: url.shown(),
+            url: shown.clone(),
             state: "waiting",
             bytes: 0,
             reconnects: 0,
@@ -73,7 +95,7 @@ impl Target {
             since: Some(Instant::now()),
             state_s: 0.0,
         };
-        Ok(Self { url, tls, status: Mutex::new(status) })
+        Ok(Self { via, shown, status: Mutex::new(status) })
     }
 
     pub fn status(&self) -> Status {
@@ -120,16 +142,17 @@ pub(crate) fn next_backoff(last: Duration, pushed: bool) -> Duration {
 /// end is a reason to connect again). `pushed`: set once media went out.
 pub(crate) async fn push(
     io: &mut Box<dyn Io>,
+    url: &RtmpUrl,
     target: &Target,
     repack: &Repack,
     held: &Held,
     pushed: &mut bool,
 ) -> Result<std::convert::Infallible, String> {
     let flv = repack.flv.clone().expect("joined with FLV");
-    let mut client = Client::new(target.url.clone(), Role::Publish, crate::dial::seed());
+    let mut client = Client::new(url.clone(), Role::Publish, crate::dial::seed());
     let mut buf = vec![0u8; 16 << 10];
     crate::dial::rtmp_start(io, &mut client, &mut buf, SETUP).await?;
-    tracing::info!(url = %target.url.shown(), "forward: pushing");
+    tracing::info!(url = %target.shown, "forward: pushing");
     target.set_state("pushing");
     let codec_id = |video: bool| {
         flv.config.iter().find(|(v, _)| *v == video).and_then(|(_, b)| b.first()).map(|b| match video {
@@ -199,6 +222,78 @@ pub(crate) async fn push(
             Err(_) => return Err(format!("a write took longer than {STALL:?}: the server does not read")),
         }
     }
+}
+
+/// Publishes the path's MPEG-TS (`session`: what its SRT and HTTP TS players get) to an SRT
+/// listener until the stream ends, the target fails or `stop` is set; why it ended. Blocking
+/// (libsrt's sockets are): run on a thread of its own. `pushed`: set once media went out.
+pub(crate) fn push_srt(
+    url: &SrtUrl,
+    latency_ms: u32,
+    target: &Target,
+    session: &fanout_io::Session,
+    held: &Held,
+    stop: &std::sync::atomic::AtomicBool,
+    pushed: &mut bool,
+) -> String {
+    use std::net::ToSocketAddrs;
+    let addr = match (url.host.as_str(), url.port).to_socket_addrs().map(|mut a| a.next()) {
+        Ok(Some(a)) => a,
+        Ok(None) => return format!("{} has no address", url.host),
+        Err(e) => return format!("{}: {e}", url.host),
+    };
+    let settings = fanout_srt::Settings {
+        latency_ms: url.latency_ms.or(Some(latency_ms)),
+        passphrase: url.passphrase.clone(),
+        pbkeylen: url.pbkeylen,
+        streamid: url.streamid.clone(),
+        ..fanout_srt::Settings::default()
+    };
+    let socket = match fanout_srt::Socket::connect(addr, &settings, SETUP.as_millis() as u32) {
+        Ok(s) => s,
+        Err(e) => return format!("did not connect: {e}"),
+    };
+    // A full send buffer is a target behind by its latency and more: cut off, never waited for.
+    if let Err(e) = socket.set_nonblocking_send() {
+        return e.to_string();
+    }
+    let queue = fanout_io::channel::ChannelQueue::new(session.config().ring_capacity / 2, || {});
+    let sink = match session.add_local_sink("SRT forward", queue.clone()) {
+        Ok(id) => id,
+        Err(e) => return format!("the path's MPEG-TS: {e}"),
+    };
+    tracing::info!(url = %target.shown, "forward: pushing");
+    target.set_state("pushing");
+    let mut frames = Vec::new();
+    let why = loop {
+        std::thread::sleep(FLUSH);
+        if stop.load(std::sync::atomic::Ordering::Relaxed) {
+            break "the path went".to_string();
+        }
+        if let Some(why) = held.end.ended() {
+            break why;
+        }
+        if socket.state() != fanout_srt::State::Connected {
+            break "the server closed the connection".into();
+        }
+        queue.drain(&mut frames);
+        let (mut bytes, mut packets) = (0, 0);
+        let sent = frames.iter().flat_map(|(p, _)| p.data().chunks(fanout_srt::TS_PAYLOAD)).try_for_each(|c| {
+            socket.send(c)?;
+            bytes += c.len();
+            packets += 1;
+            Ok::<_, fanout_srt::Error>(())
+        });
+        frames.clear();
+        held.sent(bytes, packets);
+        target.sent(bytes);
+        *pushed |= bytes > 0;
+        if let Err(e) = sent {
+            break format!("the server does not take the stream as fast as it comes: {e}");
+        }
+    };
+    session.remove_sink(sink);
+    why
 }
 
 /// A write's bytes, in order: the client's own (acknowledgements, configurations, tags it

@@ -548,21 +548,47 @@ impl From<ForwardFields> for ForwardSpec {
     }
 }
 
+/// Where a forward goes, checked.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ForwardTo {
+    Rtmp(fanout_proto::rtmp::client::RtmpUrl, crate::tls::Verify),
+    Srt(fanout_proto::srt::SrtUrl),
+}
+
 impl ForwardSpec {
-    /// The target, checked: an RTMP(S) URL, and at most one way to check its certificate.
-    pub fn target(&self) -> Result<(fanout_proto::rtmp::client::RtmpUrl, crate::tls::Verify), fanout_proto::Invalid> {
+    /// The target, checked: an RTMP(S) URL with at most one way to check its certificate, or
+    /// an SRT URL (which encrypts with its own passphrase, not TLS).
+    pub fn target(&self) -> Result<ForwardTo, fanout_proto::Invalid> {
         let scheme = self.url.split_once("://").map_or("", |(s, _)| s).to_ascii_lowercase();
-        if !matches!(scheme.as_str(), "rtmp" | "rtmps") {
-            return Err(format!(
-                "forward {:?}: only rtmp:// and rtmps:// targets are pushed to (not {scheme:?} yet)",
+        match scheme.as_str() {
+            "rtmp" | "rtmps" => {
+                let url = fanout_proto::rtmp::client::RtmpUrl::parse(&self.url).map_err(|e| format!("forward: {e}"))?;
+                let verify = crate::tls::verify_of(&self.tls_ca, &self.tls_fingerprint, self.tls_verify)
+                    .map_err(|e| format!("forward {:?}: {e}", url.shown()))?;
+                Ok(ForwardTo::Rtmp(url, verify))
+            }
+            "srt" => {
+                let url = fanout_proto::srt::parse_url(&self.url).map_err(|e| format!("forward: {e}"))?;
+                if self.tls_ca.is_some() || self.tls_fingerprint.is_some() || self.tls_verify.is_some() {
+                    let e = format!(
+                        "forward {:?}: tls_* are for rtmps:// (SRT encrypts with passphrase= in its URL)",
+                        url.shown()
+                    );
+                    return Err(e.into());
+                }
+                if url.streamid.as_deref().is_some_and(|id| id.starts_with("read:") || id.contains("m=request")) {
+                    let e =
+                        format!("forward {:?}: its streamid reads; a forward publishes (publish:NAME)", url.shown());
+                    return Err(e.into());
+                }
+                Ok(ForwardTo::Srt(url))
+            }
+            _ => Err(format!(
+                "forward {:?}: only rtmp://, rtmps:// and srt:// targets are pushed to (not {scheme:?} yet)",
                 self.url
             )
-            .into());
+            .into()),
         }
-        let url = fanout_proto::rtmp::client::RtmpUrl::parse(&self.url).map_err(|e| format!("forward: {e}"))?;
-        let verify = crate::tls::verify_of(&self.tls_ca, &self.tls_fingerprint, self.tls_verify)
-            .map_err(|e| format!("forward {:?}: {e}", url.shown()))?;
-        Ok((url, verify))
     }
 }
 

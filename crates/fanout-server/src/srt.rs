@@ -24,8 +24,6 @@ use std::time::{Duration, Instant};
 
 /// SRT connection ids, apart from RTSP's and RTMP's (a publisher is known by its connection).
 const CONN_BASE: u64 = 1 << 61;
-/// SRT's live payload: seven TS packets.
-const PAYLOAD: usize = 1316;
 
 /// How long after its stream id was let on a caller must arrive as a connection: one that
 /// does not was refused by libsrt after it (with a passphrase set: a wrong passphrase).
@@ -375,7 +373,7 @@ fn send_to_readers(
             } else if m.socket.state() != fanout_srt::State::Connected {
                 Some("the reader left".to_string())
             } else {
-                let mut chunks = frames.iter().flat_map(|(p, _)| p.data().chunks(PAYLOAD));
+                let mut chunks = frames.iter().flat_map(|(p, _)| p.data().chunks(fanout_srt::TS_PAYLOAD));
                 let sent = |c: &[u8]| m.socket.send(c).map(|_| m.link.held.sent(c.len(), 1));
                 chunks.find_map(|c| sent(c).err()).map(|e| format!("it fell behind or went: {e}"))
             };

@@ -13,6 +13,9 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use std::net::SocketAddr;
 use std::sync::OnceLock;
 
+/// SRT's live payload (libsrt's default `SRTO_PAYLOADSIZE`): seven TS packets a message.
+pub const TS_PAYLOAD: usize = 1316;
+
 pub type SrtSocket = i32;
 const SRT_ERROR: c_int = -1;
 const SRT_INVALID_SOCK: SrtSocket = -1;

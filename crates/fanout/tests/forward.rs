@@ -1,8 +1,8 @@
-//! `forward` (issue 53): a path pushed over RTMP to other servers while it has a stream. A
-//! second fanout and MediaMTX take it, and ffmpeg decodes it from them over RTSP (and from a
-//! relay that pulls it back from MediaMTX over RTMP, an `rtmp` source); a target
-//! killed and started again is fed again; a target that takes the connection and never
-//! answers holds up neither the path nor the other target.
+//! `forward` (issue 53): a path pushed over RTMP and SRT to other servers while it has a
+//! stream. A second fanout and MediaMTX take it, and ffmpeg decodes it from them over RTSP
+//! (and from a relay that pulls it back from MediaMTX over RTMP, an `rtmp` source); a
+//! target killed and started again is fed again; a target that takes the connection and
+//! never answers holds up neither the path nor the other target.
 
 mod common;
 use common::*;
@@ -105,11 +105,65 @@ fn a_path_is_pushed_to_a_second_fanout_and_again_after_it_restarts() {
     drop(mute);
 }
 
+/// A fanout that takes publishers on `cam`, its SRT on UDP `port`; `None` (said loudly)
+/// where this machine has no libsrt.
+fn srt_receiver(port: u16) -> Option<Relay> {
+    let srt = format!("127.0.0.1:{port}");
+    let relay =
+        Relay::with_config("[[session]]\nname = \"cam\"\nsource = { publish = true }\n", &["--no-demo", "--srt", &srt]);
+    if relay.ok("GET", "/v1/engine", None)["srt"].is_string() {
+        return Some(relay);
+    }
+    eprintln!("SKIPPED (loudly): no libsrt here");
+    assert!(std::env::var("CI").is_err(), "CI must have SRT (scripts/test installs it)");
+    None
+}
+
+#[test]
+fn a_path_is_pushed_over_srt_to_a_second_fanout_and_again_after_it_restarts() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let port = free_udp_port().port();
+    let Some(far) = srt_receiver(port) else { return };
+    let config = format!(
+        "[[session]]\nname = \"cam\"\nsource = {{ demo = true }}\n\
+         forward = [\"srt://127.0.0.1:{port}?streamid=publish:cam:u:secret&latency=200\"]\n"
+    );
+    let near = Relay::with_config(&config, &["--no-demo"]);
+    assert!(
+        wait_for(Duration::from_secs(15), || publishing(&far)),
+        "the far side has no publisher: {:?}",
+        forwards(&near)
+    );
+    assert_eq!(far.ok("GET", "/v1/sessions/cam", None)["publisher"]["transport"], "srt");
+    decodes_100_frames(&format!("rtsp://{}/cam", rtsp_addr(&far)));
+    let f = forwards(&near);
+    assert_eq!(f[0]["url"], format!("srt://127.0.0.1:{port}?streamid=publish:cam"), "no credentials shown: {f:?}");
+    assert_eq!((&f[0]["state"], &f[0]["reconnects"]), (&Value::from("pushing"), &Value::from(0)), "{f:?}");
+    assert!(f[0]["bytes"].as_u64().unwrap() > 50_000, "{f:?}");
+
+    // The far side goes: the forward sees its socket break and tries again; back, it is fed.
+    drop(far);
+    assert!(wait_for(Duration::from_secs(15), || forwards(&near)[0]["state"] == "retrying"), "{:?}", forwards(&near));
+    let f = forwards(&near);
+    assert!(f[0]["reconnects"].as_u64().unwrap() >= 1, "{f:?}");
+    assert!(f[0]["last_error"].as_str().is_some_and(|e| !e.is_empty()), "{f:?}");
+    let far = srt_receiver(port).unwrap();
+    assert!(
+        wait_for(Duration::from_secs(20), || publishing(&far)),
+        "the far side has no publisher after its restart: {:?}",
+        forwards(&near)
+    );
+    decodes_100_frames(&format!("rtsp://{}/cam", rtsp_addr(&far)));
+}
+
 #[test]
 fn forwards_that_cannot_work_are_refused_with_a_reason() {
     let relay = Relay::start(&["--rtsp", "127.0.0.1:0", "--no-demo"]);
     for (target, says) in [
-        ("srt://127.0.0.1:9000", "only rtmp:// and rtmps://"),
+        ("rtsp://127.0.0.1:9000/x", "only rtmp://, rtmps:// and srt://"),
+        ("srt://127.0.0.1:9000?streamid=read:x", "a forward publishes"),
         ("rtmp://127.0.0.1:1935", "names no application"),
         ("rtmp://u:p@127.0.0.1/live/x", "credentials"),
         ("rtmp://127.0.0.1:99999/live/x", "bad port"),
@@ -136,16 +190,17 @@ impl Drop for Proc {
 }
 
 #[test]
-fn mediamtx_takes_a_forward_over_rtmp_and_its_players_decode_it() {
+fn mediamtx_takes_forwards_over_rtmp_and_srt_and_its_players_decode_them() {
     let Some(bin) = peer("mediamtx") else { return };
     if !have_ffmpeg() {
         return;
     }
     let dir = scratch_dir("forward-mtx");
-    let (rtsp, rtmp, api) = (free_port(), free_port(), free_port());
+    let (rtsp, rtmp, api, srt) = (free_port(), free_port(), free_port(), free_udp_port().port());
     let cfg = format!(
         "logLevel: warn\napi: yes\napiAddress: 127.0.0.1:{api}\nrtspAddress: 127.0.0.1:{rtsp}\n\
-         rtspTransports: [tcp]\nrtmp: yes\nrtmpAddress: 127.0.0.1:{rtmp}\nhls: no\nwebrtc: no\nsrt: no\n\
+         rtspTransports: [tcp]\nrtmp: yes\nrtmpAddress: 127.0.0.1:{rtmp}\nhls: no\nwebrtc: no\n\
+         srt: yes\nsrtAddress: 127.0.0.1:{srt}\n\
          metrics: no\npprof: no\nplayback: no\npaths:\n  all_others:\n"
     );
     std::fs::write(dir.join("mediamtx.yml"), cfg).unwrap();
@@ -165,22 +220,26 @@ fn mediamtx_takes_a_forward_over_rtmp_and_its_players_decode_it() {
         std::fs::read_to_string(dir.join("mediamtx.log")).unwrap_or_default()
     );
     let config = format!(
-        "[[session]]\nname = \"cam\"\nsource = {{ demo = true }}\nforward = [\"rtmp://127.0.0.1:{rtmp}/live/cam\"]\n"
+        "[[session]]\nname = \"cam\"\nsource = {{ demo = true }}\n\
+         forward = [\"rtmp://127.0.0.1:{rtmp}/live/cam\", \"srt://127.0.0.1:{srt}?streamid=publish:srt/cam\"]\n"
     );
     let near = Relay::with_config(&config, &["--no-demo"]);
-    let ready = || {
+    let ready = |name: &str| {
         let list: Value = ureq::get(&format!("http://127.0.0.1:{api}/v3/paths/list")).call().ok()?.into_json().ok()?;
-        list["items"].as_array()?.iter().find(|p| p["name"] == "live/cam").map(|p| p["ready"] == true)
+        list["items"].as_array()?.iter().find(|p| p["name"] == name).map(|p| p["ready"] == true)
     };
-    assert!(
-        wait_for(Duration::from_secs(15), || ready() == Some(true)),
-        "MediaMTX has no ready live/cam: {:?}; {:?}; {}",
-        forwards(&near),
-        ureq::get(&format!("http://127.0.0.1:{api}/v3/paths/list")).call().ok().and_then(|r| r.into_string().ok()),
-        std::fs::read_to_string(dir.join("mediamtx.log")).unwrap_or_default()
-    );
-    decodes_100_frames(&format!("rtsp://127.0.0.1:{rtsp}/live/cam"));
-    assert_eq!(forwards(&near)[0]["reconnects"], 0, "{:?}", forwards(&near));
+    for name in ["live/cam", "srt/cam"] {
+        assert!(
+            wait_for(Duration::from_secs(15), || ready(name) == Some(true)),
+            "MediaMTX has no ready {name}: {:?}; {:?}; {}",
+            forwards(&near),
+            ureq::get(&format!("http://127.0.0.1:{api}/v3/paths/list")).call().ok().and_then(|r| r.into_string().ok()),
+            std::fs::read_to_string(dir.join("mediamtx.log")).unwrap_or_default()
+        );
+        decodes_100_frames(&format!("rtsp://127.0.0.1:{rtsp}/{name}"));
+    }
+    let f = forwards(&near);
+    assert_eq!((&f[0]["reconnects"], &f[1]["reconnects"]), (&Value::from(0), &Value::from(0)), "{f:?}");
 
     // And back: a third relay pulls it from MediaMTX over RTMP, and plays it over RTSP.
     let config = format!("[[session]]\nname = \"cam\"\nsource = {{ rtmp = \"rtmp://127.0.0.1:{rtmp}/live/cam\" }}\n");

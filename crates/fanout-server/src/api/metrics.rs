@@ -156,7 +156,7 @@ fn forward_families(m: &mut String, relay: &Relay) {
     let mut all = Vec::new();
     for p in relay.paths() {
         for f in &p.forwards {
-            all.push((format!("{{session=\"{}\",url=\"{}\"}}", label(&p.name), label(&f.url.shown())), f.status()));
+            all.push((format!("{{session=\"{}\",url=\"{}\"}}", label(&p.name), label(&f.shown)), f.status()));
         }
     }
     let pushing = all.iter().map(|(l, s)| (l.clone(), u64::from(s.state == "pushing")));

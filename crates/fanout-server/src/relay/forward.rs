@@ -4,9 +4,11 @@
 
 use super::Relay;
 use crate::dial::dial;
-use crate::forward::{next_backoff, push, Target, SETUP};
+use crate::forward::{next_backoff, push, push_srt, Target, Via, SETUP};
 use crate::readers::{Held, Protocol, Who};
 use crate::repack::Repack;
+use crate::source::StopOnDrop;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
@@ -27,22 +29,44 @@ pub fn run(
 async fn run_target(relay: Weak<Relay>, name: String, target: Arc<Target>) {
     let mut backoff = Duration::ZERO;
     loop {
-        let Some((repack, held, registered)) = wait_for_stream(&relay, &name, &target).await else { return };
+        let Some(Joined { media, held, registered }) = wait_for_stream(&relay, &name, &target).await else { return };
         target.set_state("connecting");
-        let shown = target.url.shown();
+        let shown = target.shown.clone();
         let mut pushed = false;
-        let why = match dial(&target.url.host, target.url.port, target.tls.as_ref(), SETUP).await {
-            Ok((mut io, _)) => {
-                let Err(why) = push(&mut io, &target, &repack, &held, &mut pushed).await;
-                let _ = tokio::time::timeout(Duration::from_secs(1), io.shutdown()).await;
-                why
+        let why = match (&target.via, media) {
+            (Via::Rtmp { url, tls }, Media::Flv(repack)) => {
+                match dial(&url.host, url.port, tls.as_ref(), SETUP).await {
+                    Ok((mut io, _)) => {
+                        let Err(why) = push(&mut io, url, &target, &repack, &held, &mut pushed).await;
+                        let _ = tokio::time::timeout(Duration::from_secs(1), io.shutdown()).await;
+                        why
+                    }
+                    Err(e) => e,
+                }
             }
-            Err(e) => e,
+            (Via::Srt(url), Media::Ts(session)) => {
+                let latency = relay.upgrade().map_or(120, |r| r.cfg().srt_latency_ms);
+                // libsrt blocks: a thread of its own, told to stop if the path (this task) goes.
+                let stop = Arc::new(AtomicBool::new(false));
+                let _stop = StopOnDrop(stop.clone());
+                let (url, target, held) = (url.clone(), target.clone(), held.clone());
+                let run = tokio::task::spawn_blocking(move || {
+                    let mut pushed = false;
+                    (push_srt(&url, latency, &target, &session, &held, &stop, &mut pushed), pushed)
+                });
+                match run.await {
+                    Ok((why, p)) => {
+                        pushed = p;
+                        why
+                    }
+                    Err(e) => e.to_string(),
+                }
+            }
+            _ => unreachable!("a target joins with the media it pushes"),
         };
         // The path ended the reader (its stream ended, or a kick): not the target's failure.
         let by_path = held.end.ended().is_some();
         drop(registered);
-        drop(repack);
         backoff = next_backoff(backoff, pushed || by_path);
         if by_path {
             tracing::info!(path = name, url = %shown, "forward: {why}; again in {backoff:?}");
@@ -55,13 +79,22 @@ async fn run_target(relay: Weak<Relay>, name: String, target: Arc<Target>) {
     }
 }
 
-/// Waits until the path has a stream FLV carries, and joins it as a reader. `None`: the
-/// relay or the path went.
-async fn wait_for_stream(
-    relay: &Weak<Relay>,
-    name: &str,
-    target: &Target,
-) -> Option<(Arc<Repack>, Arc<Held>, crate::readers::Registered)> {
+/// What a target pushes: the path's FLV tags (RTMP) or its MPEG-TS (SRT).
+enum Media {
+    Flv(Arc<Repack>),
+    Ts(fanout_io::Session),
+}
+
+/// A target joined to the path's stream as one of its readers.
+struct Joined {
+    media: Media,
+    held: Arc<Held>,
+    registered: crate::readers::Registered,
+}
+
+/// Waits until the path has a stream the target's protocol carries, and joins it as a
+/// reader. `None`: the relay or the path went.
+async fn wait_for_stream(relay: &Weak<Relay>, name: &str, target: &Target) -> Option<Joined> {
     loop {
         let changes = {
             let relay = relay.upgrade()?;
@@ -76,17 +109,24 @@ async fn wait_for_stream(
             let changes = publisher.as_ref().map(|p| p.changes());
             let publishing = publisher.as_ref().is_none_or(|p| p.sdp().is_some());
             if publishing {
-                let why = match relay.repack(name).await {
-                    Ok(r) if r.flv.is_some() => {
+                let media = match &target.via {
+                    Via::Rtmp { .. } => match relay.repack(name).await {
+                        Ok(r) if r.flv.is_some() => Ok(Media::Flv(r)),
+                        Ok(r) => Err(format!("the stream's tracks do not go in FLV ({})", r.describes)),
+                        Err(e) => Err(e.to_string()),
+                    },
+                    Via::Srt(_) => relay.http_session(name).await.map(Media::Ts).map_err(|e| e.to_string()),
+                };
+                let why = match media {
+                    Ok(media) => {
                         let held = Arc::new(Held::default());
                         let who = Who::new(Protocol::Forward, None, None);
                         match path.readers.join(who, held.clone()) {
-                            Ok(registered) => return Some((r, held, registered)),
+                            Ok(registered) => return Some(Joined { media, held, registered }),
                             Err(full) => full.to_string(),
                         }
                     }
-                    Ok(r) => format!("the stream's tracks do not go in FLV ({})", r.describes),
-                    Err(e) => e.to_string(),
+                    Err(why) => why,
                 };
                 target.waiting(why);
             }

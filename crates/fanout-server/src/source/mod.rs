@@ -37,6 +37,16 @@ pub struct Ctx<'a> {
     pub on_pull_end: Option<Box<dyn FnOnce() + Send + Sync>>,
 }
 
+/// Sets its flag when dropped: a blocking thread (libsrt's) polls it to stop with the task
+/// that started it, which is aborted when its path goes.
+pub struct StopOnDrop(pub Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// What a path has besides its first session, by the kind of its source.
 pub enum Feeder {
     /// Packets arrive on the session itself (UDP, TCP).

@@ -3,7 +3,7 @@
 //! stream becomes the path's tracks as an SRT publisher's does; the path takes no publisher
 //! from outside.
 
-use super::{Ctx, Feeder, Started};
+use super::{Ctx, Feeder, Started, StopOnDrop};
 use crate::error::RelayError;
 use crate::publish::Publisher;
 use std::net::ToSocketAddrs;
@@ -31,15 +31,6 @@ pub fn start(url: &str, cx: &Ctx) -> Result<Started, RelayError> {
     let idle = Duration::from_secs_f64(cx.cfg.rtsp_idle_s.min(10.0));
     let task = tokio::spawn(pull(u, settings, p.clone(), cx.host.clone(), idle));
     Ok(Started { feeder: Feeder::Publisher(p), tasks: vec![task.abort_handle()] })
-}
-
-/// Sets `stop` when the pull's task is aborted (the path went): the blocking reader sees it.
-struct StopOnDrop(Arc<AtomicBool>);
-
-impl Drop for StopOnDrop {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
 }
 
 async fn pull(

@@ -168,14 +168,20 @@ fn forward_takes_urls_and_tables_and_refuses_what_it_cannot_push() {
     assert_eq!(s.forward[0], ForwardSpec { url: "rtmp://h/live/k".into(), ..Default::default() });
     assert_eq!(s.forward[1].tls_verify, Some(false));
     s.validate().unwrap();
-    let (url, verify) = s.forward[1].target().unwrap();
+    let ForwardTo::Rtmp(url, verify) = s.forward[1].target().unwrap() else { panic!("an RTMP target") };
     assert_eq!((url.app.as_str(), url.port, verify), ("app", 8443, crate::tls::Verify::Off));
+    let srt = ForwardSpec { url: "srt://h:9000?streamid=publish:cam&latency=200".into(), ..Default::default() };
+    let ForwardTo::Srt(url) = srt.target().unwrap() else { panic!("an SRT target") };
+    assert_eq!((url.port, url.latency_ms, url.streamid.as_deref()), (9000, Some(200), Some("publish:cam")));
     // What the API shows again parses to the same.
     let again: SessionSpec = serde_json::from_value(serde_json::to_value(&s).unwrap()).unwrap();
     assert_eq!(again, s);
     for (forward, says) in [
-        (r#""srt://h:9000""#, "only rtmp:// and rtmps://"),
-        (r#""whip://h/x""#, "only rtmp:// and rtmps://"),
+        (r#""rtsp://h:9000/x""#, "only rtmp://, rtmps:// and srt://"),
+        (r#""whip://h/x""#, "only rtmp://, rtmps:// and srt://"),
+        (r#""srt://h""#, "the port is missing"),
+        (r#""srt://h:9000?streamid=read:cam""#, "a forward publishes"),
+        (r#"{"url":"srt://h:9000","tls_verify":false}"#, "tls_* are for rtmps://"),
         (r#""rtmp://h""#, "names no application"),
         (r#"{"url":"rtmps://h/a/b","tls_ca":"/c.pem","tls_verify":false}"#, "at most one"),
         (r#"{"url":"rtmp://h/a/b","colour":1}"#, "did not match any variant"),
