@@ -1,5 +1,6 @@
 //! The RTSP connection parser on arbitrary bytes: never a panic, never a message longer
 //! than its input, and a parsed request or response writes back to bytes that parse to it.
+//! Parsed responses go to the clients (one playing, one recording).
 //! Parsed requests go on into the server state machines (open, and with a user), bodies into the SDP parser; the
 //! whole input is also tried as RTCP.
 #![no_main]
@@ -33,8 +34,12 @@ fuzz_target!(|data: &[u8]| {
     let mut rest = data;
     // Responses also go to an upstream client, walked through its phases.
     let url = fanout_proto::rtsp::client::Url::parse("rtsp://u:p@h:554/cam").unwrap();
-    let mut client = fanout_proto::rtsp::client::Client::new(url, "fuzz");
+    let mut client = fanout_proto::rtsp::client::Client::new(url.clone(), "fuzz");
     client.start(0);
+    // And to a recorder (a forward publishing), walked through ANNOUNCE, SETUP and RECORD.
+    let announced = lookup("demo").unwrap().sdp;
+    let mut recorder = fanout_proto::rtsp::client::Client::recorder(url, "fuzz", announced);
+    recorder.start(0);
     while let Ok(Some((msg, used))) = parse(rest, &limits) {
         if let Message::Response(r) = &msg {
             let mut r = r.clone();
@@ -46,6 +51,8 @@ fuzz_target!(|data: &[u8]| {
                 let _ = client.setup(lowers, now);
             }
             let _ = client.keepalive(now + 100_000);
+            let _ = recorder.on_response(&r, now);
+            let _ = recorder.keepalive(now + 100_000);
         }
         if let Message::Request(r) = &msg {
             now += 1000;

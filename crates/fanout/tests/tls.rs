@@ -688,22 +688,34 @@ fn a_path_is_forwarded_and_pulled_over_rtmps_with_the_server_checked() {
     }
     let dir = temp_dir("rtmps-forward");
     let pair = make_pair(&dir, "server");
-    let config = format!("{}\n[[session]]\nname = \"cam\"\nsource = {{ publish = true }}\n", tls_config(&pair, ""));
+    let config = format!(
+        "{}\n[[session]]\nname = \"cam\"\nsource = {{ publish = true }}\n\
+         [[session]]\nname = \"cam2\"\nsource = {{ publish = true }}\n",
+        tls_config(&pair, "")
+    );
     let far = Relay::with_config(&config, &["--no-demo"]);
-    let rtmps = get(&far, &pair, "/v1/engine")["rtmps"].as_str().unwrap().to_string();
+    let engine = get(&far, &pair, "/v1/engine");
+    let (rtmps, rtsps) = (engine["rtmps"].as_str().unwrap(), engine["rtsps"].as_str().unwrap());
     let pin = vec!["AB"; 32].join(":");
+    // Over RTMPS and RTSPS, each checking the far relay against its CA; and one pinned to
+    // another certificate.
     let near = Relay::with_config(
         &format!(
             "[[session]]\nname = \"cam\"\nsource = {{ demo = true }}\nforward = [\n  \
              {{ url = \"rtmps://{rtmps}/cam\", tls_ca = {:?} }},\n  \
-             {{ url = \"rtmps://{rtmps}/other\", tls_fingerprint = \"{pin}\" }},\n]\n",
-            pair.cert
+             {{ url = \"rtmps://{rtmps}/other\", tls_fingerprint = \"{pin}\" }},\n  \
+             {{ url = \"rtsps://{rtsps}/cam2\", tls_ca = {:?} }},\n]\n",
+            pair.cert, pair.cert
         ),
         &["--no-demo"],
     );
-    let publishing =
-        || get(&far, &pair, "/v1/sessions/cam")["publisher"]["tracks"].as_array().is_some_and(|t| t.len() == 2);
-    assert!(wait_for(Duration::from_secs(15), publishing), "{}", near.ok("GET", "/v1/sessions/cam", None));
+    let publishing = |path: &str| {
+        get(&far, &pair, &format!("/v1/sessions/{path}"))["publisher"]["tracks"]
+            .as_array()
+            .is_some_and(|t| t.len() == 2)
+    };
+    assert!(wait_for(Duration::from_secs(15), || publishing("cam")), "{}", near.ok("GET", "/v1/sessions/cam", None));
+    assert!(wait_for(Duration::from_secs(15), || publishing("cam2")), "{}", near.ok("GET", "/v1/sessions/cam", None));
     let refused = || near.ok("GET", "/v1/sessions/cam", None)["forward"][1]["last_error"].as_str().map(str::to_string);
     assert!(wait_for(Duration::from_secs(10), || refused().is_some()), "{:?}", refused());
     assert!(refused().unwrap().contains("fingerprint"), "{:?}", refused());

@@ -1,10 +1,12 @@
-//! The proxy's RTSP client to its upstream, as a state machine: responses in, requests out.
+//! The relay's RTSP client, as a state machine: responses in, requests out.
 //!
-//! OPTIONS → DESCRIBE → SETUP (every media section) → PLAY, then a keep-alive
-//! (GET_PARAMETER where the server lists it, else OPTIONS) at half the session timeout, and
-//! TEARDOWN when the proxy lets go. A 401 is answered once with Basic or Digest credentials
-//! from the URL. The caller owns the connection, the clock and the UDP ports: it feeds every
-//! response to [`Client::on_response`] and sends what comes back.
+//! Playing an upstream: OPTIONS → DESCRIBE → SETUP (every media section) → PLAY. Publishing
+//! to a server ([`Client::recorder`], a path's `forward`): OPTIONS → ANNOUNCE (our
+//! description) → SETUP (every section, interleaved, `mode=record`) → RECORD. Then a
+//! keep-alive (GET_PARAMETER where the server lists it, else OPTIONS) at half the session
+//! timeout, and TEARDOWN when the relay lets go. A 401 is answered once with Basic or Digest
+//! credentials from the URL. The caller owns the connection, the clock and the UDP ports: it
+//! feeds every response to [`Client::on_response`] and sends what comes back.
 
 use crate::rtsp::sdp::Sdp;
 use crate::rtsp::{parse_session, Headers, Lower, Request, Response};
@@ -96,6 +98,8 @@ pub fn percent_decode(s: &str) -> String {
 pub enum Phase {
     Options,
     Describe,
+    /// A recorder's ANNOUNCE.
+    Announce,
     /// Waiting for the caller's transports ([`Client::setup`]).
     Described,
     Setup(usize),
@@ -122,7 +126,7 @@ pub enum Step {
     Send(Vec<u8>),
     /// The description arrived: open ports for its media and call [`Client::setup`].
     Described(Sdp),
-    /// The stream flows.
+    /// The stream flows (from the server, or to it: RECORD was answered).
     Playing,
     /// Nothing to do (a keep-alive answered).
     Idle,
@@ -159,6 +163,8 @@ pub struct Client {
     /// Our own SRTP key for the SRTCP we send, per media section, as a base64 MIKEY message:
     /// sent in SAVP SETUPs as `KeyMgmt` (RFC 4567 §3.3), which MediaMTX requires.
     pub key_mgmt: Vec<String>,
+    /// A recorder: the description it announces (it publishes, over interleaved TCP).
+    record: Option<Sdp>,
 }
 
 impl Client {
@@ -181,7 +187,15 @@ impl Client {
             last_sent_ms: 0,
             savp: false,
             key_mgmt: Vec::new(),
+            record: None,
         }
+    }
+
+    /// A client that publishes `sdp`'s media to `url`: its tracks go interleaved, media
+    /// section `i` on channels `2i` and `2i + 1` (or those the server moves them to, in
+    /// [`Client::tracks`]), once [`Step::Playing`] says RECORD was answered.
+    pub fn recorder(url: Url, user_agent: &str, sdp: Sdp) -> Self {
+        Self { record: Some(sdp), ..Self::new(url, user_agent) }
     }
 
     pub fn phase(&self) -> Phase {
@@ -194,14 +208,18 @@ impl Client {
         self.request("OPTIONS", &url, Headers::default(), now_ms)
     }
 
-    fn request(&mut self, method: &str, uri: &str, mut headers: Headers, now_ms: u64) -> Vec<u8> {
+    fn request(&mut self, method: &str, uri: &str, headers: Headers, now_ms: u64) -> Vec<u8> {
+        self.request_with(method, uri, headers, Vec::new(), now_ms)
+    }
+
+    fn request_with(&mut self, method: &str, uri: &str, mut headers: Headers, body: Vec<u8>, now_ms: u64) -> Vec<u8> {
         self.cseq += 1;
         headers.set("CSeq", self.cseq.to_string());
         headers.set("User-Agent", self.user_agent.clone());
         if let Some(s) = &self.session {
             headers.set("Session", s.clone());
         }
-        let mut req = Request { method: method.to_string(), uri: uri.to_string(), headers, body: Vec::new() };
+        let mut req = Request { method: method.to_string(), uri: uri.to_string(), headers, body };
         if let Some(a) = self.authorize(&req) {
             req.headers.set("Authorization", a);
         }
@@ -240,6 +258,9 @@ impl Client {
     /// The transports to request, one per media section of the description, after
     /// [`Step::Described`]. Returns the first SETUP.
     pub fn setup(&mut self, lowers: Vec<Lower>, now_ms: u64) -> Result<Vec<u8>, ClientError> {
+        if self.record.is_some() && self.phase != Phase::Announce {
+            return Err(self.fail(None, "a recorder sets up its tracks itself, once announced"));
+        }
         let sdp = self.sdp.as_ref().ok_or_else(|| self.fail(None, "SETUP before a description"))?;
         if lowers.len() != sdp.media.len() {
             return Err(self.fail(None, format!("{} transports for {} media", lowers.len(), sdp.media.len())));
@@ -268,6 +289,7 @@ impl Client {
             }
             Lower::Interleaved { rtp, rtcp } => format!("{profile}/TCP;unicast;interleaved={rtp}-{rtcp}"),
         };
+        let transport = if self.record.is_some() { format!("{transport};mode=record") } else { transport };
         let mut h = Headers::default();
         h.set("Transport", transport);
         let url = t.control.clone();
@@ -292,7 +314,7 @@ impl Client {
                 let uri = pending.uri.clone();
                 let mut h = pending.headers.clone();
                 h.0.retain(|(n, _)| !n.eq_ignore_ascii_case("Authorization"));
-                return Ok(Step::Send(self.request(&pending.method, &uri, h, now_ms)));
+                return Ok(Step::Send(self.request_with(&pending.method, &uri, h, pending.body, now_ms)));
             }
         }
         if resp.status == 401 {
@@ -318,6 +340,14 @@ impl Client {
                     .headers
                     .get("Public")
                     .is_some_and(|p| p.split(',').any(|m| m.trim().eq_ignore_ascii_case("GET_PARAMETER")));
+                if let Some(sdp) = &self.record {
+                    let body = sdp.write().into_bytes();
+                    let mut h = Headers::default();
+                    h.set("Content-Type", "application/sdp");
+                    self.phase = Phase::Announce;
+                    let url = self.url.request_url();
+                    return Ok(Step::Send(self.request_with("ANNOUNCE", &url, h, body, now_ms)));
+                }
                 let mut h = Headers::default();
                 h.set("Accept", "application/sdp");
                 self.phase = Phase::Describe;
@@ -340,6 +370,14 @@ impl Client {
                 self.sdp = Some(sdp.clone());
                 self.phase = Phase::Described;
                 Ok(Step::Described(sdp))
+            }
+            Phase::Announce => {
+                let sdp = self.record.clone().expect("a recorder announces");
+                self.sdp = Some(sdp.clone());
+                let lowers = (0..sdp.media.len())
+                    .map(|i| Lower::Interleaved { rtp: (2 * i) as u8, rtcp: (2 * i + 1) as u8 })
+                    .collect();
+                Ok(Step::Send(self.setup(lowers, now_ms)?))
             }
             Phase::Setup(i) => {
                 let Some(sess) = resp.headers.get("Session") else {
@@ -370,9 +408,12 @@ impl Client {
                     return Ok(Step::Send(self.setup_request(i + 1, now_ms)));
                 }
                 self.phase = Phase::Play;
+                let url = self.base.clone();
+                if self.record.is_some() {
+                    return Ok(Step::Send(self.request("RECORD", &url, Headers::default(), now_ms)));
+                }
                 let mut h = Headers::default();
                 h.set("Range", "npt=0.000-");
-                let url = self.base.clone();
                 Ok(Step::Send(self.request("PLAY", &url, h, now_ms)))
             }
             Phase::Play => {
@@ -623,6 +664,43 @@ mod tests {
         assert_eq!(c.on_response(&resp(405, 6, &[], ""), 15_007).unwrap(), Step::Idle);
         let t = req_of(&c.teardown(20_000).unwrap());
         assert_eq!(t.method, "TEARDOWN");
+    }
+
+    /// Publishing: ANNOUNCE carries the description (again, with credentials, after a 401),
+    /// every track is set up interleaved for recording, then RECORD.
+    #[test]
+    fn a_recorder_announces_sets_up_for_record_and_records() {
+        let sdp = Sdp::parse(SDP).unwrap().for_clients("cam", 1);
+        let mut c = Client::recorder(Url::parse("rtsp://u:pw@127.0.0.1:8554/live/cam").unwrap(), "t", sdp.clone());
+        assert!(c.setup(Vec::new(), 0).is_err(), "a recorder sets up its own tracks");
+        assert_eq!(req_of(&c.start(0)).method, "OPTIONS");
+        let r = send(c.on_response(&resp(200, 1, &[], ""), 1).unwrap());
+        assert_eq!((r.method.as_str(), r.uri.as_str()), ("ANNOUNCE", "rtsp://127.0.0.1:8554/live/cam"));
+        assert_eq!(r.headers.get("Content-Type"), Some("application/sdp"));
+        assert_eq!(Sdp::parse(&String::from_utf8_lossy(&r.body)).unwrap(), sdp);
+        let challenge = [("WWW-Authenticate", "Digest realm=\"m\", nonce=\"n\"")];
+        let again = send(c.on_response(&resp(401, 2, &challenge, ""), 2).unwrap());
+        assert_eq!(again.method, "ANNOUNCE");
+        assert_eq!(again.body, r.body, "the description goes again with the credentials");
+        assert!(again.headers.get("Authorization").is_some_and(|a| a.starts_with("Digest ")));
+        let r = send(c.on_response(&resp(200, 3, &[], ""), 3).unwrap());
+        assert_eq!((r.method.as_str(), r.uri.as_str()), ("SETUP", "rtsp://127.0.0.1:8554/live/cam/trackID=0"));
+        assert_eq!(r.headers.get("Transport"), Some("RTP/AVP/TCP;unicast;interleaved=0-1;mode=record"));
+        let t = [("Transport", "RTP/AVP/TCP;unicast;interleaved=0-1"), ("Session", "s1")];
+        let r = send(c.on_response(&resp(200, 4, &t, ""), 4).unwrap());
+        assert_eq!(r.headers.get("Transport"), Some("RTP/AVP/TCP;unicast;interleaved=2-3;mode=record"));
+        // The server moves the second track's channels: followed.
+        let t = [("Transport", "RTP/AVP/TCP;unicast;interleaved=6-7"), ("Session", "s1")];
+        let r = send(c.on_response(&resp(200, 5, &t, ""), 5).unwrap());
+        assert_eq!((r.method.as_str(), r.headers.get("Session")), ("RECORD", Some("s1")));
+        assert_eq!(c.on_response(&resp(200, 6, &[], ""), 6).unwrap(), Step::Playing);
+        assert_eq!(c.tracks[1].lower, Lower::Interleaved { rtp: 6, rtcp: 7 });
+        // A server that refuses the stream is an error naming it.
+        let mut c = Client::recorder(Url::parse("rtsp://h/x").unwrap(), "t", sdp);
+        c.start(0);
+        c.on_response(&resp(200, 1, &[], ""), 1).unwrap();
+        let e = c.on_response(&resp(400, 2, &[], ""), 2).unwrap_err();
+        assert_eq!((e.method.as_str(), e.status), ("ANNOUNCE", Some(400)));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use super::Relay;
 use crate::dial::dial;
-use crate::forward::{next_backoff, push, push_srt, Target, Via, SETUP};
+use crate::forward::{next_backoff, push, push_rtsp, push_srt, Target, Via, SETUP};
 use crate::readers::{Held, Protocol, Who};
 use crate::repack::Repack;
 use crate::source::StopOnDrop;
@@ -38,6 +38,16 @@ async fn run_target(relay: Weak<Relay>, name: String, target: Arc<Target>) {
                 match dial(&url.host, url.port, tls.as_ref(), SETUP).await {
                     Ok((mut io, _)) => {
                         let Err(why) = push(&mut io, url, &target, &repack, &held, &mut pushed).await;
+                        let _ = tokio::time::timeout(Duration::from_secs(1), io.shutdown()).await;
+                        why
+                    }
+                    Err(e) => e,
+                }
+            }
+            (Via::Rtsp { url, tls }, Media::Rtp { sdp, tracks }) => {
+                match dial(&url.host, url.port, tls.as_ref(), SETUP).await {
+                    Ok((mut io, _)) => {
+                        let Err(why) = push_rtsp(&mut io, url, sdp, &tracks, &target, &held, &mut pushed).await;
                         let _ = tokio::time::timeout(Duration::from_secs(1), io.shutdown()).await;
                         why
                     }
@@ -79,9 +89,11 @@ async fn run_target(relay: Weak<Relay>, name: String, target: Arc<Target>) {
     }
 }
 
-/// What a target pushes: the path's FLV tags (RTMP) or its MPEG-TS (SRT).
+/// What a target pushes: the path's FLV tags (RTMP), its RTP tracks and their description
+/// (RTSP) or its MPEG-TS (SRT).
 enum Media {
     Flv(Arc<Repack>),
+    Rtp { sdp: fanout_proto::rtsp::sdp::Sdp, tracks: Vec<fanout_io::Session> },
     Ts(fanout_io::Session),
 }
 
@@ -115,6 +127,7 @@ async fn wait_for_stream(relay: &Weak<Relay>, name: &str, target: &Target) -> Op
                         Ok(r) => Err(format!("the stream's tracks do not go in FLV ({})", r.describes)),
                         Err(e) => Err(e.to_string()),
                     },
+                    Via::Rtsp { .. } => described(&path).await,
                     Via::Srt(_) => relay.http_session(name).await.map(Media::Ts).map_err(|e| e.to_string()),
                 };
                 let why = match media {
@@ -141,4 +154,14 @@ async fn wait_for_stream(relay: &Weak<Relay>, name: &str, target: &Target) -> Op
             None => tokio::time::sleep(Duration::from_secs(5)).await,
         }
     }
+}
+
+/// The path's RTP tracks and their description, as its RTSP players get them (an upstream
+/// pulled on demand is asked for its stream).
+async fn described(path: &crate::path::Path) -> Result<Media, String> {
+    if let Some(up) = path.upstream() {
+        up.demand(Duration::from_secs(5)).await;
+    }
+    let res = path.describe().filter(|r| !r.sdp.media.is_empty()).ok_or("the stream has no description yet")?;
+    Ok(Media::Rtp { sdp: res.sdp, tracks: path.tracks().into_iter().map(|t| t.session).collect() })
 }

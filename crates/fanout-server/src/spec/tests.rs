@@ -173,12 +173,15 @@ fn forward_takes_urls_and_tables_and_refuses_what_it_cannot_push() {
     let srt = ForwardSpec { url: "srt://h:9000?streamid=publish:cam&latency=200".into(), ..Default::default() };
     let ForwardTo::Srt(url) = srt.target().unwrap() else { panic!("an SRT target") };
     assert_eq!((url.port, url.latency_ms, url.streamid.as_deref()), (9000, Some(200), Some("publish:cam")));
+    let rtsp = ForwardSpec { url: "rtsps://u:p@h/live/cam".into(), tls_verify: Some(false), ..Default::default() };
+    let ForwardTo::Rtsp(url, verify) = rtsp.target().unwrap() else { panic!("an RTSP target") };
+    assert_eq!((url.request_url(), verify), ("rtsps://h:322/live/cam".to_string(), crate::tls::Verify::Off));
     // What the API shows again parses to the same.
     let again: SessionSpec = serde_json::from_value(serde_json::to_value(&s).unwrap()).unwrap();
     assert_eq!(again, s);
     for (forward, says) in [
-        (r#""rtsp://h:9000/x""#, "only rtmp://, rtmps:// and srt://"),
-        (r#""whip://h/x""#, "only rtmp://, rtmps:// and srt://"),
+        (r#""whip://h/x""#, "only rtmp://, rtmps://, rtsp://, rtsps:// and srt://"),
+        (r#""rtsp://h:x/cam""#, "bad port"),
         (r#""srt://h""#, "the port is missing"),
         (r#""srt://h:9000?streamid=read:cam""#, "a forward publishes"),
         (r#"{"url":"srt://h:9000","tls_verify":false}"#, "tls_* are for rtmps://"),
