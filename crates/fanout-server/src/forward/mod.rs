@@ -1,0 +1,186 @@
+//! `forward`: a path pushed to other servers (a platform's ingest, a second relay) over RTMP,
+//! RTMPS, RTSP, RTSPS or SRT while it has a stream. Each target is a task of the path's
+//! (`relay::forward`): it waits for the stream, connects, publishes, and sends the path's
+//! FLV tags (the chunks its RTMP players get, made once per tag), its RTP tracks (as its
+//! RTSP players get them, interleaved) or its MPEG-TS (what its SRT and HTTP TS players get)
+//! until the stream ends or the target fails; then it connects again, after a backoff (1 s
+//! doubling to 30 s) where it failed. A target is one of the path's readers (listed,
+//! counted, kicked like any): a slow one falls behind and starts again at a keyframe (RTMP,
+//! RTSP) or is cut off and reconnects (SRT, once libsrt's send buffer is full), so it never
+//! holds the path or its players back. Here: a target's settings and status, and one
+//! connection's push.
+
+mod rtmp;
+mod rtsp;
+mod srt;
+
+pub(crate) use rtmp::push;
+pub(crate) use rtsp::push_rtsp;
+pub(crate) use srt::push_srt;
+
+use fanout_proto::rtmp::client::RtmpUrl;
+use fanout_proto::rtsp::client::Url as RtspUrl;
+use fanout_proto::srt::SrtUrl;
+use parking_lot::Mutex;
+use serde::Serialize;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Connecting, the handshake and the publish's answer: within this.
+pub(crate) const SETUP: Duration = Duration::from_secs(10);
+/// A write that takes longer ends the connection (a target that stopped reading).
+const STALL: Duration = Duration::from_secs(10);
+/// Media gathers this long before one write (as players' does).
+const FLUSH: Duration = Duration::from_millis(50);
+
+/// One target of a path, and what it did.
+pub struct Target {
+    pub via: Via,
+    /// The URL without its secrets (a key's query, a passphrase, a stream id's credentials).
+    pub shown: String,
+    status: Mutex<Status>,
+}
+
+/// How a target is pushed to.
+pub enum Via {
+    Rtmp { url: RtmpUrl, tls: Option<Arc<rustls::ClientConfig>> },
+    Rtsp { url: RtspUrl, tls: Option<Arc<rustls::ClientConfig>> },
+    Srt(SrtUrl),
+}
+
+/// A target's status, as the API shows it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Status {
+    /// The URL, without the key's query.
+    pub url: String,
+    /// `waiting` (for the path's stream), `connecting`, `pushing` or `retrying`.
+    pub state: &'static str,
+    /// Bytes pushed, over every connection.
+    pub bytes: u64,
+    /// Connections that failed (not those the path ended: its stream's end, a kick).
+    pub reconnects: u64,
+    pub last_error: Option<String>,
+    /// Seconds in the current state.
+    #[serde(skip)]
+    since: Option<Instant>,
+    pub state_s: f64,
+}
+
+impl Target {
+    /// The target `spec` names (checked when the path was made).
+    pub fn new(spec: &crate::spec::ForwardSpec) -> Result<Self, crate::error::RelayError> {
+        let bad = |e: String| crate::error::RelayError::BadRequest(e);
+        let via = match spec.target().map_err(|e| bad(e.0))? {
+            crate::spec::ForwardTo::Rtmp(url, verify) => {
+                if verify == crate::tls::Verify::Off && url.tls {
+                    tracing::warn!(url = %url.shown(), "forward: the server's certificate is not checked (tls_verify = false)");
+                }
+                let tls = url
+                    .tls
+                    .then(|| crate::tls::client_config(&verify))
+                    .transpose()
+                    .map_err(|e| bad(format!("forward: {e:#}")))?;
+                Via::Rtmp { url, tls }
+            }
+            crate::spec::ForwardTo::Rtsp(url, verify) => {
+                if verify == crate::tls::Verify::Off && url.tls {
+                    tracing::warn!(url = %url.request_url(), "forward: the server's certificate is not checked (tls_verify = false)");
+                }
+                let tls = url
+                    .tls
+                    .then(|| crate::tls::client_config(&verify))
+                    .transpose()
+                    .map_err(|e| bad(format!("forward: {e:#}")))?;
+                Via::Rtsp { url, tls }
+            }
+            crate::spec::ForwardTo::Srt(url) => {
+                fanout_srt::version().map_err(|e| crate::error::RelayError::Unsupported(format!("forward: {e}")))?;
+                Via::Srt(url)
+            }
+        };
+        let shown = match &via {
+            Via::Rtmp { url, .. } => url.shown(),
+            Via::Rtsp { url, .. } => url.request_url(),
+            Via::Srt(url) => url.shown(),
+        };
+        let status = Status {
+            url: shown.clone(),
+            state: "waiting",
+            bytes: 0,
+            reconnects: 0,
+            last_error: None,
+            since: Some(Instant::now()),
+            state_s: 0.0,
+        };
+        Ok(Self { via, shown, status: Mutex::new(status) })
+    }
+
+    pub fn status(&self) -> Status {
+        let mut s = self.status.lock().clone();
+        s.state_s = s.since.map_or(0.0, |t| (t.elapsed().as_secs_f64() * 10.0).round() / 10.0);
+        s
+    }
+
+    pub(crate) fn set_state(&self, state: &'static str) {
+        let mut s = self.status.lock();
+        if s.state != state {
+            s.state = state;
+            s.since = Some(Instant::now());
+        }
+    }
+
+    /// Why the path's stream cannot be pushed yet.
+    pub(crate) fn waiting(&self, why: String) {
+        self.status.lock().last_error = Some(why);
+    }
+
+    pub(crate) fn failed(&self, why: &str) {
+        let mut s = self.status.lock();
+        s.reconnects += 1;
+        s.last_error = Some(why.to_string());
+    }
+
+    fn sent(&self, bytes: usize) {
+        self.status.lock().bytes += bytes as u64;
+    }
+}
+
+/// The time to wait before the next try: 1 s after a connection that pushed (the stream
+/// ended, or it broke after a while), else double the last, up to 30 s.
+pub(crate) fn next_backoff(last: Duration, pushed: bool) -> Duration {
+    if pushed {
+        Duration::from_secs(1)
+    } else {
+        (last * 2).clamp(Duration::from_secs(1), Duration::from_secs(30))
+    }
+}
+
+const USER_AGENT: &str = concat!("fanout/", env!("CARGO_PKG_VERSION"));
+
+/// A push's sinks in the path's sessions, removed when it ends.
+struct Sinks(Vec<(fanout_io::Session, u64)>);
+
+impl Drop for Sinks {
+    fn drop(&mut self) {
+        for (session, id) in self.0.drain(..) {
+            session.remove_sink(id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backoff_doubles_while_nothing_is_pushed_and_starts_again_after() {
+        let mut b = Duration::ZERO;
+        let mut seen = Vec::new();
+        for _ in 0..7 {
+            b = next_backoff(b, false);
+            seen.push(b.as_secs());
+        }
+        assert_eq!(seen, [1, 2, 4, 8, 16, 30, 30]);
+        assert_eq!(next_backoff(b, true), Duration::from_secs(1));
+    }
+}
