@@ -42,7 +42,7 @@ pub fn encoding<'a>(m: &'a Media, format: &str) -> Option<&'a str> {
 /// H.265 (to viewers whose offer has it: Safari, Chrome with a hardware decoder, pion), VP8
 /// and VP9 (every browser), AV1 (Chromium, Firefox, Safari with a decoder for it), Opus, and
 /// G.711 (PCMU, PCMA: browsers take it, and many cameras' audio is G.711).
-fn webrtc_codec(m: &Media) -> Result<&'static str, crate::Invalid> {
+pub fn webrtc_codec(m: &Media) -> Result<&'static str, crate::Invalid> {
     let format = m.formats.first().map(String::as_str).unwrap_or("");
     let name = encoding(m, format).unwrap_or("");
     match (m.kind.as_str(), name.to_ascii_uppercase().as_str()) {
@@ -96,6 +96,16 @@ fn fmtp<'a>(m: &'a Media, format: &str) -> Option<&'a str> {
 /// sections of `answer`: each track goes to the first unused section of its kind whose
 /// codec it is; a track nothing takes is left out, with the reason.
 pub fn plan(path: &Sdp, answer: &Sdp) -> Plan {
+    plan_where(path, answer, |a| a.attr("sendonly").is_some() || a.attr("sendrecv").is_some())
+}
+
+/// As [`plan`], where the relay offered and publishes (a WHIP push, `forward`): `answer` is
+/// the far side's, whose sections receive.
+pub fn plan_push(path: &Sdp, answer: &Sdp) -> Plan {
+    plan_where(path, answer, |a| a.attr("recvonly").is_some() || a.attr("sendrecv").is_some())
+}
+
+fn plan_where(path: &Sdp, answer: &Sdp, takes: impl Fn(&Media) -> bool) -> Plan {
     let mut plan = Plan::default();
     let mut used = vec![false; answer.media.len()];
     for (track, m) in path.media.iter().enumerate() {
@@ -107,7 +117,7 @@ pub fn plan(path: &Sdp, answer: &Sdp) -> Plan {
             }
         };
         let found = answer.media.iter().enumerate().find_map(|(i, a)| {
-            let sends = a.attr("sendonly").is_some() || a.attr("sendrecv").is_some();
+            let sends = takes(a);
             let mid = a.attr("mid")?;
             let pt = *answer_pts(a, codec, vp9_profile(m)).first()?;
             (!used[i] && a.kind == m.kind && sends).then(|| (i, mid.to_string(), pt))
@@ -250,10 +260,112 @@ pub fn ingest(answer: &Sdp) -> Option<Ingest> {
     (!pts.is_empty()).then_some(Ingest { sdp, pts })
 }
 
+/// A WHIP endpoint the relay publishes to (`forward`): `http[s]://[USER:PASS@]HOST[:PORT]/…`.
+/// Credentials go as HTTP Basic (MediaMTX's way), a `?token=` query stays in the URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WhipUrl {
+    /// The URL as requested: no credentials.
+    pub url: String,
+    pub tls: bool,
+    pub host: String,
+    pub port: u16,
+    /// `Authorization` for the POST and DELETE, from the credentials.
+    pub authorization: Option<String>,
+}
+
+impl WhipUrl {
+    pub fn parse(s: &str) -> Result<Self, crate::Invalid> {
+        let (tls, rest) = match (s.strip_prefix("http://"), s.strip_prefix("https://")) {
+            (Some(r), _) => (false, r),
+            (_, Some(r)) => (true, r),
+            _ => return Err(format!("{s:?} is not an http:// or https:// URL").into()),
+        };
+        let (authority, path) = rest.find(['/', '?']).map_or((rest, "/"), |i| (&rest[..i], &rest[i..]));
+        let (creds, hostport) = authority.rsplit_once('@').map_or((None, authority), |(c, h)| (Some(c), h));
+        let (host, port) = match hostport.strip_prefix('[') {
+            Some(v6) => {
+                let (h, after) = v6.split_once(']').ok_or("unclosed [ in the URL's host")?;
+                (h, after.strip_prefix(':'))
+            }
+            None => hostport.rsplit_once(':').map_or((hostport, None), |(h, p)| (h, Some(p))),
+        };
+        if host.is_empty() {
+            return Err(format!("{s:?} has no host").into());
+        }
+        let port = match port {
+            Some(p) => p.parse().ok().filter(|p| *p != 0).ok_or_else(|| format!("bad port {p:?} in a WHIP URL"))?,
+            None if tls => 443,
+            None => 80,
+        };
+        let authorization = creds.map(|c| {
+            use base64::Engine as _;
+            let (u, p) = c.split_once(':').unwrap_or((c, ""));
+            let plain =
+                format!("{}:{}", crate::rtsp::client::percent_decode(u), crate::rtsp::client::percent_decode(p));
+            format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(plain))
+        });
+        let shown_host = if host.contains(':') { format!("[{host}]") } else { host.to_string() };
+        let url = format!("{}://{shown_host}:{port}{path}", if tls { "https" } else { "http" });
+        Ok(Self { url, tls, host: host.to_string(), port, authorization })
+    }
+
+    /// As logs and the API show it: no credentials, no query (a token).
+    pub fn shown(&self) -> String {
+        self.url.split('?').next().unwrap_or_default().to_string()
+    }
+
+    /// The resource the server's `Location` names, resolved against the endpoint.
+    pub fn resource(&self, location: &str) -> String {
+        if location.starts_with("http://") || location.starts_with("https://") {
+            return location.to_string();
+        }
+        let origin_end = self.url.find("://").map_or(0, |i| i + 3);
+        let origin = &self.url[..self.url[origin_end..].find('/').map_or(self.url.len(), |i| origin_end + i)];
+        if location.starts_with('/') {
+            return format!("{origin}{location}");
+        }
+        let base = self.url.split('?').next().unwrap_or_default();
+        format!("{}/{location}", &base[..base.rfind('/').unwrap_or(base.len())])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn whip_urls() {
+        let u = WhipUrl::parse("http://u:p%40ss@127.0.0.1:8889/cam/whip?token=t").unwrap();
+        assert_eq!((u.url.as_str(), u.port, u.tls), ("http://127.0.0.1:8889/cam/whip?token=t", 8889, false));
+        assert_eq!(u.authorization.as_deref(), Some("Basic dTpwQHNz"));
+        assert_eq!(u.shown(), "http://127.0.0.1:8889/cam/whip");
+        assert_eq!(u.resource("/cam/whip/abc"), "http://127.0.0.1:8889/cam/whip/abc");
+        assert_eq!(u.resource("abc"), "http://127.0.0.1:8889/cam/abc");
+        assert_eq!(u.resource("https://o/x"), "https://o/x");
+        let u = WhipUrl::parse("https://[::1]/w").unwrap();
+        assert_eq!((u.url.as_str(), u.host.as_str(), u.authorization), ("https://[::1]:443/w", "::1", None));
+        for bad in ["rtmp://h/x", "http:///x", "http://h:0/x", "http://h:x/x", "https://[::1/x"] {
+            assert!(WhipUrl::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_push_goes_to_the_answers_receiving_sections() {
+        let path = "v=0\r\ns=x\r\nm=video 0 RTP/AVP 96\r\na=rtpmap:96 H264/90000\r\n\
+            m=audio 0 RTP/AVP 97\r\na=rtpmap:97 MPEG4-GENERIC/48000/2\r\n\
+            m=audio 0 RTP/AVP 111\r\na=rtpmap:111 opus/48000/2\r\n";
+        let answer = "v=0\r\ns=-\r\nm=video 9 UDP/TLS/RTP/SAVPF 102\r\na=mid:0\r\na=recvonly\r\n\
+            a=rtpmap:102 H264/90000\r\na=fmtp:102 packetization-mode=1\r\n\
+            m=audio 9 UDP/TLS/RTP/SAVPF 111\r\na=mid:1\r\na=recvonly\r\na=rtpmap:111 opus/48000/2\r\n";
+        let (path, answer) = (Sdp::parse(path).unwrap(), Sdp::parse(answer).unwrap());
+        let p = plan_push(&path, &answer);
+        let routes: Vec<_> = p.routes.iter().map(|r| (r.track, r.mid.as_str(), r.pt)).collect();
+        assert_eq!(routes, vec![(0, "0", 102), (2, "1", 111)]);
+        assert_eq!(p.left_out.len(), 1, "AAC: {:?}", p.left_out);
+        // A viewer's plan of the same answer sends nothing: its sections receive.
+        assert!(plan(&path, &answer).routes.is_empty());
+    }
 
     const PATH: &str = "v=0\r\ns=x\r\nm=video 0 RTP/AVP 96\r\na=rtpmap:96 H264/90000\r\n\
         a=fmtp:96 packetization-mode=1;profile-level-id=64001f\r\n\

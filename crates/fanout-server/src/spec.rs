@@ -554,11 +554,13 @@ pub enum ForwardTo {
     Rtmp(fanout_proto::rtmp::client::RtmpUrl, crate::tls::Verify),
     Rtsp(fanout_proto::rtsp::client::Url, crate::tls::Verify),
     Srt(fanout_proto::srt::SrtUrl),
+    Whip(fanout_proto::whep::WhipUrl, crate::tls::Verify),
 }
 
 impl ForwardSpec {
-    /// The target, checked: an RTMP(S) or RTSP(S) URL with at most one way to check its
-    /// certificate, or an SRT URL (which encrypts with its own passphrase, not TLS).
+    /// The target, checked: an RTMP(S), RTSP(S) or WHIP (`http[s]://`) URL with at most one
+    /// way to check its certificate, or an SRT URL (which encrypts with its own passphrase,
+    /// not TLS).
     pub fn target(&self) -> Result<ForwardTo, fanout_proto::Invalid> {
         let scheme = self.url.split_once("://").map_or("", |(s, _)| s).to_ascii_lowercase();
         match scheme.as_str() {
@@ -574,11 +576,17 @@ impl ForwardSpec {
                     .map_err(|e| format!("forward {:?}: {e}", url.request_url()))?;
                 Ok(ForwardTo::Rtsp(url, verify))
             }
+            "http" | "https" => {
+                let url = fanout_proto::whep::WhipUrl::parse(&self.url).map_err(|e| format!("forward: {e}"))?;
+                let verify = crate::tls::verify_of(&self.tls_ca, &self.tls_fingerprint, self.tls_verify)
+                    .map_err(|e| format!("forward {:?}: {e}", url.shown()))?;
+                Ok(ForwardTo::Whip(url, verify))
+            }
             "srt" => {
                 let url = fanout_proto::srt::parse_url(&self.url).map_err(|e| format!("forward: {e}"))?;
                 if self.tls_ca.is_some() || self.tls_fingerprint.is_some() || self.tls_verify.is_some() {
                     let e = format!(
-                        "forward {:?}: tls_* are for rtmps:// and rtsps:// (SRT encrypts with passphrase= in its URL)",
+                        "forward {:?}: tls_* are for rtmps://, rtsps:// and https:// (SRT encrypts with passphrase= in its URL)",
                         url.shown()
                     );
                     return Err(e.into());
@@ -591,7 +599,7 @@ impl ForwardSpec {
                 Ok(ForwardTo::Srt(url))
             }
             _ => Err(format!(
-                "forward {:?}: only rtmp://, rtmps://, rtsp://, rtsps:// and srt:// targets are pushed to (not {scheme:?} yet)",
+                "forward {:?}: targets are rtmp://, rtmps://, rtsp://, rtsps://, srt:// or a WHIP endpoint (http://, https://), not {scheme:?}",
                 self.url
             )
             .into()),

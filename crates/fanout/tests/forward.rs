@@ -1,5 +1,5 @@
-//! `forward` (issue 53): a path pushed over RTMP, RTSP and SRT to other servers while it
-//! has a stream. A second fanout and MediaMTX take it, and ffmpeg decodes it from them over RTSP
+//! `forward` (issue 53): a path pushed over RTMP, RTSP, SRT and WHIP to other servers while
+//! it has a stream. A second fanout and MediaMTX take it, and ffmpeg decodes it from them over RTSP
 //! (and from a relay that pulls it back from MediaMTX over RTMP, an `rtmp` source); a
 //! target killed and started again is fed again; a target that takes the connection and
 //! never answers holds up neither the path nor the other target.
@@ -185,10 +185,31 @@ fn a_path_is_pushed_over_rtsp_to_a_second_fanout() {
 }
 
 #[test]
+fn a_path_is_pushed_over_whip_to_a_second_fanout() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let far = receiver(free_port());
+    let whip = far.url("/cam/whip").replace("http://", "http://u:secret@");
+    let config = format!("[[session]]\nname = \"cam\"\nsource = {{ demo = true }}\nforward = [\"{whip}\"]\n");
+    let near = Relay::with_config(&config, &["--no-demo"]);
+    let video = || {
+        let p = &far.ok("GET", "/v1/sessions/cam", None)["publisher"];
+        p["state"] == "publishing" && p["tracks"].as_array().is_some_and(|t| !t.is_empty())
+    };
+    assert!(wait_for(Duration::from_secs(15), video), "the far side has no publisher: {:?}", forwards(&near));
+    assert_eq!(far.ok("GET", "/v1/sessions/cam", None)["publisher"]["transport"], "webrtc");
+    decodes_100_frames(&format!("rtsp://{}/cam", rtsp_addr(&far)));
+    let f = forwards(&near);
+    assert_eq!(f[0]["url"], far.url("/cam/whip"), "no credentials shown: {f:?}");
+    assert_eq!((&f[0]["state"], &f[0]["reconnects"]), (&Value::from("pushing"), &Value::from(0)), "{f:?}");
+}
+
+#[test]
 fn forwards_that_cannot_work_are_refused_with_a_reason() {
     let relay = Relay::start(&["--rtsp", "127.0.0.1:0", "--no-demo"]);
     for (target, says) in [
-        ("whip://127.0.0.1:9000/x", "only rtmp://, rtmps://, rtsp://, rtsps:// and srt://"),
+        ("whip://127.0.0.1:9000/x", "or a WHIP endpoint (http://, https://)"),
         ("srt://127.0.0.1:9000?streamid=read:x", "a forward publishes"),
         ("rtmp://127.0.0.1:1935", "names no application"),
         ("rtmp://u:p@127.0.0.1/live/x", "credentials"),
@@ -216,17 +237,20 @@ impl Drop for Proc {
 }
 
 #[test]
-fn mediamtx_takes_forwards_over_rtmp_rtsp_and_srt_and_its_players_decode_them() {
+fn mediamtx_takes_forwards_over_rtmp_rtsp_srt_and_whip_and_its_players_decode_them() {
     let Some(bin) = peer("mediamtx") else { return };
     if !have_ffmpeg() {
         return;
     }
     let dir = scratch_dir("forward-mtx");
     let (rtsp, rtmp, api, srt) = (free_port(), free_port(), free_port(), free_udp_port().port());
+    let (webrtc, webrtc_udp) = (free_port(), free_udp_port().port());
     let cfg = format!(
         "logLevel: warn\napi: yes\napiAddress: 127.0.0.1:{api}\nrtspAddress: 127.0.0.1:{rtsp}\n\
-         rtspTransports: [tcp]\nrtmp: yes\nrtmpAddress: 127.0.0.1:{rtmp}\nhls: no\nwebrtc: no\n\
+         rtspTransports: [tcp]\nrtmp: yes\nrtmpAddress: 127.0.0.1:{rtmp}\nhls: no\n\
          srt: yes\nsrtAddress: 127.0.0.1:{srt}\n\
+         webrtc: yes\nwebrtcAddress: 127.0.0.1:{webrtc}\nwebrtcLocalUDPAddress: 127.0.0.1:{webrtc_udp}\n\
+         webrtcLocalTCPAddress: ''\nwebrtcIPsFromInterfaces: no\nwebrtcAdditionalHosts: [127.0.0.1]\n\
          metrics: no\npprof: no\nplayback: no\npaths:\n  all_others:\n"
     );
     std::fs::write(dir.join("mediamtx.yml"), cfg).unwrap();
@@ -248,14 +272,14 @@ fn mediamtx_takes_forwards_over_rtmp_rtsp_and_srt_and_its_players_decode_them() 
     let config = format!(
         "[[session]]\nname = \"cam\"\nsource = {{ demo = true }}\n\
          forward = [\"rtmp://127.0.0.1:{rtmp}/live/cam\", \"srt://127.0.0.1:{srt}?streamid=publish:srt/cam\", \
-         \"rtsp://127.0.0.1:{rtsp}/rtsp/cam\"]\n"
+         \"rtsp://127.0.0.1:{rtsp}/rtsp/cam\", \"http://127.0.0.1:{webrtc}/whip/cam/whip\"]\n"
     );
     let near = Relay::with_config(&config, &["--no-demo"]);
     let ready = |name: &str| {
         let list: Value = ureq::get(&format!("http://127.0.0.1:{api}/v3/paths/list")).call().ok()?.into_json().ok()?;
         list["items"].as_array()?.iter().find(|p| p["name"] == name).map(|p| p["ready"] == true)
     };
-    for name in ["live/cam", "srt/cam", "rtsp/cam"] {
+    for name in ["live/cam", "srt/cam", "rtsp/cam", "whip/cam"] {
         assert!(
             wait_for(Duration::from_secs(15), || ready(name) == Some(true)),
             "MediaMTX has no ready {name}: {:?}; {:?}; {}",

@@ -1,26 +1,29 @@
 //! `forward`: a path pushed to other servers (a platform's ingest, a second relay) over RTMP,
-//! RTMPS, RTSP, RTSPS or SRT while it has a stream. Each target is a task of the path's
-//! (`relay::forward`): it waits for the stream, connects, publishes, and sends the path's
-//! FLV tags (the chunks its RTMP players get, made once per tag), its RTP tracks (as its
-//! RTSP players get them, interleaved) or its MPEG-TS (what its SRT and HTTP TS players get)
-//! until the stream ends or the target fails; then it connects again, after a backoff (1 s
+//! RTMPS, RTSP, RTSPS, SRT or WHIP while it has a stream. Each target is a task of the
+//! path's (`relay::forward`): it waits for the stream, connects, publishes, and sends the
+//! path's FLV tags (the chunks its RTMP players get, made once per tag), its RTP tracks (as
+//! its RTSP players get them, interleaved; as a WebRTC peer's, over WHIP) or its MPEG-TS
+//! (what its SRT and HTTP TS players get) until the stream ends or the target fails; then it connects again, after a backoff (1 s
 //! doubling to 30 s) where it failed. A target is one of the path's readers (listed,
 //! counted, kicked like any): a slow one falls behind and starts again at a keyframe (RTMP,
-//! RTSP) or is cut off and reconnects (SRT, once libsrt's send buffer is full), so it never
+//! RTSP, WHIP) or is cut off and reconnects (SRT, once libsrt's send buffer is full), so it never
 //! holds the path or its players back. Here: a target's settings and status, and one
 //! connection's push.
 
 mod rtmp;
 mod rtsp;
 mod srt;
+mod whip;
 
 pub(crate) use rtmp::push;
 pub(crate) use rtsp::push_rtsp;
 pub(crate) use srt::push_srt;
+pub(crate) use whip::push_whip;
 
 use fanout_proto::rtmp::client::RtmpUrl;
 use fanout_proto::rtsp::client::Url as RtspUrl;
 use fanout_proto::srt::SrtUrl;
+use fanout_proto::whep::WhipUrl;
 use parking_lot::Mutex;
 use serde::Serialize;
 use std::sync::Arc;
@@ -46,6 +49,7 @@ pub enum Via {
     Rtmp { url: RtmpUrl, tls: Option<Arc<rustls::ClientConfig>> },
     Rtsp { url: RtspUrl, tls: Option<Arc<rustls::ClientConfig>> },
     Srt(SrtUrl),
+    Whip { url: WhipUrl, tls: Option<Arc<rustls::ClientConfig>> },
 }
 
 /// A target's status, as the API shows it.
@@ -93,6 +97,17 @@ impl Target {
                     .map_err(|e| bad(format!("forward: {e:#}")))?;
                 Via::Rtsp { url, tls }
             }
+            crate::spec::ForwardTo::Whip(url, verify) => {
+                if verify == crate::tls::Verify::Off && url.tls {
+                    tracing::warn!(url = %url.shown(), "forward: the server's certificate is not checked (tls_verify = false)");
+                }
+                // (Public roots are ureq's own; a CA, a pin or none go as our TLS settings.)
+                let tls = (url.tls && verify != crate::tls::Verify::PublicRoots)
+                    .then(|| crate::tls::client_config(&verify))
+                    .transpose()
+                    .map_err(|e| bad(format!("forward: {e:#}")))?;
+                Via::Whip { url, tls }
+            }
             crate::spec::ForwardTo::Srt(url) => {
                 fanout_srt::version().map_err(|e| crate::error::RelayError::Unsupported(format!("forward: {e}")))?;
                 Via::Srt(url)
@@ -102,6 +117,7 @@ impl Target {
             Via::Rtmp { url, .. } => url.shown(),
             Via::Rtsp { url, .. } => url.request_url(),
             Via::Srt(url) => url.shown(),
+            Via::Whip { url, .. } => url.shown(),
         };
         let status = Status {
             url: shown.clone(),

@@ -4,7 +4,7 @@
 
 use super::Relay;
 use crate::dial::dial;
-use crate::forward::{next_backoff, push, push_rtsp, push_srt, Target, Via, SETUP};
+use crate::forward::{next_backoff, push, push_rtsp, push_srt, push_whip, Target, Via, SETUP};
 use crate::readers::{Held, Protocol, Who};
 use crate::repack::Repack;
 use crate::source::StopOnDrop;
@@ -56,21 +56,18 @@ async fn run_target(relay: Weak<Relay>, name: String, target: Arc<Target>) {
             }
             (Via::Srt(url), Media::Ts(session)) => {
                 let latency = relay.upgrade().map_or(120, |r| r.cfg().srt_latency_ms);
-                // libsrt blocks: a thread of its own, told to stop if the path (this task) goes.
-                let stop = Arc::new(AtomicBool::new(false));
-                let _stop = StopOnDrop(stop.clone());
                 let (url, target, held) = (url.clone(), target.clone(), held.clone());
-                let run = tokio::task::spawn_blocking(move || {
-                    let mut pushed = false;
-                    (push_srt(&url, latency, &target, &session, &held, &stop, &mut pushed), pushed)
-                });
-                match run.await {
-                    Ok((why, p)) => {
-                        pushed = p;
-                        why
-                    }
-                    Err(e) => e.to_string(),
-                }
+                blocking(&mut pushed, move |stop, pushed| {
+                    push_srt(&url, latency, &target, &session, &held, stop, pushed)
+                })
+                .await
+            }
+            (Via::Whip { url, tls }, Media::Rtp { sdp, tracks }) => {
+                let (url, tls, target, held) = (url.clone(), tls.clone(), target.clone(), held.clone());
+                blocking(&mut pushed, move |stop, pushed| {
+                    push_whip(&url, tls.as_ref(), &sdp, &tracks, &target, &held, stop, pushed)
+                })
+                .await
             }
             _ => unreachable!("a target joins with the media it pushes"),
         };
@@ -89,8 +86,26 @@ async fn run_target(relay: Weak<Relay>, name: String, target: Arc<Target>) {
     }
 }
 
+/// Runs a push that blocks (libsrt's sockets; WHIP's HTTP and its own socket) on a thread of
+/// its own, told to stop if the path (this task) goes; why it ended.
+async fn blocking(pushed: &mut bool, push: impl FnOnce(&AtomicBool, &mut bool) -> String + Send + 'static) -> String {
+    let stop = Arc::new(AtomicBool::new(false));
+    let _stop = StopOnDrop(stop.clone());
+    let run = tokio::task::spawn_blocking(move || {
+        let mut pushed = false;
+        (push(&stop, &mut pushed), pushed)
+    });
+    match run.await {
+        Ok((why, p)) => {
+            *pushed = p;
+            why
+        }
+        Err(e) => e.to_string(),
+    }
+}
+
 /// What a target pushes: the path's FLV tags (RTMP), its RTP tracks and their description
-/// (RTSP) or its MPEG-TS (SRT).
+/// (RTSP, WHIP) or its MPEG-TS (SRT).
 enum Media {
     Flv(Arc<Repack>),
     Rtp { sdp: fanout_proto::rtsp::sdp::Sdp, tracks: Vec<fanout_io::Session> },
@@ -127,7 +142,7 @@ async fn wait_for_stream(relay: &Weak<Relay>, name: &str, target: &Target) -> Op
                         Ok(r) => Err(format!("the stream's tracks do not go in FLV ({})", r.describes)),
                         Err(e) => Err(e.to_string()),
                     },
-                    Via::Rtsp { .. } => described(&path).await,
+                    Via::Rtsp { .. } | Via::Whip { .. } => described(&path).await,
                     Via::Srt(_) => relay.http_session(name).await.map(Media::Ts).map_err(|e| e.to_string()),
                 };
                 let why = match media {

@@ -176,11 +176,15 @@ fn forward_takes_urls_and_tables_and_refuses_what_it_cannot_push() {
     let rtsp = ForwardSpec { url: "rtsps://u:p@h/live/cam".into(), tls_verify: Some(false), ..Default::default() };
     let ForwardTo::Rtsp(url, verify) = rtsp.target().unwrap() else { panic!("an RTSP target") };
     assert_eq!((url.request_url(), verify), ("rtsps://h:322/live/cam".to_string(), crate::tls::Verify::Off));
+    let whip = ForwardSpec { url: "https://u:p@h/cam/whip".into(), ..Default::default() };
+    let ForwardTo::Whip(url, verify) = whip.target().unwrap() else { panic!("a WHIP target") };
+    assert_eq!((url.shown(), verify), ("https://h:443/cam/whip".to_string(), crate::tls::Verify::PublicRoots));
     // What the API shows again parses to the same.
     let again: SessionSpec = serde_json::from_value(serde_json::to_value(&s).unwrap()).unwrap();
     assert_eq!(again, s);
     for (forward, says) in [
-        (r#""whip://h/x""#, "only rtmp://, rtmps://, rtsp://, rtsps:// and srt://"),
+        (r#""whip://h/x""#, "not \"whip\""),
+        (r#""http://h:0/cam/whip""#, "bad port"),
         (r#""rtsp://h:x/cam""#, "bad port"),
         (r#""srt://h""#, "the port is missing"),
         (r#""srt://h:9000?streamid=read:cam""#, "a forward publishes"),
