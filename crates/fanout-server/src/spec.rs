@@ -514,6 +514,12 @@ pub struct SessionSpec {
     pub on_publish: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_unpublish: Option<Vec<String>>,
+    /// Commands run as a `forward` target starts pushing and as that push ends (program and
+    /// arguments, no shell; `FANOUT_FORWARD_*` in their environment).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_forward_start: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_forward_stop: Option<Vec<String>>,
 }
 
 /// A server a path is pushed to (`forward`): a URL alone, or a table.
@@ -716,6 +722,8 @@ impl SessionSpec {
             on_unread: None,
             on_publish: None,
             on_unpublish: None,
+            on_forward_start: None,
+            on_forward_stop: None,
         }
     }
 
@@ -738,6 +746,8 @@ impl SessionSpec {
             || self.on_unread.is_some()
             || self.on_publish.is_some()
             || self.on_unpublish.is_some()
+            || self.on_forward_start.is_some()
+            || self.on_forward_stop.is_some()
     }
 
     pub fn validate(&self) -> Result<(), fanout_proto::Invalid> {
@@ -760,6 +770,8 @@ impl SessionSpec {
             ("on_unread", &self.on_unread),
             ("on_publish", &self.on_publish),
             ("on_unpublish", &self.on_unpublish),
+            ("on_forward_start", &self.on_forward_start),
+            ("on_forward_stop", &self.on_forward_stop),
         ];
         for (key, cmd) in commands {
             check_command(key, cmd)?;

@@ -1,7 +1,8 @@
 //! The hooks of a path's life: `run_on_ready` runs while the path has its stream (packets
 //! came in within the last `QUIET`), `run_on_not_ready` once when the stream goes (or the
 //! path with it), `run_on_read` while anyone reads it, `on_read` / `on_unread` once per
-//! reader as it comes and goes, `on_publish` / `on_unpublish` once per publisher. One task
+//! reader as it comes and goes, `on_publish` / `on_unpublish` once per publisher,
+//! `on_forward_start` / `on_forward_stop` once per push of a `forward` target. One task
 //! looks at every path twice a second (and sweeps its readers' registry); the commands are
 //! `crate::hook`'s.
 
@@ -60,6 +61,14 @@ pub async fn run_hooks(relay: Arc<Relay>) {
                     let mut env = relay.hook_env(&path.name);
                     env.extend(p.env());
                     Hook::once_argv(kind, cmd, &path.name, &env);
+                }
+            }
+            for e in path.forwards.iter().flat_map(|f| f.take_events()) {
+                let cmd = if e.ended.is_some() { &spec.on_forward_stop } else { &spec.on_forward_start };
+                if let Some(cmd) = cmd {
+                    let mut env = relay.hook_env(&path.name);
+                    env.extend(e.env());
+                    Hook::once_argv(e.kind(), cmd, &path.name, &env);
                 }
             }
             if spec.run_on_ready.is_none() && spec.run_on_not_ready.is_none() && spec.run_on_read.is_none() {

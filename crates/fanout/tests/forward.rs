@@ -55,9 +55,15 @@ fn a_path_is_pushed_to_a_second_fanout_and_again_after_it_restarts() {
     let mute = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let mute_port = mute.local_addr().unwrap().port();
     let far = receiver(port);
+    // The hooks of each push's start and end write what they were told.
+    let dir = scratch_dir("forward-hooks");
+    let told = dir.join("told");
     let config = format!(
         "[[session]]\nname = \"cam\"\nsource = {{ demo = true }}\n\
-         forward = [\"rtmp://127.0.0.1:{mute_port}/cam\", {{ url = \"rtmp://127.0.0.1:{port}/cam?user=x&pass=secret\" }}]\n"
+         forward = [\"rtmp://127.0.0.1:{mute_port}/cam\", {{ url = \"rtmp://127.0.0.1:{port}/cam?user=x&pass=secret\" }}]\n\
+         on_forward_start = [\"sh\", \"-c\", \"echo start $FANOUT_FORWARD_URL >> {told}\"]\n\
+         on_forward_stop = [\"sh\", \"-c\", \"echo stop $FANOUT_FORWARD_FAILED $FANOUT_FORWARD_URL >> {told}\"]\n",
+        told = told.display()
     );
     let near = Relay::with_config(&config, &["--no-demo"]);
     assert!(
@@ -103,6 +109,13 @@ fn a_path_is_pushed_to_a_second_fanout_and_again_after_it_restarts() {
     assert!(f[0]["reconnects"].as_u64().unwrap() >= 1, "{f:?}");
     assert!(f[0]["last_error"].as_str().is_some_and(|e| e.contains("did not start the stream")), "{f:?}");
     drop(mute);
+    // Two pushes started, and the first ended as the target's failure; the mute target
+    // never pushed, so its hooks never ran.
+    let url = format!("rtmp://127.0.0.1:{port}/cam");
+    let want = format!("start {url}\nstop 1 {url}\nstart {url}\n");
+    let hooks = || std::fs::read_to_string(&told).unwrap_or_default();
+    assert!(wait_for(Duration::from_secs(5), || hooks() == want), "the hooks were told: {:?}", hooks());
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A fanout that takes publishers on `cam`, its SRT on UDP `port`; `None` (said loudly)

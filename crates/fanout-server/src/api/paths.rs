@@ -10,7 +10,7 @@ pub(super) async fn create_session(
     let spec = read_spec(v)?;
     if spec.has_hooks() {
         // A command the relay runs is the operator's to set, in the config file.
-        let why = "run_on_* commands can be set in the config file only, not through the API";
+        let why = "run_on_* and on_* commands can be set in the config file only, not through the API";
         return Err(ApiError(StatusCode::FORBIDDEN, why.into()));
     }
     let s = relay.create(spec.clone()).await?;

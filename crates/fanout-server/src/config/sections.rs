@@ -36,6 +36,8 @@ pub struct PatternSpec {
     pub on_unread: Option<Vec<String>>,
     pub on_publish: Option<Vec<String>>,
     pub on_unpublish: Option<Vec<String>>,
+    pub on_forward_start: Option<Vec<String>>,
+    pub on_forward_stop: Option<Vec<String>>,
     /// Paths it keeps at once, at most: each may run a command, and any reader allowed to
     /// read can ask for a new name.
     #[serde(default = "PatternSpec::default_max_paths")]
@@ -85,6 +87,8 @@ impl PatternSpec {
         spec.on_unread = self.on_unread.clone();
         spec.on_publish = self.on_publish.clone();
         spec.on_unpublish = self.on_unpublish.clone();
+        spec.on_forward_start = self.on_forward_start.clone();
+        spec.on_forward_stop = self.on_forward_stop.clone();
         spec.validate().map_err(|e| format!("pattern {:?} for {name:?}: {e}", self.matches))?;
         Ok(spec)
     }

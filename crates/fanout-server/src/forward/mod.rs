@@ -42,6 +42,39 @@ pub struct Target {
     /// The URL without its secrets (a key's query, a passphrase, a stream id's credentials).
     pub shown: String,
     status: Mutex<Status>,
+    /// Pushes started and ended, for the `on_forward_start` / `on_forward_stop` hooks, and
+    /// whether one is under way.
+    events: Mutex<(Vec<Event>, bool)>,
+}
+
+/// A push that started or ended, as the hooks are told.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    pub url: String,
+    /// `None` for a start; for an end, why, and whether the target failed (not the path's
+    /// stream ending or a kick).
+    pub ended: Option<(String, bool)>,
+    pub bytes: u64,
+}
+
+impl Event {
+    pub fn kind(&self) -> &'static str {
+        if self.ended.is_some() {
+            "on_forward_stop"
+        } else {
+            "on_forward_start"
+        }
+    }
+
+    /// The hook's environment.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        let mut env = vec![("FANOUT_FORWARD_URL", self.url.clone()), ("FANOUT_FORWARD_BYTES", self.bytes.to_string())];
+        if let Some((why, failed)) = &self.ended {
+            env.push(("FANOUT_FORWARD_REASON", why.clone()));
+            env.push(("FANOUT_FORWARD_FAILED", if *failed { "1" } else { "0" }.to_string()));
+        }
+        env
+    }
 }
 
 /// How a target is pushed to.
@@ -128,7 +161,7 @@ impl Target {
             since: Some(Instant::now()),
             state_s: 0.0,
         };
-        Ok(Self { via, shown, status: Mutex::new(status) })
+        Ok(Self { via, shown, status: Mutex::new(status), events: Mutex::new((Vec::new(), false)) })
     }
 
     pub fn status(&self) -> Status {
@@ -143,6 +176,26 @@ impl Target {
             s.state = state;
             s.since = Some(Instant::now());
         }
+        if state == "pushing" {
+            let mut e = self.events.lock();
+            if !std::mem::replace(&mut e.1, true) {
+                e.0.push(Event { url: self.shown.clone(), ended: None, bytes: s.bytes });
+            }
+        }
+    }
+
+    /// A connection ended, `failed` or by the path: a push under way is told to end.
+    pub(crate) fn ended(&self, why: &str, failed: bool) {
+        let bytes = self.status.lock().bytes;
+        let mut e = self.events.lock();
+        if std::mem::replace(&mut e.1, false) {
+            e.0.push(Event { url: self.shown.clone(), ended: Some((why.to_string(), failed)), bytes });
+        }
+    }
+
+    /// The pushes started and ended since the last call.
+    pub fn take_events(&self) -> Vec<Event> {
+        std::mem::take(&mut self.events.lock().0)
     }
 
     /// Why the path's stream cannot be pushed yet.

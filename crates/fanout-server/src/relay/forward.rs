@@ -73,6 +73,7 @@ async fn run_target(relay: Weak<Relay>, name: String, target: Arc<Target>) {
         };
         // The path ended the reader (its stream ended, or a kick): not the target's failure.
         let by_path = held.end.ended().is_some();
+        target.ended(&why, !by_path);
         drop(registered);
         backoff = next_backoff(backoff, pushed || by_path);
         if by_path {
