@@ -165,7 +165,14 @@ pub struct Publisher {
     events: Mutex<Vec<Publishing>>,
     /// Told each time a publisher comes or goes: who waits for that wakes then, not on a tick.
     changes: tokio::sync::watch::Sender<()>,
+    /// A pull that plays only while someone reads (`on_demand`): until when a reader's ask
+    /// keeps it wanted, and what wakes the pull.
+    on_demand: Option<(Mutex<Option<Instant>>, tokio::sync::Notify)>,
 }
+
+/// A reader that asked for an on-demand pull's stream keeps it wanted this long, while the
+/// stream comes and the reader's own sinks are made.
+const ASKED_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A publisher that came (`ended` none) or went.
 #[derive(Debug, Clone, PartialEq)]
@@ -221,6 +228,7 @@ impl Publisher {
             takeover,
             events: Mutex::new(Vec::new()),
             changes: tokio::sync::watch::Sender::new(()),
+            on_demand: None,
         })
     }
 
@@ -228,6 +236,41 @@ impl Publisher {
     /// clock map and restamping across reconnections, and no publisher from outside.
     pub fn pulled(name: &str, first: Session) -> std::io::Result<Self> {
         Ok(Self { open: false, ..Self::new(name, first, false)? })
+    }
+
+    /// As [`Publisher::pulled`], for a pull that plays only while someone reads.
+    pub fn pulled_on_demand(name: &str, first: Session) -> std::io::Result<Self> {
+        Ok(Self { on_demand: Some((Mutex::new(None), tokio::sync::Notify::new())), ..Self::pulled(name, first)? })
+    }
+
+    /// A reader asks for the stream: an on-demand pull is woken, and this waits (at most
+    /// `wait`) until the stream is there. Nothing for any other publisher side.
+    pub async fn demand(&self, wait: std::time::Duration) {
+        let Some((asked, wake)) = &self.on_demand else { return };
+        *asked.lock() = Some(Instant::now() + ASKED_GRACE);
+        wake.notify_one();
+        let mut changes = self.changes();
+        let deadline = tokio::time::Instant::now() + wait;
+        while self.sdp().is_none() {
+            if tokio::time::timeout_at(deadline, changes.changed()).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Whether anyone wants the stream: always, unless the pull is on demand; then a reader
+    /// asked lately, or one of its tracks has a sink (a reader, the repackaging).
+    pub fn wanted(&self) -> bool {
+        let Some((asked, _)) = &self.on_demand else { return true };
+        asked.lock().is_some_and(|t| t > Instant::now()) || self.tracks().iter().any(|t| !t.session.sinks().is_empty())
+    }
+
+    /// Returns once the stream is wanted.
+    pub async fn until_wanted(&self) {
+        while !self.wanted() {
+            let Some((_, wake)) = &self.on_demand else { return };
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(1), wake.notified()).await;
+        }
     }
 
     /// Whether RTSP, RTMP, SRT and WebRTC publishers may publish here.

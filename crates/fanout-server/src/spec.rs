@@ -38,6 +38,9 @@ pub enum SourceSpec {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RtmpSource {
     pub url: String,
+    /// Play only while someone reads (default `false`: always).
+    pub on_demand: Option<bool>,
+    pub linger_s: Option<f64>,
     pub tls_ca: Option<String>,
     pub tls_fingerprint: Option<String>,
     pub tls_verify: Option<bool>,
@@ -241,13 +244,13 @@ impl TryFrom<SourceFields> for SourceSpec {
             return Err("source \"loop\" only applies to a \"file\" source".into());
         }
         let tls_keys = f.tls_ca.is_some() || f.tls_fingerprint.is_some() || f.tls_verify.is_some();
-        let rtsp_keys = f.rtsp_transport.is_some()
-            || f.on_demand.is_some()
-            || f.linger_s.is_some()
-            || f.timeout_s.is_some()
-            || (tls_keys && f.rtmp.is_none());
-        if rtsp_keys && f.rtsp.is_none() {
-            return Err("source \"rtsp_transport\", \"on_demand\", \"linger_s\", \"timeout_s\" and \"tls_*\" only apply to an \"rtsp\" source".into());
+        let rtsp_keys = f.rtsp_transport.is_some() || f.timeout_s.is_some();
+        let pull_keys = f.on_demand.is_some() || f.linger_s.is_some() || tls_keys;
+        if (rtsp_keys && f.rtsp.is_none()) || (pull_keys && f.rtsp.is_none() && f.rtmp.is_none()) {
+            return Err("source \"rtsp_transport\" and \"timeout_s\" only apply to an \"rtsp\" source, \"on_demand\", \"linger_s\" and \"tls_*\" to an \"rtsp\" or \"rtmp\" one".into());
+        }
+        if f.linger_s.is_some_and(|l| !(0.0..=86_400.0).contains(&l)) {
+            return Err("source \"linger_s\" must be 0 to 86400".into());
         }
         if f.interface.is_some() && !f.udp.is_some_and(|a| a.ip().is_multicast()) {
             return Err("source \"interface\" only applies to a multicast \"udp\" address".into());
@@ -275,6 +278,8 @@ impl TryFrom<SourceFields> for SourceSpec {
             crate::tls::verify_of(&f.tls_ca, &f.tls_fingerprint, f.tls_verify).map_err(|e| format!("source: {e}"))?;
             SourceSpec::Rtmp(RtmpSource {
                 url,
+                on_demand: f.on_demand,
+                linger_s: f.linger_s,
                 tls_ca: f.tls_ca,
                 tls_fingerprint: f.tls_fingerprint,
                 tls_verify: f.tls_verify,
@@ -285,9 +290,6 @@ impl TryFrom<SourceFields> for SourceSpec {
                 return Err(
                     "source \"tls_ca\", \"tls_fingerprint\" and \"tls_verify\" apply to an rtsps:// source".into()
                 );
-            }
-            if f.linger_s.is_some_and(|l| !(0.0..=86_400.0).contains(&l)) {
-                return Err("source \"linger_s\" must be 0 to 86400".into());
             }
             if f.timeout_s.is_some_and(|t| !(0.1..=3600.0).contains(&t)) {
                 return Err("source \"timeout_s\" must be 0.1 to 3600".into());
@@ -323,6 +325,7 @@ impl From<SourceSpec> for SourceFields {
             SourceSpec::Srt(url) => f.srt = Some(url),
             SourceSpec::Rtmp(r) => {
                 f.rtmp = Some(r.url);
+                (f.on_demand, f.linger_s) = (r.on_demand, r.linger_s);
                 (f.tls_ca, f.tls_fingerprint, f.tls_verify) = (r.tls_ca, r.tls_fingerprint, r.tls_verify);
             }
             SourceSpec::Rtsp(r) => {

@@ -317,5 +317,30 @@ fn mediamtx_takes_forwards_over_rtmp_rtsp_srt_and_whip_and_its_players_decode_th
     assert_eq!(status["publisher"]["transport"], "rtmp", "{status}");
     assert!(status["source"]["kind"].as_str().is_some_and(|k| k.contains("rtmp pull of rtmp://")), "{status}");
     decodes_100_frames(&format!("rtsp://{}/cam", rtsp_addr(&puller)));
+
+    // On demand: it plays only while someone reads, from the first reader's ask.
+    let config = format!(
+        "[[session]]\nname = \"cam\"\n\
+         source = {{ rtmp = \"rtmp://127.0.0.1:{rtmp}/live/cam\", on_demand = true, linger_s = 1 }}\n"
+    );
+    let lazy = Relay::with_config(&config, &["--no-demo"]);
+    let readers_of_mtx = || {
+        let list: Value = ureq::get(&format!("http://127.0.0.1:{api}/v3/paths/list")).call().ok()?.into_json().ok()?;
+        let p = list["items"].as_array()?.iter().find(|p| p["name"] == "live/cam")?.clone();
+        p["readers"].as_array().map(|r| r.len())
+    };
+    let before = readers_of_mtx();
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(!publishing(&lazy), "an on-demand pull plays with nobody reading");
+    assert_eq!(readers_of_mtx(), before, "nobody reads MediaMTX for it yet");
+    decodes_100_frames(&format!("rtsp://{}/cam", rtsp_addr(&lazy)));
+    // The reader gone, it stops a linger (1 s) later, and MediaMTX loses its reader.
+    assert!(
+        wait_for(Duration::from_secs(15), || !publishing(&lazy) && readers_of_mtx() == before),
+        "still playing with nobody reading: {}",
+        lazy.ok("GET", "/v1/sessions/cam", None)
+    );
+    // And again for the next reader.
+    decodes_100_frames(&format!("rtsp://{}/cam", rtsp_addr(&lazy)));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -17,7 +17,14 @@ impl Relay {
             self.delete_exact(name, &p.session).await;
         }
         let cluster = match (way, pattern, &self.cluster) {
-            (Way::Have, ..) => return Ok(()),
+            (Way::Have, ..) => {
+                // An on-demand pull is woken, and the reader waits for its stream.
+                let publisher = existing.and_then(|p| p.publisher().cloned());
+                if let Some(p) = publisher {
+                    p.demand(Duration::from_secs(10)).await;
+                }
+                return Ok(());
+            }
             (Way::Pattern, Some(p), _) => return self.from_pattern(name, p, false).await,
             (Way::Cluster, _, Some(c)) => c,
             _ => return Err(no_such(name)),

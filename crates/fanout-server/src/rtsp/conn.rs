@@ -325,7 +325,11 @@ impl<S: RtspIo> Connection<'_, S> {
             resp.headers.set("Location", to);
             return Some(resp);
         }
-        if relay.cluster.is_none() && relay.path(&name).is_some() {
+        if let (None, Some(path)) = (&relay.cluster, relay.path(&name)) {
+            // (An on-demand pull is woken, and waited for.)
+            if let Some(p) = path.publisher().cloned() {
+                p.demand(std::time::Duration::from_secs(10)).await;
+            }
             return None;
         }
         match relay.ensure(&name).await {

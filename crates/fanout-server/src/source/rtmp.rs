@@ -1,7 +1,8 @@
 //! `rtmp`: the relay plays a stream from another RTMP(S) server (MediaMTX, SRS, nginx-rtmp,
 //! another fanout) and its FLV becomes the path's tracks as an RTMP publisher's does, with
 //! the same clock map and restamping across reconnections; the path takes no publisher from
-//! outside. Connected again with backoff (1 s doubling to 30 s) when it goes.
+//! outside. Connected again with backoff (1 s doubling to 30 s) when it goes. On demand, it
+//! plays only while someone reads (from a reader's ask until `linger_s` after the last).
 
 use super::{Ctx, Feeder, Started};
 use crate::error::RelayError;
@@ -23,13 +24,13 @@ pub fn start(src: &crate::spec::RtmpSource, cx: &Ctx) -> Result<Started, RelayEr
     let url = RtmpUrl::parse(&src.url).map_err(|e| bad(e.0))?;
     let verify = crate::tls::verify_of(&src.tls_ca, &src.tls_fingerprint, src.tls_verify).map_err(|e| bad(e.0))?;
     let tls = url.tls.then(|| crate::tls::client_config(&verify)).transpose().map_err(|e| bad(format!("{e:#}")))?;
-    let p = Arc::new(
-        Publisher::pulled(cx.name, cx.session.clone())
-            .map_err(|e| RelayError::Internal(format!("rtmp source: {e}")))?,
-    );
+    let on_demand = src.on_demand == Some(true);
+    let p = if on_demand { Publisher::pulled_on_demand } else { Publisher::pulled };
+    let p = Arc::new(p(cx.name, cx.session.clone()).map_err(|e| RelayError::Internal(format!("rtmp source: {e}")))?);
     cx.session.set_source_kind(format!("rtmp pull of {}", url.shown()));
     let idle = Duration::from_secs_f64(cx.cfg.rtsp_idle_s.clamp(1.0, 10.0));
-    let task = tokio::spawn(pull(url, tls, p.clone(), cx.host.clone(), idle));
+    let linger = Duration::from_secs_f64(src.linger_s.unwrap_or(10.0));
+    let task = tokio::spawn(pull(url, tls, p.clone(), cx.host.clone(), (idle, linger)));
     Ok(Started { feeder: Feeder::Publisher(p), tasks: vec![task.abort_handle()] })
 }
 
@@ -38,18 +39,26 @@ async fn pull(
     tls: Option<Arc<rustls::ClientConfig>>,
     p: Arc<Publisher>,
     host: Weak<dyn crate::upstream::Host>,
-    idle: Duration,
+    (idle, linger): (Duration, Duration),
 ) {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let mut backoff = Duration::from_secs(1);
     loop {
+        if !p.wanted() {
+            p.set_pull_error(Some("on demand: no reader".into()));
+            p.until_wanted().await;
+        }
         let conn = CONN_BASE | NEXT.fetch_add(1, Ordering::Relaxed);
         let label = format!("rtmp-pull-{}", conn & !CONN_BASE);
         let mut fed = false;
-        let why = play(&url, tls.as_ref(), &p, &host, idle, conn, &label, &mut fed).await;
+        let why = play(&url, tls.as_ref(), &p, &host, (idle, linger), conn, &label, &mut fed).await;
         p.stop(&label);
         if fed {
             backoff = Duration::from_secs(1);
+        }
+        if !p.wanted() {
+            tracing::info!(url = %url.shown(), "RTMP source: {why}; again when a reader comes");
+            continue;
         }
         tracing::info!(url = %url.shown(), "RTMP source: {why}; again in {backoff:?}");
         p.set_pull_error(Some(why));
@@ -68,7 +77,7 @@ async fn play(
     tls: Option<&Arc<rustls::ClientConfig>>,
     p: &Publisher,
     host: &Weak<dyn crate::upstream::Host>,
-    idle: Duration,
+    (idle, linger): (Duration, Duration),
     conn: u64,
     label: &str,
     fed: &mut bool,
@@ -86,6 +95,8 @@ async fn play(
     tracing::info!(url = %url.shown(), "RTMP source playing");
     let mut ingest = Ingest::default();
     let mut packets = Vec::new();
+    let (mut heard, mut unwanted_since) = (std::time::Instant::now(), None);
+    let mut look = tokio::time::interval(Duration::from_secs(1));
     loop {
         while let Some(e) = client.poll_event() {
             let r = match e {
@@ -134,12 +145,27 @@ async fn play(
                 return format!("the server went: {e}");
             }
         }
-        let n = match tokio::time::timeout(idle, io.read(&mut buf)).await {
-            Err(_) => return format!("nothing came for {idle:?}"),
-            Ok(Err(e)) => return format!("the server went: {e}"),
-            Ok(Ok(0)) => return "the server closed the connection".into(),
-            Ok(Ok(n)) => n,
+        // What comes, looking once a second at the silence and (on demand) at the readers.
+        let n = loop {
+            tokio::select! {
+                r = io.read(&mut buf) => match r {
+                    Err(e) => return format!("the server went: {e}"),
+                    Ok(0) => return "the server closed the connection".into(),
+                    Ok(n) => break n,
+                },
+                _ = look.tick() => {
+                    if heard.elapsed() >= idle {
+                        return format!("nothing came for {idle:?}");
+                    }
+                    if p.wanted() {
+                        unwanted_since = None;
+                    } else if unwanted_since.get_or_insert_with(std::time::Instant::now).elapsed() >= linger {
+                        return format!("nobody read it for {linger:?} (on demand)");
+                    }
+                }
+            }
         };
+        heard = std::time::Instant::now();
         if let Err(e) = client.input(&buf[..n]) {
             return format!("the server's RTMP: {e}");
         }

@@ -83,8 +83,24 @@ fn any_source() -> impl Strategy<Value = SourceSpec> {
                 ..Default::default()
             })
         });
+    let rtmp = (
+        any::<bool>(),
+        "[a-z]{1,8}",
+        proptest::option::of(any::<bool>()),
+        proptest::option::of((0..864_000u32).prop_map(|d| f64::from(d) / 10.0)),
+    )
+        .prop_map(|(tls, key, on_demand, linger_s)| {
+            SourceSpec::Rtmp(RtmpSource {
+                url: format!("{}://cam.example/live/{key}", if tls { "rtmps" } else { "rtmp" }),
+                on_demand,
+                linger_s,
+                tls_verify: tls.then_some(true),
+                ..Default::default()
+            })
+        });
     prop_oneof![
         udp,
+        rtmp,
         any_addr().prop_map(SourceSpec::TcpListen),
         any_addr().prop_map(SourceSpec::TcpConnect),
         Just(SourceSpec::Demo),
