@@ -5,10 +5,12 @@
 //! of the answer; at most the two parameter sets go before a payload. A simulcast publisher's
 //! RIDs (from the answer) and the payloads its encodings are ranked by (H.264's SPS, VP8's key
 //! frame header): the ranking names each encoding once, and the choice of one is an index.
+//! The far side's answer to the relay's own offers (a WHIP forward, a WHEP pull), and a
+//! `Location` it gives.
 #![no_main]
 use fanout_proto::rtsp::sdp::Sdp;
 use fanout_proto::simulcast;
-use fanout_proto::whep::{ingest, plan, publisher_video, InBandParams};
+use fanout_proto::whep::{ingest, ingest_pulled, plan, plan_push, publisher_video, InBandParams, WhipUrl};
 use libfuzzer_sys::fuzz_target;
 
 const PATH: &str = "v=0\r\nm=video 0 RTP/AVP 96\r\na=rtpmap:96 H264/90000\r\n\
@@ -17,6 +19,9 @@ m=audio 0 RTP/AVP 97\r\na=rtpmap:97 opus/48000/2\r\n";
 
 fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);
+    // A WHIP/WHEP endpoint's Location, resolved against its URL.
+    let url = WhipUrl::parse("http://u:p@h:8889/cam/whep?token=t").unwrap();
+    assert!(url.resource(&text).starts_with("http"));
     if let Ok(answer) = Sdp::parse(&text) {
         let path = Sdp::parse(PATH).unwrap();
         let p = plan(&path, &answer);
@@ -24,7 +29,13 @@ fuzz_target!(|data: &[u8]| {
             assert!(r.track < path.media.len());
             assert!(answer.media.iter().any(|m| m.attr("mid") == Some(r.mid.as_str())));
         }
-        if let Some(i) = ingest(&answer) {
+        // And the far side's answer where the relay offered: to publish (a WHIP forward) or
+        // to view (a WHEP pull).
+        for r in &plan_push(&path, &answer).routes {
+            assert!(r.track < path.media.len());
+            assert!(answer.media.iter().any(|m| m.attr("mid") == Some(r.mid.as_str())));
+        }
+        for i in [ingest(&answer), ingest_pulled(&answer)].into_iter().flatten() {
             assert!(Sdp::parse(&i.sdp).is_ok());
         }
         // As a WHIP publisher's offer: the video codec taken is one of the four, or none.

@@ -231,10 +231,20 @@ pub fn publisher_video(offer: &Sdp) -> Option<&'static str> {
 /// [`PUBLISHED_VIDEO`] (the first of them it has), or Opus, becomes a track, in order; `None`
 /// when there is none.
 pub fn ingest(answer: &Sdp) -> Option<Ingest> {
-    let mut sdp = String::from("v=0\r\no=- 0 0 IN IP4 0.0.0.0\r\ns=WHIP publisher\r\nt=0 0\r\n");
+    ingest_where(answer, "WHIP publisher", |m| m.attr("recvonly").is_some() || m.attr("sendrecv").is_some())
+}
+
+/// As [`ingest`], where the relay offered to receive (a WHEP pull, source `whep`): `answer`
+/// is the far side's, whose sections send.
+pub fn ingest_pulled(answer: &Sdp) -> Option<Ingest> {
+    ingest_where(answer, "WHEP pull", |m| m.attr("sendonly").is_some() || m.attr("sendrecv").is_some())
+}
+
+fn ingest_where(answer: &Sdp, name: &str, takes: impl Fn(&Media) -> bool) -> Option<Ingest> {
+    let mut sdp = format!("v=0\r\no=- 0 0 IN IP4 0.0.0.0\r\ns={name}\r\nt=0 0\r\n");
     let mut pts = Vec::new();
     for m in &answer.media {
-        let receives = m.attr("recvonly").is_some() || m.attr("sendrecv").is_some();
+        let receives = takes(m);
         let profile = vp9_profile(m);
         let vp9 = format!("VP9/90000\r\na=fmtp:96 profile-id={profile}");
         let (codec, line) = match m.kind.as_str() {
@@ -348,6 +358,20 @@ mod tests {
         for bad in ["rtmp://h/x", "http:///x", "http://h:0/x", "http://h:x/x", "https://[::1/x"] {
             assert!(WhipUrl::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_pull_takes_the_answers_sending_sections_and_not_g711() {
+        // As MediaMTX answers a viewer of H.264 with no audio it sends: its PCMU silence.
+        let answer = "v=0\r\ns=-\r\nm=video 9 UDP/TLS/RTP/SAVPF 108\r\na=mid:0\r\na=sendonly\r\n\
+            a=rtpmap:108 H264/90000\r\na=fmtp:108 packetization-mode=1;profile-level-id=42e01f\r\n\
+            m=audio 9 UDP/TLS/RTP/SAVPF 0\r\na=mid:1\r\na=sendonly\r\na=rtpmap:0 PCMU/8000\r\n";
+        let i = ingest_pulled(&Sdp::parse(answer).unwrap()).unwrap();
+        assert_eq!(i.pts, vec![(108, 0)]);
+        assert!(i.sdp.contains("m=video 0 RTP/AVP 96\r\na=rtpmap:96 H264/90000"), "{}", i.sdp);
+        assert!(!i.sdp.contains("m=audio"), "{}", i.sdp);
+        // A publisher's ingest of the same answer takes nothing: its sections send.
+        assert_eq!(ingest(&Sdp::parse(answer).unwrap()), None);
     }
 
     #[test]

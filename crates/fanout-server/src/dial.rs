@@ -67,3 +67,21 @@ pub async fn rtmp_start(
     .await;
     started.map_err(|_| format!("the server did not start the stream within {limit:?}"))?
 }
+
+/// A UDP socket on the address this machine reaches `host` from (a WebRTC peer's candidate),
+/// and the address it reaches.
+pub fn udp_towards(host: &str, port: u16) -> Result<(std::net::UdpSocket, std::net::SocketAddr), String> {
+    use std::net::{SocketAddr, ToSocketAddrs, UdpSocket};
+    let far: SocketAddr = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| format!("{host}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{host} has no address"))?;
+    let any: SocketAddr =
+        if far.is_ipv4() { ([0, 0, 0, 0], 0).into() } else { (std::net::Ipv6Addr::UNSPECIFIED, 0).into() };
+    let probe = UdpSocket::bind(any).map_err(|e| e.to_string())?;
+    probe.connect(far).map_err(|e| format!("no route to {far}: {e}"))?;
+    let ip = probe.local_addr().map_err(|e| e.to_string())?.ip();
+    let socket = UdpSocket::bind((ip, 0)).map_err(|e| format!("a UDP socket on {ip}: {e}"))?;
+    Ok((socket, far))
+}

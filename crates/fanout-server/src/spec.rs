@@ -31,12 +31,15 @@ pub enum SourceSpec {
     /// An SRT listener called and read (its URL, checked).
     Srt(String),
     /// An RTMP(S) server played from.
-    Rtmp(RtmpSource),
+    Rtmp(PullSource),
+    /// A WHEP endpoint viewed (the relay as another server's WebRTC viewer).
+    Whep(PullSource),
 }
 
-/// An `rtmp` source: its URL (checked), and how an `rtmps://` one checks the server.
+/// An `rtmp` or `whep` source: its URL (checked), whether it plays only while read, and
+/// how an `rtmps://` or `https://` one checks the server.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct RtmpSource {
+pub struct PullSource {
     pub url: String,
     /// Play only while someone reads (default `false`: always).
     pub on_demand: Option<bool>,
@@ -108,6 +111,11 @@ pub struct SourceFields {
     /// backoff.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rtmp: Option<String>,
+    /// View a WHEP endpoint: `http[s]://[user:pass@]host[:port]/…/whep` (another server's
+    /// WebRTC output); its H.264/VP8/VP9/AV1 video and Opus audio become the path's tracks,
+    /// reconnected with backoff.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub whep: Option<String>,
     /// With `rtsp`: `udp`, `tcp` (interleaved), or `auto` (UDP, then TCP when UDP brings
     /// nothing in 3 s). Default `auto`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -151,6 +159,7 @@ pub const SOURCE_FIELDS: &[&str] = &[
     "rtsp",
     "srt",
     "rtmp",
+    "whep",
     "rtsp_transport",
     "on_demand",
     "linger_s",
@@ -226,6 +235,7 @@ impl TryFrom<SourceFields> for SourceSpec {
             f.rtsp.is_some(),
             f.srt.is_some(),
             f.rtmp.is_some(),
+            f.whep.is_some(),
             f.file.is_some(),
             f.publish == Some(true),
         ]
@@ -234,7 +244,7 @@ impl TryFrom<SourceFields> for SourceSpec {
         .count();
         if n != 1 {
             return Err(format!(
-                "source needs exactly one of \"udp\", \"tcp_listen\", \"tcp_connect\", \"rtsp\", \"srt\", \"rtmp\", \"file\", \"demo\": true, \"publish\": true (got {n})"
+                "source needs exactly one of \"udp\", \"tcp_listen\", \"tcp_connect\", \"rtsp\", \"srt\", \"rtmp\", \"whep\", \"file\", \"demo\": true, \"publish\": true (got {n})"
             ).into());
         }
         if f.takeover.is_some() && f.publish != Some(true) {
@@ -246,8 +256,8 @@ impl TryFrom<SourceFields> for SourceSpec {
         let tls_keys = f.tls_ca.is_some() || f.tls_fingerprint.is_some() || f.tls_verify.is_some();
         let rtsp_keys = f.rtsp_transport.is_some() || f.timeout_s.is_some();
         let pull_keys = f.on_demand.is_some() || f.linger_s.is_some() || tls_keys;
-        if (rtsp_keys && f.rtsp.is_none()) || (pull_keys && f.rtsp.is_none() && f.rtmp.is_none()) {
-            return Err("source \"rtsp_transport\" and \"timeout_s\" only apply to an \"rtsp\" source, \"on_demand\", \"linger_s\" and \"tls_*\" to an \"rtsp\" or \"rtmp\" one".into());
+        if (rtsp_keys && f.rtsp.is_none()) || (pull_keys && f.rtsp.is_none() && f.rtmp.is_none() && f.whep.is_none()) {
+            return Err("source \"rtsp_transport\" and \"timeout_s\" only apply to an \"rtsp\" source, \"on_demand\", \"linger_s\" and \"tls_*\" to an \"rtsp\", \"rtmp\" or \"whep\" one".into());
         }
         if f.linger_s.is_some_and(|l| !(0.0..=86_400.0).contains(&l)) {
             return Err("source \"linger_s\" must be 0 to 86400".into());
@@ -276,7 +286,23 @@ impl TryFrom<SourceFields> for SourceSpec {
                 );
             }
             crate::tls::verify_of(&f.tls_ca, &f.tls_fingerprint, f.tls_verify).map_err(|e| format!("source: {e}"))?;
-            SourceSpec::Rtmp(RtmpSource {
+            SourceSpec::Rtmp(PullSource {
+                url,
+                on_demand: f.on_demand,
+                linger_s: f.linger_s,
+                tls_ca: f.tls_ca,
+                tls_fingerprint: f.tls_fingerprint,
+                tls_verify: f.tls_verify,
+            })
+        } else if let Some(url) = f.whep {
+            let u = fanout_proto::whep::WhipUrl::parse(&url).map_err(|e| format!("source \"whep\": {e}"))?;
+            if tls_keys && !u.tls {
+                return Err(
+                    "source \"tls_ca\", \"tls_fingerprint\" and \"tls_verify\" apply to an https:// source".into()
+                );
+            }
+            crate::tls::verify_of(&f.tls_ca, &f.tls_fingerprint, f.tls_verify).map_err(|e| format!("source: {e}"))?;
+            SourceSpec::Whep(PullSource {
                 url,
                 on_demand: f.on_demand,
                 linger_s: f.linger_s,
@@ -323,6 +349,11 @@ impl From<SourceSpec> for SourceFields {
             SourceSpec::File { path, looped } => (f.file, f.looped) = (Some(path), looped),
             SourceSpec::Publish { takeover } => (f.publish, f.takeover) = (Some(true), takeover.then_some(true)),
             SourceSpec::Srt(url) => f.srt = Some(url),
+            SourceSpec::Whep(r) => {
+                f.whep = Some(r.url);
+                (f.on_demand, f.linger_s) = (r.on_demand, r.linger_s);
+                (f.tls_ca, f.tls_fingerprint, f.tls_verify) = (r.tls_ca, r.tls_fingerprint, r.tls_verify);
+            }
             SourceSpec::Rtmp(r) => {
                 f.rtmp = Some(r.url);
                 (f.on_demand, f.linger_s) = (r.on_demand, r.linger_s);

@@ -26,6 +26,12 @@ fn publishing(relay: &Relay) -> bool {
     p["state"] == "publishing" && p["tracks"].as_array().is_some_and(|t| t.len() == 2)
 }
 
+/// Whether `cam` has its publisher, with a track at least (WebRTC carries no AAC).
+fn has_video(relay: &Relay) -> bool {
+    let p = &relay.ok("GET", "/v1/sessions/cam", None)["publisher"];
+    p["state"] == "publishing" && p["tracks"].as_array().is_some_and(|t| !t.is_empty())
+}
+
 fn forwards(relay: &Relay) -> Vec<Value> {
     relay.ok("GET", "/v1/sessions/cam", None)["forward"].as_array().cloned().unwrap_or_default()
 }
@@ -206,16 +212,24 @@ fn a_path_is_pushed_over_whip_to_a_second_fanout() {
     let whip = far.url("/cam/whip").replace("http://", "http://u:secret@");
     let config = format!("[[session]]\nname = \"cam\"\nsource = {{ demo = true }}\nforward = [\"{whip}\"]\n");
     let near = Relay::with_config(&config, &["--no-demo"]);
-    let video = || {
-        let p = &far.ok("GET", "/v1/sessions/cam", None)["publisher"];
-        p["state"] == "publishing" && p["tracks"].as_array().is_some_and(|t| !t.is_empty())
-    };
-    assert!(wait_for(Duration::from_secs(15), video), "the far side has no publisher: {:?}", forwards(&near));
+    assert!(
+        wait_for(Duration::from_secs(15), || has_video(&far)),
+        "the far side has no publisher: {:?}",
+        forwards(&near)
+    );
     assert_eq!(far.ok("GET", "/v1/sessions/cam", None)["publisher"]["transport"], "webrtc");
     decodes_100_frames(&format!("rtsp://{}/cam", rtsp_addr(&far)));
     let f = forwards(&near);
     assert_eq!(f[0]["url"], far.url("/cam/whip"), "no credentials shown: {f:?}");
     assert_eq!((&f[0]["state"], &f[0]["reconnects"]), (&Value::from("pushing"), &Value::from(0)), "{f:?}");
+
+    // And a third relay views the near one's WHEP (a `whep` source), plays it over RTSP.
+    let config = format!("[[session]]\nname = \"cam\"\nsource = {{ whep = \"{}\" }}\n", near.url("/cam/whep"));
+    let viewer = Relay::with_config(&config, &["--no-demo"]);
+    assert!(wait_for(Duration::from_secs(15), || has_video(&viewer)), "{}", viewer.ok("GET", "/v1/sessions/cam", None));
+    let status = viewer.ok("GET", "/v1/sessions/cam", None);
+    assert!(status["source"]["kind"].as_str().is_some_and(|k| k.contains("whep pull of http://")), "{status}");
+    decodes_100_frames(&format!("rtsp://{}/cam", rtsp_addr(&viewer)));
 }
 
 #[test]
@@ -317,6 +331,14 @@ fn mediamtx_takes_forwards_over_rtmp_rtsp_srt_and_whip_and_its_players_decode_th
     assert_eq!(status["publisher"]["transport"], "rtmp", "{status}");
     assert!(status["source"]["kind"].as_str().is_some_and(|k| k.contains("rtmp pull of rtmp://")), "{status}");
     decodes_100_frames(&format!("rtsp://{}/cam", rtsp_addr(&puller)));
+
+    // And as a WebRTC viewer of MediaMTX's WHEP (a `whep` source).
+    let config =
+        format!("[[session]]\nname = \"cam\"\nsource = {{ whep = \"http://127.0.0.1:{webrtc}/live/cam/whep\" }}\n");
+    let viewer = Relay::with_config(&config, &["--no-demo"]);
+    assert!(wait_for(Duration::from_secs(15), || has_video(&viewer)), "{}", viewer.ok("GET", "/v1/sessions/cam", None));
+    decodes_100_frames(&format!("rtsp://{}/cam", rtsp_addr(&viewer)));
+    drop(viewer);
 
     // On demand: it plays only while someone reads, from the first reader's ask.
     let config = format!(

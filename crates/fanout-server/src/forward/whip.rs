@@ -10,7 +10,6 @@ use fanout_io::channel::{ChannelQueue, Frame};
 use fanout_proto::rtp::RtpView;
 use fanout_proto::rtsp::sdp::Sdp;
 use fanout_proto::whep::{InBandParams, WhipUrl};
-use std::net::{SocketAddr, ToSocketAddrs, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -85,7 +84,7 @@ fn push(
     if carried.is_empty() {
         return Err("the stream has no track WebRTC carries (H.264, H.265, VP8, VP9, AV1, Opus, G.711)".into());
     }
-    let socket = socket_towards(&url.host, url.port)?;
+    let (socket, _) = crate::dial::udp_towards(&url.host, url.port)?;
     let local = socket.local_addr().map_err(|e| e.to_string())?;
     let takes = |c: &str| carried.iter().any(|(x, _)| *x == c);
     let mut rtc = Rtc::builder()
@@ -230,19 +229,4 @@ fn send(rtc: &mut Rtc, outs: &mut [Out], frames: &mut Vec<Frame>) -> (usize, u64
         }
     }
     (bytes, packets)
-}
-
-/// A UDP socket on the address this machine reaches `host` from (its candidate).
-fn socket_towards(host: &str, port: u16) -> Result<UdpSocket, String> {
-    let far: SocketAddr = (host, port)
-        .to_socket_addrs()
-        .map_err(|e| format!("{host}: {e}"))?
-        .next()
-        .ok_or_else(|| format!("{host} has no address"))?;
-    let any: SocketAddr =
-        if far.is_ipv4() { ([0, 0, 0, 0], 0).into() } else { (std::net::Ipv6Addr::UNSPECIFIED, 0).into() };
-    let probe = UdpSocket::bind(any).map_err(|e| e.to_string())?;
-    probe.connect(far).map_err(|e| format!("no route to {far}: {e}"))?;
-    let ip = probe.local_addr().map_err(|e| e.to_string())?.ip();
-    UdpSocket::bind((ip, 0)).map_err(|e| format!("a UDP socket on {ip}: {e}"))
 }

@@ -12,6 +12,7 @@ mod rtsp;
 mod srt;
 mod tcp;
 mod udp;
+mod whep;
 
 use crate::config::Config;
 use crate::error::RelayError;
@@ -118,6 +119,7 @@ pub async fn start(spec: &SourceSpec, cx: Ctx<'_>) -> Result<Started, RelayError
         SourceSpec::Rtsp(r) => rtsp::start(r, cx),
         SourceSpec::Srt(url) => srt::start(url, &cx),
         SourceSpec::Rtmp(r) => rtmp::start(r, &cx),
+        SourceSpec::Whep(r) => whep::start(r, &cx),
     }
 }
 

@@ -19,7 +19,7 @@ const CONN_BASE: u64 = 5 << 60;
 /// Connecting, the handshake and the play's answer: within this.
 const SETUP: Duration = Duration::from_secs(10);
 
-pub fn start(src: &crate::spec::RtmpSource, cx: &Ctx) -> Result<Started, RelayError> {
+pub fn start(src: &crate::spec::PullSource, cx: &Ctx) -> Result<Started, RelayError> {
     let bad = |e: String| RelayError::BadRequest(format!("source \"rtmp\": {e}"));
     let url = RtmpUrl::parse(&src.url).map_err(|e| bad(e.0))?;
     let verify = crate::tls::verify_of(&src.tls_ca, &src.tls_fingerprint, src.tls_verify).map_err(|e| bad(e.0))?;

@@ -90,7 +90,7 @@ fn any_source() -> impl Strategy<Value = SourceSpec> {
         proptest::option::of((0..864_000u32).prop_map(|d| f64::from(d) / 10.0)),
     )
         .prop_map(|(tls, key, on_demand, linger_s)| {
-            SourceSpec::Rtmp(RtmpSource {
+            SourceSpec::Rtmp(PullSource {
                 url: format!("{}://cam.example/live/{key}", if tls { "rtmps" } else { "rtmp" }),
                 on_demand,
                 linger_s,
@@ -98,9 +98,18 @@ fn any_source() -> impl Strategy<Value = SourceSpec> {
                 ..Default::default()
             })
         });
+    let whep = (any::<bool>(), "[a-z]{1,8}", proptest::option::of(any::<bool>())).prop_map(|(tls, path, on_demand)| {
+        SourceSpec::Whep(PullSource {
+            url: format!("{}://cam.example:8889/{path}/whep", if tls { "https" } else { "http" }),
+            on_demand,
+            tls_verify: tls.then_some(true),
+            ..Default::default()
+        })
+    });
     prop_oneof![
         udp,
         rtmp,
+        whep,
         any_addr().prop_map(SourceSpec::TcpListen),
         any_addr().prop_map(SourceSpec::TcpConnect),
         Just(SourceSpec::Demo),
