@@ -28,8 +28,8 @@ pub enum SourceSpec {
     Publish { takeover: bool },
     /// An RTSP server pulled from.
     Rtsp(RtspSource),
-    /// An SRT listener called and read (its URL, checked).
-    Srt(String),
+    /// An SRT listener called and read (its URL, checked; no `tls_*`: SRT has its own).
+    Srt(PullSource),
     /// An RTMP(S) server played from.
     Rtmp(PullSource),
     /// A WHEP endpoint viewed (the relay as another server's WebRTC viewer).
@@ -255,9 +255,10 @@ impl TryFrom<SourceFields> for SourceSpec {
         }
         let tls_keys = f.tls_ca.is_some() || f.tls_fingerprint.is_some() || f.tls_verify.is_some();
         let rtsp_keys = f.rtsp_transport.is_some() || f.timeout_s.is_some();
-        let pull_keys = f.on_demand.is_some() || f.linger_s.is_some() || tls_keys;
-        if (rtsp_keys && f.rtsp.is_none()) || (pull_keys && f.rtsp.is_none() && f.rtmp.is_none() && f.whep.is_none()) {
-            return Err("source \"rtsp_transport\" and \"timeout_s\" only apply to an \"rtsp\" source, \"on_demand\", \"linger_s\" and \"tls_*\" to an \"rtsp\", \"rtmp\" or \"whep\" one".into());
+        let pull_keys = f.on_demand.is_some() || f.linger_s.is_some();
+        let tls_pull = f.rtsp.is_some() || f.rtmp.is_some() || f.whep.is_some();
+        if (rtsp_keys && f.rtsp.is_none()) || (pull_keys && !tls_pull && f.srt.is_none()) || (tls_keys && !tls_pull) {
+            return Err("source \"rtsp_transport\" and \"timeout_s\" only apply to an \"rtsp\" source, \"tls_*\" to an \"rtsp\", \"rtmp\" or \"whep\" one, \"on_demand\" and \"linger_s\" to those and \"srt\"".into());
         }
         if f.linger_s.is_some_and(|l| !(0.0..=86_400.0).contains(&l)) {
             return Err("source \"linger_s\" must be 0 to 86400".into());
@@ -277,7 +278,7 @@ impl TryFrom<SourceFields> for SourceSpec {
             SourceSpec::Publish { takeover: f.takeover == Some(true) }
         } else if let Some(url) = f.srt {
             fanout_proto::srt::parse_url(&url).map_err(|e| format!("source \"srt\": {e}"))?;
-            SourceSpec::Srt(url)
+            SourceSpec::Srt(PullSource { url, on_demand: f.on_demand, linger_s: f.linger_s, ..Default::default() })
         } else if let Some(url) = f.rtmp {
             let u = fanout_proto::rtmp::client::RtmpUrl::parse(&url).map_err(|e| format!("source \"rtmp\": {e}"))?;
             if tls_keys && !u.tls {
@@ -348,7 +349,7 @@ impl From<SourceSpec> for SourceFields {
             SourceSpec::Demo => f.demo = Some(true),
             SourceSpec::File { path, looped } => (f.file, f.looped) = (Some(path), looped),
             SourceSpec::Publish { takeover } => (f.publish, f.takeover) = (Some(true), takeover.then_some(true)),
-            SourceSpec::Srt(url) => f.srt = Some(url),
+            SourceSpec::Srt(r) => (f.srt, f.on_demand, f.linger_s) = (Some(r.url), r.on_demand, r.linger_s),
             SourceSpec::Whep(r) => {
                 f.whep = Some(r.url);
                 (f.on_demand, f.linger_s) = (r.on_demand, r.linger_s);

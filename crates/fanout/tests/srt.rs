@@ -400,6 +400,19 @@ fn a_path_pulls_an_srt_source() {
     );
     assert_eq!(code, 400, "{body}");
     assert!(body.to_string().contains("latency"), "{body}");
+
+    // On demand: it calls only once a reader asks, and hangs up a linger after the last.
+    let spec = serde_json::json!({ "name": "lazy", "source": {
+        "srt": format!("srt://{srt}?streamid=read:demo&latency=200"), "on_demand": true, "linger_s": 1 } });
+    relay.ok("POST", "/v1/sessions", Some(spec));
+    let lazy = || relay.ok("GET", "/v1/sessions/lazy", None)["publisher"].clone();
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(lazy()["state"], "waiting", "{}", lazy());
+    assert_eq!(lazy()["pull_error"], "on demand: no reader", "{}", lazy());
+    let url = format!("rtsp://{}/lazy", rtsp_addr(&relay));
+    let got = pictures(&["-rtsp_transport", "tcp", "-i", &url, "-frames:v", "50"]);
+    assert!(is_run_of(&looped_clip(), &got), "{} pictures pulled on demand, not a run of the clip's", got.len());
+    assert!(wait_for(Duration::from_secs(20), || lazy()["state"] == "waiting"), "still pulled: {}", lazy());
 }
 
 /// When the publisher leaves for good (past `publisher_grace_s`), RTMP players and SRT

@@ -117,7 +117,7 @@ pub async fn start(spec: &SourceSpec, cx: Ctx<'_>) -> Result<Started, RelayError
         SourceSpec::File { path, looped } => clip::file(path, looped.unwrap_or(true), &cx).await,
         SourceSpec::Publish { takeover } => publish::start(&cx, *takeover),
         SourceSpec::Rtsp(r) => rtsp::start(r, cx),
-        SourceSpec::Srt(url) => srt::start(url, &cx),
+        SourceSpec::Srt(r) => srt::start(r, &cx),
         SourceSpec::Rtmp(r) => rtmp::start(r, &cx),
         SourceSpec::Whep(r) => whep::start(r, &cx),
     }

@@ -1,7 +1,8 @@
 //! `srt`: the relay calls a remote SRT listener (an encoder, a contribution link, another
 //! relay) and reads its MPEG-TS, again with backoff (1 s doubling to 30 s) when it goes. Its
 //! stream becomes the path's tracks as an SRT publisher's does; the path takes no publisher
-//! from outside.
+//! from outside. On demand, it calls only while someone reads (from a reader's ask until
+//! `linger_s` after the last).
 
 use super::{Ctx, Feeder, Started, StopOnDrop};
 use crate::error::RelayError;
@@ -14,12 +15,13 @@ use std::time::Duration;
 /// Connection ids of pulls, apart from the listener's publishers.
 const CONN_BASE: u64 = 3 << 60;
 
-pub fn start(url: &str, cx: &Ctx) -> Result<Started, RelayError> {
-    let u = fanout_proto::srt::parse_url(url).map_err(|e| RelayError::BadRequest(format!("source \"srt\": {e}")))?;
+pub fn start(src: &crate::spec::PullSource, cx: &Ctx) -> Result<Started, RelayError> {
+    let u =
+        fanout_proto::srt::parse_url(&src.url).map_err(|e| RelayError::BadRequest(format!("source \"srt\": {e}")))?;
     fanout_srt::version().map_err(|e| RelayError::Unsupported(format!("source \"srt\": {e}")))?;
-    let p = Arc::new(
-        Publisher::pulled(cx.name, cx.session.clone()).map_err(|e| RelayError::Internal(format!("srt source: {e}")))?,
-    );
+    let pulled = if src.on_demand == Some(true) { Publisher::pulled_on_demand } else { Publisher::pulled };
+    let p =
+        Arc::new(pulled(cx.name, cx.session.clone()).map_err(|e| RelayError::Internal(format!("srt source: {e}")))?);
     cx.session.set_source_kind(format!("srt pull of srt://{}:{}", u.host, u.port));
     let settings = fanout_srt::Settings {
         latency_ms: u.latency_ms.or(Some(cx.cfg.srt_latency_ms)),
@@ -29,7 +31,8 @@ pub fn start(url: &str, cx: &Ctx) -> Result<Started, RelayError> {
         ..fanout_srt::Settings::default()
     };
     let idle = Duration::from_secs_f64(cx.cfg.rtsp_idle_s.min(10.0));
-    let task = tokio::spawn(pull(u, settings, p.clone(), cx.host.clone(), idle));
+    let linger = Duration::from_secs_f64(src.linger_s.unwrap_or(10.0));
+    let task = tokio::spawn(pull(u, settings, p.clone(), cx.host.clone(), (idle, linger)));
     Ok(Started { feeder: Feeder::Publisher(p), tasks: vec![task.abort_handle()] })
 }
 
@@ -38,15 +41,21 @@ async fn pull(
     settings: fanout_srt::Settings,
     p: Arc<Publisher>,
     host: std::sync::Weak<dyn crate::upstream::Host>,
-    idle: Duration,
+    (idle, linger): (Duration, Duration),
 ) {
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    let stop = Arc::new(AtomicBool::new(false));
-    let _guard = StopOnDrop(stop.clone());
     let mut backoff = Duration::from_secs(1);
     loop {
+        if !p.wanted() {
+            p.set_pull_error(Some("on demand: no reader".into()));
+            p.until_wanted().await;
+        }
+        // This connection's end: set when the path goes (the task aborted) or, on demand,
+        // a linger after the last reader.
+        let stop = Arc::new(AtomicBool::new(false));
+        let _guard = StopOnDrop(stop.clone());
         let (u2, settings, p2, host, stop2) = (u.clone(), settings.clone(), p.clone(), host.clone(), stop.clone());
-        let run = tokio::task::spawn_blocking(move || {
+        let mut run = tokio::task::spawn_blocking(move || {
             let host = host.upgrade().ok_or("the relay is shutting down")?;
             let addr = (u2.host.as_str(), u2.port)
                 .to_socket_addrs()
@@ -59,8 +68,16 @@ async fn pull(
             let conn = CONN_BASE | NEXT.fetch_add(1, Ordering::Relaxed);
             let label = format!("srt-pull-{}", conn & !CONN_BASE);
             Ok::<_, String>(p2.run_ts(&socket, &label, conn, addr.ip(), host.engine(), idle, &stop2))
-        })
-        .await;
+        });
+        let run = tokio::select! {
+            r = &mut run => r,
+            () = unwanted_for(&p, linger) => {
+                stop.store(true, Ordering::Relaxed);
+                let _ = run.await;
+                tracing::info!(url = %format!("srt://{}:{}", u.host, u.port), "SRT source: nobody read it for {linger:?} (on demand)");
+                continue;
+            }
+        };
         let why = match run {
             Ok(Ok(ended)) => {
                 backoff = Duration::from_secs(1);
@@ -73,5 +90,19 @@ async fn pull(
         p.set_pull_error(Some(why));
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(30));
+    }
+}
+
+/// Returns once the stream was not wanted for `linger` (never for a pull that is always on).
+async fn unwanted_for(p: &Publisher, linger: Duration) {
+    let mut since = None;
+    let mut look = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        look.tick().await;
+        if p.wanted() {
+            since = None;
+        } else if since.get_or_insert_with(std::time::Instant::now).elapsed() >= linger {
+            return;
+        }
     }
 }

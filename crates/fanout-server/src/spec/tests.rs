@@ -106,10 +106,18 @@ fn any_source() -> impl Strategy<Value = SourceSpec> {
             ..Default::default()
         })
     });
+    let srt = ("[a-z]{1,8}", proptest::option::of(any::<bool>())).prop_map(|(id, on_demand)| {
+        SourceSpec::Srt(PullSource {
+            url: format!("srt://cam.example:9000?streamid=read:{id}"),
+            on_demand,
+            ..Default::default()
+        })
+    });
     prop_oneof![
         udp,
         rtmp,
         whep,
+        srt,
         any_addr().prop_map(SourceSpec::TcpListen),
         any_addr().prop_map(SourceSpec::TcpConnect),
         Just(SourceSpec::Demo),
