@@ -85,3 +85,81 @@ pub fn udp_towards(host: &str, port: u16) -> Result<(std::net::UdpSocket, std::n
     let socket = UdpSocket::bind((ip, 0)).map_err(|e| format!("a UDP socket on {ip}: {e}"))?;
     Ok((socket, far))
 }
+
+/// The HTTP side of a WHIP or WHEP session the relay starts (a WHIP forward, a WHEP pull):
+/// its offer POSTed and answered; the session is DELETEd on the server when this goes.
+pub struct WhipHttp {
+    agent: ureq::Agent,
+    authorization: Option<String>,
+    resource: Option<String>,
+}
+
+impl WhipHttp {
+    /// POSTs `offer` to `url` (its credentials as `Authorization`, `tls` for an `https://`
+    /// endpoint checked otherwise than against the public roots): the session, and the
+    /// answer's SDP; `Err` with why the server refused or could not be reached.
+    pub fn offer(
+        url: &fanout_proto::whep::WhipUrl,
+        tls: Option<&Arc<rustls::ClientConfig>>,
+        offer: &str,
+        limit: Duration,
+    ) -> Result<(Self, String), String> {
+        let mut agent =
+            ureq::AgentBuilder::new().timeout(limit).user_agent(concat!("fanout/", env!("CARGO_PKG_VERSION")));
+        if let Some(tls) = tls {
+            agent = agent.tls_config(tls.clone());
+        }
+        let agent = agent.build();
+        let mut post = agent.post(&url.url).set("Content-Type", "application/sdp");
+        if let Some(a) = &url.authorization {
+            post = post.set("Authorization", a);
+        }
+        match post.send_string(offer) {
+            Ok(r) => {
+                let resource = r.header("Location").map(|l| url.resource(l));
+                let answer = r.into_string().map_err(|e| format!("the answer: {e}"))?;
+                Ok((Self { agent, authorization: url.authorization.clone(), resource }, answer))
+            }
+            Err(ureq::Error::Status(code, r)) => {
+                let body = r.into_string().unwrap_or_default();
+                Err(format!("the server refused the offer: {code} {}", body.trim()))
+            }
+            Err(e) => Err(format!("the offer: {e}")),
+        }
+    }
+}
+
+impl Drop for WhipHttp {
+    /// The session's end, told to the server, as far as it listens (2 s at most).
+    fn drop(&mut self) {
+        let Some(r) = self.resource.take() else { return };
+        let mut delete = self.agent.delete(&r).timeout(Duration::from_secs(2));
+        if let Some(a) = &self.authorization {
+            delete = delete.set("Authorization", a);
+        }
+        let _ = delete.call();
+    }
+}
+
+/// Hands `rtc` what `socket` (at `local`) brings within `wait`: a datagram, or else the time.
+pub fn rtc_input(
+    rtc: &mut str0m::Rtc,
+    socket: &std::net::UdpSocket,
+    local: std::net::SocketAddr,
+    buf: &mut [u8],
+    wait: Duration,
+) -> Result<(), String> {
+    use str0m::net::{Protocol, Receive};
+    let _ = socket.set_read_timeout(Some(wait));
+    let now = std::time::Instant::now();
+    let input = match socket.recv_from(buf) {
+        Ok((n, source)) => match buf[..n].try_into() {
+            Ok(contents) => {
+                str0m::Input::Receive(now, Receive { proto: Protocol::Udp, source, destination: local, contents })
+            }
+            Err(_) => return Ok(()), // (not a datagram str0m reads: dropped)
+        },
+        Err(_) => str0m::Input::Timeout(now),
+    };
+    rtc.handle_input(input).map_err(|e| format!("WebRTC: {e}"))
+}

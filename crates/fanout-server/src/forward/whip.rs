@@ -4,7 +4,7 @@
 //! stream, H.264 parameter sets in band), which encrypts and sends it, with sender reports
 //! and retransmissions. Blocking, on a thread of its own, with a UDP socket of its own.
 
-use super::{Sinks, Target, SETUP, USER_AGENT};
+use super::{Sinks, Target, SETUP};
 use crate::readers::Held;
 use fanout_io::channel::{ChannelQueue, Frame};
 use fanout_proto::rtp::RtpView;
@@ -15,9 +15,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use str0m::change::SdpAnswer;
 use str0m::media::{Direction, MediaKind, Mid};
-use str0m::net::{Protocol, Receive};
 use str0m::rtp::{RtpWrite, SeqNo};
-use str0m::{Candidate, Event, IceConnectionState, Input, Output, Rtc};
+use str0m::{Candidate, Event, IceConnectionState, Output, Rtc};
 
 /// One track on its way out: its queue, and the numbering of the stream it becomes.
 struct Out {
@@ -43,38 +42,22 @@ pub(crate) fn push_whip(
     stop: &AtomicBool,
     pushed: &mut bool,
 ) -> String {
-    let mut agent = ureq::AgentBuilder::new().timeout(SETUP).user_agent(USER_AGENT);
-    if let Some(tls) = tls {
-        agent = agent.tls_config(tls.clone());
-    }
-    let agent = agent.build();
-    let mut resource = None;
-    let why = match push(&agent, url, sdp, tracks, target, held, stop, pushed, &mut resource) {
+    match push(url, tls, sdp, tracks, target, held, stop, pushed) {
         Ok(never) => match never {},
         Err(why) => why,
-    };
-    // The session's end, told to the server (WHIP's DELETE), as far as it listens.
-    if let Some(r) = resource {
-        let mut delete = agent.delete(&r).timeout(Duration::from_secs(2));
-        if let Some(a) = &url.authorization {
-            delete = delete.set("Authorization", a);
-        }
-        let _ = delete.call();
     }
-    why
 }
 
 #[allow(clippy::too_many_arguments)]
 fn push(
-    agent: &ureq::Agent,
     url: &WhipUrl,
+    tls: Option<&Arc<rustls::ClientConfig>>,
     sdp: &Sdp,
     tracks: &[fanout_io::Session],
     target: &Target,
     held: &Held,
     stop: &AtomicBool,
     pushed: &mut bool,
-    resource: &mut Option<String>,
 ) -> Result<std::convert::Infallible, String> {
     let carried: Vec<(&str, bool)> = sdp
         .media
@@ -108,21 +91,8 @@ fn push(
         change.add_media(kind, Direction::SendOnly, None, None, None);
     }
     let (offer, pending) = change.apply().ok_or("no offer to make")?;
-    let mut post = agent.post(&url.url).set("Content-Type", "application/sdp");
-    if let Some(a) = &url.authorization {
-        post = post.set("Authorization", a);
-    }
-    let answer = match post.send_string(&offer.to_sdp_string()) {
-        Ok(r) => {
-            *resource = r.header("Location").map(|l| url.resource(l));
-            r.into_string().map_err(|e| format!("the answer: {e}"))?
-        }
-        Err(ureq::Error::Status(code, r)) => {
-            let body = r.into_string().unwrap_or_default();
-            return Err(format!("the server refused the offer: {code} {}", body.trim()));
-        }
-        Err(e) => return Err(format!("the offer: {e}")),
-    };
+    // (Held to the end: its drop DELETEs the session.)
+    let (_session, answer) = crate::dial::WhipHttp::offer(url, tls, &offer.to_sdp_string(), SETUP)?;
     let described = Sdp::parse(&answer).map_err(|e| format!("the answer: {e}"))?;
     let plan = fanout_proto::whep::plan_push(sdp, &described);
     let parsed = SdpAnswer::from_sdp_string(&answer).map_err(|e| format!("the answer: {e}"))?;
@@ -187,18 +157,9 @@ fn push(
             *pushed = true;
             continue; // (str0m has packets to send now)
         }
-        let _ = socket.set_read_timeout(Some(wait.clamp(Duration::from_millis(1), Duration::from_millis(10))));
-        let input = match socket.recv_from(&mut buf) {
-            Ok((n, source)) => match buf[..n].try_into() {
-                Ok(contents) => Input::Receive(
-                    Instant::now(),
-                    Receive { proto: Protocol::Udp, source, destination: local, contents },
-                ),
-                Err(_) => continue,
-            },
-            Err(_) => Input::Timeout(Instant::now()),
-        };
-        rtc.handle_input(input).map_err(|e| format!("WebRTC: {e}"))?;
+        // What the socket brings within the wait (at most 10 ms), else the time.
+        let wait = wait.clamp(Duration::from_millis(1), Duration::from_millis(10));
+        crate::dial::rtc_input(&mut rtc, &socket, local, &mut buf, wait)?;
     }
 }
 

@@ -48,6 +48,43 @@ impl Drop for StopOnDrop {
     }
 }
 
+/// A pull's life (`rtmp`, `whep`): waits for a reader where it is on demand, runs one
+/// connection at a time (`connect(conn, label)` says why it ended and whether it fed the
+/// tracks), ends the publisher's stream after each, and connects again after a backoff (1 s
+/// doubling to 30 s while connections feed nothing), or when a reader comes where nobody
+/// wanted it. `kind` names it in the log; `base` sets its connection ids apart.
+pub(crate) async fn pull_loop<F, Fut>(p: &crate::publish::Publisher, kind: &str, shown: &str, base: u64, mut connect: F)
+where
+    F: FnMut(u64, String) -> Fut,
+    Fut: std::future::Future<Output = (String, bool)>,
+{
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut backoff = std::time::Duration::from_secs(1);
+    loop {
+        if !p.wanted() {
+            p.set_pull_error(Some("on demand: no reader".into()));
+            p.until_wanted().await;
+        }
+        let conn = base | NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let label = format!("{}-pull-{}", kind.to_ascii_lowercase(), conn & !base);
+        let (why, fed) = connect(conn, label.clone()).await;
+        p.stop(&label);
+        if fed {
+            backoff = std::time::Duration::from_secs(1);
+        }
+        if !p.wanted() {
+            tracing::info!(url = %shown, "{kind} source: {why}; again when a reader comes");
+            continue;
+        }
+        tracing::info!(url = %shown, "{kind} source: {why}; again in {backoff:?}");
+        p.set_pull_error(Some(why));
+        tokio::time::sleep(backoff).await;
+        if !fed {
+            backoff = (backoff * 2).min(std::time::Duration::from_secs(30));
+        }
+    }
+}
+
 /// What a path has besides its first session, by the kind of its source.
 pub enum Feeder {
     /// Packets arrive on the session itself (UDP, TCP).

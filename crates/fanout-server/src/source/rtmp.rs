@@ -9,7 +9,6 @@ use crate::error::RelayError;
 use crate::publish::Publisher;
 use fanout_proto::rtmp::client::{Client, Event, Role, RtmpUrl};
 use fanout_proto::rtmp::ingest::Ingest;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
@@ -39,34 +38,17 @@ async fn pull(
     tls: Option<Arc<rustls::ClientConfig>>,
     p: Arc<Publisher>,
     host: Weak<dyn crate::upstream::Host>,
-    (idle, linger): (Duration, Duration),
+    times: (Duration, Duration),
 ) {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let mut backoff = Duration::from_secs(1);
-    loop {
-        if !p.wanted() {
-            p.set_pull_error(Some("on demand: no reader".into()));
-            p.until_wanted().await;
+    super::pull_loop(&p, "RTMP", &url.shown(), CONN_BASE, |conn, label| {
+        let (url, tls, p, host) = (&url, tls.as_ref(), &p, &host);
+        async move {
+            let mut fed = false;
+            let why = play(url, tls, p, host, times, conn, &label, &mut fed).await;
+            (why, fed)
         }
-        let conn = CONN_BASE | NEXT.fetch_add(1, Ordering::Relaxed);
-        let label = format!("rtmp-pull-{}", conn & !CONN_BASE);
-        let mut fed = false;
-        let why = play(&url, tls.as_ref(), &p, &host, (idle, linger), conn, &label, &mut fed).await;
-        p.stop(&label);
-        if fed {
-            backoff = Duration::from_secs(1);
-        }
-        if !p.wanted() {
-            tracing::info!(url = %url.shown(), "RTMP source: {why}; again when a reader comes");
-            continue;
-        }
-        tracing::info!(url = %url.shown(), "RTMP source: {why}; again in {backoff:?}");
-        p.set_pull_error(Some(why));
-        tokio::time::sleep(backoff).await;
-        if !fed {
-            backoff = (backoff * 2).min(Duration::from_secs(30));
-        }
-    }
+    })
+    .await
 }
 
 /// One connection: plays the stream into the publisher side until it ends; why it ended.

@@ -11,13 +11,12 @@ use super::{Ctx, Feeder, Started, StopOnDrop};
 use crate::error::RelayError;
 use crate::publish::Publisher;
 use fanout_proto::whep::WhipUrl;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 use str0m::change::SdpAnswer;
 use str0m::media::{Direction, KeyframeRequestKind, MediaKind};
-use str0m::net::{Protocol, Receive};
-use str0m::{Candidate, Event, IceConnectionState, Input, Output, Rtc};
+use str0m::{Candidate, Event, IceConnectionState, Output, Rtc};
 
 /// Connection ids of WHEP pulls, apart from every other publisher's.
 const CONN_BASE: u64 = 6 << 60;
@@ -52,41 +51,20 @@ async fn pull(
     host: Weak<dyn crate::upstream::Host>,
     times: (Duration, Duration),
 ) {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
     let stop = Arc::new(AtomicBool::new(false));
     let _stop = StopOnDrop(stop.clone());
-    let mut backoff = Duration::from_secs(1);
-    loop {
-        if !p.wanted() {
-            p.set_pull_error(Some("on demand: no reader".into()));
-            p.until_wanted().await;
+    super::pull_loop(&p, "WHEP", &url.shown(), CONN_BASE, |conn, label| {
+        let (url, tls, p, host, stop) = (url.clone(), tls.clone(), p.clone(), host.clone(), stop.clone());
+        async move {
+            let run = tokio::task::spawn_blocking(move || {
+                let mut fed = false;
+                let why = view(&url, tls.as_ref(), &p, &host, times, conn, &label, &stop, &mut fed);
+                (why, fed)
+            });
+            run.await.unwrap_or_else(|e| (e.to_string(), false))
         }
-        let conn = CONN_BASE | NEXT.fetch_add(1, Ordering::Relaxed);
-        let label = format!("whep-pull-{}", conn & !CONN_BASE);
-        let (url2, tls2, p2, host2, stop2, label2) =
-            (url.clone(), tls.clone(), p.clone(), host.clone(), stop.clone(), label.clone());
-        let run = tokio::task::spawn_blocking(move || {
-            let mut fed = false;
-            let why = view(&url2, tls2.as_ref(), &p2, &host2, times, conn, &label2, &stop2, &mut fed);
-            (why, fed)
-        })
-        .await;
-        let (why, fed) = run.unwrap_or_else(|e| (e.to_string(), false));
-        p.stop(&label);
-        if fed {
-            backoff = Duration::from_secs(1);
-        }
-        if !p.wanted() {
-            tracing::info!(url = %url.shown(), "WHEP source: {why}; again when a reader comes");
-            continue;
-        }
-        tracing::info!(url = %url.shown(), "WHEP source: {why}; again in {backoff:?}");
-        p.set_pull_error(Some(why));
-        tokio::time::sleep(backoff).await;
-        if !fed {
-            backoff = (backoff * 2).min(Duration::from_secs(30));
-        }
-    }
+    })
+    .await
 }
 
 /// One session: views the stream into the publisher side until it ends; why it ended.
@@ -97,36 +75,22 @@ fn view(
     tls: Option<&Arc<rustls::ClientConfig>>,
     p: &Publisher,
     host: &Weak<dyn crate::upstream::Host>,
-    (idle, linger): (Duration, Duration),
+    times: (Duration, Duration),
     conn: u64,
     label: &str,
     stop: &AtomicBool,
     fed: &mut bool,
 ) -> String {
-    let mut agent = ureq::AgentBuilder::new().timeout(SETUP).user_agent(concat!("fanout/", env!("CARGO_PKG_VERSION")));
-    if let Some(tls) = tls {
-        agent = agent.tls_config(tls.clone());
-    }
-    let agent = agent.build();
-    let mut resource = None;
-    let why = match session(&agent, url, p, host, (idle, linger), conn, label, stop, fed, &mut resource) {
+    match session(url, tls, p, host, times, conn, label, stop, fed) {
         Ok(never) => match never {},
         Err(why) => why,
-    };
-    if let Some(r) = resource {
-        let mut delete = agent.delete(&r).timeout(Duration::from_secs(2));
-        if let Some(a) = &url.authorization {
-            delete = delete.set("Authorization", a);
-        }
-        let _ = delete.call();
     }
-    why
 }
 
 #[allow(clippy::too_many_arguments)]
 fn session(
-    agent: &ureq::Agent,
     url: &WhipUrl,
+    tls: Option<&Arc<rustls::ClientConfig>>,
     p: &Publisher,
     host: &Weak<dyn crate::upstream::Host>,
     (idle, linger): (Duration, Duration),
@@ -134,7 +98,6 @@ fn session(
     label: &str,
     stop: &AtomicBool,
     fed: &mut bool,
-    resource: &mut Option<String>,
 ) -> Result<std::convert::Infallible, String> {
     let (socket, far) = crate::dial::udp_towards(&url.host, url.port)?;
     let local = socket.local_addr().map_err(|e| e.to_string())?;
@@ -158,21 +121,8 @@ fn session(
     change.add_media(MediaKind::Video, Direction::RecvOnly, None, None, None);
     change.add_media(MediaKind::Audio, Direction::RecvOnly, None, None, None);
     let (offer, pending) = change.apply().ok_or("no offer to make")?;
-    let mut post = agent.post(&url.url).set("Content-Type", "application/sdp");
-    if let Some(a) = &url.authorization {
-        post = post.set("Authorization", a);
-    }
-    let answer = match post.send_string(&offer.to_sdp_string()) {
-        Ok(r) => {
-            *resource = r.header("Location").map(|l| url.resource(l));
-            r.into_string().map_err(|e| format!("the answer: {e}"))?
-        }
-        Err(ureq::Error::Status(code, r)) => {
-            let body = r.into_string().unwrap_or_default();
-            return Err(format!("the server refused the offer: {code} {}", body.trim()));
-        }
-        Err(e) => return Err(format!("the offer: {e}")),
-    };
+    // (Held to the end: its drop DELETEs the session.)
+    let (_session, answer) = crate::dial::WhipHttp::offer(url, tls, &offer.to_sdp_string(), SETUP)?;
     let described = fanout_proto::rtsp::sdp::Sdp::parse(&answer).map_err(|e| format!("the answer: {e}"))?;
     let ingest = fanout_proto::whep::ingest_pulled(&described)
         .ok_or("the server sends no track the relay takes (H.264, VP8, VP9, AV1 video; Opus audio)")?;
@@ -264,17 +214,8 @@ fn session(
                 return Err(format!("nobody read it for {linger:?} (on demand)"));
             }
         }
-        let _ = socket.set_read_timeout(Some(wait.clamp(Duration::from_millis(1), Duration::from_millis(50))));
-        let input = match socket.recv_from(&mut buf) {
-            Ok((n, source)) => match buf[..n].try_into() {
-                Ok(contents) => Input::Receive(
-                    Instant::now(),
-                    Receive { proto: Protocol::Udp, source, destination: local, contents },
-                ),
-                Err(_) => continue,
-            },
-            Err(_) => Input::Timeout(Instant::now()),
-        };
-        rtc.handle_input(input).map_err(|e| format!("WebRTC: {e}"))?;
+        // What the socket brings within the wait (at most 50 ms), else the time.
+        let wait = wait.clamp(Duration::from_millis(1), Duration::from_millis(50));
+        crate::dial::rtc_input(&mut rtc, &socket, local, &mut buf, wait)?;
     }
 }
