@@ -253,6 +253,10 @@ impl TryFrom<SourceFields> for SourceSpec {
         if f.looped.is_some() && f.file.is_none() {
             return Err("source \"loop\" only applies to a \"file\" source".into());
         }
+        let pulled = [&f.rtsp, &f.srt, &f.rtmp, &f.whep];
+        if pulled.iter().any(|u| u.as_ref().is_some_and(|u| u.chars().any(char::is_control))) {
+            return Err("source: a URL with a control character (a newline?)".into());
+        }
         let tls_keys = f.tls_ca.is_some() || f.tls_fingerprint.is_some() || f.tls_verify.is_some();
         let rtsp_keys = f.rtsp_transport.is_some() || f.timeout_s.is_some();
         let pull_keys = f.on_demand.is_some() || f.linger_s.is_some();
@@ -603,6 +607,9 @@ impl ForwardSpec {
     /// way to check its certificate, or an SRT URL (which encrypts with its own passphrase,
     /// not TLS).
     pub fn target(&self) -> Result<ForwardTo, fanout_proto::Invalid> {
+        if self.url.chars().any(char::is_control) {
+            return Err("forward: a URL with a control character (a newline?)".into());
+        }
         let scheme = self.url.split_once("://").map_or("", |(s, _)| s).to_ascii_lowercase();
         match scheme.as_str() {
             "rtmp" | "rtmps" => {

@@ -30,6 +30,7 @@ fn rejects_with_reasons() {
         (r#"{"name":"a b","source":{"demo":true}}"#, "must be 1-128"),
         (r#"{"name":"a","source":{"demo":true},"priority":9}"#, "out of range"),
         (r#"{"name":"a","source":{}}"#, "exactly one"),
+        (r#"{"name":"a","source":{"whep":"http://h/a\nFAKE/whep"}}"#, "control character"),
         (r#"{"name":"a","source":{"demo":true},"datapath":"warp"}"#, "unknown variant `warp`"),
         (r#"{"name":"a","source":{"demo":true},"ring":1}"#, "ring 1"),
         (r#"{"name":"a","source":{"demo":true},"sinks":[{"udp":"127.0.0.1:0"}]}"#, "port 0"),
@@ -217,6 +218,7 @@ fn forward_takes_urls_and_tables_and_refuses_what_it_cannot_push() {
     assert_eq!(again, s);
     for (forward, says) in [
         (r#""whip://h/x""#, "not \"whip\""),
+        (r#""rtmp://h/live/k\nFAKE""#, "control character"),
         (r#""http://h:0/cam/whip""#, "bad port"),
         (r#""rtsp://h:x/cam""#, "bad port"),
         (r#""srt://h""#, "the port is missing"),
