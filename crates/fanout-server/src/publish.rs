@@ -26,6 +26,8 @@ pub enum Ingest {
     Rtmp,
     Srt,
     Webrtc,
+    /// The relay reading another server's HLS.
+    Hls,
 }
 
 impl Ingest {
@@ -36,10 +38,11 @@ impl Ingest {
             Ingest::Rtmp => "rtmp",
             Ingest::Srt => "srt",
             Ingest::Webrtc => "webrtc",
+            Ingest::Hls => "hls",
         }
     }
 
-    /// The protocol it publishes with: `rtsp`, `rtmp`, `srt` or `webrtc`.
+    /// The protocol it publishes with: `rtsp`, `rtmp`, `srt`, `webrtc` or `hls`.
     pub fn protocol(self) -> &'static str {
         match self {
             Ingest::Interleaved | Ingest::Udp => "rtsp",
@@ -799,6 +802,7 @@ mod tests {
             (Ingest::Rtmp, "rtmp", "rtmp"),
             (Ingest::Srt, "srt", "srt"),
             (Ingest::Webrtc, "webrtc", "webrtc"),
+            (Ingest::Hls, "hls", "hls"),
         ] {
             assert_eq!(serde_json::to_value(i).unwrap(), name);
             assert_eq!((i.to_string().as_str(), i.protocol(), i.is_rtsp()), (name, protocol, protocol == "rtsp"));

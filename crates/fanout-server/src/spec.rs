@@ -34,9 +34,11 @@ pub enum SourceSpec {
     Rtmp(PullSource),
     /// A WHEP endpoint viewed (the relay as another server's WebRTC viewer).
     Whep(PullSource),
+    /// Another server's HLS (live or Low-Latency; MPEG-TS or fMP4 segments) read.
+    Hls(PullSource),
 }
 
-/// An `rtmp` or `whep` source: its URL (checked), whether it plays only while read, and
+/// An `rtmp`, `whep`, `srt` or `hls` source: its URL (checked), whether it plays only while read, and
 /// how an `rtmps://` or `https://` one checks the server.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PullSource {
@@ -116,6 +118,11 @@ pub struct SourceFields {
     /// reconnected with backoff.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub whep: Option<String>,
+    /// Read another server's HLS: `http[s]://host[:port]/…/index.m3u8` (a multivariant or a
+    /// media playlist; live or Low-Latency, MPEG-TS or fMP4 segments); its H.264/H.265 and
+    /// AAC become the path's tracks, paced at their own rate, read again with backoff.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hls: Option<String>,
     /// With `rtsp`: `udp`, `tcp` (interleaved), or `auto` (UDP, then TCP when UDP brings
     /// nothing in 3 s). Default `auto`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -160,6 +167,7 @@ pub const SOURCE_FIELDS: &[&str] = &[
     "srt",
     "rtmp",
     "whep",
+    "hls",
     "rtsp_transport",
     "on_demand",
     "linger_s",
@@ -236,6 +244,7 @@ impl TryFrom<SourceFields> for SourceSpec {
             f.srt.is_some(),
             f.rtmp.is_some(),
             f.whep.is_some(),
+            f.hls.is_some(),
             f.file.is_some(),
             f.publish == Some(true),
         ]
@@ -244,7 +253,7 @@ impl TryFrom<SourceFields> for SourceSpec {
         .count();
         if n != 1 {
             return Err(format!(
-                "source needs exactly one of \"udp\", \"tcp_listen\", \"tcp_connect\", \"rtsp\", \"srt\", \"rtmp\", \"whep\", \"file\", \"demo\": true, \"publish\": true (got {n})"
+                "source needs exactly one of \"udp\", \"tcp_listen\", \"tcp_connect\", \"rtsp\", \"srt\", \"rtmp\", \"whep\", \"hls\", \"file\", \"demo\": true, \"publish\": true (got {n})"
             ).into());
         }
         if f.takeover.is_some() && f.publish != Some(true) {
@@ -253,16 +262,16 @@ impl TryFrom<SourceFields> for SourceSpec {
         if f.looped.is_some() && f.file.is_none() {
             return Err("source \"loop\" only applies to a \"file\" source".into());
         }
-        let pulled = [&f.rtsp, &f.srt, &f.rtmp, &f.whep];
+        let pulled = [&f.rtsp, &f.srt, &f.rtmp, &f.whep, &f.hls];
         if pulled.iter().any(|u| u.as_ref().is_some_and(|u| u.chars().any(char::is_control))) {
             return Err("source: a URL with a control character (a newline?)".into());
         }
         let tls_keys = f.tls_ca.is_some() || f.tls_fingerprint.is_some() || f.tls_verify.is_some();
         let rtsp_keys = f.rtsp_transport.is_some() || f.timeout_s.is_some();
         let pull_keys = f.on_demand.is_some() || f.linger_s.is_some();
-        let tls_pull = f.rtsp.is_some() || f.rtmp.is_some() || f.whep.is_some();
+        let tls_pull = f.rtsp.is_some() || f.rtmp.is_some() || f.whep.is_some() || f.hls.is_some();
         if (rtsp_keys && f.rtsp.is_none()) || (pull_keys && !tls_pull && f.srt.is_none()) || (tls_keys && !tls_pull) {
-            return Err("source \"rtsp_transport\" and \"timeout_s\" only apply to an \"rtsp\" source, \"tls_*\" to an \"rtsp\", \"rtmp\" or \"whep\" one, \"on_demand\" and \"linger_s\" to those and \"srt\"".into());
+            return Err("source \"rtsp_transport\" and \"timeout_s\" only apply to an \"rtsp\" source, \"tls_*\" to an \"rtsp\", \"rtmp\", \"whep\" or \"hls\" one, \"on_demand\" and \"linger_s\" to those and \"srt\"".into());
         }
         if f.linger_s.is_some_and(|l| !(0.0..=86_400.0).contains(&l)) {
             return Err("source \"linger_s\" must be 0 to 86400".into());
@@ -315,6 +324,22 @@ impl TryFrom<SourceFields> for SourceSpec {
                 tls_fingerprint: f.tls_fingerprint,
                 tls_verify: f.tls_verify,
             })
+        } else if let Some(url) = f.hls {
+            let tls = hls_url(&url).map_err(|e| format!("source \"hls\": {e}"))?;
+            if tls_keys && !tls {
+                return Err(
+                    "source \"tls_ca\", \"tls_fingerprint\" and \"tls_verify\" apply to an https:// source".into()
+                );
+            }
+            crate::tls::verify_of(&f.tls_ca, &f.tls_fingerprint, f.tls_verify).map_err(|e| format!("source: {e}"))?;
+            SourceSpec::Hls(PullSource {
+                url,
+                on_demand: f.on_demand,
+                linger_s: f.linger_s,
+                tls_ca: f.tls_ca,
+                tls_fingerprint: f.tls_fingerprint,
+                tls_verify: f.tls_verify,
+            })
         } else if let Some(url) = f.rtsp {
             let u = fanout_proto::rtsp::client::Url::parse(&url).map_err(|e| format!("source \"rtsp\": {e}"))?;
             if tls_keys && !u.tls {
@@ -343,6 +368,30 @@ impl TryFrom<SourceFields> for SourceSpec {
     }
 }
 
+/// Whether an HLS source's URL is `https://` (`Err`: not an `http[s]://host/…` URL).
+pub fn hls_url(url: &str) -> Result<bool, String> {
+    let (tls, rest) = match url.split_once("://") {
+        Some(("http", rest)) => (false, rest),
+        Some(("https", rest)) => (true, rest),
+        _ => return Err(format!("{url:?} is not an http:// or https:// URL")),
+    };
+    let host = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host = host.rsplit_once('@').map_or(host, |h| h.1);
+    if host.is_empty() || host.chars().any(char::is_whitespace) {
+        return Err(format!("{url:?} names no host"));
+    }
+    Ok(tls)
+}
+
+/// An HLS URL as logs and the status show it: without credentials or query (a token).
+pub fn hls_shown(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let rest = rest.split(['?', '#']).next().unwrap_or("");
+    let (authority, path) = rest.split_once('/').map_or((rest, ""), |(a, p)| (a, p));
+    let authority = authority.rsplit_once('@').map_or(authority, |a| a.1);
+    format!("{scheme}://{authority}/{path}")
+}
+
 impl From<SourceSpec> for SourceFields {
     fn from(s: SourceSpec) -> Self {
         let mut f = SourceFields::default();
@@ -356,6 +405,11 @@ impl From<SourceSpec> for SourceFields {
             SourceSpec::Srt(r) => (f.srt, f.on_demand, f.linger_s) = (Some(r.url), r.on_demand, r.linger_s),
             SourceSpec::Whep(r) => {
                 f.whep = Some(r.url);
+                (f.on_demand, f.linger_s) = (r.on_demand, r.linger_s);
+                (f.tls_ca, f.tls_fingerprint, f.tls_verify) = (r.tls_ca, r.tls_fingerprint, r.tls_verify);
+            }
+            SourceSpec::Hls(r) => {
+                f.hls = Some(r.url);
                 (f.on_demand, f.linger_s) = (r.on_demand, r.linger_s);
                 (f.tls_ca, f.tls_fingerprint, f.tls_verify) = (r.tls_ca, r.tls_fingerprint, r.tls_verify);
             }

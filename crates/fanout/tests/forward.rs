@@ -1,5 +1,5 @@
 //! `forward` (issue 53): a path pushed over RTMP, RTSP, SRT and WHIP to other servers while
-//! it has a stream. A second fanout and MediaMTX take it, and ffmpeg decodes it from them over RTSP
+//! it has a stream, and pulled back from them (RTMP, WHEP, HLS). A second fanout and MediaMTX take it, and ffmpeg decodes it from them over RTSP
 //! (and from a relay that pulls it back from MediaMTX over RTMP, an `rtmp` source); a
 //! target killed and started again is fed again; a target that takes the connection and
 //! never answers holds up neither the path nor the other target.
@@ -271,10 +271,11 @@ fn mediamtx_takes_forwards_over_rtmp_rtsp_srt_and_whip_and_its_players_decode_th
     }
     let dir = scratch_dir("forward-mtx");
     let (rtsp, rtmp, api, srt) = (free_port(), free_port(), free_port(), free_udp_port().port());
-    let (webrtc, webrtc_udp) = (free_port(), free_udp_port().port());
+    let (webrtc, webrtc_udp, hls) = (free_port(), free_udp_port().port(), free_port());
     let cfg = format!(
         "logLevel: warn\napi: yes\napiAddress: 127.0.0.1:{api}\nrtspAddress: 127.0.0.1:{rtsp}\n\
-         rtspTransports: [tcp]\nrtmp: yes\nrtmpAddress: 127.0.0.1:{rtmp}\nhls: no\n\
+         rtspTransports: [tcp]\nrtmp: yes\nrtmpAddress: 127.0.0.1:{rtmp}\n\
+         hls: yes\nhlsAddress: 127.0.0.1:{hls}\nhlsVariant: lowLatency\nhlsAlwaysRemux: yes\n\
          srt: yes\nsrtAddress: 127.0.0.1:{srt}\n\
          webrtc: yes\nwebrtcAddress: 127.0.0.1:{webrtc}\nwebrtcLocalUDPAddress: 127.0.0.1:{webrtc_udp}\n\
          webrtcLocalTCPAddress: ''\nwebrtcIPsFromInterfaces: no\nwebrtcAdditionalHosts: [127.0.0.1]\n\
@@ -340,6 +341,20 @@ fn mediamtx_takes_forwards_over_rtmp_rtsp_srt_and_whip_and_its_players_decode_th
     decodes_100_frames(&format!("rtsp://{}/cam", rtsp_addr(&viewer)));
     drop(viewer);
 
+    // And as a reader of MediaMTX's Low-Latency HLS (an `hls` source): fMP4, the audio a
+    // rendition of its own.
+    let config =
+        format!("[[session]]\nname = \"cam\"\nsource = {{ hls = \"http://127.0.0.1:{hls}/live/cam/index.m3u8\" }}\n");
+    let hls_reader = Relay::with_config(&config, &["--no-demo"]);
+    assert!(
+        wait_for(Duration::from_secs(20), || publishing(&hls_reader)),
+        "{}",
+        hls_reader.ok("GET", "/v1/sessions/cam", None)
+    );
+    assert_eq!(hls_reader.ok("GET", "/v1/sessions/cam", None)["publisher"]["transport"], "hls");
+    decodes_100_frames(&format!("rtsp://{}/cam", rtsp_addr(&hls_reader)));
+    drop(hls_reader);
+
     // On demand: it plays only while someone reads, from the first reader's ask.
     let config = format!(
         "[[session]]\nname = \"cam\"\n\
@@ -365,4 +380,54 @@ fn mediamtx_takes_forwards_over_rtmp_rtsp_srt_and_whip_and_its_players_decode_th
     // And again for the next reader.
     decodes_100_frames(&format!("rtsp://{}/cam", rtsp_addr(&lazy)));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `hls` sources reading a second fanout's HLS in each of its variants (MPEG-TS segments,
+/// fMP4 segments, Low-Latency), one on demand: each path has the video and the audio, and
+/// ffmpeg decodes 100 pictures of each over RTSP; the on-demand one reads nothing before
+/// its reader asks (its stop after the last reader is the pull loop's, tested with SRT).
+#[test]
+fn hls_of_every_variant_is_read_as_a_source() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let far = Relay::with_config(
+        "[[session]]\nname = \"ts\"\nsource = { demo = true }\nhls_variant = \"mpegts\"\n\
+         [[session]]\nname = \"fmp4\"\nsource = { demo = true }\nhls_variant = \"fmp4\"\n\
+         [[session]]\nname = \"ll\"\nsource = { demo = true }\n",
+        &["--no-demo"],
+    );
+    let url = |name: &str| far.url(&format!("/v1/sessions/{name}/hls/index.m3u8"));
+    let config = format!(
+        "[[session]]\nname = \"ts\"\nsource = {{ hls = \"{}\" }}\n\
+         [[session]]\nname = \"fmp4\"\nsource = {{ hls = \"{}\" }}\n\
+         [[session]]\nname = \"ll\"\nsource = {{ hls = \"{}\", on_demand = true, linger_s = 1 }}\n",
+        url("ts"),
+        url("fmp4"),
+        url("ll")
+    );
+    let near = Relay::with_config(&config, &["--no-demo"]);
+    let playing = |name: &str| {
+        let p = &near.ok("GET", &format!("/v1/sessions/{name}"), None)["publisher"];
+        p["state"] == "publishing" && p["transport"] == "hls" && p["tracks"].as_array().is_some_and(|t| t.len() == 2)
+    };
+    for name in ["ts", "fmp4"] {
+        assert!(
+            wait_for(Duration::from_secs(20), || playing(name)),
+            "{}",
+            near.ok("GET", &format!("/v1/sessions/{name}"), None)
+        );
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(!playing("ll"), "an on-demand HLS source reads with nobody reading");
+    let rtsp = rtsp_addr(&near);
+    let decoders: Vec<_> = ["ts", "fmp4", "ll"]
+        .into_iter()
+        .map(|name| std::thread::spawn(move || decodes_100_frames(&format!("rtsp://{rtsp}/{name}"))))
+        .collect();
+    for d in decoders {
+        d.join().unwrap();
+    }
+    let status = near.ok("GET", "/v1/sessions/ts", None);
+    assert!(status["source"]["kind"].as_str().is_some_and(|k| k.starts_with("hls pull of http://")), "{status}");
 }

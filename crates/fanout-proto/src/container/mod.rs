@@ -11,11 +11,13 @@
 //! - [`repack`]: RTP H.264/HEVC/AAC tracks to access units on one timeline.
 //! - [`fmp4`]: fragmented MP4 initialization and media segments.
 //! - [`hls`]: HLS (and Low-Latency HLS) segments, parts and playlists.
+//! - [`hlsin`]: another server's HLS read as a source.
 //! - [`record`]: recording into fragmented MP4 files, and reading them back for playback.
 
 pub mod flv;
 pub mod fmp4;
 pub mod hls;
+pub mod hlsin;
 pub mod mp4ts;
 pub mod mpegts;
 pub mod playlist;

@@ -99,7 +99,7 @@ fn name(kind: &[u8]) -> String {
 }
 
 /// The boxes one after the other in `b` (kind, body); stops at the first that does not fit.
-fn boxes(mut b: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> {
+pub(crate) fn boxes(mut b: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> {
     std::iter::from_fn(move || {
         let size = u32::from_be_bytes(b.get(..4)?.try_into().ok()?);
         let (size, header) = match size {
@@ -116,7 +116,7 @@ fn boxes(mut b: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> {
 }
 
 /// The body of the first box of this kind in `b`.
-fn child<'a>(b: &'a [u8], kind: &[u8]) -> Option<&'a [u8]> {
+pub(crate) fn child<'a>(b: &'a [u8], kind: &[u8]) -> Option<&'a [u8]> {
     boxes(b).find(|(k, _)| *k == kind).map(|(_, body)| body)
 }
 
@@ -140,7 +140,7 @@ fn hevc_configs(mp4: &[u8]) -> Vec<(u32, &[u8])> {
 
 /// An `hvcC` (ISO/IEC 14496-15 §8.3.3): the NAL length size, and the VPS, SPS and PPS in
 /// Annex B.
-fn hvcc(b: &[u8]) -> Result<(usize, Vec<u8>), crate::Invalid> {
+pub(crate) fn hvcc(b: &[u8]) -> Result<(usize, Vec<u8>), crate::Invalid> {
     let short = || "hvcC cut short".to_string();
     let nal_len = usize::from(b.get(21).ok_or_else(short)? & 3) + 1;
     let arrays = *b.get(22).ok_or_else(short)?;
@@ -288,7 +288,7 @@ fn read(r: &mut mp4::Mp4Reader<Cursor<&[u8]>>, t: &Track, sid: u32) -> Result<mp
 }
 
 /// Length-prefixed NAL units (`len` bytes of length each) to Annex B, appended to `out`.
-fn annexb(mut b: &[u8], len: usize, out: &mut Vec<u8>) -> Result<(), crate::Invalid> {
+pub(crate) fn annexb(mut b: &[u8], len: usize, out: &mut Vec<u8>) -> Result<(), crate::Invalid> {
     while !b.is_empty() {
         let n = b.get(..len).ok_or("a NAL length cut short")?.iter().fold(0usize, |a, &x| (a << 8) | usize::from(x));
         let nal = b.get(len..len + n).ok_or("a NAL unit longer than its sample")?;

@@ -6,6 +6,7 @@
 //! `ARCHITECTURE.md` ("Adding a source") shows how a kind is added.
 
 mod clip;
+mod hls;
 mod publish;
 mod rtmp;
 mod rtsp;
@@ -48,7 +49,7 @@ impl Drop for StopOnDrop {
     }
 }
 
-/// A pull's life (`rtmp`, `whep`): waits for a reader where it is on demand, runs one
+/// A pull's life (`rtmp`, `whep`, `srt`, `hls`): waits for a reader where it is on demand, runs one
 /// connection at a time (`connect(conn, label)` says why it ended and whether it fed the
 /// tracks), ends the publisher's stream after each, and connects again after a backoff (1 s
 /// doubling to 30 s while connections feed nothing), or when a reader comes where nobody
@@ -81,6 +82,46 @@ where
         tokio::time::sleep(backoff).await;
         if !fed {
             backoff = (backoff * 2).min(std::time::Duration::from_secs(30));
+        }
+    }
+}
+
+/// One connection of a pull run on a blocking thread (libsrt's sockets, HLS's HTTP client),
+/// for [`pull_loop`]: `work(stop)` until it ends, or (on demand) until nobody read the
+/// stream for `linger`: then `stop` is set and the thread waited for. `stop` is also set
+/// when the path goes (the task aborted).
+pub(crate) async fn on_blocking_thread<W>(
+    p: &crate::publish::Publisher,
+    linger: std::time::Duration,
+    work: W,
+) -> (String, bool)
+where
+    W: FnOnce(Arc<std::sync::atomic::AtomicBool>) -> (String, bool) + Send + 'static,
+{
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let _guard = StopOnDrop(stop.clone());
+    let stop2 = stop.clone();
+    let mut run = tokio::task::spawn_blocking(move || work(stop2));
+    tokio::select! {
+        r = &mut run => r.unwrap_or_else(|e| (e.to_string(), false)),
+        () = unwanted_for(p, linger) => {
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let fed = run.await.is_ok_and(|r| r.1);
+            (format!("nobody read it for {linger:?} (on demand)"), fed)
+        }
+    }
+}
+
+/// Returns once the stream was not wanted for `linger` (never for a pull that is always on).
+async fn unwanted_for(p: &crate::publish::Publisher, linger: std::time::Duration) {
+    let mut since = None;
+    let mut look = tokio::time::interval(std::time::Duration::from_secs(1));
+    loop {
+        look.tick().await;
+        if p.wanted() {
+            since = None;
+        } else if since.get_or_insert_with(std::time::Instant::now).elapsed() >= linger {
+            return;
         }
     }
 }
@@ -157,6 +198,7 @@ pub async fn start(spec: &SourceSpec, cx: Ctx<'_>) -> Result<Started, RelayError
         SourceSpec::Srt(r) => srt::start(r, &cx),
         SourceSpec::Rtmp(r) => rtmp::start(r, &cx),
         SourceSpec::Whep(r) => whep::start(r, &cx),
+        SourceSpec::Hls(r) => hls::start(r, &cx),
     }
 }
 

@@ -31,6 +31,9 @@ fn rejects_with_reasons() {
         (r#"{"name":"a","source":{"demo":true},"priority":9}"#, "out of range"),
         (r#"{"name":"a","source":{}}"#, "exactly one"),
         (r#"{"name":"a","source":{"whep":"http://h/a\nFAKE/whep"}}"#, "control character"),
+        (r#"{"name":"a","source":{"hls":"rtmp://h/a/index.m3u8"}}"#, "not an http:// or https:// URL"),
+        (r#"{"name":"a","source":{"hls":"http:///index.m3u8"}}"#, "names no host"),
+        (r#"{"name":"a","source":{"hls":"http://h/i.m3u8","tls_verify":false}}"#, "apply to an https://"),
         (r#"{"name":"a","source":{"demo":true},"datapath":"warp"}"#, "unknown variant `warp`"),
         (r#"{"name":"a","source":{"demo":true},"ring":1}"#, "ring 1"),
         (r#"{"name":"a","source":{"demo":true},"sinks":[{"udp":"127.0.0.1:0"}]}"#, "port 0"),
@@ -107,6 +110,14 @@ fn any_source() -> impl Strategy<Value = SourceSpec> {
             ..Default::default()
         })
     });
+    let hls = (any::<bool>(), "[a-z]{1,8}", proptest::option::of(any::<bool>())).prop_map(|(tls, path, on_demand)| {
+        SourceSpec::Hls(PullSource {
+            url: format!("{}://cdn.example/{path}/index.m3u8", if tls { "https" } else { "http" }),
+            on_demand,
+            tls_verify: tls.then_some(true),
+            ..Default::default()
+        })
+    });
     let srt = ("[a-z]{1,8}", proptest::option::of(any::<bool>())).prop_map(|(id, on_demand)| {
         SourceSpec::Srt(PullSource {
             url: format!("srt://cam.example:9000?streamid=read:{id}"),
@@ -118,6 +129,7 @@ fn any_source() -> impl Strategy<Value = SourceSpec> {
         udp,
         rtmp,
         whep,
+        hls,
         srt,
         any_addr().prop_map(SourceSpec::TcpListen),
         any_addr().prop_map(SourceSpec::TcpConnect),
@@ -232,4 +244,15 @@ fn forward_takes_urls_and_tables_and_refuses_what_it_cannot_push() {
         let e = parse(&json);
         assert!(e.as_ref().is_err_and(|e| e.contains(says)), "{forward}: {e:?}");
     }
+}
+
+/// An HLS source's URL in logs and the status keeps no credentials and no token.
+#[test]
+fn an_hls_url_is_shown_without_its_secrets() {
+    assert_eq!(
+        hls_shown("https://u:p@cdn.example:8443/live/cam/index.m3u8?jwt=secret"),
+        "https://cdn.example:8443/live/cam/index.m3u8"
+    );
+    assert_eq!(hls_shown("http://h"), "http://h/");
+    assert_eq!(hls_url("https://u:p@h/x.m3u8"), Ok(true));
 }
