@@ -26,7 +26,15 @@ fn lookup(name: &str) -> Option<Resource> {
 
 fuzz_target!(|data: &[u8]| {
     let limits = Limits { max_head: 2048, max_headers: 32, max_body: 4096 };
-    let mut server = Server::new(Config { max_sessions: 4, ..Config::default() }, [1; 32]);
+    // (With multicast groups, two of them: a third track is refused.)
+    let multicast = Some(fanout_proto::rtsp::server::Multicast {
+        first: std::net::Ipv4Addr::new(239, 1, 1, 0),
+        count: 2,
+        rtp: 8002,
+        rtcp: 8003,
+        ttl: 1,
+    });
+    let mut server = Server::new(Config { max_sessions: 4, multicast, ..Config::default() }, [1; 32]);
     // The same requests to a server with a user (Basic `u:p` is `dTpw`; Digest answers too).
     let users = vec![("u".to_string(), "p".to_string())];
     let mut guarded = Server::new(Config { max_sessions: 4, users, ..Config::default() }, [2; 32]);

@@ -88,6 +88,7 @@ fn differences(old: &Config, new: &Config) -> (Vec<&'static str>, Vec<&'static s
         srt,
         srt_passphrase,
         srt_pbkeylen,
+        rtsp_multicast,
         srt_latency_ms,
         webrtc,
         webrtc_additional_hosts,
@@ -146,7 +147,7 @@ fn differences(old: &Config, new: &Config) -> (Vec<&'static str>, Vec<&'static s
         file_roots "file_roots", auth "auth", patterns "pattern",
     );
     changed!(restart:
-        api "api", rtsp "rtsp", rtmp "rtmp", srt "srt", srt_passphrase "srt_passphrase", srt_pbkeylen "srt_pbkeylen",
+        api "api", rtsp "rtsp", rtmp "rtmp", srt "srt", srt_passphrase "srt_passphrase", srt_pbkeylen "srt_pbkeylen", rtsp_multicast "rtsp_multicast",
         srt_latency_ms "srt_latency_ms", webrtc "webrtc", webrtc_additional_hosts "webrtc_additional_hosts",
         webrtc_tcp "webrtc_tcp", rtsp_max_connections "rtsp_max_connections", rtsp_idle_s "rtsp_idle_s",
         request_timeout_s "request_timeout_s", api_max_connections "api_max_connections", workers "workers",

@@ -772,7 +772,9 @@ async fn listen_rtsp(
         listeners.push((l, Some(t.acceptor().clone())));
     }
     let Some(bound) = listeners.first().and_then(|(l, _)| l.local_addr().ok()) else { return Ok(None) };
-    let state = rtsp::Rtsp::new(bound.ip(), relay.cfg().rtsp_server_users(), relay.cfg().srtp())?;
+    let multicast = relay.cfg().rtsp_multicast.as_ref().map(crate::config::RtspMulticast::groups).transpose();
+    let multicast = multicast.map_err(std::io::Error::other)?;
+    let state = rtsp::Rtsp::new(bound.ip(), relay.cfg().rtsp_server_users(), relay.cfg().srtp(), multicast)?;
     fanout_io::set_udp_source(std::net::SocketAddr::new(bound.ip(), state.rtp_port()));
     for (l, tls) in &listeners {
         let slot = if tls.is_some() { &relay.rtsps_addr } else { &relay.rtsp_addr };

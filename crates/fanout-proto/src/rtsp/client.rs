@@ -288,6 +288,7 @@ impl Client {
                 format!("{profile};unicast;client_port={client_rtp}-{client_rtcp}")
             }
             Lower::Interleaved { rtp, rtcp } => format!("{profile}/TCP;unicast;interleaved={rtp}-{rtcp}"),
+            Lower::Multicast { .. } => format!("{profile};multicast"),
         };
         let transport = if self.record.is_some() { format!("{transport};mode=record") } else { transport };
         let mut h = Headers::default();

@@ -358,6 +358,10 @@ pub enum Lower {
     Udp { client_rtp: u16, client_rtcp: u16 },
     /// RTP/AVP/TCP interleaved on the RTSP connection, on these channels.
     Interleaved { rtp: u8, rtcp: u8 },
+    /// RTP/AVP UDP multicast: the track's group and ports, which the server chooses (a
+    /// client's `multicast` spec is this with a group of 0.0.0.0 until then). One stream per
+    /// group, whatever the number of clients.
+    Multicast { group: std::net::Ipv4Addr, rtp: u16, rtcp: u16 },
 }
 
 /// One transport spec of a `Transport` header (the client may offer several, comma-separated;
@@ -382,8 +386,9 @@ fn port_pair(v: &str) -> Option<(u16, u16)> {
     }
 }
 
-/// Parses a `Transport` header value. A spec the proxy cannot serve (multicast, an unknown
-/// profile, missing ports) has `lower: None`: the server answers 461 if no spec is usable.
+/// Parses a `Transport` header value. A spec the proxy cannot serve (an unknown profile,
+/// missing ports, multicast over TCP) has `lower: None`: the server answers 461 if no spec is
+/// usable.
 pub fn parse_transport(value: &str) -> Vec<TransportSpec> {
     value
         .split(',')
@@ -418,6 +423,9 @@ pub fn parse_transport(value: &str) -> Vec<TransportSpec> {
                     (Some(false), false) => client
                         .filter(|(a, b)| *a != 0 && *b != 0)
                         .map(|(a, b)| Lower::Udp { client_rtp: a, client_rtcp: b }),
+                    (Some(false), true) => {
+                        Some(Lower::Multicast { group: std::net::Ipv4Addr::UNSPECIFIED, rtp: 0, rtcp: 0 })
+                    }
                     (Some(true), _) => Some(interleaved.map_or(Lower::Interleaved { rtp: 0, rtcp: 1 }, |(a, b)| {
                         Lower::Interleaved { rtp: a, rtcp: b }
                     })),
@@ -504,7 +512,10 @@ mod tests {
         let t = parse_transport("RTP/AVP/TCP;unicast;interleaved=2-3");
         assert_eq!(t[0].lower, Some(Lower::Interleaved { rtp: 2, rtcp: 3 }));
         let t = parse_transport("RTP/AVP;multicast;port=5000-5001, RTP/AVP/TCP;interleaved=0-1");
-        assert_eq!((t[0].lower, t[1].lower), (None, Some(Lower::Interleaved { rtp: 0, rtcp: 1 })));
+        // (The server chooses a multicast group and its ports.)
+        let asked = Lower::Multicast { group: std::net::Ipv4Addr::UNSPECIFIED, rtp: 0, rtcp: 0 };
+        assert_eq!((t[0].lower, t[1].lower), (Some(asked), Some(Lower::Interleaved { rtp: 0, rtcp: 1 })));
+        assert_eq!(parse_transport("RTP/AVP/TCP;multicast")[0].lower, Some(Lower::Interleaved { rtp: 0, rtcp: 1 }));
         assert_eq!(parse_transport("RAW/RAW/UDP;unicast")[0].lower, None);
         assert_eq!(parse_transport("RTP/AVP;unicast")[0].lower, None, "UDP without ports");
         assert_eq!(parse_session("12345678;timeout=60"), ("12345678".to_string(), Some(60)));

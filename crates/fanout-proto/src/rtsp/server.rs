@@ -123,6 +123,20 @@ pub struct Config {
     /// `(user, password)`; empty = open.
     pub users: Vec<(String, String)>,
     pub realm: String,
+    /// RTP/AVP UDP multicast for players that ask for it: each (resource, track) gets a
+    /// group of this range; `None`: refused (461).
+    pub multicast: Option<Multicast>,
+}
+
+/// Where multicast streams go: groups from `first` on (`count` of them), each track's RTP
+/// and RTCP to these ports of its group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Multicast {
+    pub first: Ipv4Addr,
+    pub count: u32,
+    pub rtp: u16,
+    pub rtcp: u16,
+    pub ttl: u8,
 }
 
 impl Default for Config {
@@ -135,6 +149,7 @@ impl Default for Config {
             interleaved: true,
             users: Vec::new(),
             realm: "fanout".into(),
+            multicast: None,
         }
     }
 }
@@ -159,6 +174,9 @@ pub struct Server {
     peers: HashMap<u64, IpAddr>,
     /// Connections already reported for naming a session not their own.
     foreign: HashSet<u64>,
+    /// The multicast group of each (resource, track) that was asked for one, for the
+    /// server's life: a group is one stream, whoever plays it.
+    groups: HashMap<(String, usize), Ipv4Addr>,
 }
 
 /// Who sent a request: its connection, and the user it authenticated as.
@@ -230,7 +248,21 @@ impl Server {
             secure: Default::default(),
             peers: HashMap::new(),
             foreign: HashSet::new(),
+            groups: HashMap::new(),
         }
+    }
+
+    /// The multicast group of `resource`'s `track`: the one it has, else the next of the
+    /// range; `None` when multicast is off or every group of the range is taken.
+    fn group(&mut self, resource: &str, track: usize) -> Option<Ipv4Addr> {
+        let m = self.cfg.multicast?;
+        if let Some(g) = self.groups.get(&(resource.to_string(), track)) {
+            return Some(*g);
+        }
+        let n = u32::try_from(self.groups.len()).ok().filter(|n| *n < m.count)?;
+        let g = Ipv4Addr::from(u32::from(m.first).checked_add(n)?);
+        self.groups.insert((resource.to_string(), track), g);
+        Some(g)
     }
 
     /// New credentials (a reload): every request from now on is checked against them.
@@ -253,7 +285,8 @@ impl Server {
         if s.conn == asker.conn {
             return true;
         }
-        let udp_only = !s.record && s.tracks.iter().all(|(_, l)| matches!(l, Lower::Udp { .. }));
+        let udp_only =
+            !s.record && s.tracks.iter().all(|(_, l)| matches!(l, Lower::Udp { .. } | Lower::Multicast { .. }));
         udp_only && s.ip == self.peer(asker.conn) && s.user == asker.user
     }
 
@@ -468,6 +501,7 @@ impl Server {
                 let (a, b) = self.cfg.record_ports;
                 format!("RTP/AVP;unicast;client_port={client_rtp}-{client_rtcp};server_port={a}-{b};mode=record")
             }
+            Lower::Multicast { .. } => unreachable!("a publisher's multicast is not taken (setup)"),
         };
         r.headers.set("Transport", transport);
         r.headers.set("Session", format!("{id};timeout={}", self.cfg.timeout_s));
@@ -488,7 +522,7 @@ impl Server {
             .iter()
             .filter_map(|(t, l)| match l {
                 Lower::Interleaved { rtp, .. } => Some((*t, *rtp)),
-                Lower::Udp { .. } => None,
+                Lower::Udp { .. } | Lower::Multicast { .. } => None,
             })
             .collect();
         let udp = s
@@ -496,7 +530,7 @@ impl Server {
             .iter()
             .filter_map(|(t, l)| match *l {
                 Lower::Udp { client_rtp, client_rtcp } => Some((*t, client_rtp, client_rtcp)),
-                Lower::Interleaved { .. } => None,
+                Lower::Interleaved { .. } | Lower::Multicast { .. } => None,
             })
             .collect();
         actions.push(Action::Record {
@@ -549,9 +583,11 @@ impl Server {
             // record ports are open and the connection is not RTSPS (its media would leave
             // the TLS).
             let udp_ok = self.cfg.record_ports != (0, 0) && !self.secure.contains_key(&asker.conn);
-            let lower = specs
-                .iter()
-                .find_map(|s| s.lower.filter(|l| !s.savp && (matches!(l, Lower::Interleaved { .. }) || udp_ok)));
+            let lower = specs.iter().find_map(|s| {
+                s.lower.filter(|l| {
+                    !s.savp && (matches!(l, Lower::Interleaved { .. }) || (udp_ok && matches!(l, Lower::Udp { .. })))
+                })
+            });
             return self.setup_record(cseq, name, rest, asker, now_ms, session, lower);
         }
         let Some(res) = lookup(name) else { return error(404, Some(cseq)) };
@@ -567,6 +603,8 @@ impl Server {
                 Some(keyed) => s.savp && keyed,
             },
             Some(Lower::Interleaved { .. }) => self.cfg.interleaved && (!s.savp || srtp == Some(true)),
+            // Plain RTP only (no keys for a group), where groups are configured.
+            Some(Lower::Multicast { .. }) => srtp.is_none() && !s.savp && self.cfg.multicast.is_some(),
             None => false,
         };
         let Some(spec) = specs.iter().find(|s| usable(s)) else { return error(461, Some(cseq)) };
@@ -591,7 +629,7 @@ impl Server {
                 .flat_map(|(id, s)| s.tracks.iter().filter(move |(t, _)| session != Some(id.as_str()) || *t != track))
                 .flat_map(|(_, l)| match *l {
                     Lower::Interleaved { rtp, rtcp } => vec![rtp, rtcp],
-                    Lower::Udp { .. } => vec![],
+                    Lower::Udp { .. } | Lower::Multicast { .. } => vec![],
                 })
                 .collect();
             if used.contains(&rtp) || used.contains(&rtcp) {
@@ -600,6 +638,13 @@ impl Server {
                     None => return error(461, Some(cseq)),
                 }
             }
+        }
+        if let Lower::Multicast { .. } = lower {
+            // Every group of the range is some track's: not enough bandwidth (453).
+            let (Some(group), Some(m)) = (self.group(name, track), self.cfg.multicast) else {
+                return error(453, Some(cseq));
+            };
+            lower = Lower::Multicast { group, rtp: m.rtp, rtcp: m.rtcp };
         }
         let id = match session {
             Some(id) => match self.sessions.get(id) {
@@ -639,6 +684,10 @@ impl Server {
                 format!("{profile};unicast;client_port={client_rtp}-{client_rtcp};server_port={a}-{b}")
             }
             Lower::Interleaved { rtp, rtcp } => format!("{profile}/TCP;unicast;interleaved={rtp}-{rtcp}"),
+            Lower::Multicast { group, rtp, rtcp } => {
+                let ttl = self.cfg.multicast.map_or(1, |m| m.ttl);
+                format!("{profile};multicast;destination={group};port={rtp}-{rtcp};ttl={ttl}")
+            }
         };
         r.headers.set("Transport", transport);
         r.headers.set("Session", format!("{id};timeout={}", self.cfg.timeout_s));
@@ -1125,6 +1174,37 @@ mod tests {
         assert_eq!((r.status, a), (200, vec![Action::Teardown { session: sid.clone() }]));
         assert_eq!(s.sessions(), 0);
         assert_eq!(go(&mut s, &req("PLAY", URL, 9, &[("Session", sid.as_str())]), 70).0.status, 454);
+    }
+
+    /// Multicast: each track of a resource has one group, whoever asks; the answer says
+    /// where; a range used up is 453, SRTP or a publisher's multicast 461, and none
+    /// configured 461.
+    #[test]
+    fn multicast_players_share_one_group_per_track() {
+        let m = Multicast { first: Ipv4Addr::new(239, 9, 0, 0), count: 2, rtp: 8002, rtcp: 8003, ttl: 4 };
+        let mut s = Server::new(Config { multicast: Some(m), ..Config::default() }, [3; 32]);
+        let setup = |s: &mut Server, conn: u64, track: u32, t: &str| {
+            let (r, a) = go(s, &req("SETUP", &format!("{URL}/trackID={track}"), 1, &[("Transport", t)]), conn);
+            (r.status, r.headers.get("Transport").map(str::to_string), a)
+        };
+        let (status, t, a) = setup(&mut s, 1, 0, "RTP/AVP;multicast");
+        assert_eq!((status, t.as_deref()), (200, Some("RTP/AVP;multicast;destination=239.9.0.0;port=8002-8003;ttl=4")));
+        let lower = Lower::Multicast { group: Ipv4Addr::new(239, 9, 0, 0), rtp: 8002, rtcp: 8003 };
+        assert!(matches!(a.as_slice(), [Action::Setup { lower: l, .. }] if *l == lower), "{a:?}");
+        // Another player of the same track: the same group.
+        assert_eq!(setup(&mut s, 2, 0, "RTP/AVP;multicast;port=9000-9001").1, t);
+        let audio = setup(&mut s, 2, 1, "RTP/AVP;multicast").1.unwrap();
+        assert!(audio.contains("destination=239.9.0.1;"), "{audio}");
+        // A client offering multicast first and unicast next gets multicast.
+        let (_, both, _) = setup(&mut s, 3, 1, "RTP/AVP;multicast, RTP/AVP;unicast;client_port=5000-5001");
+        assert_eq!(both.as_deref(), Some(audio.as_str()));
+        let mut other =
+            Server::new(Config { multicast: Some(Multicast { count: 1, ..m }), ..Config::default() }, [3; 32]);
+        assert_eq!(setup(&mut other, 1, 0, "RTP/AVP;multicast").0, 200);
+        assert_eq!(setup(&mut other, 1, 1, "RTP/AVP;multicast").0, 453, "no group left for the second track");
+        assert_eq!(setup(&mut s, 4, 0, "RTP/SAVP;multicast").0, 461, "no keys for a group");
+        let mut off = Server::new(Config::default(), [3; 32]);
+        assert_eq!(setup(&mut off, 1, 0, "RTP/AVP;multicast").0, 461, "no multicast configured");
     }
 
     #[test]

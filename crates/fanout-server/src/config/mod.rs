@@ -89,6 +89,9 @@ pub struct Config {
     /// Users with passwords, addresses and permissions per action and path, on every face.
     #[serde(rename = "user")]
     pub users: Vec<fanout_proto::users::User>,
+    /// RTP over UDP multicast for RTSP players that ask for it: one stream per track to a
+    /// group of this range, whatever the number of players (none: refused, 461).
+    pub rtsp_multicast: Option<RtspMulticast>,
     /// RTSP connections open at once; more are answered 503 and closed.
     pub rtsp_max_connections: usize,
     /// Seconds an RTSP connection may stay silent (unless it carries interleaved RTP).
@@ -213,6 +216,7 @@ pub const CONFIG_FIELDS: &[&str] = &[
     "webrtc_tcp",
     "rtsp_user",
     "user",
+    "rtsp_multicast",
     "rtsp_max_connections",
     "rtsp_idle_s",
     "request_timeout_s",
@@ -272,6 +276,7 @@ impl Default for Config {
             webrtc_tcp: false,
             rtsp_users: Vec::new(),
             users: Vec::new(),
+            rtsp_multicast: None,
             rtsp_max_connections: default_max_connections(),
             rtsp_idle_s: 60.0,
             request_timeout_s: 10.0,
@@ -308,6 +313,65 @@ impl Default for Config {
             auth: None,
             patterns: Vec::new(),
         }
+    }
+}
+
+/// `rtsp_multicast = { ips = "239.255.1.0/24", rtp_port = 8002, rtcp_port = 8003, ttl = 1 }`
+/// (MediaMTX's `multicastIPRange`, `multicastRTPPort`, `multicastRTCPPort`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RtspMulticast {
+    /// The groups, as a CIDR range of IPv4 multicast addresses: one per (path, track).
+    pub ips: String,
+    #[serde(default = "default_multicast_rtp")]
+    pub rtp_port: u16,
+    #[serde(default = "default_multicast_rtcp")]
+    pub rtcp_port: u16,
+    /// Routers the packets may cross (1: the local network).
+    #[serde(default = "default_multicast_ttl")]
+    pub ttl: u8,
+}
+
+fn default_multicast_rtp() -> u16 {
+    8002
+}
+fn default_multicast_rtcp() -> u16 {
+    8003
+}
+fn default_multicast_ttl() -> u8 {
+    1
+}
+
+impl RtspMulticast {
+    /// The RTSP server's multicast settings, or why these are not.
+    pub fn groups(&self) -> Result<fanout_proto::rtsp::server::Multicast, String> {
+        let (ip, prefix) = self.ips.split_once('/').unwrap_or((&self.ips, "32"));
+        let first: std::net::Ipv4Addr = ip
+            .trim()
+            .parse()
+            .map_err(|_| format!("rtsp_multicast ips {:?}: not an IPv4 range (239.255.1.0/24)", self.ips))?;
+        let prefix: u32 = prefix
+            .trim()
+            .parse()
+            .ok()
+            .filter(|p| (4..=32).contains(p))
+            .ok_or_else(|| format!("rtsp_multicast ips {:?}: the prefix length must be 4 to 32", self.ips))?;
+        let mask = u32::MAX.checked_shl(32 - prefix).unwrap_or(0);
+        let first = std::net::Ipv4Addr::from(u32::from(first) & mask);
+        if !first.is_multicast() {
+            return Err(format!("rtsp_multicast ips {:?}: not multicast addresses (224.0.0.0/4)", self.ips));
+        }
+        if self.rtp_port == 0 || self.rtcp_port == 0 || self.rtp_port == self.rtcp_port {
+            return Err(format!("rtsp_multicast ports {} and {}: two ports, neither 0", self.rtp_port, self.rtcp_port));
+        }
+        let count = (!mask).saturating_add(1);
+        Ok(fanout_proto::rtsp::server::Multicast {
+            first,
+            count,
+            rtp: self.rtp_port,
+            rtcp: self.rtcp_port,
+            ttl: self.ttl.max(1),
+        })
     }
 }
 
@@ -596,6 +660,23 @@ mod tests {
         ] {
             let e = Config::parse(&format!("[cluster]\n{body}\n")).unwrap_err().join("\n");
             assert!(e.contains(why), "{body}: {e}");
+        }
+    }
+
+    /// `rtsp_multicast`: a range of groups, or the reason it is not one.
+    #[test]
+    fn rtsp_multicast_is_a_range_of_groups() {
+        let c = Config::parse("rtsp_multicast = { ips = \"239.255.7.9/28\", ttl = 3 }\n").unwrap();
+        let m = c.rtsp_multicast.unwrap().groups().unwrap();
+        assert_eq!((m.first, m.count, m.rtp, m.rtcp, m.ttl), ("239.255.7.0".parse().unwrap(), 16, 8002, 8003, 3));
+        for (text, why) in [
+            ("ips = \"10.0.0.0/8\"", "not multicast"),
+            ("ips = \"239.0.0.0/40\"", "prefix length"),
+            ("ips = \"cam\"", "not an IPv4 range"),
+            ("ips = \"239.1.1.1\", rtp_port = 5000, rtcp_port = 5000", "two ports"),
+        ] {
+            let e = Config::parse(&format!("rtsp_multicast = {{ {text} }}\n")).unwrap_err();
+            assert!(e.iter().any(|e| e.contains(why) && e.contains("rtsp_multicast")), "{text}: {e:?}");
         }
     }
 

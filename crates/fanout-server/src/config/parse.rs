@@ -229,6 +229,9 @@ impl Config {
             }
         };
         check(self.rtsp_max_connections >= 1, "rtsp_max_connections", "rtsp_max_connections must be at least 1".into());
+        if let Some(Err(e)) = self.rtsp_multicast.as_ref().map(super::RtspMulticast::groups) {
+            check(false, "rtsp_multicast", e);
+        }
         check(
             (1.0..=86_400.0).contains(&self.rtsp_idle_s),
             "rtsp_idle_s",

@@ -75,7 +75,11 @@ impl Rtsp {
             let into = epoch.as_ref().map_or(&tr.session, |e| &e.session).clone();
             match self.add_sink(c, lower, &into, &tr.session) {
                 Ok(id) => {
-                    let how = if matches!(lower, Lower::Udp { .. }) { "udp" } else { "interleaved" };
+                    let how = match lower {
+                        Lower::Udp { .. } => "udp",
+                        Lower::Interleaved { .. } => "interleaved",
+                        Lower::Multicast { .. } => "multicast",
+                    };
                     tracing::info!(resource = %c.resource, peer = %c.peer, track = t, sink = id, how, srtp = c.srtp, "RTSP client playing");
                     let track_session = tr.session.clone();
                     c.sinks.push(Placed { track: t, id, session: into, srtp: epoch, track_session })
@@ -97,6 +101,20 @@ impl Rtsp {
     ) -> std::io::Result<u64> {
         match lower {
             Lower::Udp { client_rtp, .. } => into.add_udp_sink_from_shared_port(SocketAddr::new(c.peer, client_rtp)),
+            Lower::Multicast { group, rtp, .. } => {
+                // One sink per group, shared by its players (one that went with its session
+                // is made again).
+                let to = SocketAddr::new(group.into(), rtp);
+                let mut groups = self.groups.lock();
+                let key = (to, into.name().to_string());
+                if let Some((id, n)) = groups.get_mut(&key).filter(|(id, _)| into.sink_status(*id).is_some()) {
+                    *n += 1;
+                    return Ok(*id);
+                }
+                let id = into.add_udp_sink_from_shared_port(to)?;
+                groups.insert(key, (id, 1));
+                Ok(id)
+            }
             Lower::Interleaved { rtp, .. } => {
                 let conns = self.conns.lock();
                 let conn = conns.get(&c.conn).ok_or_else(|| std::io::Error::other("its connection is gone"))?;
@@ -131,6 +149,24 @@ impl Rtsp {
             tracing::info!(resource = %c.resource, peer = %c.peer, sinks = c.sinks.len(), "RTSP client stopped");
         }
         for p in c.sinks.drain(..) {
+            let group = c.tracks.iter().find_map(|t| match t.1 {
+                Lower::Multicast { group, rtp, .. } if t.0 == p.track => Some(SocketAddr::new(group.into(), rtp)),
+                _ => None,
+            });
+            if let Some(to) = group {
+                // A group's sink goes with its last player.
+                let mut groups = self.groups.lock();
+                let key = (to, p.session.name().to_string());
+                match groups.get_mut(&key) {
+                    Some((_, n)) if *n > 1 => {
+                        *n -= 1;
+                        continue;
+                    }
+                    _ => {
+                        groups.remove(&key);
+                    }
+                }
+            }
             p.session.remove_sink(p.id);
         }
         c.reader = None;

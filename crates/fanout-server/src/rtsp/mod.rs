@@ -164,20 +164,23 @@ pub struct Rtsp {
     conns: Mutex<HashMap<u64, Arc<Conn>>>,
     /// RTSPS clients get SRTP (keys in the description), sharing keys or not.
     srtp: Option<crate::config::SrtpKeys>,
+    /// The one sink of each multicast group (by the group's RTP address and the track's
+    /// session) and how many players it serves: it goes with the last.
+    groups: Mutex<HashMap<(SocketAddr, String), (u64, usize)>>,
 }
 
 /// A client's UDP ports (RTP, RTCP) on a track, `None` for an interleaved one.
 fn udp_ports(l: &Lower) -> Option<(u16, u16)> {
     match *l {
         Lower::Udp { client_rtp, client_rtcp } => Some((client_rtp, client_rtcp)),
-        Lower::Interleaved { .. } => None,
+        Lower::Interleaved { .. } | Lower::Multicast { .. } => None,
     }
 }
 
 fn interleaved_rtp(l: &Lower) -> Option<u8> {
     match *l {
         Lower::Interleaved { rtp, .. } => Some(rtp),
-        Lower::Udp { .. } => None,
+        Lower::Udp { .. } | Lower::Multicast { .. } => None,
     }
 }
 
@@ -260,6 +263,7 @@ impl Rtsp {
         ip: IpAddr,
         users: Vec<(String, String)>,
         srtp: Option<crate::config::SrtpKeys>,
+        multicast: Option<fanout_proto::rtsp::server::Multicast>,
     ) -> std::io::Result<Arc<Self>> {
         let rtcp = fanout_io::sys::port_pair_with(ip, true)?;
         let ports = (rtcp.0.local_addr()?.port(), rtcp.1.local_addr()?.port());
@@ -271,7 +275,12 @@ impl Rtsp {
         let mut secret = [0u8; 32];
         ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut secret)
             .map_err(|_| std::io::Error::other("no system randomness for RTSP session ids"))?;
-        let cfg = Config { server_ports: ports, record_ports, interleaved: true, users, ..Config::default() };
+        if let Some(m) = multicast {
+            // Routers the groups' packets may cross (the RTP port's socket sends them).
+            socket2::SockRef::from(&rtcp.0).set_multicast_ttl_v4(u32::from(m.ttl))?;
+        }
+        let cfg =
+            Config { server_ports: ports, record_ports, interleaved: true, users, multicast, ..Config::default() };
         Ok(Arc::new_cyclic(|me| Self {
             me: me.clone(),
             server: Mutex::new(Server::new(cfg, secret)),
@@ -283,6 +292,7 @@ impl Rtsp {
             record: Mutex::new(Some(record)),
             conns: Mutex::new(HashMap::new()),
             srtp,
+            groups: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -310,6 +320,13 @@ impl Rtsp {
                     }
                     match c.tracks.iter().find(|x| x.0 == p.track).map(|x| x.1) {
                         Some(Lower::Udp { client_rtcp, .. }) => byes.push((SocketAddr::new(c.peer, client_rtcp), bye)),
+                        // Once to the group, for all its players.
+                        Some(Lower::Multicast { group, rtcp, .. }) => {
+                            let to = SocketAddr::new(group.into(), rtcp);
+                            if !byes.iter().any(|(a, b)| *a == to && *b == bye) {
+                                byes.push((to, bye));
+                            }
+                        }
                         Some(Lower::Interleaved { rtcp, .. }) => {
                             if let Some(conn) = self.conns.lock().get(&c.conn) {
                                 conn.control.lock().push((rtcp, bye));

@@ -7,7 +7,8 @@ impl Rtsp {
     /// A sender report for each playing client: where to send it, and the datagram.
     pub(super) fn sender_reports(&self, relay: &Relay) -> Vec<(ReportTo, Vec<u8>)> {
         let ntp = ntp_now();
-        self.clients
+        let mut reports = self
+            .clients
             .lock()
             .values()
             .flat_map(|c| {
@@ -41,11 +42,19 @@ impl Rtsp {
                     let to = match c.tracks.iter().find(|x| x.0 == t)?.1 {
                         Lower::Udp { client_rtcp, .. } => ReportTo::Udp(SocketAddr::new(c.peer, client_rtcp)),
                         Lower::Interleaved { rtcp, .. } => ReportTo::Conn(c.conn, rtcp),
+                        Lower::Multicast { group, rtcp, .. } => ReportTo::Udp(SocketAddr::new(group.into(), rtcp)),
                     };
                     Some((to, sr))
                 })
             })
-            .collect()
+            .collect::<Vec<_>>();
+        // A group's players share its stream and so its report: once per group.
+        let mut groups = std::collections::HashSet::new();
+        reports.retain(|(to, _)| match to {
+            ReportTo::Udp(a) if a.ip().is_multicast() => groups.insert(*a),
+            _ => true,
+        });
+        reports
     }
 
     /// RTCP on an interleaved client's RTCP channel.
