@@ -315,45 +315,46 @@ fn mediamtx_takes_forwards_over_rtmp_rtsp_srt_and_whip_and_its_players_decode_th
             ureq::get(&format!("http://127.0.0.1:{api}/v3/paths/list")).call().ok().and_then(|r| r.into_string().ok()),
             std::fs::read_to_string(dir.join("mediamtx.log")).unwrap_or_default()
         );
-        decodes_100_frames(&format!("rtsp://127.0.0.1:{rtsp}/{name}"));
+    }
+    // (Decoded side by side: a test run is long enough.)
+    let decoders = ["live/cam", "srt/cam", "rtsp/cam", "whip/cam"]
+        .map(|name| std::thread::spawn(move || decodes_100_frames(&format!("rtsp://127.0.0.1:{rtsp}/{name}"))));
+    for d in decoders {
+        d.join().unwrap();
     }
     let f = forwards(&near);
     assert!(f.iter().all(|f| f["reconnects"] == 0), "{f:?}");
 
-    // And back: a third relay pulls it from MediaMTX over RTMP, and plays it over RTSP.
-    let config = format!("[[session]]\nname = \"cam\"\nsource = {{ rtmp = \"rtmp://127.0.0.1:{rtmp}/live/cam\" }}\n");
-    let puller = Relay::with_config(&config, &["--no-demo"]);
-    assert!(
-        wait_for(Duration::from_secs(15), || publishing(&puller)),
-        "{}",
-        puller.ok("GET", "/v1/sessions/cam", None)
-    );
+    // And back, three ways at once, each played over RTSP: a relay pulls it from MediaMTX
+    // over RTMP (an `rtmp` source), one views MediaMTX's WHEP (a `whep` source), one reads
+    // MediaMTX's Low-Latency HLS (an `hls` source: fMP4, the audio a rendition of its own).
+    let one = |source: String| {
+        Relay::with_config(&format!("[[session]]\nname = \"cam\"\nsource = {{ {source} }}\n"), &["--no-demo"])
+    };
+    let puller = one(format!("rtmp = \"rtmp://127.0.0.1:{rtmp}/live/cam\""));
+    let viewer = one(format!("whep = \"http://127.0.0.1:{webrtc}/live/cam/whep\""));
+    let hls_reader = one(format!("hls = \"http://127.0.0.1:{hls}/live/cam/index.m3u8\""));
+    for (relay, ready, how) in [
+        (&puller, publishing as fn(&Relay) -> bool, "rtmp"),
+        (&viewer, has_video, "webrtc"),
+        (&hls_reader, publishing, "hls"),
+    ] {
+        assert!(
+            wait_for(Duration::from_secs(20), || ready(relay)),
+            "{how}: {}",
+            relay.ok("GET", "/v1/sessions/cam", None)
+        );
+        let status = relay.ok("GET", "/v1/sessions/cam", None);
+        assert_eq!(status["publisher"]["transport"], how, "{status}");
+    }
     let status = puller.ok("GET", "/v1/sessions/cam", None);
-    assert_eq!(status["publisher"]["transport"], "rtmp", "{status}");
     assert!(status["source"]["kind"].as_str().is_some_and(|k| k.contains("rtmp pull of rtmp://")), "{status}");
-    decodes_100_frames(&format!("rtsp://{}/cam", rtsp_addr(&puller)));
-
-    // And as a WebRTC viewer of MediaMTX's WHEP (a `whep` source).
-    let config =
-        format!("[[session]]\nname = \"cam\"\nsource = {{ whep = \"http://127.0.0.1:{webrtc}/live/cam/whep\" }}\n");
-    let viewer = Relay::with_config(&config, &["--no-demo"]);
-    assert!(wait_for(Duration::from_secs(15), || has_video(&viewer)), "{}", viewer.ok("GET", "/v1/sessions/cam", None));
-    decodes_100_frames(&format!("rtsp://{}/cam", rtsp_addr(&viewer)));
-    drop(viewer);
-
-    // And as a reader of MediaMTX's Low-Latency HLS (an `hls` source): fMP4, the audio a
-    // rendition of its own.
-    let config =
-        format!("[[session]]\nname = \"cam\"\nsource = {{ hls = \"http://127.0.0.1:{hls}/live/cam/index.m3u8\" }}\n");
-    let hls_reader = Relay::with_config(&config, &["--no-demo"]);
-    assert!(
-        wait_for(Duration::from_secs(20), || publishing(&hls_reader)),
-        "{}",
-        hls_reader.ok("GET", "/v1/sessions/cam", None)
-    );
-    assert_eq!(hls_reader.ok("GET", "/v1/sessions/cam", None)["publisher"]["transport"], "hls");
-    decodes_100_frames(&format!("rtsp://{}/cam", rtsp_addr(&hls_reader)));
-    drop(hls_reader);
+    let urls = [&puller, &viewer, &hls_reader].map(|r| format!("rtsp://{}/cam", rtsp_addr(r)));
+    let decoders = urls.map(|url| std::thread::spawn(move || decodes_100_frames(&url)));
+    for d in decoders {
+        d.join().unwrap();
+    }
+    drop((puller, viewer, hls_reader));
 
     // On demand: it plays only while someone reads, from the first reader's ask.
     let config = format!(
