@@ -373,7 +373,7 @@ fn send_to_readers(
             } else if m.socket.state() != fanout_srt::State::Connected {
                 Some("the reader left".to_string())
             } else {
-                let mut chunks = frames.iter().flat_map(|(p, _)| p.data().chunks(fanout_srt::TS_PAYLOAD));
+                let mut chunks = frames.iter().flat_map(|(p, _)| p.payload().chunks(fanout_srt::TS_PAYLOAD));
                 let sent = |c: &[u8]| m.socket.send(c).map(|_| m.link.held.sent(c.len(), 1));
                 chunks.find_map(|c| sent(c).err()).map(|e| format!("it fell behind or went: {e}"))
             };

@@ -76,7 +76,10 @@ impl TsIngest {
         }
         while !data.is_empty() {
             if data[0] != SYNC_BYTE {
-                let skip = data.iter().position(|b| *b == SYNC_BYTE).unwrap_or(data.len());
+                // A packet starts where the packets after it (up to seven, a datagram's) start
+                // with a sync byte too: a lone 0x47 in the garbage (an RTP header's) is not one.
+                let starts = |i: usize| (i..data.len()).step_by(PACKET_LEN).take(7).all(|j| data[j] == SYNC_BYTE);
+                let skip = (1..data.len()).find(|&i| starts(i)).unwrap_or(data.len());
                 self.resyncs += skip as u64;
                 data = &data[skip..];
                 continue;
@@ -186,6 +189,23 @@ mod tests {
             g.push(c, i as u64, &mut out);
         }
         (g, out)
+    }
+
+    /// TS behind 12 bytes of something else in each datagram (an RTP header, which may hold
+    /// a 0x47) is found again at its packets' starts: the same packets as the TS alone.
+    #[test]
+    fn a_sync_byte_in_garbage_is_not_taken_for_a_packet() {
+        let (_, clean) = ingest(DEMO, 1316);
+        let mut g = TsIngest::default();
+        let mut out = Vec::new();
+        for (i, c) in DEMO.chunks(1316).enumerate() {
+            let mut d = vec![0x80, 0x21, 0x47, 0x47, 0, 0x47, 0, 0, 0x47, 0, 0, 1];
+            d.extend_from_slice(c);
+            g.push(&d, i as u64, &mut out);
+        }
+        let first_diff = out.iter().zip(&clean).position(|(a, b)| a != b);
+        assert_eq!((out.len(), first_diff), (clean.len(), None), "the packets differ");
+        assert_eq!(g.demux.errors, 0);
     }
 
     /// The demo (H.264 + AAC, 8 s at 25 pictures a second) as SRT sends it: two described

@@ -58,7 +58,7 @@ pub(crate) fn push_srt(
         }
         queue.drain(&mut frames);
         let (mut bytes, mut packets) = (0, 0);
-        let sent = frames.iter().flat_map(|(p, _)| p.data().chunks(fanout_srt::TS_PAYLOAD)).try_for_each(|c| {
+        let sent = frames.iter().flat_map(|(p, _)| p.payload().chunks(fanout_srt::TS_PAYLOAD)).try_for_each(|c| {
             socket.send(c)?;
             bytes += c.len();
             packets += 1;
