@@ -234,7 +234,7 @@ impl SourceSpec {
 impl TryFrom<SourceFields> for SourceSpec {
     type Error = fanout_proto::Invalid;
 
-    fn try_from(f: SourceFields) -> Result<Self, fanout_proto::Invalid> {
+    fn try_from(mut f: SourceFields) -> Result<Self, fanout_proto::Invalid> {
         let n = [
             f.udp.is_some(),
             f.tcp_listen.is_some(),
@@ -292,54 +292,15 @@ impl TryFrom<SourceFields> for SourceSpec {
         } else if let Some(url) = f.srt {
             fanout_proto::srt::parse_url(&url).map_err(|e| format!("source \"srt\": {e}"))?;
             SourceSpec::Srt(PullSource { url, on_demand: f.on_demand, linger_s: f.linger_s, ..Default::default() })
-        } else if let Some(url) = f.rtmp {
+        } else if let Some(url) = f.rtmp.take() {
             let u = fanout_proto::rtmp::client::RtmpUrl::parse(&url).map_err(|e| format!("source \"rtmp\": {e}"))?;
-            if tls_keys && !u.tls {
-                return Err(
-                    "source \"tls_ca\", \"tls_fingerprint\" and \"tls_verify\" apply to an rtmps:// source".into()
-                );
-            }
-            crate::tls::verify_of(&f.tls_ca, &f.tls_fingerprint, f.tls_verify).map_err(|e| format!("source: {e}"))?;
-            SourceSpec::Rtmp(PullSource {
-                url,
-                on_demand: f.on_demand,
-                linger_s: f.linger_s,
-                tls_ca: f.tls_ca,
-                tls_fingerprint: f.tls_fingerprint,
-                tls_verify: f.tls_verify,
-            })
-        } else if let Some(url) = f.whep {
+            SourceSpec::Rtmp(f.pulled(url, u.tls, "an rtmps://")?)
+        } else if let Some(url) = f.whep.take() {
             let u = fanout_proto::whep::WhipUrl::parse(&url).map_err(|e| format!("source \"whep\": {e}"))?;
-            if tls_keys && !u.tls {
-                return Err(
-                    "source \"tls_ca\", \"tls_fingerprint\" and \"tls_verify\" apply to an https:// source".into()
-                );
-            }
-            crate::tls::verify_of(&f.tls_ca, &f.tls_fingerprint, f.tls_verify).map_err(|e| format!("source: {e}"))?;
-            SourceSpec::Whep(PullSource {
-                url,
-                on_demand: f.on_demand,
-                linger_s: f.linger_s,
-                tls_ca: f.tls_ca,
-                tls_fingerprint: f.tls_fingerprint,
-                tls_verify: f.tls_verify,
-            })
-        } else if let Some(url) = f.hls {
+            SourceSpec::Whep(f.pulled(url, u.tls, "an https://")?)
+        } else if let Some(url) = f.hls.take() {
             let tls = hls_url(&url).map_err(|e| format!("source \"hls\": {e}"))?;
-            if tls_keys && !tls {
-                return Err(
-                    "source \"tls_ca\", \"tls_fingerprint\" and \"tls_verify\" apply to an https:// source".into()
-                );
-            }
-            crate::tls::verify_of(&f.tls_ca, &f.tls_fingerprint, f.tls_verify).map_err(|e| format!("source: {e}"))?;
-            SourceSpec::Hls(PullSource {
-                url,
-                on_demand: f.on_demand,
-                linger_s: f.linger_s,
-                tls_ca: f.tls_ca,
-                tls_fingerprint: f.tls_fingerprint,
-                tls_verify: f.tls_verify,
-            })
+            SourceSpec::Hls(f.pulled(url, tls, "an https://")?)
         } else if let Some(url) = f.rtsp {
             let u = fanout_proto::rtsp::client::Url::parse(&url).map_err(|e| format!("source \"rtsp\": {e}"))?;
             if tls_keys && !u.tls {
@@ -364,6 +325,29 @@ impl TryFrom<SourceFields> for SourceSpec {
             SourceSpec::Rtsp(r)
         } else {
             SourceSpec::Demo
+        })
+    }
+}
+
+impl SourceFields {
+    /// A pulled source (`rtmp`, `whep`, `hls`) of `url`, checked already: its `tls_*`, which
+    /// apply only where `tls` (the URL is `secure`, as the refusal names it).
+    fn pulled(&self, url: String, tls: bool, secure: &str) -> Result<PullSource, fanout_proto::Invalid> {
+        let tls_keys = self.tls_ca.is_some() || self.tls_fingerprint.is_some() || self.tls_verify.is_some();
+        if tls_keys && !tls {
+            return Err(
+                format!("source \"tls_ca\", \"tls_fingerprint\" and \"tls_verify\" apply to {secure} source").into()
+            );
+        }
+        crate::tls::verify_of(&self.tls_ca, &self.tls_fingerprint, self.tls_verify)
+            .map_err(|e| format!("source: {e}"))?;
+        Ok(PullSource {
+            url,
+            on_demand: self.on_demand,
+            linger_s: self.linger_s,
+            tls_ca: self.tls_ca.clone(),
+            tls_fingerprint: self.tls_fingerprint.clone(),
+            tls_verify: self.tls_verify,
         })
     }
 }
