@@ -10,7 +10,7 @@
 use super::{Ctx, Feeder, Started};
 use crate::error::RelayError;
 use crate::publish::Publisher;
-use fanout_proto::container::hlsin::{self, Follower, Merge, Playlist, Unit};
+use fanout_proto::container::hlsin::{self, Follower, Merge, Playlist, Unit, START_BEHIND};
 use fanout_proto::container::tsingest::TsIngest;
 use fanout_proto::container::tsmux::{AccessUnit, StreamKind, TsMuxer};
 use std::io::Read;
@@ -156,7 +156,7 @@ fn read(
         since: now,
         dropped: 0,
     };
-    let (mut pace, mut held, mut moved) = (None::<(Instant, u64)>, None::<Unit>, now);
+    let (mut pace, mut held, mut moved, mut segments) = (None::<(Instant, u64)>, None::<Unit>, now, 0u64);
     loop {
         if stop.load(Ordering::Relaxed) {
             return Ok("stopped".into());
@@ -205,8 +205,12 @@ fn read(
                 };
                 merge.push(i, units);
                 moved = now;
+                segments += 1;
             }
             s.ended = m.ended;
+        }
+        if segments > 2 * START_BEHIND as u64 && !out.started {
+            return Err(format!("{segments} segments and no H.264, H.265 or AAC in them"));
         }
         if streams.iter().all(|s| s.ended) && merge.queued() == 0 && held.is_none() {
             return Ok("the playlist ended".into());
