@@ -221,8 +221,32 @@ struct {
 	__type(value, __u32);
 } LAYER_REQ SEC(".maps");
 
+/* What the packet's headers hold now, and the pacing clock, as the clones are made: kept in
+ * a per-CPU scratch map, not on the stack, so the verifier does not follow their values from
+ * one bpf_loop iteration to the next (newer kernels verify a callback until its entry state
+ * converges; values it tracks on the stack kept it from converging: a million instructions). */
+struct cur {
+	__u32 saddr;
+	__u32 daddr;
+	__u16 dport;
+	__u16 sport;
+	__u8 l2[12];
+	__u16 seq;
+	__u16 pad;
+	__u32 pad2;
+	__u64 finish;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct cur);
+} CUR SEC(".maps");
+
 struct fan_ctx {
 	struct __sk_buff *skb;
+	struct cur *cur;
 	struct session_stats *stats;
 	__u64 now;
 	__u32 base;       /* session index * MAX_CHUNKS */
@@ -231,15 +255,8 @@ struct fan_ctx {
 	__u16 relay_port;
 	__u16 tot_len;    /* host order, for the FIB's MTU check */
 	__u32 from_lo;    /* the datagram came through lo */
-	__u32 cur_saddr;  /* what the packet's headers hold now */
-	__u32 cur_daddr;
-	__u16 cur_dport;
-	__u16 cur_sport;
-	__u8 cur_l2[12];
 	__u16 rtp;        /* 1: an RTP packet, whose sequence number sinks may rewrite */
 	__u16 orig_seq;   /* network order */
-	__u16 cur_seq;
-	__u16 pad;
 	__u32 first;      /* the sinks this run serves: first .. first + nsinks */
 	__u32 nsinks;
 	__u32 turn;       /* the sink served first: a hash of the packet count (fanout_core::rotation) */
@@ -248,7 +265,6 @@ struct fan_ctx {
 	 * (step 0: not paced), and the run's clock (its finish time). */
 	__u64 step;
 	__u64 burst_ns;
-	__u64 finish;
 };
 
 /* Rewrites the IPv4 address at `off` from *cur to addr, with both checksums. */
@@ -267,12 +283,12 @@ static __always_inline int set_addr(struct fan_ctx *c, __u32 off, __u32 *cur, __
 
 static __always_inline int set_daddr(struct fan_ctx *c, __u32 daddr)
 {
-	return set_addr(c, IP_DST_OFF, &c->cur_daddr, daddr);
+	return set_addr(c, IP_DST_OFF, &c->cur->daddr, daddr);
 }
 
 static __always_inline int set_saddr(struct fan_ctx *c, __u32 saddr)
 {
-	return set_addr(c, IP_SRC_OFF, &c->cur_saddr, saddr);
+	return set_addr(c, IP_SRC_OFF, &c->cur->saddr, saddr);
 }
 
 /* Rewrites the UDP port at `off` from *cur to port, with the checksum. */
@@ -290,18 +306,18 @@ static __always_inline int set_port(struct fan_ctx *c, __u32 off, __u16 *cur, __
 
 static __always_inline int set_dport(struct fan_ctx *c, __u16 dport)
 {
-	return set_port(c, UDP_DPORT_OFF, &c->cur_dport, dport);
+	return set_port(c, UDP_DPORT_OFF, &c->cur->dport, dport);
 }
 
 static __always_inline int set_sport(struct fan_ctx *c, __u16 sport)
 {
-	return set_port(c, UDP_SPORT_OFF, &c->cur_sport, sport);
+	return set_port(c, UDP_SPORT_OFF, &c->cur->sport, sport);
 }
 
 /* Rewrites the RTP sequence number, with the UDP checksum. */
 static __always_inline int set_seq(struct fan_ctx *c, __u16 seq)
 {
-	return set_port(c, UDP_OFF + sizeof(struct udphdr) + 2, &c->cur_seq, seq);
+	return set_port(c, UDP_OFF + sizeof(struct udphdr) + 2, &c->cur->seq, seq);
 }
 
 static __always_inline __u32 did_of(__u32 l) { return (l >> 16) & 0xff; }
@@ -368,12 +384,12 @@ static __always_inline int set_l2(struct fan_ctx *c, const __u8 *l2)
 	int same = 1;
 #pragma unroll
 	for (int i = 0; i < 12; i++)
-		same &= l2[i] == c->cur_l2[i];
+		same &= l2[i] == c->cur->l2[i];
 	if (same)
 		return 0;
 	if (bpf_skb_store_bytes(c->skb, L2_OFF, l2, 12, 0))
 		return -1;
-	__builtin_memcpy(c->cur_l2, l2, 12);
+	__builtin_memcpy(c->cur->l2, l2, 12);
 	return 0;
 }
 
@@ -423,10 +439,10 @@ static __always_inline int resolve(struct fan_ctx *c, struct sink *s)
  * one step apart (Yau & Lam's virtual clock, as fanout_core::pace::VirtualClock::admit). */
 static __always_inline void stamp(struct fan_ctx *c)
 {
-	__u64 finish = (c->finish > c->now ? c->finish : c->now) + c->step;
+	__u64 finish = (c->cur->finish > c->now ? c->cur->finish : c->now) + c->step;
 	if (finish > c->now + c->burst_ns + PACE_MAX_AHEAD_NS)
 		finish = c->now + c->burst_ns + PACE_MAX_AHEAD_NS;
-	c->finish = finish;
+	c->cur->finish = finish;
 	if (finish > c->now + c->burst_ns)
 		bpf_skb_set_tstamp(c->skb, finish - c->burst_ns, BPF_SKB_TSTAMP_DELIVERY_MONO);
 	else
@@ -562,38 +578,52 @@ static __always_inline void lowest(struct judgement *acc, const struct judgement
 	}
 }
 
+/* What the walk of an aggregation packet has found so far: per-CPU scratch, as `struct cur`,
+ * so that the verifier does not follow it from one bpf_loop iteration to the next. */
+struct agg_state {
+	__u32 off;  /* the next unit's size field */
+	__u32 done;
+	struct judgement acc;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct agg_state);
+} AGG SEC(".maps");
+
 struct agg_ctx {
 	struct __sk_buff *skb;
 	struct video *v;
-	__u32 off;  /* the next unit's size field */
+	struct agg_state *st;
 	__u32 end;
 	__u32 skip; /* per-unit bytes between size and NAL unit (MTAP) */
 	__u32 codec;
-	__u32 done;
-	struct judgement acc;
 };
 
 /* One NAL unit of an aggregation packet (bpf_loop callback). */
 static long agg_one(__u32 i, void *data)
 {
 	struct agg_ctx *a = data;
-	if (a->off >= a->end) {
-		a->done = 1;
+	struct agg_state *st = a->st;
+	if (st->off >= a->end) {
+		st->done = 1;
 		return 1;
 	}
 	__u8 sz[2];
 	__u8 b[4] = {};
 	struct judgement j = {};
-	if (a->off + 2 > a->end || bpf_skb_load_bytes(a->skb, a->off, sz, 2)) {
-		a->acc.kind = KIND_UNKNOWN;
-		a->done = 1;
+	if (st->off + 2 > a->end || bpf_skb_load_bytes(a->skb, st->off, sz, 2)) {
+		st->acc.kind = KIND_UNKNOWN;
+		st->done = 1;
 		return 1;
 	}
 	__u32 n = (__u32)sz[0] << 8 | sz[1];
-	__u32 nal = a->off + 2 + a->skip;
+	__u32 nal = st->off + 2 + a->skip;
 	if (nal + n > a->end) {
-		a->acc.kind = KIND_UNKNOWN;
-		a->done = 1;
+		st->acc.kind = KIND_UNKNOWN;
+		st->done = 1;
 		return 1;
 	}
 	__u32 have = n < 4 ? n : 4;
@@ -612,24 +642,33 @@ static long agg_one(__u32 i, void *data)
 		h264_nal(a->v, b, have, &j);
 		if (have >= 1 && (b[0] & 0x1f) == 30) {
 			/* A PACSI labels the whole aggregate. */
-			a->acc = j;
-			a->done = 1;
+			st->acc = j;
+			st->done = 1;
 			return 1;
 		}
 	}
-	lowest(&a->acc, &j);
-	a->off = nal + n;
+	lowest(&st->acc, &j);
+	st->off = nal + n;
 	return 0;
 }
 
 static __always_inline void judge_aggregate(struct __sk_buff *skb, struct video *v, __u32 codec, __u32 off,
 					    __u32 skip, struct judgement *j)
 {
-	struct agg_ctx a = { .skb = skb, .v = v, .off = off, .end = skb->len, .skip = skip, .codec = codec };
+	__u32 zero = 0;
+	struct agg_state *st = bpf_map_lookup_elem(&AGG, &zero);
+	if (!st) {
+		j->kind = KIND_UNKNOWN;
+		return;
+	}
+	st->off = off;
+	st->done = 0;
+	__builtin_memset(&st->acc, 0, sizeof(st->acc));
+	struct agg_ctx a = { .skb = skb, .v = v, .st = st, .end = skb->len, .skip = skip, .codec = codec };
 	bpf_loop(MAX_AGGREGATED, agg_one, &a, 0);
-	if (!a.done || a.acc.kind == KIND_NONE)
-		a.acc.kind = KIND_UNKNOWN;
-	*j = a.acc;
+	if (!st->done || st->acc.kind == KIND_NONE)
+		st->acc.kind = KIND_UNKNOWN;
+	*j = st->acc;
 }
 
 /* The packet's RTP header and the layer of its payload. */
@@ -651,7 +690,7 @@ static __always_inline void judge(struct __sk_buff *skb, struct fan_ctx *c, stru
 		return;
 	c->rtp = 1;
 	__builtin_memcpy(&c->orig_seq, h + 2, 2);
-	c->cur_seq = c->orig_seq;
+	c->cur->seq = c->orig_seq;
 	if (!v || !v->codec)
 		return;
 	/* The payload's first bytes (as many as there are, up to 7). */
@@ -802,16 +841,23 @@ int fanout_fwd(struct __sk_buff *skb)
 		.relay_port = udp->dest,
 		.tot_len = bpf_ntohs(ip->tot_len),
 		.from_lo = copy ? !!(orig_mark & SHARD_FROM_LO) : skb->ingress_ifindex == 1,
-		.cur_saddr = ip->daddr, /* after the rewrite below */
-		.cur_daddr = ip->daddr,
-		.cur_dport = udp->dest,
-		.cur_sport = udp->dest, /* after the rewrite below */
 	};
+	__u32 zero = 0;
+	c.cur = bpf_map_lookup_elem(&CUR, &zero);
+	if (!c.cur) {
+		__sync_fetch_and_add(&stats->unhandled, 1);
+		return TC_ACT_OK;
+	}
+	c.cur->saddr = ip->daddr; /* after the rewrite below */
+	c.cur->daddr = ip->daddr;
+	c.cur->dport = udp->dest;
+	c.cur->sport = udp->dest; /* after the rewrite below */
+	c.cur->finish = 0;
 	/* Read before any helper that may move the packet (the copies below). */
 	__u64 orig_tstamp = skb->tstamp; /* its receive time, for the relay's socket */
 	__u32 orig_saddr = ip->saddr;
 	__u16 orig_sport = udp->source;
-	__builtin_memcpy(c.cur_l2, eth, 12);
+	__builtin_memcpy(c.cur->l2, eth, 12);
 	__u8 orig_l2[12];
 	__builtin_memcpy(orig_l2, eth, 12);
 
@@ -868,7 +914,7 @@ int fanout_fwd(struct __sk_buff *skb)
 		__u64 rate = pace->rate * c.nsinks;
 		c.step = (__u64)c.len * 1000000000ull / rate;
 		c.burst_ns = pace->burst * 1000000000ull / rate;
-		c.finish = *clock;
+		c.cur->finish = *clock;
 		/* Unless its CPU is chosen by that hash (spreading), each clone's own, so fq
 		 * queues each sink's clones as their own flow. */
 		if (cpus < 2)
@@ -876,7 +922,7 @@ int fanout_fwd(struct __sk_buff *skb)
 	}
 	bpf_loop(c.nsinks, fan_one, &c, 0);
 	if (c.step) {
-		*clock = c.finish;
+		*clock = c.cur->finish;
 		skb->tstamp = orig_tstamp; /* at ingress this also drops the delivery-time flag */
 	}
 	if (copy)
