@@ -367,8 +367,18 @@ fn mediamtx_takes_forwards_over_rtmp_rtsp_srt_and_whip_and_its_players_decode_th
         let p = list["items"].as_array()?.iter().find(|p| p["name"] == "live/cam")?.clone();
         p["readers"].as_array().map(|r| r.len())
     };
-    let before = readers_of_mtx();
-    std::thread::sleep(Duration::from_secs(2));
+    // (The relays dropped above leave MediaMTX a moment later: its readers are counted once
+    // they stay the same for 2 s.)
+    let mut before = readers_of_mtx();
+    let mut same_since = std::time::Instant::now();
+    let settled = wait_for(Duration::from_secs(20), || {
+        let now = readers_of_mtx();
+        if now != before {
+            (before, same_since) = (now, std::time::Instant::now());
+        }
+        same_since.elapsed() >= Duration::from_secs(2)
+    });
+    assert!(settled, "MediaMTX's readers keep changing: {before:?}");
     assert!(!publishing(&lazy), "an on-demand pull plays with nobody reading");
     assert_eq!(readers_of_mtx(), before, "nobody reads MediaMTX for it yet");
     decodes_100_frames(&format!("rtsp://{}/cam", rtsp_addr(&lazy)));
