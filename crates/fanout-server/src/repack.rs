@@ -202,6 +202,17 @@ impl TagGate {
     }
 }
 
+/// FLV times are the path's timeline plus this lead. The timeline starts at the first packet
+/// the repackaging takes, of whichever track comes first; the other tracks' backlog from
+/// their rings (video from its last keyframe) can come from before it, and FLV times cannot
+/// be negative (clamped, a GOP's pictures would share one time).
+const FLV_LEAD_MS: i64 = 30_000;
+
+/// The FLV time (ms) of timeline time `t` (90 kHz).
+fn flv_ms(t: i64) -> u32 {
+    ((t + FLV_LEAD_MS * 90).max(0) / 90) as u32
+}
+
 /// One FLV tag of the stream: video or audio, a keyframe's, its decoding time in ms.
 #[derive(Clone)]
 pub struct FlvTag {
@@ -418,18 +429,17 @@ impl Outputs {
     fn flv(&mut self, u: &Unit, codecs: &[TrackInfo]) {
         use fanout_proto::container::{flv, repack::TrackCodec};
         let Some(f) = self.flv.as_ref().filter(|f| f.tags.receiver_count() > 0) else { return };
-        let ms = |t: i64| (t.max(0) / 90) as u32;
         match &codecs[u.stream].codec {
             TrackCodec::Video { codec, .. } => {
                 let codec = *codec;
                 self.flv_times[u.stream].push(u.time, (u.key, u.data.clone()), |pts, dts, (key, data)| {
                     let body = flv::video_frame(codec, key, ((pts - dts) / 90) as i32, &data);
-                    let _ = f.tags.send(FlvTag::new(true, key, ms(dts), Arc::new(body)));
+                    let _ = f.tags.send(FlvTag::new(true, key, flv_ms(dts), Arc::new(body)));
                 });
             }
             TrackCodec::Aac { .. } => {
                 let body = Arc::new(flv::aac_frame(&u.data));
-                let _ = f.tags.send(FlvTag::new(false, false, ms(u.time), body));
+                let _ = f.tags.send(FlvTag::new(false, false, flv_ms(u.time), body));
             }
         }
     }
@@ -534,6 +544,14 @@ async fn run(
 
 #[cfg(test)]
 mod tests {
+    /// A GOP's pictures from before the timeline's start (a ring's backlog behind the first
+    /// track's first packet) keep their 40 ms spacing in FLV, as the ones after it do.
+    #[test]
+    fn pictures_from_before_the_timeline_start_keep_their_spacing() {
+        let times: Vec<u32> = (-75..5).map(|k| super::flv_ms(k * 3600)).collect();
+        assert!(times.windows(2).all(|w| w[1] == w[0] + 40), "{times:?}");
+    }
+
     /// A reader starts at a keyframe, each configuration just before its kind's first tag;
     /// fallen behind, it waits for the next keyframe again (its configurations not resent).
     #[test]
