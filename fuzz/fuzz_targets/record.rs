@@ -1,4 +1,4 @@
-//! A recording file as `proto::container::record` reads it back for playback: any bytes (a
+//! A recording file as `proto::container::record` (and `recordts`, a TS one) reads it back for playback: any bytes (a
 //! file cut short, damaged, or not a recording) scan without a panic, and what the scan
 //! finds lies inside the file; a file name the layout takes is one it could have made.
 #![no_main]
@@ -24,8 +24,16 @@ fuzz_target!(|data: &[u8]| {
         let scales = fanout_proto::container::record::FileIndex { timescales: timescales(data), ..Default::default() };
         Retimer::starting_at(0).retime(&mut data.to_vec(), &scales, &f, 1_000_000);
     }
+    // The same bytes as a TS recording.
+    if let Ok(index) = fanout_proto::container::recordts::scan(data.len() as u64, read) {
+        let mut retimer = fanout_proto::container::recordts::TsRetimer::default();
+        for f in &index.fragments {
+            assert!(f.offset + f.len <= data.len() as u64);
+            retimer.retime(&mut data[f.offset as usize..(f.offset + f.len) as usize].to_vec(), f, 1_000_000);
+        }
+    }
     let layout = Layout::new("r/%path/%Y-%m-%d_%H-%M-%S-%f").unwrap();
     if let Some((path, start)) = layout.parse(&String::from_utf8_lossy(data)) {
-        assert_eq!(layout.parse(&layout.file(&path, start)), Some((path, start)));
+        assert_eq!(layout.parse(&layout.file(&path, start, fanout_proto::container::record::Format::of(&String::from_utf8_lossy(data)))), Some((path, start)));
     }
 });

@@ -54,7 +54,7 @@ const SHAPES: &[(&str, &[&[&str]])] = &[
             &[],
         ],
     ),
-    ("/v1/recordings/", &[&["files", "*"], &["get"], &["index.m3u8"], &["fragment.m4s"], &[]]),
+    ("/v1/recordings/", &[&["files", "*"], &["get"], &["index.m3u8"], &["fragment.m4s"], &["fragment.ts"], &[]]),
     ("/", &[&["whep", "*"], &["whip", "*"], &["whep"], &["whip"]]),
 ];
 

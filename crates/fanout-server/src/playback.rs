@@ -13,8 +13,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Extension, Json, Router};
 use fanout_proto::container::record::{
-    fragment, pick, rfc3339, spans, timescales, vod_playlist, FileIndex, Pick, Recording, Retimer,
+    fragment, pick, rfc3339, spans, timescales, vod_playlist, FileIndex, Format, Pick, Recording, Retimer,
 };
+use fanout_proto::container::recordts::{self, TsRetimer};
 use fanout_proto::container::repack::TrackInfo;
 use serde_json::json;
 use std::net::SocketAddr;
@@ -28,6 +29,7 @@ pub fn routes() -> Router<Arc<Relay>> {
         .route("/v1/recordings/{name}/get", get(download))
         .route("/v1/recordings/{name}/index.m3u8", get(playlist))
         .route("/v1/recordings/{name}/fragment.m4s", get(fragment_of))
+        .route("/v1/recordings/{name}/fragment.ts", get(fragment_of))
         .route("/v1/recordings/{name}/files/{file}", get(file))
 }
 
@@ -132,7 +134,7 @@ fn token_query(query: &Option<String>) -> String {
 
 /// A path's files that can be read, indexed, and those that cannot, with why (on the
 /// blocking pool: this reads the disk).
-type Indexed = (Vec<(StoredFile, FileIndex)>, Vec<(StoredFile, String)>);
+type Indexed = (Vec<(StoredFile, Arc<FileIndex>)>, Vec<(StoredFile, String)>);
 
 async fn indexed(relay: &Relay, name: &str) -> Result<Indexed, ApiError> {
     crate::spec::check_path_name(name).map_err(|e| bad(e.0))?;
@@ -144,7 +146,7 @@ async fn indexed(relay: &Relay, name: &str) -> Result<Indexed, ApiError> {
         .run(move || {
             let (mut good, mut bad) = (Vec::new(), Vec::new());
             for (_, f) in store.files(Some(&name)) {
-                match record::index(&f.name) {
+                match store.index(&f.name) {
                     Ok(ix) => good.push((f, ix)),
                     Err(e) => bad.push((f, store.relative(&e.to_string()))),
                 }
@@ -213,7 +215,7 @@ async fn list_path(
 
 /// The range a request asks for: `start` (RFC 3339; default: the first recording) and
 /// `duration` (seconds; default: to the end).
-fn range(query: &Option<String>, files: &[(StoredFile, FileIndex)]) -> Result<(i64, i64), ApiError> {
+fn range(query: &Option<String>, files: &[(StoredFile, Arc<FileIndex>)]) -> Result<(i64, i64), ApiError> {
     let start = match param(query, "start") {
         Some(s) => {
             let s = fanout_proto::rtsp::client::percent_decode(s);
@@ -236,8 +238,8 @@ fn range(query: &Option<String>, files: &[(StoredFile, FileIndex)]) -> Result<(i
     Ok((start, to))
 }
 
-fn recordings(files: &[(StoredFile, FileIndex)]) -> Vec<Recording<'_>> {
-    files.iter().map(|(f, ix)| Recording { start_us: f.start_us, index: ix }).collect()
+fn recordings(files: &[(StoredFile, Arc<FileIndex>)]) -> Vec<Recording<'_>> {
+    files.iter().map(|(f, ix)| Recording { start_us: f.start_us, index: ix.as_ref() }).collect()
 }
 
 /// A path's readable files, the fragments of the range `query` asks for, and its start.
@@ -245,7 +247,7 @@ async fn ranged(
     relay: &Relay,
     name: &str,
     query: &Option<String>,
-) -> Result<(Vec<(StoredFile, FileIndex)>, Vec<Pick>, i64), ApiError> {
+) -> Result<(Vec<(StoredFile, Arc<FileIndex>)>, Vec<Pick>, i64), ApiError> {
     let (files, _) = indexed(relay, name).await?;
     let (from, to) = range(query, &files)?;
     let picks = pick(&recordings(&files), from, to);
@@ -256,8 +258,8 @@ async fn ranged(
 }
 
 /// `GET /v1/recordings/{name}/index.m3u8?start=…&duration=…`: the range as an HLS VOD
-/// playlist: each file's initialization segment a byte range of it, each fragment a
-/// `fragment.m4s` URL that serves it on the playlist's timeline.
+/// playlist: each MP4 file's initialization segment a byte range of it, each fragment a
+/// `fragment.m4s` (`fragment.ts` of a TS file) URL that serves it on the playlist's timeline.
 async fn playlist(
     State(relay): State<Arc<Relay>>,
     Path(name): Path<String>,
@@ -275,8 +277,12 @@ async fn playlist(
         |p, at| {
             let ix = &files[p.file].1;
             let fr = &ix.fragments[p.fragment];
+            let kind = match ix.format {
+                Format::Fmp4 => "m4s",
+                Format::MpegTs => "ts",
+            };
             format!(
-                "fragment.m4s?file={}&init={}&offset={}&len={}&at={at}{and_token}",
+                "fragment.{kind}?file={}&init={}&offset={}&len={}&at={at}{and_token}",
                 shown(p.file),
                 ix.init_len,
                 fr.offset,
@@ -295,9 +301,10 @@ fn named_file(relay: &Relay, name: &str, file: &str) -> Result<String, ApiError>
         .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("{file:?} is not a recording of {name:?}")))
 }
 
-/// `GET /v1/recordings/{name}/fragment.m4s?file=…&init=…&offset=…&len=…&at=…`: one
-/// fragment of a file (as a VOD playlist lists it), its times moved to start `at` µs into
-/// the playlist (a file's own times start at zero; a player wants one timeline).
+/// `GET /v1/recordings/{name}/fragment.m4s?file=…&init=…&offset=…&len=…&at=…` (and
+/// `fragment.ts` of a TS file, `init=0`): one fragment of a file (as a VOD playlist lists
+/// it), its times moved to start `at` µs into the playlist (an MP4 file's own times start at
+/// zero, a TS file's are its run's; a player wants one timeline).
 async fn fragment_of(
     State(relay): State<Arc<Relay>>,
     Path(name): Path<String>,
@@ -305,6 +312,7 @@ async fn fragment_of(
 ) -> Result<Response, ApiError> {
     let file = param(&query, "file").map(fanout_proto::rtsp::client::percent_decode).unwrap_or_default();
     let file = named_file(&relay, &name, &file)?;
+    let format = Format::of(&file);
     let num =
         |k: &str| param(&query, k).and_then(|v| v.parse::<u64>().ok()).ok_or_else(|| bad(format!("{k}: a number")));
     let (init, offset, len, at) = (num("init")?, num("offset")?, num("len")?, num("at")?);
@@ -322,12 +330,29 @@ async fn fragment_of(
         .map_err(busy)?;
     let (init, mut bytes) =
         read.map_err(|e| ApiError(StatusCode::NOT_FOUND, relay.recordings.relative(&e.to_string())))?;
+    let at = at.min(i64::MAX as u64) as i64;
+    if format == Format::MpegTs {
+        let len = bytes.len() as u64;
+        let ix = recordts::scan(len, |o, n| bytes.get(o as usize..).map(|b| b[..n.min(b.len())].to_vec()));
+        let Some(fr) = ix.ok().and_then(|ix| ix.fragments.into_iter().next()).filter(|f| f.offset == 0) else {
+            return Err(ApiError(StatusCode::NOT_FOUND, "no fragment there (the file changed?)".into()));
+        };
+        TsRetimer::starting_at(0).retime(&mut bytes, &fr, at);
+        return Ok(([(header::CONTENT_TYPE, "video/mp2t")], bytes).into_response());
+    }
     let Some(fr) = fragment(&bytes) else {
         return Err(ApiError(StatusCode::NOT_FOUND, "no fragment there (the file changed?)".into()));
     };
     let scales = FileIndex { timescales: timescales(&init), ..FileIndex::default() };
-    Retimer::starting_at(0).retime(&mut bytes, &scales, &fr, at.min(i64::MAX as u64) as i64);
+    Retimer::starting_at(0).retime(&mut bytes, &scales, &fr, at);
     Ok(([(header::CONTENT_TYPE, "video/iso.segment")], bytes).into_response())
+}
+
+fn content_type(format: Format) -> &'static str {
+    match format {
+        Format::Fmp4 => "video/mp4",
+        Format::MpegTs => "video/mp2t",
+    }
 }
 
 /// An initialization segment is a few KiB, a fragment at most this (a minute of video).
@@ -369,19 +394,37 @@ fn stepped<S: Send + 'static>(
 
 /// A download's place: the fragments left, the file open, the timeline so far.
 struct Download {
-    files: Vec<(StoredFile, FileIndex)>,
+    files: Vec<(StoredFile, Arc<FileIndex>)>,
     picks: std::collections::VecDeque<Pick>,
     open: Option<(usize, std::fs::File)>,
     retimer: Retimer,
+    ts_retimer: TsRetimer,
     init: Option<Vec<u8>>,
+    /// The first file's: a download is of one format.
+    format: Format,
 }
 
 impl Download {
-    /// The next bytes: the first file's initialization segment, then one fragment a step;
-    /// `None` at the end, or where a file of other tracks than the first begins.
+    /// The next bytes: the first MP4 file's initialization segment, then one fragment a
+    /// step; `None` at the end, or where a file of other tracks or another format than the
+    /// first begins.
     fn step(&mut self) -> std::io::Result<Option<Vec<u8>>> {
         let Some(p) = self.picks.front().copied() else { return Ok(None) };
         let (f, ix) = &self.files[p.file];
+        if ix.format != self.format {
+            return Ok(None);
+        }
+        if ix.format == Format::MpegTs {
+            if self.open.as_ref().is_none_or(|o| o.0 != p.file) {
+                self.open = Some((p.file, std::fs::File::open(&f.name)?));
+            }
+            self.picks.pop_front();
+            let fr = &ix.fragments[p.fragment];
+            let file = &mut self.open.as_mut().expect("opened above").1;
+            let mut bytes = record::read_at(file, fr.offset, fr.len as usize)?;
+            self.ts_retimer.retime(&mut bytes, fr, p.start_us);
+            return Ok(Some(bytes));
+        }
         if self.open.as_ref().is_none_or(|o| o.0 != p.file) {
             let mut file = std::fs::File::open(&f.name)?;
             let this_init = record::read_at(&mut file, 0, ix.init_len as usize)?;
@@ -404,10 +447,10 @@ impl Download {
     }
 }
 
-/// `GET /v1/recordings/{name}/get?start=…&duration=…`: the range as one fragmented MP4,
-/// from the keyframe at or before `start`, on one timeline from zero. Fragments are read
-/// and sent one at a time; a range across recordings of different tracks ends where they
-/// change.
+/// `GET /v1/recordings/{name}/get?start=…&duration=…`: the range as one fragmented MP4 (one
+/// MPEG-TS where the recording is TS), from the keyframe at or before `start`, on one
+/// timeline from zero. Fragments are read and sent one at a time; a range across recordings
+/// of different tracks or formats ends where they change.
 async fn download(
     State(relay): State<Arc<Relay>>,
     Path(name): Path<String>,
@@ -416,11 +459,20 @@ async fn download(
 ) -> Result<Response, ApiError> {
     let held = stream_slot(&relay, &client)?;
     let (files, picks, from) = ranged(&relay, &name, &query).await?;
-    let state = Download { files, picks: picks.into(), open: None, retimer: Retimer::default(), init: None };
-    let filename = format!("{name}-{}.mp4", rfc3339(from).replace(':', "-"));
+    let format = files[picks[0].file].1.format;
+    let state = Download {
+        files,
+        picks: picks.into(),
+        open: None,
+        retimer: Retimer::default(),
+        ts_retimer: TsRetimer::default(),
+        init: None,
+        format,
+    };
+    let filename = format!("{name}-{}.{}", rfc3339(from).replace(':', "-"), format.extension());
     Ok((
         [
-            (header::CONTENT_TYPE, "video/mp4".to_string()),
+            (header::CONTENT_TYPE, content_type(format).to_string()),
             (header::CONTENT_DISPOSITION, format!("attachment; filename=\"{filename}\"")),
         ],
         stepped(&relay, state, held, Download::step),
@@ -461,6 +513,7 @@ async fn file(
     client: Client,
 ) -> Result<Response, ApiError> {
     let file = named_file(&relay, &name, &file)?;
+    let kind = content_type(Format::of(&file));
     let held = stream_slot(&relay, &client)?;
     let opened = relay
         .recordings
@@ -487,7 +540,7 @@ async fn file(
     let (a, b) = range.unwrap_or((0, len.saturating_sub(1)));
     let end = if len == 0 { 0 } else { b + 1 };
     let body = stepped(&relay, Span { file: f, at: a, end }, held, Span::step);
-    let mut r = ([(header::CONTENT_TYPE, "video/mp4".to_string()), (header::ACCEPT_RANGES, "bytes".to_string())], body)
+    let mut r = ([(header::CONTENT_TYPE, kind.to_string()), (header::ACCEPT_RANGES, "bytes".to_string())], body)
         .into_response();
     r.headers_mut().insert(header::CONTENT_LENGTH, header::HeaderValue::from(end - a));
     // 206 only for a range served as asked.

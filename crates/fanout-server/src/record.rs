@@ -3,7 +3,8 @@
 //! expires the files a [`Layout`] names. The format and the decisions are
 //! [`fanout_proto::container::record`]'s; this is the file system.
 
-use fanout_proto::container::record::{self, FileIndex, Layout, Recorder, Write};
+use fanout_proto::container::record::{self, FileIndex, Format, Layout, Recorder, Write};
+use fanout_proto::container::recordts::TsRecorder;
 use fanout_proto::container::repack::{TrackInfo, Unit};
 use parking_lot::Mutex;
 use std::collections::HashSet;
@@ -22,7 +23,16 @@ pub struct Store {
     pub disk: crate::workers::Workers,
     /// Downloads and file reads streaming at once, per address and in all.
     pub streams: Arc<crate::admit::Quota>,
+    /// TS files' indexes by name, with the length and write time they were made at: a TS
+    /// file is read through to be indexed (an MP4's box headers are read each time).
+    ts_indexes: Mutex<std::collections::HashMap<String, Indexed>>,
 }
+
+/// A file's index, with its length and write time (µs) when it was made.
+type Indexed = (u64, i64, Arc<FileIndex>);
+
+/// TS indexes kept at most (then they are dropped and made again as asked).
+const TS_INDEXES: usize = 10_000;
 
 /// The disk workers: threads, and reads waiting for one.
 const DISK_THREADS: usize = 4;
@@ -63,6 +73,7 @@ impl Store {
             open: Mutex::new(HashSet::new()),
             disk: crate::workers::Workers::new("disk", DISK_THREADS, DISK_QUEUE),
             streams: crate::admit::Quota::new(STREAMS_PER_IP, STREAMS),
+            ts_indexes: Mutex::new(std::collections::HashMap::new()),
         }
     }
 
@@ -142,12 +153,32 @@ impl Store {
     }
 }
 
-/// The fragments of a recording file.
-pub fn index(name: &str) -> std::io::Result<FileIndex> {
-    let mut f = std::fs::File::open(name)?;
-    let len = f.metadata()?.len();
-    record::scan(len, |at, n| read_at(&mut f, at, n).ok())
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{name}: {e}")))
+impl Store {
+    /// The fragments of a recording file (MP4 or TS, by its name).
+    pub fn index(&self, name: &str) -> std::io::Result<Arc<FileIndex>> {
+        let mut f = std::fs::File::open(name)?;
+        let meta = f.metadata()?;
+        let (len, written) = (meta.len(), meta.modified().map_or(0, micros));
+        let invalid =
+            |e: fanout_proto::Invalid| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{name}: {e}"));
+        if Format::of(name) == Format::Fmp4 {
+            return record::scan(len, |at, n| read_at(&mut f, at, n).ok()).map(Arc::new).map_err(invalid);
+        }
+        if let Some((l, w, ix)) = self.ts_indexes.lock().get(name) {
+            if (*l, *w) == (len, written) {
+                return Ok(ix.clone());
+            }
+        }
+        let ix = Arc::new(
+            fanout_proto::container::recordts::scan(len, |at, n| read_at(&mut f, at, n).ok()).map_err(invalid)?,
+        );
+        let mut cache = self.ts_indexes.lock();
+        if cache.len() >= TS_INDEXES {
+            cache.clear();
+        }
+        cache.insert(name.to_string(), (len, written, ix.clone()));
+        Ok(ix)
+    }
 }
 
 /// Up to `n` bytes of `f` from `at` (fewer only at its end).
@@ -168,15 +199,19 @@ pub struct RecordTo {
 
 /// A path's recorder, as its repackaging holds it: units go in; its writer thread writes.
 pub struct Recording {
-    rec: Mutex<(Recorder, Vec<Write>)>,
+    rec: Mutex<(Rec, Vec<Write>)>,
     tx: std::sync::mpsc::Sender<Write>,
 }
 
 impl Recording {
-    /// Starts recording `path`'s `streams` as `to` says; `None` where MP4 carries none of
-    /// them. Its `on_complete` command runs on the runtime this is called on.
+    /// Starts recording `path`'s `streams` as `to` says; `None` where its format carries
+    /// none of them. Its `on_complete` command runs on the runtime this is called on.
     pub fn start(to: RecordTo, path: &str, streams: &[TrackInfo]) -> Option<Self> {
-        let rec = Recorder::new(streams, to.spec.fragment_ms, to.spec.segment_s)?;
+        let (fragment_ms, segment_s) = (to.spec.fragment_ms, to.spec.segment_s);
+        let rec = match to.spec.format {
+            Format::Fmp4 => Rec::Fmp4(Box::new(Recorder::new(streams, fragment_ms, segment_s)?)),
+            Format::MpegTs => Rec::Ts(Box::new(TsRecorder::new(streams, fragment_ms, segment_s)?)),
+        };
         let (tx, rx) = std::sync::mpsc::channel();
         let (store, path) = (to.store, path.to_string());
         let hook = to.on_complete.map(|h| (h, tokio::runtime::Handle::current()));
@@ -190,7 +225,10 @@ impl Recording {
     pub fn push(&self, u: &Unit) {
         let mut guard = self.rec.lock();
         let (rec, out) = &mut *guard;
-        rec.push(u, now_us(), out);
+        match rec {
+            Rec::Fmp4(r) => r.push(u, now_us(), out),
+            Rec::Ts(r) => r.push(u, now_us(), out),
+        }
         for w in out.drain(..) {
             let _ = self.tx.send(w);
         }
@@ -200,11 +238,20 @@ impl Recording {
     pub fn finish(&self) {
         let mut guard = self.rec.lock();
         let (rec, out) = &mut *guard;
-        rec.finish(now_us(), out);
+        match rec {
+            Rec::Fmp4(r) => r.finish(now_us(), out),
+            Rec::Ts(r) => r.finish(now_us(), out),
+        }
         for w in out.drain(..) {
             let _ = self.tx.send(w);
         }
     }
+}
+
+/// The recorder of a recording's format.
+enum Rec {
+    Fmp4(Box<Recorder>),
+    Ts(Box<TsRecorder>),
 }
 
 /// A command run for each completed file, its environment, and the runtime it runs on.
@@ -221,7 +268,7 @@ fn write_files(store: &Store, path: &str, rx: std::sync::mpsc::Receiver<Write>, 
         store.open.lock().remove(&PathBuf::from(&name));
         tracing::info!(path, file = %name, "recording file complete");
         if let (Some(((cmd, env), rt)), Some(_)) = (&hook, written) {
-            let duration = index(&name).map_or(0.0, |ix| ix.duration_us() as f64 / 1e6);
+            let duration = store.index(&name).map_or(0.0, |ix| ix.duration_us() as f64 / 1e6);
             let start = store.layout.parse(&name).map_or(0, |(_, s)| s);
             let mut env = env.clone();
             env.push(("FANOUT_SEGMENT_PATH", name.clone()));
@@ -233,9 +280,9 @@ fn write_files(store: &Store, path: &str, rx: std::sync::mpsc::Receiver<Write>, 
     };
     for w in rx {
         match w {
-            Write::Open { start_us, init } => {
+            Write::Open { start_us, init, format } => {
                 close(&mut file);
-                let name = store.layout.file(path, start_us);
+                let name = store.layout.file(path, start_us, format);
                 let made = std::path::Path::new(&name)
                     .parent()
                     .filter(|d| !d.as_os_str().is_empty())
@@ -278,7 +325,7 @@ mod tests {
         let layout = Layout::new(&format!("{}/%path/%Y-%m-%d_%H-%M-%S-%f", root.display())).unwrap();
         let t0 = record::parse_rfc3339("2026-11-27T10:00:00Z").unwrap();
         let write = |path: &str, t: i64, bytes: usize| {
-            let name = layout.file(path, t);
+            let name = layout.file(path, t, Format::Fmp4);
             std::fs::create_dir_all(std::path::Path::new(&name).parent().unwrap()).unwrap();
             std::fs::write(&name, vec![0u8; bytes]).unwrap();
             name

@@ -962,6 +962,30 @@ pub struct RecordSpec {
     /// The oldest files are deleted while the path's recordings take more MiB (0: no cap).
     #[serde(default)]
     pub keep_mb: u64,
+    /// `fmp4` (the default) or `mpegts`.
+    #[serde(default, with = "record_format")]
+    pub format: fanout_proto::container::record::Format,
+}
+
+/// A recording's format as the config names it.
+mod record_format {
+    use fanout_proto::container::record::Format;
+
+    pub fn serialize<S: serde::Serializer>(f: &Format, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(match f {
+            Format::Fmp4 => "fmp4",
+            Format::MpegTs => "mpegts",
+        })
+    }
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Format, D::Error> {
+        let name = <String as serde::Deserialize>::deserialize(d)?;
+        match name.as_str() {
+            "fmp4" => Ok(Format::Fmp4),
+            "mpegts" => Ok(Format::MpegTs),
+            other => Err(serde::de::Error::custom(format!("record.format {other:?}: \"fmp4\" or \"mpegts\""))),
+        }
+    }
 }
 
 impl Default for RecordSpec {
@@ -971,6 +995,7 @@ impl Default for RecordSpec {
             fragment_ms: Self::default_fragment(),
             keep_s: Self::default_keep(),
             keep_mb: 0,
+            format: fanout_proto::container::record::Format::Fmp4,
         }
     }
 }

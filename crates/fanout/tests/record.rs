@@ -429,3 +429,105 @@ fn a_publisher_with_other_tracks_is_recorded_with_them() {
     assert!(last["duration_s"].as_f64().unwrap() >= 2.5, "{all:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Video packets of a file or URL as ffprobe reads them: (pts, keyframe).
+fn video_packets(input: &str) -> Vec<(f64, bool)> {
+    let out = Command::new("timeout")
+        .args(["30", "ffprobe", "-v", "error", "-select_streams", "v:0", "-show_entries", "packet=pts_time,flags"])
+        .args(["-of", "csv=p=0", input])
+        .output()
+        .unwrap();
+    assert!(out.status.success() && out.stderr.is_empty(), "ffprobe {input}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once(','))
+        .map(|(t, f)| (t.parse().unwrap(), f.starts_with('K')))
+        .collect()
+}
+
+/// `format = "mpegts"`: the demo recorded as `.ts` files that each start with a keyframe and
+/// play concatenated as one stream (a run keeps one clock); a range download is exactly the
+/// recording's pictures from the keyframe at or before its start, each 40 ms after the last,
+/// from near zero; the VOD playlist of TS fragments plays; a file is served as `video/mp2t`.
+#[test]
+fn a_recording_as_mpegts_plays_file_by_file_concatenated_and_as_an_exact_range() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let dir = dir("ts");
+    let cam =
+        "[[session]]\nname = \"cam\"\nsource = { demo = true }\nrecord = { segment_s = 2, format = \"mpegts\" }\n";
+    let relay = Relay::with_config(&config(&dir, cam), &["--no-demo"]);
+    let complete = |v: &Value| v["files"].as_array().unwrap().iter().filter(|f| f["writing"] == false).count();
+    assert!(
+        wait_for(Duration::from_secs(40), || complete(&relay.ok("GET", "/v1/recordings/cam", None)) >= 4),
+        "no recordings: {}\n{}",
+        relay.ok("GET", "/v1/recordings/cam", None),
+        relay.stderr()
+    );
+    let list = relay.ok("GET", "/v1/recordings/cam", None);
+    let files: Vec<&Value> = list["files"].as_array().unwrap().iter().filter(|f| f["writing"] == false).collect();
+    let frame = 0.040;
+    let mut all = Vec::new();
+    for (k, f) in files.iter().enumerate() {
+        let name = on_disk(&dir, f);
+        assert!(name.ends_with(".ts"), "{name}");
+        let packets = video_packets(&name);
+        assert!(packets[0].1, "{name} does not start at a keyframe");
+        let listed = f["duration_s"].as_f64().unwrap();
+        let probed = packets.len() as f64 * frame;
+        assert!((listed - probed).abs() <= frame + 0.001, "{name}: listed {listed} s, holds {probed} s of pictures");
+        if k > 0 {
+            let last = files[k - 1];
+            let gap = between(last["start"].as_str().unwrap(), f["start"].as_str().unwrap())
+                - last["duration_s"].as_f64().unwrap();
+            assert!(gap.abs() <= 0.002, "{gap} s between {} and {name}", last["file"]);
+        }
+        all.extend(std::fs::read(&name).unwrap());
+    }
+    // Concatenated, the files are one stream: every picture 40 ms after the last.
+    let joined = dir.join("joined.ts");
+    std::fs::write(&joined, &all).unwrap();
+    let packets = video_packets(joined.to_str().unwrap());
+    for w in packets.windows(2) {
+        assert!((w[1].0 - w[0].0 - frame).abs() < 0.002, "a seam between files: {:?} then {:?}", w[0], w[1]);
+    }
+    let recorded = pictures(&["-i", joined.to_str().unwrap()]);
+
+    // A range 2 s long from 2.3 s in: the recording's own pictures, exactly, from a
+    // keyframe, on a timeline from near zero (the muxer's 0.2 s clock lead).
+    let first = files[0]["start"].as_str().unwrap().to_string();
+    let start = {
+        let s = seconds(&first) + 2.3;
+        let day = &first[..first.find('T').unwrap()];
+        let (h, m, sec) = ((s / 3600.0) as u64, ((s % 3600.0) / 60.0) as u64, s % 60.0);
+        format!("{day}T{h:02}:{m:02}:{sec:09.6}Z")
+    };
+    let (code, body) = get_bytes(&relay.url(&format!("/v1/recordings/cam/get?start={start}&duration=2")), None);
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+    let got = dir.join("range.ts");
+    std::fs::write(&got, &body).unwrap();
+    let packets = video_packets(got.to_str().unwrap());
+    assert!(packets[0].1 && packets[0].0 < 0.3, "the range starts at {:?}", packets[0]);
+    assert!(packets.windows(2).all(|w| (w[1].0 - w[0].0 - frame).abs() < 0.002), "{packets:?}");
+    assert!(packets.len() as f64 * frame >= 2.0 - frame, "{} pictures in a 2 s range", packets.len());
+    let range = pictures(&["-i", got.to_str().unwrap()]);
+    let at = recorded.windows(range.len()).position(|w| w == range.as_slice());
+    assert!(at.is_some(), "the range's {} pictures are not a run of the recording's {}", range.len(), recorded.len());
+
+    // The VOD playlist: TS fragments, no initialization segment; ffmpeg plays it.
+    let url = relay.url(&format!("/v1/recordings/cam/index.m3u8?start={start}&duration=2"));
+    let (code, text) = get_bytes(&url, None);
+    let text = String::from_utf8(text).unwrap();
+    assert_eq!(code, 200, "{text}");
+    assert!(text.contains("fragment.ts?") && !text.contains("EXT-X-MAP") && !text.contains("DISCONTINUITY"), "{text}");
+    let (ok, log) = ffmpeg_decode(&url, &[], 10);
+    assert!(ok && decoded_frames(&log) as f64 >= 2.0 / frame - 2.0, "{log}\n{text}");
+    let resp = ureq::get(
+        &relay.url(&format!("/v1/recordings/cam/files/{}", files[0]["file"].as_str().unwrap().replace('/', "%2F"))),
+    )
+    .call()
+    .unwrap();
+    assert_eq!(resp.header("content-type"), Some("video/mp2t"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

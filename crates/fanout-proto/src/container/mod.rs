@@ -22,6 +22,7 @@ pub mod mp4ts;
 pub mod mpegts;
 pub mod playlist;
 pub mod record;
+pub mod recordts;
 pub mod repack;
 pub mod tsdemux;
 pub mod tsingest;

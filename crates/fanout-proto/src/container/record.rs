@@ -13,12 +13,41 @@ use bytes::Bytes;
 use std::collections::HashMap;
 use time::{Date, Month, OffsetDateTime, PrimitiveDateTime, Time};
 
+/// What a recording's files hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Format {
+    /// Fragmented MP4 (`.mp4`): an initialization segment, then `moof` + `mdat` fragments.
+    #[default]
+    Fmp4,
+    /// MPEG-TS (`.ts`), as [`crate::container::recordts`] writes it.
+    MpegTs,
+}
+
+impl Format {
+    /// Its files' extension.
+    pub fn extension(self) -> &'static str {
+        match self {
+            Format::Fmp4 => "mp4",
+            Format::MpegTs => "ts",
+        }
+    }
+
+    /// The format of a file, by its name's extension.
+    pub fn of(file: &str) -> Self {
+        if file.ends_with(".ts") {
+            Format::MpegTs
+        } else {
+            Format::Fmp4
+        }
+    }
+}
+
 /// What the recorder asks of its writer, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Write {
     /// Start a new file for a recording that begins at `start_us` (UTC, µs since the epoch):
     /// `init` is its first bytes.
-    Open { start_us: i64, init: Bytes },
+    Open { start_us: i64, init: Bytes, format: Format },
     /// A whole fragment, to append to the open file.
     Append(Bytes),
     /// The open file is complete.
@@ -109,7 +138,7 @@ impl Recorder {
                 if self.file_start.is_some() {
                     out.push(Write::Close);
                 }
-                out.push(Write::Open { start_us: start, init: init.clone() });
+                out.push(Write::Open { start_us: start, init: init.clone(), format: Format::Fmp4 });
                 self.file_start = Some(start);
                 self.retimer = Retimer::default();
             }
@@ -128,7 +157,7 @@ impl Recorder {
 
 /// Where recordings go: a pattern of directories and a file name, in which `%path` is the
 /// path's name and `%Y %m %d %H %M %S %f` the UTC year, month, day, hour, minute, second and
-/// microsecond of the file's start; `.mp4` is added.
+/// microsecond of the file's start; `.mp4` or `.ts` is added, by the recording's format.
 #[derive(Debug, Clone)]
 pub struct Layout {
     pattern: String,
@@ -175,13 +204,13 @@ impl Layout {
             }
         }
         re.push_str(&regex::escape(rest));
-        re.push_str(r"\.mp4$");
+        re.push_str(r"\.(mp4|ts)$");
         let parse = regex::Regex::new(&re).map_err(|e| format!("record_path {pattern:?}: {e}"))?;
         Ok(Self { pattern: pattern.to_string(), parse, groups })
     }
 
-    /// The file of `path`'s recording starting at `start_us`.
-    pub fn file(&self, path: &str, start_us: i64) -> String {
+    /// The file of `path`'s recording starting at `start_us`, in `format`.
+    pub fn file(&self, path: &str, start_us: i64, format: Format) -> String {
         let t = OffsetDateTime::from_unix_timestamp_nanos(i128::from(start_us) * 1000)
             .unwrap_or(OffsetDateTime::UNIX_EPOCH);
         let mut s = self.pattern.replace("%path", path);
@@ -196,7 +225,7 @@ impl Layout {
         ] {
             s = s.replace(token, &value);
         }
-        s + ".mp4"
+        format!("{s}.{}", format.extension())
     }
 
     /// The directory every recording is under: the pattern's up to its first token.
@@ -247,6 +276,7 @@ pub struct FileIndex {
     /// Per track ID, its time scale.
     pub timescales: Vec<(u32, u32)>,
     pub fragments: Vec<Fragment>,
+    pub format: Format,
 }
 
 /// One whole fragment (`moof` + `mdat`) of a file.
@@ -584,11 +614,14 @@ pub fn vod_playlist(
         let follows = prev.is_some_and(|q| {
             q.start_us.saturating_add(q.duration_us).abs_diff(p.start_us) <= FOLLOWS_US
                 && files[q.file].index.timescales == r.index.timescales
+                && files[q.file].index.format == r.index.format
         });
         if prev.is_some() && !follows {
             out.push_str("#EXT-X-DISCONTINUITY\n");
         }
-        if map.is_none_or(|m| files[m].index.timescales != r.index.timescales) || !follows {
+        // (TS segments carry their tables: no initialization segment.)
+        let fmp4 = r.index.format == Format::Fmp4;
+        if fmp4 && (map.is_none_or(|m| files[m].index.timescales != r.index.timescales) || !follows) {
             out.push_str(&format!("#EXT-X-MAP:URI=\"{}\",BYTERANGE=\"{}@0\"\n", init_uri(p.file), r.index.init_len));
             map = Some(p.file);
         }
@@ -690,7 +723,7 @@ mod tests {
         let mut open = false;
         for w in out {
             match w {
-                Write::Open { start_us, init } => {
+                Write::Open { start_us, init, .. } => {
                     assert!(!open, "a file opened before the last closed");
                     open = true;
                     files.push((start_us, init.to_vec()));
@@ -845,7 +878,10 @@ mod tests {
     fn layout_names_and_reads_back() {
         let l = Layout::new("rec/%path/%Y/%m/%d/%H-%M-%S-%f").unwrap();
         let t = parse_rfc3339("2026-11-27T02:03:04.000005Z").unwrap();
-        assert_eq!(l.file("cam1", t), "rec/cam1/2026/11/27/02-03-04-000005.mp4");
+        assert_eq!(l.file("cam1", t, Format::Fmp4), "rec/cam1/2026/11/27/02-03-04-000005.mp4");
+        assert_eq!(l.file("cam1", t, Format::MpegTs), "rec/cam1/2026/11/27/02-03-04-000005.ts");
+        assert_eq!(l.parse("rec/cam1/2026/11/27/02-03-04-000005.ts"), Some(("cam1".into(), t)));
+        assert_eq!(Format::of("rec/cam1/2026/11/27/02-03-04-000005.ts"), Format::MpegTs);
         assert_eq!(l.root(), "rec/");
         assert_eq!(l.parse("rec/cam1/2026/11/27/02-03-04-000005.mp4"), Some(("cam1".into(), t)));
         assert_eq!(l.parse("rec/cam1/2026/11/27/02-03-04-000005.mp4.tmp"), None);
@@ -868,7 +904,7 @@ mod tests {
         fn layout_round_trips(name in "[A-Za-z0-9_.-]{1,20}(/[A-Za-z0-9_.-]{1,20}){0,3}", us in 0i64..253_402_300_799_000_000) {
             prop_assume!(crate::name::check(&name).is_ok());
             let l = Layout::new("r/%path/%Y-%m-%d_%H-%M-%S-%f").unwrap();
-            prop_assert_eq!(l.parse(&l.file(&name, us)), Some((name, us)));
+            prop_assert_eq!(l.parse(&l.file(&name, us, Format::Fmp4)), Some((name, us)));
         }
 
         #[test]
