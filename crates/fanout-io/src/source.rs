@@ -377,6 +377,11 @@ impl DemoClip {
         self
     }
 
+    /// Its bytes and the schedule that plays them (for a player of the relay's own).
+    pub fn parts(&self) -> (Arc<[u8]>, Arc<TsSchedule>) {
+        (self.ts.clone(), self.schedule.clone())
+    }
+
     /// One lap, in seconds.
     pub fn duration_s(&self) -> f64 {
         self.schedule.loop_ticks() as f64 / 27e6

@@ -28,6 +28,8 @@ pub enum Ingest {
     Webrtc,
     /// The relay reading another server's HLS.
     Hls,
+    /// The path's `fallback` file, played while no one publishes.
+    Fallback,
 }
 
 impl Ingest {
@@ -39,6 +41,7 @@ impl Ingest {
             Ingest::Srt => "srt",
             Ingest::Webrtc => "webrtc",
             Ingest::Hls => "hls",
+            Ingest::Fallback => "fallback",
         }
     }
 
@@ -209,11 +212,17 @@ enum HandOver {
     Refuse,
 }
 
-fn hand_over(publishing: Option<u64>, new: u64, takeover: bool) -> HandOver {
+/// `publishing`: the connection publishing and whether it is the path's fallback; `fallback`:
+/// whether the newcomer is. A publisher always replaces the fallback; the fallback never
+/// replaces a publisher.
+fn hand_over(publishing: Option<(u64, bool)>, new: u64, fallback: bool, takeover: bool) -> HandOver {
     match publishing {
-        Some(old) if old != new && takeover => HandOver::Replace,
-        Some(old) if old != new => HandOver::Refuse,
-        _ => HandOver::Start,
+        Some((old, _)) if old == new => HandOver::Start,
+        Some(_) if fallback => HandOver::Refuse,
+        Some((_, true)) => HandOver::Replace,
+        Some(_) if takeover => HandOver::Replace,
+        Some(_) => HandOver::Refuse,
+        None => HandOver::Start,
     }
 }
 
@@ -290,7 +299,7 @@ impl Publisher {
     /// let a newcomer take over.
     pub fn refusal(&self) -> Option<String> {
         let st = self.state.lock();
-        let a = st.active.as_ref().filter(|_| !self.takeover)?;
+        let a = st.active.as_ref().filter(|a| !self.takeover && a.transport != Ingest::Fallback)?;
         // (Not from where: the newcomer is told this.)
         Some(format!("{} is being published (over {})", self.name, a.transport))
     }
@@ -436,7 +445,13 @@ impl Publisher {
     /// `takeover`, the one publishing gives way (and is told), else `a` is refused.
     fn begin(&self, a: Active, sdp: Sdp, engine: &fanout_io::Engine) -> std::io::Result<()> {
         let mut st = self.state.lock();
-        let decided = hand_over(st.active.as_ref().map(|o| o.conn), a.conn, self.takeover);
+        let fallback = a.transport == Ingest::Fallback;
+        let decided = hand_over(
+            st.active.as_ref().map(|o| (o.conn, o.transport == Ingest::Fallback)),
+            a.conn,
+            fallback,
+            self.takeover,
+        );
         if decided == HandOver::Refuse {
             drop(st);
             return Err(std::io::Error::other(self.refusal().unwrap_or_else(|| "a publisher came first".into())));
@@ -444,7 +459,9 @@ impl Publisher {
         if decided == HandOver::Replace {
             let mut old = st.active.take().expect("checked");
             self.went(&old);
-            st.takeovers += 1;
+            if old.transport != Ingest::Fallback {
+                st.takeovers += 1;
+            }
             tracing::info!(session = %self.name, peer = %old.peer, how = %old.transport, by = %a.peer, by_how = %a.transport,
                            after_s = old.since.elapsed().as_secs_f64(), "publisher taken over");
             if let Some(tell) = old.displaced.take() {
@@ -476,8 +493,12 @@ impl Publisher {
         st.simulcast = None;
         let (peer, how, tracks) = (a.peer, a.transport, sdp.media.len());
         st.sdp = Some(sdp);
-        st.publishes += 1;
-        self.events.lock().push(Publishing { protocol: a.transport.protocol(), peer: a.peer, ended: None });
+        if !fallback {
+            st.publishes += 1;
+        }
+        if !fallback {
+            self.events.lock().push(Publishing { protocol: a.transport.protocol(), peer: a.peer, ended: None });
+        }
         st.active = Some(a);
         drop(st);
         self.changes.send_replace(());
@@ -675,8 +696,11 @@ impl Publisher {
     }
 
     fn went(&self, a: &Active) {
-        let ended = Some(a.since.elapsed());
-        self.events.lock().push(Publishing { protocol: a.transport.protocol(), peer: a.peer, ended });
+        // (The fallback is not a publisher to the hooks.)
+        if a.transport != Ingest::Fallback {
+            let ended = Some(a.since.elapsed());
+            self.events.lock().push(Publishing { protocol: a.transport.protocol(), peer: a.peer, ended });
+        }
         self.changes.send_replace(());
     }
 
@@ -784,11 +808,15 @@ mod tests {
     #[test]
     fn one_publisher_at_a_time_or_the_newest_with_takeover() {
         use super::{hand_over, HandOver::*};
-        assert_eq!(hand_over(None, 7, false), Start);
-        assert_eq!(hand_over(Some(7), 7, false), Start, "its own connection again");
-        assert_eq!(hand_over(Some(3), 7, false), Refuse);
-        assert_eq!(hand_over(Some(3), 7, true), Replace);
-        assert_eq!(hand_over(None, 7, true), Start);
+        assert_eq!(hand_over(None, 7, false, false), Start);
+        assert_eq!(hand_over(Some((7, false)), 7, false, false), Start, "its own connection again");
+        assert_eq!(hand_over(Some((3, false)), 7, false, false), Refuse);
+        assert_eq!(hand_over(Some((3, false)), 7, false, true), Replace);
+        assert_eq!(hand_over(None, 7, false, true), Start);
+        // The fallback gives way to any publisher, and takes no one's place.
+        assert_eq!(hand_over(Some((3, true)), 7, false, false), Replace);
+        assert_eq!(hand_over(Some((3, false)), 7, true, true), Refuse);
+        assert_eq!(hand_over(None, 7, true, false), Start);
     }
 
     use super::Ingest;

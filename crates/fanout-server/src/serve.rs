@@ -185,7 +185,9 @@ fn configure(a: &ServeArgs) -> anyhow::Result<config::Config> {
         .sessions
         .iter()
         .filter_map(|s| match &s.source {
-            spec::SourceSpec::File { path, .. } => Some(path.clone()),
+            spec::SourceSpec::File { path, .. } | spec::SourceSpec::Publish { fallback: Some(path), .. } => {
+                Some(path.clone())
+            }
             _ => None,
         })
         .collect();

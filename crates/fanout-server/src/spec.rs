@@ -24,8 +24,9 @@ pub enum SourceSpec {
     /// A recording (or a directory of them) played at its own rate.
     File { path: std::path::PathBuf, looped: Option<bool> },
     /// Publishers (RTSP, RTMP, SRT), one at a time; with `takeover` a new one replaces the
-    /// one publishing (whose connection is closed), else it is refused.
-    Publish { takeover: bool },
+    /// one publishing (whose connection is closed), else it is refused. With a `fallback`
+    /// recording the path is always available: it plays while no one publishes.
+    Publish { takeover: bool, fallback: Option<std::path::PathBuf> },
     /// An RTSP server pulled from.
     Rtsp(RtspSource),
     /// An SRT listener called and read (its URL, checked; no `tls_*`: SRT has its own).
@@ -100,6 +101,10 @@ pub struct SourceFields {
     /// connection is closed (default `false`: the newcomer is refused while one publishes).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub takeover: Option<bool>,
+    /// With `publish`: a recording (as `file` takes) played while no one publishes, so the
+    /// path is always available; a publisher replaces it at once.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<std::path::PathBuf>,
     /// Pull from an RTSP server: `rtsp://[user:pass@]host[:port]/path`. Every media section
     /// becomes a track; RTSP clients of this session share one upstream session.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -163,6 +168,7 @@ pub const SOURCE_FIELDS: &[&str] = &[
     "loop",
     "publish",
     "takeover",
+    "fallback",
     "rtsp",
     "srt",
     "rtmp",
@@ -256,8 +262,8 @@ impl TryFrom<SourceFields> for SourceSpec {
                 "source needs exactly one of \"udp\", \"tcp_listen\", \"tcp_connect\", \"rtsp\", \"srt\", \"rtmp\", \"whep\", \"hls\", \"file\", \"demo\": true, \"publish\": true (got {n})"
             ).into());
         }
-        if f.takeover.is_some() && f.publish != Some(true) {
-            return Err("source \"takeover\" only applies to a \"publish\" source".into());
+        if (f.takeover.is_some() || f.fallback.is_some()) && f.publish != Some(true) {
+            return Err("source \"takeover\" and \"fallback\" only apply to a \"publish\" source".into());
         }
         if f.looped.is_some() && f.file.is_none() {
             return Err("source \"loop\" only applies to a \"file\" source".into());
@@ -288,7 +294,7 @@ impl TryFrom<SourceFields> for SourceSpec {
         } else if let Some(path) = f.file {
             SourceSpec::File { path, looped: f.looped }
         } else if f.publish == Some(true) {
-            SourceSpec::Publish { takeover: f.takeover == Some(true) }
+            SourceSpec::Publish { takeover: f.takeover == Some(true), fallback: f.fallback }
         } else if let Some(url) = f.srt {
             fanout_proto::srt::parse_url(&url).map_err(|e| format!("source \"srt\": {e}"))?;
             SourceSpec::Srt(PullSource { url, on_demand: f.on_demand, linger_s: f.linger_s, ..Default::default() })
@@ -385,7 +391,9 @@ impl From<SourceSpec> for SourceFields {
             SourceSpec::TcpConnect(a) => f.tcp_connect = Some(a),
             SourceSpec::Demo => f.demo = Some(true),
             SourceSpec::File { path, looped } => (f.file, f.looped) = (Some(path), looped),
-            SourceSpec::Publish { takeover } => (f.publish, f.takeover) = (Some(true), takeover.then_some(true)),
+            SourceSpec::Publish { takeover, fallback } => {
+                (f.publish, f.takeover, f.fallback) = (Some(true), takeover.then_some(true), fallback);
+            }
             SourceSpec::Srt(r) => (f.srt, f.on_demand, f.linger_s) = (Some(r.url), r.on_demand, r.linger_s),
             SourceSpec::Whep(r) => {
                 f.whep = Some(r.url);

@@ -490,3 +490,68 @@ fn sender_reports_keep_one_clock_across_publishers() {
     assert_one_clock(&reports, 90_000.0);
     let _ = std::fs::remove_file(&clip);
 }
+
+/// `fallback`: a path that is always available. With no publisher the file plays (the
+/// status says `fallback`); an RTMP publisher replaces it at once, though the path has no
+/// `takeover`, and when it leaves the file plays again. An RTSP reader there all along sees
+/// one stream (one SSRC, no sequence number missing, RTP time never running back) and
+/// ffmpeg decodes it through both switches without a decoder error.
+#[test]
+fn a_fallback_plays_while_no_one_publishes_and_readers_see_one_stream() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let config = format!("[[session]]\nname = \"pub\"\nsource = {{ publish = true, fallback = \"{DEMO_TS}\" }}\n");
+    let relay = Relay::with_config(&config, &["--no-demo"]);
+    let now = |how: &str| wait_for(Duration::from_secs(10), || publisher(&relay)["transport"] == how);
+    assert!(now("fallback"), "{}", publisher(&relay));
+    let addr = rtsp_addr(&relay);
+    let url = format!("rtsp://{addr}/pub");
+    let decode = std::thread::spawn({
+        let url = url.clone();
+        move || {
+            let out = Command::new("timeout")
+                .args(["40", "ffmpeg", "-nostdin", "-loglevel", "error", "-rtsp_transport", "tcp", "-i", &url])
+                .args(["-t", "16", "-map", "0:v", "-f", "framemd5", "-"])
+                .output()
+                .unwrap();
+            let frames = String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.starts_with('#')).count();
+            (out.status.success(), frames, String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    });
+    let play = rtsp_play(addr, "pub", None);
+    let rtp = play.rtp.try_clone().unwrap();
+    let until = std::time::Instant::now() + Duration::from_secs(15);
+    let packets = std::thread::spawn(move || {
+        rtp.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        let (mut got, mut b) = (Vec::new(), [0u8; 2048]);
+        while std::time::Instant::now() < until {
+            let Ok(n) = rtp.recv(&mut b) else { continue };
+            if n >= 12 {
+                let word = |i: usize| u32::from_be_bytes(b[i..i + 4].try_into().unwrap());
+                got.push((word(8), u16::from_be_bytes([b[2], b[3]]), word(4)));
+            }
+        }
+        got
+    });
+    std::thread::sleep(Duration::from_secs(4));
+    let rtmp = relay.ok("GET", "/v1/engine", None)["rtmp"].as_str().unwrap().to_string();
+    let live = ffmpeg_publish("flv", &format!("rtmp://{rtmp}/pub"));
+    assert!(now("rtmp"), "the publisher did not replace the fallback: {}", publisher(&relay));
+    assert_eq!(publisher(&relay)["takeovers"], 0, "replacing the fallback is no takeover");
+    std::thread::sleep(Duration::from_secs(5));
+    drop(live);
+    assert!(now("fallback"), "the fallback did not play again: {}", publisher(&relay));
+
+    let packets = packets.join().unwrap();
+    drop(play);
+    assert!(packets.len() > 300, "{} packets", packets.len());
+    let (ssrc, seq0, _) = packets[0];
+    assert!(packets.iter().all(|p| p.0 == ssrc), "the SSRC changed");
+    let missing = usize::from(packets.last().unwrap().1.wrapping_sub(seq0)) + 1 - packets.len();
+    assert_eq!(missing, 0, "sequence numbers missing");
+    assert!(packets.windows(2).all(|w| w[1].2.wrapping_sub(w[0].2) as i32 >= 0), "RTP time ran back");
+    let (ok, frames, errors) = decode.join().unwrap();
+    assert!(ok && errors.is_empty(), "ffmpeg across the switches: {errors}");
+    assert!(frames >= 16 * 25 * 9 / 10, "{frames} pictures in 16 s");
+}

@@ -39,7 +39,7 @@ const MAX_FILE: u64 = 1 << 30;
 /// MP4 (remuxed to MPEG-TS here, once, paced by its samples' times). A directory is a
 /// playlist: its recordings (`.ts`, `.m2ts`, `.mp4`, `.m4v`, `.mov`) in the order of their
 /// names, joined into one stream.
-async fn read_clip(path: &std::path::Path, roots: &[PathBuf], looped: bool) -> Result<DemoClip, RelayError> {
+pub(super) async fn read_clip(path: &std::path::Path, roots: &[PathBuf], looped: bool) -> Result<DemoClip, RelayError> {
     let bad = |why: String| RelayError::BadRequest(format!("source file {}: {why}", path.display()));
     let path = &allowed_file(path, roots)?;
     let ts = if tokio::fs::metadata(path).await.is_ok_and(|m| m.is_dir()) {

@@ -193,7 +193,7 @@ pub async fn start(spec: &SourceSpec, cx: Ctx<'_>) -> Result<Started, RelayError
         SourceSpec::TcpConnect(addr) => Ok(tcp::connect(*addr, &cx)),
         SourceSpec::Demo => clip::demo(&cx),
         SourceSpec::File { path, looped } => clip::file(path, looped.unwrap_or(true), &cx).await,
-        SourceSpec::Publish { takeover } => publish::start(&cx, *takeover),
+        SourceSpec::Publish { takeover, fallback } => publish::start(&cx, *takeover, fallback.as_deref()).await,
         SourceSpec::Rtsp(r) => rtsp::start(r, cx),
         SourceSpec::Srt(r) => srt::start(r, &cx),
         SourceSpec::Rtmp(r) => rtmp::start(r, &cx),
@@ -241,7 +241,7 @@ mod tests {
         let demo = demo.ok().unwrap();
         assert!(matches!(demo.feeder, Feeder::Clip(Some(_))), "the demo's H.264 and AAC as tracks");
         assert_eq!(demo.feeder.tracks().map(|t| t.len()), Some(2));
-        let (publish, s2) = start(SourceSpec::Publish { takeover: false }, "in").await;
+        let (publish, s2) = start(SourceSpec::Publish { takeover: false, fallback: None }, "in").await;
         let publish = publish.ok().unwrap();
         assert!(matches!(publish.feeder, Feeder::Publisher(_)));
         let (udp, s3) = start(SourceSpec::Udp { addr: "127.0.0.1:0".parse().unwrap(), interface: None }, "u").await;

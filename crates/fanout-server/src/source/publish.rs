@@ -1,15 +1,136 @@
 //! `publish`: RTSP, RTMP and SRT publishers push to the path (served by `crate::rtsp`,
 //! `crate::rtmp`, `crate::srt`); their tracks are fed by `crate::publish::Publisher`.
+//!
+//! With a `fallback` file the path is always available: while no one publishes, the file
+//! plays into the path's tracks as a publisher of the relay's own (looped, restamped, paced
+//! at its own rate); a publisher that comes replaces it at once, and when that one leaves
+//! the file plays again. Readers stay throughout: the tracks keep one SSRC and numbering,
+//! their times joined at each switch as at a takeover.
 
-use super::{Ctx, Feeder, Started};
+use super::{Ctx, Feeder, Started, StopOnDrop};
 use crate::error::RelayError;
-use std::sync::Arc;
+use crate::publish::{Ingest, Publisher};
+use fanout_proto::container::mpegts::{Restamper, TsSchedule};
+use fanout_proto::container::tsingest::TsIngest;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
-pub fn start(cx: &Ctx, takeover: bool) -> Result<Started, RelayError> {
-    let p = crate::publish::Publisher::new(cx.name, cx.session.clone(), takeover)
+/// Connection ids of the fallback's runs, apart from every other publisher's.
+const CONN_BASE: u64 = 8 << 60;
+/// How often the fallback looks whether the path has lost its publisher, and a stop.
+const LOOK: Duration = Duration::from_millis(50);
+
+pub async fn start(cx: &Ctx<'_>, takeover: bool, fallback: Option<&std::path::Path>) -> Result<Started, RelayError> {
+    let p = Publisher::new(cx.name, cx.session.clone(), takeover)
         .map_err(|e| RelayError::Internal(format!("publish source: {e}")))?;
-    cx.session.set_source_kind(
-        if takeover { "publish (RTSP, RTMP, SRT; takeover)" } else { "publish (RTSP, RTMP, SRT)" }.into(),
-    );
-    Ok(Started { feeder: Feeder::Publisher(Arc::new(p)), tasks: Vec::new() })
+    let p = Arc::new(p);
+    let mut kind =
+        if takeover { "publish (RTSP, RTMP, SRT; takeover)" } else { "publish (RTSP, RTMP, SRT)" }.to_string();
+    let mut tasks = Vec::new();
+    if let Some(path) = fallback {
+        let clip = super::clip::read_clip(path, &cx.cfg.file_roots, true).await?;
+        kind = format!("{kind}; fallback {}", path.display());
+        let (ts, schedule) = clip.parts();
+        let (weak, host, name) = (Arc::downgrade(&p), cx.host.clone(), cx.name.to_string());
+        let stop = Arc::new(AtomicBool::new(false));
+        let guard = StopOnDrop(stop.clone());
+        // Aborted with the path: the guard's drop stops the thread.
+        let task = tokio::spawn(async move {
+            let _guard = guard;
+            let _ =
+                tokio::task::spawn_blocking(move || play_while_unpublished(&weak, &ts, &schedule, &host, &stop, &name))
+                    .await;
+        });
+        tasks.push(task.abort_handle());
+    }
+    cx.session.set_source_kind(kind);
+    Ok(Started { feeder: Feeder::Publisher(p), tasks })
+}
+
+/// Plays the fallback each time the path has no publisher, until `stop` or the path goes.
+fn play_while_unpublished(
+    p: &Weak<Publisher>,
+    ts: &[u8],
+    schedule: &TsSchedule,
+    host: &Weak<dyn crate::upstream::Host>,
+    stop: &AtomicBool,
+    name: &str,
+) {
+    for run in 0u64.. {
+        loop {
+            let Some(p) = p.upgrade() else { return };
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
+            if p.transport().is_none() {
+                break;
+            }
+            drop(p);
+            std::thread::sleep(LOOK);
+        }
+        let why = play(p, ts, schedule, host, stop, (CONN_BASE | run, name));
+        tracing::info!(session = name, "fallback: {why}");
+    }
+}
+
+/// One run of the fallback, from the clip's start, until a publisher takes the path; why it
+/// ended.
+fn play(
+    p: &Weak<Publisher>,
+    ts: &[u8],
+    schedule: &TsSchedule,
+    host: &Weak<dyn crate::upstream::Host>,
+    stop: &AtomicBool,
+    (conn, name): (u64, &str),
+) -> String {
+    let label = format!("fallback-{}", conn & !CONN_BASE);
+    let (mut ingest, mut restamp) = (TsIngest::default(), Restamper::default());
+    let (mut packets, mut started) = (Vec::new(), false);
+    let per_lap = schedule.len().max(1) as u64;
+    let t0 = Instant::now();
+    for n in 0u64.. {
+        let (off, len, due) = schedule.datagram(n);
+        let at = t0 + Duration::from_nanos(due.saturating_mul(1000) / 27);
+        while let Some(wait) = at.checked_duration_since(Instant::now()) {
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            std::thread::sleep(wait.min(LOOK));
+        }
+        let Some(p) = p.upgrade().filter(|_| !stop.load(Ordering::Relaxed)) else {
+            if let Some(p) = p.upgrade().filter(|_| started) {
+                p.stop(&label);
+            }
+            return "stopped".into();
+        };
+        let mut bytes = ts[off..off + len].to_vec();
+        restamp.set_offset((n / per_lap) * schedule.loop_ticks() / 300);
+        restamp.restamp(&mut bytes);
+        ingest.push(&bytes, t0.elapsed().as_millis() as u64, &mut packets);
+        if !started {
+            let Some(sdp) = ingest.sdp() else {
+                packets.clear();
+                continue;
+            };
+            let Some(host) = host.upgrade() else { return "the relay is shutting down".into() };
+            let sdp = match fanout_proto::rtsp::sdp::Sdp::parse(&sdp) {
+                Ok(sdp) => sdp,
+                Err(e) => return format!("its description: {e}"),
+            };
+            let peer = std::net::IpAddr::from([0, 0, 0, 0]);
+            // Refused where a publisher came first: the fallback waits for it to leave.
+            if let Err(e) = p.start_stream(Ingest::Fallback, label.clone(), conn, peer, sdp, host.engine()) {
+                return format!("not played: {e}");
+            }
+            tracing::info!(session = name, "no publisher: the fallback plays");
+            started = true;
+        }
+        for mut pkt in packets.drain(..) {
+            if !p.feed_rtp(conn, pkt.track, &mut pkt.data, pkt.waited_ms) {
+                return "a publisher took the path".into();
+            }
+        }
+    }
+    unreachable!("the loop above runs until it returns")
 }

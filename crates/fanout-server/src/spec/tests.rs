@@ -35,7 +35,10 @@ fn rejects_with_reasons() {
         (r#"{"name":"a","source":{"hls":"http:///index.m3u8"}}"#, "names no host"),
         (r#"{"name":"a","source":{"hls":"http://h/i.m3u8","tls_verify":false}}"#, "apply to an https://"),
         (r#"{"name":"a","source":{"demo":true},"datapath":"warp"}"#, "unknown variant `warp`"),
-        (r#"{"name":"a","source":{"demo":true},"record":{"format":"mkv"}}"#, r#"record.format "mkv": "fmp4" or "mpegts""#),
+        (
+            r#"{"name":"a","source":{"demo":true},"record":{"format":"mkv"}}"#,
+            r#"record.format "mkv": "fmp4" or "mpegts""#,
+        ),
         (r#"{"name":"a","source":{"demo":true},"ring":1}"#, "ring 1"),
         (r#"{"name":"a","source":{"demo":true},"sinks":[{"udp":"127.0.0.1:0"}]}"#, "port 0"),
         (r#"{"name":"a","source":{"udp":"127.0.0.1:5","interface":"127.0.0.1"}}"#, "multicast"),
@@ -136,7 +139,7 @@ fn any_source() -> impl Strategy<Value = SourceSpec> {
         any_addr().prop_map(SourceSpec::TcpConnect),
         Just(SourceSpec::Demo),
         file,
-        any::<bool>().prop_map(|takeover| SourceSpec::Publish { takeover }),
+        any::<bool>().prop_map(|takeover| SourceSpec::Publish { takeover, fallback: None }),
         rtsp,
     ]
 }
