@@ -34,6 +34,7 @@ mod srtp_out;
 mod state;
 mod tls;
 mod track;
+mod transcode;
 mod tunnel;
 mod ui;
 mod upgrade;

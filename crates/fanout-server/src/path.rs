@@ -32,6 +32,8 @@ pub struct Path {
     tasks: Vec<AbortHandle>,
     /// The repackaging for HTTP players, while any play.
     repack: Mutex<Option<Arc<Repack>>>,
+    /// Its AAC as Opus, while WebRTC viewers need it.
+    opus: Mutex<Option<Arc<crate::transcode::Transcode>>>,
     /// SRTP toward RTSPS clients: each track's key epochs.
     pub srtp: SrtpOut,
     /// Who reads it, on every face.
@@ -126,6 +128,7 @@ impl Path {
             feeder,
             tasks,
             repack: Mutex::new(None),
+            opus: Mutex::new(None),
             srtp: SrtpOut::default(),
             forwards: Vec::new(),
         }
@@ -217,6 +220,25 @@ impl Path {
         Ok(r)
     }
 
+    /// Its AAC as Opus, while that runs.
+    pub fn opus_running(&self) -> Option<Arc<crate::transcode::Transcode>> {
+        self.opus.lock().as_ref().filter(|t| t.is_running()).cloned()
+    }
+
+    /// Its AAC as Opus (the running transcoder, or the one `start` makes now, under the lock).
+    pub fn keep_opus(
+        &self,
+        start: impl FnOnce() -> Result<Arc<crate::transcode::Transcode>, String>,
+    ) -> Result<Arc<crate::transcode::Transcode>, String> {
+        let mut kept = self.opus.lock();
+        if let Some(running) = kept.as_ref().filter(|k| k.is_running()) {
+            return Ok(running.clone());
+        }
+        let t = start()?;
+        *kept = Some(t.clone());
+        Ok(t)
+    }
+
     /// The repackaging stopped: forgotten, its TS session closed.
     pub fn repack_stopped(&self) {
         let gone = self.repack.lock().take();
@@ -241,6 +263,12 @@ impl Path {
         self.readers.close_all("the path went");
         self.reader_hooks();
         self.srtp.stop_all();
+        let opus = self.opus.lock().take();
+        if let Some(t) = opus {
+            t.stop();
+            let s = t.track.session.clone();
+            let _ = tokio::task::spawn_blocking(move || s.close()).await;
+        }
         let repack = self.repack.lock().take();
         if let Some(r) = repack {
             r.stop();

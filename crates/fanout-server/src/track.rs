@@ -23,6 +23,8 @@ pub enum Inner {
     Encoding { track: usize, k: usize },
     /// The MPEG-TS repackaging: `{path}/ts`.
     Ts,
+    /// The path's AAC as Opus, for WebRTC viewers: `{path}/opus`.
+    Opus,
     /// An SRTP key epoch `n` of a track session (named after the track's session, not the
     /// path): `{track}/srtp-{n}`.
     SrtpEpoch(u32),
@@ -36,6 +38,7 @@ impl Inner {
             Inner::Clip { video } => format!("{of}/{}", if video { "video" } else { "audio" }),
             Inner::Encoding { track, k } => format!("{of}/{track}~{k}"),
             Inner::Ts => format!("{of}/ts"),
+            Inner::Opus => format!("{of}/opus"),
             Inner::SrtpEpoch(n) => format!("{of}/srtp-{n}"),
         }
     }

@@ -56,6 +56,12 @@ pub(super) fn session_json(relay: &Relay, s: &fanout_io::Session) -> serde_json:
     if let Some(p) = path.publisher() {
         v["publisher"] = json!(p.status());
     }
+    // Its AAC as Opus, while WebRTC viewers need it.
+    if let Some(t) = path.opus_running() {
+        let st = t.track.session.status();
+        v["transcoding"] = json!([{ "from": "aac", "to": "opus", "session": t.track.session.name(),
+                                     "subscribers": st.sinks, "packets": st.source.packets }]);
+    }
     if !path.forwards.is_empty() {
         v["forward"] = json!(path.forwards.iter().map(|f| f.status()).collect::<Vec<_>>());
     }

@@ -22,12 +22,17 @@ impl WebRtc {
         if let Some(up) = p.upstream().cloned() {
             up.demand(Duration::from_secs(10)).await;
         }
-        let described = p
+        let mut described = p
             .describe()
             .map(|r| r.sdp)
             .filter(|s| !s.media.is_empty())
             .ok_or_else(|| Refused(404, format!("{path} has nothing to play yet")))?;
-        let tracks = relay.tracks(path);
+        let mut tracks = relay.tracks(path);
+        // AAC, which browsers do not take: its Opus, made once for every viewer.
+        let transcoded = opus_of_aac(relay, &p, &described, &tracks).map(|(media, track)| {
+            described.media.push(media);
+            tracks.push(track);
+        });
         // Layered video, or a simulcast publisher's encodings: the viewer's congestion
         // feedback picks the layers, or the encoding, it gets.
         let simulcast = p
@@ -43,7 +48,11 @@ impl WebRtc {
         let whole_bps = layered.or(simulcast.as_ref().map(|(_, (_, e))| e[0].bps.max(START_BPS)));
         let (rtc, answer) = self.negotiate(offer, Role::Viewer { adapts: whole_bps }, caller.ip).await?;
         let parsed = Sdp::parse(&answer).map_err(|e| Refused(500, format!("our answer: {e}")))?;
-        let plan = fanout_proto::whep::plan(&described, &parsed);
+        let mut plan = fanout_proto::whep::plan(&described, &parsed);
+        if transcoded.is_some() {
+            // (Its AAC goes, as Opus.)
+            plan.left_out.retain(|why| !why.contains("MPEG4-GENERIC"));
+        }
         if plan.routes.is_empty() {
             return Err(Refused(
                 400,
@@ -349,5 +358,37 @@ impl WebRtc {
         self.admit(status, rtc, Vec::new(), Some(publish), None, (pass, None))?;
         tracing::info!(path, publisher = %id, simulcast = ?rids, "WHIP publisher offered");
         Ok((answer, id))
+    }
+}
+
+/// The path's AAC as an Opus track (its SDP section and track), where its audio is AAC and
+/// none of it goes over WebRTC as it is; `None` where that is not so, or the AAC cannot be
+/// transcoded (said in the log: the viewer gets the video alone).
+fn opus_of_aac(
+    relay: &Arc<Relay>,
+    p: &crate::path::Path,
+    described: &Sdp,
+    tracks: &[crate::track::TrackRef],
+) -> Option<(fanout_proto::rtsp::sdp::Media, crate::track::TrackRef)> {
+    let audio = described.media.iter().enumerate().filter(|(_, m)| m.kind == "audio");
+    let mut aac = None;
+    for (i, m) in audio {
+        if fanout_proto::whep::webrtc_codec(m).is_ok() {
+            return None;
+        }
+        let is_aac =
+            m.formats.first().and_then(|f| m.rtpmap(f)).is_some_and(|(e, _)| e.eq_ignore_ascii_case("MPEG4-GENERIC"));
+        if is_aac && aac.is_none() {
+            aac = Some((m, tracks.get(i)?));
+        }
+    }
+    let (m, track) = aac?;
+    let linger = Duration::from_secs_f64(p.spec().source.linger_s());
+    match p.keep_opus(|| crate::transcode::Transcode::start(&p.name, m, track, &relay.engine, linger)) {
+        Ok(t) => Some((t.media.clone(), t.track.clone())),
+        Err(e) => {
+            tracing::warn!(path = %p.name, "its AAC cannot go to WebRTC viewers as Opus: {e}");
+            None
+        }
     }
 }

@@ -19,6 +19,7 @@ pub mod rtsp;
 pub mod scenarios;
 pub mod soak;
 pub mod splice;
+pub mod transcode;
 mod wire;
 
 use crate::client::ApiClient;
@@ -72,6 +73,8 @@ pub enum BenchCmd {
     Register(register::RegisterArgs),
     /// Repackaging for HTTP players (MPEG-TS, HLS): CPU per RTP packet, stage by stage.
     Repack(repack::RepackArgs),
+    /// A path's AAC as Opus for WebRTC viewers: CPU per second of audio.
+    Transcode(transcode::TranscodeArgs),
     /// One session's subscribers by how they watch (TS over UDP, RTP, TS over HTTP, HLS):
     /// relay CPU per subscriber.
     Http(http::HttpArgs),
@@ -125,6 +128,7 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Register(a) => register::run(a),
         BenchCmd::Cluster(a) => cluster::run(a),
         BenchCmd::Repack(a) => repack::run(a),
+        BenchCmd::Transcode(a) => transcode::run(a),
         BenchCmd::Http(a) => http::run(a),
         BenchCmd::Ingest(a) => ingest::run(a),
         BenchCmd::HlsLoad(a) => http::hls_load(a),

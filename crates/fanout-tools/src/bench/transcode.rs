@@ -1,0 +1,88 @@
+//! `fanout bench transcode`: what a path's AAC as Opus (for WebRTC viewers) costs: the demo
+//! clip's AAC RTP depacketized, decoded, resampled where needed and encoded to Opus, lap
+//! after lap, in process; the thread's CPU time per second of audio. The work is once per
+//! path, whatever its viewers.
+
+use super::{plot, thread_cpu_s};
+use anyhow::Context;
+use clap::Args;
+use fanout_proto::container::repack::{Repackager, TrackCodec, TrackInfo};
+use std::io::Write;
+use std::path::PathBuf;
+
+#[derive(Args)]
+pub struct TranscodeArgs {
+    /// Rounds.
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// CPU seconds per round, at least.
+    #[arg(long, default_value_t = 2.0)]
+    seconds: f64,
+    /// A short run that checks the bench works.
+    #[arg(long)]
+    quick: bool,
+    /// Folder for the CSV and PNG.
+    #[arg(long, default_value = "bench-out/transcode")]
+    out: PathBuf,
+}
+
+pub fn run(a: TranscodeArgs) -> anyhow::Result<()> {
+    let (rounds, seconds) = if a.quick { (1, 0.05) } else { (a.rounds, a.seconds) };
+    fanout_media::opus::available().map_err(|e| anyhow::anyhow!("{e}"))?;
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let clip = fanout_io::DemoClip::new(fanout_io::DEMO_TS).map_err(|e| anyhow::anyhow!("demo clip: {e}"))?;
+    let (tracks, _) = clip.rtp_tracks();
+    let audio = tracks.iter().find(|t| t.media.starts_with("m=audio")).context("the demo has AAC")?;
+    let sdp = fanout_proto::rtsp::sdp::Sdp::parse(&format!("v=0\r\ns=x\r\nt=0 0\r\n{}", audio.media))
+        .map_err(|e| anyhow::anyhow!("demo SDP: {e}"))?;
+    let info = TrackInfo::from_sdp(&sdp.media[0]).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let TrackCodec::Aac { config, .. } = &info.codec else { anyhow::bail!("the demo's audio is not AAC") };
+    let lap = audio.rtp_packets(0x1234_5678);
+    let lap_90k = audio.lap_90k();
+    let csv_path = a.out.join("transcode.csv");
+    let mut csv = std::fs::File::create(&csv_path).with_context(|| format!("creating {}", csv_path.display()))?;
+    writeln!(csv, "round,audio_s,cpu_s,core_pct_per_path,opus_packets")?;
+    let mut series = vec![("AAC to Opus".to_string(), Vec::new())];
+    let mut bar = super::progress(rounds as u64, "transcode");
+    for round in 1..=rounds {
+        let mut r = Repackager::new(vec![Some(info.clone())]);
+        let mut coder = fanout_media::AacToOpus::new(config).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let (mut units, mut packets) = (Vec::new(), Vec::new());
+        let (t0, mut laps, mut made) = (thread_cpu_s(), 0u64, 0u64);
+        while thread_cpu_s() - t0 < seconds {
+            let shift = laps * lap_90k;
+            for (due, pkt) in &lap {
+                let mut p = pkt.clone();
+                let ts0 = u32::from_be_bytes(p[4..8].try_into().expect("an RTP header"));
+                p[4..8]
+                    .copy_from_slice(&ts0.wrapping_add((shift * u64::from(audio.clock) / 90_000) as u32).to_be_bytes());
+                r.push_rtp(0, &p, (due + shift) / 90, &mut units);
+                for u in units.drain(..) {
+                    coder.push(&u.data, u.time * 48_000 / 90_000, &mut packets);
+                }
+                made += packets.len() as u64;
+                packets.clear();
+            }
+            laps += 1;
+        }
+        let cpu = thread_cpu_s() - t0;
+        let audio_s = (laps * lap_90k) as f64 / 90_000.0;
+        let pct = cpu / audio_s * 100.0;
+        writeln!(csv, "{round},{audio_s:.1},{cpu:.4},{pct:.4},{made}")?;
+        series[0].1.push((round as f64, pct));
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let png = a.out.join("transcode.png");
+    plot::panels(
+        &png,
+        "A path's AAC as Opus: CPU per second of audio",
+        "round",
+        false,
+        &[plot::Panel { y_label: "% of a core per path", series: series.clone(), log_y: false }],
+    )?;
+    let mean = series[0].1.iter().map(|p| p.1).sum::<f64>() / series[0].1.len().max(1) as f64;
+    println!("AAC to Opus: {mean:.3}% of a core per transcoded path ({:.0} paths a core)", 100.0 / mean);
+    println!("wrote {} and {}", csv_path.display(), png.display());
+    Ok(())
+}
