@@ -34,6 +34,13 @@ fuzz_target!(|data: &[u8]| {
     }
     let layout = Layout::new("r/%path/%Y-%m-%d_%H-%M-%S-%f").unwrap();
     if let Some((path, start)) = layout.parse(&String::from_utf8_lossy(data)) {
-        assert_eq!(layout.parse(&layout.file(&path, start, fanout_proto::container::record::Format::of(&String::from_utf8_lossy(data)))), Some((path, start)));
+        assert_eq!(
+            layout.parse(&layout.file(
+                &path,
+                start,
+                fanout_proto::container::record::Format::of(&String::from_utf8_lossy(data))
+            )),
+            Some((path, start))
+        );
     }
 });

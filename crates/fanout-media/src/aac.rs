@@ -47,8 +47,18 @@ impl AacDecoder {
     /// Decodes one access unit, appending its samples interleaved in `channels` (1 or 2;
     /// stereo taken down to mono by their mean) to `out`.
     pub fn decode(&mut self, au: &[u8], channels: usize, out: &mut Vec<f32>) -> Result<(), MediaError> {
-        let decoded =
-            self.decoder.decode(&Packet::new_from_slice(0, 0, 1024, au)).map_err(|e| MediaError(e.to_string()))?;
+        // Symphonia's decoder can panic on a malformed unit (an index past a table, found by
+        // fuzzing): a publisher's bytes must not end the transcoder. Its state is then reset.
+        let packet = Packet::new_from_slice(0, 0, 1024, au);
+        let decoder = &mut self.decoder;
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| decoder.decode(&packet).map(|_| ()))) {
+            Ok(r) => r.map_err(|e| MediaError(e.to_string()))?,
+            Err(_) => {
+                self.decoder.reset();
+                return Err(MediaError("a malformed AAC unit".into()));
+            }
+        }
+        let decoded = self.decoder.last_decoded();
         let spec = *decoded.spec();
         let frames = decoded.capacity() as u64;
         let buffer = match &mut self.buffer {

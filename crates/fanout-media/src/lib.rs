@@ -66,6 +66,11 @@ impl AacToOpus {
         self.channels
     }
 
+    /// The AAC's sampling rate.
+    pub fn input_rate(&self) -> u32 {
+        self.aac.rate()
+    }
+
     /// Takes an access unit whose first sample is at `time` (48 kHz ticks, any origin);
     /// appends the Opus packets it completes to `out`, each with its time. A unit that does
     /// not decode is skipped (its time is taken up by the next).
@@ -188,5 +193,29 @@ mod tests {
         }
         assert_eq!(packets[before].1, units[51].1 + later, "a new run at the unit after the gap");
         assert!(packets[before..].windows(2).all(|w| w[1].1 - w[0].1 == OPUS_FRAME as i64));
+    }
+}
+
+#[cfg(test)]
+mod found {
+    /// Inputs the fuzzer found (a config and access units): transcoded without a panic.
+    #[test]
+    fn odd_inputs_do_not_panic() {
+        if crate::opus::available().is_err() {
+            return;
+        }
+        let found: &[(&[u8], &[&[u8]])] = &[
+            (&[22, 8], &[&[], &[]]),
+            // Symphonia indexes past a table on this unit: caught, the unit skipped.
+            (&[0x10, 0x10], &[&[0x28, 0x40, 0x3f, 0, 0, 0xff, 0x41, 0x41, 0x41, 0x41, 0x41, 0x48, 0x41, 0x41, 0xff, 0xff, 0, 0, 0xff, 1, 0x0c, 0x10]]),
+        ];
+        for (config, units) in found {
+            if let Ok(mut t) = crate::AacToOpus::new(config) {
+                let mut out = Vec::new();
+                for (k, au) in units.iter().enumerate() {
+                    t.push(au, k as i64 * 1024, &mut out);
+                }
+            }
+        }
     }
 }
