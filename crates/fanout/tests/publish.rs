@@ -521,19 +521,7 @@ fn a_fallback_plays_while_no_one_publishes_and_readers_see_one_stream() {
     });
     let play = rtsp_play(addr, "pub", None);
     let rtp = play.rtp.try_clone().unwrap();
-    let until = std::time::Instant::now() + Duration::from_secs(15);
-    let packets = std::thread::spawn(move || {
-        rtp.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
-        let (mut got, mut b) = (Vec::new(), [0u8; 2048]);
-        while std::time::Instant::now() < until {
-            let Ok(n) = rtp.recv(&mut b) else { continue };
-            if n >= 12 {
-                let word = |i: usize| u32::from_be_bytes(b[i..i + 4].try_into().unwrap());
-                got.push((word(8), u16::from_be_bytes([b[2], b[3]]), word(4)));
-            }
-        }
-        got
-    });
+    let packets = rtp_headers_for(rtp, Duration::from_secs(15));
     std::thread::sleep(Duration::from_secs(4));
     let rtmp = relay.ok("GET", "/v1/engine", None)["rtmp"].as_str().unwrap().to_string();
     let live = ffmpeg_publish("flv", &format!("rtmp://{rtmp}/pub"));
@@ -546,11 +534,11 @@ fn a_fallback_plays_while_no_one_publishes_and_readers_see_one_stream() {
     let packets = packets.join().unwrap();
     drop(play);
     assert!(packets.len() > 300, "{} packets", packets.len());
-    let (ssrc, seq0, _) = packets[0];
-    assert!(packets.iter().all(|p| p.0 == ssrc), "the SSRC changed");
-    let missing = usize::from(packets.last().unwrap().1.wrapping_sub(seq0)) + 1 - packets.len();
+    let (_, ssrc, seq0, _) = packets[0];
+    assert!(packets.iter().all(|p| p.1 == ssrc), "the SSRC changed");
+    let missing = usize::from(packets.last().unwrap().2.wrapping_sub(seq0)) + 1 - packets.len();
     assert_eq!(missing, 0, "sequence numbers missing");
-    assert!(packets.windows(2).all(|w| w[1].2.wrapping_sub(w[0].2) as i32 >= 0), "RTP time ran back");
+    assert!(packets.windows(2).all(|w| w[1].3.wrapping_sub(w[0].3) as i32 >= 0), "RTP time ran back");
     let (ok, frames, errors) = decode.join().unwrap();
     assert!(ok && errors.is_empty(), "ffmpeg across the switches: {errors}");
     assert!(frames >= 16 * 25 * 9 / 10, "{frames} pictures in 16 s");

@@ -40,6 +40,14 @@ fn seconds(t: &str) -> f64 {
     h * 3600.0 + m * 60.0 + s
 }
 
+/// The RFC 3339 time `s` seconds after `t` (within its day).
+fn later(t: &str, s: f64) -> String {
+    let s = seconds(t) + s;
+    let day = &t[..t.find('T').unwrap()];
+    let (h, m, sec) = ((s / 3600.0) as u64, ((s % 3600.0) / 60.0) as u64, s % 60.0);
+    format!("{day}T{h:02}:{m:02}:{sec:09.6}Z")
+}
+
 fn between(a: &str, b: &str) -> f64 {
     let d = seconds(b) - seconds(a);
     if d < -43_200.0 {
@@ -164,12 +172,7 @@ fn a_recording_plays_file_by_file_as_a_range_and_after_kill_9() {
 
     // A range: 2 s from 2.3 s into the recording, one download, from a keyframe at or
     // before the asked time, on a timeline from zero.
-    let start = {
-        let s = seconds(&first) + 2.3;
-        let day = &first[..first.find('T').unwrap()];
-        let (h, m, sec) = ((s / 3600.0) as u64, ((s % 3600.0) / 60.0) as u64, s % 60.0);
-        format!("{day}T{h:02}:{m:02}:{sec:09.6}Z")
-    };
+    let start = later(&first, 2.3);
     let url = relay.url(&format!("/v1/recordings/cam/get?start={start}&duration=2&token=rec-secret"));
     let (code, body) = get_bytes(&url, None);
     assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
@@ -497,12 +500,7 @@ fn a_recording_as_mpegts_plays_file_by_file_concatenated_and_as_an_exact_range()
     // A range 2 s long from 2.3 s in: the recording's own pictures, exactly, from a
     // keyframe, on a timeline from near zero (the muxer's 0.2 s clock lead).
     let first = files[0]["start"].as_str().unwrap().to_string();
-    let start = {
-        let s = seconds(&first) + 2.3;
-        let day = &first[..first.find('T').unwrap()];
-        let (h, m, sec) = ((s / 3600.0) as u64, ((s % 3600.0) / 60.0) as u64, s % 60.0);
-        format!("{day}T{h:02}:{m:02}:{sec:09.6}Z")
-    };
+    let start = later(&first, 2.3);
     let (code, body) = get_bytes(&relay.url(&format!("/v1/recordings/cam/get?start={start}&duration=2")), None);
     assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
     let got = dir.join("range.ts");

@@ -543,19 +543,7 @@ fn a_new_publisher_takes_over_where_the_path_says_so() {
     // A reader over RTSP (UDP): (arrival, SSRC, sequence number, RTP time) of every packet.
     let play = rtsp_play(addr, "cam", None);
     let rtp = play.rtp.try_clone().unwrap();
-    let until = std::time::Instant::now() + Duration::from_secs(22);
-    let packets = std::thread::spawn(move || {
-        rtp.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
-        let (mut got, mut b) = (Vec::new(), [0u8; 2048]);
-        while std::time::Instant::now() < until {
-            let Ok(n) = rtp.recv(&mut b) else { continue };
-            if n >= 12 {
-                let word = |i: usize| u32::from_be_bytes(b[i..i + 4].try_into().unwrap());
-                got.push((std::time::Instant::now(), word(8), u16::from_be_bytes([b[2], b[3]]), word(4)));
-            }
-        }
-        got
-    });
+    let packets = rtp_headers_for(rtp, Duration::from_secs(22));
     std::thread::sleep(Duration::from_secs(4));
 
     let mut second = publish("flv", &format!("rtmp://{rtmp}/cam"));

@@ -705,7 +705,7 @@ pub fn expired(files: &[Stored], now_us: i64, keep_us: Option<i64>, keep_bytes: 
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::container::hls::tests::{demo_units, streams};
     use proptest::prelude::*;
@@ -719,12 +719,19 @@ mod tests {
             r.push(u, 1_700_000_000_000_000 + (u.time - t0) * 1000 / 90, &mut out);
         }
         r.finish(1_700_000_000_000_000 + (units.last().unwrap().time - t0) * 1000 / 90, &mut out);
+        files_of(out, Format::Fmp4)
+    }
+
+    /// What a writer would make of `writes`: each file's start and bytes; every file opened
+    /// after the last closed, in `format`, and closed at the end.
+    pub(crate) fn files_of(writes: Vec<Write>, format: Format) -> Vec<(i64, Vec<u8>)> {
         let mut files: Vec<(i64, Vec<u8>)> = Vec::new();
         let mut open = false;
-        for w in out {
+        for w in writes {
             match w {
-                Write::Open { start_us, init, .. } => {
+                Write::Open { start_us, init, format: f } => {
                     assert!(!open, "a file opened before the last closed");
+                    assert_eq!(f, format);
                     open = true;
                     files.push((start_us, init.to_vec()));
                 }

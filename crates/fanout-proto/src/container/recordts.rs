@@ -338,26 +338,8 @@ mod tests {
             r.push(u, T0_US + (u.time - t0) * 1000 / 90, &mut out);
         }
         r.finish(0, &mut out);
-        let mut files: Vec<(i64, Vec<u8>)> = Vec::new();
-        let mut open = false;
-        for w in out {
-            match w {
-                Write::Open { start_us, init, format } => {
-                    assert!(!open && init.is_empty() && format == Format::MpegTs);
-                    open = true;
-                    files.push((start_us, Vec::new()));
-                }
-                Write::Append(b) => {
-                    assert!(open);
-                    files.last_mut().unwrap().1.extend_from_slice(&b);
-                }
-                Write::Close => {
-                    assert!(open);
-                    open = false;
-                }
-            }
-        }
-        assert!(!open, "the last file was left open");
+        let files = crate::container::record::tests::files_of(out, Format::MpegTs);
+        assert!(files.iter().all(|f| f.1.is_empty() || f.1[0] == SYNC_BYTE));
         files
     }
 

@@ -564,6 +564,27 @@ pub fn pictures(args: &[&str]) -> Vec<String> {
         .collect()
 }
 
+/// What arrives on RTP socket `rtp` for `how_long`, read on a thread of its own: (arrival,
+/// SSRC, sequence number, RTP time) of each packet.
+pub fn rtp_headers_for(
+    rtp: std::net::UdpSocket,
+    how_long: Duration,
+) -> std::thread::JoinHandle<Vec<(Instant, u32, u16, u32)>> {
+    let until = Instant::now() + how_long;
+    std::thread::spawn(move || {
+        rtp.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        let (mut got, mut b) = (Vec::new(), [0u8; 2048]);
+        while Instant::now() < until {
+            let Ok(n) = rtp.recv(&mut b) else { continue };
+            if n >= 12 {
+                let word = |i: usize| u32::from_be_bytes(b[i..i + 4].try_into().unwrap());
+                got.push((Instant::now(), word(8), u16::from_be_bytes([b[2], b[3]]), word(4)));
+            }
+        }
+        got
+    })
+}
+
 /// Reads a response head (HTTP or RTSP) byte by byte, through its blank line.
 pub fn read_head(s: &mut impl Read) -> String {
     let mut head = Vec::new();
