@@ -185,12 +185,16 @@ fn pion_plays_over_whep_and_lost_packets_are_resent() {
     assert!(lossy["lost_fraction"].as_f64().unwrap() < 0.005, "frames lost to the viewer: {lossy}");
     assert_eq!(h264_file_frames(&lossy_h264), lossy["frames_complete"].as_u64().unwrap());
 
-    // The killed viewer: gone within the consent window; with the others ended, no sink is left.
+    // The killed viewer: gone within the consent window; with the others ended, no sink is left
+    // once the path's AAC-to-Opus transcoder (a sink on the audio track) has lingered its
+    // `linger_s` (10 s) without a viewer and stopped.
     let after = gone.join().unwrap();
     eprintln!("a viewer that stopped answering was dropped {after:.1} s later");
     assert!(after < 30.0, "{after:.1} s");
+    assert!(wait_for(Duration::from_secs(5), || playing() == 0), "{}", relay.ok("GET", "/v1/sessions/demo", None));
     assert!(
-        wait_for(Duration::from_secs(5), || playing() == 0 && sinks() == before),
+        wait_for(Duration::from_secs(20), || sinks() == before
+            && relay.ok("GET", "/v1/sessions/demo", None)["transcoding"].is_null()),
         "{}",
         relay.ok("GET", "/v1/sessions/demo", None)
     );
