@@ -76,12 +76,18 @@ async fn run(name: String, aac: Session, info: TrackInfo, mut coder: AacToOpus, 
     let wake = Arc::new(tokio::sync::Notify::new());
     let w = wake.clone();
     let queue = ChannelQueue::new(aac.config().ring_capacity / 2, move || w.notify_one());
-    let Ok(sink) = aac.add_local_sink("transcoding", queue.clone()) else { return };
+    let sink = match aac.add_local_sink("transcoding", queue.clone()) {
+        Ok(sink) => sink,
+        Err(e) => {
+            tracing::warn!(path = name, "AAC to Opus not started: {e}");
+            return close(inlet).await;
+        }
+    };
     let clock = info.clock.max(1);
     let mut repack = Repackager::new(vec![Some(info)]);
     let started = Instant::now();
     let (mut frames, mut units) = (Vec::new(), Vec::<Unit>::new());
-    let mut packets: Vec<(Vec<u8>, i64)> = Vec::new();
+    let (mut packets, mut rtp): (Vec<(Vec<u8>, i64)>, Vec<u8>) = (Vec::new(), Vec::new());
     // The first unit's timeline time and its RTP time at 48 kHz: the Opus RTP times follow.
     let mut origin: Option<(i64, i64)> = None;
     let (mut seq, ssrc) = crate::track::random_start();
@@ -93,14 +99,10 @@ async fn run(name: String, aac: Session, info: TrackInfo, mut coder: AacToOpus, 
                 queue.drain(&mut frames);
                 for (p, _) in frames.drain(..) {
                     let data = p.data();
-                    if origin.is_none() && data.len() >= 8 {
-                        let rtp = u32::from_be_bytes([data[4], data[5], data[6], data[7]]);
-                        repack.push_rtp(0, data, started.elapsed().as_millis() as u64, &mut units);
-                        if let Some(u) = units.first() {
-                            origin = Some((u.time, i64::from(rtp) * i64::from(OPUS_CLOCK) / i64::from(clock)));
-                        }
-                    } else {
-                        repack.push_rtp(0, data, started.elapsed().as_millis() as u64, &mut units);
+                    repack.push_rtp(0, data, started.elapsed().as_millis() as u64, &mut units);
+                    if let (None, Some(u), Some(ts)) = (origin, units.first(), data.get(4..8)) {
+                        let rtp = u32::from_be_bytes(ts.try_into().expect("4 bytes"));
+                        origin = Some((u.time, i64::from(rtp) * i64::from(OPUS_CLOCK) / i64::from(clock)));
                     }
                 }
                 let Some((t0, r0)) = origin else { continue };
@@ -108,11 +110,9 @@ async fn run(name: String, aac: Session, info: TrackInfo, mut coder: AacToOpus, 
                     coder.push(&u.data, r0 + (u.time - t0) * i64::from(OPUS_CLOCK) / 90_000, &mut packets);
                 }
                 for (opus, time) in packets.drain(..) {
-                    let mut rtp = Vec::with_capacity(12 + opus.len());
-                    rtp.extend_from_slice(&[0x80, PT]);
-                    rtp.extend_from_slice(&seq.to_be_bytes());
-                    rtp.extend_from_slice(&(time as u32).to_be_bytes());
-                    rtp.extend_from_slice(&ssrc.to_be_bytes());
+                    rtp.clear();
+                    rtp.resize(12, 0);
+                    fanout_proto::rtp::write_header(&mut rtp, false, PT, seq, time as u32, ssrc);
                     rtp.extend_from_slice(&opus);
                     seq = seq.wrapping_add(1);
                     inlet.hold(&rtp);
@@ -130,6 +130,11 @@ async fn run(name: String, aac: Session, info: TrackInfo, mut coder: AacToOpus, 
     }
     aac.remove_sink(sink);
     tracing::info!(path = name, "AAC to Opus stopped: no viewer for {linger:?}");
+    close(inlet).await;
+}
+
+/// Closes the Opus track (joins threads: off the runtime).
+async fn close(inlet: Inlet) {
     let session = inlet.session().clone();
     drop(inlet);
     let _ = tokio::task::spawn_blocking(move || session.close()).await;

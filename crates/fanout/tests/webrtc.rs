@@ -59,6 +59,15 @@ window.widths = {};
 return true;
 "#;
 
+/// Chromium playing `whep` from a page of another origin (the `WHEP` script's state in
+/// `window`).
+fn whep_viewer(whep: &str) -> Driver {
+    let d = Driver::start();
+    d.post("url", json!({ "url": page_elsewhere() }));
+    d.post("execute/sync", json!({ "script": WHEP, "args": [whep] }));
+    d
+}
+
 /// An empty page on another origin (another port), as a site embedding a player would be.
 fn page_elsewhere() -> String {
     let site = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -815,9 +824,7 @@ fn chromium_hears_a_cameras_g711_over_whep() {
     let _camera = Kill(c.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap());
     let state = || relay.ok("GET", "/v1/sessions/cam", None)["publisher"]["state"].clone();
     assert!(wait_for(Duration::from_secs(15), || state() == "publishing"), "{}", state());
-    let d = Driver::start();
-    d.post("url", json!({ "url": page_elsewhere() }));
-    d.post("execute/sync", json!({ "script": WHEP, "args": [relay.url("/cam/whep")] }));
+    let d = whep_viewer(&relay.url("/cam/whep"));
     let audio = |k: &str| d.js(&format!("return window.audio['{k}'] ?? 0;")).as_f64().unwrap_or(0.0);
     assert!(
         wait_for(Duration::from_secs(20), || audio("packetsReceived") > 100.0),
@@ -854,9 +861,7 @@ fn chromium_hears_a_cameras_aac_as_opus_over_whep() {
     }
     let config = "[[session]]\nname = \"cam\"\nsource = { demo = true }\n";
     let relay = Relay::with_config(config, &["--no-demo"]);
-    let d = Driver::start();
-    d.post("url", json!({ "url": page_elsewhere() }));
-    d.post("execute/sync", json!({ "script": WHEP, "args": [relay.url("/cam/whep")] }));
+    let d = whep_viewer(&relay.url("/cam/whep"));
     let audio = |k: &str| d.js(&format!("return window.audio['{k}'] ?? 0;")).as_f64().unwrap_or(0.0);
     assert!(
         wait_for(Duration::from_secs(20), || audio("packetsReceived") > 100.0),
@@ -885,9 +890,7 @@ fn chromium_hears_a_cameras_aac_as_opus_over_whep() {
     let transcoding = || relay.ok("GET", "/v1/sessions/cam", None)["transcoding"].clone();
     assert_eq!(transcoding()[0]["session"], "cam/opus", "{}", transcoding());
     assert_eq!(transcoding()[0]["subscribers"], 1, "{}", transcoding());
-    let d2 = Driver::start();
-    d2.post("url", json!({ "url": page_elsewhere() }));
-    d2.post("execute/sync", json!({ "script": WHEP, "args": [relay.url("/cam/whep")] }));
+    let d2 = whep_viewer(&relay.url("/cam/whep"));
     let heard2 = || d2.js("return window.audio['packetsReceived'] ?? 0;").as_f64().unwrap_or(0.0) > 50.0;
     assert!(wait_for(Duration::from_secs(20), heard2), "the second viewer hears nothing");
     assert_eq!(transcoding().as_array().map(Vec::len), Some(1));
