@@ -1,6 +1,7 @@
 //! RTP repackaging into MPEG-TS and HLS segments never panics, whatever the packets; what
-//! comes out as TS is whole transport packets that demux without an error. An HEVC SPS
-//! reader takes the same bytes.
+//! comes out as TS is whole transport packets that demux without an error. The first byte
+//! picks the session: H.264, H.265 and AAC, or VP9, Opus and AV1 (which go to HLS alone). The
+//! HEVC SPS, VP9 frame header and AV1 sequence header readers take the same bytes.
 #![no_main]
 use fanout_proto::container::repack::{Repackager, TrackInfo, TsPackager};
 use libfuzzer_sys::fuzz_target;
@@ -10,15 +11,20 @@ const SDP: &str = "v=0\r\ns=x\r\nt=0 0\r\n\
     m=video 0 RTP/AVP 98\r\na=rtpmap:98 H265/90000\r\n\
     m=audio 0 RTP/AVP 97\r\na=rtpmap:97 MPEG4-GENERIC/48000/2\r\n\
     a=fmtp:97 mode=AAC-hbr;sizelength=13;indexlength=3;indexdeltalength=3;config=1190\r\n";
+const SDP_OPEN: &str = "v=0\r\ns=x\r\nt=0 0\r\n\
+    m=video 0 RTP/AVP 96\r\na=rtpmap:96 VP9/90000\r\n\
+    m=audio 0 RTP/AVP 111\r\na=rtpmap:111 opus/48000/2\r\n\
+    m=video 0 RTP/AVP 98\r\na=rtpmap:98 AV1/90000\r\n";
 
 fuzz_target!(|data: &[u8]| {
-    let sdp = fanout_proto::rtsp::sdp::Sdp::parse(SDP).expect("a valid description");
+    let Some((&which, data)) = data.split_first() else { return };
+    let sdp = fanout_proto::rtsp::sdp::Sdp::parse(if which & 1 == 0 { SDP } else { SDP_OPEN }).expect("a valid description");
     let mut r = Repackager::new(sdp.media.iter().map(|m| TrackInfo::from_sdp(m).ok()).collect());
     let mut ts = TsPackager::new(r.streams());
     // The units also go into HLS segments and parts (an HEVC keyframe's SPS is read for its
     // hvcC).
     let mut hls =
-        fanout_proto::container::hls::Segmenter::with_parts(r.streams(), 100, 30, 1).expect("H.264, H.265 and AAC segment");
+        fanout_proto::container::hls::Segmenter::with_parts(r.streams(), 100, 30, 1).expect("every track segments");
     let (mut units, mut out) = (Vec::new(), Vec::new());
     // Packets: a track byte and a length byte, then that many bytes.
     let (mut rest, mut now) = (data, 0u64);
@@ -52,5 +58,11 @@ fuzz_target!(|data: &[u8]| {
     // Any bytes as an HEVC SPS: read or refused, never a panic.
     if let Some(info) = fanout_proto::codec::hevc::parse_sps(data) {
         let _ = (info.codec(), info.hvcc(&[], data, &[]));
+    }
+    if let Some(f) = fanout_proto::codec::vpx::vp9_frame_header(data).and_then(|f| f.format) {
+        let _ = fanout_proto::codec::vpx::vp9_codec_string(0, &f);
+    }
+    if let Some(h) = fanout_proto::codec::av1::SequenceHeader::parse(data) {
+        let _ = (h.codec(), h.av1c(data));
     }
 });

@@ -248,12 +248,13 @@ impl FlvTag {
 const FLV_BACKLOG: usize = 1024;
 
 impl Flv {
-    /// The FLV of `streams`, if FLV carries their codecs (H.264, H.265, AAC) and the video's
-    /// parameter sets are known.
+    /// The FLV of those of `streams` FLV carries (H.264, H.265, AAC), if there are any and
+    /// the video's parameter sets are known.
     fn of(streams: &[TrackInfo]) -> Option<Self> {
         use fanout_proto::container::{flv, repack::TrackCodec};
         let config: Option<Vec<(bool, Vec<u8>)>> = streams
             .iter()
+            .filter(|s| s.kind().is_some())
             .map(|s| match &s.codec {
                 TrackCodec::Video { params, .. } if params.is_empty() => None,
                 TrackCodec::Video { codec, params } => {
@@ -261,6 +262,7 @@ impl Flv {
                     Some((true, flv::video_config(*codec, &sets)))
                 }
                 TrackCodec::Aac { config, .. } => Some((false, flv::aac_config(config))),
+                _ => unreachable!("filtered to what FLV carries"),
             })
             .collect();
         Some(Self { config: config.filter(|c| !c.is_empty())?, tags: tokio::sync::broadcast::channel(FLV_BACKLOG).0 })
@@ -269,14 +271,7 @@ impl Flv {
 
 /// What streams carry, for the status and to tell a publisher's new tracks: "H.264 + AAC".
 pub fn describe(streams: &[TrackInfo]) -> String {
-    use fanout_proto::codec::annexb::Codec;
-    use fanout_proto::container::repack::TrackCodec;
-    let name = |s: &TrackInfo| match &s.codec {
-        TrackCodec::Video { codec: Codec::H264, .. } => "H.264",
-        TrackCodec::Video { .. } => "H.265",
-        TrackCodec::Aac { .. } => "AAC",
-    };
-    streams.iter().map(name).collect::<Vec<_>>().join(" + ")
+    streams.iter().map(TrackInfo::name).collect::<Vec<_>>().join(" + ")
 }
 
 /// A running repackaging.
@@ -311,7 +306,8 @@ impl Repack {
         on_stop: impl FnOnce() + Send + 'static,
     ) -> std::io::Result<Arc<Self>> {
         let repack = Repackager::new(inputs.iter().map(|i| i.info.clone()).collect());
-        let ts = if with_ts {
+        // (HTTP TS only where MPEG-TS carries a track: VP9, AV1 and Opus alone go to HLS.)
+        let ts = if with_ts && repack.streams().iter().any(|s| s.kind().is_some()) {
             let mut cfg = template.clone();
             cfg.name = crate::track::Inner::Ts.name(name);
             // Its subscribers are TCP: user space serves them on every data path.
@@ -441,6 +437,7 @@ impl Outputs {
                 let body = Arc::new(flv::aac_frame(&u.data));
                 let _ = f.tags.send(FlvTag::new(false, false, flv_ms(u.time), body));
             }
+            _ => {} // not in FLV
         }
     }
 }

@@ -529,3 +529,73 @@ fn a_recording_as_mpegts_plays_file_by_file_concatenated_and_as_an_exact_range()
     assert_eq!(resp.header("content-type"), Some("video/mp2t"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// VP9 and Opus (what libvpx and libopus, or a browser, send) go into fragmented MP4: ffmpeg
+/// publishes both over RTSP; HLS lists their codecs, ffprobe reads VP9 320x240 and Opus 48 kHz
+/// from it, and ffmpeg decodes 4 s of it (a picture every 40 ms, an Opus packet every 20 ms)
+/// without an error; the recording holds both and decodes whole; HTTP TS, which cannot carry
+/// them, says so.
+#[test]
+fn vp9_and_opus_play_over_hls_and_are_recorded() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let dir = dir("vp9");
+    let sessions = "[[session]]\nname = \"cam\"\nsource = { publish = true }\nrecord = { segment_s = 60 }\n";
+    let relay = Relay::with_config(&config(&dir, sessions), &["--no-demo"]);
+    let publisher = Kill(
+        Command::new("ffmpeg")
+            .args(["-nostdin", "-loglevel", "error", "-re", "-f", "lavfi", "-i", "testsrc2=size=320x240:rate=25"])
+            .args(["-f", "lavfi", "-i", "sine=frequency=440:sample_rate=48000", "-t", "12"])
+            .args(["-c:v", "libvpx-vp9", "-deadline", "realtime", "-cpu-used", "8", "-g", "50", "-b:v", "300k"])
+            .args(["-c:a", "libopus", "-b:a", "48k", "-strict", "experimental", "-rtsp_transport", "tcp"])
+            .args(["-f", "rtsp", &format!("rtsp://{}/cam", rtsp_addr(&relay))])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let hls = relay.url("/v1/sessions/cam/hls/index.m3u8");
+    let listed = || get_bytes(&hls, None).1;
+    assert!(
+        wait_for(Duration::from_secs(10), || String::from_utf8_lossy(&listed())
+            .contains("CODECS=\"vp09.00.20.08,opus\"")),
+        "{}",
+        String::from_utf8_lossy(&listed())
+    );
+    let out = Command::new("timeout")
+        .args(["30", "ffprobe", "-v", "error", "-show_entries", "stream=codec_name,width,height,sample_rate"])
+        .args(["-of", "csv=p=0", &hls])
+        .output()
+        .unwrap();
+    let probed = String::from_utf8_lossy(&out.stdout);
+    assert!(probed.contains("vp9,320,240") && probed.contains("opus,48000"), "{probed}");
+    let out = Command::new("timeout")
+        .args(["30", "ffmpeg", "-nostdin", "-loglevel", "error", "-i", &hls, "-t", "4", "-f", "framemd5", "-"])
+        .output()
+        .unwrap();
+    let md5 = String::from_utf8_lossy(&out.stdout);
+    let count = |stream: &str| md5.lines().filter(|l| l.starts_with(stream)).count();
+    assert!(out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        (98..=101).contains(&count("0,")) && (196..=201).contains(&count("1,")),
+        "{} / {}",
+        count("0,"),
+        count("1,")
+    );
+    let (status, body) = get_bytes(&relay.url("/v1/sessions/cam/stream"), None);
+    assert!(status == 415 && String::from_utf8_lossy(&body).contains("MPEG-TS does not"), "{status}");
+    // The recording, once the publisher has gone.
+    drop(publisher);
+    let files = || relay.ok("GET", "/v1/recordings/cam", None)["files"].as_array().cloned().unwrap_or_default();
+    assert!(wait_for(Duration::from_secs(15), || files().iter().any(|f| f["writing"] == false)), "{:?}", files());
+    let file = on_disk(&dir, &files()[0]);
+    let out = Command::new("ffprobe")
+        .args(["-v", "error", "-show_entries", "stream=codec_name", "-of", "csv=p=0", &file])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().collect::<Vec<_>>(), ["vp9", "opus"]);
+    let out =
+        Command::new("ffmpeg").args(["-nostdin", "-v", "error", "-i", &file, "-f", "null", "-"]).output().unwrap();
+    assert!(out.status.success() && out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+    let _ = std::fs::remove_dir_all(&dir);
+}

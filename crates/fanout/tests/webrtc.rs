@@ -314,8 +314,8 @@ fn chromium_publishes_over_whip_and_ffmpeg_plays_it() {
 }
 
 /// A browser that publishes VP8, VP9 or AV1 over WHIP (its offer has no H.264): the path
-/// carries that codec, RTSP readers joining mid-GOP get a keyframe's first packet first, and a
-/// WHEP viewer in the same page decodes it.
+/// carries that codec, RTSP readers joining mid-GOP get a keyframe's first packet first, a
+/// WHEP viewer in the same page decodes it, and (VP9, AV1) ffmpeg decodes it over HLS.
 #[test]
 fn chromium_publishes_vp8_vp9_and_av1_over_whip() {
     if !have_chromium() {
@@ -361,6 +361,27 @@ fn chromium_publishes_vp8_vp9_and_av1_over_whip() {
         let stats = d.js("return window.stats;");
         eprintln!("{codec} over WHIP and WHEP: {stats}");
         assert_eq!(stats["freezeCount"].as_u64().unwrap_or(0), 0, "{stats}");
+        if codec == "VP8" {
+            continue; // (fMP4 carries VP9 and AV1, not VP8)
+        }
+        // Over HLS, in fragmented MP4: ffmpeg reads the codec and decodes without an error.
+        let hls = relay.url("/v1/sessions/cam/hls/index.m3u8");
+        let out = std::process::Command::new("timeout")
+            .args(["30", "ffmpeg", "-nostdin", "-loglevel", "error", "-i", &hls, "-t", "3", "-map", "0:v"])
+            .args(["-f", "framemd5", "-"])
+            .output()
+            .unwrap();
+        let pictures = String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.starts_with("0,")).count();
+        assert!(
+            out.stderr.is_empty() && pictures >= 40,
+            "{codec} over HLS: {pictures} pictures, {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let out = std::process::Command::new("ffprobe")
+            .args(["-v", "error", "-show_entries", "stream=codec_name", "-of", "csv=p=0", &hls])
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout).lines().next(), Some(&*codec.to_lowercase()));
     }
 }
 

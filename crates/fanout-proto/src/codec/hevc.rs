@@ -2,6 +2,8 @@
 //! needs: the general profile, tier and level bytes as they stand, the number of temporal
 //! layers, the chroma format, the bit depths and the picture size. Bytes in, fields out.
 
+use super::bits::Bits;
+
 /// The fields of an SPS that `hvcC` and the `hvc1` sample entry carry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SpsInfo {
@@ -33,45 +35,13 @@ fn rbsp(nal: &[u8]) -> Vec<u8> {
     out
 }
 
-struct Bits<'a> {
-    b: &'a [u8],
-    at: usize,
-}
-
-impl Bits<'_> {
-    fn bit(&mut self) -> Option<u32> {
-        let byte = *self.b.get(self.at / 8)?;
-        let v = (byte >> (7 - self.at % 8)) & 1;
-        self.at += 1;
-        Some(u32::from(v))
-    }
-    fn bits(&mut self, n: u32) -> Option<u32> {
-        (0..n).try_fold(0u32, |v, _| Some((v << 1) | self.bit()?))
-    }
-    fn skip(&mut self, n: usize) -> Option<()> {
-        self.at += n;
-        (self.at <= self.b.len() * 8).then_some(())
-    }
-    /// Exp-Golomb, unsigned (at most 31 leading zeros).
-    fn ue(&mut self) -> Option<u32> {
-        let mut zeros = 0;
-        while self.bit()? == 0 {
-            zeros += 1;
-            if zeros > 31 {
-                return None;
-            }
-        }
-        Some((1u32 << zeros) - 1 + self.bits(zeros)?)
-    }
-}
-
 /// Reads an SPS NAL unit (with its 2-byte header, without a start code).
 pub fn parse_sps(nal: &[u8]) -> Option<SpsInfo> {
     if nal.len() < 2 || (nal[0] >> 1) & 0x3f != 33 {
         return None;
     }
     let data = rbsp(nal);
-    let mut r = Bits { b: &data, at: 0 };
+    let mut r = Bits::new(&data);
     r.skip(4)?; // sps_video_parameter_set_id
     let max_sub_layers_minus1 = r.bits(3)? as u8;
     let temporal_id_nested = r.bit()? == 1;

@@ -6,13 +6,16 @@
 //! - [`aac`]: ADTS frames and the MPEG4-GENERIC (RFC 3640) RTP payload.
 //! - [`layers`]: the scalable layer (H.264, SVC, HEVC) of an RTP packet, for layer dropping.
 //! - [`dts`]: decoding times for video that comes with presentation times only.
-//! - [`vpx`]: where VP8 and VP9 keyframes start in their RTP payloads.
-//! - [`av1`]: where AV1 keyframes start in their RTP payloads.
+//! - [`vpx`]: where VP8 and VP9 keyframes start in their RTP payloads; VP9's frame header.
+//! - [`av1`]: where AV1 keyframes start in their RTP payloads; OBUs gathered for MP4.
+//! - [`opus`]: how long an Opus packet plays; its MP4 `dOps`.
 
 pub mod aac;
 pub mod annexb;
 pub mod av1;
+mod bits;
 pub mod dts;
 pub mod hevc;
 pub mod layers;
+pub mod opus;
 pub mod vpx;

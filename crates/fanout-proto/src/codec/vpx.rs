@@ -64,14 +64,23 @@ struct Vp9Start {
     key: bool,
 }
 
-/// The frame a VP9 payload begins (B set, a well-formed header behind the descriptor).
-fn vp9_frame_start(payload: &[u8]) -> Option<Vp9Start> {
+/// What a VP9 payload descriptor (RFC 9628 §4.2) says of its packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Vp9Descriptor {
+    /// Its length: the frame's bytes follow it.
+    pub len: usize,
+    /// The packet begins (B) or ends (E) a frame.
+    pub begins: bool,
+    pub ends: bool,
+    /// Its spatial layer (0 without layer indices).
+    pub spatial: u8,
+}
+
+/// Reads a VP9 payload descriptor; `None` if it runs past the packet.
+pub fn vp9_descriptor(payload: &[u8]) -> Option<Vp9Descriptor> {
     let b0 = *payload.first()?;
     let flag = |bit: u8| b0 & bit != 0;
-    let (i, p, l, f, b, v) = (flag(0x80), flag(0x40), flag(0x20), flag(0x10), flag(0x08), flag(0x02));
-    if !b {
-        return None;
-    }
+    let (i, p, l, f, v) = (flag(0x80), flag(0x40), flag(0x20), flag(0x10), flag(0x02));
     let mut at = 1;
     if i {
         at += if *payload.get(at)? & 0x80 != 0 { 2 } else { 1 };
@@ -106,17 +115,138 @@ fn vp9_frame_start(payload: &[u8]) -> Option<Vp9Start> {
             }
         }
     }
-    // The uncompressed header: frame_marker (2), profile (2, and a reserved bit for profile
-    // 3), show_existing_frame, frame_type (0: key frame).
-    let h = *payload.get(at)?;
-    if h >> 6 != 0b10 {
+    (at <= payload.len()).then_some(Vp9Descriptor { len: at, begins: flag(0x08), ends: flag(0x04), spatial })
+}
+
+/// The frame a VP9 payload begins (B set, a well-formed header behind the descriptor).
+fn vp9_frame_start(payload: &[u8]) -> Option<Vp9Start> {
+    let d = vp9_descriptor(payload).filter(|d| d.begins)?;
+    let f = vp9_frame_header(&payload[d.len..])?;
+    Some(Vp9Start { spatial: d.spatial, key: f.key })
+}
+
+/// What a VP9 frame's uncompressed header (VP9 bitstream spec §6.2) says; the picture's
+/// format only for a key frame, which carries it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Vp9Frame {
+    /// A key frame, not a repeat of an earlier one.
+    pub key: bool,
+    pub profile: u8,
+    pub format: Option<Vp9Format>,
+}
+
+/// A VP9 stream's picture format, from a key frame: what an MP4 `vpcC` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Vp9Format {
+    pub bit_depth: u8,
+    /// ISO/IEC 14496-12 VP codec configuration's chroma subsampling: 1 is 4:2:0, 2 is
+    /// 4:2:2, 3 is 4:4:4.
+    pub chroma: u8,
+    pub full_range: bool,
+    pub width: u16,
+    pub height: u16,
+}
+
+/// Reads a VP9 frame's uncompressed header.
+pub fn vp9_frame_header(frame: &[u8]) -> Option<Vp9Frame> {
+    let mut r = super::bits::Bits::new(frame);
+    if r.bits(2)? != 0b10 {
         return None;
     }
-    let profile = ((h >> 4) & 0x01) << 1 | ((h >> 5) & 0x01);
-    let shift = if profile == 3 { 1 } else { 0 };
-    let show_existing = (h >> (3 - shift)) & 0x01;
-    let frame_type = (h >> (2 - shift)) & 0x01;
-    Some(Vp9Start { spatial, key: show_existing == 0 && frame_type == 0 })
+    let low = r.bit()?;
+    let profile = (r.bit()? << 1 | low) as u8;
+    if profile == 3 {
+        r.skip(1)?;
+    }
+    if r.bit()? == 1 {
+        return Some(Vp9Frame { key: false, profile, format: None }); // show_existing_frame
+    }
+    if r.bit()? == 1 {
+        return Some(Vp9Frame { key: false, profile, format: None }); // an inter frame
+    }
+    Some(Vp9Frame { key: true, profile, format: vp9_key_format(&mut r, profile) })
+}
+
+/// A key frame's picture format: behind show_frame and error_resilient_mode, the sync
+/// code, color_config() and frame_size().
+fn vp9_key_format(r: &mut super::bits::Bits<'_>, profile: u8) -> Option<Vp9Format> {
+    r.skip(2)?;
+    if r.bits(24)? != 0x49_8342 {
+        return None;
+    }
+    let bit_depth = if profile >= 2 {
+        if r.bit()? == 1 {
+            12
+        } else {
+            10
+        }
+    } else {
+        8
+    };
+    let rgb = r.bits(3)? == 7;
+    let (full_range, (sub_x, sub_y)) = if !rgb {
+        let range = r.bit()? == 1;
+        let sub = if profile & 1 == 1 {
+            let sub = (r.bit()?, r.bit()?);
+            r.skip(1)?;
+            sub
+        } else {
+            (1, 1)
+        };
+        (range, sub)
+    } else {
+        if profile & 1 == 1 {
+            r.skip(1)?;
+        }
+        (true, (0, 0))
+    };
+    let chroma = match (sub_x, sub_y) {
+        (1, 1) => 1,
+        (1, 0) => 2,
+        _ => 3,
+    };
+    let width = (r.bits(16)? as u16).saturating_add(1);
+    let height = (r.bits(16)? as u16).saturating_add(1);
+    Some(Vp9Format { bit_depth, chroma, full_range, width, height })
+}
+
+/// The frames of one picture (its spatial layers) as one sample: a single frame as it is,
+/// several behind a superframe index (VP9 bitstream spec, Annex B).
+pub fn vp9_superframe(frames: &[Vec<u8>]) -> Vec<u8> {
+    if frames.len() == 1 {
+        return frames[0].clone();
+    }
+    let frames = &frames[..frames.len().min(8)];
+    let largest = frames.iter().map(Vec::len).max().unwrap_or(0);
+    let size_bytes = (1..=4).find(|&n| n == 4 || largest < 1 << (8 * n)).unwrap_or(4);
+    let marker = 0xc0 | ((size_bytes - 1) as u8) << 3 | (frames.len() - 1) as u8;
+    let mut out = frames.concat();
+    out.push(marker);
+    for f in frames {
+        out.extend_from_slice(&(f.len() as u32).to_le_bytes()[..size_bytes]);
+    }
+    out.push(marker);
+    out
+}
+
+/// The RFC 6381 codec string of a VP9 stream (`vp09.PP.LL.DD`), its level guessed from the
+/// picture size alone (the frame rate is not known).
+pub fn vp9_codec_string(profile: u8, f: &Vp9Format) -> String {
+    let samples = u64::from(f.width) * u64::from(f.height);
+    let level = [
+        (36_864, 10),
+        (73_728, 11),
+        (122_880, 20),
+        (245_760, 21),
+        (552_960, 30),
+        (983_040, 31),
+        (2_228_224, 41),
+        (8_912_896, 51),
+    ]
+    .iter()
+    .find(|(max, _)| samples <= *max)
+    .map_or(61, |(_, l)| *l);
+    format!("vp09.{profile:02}.{level:02}.{:02}", f.bit_depth)
 }
 
 /// A VP9 stream's frame in progress, to set the descriptor's inter-picture flag (P) that
@@ -200,6 +330,28 @@ mod tests {
         assert!(vp9_keyframe_start(&[0x08, 0xb0]));
         assert!(!vp9_keyframe_start(&[0x08, 0xb2]));
         assert!(!vp9_keyframe_start(&[0x88]));
+    }
+
+    #[test]
+    fn a_vp9_key_frame_says_its_format_and_pictures_join_in_a_superframe() {
+        // libvpx's 320x240 key frame (ffmpeg -c:v libvpx-vp9 -f ivf), profile 0.
+        let key = [0x82, 0x49, 0x83, 0x42, 0x00, 0x13, 0xf0, 0x0e, 0xf6, 0x04];
+        let f = vp9_frame_header(&key).unwrap();
+        let format = Vp9Format { bit_depth: 8, chroma: 1, full_range: false, width: 320, height: 240 };
+        assert_eq!(f, Vp9Frame { key: true, profile: 0, format: Some(format) });
+        assert_eq!(vp9_codec_string(0, &format), "vp09.00.20.08");
+        assert_eq!(vp9_frame_header(&VP9_INTER), Some(Vp9Frame { key: false, profile: 0, format: None }));
+        // A key frame cut short is still a key frame, of no known format.
+        assert_eq!(vp9_frame_header(&key[..3]).unwrap().format, None);
+        assert_eq!(vp9_frame_header(&[0x00]), None);
+        // Two frames of one picture: behind an index of 1-byte sizes, marked at both ends.
+        assert_eq!(vp9_superframe(&[vec![1, 2], vec![3]]), [1, 2, 3, 0xc1, 2, 1, 0xc1]);
+        assert_eq!(vp9_superframe(&[vec![9; 300], vec![3]])[301..], [0xc9, 0x2c, 0x01, 1, 0, 0xc9]);
+        assert_eq!(vp9_superframe(&[vec![5]]), [5]);
+        // The descriptor: B and E, and where the frame starts.
+        let d = vp9_descriptor(&[0x8c, 0x81, 0x02, 0x86]).unwrap();
+        assert_eq!((d.len, d.begins, d.ends), (3, true, true));
+        assert_eq!(vp9_descriptor(&[0x80]), None);
     }
 
     #[test]

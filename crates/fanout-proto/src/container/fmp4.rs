@@ -12,14 +12,34 @@ pub enum Fmp4Track {
     H265 { vps: Vec<u8>, sps: Vec<u8>, pps: Vec<u8>, info: crate::codec::hevc::SpsInfo },
     /// AAC with its AudioSpecificConfig.
     Aac { config: Vec<u8>, sample_rate: u32, channels: u16 },
+    /// VP9 with what its first key frame says (`vp09`/`vpcC`).
+    Vp9 { profile: u8, format: crate::codec::vpx::Vp9Format },
+    /// AV1 with its sequence header OBU, sized, and what it says (`av01`/`av1C`).
+    Av1 { header: crate::codec::av1::SequenceHeader, obu: Vec<u8> },
+    /// Opus at 48 kHz (`Opus`/`dOps`).
+    Opus { channels: u8 },
 }
 
 impl Fmp4Track {
     /// The track's time scale: 90 kHz for video, the sample rate for audio.
     pub fn timescale(&self) -> u32 {
         match self {
-            Fmp4Track::H264 { .. } | Fmp4Track::H265 { .. } => 90_000,
             Fmp4Track::Aac { sample_rate, .. } => *sample_rate,
+            Fmp4Track::Opus { .. } => 48_000,
+            _ => 90_000,
+        }
+    }
+
+    pub fn is_audio(&self) -> bool {
+        matches!(self, Fmp4Track::Aac { .. } | Fmp4Track::Opus { .. })
+    }
+
+    /// An audio sample's duration in the time scale: 1024 for AAC, what an Opus packet's
+    /// TOC says (20 ms where it says nothing sound).
+    pub fn audio_duration(&self, sample: &[u8]) -> u32 {
+        match self {
+            Fmp4Track::Opus { .. } => crate::codec::opus::packet_samples(sample).unwrap_or(960),
+            _ => 1024,
         }
     }
 
@@ -32,6 +52,9 @@ impl Fmp4Track {
             },
             Fmp4Track::H265 { info, .. } => info.codec(),
             Fmp4Track::Aac { config, .. } => format!("mp4a.40.{}", config.first().map_or(2, |c| c >> 3)),
+            Fmp4Track::Vp9 { profile, format } => crate::codec::vpx::vp9_codec_string(*profile, format),
+            Fmp4Track::Av1 { header, .. } => header.codec(),
+            Fmp4Track::Opus { .. } => "opus".into(),
         }
     }
 }
@@ -109,11 +132,13 @@ pub fn init_segment(tracks: &[Fmp4Track]) -> Vec<u8> {
 }
 
 fn trak(o: &mut Vec<u8>, id: u32, t: &Fmp4Track) {
-    let video = !matches!(t, Fmp4Track::Aac { .. });
+    let video = !t.is_audio();
     let (w, h) = match t {
         Fmp4Track::H264 { width, height, .. } => (u32::from(*width), u32::from(*height)),
         Fmp4Track::H265 { info, .. } => (u32::from(info.width), u32::from(info.height)),
-        Fmp4Track::Aac { .. } => (0, 0),
+        Fmp4Track::Vp9 { format, .. } => (u32::from(format.width), u32::from(format.height)),
+        Fmp4Track::Av1 { header, .. } => (u32::from(header.width), u32::from(header.height)),
+        Fmp4Track::Aac { .. } | Fmp4Track::Opus { .. } => (0, 0),
     };
     mp4_box(o, b"trak", |o| {
         // Enabled, in the movie.
@@ -173,6 +198,16 @@ fn visual_entry(o: &mut Vec<u8>, width: u16, height: u16) {
     u16s(o, &[0x0018, 0xffff]); // depth, pre-defined
 }
 
+/// The fields every audio sample entry starts with (ISO/IEC 14496-12 §12.2.3).
+fn audio_entry(o: &mut Vec<u8>, channels: u16, sample_rate: u32) {
+    o.extend_from_slice(&[0; 6]);
+    u16s(o, &[1]);
+    u32s(o, &[0, 0]);
+    u16s(o, &[channels, 16, 0, 0]);
+    // A 16.16 rate: above 65535 Hz it does not fit (AAC's esds says it anyway).
+    u32s(o, &[sample_rate.min(0xffff) << 16]);
+}
+
 fn sample_entry(o: &mut Vec<u8>, t: &Fmp4Track) {
     match t {
         Fmp4Track::H265 { vps, sps, pps, info } => mp4_box(o, b"hvc1", |o| {
@@ -191,13 +226,25 @@ fn sample_entry(o: &mut Vec<u8>, t: &Fmp4Track) {
                 o.extend_from_slice(pps);
             });
         }),
+        Fmp4Track::Vp9 { profile, format: f } => mp4_box(o, b"vp09", |o| {
+            visual_entry(o, f.width, f.height);
+            full_box(o, b"vpcC", 1, 0, |o| {
+                let level = crate::codec::vpx::vp9_codec_string(*profile, f)[8..10].parse().unwrap_or(0);
+                o.extend_from_slice(&[*profile, level, f.bit_depth << 4 | f.chroma << 1 | u8::from(f.full_range)]);
+                o.extend_from_slice(&[2, 2, 2]); // colour primaries, transfer, matrix: unspecified
+                u16s(o, &[0]); // no codec initialization data
+            });
+        }),
+        Fmp4Track::Av1 { header, obu } => mp4_box(o, b"av01", |o| {
+            visual_entry(o, header.width, header.height);
+            mp4_box(o, b"av1C", |o| o.extend_from_slice(&header.av1c(obu)));
+        }),
+        Fmp4Track::Opus { channels } => mp4_box(o, b"Opus", |o| {
+            audio_entry(o, u16::from(*channels), 48_000);
+            mp4_box(o, b"dOps", |o| o.extend_from_slice(&crate::codec::opus::dops(*channels)));
+        }),
         Fmp4Track::Aac { config, sample_rate, channels } => mp4_box(o, b"mp4a", |o| {
-            o.extend_from_slice(&[0; 6]);
-            u16s(o, &[1]);
-            u32s(o, &[0, 0]);
-            u16s(o, &[*channels, 16, 0, 0]);
-            // A 16.16 rate: above 65535 Hz it does not fit, and the esds says it anyway.
-            u32s(o, &[(*sample_rate).min(0xffff) << 16]);
+            audio_entry(o, *channels, *sample_rate);
             full_box(o, b"esds", 0, 0, |o| {
                 // ES descriptor > decoder config (AAC: 0x40, audio stream) > decoder
                 // specific info (the AudioSpecificConfig); SL config.

@@ -99,15 +99,13 @@ fn pat_at(ts: &[u8]) -> Option<usize> {
 /// What a stream of the repackager becomes here.
 #[derive(Debug, Clone)]
 enum Input {
-    /// An H.264 or H.265 track: its index among the file's tracks, and the codec.
-    Video(usize, crate::codec::annexb::Codec),
-    Audio {
-        track: usize,
-        config: Vec<u8>,
-        sample_rate: u32,
-        channels: u16,
-    },
-    /// Not carried (AAC of an object type or rate fMP4 here does not describe).
+    /// A video track: its index among the file's tracks, and the codec (its sample entry
+    /// comes from the first keyframe).
+    Video(usize, TrackCodec),
+    /// An audio track: its index and sample entry.
+    Audio(usize, Fmp4Track),
+    /// Not carried (AAC of an object type or rate fMP4 here does not describe; in MPEG-TS
+    /// segments, a codec MPEG-TS does not carry).
     Skip,
 }
 
@@ -179,6 +177,12 @@ impl Segmenter {
             Self::with_parts(streams, target_ms, if variant == Variant::LowLatency { part_ms } else { 0 }, first)?;
         if variant == Variant::MpegTs {
             s.ts = Some(TsCut { pack: TsPackager::new(streams), buf: Vec::new(), due: None, discard: false });
+            for (input, stream) in s.inputs.iter_mut().zip(streams) {
+                if stream.kind().is_none() {
+                    *input = Input::Skip;
+                }
+            }
+            s.has_video = s.inputs.iter().any(|i| matches!(i, Input::Video(..)));
         }
         Some(s)
     }
@@ -202,20 +206,19 @@ impl Segmenter {
         let inputs: Vec<Input> = streams
             .iter()
             .map(|s| match &s.codec {
-                TrackCodec::Video { codec, .. } => Input::Video(next(), *codec),
                 TrackCodec::Aac { config, .. } => {
                     let c = u16::from_be_bytes([config[0], config.get(1).copied().unwrap_or(0)]);
                     let rate = crate::codec::aac::sample_rate(((c >> 7) & 0x0f) as u8);
                     match rate {
-                        Some(sample_rate) if (1..=4).contains(&(c >> 11)) => Input::Audio {
-                            track: next(),
-                            config: config.clone(),
-                            sample_rate,
-                            channels: (c >> 3) & 0x0f,
-                        },
+                        Some(sample_rate) if (1..=4).contains(&(c >> 11)) => Input::Audio(
+                            next(),
+                            Fmp4Track::Aac { config: config.clone(), sample_rate, channels: (c >> 3) & 0x0f },
+                        ),
                         _ => Input::Skip,
                     }
                 }
+                TrackCodec::Opus { channels } => Input::Audio(next(), Fmp4Track::Opus { channels: *channels }),
+                video => Input::Video(next(), video.clone()),
             })
             .collect();
         let tracks = n;
@@ -257,7 +260,7 @@ impl Segmenter {
         let Some(input) = self.inputs.get(u.stream).cloned() else { return false };
         let (track, video) = match input {
             Input::Video(t, codec) => (t, Some(codec)),
-            Input::Audio { track, .. } => (track, None),
+            Input::Audio(track, _) => (track, None),
             Input::Skip => return false,
         };
         let is_video = video.is_some();
@@ -311,8 +314,8 @@ impl Segmenter {
             self.latest_pending = self.latest_pending.max(u.time);
         }
         let data = match video {
-            Some(codec) => avcc_sample(&u.data, codec),
-            None => u.data.clone(),
+            Some(TrackCodec::Video { codec, .. }) => avcc_sample(&u.data, codec),
+            _ => u.data.clone(),
         };
         self.pending_bytes += data.len();
         self.pending[track].push((u.time, u.key || !is_video, data));
@@ -423,12 +426,26 @@ impl Segmenter {
         let mut tracks = Vec::new();
         for input in &self.inputs {
             match input {
-                Input::Video(_, crate::codec::annexb::Codec::H265) => {
+                Input::Video(_, TrackCodec::Video { codec: crate::codec::annexb::Codec::H265, .. }) => {
                     let nals: Vec<&[u8]> = crate::codec::annexb::nal_units(&u.data).collect();
                     let find = |t: u8| nals.iter().find(|n| n.first().is_some_and(|b| (b >> 1) & 0x3f == t));
                     let (Some(vps), Some(sps), Some(pps)) = (find(32), find(33), find(34)) else { return false };
                     let Some(info) = crate::codec::hevc::parse_sps(sps) else { return false };
                     tracks.push(Fmp4Track::H265 { vps: vps.to_vec(), sps: sps.to_vec(), pps: pps.to_vec(), info });
+                }
+                Input::Video(_, TrackCodec::Vp9) => {
+                    let Some(f) = crate::codec::vpx::vp9_frame_header(&u.data) else { return false };
+                    let Some(format) = f.format else { return false };
+                    tracks.push(Fmp4Track::Vp9 { profile: f.profile, format });
+                }
+                Input::Video(_, TrackCodec::Av1) => {
+                    let Some((header, obu)) = crate::codec::av1::sized_obus(&u.data)
+                        .filter(|o| o.0 == crate::codec::av1::OBU_SEQUENCE_HEADER)
+                        .find_map(|(_, obu, payload)| Some((crate::codec::av1::SequenceHeader::parse(payload)?, obu)))
+                    else {
+                        return false;
+                    };
+                    tracks.push(Fmp4Track::Av1 { header, obu: obu.to_vec() });
                 }
                 Input::Video(..) => {
                     let nals: Vec<&[u8]> = crate::codec::annexb::nal_units(&u.data).collect();
@@ -437,11 +454,7 @@ impl Segmenter {
                     let (width, height) = crate::codec::annexb::sps_dimensions(sps).unwrap_or((0, 0));
                     tracks.push(Fmp4Track::H264 { sps: sps.to_vec(), pps: pps.to_vec(), width, height });
                 }
-                Input::Audio { config, sample_rate, channels, .. } => tracks.push(Fmp4Track::Aac {
-                    config: config.clone(),
-                    sample_rate: *sample_rate,
-                    channels: *channels,
-                }),
+                Input::Audio(_, track) => tracks.push(track.clone()),
                 Input::Skip => {}
             }
         }
@@ -488,7 +501,7 @@ impl Segmenter {
         for (t, pending) in tracks.iter().zip(&mut self.pending) {
             let scale = i64::from(t.timescale());
             let to_track = |time: i64| ((time - origin + REORDER_ROOM).max(0) * scale / 90_000) as u64;
-            let video = !matches!(t, Fmp4Track::Aac { .. });
+            let video = !t.is_audio();
             // Video: everything before the keyframe that cuts, in decoding order (B-frames
             // shown before `end` come after it, none before); audio: what starts before `end`.
             let take =
@@ -512,8 +525,7 @@ impl Segmenter {
             let mut out = Vec::with_capacity(samples.len());
             for (k, (time, key, data)) in samples.iter().enumerate() {
                 let duration = match (video, samples.get(k + 1)) {
-                    // AAC frames are 1024 samples.
-                    (false, _) => 1024,
+                    (false, _) => u64::from(t.audio_duration(data)),
                     // (Saturating: times that make no sense, from a broken source, give
                     // nonsense durations, not a panic.)
                     (true, Some(_)) => to_track(dts(k + 1)).saturating_sub(to_track(dts(k))),

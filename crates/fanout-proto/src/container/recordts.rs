@@ -44,12 +44,11 @@ impl TsRecorder {
     /// `fragment_ms` (a video's are its GOPs) and files at the first fragment after `file_s`.
     pub fn new(streams: &[TrackInfo], fragment_ms: u32, file_s: u32) -> Option<Self> {
         let video = streams.iter().position(|s| matches!(s.codec, crate::container::repack::TrackCodec::Video { .. }));
-        if streams.is_empty() {
-            return None;
-        }
-        let lead = video.unwrap_or(0);
-        let kinds: Vec<_> = streams.iter().map(TrackInfo::kind).collect();
-        let lead_pid = crate::container::tsmux::TsMuxer::new(&kinds).pids().nth(lead)?;
+        // The lead: the video, else the first stream MPEG-TS carries (none: nothing to record).
+        let lead = video.or_else(|| streams.iter().position(|s| s.kind().is_some()))?;
+        let kinds: Vec<_> = streams.iter().filter_map(TrackInfo::kind).collect();
+        let in_mux = streams[..lead].iter().filter(|s| s.kind().is_some()).count();
+        let lead_pid = crate::container::tsmux::TsMuxer::new(&kinds).pids().nth(in_mux)?;
         Some(Self {
             streams: streams.to_vec(),
             pack: TsPackager::new(streams),

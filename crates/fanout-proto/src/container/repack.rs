@@ -37,6 +37,12 @@ pub enum TrackCodec {
     Video { codec: Codec, params: Vec<Vec<u8>> },
     /// MPEG4-GENERIC AAC: the AudioSpecificConfig and the AU header's field widths.
     Aac { config: Vec<u8>, size_bits: u8, index_bits: u8, delta_bits: u8 },
+    /// Opus (RFC 7587): a packet a unit, at 48 kHz; its channels as the SDP says.
+    Opus { channels: u8 },
+    /// VP9 (RFC 9628): a picture's frames a unit (its spatial layers in a superframe).
+    Vp9,
+    /// AV1 (the AOM RTP payload format): a temporal unit's OBUs, each with its size field.
+    Av1,
 }
 
 impl TrackInfo {
@@ -82,20 +88,47 @@ impl TrackInfo {
                     }
                 }
             }
-            other => {
-                return Err(format!("{} track in {other}, which MPEG-TS repackaging does not carry", m.kind).into())
-            }
+            "OPUS" => TrackCodec::Opus { channels: m.rtpmap(fmt).and_then(|_| rtpmap_channels(m, fmt)).unwrap_or(2) },
+            "VP9" => TrackCodec::Vp9,
+            "AV1" => TrackCodec::Av1,
+            other => return Err(format!("{} track in {other}, which HTTP players are not given", m.kind).into()),
         };
         Ok(Self { codec, clock: clock.max(1) })
     }
 
-    pub fn kind(&self) -> StreamKind {
+    /// Its stream in MPEG-TS (and FLV), if those carry its codec: H.264, H.265 and AAC.
+    pub fn kind(&self) -> Option<StreamKind> {
         match &self.codec {
-            TrackCodec::Video { codec: Codec::H264, .. } => StreamKind::H264,
-            TrackCodec::Video { codec: Codec::H265, .. } => StreamKind::H265,
-            TrackCodec::Aac { .. } => StreamKind::AacAdts,
+            TrackCodec::Video { codec: Codec::H264, .. } => Some(StreamKind::H264),
+            TrackCodec::Video { codec: Codec::H265, .. } => Some(StreamKind::H265),
+            TrackCodec::Aac { .. } => Some(StreamKind::AacAdts),
+            TrackCodec::Opus { .. } | TrackCodec::Vp9 | TrackCodec::Av1 => None,
         }
     }
+
+    pub fn is_video(&self) -> bool {
+        matches!(self.codec, TrackCodec::Video { .. } | TrackCodec::Vp9 | TrackCodec::Av1)
+    }
+
+    /// Its codec's name, for the status: "H.264", "Opus".
+    pub fn name(&self) -> &'static str {
+        match &self.codec {
+            TrackCodec::Video { codec: Codec::H264, .. } => "H.264",
+            TrackCodec::Video { codec: Codec::H265, .. } => "H.265",
+            TrackCodec::Aac { .. } => "AAC",
+            TrackCodec::Opus { .. } => "Opus",
+            TrackCodec::Vp9 => "VP9",
+            TrackCodec::Av1 => "AV1",
+        }
+    }
+}
+
+/// The channel count an `a=rtpmap` gives after the clock rate (`opus/48000/2`).
+fn rtpmap_channels(m: &Media, fmt: &str) -> Option<u8> {
+    m.lines.iter().filter(|(t, _)| *t == 'a').find_map(|(_, v)| {
+        let (pt, map) = v.strip_prefix("rtpmap:")?.split_once(' ')?;
+        (pt.trim() == fmt).then(|| map.trim().split('/').nth(2)?.parse().ok())?
+    })
 }
 
 /// The `a=fmtp` parameters of a format, as (name, value) pairs.
@@ -155,8 +188,11 @@ struct Track {
     au_ts: Option<i64>,
     key: bool,
     params: Vec<Vec<u8>>,
-    // AAC: one access unit fragmented over packets.
+    // AAC: one access unit fragmented over packets. VP9: the frame being gathered.
     frag: Vec<u8>,
+    // VP9: the picture's frames so far.
+    frames: Vec<Vec<u8>>,
+    av1: crate::codec::av1::Av1Depacketizer,
 }
 
 /// Counts of what did not make it into the output.
@@ -199,7 +235,7 @@ impl Repackager {
                     streams.push(info.clone());
                     let params = match &info.codec {
                         TrackCodec::Video { params, .. } => params.clone(),
-                        TrackCodec::Aac { .. } => Vec::new(),
+                        _ => Vec::new(),
                     };
                     Track {
                         stream: streams.len() - 1,
@@ -213,11 +249,13 @@ impl Repackager {
                         key: false,
                         params,
                         frag: Vec::new(),
+                        frames: Vec::new(),
+                        av1: Default::default(),
                     }
                 })
             })
             .collect();
-        let started = !streams.iter().any(|s| s.kind() != StreamKind::AacAdts);
+        let started = !streams.iter().any(TrackInfo::is_video);
         Self { tracks, streams, reference: None, started, early: VecDeque::new(), stats: RepackStats::default() }
     }
 
@@ -282,7 +320,79 @@ impl Repackager {
                 }
             }
             TrackCodec::Aac { .. } => self.push_aac(i, &v, time, out),
+            TrackCodec::Opus { .. } => {
+                let stream = t.stream;
+                self.audio(Unit { stream, time, key: false, data: v.payload().to_vec() }, out);
+            }
+            TrackCodec::Vp9 | TrackCodec::Av1 => self.push_coded(i, &v, time, out),
         }
+    }
+
+    /// A VP9 or AV1 packet: gathered into the picture of its RTP time, which ends at the
+    /// marker or when a packet of another time comes.
+    fn push_coded(&mut self, i: usize, v: &RtpView<'_>, time: i64, out: &mut Vec<Unit>) {
+        let t = self.tracks[i].as_mut().expect("checked");
+        if t.au_ts.is_some_and(|at| at != time) {
+            self.flush_coded(i, out);
+        }
+        let t = self.tracks[i].as_mut().expect("checked");
+        t.au_ts = Some(time);
+        let payload = v.payload();
+        let size = t.au.len() + t.frag.len() + t.frames.iter().map(Vec::len).sum::<usize>();
+        let ok = if size + payload.len() > MAX_AU {
+            true // dropped with its picture at the flush
+        } else if t.info.codec == TrackCodec::Av1 {
+            t.av1.push(payload, &mut t.au)
+        } else if let Some(d) = crate::codec::vpx::vp9_descriptor(payload) {
+            let frame = &payload[d.len..];
+            if d.begins {
+                if !t.frag.is_empty() {
+                    t.frames.push(std::mem::take(&mut t.frag));
+                }
+                if d.spatial == 0 && t.frames.is_empty() {
+                    t.key = crate::codec::vpx::vp9_frame_header(frame).is_some_and(|f| f.key);
+                }
+            }
+            // A frame whose beginning was lost is left out.
+            if d.begins || !t.frag.is_empty() {
+                t.frag.extend_from_slice(frame);
+                if d.ends {
+                    t.frames.push(std::mem::take(&mut t.frag));
+                }
+            }
+            true
+        } else {
+            false
+        };
+        if !ok {
+            self.stats.bad += 1;
+        }
+        if v.marker() {
+            self.flush_coded(i, out);
+        }
+    }
+
+    fn flush_coded(&mut self, i: usize, out: &mut Vec<Unit>) {
+        let t = self.tracks[i].as_mut().expect("a video track");
+        let Some(time) = t.au_ts.take() else { return };
+        if !t.frag.is_empty() {
+            t.frames.push(std::mem::take(&mut t.frag));
+        }
+        let (data, key) = if t.info.codec == TrackCodec::Av1 {
+            let tu = std::mem::take(&mut t.au);
+            let key = crate::codec::av1::temporal_unit_is_key(&tu);
+            (tu, key)
+        } else {
+            let frames = std::mem::take(&mut t.frames);
+            let key = std::mem::take(&mut t.key);
+            (if frames.is_empty() { Vec::new() } else { crate::codec::vpx::vp9_superframe(&frames) }, key)
+        };
+        if data.is_empty() || data.len() > MAX_AU {
+            self.stats.dropped += u64::from(!data.is_empty());
+            return;
+        }
+        let stream = t.stream;
+        self.video_out(Unit { stream, time, key, data }, out);
     }
 
     /// Track `i`'s 90 kHz timeline time of RTP time `ts`.
@@ -325,7 +435,6 @@ impl Repackager {
             self.stats.dropped += 1;
             return;
         }
-        self.started = true;
         // An access unit delimiter first (players of TS expect one), then the parameter
         // sets in front of a keyframe that does not carry its own.
         let mut data = Vec::with_capacity(nals.len() + 64);
@@ -342,8 +451,21 @@ impl Repackager {
             }
         }
         data.extend_from_slice(&nals);
+        let stream = t.stream;
+        self.video_out(Unit { stream, time, key, data }, out);
+    }
+
+    /// A picture out, unless it comes before the first keyframe; with it, the held audio
+    /// that is due from then on.
+    fn video_out(&mut self, u: Unit, out: &mut Vec<Unit>) {
+        if !self.started && !u.key {
+            self.stats.dropped += 1;
+            return;
+        }
+        self.started = true;
+        let time = u.time;
         self.stats.units += 1;
-        out.push(Unit { stream: t.stream, time, key, data });
+        out.push(u);
         // Each held audio frame by its own time: those due from the keyframe on go out.
         for u in std::mem::take(&mut self.early) {
             if u.time >= time {
@@ -391,17 +513,21 @@ impl Repackager {
         // Each AAC frame is 1024 samples.
         let step = 1024 * 90_000 / i64::from(clock);
         for (k, au) in frames.into_iter().enumerate() {
-            let u = Unit { stream, time: time + k as i64 * step, key: false, data: au };
-            if self.started {
-                self.stats.units += 1;
-                out.push(u);
-            } else {
-                if self.early.len() == EARLY_AUDIO {
-                    self.early.pop_front();
-                    self.stats.dropped += 1;
-                }
-                self.early.push_back(u);
+            self.audio(Unit { stream, time: time + k as i64 * step, key: false, data: au }, out);
+        }
+    }
+
+    /// An audio unit out, or held until video starts.
+    fn audio(&mut self, u: Unit, out: &mut Vec<Unit>) {
+        if self.started {
+            self.stats.units += 1;
+            out.push(u);
+        } else {
+            if self.early.len() == EARLY_AUDIO {
+                self.early.pop_front();
+                self.stats.dropped += 1;
             }
+            self.early.push_back(u);
         }
     }
 }
@@ -423,6 +549,8 @@ pub struct Unit {
 /// MPEG-TS of a repackager's units.
 pub struct TsPackager {
     mux: TsMuxer,
+    /// Per stream, its stream in the muxer: none for a codec MPEG-TS does not carry.
+    pids: Vec<Option<usize>>,
     /// Per stream, the AAC AudioSpecificConfig its ADTS headers are made from.
     aac: Vec<Option<Vec<u8>>>,
     /// Per video stream, its decoding times (pictures held back while B-frames are
@@ -435,17 +563,26 @@ type HeldPicture = (bool, Vec<u8>);
 
 impl TsPackager {
     pub fn new(streams: &[TrackInfo]) -> Self {
-        let kinds: Vec<StreamKind> = streams.iter().map(TrackInfo::kind).collect();
+        let kinds: Vec<StreamKind> = streams.iter().filter_map(TrackInfo::kind).collect();
+        let mut n = 0;
+        let pids = streams
+            .iter()
+            .map(|s| {
+                s.kind()?;
+                n += 1;
+                Some(n - 1)
+            })
+            .collect();
         let aac = streams
             .iter()
             .map(|s| match &s.codec {
                 TrackCodec::Aac { config, .. } => Some(config.clone()),
-                TrackCodec::Video { .. } => None,
+                _ => None,
             })
             .collect();
         let video =
             streams.iter().map(|s| matches!(s.codec, TrackCodec::Video { .. }).then(DecodingTimes::default)).collect();
-        Self { mux: TsMuxer::new(&kinds), aac, video }
+        Self { mux: TsMuxer::new(&kinds), pids, aac, video }
     }
 
     /// Appends the PAT and PMT: where a chunk starts other than at a video keyframe.
@@ -457,8 +594,10 @@ impl TsPackager {
     /// held back by as many pictures as it reorders, for its decoding times); `false` if it
     /// cannot be written (an AAC frame ADTS cannot frame).
     pub fn write(&mut self, u: &Unit, out: &mut Vec<u8>) -> bool {
+        let Some(&Some(pid)) = self.pids.get(u.stream) else { return true };
         let (stream, mux) = (u.stream, &mut self.mux);
         if let Some(Some(times)) = self.video.get_mut(stream) {
+            let stream = pid;
             times.push(u.time, (u.key, u.data.clone()), |pts, dts, (key, data)| {
                 mux.push(&AccessUnit { stream, pts: ts_time(pts), dts: ts_time(dts), key, data: &data }, out)
             });
@@ -474,7 +613,7 @@ impl TsPackager {
             _ => &u.data,
         };
         let at = ts_time(u.time);
-        mux.push(&AccessUnit { stream, pts: at, dts: at, key: u.key, data }, out);
+        mux.push(&AccessUnit { stream: pid, pts: at, dts: at, key: u.key, data }, out);
         true
     }
 }
@@ -559,6 +698,54 @@ mod tests {
         crate::rtp::write_header(&mut p, marker, 96, seq, ts, 1);
         p[12..].copy_from_slice(payload);
         p
+    }
+
+    /// VP9, Opus and AV1 come out as whole pictures and packets: VP9's frame joined from its
+    /// packets behind their descriptors, AV1's OBUs with size fields and without the
+    /// temporal delimiter, Opus a packet a unit held until video starts; MPEG-TS leaves all
+    /// three out.
+    #[test]
+    fn vp9_av1_and_opus_are_gathered_into_units_mpegts_does_not_carry() {
+        let sdp = "v=0\r\ns=x\r\nt=0 0\r\n\
+            m=video 0 RTP/AVP 96\r\na=rtpmap:96 VP9/90000\r\n\
+            m=audio 0 RTP/AVP 111\r\na=rtpmap:111 opus/48000/2\r\n\
+            m=video 0 RTP/AVP 98\r\na=rtpmap:98 AV1/90000\r\n";
+        let tracks: Vec<TrackInfo> =
+            crate::rtsp::sdp::Sdp::parse(sdp).unwrap().media.iter().map(|m| TrackInfo::from_sdp(m).unwrap()).collect();
+        let codecs: Vec<_> = tracks.iter().map(|t| t.codec.clone()).collect();
+        assert_eq!(codecs, [TrackCodec::Vp9, TrackCodec::Opus { channels: 2 }, TrackCodec::Av1]);
+        assert!(tracks.iter().all(|t| t.kind().is_none()));
+        let mut r = Repackager::new(tracks.iter().cloned().map(Some).collect());
+        let mut out = Vec::new();
+        // Opus before any picture is held.
+        r.push_rtp(1, &rtp(true, 1, 960, &[0xfc, 0xaa]), 0, &mut out);
+        assert!(out.is_empty());
+        // A VP9 key frame in two packets (B, then E with the marker), an inter frame in one.
+        let key = [0x82, 0x49, 0x83, 0x42, 0x00, 0x13, 0xf0, 0x0e, 0xf6];
+        r.push_rtp(0, &rtp(false, 1, 3000, &[&[0x88, 0x81, 0x02][..], &key[..5]].concat()), 0, &mut out);
+        r.push_rtp(0, &rtp(true, 2, 3000, &[&[0x84, 0x81, 0x02][..], &key[5..]].concat()), 0, &mut out);
+        r.push_rtp(0, &rtp(true, 3, 6600, &[0x8c, 0x81, 0x03, 0x86, 0x00, 0x40]), 40, &mut out);
+        // A lost beginning: the rest of that frame is left out, with its picture.
+        r.push_rtp(0, &rtp(true, 5, 10200, &[0x04, 0x11, 0x22]), 80, &mut out);
+        let vp9: Vec<_> = out.iter().filter(|u| u.stream == 0).map(|u| (u.key, u.data.clone())).collect();
+        assert_eq!(vp9, [(true, key.to_vec()), (false, vec![0x86, 0x00, 0x40])]);
+        assert!(out.iter().any(|u| u.stream == 1 && u.data == [0xfc, 0xaa]), "the held Opus goes out");
+        // AV1: a temporal delimiter, a sequence header and a key frame over two packets (Y,
+        // then Z), W=0 so every element has its length.
+        let (seq, frame) = ([0x08, 0x00, 0x00, 0x00], [0x30, 0x10, 0xaa, 0xbb]);
+        out.clear();
+        let first = [&[0x40, 1, 0x10, 4][..], &seq, &[2], &frame[..2]].concat();
+        let second = [&[0x80, 2][..], &frame[2..]].concat();
+        r.push_rtp(2, &rtp(false, 1, 3000, &first), 100, &mut out);
+        r.push_rtp(2, &rtp(true, 2, 3000, &second), 100, &mut out);
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert!(out[0].key);
+        assert_eq!(out[0].data, [&[0x0a, 3][..], &seq[1..], &[0x32, 3], &frame[1..]].concat());
+        // MPEG-TS has no stream for any of them.
+        let mut ts = TsPackager::new(&tracks);
+        let mut bytes = Vec::new();
+        assert!(ts.write(&out[0], &mut bytes));
+        assert!(bytes.is_empty());
     }
 
     /// A repackager and its MPEG-TS, for feeding packets.

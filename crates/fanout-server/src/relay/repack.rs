@@ -17,7 +17,13 @@ impl Relay {
         if path.view().is_some() || !path.is_rtp_media() {
             return Ok(path.session.clone());
         }
-        self.repack(name).await?.ts.clone().ok_or_else(|| RelayError::Internal("no MPEG-TS output".into()))
+        let r = self.repack(name).await?;
+        r.ts.clone().ok_or_else(|| {
+            RelayError::Unsupported(format!(
+                "{name:?} carries {}, which MPEG-TS does not; play it over HLS, WebRTC or RTSP",
+                r.describes
+            ))
+        })
     }
 
     /// The session's repackaging (MPEG-TS for HTTP where its stream URL needs it, HLS where
