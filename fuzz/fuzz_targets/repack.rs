@@ -1,7 +1,8 @@
 //! RTP repackaging into MPEG-TS and HLS segments never panics, whatever the packets; what
 //! comes out as TS is whole transport packets that demux without an error. The first byte
-//! picks the session: H.264, H.265 and AAC, or VP9, Opus and AV1 (which go to HLS alone). The
-//! HEVC SPS, VP9 frame header and AV1 sequence header readers take the same bytes.
+//! picks the session: H.264, H.265 and AAC, or VP9, Opus, AV1, MP3 and G.711 (which go to HLS
+//! alone). The
+//! HEVC SPS, VP9 frame header, AV1 sequence header and MPEG audio readers take the same bytes.
 #![no_main]
 use fanout_proto::container::repack::{Repackager, TrackInfo, TsPackager};
 use libfuzzer_sys::fuzz_target;
@@ -14,7 +15,8 @@ const SDP: &str = "v=0\r\ns=x\r\nt=0 0\r\n\
 const SDP_OPEN: &str = "v=0\r\ns=x\r\nt=0 0\r\n\
     m=video 0 RTP/AVP 96\r\na=rtpmap:96 VP9/90000\r\n\
     m=audio 0 RTP/AVP 111\r\na=rtpmap:111 opus/48000/2\r\n\
-    m=video 0 RTP/AVP 98\r\na=rtpmap:98 AV1/90000\r\n";
+    m=video 0 RTP/AVP 98\r\na=rtpmap:98 AV1/90000\r\n\
+    m=audio 0 RTP/AVP 14\r\nm=audio 0 RTP/AVP 0\r\n";
 
 fuzz_target!(|data: &[u8]| {
     let Some((&which, data)) = data.split_first() else { return };
@@ -30,13 +32,14 @@ fuzz_target!(|data: &[u8]| {
     let (mut rest, mut now) = (data, 0u64);
     while let [track, len, tail @ ..] = rest {
         let n = usize::from(*len).min(tail.len());
-        r.push_rtp(usize::from(*track % 3), &tail[..n], now, &mut units);
+        let tracks = sdp.media.len();
+        r.push_rtp(usize::from(*track) % tracks, &tail[..n], now, &mut units);
         for u in units.drain(..) {
             ts.write(&u, &mut out);
             hls.push(&u);
         }
         if *track & 0x80 != 0 {
-            r.set_clock_map(usize::from(*track % 3), u64::from(*len) << 32, u32::from(*track) << 16);
+            r.set_clock_map(usize::from(*track) % sdp.media.len(), u64::from(*len) << 32, u32::from(*track) << 16);
         }
         rest = &tail[n..];
         now += 7;
@@ -62,6 +65,7 @@ fuzz_target!(|data: &[u8]| {
     if let Some(f) = fanout_proto::codec::vpx::vp9_frame_header(data).and_then(|f| f.format) {
         let _ = fanout_proto::codec::vpx::vp9_codec_string(0, &f);
     }
+    let _ = fanout_proto::codec::mpa::frame_header(data);
     if let Some(h) = fanout_proto::codec::av1::SequenceHeader::parse(data) {
         let _ = (h.codec(), h.av1c(data));
     }

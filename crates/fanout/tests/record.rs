@@ -599,3 +599,87 @@ fn vp9_and_opus_play_over_hls_and_are_recorded() {
     assert!(out.status.success() && out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A camera's MP3 (RTP `MPA`) and G.711 (PCMU on the static payload type): ffmpeg publishes
+/// H.264 + MP3 to one path and PCMU alone to another, over RTSP. RTSP readers get them as they
+/// came; HLS lists `mp4a.6b` and `ulaw` and ffmpeg decodes 3 s of each without an error (an
+/// MP3 frame every 26 ms beside a picture every 40 ms; 24,000 G.711 samples, which ffmpeg
+/// hands out 1,024 at a time); the recordings hold them and decode whole.
+#[test]
+fn mp3_and_g711_play_over_rtsp_and_hls_and_are_recorded() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let dir = dir("mp3");
+    let sessions = "[[session]]\nname = \"mp3\"\nsource = { publish = true }\nrecord = { segment_s = 60 }\n\n\
+                    [[session]]\nname = \"pcmu\"\nsource = { publish = true }\nrecord = { segment_s = 60 }\n";
+    let relay = Relay::with_config(&config(&dir, sessions), &["--no-demo"]);
+    let rtsp = rtsp_addr(&relay);
+    let publish = |args: &[&str], path: &str| {
+        Kill(
+            Command::new("ffmpeg")
+                .args(["-nostdin", "-loglevel", "error", "-re"])
+                .args(args)
+                .args(["-t", "9", "-rtsp_transport", "tcp", "-f", "rtsp", &format!("rtsp://{rtsp}/{path}")])
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let sine = |rate: &str| format!("sine=frequency=440:sample_rate={rate}");
+    let _mp3 = publish(
+        &["-i", DEMO_TS, "-f", "lavfi", "-i", &sine("44100"), "-map", "0:v", "-c:v", "copy"]
+            .into_iter()
+            .chain(["-map", "1:a", "-c:a", "libmp3lame", "-b:a", "128k"])
+            .collect::<Vec<_>>(),
+        "mp3",
+    );
+    let _pcmu = publish(&["-f", "lavfi", "-i", &sine("8000"), "-c:a", "pcm_mulaw"], "pcmu");
+    for (path, codecs, audio, frames) in [
+        ("mp3", "avc1.640015,mp4a.6b", "mp3", ("0,", 74..=76, "1,", 113..=117)),
+        ("pcmu", "ulaw", "pcm_mulaw", ("", 0..=0, "0,", 23..=24)),
+    ] {
+        let hls = relay.url(&format!("/v1/sessions/{path}/hls/index.m3u8"));
+        let listed = || String::from_utf8_lossy(&get_bytes(&hls, None).1).into_owned();
+        assert!(
+            wait_for(Duration::from_secs(10), || listed().contains(&format!("CODECS=\"{codecs}\""))),
+            "{}",
+            listed()
+        );
+        let probe = |url: &str| {
+            let out = Command::new("timeout")
+                .args(["20", "ffprobe", "-v", "error", "-select_streams", "a", "-show_entries", "stream=codec_name"])
+                .args(["-of", "csv=p=0", url])
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or("").to_string()
+        };
+        assert_eq!(probe(&format!("rtsp://{rtsp}/{path}")), audio, "over RTSP");
+        assert_eq!(probe(&hls), audio, "over HLS");
+        let out = Command::new("timeout")
+            .args(["30", "ffmpeg", "-nostdin", "-loglevel", "error", "-i", &hls, "-t", "3", "-f", "framemd5", "-"])
+            .output()
+            .unwrap();
+        let md5 = String::from_utf8_lossy(&out.stdout);
+        assert!(out.stderr.is_empty(), "{path}: {}", String::from_utf8_lossy(&out.stderr));
+        let (video, video_count, sound, sound_count) = frames.clone();
+        let count = |stream: &str| md5.lines().filter(|l| !stream.is_empty() && l.starts_with(stream)).count();
+        assert!(video_count.contains(&count(video)) && sound_count.contains(&count(sound)), "{path}: {md5}");
+    }
+    // The recordings, once the publishers have gone.
+    for (path, streams) in [("mp3", vec!["h264", "mp3"]), ("pcmu", vec!["pcm_mulaw"])] {
+        let files = || {
+            relay.ok("GET", &format!("/v1/recordings/{path}"), None)["files"].as_array().cloned().unwrap_or_default()
+        };
+        assert!(wait_for(Duration::from_secs(20), || files().iter().any(|f| f["writing"] == false)), "{:?}", files());
+        let file = on_disk(&dir, &files()[0]);
+        let out = Command::new("ffprobe")
+            .args(["-v", "error", "-show_entries", "stream=codec_name", "-of", "csv=p=0", &file])
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout).lines().collect::<Vec<_>>(), streams);
+        let out =
+            Command::new("ffmpeg").args(["-nostdin", "-v", "error", "-i", &file, "-f", "null", "-"]).output().unwrap();
+        assert!(out.status.success() && out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

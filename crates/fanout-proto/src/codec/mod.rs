@@ -8,6 +8,7 @@
 //! - [`dts`]: decoding times for video that comes with presentation times only.
 //! - [`vpx`]: where VP8 and VP9 keyframes start in their RTP payloads; VP9's frame header.
 //! - [`av1`]: where AV1 keyframes start in their RTP payloads; OBUs gathered for MP4.
+//! - [`mpa`]: MPEG audio (MP3) frames and their RTP payload.
 //! - [`opus`]: how long an Opus packet plays; its MP4 `dOps`.
 
 pub mod aac;
@@ -17,5 +18,6 @@ mod bits;
 pub mod dts;
 pub mod hevc;
 pub mod layers;
+pub mod mpa;
 pub mod opus;
 pub mod vpx;

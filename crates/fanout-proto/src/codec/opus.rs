@@ -65,7 +65,7 @@ mod tests {
         #[test]
         fn any_packet_plays_at_most_120_ms(p in proptest::collection::vec(any::<u8>(), 0..4)) {
             if let Some(n) = packet_samples(&p) {
-                prop_assert!(n >= 120 && n <= 5760 && n % 120 == 0);
+                prop_assert!((120..=5760).contains(&n) && n % 120 == 0);
             }
         }
     }

@@ -18,27 +18,36 @@ pub enum Fmp4Track {
     Av1 { header: crate::codec::av1::SequenceHeader, obu: Vec<u8> },
     /// Opus at 48 kHz (`Opus`/`dOps`).
     Opus { channels: u8 },
+    /// MPEG audio, MP3 most often (`mp4a` of object type MPEG-1 or MPEG-2 audio).
+    Mp3 { mpeg1: bool, sample_rate: u32, channels: u16 },
+    /// G.711 µ-law or A-law (`ulaw`/`alaw`, as QuickTime and ffmpeg write it).
+    G711 { mu_law: bool, sample_rate: u32, channels: u16 },
 }
 
 impl Fmp4Track {
     /// The track's time scale: 90 kHz for video, the sample rate for audio.
     pub fn timescale(&self) -> u32 {
         match self {
-            Fmp4Track::Aac { sample_rate, .. } => *sample_rate,
+            Fmp4Track::Aac { sample_rate, .. }
+            | Fmp4Track::Mp3 { sample_rate, .. }
+            | Fmp4Track::G711 { sample_rate, .. } => *sample_rate,
             Fmp4Track::Opus { .. } => 48_000,
             _ => 90_000,
         }
     }
 
     pub fn is_audio(&self) -> bool {
-        matches!(self, Fmp4Track::Aac { .. } | Fmp4Track::Opus { .. })
+        matches!(self, Fmp4Track::Aac { .. } | Fmp4Track::Opus { .. } | Fmp4Track::Mp3 { .. } | Fmp4Track::G711 { .. })
     }
 
     /// An audio sample's duration in the time scale: 1024 for AAC, what an Opus packet's
-    /// TOC says (20 ms where it says nothing sound).
+    /// TOC says (20 ms where it says nothing sound), what an MPEG audio frame's header says,
+    /// a G.711 byte a sample.
     pub fn audio_duration(&self, sample: &[u8]) -> u32 {
         match self {
             Fmp4Track::Opus { .. } => crate::codec::opus::packet_samples(sample).unwrap_or(960),
+            Fmp4Track::Mp3 { .. } => crate::codec::mpa::frame_header(sample).map_or(1152, |h| h.samples),
+            Fmp4Track::G711 { channels, .. } => (sample.len() / usize::from((*channels).max(1))) as u32,
             _ => 1024,
         }
     }
@@ -55,6 +64,10 @@ impl Fmp4Track {
             Fmp4Track::Vp9 { profile, format } => crate::codec::vpx::vp9_codec_string(*profile, format),
             Fmp4Track::Av1 { header, .. } => header.codec(),
             Fmp4Track::Opus { .. } => "opus".into(),
+            Fmp4Track::Mp3 { mpeg1: true, .. } => "mp4a.6b".into(),
+            Fmp4Track::Mp3 { .. } => "mp4a.69".into(),
+            Fmp4Track::G711 { mu_law: true, .. } => "ulaw".into(),
+            Fmp4Track::G711 { .. } => "alaw".into(),
         }
     }
 }
@@ -138,7 +151,7 @@ fn trak(o: &mut Vec<u8>, id: u32, t: &Fmp4Track) {
         Fmp4Track::H265 { info, .. } => (u32::from(info.width), u32::from(info.height)),
         Fmp4Track::Vp9 { format, .. } => (u32::from(format.width), u32::from(format.height)),
         Fmp4Track::Av1 { header, .. } => (u32::from(header.width), u32::from(header.height)),
-        Fmp4Track::Aac { .. } | Fmp4Track::Opus { .. } => (0, 0),
+        _ => (0, 0),
     };
     mp4_box(o, b"trak", |o| {
         // Enabled, in the movie.
@@ -208,6 +221,22 @@ fn audio_entry(o: &mut Vec<u8>, channels: u16, sample_rate: u32) {
     u32s(o, &[sample_rate.min(0xffff) << 16]);
 }
 
+/// An `esds` box: ES descriptor > decoder config (object type `oti`, an audio stream) >
+/// decoder specific info (AAC's AudioSpecificConfig; MPEG audio has none); SL config.
+fn esds(o: &mut Vec<u8>, oti: u8, dsi: Option<&[u8]>) {
+    full_box(o, b"esds", 0, 0, |o| {
+        let dsi_len = dsi.map_or(0, |d| 2 + d.len() as u8);
+        o.extend_from_slice(&[0x03, 21 + dsi_len, 0, 1, 0]);
+        o.extend_from_slice(&[0x04, 13 + dsi_len, oti, 0x15, 0, 0, 0]);
+        u32s(o, &[0, 0]); // max, average bit rate: unknown
+        if let Some(d) = dsi {
+            o.extend_from_slice(&[0x05, d.len() as u8]);
+            o.extend_from_slice(d);
+        }
+        o.extend_from_slice(&[0x06, 1, 2]);
+    });
+}
+
 fn sample_entry(o: &mut Vec<u8>, t: &Fmp4Track) {
     match t {
         Fmp4Track::H265 { vps, sps, pps, info } => mp4_box(o, b"hvc1", |o| {
@@ -245,18 +274,15 @@ fn sample_entry(o: &mut Vec<u8>, t: &Fmp4Track) {
         }),
         Fmp4Track::Aac { config, sample_rate, channels } => mp4_box(o, b"mp4a", |o| {
             audio_entry(o, *channels, *sample_rate);
-            full_box(o, b"esds", 0, 0, |o| {
-                // ES descriptor > decoder config (AAC: 0x40, audio stream) > decoder
-                // specific info (the AudioSpecificConfig); SL config.
-                let dsi = config.len() as u8;
-                o.extend_from_slice(&[0x03, 23 + dsi, 0, 1, 0]);
-                o.extend_from_slice(&[0x04, 15 + dsi, 0x40, 0x15, 0, 0, 0]);
-                u32s(o, &[0, 0]); // max, average bit rate: unknown
-                o.extend_from_slice(&[0x05, dsi]);
-                o.extend_from_slice(config);
-                o.extend_from_slice(&[0x06, 1, 2]);
-            });
+            esds(o, 0x40, Some(config));
         }),
+        Fmp4Track::Mp3 { mpeg1, sample_rate, channels } => mp4_box(o, b"mp4a", |o| {
+            audio_entry(o, *channels, *sample_rate);
+            esds(o, if *mpeg1 { 0x6b } else { 0x69 }, None);
+        }),
+        Fmp4Track::G711 { mu_law, sample_rate, channels } => {
+            mp4_box(o, if *mu_law { b"ulaw" } else { b"alaw" }, |o| audio_entry(o, *channels, *sample_rate))
+        }
     }
 }
 

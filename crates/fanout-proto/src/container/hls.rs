@@ -218,6 +218,11 @@ impl Segmenter {
                     }
                 }
                 TrackCodec::Opus { channels } => Input::Audio(next(), Fmp4Track::Opus { channels: *channels }),
+                // (Its rate comes with its first frame.)
+                TrackCodec::Mpa => Input::Audio(next(), Fmp4Track::Mp3 { mpeg1: true, sample_rate: 0, channels: 0 }),
+                TrackCodec::G711 { mu_law } => {
+                    Input::Audio(next(), Fmp4Track::G711 { mu_law: *mu_law, sample_rate: s.clock, channels: 1 })
+                }
                 video => Input::Video(next(), video.clone()),
             })
             .collect();
@@ -424,7 +429,7 @@ impl Segmenter {
     /// The file's tracks from the first keyframe's parameter sets and the audio configs.
     fn describe(&mut self, u: &Unit) -> bool {
         let mut tracks = Vec::new();
-        for input in &self.inputs {
+        for (stream, input) in self.inputs.iter().enumerate() {
             match input {
                 Input::Video(_, TrackCodec::Video { codec: crate::codec::annexb::Codec::H265, .. }) => {
                     let nals: Vec<&[u8]> = crate::codec::annexb::nal_units(&u.data).collect();
@@ -453,6 +458,17 @@ impl Segmenter {
                     let (Some(sps), Some(pps)) = (find(7), find(8)) else { return false };
                     let (width, height) = crate::codec::annexb::sps_dimensions(sps).unwrap_or((0, 0));
                     tracks.push(Fmp4Track::H264 { sps: sps.to_vec(), pps: pps.to_vec(), width, height });
+                }
+                Input::Audio(_, Fmp4Track::Mp3 { .. }) => {
+                    // Described by a frame of its own: this one, or one held from before the
+                    // keyframe; none yet, and the file waits for the next keyframe.
+                    let frame = if u.stream == stream {
+                        Some(&u.data)
+                    } else {
+                        self.early.iter().find(|e| e.stream == stream).map(|e| &e.data)
+                    };
+                    let Some(h) = frame.and_then(|f| crate::codec::mpa::frame_header(f)) else { return false };
+                    tracks.push(Fmp4Track::Mp3 { mpeg1: h.mpeg1, sample_rate: h.sample_rate, channels: h.channels });
                 }
                 Input::Audio(_, track) => tracks.push(track.clone()),
                 Input::Skip => {}

@@ -43,13 +43,23 @@ pub enum TrackCodec {
     Vp9,
     /// AV1 (the AOM RTP payload format): a temporal unit's OBUs, each with its size field.
     Av1,
+    /// MPEG audio, MP3 most often (RFC 2250 `MPA`): a frame a unit.
+    Mpa,
+    /// G.711 (PCMU, or PCMA when not `mu_law`): a packet a unit.
+    G711 { mu_law: bool },
 }
 
 impl TrackInfo {
     /// The track of an SDP media section, or why it cannot be repackaged as MPEG-TS.
     pub fn from_sdp(m: &Media) -> Result<Self, crate::Invalid> {
         let fmt = m.formats.first().map(String::as_str).unwrap_or("");
-        let Some((enc, clock)) = m.rtpmap(fmt) else {
+        // The static payload types that cameras send without an rtpmap.
+        let Some((enc, clock)) = m.rtpmap(fmt).or(match fmt {
+            "0" => Some(("PCMU", 8000)),
+            "8" => Some(("PCMA", 8000)),
+            "14" => Some(("MPA", 90_000)),
+            _ => None,
+        }) else {
             return Err(format!("{} track without an rtpmap (static payload type {fmt:?})", m.kind).into());
         };
         let fmtp = fmtp(m, fmt);
@@ -91,6 +101,9 @@ impl TrackInfo {
             "OPUS" => TrackCodec::Opus { channels: m.rtpmap(fmt).and_then(|_| rtpmap_channels(m, fmt)).unwrap_or(2) },
             "VP9" => TrackCodec::Vp9,
             "AV1" => TrackCodec::Av1,
+            "MPA" => TrackCodec::Mpa,
+            "PCMU" => TrackCodec::G711 { mu_law: true },
+            "PCMA" => TrackCodec::G711 { mu_law: false },
             other => return Err(format!("{} track in {other}, which HTTP players are not given", m.kind).into()),
         };
         Ok(Self { codec, clock: clock.max(1) })
@@ -102,7 +115,7 @@ impl TrackInfo {
             TrackCodec::Video { codec: Codec::H264, .. } => Some(StreamKind::H264),
             TrackCodec::Video { codec: Codec::H265, .. } => Some(StreamKind::H265),
             TrackCodec::Aac { .. } => Some(StreamKind::AacAdts),
-            TrackCodec::Opus { .. } | TrackCodec::Vp9 | TrackCodec::Av1 => None,
+            _ => None,
         }
     }
 
@@ -119,6 +132,9 @@ impl TrackInfo {
             TrackCodec::Opus { .. } => "Opus",
             TrackCodec::Vp9 => "VP9",
             TrackCodec::Av1 => "AV1",
+            TrackCodec::Mpa => "MP3",
+            TrackCodec::G711 { mu_law: true } => "G.711 PCMU",
+            TrackCodec::G711 { mu_law: false } => "G.711 PCMA",
         }
     }
 }
@@ -193,6 +209,7 @@ struct Track {
     // VP9: the picture's frames so far.
     frames: Vec<Vec<u8>>,
     av1: crate::codec::av1::Av1Depacketizer,
+    mpa: crate::codec::mpa::MpaDepacketizer,
 }
 
 /// Counts of what did not make it into the output.
@@ -251,6 +268,7 @@ impl Repackager {
                         frag: Vec::new(),
                         frames: Vec::new(),
                         av1: Default::default(),
+                        mpa: Default::default(),
                     }
                 })
             })
@@ -320,9 +338,23 @@ impl Repackager {
                 }
             }
             TrackCodec::Aac { .. } => self.push_aac(i, &v, time, out),
-            TrackCodec::Opus { .. } => {
+            TrackCodec::Opus { .. } | TrackCodec::G711 { .. } => {
                 let stream = t.stream;
                 self.audio(Unit { stream, time, key: false, data: v.payload().to_vec() }, out);
+            }
+            TrackCodec::Mpa => {
+                let mut frames = Vec::new();
+                if !t.mpa.push(v.payload(), &mut frames) {
+                    self.stats.bad += 1;
+                }
+                // Each frame at its own time: a packet's time is its first frame's.
+                let (stream, mut at) = (t.stream, time);
+                for data in frames {
+                    let step = crate::codec::mpa::frame_header(&data)
+                        .map_or(0, |h| i64::from(h.samples) * 90_000 / i64::from(h.sample_rate));
+                    self.audio(Unit { stream, time: at, key: false, data }, out);
+                    at += step;
+                }
             }
             TrackCodec::Vp9 | TrackCodec::Av1 => self.push_coded(i, &v, time, out),
         }
@@ -748,6 +780,36 @@ mod tests {
         assert!(bytes.is_empty());
     }
 
+    /// A camera's MP3 and G.711, on static payload types without an rtpmap: MP3 split into
+    /// its frames, each at its own time; G.711 a packet a unit.
+    #[test]
+    fn mp3_and_g711_come_out_frame_by_frame() {
+        let sdp = "v=0\r\ns=x\r\nt=0 0\r\n\
+            m=audio 0 RTP/AVP 14\r\nm=audio 0 RTP/AVP 0\r\nm=audio 0 RTP/AVP 8\r\n";
+        let tracks: Vec<TrackInfo> =
+            crate::rtsp::sdp::Sdp::parse(sdp).unwrap().media.iter().map(|m| TrackInfo::from_sdp(m).unwrap()).collect();
+        let codecs: Vec<_> = tracks.iter().map(|t| (t.codec.clone(), t.clock)).collect();
+        assert_eq!(
+            codecs,
+            [
+                (TrackCodec::Mpa, 90_000),
+                (TrackCodec::G711 { mu_law: true }, 8000),
+                (TrackCodec::G711 { mu_law: false }, 8000)
+            ]
+        );
+        let mut r = Repackager::new(tracks.into_iter().map(Some).collect());
+        let mut out = Vec::new();
+        // Two 128 kbit/s 44.1 kHz frames in one packet: 1152 samples (2351 at 90 kHz) apart.
+        let mut frame = vec![0xff, 0xfb, 0x90, 0x44];
+        frame.resize(417, 0);
+        r.push_rtp(0, &rtp(true, 1, 9000, &[&[0, 0, 0, 0][..], &frame, &frame].concat()), 0, &mut out);
+        r.push_rtp(1, &rtp(true, 1, 800, &[0xff; 160]), 0, &mut out);
+        assert_eq!(out.len(), 3);
+        assert_eq!(out[1].time - out[0].time, 2351);
+        assert!(out[..2].iter().all(|u| u.data == frame));
+        assert_eq!(out[2].data, [0xff; 160]);
+    }
+
     /// A repackager and its MPEG-TS, for feeding packets.
     struct ToTs(Repackager, TsPackager, Vec<Unit>);
 
@@ -787,7 +849,13 @@ mod tests {
                 clock: 48_000
             }
         );
-        assert!(t[2].as_ref().unwrap_err().0.contains("PCMU"), "{:?}", t[2]);
+        // PCMU on its static payload type, for HLS and recordings (MPEG-TS leaves it out).
+        assert_eq!(t[2].as_ref().unwrap().codec, TrackCodec::G711 { mu_law: true });
+        assert_eq!(t[2].as_ref().unwrap().kind(), None);
+        let vp8 = "v=0\r\ns=x\r\nt=0 0\r\nm=video 0 RTP/AVP 96\r\na=rtpmap:96 VP8/90000\r\nm=audio 0 RTP/AVP 101\r\n";
+        let t: Vec<_> = crate::rtsp::sdp::Sdp::parse(vp8).unwrap().media.iter().map(TrackInfo::from_sdp).collect();
+        assert!(t[0].as_ref().unwrap_err().0.contains("VP8"), "{:?}", t[0]);
+        assert!(t[1].as_ref().unwrap_err().0.contains("rtpmap"), "{:?}", t[1]);
     }
 
     #[test]
@@ -827,7 +895,7 @@ mod tests {
             // One AAC frame per 40 ms of RTP time (48 kHz).
             let a = crate::codec::aac::rtp_payload(&[frame as u8; 200]).unwrap();
             r.push_rtp(1, &rtp(true, seq, 77 + frame * 1920, &a), now, &mut out);
-            r.push_rtp(2, &rtp(true, seq, 0, &[0; 160]), now, &mut out); // PCMU: left out
+            r.push_rtp(2, &rtp(true, seq, 0, &[0; 160]), now, &mut out); // PCMU: not in MPEG-TS
         }
         let pes = demux(&out);
         let video: Vec<&Pes> = pes.iter().filter(|p| p.stream_type == 0x1b).collect();
@@ -844,7 +912,7 @@ mod tests {
         assert_eq!((frames.len(), frames[0].au), (1, &[1u8; 200][..]));
         // Both started at the same arrival time: the audio of frame 1 is at the video's time.
         assert_eq!(audio[0].pts, video[0].pts);
-        assert_eq!(r.0.stats.dropped, 2, "frame 0's picture and audio");
+        assert_eq!(r.0.stats.dropped, 3, "frame 0's picture, AAC and G.711");
     }
 
     /// Three AAC frames in a packet before the first keyframe: the ones due from the
