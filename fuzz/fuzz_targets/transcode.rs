@@ -1,6 +1,6 @@
-//! A publisher's AAC as the transcoder takes it (`fanout_media::AacToOpus`): any
-//! AudioSpecificConfig (from its SDP or FLV) and any access units (from its RTP) are
-//! refused or transcoded without a panic, and Opus packet times never run back.
+//! A publisher's audio as the transcoders take it: any AAC AudioSpecificConfig (from its SDP
+//! or FLV) and access units (from its RTP) through `AacToOpus`, any Opus packets through
+//! `OpusToAac`: refused or transcoded without a panic, and the times made never run back.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 
@@ -11,6 +11,17 @@ fuzz_target!(
         std::panic::set_hook(Box::new(|_| {}));
     },
     |data: &[u8]| {
+    // A first byte of 0xff: Opus packets (a WHIP publisher's) through `OpusToAac`, whose
+    // AAC units' times never run back either.
+    if let Some((0xff, rest)) = data.split_first() {
+        let Ok(mut t) = fanout_media::OpusToAac::new(2) else { return };
+        let mut out = Vec::new();
+        for (k, packet) in rest.split(|b| *b == 0xa5).take(64).enumerate() {
+            t.push(packet, k as i64 * 960, &mut out);
+        }
+        assert!(out.windows(2).all(|w| w[1].1 > w[0].1), "AAC unit times ran back");
+        return;
+    }
     let (config, rest) = data.split_at(data.len().min(2));
     let Ok(mut t) = fanout_media::AacToOpus::new(config) else { return };
     let mut out = Vec::new();

@@ -32,8 +32,9 @@ pub struct Path {
     tasks: Vec<AbortHandle>,
     /// The repackaging for HTTP players, while any play.
     repack: Mutex<Option<Arc<Repack>>>,
-    /// Its AAC as Opus, while WebRTC viewers need it.
-    opus: Mutex<Option<Arc<crate::transcode::Transcode>>>,
+    /// Its AAC as Opus while WebRTC viewers need it, its Opus as AAC while its repackaging
+    /// does: by [`crate::transcode::To`].
+    transcodes: Mutex<[Option<Arc<crate::transcode::Transcode>>; 2]>,
     /// SRTP toward RTSPS clients: each track's key epochs.
     pub srtp: SrtpOut,
     /// Who reads it, on every face.
@@ -128,7 +129,7 @@ impl Path {
             feeder,
             tasks,
             repack: Mutex::new(None),
-            opus: Mutex::new(None),
+            transcodes: Mutex::new([None, None]),
             srtp: SrtpOut::default(),
             forwards: Vec::new(),
         }
@@ -220,22 +221,24 @@ impl Path {
         Ok(r)
     }
 
-    /// Its AAC as Opus, while that runs.
-    pub fn opus_running(&self) -> Option<Arc<crate::transcode::Transcode>> {
-        self.opus.lock().as_ref().filter(|t| t.is_running()).cloned()
+    /// Its transcoders that run.
+    pub fn transcodes_running(&self) -> Vec<Arc<crate::transcode::Transcode>> {
+        self.transcodes.lock().iter().flatten().filter(|t| t.is_running()).cloned().collect()
     }
 
-    /// Its AAC as Opus (the running transcoder, or the one `start` makes now, under the lock).
-    pub fn keep_opus(
+    /// Its transcoder to `to` (the running one, or the one `start` makes now, under the lock).
+    pub fn keep_transcode(
         &self,
+        to: crate::transcode::To,
         start: impl FnOnce() -> Result<Arc<crate::transcode::Transcode>, String>,
     ) -> Result<Arc<crate::transcode::Transcode>, String> {
-        let mut kept = self.opus.lock();
-        if let Some(running) = kept.as_ref().filter(|k| k.is_running()) {
+        let mut kept = self.transcodes.lock();
+        let slot = &mut kept[to as usize];
+        if let Some(running) = slot.as_ref().filter(|k| k.is_running()) {
             return Ok(running.clone());
         }
         let t = start()?;
-        *kept = Some(t.clone());
+        *slot = Some(t.clone());
         Ok(t)
     }
 
@@ -263,8 +266,8 @@ impl Path {
         self.readers.close_all("the path went");
         self.reader_hooks();
         self.srtp.stop_all();
-        let opus = self.opus.lock().take();
-        if let Some(t) = opus {
+        let transcodes = std::mem::take(&mut *self.transcodes.lock());
+        for t in transcodes.into_iter().flatten() {
             t.stop();
             let s = t.track.session.clone();
             let _ = tokio::task::spawn_blocking(move || s.close()).await;

@@ -206,10 +206,17 @@ pub struct Recording {
 impl Recording {
     /// Starts recording `path`'s `streams` as `to` says; `None` where its format carries
     /// none of them. Its `on_complete` command runs on the runtime this is called on.
-    pub fn start(to: RecordTo, path: &str, streams: &[TrackInfo]) -> Option<Self> {
+    /// `derived`: a stream the relay made from another, which fMP4 files leave out.
+    pub fn start(to: RecordTo, path: &str, streams: &[TrackInfo], derived: Option<usize>) -> Option<Self> {
         let (fragment_ms, segment_s) = (to.spec.fragment_ms, to.spec.segment_s);
         let rec = match to.spec.format {
-            Format::Fmp4 => Rec::Fmp4(Box::new(Recorder::new(streams, fragment_ms, segment_s)?)),
+            Format::Fmp4 => {
+                let mut r = Recorder::new(streams, fragment_ms, segment_s)?;
+                if let Some(i) = derived {
+                    r.leave_out(i);
+                }
+                Rec::Fmp4(Box::new(r))
+            }
             Format::MpegTs => Rec::Ts(Box::new(TsRecorder::new(streams, fragment_ms, segment_s)?)),
         };
         let (tx, rx) = std::sync::mpsc::channel();

@@ -26,6 +26,9 @@ pub struct Input {
     pub info: Option<TrackInfo>,
     /// The source's wall clock for this track, when known (see `TrackRef::clock_map`).
     pub clock_map: Option<(u64, u32)>,
+    /// Made by the relay from another track for the players that cannot take that one
+    /// (a publisher's Opus as AAC): fMP4, which carries the original, leaves it out.
+    pub derived: bool,
 }
 
 /// The HLS side: the segmenter, and a signal for clients waiting on a segment or part.
@@ -143,7 +146,12 @@ impl crate::readers::Reader for HlsReader {
 /// The FLV side, for RTMP players: the decoder configurations every player gets first, and
 /// the tags as they are made (a player that falls behind the channel resumes at a keyframe).
 pub struct Flv {
-    pub config: Vec<(bool, Vec<u8>)>,
+    /// Set from the description, or (video whose description has no parameter sets, a WHIP
+    /// publisher's) from the first keyframe's in-band ones, before any tag is sent.
+    config: std::sync::OnceLock<Vec<(bool, Vec<u8>)>>,
+    /// Whether it carries video, and audio.
+    pub video: bool,
+    pub audio: bool,
     pub tags: tokio::sync::broadcast::Sender<FlvTag>,
 }
 
@@ -172,8 +180,7 @@ pub enum Passed<'a> {
 
 impl TagGate {
     pub fn new(flv: &Flv) -> Self {
-        let video = flv.config.iter().any(|(v, _)| *v);
-        Self { video, at_key: video, configured: [false; 2] }
+        Self { video: flv.video, at_key: flv.video, configured: [false; 2] }
     }
 
     pub fn pass<'a>(
@@ -248,24 +255,55 @@ impl FlvTag {
 const FLV_BACKLOG: usize = 1024;
 
 impl Flv {
-    /// The FLV of those of `streams` FLV carries (H.264, H.265, AAC), if there are any and
-    /// the video's parameter sets are known.
+    /// An FLV with these decoder configurations (video's `true`).
+    pub fn new(config: Vec<(bool, Vec<u8>)>, backlog: usize) -> Self {
+        let (video, audio) = (config.iter().any(|c| c.0), config.iter().any(|c| !c.0));
+        Self { config: config.into(), video, audio, tags: tokio::sync::broadcast::channel(backlog).0 }
+    }
+
+    /// The FLV of those of `streams` FLV carries (H.264, H.265, AAC), if there are any.
     fn of(streams: &[TrackInfo]) -> Option<Self> {
+        let carried: Vec<&TrackInfo> = streams.iter().filter(|s| s.kind().is_some()).collect();
+        if carried.is_empty() {
+            return None;
+        }
+        match Self::configs(&carried, &[]) {
+            Some(config) => Some(Self::new(config, FLV_BACKLOG)),
+            None => Some(Self {
+                config: std::sync::OnceLock::new(),
+                video: carried.iter().any(|s| s.is_video()),
+                audio: carried.iter().any(|s| !s.is_video()),
+                tags: tokio::sync::broadcast::channel(FLV_BACKLOG).0,
+            }),
+        }
+    }
+
+    /// The decoder configurations of `carried`, the video's parameter sets from the
+    /// description or else `keyframe` (Annex B); `None` while they are unknown.
+    fn configs(carried: &[&TrackInfo], keyframe: &[u8]) -> Option<Vec<(bool, Vec<u8>)>> {
         use fanout_proto::container::{flv, repack::TrackCodec};
-        let config: Option<Vec<(bool, Vec<u8>)>> = streams
+        carried
             .iter()
-            .filter(|s| s.kind().is_some())
             .map(|s| match &s.codec {
-                TrackCodec::Video { params, .. } if params.is_empty() => None,
+                TrackCodec::Video { codec, params } if params.is_empty() => {
+                    let sets: Vec<&[u8]> = fanout_proto::codec::annexb::nal_units(keyframe)
+                        .filter(|n| fanout_proto::codec::annexb::is_parameter_set(*codec, n))
+                        .collect();
+                    (!sets.is_empty()).then(|| (true, flv::video_config(*codec, &sets)))
+                }
                 TrackCodec::Video { codec, params } => {
                     let sets: Vec<&[u8]> = params.iter().map(Vec::as_slice).collect();
                     Some((true, flv::video_config(*codec, &sets)))
                 }
                 TrackCodec::Aac { config, .. } => Some((false, flv::aac_config(config))),
-                _ => unreachable!("filtered to what FLV carries"),
+                _ => None,
             })
-            .collect();
-        Some(Self { config: config.filter(|c| !c.is_empty())?, tags: tokio::sync::broadcast::channel(FLV_BACKLOG).0 })
+            .collect()
+    }
+
+    /// Its decoder configurations (none while they are not known: no tag has gone out).
+    pub fn config(&self) -> &[(bool, Vec<u8>)] {
+        self.config.get().map_or(&[], Vec::as_slice)
     }
 }
 
@@ -306,6 +344,7 @@ impl Repack {
         on_stop: impl FnOnce() + Send + 'static,
     ) -> std::io::Result<Arc<Self>> {
         let repack = Repackager::new(inputs.iter().map(|i| i.info.clone()).collect());
+        let derived = inputs.iter().filter(|i| i.info.is_some()).position(|i| i.derived);
         // (HTTP TS only where MPEG-TS carries a track: VP9, AV1 and Opus alone go to HLS.)
         let ts = if with_ts && repack.streams().iter().any(|s| s.kind().is_some()) {
             let mut cfg = template.clone();
@@ -325,7 +364,10 @@ impl Repack {
         let first = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_millis() as u64 / 500);
-        let hls = Segmenter::of(hls_variant, repack.streams(), HLS_TARGET_MS, HLS_PART_MS, first).map(|seg| {
+        let hls = Segmenter::of(hls_variant, repack.streams(), HLS_TARGET_MS, HLS_PART_MS, first).map(|mut seg| {
+            if let Some(i) = derived.filter(|_| hls_variant != fanout_proto::container::hls::Variant::MpegTs) {
+                seg.leave_out(i);
+            }
             let start = seg.progress();
             Arc::new(Hls {
                 seg: Mutex::new(seg),
@@ -338,10 +380,14 @@ impl Repack {
                 kicked: Default::default(),
             })
         });
-        let describes = describe(repack.streams());
+        // (What the source carries: a track made from another is not the source's.)
+        let source: Vec<TrackInfo> =
+            repack.streams().iter().enumerate().filter(|(i, _)| Some(*i) != derived).map(|(_, s)| s.clone()).collect();
+        let describes = describe(&source);
         let ts_session = ts.as_ref().map(|i| i.session().clone());
         let flv = Flv::of(repack.streams()).map(Arc::new);
-        let record = record.and_then(|to| crate::record::Recording::start(to, name, repack.streams())).map(Arc::new);
+        let record =
+            record.and_then(|to| crate::record::Recording::start(to, name, repack.streams(), derived)).map(Arc::new);
         let flv_times = repack.streams().iter().map(|_| fanout_proto::codec::dts::DecodingTimes::default()).collect();
         let out = Outputs {
             ts,
@@ -425,6 +471,14 @@ impl Outputs {
     fn flv(&mut self, u: &Unit, codecs: &[TrackInfo]) {
         use fanout_proto::container::{flv, repack::TrackCodec};
         let Some(f) = self.flv.as_ref().filter(|f| f.tags.receiver_count() > 0) else { return };
+        if f.config.get().is_none() {
+            // Nothing goes out before the first keyframe brings the parameter sets.
+            let carried: Vec<&TrackInfo> = codecs.iter().filter(|s| s.kind().is_some()).collect();
+            match Flv::configs(&carried, &u.data).filter(|_| u.key) {
+                Some(config) => drop(f.config.set(config)),
+                None => return,
+            }
+        }
         match &codecs[u.stream].codec {
             TrackCodec::Video { codec, .. } => {
                 let codec = *codec;
@@ -555,23 +609,22 @@ mod tests {
     fn a_reader_starts_at_a_keyframe_with_each_configuration_before_its_kind() {
         use super::{FlvTag, Passed, TagGate};
         use tokio::sync::broadcast::error::RecvError;
-        let flv =
-            super::Flv { config: vec![(true, vec![1]), (false, vec![2])], tags: tokio::sync::broadcast::channel(1).0 };
+        let flv = super::Flv::new(vec![(true, vec![1]), (false, vec![2])], 1);
         let tag = |video, key| Ok(FlvTag::new(video, key, 40, std::sync::Arc::new(vec![0])));
         let mut g = TagGate::new(&flv);
         let owed = |p: Passed<'_>| match p {
             Passed::Tag(owed, _) => Some(owed.into_iter().map(<[u8]>::to_vec).collect::<Vec<_>>()),
             _ => None,
         };
-        assert_eq!(owed(g.pass(tag(false, false), &flv.config)), None, "audio before the first keyframe waits");
-        assert_eq!(owed(g.pass(tag(true, false), &flv.config)), None);
-        assert_eq!(owed(g.pass(tag(true, true), &flv.config)), Some(vec![vec![1]]));
-        assert_eq!(owed(g.pass(tag(true, false), &flv.config)), Some(vec![]));
-        assert_eq!(owed(g.pass(tag(false, false), &flv.config)), Some(vec![vec![2]]));
-        assert!(matches!(g.pass(Err(RecvError::Lagged(3)), &flv.config), Passed::Lagged(3)));
-        assert_eq!(owed(g.pass(tag(false, false), &flv.config)), None, "after a lag: the next keyframe");
-        assert_eq!(owed(g.pass(tag(true, true), &flv.config)), Some(vec![]));
-        assert!(matches!(g.pass(Err(RecvError::Closed), &flv.config), Passed::Closed));
+        assert_eq!(owed(g.pass(tag(false, false), flv.config())), None, "audio before the first keyframe waits");
+        assert_eq!(owed(g.pass(tag(true, false), flv.config())), None);
+        assert_eq!(owed(g.pass(tag(true, true), flv.config())), Some(vec![vec![1]]));
+        assert_eq!(owed(g.pass(tag(true, false), flv.config())), Some(vec![]));
+        assert_eq!(owed(g.pass(tag(false, false), flv.config())), Some(vec![vec![2]]));
+        assert!(matches!(g.pass(Err(RecvError::Lagged(3)), flv.config()), Passed::Lagged(3)));
+        assert_eq!(owed(g.pass(tag(false, false), flv.config())), None, "after a lag: the next keyframe");
+        assert_eq!(owed(g.pass(tag(true, true), flv.config())), Some(vec![]));
+        assert!(matches!(g.pass(Err(RecvError::Closed), flv.config()), Passed::Closed));
     }
 
     use fanout_proto::container::repack::TrackInfo;
@@ -590,6 +643,32 @@ mod tests {
         );
         let framed = players[3].file_bytes().as_ptr();
         assert!(players.iter().all(|p| std::ptr::eq(p.file_bytes().as_ptr(), framed)));
+    }
+
+    /// A WHIP publisher's H.264 has no parameter sets in its description: the FLV knows it
+    /// carries video and audio at once, and its configurations come with the first keyframe
+    /// that brings them in band.
+    #[test]
+    fn flv_configures_from_the_first_keyframe_when_the_description_has_no_parameter_sets() {
+        use fanout_proto::codec::annexb::Codec;
+        use fanout_proto::container::repack::TrackCodec;
+        let streams = [
+            TrackInfo { codec: TrackCodec::Video { codec: Codec::H264, params: vec![] }, clock: 90_000 },
+            TrackInfo { codec: TrackCodec::Opus { channels: 2 }, clock: 48_000 },
+            TrackInfo {
+                codec: TrackCodec::Aac { config: vec![0x11, 0x90], size_bits: 13, index_bits: 3, delta_bits: 3 },
+                clock: 48_000,
+            },
+        ];
+        let flv = super::Flv::of(&streams).unwrap();
+        assert!(flv.video && flv.audio && flv.config().is_empty());
+        let carried: Vec<&TrackInfo> = streams.iter().filter(|s| s.kind().is_some()).collect();
+        assert_eq!(super::Flv::configs(&carried, &[0, 0, 0, 1, 0x65, 0x88]), None, "a keyframe without them");
+        let key = [&[0, 0, 0, 1, 0x67, 0x64, 0, 0x1f, 0xac][..], &[0, 0, 0, 1, 0x68, 0xeb], &[0, 0, 0, 1, 0x65, 0x88]]
+            .concat();
+        let config = super::Flv::configs(&carried, &key).unwrap();
+        assert_eq!(config.len(), 2);
+        assert!(config[0].0 && !config[1].0, "video, then the AAC; Opus is not in FLV");
     }
 
     #[test]

@@ -498,7 +498,7 @@ impl Conn<'_> {
     ) -> Result<(), Ended> {
         use crate::repack::Passed;
         let Some(p) = self.playing.as_mut() else { return Ok(()) };
-        let config = p.repack.flv.as_ref().map_or(&[][..], |f| &f.config[..]);
+        let config = p.repack.flv.as_ref().map_or(&[][..], |f| f.config());
         let tag = match p.gate.pass(tag, config) {
             Passed::Tag(owed, tag) => {
                 for body in owed {

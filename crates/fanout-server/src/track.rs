@@ -25,6 +25,8 @@ pub enum Inner {
     Ts,
     /// The path's AAC as Opus, for WebRTC viewers: `{path}/opus`.
     Opus,
+    /// The path's Opus as AAC, for FLV, MPEG-TS and SRT players: `{path}/aac`.
+    Aac,
     /// An SRTP key epoch `n` of a track session (named after the track's session, not the
     /// path): `{track}/srtp-{n}`.
     SrtpEpoch(u32),
@@ -39,6 +41,7 @@ impl Inner {
             Inner::Encoding { track, k } => format!("{of}/{track}~{k}"),
             Inner::Ts => format!("{of}/ts"),
             Inner::Opus => format!("{of}/opus"),
+            Inner::Aac => format!("{of}/aac"),
             Inner::SrtpEpoch(n) => format!("{of}/srtp-{n}"),
         }
     }

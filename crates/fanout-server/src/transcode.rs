@@ -1,24 +1,66 @@
-//! A path's AAC as Opus, for WebRTC viewers (browsers take no AAC): one transcoder per path,
-//! started by the first viewer that needs it, stopped a linger after the last left. It reads
-//! the AAC track's ring as an in-process subscriber (as the repackaging does), and hands the
-//! Opus packets into a track session of its own (`{path}/opus`), which viewers subscribe to
-//! as to any track. Its RTP times are the AAC's on a 48 kHz clock, so the AAC's clock map
-//! (the source's sender reports) holds for it too and audio stays in step with the video.
+//! A path's audio in the codec other players need, one transcoder per path and direction:
+//! its AAC as Opus for WebRTC viewers (browsers take no AAC), started by the first viewer
+//! that needs it; its Opus as AAC for FLV, MPEG-TS and SRT players (which take no Opus),
+//! started with the path's repackaging. Each stops a linger after its last subscriber left.
+//! It reads the source track's ring as an in-process subscriber (as the repackaging does),
+//! and hands what it makes into a track session of its own (`{path}/opus`, `{path}/aac`),
+//! which readers subscribe to as to any track. Its RTP times are the source's on a 48 kHz
+//! clock, so the source's clock map (its sender reports) holds for it too and audio stays in
+//! step with the video.
 
 use crate::track::{Inner, TrackRef};
 use fanout_io::channel::ChannelQueue;
 use fanout_io::{Inlet, Session};
-use fanout_media::{AacToOpus, OPUS_CLOCK};
+use fanout_media::{AacToOpus, OpusToAac, OPUS_CLOCK};
 use fanout_proto::container::repack::{Repackager, TrackCodec, TrackInfo, Unit};
 use fanout_proto::rtsp::sdp::Media;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The Opus track's payload type, as its SDP says (viewers get their own).
-const PT: u8 = 111;
+/// What a transcoder makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum To {
+    /// Opus from AAC.
+    Opus,
+    /// AAC from Opus.
+    Aac,
+}
+
+impl To {
+    /// The payload type its track's SDP gives (viewers get their own).
+    fn pt(self) -> u8 {
+        match self {
+            To::Opus => 111,
+            To::Aac => 97,
+        }
+    }
+
+    pub fn names(self) -> (&'static str, &'static str) {
+        match self {
+            To::Opus => ("aac", "opus"),
+            To::Aac => ("opus", "aac"),
+        }
+    }
+}
+
+/// The codec work of one direction: units and their 48 kHz times in, payloads and theirs out.
+enum Coder {
+    ToOpus(AacToOpus),
+    ToAac(OpusToAac),
+}
+
+impl Coder {
+    fn push(&mut self, unit: &[u8], time: i64, out: &mut Vec<(Vec<u8>, i64)>) {
+        match self {
+            Coder::ToOpus(c) => c.push(unit, time, out),
+            Coder::ToAac(c) => c.push(unit, time, out),
+        }
+    }
+}
 
 /// A running transcoder: its track, and the SDP section that describes it.
 pub struct Transcode {
+    pub to: To,
     pub track: TrackRef,
     pub media: Media,
     task: tokio::task::AbortHandle,
@@ -29,41 +71,65 @@ impl Transcode {
         !self.task.is_finished()
     }
 
-    /// Starts transcoding track `aac` (its SDP section and its track) of path `name`, if it
-    /// is AAC that can be decoded; runs until nobody subscribed for `linger`.
+    /// Starts transcoding track `source` (its SDP section and its track) of path `name` to
+    /// `to`, if it is AAC (Opus) that can be decoded; runs until nobody subscribed for `linger`.
     pub fn start(
         name: &str,
         media: &Media,
-        aac: &TrackRef,
+        source: &TrackRef,
         engine: &fanout_io::Engine,
         linger: Duration,
+        to: To,
     ) -> Result<Arc<Self>, String> {
         let info = TrackInfo::from_sdp(media).map_err(|e| e.0)?;
-        let TrackCodec::Aac { config, .. } = &info.codec else { return Err("not AAC".into()) };
-        let coder = AacToOpus::new(config).map_err(|e| e.to_string())?;
-        let mut cfg = aac.session.config().clone();
-        cfg.name = Inner::Opus.name(name);
+        let pt = to.pt();
+        let (coder, sdp, channels) = match (&info.codec, to) {
+            (TrackCodec::Aac { config, .. }, To::Opus) => {
+                let coder = AacToOpus::new(config).map_err(|e| e.to_string())?;
+                let channels = coder.channels();
+                let sdp = format!(
+                    "m=audio 0 RTP/AVP {pt}\r\na=rtpmap:{pt} opus/48000/2\r\na=fmtp:{pt} minptime=10;useinbandfec=1{}\r\n",
+                    if channels == 2 { ";stereo=1" } else { "" }
+                );
+                (Coder::ToOpus(coder), sdp, channels)
+            }
+            (TrackCodec::Opus { channels }, To::Aac) => {
+                let coder = OpusToAac::new(usize::from(*channels)).map_err(|e| e.to_string())?;
+                let config: String = coder.config().iter().map(|b| format!("{b:02x}")).collect();
+                let channels = usize::from(*channels).clamp(1, 2);
+                let sdp = format!(
+                    "m=audio 0 RTP/AVP {pt}\r\na=rtpmap:{pt} MPEG4-GENERIC/48000/{channels}\r\n\
+                     a=fmtp:{pt} streamtype=5;profile-level-id=1;mode=AAC-hbr;sizelength=13;indexlength=3;\
+                     indexdeltalength=3;config={config}\r\n"
+                );
+                (Coder::ToAac(coder), sdp, channels)
+            }
+            (other, _) => return Err(format!("{other:?} is not what becomes {}", to.names().1)),
+        };
+        let mut cfg = source.session.config().clone();
+        cfg.name = match to {
+            To::Opus => Inner::Opus,
+            To::Aac => Inner::Aac,
+        }
+        .name(name);
         let session = Session::new(cfg, engine);
-        session.set_source_kind(format!("{name}'s AAC as Opus"));
+        let (from, into) = to.names();
+        session.set_source_kind(format!("{name}'s {from} as {into}"));
         let inlet = Inlet::open(&session).map_err(|e| e.to_string())?;
         let scale = |rtp: u32| (u64::from(rtp) * u64::from(OPUS_CLOCK) / u64::from(info.clock.max(1))) as u32;
         let track = TrackRef {
             session: session.clone(),
             clock: OPUS_CLOCK,
-            clock_map: aac.clock_map.map(|(ntp, rtp)| (ntp, scale(rtp))),
+            clock_map: source.clock_map.map(|(ntp, rtp)| (ntp, scale(rtp))),
         };
-        let sdp = format!(
-            "m=audio 0 RTP/AVP {PT}\r\na=rtpmap:{PT} opus/48000/2\r\na=fmtp:{PT} minptime=10;useinbandfec=1{}\r\n",
-            if coder.channels() == 2 { ";stereo=1" } else { "" }
-        );
         let media = fanout_proto::rtsp::sdp::Sdp::parse(&format!("v=0\r\ns=-\r\n{sdp}"))
             .map_err(|e| e.to_string())?
             .media
             .remove(0);
-        let channels = coder.channels();
-        let task = tokio::spawn(run(name.to_string(), aac.session.clone(), info, coder, inlet, linger)).abort_handle();
-        tracing::info!(path = name, channels, "AAC to Opus started");
-        Ok(Arc::new(Self { track, media, task }))
+        let task =
+            tokio::spawn(run(name.to_string(), source.session.clone(), info, coder, inlet, linger, to)).abort_handle();
+        tracing::info!(path = name, channels, "{from} to {into} started");
+        Ok(Arc::new(Self { to, track, media, task }))
     }
 
     pub fn stop(&self) {
@@ -72,14 +138,23 @@ impl Transcode {
 }
 
 /// Transcodes until the Opus track had no subscriber for `linger`; closes it then.
-async fn run(name: String, aac: Session, info: TrackInfo, mut coder: AacToOpus, mut inlet: Inlet, linger: Duration) {
+async fn run(
+    name: String,
+    source: Session,
+    info: TrackInfo,
+    mut coder: Coder,
+    mut inlet: Inlet,
+    linger: Duration,
+    to: To,
+) {
+    let (from, into) = to.names();
     let wake = Arc::new(tokio::sync::Notify::new());
     let w = wake.clone();
-    let queue = ChannelQueue::new(aac.config().ring_capacity / 2, move || w.notify_one());
-    let sink = match aac.add_local_sink("transcoding", queue.clone()) {
+    let queue = ChannelQueue::new(source.config().ring_capacity / 2, move || w.notify_one());
+    let sink = match source.add_local_sink("transcoding", queue.clone()) {
         Ok(sink) => sink,
         Err(e) => {
-            tracing::warn!(path = name, "AAC to Opus not started: {e}");
+            tracing::warn!(path = name, "{from} to {into} not started: {e}");
             return close(inlet).await;
         }
     };
@@ -109,11 +184,18 @@ async fn run(name: String, aac: Session, info: TrackInfo, mut coder: AacToOpus, 
                 for u in units.drain(..) {
                     coder.push(&u.data, r0 + (u.time - t0) * i64::from(OPUS_CLOCK) / 90_000, &mut packets);
                 }
-                for (opus, time) in packets.drain(..) {
+                for (made, time) in packets.drain(..) {
                     rtp.clear();
                     rtp.resize(12, 0);
-                    fanout_proto::rtp::write_header(&mut rtp, false, PT, seq, time as u32, ssrc);
-                    rtp.extend_from_slice(&opus);
+                    fanout_proto::rtp::write_header(&mut rtp, to == To::Aac, to.pt(), seq, time as u32, ssrc);
+                    match to {
+                        To::Opus => rtp.extend_from_slice(&made),
+                        // RFC 3640, one access unit a packet (an AU header of 13 + 3 bits).
+                        To::Aac => match fanout_proto::codec::aac::rtp_payload(&made) {
+                            Some(p) => rtp.extend_from_slice(&p),
+                            None => continue,
+                        },
+                    }
                     seq = seq.wrapping_add(1);
                     inlet.hold(&rtp);
                 }
@@ -128,12 +210,12 @@ async fn run(name: String, aac: Session, info: TrackInfo, mut coder: AacToOpus, 
             }
         }
     }
-    aac.remove_sink(sink);
-    tracing::info!(path = name, "AAC to Opus stopped: no viewer for {linger:?}");
+    source.remove_sink(sink);
+    tracing::info!(path = name, "{from} to {into} stopped: no reader for {linger:?}");
     close(inlet).await;
 }
 
-/// Closes the Opus track (joins threads: off the runtime).
+/// Closes the track it made (joins threads: off the runtime).
 async fn close(inlet: Inlet) {
     let session = inlet.session().clone();
     drop(inlet);

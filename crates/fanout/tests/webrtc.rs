@@ -209,9 +209,10 @@ fn whep_takes_the_token_and_refuses_with_reasons() {
 /// the codec (`arguments[1]`, a MIME type) or the browser's choice; `window.whip` tells how
 /// it goes. With `arguments[2]` (simulcast encodings, as `sendEncodings`), a 640×360 canvas
 /// whose squares change colour, eight a picture (costly enough for an encoder's maximum
-/// rate, not so costly that it drops pictures).
+/// rate, not so costly that it drops pictures). With `arguments[3]`, a 440 Hz tone as its
+/// audio (Opus).
 const WHIP: &str = r#"
-const url = arguments[0], codec = arguments[1], encodings = arguments[2];
+const url = arguments[0], codec = arguments[1], encodings = arguments[2], tone = arguments[3];
 window.whip = { state: 'starting' };
 (async () => {
   try {
@@ -232,6 +233,11 @@ window.whip = { state: 'starting' };
     window.pc = pc;
     const t = pc.addTransceiver(stream.getVideoTracks()[0],
                                 { direction: 'sendonly', streams: [stream], ...(encodings ? { sendEncodings: encodings } : {}) });
+    if (tone) {
+      const ac = new AudioContext(), osc = ac.createOscillator(), dest = ac.createMediaStreamDestination();
+      osc.frequency.value = 440; osc.connect(dest); osc.start();
+      pc.addTransceiver(dest.stream.getAudioTracks()[0], { direction: 'sendonly', streams: [stream] });
+    }
     if (codec) {
       const caps = (RTCRtpSender.getCapabilities('video') || RTCRtpReceiver.getCapabilities('video')).codecs;
       t.setCodecPreferences(caps.filter(c => c.mimeType === codec));
@@ -272,7 +278,9 @@ fn whip_publishes(relay: &Relay, d: &Driver, args: Value, what: &str) {
 
 /// Chromium publishes over WHIP into a `publish` path: the path's publisher says `webrtc`,
 /// ffmpeg decodes it over RTSP and HTTP TS without an error (the relay asks the browser for
-/// a keyframe every 2 s, so a player joining late starts at once), a second WHIP publisher is
+/// a keyframe every 2 s, so a player joining late starts at once); its Opus tone reaches
+/// RTMP, HTTP TS and MPEG-TS HLS players as AAC, made once for them all, which ffmpeg decodes
+/// to a 440 Hz tone; a second WHIP publisher is
 /// refused (409), a WHEP viewer in the same page plays it, and DELETE of the resource ends
 /// the publishing and, past the grace, the viewer.
 #[test]
@@ -280,12 +288,13 @@ fn chromium_publishes_over_whip_and_ffmpeg_plays_it() {
     if !have_chromium() || !have_ffmpeg() {
         return;
     }
-    let config = "publisher_grace_s = 1\n[[session]]\nname = \"cam\"\nsource = { publish = true }\n";
+    let config =
+        "publisher_grace_s = 1\n[[session]]\nname = \"cam\"\nsource = { publish = true }\nhls_variant = \"mpegts\"\n";
     let relay = Relay::with_config(config, &["--no-demo"]);
     let whip = relay.url("/cam/whip");
     let d = Driver::start();
     d.post("url", json!({ "url": page_elsewhere() }));
-    whip_publishes(&relay, &d, json!([whip]), "H264");
+    whip_publishes(&relay, &d, json!([whip, null, null, true]), "H264");
     let publisher = || relay.ok("GET", "/v1/sessions/cam", None)["publisher"].clone();
     let status = relay.ok("GET", "/v1/sessions/cam", None);
     assert_eq!(status["webrtc"][0]["role"], "publisher", "{status}");
@@ -296,6 +305,16 @@ fn chromium_publishes_over_whip_and_ffmpeg_plays_it() {
     assert!(ok && decoded_frames(&log) >= 60, "{log}");
     let (ok, log) = ffmpeg_decode(&relay.url("/v1/sessions/cam/stream"), &[], 4);
     assert!(ok && decoded_frames(&log) >= 60, "{log}");
+    // The Opus as AAC, for the players that take no Opus: one transcoder for them all.
+    let rtmp = format!("rtmp://{}/cam", relay.ok("GET", "/v1/engine", None)["rtmp"].as_str().unwrap());
+    for url in [rtmp, relay.url("/v1/sessions/cam/stream"), relay.url("/v1/sessions/cam/hls/index.m3u8")] {
+        let (codec, hz) = tone_of(&url);
+        assert_eq!(codec, "aac", "{url}: {}\n{}", relay.ok("GET", "/v1/sessions/cam", None), relay.stderr());
+        assert!((hz - 440.0).abs() < 15.0, "{url}: the tone is at {hz} Hz");
+    }
+    let status = relay.ok("GET", "/v1/sessions/cam", None);
+    let made = status["transcoding"].as_array().unwrap();
+    assert!(made.len() == 1 && made[0]["from"] == "opus" && made[0]["to"] == "aac", "{status}");
     // A second publisher is refused while the first publishes.
     let offer = "v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\n";
     let second = ureq::post(&whip).set("Content-Type", "application/sdp").send_string(offer);
@@ -311,6 +330,27 @@ fn chromium_publishes_over_whip_and_ffmpeg_plays_it() {
     assert!(wait_for(Duration::from_secs(5), || publisher()["state"] == "waiting"), "{}", publisher());
     let viewers = || relay.ok("GET", "/v1/sessions/cam", None)["webrtc"].as_array().map_or(0, Vec::len);
     assert!(wait_for(Duration::from_secs(10), || viewers() == 0), "{}", relay.ok("GET", "/v1/sessions/cam", None));
+}
+
+/// The audio codec of what ffmpeg reads at `url`, and the frequency of its strongest tone over
+/// a second of it, from the zero crossings of the decoded samples.
+fn tone_of(url: &str) -> (String, f64) {
+    let out = std::process::Command::new("timeout")
+        .args(["30", "ffprobe", "-v", "error", "-select_streams", "a", "-show_entries", "stream=codec_name"])
+        .args(["-of", "csv=p=0", url])
+        .output()
+        .unwrap();
+    let codec = String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or("").to_string();
+    let out = std::process::Command::new("timeout")
+        .args(["30", "ffmpeg", "-nostdin", "-loglevel", "error", "-i", url, "-map", "0:a", "-t", "2"])
+        .args(["-ac", "1", "-ar", "48000", "-f", "s16le", "-"])
+        .output()
+        .unwrap();
+    let samples: Vec<i16> = out.stdout.chunks_exact(2).map(|b| i16::from_le_bytes([b[0], b[1]])).collect();
+    // The last second (the decoder's start left behind).
+    let last = &samples[samples.len().saturating_sub(48_000)..];
+    let crossings = last.windows(2).filter(|w| (w[0] < 0) != (w[1] < 0)).count();
+    (codec, crossings as f64 / 2.0 * 48_000.0 / last.len().max(1) as f64)
 }
 
 /// A browser that publishes VP8, VP9 or AV1 over WHIP (its offer has no H.264): the path

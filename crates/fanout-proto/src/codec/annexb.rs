@@ -10,6 +10,16 @@ pub enum Codec {
     H265,
 }
 
+/// Whether a NAL unit (without its start code) is a parameter set: H.264's SPS or PPS,
+/// HEVC's VPS, SPS or PPS.
+pub fn is_parameter_set(codec: Codec, nal: &[u8]) -> bool {
+    let Some(&b) = nal.first() else { return false };
+    match codec {
+        Codec::H264 => matches!(b & 0x1f, 7 | 8),
+        Codec::H265 => matches!((b >> 1) & 0x3f, 32..=34),
+    }
+}
+
 /// NAL units of an Annex B byte stream (start codes and trailing zero bytes removed).
 /// Whether RTP payloads that begin with these bytes can be H.264 (RFC 6184, SVC's RFC 6190):
 /// each a NAL unit header with the forbidden bit clear and a type that is not reserved (1–15,

@@ -142,7 +142,7 @@ mod tests {
         assert!(d.push(&[&[0, 0, 0, 0][..], &a[..300]].concat(), &mut out));
         assert!(out.is_empty());
         assert!(d.push(&[&[0, 0, 0x01, 0x2c][..], &a[300..]].concat(), &mut out));
-        assert_eq!(out, [a.clone()]);
+        assert_eq!(out, std::slice::from_ref(&a));
         // A fragment whose start was lost is dropped.
         out.clear();
         assert!(!d.push(&[&[0, 0, 0x01, 0x2c][..], &a[300..]].concat(), &mut out));

@@ -195,6 +195,26 @@ impl Segmenter {
         }
     }
 
+    /// Leaves stream `stream` out of the segments (a track the relay made for players that
+    /// cannot take another, which fMP4 carries as it came); before any unit is pushed.
+    pub fn leave_out(&mut self, stream: usize) {
+        if let Some(input) = self.inputs.get_mut(stream) {
+            *input = Input::Skip;
+        }
+        let mut n = 0;
+        for input in &mut self.inputs {
+            match input {
+                Input::Video(t, _) | Input::Audio(t, _) => {
+                    *t = n;
+                    n += 1;
+                }
+                Input::Skip => {}
+            }
+        }
+        self.pending.truncate(n);
+        self.has_video = self.inputs.iter().any(|i| matches!(i, Input::Video(..)));
+    }
+
     /// As [`Segmenter::new`], each segment made of parts of at most `part_ms` (0: whole
     /// segments only); a part ends early at a segment's keyframe.
     pub fn with_parts(streams: &[TrackInfo], target_ms: u32, part_ms: u32, first: u64) -> Option<Self> {
@@ -756,6 +776,25 @@ pub(crate) mod tests {
                 clock: 48_000,
             },
         ]
+    }
+
+    /// A stream left out (the relay's AAC made from a publisher's Opus, which fMP4 carries
+    /// as it came): its units are not taken, the file has the others' tracks alone, and the
+    /// tracks after it keep their samples.
+    #[test]
+    fn a_stream_left_out_is_not_in_the_file() {
+        let mut streams = streams();
+        streams.insert(1, TrackInfo { codec: TrackCodec::Opus { channels: 2 }, clock: 48_000 });
+        let mut s = Segmenter::new(&streams, 1000, 1).unwrap();
+        s.leave_out(2);
+        for u in demo_units().into_iter().take(200) {
+            // The AAC becomes stream 2; Opus packets of 20 ms (config 31) are stream 1.
+            let time = u.time;
+            s.push(&Unit { stream: if u.stream == 1 { 2 } else { 0 }, ..u });
+            s.push(&Unit { stream: 1, time, key: false, data: vec![0xfc, 0xff, 0xfe] });
+        }
+        assert_eq!(s.codecs().as_deref(), Some("avc1.640015,opus"));
+        assert!(s.progress().last >= 1);
     }
 
     /// The demo clip's H.264 and AAC, taken out of its TS, as units at their own times.

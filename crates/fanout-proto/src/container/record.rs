@@ -64,6 +64,8 @@ pub struct Recorder {
     fragment_ms: u32,
     file_us: i64,
     seg: Segmenter,
+    /// A stream left out of the files.
+    left_out: Option<usize>,
     /// The newest fragment handed out.
     taken: u64,
     /// A 90 kHz time of this run and the wall clock's µs at it.
@@ -86,12 +88,19 @@ impl Recorder {
             fragment_ms,
             file_us: i64::from(file_s.max(1)) * 1_000_000,
             seg: Segmenter::new(streams, fragment_ms, 1)?,
+            left_out: None,
             taken: 0,
             anchor: None,
             file_start: None,
             scales: None,
             retimer: Retimer::default(),
         })
+    }
+
+    /// Leaves stream `stream` out of the files (see [`Segmenter::leave_out`]).
+    pub fn leave_out(&mut self, stream: usize) {
+        self.left_out = Some(stream);
+        self.seg.leave_out(stream);
     }
 
     /// Takes a unit that arrived at `now_us` (wall clock); what to write goes to `out`.
@@ -112,6 +121,9 @@ impl Recorder {
         }
         if let Some(seg) = Segmenter::new(&self.streams, self.fragment_ms, 1) {
             self.seg = seg;
+            if let Some(i) = self.left_out {
+                self.seg.leave_out(i);
+            }
         }
         self.taken = 0;
         self.anchor = None;

@@ -56,11 +56,17 @@ pub(super) fn session_json(relay: &Relay, s: &fanout_io::Session) -> serde_json:
     if let Some(p) = path.publisher() {
         v["publisher"] = json!(p.status());
     }
-    // Its AAC as Opus, while WebRTC viewers need it.
-    if let Some(t) = path.opus_running() {
-        let st = t.track.session.status();
-        v["transcoding"] = json!([{ "from": "aac", "to": "opus", "session": t.track.session.name(),
-                                     "subscribers": st.sinks, "packets": st.source.packets }]);
+    // Its AAC as Opus while WebRTC viewers need it, its Opus as AAC while its repackaging does.
+    let transcodes = path.transcodes_running();
+    if !transcodes.is_empty() {
+        v["transcoding"] = json!(transcodes
+            .iter()
+            .map(|t| {
+                let (st, (from, to)) = (t.track.session.status(), t.to.names());
+                json!({ "from": from, "to": to, "session": t.track.session.name(),
+                        "subscribers": st.sinks, "packets": st.source.packets })
+            })
+            .collect::<Vec<_>>());
     }
     if !path.forwards.is_empty() {
         v["forward"] = json!(path.forwards.iter().map(|f| f.status()).collect::<Vec<_>>());

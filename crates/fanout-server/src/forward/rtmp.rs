@@ -30,7 +30,7 @@ pub(crate) async fn push(
     tracing::info!(url = %target.shown, "forward: pushing");
     target.set_state("pushing");
     let codec_id = |video: bool| {
-        flv.config.iter().find(|(v, _)| *v == video).and_then(|(_, b)| b.first()).map(|b| match video {
+        flv.config().iter().find(|(v, _)| *v == video).and_then(|(_, b)| b.first()).map(|b| match video {
             // Enhanced RTMP's extended header carries a FourCC; else the low nibble.
             true if b & 0x80 != 0 => 12.0,
             true => f64::from(b & 0x0f),
@@ -66,15 +66,15 @@ pub(crate) async fn push(
         };
         let mut batch = Batch { configured, ..Default::default() };
         if let Some(t) = first {
-            batch.take(t, &mut gate, &flv.config, &mut client, held)?;
+            batch.take(t, &mut gate, flv.config(), &mut client, held)?;
             tokio::time::sleep(FLUSH).await;
             while batch.bytes < FLUSH_BYTES && batch.parts.len() < MAX_PARTS - 1 {
                 match tags.try_recv() {
-                    Ok(t) => batch.take(Ok(t), &mut gate, &flv.config, &mut client, held)?,
+                    Ok(t) => batch.take(Ok(t), &mut gate, flv.config(), &mut client, held)?,
                     Err(tokio::sync::broadcast::error::TryRecvError::Lagged(n)) => batch.take(
                         Err(tokio::sync::broadcast::error::RecvError::Lagged(n)),
                         &mut gate,
-                        &flv.config,
+                        flv.config(),
                         &mut client,
                         held,
                     )?,
@@ -190,10 +190,7 @@ mod tests {
             client.input(&server.take_output()).unwrap();
         }
         assert!(client.takes_shared_media());
-        let flv = crate::repack::Flv {
-            config: vec![(true, vec![0x17, 0, 0, 0, 0, 1])],
-            tags: tokio::sync::broadcast::channel(4).0,
-        };
+        let flv = crate::repack::Flv::new(vec![(true, vec![0x17, 0, 0, 0, 0, 1])], 4);
         let mut gate = TagGate::new(&flv);
         let held = Held::default();
         let mut batch = Batch::default();
@@ -201,7 +198,7 @@ mod tests {
         let key = FlvTag::new(true, true, 40, Arc::new(vec![0x17, 1, 0, 0, 0, 6]));
         let next = FlvTag::new(true, false, 80, Arc::new(vec![0x27, 1, 0, 0, 0, 7]));
         for t in [delta, key.clone(), next.clone()] {
-            batch.take(Ok(t), &mut gate, &flv.config, &mut client, &held).unwrap();
+            batch.take(Ok(t), &mut gate, flv.config(), &mut client, &held).unwrap();
         }
         batch.own(&mut client);
         // The configuration (the client's own bytes) before the keyframe; the delta before

@@ -52,7 +52,7 @@ pub async fn join(relay: &Arc<Relay>, name: &str, who: Who) -> Result<Player, (u
     let Some(path) = relay.path(name) else { return Err((404, format!("no path {name}"))) };
     let held = Arc::new(Held::default());
     let registered = path.readers.join(who, held.clone()).map_err(|full| (503, full.to_string()))?;
-    let video = flv.config.iter().any(|(v, _)| *v);
+    let video = flv.video;
     let tags = flv.tags.subscribe();
     Ok(Player {
         name: name.to_string(),
@@ -89,7 +89,7 @@ impl Player {
         stall: Duration,
     ) {
         let flv = self.repack.flv.clone().expect("joined with FLV");
-        let audio = flv.config.iter().any(|(v, _)| !*v);
+        let audio = flv.audio;
         let header = fanout_proto::container::flv::file_header(self.video, audio);
         let start = match websocket {
             Some(key) => {
@@ -120,7 +120,7 @@ impl Player {
                     },
                     t = self.tags.recv() => t,
                 };
-                if let Err(e) = self.take(first, &mut batch, &flv.config) {
+                if let Err(e) = self.take(first, &mut batch, flv.config()) {
                     break e.to_string();
                 }
                 // What else comes within the flush interval goes in the same write.
@@ -146,7 +146,7 @@ impl Player {
                     Err(TryRecvError::Lagged(n)) => Err(RecvError::Lagged(n)),
                     Err(TryRecvError::Closed) => Err(RecvError::Closed),
                 };
-                more = self.take(next, &mut batch, &flv.config);
+                more = self.take(next, &mut batch, flv.config());
             }
             if batch.bytes == 0 {
                 match more {

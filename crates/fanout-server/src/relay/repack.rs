@@ -1,6 +1,7 @@
 //! A path's repackaging (HLS, HTTP TS), made once for all its readers.
 
 use super::*;
+use fanout_proto::container::repack::TrackCodec;
 
 impl Relay {
     /// A path's tracks (none if there is no such path).
@@ -37,9 +38,17 @@ impl Relay {
         let session = &path.session;
         let mut inputs = Vec::new();
         let mut why = Vec::new();
+        // The first Opus track, and whether there is AAC: FLV, MPEG-TS and SRT players get
+        // a publisher's Opus as AAC.
+        let (mut opus, mut aac) = (None, false);
         let mut add = |m: &fanout_proto::rtsp::sdp::Media, t: crate::track::TrackRef| {
             let info = fanout_proto::container::repack::TrackInfo::from_sdp(m).map_err(|e| why.push(e.0)).ok();
-            inputs.push(crate::repack::Input { session: t.session, info, clock_map: t.clock_map });
+            match info.as_ref().map(|i| &i.codec) {
+                Some(TrackCodec::Opus { .. }) if opus.is_none() => opus = Some((m.clone(), t.clone())),
+                Some(TrackCodec::Aac { .. }) => aac = true,
+                _ => {}
+            }
+            inputs.push(crate::repack::Input { session: t.session, info, clock_map: t.clock_map, derived: false });
         };
         if let Some(view) = path.view() {
             view.sdp.media.iter().zip(view.tracks.clone()).for_each(|(m, t)| add(m, t));
@@ -57,9 +66,9 @@ impl Relay {
             };
             sdp.media.iter().zip(p.tracks()).for_each(|(m, t)| add(m, t));
         } else if let Some(video) = path.spec().video {
-            let codec = fanout_proto::container::repack::TrackCodec::Video { codec: video.codec(), params: Vec::new() };
+            let codec = TrackCodec::Video { codec: video.codec(), params: Vec::new() };
             let info = Some(fanout_proto::container::repack::TrackInfo { codec, clock: 90_000 });
-            inputs.push(crate::repack::Input { session: session.clone(), info, clock_map: None });
+            inputs.push(crate::repack::Input { session: session.clone(), info, clock_map: None, derived: false });
         } else {
             return Err(RelayError::Unsupported(format!(
                 "session {name:?} carries datagrams of no known format (set `video` for RTP video); \
@@ -73,6 +82,19 @@ impl Relay {
             )));
         }
         let linger = Duration::from_secs_f64(path.spec().source.linger_s());
+        if let Some((m, t)) = opus.filter(|_| !aac && path.view().is_none()) {
+            let to = crate::transcode::To::Aac;
+            match path.keep_transcode(to, || crate::transcode::Transcode::start(name, &m, &t, &self.engine, linger, to))
+            {
+                Ok(made) => inputs.push(crate::repack::Input {
+                    session: made.track.session.clone(),
+                    info: fanout_proto::container::repack::TrackInfo::from_sdp(&made.media).ok(),
+                    clock_map: made.track.clock_map,
+                    derived: true,
+                }),
+                Err(e) => why.push(format!("its Opus cannot become AAC for FLV, MPEG-TS and SRT players: {e}")),
+            }
+        }
         let tracks_of = {
             let path = Arc::downgrade(&path);
             move || path.upgrade().map(|p| p.tracks().iter().map(|t| t.clock_map).collect()).unwrap_or_default()

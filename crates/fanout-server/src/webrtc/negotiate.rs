@@ -384,7 +384,8 @@ fn opus_of_aac(
     }
     let (m, track) = aac?;
     let linger = Duration::from_secs_f64(p.spec().source.linger_s());
-    match p.keep_opus(|| crate::transcode::Transcode::start(&p.name, m, track, &relay.engine, linger)) {
+    let to = crate::transcode::To::Opus;
+    match p.keep_transcode(to, || crate::transcode::Transcode::start(&p.name, m, track, &relay.engine, linger, to)) {
         Ok(t) => Some((t.media.clone(), t.track.clone())),
         Err(e) => {
             tracing::warn!(path = %p.name, "its AAC cannot go to WebRTC viewers as Opus: {e}");

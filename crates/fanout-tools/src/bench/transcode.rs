@@ -1,7 +1,8 @@
-//! `fanout bench transcode`: what a path's AAC as Opus (for WebRTC viewers) costs: the demo
-//! clip's AAC RTP depacketized, decoded, resampled where needed and encoded to Opus, lap
-//! after lap, in process; the thread's CPU time per second of audio. The work is once per
-//! path, whatever its viewers.
+//! `fanout bench transcode`: what a path's audio transcoded for its readers costs, both ways:
+//! the demo clip's AAC RTP depacketized, decoded, resampled where needed and encoded to Opus
+//! (for WebRTC viewers), and that Opus decoded and encoded to AAC (a WHIP publisher's, for
+//! FLV, MPEG-TS and SRT players), lap after lap, in process; the thread's CPU time per second
+//! of audio. The work is once per path, whatever its readers.
 
 use super::{plot, thread_cpu_s};
 use anyhow::Context;
@@ -39,50 +40,78 @@ pub fn run(a: TranscodeArgs) -> anyhow::Result<()> {
     let TrackCodec::Aac { config, .. } = &info.codec else { anyhow::bail!("the demo's audio is not AAC") };
     let lap = audio.rtp_packets(0x1234_5678);
     let lap_90k = audio.lap_90k();
-    let csv_path = a.out.join("transcode.csv");
-    let mut csv = std::fs::File::create(&csv_path).with_context(|| format!("creating {}", csv_path.display()))?;
-    writeln!(csv, "round,audio_s,cpu_s,core_pct_per_path,opus_packets")?;
-    let mut series = vec![("AAC to Opus".to_string(), Vec::new())];
-    let mut bar = super::progress(rounds as u64, "transcode");
-    for round in 1..=rounds {
+    // One lap of the clip as Opus (what a WHIP publisher sends), for the other direction.
+    let opus_lap: Vec<(Vec<u8>, i64)> = {
         let mut r = Repackager::new(vec![Some(info.clone())]);
         let mut coder = fanout_media::AacToOpus::new(config).map_err(|e| anyhow::anyhow!("{e}"))?;
         let (mut units, mut packets) = (Vec::new(), Vec::new());
-        let (t0, mut laps, mut made) = (thread_cpu_s(), 0u64, 0u64);
-        while thread_cpu_s() - t0 < seconds {
-            let shift = laps * lap_90k;
-            for (due, pkt) in &lap {
-                let mut p = pkt.clone();
-                let ts0 = u32::from_be_bytes(p[4..8].try_into().expect("an RTP header"));
-                p[4..8]
-                    .copy_from_slice(&ts0.wrapping_add((shift * u64::from(audio.clock) / 90_000) as u32).to_be_bytes());
-                r.push_rtp(0, &p, (due + shift) / 90, &mut units);
-                for u in units.drain(..) {
-                    coder.push(&u.data, u.time * 48_000 / 90_000, &mut packets);
-                }
-                made += packets.len() as u64;
-                packets.clear();
+        for (due, pkt) in &lap {
+            r.push_rtp(0, pkt, due / 90, &mut units);
+            for u in units.drain(..) {
+                coder.push(&u.data, u.time * 48_000 / 90_000, &mut packets);
             }
-            laps += 1;
         }
-        let cpu = thread_cpu_s() - t0;
-        let audio_s = (laps * lap_90k) as f64 / 90_000.0;
-        let pct = cpu / audio_s * 100.0;
-        writeln!(csv, "{round},{audio_s:.1},{cpu:.4},{pct:.4},{made}")?;
-        series[0].1.push((round as f64, pct));
-        bar.inc(1);
+        packets
+    };
+    let channels = fanout_media::AacToOpus::new(config).map_err(|e| anyhow::anyhow!("{e}"))?.channels();
+    let csv_path = a.out.join("transcode.csv");
+    let mut csv = std::fs::File::create(&csv_path).with_context(|| format!("creating {}", csv_path.display()))?;
+    writeln!(csv, "round,direction,audio_s,cpu_s,core_pct_per_path,units_made")?;
+    let mut series = vec![("AAC to Opus".to_string(), Vec::new()), ("Opus to AAC".to_string(), Vec::new())];
+    let mut bar = super::progress(2 * rounds as u64, "transcode");
+    for round in 1..=rounds {
+        for (k, (name, points)) in series.iter_mut().enumerate() {
+            // Laps of the clip through this direction until `seconds` of CPU are spent.
+            let (t0, mut laps, mut made) = (thread_cpu_s(), 0u64, 0u64);
+            let failed = |e: fanout_media::MediaError| anyhow::anyhow!("{e}");
+            let mut to_opus = if k == 0 { Some(fanout_media::AacToOpus::new(config).map_err(failed)?) } else { None };
+            let mut to_aac = if k == 1 { Some(fanout_media::OpusToAac::new(channels).map_err(failed)?) } else { None };
+            let mut r = Repackager::new(vec![Some(info.clone())]);
+            let (mut units, mut out) = (Vec::new(), Vec::new());
+            while thread_cpu_s() - t0 < seconds {
+                let shift = laps * lap_90k;
+                if let Some(coder) = to_opus.as_mut() {
+                    for (due, pkt) in &lap {
+                        let mut p = pkt.clone();
+                        let ts0 = u32::from_be_bytes(p[4..8].try_into().expect("an RTP header"));
+                        let ts = ts0.wrapping_add((shift * u64::from(audio.clock) / 90_000) as u32);
+                        p[4..8].copy_from_slice(&ts.to_be_bytes());
+                        r.push_rtp(0, &p, (due + shift) / 90, &mut units);
+                        for u in units.drain(..) {
+                            coder.push(&u.data, u.time * 48_000 / 90_000, &mut out);
+                        }
+                    }
+                }
+                if let Some(coder) = to_aac.as_mut() {
+                    for (packet, time) in &opus_lap {
+                        coder.push(packet, time + (shift * 48_000 / 90_000) as i64, &mut out);
+                    }
+                }
+                made += out.len() as u64;
+                out.clear();
+                laps += 1;
+            }
+            let cpu = thread_cpu_s() - t0;
+            let audio_s = (laps * lap_90k) as f64 / 90_000.0;
+            let pct = cpu / audio_s * 100.0;
+            writeln!(csv, "{round},{name},{audio_s:.1},{cpu:.4},{pct:.4},{made}")?;
+            points.push((round as f64, pct));
+            bar.inc(1);
+        }
     }
     bar.finish_and_clear();
     let png = a.out.join("transcode.png");
     plot::panels(
         &png,
-        "A path's AAC as Opus: CPU per second of audio",
+        "A path's audio transcoded once for its readers: CPU per second of audio",
         "round",
         false,
         &[plot::Panel { y_label: "% of a core per path", series: series.clone(), log_y: false }],
     )?;
-    let mean = series[0].1.iter().map(|p| p.1).sum::<f64>() / series[0].1.len().max(1) as f64;
-    println!("AAC to Opus: {mean:.3}% of a core per transcoded path ({:.0} paths a core)", 100.0 / mean);
+    for (name, points) in &series {
+        let mean = points.iter().map(|p| p.1).sum::<f64>() / points.len().max(1) as f64;
+        println!("{name}: {mean:.3}% of a core per transcoded path ({:.0} paths a core)", 100.0 / mean);
+    }
     println!("wrote {} and {}", csv_path.display(), png.display());
     Ok(())
 }
