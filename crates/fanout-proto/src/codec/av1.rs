@@ -23,33 +23,46 @@ pub fn av1_keyframe_start(payload: &[u8]) -> bool {
     if n {
         return true;
     }
-    let mut rest = &payload[1..];
     let mut sequence_header = false;
-    for i in 0.. {
-        if rest.is_empty() {
-            return false;
-        }
-        // The last of W elements has no length: it runs to the packet's end.
-        let len = if w != 0 && i + 1 == w {
-            rest.len()
-        } else {
-            let Some((len, used)) = leb128(rest) else { return false };
-            rest = &rest[used..];
-            len
-        };
-        let Some(obu) = rest.get(..len) else { return false };
-        rest = &rest[len..];
-        match obu_key(obu) {
+    for obu in elements(&payload[1..], w) {
+        match obu.and_then(obu_key) {
             Some(Obu::SequenceHeader) => sequence_header = true,
             Some(Obu::Frame { key }) => return key && sequence_header,
             None => return false,
             Some(Obu::Other) => {}
         }
-        if w != 0 && i + 1 == w {
-            return false;
-        }
     }
     false
+}
+
+/// The OBU elements of a payload after its aggregation header: with W (`w`) elements, the
+/// last runs to the packet's end; with W = 0, each has a LEB128 length. `None` for an
+/// element whose length runs past the packet, and nothing after it.
+fn elements(mut rest: &[u8], w: usize) -> impl Iterator<Item = Option<&[u8]>> {
+    let (mut i, mut done) = (0, false);
+    std::iter::from_fn(move || {
+        if done || rest.is_empty() {
+            return None;
+        }
+        i += 1;
+        let len = if w != 0 && i == w {
+            done = true;
+            rest.len()
+        } else {
+            let Some((len, used)) = leb128(rest) else {
+                done = true;
+                return Some(None);
+            };
+            rest = &rest[used..];
+            len
+        };
+        let Some(element) = rest.get(..len) else {
+            done = true;
+            return Some(None);
+        };
+        rest = &rest[len..];
+        Some(Some(element))
+    })
 }
 
 enum Obu {
@@ -119,28 +132,14 @@ impl Av1Depacketizer {
         if !z {
             self.frag.clear();
         }
-        let mut rest = &payload[1..];
-        let mut i = 0;
-        while !rest.is_empty() {
-            let last_by_count = w != 0 && i + 1 == w;
-            let len = if last_by_count {
-                rest.len()
-            } else {
-                let Some((len, used)) = leb128(rest) else { return false };
-                rest = &rest[used..];
-                len
-            };
-            let Some(element) = rest.get(..len) else { return false };
-            rest = &rest[len..];
-            let first = i == 0;
-            let last = rest.is_empty() || last_by_count;
-            i += 1;
-            if first && z {
+        let mut elements = elements(&payload[1..], w).peekable();
+        let mut first = true;
+        while let Some(element) = elements.next() {
+            let Some(element) = element else { return false };
+            let last = elements.peek().is_none();
+            if std::mem::take(&mut first) && z {
                 if self.frag.is_empty() {
                     // Its start was lost: the rest of that OBU is no use.
-                    if last && y {
-                        return true;
-                    }
                     continue;
                 }
                 self.frag.extend_from_slice(element);
@@ -154,9 +153,6 @@ impl Av1Depacketizer {
             let obu = std::mem::take(&mut self.frag);
             if !sized_obu(&obu, out) {
                 return false;
-            }
-            if last_by_count {
-                break;
             }
         }
         true
