@@ -99,16 +99,13 @@ fn bench_quick_modes_run_and_write_csv_and_png() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// The other benches have a quick mode too, and write a CSV and a PNG.
+/// The other benches have a quick mode too, and write a CSV and a PNG: the data paths,
+/// HTTP, splice and repackaging benches here, the others in tests of their own, so that
+/// they run side by side.
 #[test]
 fn every_bench_has_a_quick_mode_with_csv_and_png() {
     let dir = tmpdir("bench-more");
-    // A relay already serving RTSP on the default port does not stop a bench (held here
-    // when free; otherwise something else holds it, which is the same case).
-    let _default_rtsp = std::net::TcpListener::bind("127.0.0.1:8554");
-    let d = |s: &str| dir.join(s).to_str().unwrap().to_string();
-    let peers = concat!(env!("CARGO_MANIFEST_DIR"), "/../../.peers");
-    let runs: [(&[&str], &str, usize); 7] = [
+    let runs: [(&[&str], &str, usize); 4] = [
         // The shared path fed paged datagrams (`:paged`, a NIC's kind) beside copy's linear
         // ones, each also on a `--baseline` build (this one again): four rows a round.
         (
@@ -129,13 +126,47 @@ fn every_bench_has_a_quick_mode_with_csv_and_png() {
         (&["bench", "http", "--quick"], "http/http.csv", 5),
         (&["bench", "splice", "--quick"], "splice/splice.csv", 2),
         (&["bench", "repack", "--quick"], "repack/repack.csv", 3),
+    ];
+    quick_benches(&dir, &runs);
+    let help = String::from_utf8_lossy(&fanout(&["bench", "layers", "--help"]).stdout).to_string();
+    assert!(help.contains("--quick"), "{help}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The benches that start relays of their own or peers: cluster, and RTSP (MediaMTX
+/// upstream).
+#[test]
+fn the_peer_benches_have_a_quick_mode_with_csv_and_png() {
+    let dir = tmpdir("bench-peers");
+    // A relay already serving RTSP on the default port does not stop a bench (held here
+    // when free; otherwise something else holds it, which is the same case).
+    let _default_rtsp = std::net::TcpListener::bind("127.0.0.1:8554");
+    let peers = concat!(env!("CARGO_MANIFEST_DIR"), "/../../.peers");
+    let runs: [(&[&str], &str, usize); 2] = [
         // 2 edge counts x 2 steps, each subscriber served through an edge's pull.
         (&["bench", "cluster", "--quick"], "cluster/cluster.csv", 4),
         (&["bench", "rtsp", "--quick", "--peers", peers], "rtsp/rtsp.csv", 1),
-        // fanout over RTSP (UDP, TCP), HTTP TS and HLS, MediaMTX over all but HTTP TS.
-        (&["bench", "players", "--quick", "--peers", peers], "players/players.csv", 7),
     ];
-    for (args, csv, rows) in runs {
+    quick_benches(&dir, &runs);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `bench players`: fanout over RTSP (UDP, TCP), HTTP TS and HLS, MediaMTX over all but
+/// HTTP TS, every player's receipt checked (the longest quick bench: a test of its own).
+#[test]
+fn bench_players_has_a_quick_mode_with_csv_and_png() {
+    let dir = tmpdir("bench-players");
+    let _default_rtsp = std::net::TcpListener::bind("127.0.0.1:8554");
+    let peers = concat!(env!("CARGO_MANIFEST_DIR"), "/../../.peers");
+    quick_benches(&dir, &[(&["bench", "players", "--quick", "--peers", peers], "players/players.csv", 7)]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Runs each bench quick into `dir` and checks its CSV has `rows` rows a round.
+fn quick_benches(dir: &std::path::Path, runs: &[(&[&str], &str, usize)]) {
+    let d = |s: &str| dir.join(s).to_str().unwrap().to_string();
+    let peers = concat!(env!("CARGO_MANIFEST_DIR"), "/../../.peers");
+    for &(args, csv, rows) in runs {
         // bench rtsp's upstream is MediaMTX, bench players measures it: where install-peers
         // could not build it, say so.
         if ["rtsp", "players"].contains(&args[1]) && !std::path::Path::new(peers).join("mediamtx").exists() {
@@ -176,9 +207,6 @@ fn every_bench_has_a_quick_mode_with_csv_and_png() {
             assert!(table.contains("too short"), "{table}");
         }
     }
-    let help = String::from_utf8_lossy(&fanout(&["bench", "layers", "--help"]).stdout).to_string();
-    assert!(help.contains("--quick"), "{help}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// `bench bulk --sinks wire` (root: a namespace, a veth and an eBPF counter) counts every
