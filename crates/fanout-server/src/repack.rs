@@ -267,15 +267,17 @@ impl Flv {
         if carried.is_empty() {
             return None;
         }
-        match Self::configs(&carried, &[]) {
-            Some(config) => Some(Self::new(config, FLV_BACKLOG)),
-            None => Some(Self {
-                config: std::sync::OnceLock::new(),
-                video: carried.iter().any(|s| s.is_video()),
-                audio: carried.iter().any(|s| !s.is_video()),
-                tags: tokio::sync::broadcast::channel(FLV_BACKLOG).0,
-            }),
+        let flv = Self {
+            config: std::sync::OnceLock::new(),
+            video: carried.iter().any(|s| s.is_video()),
+            audio: carried.iter().any(|s| !s.is_video()),
+            tags: tokio::sync::broadcast::channel(FLV_BACKLOG).0,
+        };
+        // Known now unless the video's parameter sets come in band (see `Outputs::flv`).
+        if let Some(config) = Self::configs(&carried, &[]) {
+            let _ = flv.config.set(config);
         }
+        Some(flv)
     }
 
     /// The decoder configurations of `carried`, the video's parameter sets from the
