@@ -5,7 +5,8 @@
 //! Made for live repackaging: the tables are repeated in front of every video keyframe,
 //! which starts a fresh output chunk and carries the random access indicator, so a player
 //! (or the relay choosing where a new subscriber begins, [`crate::container::mpegts::starts_video_keyframe`])
-//! can start there.
+//! can start there. A program without video (a radio channel, a microphone) repeats them
+//! every half second instead, so a player that joins late finds them.
 
 use crate::container::mpegts::{PACKET_LEN, SYNC_BYTE};
 
@@ -48,6 +49,8 @@ const WRAP: u64 = 1 << 33;
 /// The PCR runs this far behind the times of the PES packets, so that an access unit of a
 /// second stream that arrives a little late is still on time for the decoder.
 pub const PCR_LEAD_90K: u64 = 18_000;
+/// How often a program without video repeats its tables (90 kHz).
+const AUDIO_TABLES_EVERY: u64 = 45_000;
 
 struct Stream {
     kind: StreamKind,
@@ -62,7 +65,10 @@ pub struct TsMuxer {
     pmt_cc: u8,
     /// The stream whose packets carry the PCR: the first video stream, else the first.
     pcr: usize,
-    tables_sent: bool,
+    /// Whether a stream is video (whose keyframes carry the tables).
+    video: bool,
+    /// The decoding time of the unit the tables last went before.
+    tables_at: Option<u64>,
 }
 
 /// One access unit for [`TsMuxer::push`].
@@ -84,7 +90,8 @@ impl TsMuxer {
         let streams =
             (0u16..).zip(kinds).map(|(i, &kind)| Stream { kind, pid: FIRST_PID + i, cc: 0 }).collect::<Vec<_>>();
         let pcr = streams.iter().position(|s| s.kind.is_video()).unwrap_or(0);
-        Self { streams, pat_cc: 0, pmt_cc: 0, pcr, tables_sent: false }
+        let video = streams.iter().any(|s| s.kind.is_video());
+        Self { streams, pat_cc: 0, pmt_cc: 0, pcr, video, tables_at: None }
     }
 
     /// The PIDs of the streams, in order.
@@ -93,12 +100,19 @@ impl TsMuxer {
     }
 
     /// Appends the transport packets of one access unit to `out` (a multiple of 188 bytes).
-    /// A keyframe (and the very first unit) is preceded by the PAT and PMT.
+    /// A keyframe (and the very first unit) is preceded by the PAT and PMT; without video,
+    /// the first unit every half second (or after time went back).
     ///
     /// # Panics
     /// If `au.stream` is not a stream of this muxer.
     pub fn push(&mut self, au: &AccessUnit<'_>, out: &mut Vec<u8>) {
-        if !std::mem::replace(&mut self.tables_sent, true) || (au.key && self.streams[au.stream].kind.is_video()) {
+        let due = match self.tables_at {
+            None => true,
+            Some(_) if self.video => au.key && self.streams[au.stream].kind.is_video(),
+            Some(at) => au.dts.wrapping_sub(at) % WRAP >= AUDIO_TABLES_EVERY,
+        };
+        if due {
+            self.tables_at = Some(au.dts);
             self.tables(out);
         }
         let s = &self.streams[au.stream];
@@ -326,6 +340,31 @@ mod tests {
         // The PCR is on the video PID, behind its DTS.
         let h = crate::container::mpegts::parse_header(&key[2 * PACKET_LEN..], 0).unwrap();
         assert_eq!(h.pcr, Some((3000 + WRAP - PCR_LEAD_90K) * 300));
+    }
+
+    /// Audio alone: the tables come again each half second of its time (and where time went
+    /// back), so a player that joins late finds them; with video only at its keyframes.
+    #[test]
+    fn a_program_without_video_repeats_its_tables() {
+        let tables_before = |kinds: &[StreamKind], times: &[u64]| -> Vec<bool> {
+            let mut m = TsMuxer::new(kinds);
+            let stream = kinds.len() - 1;
+            times
+                .iter()
+                .map(|&t| {
+                    let mut out = Vec::new();
+                    m.push(&AccessUnit { stream, pts: t, dts: t, key: false, data: &[1; 50] }, &mut out);
+                    out[1] & 0x1f == 0 && out[2] == 0
+                })
+                .collect()
+        };
+        // AAC frames 1,920 ticks apart (1,024 samples at 48 kHz), then time back to 0.
+        let times: Vec<u64> = (0..50).map(|k| k * 1920).chain([0]).collect();
+        let audio = tables_before(&[StreamKind::AacAdts], &times);
+        let with: Vec<usize> = (0..times.len()).filter(|&k| audio[k]).collect();
+        assert_eq!(with, [0, 24, 48, 50]);
+        let with_video = tables_before(&[StreamKind::H264, StreamKind::AacAdts], &times);
+        assert_eq!(with_video.iter().filter(|t| **t).count(), 1, "only before the first unit");
     }
 
     fn kinds() -> impl Strategy<Value = Vec<StreamKind>> {
