@@ -1,6 +1,7 @@
 //! A publisher's audio as the transcoders take it: any AAC AudioSpecificConfig (from its SDP
-//! or FLV) and access units (from its RTP) through `AacToOpus`, any Opus packets through
-//! `OpusToAac`: refused or transcoded without a panic, and the times made never run back.
+//! or FLV) and access units (from its RTP) through `AacToOpus`, any Opus packets or G.711
+//! payloads through `ToAac`: refused or transcoded without a panic, and the times made never
+//! run back.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 
@@ -11,10 +12,15 @@ fuzz_target!(
         std::panic::set_hook(Box::new(|_| {}));
     },
     |data: &[u8]| {
-    // A first byte of 0xff: Opus packets (a WHIP publisher's) through `OpusToAac`, whose
-    // AAC units' times never run back either.
-    if let Some((0xff, rest)) = data.split_first() {
-        let Ok(mut t) = fanout_media::OpusToAac::new(2) else { return };
+    // A first byte of 0xff: Opus packets (a WHIP publisher's), 0xfe or 0xfd: G.711 µ-law or
+    // A-law payloads (a camera's), through `ToAac`, whose AAC units' times never run back
+    // either.
+    if let Some((&first @ 0xfd..=0xff, rest)) = data.split_first() {
+        let made = match first {
+            0xff => fanout_media::ToAac::of_opus(2),
+            law => Ok(fanout_media::ToAac::of_g711(law == 0xfe)),
+        };
+        let Ok(mut t) = made else { return };
         let mut out = Vec::new();
         for (k, packet) in rest.split(|b| *b == 0xa5).take(64).enumerate() {
             t.push(packet, k as i64 * 960, &mut out);

@@ -1,7 +1,7 @@
 //! Media preparation, apart from protocol processing (DIVISOR's split): what a path's readers
 //! need that its publisher does not send, made once per path whatever the readers: a
 //! camera's or encoder's AAC as Opus, the audio browsers take over WebRTC, and a WHIP
-//! publisher's Opus as AAC, the audio FLV, MPEG-TS and SRT players take.
+//! publisher's Opus or a camera's G.711 as AAC, the audio FLV, MPEG-TS and SRT players take.
 //!
 //! The transcoder is sans-IO (access units and their times in, Opus packets and theirs
 //! out); decoding is Symphonia's AAC-LC decoder (pure Rust), encoding libopus, loaded at
@@ -10,6 +10,7 @@
 
 mod aac;
 pub mod aacenc;
+pub mod g711;
 pub mod opus;
 mod resample;
 
@@ -105,11 +106,40 @@ impl AacToOpus {
 /// The bit rate each AAC channel is encoded at.
 const AAC_BITS_PER_CHANNEL: u32 = 64_000;
 
-/// Opus packets in, AAC access units out (for players that take no Opus: FLV, MPEG-TS, SRT):
-/// decoded at 48 kHz by libopus, encoded by [`aacenc::AacEncoder`] in 1,024-sample frames.
-/// Unit times follow on exactly while the Opus does.
-pub struct OpusToAac {
-    opus: opus::Decoder,
+/// What [`ToAac`] decodes: Opus (by libopus, at 48 kHz) or G.711 (by table, raised from
+/// 8 kHz to 48 kHz).
+enum Pcm {
+    Opus(opus::Decoder),
+    G711 { mu_law: bool, raise: resample::Linear, scratch: Vec<f32> },
+}
+
+impl Pcm {
+    /// Appends what `payload` decodes to (interleaved, 48 kHz) to `out`.
+    fn decode(&mut self, payload: &[u8], out: &mut Vec<f32>) -> Result<(), MediaError> {
+        match self {
+            Pcm::Opus(d) => d.decode(payload, out),
+            Pcm::G711 { mu_law, raise, scratch } => {
+                scratch.clear();
+                g711::decode(payload, *mu_law, scratch);
+                raise.push(scratch, out);
+                Ok(())
+            }
+        }
+    }
+
+    /// A new run: nothing of the last carried into it.
+    fn reset(&mut self) {
+        if let Pcm::G711 { raise, .. } = self {
+            raise.reset();
+        }
+    }
+}
+
+/// Opus packets or G.711 payloads in, AAC access units out (for players that take neither:
+/// FLV, MPEG-TS, SRT): decoded to 48 kHz, encoded by [`aacenc::AacEncoder`] in 1,024-sample
+/// frames. Unit times follow on exactly while the input does.
+pub struct ToAac {
+    pcm: Pcm,
     aac: aacenc::AacEncoder,
     channels: usize,
     /// The 48 kHz time of the next sample the encoder takes.
@@ -125,12 +155,22 @@ pub struct OpusToAac {
     encoded: Vec<Vec<u8>>,
 }
 
-impl OpusToAac {
+impl ToAac {
     /// A transcoder of Opus of `channels` (1 or 2, as the SDP says).
-    pub fn new(channels: usize) -> Result<Self, MediaError> {
+    pub fn of_opus(channels: usize) -> Result<Self, MediaError> {
         let channels = channels.clamp(1, 2);
-        Ok(Self {
-            opus: opus::Decoder::new(channels)?,
+        Ok(Self::of(Pcm::Opus(opus::Decoder::new(channels)?), channels))
+    }
+
+    /// A transcoder of G.711 (µ-law or A-law; mono), which needs no codec library.
+    pub fn of_g711(mu_law: bool) -> Self {
+        let raise = resample::Linear::new(g711::RATE, OPUS_CLOCK, 1);
+        Self::of(Pcm::G711 { mu_law, raise, scratch: Vec::new() }, 1)
+    }
+
+    fn of(pcm: Pcm, channels: usize) -> Self {
+        Self {
+            pcm,
             aac: aacenc::AacEncoder::new(channels, AAC_BITS_PER_CHANNEL * channels as u32),
             channels,
             at: None,
@@ -140,7 +180,7 @@ impl OpusToAac {
             last: None,
             scratch: Vec::new(),
             encoded: Vec::new(),
-        })
+        }
     }
 
     /// The AudioSpecificConfig of the AAC it makes (AAC-LC, 48 kHz).
@@ -148,20 +188,27 @@ impl OpusToAac {
         self.aac.config()
     }
 
-    /// Takes an Opus packet whose first sample is at `time` (48 kHz ticks, any origin);
-    /// appends the AAC units it completes to `out`, each with its time (a unit plays the
-    /// 1,024 samples a frame before those it was made from last: the MDCT's delay). A packet
-    /// that does not decode is skipped; a gap starts a new run, never before the last unit.
+    /// Its channels (1 or 2).
+    pub fn channels(&self) -> usize {
+        self.channels
+    }
+
+    /// Takes an Opus packet or G.711 payload whose first sample is at `time` (48 kHz ticks,
+    /// any origin); appends the AAC units it completes to `out`, each with its time (a unit
+    /// plays the 1,024 samples a frame before those it was made from last: the MDCT's delay).
+    /// A packet that does not decode is skipped; a gap starts a new run, never before the
+    /// last unit.
     pub fn push(&mut self, packet: &[u8], time: i64, out: &mut Vec<(Vec<u8>, i64)>) {
         if self.at.is_none_or(|e| (time - e).abs() > GAP) {
             self.at = Some(time);
+            self.pcm.reset();
             // (Unit k is at origin + (k − 2) frames; the next is unit `units + 1`.)
             let frame = aacenc::FRAME as i64;
             let earliest = self.last.map_or(i64::MIN, |l| l + frame - (self.units - 1) * frame);
             self.origin = (time - self.samples).max(earliest);
         }
         self.scratch.clear();
-        if self.opus.decode(packet, &mut self.scratch).is_err() {
+        if self.pcm.decode(packet, &mut self.scratch).is_err() {
             return;
         }
         let n = (self.scratch.len() / self.channels) as i64;
@@ -267,7 +314,7 @@ mod tests {
             to_opus.push(au, *time, &mut packets);
         }
         let c = to_opus.channels();
-        let mut to_aac = OpusToAac::new(c).unwrap();
+        let mut to_aac = ToAac::of_opus(c).unwrap();
         let mut aac = Vec::new();
         for (p, time) in &packets {
             to_aac.push(p, *time, &mut aac);
@@ -290,6 +337,48 @@ mod tests {
         let xy: f64 = a[..n].iter().zip(&b[..n]).map(|(p, q)| f64::from(*p) * f64::from(*q)).sum();
         let corr = xy / (rms(&a[..n]) * rms(&b[..n]) * n as f64);
         assert!(corr > 0.9, "the AAC waveform is not the Opus's: correlation {corr:.3}");
+    }
+
+    /// A camera's G.711 (a 1 kHz tone, µ-law and A-law, 20 ms a packet) as AAC: units 1,024
+    /// samples apart from the first packet's time less a frame; decoded, the tone is at its
+    /// level (within 1 dB) and what is not the tone (raising's images, the coder's noise) is
+    /// 30 dB below it. Needs no libopus.
+    #[test]
+    fn g711_becomes_aac_that_sounds_the_same() {
+        let w = 2.0 * std::f64::consts::PI * 1000.0;
+        let tone: Vec<f32> = (0..16_000).map(|k| (w * k as f64 / 8000.0).sin() as f32 * 0.5).collect();
+        for mu_law in [true, false] {
+            let expand = if mu_law { g711::ulaw } else { g711::alaw };
+            // (Each sample as the code that expands nearest to it.)
+            let code = |x: f32| (0..=255u8).min_by_key(|&b| (i32::from(expand(b)) - (x * 32_768.0) as i32).abs()).unwrap();
+            let bytes: Vec<u8> = tone.iter().map(|&x| code(x)).collect();
+            let mut t = ToAac::of_g711(mu_law);
+            assert_eq!(t.channels(), 1);
+            let mut units = Vec::new();
+            for (k, packet) in bytes.chunks(160).enumerate() {
+                t.push(packet, 5000 + k as i64 * 960, &mut units);
+            }
+            assert_eq!(units[0].1, 5000 - 1024);
+            assert!(units.windows(2).all(|w| w[1].1 - w[0].1 == 1024), "unit times do not follow on");
+            assert!((units.len() as i64 - 2 * 48_000 / 1024).abs() <= 2, "{} units for 2 s", units.len());
+            let (mut d, mut pcm) = (AacDecoder::new(&t.config()).unwrap(), Vec::new());
+            for (au, _) in &units {
+                d.decode(au, 1, &mut pcm).unwrap();
+            }
+            let s = &pcm[4096..pcm.len() - 4096];
+            let (mut re, mut im) = (0.0, 0.0);
+            for (k, x) in s.iter().enumerate() {
+                let a = 2.0 * std::f64::consts::PI * 1000.0 * k as f64 / 48_000.0;
+                (re, im) = (re + f64::from(*x) * a.cos(), im + f64::from(*x) * a.sin());
+            }
+            let n = s.len() as f64;
+            let at_tone = (re * re + im * im) / (n * n) * 2.0;
+            let all = rms(s).powi(2);
+            let level = 10.0 * (at_tone / 0.125).log10();
+            assert!(level.abs() < 1.0, "mu_law {mu_law}: the tone at {level:.2} dB");
+            let rest = 10.0 * ((all - at_tone).max(1e-12) / at_tone).log10();
+            assert!(rest < -30.0, "mu_law {mu_law}: what is not the tone at {rest:.1} dB");
+        }
     }
 
     /// A gap in the AAC (a publisher's pause) starts a new run of packets at the new time;

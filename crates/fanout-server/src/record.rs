@@ -206,13 +206,14 @@ pub struct Recording {
 impl Recording {
     /// Starts recording `path`'s `streams` as `to` says; `None` where its format carries
     /// none of them. Its `on_complete` command runs on the runtime this is called on.
-    /// `derived`: a stream the relay made from another, which fMP4 files leave out.
-    pub fn start(to: RecordTo, path: &str, streams: &[TrackInfo], derived: Option<usize>) -> Option<Self> {
+    /// `fmp4_skip`: a stream fMP4 files leave out (of a source track and the one the relay
+    /// made from it, the one browsers do not play).
+    pub fn start(to: RecordTo, path: &str, streams: &[TrackInfo], fmp4_skip: Option<usize>) -> Option<Self> {
         let (fragment_ms, segment_s) = (to.spec.fragment_ms, to.spec.segment_s);
         let rec = match to.spec.format {
             Format::Fmp4 => {
                 let mut r = Recorder::new(streams, fragment_ms, segment_s)?;
-                if let Some(i) = derived {
+                if let Some(i) = fmp4_skip {
                     r.leave_out(i);
                 }
                 Rec::Fmp4(Box::new(r))

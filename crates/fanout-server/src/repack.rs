@@ -27,8 +27,11 @@ pub struct Input {
     /// The source's wall clock for this track, when known (see `TrackRef::clock_map`).
     pub clock_map: Option<(u64, u32)>,
     /// Made by the relay from another track for the players that cannot take that one
-    /// (a publisher's Opus as AAC): fMP4, which carries the original, leaves it out.
+    /// (a publisher's Opus or G.711 as AAC): not the source's, so not in its description.
     pub derived: bool,
+    /// Whether fMP4 (HLS, recordings) carries it: of a pair, the one browsers play (Opus
+    /// rather than the AAC made from it, but AAC rather than the G.711 it was made from).
+    pub fmp4: bool,
 }
 
 /// The HLS side: the segmenter, and a signal for clients waiting on a segment or part.
@@ -255,7 +258,8 @@ impl FlvTag {
 const FLV_BACKLOG: usize = 1024;
 
 impl Flv {
-    /// An FLV with these decoder configurations (video's `true`).
+    /// An FLV with these decoder configurations (video's `true`), for tests of its players.
+    #[cfg(test)]
     pub fn new(config: Vec<(bool, Vec<u8>)>, backlog: usize) -> Self {
         let (video, audio) = (config.iter().any(|c| c.0), config.iter().any(|c| !c.0));
         Self { config: config.into(), video, audio, tags: tokio::sync::broadcast::channel(backlog).0 }
@@ -346,7 +350,9 @@ impl Repack {
         on_stop: impl FnOnce() + Send + 'static,
     ) -> std::io::Result<Arc<Self>> {
         let repack = Repackager::new(inputs.iter().map(|i| i.info.clone()).collect());
-        let derived = inputs.iter().filter(|i| i.info.is_some()).position(|i| i.derived);
+        let taken = || inputs.iter().filter(|i| i.info.is_some());
+        let derived = taken().position(|i| i.derived);
+        let fmp4_skip = taken().position(|i| !i.fmp4);
         // (HTTP TS only where MPEG-TS carries a track: VP9, AV1 and Opus alone go to HLS.)
         let ts = if with_ts && repack.streams().iter().any(|s| s.kind().is_some()) {
             let mut cfg = template.clone();
@@ -367,7 +373,7 @@ impl Repack {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_millis() as u64 / 500);
         let hls = Segmenter::of(hls_variant, repack.streams(), HLS_TARGET_MS, HLS_PART_MS, first).map(|mut seg| {
-            if let Some(i) = derived.filter(|_| hls_variant != fanout_proto::container::hls::Variant::MpegTs) {
+            if let Some(i) = fmp4_skip.filter(|_| hls_variant != fanout_proto::container::hls::Variant::MpegTs) {
                 seg.leave_out(i);
             }
             let start = seg.progress();
@@ -389,7 +395,7 @@ impl Repack {
         let ts_session = ts.as_ref().map(|i| i.session().clone());
         let flv = Flv::of(repack.streams()).map(Arc::new);
         let record =
-            record.and_then(|to| crate::record::Recording::start(to, name, repack.streams(), derived)).map(Arc::new);
+            record.and_then(|to| crate::record::Recording::start(to, name, repack.streams(), fmp4_skip)).map(Arc::new);
         let flv_times = repack.streams().iter().map(|_| fanout_proto::codec::dts::DecodingTimes::default()).collect();
         let out = Outputs {
             ts,

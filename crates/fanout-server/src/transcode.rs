@@ -1,7 +1,7 @@
 //! A path's audio in the codec other players need, one transcoder per path and direction:
 //! its AAC as Opus for WebRTC viewers (browsers take no AAC), started by the first viewer
-//! that needs it; its Opus as AAC for FLV, MPEG-TS and SRT players (which take no Opus),
-//! started with the path's repackaging. Each stops a linger after its last subscriber left.
+//! that needs it; its Opus or G.711 as AAC for FLV, MPEG-TS and SRT players (which take
+//! neither), started with the path's repackaging. Each stops a linger after its last subscriber left.
 //! It reads the source track's ring as an in-process subscriber (as the repackaging does),
 //! and hands what it makes into a track session of its own (`{path}/opus`, `{path}/aac`),
 //! which readers subscribe to as to any track. Its RTP times are the source's on a 48 kHz
@@ -11,7 +11,7 @@
 use crate::track::{Inner, TrackRef};
 use fanout_io::channel::ChannelQueue;
 use fanout_io::{Inlet, Session};
-use fanout_media::{AacToOpus, OpusToAac, OPUS_CLOCK};
+use fanout_media::{AacToOpus, ToAac, OPUS_CLOCK};
 use fanout_proto::container::repack::{Repackager, TrackCodec, TrackInfo, Unit};
 use fanout_proto::rtsp::sdp::Media;
 use std::sync::Arc;
@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 pub enum To {
     /// Opus from AAC.
     Opus,
-    /// AAC from Opus.
+    /// AAC from Opus or G.711.
     Aac,
 }
 
@@ -35,10 +35,10 @@ impl To {
         }
     }
 
-    pub fn names(self) -> (&'static str, &'static str) {
+    pub fn name(self) -> &'static str {
         match self {
-            To::Opus => ("aac", "opus"),
-            To::Aac => ("opus", "aac"),
+            To::Opus => "opus",
+            To::Aac => "aac",
         }
     }
 }
@@ -46,7 +46,7 @@ impl To {
 /// The codec work of one direction: units and their 48 kHz times in, payloads and theirs out.
 enum Coder {
     ToOpus(AacToOpus),
-    ToAac(OpusToAac),
+    ToAac(ToAac),
 }
 
 impl Coder {
@@ -61,6 +61,8 @@ impl Coder {
 /// A running transcoder: its track, and the SDP section that describes it.
 pub struct Transcode {
     pub to: To,
+    /// What it transcodes from (`aac`, `opus`, `pcmu`, `pcma`).
+    pub from: &'static str,
     pub track: TrackRef,
     pub media: Media,
     task: tokio::task::AbortHandle,
@@ -72,7 +74,8 @@ impl Transcode {
     }
 
     /// Starts transcoding track `source` (its SDP section and its track) of path `name` to
-    /// `to`, if it is AAC (Opus) that can be decoded; runs until nobody subscribed for `linger`.
+    /// `to`, if it is AAC (to Opus) or Opus or G.711 (to AAC) that can be decoded; runs until
+    /// nobody subscribed for `linger`.
     pub fn start(
         name: &str,
         media: &Media,
@@ -83,7 +86,7 @@ impl Transcode {
     ) -> Result<Arc<Self>, String> {
         let info = TrackInfo::from_sdp(media).map_err(|e| e.0)?;
         let pt = to.pt();
-        let (coder, sdp, channels) = match (&info.codec, to) {
+        let (coder, sdp, channels, from) = match (&info.codec, to) {
             (TrackCodec::Aac { config, .. }, To::Opus) => {
                 let coder = AacToOpus::new(config).map_err(|e| e.to_string())?;
                 let channels = coder.channels();
@@ -91,20 +94,26 @@ impl Transcode {
                     "m=audio 0 RTP/AVP {pt}\r\na=rtpmap:{pt} opus/48000/2\r\na=fmtp:{pt} minptime=10;useinbandfec=1{}\r\n",
                     if channels == 2 { ";stereo=1" } else { "" }
                 );
-                (Coder::ToOpus(coder), sdp, channels)
+                (Coder::ToOpus(coder), sdp, channels, "aac")
             }
-            (TrackCodec::Opus { channels }, To::Aac) => {
-                let coder = OpusToAac::new(usize::from(*channels)).map_err(|e| e.to_string())?;
+            (TrackCodec::Opus { .. } | TrackCodec::G711 { .. }, To::Aac) => {
+                let (coder, from) = match info.codec {
+                    TrackCodec::Opus { channels } => {
+                        (ToAac::of_opus(usize::from(channels)).map_err(|e| e.to_string())?, "opus")
+                    }
+                    TrackCodec::G711 { mu_law } => (ToAac::of_g711(mu_law), if mu_law { "pcmu" } else { "pcma" }),
+                    _ => unreachable!("matched above"),
+                };
                 let config: String = coder.config().iter().map(|b| format!("{b:02x}")).collect();
-                let channels = usize::from(*channels).clamp(1, 2);
+                let channels = coder.channels();
                 let sdp = format!(
                     "m=audio 0 RTP/AVP {pt}\r\na=rtpmap:{pt} MPEG4-GENERIC/48000/{channels}\r\n\
                      a=fmtp:{pt} streamtype=5;profile-level-id=1;mode=AAC-hbr;sizelength=13;indexlength=3;\
                      indexdeltalength=3;config={config}\r\n"
                 );
-                (Coder::ToAac(coder), sdp, channels)
+                (Coder::ToAac(coder), sdp, channels, from)
             }
-            (other, _) => return Err(format!("{other:?} is not what becomes {}", to.names().1)),
+            _ => return Err(format!("{} is not what becomes {}", info.name(), to.name())),
         };
         let mut cfg = source.session.config().clone();
         cfg.name = match to {
@@ -113,7 +122,7 @@ impl Transcode {
         }
         .name(name);
         let session = Session::new(cfg, engine);
-        let (from, into) = to.names();
+        let into = to.name();
         session.set_source_kind(format!("{name}'s {from} as {into}"));
         let inlet = Inlet::open(&session).map_err(|e| e.to_string())?;
         let scale = |rtp: u32| (u64::from(rtp) * u64::from(OPUS_CLOCK) / u64::from(info.clock.max(1))) as u32;
@@ -127,9 +136,10 @@ impl Transcode {
             .media
             .remove(0);
         let task =
-            tokio::spawn(run(name.to_string(), source.session.clone(), info, coder, inlet, linger, to)).abort_handle();
+            tokio::spawn(run(name.to_string(), source.session.clone(), info, coder, inlet, linger, (from, to)))
+                .abort_handle();
         tracing::info!(path = name, channels, "{from} to {into} started");
-        Ok(Arc::new(Self { to, track, media, task }))
+        Ok(Arc::new(Self { to, from, track, media, task }))
     }
 
     pub fn stop(&self) {
@@ -145,9 +155,9 @@ async fn run(
     mut coder: Coder,
     mut inlet: Inlet,
     linger: Duration,
-    to: To,
+    (from, to): (&'static str, To),
 ) {
-    let (from, into) = to.names();
+    let into = to.name();
     let wake = Arc::new(tokio::sync::Notify::new());
     let w = wake.clone();
     let queue = ChannelQueue::new(source.config().ring_capacity / 2, move || w.notify_one());

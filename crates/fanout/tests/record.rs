@@ -607,9 +607,10 @@ fn vp9_and_opus_play_over_hls_and_are_recorded() {
 
 /// A camera's MP3 (RTP `MPA`) and G.711 (PCMU on the static payload type): ffmpeg publishes
 /// H.264 + MP3 to one path and PCMU alone to another, over RTSP. RTSP readers get them as they
-/// came; HLS lists `mp4a.6b` and `ulaw` and ffmpeg decodes 3 s of each without an error (an
-/// MP3 frame every 26 ms beside a picture every 40 ms; 24,000 G.711 samples, which ffmpeg
-/// hands out 1,024 at a time); the recordings hold them and decode whole.
+/// came. HLS lists `mp4a.6b` for the MP3 and ffmpeg decodes 3 s without an error (an MP3
+/// frame every 26 ms beside a picture every 40 ms). The G.711, which browsers do not play in
+/// fMP4 and MPEG-TS does not carry, becomes AAC for HLS (`mp4a.40.2`, 47 frames a second),
+/// HTTP TS and the recording, its 440 Hz tone kept; the recordings decode whole.
 #[test]
 fn mp3_and_g711_play_over_rtsp_and_hls_and_are_recorded() {
     if !have_ffmpeg() {
@@ -625,7 +626,7 @@ fn mp3_and_g711_play_over_rtsp_and_hls_and_are_recorded() {
             Command::new("ffmpeg")
                 .args(["-nostdin", "-loglevel", "error", "-re"])
                 .args(args)
-                .args(["-t", "9", "-rtsp_transport", "tcp", "-f", "rtsp", &format!("rtsp://{rtsp}/{path}")])
+                .args(["-t", "16", "-rtsp_transport", "tcp", "-f", "rtsp", &format!("rtsp://{rtsp}/{path}")])
                 .spawn()
                 .unwrap(),
         )
@@ -641,7 +642,7 @@ fn mp3_and_g711_play_over_rtsp_and_hls_and_are_recorded() {
     let _pcmu = publish(&["-f", "lavfi", "-i", &sine("8000"), "-c:a", "pcm_mulaw"], "pcmu");
     for (path, codecs, audio, frames) in [
         ("mp3", "avc1.640015,mp4a.6b", "mp3", ("0,", 74..=76, "1,", 113..=117)),
-        ("pcmu", "ulaw", "pcm_mulaw", ("", 0..=0, "0,", 23..=24)),
+        ("pcmu", "mp4a.40.2", "pcm_mulaw", ("", 0..=0, "0,", 138..=143)),
     ] {
         let hls = relay.url(&format!("/v1/sessions/{path}/hls/index.m3u8"));
         let listed = || String::from_utf8_lossy(&get_bytes(&hls, None).1).into_owned();
@@ -659,7 +660,14 @@ fn mp3_and_g711_play_over_rtsp_and_hls_and_are_recorded() {
             String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or("").to_string()
         };
         assert_eq!(probe(&format!("rtsp://{rtsp}/{path}")), audio, "over RTSP");
-        assert_eq!(probe(&hls), audio, "over HLS");
+        if path == "pcmu" {
+            for url in [hls.clone(), relay.url("/v1/sessions/pcmu/stream")] {
+                let (codec, hz) = tone_of(&url);
+                assert!(codec == "aac" && (hz - 440.0).abs() < 15.0, "{url}: {codec} at {hz} Hz");
+            }
+        } else {
+            assert_eq!(probe(&hls), audio, "over HLS");
+        }
         let out = Command::new("timeout")
             .args(["30", "ffmpeg", "-nostdin", "-loglevel", "error", "-i", &hls, "-t", "3", "-f", "framemd5", "-"])
             .output()
@@ -671,7 +679,7 @@ fn mp3_and_g711_play_over_rtsp_and_hls_and_are_recorded() {
         assert!(video_count.contains(&count(video)) && sound_count.contains(&count(sound)), "{path}: {md5}");
     }
     // The recordings, once the publishers have gone.
-    for (path, streams) in [("mp3", vec!["h264", "mp3"]), ("pcmu", vec!["pcm_mulaw"])] {
+    for (path, streams) in [("mp3", vec!["h264", "mp3"]), ("pcmu", vec!["aac"])] {
         let files = || {
             relay.ok("GET", &format!("/v1/recordings/{path}"), None)["files"].as_array().cloned().unwrap_or_default()
         };

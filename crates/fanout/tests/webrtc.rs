@@ -332,27 +332,6 @@ fn chromium_publishes_over_whip_and_ffmpeg_plays_it() {
     assert!(wait_for(Duration::from_secs(10), || viewers() == 0), "{}", relay.ok("GET", "/v1/sessions/cam", None));
 }
 
-/// The audio codec of what ffmpeg reads at `url`, and the frequency of its strongest tone over
-/// a second of it, from the zero crossings of the decoded samples.
-fn tone_of(url: &str) -> (String, f64) {
-    let out = std::process::Command::new("timeout")
-        .args(["30", "ffprobe", "-v", "error", "-select_streams", "a", "-show_entries", "stream=codec_name"])
-        .args(["-of", "csv=p=0", url])
-        .output()
-        .unwrap();
-    let codec = String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or("").to_string();
-    let out = std::process::Command::new("timeout")
-        .args(["30", "ffmpeg", "-nostdin", "-loglevel", "error", "-i", url, "-map", "0:a", "-t", "2"])
-        .args(["-ac", "1", "-ar", "48000", "-f", "s16le", "-"])
-        .output()
-        .unwrap();
-    let samples: Vec<i16> = out.stdout.chunks_exact(2).map(|b| i16::from_le_bytes([b[0], b[1]])).collect();
-    // The last second (the decoder's start left behind).
-    let last = &samples[samples.len().saturating_sub(48_000)..];
-    let crossings = last.windows(2).filter(|w| (w[0] < 0) != (w[1] < 0)).count();
-    (codec, crossings as f64 / 2.0 * 48_000.0 / last.len().max(1) as f64)
-}
-
 /// A browser that publishes VP8, VP9 or AV1 over WHIP (its offer has no H.264): the path
 /// carries that codec, RTSP readers joining mid-GOP get a keyframe's first packet first, a
 /// WHEP viewer in the same page decodes it, and (VP9, AV1) ffmpeg decodes it over HLS.

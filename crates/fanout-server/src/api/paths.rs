@@ -56,13 +56,14 @@ pub(super) fn session_json(relay: &Relay, s: &fanout_io::Session) -> serde_json:
     if let Some(p) = path.publisher() {
         v["publisher"] = json!(p.status());
     }
-    // Its AAC as Opus while WebRTC viewers need it, its Opus as AAC while its repackaging does.
+    // Its AAC as Opus while WebRTC viewers need it, its Opus or G.711 as AAC while its
+    // repackaging does.
     let transcodes = path.transcodes_running();
     if !transcodes.is_empty() {
         v["transcoding"] = json!(transcodes
             .iter()
             .map(|t| {
-                let (st, (from, to)) = (t.track.session.status(), t.to.names());
+                let (st, from, to) = (t.track.session.status(), t.from, t.to.name());
                 json!({ "from": from, "to": to, "session": t.track.session.name(),
                         "subscribers": st.sinks, "packets": st.source.packets })
             })

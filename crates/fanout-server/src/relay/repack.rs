@@ -38,17 +38,20 @@ impl Relay {
         let session = &path.session;
         let mut inputs = Vec::new();
         let mut why = Vec::new();
-        // The first Opus track, and whether there is AAC: FLV, MPEG-TS and SRT players get
-        // a publisher's Opus as AAC.
-        let (mut opus, mut aac) = (None, false);
+        // The first Opus or G.711 track (its input's index), and whether there is AAC: FLV,
+        // MPEG-TS and SRT players get a publisher's Opus or a camera's G.711 as AAC.
+        let (mut to_aac, mut aac) = (None, false);
         let mut add = |m: &fanout_proto::rtsp::sdp::Media, t: crate::track::TrackRef| {
             let info = fanout_proto::container::repack::TrackInfo::from_sdp(m).map_err(|e| why.push(e.0)).ok();
             match info.as_ref().map(|i| &i.codec) {
-                Some(TrackCodec::Opus { .. }) if opus.is_none() => opus = Some((m.clone(), t.clone())),
+                Some(TrackCodec::Opus { .. } | TrackCodec::G711 { .. }) if to_aac.is_none() => {
+                    to_aac = Some((inputs.len(), m.clone(), t.clone()))
+                }
                 Some(TrackCodec::Aac { .. }) => aac = true,
                 _ => {}
             }
-            inputs.push(crate::repack::Input { session: t.session, info, clock_map: t.clock_map, derived: false });
+            let (session, clock_map) = (t.session, t.clock_map);
+            inputs.push(crate::repack::Input { session, info, clock_map, derived: false, fmp4: true });
         };
         if let Some(view) = path.view() {
             view.sdp.media.iter().zip(view.tracks.clone()).for_each(|(m, t)| add(m, t));
@@ -68,7 +71,7 @@ impl Relay {
         } else if let Some(video) = path.spec().video {
             let codec = TrackCodec::Video { codec: video.codec(), params: Vec::new() };
             let info = Some(fanout_proto::container::repack::TrackInfo { codec, clock: 90_000 });
-            inputs.push(crate::repack::Input { session: session.clone(), info, clock_map: None, derived: false });
+            inputs.push(crate::repack::Input { session: session.clone(), info, clock_map: None, derived: false, fmp4: true });
         } else {
             return Err(RelayError::Unsupported(format!(
                 "session {name:?} carries datagrams of no known format (set `video` for RTP video); \
@@ -82,17 +85,24 @@ impl Relay {
             )));
         }
         let linger = Duration::from_secs_f64(path.spec().source.linger_s());
-        if let Some((m, t)) = opus.filter(|_| !aac && path.view().is_none()) {
+        if let Some((i, m, t)) = to_aac.filter(|_| !aac && path.view().is_none()) {
             let to = crate::transcode::To::Aac;
             match path.keep_transcode(to, || crate::transcode::Transcode::start(name, &m, &t, &self.engine, linger, to))
             {
-                Ok(made) => inputs.push(crate::repack::Input {
-                    session: made.track.session.clone(),
-                    info: fanout_proto::container::repack::TrackInfo::from_sdp(&made.media).ok(),
-                    clock_map: made.track.clock_map,
-                    derived: true,
-                }),
-                Err(e) => why.push(format!("its Opus cannot become AAC for FLV, MPEG-TS and SRT players: {e}")),
+                Ok(made) => {
+                    // fMP4 keeps Opus, which browsers play, and takes AAC for G.711, which
+                    // they do not.
+                    let opus = made.from == "opus";
+                    inputs[i].fmp4 = opus;
+                    inputs.push(crate::repack::Input {
+                        session: made.track.session.clone(),
+                        info: fanout_proto::container::repack::TrackInfo::from_sdp(&made.media).ok(),
+                        clock_map: made.track.clock_map,
+                        derived: true,
+                        fmp4: !opus,
+                    })
+                }
+                Err(e) => why.push(format!("its audio cannot become AAC for FLV, MPEG-TS and SRT players: {e}")),
             }
         }
         let tracks_of = {

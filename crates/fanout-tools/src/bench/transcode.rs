@@ -65,7 +65,7 @@ pub fn run(a: TranscodeArgs) -> anyhow::Result<()> {
             let (t0, mut laps, mut made) = (thread_cpu_s(), 0u64, 0u64);
             let failed = |e: fanout_media::MediaError| anyhow::anyhow!("{e}");
             let mut to_opus = if k == 0 { Some(fanout_media::AacToOpus::new(config).map_err(failed)?) } else { None };
-            let mut to_aac = if k == 1 { Some(fanout_media::OpusToAac::new(channels).map_err(failed)?) } else { None };
+            let mut to_aac = if k == 1 { Some(fanout_media::ToAac::of_opus(channels).map_err(failed)?) } else { None };
             let mut r = Repackager::new(vec![Some(info.clone())]);
             let (mut units, mut out) = (Vec::new(), Vec::new());
             while thread_cpu_s() - t0 < seconds {

@@ -353,7 +353,27 @@ pub fn have_ffmpeg() -> bool {
     ok
 }
 
-/// The last `frame=` count ffmpeg printed (0 if none).
+/// The audio codec of what ffmpeg reads at `url`, and the frequency of its strongest tone over
+/// a second of it, from the zero crossings of the decoded samples.
+pub fn tone_of(url: &str) -> (String, f64) {
+    let out = Command::new("timeout")
+        .args(["30", "ffprobe", "-v", "error", "-select_streams", "a", "-show_entries", "stream=codec_name"])
+        .args(["-of", "csv=p=0", url])
+        .output()
+        .unwrap();
+    let codec = String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or("").to_string();
+    let out = Command::new("timeout")
+        .args(["30", "ffmpeg", "-nostdin", "-loglevel", "error", "-i", url, "-map", "0:a", "-t", "2"])
+        .args(["-ac", "1", "-ar", "48000", "-f", "s16le", "-"])
+        .output()
+        .unwrap();
+    let samples: Vec<i16> = out.stdout.chunks_exact(2).map(|b| i16::from_le_bytes([b[0], b[1]])).collect();
+    // The last second (the decoder's start left behind).
+    let last = &samples[samples.len().saturating_sub(48_000)..];
+    let crossings = last.windows(2).filter(|w| (w[0] < 0) != (w[1] < 0)).count();
+    (codec, crossings as f64 / 2.0 * 48_000.0 / last.len().max(1) as f64)
+}
+
 /// Decodes `seconds` of `url`'s video with ffmpeg (`input_args` go before `-i`), bounded
 /// at 30 s; returns whether it succeeded and its log.
 pub fn ffmpeg_decode(url: &str, input_args: &[&str], seconds: u32) -> (bool, String) {
