@@ -945,6 +945,27 @@ impl Session {
         v
     }
 
+    /// The last keyframe the ring holds whole, as its packets (from its access unit's first
+    /// through the one with the marker bit); empty if there is none.
+    pub fn last_keyframe(&self) -> Vec<Vec<u8>> {
+        /// More packets than any picture takes: something is wrong with the marker bits.
+        const MOST: u64 = 4096;
+        let ring = self.inner.ring.lock();
+        let key = self.inner.last_key.load(Ordering::Relaxed);
+        if key <= ring.oldest() {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for seq in key - 1..ring.head().min(key - 1 + MOST) {
+            let Some(p) = ring.get(seq) else { break };
+            out.push(p.data().to_vec());
+            if p.ends_access_unit() {
+                return out;
+            }
+        }
+        Vec::new()
+    }
+
     /// The RTP header `(payload type, sequence number, timestamp)` of the packet a sink
     /// added now starts with: the last keyframe's if the ring holds one, else the newest
     /// packet's with the sequence number one on (the next to come). `None` before the first

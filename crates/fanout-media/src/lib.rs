@@ -434,3 +434,32 @@ mod found {
         }
     }
 }
+
+#[cfg(test)]
+mod silence {
+    /// The silent frames a frozen path sends decode to silence of a frame's length: AAC mono
+    /// and stereo at 44.1 and 48 kHz (Symphonia), Opus mono and stereo (libopus).
+    #[test]
+    fn silent_frames_decode_to_silence() {
+        for (config, channels) in [([0x12, 0x08], 1), ([0x11, 0x90], 2), ([0x11, 0x88], 1)] {
+            let frame = fanout_proto::codec::aac::silent_frame(channels as u8).unwrap();
+            let mut d = crate::AacDecoder::new(&config).unwrap();
+            let mut pcm = Vec::new();
+            for _ in 0..3 {
+                d.decode(&frame, channels, &mut pcm).unwrap();
+            }
+            assert_eq!(pcm.len(), 3 * 1024 * channels, "{config:?}");
+            assert!(pcm.iter().all(|s| *s == 0.0), "{config:?}");
+        }
+        if crate::opus::available().is_err() {
+            return;
+        }
+        for channels in [1, 2] {
+            let mut d = crate::opus::Decoder::new(channels).unwrap();
+            let mut pcm = Vec::new();
+            d.decode(&fanout_proto::codec::opus::silent_packet(channels as u8), &mut pcm).unwrap();
+            assert_eq!(pcm.len(), 960 * channels);
+            assert!(pcm.iter().all(|s| s.abs() < 1e-6));
+        }
+    }
+}

@@ -372,6 +372,12 @@ impl Publisher {
         st.active.as_ref().and(st.sdp.clone())
     }
 
+    /// The last description a publisher (or the fallback) gave, whether or not it still
+    /// publishes.
+    pub fn last_sdp(&self) -> Option<Sdp> {
+        self.state.lock().sdp.clone()
+    }
+
     pub fn tracks(&self) -> Vec<TrackRef> {
         let st = self.state.lock();
         st.tracks.iter().map(|t| t.track_ref()).collect()

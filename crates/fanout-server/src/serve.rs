@@ -185,7 +185,10 @@ fn configure(a: &ServeArgs) -> anyhow::Result<config::Config> {
         .sessions
         .iter()
         .filter_map(|s| match &s.source {
-            spec::SourceSpec::File { path, .. } | spec::SourceSpec::Publish { fallback: Some(path), .. } => {
+            spec::SourceSpec::File { path, .. } => Some(path.clone()),
+            spec::SourceSpec::Publish { fallback: Some(path), .. }
+                if path != std::path::Path::new(spec::FALLBACK_FREEZE) =>
+            {
                 Some(path.clone())
             }
             _ => None,

@@ -5,6 +5,10 @@ use fanout_io::{DataPath, FailurePolicy, PayloadMode, SourceRecv, UdpSinkMode};
 use serde::{Deserialize, Serialize};
 use std::net::{Ipv4Addr, SocketAddr};
 
+/// The `fallback` that holds the last publisher's last picture (and silence) instead of
+/// playing a file.
+pub const FALLBACK_FREEZE: &str = "freeze";
+
 /// Where a path's packets come from: one kind, with the settings that kind has. The API and
 /// the config spell it as one object whose key names the kind and whose other keys qualify
 /// it (`{"udp": "239.1.1.1:5000", "interface": "10.0.0.2"}`: [`SourceFields`]); it is read
@@ -25,7 +29,8 @@ pub enum SourceSpec {
     File { path: std::path::PathBuf, looped: Option<bool> },
     /// Publishers (RTSP, RTMP, SRT), one at a time; with `takeover` a new one replaces the
     /// one publishing (whose connection is closed), else it is refused. With a `fallback`
-    /// recording the path is always available: it plays while no one publishes.
+    /// recording (or [`FALLBACK_FREEZE`]) the path is always available: it plays while no
+    /// one publishes.
     Publish { takeover: bool, fallback: Option<std::path::PathBuf> },
     /// An RTSP server pulled from.
     Rtsp(RtspSource),

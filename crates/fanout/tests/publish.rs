@@ -543,3 +543,70 @@ fn a_fallback_plays_while_no_one_publishes_and_readers_see_one_stream() {
     assert!(ok && errors.is_empty(), "ffmpeg across the switches: {errors}");
     assert!(frames >= 16 * 25 * 9 / 10, "{frames} pictures in 16 s");
 }
+
+/// `fallback = "freeze"`: while no one publishes, the last publisher's last picture is held
+/// (its keyframe again twice a second) and its AAC is silent, in its own codecs, so no
+/// player has to start over. Three switches (live, held, live, held): an RTSP reader there
+/// all along sees one stream with no gap longer than the held picture's interval (one
+/// SSRC, no sequence number missing, RTP time never running back), and ffmpeg decodes the
+/// video and audio over RTSP and over HLS across them without a decoder error.
+#[test]
+fn freeze_holds_the_last_picture_while_no_one_publishes() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let config = "[[session]]\nname = \"pub\"\nsource = { publish = true, fallback = \"freeze\" }\n";
+    let relay = Relay::with_config(config, &["--no-demo"]);
+    let now = |how: &str| wait_for(Duration::from_secs(10), || publisher(&relay)["transport"] == how);
+    let rtmp = relay.ok("GET", "/v1/engine", None)["rtmp"].as_str().unwrap().to_string();
+    let rtmp = format!("rtmp://{rtmp}/pub");
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(publisher(&relay)["transport"].is_null(), "nothing to hold before a publisher: {}", publisher(&relay));
+    let live = ffmpeg_publish("flv", &rtmp);
+    assert!(now("rtmp"), "{}", publisher(&relay));
+    let addr = rtsp_addr(&relay);
+    let hls = relay.url("/v1/sessions/pub/hls/index.m3u8");
+    assert!(wait_for(Duration::from_secs(10), || ureq::get(&hls).call().is_ok()));
+    let decode = |url: String, args: &'static [&'static str]| {
+        std::thread::spawn(move || {
+            let out = Command::new("timeout")
+                .args(["40", "ffmpeg", "-nostdin", "-loglevel", "error"])
+                .args(args)
+                .args(["-i", &url, "-t", "15", "-map", "0", "-f", "framemd5", "-"])
+                .output()
+                .unwrap();
+            let md5 = String::from_utf8_lossy(&out.stdout).into_owned();
+            let count = |s: &str| md5.lines().filter(|l| l.starts_with(s)).count();
+            (out.status.success(), count("0,"), count("1,"), String::from_utf8_lossy(&out.stderr).into_owned())
+        })
+    };
+    let over_rtsp = decode(format!("rtsp://{addr}/pub"), &["-rtsp_transport", "tcp"]);
+    let over_hls = decode(hls, &[]);
+    let play = rtsp_play(addr, "pub", None);
+    let packets = rtp_headers_for(play.rtp.try_clone().unwrap(), Duration::from_secs(14));
+    std::thread::sleep(Duration::from_secs(3));
+    drop(live);
+    assert!(now("fallback"), "the picture is not held: {}", publisher(&relay));
+    std::thread::sleep(Duration::from_secs(3));
+    let live = ffmpeg_publish("flv", &rtmp);
+    assert!(now("rtmp"), "the publisher did not replace the held picture: {}", publisher(&relay));
+    std::thread::sleep(Duration::from_secs(4));
+    drop(live);
+    assert!(now("fallback"), "the picture is not held again: {}", publisher(&relay));
+
+    let packets = packets.join().unwrap();
+    drop(play);
+    assert!(packets.len() > 150, "{} packets", packets.len());
+    let (_, ssrc, seq0, _) = packets[0];
+    assert!(packets.iter().all(|p| p.1 == ssrc), "the SSRC changed");
+    let missing = usize::from(packets.last().unwrap().2.wrapping_sub(seq0)) + 1 - packets.len();
+    assert_eq!(missing, 0, "sequence numbers missing");
+    assert!(packets.windows(2).all(|w| w[1].3.wrapping_sub(w[0].3) as i32 >= 0), "RTP time ran back");
+    let gap = packets.windows(2).map(|w| w[1].0 - w[0].0).max().unwrap();
+    assert!(gap < Duration::from_millis(1500), "a gap of {gap:?} in the video");
+    for (face, decoded) in [("RTSP", over_rtsp), ("HLS", over_hls)] {
+        let (ok, pictures, audio, errors) = decoded.join().unwrap();
+        assert!(ok && errors.is_empty(), "ffmpeg over {face} across the switches: {errors}");
+        assert!(pictures >= 100 && audio >= 300, "over {face}: {pictures} pictures, {audio} audio frames in 15 s");
+    }
+}

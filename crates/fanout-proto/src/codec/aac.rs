@@ -101,6 +101,35 @@ pub fn hbr_frames(payload: &[u8]) -> Option<usize> {
     (sizes == payload.len() - 2 - 2 * n).then_some(n)
 }
 
+/// A raw AAC-LC access unit of silence for `channels` (1: one SCE, 2: one CPE), at any
+/// sampling rate: each channel a long window with no scale factor bands coded (max_sfb 0),
+/// so its whole spectrum is zero (ISO/IEC 14496-3, 4.4.2); `None` for other layouts.
+pub fn silent_frame(channels: u8) -> Option<Vec<u8>> {
+    // One channel's stream: global gain 100, ics_info of a long sine window with max_sfb 0
+    // and no prediction, then no pulse, TNS or gain control data (22 bits).
+    const ICS: (u32, u32) = (100 << 14, 22);
+    let mut bits: Vec<(u32, u32)> = match channels {
+        1 => vec![(0, 3), (0, 4), ICS],
+        // (common_window 0: each channel its own ics_info.)
+        2 => vec![(1, 3), (0, 4), (0, 1), ICS, ICS],
+        _ => return None,
+    };
+    bits.push((7, 3)); // ID_END
+    let (mut out, mut acc, mut n) = (Vec::new(), 0u64, 0u32);
+    for (value, width) in bits {
+        (acc, n) = ((acc << width) | u64::from(value), n + width);
+        while n >= 8 {
+            out.push((acc >> (n - 8)) as u8);
+            n -= 8;
+            acc &= (1 << n) - 1;
+        }
+    }
+    if n > 0 {
+        out.push((acc << (8 - n)) as u8);
+    }
+    Some(out)
+}
+
 /// The SDP `a=fmtp` parameters for [`rtp_payload`]'s packets.
 pub fn fmtp(config: [u8; 2]) -> String {
     format!(
@@ -112,6 +141,16 @@ pub fn fmtp(config: [u8; 2]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Silence is 4 bytes mono (29 bits and ID_END), 7 stereo (55 bits); the decoder's view
+    /// of it is tested in `fanout-media`, which has one.
+    #[test]
+    fn silent_frames_are_the_bits_of_empty_channels() {
+        assert_eq!(silent_frame(1).unwrap(), [0x00, 100 << 1, 0x00, 0x07]);
+        assert_eq!(silent_frame(2).unwrap().len(), 7);
+        assert_eq!(silent_frame(2).unwrap()[0] >> 5, 1, "a channel pair element");
+        assert_eq!(silent_frame(6), None);
+    }
 
     #[test]
     fn hbr_frames_counts_whole_units_only() {

@@ -23,6 +23,12 @@ pub fn packet_samples(packet: &[u8]) -> Option<u32> {
     (frames > 0 && samples <= 5760).then_some(samples)
 }
 
+/// A packet of 20 ms of silence (CELT, full band, one frame whose range coder says "silence"
+/// at once): what DTX-less senders send through a pause.
+pub fn silent_packet(channels: u8) -> [u8; 3] {
+    [if channels >= 2 { 0xfc } else { 0xf8 }, 0xff, 0xfe]
+}
+
 /// The `dOps` box's content (the Opus-in-ISOBMFF encapsulation §4.3.2): version 0, the
 /// channel count, the encoder's pre-skip (312, libopus's, where the stream does not say),
 /// the input rate, no gain, mapping family 0 (mono or stereo).

@@ -1,11 +1,12 @@
 //! `publish`: RTSP, RTMP and SRT publishers push to the path (served by `crate::rtsp`,
 //! `crate::rtmp`, `crate::srt`); their tracks are fed by `crate::publish::Publisher`.
 //!
-//! With a `fallback` file the path is always available: while no one publishes, the file
-//! plays into the path's tracks as a publisher of the relay's own (looped, restamped, paced
-//! at its own rate); a publisher that comes replaces it at once, and when that one leaves
-//! the file plays again. Readers stay throughout: the tracks keep one SSRC and numbering,
-//! their times joined at each switch as at a takeover.
+//! With a `fallback` the path is always available: while no one publishes, a file plays
+//! into the path's tracks as a publisher of the relay's own (looped, restamped, paced at its
+//! own rate), or, with `"freeze"`, the last publisher's last picture is held and its audio
+//! silent ([`fanout_proto::rtp::freeze`]); a publisher that comes replaces it at once, and
+//! when that one leaves the fallback plays again. Readers stay throughout: the tracks keep
+//! one SSRC and numbering, their times joined at each switch as at a takeover.
 
 use super::{Ctx, Feeder, Started, StopOnDrop};
 use crate::error::RelayError;
@@ -21,6 +22,14 @@ const CONN_BASE: u64 = 8 << 60;
 /// How often the fallback looks whether the path has lost its publisher, and a stop.
 const LOOK: Duration = Duration::from_millis(50);
 
+/// What plays while no one publishes.
+enum Stand {
+    /// A clip: its MPEG-TS, and when each datagram of it is due.
+    File(Arc<[u8]>, Arc<TsSchedule>),
+    /// The last picture, held; silence.
+    Freeze,
+}
+
 pub async fn start(cx: &Ctx<'_>, takeover: bool, fallback: Option<&std::path::Path>) -> Result<Started, RelayError> {
     let p = Publisher::new(cx.name, cx.session.clone(), takeover)
         .map_err(|e| RelayError::Internal(format!("publish source: {e}")))?;
@@ -29,18 +38,23 @@ pub async fn start(cx: &Ctx<'_>, takeover: bool, fallback: Option<&std::path::Pa
         if takeover { "publish (RTSP, RTMP, SRT; takeover)" } else { "publish (RTSP, RTMP, SRT)" }.to_string();
     let mut tasks = Vec::new();
     if let Some(path) = fallback {
-        let clip = super::clip::read_clip(path, &cx.cfg.file_roots, true).await?;
-        kind = format!("{kind}; fallback {}", path.display());
-        let (ts, schedule) = clip.parts();
+        let stand = if path == std::path::Path::new(crate::spec::FALLBACK_FREEZE) {
+            kind = format!("{kind}; fallback: the last picture, held");
+            Stand::Freeze
+        } else {
+            let clip = super::clip::read_clip(path, &cx.cfg.file_roots, true).await?;
+            kind = format!("{kind}; fallback {}", path.display());
+            let (ts, schedule) = clip.parts();
+            Stand::File(ts, schedule)
+        };
         let (weak, host, name) = (Arc::downgrade(&p), cx.host.clone(), cx.name.to_string());
         let stop = Arc::new(AtomicBool::new(false));
         let guard = StopOnDrop(stop.clone());
         // Aborted with the path: the guard's drop stops the thread.
         let task = tokio::spawn(async move {
             let _guard = guard;
-            let _ =
-                tokio::task::spawn_blocking(move || play_while_unpublished(&weak, &ts, &schedule, &host, &stop, &name))
-                    .await;
+            let _ = tokio::task::spawn_blocking(move || play_while_unpublished(&weak, &stand, &host, &stop, &name))
+                .await;
         });
         tasks.push(task.abort_handle());
     }
@@ -51,13 +65,13 @@ pub async fn start(cx: &Ctx<'_>, takeover: bool, fallback: Option<&std::path::Pa
 /// Plays the fallback each time the path has no publisher, until `stop` or the path goes.
 fn play_while_unpublished(
     p: &Weak<Publisher>,
-    ts: &[u8],
-    schedule: &TsSchedule,
+    stand: &Stand,
     host: &Weak<dyn crate::upstream::Host>,
     stop: &AtomicBool,
     name: &str,
 ) {
-    for run in 0u64.. {
+    let mut run = 0u64;
+    loop {
         loop {
             let Some(p) = p.upgrade() else { return };
             if stop.load(Ordering::Relaxed) {
@@ -69,8 +83,67 @@ fn play_while_unpublished(
             drop(p);
             std::thread::sleep(LOOK);
         }
-        let why = play(p, ts, schedule, host, stop, (CONN_BASE | run, name));
-        tracing::info!(session = name, "fallback: {why}");
+        let conn = (CONN_BASE | run, name);
+        let why = match stand {
+            Stand::File(ts, schedule) => Some(play(p, ts, schedule, host, stop, conn)),
+            Stand::Freeze => freeze(p, host, stop, conn),
+        };
+        match why {
+            Some(why) => {
+                tracing::info!(session = name, "fallback: {why}");
+                run += 1;
+            }
+            // (Nothing to hold yet: no one has published.)
+            None => std::thread::sleep(LOOK),
+        }
+    }
+}
+
+/// One run of the frozen picture, until a publisher takes the path; why it ended, or `None`
+/// where there is nothing to hold (no one has published a picture or audio it can hold).
+fn freeze(
+    p: &Weak<Publisher>,
+    host: &Weak<dyn crate::upstream::Host>,
+    stop: &AtomicBool,
+    (conn, name): (u64, &str),
+) -> Option<String> {
+    use fanout_proto::rtp::freeze::Freeze;
+    let label = format!("fallback-{}", conn & !CONN_BASE);
+    let publisher = p.upgrade()?;
+    let sdp = publisher.last_sdp()?;
+    let keyframes: Vec<Vec<Vec<u8>>> = publisher.tracks().iter().map(|t| t.session.last_keyframe()).collect();
+    let mut f = Freeze::new(&sdp, &keyframes, crate::track::random_start().1);
+    if f.is_empty() {
+        return None;
+    }
+    let Some(host) = host.upgrade() else { return Some("the relay is shutting down".into()) };
+    let peer = std::net::IpAddr::from([0, 0, 0, 0]);
+    if let Err(e) = publisher.start_stream(Ingest::Fallback, label.clone(), conn, peer, sdp, host.engine()) {
+        return Some(format!("not played: {e}"));
+    }
+    drop((publisher, host));
+    tracing::info!(session = name, picture = f.has_picture(), "no publisher: the last picture is held");
+    let (t0, mut packets) = (Instant::now(), Vec::new());
+    loop {
+        let due = t0 + Duration::from_millis(f.next_due_ms().expect("not empty"));
+        while let Some(wait) = due.checked_duration_since(Instant::now()) {
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            std::thread::sleep(wait.min(LOOK));
+        }
+        let Some(p) = p.upgrade().filter(|_| !stop.load(Ordering::Relaxed)) else {
+            if let Some(p) = p.upgrade() {
+                p.stop(&label);
+            }
+            return Some("stopped".into());
+        };
+        f.due(t0.elapsed().as_millis() as u64, &mut packets);
+        for (track, mut pkt) in packets.drain(..) {
+            if !p.feed_rtp(conn, track, &mut pkt, 0) {
+                return Some("a publisher took the path".into());
+            }
+        }
     }
 }
 

@@ -1,0 +1,253 @@
+//! A path's stand-in while its publisher is away (`fallback = "freeze"`): the last picture it
+//! sent, held, and silence in its audio, as RTP in the publisher's own codecs and parameters
+//! (so every reader, HLS's initialization and recordings go on unchanged). Sans-IO: the
+//! publisher's description and its last keyframe's packets in; packets and the time each is
+//! due out.
+//!
+//! The picture is a keyframe sent again twice a second with rising times (each a point a
+//! player can start at; no encoder is needed for any codec). Audio is a silent frame per
+//! frame time: AAC (mono or stereo, any rate), Opus, G.711; other audio pauses.
+
+use crate::container::repack::{TrackCodec, TrackInfo};
+use crate::rtsp::sdp::Sdp;
+
+/// How often the held picture is sent again (ms): a player joining waits at most this.
+pub const PICTURE_EVERY_MS: u64 = 500;
+
+/// What one track sends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Filler {
+    /// A keyframe's RTP packets, sent again each time (their payloads and marker bits kept).
+    Picture(Vec<Vec<u8>>),
+    /// A silent frame's RTP payload, its payload type, and the ticks it lasts.
+    Silence { payload: Vec<u8>, pt: u8, ticks: u32 },
+}
+
+#[derive(Debug)]
+struct Track {
+    index: usize,
+    filler: Filler,
+    /// Frames (pictures or silent frames) sent, and the RTP numbering.
+    sent: u64,
+    seq: u16,
+    clock: u32,
+}
+
+impl Track {
+    /// RTP ticks and milliseconds of one frame.
+    fn ticks(&self) -> u64 {
+        match &self.filler {
+            Filler::Picture(_) => u64::from(self.clock) * PICTURE_EVERY_MS / 1000,
+            Filler::Silence { ticks, .. } => u64::from(*ticks),
+        }
+    }
+
+    fn due_ms(&self, frame: u64) -> u64 {
+        frame * self.ticks() * 1000 / u64::from(self.clock.max(1))
+    }
+}
+
+/// The stand-in stream of one publisher's description.
+#[derive(Debug)]
+pub struct Freeze {
+    tracks: Vec<Track>,
+    ssrc: u32,
+}
+
+impl Freeze {
+    /// The stand-in for `sdp`'s tracks: `keyframes[i]` is track i's last keyframe, as RTP
+    /// packets (a video track without one, and audio of another codec, send nothing).
+    pub fn new(sdp: &Sdp, keyframes: &[Vec<Vec<u8>>], ssrc: u32) -> Self {
+        let mut tracks = Vec::new();
+        for (index, m) in sdp.media.iter().enumerate() {
+            let pt = m.formats.first().and_then(|f| f.parse().ok()).unwrap_or(96);
+            let info = TrackInfo::from_sdp(m).ok();
+            let clock = match (info.as_ref(), m.formats.first().and_then(|f| m.rtpmap(f))) {
+                (Some(i), _) => i.clock,
+                (None, Some((_, clock))) => clock,
+                (None, None) => continue,
+            };
+            let filler = if m.kind == "video" {
+                match keyframes.get(index) {
+                    Some(k) if k.iter().all(|p| p.len() >= crate::rtp::FIXED_HEADER_LEN) && !k.is_empty() => {
+                        Filler::Picture(k.clone())
+                    }
+                    _ => continue,
+                }
+            } else {
+                match info.map(|i| i.codec) {
+                    Some(TrackCodec::Aac { config, size_bits, index_bits, .. }) => {
+                        let channels = (config[1] >> 3) & 0x0f;
+                        let Some(frame) = crate::codec::aac::silent_frame(channels) else { continue };
+                        let Some(payload) = aac_payload(&frame, size_bits, index_bits) else { continue };
+                        Filler::Silence { payload, pt, ticks: 1024 }
+                    }
+                    Some(TrackCodec::Opus { channels }) => {
+                        let payload = crate::codec::opus::silent_packet(channels).to_vec();
+                        Filler::Silence { payload, pt, ticks: 960 }
+                    }
+                    Some(TrackCodec::G711 { mu_law }) => {
+                        // 20 ms of the code for zero.
+                        Filler::Silence { payload: vec![if mu_law { 0xff } else { 0xd5 }; 160], pt, ticks: 160 }
+                    }
+                    _ => continue,
+                }
+            };
+            tracks.push(Track { index, filler, sent: 0, seq: 0, clock });
+        }
+        Self { tracks, ssrc }
+    }
+
+    /// Whether it sends anything (a picture or silence).
+    pub fn is_empty(&self) -> bool {
+        self.tracks.is_empty()
+    }
+
+    /// Whether it holds a picture.
+    pub fn has_picture(&self) -> bool {
+        self.tracks.iter().any(|t| matches!(t.filler, Filler::Picture(_)))
+    }
+
+    /// Appends the packets due by `elapsed_ms` after it began, each with its track's index.
+    pub fn due(&mut self, elapsed_ms: u64, out: &mut Vec<(usize, Vec<u8>)>) {
+        let ssrc = self.ssrc;
+        for t in &mut self.tracks {
+            while t.due_ms(t.sent) <= elapsed_ms {
+                let time = (t.sent * t.ticks()) as u32;
+                match &t.filler {
+                    Filler::Picture(packets) => {
+                        for p in packets {
+                            let mut p = p.clone();
+                            p[2..4].copy_from_slice(&t.seq.to_be_bytes());
+                            p[4..8].copy_from_slice(&time.to_be_bytes());
+                            p[8..12].copy_from_slice(&ssrc.to_be_bytes());
+                            t.seq = t.seq.wrapping_add(1);
+                            out.push((t.index, p));
+                        }
+                    }
+                    Filler::Silence { payload, pt, .. } => {
+                        let mut p = vec![0; crate::rtp::FIXED_HEADER_LEN];
+                        crate::rtp::write_header(&mut p, true, *pt, t.seq, time, ssrc);
+                        p.extend_from_slice(payload);
+                        t.seq = t.seq.wrapping_add(1);
+                        out.push((t.index, p));
+                    }
+                }
+                t.sent += 1;
+            }
+        }
+    }
+
+    /// When (ms after it began) the next packet is due; `None` if it sends nothing.
+    pub fn next_due_ms(&self) -> Option<u64> {
+        self.tracks.iter().map(|t| t.due_ms(t.sent)).min()
+    }
+}
+
+/// One AAC access unit as an RFC 3640 payload with the description's AU header sizes (the
+/// AU-headers-length, then its size and index 0 in `size_bits + index_bits`, byte-padded).
+fn aac_payload(frame: &[u8], size_bits: u8, index_bits: u8) -> Option<Vec<u8>> {
+    let bits = u32::from(size_bits) + u32::from(index_bits);
+    if bits == 0 || bits > 32 || frame.len() as u64 >= 1 << size_bits {
+        return None;
+    }
+    let header = (frame.len() as u64) << index_bits << (bits.div_ceil(8) * 8 - bits);
+    let mut p = (bits as u16).to_be_bytes().to_vec();
+    p.extend_from_slice(&header.to_be_bytes()[8 - bits.div_ceil(8) as usize..]);
+    p.extend_from_slice(frame);
+    Some(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::container::repack::{Repackager, Unit};
+
+    const SDP: &str = "v=0\r\ns=x\r\nt=0 0\r\n\
+        m=video 0 RTP/AVP 96\r\na=rtpmap:96 H264/90000\r\na=fmtp:96 packetization-mode=1\r\n\
+        m=audio 0 RTP/AVP 97\r\na=rtpmap:97 MPEG4-GENERIC/44100/2\r\n\
+        a=fmtp:97 streamtype=5;mode=AAC-hbr;sizelength=13;indexlength=3;indexdeltalength=3;config=1210\r\n\
+        m=audio 0 RTP/AVP 111\r\na=rtpmap:111 opus/48000/2\r\n\
+        m=audio 0 RTP/AVP 0\r\n\
+        m=audio 0 RTP/AVP 14\r\n";
+
+    /// An H.264 keyframe as two RTP packets: SPS + PPS (STAP-A), then the IDR.
+    fn keyframe() -> Vec<Vec<u8>> {
+        let rtp = |marker: bool, seq: u16, payload: &[u8]| {
+            let mut p = vec![0; 12];
+            crate::rtp::write_header(&mut p, marker, 96, seq, 12_345, 7);
+            p.extend_from_slice(payload);
+            p
+        };
+        vec![
+            rtp(false, 900, &[24, 0, 4, 0x67, 0x42, 0xc0, 0x1e, 0, 2, 0x68, 0xce]),
+            rtp(true, 901, &[0x65, 0x88, 0x84, 0x00, 0x33]),
+        ]
+    }
+
+    /// Two seconds of it: the picture every 500 ms (both packets, numbered on, 45,000 ticks
+    /// apart), AAC every 1,024 samples at 44.1 kHz, Opus and G.711 every 20 ms, MP3 not at
+    /// all; every track's numbers and times rise by one frame each, on one SSRC.
+    #[test]
+    fn pictures_and_silence_at_their_frame_times() {
+        let sdp = Sdp::parse(SDP).unwrap();
+        let mut f = Freeze::new(&sdp, &[keyframe()], 42);
+        assert!(f.has_picture() && !f.is_empty());
+        let mut out = Vec::new();
+        let mut ms = 0;
+        while let Some(next) = f.next_due_ms().filter(|n| *n < 2000) {
+            assert!(next >= ms, "due times go back");
+            ms = next;
+            f.due(ms, &mut out);
+        }
+        let of = |track: usize| -> Vec<&Vec<u8>> { out.iter().filter(|(t, _)| *t == track).map(|(_, p)| p).collect() };
+        let field = |p: &[u8], at: usize| u32::from_be_bytes(p[at..at + 4].try_into().unwrap());
+        assert_eq!(of(0).len(), 2 * 4);
+        assert_eq!(of(1).len(), 87, "2 s of 1,024 samples at 44.1 kHz");
+        assert_eq!((of(2).len(), of(3).len(), of(4).len()), (100, 100, 0));
+        for (track, ticks) in [(1, 1024), (2, 960), (3, 160)] {
+            let packets = of(track);
+            assert!(packets.iter().all(|p| field(p, 8) == 42));
+            for (k, w) in packets.windows(2).enumerate() {
+                assert_eq!(u16::from_be_bytes([w[1][2], w[1][3]]), k as u16 + 1);
+                assert_eq!(field(w[1], 4) - field(w[0], 4), ticks);
+            }
+        }
+        let video = of(0);
+        assert_eq!(video[2][12..], keyframe()[0][12..], "the payloads as they came");
+        assert_eq!((field(video[3], 4), video[3][1] >> 7, video[2][1] >> 7), (45_000, 1, 0));
+        assert_eq!(of(3)[0][12..], [0xff; 160]);
+    }
+
+    /// What it sends is what the repackager reads back: the keyframe whole each time, and
+    /// AAC units of the silent frame (so HLS and recordings take it as they take the live
+    /// stream).
+    #[test]
+    fn the_repackager_reads_it() {
+        let sdp = Sdp::parse(SDP).unwrap();
+        let infos: Vec<_> = sdp.media.iter().map(|m| TrackInfo::from_sdp(m).ok()).collect();
+        let mut r = Repackager::new(infos);
+        let mut f = Freeze::new(&sdp, &[keyframe()], 1);
+        let (mut packets, mut units) = (Vec::new(), Vec::<Unit>::new());
+        f.due(1600, &mut packets);
+        for (track, p) in &packets {
+            r.push_rtp(*track, p, 0, &mut units);
+        }
+        let keys = units.iter().filter(|u| u.stream == 0 && u.key).count();
+        assert_eq!(keys, 4, "every picture a keyframe");
+        let silence = crate::codec::aac::silent_frame(2).unwrap();
+        let aac: Vec<_> = units.iter().filter(|u| u.stream == 1).collect();
+        assert!(aac.len() >= 60 && aac.iter().all(|u| u.data == silence), "{} AAC units", aac.len());
+    }
+
+    /// Without a keyframe the video sends nothing; AU headers of other sizes are written
+    /// as the description says.
+    #[test]
+    fn no_picture_without_a_keyframe_and_other_header_sizes() {
+        let f = Freeze::new(&Sdp::parse(SDP).unwrap(), &[], 1);
+        assert!(!f.has_picture() && !f.is_empty());
+        assert_eq!(aac_payload(&[9; 4], 6, 2), Some(vec![0, 8, 4 << 2, 9, 9, 9, 9]));
+        assert_eq!(aac_payload(&[9; 4], 13, 3), Some(vec![0, 16, 0, 4 << 3, 9, 9, 9, 9]));
+        assert_eq!(aac_payload(&[9; 70], 6, 2), None, "too big for its size field");
+    }
+}
