@@ -290,6 +290,8 @@ impl Flv {
         use fanout_proto::container::{flv, repack::TrackCodec};
         carried
             .iter()
+            // (MP3 has no decoder configuration in FLV.)
+            .filter(|s| s.codec != TrackCodec::Mpa)
             .map(|s| match &s.codec {
                 TrackCodec::Video { codec, params } if params.is_empty() => {
                     let sets: Vec<&[u8]> = fanout_proto::codec::annexb::nal_units(keyframe)
@@ -495,9 +497,12 @@ impl Outputs {
                     let _ = f.tags.send(FlvTag::new(true, key, flv_ms(dts), Arc::new(body)));
                 });
             }
-            TrackCodec::Aac { .. } => {
-                let body = Arc::new(flv::aac_frame(&u.data));
-                let _ = f.tags.send(FlvTag::new(false, false, flv_ms(u.time), body));
+            TrackCodec::Aac { .. } | TrackCodec::Mpa => {
+                let body = match &codecs[u.stream].codec {
+                    TrackCodec::Aac { .. } => flv::aac_frame(&u.data),
+                    _ => flv::mp3_frame(&u.data),
+                };
+                let _ = f.tags.send(FlvTag::new(false, false, flv_ms(u.time), Arc::new(body)));
             }
             _ => {} // not in FLV
         }

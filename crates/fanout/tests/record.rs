@@ -608,7 +608,8 @@ fn vp9_and_opus_play_over_hls_and_are_recorded() {
 /// A camera's MP3 (RTP `MPA`) and G.711 (PCMU on the static payload type): ffmpeg publishes
 /// H.264 + MP3 to one path and PCMU alone to another, over RTSP. RTSP readers get them as they
 /// came. HLS lists `mp4a.6b` for the MP3 and ffmpeg decodes 3 s without an error (an MP3
-/// frame every 26 ms beside a picture every 40 ms). The G.711, which browsers do not play in
+/// frame every 26 ms beside a picture every 40 ms); HTTP TS and HTTP-FLV carry it too, its
+/// 440 Hz tone kept. The G.711, which browsers do not play in
 /// fMP4 and MPEG-TS does not carry, becomes AAC for HLS (`mp4a.40.2`, 47 frames a second),
 /// HTTP TS and the recording, its 440 Hz tone kept; the recordings decode whole.
 #[test]
@@ -626,14 +627,14 @@ fn mp3_and_g711_play_over_rtsp_and_hls_and_are_recorded() {
             Command::new("ffmpeg")
                 .args(["-nostdin", "-loglevel", "error", "-re"])
                 .args(args)
-                .args(["-t", "16", "-rtsp_transport", "tcp", "-f", "rtsp", &format!("rtsp://{rtsp}/{path}")])
+                .args(["-t", "40", "-rtsp_transport", "tcp", "-f", "rtsp", &format!("rtsp://{rtsp}/{path}")])
                 .spawn()
                 .unwrap(),
         )
     };
     let sine = |rate: &str| format!("sine=frequency=440:sample_rate={rate}");
     let _mp3 = publish(
-        &["-i", DEMO_TS, "-f", "lavfi", "-i", &sine("44100"), "-map", "0:v", "-c:v", "copy"]
+        &["-stream_loop", "-1", "-i", DEMO_TS, "-f", "lavfi", "-i", &sine("44100"), "-map", "0:v", "-c:v", "copy"]
             .into_iter()
             .chain(["-map", "1:a", "-c:a", "libmp3lame", "-b:a", "128k"])
             .collect::<Vec<_>>(),
@@ -641,7 +642,7 @@ fn mp3_and_g711_play_over_rtsp_and_hls_and_are_recorded() {
     );
     let _pcmu = publish(&["-f", "lavfi", "-i", &sine("8000"), "-c:a", "pcm_mulaw"], "pcmu");
     for (path, codecs, audio, frames) in [
-        ("mp3", "avc1.640015,mp4a.6b", "mp3", ("0,", 74..=76, "1,", 113..=117)),
+        ("mp3", "avc1.640015,mp4a.6b", "mp3", ("0,", 72..=76, "1,", 113..=117)),
         ("pcmu", "mp4a.40.2", "pcm_mulaw", ("", 0..=0, "0,", 138..=143)),
     ] {
         let hls = relay.url(&format!("/v1/sessions/{path}/hls/index.m3u8"));
@@ -660,12 +661,17 @@ fn mp3_and_g711_play_over_rtsp_and_hls_and_are_recorded() {
             String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or("").to_string()
         };
         assert_eq!(probe(&format!("rtsp://{rtsp}/{path}")), audio, "over RTSP");
-        if path == "pcmu" {
-            for url in [hls.clone(), relay.url("/v1/sessions/pcmu/stream")] {
-                let (codec, hz) = tone_of(&url);
-                assert!(codec == "aac" && (hz - 440.0).abs() < 15.0, "{url}: {codec} at {hz} Hz");
-            }
-        } else {
+        // The 440 Hz tone over HTTP TS and HLS (G.711 as AAC), HTTP TS and HTTP-FLV (MP3).
+        let stream = relay.url(&format!("/v1/sessions/{path}/stream"));
+        let (heard, urls) = match path {
+            "pcmu" => ("aac", [hls.clone(), stream]),
+            _ => ("mp3", [stream, relay.url(&format!("/{path}.flv"))]),
+        };
+        for url in urls {
+            let (codec, hz) = tone_of(&url);
+            assert!(codec == heard && (hz - 440.0).abs() < 15.0, "{url}: {codec} at {hz} Hz");
+        }
+        if path == "mp3" {
             assert_eq!(probe(&hls), audio, "over HLS");
         }
         let out = Command::new("timeout")
@@ -679,6 +685,7 @@ fn mp3_and_g711_play_over_rtsp_and_hls_and_are_recorded() {
         assert!(video_count.contains(&count(video)) && sound_count.contains(&count(sound)), "{path}: {md5}");
     }
     // The recordings, once the publishers have gone.
+    drop((_mp3, _pcmu));
     for (path, streams) in [("mp3", vec!["h264", "mp3"]), ("pcmu", vec!["aac"])] {
         let files = || {
             relay.ok("GET", &format!("/v1/recordings/{path}"), None)["files"].as_array().cloned().unwrap_or_default()

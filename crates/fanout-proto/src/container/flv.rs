@@ -279,6 +279,20 @@ pub fn aac_frame(au: &[u8]) -> Vec<u8> {
     [&[0xaf, 1][..], au].concat()
 }
 
+/// An audio tag of one MP3 frame (sound format 2). Its rate field says 44 kHz, 22 kHz or
+/// 11 kHz, the nearest FLV can; decoders take the rate from the frame's own header.
+pub fn mp3_frame(frame: &[u8]) -> Vec<u8> {
+    let h = crate::codec::mpa::frame_header(frame);
+    let rate: u8 = match h.as_ref().map_or(44_100, |h| h.sample_rate) {
+        ..=11_025 => 1,
+        ..=22_050 => 2,
+        _ => 3,
+    };
+    let stereo = h.is_none_or(|h| h.channels == 2);
+    let flags = (2 << 4) | (rate << 2) | (1 << 1) | u8::from(stereo);
+    [&[flags][..], frame].concat()
+}
+
 /// The start of an FLV file (a live stream over HTTP): the header, saying whether video and
 /// audio come, and the first PreviousTagSize (0).
 pub fn file_header(video: bool, audio: bool) -> [u8; 13] {
@@ -379,6 +393,11 @@ mod tests {
     #[test]
     fn aac_and_other_audio() {
         assert_eq!(audio(&[0xaf, 0, 0x12, 0x10]).unwrap(), Audio::AacConfig(&[0x12, 0x10]));
+        // MP3: 44.1 kHz stereo and 22.05 kHz mono (MPEG-2) frames; the frame follows whole.
+        let mut stereo = vec![0xff, 0xfb, 0x90, 0x44];
+        stereo.resize(417, 0);
+        assert_eq!(mp3_frame(&stereo)[..5], [0x2f, 0xff, 0xfb, 0x90, 0x44]);
+        assert_eq!(mp3_frame(&[0xff, 0xf3, 0x80, 0xc4, 0])[0], 0x2a);
         assert_eq!(audio(&[0xaf, 1, 0x21]).unwrap(), Audio::AacFrame(&[0x21]));
         assert_eq!(audio(&[0x2f, 1]).unwrap(), Audio::Other(2));
         assert_eq!(audio(&[]), Err(FlvError::Short));

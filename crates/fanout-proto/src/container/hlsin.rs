@@ -303,7 +303,7 @@ pub fn ts_units(seg: &[u8]) -> (Vec<Unit>, u64) {
                 }
                 StreamKind::H265 => crate::codec::annexb::nal_units(&p.data)
                     .any(|n| n.first().is_some_and(|b| (16..=23).contains(&((b >> 1) & 0x3f)))),
-                StreamKind::AacAdts => true,
+                StreamKind::AacAdts | StreamKind::Mpa => true,
             };
             Some(Unit { kind, pts, dts: p.dts.unwrap_or(pts), key, data: p.data })
         })

@@ -115,6 +115,7 @@ impl TrackInfo {
             TrackCodec::Video { codec: Codec::H264, .. } => Some(StreamKind::H264),
             TrackCodec::Video { codec: Codec::H265, .. } => Some(StreamKind::H265),
             TrackCodec::Aac { .. } => Some(StreamKind::AacAdts),
+            TrackCodec::Mpa => Some(StreamKind::Mpa),
             _ => None,
         }
     }

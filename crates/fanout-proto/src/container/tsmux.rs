@@ -18,6 +18,8 @@ pub enum StreamKind {
     H265,
     /// Access units in ADTS framing (header included).
     AacAdts,
+    /// MPEG-1/2 audio (MP3) frames, each with its header.
+    Mpa,
 }
 
 impl StreamKind {
@@ -26,11 +28,13 @@ impl StreamKind {
             StreamKind::H264 => crate::container::tsdemux::STREAM_TYPE_H264,
             StreamKind::H265 => crate::container::tsdemux::STREAM_TYPE_H265,
             StreamKind::AacAdts => 0x0f,
+            // (ISO/IEC 11172-3 audio; decoders read the layer and rate from each header.)
+            StreamKind::Mpa => 0x03,
         }
     }
 
-    fn is_video(self) -> bool {
-        !matches!(self, StreamKind::AacAdts)
+    pub fn is_video(self) -> bool {
+        matches!(self, StreamKind::H264 | StreamKind::H265)
     }
 
     fn stream_id(self) -> u8 {

@@ -357,16 +357,17 @@ pub fn have_ffmpeg() -> bool {
 /// a second of it, from the zero crossings of the decoded samples.
 pub fn tone_of(url: &str) -> (String, f64) {
     let out = Command::new("timeout")
-        .args(["30", "ffprobe", "-v", "error", "-select_streams", "a", "-show_entries", "stream=codec_name"])
-        .args(["-of", "csv=p=0", url])
-        .output()
-        .unwrap();
-    let codec = String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or("").to_string();
-    let out = Command::new("timeout")
-        .args(["30", "ffmpeg", "-nostdin", "-loglevel", "error", "-i", url, "-map", "0:a", "-t", "2"])
+        .args(["30", "ffmpeg", "-nostdin", "-hide_banner", "-i", url, "-map", "0:a", "-t", "2"])
         .args(["-ac", "1", "-ar", "48000", "-f", "s16le", "-"])
         .output()
         .unwrap();
+    // (The input's audio codec, from ffmpeg's description of it: "Stream #0:1: Audio: aac".)
+    let log = String::from_utf8_lossy(&out.stderr);
+    let codec = log
+        .lines()
+        .take_while(|l| !l.starts_with("Stream mapping"))
+        .find_map(|l| l.split_once(": Audio: ").map(|(_, c)| c.split([' ', ',']).next().unwrap_or("").to_string()))
+        .unwrap_or_default();
     let samples: Vec<i16> = out.stdout.chunks_exact(2).map(|b| i16::from_le_bytes([b[0], b[1]])).collect();
     // The last second (the decoder's start left behind).
     let last = &samples[samples.len().saturating_sub(48_000)..];
