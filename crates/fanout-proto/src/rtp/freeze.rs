@@ -5,9 +5,12 @@
 //! due out.
 //!
 //! The picture is a keyframe sent again twice a second with rising times (each a point a
-//! player can start at; no encoder is needed for any codec). Audio is a silent frame per
-//! frame time: AAC (mono or stereo, any rate), Opus, G.711; other audio pauses.
+//! player can start at; no encoder is needed for any codec). An H.265 CRA picture (an open
+//! GOP's keyframe, x265's default) goes as a BLA, as a splicer would: the same slice syntax,
+//! but each starts a new sequence, so its picture order count may repeat. Audio is a silent
+//! frame per frame time: AAC (mono or stereo, any rate), Opus, G.711; other audio pauses.
 
+use crate::codec::annexb::Codec;
 use crate::container::repack::{TrackCodec, TrackInfo};
 use crate::rtsp::sdp::Sdp;
 
@@ -70,7 +73,11 @@ impl Freeze {
             let filler = if m.kind == "video" {
                 match keyframes.get(index) {
                     Some(k) if k.iter().all(|p| p.len() >= crate::rtp::FIXED_HEADER_LEN) && !k.is_empty() => {
-                        Filler::Picture(k.clone())
+                        let mut k = k.clone();
+                        if matches!(&info, Some(TrackInfo { codec: TrackCodec::Video { codec: Codec::H265, .. }, .. })) {
+                            k.iter_mut().for_each(|p| cra_as_bla(&mut p[crate::rtp::FIXED_HEADER_LEN..]));
+                        }
+                        Filler::Picture(k)
                     }
                     _ => continue,
                 }
@@ -141,6 +148,40 @@ impl Freeze {
     /// When (ms after it began) the next packet is due; `None` if it sends nothing.
     pub fn next_due_ms(&self) -> Option<u64> {
         self.tracks.iter().map(|t| t.due_ms(t.sent)).min()
+    }
+}
+
+/// H.265 NAL unit types (ITU-T H.265 Table 7-1) and RTP payload structures (RFC 7798).
+const CRA: u8 = 21;
+const BLA_W_LP: u8 = 16;
+const AGGREGATION: u8 = 48;
+const FRAGMENT: u8 = 49;
+
+/// Makes the CRA slices in an H.265 RTP payload BLA ones: a single NAL unit, a fragment's
+/// (its FU header), or those in an aggregation packet.
+fn cra_as_bla(payload: &mut [u8]) {
+    let set = |b: &mut u8, shift: u32| {
+        if (*b >> shift) & 0x3f == CRA {
+            *b = (*b & !(0x3f << shift)) | (BLA_W_LP << shift);
+        }
+    };
+    let Some(&b0) = payload.first() else { return };
+    match (b0 >> 1) & 0x3f {
+        FRAGMENT => {
+            if let Some(fu) = payload.get_mut(2) {
+                set(fu, 0);
+            }
+        }
+        AGGREGATION => {
+            let mut at = 2;
+            while let Some(size) = payload.get(at..at + 2).map(|s| usize::from(u16::from_be_bytes([s[0], s[1]]))) {
+                if let Some(nal) = payload.get_mut(at + 2) {
+                    set(nal, 1);
+                }
+                at += 2 + size;
+            }
+        }
+        _ => set(&mut payload[0], 1),
     }
 }
 
@@ -238,6 +279,25 @@ mod tests {
         let silence = crate::codec::aac::silent_frame(2).unwrap();
         let aac: Vec<_> = units.iter().filter(|u| u.stream == 1).collect();
         assert!(aac.len() >= 60 && aac.iter().all(|u| u.data == silence), "{} AAC units", aac.len());
+    }
+
+    /// H.265 CRA slices become BLA ones, whole or in fragments and aggregates (their layer
+    /// and temporal id bits kept); other NAL units are left alone.
+    #[test]
+    fn cra_slices_become_bla() {
+        let mut single = [CRA << 1, 1, 0xaa];
+        cra_as_bla(&mut single);
+        assert_eq!(single, [BLA_W_LP << 1, 1, 0xaa]);
+        let mut fu = [FRAGMENT << 1, 1, 0x80 | CRA, 0xaa];
+        cra_as_bla(&mut fu);
+        assert_eq!(fu, [FRAGMENT << 1, 1, 0x80 | BLA_W_LP, 0xaa]);
+        let mut ap = [AGGREGATION << 1, 1, 0, 2, 32 << 1, 1, 0, 3, CRA << 1 | 1, 1, 0xaa];
+        cra_as_bla(&mut ap);
+        assert_eq!(ap, [AGGREGATION << 1, 1, 0, 2, 32 << 1, 1, 0, 3, BLA_W_LP << 1 | 1, 1, 0xaa]);
+        let mut trail = [1 << 1, 1, 0xaa];
+        cra_as_bla(&mut trail);
+        assert_eq!(trail, [1 << 1, 1, 0xaa]);
+        cra_as_bla(&mut []);
     }
 
     /// Without a keyframe the video sends nothing; AU headers of other sizes are written
