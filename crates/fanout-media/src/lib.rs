@@ -36,7 +36,7 @@ const GAP: i64 = 4 * OPUS_FRAME as i64;
 /// frames. Packet times follow on exactly from one to the next while the AAC does.
 pub struct AacToOpus {
     aac: AacDecoder,
-    resample: resample::Linear,
+    resample: resample::Resampler,
     opus: opus::Encoder,
     channels: usize,
     /// Samples (interleaved, 48 kHz) waiting for a whole frame.
@@ -54,7 +54,7 @@ impl AacToOpus {
         let mut opus = opus::Encoder::new(channels)?;
         opus.set_bitrate(BITS_PER_CHANNEL * channels as i32)?;
         Ok(Self {
-            resample: resample::Linear::new(aac.rate(), OPUS_CLOCK, channels),
+            resample: resample::Resampler::new(aac.rate(), OPUS_CLOCK, channels),
             aac,
             opus,
             channels,
@@ -110,7 +110,7 @@ const AAC_BITS_PER_CHANNEL: u32 = 64_000;
 /// 8 kHz to 48 kHz).
 enum Pcm {
     Opus(opus::Decoder),
-    G711 { mu_law: bool, raise: resample::Linear, scratch: Vec<f32> },
+    G711 { mu_law: bool, raise: resample::Resampler, scratch: Vec<f32> },
 }
 
 impl Pcm {
@@ -164,7 +164,7 @@ impl ToAac {
 
     /// A transcoder of G.711 (µ-law or A-law; mono), which needs no codec library.
     pub fn of_g711(mu_law: bool) -> Self {
-        let raise = resample::Linear::new(g711::RATE, OPUS_CLOCK, 1);
+        let raise = resample::Resampler::new(g711::RATE, OPUS_CLOCK, 1);
         Self::of(Pcm::G711 { mu_law, raise, scratch: Vec::new() }, 1)
     }
 

@@ -1,8 +1,9 @@
 //! `fanout bench transcode`: what a path's audio transcoded for its readers costs, both ways:
 //! the demo clip's AAC RTP depacketized, decoded, resampled where needed and encoded to Opus
-//! (for WebRTC viewers), and that Opus decoded and encoded to AAC (a WHIP publisher's, for
-//! FLV, MPEG-TS and SRT players), lap after lap, in process; the thread's CPU time per second
-//! of audio. The work is once per path, whatever its readers.
+//! (for WebRTC viewers), that Opus decoded and encoded to AAC (a WHIP publisher's, for FLV,
+//! MPEG-TS and SRT players), and a camera's G.711 (µ-law, 20 ms packets of a two-tone mix)
+//! raised to 48 kHz and encoded to AAC, lap after lap, in process; the thread's CPU time per
+//! second of audio. The work is once per path, whatever its readers.
 
 use super::{plot, thread_cpu_s};
 use anyhow::Context;
@@ -53,19 +54,33 @@ pub fn run(a: TranscodeArgs) -> anyhow::Result<()> {
         }
         packets
     };
+    // The same length of G.711 µ-law, each sample the code that expands nearest to it.
+    let g711_lap: Vec<(Vec<u8>, i64)> = {
+        let samples = (lap_90k * 8000 / 90_000) as usize;
+        let code = |x: f64| (0..=255u8).min_by_key(|&b| (i32::from(fanout_media::g711::ulaw(b)) - x as i32).abs());
+        let tone = |k: usize, hz: f64| (2.0 * std::f64::consts::PI * hz * k as f64 / 8000.0).sin();
+        let bytes: Vec<u8> =
+            (0..samples).filter_map(|k| code(8000.0 * tone(k, 440.0) + 4000.0 * tone(k, 1300.0))).collect();
+        bytes.chunks(160).enumerate().map(|(k, p)| (p.to_vec(), k as i64 * 960)).collect()
+    };
     let channels = fanout_media::AacToOpus::new(config).map_err(|e| anyhow::anyhow!("{e}"))?.channels();
     let csv_path = a.out.join("transcode.csv");
     let mut csv = std::fs::File::create(&csv_path).with_context(|| format!("creating {}", csv_path.display()))?;
     writeln!(csv, "round,direction,audio_s,cpu_s,core_pct_per_path,units_made")?;
-    let mut series = vec![("AAC to Opus".to_string(), Vec::new()), ("Opus to AAC".to_string(), Vec::new())];
-    let mut bar = super::progress(2 * rounds as u64, "transcode");
+    let mut series: Vec<(String, Vec<(f64, f64)>)> =
+        ["AAC to Opus", "Opus to AAC", "G.711 to AAC"].iter().map(|n| (n.to_string(), Vec::new())).collect();
+    let mut bar = super::progress(series.len() as u64 * rounds as u64, "transcode");
     for round in 1..=rounds {
         for (k, (name, points)) in series.iter_mut().enumerate() {
             // Laps of the clip through this direction until `seconds` of CPU are spent.
             let (t0, mut laps, mut made) = (thread_cpu_s(), 0u64, 0u64);
             let failed = |e: fanout_media::MediaError| anyhow::anyhow!("{e}");
             let mut to_opus = if k == 0 { Some(fanout_media::AacToOpus::new(config).map_err(failed)?) } else { None };
-            let mut to_aac = if k == 1 { Some(fanout_media::ToAac::of_opus(channels).map_err(failed)?) } else { None };
+            let mut to_aac = match k {
+                1 => Some((fanout_media::ToAac::of_opus(channels).map_err(failed)?, &opus_lap)),
+                2 => Some((fanout_media::ToAac::of_g711(true), &g711_lap)),
+                _ => None,
+            };
             let mut r = Repackager::new(vec![Some(info.clone())]);
             let (mut units, mut out) = (Vec::new(), Vec::new());
             while thread_cpu_s() - t0 < seconds {
@@ -82,8 +97,8 @@ pub fn run(a: TranscodeArgs) -> anyhow::Result<()> {
                         }
                     }
                 }
-                if let Some(coder) = to_aac.as_mut() {
-                    for (packet, time) in &opus_lap {
+                if let Some((coder, input)) = to_aac.as_mut() {
+                    for (packet, time) in input.iter() {
                         coder.push(packet, time + (shift * 48_000 / 90_000) as i64, &mut out);
                     }
                 }
