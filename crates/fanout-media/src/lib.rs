@@ -350,7 +350,8 @@ mod tests {
         for mu_law in [true, false] {
             let expand = if mu_law { g711::ulaw } else { g711::alaw };
             // (Each sample as the code that expands nearest to it.)
-            let code = |x: f32| (0..=255u8).min_by_key(|&b| (i32::from(expand(b)) - (x * 32_768.0) as i32).abs()).unwrap();
+            let code =
+                |x: f32| (0..=255u8).min_by_key(|&b| (i32::from(expand(b)) - (x * 32_768.0) as i32).abs()).unwrap();
             let bytes: Vec<u8> = tone.iter().map(|&x| code(x)).collect();
             let mut t = ToAac::of_g711(mu_law);
             assert_eq!(t.channels(), 1);

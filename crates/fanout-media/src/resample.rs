@@ -121,7 +121,7 @@ impl Resampler {
     pub fn new(from: u32, to: u32, channels: usize) -> Self {
         let step = f64::from(from) / f64::from(to);
         // (Just below the input's Nyquist frequency, as a fraction of the output rate.)
-        let whole = (to % from.max(1) == 0 && to / from.max(1) >= 2).then(|| (to / from) as usize);
+        let whole = (to.is_multiple_of(from.max(1)) && to / from.max(1) >= 2).then(|| (to / from) as usize);
         let raise = whole.map(|l| Polyphase::new(l, channels));
         let lowpass = (step <= 0.5 && raise.is_none()).then(|| Lowpass::new(0.45 * step, channels));
         Self { step, channels, pos: 0.0, last: Vec::new(), lowpass, scratch: Vec::new(), raise }

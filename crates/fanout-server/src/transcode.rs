@@ -135,9 +135,8 @@ impl Transcode {
             .map_err(|e| e.to_string())?
             .media
             .remove(0);
-        let task =
-            tokio::spawn(run(name.to_string(), source.session.clone(), info, coder, inlet, linger, (from, to)))
-                .abort_handle();
+        let task = tokio::spawn(run(name.to_string(), source.session.clone(), info, coder, inlet, linger, (from, to)))
+            .abort_handle();
         tracing::info!(path = name, channels, "{from} to {into} started");
         Ok(Arc::new(Self { to, from, track, media, task }))
     }

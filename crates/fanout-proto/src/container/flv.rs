@@ -284,8 +284,8 @@ pub fn aac_frame(au: &[u8]) -> Vec<u8> {
 pub fn mp3_frame(frame: &[u8]) -> Vec<u8> {
     let h = crate::codec::mpa::frame_header(frame);
     let rate: u8 = match h.as_ref().map_or(44_100, |h| h.sample_rate) {
-        ..=11_025 => 1,
-        ..=22_050 => 2,
+        0..=11_025 => 1,
+        11_026..=22_050 => 2,
         _ => 3,
     };
     let stereo = h.is_none_or(|h| h.channels == 2);

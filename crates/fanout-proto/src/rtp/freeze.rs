@@ -74,7 +74,8 @@ impl Freeze {
                 match keyframes.get(index) {
                     Some(k) if k.iter().all(|p| p.len() >= crate::rtp::FIXED_HEADER_LEN) && !k.is_empty() => {
                         let mut k = k.clone();
-                        if matches!(&info, Some(TrackInfo { codec: TrackCodec::Video { codec: Codec::H265, .. }, .. })) {
+                        if matches!(&info, Some(TrackInfo { codec: TrackCodec::Video { codec: Codec::H265, .. }, .. }))
+                        {
                             k.iter_mut().for_each(|p| cra_as_bla(&mut p[crate::rtp::FIXED_HEADER_LEN..]));
                         }
                         Filler::Picture(k)

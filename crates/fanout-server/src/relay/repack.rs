@@ -71,7 +71,13 @@ impl Relay {
         } else if let Some(video) = path.spec().video {
             let codec = TrackCodec::Video { codec: video.codec(), params: Vec::new() };
             let info = Some(fanout_proto::container::repack::TrackInfo { codec, clock: 90_000 });
-            inputs.push(crate::repack::Input { session: session.clone(), info, clock_map: None, derived: false, fmp4: true });
+            inputs.push(crate::repack::Input {
+                session: session.clone(),
+                info,
+                clock_map: None,
+                derived: false,
+                fmp4: true,
+            });
         } else {
             return Err(RelayError::Unsupported(format!(
                 "session {name:?} carries datagrams of no known format (set `video` for RTP video); \

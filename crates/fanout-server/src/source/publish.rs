@@ -53,8 +53,8 @@ pub async fn start(cx: &Ctx<'_>, takeover: bool, fallback: Option<&std::path::Pa
         // Aborted with the path: the guard's drop stops the thread.
         let task = tokio::spawn(async move {
             let _guard = guard;
-            let _ = tokio::task::spawn_blocking(move || play_while_unpublished(&weak, &stand, &host, &stop, &name))
-                .await;
+            let _ =
+                tokio::task::spawn_blocking(move || play_while_unpublished(&weak, &stand, &host, &stop, &name)).await;
         });
         tasks.push(task.abort_handle());
     }
