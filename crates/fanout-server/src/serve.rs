@@ -116,6 +116,26 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let names: Vec<String> = [cfg.api.ip()].iter().filter(|ip| !ip.is_unspecified()).map(|ip| ip.to_string()).collect();
     let tls = tls_source.map(|s| tls::Tls::new(s, &names)).transpose()?;
     if a.check {
+        // The files sessions play must be there (at the start a missing one fails its path
+        // alone, said in the log).
+        let missing: Vec<String> = cfg
+            .sessions
+            .iter()
+            .filter_map(|s| {
+                let path = match &s.source {
+                    spec::SourceSpec::File { path, .. } => path,
+                    spec::SourceSpec::Publish { fallback: Some(path), .. }
+                        if path != std::path::Path::new(spec::FALLBACK_FREEZE) =>
+                    {
+                        path
+                    }
+                    _ => return None,
+                };
+                let e = std::fs::File::open(path).err()?;
+                Some(format!("session {:?}: its file {}: {e}", s.name, path.display()))
+            })
+            .collect();
+        anyhow::ensure!(missing.is_empty(), "{}", missing.join("\n"));
         let what = a.config.as_ref().map_or("the defaults".to_string(), |p| p.display().to_string());
         println!(
             "fanout: {what} is good: {} session(s), API on {}{}",

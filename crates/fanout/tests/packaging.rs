@@ -65,6 +65,23 @@ fn the_example_config_is_good_and_check_refuses_a_broken_one_with_its_lines() {
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(said.contains("line 1") && said.contains("line 2") && said.contains("ringg"), "{said}");
+    // A file a session plays, or its fallback, that is not there; "freeze" needs none.
+    let gone = dir.join("gone.ts");
+    std::fs::write(
+        &bad,
+        format!(
+            "[[session]]\nname = \"a\"\nsource = {{ file = \"{0}\" }}\n\n[[session]]\nname = \"b\"\n\
+             source = {{ publish = true, fallback = \"{0}\" }}\n\n[[session]]\nname = \"c\"\n\
+             source = {{ publish = true, fallback = \"freeze\" }}\n",
+            gone.display()
+        ),
+    )
+    .unwrap();
+    let out = check(&bad);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("session \"a\": its file") && said.contains("session \"b\": its file"), "{said}");
+    assert!(!said.contains("session \"c\""), "{said}");
 }
 
 #[test]
