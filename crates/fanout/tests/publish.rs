@@ -13,9 +13,13 @@ use std::time::Duration;
 const CONFIG: &str = "[[session]]\nname = \"pub\"\nsource = { publish = true }\n";
 
 /// The demo clip as MP4 (ffmpeg's RTSP muxer wants AAC with its global header, which TS
-/// does not carry).
+/// does not carry): a file of each caller's own, since tests run side by side and each
+/// removes its file when done (a shared one was rewritten or removed under another test's
+/// publisher, which then never published).
 fn clip() -> std::path::PathBuf {
-    let out = std::env::temp_dir().join(format!("fanout-publish-{}.mp4", std::process::id()));
+    static MADE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let out = std::env::temp_dir().join(format!("fanout-publish-{}-{n}.mp4", std::process::id()));
     let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/demo.ts");
     let ok = Command::new("ffmpeg")
         .args(["-nostdin", "-loglevel", "error", "-y", "-i", demo, "-c", "copy", "-bsf:a", "aac_adtstoasc"])
