@@ -19,6 +19,7 @@
 //!   fragmented MP4 and HLS out, playlists of recordings, and the RTP-to-access-unit
 //!   repackaging.
 //! - [`directory`]: the cluster's directory and where to pull a channel from.
+//! - [`freeze`]: a path's last picture held and its audio silent, while its publisher is away.
 //! - [`http`]: recognising an HTTP stream request from its head.
 //! - [`name`]: the rule for path names, and where a name ends in an HTTP request path.
 //! - [`auth`]: external authentication: the question a face asks, an HTTP callback's body,
@@ -49,6 +50,7 @@ pub mod auth;
 pub mod codec;
 pub mod container;
 pub mod directory;
+pub mod freeze;
 pub mod http;
 pub mod name;
 pub mod probe;

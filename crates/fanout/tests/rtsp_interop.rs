@@ -501,8 +501,9 @@ fn a_proxied_camera_plays_over_http_as_mpegts() {
     assert!(status["rtsp_tracks"].as_array().unwrap().iter().all(|t| t["sinks"] == 0), "{status}");
 }
 
-/// A session whose tracks MPEG-TS cannot carry (G.711 here) answers its stream URL with 415
-/// and why, instead of bytes no player reads; RTSP still plays it.
+/// A session whose tracks MPEG-TS cannot carry (VP9 here; G.711 and Opus would become AAC)
+/// answers its stream URL with 415 and why, instead of bytes no player reads; RTSP still
+/// plays it.
 #[test]
 fn a_stream_that_cannot_be_mpegts_says_why() {
     let Some(bin) = peer("mediamtx") else { return };
@@ -510,17 +511,18 @@ fn a_stream_that_cannot_be_mpegts_says_why() {
         return;
     }
     let mtx = Mediamtx::start(&bin);
-    let _pcmu = mtx.publish("pcmu", &["-f", "lavfi", "-i", "sine=frequency=440:sample_rate=8000", "-c:a", "pcm_mulaw"]);
+    let vp9 = ["-f", "lavfi", "-i", "testsrc2=size=320x240:rate=25", "-c:v", "libvpx-vp9", "-deadline", "realtime"];
+    let _vp9 = mtx.publish("vp9", &[&vp9[..], &["-cpu-used", "8", "-strict", "experimental"]].concat());
     let relay = Relay::start(&["--rtsp", "127.0.0.1:0", "--no-demo"]);
-    let spec = json!({ "name": "phone", "source": { "rtsp": format!("rtsp://{}/pcmu", mtx.rtsp), "linger_s": 1 } });
+    let spec = json!({ "name": "phone", "source": { "rtsp": format!("rtsp://{}/vp9", mtx.rtsp), "linger_s": 1 } });
     relay.ok("POST", "/v1/sessions", Some(spec));
     let (status, body) = relay.call("GET", "/v1/sessions/phone/stream", None);
     assert_eq!(status, 415, "{body}");
-    assert!(body["error"].as_str().is_some_and(|e| e.contains("PCMU") && e.contains("RTSP")), "{body}");
+    assert!(body["error"].as_str().is_some_and(|e| e.contains("VP9") && e.contains("RTSP")), "{body}");
     let probe = Command::new("timeout")
         .args(["20", "ffprobe", "-v", "error", "-show_entries", "stream=codec_name", "-of", "csv=p=0"])
         .arg(format!("rtsp://{}/phone", rtsp_addr(&relay)))
         .output()
         .unwrap();
-    assert_eq!(String::from_utf8_lossy(&probe.stdout).trim(), "pcm_mulaw", "{probe:?}");
+    assert_eq!(String::from_utf8_lossy(&probe.stdout).trim(), "vp9", "{probe:?}");
 }

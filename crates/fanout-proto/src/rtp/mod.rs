@@ -8,13 +8,11 @@
 //! - [`restamp`]: one continuous stream (SSRC, sequence, timestamps) across sources.
 //! - [`adapt`]: per-subscriber layer adaptation from layer rates and reports.
 //! - [`classify`]: what a received datagram carries, decided once when it enters the ring.
-//! - [`freeze`]: a path's last picture held and its audio silent, while its publisher is away.
 //! - [`tracks`]: coded frames from a container (FLV, MPEG-TS) as RTP tracks and their SDP.
 
 pub mod adapt;
 pub mod arrival;
 pub mod classify;
-pub mod freeze;
 pub mod mikey;
 pub mod restamp;
 pub mod rtcp;

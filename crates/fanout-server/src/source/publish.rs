@@ -4,7 +4,7 @@
 //! With a `fallback` the path is always available: while no one publishes, a file plays
 //! into the path's tracks as a publisher of the relay's own (looped, restamped, paced at its
 //! own rate), or, with `"freeze"`, the last publisher's last picture is held and its audio
-//! silent ([`fanout_proto::rtp::freeze`]); a publisher that comes replaces it at once, and
+//! silent ([`fanout_proto::freeze`]); a publisher that comes replaces it at once, and
 //! when that one leaves the fallback plays again. Readers stay throughout: the tracks keep
 //! one SSRC and numbering, their times joined at each switch as at a takeover.
 
@@ -107,7 +107,7 @@ fn freeze(
     stop: &AtomicBool,
     (conn, name): (u64, &str),
 ) -> Option<String> {
-    use fanout_proto::rtp::freeze::Freeze;
+    use fanout_proto::freeze::Freeze;
     let label = format!("fallback-{}", conn & !CONN_BASE);
     let publisher = p.upgrade()?;
     let sdp = publisher.last_sdp()?;
