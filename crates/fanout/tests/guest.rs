@@ -150,8 +150,8 @@ fn the_relays_stamped_departures_keep_a_shared_link_clean_where_fq_runs() {
 /// `bench pacing --quick` on the `shared` path, its sinks behind one link paced as a group,
 /// the relay holding each packet until its time (`with=clock`) and handing the kernel a
 /// window ahead stamped with departure times (`with=txtime`), fq on the relay's egress.
-/// Unpaced, the shared link drops some at joining; both ways of pacing, none; stamped, the
-/// relay wakes less. Without the stamps (or fq) each sink's window would leave at once and
+/// Unpaced, the shared link drops some at joining; both ways of pacing, none (stamped, under
+/// 0.5%); stamped, the relay wakes less. Without the stamps (or fq) each sink's window would leave at once and
 /// the stamped round would lose as the unpaced one does.
 #[test]
 #[ignore = "runs in the QEMU guest of the test above"]
@@ -184,7 +184,9 @@ fn in_guest_the_relays_stamped_departures() {
     assert!(field(clock, "off", "shared", loss) > 0.0, "the scenario must bite unpaced:\n{summary}");
     for link in ["shared", "own"] {
         assert_eq!(field(clock, "on", link, loss), 0.0, "held by the clock, nothing lost:\n{summary}");
-        assert_eq!(field(txtime, "on", link, loss), 0.0, "stamped, fq keeps the pace:\n{summary}");
+        // (Stamped, a departure the emulated CPU makes late can bunch a window: CI once saw
+        // 0.08% lost on the shared link, where unpaced loses 5-12%.)
+        assert!(field(txtime, "on", link, loss) < 0.5, "stamped, fq keeps the pace:\n{summary}");
     }
     // Stamped, they keep up: as many packets reach them in the round as held by the clock.
     let got = |dp: &str| -> u64 {
