@@ -129,11 +129,13 @@ pub(crate) fn snapshot_start<S: Seat>(sinks: &[S], head: u64, oldest: u64) -> u6
 /// Slowest-sink-drop: sinks the ring lapped jump to its oldest packet; in a stream with
 /// keyframes (`keyed`) they then wait for one, so a decoder resumes at a picture it can start
 /// from, not mid-GOP.
-pub(crate) fn catch_up<S: Seat>(sinks: &mut [S], oldest: u64, keyed: bool, now: Instant) {
+pub(crate) fn catch_up<S: Seat>(sinks: &mut [S], oldest: u64, keyed: Option<Duration>, now: Instant) {
     for k in sinks.iter_mut() {
         let d = k.due_mut();
-        if d.cursor.catch_up(oldest) > 0 && keyed && d.awaiting.is_none() {
-            d.awaiting = Some((Await::KeyframeAfterLap, now + RESYNC_WAIT));
+        if d.cursor.catch_up(oldest) > 0 && d.awaiting.is_none() {
+            if let Some(wait) = keyed {
+                d.awaiting = Some((Await::KeyframeAfterLap, now + wait));
+            }
         }
     }
 }
@@ -149,7 +151,7 @@ pub(crate) fn skip_to_awaited<S: Seat>(sinks: &mut [S], snapshot: &[Arc<Packet>]
         // its wait starts over then: a player stalled for longer than the wait must still
         // resume at a keyframe, not at whatever comes when it reads again.
         if !ready || d.cursor.next() < start {
-            d.awaiting = Some((what, now + RESYNC_WAIT));
+            d.awaiting = Some((what, until.max(now + RESYNC_WAIT)));
             continue;
         }
         let pending = &snapshot[(d.cursor.next() - start) as usize..];
@@ -461,7 +463,7 @@ mod tests {
     fn a_lapped_sink_jumps_to_the_oldest_and_waits_for_a_keyframe_where_there_are_keyframes() {
         let now = Instant::now();
         let mut sinks = [at(3), at(10), at(12)];
-        catch_up(&mut sinks, 10, true, now);
+        catch_up(&mut sinks, 10, Some(RESYNC_WAIT), now);
         assert_eq!(sinks[0].due.cursor.next(), 10);
         assert_eq!(sinks[0].due.cursor.skipped, 7);
         assert_eq!(sinks[0].due.awaiting, Some((Await::KeyframeAfterLap, now + RESYNC_WAIT)));
@@ -470,7 +472,7 @@ mod tests {
         assert_eq!((sinks[2].due.cursor.next(), sinks[2].due.awaiting), (12, None));
         // Without keyframes (audio, TS without video) it goes on from the oldest at once.
         let mut sinks = [at(3)];
-        catch_up(&mut sinks, 10, false, now);
+        catch_up(&mut sinks, 10, None, now);
         assert_eq!((sinks[0].due.cursor.next(), sinks[0].due.awaiting), (10, None));
     }
 

@@ -254,7 +254,7 @@ impl GroupState {
         self.snapshot.clear();
         // Invariant: oldest <= start <= seq < head, so the ring holds every seq here.
         self.snapshot.extend((start..head).map(|seq| ring.get(seq).expect("held by the ring").clone()));
-        due::catch_up(&mut self.sinks, oldest, s.has_keyframes(), now);
+        due::catch_up(&mut self.sinks, oldest, s.resync_wait(), now);
         (head, start)
     }
 }
@@ -277,8 +277,9 @@ pub(crate) trait Host: Send + Sync {
     fn cfg(&self) -> &SessionConfig;
     fn ring(&self) -> &Mutex<fanout_core::SessionRing<Arc<crate::packet::Packet>>>;
     fn is_closed(&self) -> bool;
-    /// Whether the stream's keyframes are known (a lapped sink then resumes at one).
-    fn has_keyframes(&self) -> bool;
+    /// Whether the stream's keyframes are known (a lapped sink then resumes at one), and how
+    /// long such a sink waits for one.
+    fn resync_wait(&self) -> Option<std::time::Duration>;
     fn reactor(&self) -> &Reactor;
     fn pace(&self) -> Option<(fanout_core::Pace, Instant)>;
     fn pace_shared_link(&self) -> bool;

@@ -51,6 +51,18 @@ impl Inlet {
         Ok(Self { session: session.clone(), way })
     }
 
+    /// An inlet of units ([`Inlet::hold_unit`]) into `session`, whose sinks from now on
+    /// start and resume only where a unit is marked. User-space paths only: the kernel
+    /// path's socket would carry no marks.
+    pub fn open_units(session: &Session) -> io::Result<Self> {
+        let inlet = Self::open(session)?;
+        if !inlet.is_direct() {
+            return Err(io::Error::other("a session of units runs on a user-space data path"));
+        }
+        session.inner().units.store(true, std::sync::atomic::Ordering::Relaxed);
+        Ok(inlet)
+    }
+
     /// Whether packets go straight into the ring (not through a socket).
     pub fn is_direct(&self) -> bool {
         matches!(self.way, Way::Direct { .. })
@@ -97,6 +109,39 @@ impl Inlet {
                 true
             }
         }
+    }
+
+    /// Hands in one unit of a byte stream (an FLV tag) in pieces of at most a datagram, to
+    /// publish with the next [`Inlet::flush`]; its first piece is marked as a place a sink may
+    /// start at where `resume_here` (a keyframe's tag). Whether it took every piece (not
+    /// into a closed session, nor through an inlet not opened by [`Inlet::open_units`]).
+    pub fn hold_unit(&mut self, unit: &[u8], resume_here: bool) -> bool {
+        let inner = self.session.inner();
+        let Way::Direct { pool, ready } = &mut self.way else { return false };
+        if !inner.units.load(std::sync::atomic::Ordering::Relaxed) {
+            return false;
+        }
+        if inner.is_closed() {
+            return false;
+        }
+        let size = inner.cfg.max_datagram.max(1);
+        // A unit's pieces are published together: a sink that sees its first sees them all.
+        if ready.len() + unit.len().div_ceil(size) > BATCH {
+            inner.publish(ready, pool);
+        }
+        for (i, piece) in unit.chunks(size).enumerate() {
+            let mut p = pool.take();
+            let pm = Arc::get_mut(&mut p).expect("pool buffers are unique");
+            pm.buf_mut()[..piece.len()].copy_from_slice(piece);
+            pm.set_len(piece.len(), 0);
+            // (Only its own marks: a piece that looks like an MPEG-TS keyframe is not one.)
+            pm.set_keyframe(i == 0 && resume_here);
+            if i > 0 {
+                pm.set_continues();
+            }
+            ready.push(p);
+        }
+        true
     }
 
     /// Publishes what [`Inlet::hold`] kept.
@@ -204,6 +249,46 @@ mod tests {
             // Without the kernel path here (no privilege, no BPF) the session says so.
             Err(e) => assert!(e.to_string().contains("kernel data path"), "{e}"),
         }
+        s.close();
+    }
+    /// A stream of units (FLV tags) cut into datagram-sized pieces: a stream sink gets whole
+    /// units from a marked one on, whether it joined before any mark (it waits) or later (it
+    /// starts at the last mark the ring holds), never a piece from inside a unit.
+    #[test]
+    fn a_stream_sink_of_units_starts_at_a_marked_units_first_piece() {
+        use std::io::Read;
+        let (_engine, s) = session(DataPath::Shared);
+        let mut inlet = Inlet::open_units(&s).unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let connect = || {
+            let c = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let (served, _) = listener.accept().unwrap();
+            (c, served)
+        };
+        // Unit k: 4000 bytes of k (three pieces of at most 1500); 1 and 3 are keyframes.
+        let unit = |k: u8| vec![k; 4000];
+        let (mut early, served) = connect();
+        s.add_stream_sink(served, true).unwrap();
+        for k in 0..4u8 {
+            assert!(inlet.hold_unit(&unit(k), k % 2 == 1));
+        }
+        inlet.flush();
+        let (mut late, served) = connect();
+        s.add_stream_sink(served, true).unwrap();
+        assert!(inlet.hold_unit(&unit(4), false));
+        inlet.flush();
+        // Which units came, in order (each whole: 4000 bytes of one value).
+        let units_read = |c: &mut std::net::TcpStream, n: usize| {
+            let mut got = vec![0u8; n * 4000];
+            c.read_exact(&mut got).unwrap();
+            got.chunks(4000)
+                .map(|u| if u.iter().all(|b| *b == u[0]) { i32::from(u[0]) } else { -1 })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(units_read(&mut early, 4), [1, 2, 3, 4], "waited for the first mark");
+        assert_eq!(units_read(&mut late, 2), [3, 4], "from the last mark held");
+        assert_eq!(s.status().source.packets, 15, "five units of three pieces");
         s.close();
     }
 }

@@ -15,6 +15,9 @@ pub struct Packet {
     payload_off: usize,
     /// Starts an MPEG-TS video keyframe: a good first packet for a new sink.
     keyframe: bool,
+    /// A piece of a unit after its first (see [`crate::Inlet::hold_unit`]): a stream sink
+    /// that wrote the unit's start takes it with it, so a lap never cuts the unit.
+    continues: bool,
     /// Its scalable layer (RTP video of a known codec), for per-sink layer dropping.
     layer: PacketLayer,
     /// An aggregation packet (STAP-A, AP) of this codec: a capped sink may get it rebuilt
@@ -29,6 +32,7 @@ impl Packet {
             len: 0,
             payload_off: 0,
             keyframe: false,
+            continues: false,
             layer: PacketLayer::NotLayered,
             aggregate: None,
         }
@@ -61,6 +65,7 @@ impl Packet {
         self.payload_off = payload_off.min(self.len);
         self.layer = PacketLayer::NotLayered;
         self.aggregate = None;
+        self.continues = false;
         let payload = &self.buf[self.payload_off..self.len];
         self.keyframe = payload.first() == Some(&fanout_proto::container::mpegts::SYNC_BYTE)
             && fanout_proto::container::mpegts::starts_video_keyframe(payload);
@@ -91,6 +96,22 @@ impl Packet {
     /// Marks it as a good first packet for a new sink (RTP video, judged by the session).
     pub fn mark_keyframe(&mut self) {
         self.keyframe = true;
+    }
+
+    /// Marks it as a good first packet for a new sink, or not (a unit's start, judged by
+    /// whoever cut the units).
+    pub fn set_keyframe(&mut self, key: bool) {
+        self.keyframe = key;
+    }
+
+    /// Whether it is a piece of a unit after the unit's first.
+    pub fn continues(&self) -> bool {
+        self.continues
+    }
+
+    /// Marks it as a piece of a unit after the unit's first.
+    pub fn set_continues(&mut self) {
+        self.continues = true;
     }
 
     pub fn layer(&self) -> PacketLayer {

@@ -42,6 +42,8 @@ pub(crate) type SinkFailedFn = Box<dyn Fn(u64, SocketAddr) + Send + Sync>;
 /// How long a new sink of a video session waits for a keyframe before it is sent whatever
 /// comes (a stream whose keyframes are not recognised must still play).
 const KEYFRAME_WAIT: Duration = Duration::from_secs(5);
+/// A sink of a session of units waits for a unit's start this long: in effect, always.
+const UNIT_WAIT: Duration = Duration::from_secs(24 * 3600);
 
 /// The least rate a session paces by, bytes per second (128 kbit/s).
 const MIN_PACE_RATE: u64 = 16_000;
@@ -68,6 +70,10 @@ pub(crate) struct Inner {
     /// Sequence number + 1 of the last packet that starts a video keyframe (0: none yet);
     /// written under the ring lock.
     last_key: AtomicU64,
+    /// Its packets are pieces of units (an FLV tag) whose starts its inlet marks as
+    /// keyframes: a sink starts, and resumes after a lap, only at a mark, however long that
+    /// takes (anywhere else it would get half a unit).
+    pub(crate) units: AtomicBool,
     pub started: Instant,
     next_sink: AtomicU64,
     /// Sinks the kernel path could not take (full maps), for a log line per thousand.
@@ -131,9 +137,14 @@ impl Inner {
         self.rtp_video().is_some() && self.last_key.load(Ordering::Relaxed) <= self.ring.lock().oldest()
     }
 
-    /// Whether the stream has keyframes a sink can resume at (one was seen).
-    pub(crate) fn has_keyframes(&self) -> bool {
-        self.last_key.load(Ordering::Relaxed) > 0
+    /// How long a lapped sink waits for a keyframe to resume at; `None` where the stream has
+    /// none (none seen yet), and a sink resumes at once.
+    pub(crate) fn resync_wait(&self) -> Option<Duration> {
+        if self.units.load(Ordering::Relaxed) {
+            Some(UNIT_WAIT)
+        } else {
+            (self.last_key.load(Ordering::Relaxed) > 0).then_some(crate::due::RESYNC_WAIT)
+        }
     }
 
     /// The pace every sink is held to now, with the epoch of its clocks; `None` when the
@@ -326,7 +337,9 @@ impl Inner {
         let mut sink = Sink::new(id, target, io, cursor, strip);
         // Video with no keyframe held (an upstream just connected): hold the sink's media
         // until one comes, so its decoder never starts on delta frames.
-        if start == Start::Keyframe && !key_held && self.rtp_video().is_some() {
+        if start == Start::Keyframe && !key_held && self.units.load(Ordering::Relaxed) {
+            sink.await_first(crate::due::Await::Keyframe, Instant::now() + UNIT_WAIT);
+        } else if start == Start::Keyframe && !key_held && self.rtp_video().is_some() {
             sink.await_first(crate::due::Await::Keyframe, Instant::now() + KEYFRAME_WAIT);
         }
         if let Start::RtpSeq(n) = start {
@@ -467,8 +480,8 @@ impl crate::group::Host for Inner {
     fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
     }
-    fn has_keyframes(&self) -> bool {
-        Inner::has_keyframes(self)
+    fn resync_wait(&self) -> Option<Duration> {
+        Inner::resync_wait(self)
     }
     fn reactor(&self) -> &Reactor {
         &self.reactor
@@ -544,6 +557,7 @@ impl Session {
             source_error: Mutex::new(None),
             closed: AtomicBool::new(false),
             last_key: AtomicU64::new(0),
+            units: AtomicBool::new(false),
             started: Instant::now(),
             next_sink: AtomicU64::new(1),
             kernel_refused: AtomicU64::new(0),
@@ -815,10 +829,16 @@ impl Session {
 
     /// Adds a connected TCP sink (`http` = an HTTP subscriber, who gets the bare payload).
     pub fn add_stream_sink(&self, stream: TcpStream, http: bool) -> std::io::Result<u64> {
+        self.add_stream_sink_sized(stream, http, self.inner.stream_send_buffer())
+    }
+
+    /// [`Session::add_stream_sink`] with a send buffer of `send_buffer` bytes: a second of a
+    /// stream whose rate another session measured (this one's new, its rate not yet known).
+    pub fn add_stream_sink_sized(&self, stream: TcpStream, http: bool, send_buffer: usize) -> std::io::Result<u64> {
         let peer = stream.peer_addr()?;
         stream.set_nonblocking(true)?;
         let _ = stream.set_nodelay(true);
-        let _ = socket2::SockRef::from(&stream).set_send_buffer_size(self.inner.stream_send_buffer());
+        let _ = socket2::SockRef::from(&stream).set_send_buffer_size(send_buffer);
         let target = if http { SinkTarget::Http(peer) } else { SinkTarget::Tcp(peer) };
         self.add_sink(target, crate::sink::SinkIo::Stream(stream), http)
     }

@@ -94,6 +94,9 @@ pub(crate) struct Sink {
     /// A packet a stream sink has started to write, and how much of it is written: a byte
     /// stream never gets half a packet followed by another.
     pub partial: Option<(Arc<Packet>, usize)>,
+    /// The rest of a unit it began (pieces that continue it, after `partial`), taken out of
+    /// the ring with its start: owed before anything else, whatever the ring does meanwhile.
+    pub unit_rest: std::collections::VecDeque<Arc<Packet>>,
     pub flags: Arc<IoFlags>,
     pub reg: Option<Registration>,
     strip_rtp: bool,
@@ -117,6 +120,7 @@ impl Sink {
             last_error: None,
             blocked: false,
             partial: None,
+            unit_rest: Default::default(),
             flags: Arc::new(IoFlags::default()),
             reg: None,
             strip_rtp,
@@ -212,6 +216,7 @@ impl Sink {
         }
         self.io = SinkIo::Closed;
         self.partial = None;
+        self.unit_rest.clear();
     }
 
     pub fn fail(&mut self, why: String, reactor: &Reactor, policy: FailurePolicy) {
@@ -299,7 +304,7 @@ impl crate::due::Seat for Sink {
         Sink::ready(self)
     }
     fn mid_write(&self) -> bool {
-        self.partial.is_some()
+        self.partial.is_some() || !self.unit_rest.is_empty()
     }
     fn is_stream(&self) -> bool {
         match &self.io {

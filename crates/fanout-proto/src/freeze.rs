@@ -227,7 +227,7 @@ mod tests {
             until in 0u64..3000,
         ) {
             let sdp = Sdp::parse(SDP).unwrap();
-            let mut f = Freeze::new(&sdp, &[packets.clone()], 9);
+            let mut f = Freeze::new(&sdp, std::slice::from_ref(&packets), 9);
             let mut out = Vec::new();
             f.due(until, &mut out);
             let held = !packets.is_empty() && packets.iter().all(|p| p.len() >= 12);

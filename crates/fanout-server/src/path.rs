@@ -242,11 +242,11 @@ impl Path {
         Ok(t)
     }
 
-    /// The repackaging stopped: forgotten, its TS session closed.
+    /// The repackaging stopped: forgotten, its sessions (TS, FLV) closed.
     pub fn repack_stopped(&self) {
         let gone = self.repack.lock().take();
-        if let Some(ts) = gone.and_then(|r| r.ts.clone()) {
-            tokio::task::spawn_blocking(move || ts.close());
+        for s in gone.map(|r| r.sessions()).unwrap_or_default() {
+            tokio::task::spawn_blocking(move || s.close());
         }
     }
 
@@ -275,8 +275,8 @@ impl Path {
         let repack = self.repack.lock().take();
         if let Some(r) = repack {
             r.stop();
-            if let Some(ts) = r.ts.clone() {
-                let _ = tokio::task::spawn_blocking(move || ts.close()).await;
+            for s in r.sessions() {
+                let _ = tokio::task::spawn_blocking(move || s.close()).await;
             }
         }
         // An upstream is torn down first (a TEARDOWN, a second at most), so its server stops

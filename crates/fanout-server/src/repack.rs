@@ -2,7 +2,9 @@
 //! in-process subscriber of each (the ring's own buffers, no socket), turns them into access
 //! units ([`fanout_proto::container::repack`]) and from them MPEG-TS, handed into a relay
 //! session of its own (`{name}/ts`, through an [`Inlet`]) that every HTTP subscriber shares,
-//! and HLS segments ([`fanout_proto::container::hls`]) that every HLS client shares. It
+//! and HLS segments ([`fanout_proto::container::hls`]) that every HLS client shares. FLV
+//! tags go to RTMP players (a channel) and, as an FLV file's bytes, into a session of their
+//! own (`{name}/flv`) that plain HTTP-FLV players join as HTTP TS players join theirs. It
 //! starts with the first subscriber or playlist request and stops a linger after the last.
 
 use fanout_io::channel::ChannelQueue;
@@ -156,6 +158,11 @@ pub struct Flv {
     pub video: bool,
     pub audio: bool,
     pub tags: tokio::sync::broadcast::Sender<FlvTag>,
+    /// Into its session of the data plane, once a plain HTTP-FLV player asked for it.
+    sinks: Mutex<Option<Inlet>>,
+    /// The time of the last keyframe's tag (ms): a player of the session starts there, with
+    /// the decoder configurations at that time before it.
+    last_key_ms: std::sync::atomic::AtomicU32,
 }
 
 /// What a reader of the FLV tags (an RTMP or HTTP-FLV player, a forward) does with the
@@ -262,7 +269,14 @@ impl Flv {
     #[cfg(test)]
     pub fn new(config: Vec<(bool, Vec<u8>)>, backlog: usize) -> Self {
         let (video, audio) = (config.iter().any(|c| c.0), config.iter().any(|c| !c.0));
-        Self { config: config.into(), video, audio, tags: tokio::sync::broadcast::channel(backlog).0 }
+        Self {
+            config: config.into(),
+            video,
+            audio,
+            tags: tokio::sync::broadcast::channel(backlog).0,
+            sinks: Mutex::new(None),
+            last_key_ms: Default::default(),
+        }
     }
 
     /// The FLV of those of `streams` FLV carries (H.264, H.265, AAC), if there are any.
@@ -276,6 +290,8 @@ impl Flv {
             video: carried.iter().any(|s| s.is_video()),
             audio: carried.iter().any(|s| !s.is_video()),
             tags: tokio::sync::broadcast::channel(FLV_BACKLOG).0,
+            sinks: Mutex::new(None),
+            last_key_ms: Default::default(),
         };
         // Known now unless the video's parameter sets come in band (see `Outputs::flv`).
         if let Some(config) = Self::configs(&carried, &[]) {
@@ -313,6 +329,38 @@ impl Flv {
     pub fn config(&self) -> &[(bool, Vec<u8>)] {
         self.config.get().map_or(&[], Vec::as_slice)
     }
+
+    /// Tag `tag` to the RTMP players' channel and into the session, if either has players.
+    fn send(&self, tag: FlvTag) {
+        if let Some(inlet) = self.sinks.lock().as_mut() {
+            // A player starts at a keyframe's tag; in audio alone, at any tag.
+            let key = tag.key || !self.video;
+            if tag.video && tag.key {
+                self.last_key_ms.store(tag.ms, std::sync::atomic::Ordering::Relaxed);
+            }
+            inlet.hold_unit(tag.file_bytes(), key);
+        }
+        if self.tags.receiver_count() > 0 {
+            let _ = self.tags.send(tag);
+        }
+    }
+
+    /// What a player of its session gets before the ring's bytes: the file's header and
+    /// the decoder configurations as tags at the last keyframe's time, where it will start.
+    pub fn file_start(&self) -> Vec<u8> {
+        use fanout_proto::container::flv;
+        let ms = self.last_key_ms.load(std::sync::atomic::Ordering::Relaxed);
+        let mut out = flv::file_header(self.video, self.audio).to_vec();
+        for (video, body) in self.config() {
+            out.extend(flv::file_tag(*video, ms, body));
+        }
+        out
+    }
+
+    /// Its session of the data plane, if a player made it.
+    pub fn session(&self) -> Option<Session> {
+        self.sinks.lock().as_ref().map(|i| i.session().clone())
+    }
 }
 
 /// What streams carry, for the status and to tell a publisher's new tracks: "H.264 + AAC".
@@ -324,6 +372,8 @@ pub fn describe(streams: &[TrackInfo]) -> String {
 pub struct Repack {
     /// The MPEG-TS session HTTP subscribers join, where the session's stream URL is ours.
     pub ts: Option<Session>,
+    /// Its sessions' template, for the FLV's, made when first asked.
+    template: SessionConfig,
     pub hls: Option<Arc<Hls>>,
     pub flv: Option<Arc<Flv>>,
     /// The path's recording, where it is recorded.
@@ -396,6 +446,11 @@ impl Repack {
         let describes = describe(&source);
         let ts_session = ts.as_ref().map(|i| i.session().clone());
         let flv = Flv::of(repack.streams()).map(Arc::new);
+        let mut template = template.clone();
+        // Its subscribers are TCP: user space serves them on every data path.
+        if template.datapath == DataPath::Kernel {
+            template.datapath = DataPath::Shared;
+        }
         let record =
             record.and_then(|to| crate::record::Recording::start(to, name, repack.streams(), fmp4_skip)).map(Arc::new);
         let flv_times = repack.streams().iter().map(|_| fanout_proto::codec::dts::DecodingTimes::default()).collect();
@@ -415,11 +470,44 @@ impl Repack {
             on_stop();
         })
         .abort_handle();
-        Ok(Arc::new(Self { ts: ts_session, hls, flv, record, describes, task }))
+        Ok(Arc::new(Self { ts: ts_session, template, hls, flv, record, describes, task }))
     }
 
     pub fn is_running(&self) -> bool {
         !self.task.is_finished()
+    }
+
+    /// The FLV's session of the data plane (`{name}/flv`), made now if need be: its ring
+    /// holds every tag once, as an FLV file's bytes, each keyframe's tag marked where a
+    /// player may start or resume; a player is a stream sink of it, written once per flush
+    /// interval straight from the ring. `None` where the stream has nothing FLV carries.
+    pub fn flv_session(&self, engine: &fanout_io::Engine) -> Option<std::io::Result<Session>> {
+        let flv = self.flv.as_ref()?;
+        let mut sinks = flv.sinks.lock();
+        if let Some(inlet) = sinks.as_ref() {
+            return Some(Ok(inlet.session().clone()));
+        }
+        let mut cfg = self.template.clone();
+        cfg.name = crate::track::Inner::Flv.name(self.template.name.as_str());
+        // The bytes as they come: nothing in them is RTP.
+        cfg.payload = fanout_io::PayloadMode::Raw;
+        let session = Session::new(cfg, engine);
+        session.set_source_kind(format!("FLV repackaged from {}", self.template.name));
+        Some(match Inlet::open_units(&session) {
+            Ok(inlet) => {
+                *sinks = Some(inlet);
+                Ok(session)
+            }
+            Err(e) => {
+                session.close();
+                Err(e)
+            }
+        })
+    }
+
+    /// The sessions it made (MPEG-TS, FLV), which its owner closes once it stops.
+    pub fn sessions(&self) -> Vec<Session> {
+        self.ts.iter().cloned().chain(self.flv.as_ref().and_then(|f| f.session())).collect()
     }
 
     /// Stops it (a recording's last fragment is written first); closing the TS session is
@@ -449,7 +537,10 @@ impl Outputs {
         self.record.is_some()
             || self.ts.as_ref().is_some_and(|i| !i.session().sinks().is_empty())
             || self.hls.as_ref().is_some_and(|h| h.last_request.lock().elapsed() < linger)
-            || self.flv.as_ref().is_some_and(|f| f.tags.receiver_count() > 0)
+            || self
+                .flv
+                .as_ref()
+                .is_some_and(|f| f.tags.receiver_count() > 0 || f.session().is_some_and(|s| !s.sinks().is_empty()))
     }
 
     /// Access unit `u` to every output: the recording, RTMP players, the TS session (held,
@@ -480,7 +571,9 @@ impl Outputs {
     /// Unit `u` as FLV for the RTMP and HTTP-FLV players, if any.
     fn flv(&mut self, u: &Unit, codecs: &[TrackInfo]) {
         use fanout_proto::container::{flv, repack::TrackCodec};
-        let Some(f) = self.flv.as_ref().filter(|f| f.tags.receiver_count() > 0) else { return };
+        let Some(f) = self.flv.as_ref().filter(|f| f.tags.receiver_count() > 0 || f.sinks.lock().is_some()) else {
+            return;
+        };
         if f.config.get().is_none() {
             // Nothing goes out before the first keyframe brings the parameter sets.
             let carried: Vec<&TrackInfo> = codecs.iter().filter(|s| s.kind().is_some()).collect();
@@ -494,7 +587,7 @@ impl Outputs {
                 let codec = *codec;
                 self.flv_times[u.stream].push(u.time, (u.key, u.data.clone()), |pts, dts, (key, data)| {
                     let body = flv::video_frame(codec, key, ((pts - dts) / 90) as i32, &data);
-                    let _ = f.tags.send(FlvTag::new(true, key, flv_ms(dts), Arc::new(body)));
+                    f.send(FlvTag::new(true, key, flv_ms(dts), Arc::new(body)));
                 });
             }
             TrackCodec::Aac { .. } | TrackCodec::Mpa => {
@@ -502,7 +595,7 @@ impl Outputs {
                     TrackCodec::Aac { .. } => flv::aac_frame(&u.data),
                     _ => flv::mp3_frame(&u.data),
                 };
-                let _ = f.tags.send(FlvTag::new(false, false, flv_ms(u.time), Arc::new(body)));
+                f.send(FlvTag::new(false, false, flv_ms(u.time), Arc::new(body)));
             }
             _ => {} // not in FLV
         }
@@ -583,6 +676,9 @@ async fn run(
                     }
                 }
                 if let Some(inlet) = out.ts.as_mut() {
+                    inlet.flush();
+                }
+                if let Some(inlet) = out.flv.as_ref().map(|f| f.sinks.lock()).as_mut().and_then(|s| s.as_mut()) {
                     inlet.flush();
                 }
             }

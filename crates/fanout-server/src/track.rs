@@ -23,6 +23,8 @@ pub enum Inner {
     Encoding { track: usize, k: usize },
     /// The MPEG-TS repackaging: `{path}/ts`.
     Ts,
+    /// The FLV of the repackaging, for HTTP-FLV players: `{path}/flv`.
+    Flv,
     /// The path's AAC as Opus, for WebRTC viewers: `{path}/opus`.
     Opus,
     /// The path's Opus as AAC, for FLV, MPEG-TS and SRT players: `{path}/aac`.
@@ -40,6 +42,7 @@ impl Inner {
             Inner::Clip { video } => format!("{of}/{}", if video { "video" } else { "audio" }),
             Inner::Encoding { track, k } => format!("{of}/{track}~{k}"),
             Inner::Ts => format!("{of}/ts"),
+            Inner::Flv => format!("{of}/flv"),
             Inner::Opus => format!("{of}/opus"),
             Inner::Aac => format!("{of}/aac"),
             Inner::SrtpEpoch(n) => format!("{of}/srtp-{n}"),

@@ -622,24 +622,52 @@ fn publish_numbered(
 
 /// The tags an HTTP-FLV player of `name` gets until its stream ends (or 60 s), as RTMP's.
 fn flv_tags(api: std::net::SocketAddr, name: &str) -> Vec<fanout_tools::rtmp::Played> {
+    read_flv_tags(&mut flv_player(api, name, None), Instant::now() + Duration::from_secs(60))
+}
+
+/// An HTTP-FLV player of `name` past the response head and the file's header (with a receive
+/// buffer of `receive_buffer` bytes, where given).
+fn flv_player(api: std::net::SocketAddr, name: &str, receive_buffer: Option<usize>) -> std::net::TcpStream {
     use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(api).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    if let Some(n) = receive_buffer {
+        sock.set_recv_buffer_size(n).unwrap();
+    }
+    sock.connect(&api.into()).unwrap();
+    let mut s: std::net::TcpStream = sock.into();
     write!(s, "GET /{name}.flv HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
     assert!(read_head(&mut s).starts_with("HTTP/1.1 200"));
     let mut header = [0u8; 13];
     s.read_exact(&mut header).unwrap();
+    assert_eq!(&header[..3], b"FLV");
+    s
+}
+
+/// The tags `s` gets until its stream ends or `until`; a tag whose size trailer does not
+/// match its header (a tag cut short, or bytes from inside one) fails the test.
+fn read_flv_tags(s: &mut std::net::TcpStream, until: Instant) -> Vec<fanout_tools::rtmp::Played> {
+    use std::io::Read;
     let mut tags = Vec::new();
     let mut head = [0u8; 11];
-    while s.read_exact(&mut head).is_ok() {
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return tags;
+        }
+        s.set_read_timeout(Some(left)).unwrap();
+        if s.read_exact(&mut head).is_err() {
+            return tags;
+        }
+        assert!(matches!(head[0], 8 | 9 | 18), "a tag's type, not {} ({} tags read)", head[0], tags.len());
         let len = u32::from_be_bytes([0, head[1], head[2], head[3]]) as usize;
         let mut body = vec![0u8; len + 4];
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         s.read_exact(&mut body).unwrap();
+        assert_eq!(u32::from_be_bytes(body[len..].try_into().unwrap()) as usize, 11 + len, "a whole tag");
         body.truncate(len);
         let ms = u32::from_be_bytes([head[7], head[4], head[5], head[6]]);
         tags.push(fanout_tools::rtmp::Played { video: head[0] == 9, ms, body });
     }
-    tags
 }
 
 /// The number a picture of [`publish_numbered`] carries: after its slice's NAL header,
@@ -659,6 +687,8 @@ fn picture_number(tag: &fanout_tools::rtmp::Played) -> Option<u64> {
 
 /// A player that stops reading falls behind the path's channel of tags and skips ahead to
 /// a keyframe, its picture whole; a player beside it loses nothing, every picture in order.
+/// The same for HTTP-FLV players, sinks of the path's FLV session: the slow one is lapped by
+/// the ring and resumes at a keyframe's tag, every tag whole.
 #[test]
 fn a_slow_rtmp_player_skips_to_a_keyframe_and_the_others_lose_nothing() {
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -682,6 +712,8 @@ fn a_slow_rtmp_player_skips_to_a_keyframe_and_the_others_lose_nothing() {
     let slow = play();
     // (Above loopback's 64 kB segments: a window below one is opened by the persist timer.)
     slow.shrink_receive_buffer(256 << 10).unwrap();
+    let mut slow_flv = flv_player(relay.api, "cam", Some(256 << 10));
+    let slow_flv_me = slow_flv.local_addr().unwrap().to_string();
     let me = slow.local_addr().to_string();
     // (Until its connection ends with the stream, the publisher gone.)
     let fast_reads = std::thread::spawn(move || fast.read_tags(Instant::now() + Duration::from_secs(60), usize::MAX));
@@ -695,11 +727,14 @@ fn a_slow_rtmp_player_skips_to_a_keyframe_and_the_others_lose_nothing() {
     std::thread::sleep(Duration::from_secs(6));
     let mut slow = slow;
     let got = slow.read_tags(Instant::now() + Duration::from_secs(4), usize::MAX).unwrap();
-    let skips = {
+    let skips_of = |me: &str| {
         let all = relay.ok("GET", "/v1/sessions/cam/readers", None);
-        let mine = all.as_array().unwrap().iter().find(|r| r["addr"] == me.as_str()).cloned();
+        let mine = all.as_array().unwrap().iter().find(|r| r["addr"] == me).cloned();
         mine.and_then(|r| r["skips"].as_u64()).unwrap_or(0)
     };
+    let skips = skips_of(&me);
+    let got_flv = read_flv_tags(&mut slow_flv, Instant::now() + Duration::from_secs(2));
+    let flv_skips = skips_of(&slow_flv_me);
     let n: Vec<_> = got.iter().filter_map(picture_number).collect();
     assert!(
         skips > 1000,
@@ -714,22 +749,26 @@ fn a_slow_rtmp_player_skips_to_a_keyframe_and_the_others_lose_nothing() {
     let numbers = |tags: &[fanout_tools::rtmp::Played]| -> Vec<(u64, bool)> {
         tags.iter().filter_map(|t| picture_number(t).map(|n| (n, t.key()))).collect()
     };
-    let slow_pictures = numbers(&got);
-    let gaps: Vec<usize> =
-        (1..slow_pictures.len()).filter(|&i| slow_pictures[i].0 != slow_pictures[i - 1].0 + 1).collect();
-    assert!(
-        !gaps.is_empty(),
-        "the slow player skipped nothing ({} pictures: {:?} to {:?} of {published}; {} tags)",
-        slow_pictures.len(),
-        slow_pictures.first(),
-        slow_pictures.last(),
-        got.len()
-    );
-    for &i in &gaps {
-        assert!(slow_pictures[i].0 > slow_pictures[i - 1].0, "pictures went back: {:?}", &slow_pictures[i - 1..=i]);
-        assert!(slow_pictures[i].1, "after a skip, a keyframe first: {:?}", &slow_pictures[i - 1..=i]);
+    assert!(flv_skips > 1000, "the slow HTTP-FLV player's skipped pieces: {flv_skips}");
+    for (kind, got) in [("RTMP", &got), ("HTTP-FLV", &got_flv)] {
+        let slow_pictures = numbers(got);
+        let gaps: Vec<usize> =
+            (1..slow_pictures.len()).filter(|&i| slow_pictures[i].0 != slow_pictures[i - 1].0 + 1).collect();
+        assert!(
+            !gaps.is_empty(),
+            "the slow {kind} player skipped nothing ({} pictures: {:?} to {:?} of {published}; {} tags)",
+            slow_pictures.len(),
+            slow_pictures.first(),
+            slow_pictures.last(),
+            got.len()
+        );
+        for &i in &gaps {
+            let around = &slow_pictures[i - 1..=i];
+            assert!(slow_pictures[i].0 > slow_pictures[i - 1].0, "{kind}: pictures went back: {around:?}");
+            assert!(slow_pictures[i].1, "{kind}: after a skip, a keyframe first: {around:?}");
+        }
+        assert!(slow_pictures[0].1, "{kind}: it starts at a keyframe");
     }
-    assert!(slow_pictures[0].1, "it starts at a keyframe");
 
     // The fast ones (RTMP, HTTP-FLV) got every picture, each faster than one write of 64 kB
     // a flush interval; their connections end with the stream (the publisher gone).

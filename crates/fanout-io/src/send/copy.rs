@@ -53,15 +53,36 @@ fn send_udp_copy(fd: RawFd, to: &RawAddr, pending: &[Arc<Packet>], ctx: &mut Wor
     Ok(pending.len())
 }
 
-/// The baselines' stream: copy each packet into user space, one `send` per packet.
+/// The baselines' stream: copy each packet into user space, one `send` per packet; what the
+/// sink owes (the rest of a packet or of a unit it began) first.
 fn send_stream_copy(sink: &mut Sink, pending: &[Arc<Packet>], ctx: &mut WorkerCtx) -> io::Result<()> {
     let fd = stream_fd(sink);
-    if let Some((p, off)) = sink.partial.clone() {
-        let rest = &sink.bytes_of(&p)[off..];
-        ctx.copy[..rest.len()].copy_from_slice(rest);
-        match sys::send(fd, &ctx.copy[..rest.len()]) {
+    let mut i = 0;
+    loop {
+        let owed = match (&sink.partial, sink.unit_rest.front()) {
+            (Some((p, off)), _) => Some((p.clone(), *off)),
+            (None, Some(p)) => Some((p.clone(), 0)),
+            (None, None) => None,
+        };
+        let (len, rest) = match &owed {
+            Some((p, off)) => {
+                let b = &sink.bytes_of(p)[*off..];
+                ctx.copy[..b.len()].copy_from_slice(b);
+                (b.len(), &[][..])
+            }
+            None if i < pending.len() => {
+                let b = sink.bytes_of(&pending[i]);
+                ctx.copy[..b.len()].copy_from_slice(b);
+                (b.len(), &pending[i..])
+            }
+            None => return Ok(()),
+        };
+        let before = sink.due.cursor.next();
+        match sys::send(fd, &ctx.copy[..len]) {
             Ok(w) => {
-                if !account_stream(sink, &[], w, rest.len()) {
+                let whole = account_stream(sink, rest, w, len);
+                i += (sink.due.cursor.next() - before) as usize;
+                if !whole {
                     sink.blocked = true;
                     return Ok(());
                 }
@@ -73,22 +94,4 @@ fn send_stream_copy(sink: &mut Sink, pending: &[Arc<Packet>], ctx: &mut WorkerCt
             Err(e) => return Err(e),
         }
     }
-    for (i, p) in pending.iter().enumerate() {
-        let b = sink.bytes_of(p);
-        ctx.copy[..b.len()].copy_from_slice(b);
-        match sys::send(fd, &ctx.copy[..b.len()]) {
-            Ok(w) => {
-                if !account_stream(sink, &pending[i..i + 1], w, b.len()) {
-                    sink.blocked = true;
-                    break;
-                }
-            }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                sink.blocked = true;
-                break;
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }

@@ -132,8 +132,10 @@ impl Sink {
     }
 }
 
-/// Records `written` bytes of a stream write that covered the partial packet (if any) and
-/// then `pending` in order; returns whether everything offered was written.
+/// Records `written` bytes of a stream write that covered the partial packet (if any), the
+/// rest of the unit it began (if any), then `pending` in order; returns whether everything
+/// offered was written. A unit begun and not finished leaves the ring with the sink (its
+/// pieces kept in `unit_rest`): a lap then skips whole units only.
 fn account_stream(sink: &mut Sink, pending: &[Arc<Packet>], mut written: usize, offered: usize) -> bool {
     sink.bytes += written as u64;
     let complete = written == offered;
@@ -145,7 +147,19 @@ fn account_stream(sink: &mut Sink, pending: &[Arc<Packet>], mut written: usize, 
         }
         written -= rest;
     }
-    let mut started = 0u64;
+    while let Some(p) = sink.unit_rest.pop_front() {
+        let len = sink.bytes_of(&p).len();
+        if written < len {
+            if written > 0 {
+                sink.partial = Some((p, written));
+            } else {
+                sink.unit_rest.push_front(p);
+            }
+            return complete;
+        }
+        written -= len;
+    }
+    let mut started = 0;
     for p in pending {
         let len = sink.bytes_of(p).len();
         if written >= len {
@@ -159,7 +173,13 @@ fn account_stream(sink: &mut Sink, pending: &[Arc<Packet>], mut written: usize, 
             break;
         }
     }
-    sink.due.cursor.advance(started);
+    if started > 0 {
+        while let Some(p) = pending.get(started).filter(|p| p.continues()) {
+            sink.unit_rest.push_back(p.clone());
+            started += 1;
+        }
+    }
+    sink.due.cursor.advance(started as u64);
     complete
 }
 
@@ -167,5 +187,47 @@ fn stream_fd(sink: &Sink) -> RawFd {
     match &sink.io {
         SinkIo::Stream(s) => s.as_raw_fd(),
         _ => -1,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::SinkTarget;
+    use crate::sink::SinkIo;
+
+    fn piece(byte: u8, len: usize, continues: bool) -> Arc<Packet> {
+        let mut p = Packet::with_capacity(len);
+        p.buf_mut().fill(byte);
+        p.set_len(len, 0);
+        if continues {
+            p.set_continues();
+        }
+        Arc::new(p)
+    }
+
+    /// A write that ends inside a unit takes the unit's other pieces out of the ring with
+    /// it (a lap can then skip whole units only), and they are owed before anything else.
+    #[test]
+    fn a_unit_begun_leaves_the_ring_with_the_sink() {
+        let target = SinkTarget::Tcp(([127, 0, 0, 1], 9).into());
+        let mut sink = Sink::new(1, target, SinkIo::Closed, fanout_core::Cursor::default(), false);
+        let ring = [piece(1, 100, false), piece(1, 100, true), piece(1, 100, true), piece(2, 100, false)];
+        assert!(!account_stream(&mut sink, &ring, 105, 400));
+        assert_eq!(sink.partial.as_ref().map(|(p, off)| (p.data()[0], *off)), Some((1, 5)), "the second piece begun");
+        assert_eq!(sink.unit_rest.len(), 1, "the unit's third piece kept");
+        assert_eq!(sink.due.cursor.next(), 3, "past the whole unit, not the next one");
+        // The next write: the partial piece's rest, the unit's rest, then the ring on.
+        assert!(account_stream(&mut sink, &ring[3..], 95 + 100 + 100, 295));
+        assert!(sink.partial.is_none() && sink.unit_rest.is_empty());
+        assert_eq!(sink.due.cursor.next(), 4);
+        // Ending exactly between two pieces of a unit keeps the rest too.
+        let mut sink =
+            Sink::new(2, SinkTarget::Tcp(([127, 0, 0, 1], 9).into()), SinkIo::Closed, Default::default(), false);
+        assert!(!account_stream(&mut sink, &ring, 100, 400));
+        assert!(sink.partial.is_none() && sink.unit_rest.len() == 2 && sink.due.cursor.next() == 3);
+        // Nothing written of the unit's rest: still owed.
+        assert!(!account_stream(&mut sink, &ring[3..], 0, 300));
+        assert_eq!((sink.unit_rest.len(), sink.due.cursor.next()), (2, 3));
     }
 }

@@ -265,7 +265,9 @@ fn send_stream_vectored(sink: &mut Sink, pending: &[Arc<Packet>], ctx: &mut Work
     if let Some((p, off)) = &sink.partial {
         ctx.iov.push(sys::iovec(&sink.bytes_of(p)[*off..]));
     }
-    let room = max - ctx.iov.len();
+    ctx.iov.extend(sink.unit_rest.iter().take(max / 2).map(|p| sys::iovec(sink.bytes_of(p))));
+    // (The unit's rest first, whole, before anything of the ring.)
+    let room = if sink.unit_rest.len() > max / 2 { 0 } else { max - ctx.iov.len() };
     let pending = &pending[..pending.len().min(room)];
     ctx.iov.extend(pending.iter().map(|p| sys::iovec(sink.bytes_of(p))));
     let offered: usize = ctx.iov.iter().map(|v| v.iov_len).sum();

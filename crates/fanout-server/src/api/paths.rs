@@ -151,7 +151,12 @@ fn repackaging_json(
     // RTMP players read its FLV.
     let players = [Protocol::Rtmp, Protocol::Rtmps].iter().filter_map(|p| counts.get(p)).sum::<usize>();
     let rtmp = r.flv.as_ref().map(|_| json!({ "players": players }));
-    Some(json!({ "from": r.describes, "ts": ts, "hls": hls, "rtmp": rtmp }))
+    // Plain HTTP-FLV players are sinks of the FLV's session.
+    let flv = r.flv.as_ref().and_then(|f| f.session()).map(|s| {
+        let st = s.status();
+        json!({ "session": s.name(), "sinks": st.sinks, "datagrams": st.source.packets, "bytes_sent": st.bytes_sent })
+    });
+    Some(json!({ "from": r.describes, "ts": ts, "hls": hls, "rtmp": rtmp, "flv": flv }))
 }
 
 /// What the stream URL delivers.

@@ -68,6 +68,78 @@ pub async fn join(relay: &Arc<Relay>, name: &str, who: Who) -> Result<Player, (u
     })
 }
 
+/// Where [`to_engine`] left a player.
+pub enum Handed {
+    /// A sink of the FLV's session: the data plane writes it from now on.
+    Playing,
+    /// Not yet: the stream's decoder configurations are not known before its first keyframe.
+    NotYet(tokio::net::TcpStream),
+}
+
+/// Hands a plain HTTP-FLV player of path `name` to the data plane: the response head, the
+/// file's header and the decoder configurations go out now (within `stall`), and the player
+/// becomes a stream sink of the path's FLV session, from the last keyframe the ring holds
+/// (or the next), written once per flush interval straight from the ring, resuming at a
+/// keyframe if the ring laps it, as an HTTP TS player is; kicked, its sink goes. Refused
+/// (the stream back, an HTTP status and why) as [`join`] refuses.
+pub async fn to_engine(
+    mut stream: tokio::net::TcpStream,
+    relay: &Arc<Relay>,
+    name: &str,
+    who: Who,
+    stall: Duration,
+) -> Result<Handed, (tokio::net::TcpStream, (u16, String))> {
+    let repack = match relay.repack(name).await {
+        Ok(r) => r,
+        Err(e) => {
+            let crate::error::ApiError(status, why) = e.into();
+            return Err((stream, (status.as_u16(), why)));
+        }
+    };
+    let Some(flv) = repack.flv.clone() else {
+        let why = format!("{name}'s tracks do not go in FLV ({}; parameter sets unknown?)", repack.describes);
+        return Err((stream, (404, why)));
+    };
+    if flv.config().is_empty() {
+        return Ok(Handed::NotYet(stream));
+    }
+    let Some(path) = relay.path(name) else { return Err((stream, (404, format!("no path {name}")))) };
+    if path.readers.full() {
+        return Err((stream, (503, format!("{name} has its max_readers"))));
+    }
+    let session = match repack.flv_session(&relay.engine) {
+        Some(Ok(s)) => s,
+        Some(Err(e)) => return Err((stream, (500, format!("{name}'s FLV session: {e}")))),
+        None => return Err((stream, (404, format!("{name}'s tracks do not go in FLV")))),
+    };
+    let start = [HEAD.as_bytes(), &flv.file_start()].concat();
+    if !matches!(tokio::time::timeout(stall, stream.write_all(&start)).await, Ok(Ok(()))) {
+        return Ok(Handed::Playing); // (it went before its first byte of media)
+    }
+    let peer = stream.peer_addr().ok();
+    // (A second of the path's stream: the FLV session's own rate is not known at first.)
+    let send_buffer = path.session.stream_send_buffer();
+    let sink = match stream.into_std().and_then(|s| session.add_stream_sink_sized(s, true, send_buffer)) {
+        Ok(id) => id,
+        Err(e) => {
+            tracing::warn!(path = name, ?peer, "cannot add the HTTP-FLV player: {e}");
+            return Ok(Handed::Playing);
+        }
+    };
+    // The engine holds the socket now: the reader stays until its sink goes.
+    match path.readers.join(who, Arc::new(crate::readers::SinkReader { session: session.clone(), sink })) {
+        Ok(r) => {
+            tracing::info!(path = name, sink, ?peer, reader = r.id(), "HTTP-FLV player playing");
+            r.detach();
+        }
+        Err(full) => {
+            tracing::info!(path = name, ?peer, "HTTP-FLV player refused: {full}");
+            session.remove_sink(sink);
+        }
+    }
+    Ok(Handed::Playing)
+}
+
 /// The response head: no length, the stream until either side closes; any origin may read it.
 const HEAD: &str = "HTTP/1.1 200 OK\r\nContent-Type: video/x-flv\r\nCache-Control: no-cache\r\n\
     Access-Control-Allow-Origin: *\r\nConnection: close\r\n\r\n";

@@ -80,7 +80,11 @@ async fn serve_plain(stream: TcpStream, relay: &Arc<Relay>, router: axum::Router
             let mut head = vec![0u8; asked.head_len];
             if stream.read_exact(&mut head).await.is_ok() {
                 let peer = stream.peer_addr().ok();
-                start_flv(stream, peer, relay, &asked, slot).await;
+                if asked.websocket.is_some() {
+                    start_flv(stream, peer, relay, &asked, slot).await;
+                } else {
+                    start_flv_sink(stream, peer, relay, &asked, slot).await;
+                }
             }
         }
         Some(Err(None)) => {}
@@ -375,13 +379,57 @@ async fn start_flv<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + cra
 ) {
     let (name, auth, query) = (asked.name.as_str(), asked.auth.as_deref(), asked.query.as_deref());
     let ip = peer.map_or(std::net::IpAddr::from([0, 0, 0, 0]), |a| a.ip());
+    match may_read(relay, ip, name, auth, query).await {
+        Ok(()) => play_flv(io, peer, relay, asked, slot).await,
+        Err((status, why)) => {
+            tracing::info!(path = name, ?peer, "HTTP-FLV player refused: {why}");
+            let _ = tokio::time::timeout(Duration::from_secs(1), reject_on(&mut io, status, &why)).await;
+        }
+    }
+}
+
+/// A plain HTTP-FLV player (not WebSocket) on `stream`, once it may read: handed to the data
+/// plane as a sink of the path's FLV session, where every player's bytes are the ring's;
+/// before the stream's first keyframe (its decoder configurations unknown) it is played by
+/// a task instead, as a TLS or WebSocket player is.
+async fn start_flv_sink(
+    stream: TcpStream,
+    peer: Option<std::net::SocketAddr>,
+    relay: &Arc<Relay>,
+    asked: &Asked,
+    slot: Slot,
+) {
+    let (name, auth, query) = (asked.name.as_str(), asked.auth.as_deref(), asked.query.as_deref());
+    let ip = peer.map_or(std::net::IpAddr::from([0, 0, 0, 0]), |a| a.ip());
+    let who = Who::new(Protocol::HttpFlv, peer, Some(&user_of(auth, query, ip)));
+    let stall = Duration::from_secs_f64(relay.cfg().request_timeout_s.max(1.0));
+    let handed = match may_read(relay, ip, name, auth, query).await {
+        Ok(()) => flv::to_engine(stream, relay, name, who, stall).await,
+        Err(refused) => Err((stream, refused)),
+    };
+    match handed {
+        Ok(flv::Handed::Playing) => {}
+        Ok(flv::Handed::NotYet(stream)) => play_flv(stream, peer, relay, asked, slot).await,
+        Err((stream, (status, why))) => {
+            tracing::info!(path = name, ?peer, "HTTP-FLV player refused: {why}");
+            let _ = tokio::time::timeout(Duration::from_secs(1), reject(&stream, status, &why)).await;
+        }
+    }
+}
+
+/// An HTTP-FLV (or WebSocket-FLV) player on `io` that may read, played by a task of its own.
+async fn play_flv<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + crate::write::OnTcp>(
+    mut io: S,
+    peer: Option<std::net::SocketAddr>,
+    relay: &Arc<Relay>,
+    asked: &Asked,
+    slot: Slot,
+) {
+    let (name, auth, query) = (asked.name.as_str(), asked.auth.as_deref(), asked.query.as_deref());
+    let ip = peer.map_or(std::net::IpAddr::from([0, 0, 0, 0]), |a| a.ip());
     let protocol = if asked.websocket.is_some() { Protocol::WebSocketFlv } else { Protocol::HttpFlv };
     let who = Who::new(protocol, peer, Some(&user_of(auth, query, ip)));
-    let joined = match may_read(relay, ip, name, auth, query).await {
-        Ok(()) => flv::join(relay, name, who).await,
-        Err(refused) => Err(refused),
-    };
-    match joined {
+    match flv::join(relay, name, who).await {
         Ok(player) => {
             drop(slot);
             crate::write::size_send_buffer(&io, player.send_buffer());
