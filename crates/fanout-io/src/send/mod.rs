@@ -230,4 +230,40 @@ mod tests {
         assert!(!account_stream(&mut sink, &ring[3..], 0, 300));
         assert_eq!((sink.unit_rest.len(), sink.due.cursor.next()), (2, 3));
     }
+    proptest::proptest! {
+        /// Whatever the writes take, the bytes written are the ring's in order, and after
+        /// each write the sink's place in the ring is a unit's start (what it owes of the
+        /// unit it began is its own): a lap there skips whole units.
+        #[test]
+        fn writes_leave_the_sink_at_a_units_start(
+            units in proptest::collection::vec(1usize..5, 1..20),
+            writes in proptest::collection::vec(0usize..700, 1..60),
+        ) {
+            let mut ring = Vec::new();
+            for (u, &pieces) in units.iter().enumerate() {
+                for k in 0..pieces {
+                    ring.push(piece(u as u8, 50 + 31 * k, k > 0));
+                }
+            }
+            let whole: Vec<u8> = ring.iter().flat_map(|p| p.data().to_vec()).collect();
+            let mut sink = Sink::new(1, SinkTarget::Tcp(([127, 0, 0, 1], 9).into()), SinkIo::Closed, Default::default(), false);
+            let mut sent: Vec<u8> = Vec::new();
+            for w in writes {
+                // What the write is offered: the partial piece's rest, the unit's rest, the ring.
+                let mut offered: Vec<u8> = Vec::new();
+                if let Some((p, off)) = &sink.partial {
+                    offered.extend(&p.data()[*off..]);
+                }
+                sink.unit_rest.iter().for_each(|p| offered.extend(p.data()));
+                let at = sink.due.cursor.next() as usize;
+                ring[at..].iter().for_each(|p| offered.extend(p.data()));
+                let w = w.min(offered.len());
+                sent.extend(&offered[..w]);
+                account_stream(&mut sink, &ring[at..], w, offered.len());
+                let next = sink.due.cursor.next() as usize;
+                proptest::prop_assert!(next == ring.len() || !ring[next].continues(), "left inside a unit at {}", next);
+            }
+            proptest::prop_assert_eq!(&sent[..], &whole[..sent.len()]);
+        }
+    }
 }
