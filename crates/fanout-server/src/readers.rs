@@ -502,6 +502,9 @@ pub struct Held {
     packets: std::sync::atomic::AtomicU64,
     skips: std::sync::atomic::AtomicU64,
     pub end: EndSignal,
+    /// The engine's sink its task handed the socket to (an RTMP player's, once it plays
+    /// from the data plane): counted by the engine from then on.
+    sink: std::sync::OnceLock<(fanout_io::Session, u64)>,
 }
 
 impl Held {
@@ -509,6 +512,12 @@ impl Held {
         use std::sync::atomic::Ordering::Relaxed;
         self.bytes.fetch_add(bytes as u64, Relaxed);
         self.packets.fetch_add(packets, Relaxed);
+    }
+
+    /// Its socket is the engine's sink `id` of `session` from now on (what it was sent
+    /// before is not carried over: the sink counts from its start).
+    pub fn handed_to(&self, session: fanout_io::Session, id: u64) {
+        let _ = self.sink.set((session, id));
     }
 
     pub fn skipped(&self, n: u64) {
@@ -519,6 +528,9 @@ impl Held {
 impl Reader for Held {
     fn counters(&self) -> Counters {
         use std::sync::atomic::Ordering::Relaxed;
+        if let Some((session, id)) = self.sink.get() {
+            return session.sink_status(*id).as_ref().map_or_else(Counters::default, sink_counters);
+        }
         Counters {
             bytes: self.bytes.load(Relaxed),
             packets: self.packets.load(Relaxed),
@@ -528,6 +540,10 @@ impl Reader for Held {
 
     fn close(&self, reason: &str) {
         self.end.end(reason);
+    }
+
+    fn sink(&self) -> Option<(&fanout_io::Session, u64)> {
+        self.sink.get().map(|(s, id)| (s, *id))
     }
 }
 

@@ -158,8 +158,8 @@ pub struct Flv {
     pub video: bool,
     pub audio: bool,
     pub tags: tokio::sync::broadcast::Sender<FlvTag>,
-    /// Into its session of the data plane, once a plain HTTP-FLV player asked for it.
-    sinks: Mutex<Option<Inlet>>,
+    /// Into its sessions of the data plane (by [`Form`]), once a player asked for each.
+    sinks: [Mutex<Option<Inlet>>; 2],
     /// The time of the last keyframe's tag (ms): a player of the session starts there, with
     /// the decoder configurations at that time before it.
     last_key_ms: std::sync::atomic::AtomicU32,
@@ -261,6 +261,15 @@ impl FlvTag {
     }
 }
 
+/// The forms of the FLV's sessions of the data plane.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Form {
+    /// An FLV file's tags, for plain HTTP-FLV players.
+    File = 0,
+    /// RTMP chunks on message stream 1, for plain RTMP players.
+    Rtmp = 1,
+}
+
 /// Tags an RTMP or HTTP-FLV player may be behind before it skips to the next keyframe.
 const FLV_BACKLOG: usize = 1024;
 
@@ -274,7 +283,7 @@ impl Flv {
             video,
             audio,
             tags: tokio::sync::broadcast::channel(backlog).0,
-            sinks: Mutex::new(None),
+            sinks: Default::default(),
             last_key_ms: Default::default(),
         }
     }
@@ -290,7 +299,7 @@ impl Flv {
             video: carried.iter().any(|s| s.is_video()),
             audio: carried.iter().any(|s| !s.is_video()),
             tags: tokio::sync::broadcast::channel(FLV_BACKLOG).0,
-            sinks: Mutex::new(None),
+            sinks: Default::default(),
             last_key_ms: Default::default(),
         };
         // Known now unless the video's parameter sets come in band (see `Outputs::flv`).
@@ -330,26 +339,51 @@ impl Flv {
         self.config.get().map_or(&[], Vec::as_slice)
     }
 
-    /// Tag `tag` to the RTMP players' channel and into the session, if either has players.
+    /// Tag `tag` to the players' channel and into its sessions, where they have players.
     fn send(&self, tag: FlvTag) {
-        if let Some(inlet) = self.sinks.lock().as_mut() {
-            // A player starts at a keyframe's tag; in audio alone, at any tag.
-            let key = tag.key || !self.video;
-            if tag.video && tag.key {
-                self.last_key_ms.store(tag.ms, std::sync::atomic::Ordering::Relaxed);
+        if tag.video && tag.key {
+            self.last_key_ms.store(tag.ms, std::sync::atomic::Ordering::Relaxed);
+        }
+        // A player starts at a keyframe's tag; in audio alone, at any tag.
+        let key = tag.key || !self.video;
+        for form in [Form::File, Form::Rtmp] {
+            if let Some(inlet) = self.sinks[form as usize].lock().as_mut() {
+                let bytes = match form {
+                    Form::File => tag.file_bytes(),
+                    Form::Rtmp => tag.rtmp_chunks(),
+                };
+                inlet.hold_unit(bytes, key);
             }
-            inlet.hold_unit(tag.file_bytes(), key);
         }
         if self.tags.receiver_count() > 0 {
             let _ = self.tags.send(tag);
         }
     }
 
+    /// Whether a session of it was made (players of the data plane may come and go).
+    fn has_sessions(&self) -> bool {
+        self.sinks.iter().any(|s| s.lock().is_some())
+    }
+
+    /// Publishes what its sessions were handed since the last call.
+    fn flush(&self) {
+        for s in &self.sinks {
+            if let Some(inlet) = s.lock().as_mut() {
+                inlet.flush();
+            }
+        }
+    }
+
+    /// The time of the last keyframe's tag (ms): where a player of its sessions starts.
+    pub fn last_key_ms(&self) -> u32 {
+        self.last_key_ms.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// What a player of its session gets before the ring's bytes: the file's header and
     /// the decoder configurations as tags at the last keyframe's time, where it will start.
     pub fn file_start(&self) -> Vec<u8> {
         use fanout_proto::container::flv;
-        let ms = self.last_key_ms.load(std::sync::atomic::Ordering::Relaxed);
+        let ms = self.last_key_ms();
         let mut out = flv::file_header(self.video, self.audio).to_vec();
         for (video, body) in self.config() {
             out.extend(flv::file_tag(*video, ms, body));
@@ -357,9 +391,9 @@ impl Flv {
         out
     }
 
-    /// Its session of the data plane, if a player made it.
-    pub fn session(&self) -> Option<Session> {
-        self.sinks.lock().as_ref().map(|i| i.session().clone())
+    /// Its session of the data plane in `form`, if a player made it.
+    pub fn session(&self, form: Form) -> Option<Session> {
+        self.sinks[form as usize].lock().as_ref().map(|i| i.session().clone())
     }
 }
 
@@ -477,22 +511,27 @@ impl Repack {
         !self.task.is_finished()
     }
 
-    /// The FLV's session of the data plane (`{name}/flv`), made now if need be: its ring
-    /// holds every tag once, as an FLV file's bytes, each keyframe's tag marked where a
-    /// player may start or resume; a player is a stream sink of it, written once per flush
-    /// interval straight from the ring. `None` where the stream has nothing FLV carries.
-    pub fn flv_session(&self, engine: &fanout_io::Engine) -> Option<std::io::Result<Session>> {
+    /// The FLV's session of the data plane in `form` (`{name}/flv`, `{name}/rtmp`), made now
+    /// if need be: its ring holds every tag once, as an FLV file's bytes or as RTMP chunks,
+    /// each keyframe's tag marked where a player may start or resume; a player is a stream
+    /// sink of it, written once per flush interval straight from the ring. `None` where the
+    /// stream has nothing FLV carries.
+    pub fn flv_session(&self, engine: &fanout_io::Engine, form: Form) -> Option<std::io::Result<Session>> {
         let flv = self.flv.as_ref()?;
-        let mut sinks = flv.sinks.lock();
+        let mut sinks = flv.sinks[form as usize].lock();
         if let Some(inlet) = sinks.as_ref() {
             return Some(Ok(inlet.session().clone()));
         }
         let mut cfg = self.template.clone();
-        cfg.name = crate::track::Inner::Flv.name(self.template.name.as_str());
+        let (inner, what) = match form {
+            Form::File => (crate::track::Inner::Flv, "FLV"),
+            Form::Rtmp => (crate::track::Inner::Rtmp, "RTMP chunks"),
+        };
+        cfg.name = inner.name(self.template.name.as_str());
         // The bytes as they come: nothing in them is RTP.
         cfg.payload = fanout_io::PayloadMode::Raw;
         let session = Session::new(cfg, engine);
-        session.set_source_kind(format!("FLV repackaged from {}", self.template.name));
+        session.set_source_kind(format!("{what} repackaged from {}", self.template.name));
         Some(match Inlet::open_units(&session) {
             Ok(inlet) => {
                 *sinks = Some(inlet);
@@ -507,7 +546,8 @@ impl Repack {
 
     /// The sessions it made (MPEG-TS, FLV), which its owner closes once it stops.
     pub fn sessions(&self) -> Vec<Session> {
-        self.ts.iter().cloned().chain(self.flv.as_ref().and_then(|f| f.session())).collect()
+        let flv = self.flv.as_ref().map(|f| [Form::File, Form::Rtmp].map(|form| f.session(form)));
+        self.ts.iter().cloned().chain(flv.into_iter().flatten().flatten()).collect()
     }
 
     /// Stops it (a recording's last fragment is written first); closing the TS session is
@@ -537,10 +577,12 @@ impl Outputs {
         self.record.is_some()
             || self.ts.as_ref().is_some_and(|i| !i.session().sinks().is_empty())
             || self.hls.as_ref().is_some_and(|h| h.last_request.lock().elapsed() < linger)
-            || self
-                .flv
-                .as_ref()
-                .is_some_and(|f| f.tags.receiver_count() > 0 || f.session().is_some_and(|s| !s.sinks().is_empty()))
+            || self.flv.as_ref().is_some_and(|f| {
+                f.tags.receiver_count() > 0
+                    || [Form::File, Form::Rtmp]
+                        .iter()
+                        .any(|&form| f.session(form).is_some_and(|s| !s.sinks().is_empty()))
+            })
     }
 
     /// Access unit `u` to every output: the recording, RTMP players, the TS session (held,
@@ -571,7 +613,7 @@ impl Outputs {
     /// Unit `u` as FLV for the RTMP and HTTP-FLV players, if any.
     fn flv(&mut self, u: &Unit, codecs: &[TrackInfo]) {
         use fanout_proto::container::{flv, repack::TrackCodec};
-        let Some(f) = self.flv.as_ref().filter(|f| f.tags.receiver_count() > 0 || f.sinks.lock().is_some()) else {
+        let Some(f) = self.flv.as_ref().filter(|f| f.tags.receiver_count() > 0 || f.has_sessions()) else {
             return;
         };
         if f.config.get().is_none() {
@@ -678,8 +720,8 @@ async fn run(
                 if let Some(inlet) = out.ts.as_mut() {
                     inlet.flush();
                 }
-                if let Some(inlet) = out.flv.as_ref().map(|f| f.sinks.lock()).as_mut().and_then(|s| s.as_mut()) {
-                    inlet.flush();
+                if let Some(f) = &out.flv {
+                    f.flush();
                 }
             }
             _ = tick.tick() => {

@@ -12,6 +12,12 @@
 //!
 //! The protocol is `fanout_proto::rtmp` (sans-IO); this module holds the sockets, the
 //! deadlines and the decisions: who may publish or play what.
+//!
+//! A plain RTMP player that plays at the path's shared chunks is the data plane's once it
+//! is told it plays: the tags' chunks go once into the path's `{path}/rtmp` session and its
+//! socket (a second descriptor of it) is a stream sink there, as an HTTP TS player's is;
+//! its task only reads what the client says and ends it. Over TLS, or before the stream's
+//! first keyframe, the task writes the tags itself.
 
 use crate::readers::{Held, Protocol, Registered, Who};
 use crate::relay::Relay;
@@ -64,6 +70,7 @@ pub async fn serve(listener: TcpListener, relay: Arc<Relay>, tls: Option<tokio_r
                 started: false,
                 playing: None,
                 tls: tls.is_some(),
+                sunk: None,
             };
             let end = match tls {
                 None => c.run(stream).await,
@@ -98,6 +105,8 @@ struct Conn<'a> {
     playing: Option<Player>,
     /// Over TLS (RTMPS).
     tls: bool,
+    /// Its player's socket handed to the engine: the sink it is, of this session.
+    sunk: Option<(fanout_io::Session, u64)>,
 }
 
 /// Why an RTMP connection ended (logged; what the client was told went out before).
@@ -127,7 +136,12 @@ enum Ended {
 
 /// An RTMP player: the path's FLV tags as they come, from a keyframe on.
 struct Player {
-    tags: tokio::sync::broadcast::Receiver<crate::repack::FlvTag>,
+    /// The path's tags (none once the engine plays it).
+    tags: Option<tokio::sync::broadcast::Receiver<crate::repack::FlvTag>>,
+    /// Just told it plays: the engine may take it now.
+    fresh: bool,
+    /// A second of the path's stream, for its socket's send buffer.
+    stream_buffer: usize,
     /// From a keyframe on, its configurations first.
     gate: crate::repack::TagGate,
     /// Tags waiting for the next write, as their shared chunks (a player that takes them).
@@ -187,10 +201,10 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
 
 /// A tag already waiting for the player, as `recv` would give it; `None` if none is.
 fn try_next_tag(
-    rx: &mut tokio::sync::broadcast::Receiver<crate::repack::FlvTag>,
+    rx: &mut Option<tokio::sync::broadcast::Receiver<crate::repack::FlvTag>>,
 ) -> Option<Result<crate::repack::FlvTag, tokio::sync::broadcast::error::RecvError>> {
     use tokio::sync::broadcast::error::{RecvError, TryRecvError};
-    match rx.try_recv() {
+    match rx.as_mut()?.try_recv() {
         Ok(t) => Some(Ok(t)),
         Err(TryRecvError::Lagged(n)) => Some(Err(RecvError::Lagged(n))),
         Err(TryRecvError::Closed) => Some(Err(RecvError::Closed)),
@@ -202,8 +216,8 @@ fn try_next_tag(
 async fn next_tag(
     player: &mut Option<Player>,
 ) -> Result<crate::repack::FlvTag, tokio::sync::broadcast::error::RecvError> {
-    match player {
-        Some(p) => p.tags.recv().await,
+    match player.as_mut().and_then(|p| p.tags.as_mut()) {
+        Some(tags) => tags.recv().await,
         None => std::future::pending().await,
     }
 }
@@ -281,6 +295,10 @@ impl Conn<'_> {
             let n = tokio::select! {
                 // Kicked, or the path went: told as the stream's end.
                 why = crate::readers::ended(held.as_deref()) => {
+                    if let Some((session, sink)) = self.sunk.take() {
+                        session.remove_sink(sink);
+                        return Err(Ended::Stream(why));
+                    }
                     // The tags waiting go first: nothing follows the end.
                     self.write_out(&mut stream, &mut server, setup_until, idle).await?;
                     server.end_play(&why);
@@ -332,13 +350,54 @@ impl Conn<'_> {
                 crate::write::size_send_buffer(&stream, bytes);
             }
             let out = server.take_output();
-            if !out.is_empty() {
+            // (The engine writes a player it took: what the server would say now is left out.)
+            if !out.is_empty() && self.sunk.is_none() {
                 write_by(&mut stream, &out, self.write_until(setup_until, idle)).await?;
+            }
+            if self.playing.as_mut().is_some_and(|p| std::mem::take(&mut p.fresh)) {
+                self.to_engine(&mut stream, &mut server, self.write_until(setup_until, idle)).await?;
             }
             if let Some(why) = close {
                 return Err(why);
             }
         }
+    }
+
+    /// A player just told it plays becomes the data plane's where it can (plain RTMP, at
+    /// the shared chunks, the decoder configurations known): they go out now, at the last
+    /// keyframe's time, and a second descriptor of its socket becomes a stream sink of the
+    /// path's RTMP session, from the last keyframe the ring holds; this task goes on reading.
+    async fn to_engine(
+        &mut self,
+        stream: &mut (impl tokio::io::AsyncWrite + Unpin + crate::write::OnTcp),
+        server: &mut Server,
+        until: tokio::time::Instant,
+    ) -> Result<(), Ended> {
+        use std::os::fd::AsFd;
+        let Some(p) = self.playing.as_mut() else { return Ok(()) };
+        let Some(flv) = p.repack.flv.clone() else { return Ok(()) };
+        if self.tls || !server.takes_shared_media() || flv.config().is_empty() {
+            return Ok(());
+        }
+        let session = match p.repack.flv_session(&self.relay.engine, crate::repack::Form::Rtmp) {
+            Some(Ok(s)) => s,
+            Some(Err(e)) => {
+                tracing::warn!(peer = %self.peer, "RTMP player stays off the data plane: {e}");
+                return Ok(());
+            }
+            None => return Ok(()),
+        };
+        for (video, body) in flv.config() {
+            server.media(*video, flv.last_key_ms(), body);
+        }
+        write_by(stream, &server.take_output(), until).await?;
+        let second = stream.tcp().as_fd().try_clone_to_owned()?;
+        let id = session.add_stream_sink_sized(std::net::TcpStream::from(second), true, p.stream_buffer)?;
+        p.held.handed_to(session.clone(), id);
+        p.tags = None;
+        tracing::debug!(peer = %self.peer, sink = id, "RTMP player played by the data plane");
+        self.sunk = Some((session, id));
+        Ok(())
     }
 
     /// What the client's bytes said, in order: its app, a publish or a play decided, media
@@ -458,7 +517,9 @@ impl Conn<'_> {
         tracing::info!(peer = %self.peer, path = %path_name, reader = registered.id(), "RTMP player playing");
         let tags = flv.tags.subscribe();
         self.playing = Some(Player {
-            tags,
+            tags: Some(tags),
+            fresh: true,
+            stream_buffer: path.session.stream_send_buffer(),
             gate: crate::repack::TagGate::new(&flv),
             pending: Vec::new(),
             pending_bytes: 0,
@@ -594,8 +655,12 @@ impl Conn<'_> {
         Ok(())
     }
 
-    /// The publisher stopped or went away: the path waits for the next one.
+    /// The publisher stopped or went away: the path waits for the next one; a player the
+    /// engine played leaves it.
     fn stop(&mut self) {
+        if let Some((session, sink)) = self.sunk.take() {
+            session.remove_sink(sink);
+        }
         if let Some((_, publisher)) = self.publishing.take() {
             if self.started {
                 publisher.stop(&format!("rtmp-{}", self.conn & !CONN_BASE));

@@ -25,6 +25,8 @@ pub enum Inner {
     Ts,
     /// The FLV of the repackaging, for HTTP-FLV players: `{path}/flv`.
     Flv,
+    /// The same tags as RTMP chunks, for RTMP players: `{path}/rtmp`.
+    Rtmp,
     /// The path's AAC as Opus, for WebRTC viewers: `{path}/opus`.
     Opus,
     /// The path's Opus as AAC, for FLV, MPEG-TS and SRT players: `{path}/aac`.
@@ -43,6 +45,7 @@ impl Inner {
             Inner::Encoding { track, k } => format!("{of}/{track}~{k}"),
             Inner::Ts => format!("{of}/ts"),
             Inner::Flv => format!("{of}/flv"),
+            Inner::Rtmp => format!("{of}/rtmp"),
             Inner::Opus => format!("{of}/opus"),
             Inner::Aac => format!("{of}/aac"),
             Inner::SrtpEpoch(n) => format!("{of}/srtp-{n}"),

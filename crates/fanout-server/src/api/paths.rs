@@ -150,12 +150,15 @@ fn repackaging_json(
     });
     // RTMP players read its FLV.
     let players = [Protocol::Rtmp, Protocol::Rtmps].iter().filter_map(|p| counts.get(p)).sum::<usize>();
-    let rtmp = r.flv.as_ref().map(|_| json!({ "players": players }));
-    // Plain HTTP-FLV players are sinks of the FLV's session.
-    let flv = r.flv.as_ref().and_then(|f| f.session()).map(|s| {
-        let st = s.status();
-        json!({ "session": s.name(), "sinks": st.sinks, "datagrams": st.source.packets, "bytes_sent": st.bytes_sent })
-    });
+    // Plain HTTP-FLV and RTMP players are sinks of the FLV's sessions.
+    let of = |form| {
+        r.flv.as_ref().and_then(|f| f.session(form)).map(|s| {
+            let st = s.status();
+            json!({ "session": s.name(), "sinks": st.sinks, "datagrams": st.source.packets, "bytes_sent": st.bytes_sent })
+        })
+    };
+    let rtmp = r.flv.as_ref().map(|_| json!({ "players": players, "session": of(crate::repack::Form::Rtmp) }));
+    let flv = of(crate::repack::Form::File);
     Some(json!({ "from": r.describes, "ts": ts, "hls": hls, "rtmp": rtmp, "flv": flv }))
 }
 

@@ -107,7 +107,7 @@ pub async fn to_engine(
     if path.readers.full() {
         return Err((stream, (503, format!("{name} has its max_readers"))));
     }
-    let session = match repack.flv_session(&relay.engine) {
+    let session = match repack.flv_session(&relay.engine, crate::repack::Form::File) {
         Some(Ok(s)) => s,
         Some(Err(e)) => return Err((stream, (500, format!("{name}'s FLV session: {e}")))),
         None => return Err((stream, (404, format!("{name}'s tracks do not go in FLV")))),
