@@ -355,7 +355,7 @@ impl Conn<'_> {
                 write_by(&mut stream, &out, self.write_until(setup_until, idle)).await?;
             }
             if self.playing.as_mut().is_some_and(|p| std::mem::take(&mut p.fresh)) {
-                self.to_engine(&mut stream, &mut server, self.write_until(setup_until, idle)).await?;
+                self.hand_to_engine(&mut stream, &mut server, self.write_until(setup_until, idle)).await?;
             }
             if let Some(why) = close {
                 return Err(why);
@@ -367,7 +367,7 @@ impl Conn<'_> {
     /// the shared chunks, the decoder configurations known): they go out now, at the last
     /// keyframe's time, and a second descriptor of its socket becomes a stream sink of the
     /// path's RTMP session, from the last keyframe the ring holds; this task goes on reading.
-    async fn to_engine(
+    async fn hand_to_engine(
         &mut self,
         stream: &mut (impl tokio::io::AsyncWrite + Unpin + crate::write::OnTcp),
         server: &mut Server,
