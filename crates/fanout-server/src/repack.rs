@@ -160,9 +160,11 @@ pub struct Flv {
     pub tags: tokio::sync::broadcast::Sender<FlvTag>,
     /// Into its sessions of the data plane (by [`Form`]), once a player asked for each.
     sinks: [Mutex<Option<Inlet>>; 2],
-    /// The time of the last keyframe's tag (ms): a player of the session starts there, with
-    /// the decoder configurations at that time before it.
-    last_key_ms: std::sync::atomic::AtomicU32,
+    /// Where a player of its sessions starts, the last keyframe's tag: its time (ms, the
+    /// high half) and the last audio tag's before it (the low half). Each decoder
+    /// configuration goes before it at its kind's time, so neither kind's times go back.
+    start_ms: std::sync::atomic::AtomicU64,
+    last_audio_ms: std::sync::atomic::AtomicU32,
 }
 
 /// What a reader of the FLV tags (an RTMP or HTTP-FLV player, a forward) does with the
@@ -284,7 +286,8 @@ impl Flv {
             audio,
             tags: tokio::sync::broadcast::channel(backlog).0,
             sinks: Default::default(),
-            last_key_ms: Default::default(),
+            start_ms: Default::default(),
+            last_audio_ms: Default::default(),
         }
     }
 
@@ -300,7 +303,8 @@ impl Flv {
             audio: carried.iter().any(|s| !s.is_video()),
             tags: tokio::sync::broadcast::channel(FLV_BACKLOG).0,
             sinks: Default::default(),
-            last_key_ms: Default::default(),
+            start_ms: Default::default(),
+            last_audio_ms: Default::default(),
         };
         // Known now unless the video's parameter sets come in band (see `Outputs::flv`).
         if let Some(config) = Self::configs(&carried, &[]) {
@@ -341,8 +345,11 @@ impl Flv {
 
     /// Tag `tag` to the players' channel and into its sessions, where they have players.
     fn send(&self, tag: FlvTag) {
+        use std::sync::atomic::Ordering::Relaxed;
         if tag.video && tag.key {
-            self.last_key_ms.store(tag.ms, std::sync::atomic::Ordering::Relaxed);
+            self.start_ms.store(u64::from(tag.ms) << 32 | u64::from(self.last_audio_ms.load(Relaxed)), Relaxed);
+        } else if !tag.video {
+            self.last_audio_ms.store(tag.ms, Relaxed);
         }
         // A player starts at a keyframe's tag; in audio alone, at any tag.
         let key = tag.key || !self.video;
@@ -374,19 +381,25 @@ impl Flv {
         }
     }
 
-    /// The time of the last keyframe's tag (ms): where a player of its sessions starts.
-    pub fn last_key_ms(&self) -> u32 {
-        self.last_key_ms.load(std::sync::atomic::Ordering::Relaxed)
+    /// The time a decoder configuration of `video`'s kind goes at, for a player of its
+    /// sessions (which starts at the last keyframe's tag): no later than that kind's first
+    /// tag after it (audio may come a little before the keyframe's time).
+    pub fn config_ms(&self, video: bool) -> u32 {
+        let start = self.start_ms.load(std::sync::atomic::Ordering::Relaxed);
+        if video {
+            (start >> 32) as u32
+        } else {
+            start as u32
+        }
     }
 
     /// What a player of its session gets before the ring's bytes: the file's header and
-    /// the decoder configurations as tags at the last keyframe's time, where it will start.
+    /// the decoder configurations, each at its kind's time ([`Flv::config_ms`]).
     pub fn file_start(&self) -> Vec<u8> {
         use fanout_proto::container::flv;
-        let ms = self.last_key_ms();
         let mut out = flv::file_header(self.video, self.audio).to_vec();
         for (video, body) in self.config() {
-            out.extend(flv::file_tag(*video, ms, body));
+            out.extend(flv::file_tag(*video, self.config_ms(*video), body));
         }
         out
     }

@@ -388,7 +388,7 @@ impl Conn<'_> {
             None => return Ok(()),
         };
         for (video, body) in flv.config() {
-            server.media(*video, flv.last_key_ms(), body);
+            server.media(*video, flv.config_ms(*video), body);
         }
         write_by(stream, &server.take_output(), until).await?;
         let second = stream.tcp().as_fd().try_clone_to_owned()?;
