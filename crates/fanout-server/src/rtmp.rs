@@ -356,6 +356,10 @@ impl Conn<'_> {
             }
             if self.playing.as_mut().is_some_and(|p| std::mem::take(&mut p.fresh)) {
                 self.hand_to_engine(&mut stream, &mut server, self.write_until(setup_until, idle)).await?;
+                if self.sunk.is_some() {
+                    // From now on it reads acknowledgements only: a small buffer will do.
+                    buf = vec![0u8; 4 << 10];
+                }
             }
             if let Some(why) = close {
                 return Err(why);
