@@ -515,9 +515,14 @@ impl Held {
     }
 
     /// Its socket is the engine's sink `id` of `session` from now on (what it was sent
-    /// before is not carried over: the sink counts from its start).
+    /// before is not carried over: the sink counts from its start); ending it removes the
+    /// sink. One ended meanwhile has its sink removed at once.
     pub fn handed_to(&self, session: fanout_io::Session, id: u64) {
-        let _ = self.sink.set((session, id));
+        if self.end.ended().is_some() {
+            session.remove_sink(id);
+        } else {
+            let _ = self.sink.set((session, id));
+        }
     }
 
     pub fn skipped(&self, n: u64) {
@@ -540,6 +545,13 @@ impl Reader for Held {
 
     fn close(&self, reason: &str) {
         self.end.end(reason);
+        if let Some((session, id)) = self.sink.get() {
+            session.remove_sink(*id);
+        }
+    }
+
+    fn alive(&self, _now: Instant) -> bool {
+        self.sink.get().is_none_or(|(s, id)| s.sink_status(*id).is_some_and(|st| st.state != "failed"))
     }
 
     fn sink(&self) -> Option<(&fanout_io::Session, u64)> {

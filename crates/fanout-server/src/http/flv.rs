@@ -104,9 +104,12 @@ pub async fn to_engine(
         return Ok(Handed::NotYet(stream));
     }
     let Some(path) = relay.path(name) else { return Err((stream, (404, format!("no path {name}")))) };
-    if path.readers.full() {
-        return Err((stream, (503, format!("{name} has its max_readers"))));
-    }
+    // Listed before its first byte goes out; the engine's sink once it has one.
+    let held = Arc::new(Held::default());
+    let registered = match path.readers.join(who, held.clone()) {
+        Ok(r) => r,
+        Err(full) => return Err((stream, (503, full.to_string()))),
+    };
     let session = match repack.flv_session(&relay.engine, crate::repack::Form::File) {
         Some(Ok(s)) => s,
         Some(Err(e)) => return Err((stream, (500, format!("{name}'s FLV session: {e}")))),
@@ -127,16 +130,9 @@ pub async fn to_engine(
         }
     };
     // The engine holds the socket now: the reader stays until its sink goes.
-    match path.readers.join(who, Arc::new(crate::readers::SinkReader { session: session.clone(), sink })) {
-        Ok(r) => {
-            tracing::info!(path = name, sink, ?peer, reader = r.id(), "HTTP-FLV player playing");
-            r.detach();
-        }
-        Err(full) => {
-            tracing::info!(path = name, ?peer, "HTTP-FLV player refused: {full}");
-            session.remove_sink(sink);
-        }
-    }
+    held.handed_to(session, sink);
+    tracing::info!(path = name, sink, ?peer, reader = registered.id(), "HTTP-FLV player playing");
+    registered.detach();
     Ok(Handed::Playing)
 }
 
