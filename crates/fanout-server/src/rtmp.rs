@@ -368,8 +368,8 @@ impl Conn<'_> {
     }
 
     /// A player just told it plays becomes the data plane's where it can (plain RTMP, at
-    /// the shared chunks, the decoder configurations known): they go out now, at the last
-    /// keyframe's time, and a second descriptor of its socket becomes a stream sink of the
+    /// the shared chunks, the decoder configurations known): they go out now, each at its
+    /// kind's time (`Flv::config_ms`), and a second descriptor of its socket becomes a stream sink of the
     /// path's RTMP session, from the last keyframe the ring holds; this task goes on reading.
     async fn hand_to_engine(
         &mut self,
