@@ -3,8 +3,9 @@
 //! units ([`fanout_proto::container::repack`]) and from them MPEG-TS, handed into a relay
 //! session of its own (`{name}/ts`, through an [`Inlet`]) that every HTTP subscriber shares,
 //! and HLS segments ([`fanout_proto::container::hls`]) that every HLS client shares. FLV
-//! tags go to RTMP players (a channel) and, as an FLV file's bytes, into a session of their
-//! own (`{name}/flv`) that plain HTTP-FLV players join as HTTP TS players join theirs. It
+//! tags go to the players that are tasks (a channel) and, as an FLV file's tags and as RTMP
+//! chunks, into sessions of their own (`{name}/flv`, `{name}/rtmp`) that plain HTTP-FLV and
+//! RTMP players join as HTTP TS players join theirs. It
 //! starts with the first subscriber or playlist request and stops a linger after the last.
 
 use fanout_io::channel::ChannelQueue;
@@ -563,8 +564,8 @@ impl Repack {
         self.ts.iter().cloned().chain(flv.into_iter().flatten().flatten()).collect()
     }
 
-    /// Stops it (a recording's last fragment is written first); closing the TS session is
-    /// the caller's (it joins threads).
+    /// Stops it (a recording's last fragment is written first); closing its sessions
+    /// ([`Repack::sessions`]) is the caller's (it joins threads).
     pub fn stop(&self) {
         if let Some(r) = &self.record {
             r.finish();
