@@ -534,7 +534,7 @@ impl Reader for Held {
     fn counters(&self) -> Counters {
         use std::sync::atomic::Ordering::Relaxed;
         if let Some((session, id)) = self.sink.get() {
-            return session.sink_status(*id).as_ref().map_or_else(Counters::default, sink_counters);
+            return counters_of_sink(session, *id);
         }
         Counters {
             bytes: self.bytes.load(Relaxed),
@@ -551,7 +551,7 @@ impl Reader for Held {
     }
 
     fn alive(&self, _now: Instant) -> bool {
-        self.sink.get().is_none_or(|(s, id)| s.sink_status(*id).is_some_and(|st| st.state != "failed"))
+        self.sink.get().is_none_or(|(s, id)| sink_alive(s, *id))
     }
 
     fn sink(&self) -> Option<(&fanout_io::Session, u64)> {
@@ -568,7 +568,7 @@ pub struct SinkReader {
 
 impl Reader for SinkReader {
     fn counters(&self) -> Counters {
-        self.session.sink_status(self.sink).as_ref().map_or_else(Counters::default, sink_counters)
+        counters_of_sink(&self.session, self.sink)
     }
 
     fn sink(&self) -> Option<(&fanout_io::Session, u64)> {
@@ -580,8 +580,18 @@ impl Reader for SinkReader {
     }
 
     fn alive(&self, _now: Instant) -> bool {
-        self.session.sink_status(self.sink).is_some_and(|s| s.state != "failed")
+        sink_alive(&self.session, self.sink)
     }
+}
+
+/// An engine sink's counters now (none once it went).
+fn counters_of_sink(session: &fanout_io::Session, id: u64) -> Counters {
+    session.sink_status(id).as_ref().map_or_else(Counters::default, sink_counters)
+}
+
+/// Whether an engine sink is still there and sending.
+fn sink_alive(session: &fanout_io::Session, id: u64) -> bool {
+    session.sink_status(id).is_some_and(|s| s.state != "failed")
 }
 
 /// Waits for a held reader's end (never, without one).
