@@ -13,6 +13,7 @@ pub mod aacenc;
 pub mod g711;
 pub mod opus;
 mod resample;
+pub mod slate;
 
 pub use aac::AacDecoder;
 
