@@ -493,7 +493,7 @@ impl Publisher {
             t.set_clock(clock);
             // A new publisher: a new SSRC, numbering and wall clock, joined into the ones the
             // clients have.
-            t.new_source();
+            t.new_source_described(m);
             t.session.set_rtp_video(video);
         }
         st.simulcast = None;

@@ -149,12 +149,18 @@ impl crate::readers::Reader for HlsReader {
     }
 }
 
+/// FLV decoder configurations (video's `true`), each a tag's body, as players get them.
+pub type Configs = Arc<Vec<(bool, Vec<u8>)>>;
+
 /// The FLV side, for RTMP players: the decoder configurations every player gets first, and
 /// the tags as they are made (a player that falls behind the channel resumes at a keyframe).
 pub struct Flv {
     /// Set from the description, or (video whose description has no parameter sets, a WHIP
-    /// publisher's) from the first keyframe's in-band ones, before any tag is sent.
-    config: std::sync::OnceLock<Vec<(bool, Vec<u8>)>>,
+    /// publisher's) from the first keyframe's in-band ones, before any tag is sent; then
+    /// from each keyframe's in-band sets, so a player that joins after the stream's
+    /// parameters changed (another publisher, a fallback) is configured for what it gets.
+    /// Empty while unknown.
+    config: Mutex<Configs>,
     /// Whether it carries video, and audio.
     pub video: bool,
     pub audio: bool,
@@ -282,7 +288,7 @@ impl Flv {
     pub fn new(config: Vec<(bool, Vec<u8>)>, backlog: usize) -> Self {
         let (video, audio) = (config.iter().any(|c| c.0), config.iter().any(|c| !c.0));
         Self {
-            config: config.into(),
+            config: Mutex::new(Arc::new(config)),
             video,
             audio,
             tags: tokio::sync::broadcast::channel(backlog).0,
@@ -299,7 +305,7 @@ impl Flv {
             return None;
         }
         let flv = Self {
-            config: std::sync::OnceLock::new(),
+            config: Default::default(),
             video: carried.iter().any(|s| s.is_video()),
             audio: carried.iter().any(|s| !s.is_video()),
             tags: tokio::sync::broadcast::channel(FLV_BACKLOG).0,
@@ -309,13 +315,13 @@ impl Flv {
         };
         // Known now unless the video's parameter sets come in band (see `Outputs::flv`).
         if let Some(config) = Self::configs(&carried, &[]) {
-            let _ = flv.config.set(config);
+            *flv.config.lock() = Arc::new(config);
         }
         Some(flv)
     }
 
-    /// The decoder configurations of `carried`, the video's parameter sets from the
-    /// description or else `keyframe` (Annex B); `None` while they are unknown.
+    /// The decoder configurations of `carried`, the video's parameter sets from `keyframe`
+    /// (Annex B) or else the description; `None` while they are unknown.
     fn configs(carried: &[&TrackInfo], keyframe: &[u8]) -> Option<Vec<(bool, Vec<u8>)>> {
         use fanout_proto::container::{flv, repack::TrackCodec};
         carried
@@ -323,15 +329,14 @@ impl Flv {
             // (MP3 has no decoder configuration in FLV.)
             .filter(|s| s.codec != TrackCodec::Mpa)
             .map(|s| match &s.codec {
-                TrackCodec::Video { codec, params } if params.is_empty() => {
-                    let sets: Vec<&[u8]> = fanout_proto::codec::annexb::nal_units(keyframe)
+                TrackCodec::Video { codec, params } => {
+                    let mut sets: Vec<&[u8]> = fanout_proto::codec::annexb::nal_units(keyframe)
                         .filter(|n| fanout_proto::codec::annexb::is_parameter_set(*codec, n))
                         .collect();
+                    if sets.is_empty() {
+                        sets = params.iter().map(Vec::as_slice).collect();
+                    }
                     (!sets.is_empty()).then(|| (true, flv::video_config(*codec, &sets)))
-                }
-                TrackCodec::Video { codec, params } => {
-                    let sets: Vec<&[u8]> = params.iter().map(Vec::as_slice).collect();
-                    Some((true, flv::video_config(*codec, &sets)))
                 }
                 TrackCodec::Aac { config, .. } => Some((false, flv::aac_config(config))),
                 _ => None,
@@ -339,9 +344,9 @@ impl Flv {
             .collect()
     }
 
-    /// Its decoder configurations (none while they are not known: no tag has gone out).
-    pub fn config(&self) -> &[(bool, Vec<u8>)] {
-        self.config.get().map_or(&[], Vec::as_slice)
+    /// Its decoder configurations now (none while they are not known: no tag has gone out).
+    pub fn config(&self) -> Configs {
+        self.config.lock().clone()
     }
 
     /// Tag `tag` to the players' channel and into its sessions, where they have players.
@@ -399,7 +404,7 @@ impl Flv {
     pub fn file_start(&self) -> Vec<u8> {
         use fanout_proto::container::flv;
         let mut out = flv::file_header(self.video, self.audio).to_vec();
-        for (video, body) in self.config() {
+        for (video, body) in self.config().iter() {
             out.extend(flv::file_tag(*video, self.config_ms(*video), body));
         }
         out
@@ -630,13 +635,19 @@ impl Outputs {
         let Some(f) = self.flv.as_ref().filter(|f| f.tags.receiver_count() > 0 || f.has_sessions()) else {
             return;
         };
-        if f.config.get().is_none() {
-            // Nothing goes out before the first keyframe brings the parameter sets.
+        // Each video keyframe configures the players that join from it; nothing goes out
+        // before the first brings the parameter sets.
+        if u.key && codecs[u.stream].is_video() {
             let carried: Vec<&TrackInfo> = codecs.iter().filter(|s| s.kind().is_some()).collect();
-            match Flv::configs(&carried, &u.data).filter(|_| u.key) {
-                Some(config) => drop(f.config.set(config)),
-                None => return,
+            if let Some(config) = Flv::configs(&carried, &u.data) {
+                let mut now = f.config.lock();
+                if **now != config {
+                    *now = Arc::new(config);
+                }
             }
+        }
+        if f.config.lock().is_empty() {
+            return;
         }
         match &codecs[u.stream].codec {
             TrackCodec::Video { codec, .. } => {
@@ -781,15 +792,15 @@ mod tests {
             Passed::Tag(owed, _) => Some(owed.into_iter().map(<[u8]>::to_vec).collect::<Vec<_>>()),
             _ => None,
         };
-        assert_eq!(owed(g.pass(tag(false, false), flv.config())), None, "audio before the first keyframe waits");
-        assert_eq!(owed(g.pass(tag(true, false), flv.config())), None);
-        assert_eq!(owed(g.pass(tag(true, true), flv.config())), Some(vec![vec![1]]));
-        assert_eq!(owed(g.pass(tag(true, false), flv.config())), Some(vec![]));
-        assert_eq!(owed(g.pass(tag(false, false), flv.config())), Some(vec![vec![2]]));
-        assert!(matches!(g.pass(Err(RecvError::Lagged(3)), flv.config()), Passed::Lagged(3)));
-        assert_eq!(owed(g.pass(tag(false, false), flv.config())), None, "after a lag: the next keyframe");
-        assert_eq!(owed(g.pass(tag(true, true), flv.config())), Some(vec![]));
-        assert!(matches!(g.pass(Err(RecvError::Closed), flv.config()), Passed::Closed));
+        assert_eq!(owed(g.pass(tag(false, false), &flv.config())), None, "audio before the first keyframe waits");
+        assert_eq!(owed(g.pass(tag(true, false), &flv.config())), None);
+        assert_eq!(owed(g.pass(tag(true, true), &flv.config())), Some(vec![vec![1]]));
+        assert_eq!(owed(g.pass(tag(true, false), &flv.config())), Some(vec![]));
+        assert_eq!(owed(g.pass(tag(false, false), &flv.config())), Some(vec![vec![2]]));
+        assert!(matches!(g.pass(Err(RecvError::Lagged(3)), &flv.config()), Passed::Lagged(3)));
+        assert_eq!(owed(g.pass(tag(false, false), &flv.config())), None, "after a lag: the next keyframe");
+        assert_eq!(owed(g.pass(tag(true, true), &flv.config())), Some(vec![]));
+        assert!(matches!(g.pass(Err(RecvError::Closed), &flv.config()), Passed::Closed));
     }
 
     use fanout_proto::container::repack::TrackInfo;

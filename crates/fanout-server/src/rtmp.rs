@@ -391,7 +391,7 @@ impl Conn<'_> {
             }
             None => return Ok(()),
         };
-        for (video, body) in flv.config() {
+        for (video, body) in flv.config().iter() {
             server.media(*video, flv.config_ms(*video), body);
         }
         write_by(stream, &server.take_output(), until).await?;
@@ -563,8 +563,8 @@ impl Conn<'_> {
     ) -> Result<(), Ended> {
         use crate::repack::Passed;
         let Some(p) = self.playing.as_mut() else { return Ok(()) };
-        let config = p.repack.flv.as_ref().map_or(&[][..], |f| f.config());
-        let tag = match p.gate.pass(tag, config) {
+        let config = p.repack.flv.as_ref().map(|f| f.config()).unwrap_or_default();
+        let tag = match p.gate.pass(tag, &config) {
             Passed::Tag(owed, tag) => {
                 for body in owed {
                     server.media(tag.video, tag.ms, body);

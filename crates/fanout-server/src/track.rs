@@ -79,7 +79,17 @@ pub struct TrackFeed {
     clock_map: ClockMap,
     pub packets: u64,
     pub dropped: u64,
+    /// The new source's parameter sets, as one RTP payload, to go in front of its first
+    /// keyframe: see [`Self::new_source_described`].
+    params_due: Option<Vec<u8>>,
+    /// A new source's video waits for its first keyframe, until the deadline (ms, on the
+    /// packets' clock; set by its first packet).
+    await_key: Option<(fanout_proto::codec::annexb::Codec, Option<u64>)>,
 }
+
+/// How long a new source's video before its first keyframe is left out at most: a source
+/// whose keyframes are not IDR pictures (intra refresh) plays after this.
+const KEY_WAIT_MS: u64 = 3000;
 
 impl TrackFeed {
     /// The feeder of `inlet`'s session, whose numbers start on a random RTP clock of `clock` Hz.
@@ -92,6 +102,8 @@ impl TrackFeed {
             clock_map: ClockMap::default(),
             packets: 0,
             dropped: 0,
+            params_due: None,
+            await_key: None,
         }
     }
 
@@ -111,9 +123,58 @@ impl TrackFeed {
         self.clock_map.new_source();
     }
 
+    /// A new source described by `m`: as [`Self::new_source`]; H.264 or H.265 video of it
+    /// starts at its first keyframe (what comes before refers to pictures no reader has,
+    /// or has from the last source), and where its description gives parameter sets, they
+    /// go in band in front of that keyframe. Every reader's decoder, the repackaging (HLS,
+    /// FLV, TS, recordings) and players that took the last source's sets in band then
+    /// decode this one's pictures with its own, where a publisher sends them only out of
+    /// band (an RTMP encoder, ffmpeg over RTSP) and the last one (another encoder, a
+    /// fallback, the slate) had others.
+    pub fn new_source_described(&mut self, m: &fanout_proto::rtsp::sdp::Media) {
+        use fanout_proto::container::repack::{TrackCodec, TrackInfo};
+        self.new_source();
+        self.params_due = None;
+        self.await_key = None;
+        let Ok(TrackInfo { codec: TrackCodec::Video { codec, params }, .. }) = TrackInfo::from_sdp(m) else { return };
+        self.await_key = Some((codec, None));
+        let nals: Vec<&[u8]> = params.iter().map(Vec::as_slice).collect();
+        let mut scratch = Vec::new();
+        fanout_proto::codec::annexb::packetize_frame(codec, &nals, usize::MAX, &mut scratch, |payload, _| {
+            self.params_due = Some(payload.to_vec());
+        });
+    }
+
     /// An RTP packet of the source, at `now_ms`: rewritten in place and handed to the
     /// track's session; whether it went.
     pub fn rtp(&mut self, data: &mut [u8], now_ms: u64) -> bool {
+        use fanout_proto::rtp::classify::{video_start, VideoStart};
+        if let Some((codec, deadline)) = &mut self.await_key {
+            let payload = fanout_proto::rtp::RtpView::parse(data).map(|p| p.payload()).unwrap_or_default();
+            let late = now_ms >= *deadline.get_or_insert(now_ms + KEY_WAIT_MS);
+            if video_start(*codec, payload) == VideoStart::Other && !late {
+                // (Left out on purpose; counted with the dropped.)
+                self.dropped += 1;
+                return false;
+            }
+            self.await_key = None;
+        }
+        if let Some(params) = self.params_due.take() {
+            // One packet before the first, numbered just before it, at its time.
+            if let Ok(p) = fanout_proto::rtp::RtpView::parse(data) {
+                let mut sets = vec![0; fanout_proto::rtp::FIXED_HEADER_LEN];
+                fanout_proto::rtp::write_header(
+                    &mut sets,
+                    false,
+                    p.payload_type(),
+                    p.sequence_number().wrapping_sub(1),
+                    p.timestamp(),
+                    p.ssrc(),
+                );
+                sets.extend_from_slice(&params);
+                self.rtp(&mut sets, now_ms);
+            }
+        }
         if self.restamp.apply(data, now_ms).is_err() {
             self.dropped += 1;
             return false;
@@ -205,5 +266,44 @@ mod tests {
         assert_eq!(Inner::Encoding { track: 0, k: 2 }.name("in"), "in/0~2");
         assert_eq!(Inner::Ts.name("cam"), "cam/ts");
         assert_eq!(Inner::SrtpEpoch(3).name("cam/0"), "cam/0/srtp-3");
+    }
+
+    /// A new publisher's H.264: what comes before its first keyframe is left out, and its
+    /// description's parameter sets go in band in front of that keyframe, at its time; a
+    /// source whose keyframes are not found plays after the wait.
+    #[test]
+    fn a_new_source_starts_at_its_keyframe_with_its_parameter_sets() {
+        let engine = fanout_io::Engine::start(fanout_io::EngineOptions { workers: 1, ..Default::default() }).unwrap();
+        let session = test_session(&engine, "cam");
+        session.set_rtp_video(Some(fanout_proto::codec::annexb::Codec::H264.into()));
+        let mut feed = TrackFeed::new(Inlet::open(&session).unwrap(), 90_000);
+        let sdp = "v=0\r\ns=x\r\nt=0 0\r\nm=video 0 RTP/AVP 96\r\na=rtpmap:96 H264/90000\r\n\
+                   a=fmtp:96 packetization-mode=1;sprop-parameter-sets=Z0LAHg==,aM4=\r\n";
+        let m = fanout_proto::rtsp::sdp::Sdp::parse(sdp).unwrap().media.remove(0);
+        let packet = |seq: u16, ts: u32, nal: &[u8]| {
+            let mut p = vec![0; 12];
+            fanout_proto::rtp::write_header(&mut p, true, 96, seq, ts, 5);
+            p.extend_from_slice(nal);
+            p
+        };
+        feed.new_source_described(&m);
+        assert!(!feed.rtp(&mut packet(10, 3000, &[0x41, 1]), 0), "a picture before the keyframe");
+        assert!(feed.rtp(&mut packet(11, 6000, &[0x65, 2]), 40));
+        assert!(feed.rtp(&mut packet(12, 9000, &[0x41, 3]), 80));
+        assert_eq!((feed.packets, feed.dropped), (3, 1), "the parameter sets, the keyframe and the next");
+        let key = session.last_keyframe();
+        assert_eq!(key.len(), 2);
+        // A STAP-A (type 24, the NRI of its units) of the SPS and the PPS.
+        assert_eq!(key[0][12..], [0x78, 0, 4, 0x67, 0x42, 0xc0, 0x1e, 0, 2, 0x68, 0xce]);
+        assert_eq!((key[0][1] >> 7, key[0][4..8] == key[1][4..8]), (0, true), "unmarked, at the keyframe's time");
+        assert_eq!(key[1][12..], [0x65, 2]);
+        let seq = |p: &[u8]| u16::from_be_bytes([p[2], p[3]]);
+        assert_eq!(seq(&key[1]), seq(&key[0]).wrapping_add(1));
+
+        // Another source whose keyframes are never found: it plays once the wait is over.
+        feed.new_source_described(&m);
+        assert!(!feed.rtp(&mut packet(500, 0, &[0x41, 4]), 1000));
+        assert!(!feed.rtp(&mut packet(501, 3000, &[0x41, 5]), 1000 + KEY_WAIT_MS - 1));
+        assert!(feed.rtp(&mut packet(502, 6000, &[0x41, 6]), 1000 + KEY_WAIT_MS));
     }
 }

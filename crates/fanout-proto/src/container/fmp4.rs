@@ -25,6 +25,15 @@ pub enum Fmp4Track {
 }
 
 impl Fmp4Track {
+    /// The parameter sets its sample entry holds (H.264 and H.265; none for the others).
+    pub fn parameter_sets(&self) -> Vec<&[u8]> {
+        match self {
+            Fmp4Track::H264 { sps, pps, .. } => vec![sps, pps],
+            Fmp4Track::H265 { vps, sps, pps, .. } => vec![vps, sps, pps],
+            _ => Vec::new(),
+        }
+    }
+
     /// The track's time scale: 90 kHz for video, the sample rate for audio.
     pub fn timescale(&self) -> u32 {
         match self {
@@ -328,16 +337,33 @@ pub fn media_segment(sequence: u32, tracks: &[(u64, Vec<Sample>)]) -> Vec<u8> {
     o
 }
 
+/// Whether a NAL unit is a parameter set (H.264 SPS or PPS; H.265 VPS, SPS or PPS).
+fn is_parameter_set(nal: &[u8], codec: crate::codec::annexb::Codec) -> bool {
+    match codec {
+        crate::codec::annexb::Codec::H265 => nal.first().is_some_and(|b| matches!((b >> 1) & 0x3f, 32..=34)),
+        _ => nal.first().is_some_and(|b| matches!(b & 0x1f, 7 | 8)),
+    }
+}
+
+/// Whether an access unit (Annex B) brings a parameter set its track's sample entry does
+/// not hold (`described`): the stream's parameters changed (another publisher, a fallback).
+pub fn brings_other_sets(annexb: &[u8], codec: crate::codec::annexb::Codec, described: &[&[u8]]) -> bool {
+    crate::codec::annexb::nal_units(annexb).any(|n| is_parameter_set(n, codec) && !described.contains(&n))
+}
+
 /// Annex B to the 4-byte-length form of MP4 samples, leaving out access unit delimiters
-/// and parameter sets (the `avcC` or `hvcC` has them).
-pub fn avcc_sample(annexb: &[u8], codec: crate::codec::annexb::Codec) -> Vec<u8> {
+/// and, unless `sets_in_band`, parameter sets (the `avcC` or `hvcC` has them). Once a
+/// stream's parameters have changed ([`brings_other_sets`]) its sets stay in band: every
+/// keyframe then brings the sets it was coded with, for a player that joins late as for
+/// one that saw the change.
+pub fn avcc_sample(annexb: &[u8], codec: crate::codec::annexb::Codec, sets_in_band: bool) -> Vec<u8> {
     let mut out = Vec::with_capacity(annexb.len() + 16);
     for nal in crate::codec::annexb::nal_units(annexb) {
-        let header = match codec {
-            crate::codec::annexb::Codec::H265 => nal.first().is_some_and(|b| matches!((b >> 1) & 0x3f, 32..=35)),
-            _ => nal.first().is_some_and(|b| matches!(b & 0x1f, 7..=9)),
+        let aud = match codec {
+            crate::codec::annexb::Codec::H265 => nal.first().is_some_and(|b| (b >> 1) & 0x3f == 35),
+            _ => nal.first().is_some_and(|b| b & 0x1f == 9),
         };
-        if nal.is_empty() || header {
+        if nal.is_empty() || aud || (!sets_in_band && is_parameter_set(nal, codec)) {
             continue;
         }
         out.extend_from_slice(&(nal.len() as u32).to_be_bytes());
@@ -398,13 +424,22 @@ mod tests {
     }
 
     #[test]
-    fn samples_leave_out_delimiters_and_parameter_sets() {
+    fn samples_leave_out_delimiters_and_described_parameter_sets() {
         let au = [0, 0, 0, 1, 9, 0xf0, 0, 0, 0, 1, 0x67, 1, 0, 0, 1, 0x68, 2, 0, 0, 0, 1, 0x65, 7, 7];
-        assert_eq!(avcc_sample(&au, crate::codec::annexb::Codec::H264), [0, 0, 0, 3, 0x65, 7, 7]);
+        let h264 = crate::codec::annexb::Codec::H264;
+        assert_eq!(avcc_sample(&au, h264, false), [0, 0, 0, 3, 0x65, 7, 7]);
+        // Once the stream's parameters changed, its sets stay; delimiters do not.
+        let kept = [0, 0, 0, 2, 0x67, 1, 0, 0, 0, 2, 0x68, 2, 0, 0, 0, 3, 0x65, 7, 7];
+        assert_eq!(avcc_sample(&au, h264, true), kept);
+        assert!(!brings_other_sets(&au, h264, &[&[0x67, 1], &[0x68, 2]]));
+        assert!(brings_other_sets(&au, h264, &[&[0x67, 1], &[0x68, 9]]));
         // HEVC: AUD (35), VPS (32), SPS (33), PPS (34) out; an IDR slice (19) in.
         let au = [
             0, 0, 1, 0x46, 1, 0x50, 0, 0, 1, 0x40, 1, 9, 0, 0, 1, 0x42, 1, 9, 0, 0, 1, 0x44, 1, 9, 0, 0, 1, 0x26, 1, 7,
         ];
-        assert_eq!(avcc_sample(&au, crate::codec::annexb::Codec::H265), [0, 0, 0, 3, 0x26, 1, 7]);
+        let hevc = crate::codec::annexb::Codec::H265;
+        assert_eq!(avcc_sample(&au, hevc, false), [0, 0, 0, 3, 0x26, 1, 7]);
+        assert!(!brings_other_sets(&au, hevc, &[&[0x40, 1, 9], &[0x42, 1, 9], &[0x44, 1, 9]]));
+        assert!(brings_other_sets(&au, hevc, &[&[0x40, 1, 9], &[0x42, 1, 8], &[0x44, 1, 9]]));
     }
 }

@@ -7,7 +7,7 @@
 //! same cuts, each segment the transport packets from one keyframe's tables to the next
 //! cut's. Sans-IO: units in, segments, parts and playlist text out.
 
-use crate::container::fmp4::{avcc_sample, init_segment, media_segment, Fmp4Track, Sample};
+use crate::container::fmp4::{avcc_sample, brings_other_sets, init_segment, media_segment, Fmp4Track, Sample};
 use crate::container::repack::{TrackCodec, TrackInfo, TsPackager, Unit};
 use bytes::Bytes;
 use std::collections::VecDeque;
@@ -118,6 +118,8 @@ pub struct Segmenter {
     inputs: Vec<Input>,
     /// The file's tracks, known once the first keyframe brought its parameter sets.
     tracks: Option<Vec<Fmp4Track>>,
+    /// The video's parameters changed since the initialization: its sets stay in band.
+    sets_in_band: bool,
     init: Option<Bytes>,
     /// The first keyframe's 90 kHz time: nothing earlier is taken. It is [`REORDER_ROOM`]
     /// into the file's timeline, which leaves room for decoding times before it.
@@ -275,6 +277,7 @@ impl Segmenter {
             ended: false,
             early: VecDeque::new(),
             ts: None,
+            sets_in_band: false,
         })
     }
 
@@ -339,7 +342,13 @@ impl Segmenter {
             self.latest_pending = self.latest_pending.max(u.time);
         }
         let data = match video {
-            Some(TrackCodec::Video { codec, .. }) => avcc_sample(&u.data, codec),
+            Some(TrackCodec::Video { codec, .. }) => {
+                if !self.sets_in_band && u.key {
+                    let described = self.tracks.as_ref().and_then(|t| t.get(track)).map(Fmp4Track::parameter_sets);
+                    self.sets_in_band = brings_other_sets(&u.data, codec, &described.unwrap_or_default());
+                }
+                avcc_sample(&u.data, codec, self.sets_in_band)
+            }
             _ => u.data.clone(),
         };
         self.pending_bytes += data.len();
@@ -496,6 +505,7 @@ impl Segmenter {
         }
         self.init = Some(init_segment(&tracks).into());
         self.tracks = Some(tracks);
+        self.sets_in_band = false;
         true
     }
 

@@ -66,15 +66,15 @@ pub(crate) async fn push(
         };
         let mut batch = Batch { configured, ..Default::default() };
         if let Some(t) = first {
-            batch.take(t, &mut gate, flv.config(), &mut client, held)?;
+            batch.take(t, &mut gate, &flv.config(), &mut client, held)?;
             tokio::time::sleep(FLUSH).await;
             while batch.bytes < FLUSH_BYTES && batch.parts.len() < MAX_PARTS - 1 {
                 match tags.try_recv() {
-                    Ok(t) => batch.take(Ok(t), &mut gate, flv.config(), &mut client, held)?,
+                    Ok(t) => batch.take(Ok(t), &mut gate, &flv.config(), &mut client, held)?,
                     Err(tokio::sync::broadcast::error::TryRecvError::Lagged(n)) => batch.take(
                         Err(tokio::sync::broadcast::error::RecvError::Lagged(n)),
                         &mut gate,
-                        flv.config(),
+                        &flv.config(),
                         &mut client,
                         held,
                     )?,
@@ -198,7 +198,7 @@ mod tests {
         let key = FlvTag::new(true, true, 40, Arc::new(vec![0x17, 1, 0, 0, 0, 6]));
         let next = FlvTag::new(true, false, 80, Arc::new(vec![0x27, 1, 0, 0, 0, 7]));
         for t in [delta, key.clone(), next.clone()] {
-            batch.take(Ok(t), &mut gate, flv.config(), &mut client, &held).unwrap();
+            batch.take(Ok(t), &mut gate, &flv.config(), &mut client, &held).unwrap();
         }
         batch.own(&mut client);
         // The configuration (the client's own bytes) before the keyframe; the delta before

@@ -188,7 +188,7 @@ impl Player {
                     },
                     t = self.tags.recv() => t,
                 };
-                if let Err(e) = self.take(first, &mut batch, flv.config()) {
+                if let Err(e) = self.take(first, &mut batch, &flv.config()) {
                     break e.to_string();
                 }
                 // What else comes within the flush interval goes in the same write.
@@ -214,7 +214,7 @@ impl Player {
                     Err(TryRecvError::Lagged(n)) => Err(RecvError::Lagged(n)),
                     Err(TryRecvError::Closed) => Err(RecvError::Closed),
                 };
-                more = self.take(next, &mut batch, flv.config());
+                more = self.take(next, &mut batch, &flv.config());
             }
             if batch.bytes == 0 {
                 match more {
