@@ -2,7 +2,8 @@
 //! comes out as TS is whole transport packets that demux without an error. The first byte
 //! picks the session: H.264, H.265 and AAC, or VP9, Opus, AV1, MP3 and G.711 (which go to HLS
 //! alone). The
-//! HEVC SPS, VP9 frame header, AV1 sequence header and MPEG audio readers take the same bytes.
+//! HEVC SPS, VP9 frame header, AV1 sequence header and MPEG audio readers take the same bytes,
+//! as does the slate's search for a keyframe's SPS.
 #![no_main]
 use fanout_proto::container::repack::{Repackager, TrackInfo, TsPackager};
 use libfuzzer_sys::fuzz_target;
@@ -21,6 +22,8 @@ const SDP_OPEN: &str = "v=0\r\ns=x\r\nt=0 0\r\n\
 fuzz_target!(|data: &[u8]| {
     let Some((&which, data)) = data.split_first() else { return };
     let sdp = fanout_proto::rtsp::sdp::Sdp::parse(if which & 1 == 0 { SDP } else { SDP_OPEN }).expect("a valid description");
+    let size = fanout_proto::freeze::slate_size(&sdp.media[0], &[data.to_vec()]);
+    assert_eq!(size.is_some(), which & 1 == 0, "a slate for H.264 only");
     let mut r = Repackager::new(sdp.media.iter().map(|m| TrackInfo::from_sdp(m).ok()).collect());
     let mut ts = TsPackager::new(r.streams());
     // The units also go into HLS segments and parts (an HEVC keyframe's SPS is read for its

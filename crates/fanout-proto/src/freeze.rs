@@ -9,6 +9,11 @@
 //! GOP's keyframe, x265's default) goes as a BLA, as a splicer would: the same slice syntax,
 //! but each starts a new sequence, so its picture order count may repeat. Audio is a silent
 //! frame per frame time: AAC (mono or stereo, any rate), Opus, G.711; other audio pauses.
+//!
+//! With `fallback = "slate"` the picture is a generated one instead (the relay's H.264
+//! slate, at the last publisher's picture size): [`slate_size`] finds the size, and
+//! [`picture_packets`] makes its NAL units the packets held. Before anyone has published,
+//! [`SLATE_SDP`] describes the slate alone, with silent AAC.
 
 use crate::codec::annexb::Codec;
 use crate::container::repack::{TrackCodec, TrackInfo};
@@ -152,6 +157,61 @@ impl Freeze {
     }
 }
 
+/// The description of a slate played before anyone has published: H.264 (its parameter sets
+/// come in band, with each picture) and AAC-LC, 48 kHz stereo, the audio most encoders send.
+pub const SLATE_SDP: &str = "v=0\r\no=- 0 0 IN IP4 0.0.0.0\r\ns=slate\r\nt=0 0\r\n\
+    m=video 0 RTP/AVP 96\r\na=rtpmap:96 H264/90000\r\na=fmtp:96 packetization-mode=1\r\n\
+    m=audio 0 RTP/AVP 97\r\na=rtpmap:97 MPEG4-GENERIC/48000/2\r\n\
+    a=fmtp:97 streamtype=5;profile-level-id=1;mode=AAC-hbr;sizelength=13;indexlength=3;indexdeltalength=3;config=1190\r\n";
+
+/// RTP payloads of a picture are at most this long (the relay's own packets' size).
+const PICTURE_PAYLOAD: usize = 1200;
+
+/// The size a slate is drawn at where nothing says another.
+pub const SLATE_SIZE: (u16, u16) = (1280, 720);
+
+/// The size a slate standing in for a video track is drawn at: its picture's, from the
+/// description's SPS or else one its keyframe's packets carry (alone or aggregated), or
+/// [`SLATE_SIZE`] where neither has one. `None` for a track that is not H.264.
+pub fn slate_size(m: &crate::rtsp::sdp::Media, keyframe: &[Vec<u8>]) -> Option<(u16, u16)> {
+    use crate::codec::annexb::sps_dimensions;
+    let Ok(TrackInfo { codec: TrackCodec::Video { codec: Codec::H264, params }, .. }) = TrackInfo::from_sdp(m) else {
+        return None;
+    };
+    let in_band = keyframe.iter().filter_map(|p| p.get(crate::rtp::FIXED_HEADER_LEN..)).flat_map(|payload| {
+        let mut nals = Vec::new();
+        match payload.first().map(|b| b & 0x1f) {
+            // STAP-A: each unit behind its 16-bit size.
+            Some(24) => {
+                let mut rest = &payload[1..];
+                while let [a, b, tail @ ..] = rest {
+                    let size = usize::from(u16::from_be_bytes([*a, *b])).min(tail.len());
+                    nals.push(&tail[..size]);
+                    rest = &tail[size..];
+                }
+            }
+            Some(_) => nals.push(payload),
+            None => {}
+        }
+        nals
+    });
+    let sps = params.iter().map(Vec::as_slice).chain(in_band).filter(|n| n.first().map(|b| b & 0x1f) == Some(7));
+    Some(sps.into_iter().find_map(sps_dimensions).unwrap_or(SLATE_SIZE))
+}
+
+/// A picture's NAL units as RTP packets of payload type `pt`, the last one marked (their
+/// numbers and times are set as each is sent).
+pub fn picture_packets(nals: &[&[u8]], pt: u8) -> Vec<Vec<u8>> {
+    let (mut packets, mut scratch) = (Vec::new(), Vec::new());
+    crate::codec::annexb::packetize_frame(Codec::H264, nals, PICTURE_PAYLOAD, &mut scratch, |payload, last| {
+        let mut p = vec![0; crate::rtp::FIXED_HEADER_LEN];
+        crate::rtp::write_header(&mut p, last, pt, 0, 0, 0);
+        p.extend_from_slice(payload);
+        packets.push(p);
+    });
+    packets
+}
+
 /// H.265 NAL unit types (ITU-T H.265 Table 7-1) and RTP payload structures (RFC 7798).
 const CRA: u8 = 21;
 const BLA_W_LP: u8 = 16;
@@ -217,6 +277,15 @@ mod tests {
             for (a, b) in payload.iter().zip(&p) {
                 prop_assert!(a == b || a ^ b == (CRA ^ BLA_W_LP) || a ^ b == (CRA ^ BLA_W_LP) << 1);
             }
+        }
+
+        /// Any keyframe packets (a publisher's bytes): an H.264 track always gets a slate size
+        /// (what an SPS among them says, or the default; the server paints the default where
+        /// that size cannot be painted), and reading them never panics.
+        #[test]
+        fn any_keyframe_gives_a_slate_size(packets in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..64), 0..4)) {
+            let sdp = Sdp::parse(SDP).unwrap();
+            prop_assert!(slate_size(&sdp.media[0], &packets).is_some());
         }
 
         /// Any keyframe packets (long enough for a header or not) and any clock: packets come
@@ -313,6 +382,56 @@ mod tests {
         let silence = crate::codec::aac::silent_frame(2).unwrap();
         let aac: Vec<_> = units.iter().filter(|u| u.stream == 1).collect();
         assert!(aac.len() >= 60 && aac.iter().all(|u| u.data == silence), "{} AAC units", aac.len());
+    }
+
+    /// A slate's size: the description's SPS first, else one in the keyframe (alone or in a
+    /// STAP-A), else the default; no slate for audio or another video codec.
+    #[test]
+    fn the_slate_is_drawn_at_the_pictures_size() {
+        // A 640×360 Constrained Baseline SPS.
+        const SPS: [u8; 10] = [0x67, 0x42, 0xc0, 0x1e, 0xda, 0x02, 0x80, 0xbf, 0xe5, 0x40];
+        let with = |fmtp: &str| {
+            let text = format!("v=0\r\ns=x\r\nt=0 0\r\nm=video 0 RTP/AVP 96\r\na=rtpmap:96 H264/90000\r\n{fmtp}");
+            Sdp::parse(&text).unwrap().media.remove(0)
+        };
+        use base64::Engine;
+        let sprop = base64::engine::general_purpose::STANDARD.encode(SPS);
+        let described = with(&format!("a=fmtp:96 packetization-mode=1;sprop-parameter-sets={sprop},aM4JGyA=\r\n"));
+        assert_eq!(slate_size(&described, &[]), Some((640, 360)));
+        let bare = with("");
+        assert_eq!(slate_size(&bare, &[]), Some(SLATE_SIZE));
+        let mut stap = vec![0; 12];
+        stap.extend_from_slice(&[24, 0, SPS.len() as u8]);
+        stap.extend_from_slice(&SPS);
+        stap.extend_from_slice(&[0, 2, 0x68, 0xce]);
+        let mut single = vec![0; 12];
+        single.extend_from_slice(&SPS);
+        for keyframe in [vec![stap], vec![vec![1; 4], single]] {
+            assert_eq!(slate_size(&bare, &keyframe), Some((640, 360)));
+        }
+        let sdp = Sdp::parse(SDP).unwrap();
+        assert!(sdp.media[1..].iter().all(|m| slate_size(m, &[]).is_none()), "audio has no slate");
+        let h265 = Sdp::parse("v=0\r\ns=x\r\nt=0 0\r\nm=video 0 RTP/AVP 96\r\na=rtpmap:96 H265/90000\r\n").unwrap();
+        assert_eq!(slate_size(&h265.media[0], &[]), None);
+    }
+
+    /// A picture's units as packets: small ones aggregated, a large one in FU-A fragments,
+    /// the last marked, all of the payload type; the description of the slate alone parses
+    /// as H.264 and stereo AAC at 48 kHz.
+    #[test]
+    fn a_picture_becomes_packets() {
+        let idr: Vec<u8> = std::iter::once(0x65).chain((0..3000).map(|i| i as u8)).collect();
+        let packets = picture_packets(&[&[0x67, 1, 2], &[0x68, 3], &idr], 99);
+        assert!(packets.len() >= 4 && packets.iter().all(|p| p[1] & 0x7f == 99 && p.len() <= 12 + PICTURE_PAYLOAD));
+        let marked: Vec<bool> = packets.iter().map(|p| p[1] >> 7 == 1).collect();
+        assert_eq!(marked.iter().filter(|m| **m).count(), 1);
+        assert!(marked[marked.len() - 1]);
+        assert_eq!(packets[0][12] & 0x1f, 24, "the parameter sets aggregated");
+        assert_eq!((packets[1][12] & 0x1f, packets[1][13]), (28, 0x80 | 5), "the IDR's first fragment");
+        let sdp = Sdp::parse(SLATE_SDP).unwrap();
+        let infos: Vec<_> = sdp.media.iter().map(|m| TrackInfo::from_sdp(m).unwrap().codec).collect();
+        assert!(matches!(infos[0], TrackCodec::Video { codec: Codec::H264, .. }));
+        assert!(matches!(&infos[1], TrackCodec::Aac { config, .. } if config == &[0x11, 0x90]));
     }
 
     /// H.265 CRA slices become BLA ones, whole or in fragments and aggregates (their layer

@@ -124,9 +124,7 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
             .filter_map(|s| {
                 let path = match &s.source {
                     spec::SourceSpec::File { path, .. } => path,
-                    spec::SourceSpec::Publish { fallback: Some(path), .. }
-                        if path != std::path::Path::new(spec::FALLBACK_FREEZE) =>
-                    {
+                    spec::SourceSpec::Publish { fallback: Some(path), .. } if !spec::fallback_is_generated(path) => {
                         path
                     }
                     _ => return None,
@@ -206,9 +204,7 @@ fn configure(a: &ServeArgs) -> anyhow::Result<config::Config> {
         .iter()
         .filter_map(|s| match &s.source {
             spec::SourceSpec::File { path, .. } => Some(path.clone()),
-            spec::SourceSpec::Publish { fallback: Some(path), .. }
-                if path != std::path::Path::new(spec::FALLBACK_FREEZE) =>
-            {
+            spec::SourceSpec::Publish { fallback: Some(path), .. } if !spec::fallback_is_generated(path) => {
                 Some(path.clone())
             }
             _ => None,

@@ -8,6 +8,13 @@ use std::net::{Ipv4Addr, SocketAddr};
 /// The `fallback` that holds the last publisher's last picture (and silence) instead of
 /// playing a file.
 pub const FALLBACK_FREEZE: &str = "freeze";
+/// The `fallback` that shows a generated slate (and silence) instead of playing a file.
+pub const FALLBACK_SLATE: &str = "slate";
+
+/// Whether a `fallback` is made by the relay (no file to read).
+pub fn fallback_is_generated(path: &std::path::Path) -> bool {
+    [FALLBACK_FREEZE, FALLBACK_SLATE].iter().any(|g| path == std::path::Path::new(g))
+}
 
 /// Where a path's packets come from: one kind, with the settings that kind has. The API and
 /// the config spell it as one object whose key names the kind and whose other keys qualify
@@ -29,7 +36,7 @@ pub enum SourceSpec {
     File { path: std::path::PathBuf, looped: Option<bool> },
     /// Publishers (RTSP, RTMP, SRT), one at a time; with `takeover` a new one replaces the
     /// one publishing (whose connection is closed), else it is refused. With a `fallback`
-    /// recording (or [`FALLBACK_FREEZE`]) the path is always available: it plays while no
+    /// recording (or [`FALLBACK_FREEZE`], [`FALLBACK_SLATE`]) the path is always available: it plays while no
     /// one publishes.
     Publish { takeover: bool, fallback: Option<std::path::PathBuf> },
     /// An RTSP server pulled from.

@@ -614,3 +614,106 @@ fn freeze_holds_the_last_picture_while_no_one_publishes() {
         assert!(pictures >= 100 && audio >= 300, "over {face}: {pictures} pictures, {audio} audio frames in 15 s");
     }
 }
+
+/// One picture decoded from `url`: its width, height and luma samples (as coded: a `gray`
+/// output would stretch them to full range).
+fn grab_luma(url: &str) -> (usize, usize, Vec<u8>) {
+    let out = Command::new("timeout")
+        .args(["20", "ffmpeg", "-nostdin", "-loglevel", "error", "-rtsp_transport", "tcp", "-i", url])
+        .args(["-frames:v", "1", "-f", "rawvideo", "-pix_fmt", "yuv420p", "-"])
+        .output()
+        .unwrap();
+    let probe = Command::new("timeout")
+        .args(["20", "ffprobe", "-v", "error", "-rtsp_transport", "tcp", "-select_streams", "v:0"])
+        .args(["-show_entries", "stream=width,height", "-of", "csv=p=0", url])
+        .output()
+        .unwrap();
+    let size = String::from_utf8_lossy(&probe.stdout).trim().to_string();
+    let (w, h) = size.split_once(',').unwrap_or_else(|| panic!("no size from ffprobe: {size:?}"));
+    let (w, h): (usize, usize) = (w.parse().unwrap(), h.parse().unwrap());
+    let size = w * h + 2 * (w.div_ceil(2) * h.div_ceil(2));
+    assert_eq!(out.stdout.len(), size, "one {w}×{h} picture: {}", String::from_utf8_lossy(&out.stderr));
+    (w, h, out.stdout[..w * h].to_vec())
+}
+
+/// The slate's colour bars, exact: each bar's luma at its middle macroblock, and the band's
+/// black at the bottom left.
+fn assert_bars(w: usize, h: usize, luma: &[u8]) {
+    const BARS: [u8; 7] = [180, 162, 131, 112, 84, 65, 35];
+    let mbs = w.div_ceil(16);
+    for (i, want) in BARS.iter().enumerate() {
+        let columns: Vec<usize> = (0..mbs).filter(|x| x * 7 / mbs == i).collect();
+        let x = columns[columns.len() / 2] * 16 + 8;
+        assert_eq!(luma[8 * w + x], *want, "bar {i} of the {w}×{h} slate");
+    }
+    assert_eq!(luma[(h - 1) * w], 16, "the band under the bars");
+}
+
+/// `fallback = "slate"`: the path is available before anyone publishes, with a picture the
+/// relay draws (colour bars, exact, at 1280×720, and silent AAC); a publisher replaces it
+/// at once, and when it leaves the slate comes back at the publisher's picture size. An
+/// RTSP reader there all along sees one stream (one SSRC, no sequence number missing, RTP
+/// time never running back), and ffmpeg decodes it over RTSP and over HLS across both
+/// switches without an error, though the publisher's parameters differ from the slate's
+/// (its sets go in band from its first keyframe); an HTTP-FLV player that joins while it
+/// publishes gets its decoder configuration, not the slate's.
+#[test]
+fn a_slate_stands_in_before_and_between_publishers() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let config = "[[session]]\nname = \"pub\"\nsource = { publish = true, fallback = \"slate\" }\n";
+    let relay = Relay::with_config(config, &["--no-demo"]);
+    let now = |how: &str| wait_for(Duration::from_secs(10), || publisher(&relay)["transport"] == how);
+    assert!(now("fallback"), "no slate before the first publisher: {}", publisher(&relay));
+    let addr = rtsp_addr(&relay);
+    let url = format!("rtsp://{addr}/pub");
+    let hls = relay.url("/v1/sessions/pub/hls/index.m3u8");
+    assert!(wait_for(Duration::from_secs(10), || ureq::get(&hls).call().is_ok()));
+    let decode = |url: String, args: &'static [&'static str], seconds: &'static str| {
+        std::thread::spawn(move || {
+            let out = Command::new("timeout")
+                .args(["40", "ffmpeg", "-nostdin", "-loglevel", "error"])
+                .args(args)
+                .args(["-i", &url, "-t", seconds, "-map", "0", "-f", "framemd5", "-"])
+                .output()
+                .unwrap();
+            let md5 = String::from_utf8_lossy(&out.stdout).into_owned();
+            let count = |s: &str| md5.lines().filter(|l| l.starts_with(s)).count();
+            (out.status.success(), count("0,"), count("1,"), String::from_utf8_lossy(&out.stderr).into_owned())
+        })
+    };
+    let over_rtsp = decode(url.clone(), &["-rtsp_transport", "tcp"], "14");
+    let over_hls = decode(hls, &[], "14");
+    let play = rtsp_play(addr, "pub", None);
+    let packets = rtp_headers_for(play.rtp.try_clone().unwrap(), Duration::from_secs(13));
+    let (w, h, luma) = grab_luma(&url);
+    assert_eq!((w, h), (1280, 720));
+    assert_bars(w, h, &luma);
+
+    let rtmp = relay.ok("GET", "/v1/engine", None)["rtmp"].as_str().unwrap().to_string();
+    let live = ffmpeg_publish("flv", &format!("rtmp://{rtmp}/pub"));
+    assert!(now("rtmp"), "the publisher did not replace the slate: {}", publisher(&relay));
+    std::thread::sleep(Duration::from_secs(1));
+    let (ok, pictures, _, errors) = decode(relay.url("/pub.flv"), &[], "2").join().unwrap();
+    assert!(ok && errors.is_empty() && pictures >= 25, "HTTP-FLV joining the publisher: {pictures} pictures; {errors}");
+    drop(live);
+    assert!(now("fallback"), "the slate did not come back: {}", publisher(&relay));
+    let (w, h, luma) = grab_luma(&url);
+    assert_eq!((w, h), (480, 270), "the slate at the publisher's size");
+    assert_bars(w, h, &luma);
+
+    let packets = packets.join().unwrap();
+    drop(play);
+    assert!(packets.len() > 100, "{} packets", packets.len());
+    let (_, ssrc, seq0, _) = packets[0];
+    assert!(packets.iter().all(|p| p.1 == ssrc), "the SSRC changed");
+    let missing = usize::from(packets.last().unwrap().2.wrapping_sub(seq0)) + 1 - packets.len();
+    assert_eq!(missing, 0, "sequence numbers missing");
+    assert!(packets.windows(2).all(|w| w[1].3.wrapping_sub(w[0].3) as i32 >= 0), "RTP time ran back");
+    for (face, decoded) in [("RTSP", over_rtsp), ("HLS", over_hls)] {
+        let (ok, pictures, audio, errors) = decoded.join().unwrap();
+        assert!(ok && errors.is_empty(), "ffmpeg over {face} across the switches: {errors}");
+        assert!(pictures >= 20 && audio >= 300, "over {face}: {pictures} pictures, {audio} audio frames in 14 s");
+    }
+}

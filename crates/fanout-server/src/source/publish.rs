@@ -4,7 +4,9 @@
 //! With a `fallback` the path is always available: while no one publishes, a file plays
 //! into the path's tracks as a publisher of the relay's own (looped, restamped, paced at its
 //! own rate), or, with `"freeze"`, the last publisher's last picture is held and its audio
-//! silent ([`fanout_proto::freeze`]); a publisher that comes replaces it at once, and
+//! silent ([`fanout_proto::freeze`]), or, with `"slate"`, a generated picture stands in for
+//! the last publisher's H.264 ([`fanout_media::slate`], at its size; before anyone has
+//! published, at 1280×720 with silent AAC); a publisher that comes replaces it at once, and
 //! when that one leaves the fallback plays again. Readers stay throughout: the tracks keep
 //! one SSRC and numbering, their times joined at each switch as at a takeover.
 
@@ -13,6 +15,7 @@ use crate::error::RelayError;
 use crate::publish::{Ingest, Publisher};
 use fanout_proto::container::mpegts::{Restamper, TsSchedule};
 use fanout_proto::container::tsingest::TsIngest;
+use fanout_proto::rtsp::sdp::Sdp;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -26,8 +29,8 @@ const LOOK: Duration = Duration::from_millis(50);
 enum Stand {
     /// A clip: its MPEG-TS, and when each datagram of it is due.
     File(Arc<[u8]>, Arc<TsSchedule>),
-    /// The last picture, held; silence.
-    Freeze,
+    /// The last picture, held (or the slate, where `slate`); silence.
+    Freeze { slate: bool },
 }
 
 pub async fn start(cx: &Ctx<'_>, takeover: bool, fallback: Option<&std::path::Path>) -> Result<Started, RelayError> {
@@ -40,7 +43,10 @@ pub async fn start(cx: &Ctx<'_>, takeover: bool, fallback: Option<&std::path::Pa
     if let Some(path) = fallback {
         let stand = if path == std::path::Path::new(crate::spec::FALLBACK_FREEZE) {
             kind = format!("{kind}; fallback: the last picture, held");
-            Stand::Freeze
+            Stand::Freeze { slate: false }
+        } else if path == std::path::Path::new(crate::spec::FALLBACK_SLATE) {
+            kind = format!("{kind}; fallback: a slate");
+            Stand::Freeze { slate: true }
         } else {
             let clip = super::clip::read_clip(path, &cx.cfg.file_roots, true).await?;
             kind = format!("{kind}; fallback {}", path.display());
@@ -86,7 +92,7 @@ fn play_while_unpublished(
         let conn = (CONN_BASE | run, name);
         let why = match stand {
             Stand::File(ts, schedule) => Some(play(p, ts, schedule, host, stop, conn)),
-            Stand::Freeze => freeze(p, host, stop, conn),
+            Stand::Freeze { slate } => freeze(p, *slate, host, stop, conn),
         };
         match why {
             Some(why) => {
@@ -99,10 +105,12 @@ fn play_while_unpublished(
     }
 }
 
-/// One run of the frozen picture, until a publisher takes the path; why it ended, or `None`
-/// where there is nothing to hold (no one has published a picture or audio it can hold).
+/// One run of the frozen picture (or the slate), until a publisher takes the path; why it
+/// ended, or `None` where there is nothing to hold (no one has published a picture or audio
+/// it can hold).
 fn freeze(
     p: &Weak<Publisher>,
+    slate: bool,
     host: &Weak<dyn crate::upstream::Host>,
     stop: &AtomicBool,
     (conn, name): (u64, &str),
@@ -110,8 +118,7 @@ fn freeze(
     use fanout_proto::freeze::Freeze;
     let label = format!("fallback-{}", conn & !CONN_BASE);
     let publisher = p.upgrade()?;
-    let sdp = publisher.last_sdp()?;
-    let keyframes: Vec<Vec<Vec<u8>>> = publisher.tracks().iter().map(|t| t.session.last_keyframe()).collect();
+    let (sdp, keyframes) = stand_in(&publisher, slate)?;
     let mut f = Freeze::new(&sdp, &keyframes, crate::track::random_start().1);
     if f.is_empty() {
         return None;
@@ -122,7 +129,7 @@ fn freeze(
         return Some(format!("not played: {e}"));
     }
     drop((publisher, host));
-    tracing::info!(session = name, picture = f.has_picture(), "no publisher: the last picture is held");
+    tracing::info!(session = name, picture = f.has_picture(), slate, "no publisher: the picture is held");
     let (t0, mut packets) = (Instant::now(), Vec::new());
     loop {
         let due = t0 + Duration::from_millis(f.next_due_ms().expect("not empty"));
@@ -145,6 +152,34 @@ fn freeze(
             }
         }
     }
+}
+
+/// What a held picture starts from: the last publisher's description and each of its tracks'
+/// last keyframe, its H.264 pictures replaced by the slate at their size where `slate`;
+/// before anyone has published, the slate alone where `slate`, else nothing.
+fn stand_in(publisher: &Publisher, slate: bool) -> Option<(Sdp, Vec<Vec<Vec<u8>>>)> {
+    use fanout_proto::freeze::{picture_packets, slate_size, SLATE_SDP, SLATE_SIZE};
+    let painted = |(w, h): (u16, u16), pt: u8| {
+        // (Every size a parameter set can give is painted; a larger one, as the default.)
+        let picture =
+            fanout_media::slate::slate(w, h).or_else(|| fanout_media::slate::slate(SLATE_SIZE.0, SLATE_SIZE.1));
+        picture_packets(&picture.expect("the default size is painted").nal_units(), pt)
+    };
+    let Some(sdp) = publisher.last_sdp() else {
+        let sdp = slate.then(|| Sdp::parse(SLATE_SDP).expect("the slate's description parses"))?;
+        return Some((sdp, vec![painted(SLATE_SIZE, 96)]));
+    };
+    let mut keyframes: Vec<Vec<Vec<u8>>> = publisher.tracks().iter().map(|t| t.session.last_keyframe()).collect();
+    if slate {
+        keyframes.resize(keyframes.len().max(sdp.media.len()), Vec::new());
+        for (m, keyframe) in sdp.media.iter().zip(&mut keyframes) {
+            if let Some(size) = slate_size(m, keyframe) {
+                let pt = m.formats.first().and_then(|f| f.parse().ok()).unwrap_or(96);
+                *keyframe = painted(size, pt);
+            }
+        }
+    }
+    Some((sdp, keyframes))
 }
 
 /// One run of the fallback, from the clip's start, until a publisher takes the path; why it
