@@ -495,6 +495,37 @@ fn sender_reports_keep_one_clock_across_publishers() {
     let _ = std::fs::remove_file(&clip);
 }
 
+/// What an RTSP reader there all along got (more than `least` packets) is one stream: one
+/// SSRC, no sequence number missing, RTP time never running back.
+fn assert_one_stream(packets: &[(std::time::Instant, u32, u16, u32)], least: usize) {
+    assert!(packets.len() > least, "{} packets", packets.len());
+    let (_, ssrc, seq0, _) = packets[0];
+    assert!(packets.iter().all(|p| p.1 == ssrc), "the SSRC changed");
+    let missing = usize::from(packets.last().unwrap().2.wrapping_sub(seq0)) + 1 - packets.len();
+    assert_eq!(missing, 0, "sequence numbers missing");
+    assert!(packets.windows(2).all(|w| w[1].3.wrapping_sub(w[0].3) as i32 >= 0), "RTP time ran back");
+}
+
+/// ffmpeg decoding `url` (`args` before it) for `seconds`, in a thread: whether it ended
+/// well, the pictures and the audio frames it decoded, and what it said.
+fn decode(
+    url: String,
+    args: &'static [&'static str],
+    seconds: &'static str,
+) -> std::thread::JoinHandle<(bool, usize, usize, String)> {
+    std::thread::spawn(move || {
+        let out = Command::new("timeout")
+            .args(["40", "ffmpeg", "-nostdin", "-loglevel", "error"])
+            .args(args)
+            .args(["-i", &url, "-t", seconds, "-map", "0", "-f", "framemd5", "-"])
+            .output()
+            .unwrap();
+        let md5 = String::from_utf8_lossy(&out.stdout).into_owned();
+        let count = |s: &str| md5.lines().filter(|l| l.starts_with(s)).count();
+        (out.status.success(), count("0,"), count("1,"), String::from_utf8_lossy(&out.stderr).into_owned())
+    })
+}
+
 /// `fallback`: a path that is always available. With no publisher the file plays (the
 /// status says `fallback`); an RTMP publisher replaces it at once, though the path has no
 /// `takeover`, and when it leaves the file plays again. An RTSP reader there all along sees
@@ -511,18 +542,7 @@ fn a_fallback_plays_while_no_one_publishes_and_readers_see_one_stream() {
     assert!(now("fallback"), "{}", publisher(&relay));
     let addr = rtsp_addr(&relay);
     let url = format!("rtsp://{addr}/pub");
-    let decode = std::thread::spawn({
-        let url = url.clone();
-        move || {
-            let out = Command::new("timeout")
-                .args(["40", "ffmpeg", "-nostdin", "-loglevel", "error", "-rtsp_transport", "tcp", "-i", &url])
-                .args(["-t", "16", "-map", "0:v", "-f", "framemd5", "-"])
-                .output()
-                .unwrap();
-            let frames = String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.starts_with('#')).count();
-            (out.status.success(), frames, String::from_utf8_lossy(&out.stderr).into_owned())
-        }
-    });
+    let decoded = decode(url, &["-rtsp_transport", "tcp"], "16");
     let play = rtsp_play(addr, "pub", None);
     let rtp = play.rtp.try_clone().unwrap();
     let packets = rtp_headers_for(rtp, Duration::from_secs(15));
@@ -537,13 +557,8 @@ fn a_fallback_plays_while_no_one_publishes_and_readers_see_one_stream() {
 
     let packets = packets.join().unwrap();
     drop(play);
-    assert!(packets.len() > 300, "{} packets", packets.len());
-    let (_, ssrc, seq0, _) = packets[0];
-    assert!(packets.iter().all(|p| p.1 == ssrc), "the SSRC changed");
-    let missing = usize::from(packets.last().unwrap().2.wrapping_sub(seq0)) + 1 - packets.len();
-    assert_eq!(missing, 0, "sequence numbers missing");
-    assert!(packets.windows(2).all(|w| w[1].3.wrapping_sub(w[0].3) as i32 >= 0), "RTP time ran back");
-    let (ok, frames, errors) = decode.join().unwrap();
+    assert_one_stream(&packets, 300);
+    let (ok, frames, _, errors) = decoded.join().unwrap();
     assert!(ok && errors.is_empty(), "ffmpeg across the switches: {errors}");
     assert!(frames >= 16 * 25 * 9 / 10, "{frames} pictures in 16 s");
 }
@@ -571,21 +586,8 @@ fn freeze_holds_the_last_picture_while_no_one_publishes() {
     let addr = rtsp_addr(&relay);
     let hls = relay.url("/v1/sessions/pub/hls/index.m3u8");
     assert!(wait_for(Duration::from_secs(10), || ureq::get(&hls).call().is_ok()));
-    let decode = |url: String, args: &'static [&'static str]| {
-        std::thread::spawn(move || {
-            let out = Command::new("timeout")
-                .args(["40", "ffmpeg", "-nostdin", "-loglevel", "error"])
-                .args(args)
-                .args(["-i", &url, "-t", "15", "-map", "0", "-f", "framemd5", "-"])
-                .output()
-                .unwrap();
-            let md5 = String::from_utf8_lossy(&out.stdout).into_owned();
-            let count = |s: &str| md5.lines().filter(|l| l.starts_with(s)).count();
-            (out.status.success(), count("0,"), count("1,"), String::from_utf8_lossy(&out.stderr).into_owned())
-        })
-    };
-    let over_rtsp = decode(format!("rtsp://{addr}/pub"), &["-rtsp_transport", "tcp"]);
-    let over_hls = decode(hls, &[]);
+    let over_rtsp = decode(format!("rtsp://{addr}/pub"), &["-rtsp_transport", "tcp"], "15");
+    let over_hls = decode(hls, &[], "15");
     let play = rtsp_play(addr, "pub", None);
     let packets = rtp_headers_for(play.rtp.try_clone().unwrap(), Duration::from_secs(14));
     std::thread::sleep(Duration::from_secs(3));
@@ -600,12 +602,7 @@ fn freeze_holds_the_last_picture_while_no_one_publishes() {
 
     let packets = packets.join().unwrap();
     drop(play);
-    assert!(packets.len() > 150, "{} packets", packets.len());
-    let (_, ssrc, seq0, _) = packets[0];
-    assert!(packets.iter().all(|p| p.1 == ssrc), "the SSRC changed");
-    let missing = usize::from(packets.last().unwrap().2.wrapping_sub(seq0)) + 1 - packets.len();
-    assert_eq!(missing, 0, "sequence numbers missing");
-    assert!(packets.windows(2).all(|w| w[1].3.wrapping_sub(w[0].3) as i32 >= 0), "RTP time ran back");
+    assert_one_stream(&packets, 150);
     let gap = packets.windows(2).map(|w| w[1].0 - w[0].0).max().unwrap();
     assert!(gap < Duration::from_millis(1500), "a gap of {gap:?} in the video");
     for (face, decoded) in [("RTSP", over_rtsp), ("HLS", over_hls)] {
@@ -670,19 +667,6 @@ fn a_slate_stands_in_before_and_between_publishers() {
     let url = format!("rtsp://{addr}/pub");
     let hls = relay.url("/v1/sessions/pub/hls/index.m3u8");
     assert!(wait_for(Duration::from_secs(10), || ureq::get(&hls).call().is_ok()));
-    let decode = |url: String, args: &'static [&'static str], seconds: &'static str| {
-        std::thread::spawn(move || {
-            let out = Command::new("timeout")
-                .args(["40", "ffmpeg", "-nostdin", "-loglevel", "error"])
-                .args(args)
-                .args(["-i", &url, "-t", seconds, "-map", "0", "-f", "framemd5", "-"])
-                .output()
-                .unwrap();
-            let md5 = String::from_utf8_lossy(&out.stdout).into_owned();
-            let count = |s: &str| md5.lines().filter(|l| l.starts_with(s)).count();
-            (out.status.success(), count("0,"), count("1,"), String::from_utf8_lossy(&out.stderr).into_owned())
-        })
-    };
     let over_rtsp = decode(url.clone(), &["-rtsp_transport", "tcp"], "14");
     let over_hls = decode(hls, &[], "14");
     let play = rtsp_play(addr, "pub", None);
@@ -705,12 +689,7 @@ fn a_slate_stands_in_before_and_between_publishers() {
 
     let packets = packets.join().unwrap();
     drop(play);
-    assert!(packets.len() > 100, "{} packets", packets.len());
-    let (_, ssrc, seq0, _) = packets[0];
-    assert!(packets.iter().all(|p| p.1 == ssrc), "the SSRC changed");
-    let missing = usize::from(packets.last().unwrap().2.wrapping_sub(seq0)) + 1 - packets.len();
-    assert_eq!(missing, 0, "sequence numbers missing");
-    assert!(packets.windows(2).all(|w| w[1].3.wrapping_sub(w[0].3) as i32 >= 0), "RTP time ran back");
+    assert_one_stream(&packets, 100);
     for (face, decoded) in [("RTSP", over_rtsp), ("HLS", over_hls)] {
         let (ok, pictures, audio, errors) = decoded.join().unwrap();
         assert!(ok && errors.is_empty(), "ffmpeg over {face} across the switches: {errors}");
