@@ -12,7 +12,8 @@ use str0m::media::{Direction, MediaKind};
 use str0m::net::{Protocol, Receive};
 use str0m::{Candidate, Event, Input, Output, Rtc};
 
-/// How long an offer answered 503 (too many peers connecting) is made again.
+/// How long an offer answered 503 or 429 (too many peers connecting, in all or from this
+/// address) is made again.
 pub const RETRY_FOR: Duration = Duration::from_secs(60);
 
 /// Plays `url` until `stop`: says on `ready` once media flows (or why it cannot); the
@@ -53,8 +54,9 @@ pub fn sample_offer() -> anyhow::Result<String> {
 fn connect(url: &str) -> anyhow::Result<(Rtc, UdpSocket)> {
     let socket = UdpSocket::bind("127.0.0.1:0")?;
     let (mut rtc, offer, pending) = offerer(socket.local_addr()?)?;
-    // A relay with many peers still connecting answers 503 ("try again"): so it does, for
-    // a while, after a pause of its own (hundreds of viewers start at once).
+    // A relay with many peers still connecting answers 503 ("try again"), or 429 where this
+    // address has many connecting (every viewer of a load shares it): so it does, for a
+    // while, after a pause of its own (hundreds of viewers start at once).
     let give_up = Instant::now() + RETRY_FOR;
     let answer = loop {
         let r = ureq::post(url)
@@ -63,7 +65,7 @@ fn connect(url: &str) -> anyhow::Result<(Rtc, UdpSocket)> {
             .send_string(&offer.to_sdp_string());
         match r {
             Ok(r) => break r.into_string()?,
-            Err(ureq::Error::Status(503, _)) if Instant::now() < give_up => {
+            Err(ureq::Error::Status(503 | 429, _)) if Instant::now() < give_up => {
                 let jitter = u64::from(std::process::id() ^ socket.local_addr()?.port() as u32) % 400;
                 std::thread::sleep(Duration::from_millis(200 + jitter));
             }

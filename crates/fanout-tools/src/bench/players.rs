@@ -58,6 +58,11 @@ pub struct PlayersArgs {
     /// Another source (any file ffmpeg can loop and publish with `-c copy` over RTSP).
     #[arg(long)]
     clip: Option<PathBuf>,
+    /// Where each step's time goes: `perf record -g` of the server for the window's first
+    /// 10 s; its samples by object and its hottest functions go to
+    /// `OUT/profile-SERVER-SCENARIO-N.txt` (needs perf).
+    #[arg(long)]
+    profile: bool,
     #[arg(long, default_value = "bench-out/players")]
     out: PathBuf,
 }
@@ -174,6 +179,7 @@ fn step(server: &str, scenario: &str, n: usize, seconds: f64, a: &PlayersArgs, d
     }
     let cpu0 = process_cpu_s(s.pid)?;
     let started = std::time::Instant::now();
+    let profile = a.profile.then(|| Profile::start(s.pid, seconds, &dir.join(format!("{server}-{scenario}-{n}.perf"))));
     // The result: the rest of the load's output (sub's JSON report may span lines).
     let mut rss = 0.0;
     let mut out = String::new();
@@ -188,10 +194,56 @@ fn step(server: &str, scenario: &str, n: usize, seconds: f64, a: &PlayersArgs, d
     let cpu = process_cpu_s(s.pid)? - cpu0;
     let elapsed = started.elapsed().as_secs_f64();
     let _ = p.0.wait();
+    if let Some(profile) = profile {
+        let text = profile?.report()?;
+        std::fs::write(a.out.join(format!("profile-{server}-{scenario}-{n}.txt")), text)?;
+    }
     if elapsed < seconds * 0.9 {
         bail!("{n} {scenario} players of {server}: the load ended after {elapsed:.1} s: {out}");
     }
     Ok(Step { cpu_s: cpu, rss_mb: rss, got: receipt(scenario, &out, &json)? })
+}
+
+/// `perf record -g` of one process for the first part of a step's window.
+struct Profile {
+    perf: Proc,
+    data: PathBuf,
+}
+
+impl Profile {
+    /// Samples `pid` (999 a second, with call chains) for up to 10 s of a `seconds` window.
+    fn start(pid: u32, seconds: f64, data: &Path) -> anyhow::Result<Self> {
+        let secs = format!("{:.0}", seconds.clamp(1.0, 10.0));
+        let perf = Command::new("perf")
+            .args(["record", "-q", "-F", "999", "-g", "-p", &pid.to_string(), "-o"])
+            .arg(data)
+            .args(["--", "sleep", &secs])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("perf (Debian: linux-perf)")?;
+        Ok(Self { perf: Proc(perf), data: data.to_path_buf() })
+    }
+
+    /// Its samples by object (kernel, the server, libc, libsrt), then by function (the 25
+    /// hottest, self time), as `perf report` prints them.
+    fn report(mut self) -> anyhow::Result<String> {
+        self.perf.0.wait()?;
+        let mut text = String::new();
+        for sort in [["--sort", "dso"], ["--sort", "dso,sym"]] {
+            let out = Command::new("perf")
+                .args(["report", "--stdio", "--no-children", "-g", "none", "--percent-limit", "0.5", "-i"])
+                .arg(&self.data)
+                .args(sort)
+                .output()?;
+            let lines = String::from_utf8_lossy(&out.stdout);
+            let rows = lines.lines().filter(|l| !l.trim().is_empty() && (!l.starts_with('#') || l.contains("Samples")));
+            text.extend(rows.take(if sort[1] == "dso" { 12 } else { 26 }).map(|l| format!("{l}\n")));
+            text.push('\n');
+        }
+        let _ = std::fs::remove_file(&self.data);
+        Ok(text)
+    }
 }
 
 /// What a load's players got, from its output (and `sub --http`'s report at `json`).
