@@ -337,18 +337,11 @@ pub fn media_segment(sequence: u32, tracks: &[(u64, Vec<Sample>)]) -> Vec<u8> {
     o
 }
 
-/// Whether a NAL unit is a parameter set (H.264 SPS or PPS; H.265 VPS, SPS or PPS).
-fn is_parameter_set(nal: &[u8], codec: crate::codec::annexb::Codec) -> bool {
-    match codec {
-        crate::codec::annexb::Codec::H265 => nal.first().is_some_and(|b| matches!((b >> 1) & 0x3f, 32..=34)),
-        _ => nal.first().is_some_and(|b| matches!(b & 0x1f, 7 | 8)),
-    }
-}
-
 /// Whether an access unit (Annex B) brings a parameter set its track's sample entry does
 /// not hold (`described`): the stream's parameters changed (another publisher, a fallback).
 pub fn brings_other_sets(annexb: &[u8], codec: crate::codec::annexb::Codec, described: &[&[u8]]) -> bool {
-    crate::codec::annexb::nal_units(annexb).any(|n| is_parameter_set(n, codec) && !described.contains(&n))
+    use crate::codec::annexb::{is_parameter_set, nal_units};
+    nal_units(annexb).any(|n| is_parameter_set(codec, n) && !described.contains(&n))
 }
 
 /// Annex B to the 4-byte-length form of MP4 samples, leaving out access unit delimiters
@@ -363,7 +356,7 @@ pub fn avcc_sample(annexb: &[u8], codec: crate::codec::annexb::Codec, sets_in_ba
             crate::codec::annexb::Codec::H265 => nal.first().is_some_and(|b| (b >> 1) & 0x3f == 35),
             _ => nal.first().is_some_and(|b| b & 0x1f == 9),
         };
-        if nal.is_empty() || aud || (!sets_in_band && is_parameter_set(nal, codec)) {
+        if nal.is_empty() || aud || (!sets_in_band && crate::codec::annexb::is_parameter_set(codec, nal)) {
             continue;
         }
         out.extend_from_slice(&(nal.len() as u32).to_be_bytes());
